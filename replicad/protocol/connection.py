@@ -1,0 +1,223 @@
+"""One TCP connection to one Kafka broker (the asyncio shell of the protocol layer).
+
+Several requests may be in flight; responses come back in request order on a
+Kafka connection, but we still match them by correlation id and treat a
+mismatch as the peer's protocol error. A request that times out closes the
+connection: later responses could no longer be trusted to line up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kio.schema.api_versions.v0.request import ApiVersionsRequest as ApiVersionsRequestV0
+from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsResponseV0
+from kio.schema.api_versions.v3.request import ApiVersionsRequest as ApiVersionsRequestV3
+from kio.schema.api_versions.v3.response import ApiVersionsResponse as ApiVersionsResponseV3
+from kio.schema.errors import ErrorCode
+
+from replicad import __version__
+from replicad.errors import KafkaConnectionError, RemoteProtocolError, RequestTimeoutError
+from replicad.protocol.apis import NegotiatedVersions, VersionRange, negotiate
+from replicad.protocol.codec import (
+    SIZE,
+    decode_response,
+    encode_request,
+    frame_size,
+    peek_correlation_id,
+    response_type,
+)
+
+# Called with a response's size before its body is read; the returned awaitable
+# resolves when the bytes may be held (KIP-81 memory pool). Returns a release callback.
+Reserve = Callable[[int], Awaitable[Callable[[], None]]]
+
+
+@dataclass(slots=True)
+class _Pending:
+    response_cls: type
+    future: asyncio.Future[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerAddress:
+    node_id: int
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port} (node {self.node_id})"
+
+
+class BrokerConnection:
+    def __init__(
+        self,
+        address: BrokerAddress,
+        *,
+        client_id: str,
+        connect_timeout_s: float,
+        request_timeout_s: float,
+        reserve: Reserve | None = None,
+    ) -> None:
+        self.address = address
+        self.client_id = client_id
+        self.connect_timeout_s = connect_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self._reserve = reserve
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._pending: dict[int, _Pending] = {}
+        self._correlation = itertools.count(1)
+        self._read_task: asyncio.Task[None] | None = None
+        self._closed_reason: BaseException | None = None
+        self.versions: NegotiatedVersions | None = None
+        self.bytes_received = 0
+        self.bytes_sent = 0
+
+    @property
+    def is_open(self) -> bool:
+        return self._writer is not None and self._closed_reason is None
+
+    async def connect(self) -> None:
+        try:
+            self._reader, self._writer = await asyncio.wait_for(
+                asyncio.open_connection(self.address.host, self.address.port, limit=1 << 20),
+                self.connect_timeout_s,
+            )
+        except (OSError, TimeoutError) as exc:
+            raise KafkaConnectionError(
+                f"cannot connect to {self.address}: {exc or type(exc).__name__}"
+            ) from exc
+        self._read_task = asyncio.create_task(
+            self._read_loop(), name=f"kafka-read-{self.address.node_id}"
+        )
+        try:
+            self.versions = await self._negotiate()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _negotiate(self) -> NegotiatedVersions:
+        body = await self.request(
+            ApiVersionsRequestV3(
+                client_software_name="replicad", client_software_version=__version__
+            )
+        )
+        if body.error_code == ErrorCode.unsupported_version:
+            # An old broker answers in v0's layout; ask again in v0.
+            body = await self.request(ApiVersionsRequestV0())
+        if body.error_code != ErrorCode.none:
+            raise RemoteProtocolError(f"ApiVersions failed: {ErrorCode(body.error_code).name}")
+        ranges = {
+            int(k.api_key): VersionRange(int(k.min_version), int(k.max_version))
+            for k in body.api_keys
+        }
+        return negotiate(ranges)
+
+    async def request(self, request: Any, *, timeout_s: float | None = None) -> Any:
+        """Send a kio request entity and wait for its decoded response body."""
+        if not self.is_open:
+            raise KafkaConnectionError(f"connection to {self.address} is closed") from (
+                self._closed_reason
+            )
+        assert self._writer is not None
+        correlation_id = next(self._correlation) & 0x7FFFFFFF
+        response_cls = response_type(request.__api_key__, request.__version__)
+        frame = encode_request(request, correlation_id=correlation_id, client_id=self.client_id)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[correlation_id] = _Pending(response_cls, future)
+        try:
+            self._writer.write(frame)
+            self.bytes_sent += len(frame)
+            await self._writer.drain()
+        except OSError as exc:
+            self._pending.pop(correlation_id, None)
+            await self._fail(KafkaConnectionError(f"send to {self.address} failed: {exc}"))
+            raise KafkaConnectionError(f"send to {self.address} failed: {exc}") from exc
+        timeout = self.request_timeout_s if timeout_s is None else timeout_s
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
+        except TimeoutError as exc:
+            err = RequestTimeoutError(
+                f"no response from {self.address} within {timeout:.1f}s "
+                f"(api {request.__api_key__} v{request.__version__})"
+            )
+            await self._fail(err)
+            raise err from exc
+
+    async def _read_loop(self) -> None:
+        assert self._reader is not None
+        reader = self._reader
+        try:
+            while True:
+                prefix = await reader.readexactly(SIZE.size)
+                size = frame_size(prefix)
+                release = await self._reserve(size) if self._reserve else None
+                try:
+                    frame = await reader.readexactly(size)
+                    self.bytes_received += size + SIZE.size
+                    self._dispatch(frame)
+                finally:
+                    # The decoded response holds its own copy of the record bytes; the
+                    # pool accounting for those moves to the consumer (see follower).
+                    if release is not None:
+                        release()
+        except asyncio.IncompleteReadError:
+            await self._fail(KafkaConnectionError(f"{self.address} closed the connection"))
+        except (OSError, RemoteProtocolError) as exc:
+            await self._fail(
+                exc
+                if isinstance(exc, RemoteProtocolError)
+                else KafkaConnectionError(f"read from {self.address} failed: {exc}")
+            )
+        except asyncio.CancelledError:
+            raise
+
+    def _dispatch(self, frame: bytes) -> None:
+        correlation_id = peek_correlation_id(frame)
+        pending = self._pending.pop(correlation_id, None)
+        if pending is None:
+            raise RemoteProtocolError(
+                f"{self.address} answered unknown correlation id {correlation_id}"
+            )
+        try:
+            try:
+                decoded = decode_response(frame, pending.response_cls)
+            except RemoteProtocolError:
+                # A broker that lacks ApiVersions v3 answers in v0's layout (KIP-511).
+                if pending.response_cls is not ApiVersionsResponseV3:
+                    raise
+                decoded = decode_response(frame, ApiVersionsResponseV0)
+        except RemoteProtocolError as exc:
+            if not pending.future.done():
+                pending.future.set_exception(exc)
+            return
+        if not pending.future.done():
+            pending.future.set_result(decoded.body)
+
+    async def _fail(self, reason: BaseException) -> None:
+        if self._closed_reason is None:
+            self._closed_reason = reason
+        pending, self._pending = self._pending, {}
+        for entry in pending.values():
+            if not entry.future.done():
+                entry.future.set_exception(reason)
+                # Mark retrieved: a cancelled waiter must not leave "never retrieved" noise.
+                entry.future.exception()
+        if self._writer is not None:
+            self._writer.close()
+            with contextlib.suppress(Exception):
+                await self._writer.wait_closed()
+
+    async def close(self) -> None:
+        await self._fail(KafkaConnectionError(f"connection to {self.address} closed by us"))
+        task, self._read_task = self._read_task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
