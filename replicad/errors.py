@@ -8,18 +8,45 @@ ours (we tried to build a request the protocol does not allow).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class ReplicadError(Exception):
     """Base of every error replicad raises on purpose."""
 
 
 class ConfigError(ReplicadError):
-    """The configuration is invalid; `path` names the offending key (e.g. `fetch.max_bytes`)."""
+    """The configuration is invalid; `path` names the offending key (e.g. `fetch.max_bytes`).
 
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(f"{path}: {message}" if path else message)
+    `location` says where the bad value came from when that is known: `file:line`, a
+    file, or `override` (a command-line flag); it leads the text like a compiler's message.
+    """
+
+    def __init__(self, path: str, message: str, *, location: str = "") -> None:
+        text = f"{path}: {message}" if path else message
+        super().__init__(f"{location}: {text}" if location else text)
         self.path = path
         self.message = message
+        self.location = location
+
+
+class ConfigErrors(ConfigError):
+    """Every problem found in one configuration, reported together: one line each.
+
+    `problems` holds the single errors in file order. With exactly one problem, `path`,
+    `message` and `location` are that problem's, so callers can treat it as a ConfigError.
+    """
+
+    def __init__(self, problems: Sequence[ConfigError]) -> None:
+        if not problems:
+            raise ValueError("ConfigErrors needs at least one problem")
+        self.problems = tuple(problems)
+        text = "\n".join(str(problem) for problem in self.problems)
+        ReplicadError.__init__(self, text)
+        only = self.problems[0] if len(self.problems) == 1 else None
+        self.path = only.path if only else ""
+        self.message = only.message if only else text
+        self.location = only.location if only else ""
 
 
 class ProtocolError(ReplicadError):
