@@ -1,0 +1,117 @@
+"""The `replicad` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from replicad import __version__
+from replicad.errors import ConfigError, LogDirLockedError, ReplicadError
+
+EX_OK = 0
+EX_USAGE = 64
+EX_CONFIG = 78  # sysexits.h: configuration error
+
+
+def _run_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """Flags that override the config file, as dotted config paths."""
+    overrides: dict[str, object] = {}
+    if args.bootstrap_servers:
+        overrides["source.bootstrap_servers"] = args.bootstrap_servers
+    if args.topics:
+        overrides["topics.include"] = [t for t in args.topics.split(",") if t]
+        overrides["topics.regex"] = None
+    if args.topics_regex:
+        overrides["topics.regex"] = args.topics_regex
+        overrides["topics.include"] = []
+    if args.data_dir:
+        overrides["data_dir"] = args.data_dir
+    if args.control_socket:
+        overrides["control.socket"] = args.control_socket
+    if args.start_from:
+        overrides["topics.start_from"] = args.start_from
+    if args.log_format:
+        overrides["logging.format"] = args.log_format
+    return overrides
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from replicad.config import load_config
+    from replicad.daemon import run_daemon
+    from replicad.logs import configure_logging
+
+    try:
+        config = load_config(Path(args.config) if args.config else None, _run_overrides(args))
+    except ConfigError as exc:
+        print(f"replicad: invalid configuration:\n{exc}", file=sys.stderr)
+        return EX_CONFIG
+    if args.check_config:
+        print("configuration OK")
+        return EX_OK
+    configure_logging(str(config.logging.level), str(config.logging.format))
+    try:
+        return asyncio.run(run_daemon(config))
+    except LogDirLockedError as exc:
+        print(f"replicad: {exc}", file=sys.stderr)
+        return 1
+    except ReplicadError as exc:
+        print(f"replicad: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _cmd_dump_log(args: argparse.Namespace) -> int:
+    from replicad.log.dump import dump_log
+
+    return dump_log(Path(args.path), deep=args.deep, out=sys.stdout)
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from replicad.log.verify import verify_data_dir
+
+    return verify_data_dir(Path(args.data_dir), out=sys.stdout)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="replicad",
+        description="Replicate Kafka topics to local Kafka-format log segments.",
+    )
+    parser.add_argument("--version", action="version", version=f"replicad {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the replication daemon (foreground)")
+    run.add_argument("-c", "--config", help="YAML config file (flags below override it)")
+    run.add_argument("--bootstrap-servers", help="HOST:PORT[,HOST:PORT...] of the source")
+    choice = run.add_mutually_exclusive_group()
+    choice.add_argument("--topics", help="comma-separated topic names to replicate")
+    choice.add_argument("--topics-regex", help="replicate every topic matching this regex")
+    run.add_argument("--data-dir", help="where the replica's log segments go")
+    run.add_argument("--control-socket", help="path of the control socket")
+    run.add_argument("--start-from", choices=["earliest", "latest"])
+    run.add_argument("--log-format", choices=["auto", "json", "console"])
+    run.add_argument("--check-config", action="store_true", help="validate the config and exit")
+    run.set_defaults(func=_cmd_run)
+
+    dump = sub.add_parser("dump-log", help="print the batches of a segment or partition dir")
+    dump.add_argument("path")
+    dump.add_argument("--deep", action="store_true", help="decode every record too")
+    dump.set_defaults(func=_cmd_dump_log)
+
+    verify = sub.add_parser("verify", help="check a data dir: offsets, CRCs, indexes")
+    verify.add_argument("data_dir")
+    verify.set_defaults(func=_cmd_verify)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,577 @@
+"""One fetch loop per leader broker: one fetch connection, one fetch session.
+
+The loop is a thin asyncio shell around sans-I/O parts: the session handler
+decides what each request holds and what a response means, `validate_fetched`
+decides what may be written, and the log store writes it. Each turn:
+
+1. reconcile partitions that need an offset (ListOffsets) or a truncation;
+2. build the request from the fetchable partitions in rotation order;
+3. send it, wait for the response (the leader long-polls up to max_wait);
+4. hand the response to the session handler; a rejected response is dropped
+   whole (its data will be fetched again);
+5. validate and append each partition's batches; partitions that returned
+   data move to the back of the order (KIP-74), so none starves.
+
+Nothing a peer sends raises out of this loop: bad frames, CRC mismatches and
+protocol errors are counted, logged (rate-limited) and refetched with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import structlog
+from kio.schema.errors import ErrorCode
+
+from replicad.errors import (
+    DiskFullError,
+    KafkaConnectionError,
+    LogError,
+    ProtocolError,
+    RemoteProtocolError,
+)
+from replicad.follower.partition_state import PartitionPhase, PartitionState
+from replicad.follower.validate import validate_fetched
+from replicad.log.manager import LogManager
+from replicad.protocol.apis import ApiKey
+from replicad.protocol.backoff import Backoff
+from replicad.protocol.client import KafkaClient
+from replicad.protocol.connection import BrokerAddress, BrokerConnection
+from replicad.protocol.requests import (
+    EARLIEST_TIMESTAMP,
+    FETCH_TOPIC_ID_VERSION,
+    LATEST_TIMESTAMP,
+    FetchPartitionSpec,
+    FetchSpec,
+    OffsetQuery,
+    fetch_request,
+    list_offsets_request,
+)
+from replicad.ratelimit import RateLimitedLog
+from replicad.session.client import FetchRequestPlan, FetchSessionHandler, PartitionFetch
+from replicad.types import TopicPartition
+
+log = structlog.get_logger("replicad.fetcher")
+
+# Fetch v7 introduced sessions; v12 LastFetchedEpoch and DivergingEpoch.
+FETCH_SESSION_VERSION = 7
+FETCH_LAST_FETCHED_EPOCH_VERSION = 12
+
+# Errors after which the partition's leadership must be looked up again.
+_METADATA_ERRORS = frozenset(
+    {
+        ErrorCode.not_leader_or_follower,
+        ErrorCode.unknown_topic_or_partition,
+        ErrorCode.leader_not_available,
+        ErrorCode.fenced_leader_epoch,
+        ErrorCode.unknown_leader_epoch,
+        ErrorCode.kafka_storage_error,
+        ErrorCode.unknown_topic_id,
+        ErrorCode.inconsistent_topic_id,
+        ErrorCode.offline_replica if hasattr(ErrorCode, "offline_replica") else ErrorCode.none,
+    }
+) - {ErrorCode.none}
+
+
+@dataclass(frozen=True, slots=True)
+class FetchSettings:
+    response_max_bytes: int = 10 * 1024 * 1024
+    partition_max_bytes: int = 1024 * 1024
+    wait_max_ms: int = 500
+    min_bytes: int = 1
+    backoff_ms: int = 1000
+    sessions: bool = True
+    replica_id: int = -1
+    isolation_level: int = 0
+    rack_id: str = ""
+    start_from: str = "earliest"  # or "latest"
+    on_gap: str = "reset"  # or "halt"
+    request_timeout_ms: int = 30_000
+    reconnect_backoff_ms: int = 100
+    reconnect_backoff_max_ms: int = 10_000
+
+
+@dataclass(slots=True)
+class FetcherStats:
+    """What a fetcher has done, for `replicad status` and metrics."""
+
+    requests: int = 0
+    responses: int = 0
+    bytes_fetched: int = 0
+    bytes_appended: int = 0
+    batches_appended: int = 0
+    crc_failures: int = 0
+    partial_batches_dropped: int = 0
+    connection_errors: int = 0
+    rejected_responses: int = 0
+    last_latency_ms: float = 0.0
+    last_error: str | None = None
+    partition_errors: Counter[str] = field(default_factory=Counter)
+    session_recoveries: Counter[str] = field(default_factory=Counter)
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class LeaderFetcher:
+    def __init__(
+        self,
+        address: BrokerAddress,
+        *,
+        client: KafkaClient,
+        logs: LogManager,
+        settings: FetchSettings,
+        topic_ids: Callable[[], dict[str, Any]],
+        request_metadata: Callable[[str], None],
+        reserve: Any = None,
+    ) -> None:
+        self.address = address
+        self.client = client
+        self.logs = logs
+        self.settings = settings
+        self._topic_ids = topic_ids
+        self._request_metadata = request_metadata
+        self._reserve = reserve
+        self.partitions: OrderedDict[TopicPartition, PartitionState] = OrderedDict()
+        self.session = FetchSessionHandler(address.node_id, sessions_enabled=settings.sessions)
+        self.stats = FetcherStats()
+        self._conn: BrokerConnection | None = None
+        self._wakeup = asyncio.Event()
+        self._stopping = False
+        self._backoff = Backoff(settings.reconnect_backoff_ms, settings.reconnect_backoff_max_ms)
+        self._say = RateLimitedLog(interval_ms=60_000)
+
+    # -- membership, called by the replicator --------------------------------
+
+    def add(self, state: PartitionState) -> None:
+        self.partitions[state.tp] = state
+        self._wakeup.set()
+
+    def remove(self, tp: TopicPartition) -> PartitionState | None:
+        state = self.partitions.pop(tp, None)
+        self._wakeup.set()
+        return state
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wakeup.set()
+
+    # -- the loop -----------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            while not self._stopping:
+                try:
+                    await self._turn()
+                except (KafkaConnectionError, ProtocolError) as exc:
+                    await self._connection_failed(exc)
+        finally:
+            await self._close_session()
+
+    async def _turn(self) -> None:
+        conn = await self._connection()
+        await self._reconcile(conn)
+        now = monotonic_ms()
+        wanted = self._wanted(now)
+        if not wanted:
+            await self._idle(now)
+            return
+        plan = self.session.build_request(wanted)
+        version = conn.versions.require(ApiKey.FETCH) if conn.versions else 4
+        version = self._usable_fetch_version(version, plan)
+        request = fetch_request(version, self._spec(plan, version))
+        started = time.perf_counter()
+        self.stats.requests += 1
+        try:
+            body = await conn.request(
+                request,
+                timeout_s=(self.settings.request_timeout_ms + self.settings.wait_max_ms) / 1000,
+            )
+        except (KafkaConnectionError, RemoteProtocolError) as exc:
+            verdict = self.session.handle_send_error(now_ms=monotonic_ms())
+            self._note_recovery(verdict)
+            raise exc
+        self.stats.responses += 1
+        self.stats.last_latency_ms = (time.perf_counter() - started) * 1000
+        self._backoff.reset()
+        self._handle_response(plan, version, body)
+
+    def _usable_fetch_version(self, version: int, plan: FetchRequestPlan) -> int:
+        if version >= FETCH_TOPIC_ID_VERSION:
+            ids = self._topic_ids()
+            names = {tp.topic for tp in plan.to_send} | {tp.topic for tp in plan.to_forget}
+            if any(ids.get(name) is None for name in names):
+                # No topic ids from Metadata (old broker or v<10): stay on names.
+                version = FETCH_TOPIC_ID_VERSION - 1
+        if version < FETCH_SESSION_VERSION and self.session.sessions_enabled:
+            self.session = FetchSessionHandler(self.address.node_id, sessions_enabled=False)
+        return version
+
+    def _wanted(self, now_ms: int) -> dict[TopicPartition, PartitionFetch]:
+        wanted: dict[TopicPartition, PartitionFetch] = {}
+        ids = self._topic_ids()
+        for tp, state in self.partitions.items():
+            if state.phase is PartitionPhase.PAUSED_DISK_FULL and now_ms >= state.delayed_until_ms:
+                state.phase = PartitionPhase.FETCHING  # try again: space may be back
+            if not state.fetchable(now_ms):
+                continue
+            plog = self.logs.get_or_create(tp, topic_id=ids.get(tp.topic))
+            latest = plog.latest_epoch()
+            wanted[tp] = PartitionFetch(
+                fetch_offset=state.fetch_offset,
+                log_start_offset=plog.log_start_offset,
+                max_bytes=self.settings.partition_max_bytes,
+                current_leader_epoch=state.leader_epoch,
+                last_fetched_epoch=-1 if latest is None else latest,
+                topic_id=ids.get(tp.topic),
+            )
+        return wanted
+
+    def _spec(self, plan: FetchRequestPlan, version: int) -> FetchSpec:
+        use_epochs = version >= FETCH_LAST_FETCHED_EPOCH_VERSION
+        return FetchSpec(
+            max_wait_ms=self.settings.wait_max_ms,
+            min_bytes=self.settings.min_bytes,
+            max_bytes=self.settings.response_max_bytes,
+            isolation_level=self.settings.isolation_level,
+            session_id=plan.session_id,
+            session_epoch=plan.epoch,
+            partitions={
+                tp: FetchPartitionSpec(
+                    fetch_offset=pf.fetch_offset,
+                    log_start_offset=pf.log_start_offset,
+                    max_bytes=pf.max_bytes,
+                    current_leader_epoch=pf.current_leader_epoch,
+                    last_fetched_epoch=pf.last_fetched_epoch if use_epochs else -1,
+                )
+                for tp, pf in plan.to_send.items()
+            },
+            forgotten=list(plan.to_forget),
+            topic_ids={k: v for k, v in self._topic_ids().items() if v is not None},
+            replica_id=self.settings.replica_id,
+            rack_id=self.settings.rack_id,
+        )
+
+    def _handle_response(self, plan: FetchRequestPlan, version: int, body: Any) -> None:
+        names = {v: k for k, v in self._topic_ids().items() if v is not None}
+        entries: list[tuple[TopicPartition, Any]] = []
+        for topic in body.responses:
+            name = topic.topic if version < FETCH_TOPIC_ID_VERSION else names.get(topic.topic_id)
+            if name is None:
+                continue  # a topic id we no longer know (deleted/recreated): metadata will tell
+            for pd in topic.partitions:
+                entries.append((TopicPartition(name, int(pd.partition_index)), pd))
+        now = monotonic_ms()
+        verdict = self.session.handle_response(
+            plan,
+            error_code=int(getattr(body, "error_code", 0)),
+            session_id=int(getattr(body, "session_id", 0)),
+            partitions=[tp for tp, _ in entries],
+            now_ms=now,
+        )
+        if not verdict.accepted:
+            self.stats.rejected_responses += 1
+            self._note_recovery(verdict)
+            top = ErrorCode(int(getattr(body, "error_code", 0)))
+            if top not in (ErrorCode.none,):
+                self.stats.last_error = top.name
+            return
+        self._note_recovery(verdict)
+        returned_data: list[TopicPartition] = []
+        for tp, pd in entries:
+            state = self.partitions.get(tp)
+            if state is None or tp not in plan.session_partitions:
+                continue  # moved to another leader or dropped while the request was out
+            self.stats.bytes_fetched += len(pd.records or b"")
+            if self._process_partition(state, pd, now):
+                returned_data.append(tp)
+        for tp in returned_data:
+            self.partitions.move_to_end(tp)
+
+    def _process_partition(self, state: PartitionState, pd: Any, now_ms: int) -> bool:
+        """Apply one partition's answer; True if it returned data (rotation)."""
+        error = ErrorCode(pd.error_code)
+        tp = state.tp
+        if error is ErrorCode.none:
+            diverging = getattr(pd, "diverging_epoch", None)
+            if (
+                diverging is not None
+                and int(diverging.epoch) >= 0
+                and int(diverging.end_offset) >= 0
+            ):
+                self._truncate_on_divergence(state, int(diverging.epoch), int(diverging.end_offset))
+                return False
+            state.high_watermark = int(pd.high_watermark)
+            state.last_stable_offset = int(getattr(pd, "last_stable_offset", -1))
+            state.leader_log_start_offset = int(getattr(pd, "log_start_offset", -1))
+            return self._append(state, pd.records, now_ms)
+        self.stats.partition_errors[error.name] += 1
+        if error is ErrorCode.offset_out_of_range:
+            state.phase = PartitionPhase.TRUNCATING
+            self._say_once(
+                f"oor:{tp}",
+                "offset out of range, reconciling",
+                tp=str(tp),
+                fetch_offset=state.fetch_offset,
+            )
+        elif error in _METADATA_ERRORS:
+            state.delay(now_ms, self.settings.backoff_ms, error.name)
+            self._request_metadata(f"{tp}: {error.name}")
+        else:
+            state.delay(now_ms, self.settings.backoff_ms, error.name)
+            self._say_once(
+                f"err:{tp}:{error.name}",
+                "partition error, backing off",
+                tp=str(tp),
+                error=error.name,
+            )
+        return False
+
+    def _append(self, state: PartitionState, records: bytes | None, now_ms: int) -> bool:
+        tp = state.tp
+        plog = self.logs.get_or_create(tp, topic_id=self._topic_ids().get(tp.topic))
+        fetched = validate_fetched(
+            records,
+            fetch_offset=state.fetch_offset,
+            log_is_empty=plog.log_end_offset == plog.log_start_offset,
+        )
+        if fetched.partial_dropped:
+            self.stats.partial_batches_dropped += 1
+        wrote = False
+        if fetched.batches:
+            try:
+                if fetched.restart_at is not None:
+                    plog.truncate_fully_and_start_at(fetched.restart_at)
+                plog.append(fetched.data, fetched.batches, now_ms=wall_ms())
+            except DiskFullError as exc:
+                state.phase = PartitionPhase.PAUSED_DISK_FULL
+                state.delay(now_ms, max(self.settings.backoff_ms, 5_000), "disk full")
+                self._say_once(
+                    f"enospc:{tp}", "disk full, partition paused", tp=str(tp), error=str(exc)
+                )
+                return False
+            except LogError as exc:
+                state.delay(now_ms, self.settings.backoff_ms, f"log error: {exc}")
+                self._say_once(f"logerr:{tp}", "append failed", tp=str(tp), error=str(exc))
+                return False
+            state.fetch_offset = plog.log_end_offset
+            state.bytes_replicated += len(fetched.data)
+            state.records_replicated += sum(b.record_count for b in fetched.batches)
+            self.stats.bytes_appended += len(fetched.data)
+            self.stats.batches_appended += len(fetched.batches)
+            wrote = True
+        if fetched.corrupt is not None:
+            state.corrupt_count += 1
+            self.stats.crc_failures += 1
+            state.delay(now_ms, self.settings.backoff_ms, f"corrupt data: {fetched.corrupt}")
+            # Logged every time with where it was: corruption must never be silent.
+            log.warning(
+                "corrupt batch from leader, not written; refetching",
+                tp=str(tp),
+                offset=state.fetch_offset,
+                leader=str(self.address),
+                reason=fetched.corrupt,
+            )
+        elif wrote:
+            state.succeeded()
+        return wrote
+
+    def _truncate_on_divergence(self, state: PartitionState, epoch: int, end_offset: int) -> None:
+        plog = self.logs.get_or_create(state.tp)
+        local = plog.end_offset_for_epoch(epoch)
+        target = min(end_offset, plog.log_end_offset)
+        if local.end_offset >= 0:
+            target = min(target, local.end_offset)
+        log.info(
+            "log diverged from leader, truncating",
+            tp=str(state.tp),
+            epoch=epoch,
+            leader_end_offset=end_offset,
+            truncate_to=target,
+        )
+        plog.truncate_to(target)
+        state.fetch_offset = plog.log_end_offset
+        self.stats.partition_errors["diverging_epoch"] += 1
+
+    # -- offsets: where to start, and out-of-range ----------------------------
+
+    async def _reconcile(self, conn: BrokerConnection) -> None:
+        todo = [
+            s
+            for s in self.partitions.values()
+            if s.phase in (PartitionPhase.NEEDS_OFFSET, PartitionPhase.TRUNCATING)
+            and monotonic_ms() >= s.delayed_until_ms
+        ]
+        if not todo:
+            return
+        control = await self.client.connection(self.address.node_id)
+        latest = await self._list_offsets(control, todo, LATEST_TIMESTAMP)
+        earliest = await self._list_offsets(control, todo, EARLIEST_TIMESTAMP)
+        now = monotonic_ms()
+        for state in todo:
+            if state.tp not in self.partitions:
+                continue
+            lo, hi = earliest.get(state.tp), latest.get(state.tp)
+            if lo is None or hi is None:
+                state.delay(now, self.settings.backoff_ms, "ListOffsets failed")
+                continue
+            plog = self.logs.get_or_create(state.tp, topic_id=self._topic_ids().get(state.tp.topic))
+            if state.phase is PartitionPhase.NEEDS_OFFSET:
+                start = lo if self.settings.start_from == "earliest" else hi
+                if plog.log_end_offset != start or plog.log_start_offset != start:
+                    plog.truncate_fully_and_start_at(start)
+                state.fetch_offset = start
+                state.phase = PartitionPhase.FETCHING
+                log.info(
+                    "starting partition",
+                    tp=str(state.tp),
+                    offset=start,
+                    start_from=self.settings.start_from,
+                )
+                continue
+            self._resolve_out_of_range(state, plog, lo, hi, now)
+
+    def _resolve_out_of_range(
+        self, state: PartitionState, plog: Any, lo: int, hi: int, now_ms: int
+    ) -> None:
+        end = plog.log_end_offset
+        if hi < end:
+            log.warning(
+                "leader's log ends below ours, truncating",
+                tp=str(state.tp),
+                local_end=end,
+                leader_end=hi,
+            )
+            plog.truncate_to(hi)
+        elif lo > end:
+            if self.settings.on_gap == "halt":
+                state.phase = PartitionPhase.HALTED
+                state.last_error = f"gap: leader starts at {lo}, local log ends at {end}"
+                log.error(
+                    "leader's log starts above ours; partition halted (on_gap=halt)",
+                    tp=str(state.tp),
+                    local_end=end,
+                    leader_start=lo,
+                )
+                return
+            log.warning(
+                "leader's log starts above ours; skipping the gap (on_gap=reset)",
+                tp=str(state.tp),
+                local_end=end,
+                leader_start=lo,
+                skipped=lo - end,
+            )
+            plog.truncate_fully_and_start_at(lo)
+        else:
+            state.delay(now_ms, self.settings.backoff_ms, "offset out of range (transient)")
+        state.fetch_offset = plog.log_end_offset
+        state.phase = PartitionPhase.FETCHING
+
+    async def _list_offsets(
+        self, conn: BrokerConnection, states: Iterable[PartitionState], timestamp: int
+    ) -> dict[TopicPartition, int]:
+        assert conn.versions is not None
+        version = conn.versions.require(ApiKey.LIST_OFFSETS)
+        queries = {s.tp: OffsetQuery(timestamp, s.leader_epoch) for s in states}
+        body = await conn.request(
+            list_offsets_request(version, queries, isolation_level=self.settings.isolation_level)
+        )
+        found: dict[TopicPartition, int] = {}
+        for topic in body.topics:
+            for p in topic.partitions:
+                tp = TopicPartition(topic.name, int(p.partition_index))
+                error = ErrorCode(p.error_code)
+                if error is ErrorCode.none:
+                    found[tp] = int(p.offset)
+                elif error in _METADATA_ERRORS:
+                    self._request_metadata(f"{tp}: ListOffsets {error.name}")
+        return found
+
+    # -- connection and session lifecycle -----------------------------------
+
+    async def _connection(self) -> BrokerConnection:
+        if self._conn is not None and self._conn.is_open:
+            return self._conn
+        self._conn = self.client.new_connection(self.address, reserve=self._reserve)
+        await self._conn.connect()
+        log.info("connected to leader", leader=str(self.address))
+        return self._conn
+
+    async def _connection_failed(self, exc: Exception) -> None:
+        self.stats.connection_errors += 1
+        self.stats.last_error = str(exc)
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+        delay = self._backoff.next_delay_ms()
+        self._say_once(
+            f"conn:{type(exc).__name__}",
+            "leader connection failed, retrying",
+            leader=str(self.address),
+            error=str(exc),
+            retry_in_ms=delay,
+        )
+        self._request_metadata(f"connection to {self.address} failed")
+        await self._sleep(delay)
+
+    async def _idle(self, now_ms: int) -> None:
+        pending = [
+            s.delayed_until_ms for s in self.partitions.values() if s.delayed_until_ms > now_ms
+        ]
+        timeout = min([*(d - now_ms for d in pending), 1000]) / 1000
+        await self._sleep_ms(int(timeout * 1000))
+
+    async def _sleep(self, delay_ms: int) -> None:
+        await self._sleep_ms(delay_ms)
+
+    async def _sleep_ms(self, delay_ms: int) -> None:
+        self._wakeup.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wakeup.wait(), max(delay_ms, 0) / 1000)
+
+    async def _close_session(self) -> None:
+        """Tell the leader we are done with the session (FINAL_EPOCH), best effort."""
+        conn = self._conn
+        plan = self.session.close_request()
+        if conn is not None and conn.is_open and plan is not None and conn.versions is not None:
+            version = self._usable_fetch_version(conn.versions.require(ApiKey.FETCH), plan)
+            with contextlib.suppress(Exception):
+                spec = self._spec(plan, version)
+                await conn.request(
+                    fetch_request(version, replace(spec, max_wait_ms=0)), timeout_s=2.0
+                )
+        if conn is not None:
+            await conn.close()
+        self._conn = None
+
+    def _note_recovery(self, verdict: Any) -> None:
+        reason = getattr(verdict, "reason", None)
+        if reason is None:
+            return
+        name = getattr(reason, "name", str(reason)).lower()
+        self.stats.session_recoveries[name] += 1
+        self._say_once(
+            f"session:{name}",
+            "fetch session reset",
+            leader=str(self.address),
+            reason=name,
+            detail=getattr(verdict, "detail", ""),
+        )
+
+    def _say_once(self, key: str, event: str, **fields: Any) -> None:
+        emit = self._say.should_emit(key, monotonic_ms())
+        if emit.emit:
+            if emit.suppressed:
+                fields["repeats_suppressed"] = emit.suppressed
+            log.info(event, **fields)

@@ -1,0 +1,70 @@
+"""Per-partition replication state, as the follower tracks it.
+
+Rules:
+- `fetch_offset` is always the local log end: we only ever ask for the next
+  offset we do not have, so a restart resumes exactly where the disk ends.
+- `high_watermark` is the leader's, as last reported; what we checkpoint is
+  min(leader high watermark, local log end).
+- A partition is fetchable only in FETCHING state and when its backoff (if
+  any) has expired; every other state says why it is not.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from enum import Enum
+
+from replicad.types import TopicPartition
+
+
+class PartitionPhase(Enum):
+    NEEDS_OFFSET = "needs-offset"  # no local data yet: ask the leader where to start
+    FETCHING = "fetching"
+    TRUNCATING = "truncating"  # out of range or diverged: reconcile with the leader first
+    HALTED = "halted"  # on_gap=halt hit a gap: an operator must decide
+    PAUSED_DISK_FULL = "paused-disk-full"
+
+
+@dataclass(slots=True)
+class PartitionState:
+    tp: TopicPartition
+    topic_id: uuid.UUID | None
+    leader_id: int
+    leader_epoch: int
+    phase: PartitionPhase
+    fetch_offset: int = 0
+    log_start_offset: int = 0  # ours (sent to the leader as the follower's log start)
+    leader_log_start_offset: int = -1
+    high_watermark: int = -1
+    last_stable_offset: int = -1
+    delayed_until_ms: int = 0
+    error_count: int = 0
+    last_error: str | None = None
+    corrupt_count: int = 0
+    bytes_replicated: int = 0
+    records_replicated: int = 0
+    consecutive_failures: int = 0
+    extra: dict[str, object] = field(default_factory=dict)
+
+    def fetchable(self, now_ms: int) -> bool:
+        return self.phase is PartitionPhase.FETCHING and now_ms >= self.delayed_until_ms
+
+    def delay(self, now_ms: int, delay_ms: int, reason: str) -> None:
+        self.delayed_until_ms = now_ms + delay_ms
+        self.error_count += 1
+        self.consecutive_failures += 1
+        self.last_error = reason
+
+    def succeeded(self) -> None:
+        self.consecutive_failures = 0
+
+    @property
+    def lag(self) -> int:
+        if self.high_watermark < 0:
+            return 0
+        return max(0, self.high_watermark - self.fetch_offset)
+
+    @property
+    def checkpoint_high_watermark(self) -> int:
+        return min(max(self.high_watermark, 0), self.fetch_offset)

@@ -1,0 +1,231 @@
+"""The follower as a whole: local logs, cluster metadata, one fetcher per leader.
+
+Rules:
+- Nothing is fetched before the local logs are recovered: the fetch offset of
+  every partition is its recovered log end.
+- Partitions are grouped by leader broker; a partition whose leader changes
+  moves to the new leader's fetcher (the old one forgets it in its session).
+- A partition that leaves the selection (topic deleted, dropped from the
+  config) stops being fetched; its local data is kept.
+- Metadata is refreshed periodically (new partitions of chosen topics appear)
+  and whenever a fetcher reports a leadership or connection problem.
+- High watermarks and recovery points are checkpointed every
+  `checkpoint_interval_ms` and at shutdown, after the last append.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from replicad.errors import KafkaConnectionError, ProtocolError
+from replicad.follower.fetcher import FetchSettings, LeaderFetcher, monotonic_ms, wall_ms
+from replicad.follower.metadata import ClusterMetadata, TopicSelection
+from replicad.follower.partition_state import PartitionPhase, PartitionState
+from replicad.log.config import LogConfig
+from replicad.log.manager import LogManager
+from replicad.protocol.client import ClientSettings, KafkaClient
+from replicad.types import TopicPartition
+
+log = structlog.get_logger("replicad.replicator")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicatorSettings:
+    bootstrap_servers: tuple[str, ...]
+    data_dir: Path
+    selection: TopicSelection
+    client: ClientSettings = field(default_factory=ClientSettings)
+    fetch: FetchSettings = field(default_factory=FetchSettings)
+    log: LogConfig = field(default_factory=LogConfig)
+    metadata_max_age_ms: int = 300_000
+    checkpoint_interval_ms: int = 5_000
+    # Lower bound between two on-demand metadata refreshes, so an error storm
+    # across many partitions costs one Metadata request, not thousands.
+    metadata_min_interval_ms: int = 500
+
+
+class Replicator:
+    def __init__(self, settings: ReplicatorSettings) -> None:
+        self.settings = settings
+        self.states: dict[TopicPartition, PartitionState] = {}
+        self.fetchers: dict[int, LeaderFetcher] = {}
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self.cluster: ClusterMetadata | None = None
+        self.logs: LogManager | None = None
+        self.client = KafkaClient(settings.bootstrap_servers, settings.client)
+        self._refresh = asyncio.Event()
+        self._refresh_reasons: list[str] = []
+        self._topic_ids: dict[str, uuid.UUID | None] = {}
+        self.ready = asyncio.Event()
+        self.started_at_ms = wall_ms()
+        self.on_ready: Callable[[], None] | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        s = self.settings
+        s.data_dir.mkdir(parents=True, exist_ok=True)
+        self.logs = await asyncio.to_thread(LogManager.open, s.data_dir, s.log, now_ms=wall_ms())
+        log.info(
+            "local logs recovered", data_dir=str(s.data_dir), partitions=len(self.logs.partitions())
+        )
+        try:
+            cluster = await self.client.metadata_with_retry(
+                s.selection.metadata_topics(), stop=stop
+            )
+            if cluster is None:
+                return
+            self._apply(cluster)
+            self.ready.set()
+            if self.on_ready is not None:
+                self.on_ready()
+            housekeeping = asyncio.create_task(self._housekeeping(stop), name="housekeeping")
+            await stop.wait()
+            housekeeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await housekeeping
+        finally:
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        for fetcher in self.fetchers.values():
+            fetcher.stop()
+        # A fetcher stops between turns: an append in progress always completes,
+        # because appends run without awaiting.
+        if self._tasks:
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        await self.client.close()
+        if self.logs is not None:
+            self.logs.checkpoint(self.high_watermarks())
+            self.logs.close()
+            log.info("logs flushed and checkpointed", partitions=len(self.states))
+
+    # -- metadata and assignment -------------------------------------------
+
+    def request_metadata(self, reason: str) -> None:
+        self._refresh_reasons.append(reason)
+        self._refresh.set()
+
+    def _apply(self, cluster: ClusterMetadata) -> None:
+        assert self.logs is not None
+        self.cluster = cluster
+        selection = self.settings.selection
+        chosen = selection.partitions(cluster)
+        for name in selection.missing(cluster):
+            log.warning("topic not found on the source cluster", topic=name)
+        for topic in {tp.topic for tp in chosen}:
+            self._topic_ids[topic] = cluster.topic_id(topic)
+        local = self.logs.partitions()
+        for tp, leader in chosen.items():
+            state = self.states.get(tp)
+            if state is None:
+                existing = local.get(tp)
+                state = PartitionState(
+                    tp=tp,
+                    topic_id=cluster.topic_id(tp.topic),
+                    leader_id=leader.leader_id,
+                    leader_epoch=leader.leader_epoch,
+                    phase=PartitionPhase.FETCHING if existing else PartitionPhase.NEEDS_OFFSET,
+                    fetch_offset=existing.log_end_offset if existing else 0,
+                )
+                self.states[tp] = state
+                self._assign(state)
+                continue
+            state.leader_epoch = leader.leader_epoch
+            if state.leader_id != leader.leader_id or not self._is_assigned(state):
+                self._unassign(state)
+                state.leader_id = leader.leader_id
+                self._assign(state)
+        for tp in [tp for tp in self.states if tp not in chosen]:
+            state = self.states.pop(tp)
+            self._unassign(state)
+            log.info("partition no longer replicated; local data kept", tp=str(tp))
+
+    def _is_assigned(self, state: PartitionState) -> bool:
+        fetcher = self.fetchers.get(state.leader_id)
+        return fetcher is not None and state.tp in fetcher.partitions
+
+    def _assign(self, state: PartitionState) -> None:
+        assert self.cluster is not None and self.logs is not None
+        address = self.cluster.brokers.get(state.leader_id)
+        if address is None:
+            state.last_error = f"no leader (leader id {state.leader_id})"
+            self.request_metadata(f"{state.tp}: no leader")
+            return
+        fetcher = self.fetchers.get(state.leader_id)
+        if fetcher is not None and fetcher.address != address:
+            fetcher.stop()  # the broker id moved to another address
+            fetcher = None
+        if fetcher is None:
+            fetcher = LeaderFetcher(
+                address,
+                client=self.client,
+                logs=self.logs,
+                settings=self.settings.fetch,
+                topic_ids=lambda: self._topic_ids,
+                request_metadata=self.request_metadata,
+            )
+            self.fetchers[state.leader_id] = fetcher
+            self._tasks[state.leader_id] = asyncio.create_task(
+                fetcher.run(), name=f"fetcher-{state.leader_id}"
+            )
+        fetcher.add(state)
+
+    def _unassign(self, state: PartitionState) -> None:
+        for fetcher in self.fetchers.values():
+            fetcher.remove(state.tp)
+
+    async def _housekeeping(self, stop: asyncio.Event) -> None:
+        s = self.settings
+        next_metadata = monotonic_ms() + s.metadata_max_age_ms
+        next_checkpoint = monotonic_ms() + s.checkpoint_interval_ms
+        last_refresh = -s.metadata_min_interval_ms
+        while not stop.is_set():
+            now = monotonic_ms()
+            deadline = min(next_metadata, next_checkpoint)
+            if self._refresh.is_set():
+                deadline = min(deadline, max(now, last_refresh + s.metadata_min_interval_ms))
+                await asyncio.sleep(max(0, deadline - now) / 1000)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._refresh.wait(), max(0, deadline - now) / 1000)
+            now = monotonic_ms()
+            on_demand = self._refresh.is_set() and now >= last_refresh + s.metadata_min_interval_ms
+            if on_demand or now >= next_metadata:
+                reasons, self._refresh_reasons = self._refresh_reasons, []
+                self._refresh.clear()
+                last_refresh = now
+                next_metadata = now + s.metadata_max_age_ms
+                try:
+                    self._apply(await self.client.metadata(s.selection.metadata_topics()))
+                    if reasons:
+                        log.debug("metadata refreshed", reasons=reasons[:5])
+                except (KafkaConnectionError, ProtocolError) as exc:
+                    log.warning("metadata refresh failed", error=str(exc))
+                    self._refresh.set()
+            if now >= next_checkpoint:
+                next_checkpoint = now + s.checkpoint_interval_ms
+                self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        assert self.logs is not None
+        # Runs on the loop on purpose: the log store is not shared across threads,
+        # and a checkpoint must see a consistent set of appends.
+        self.logs.checkpoint(self.high_watermarks())
+        self.logs.maybe_flush(wall_ms())
+        self.logs.enforce_retention(wall_ms())
+
+    def high_watermarks(self) -> dict[TopicPartition, int]:
+        return {tp: s.checkpoint_high_watermark for tp, s in self.states.items()}
+
+    # -- read-only views ----------------------------------------------------
+
+    def lag(self) -> int:
+        return sum(s.lag for s in self.states.values())

@@ -1,0 +1,145 @@
+"""Control-plane access to a cluster: bootstrap, Metadata, and one control
+connection per broker for ListOffsets and OffsetForLeaderEpoch.
+
+Fetch traffic uses separate connections owned by the fetchers, so that a full
+memory pool (KIP-81), which stops reading fetch sockets, never starves metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from replicad.errors import KafkaConnectionError, ProtocolError
+from replicad.follower.metadata import ClusterMetadata
+from replicad.protocol.apis import ApiKey
+from replicad.protocol.backoff import Backoff
+from replicad.protocol.connection import BrokerAddress, BrokerConnection
+from replicad.protocol.requests import metadata_request
+
+log = structlog.get_logger("replicad.client")
+
+BOOTSTRAP_NODE_ID = -1
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    client_id: str = "replicad"
+    connect_timeout_s: float = 10.0
+    request_timeout_s: float = 30.0
+    reconnect_backoff_ms: int = 100
+    reconnect_backoff_max_ms: int = 10_000
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    host, _, port = text.strip().rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+class KafkaClient:
+    def __init__(self, bootstrap_servers: Sequence[str], settings: ClientSettings) -> None:
+        self.settings = settings
+        self.bootstrap = [
+            BrokerAddress(BOOTSTRAP_NODE_ID, *parse_host_port(s)) for s in bootstrap_servers
+        ]
+        self.brokers: dict[int, BrokerAddress] = {}
+        self._connections: dict[int, BrokerConnection] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
+        self._rng = random.Random()
+
+    def new_connection(self, address: BrokerAddress, **kwargs: Any) -> BrokerConnection:
+        return BrokerConnection(
+            address,
+            client_id=self.settings.client_id,
+            connect_timeout_s=self.settings.connect_timeout_s,
+            request_timeout_s=self.settings.request_timeout_s,
+            **kwargs,
+        )
+
+    async def connection(self, node_id: int) -> BrokerConnection:
+        """The control connection to a broker, (re)connected on demand."""
+        lock = self._locks.setdefault(node_id, asyncio.Lock())
+        async with lock:
+            conn = self._connections.get(node_id)
+            if conn is not None and conn.is_open:
+                return conn
+            address = self.brokers.get(node_id)
+            if address is None:
+                raise KafkaConnectionError(f"unknown broker id {node_id}")
+            conn = self.new_connection(address)
+            await conn.connect()
+            self._connections[node_id] = conn
+            return conn
+
+    async def _any_connection(self) -> BrokerConnection:
+        """A connection to some known broker, bootstrap servers last."""
+        for node_id in list(self._connections):
+            conn = self._connections[node_id]
+            if conn.is_open:
+                return conn
+        candidates = list(self.brokers.values())
+        self._rng.shuffle(candidates)
+        errors: list[str] = []
+        for address in [*candidates, *self.bootstrap]:
+            try:
+                if address.node_id == BOOTSTRAP_NODE_ID:
+                    conn = self.new_connection(address)
+                    await conn.connect()
+                    return conn
+                return await self.connection(address.node_id)
+            except (KafkaConnectionError, ProtocolError) as exc:
+                errors.append(str(exc))
+        raise KafkaConnectionError("no broker reachable: " + "; ".join(errors))
+
+    async def metadata(self, topics: Sequence[str] | None) -> ClusterMetadata:
+        """One Metadata round trip to any reachable broker (raises if none answers)."""
+        conn = await self._any_connection()
+        assert conn.versions is not None
+        version = conn.versions.require(ApiKey.METADATA)
+        try:
+            body = await conn.request(metadata_request(version, topics))
+        finally:
+            if conn.address.node_id == BOOTSTRAP_NODE_ID:
+                await conn.close()
+        cluster = ClusterMetadata.from_response(body)
+        self.brokers = dict(cluster.brokers)
+        return cluster
+
+    async def metadata_with_retry(
+        self, topics: Sequence[str] | None, *, stop: asyncio.Event | None = None
+    ) -> ClusterMetadata | None:
+        """Metadata, retrying with backoff until it works (None if `stop` is set first)."""
+        backoff = Backoff(
+            self.settings.reconnect_backoff_ms, self.settings.reconnect_backoff_max_ms
+        )
+        while True:
+            try:
+                return await self.metadata(topics)
+            except (KafkaConnectionError, ProtocolError) as exc:
+                delay = backoff.next_delay_ms()
+                log.warning(
+                    "metadata unavailable, retrying",
+                    error=str(exc),
+                    retry_in_ms=delay,
+                    bootstrap=[f"{a.host}:{a.port}" for a in self.bootstrap],
+                )
+                if stop is None:
+                    await asyncio.sleep(delay / 1000)
+                    continue
+                try:
+                    await asyncio.wait_for(stop.wait(), delay / 1000)
+                    return None
+                except TimeoutError:
+                    continue
+
+    async def close(self) -> None:
+        conns, self._connections = self._connections, {}
+        for conn in conns.values():
+            await conn.close()

@@ -1,0 +1,231 @@
+"""Build kio request entities for whichever version was negotiated.
+
+kio generates one class per API version; their fields differ (topic names vs
+ids, replica_id in the body vs ReplicaState). `_make` fills a class from the
+superset of fields replicad knows and drops the ones that version lacks, so
+each builder below is written once for every version.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from functools import cache
+from typing import Any
+
+from replicad.protocol.apis import ApiKey
+from replicad.protocol.codec import request_type
+from replicad.types import TopicPartition
+
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+CONSUMER_REPLICA_ID = -1
+READ_UNCOMMITTED = 0
+READ_COMMITTED = 1
+# Fetch v13 replaced topic names with topic ids (KIP-516).
+FETCH_TOPIC_ID_VERSION = 13
+# Fetch v15 moved replica_id from the body into the tagged ReplicaState (KIP-903).
+FETCH_REPLICA_STATE_VERSION = 15
+
+
+@cache
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in fields(cls))
+
+
+def _make(cls: type, **values: Any) -> Any:
+    names = _field_names(cls)
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def _nested(request_cls: type, name: str) -> type:
+    return getattr(sys.modules[request_cls.__module__], name)
+
+
+def metadata_request(version: int, topics: Sequence[str] | None) -> Any:
+    """Metadata for the named topics, or for all topics when `topics` is None."""
+    cls = request_type(ApiKey.METADATA, version)
+    topic_cls = _nested(cls, "MetadataRequestTopic")
+    wanted = (
+        None if topics is None else tuple(_make(topic_cls, name=t, topic_id=None) for t in topics)
+    )
+    return _make(
+        cls,
+        topics=wanted,
+        allow_auto_topic_creation=False,
+        include_cluster_authorized_operations=False,
+        include_topic_authorized_operations=False,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetQuery:
+    timestamp: int
+    current_leader_epoch: int = -1
+
+
+def list_offsets_request(
+    version: int,
+    queries: Mapping[TopicPartition, OffsetQuery],
+    *,
+    replica_id: int = CONSUMER_REPLICA_ID,
+    isolation_level: int = READ_UNCOMMITTED,
+) -> Any:
+    cls = request_type(ApiKey.LIST_OFFSETS, version)
+    topic_cls = _nested(cls, "ListOffsetsTopic")
+    part_cls = _nested(cls, "ListOffsetsPartition")
+    by_topic: dict[str, list[Any]] = {}
+    for tp, q in queries.items():
+        by_topic.setdefault(tp.topic, []).append(
+            _make(
+                part_cls,
+                partition_index=tp.partition,
+                current_leader_epoch=q.current_leader_epoch,
+                timestamp=q.timestamp,
+                max_num_offsets=1,
+            )
+        )
+    return _make(
+        cls,
+        replica_id=replica_id,
+        isolation_level=isolation_level,
+        topics=tuple(_make(topic_cls, name=t, partitions=tuple(p)) for t, p in by_topic.items()),
+        timeout=datetime.timedelta(seconds=30),
+    )
+
+
+def offset_for_leader_epoch_request(
+    version: int,
+    queries: Mapping[TopicPartition, tuple[int, int]],
+    *,
+    replica_id: int = CONSUMER_REPLICA_ID,
+) -> Any:
+    """queries: partition -> (current leader epoch, epoch whose end offset we want)."""
+    cls = request_type(ApiKey.OFFSET_FOR_LEADER_EPOCH, version)
+    topic_cls = _nested(cls, "OffsetForLeaderTopic")
+    part_cls = _nested(cls, "OffsetForLeaderPartition")
+    by_topic: dict[str, list[Any]] = {}
+    for tp, (current, epoch) in queries.items():
+        by_topic.setdefault(tp.topic, []).append(
+            _make(
+                part_cls, partition=tp.partition, current_leader_epoch=current, leader_epoch=epoch
+            )
+        )
+    return _make(
+        cls,
+        replica_id=replica_id,
+        topics=tuple(_make(topic_cls, topic=t, partitions=tuple(p)) for t, p in by_topic.items()),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPartitionSpec:
+    fetch_offset: int
+    log_start_offset: int
+    max_bytes: int
+    current_leader_epoch: int = -1
+    last_fetched_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class FetchSpec:
+    """Everything one Fetch request says, independent of its version."""
+
+    max_wait_ms: int
+    min_bytes: int
+    max_bytes: int
+    isolation_level: int
+    session_id: int
+    session_epoch: int
+    partitions: Mapping[TopicPartition, FetchPartitionSpec]  # request order matters (KIP-74)
+    forgotten: Sequence[TopicPartition]
+    topic_ids: Mapping[str, uuid.UUID]
+    replica_id: int = CONSUMER_REPLICA_ID
+    replica_epoch: int = -1
+    rack_id: str = ""
+
+
+def _group(tps: Iterable[TopicPartition]) -> dict[str, list[TopicPartition]]:
+    # Consecutive runs of one topic stay together in request order; a topic that
+    # reappears later (after rotation) starts a new entry, which Kafka accepts.
+    groups: dict[str, list[TopicPartition]] = {}
+    for tp in tps:
+        groups.setdefault(tp.topic, []).append(tp)
+    return groups
+
+
+def fetch_request(version: int, spec: FetchSpec) -> Any:
+    cls = request_type(ApiKey.FETCH, version)
+    topic_cls = _nested(cls, "FetchTopic")
+    part_cls = _nested(cls, "FetchPartition")
+    use_ids = version >= FETCH_TOPIC_ID_VERSION
+    topics = []
+    for topic, tps in _ordered_runs(spec.partitions):
+        parts = tuple(
+            _make(
+                part_cls,
+                partition=tp.partition,
+                current_leader_epoch=spec.partitions[tp].current_leader_epoch,
+                fetch_offset=spec.partitions[tp].fetch_offset,
+                last_fetched_epoch=spec.partitions[tp].last_fetched_epoch,
+                log_start_offset=spec.partitions[tp].log_start_offset,
+                partition_max_bytes=spec.partitions[tp].max_bytes,
+            )
+            for tp in tps
+        )
+        topics.append(_topic_entry(topic_cls, topic, spec.topic_ids, use_ids, partitions=parts))
+    forgotten = []
+    if spec.forgotten:
+        forgotten_cls = _nested(cls, "ForgottenTopic")
+        for topic, tps in _group(spec.forgotten).items():
+            forgotten.append(
+                _topic_entry(
+                    forgotten_cls,
+                    topic,
+                    spec.topic_ids,
+                    use_ids,
+                    partitions=tuple(tp.partition for tp in tps),
+                )
+            )
+    values: dict[str, Any] = dict(
+        max_wait=datetime.timedelta(milliseconds=spec.max_wait_ms),
+        min_bytes=spec.min_bytes,
+        max_bytes=spec.max_bytes,
+        isolation_level=spec.isolation_level,
+        session_id=spec.session_id,
+        session_epoch=spec.session_epoch,
+        topics=tuple(topics),
+        forgotten_topics_data=tuple(forgotten),
+        rack_id=spec.rack_id,
+    )
+    if version >= FETCH_REPLICA_STATE_VERSION:
+        state_cls = _nested(cls, "ReplicaState")
+        values["replica_state"] = state_cls(
+            replica_id=spec.replica_id, replica_epoch=spec.replica_epoch
+        )
+    else:
+        values["replica_id"] = spec.replica_id
+    return _make(cls, **values)
+
+
+def _topic_entry(
+    cls: type, topic: str, topic_ids: Mapping[str, uuid.UUID], use_ids: bool, **values: Any
+) -> Any:
+    if use_ids:
+        return _make(cls, topic_id=topic_ids[topic], **values)
+    return _make(cls, topic=topic, **values)
+
+
+def _ordered_runs(
+    partitions: Mapping[TopicPartition, Any],
+) -> list[tuple[str, list[TopicPartition]]]:
+    runs: list[tuple[str, list[TopicPartition]]] = []
+    for tp in partitions:
+        if runs and runs[-1][0] == tp.topic:
+            runs[-1][1].append(tp)
+        else:
+            runs.append((tp.topic, [tp]))
+    return runs
