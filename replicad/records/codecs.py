@@ -1,0 +1,70 @@
+"""Decompression of record payloads with Kafka's four codecs (cramjam does the work).
+
+- GZIP: a gzip stream (possibly several members).
+- SNAPPY: Kafka's Java client writes xerial framing (`\\x82SNAPPY\\x00`, version, compat,
+  then `int32 length + raw snappy block` chunks); other clients write raw snappy, and some
+  the official snappy framing format. All three are accepted.
+- LZ4: the LZ4 frame format (KIP-57 fixed Kafka's framing for magic 1+).
+- ZSTD: a zstd frame, with or without the content size in its header.
+Bad input raises CorruptRecordError naming the codec.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import cramjam
+
+from replicad.errors import CorruptRecordError
+from replicad.records.batch import Compression
+
+XERIAL_MAGIC = b"\x82SNAPPY\x00"
+# Magic (8) + version (int32) + compatible version (int32).
+XERIAL_HEADER_SIZE = 16
+# The official snappy framing format starts with a stream identifier chunk.
+SNAPPY_FRAMED_MAGIC = b"\xff\x06\x00\x00sNaPpY"
+
+_INT32 = struct.Struct(">i")
+
+
+def decompress(codec: Compression, data: bytes | bytearray | memoryview) -> bytes:
+    """The decompressed bytes of `data`, compressed with `codec`."""
+    try:
+        if codec == Compression.NONE:
+            return bytes(data)
+        if codec == Compression.GZIP:
+            return bytes(cramjam.gzip.decompress(data))
+        if codec == Compression.SNAPPY:
+            return _snappy(data)
+        if codec == Compression.LZ4:
+            return bytes(cramjam.lz4.decompress(data))
+        if codec == Compression.ZSTD:
+            return bytes(cramjam.zstd.decompress(data))
+    except cramjam.DecompressionError as exc:
+        raise CorruptRecordError(f"{codec.name} payload does not decompress: {exc}") from exc
+    raise CorruptRecordError(f"unknown compression codec {int(codec)}")
+
+
+def _snappy(data: bytes | bytearray | memoryview) -> bytes:
+    mv = memoryview(data).cast("B")
+    if bytes(mv[: len(XERIAL_MAGIC)]) == XERIAL_MAGIC:
+        return _xerial(mv)
+    if bytes(mv[: len(SNAPPY_FRAMED_MAGIC)]) == SNAPPY_FRAMED_MAGIC:
+        return bytes(cramjam.snappy.decompress(mv))
+    return bytes(cramjam.snappy.decompress_raw(mv))
+
+
+def _xerial(mv: memoryview) -> bytes:
+    out = bytearray()
+    pos = XERIAL_HEADER_SIZE
+    n = len(mv)
+    while pos < n:
+        if n - pos < _INT32.size:
+            raise CorruptRecordError(f"SNAPPY xerial block header cut off at byte {pos}")
+        (length,) = _INT32.unpack_from(mv, pos)
+        pos += _INT32.size
+        if length < 0 or pos + length > n:
+            raise CorruptRecordError(f"SNAPPY xerial block of {length} bytes at {pos} overruns")
+        out += cramjam.snappy.decompress_raw(mv[pos : pos + length])
+        pos += length
+    return bytes(out)

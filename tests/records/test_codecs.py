@@ -1,0 +1,45 @@
+"""Decompression against the compressors real clients use (kafka-python's codec module)."""
+
+from __future__ import annotations
+
+import cramjam
+import pytest
+from kafka import codec as kcodec
+
+from replicad.errors import CorruptRecordError
+from replicad.records.batch import Compression
+from replicad.records.codecs import decompress
+
+PAYLOAD = b"".join(f"record {i} of a compressible payload; ".encode() for i in range(5000))
+
+
+@pytest.mark.parametrize(
+    ("codec", "compress"),
+    [
+        (Compression.GZIP, kcodec.gzip_encode),
+        (Compression.SNAPPY, kcodec.snappy_encode),  # xerial framing, as Kafka's Java client
+        (Compression.SNAPPY, lambda d: kcodec.snappy_encode(d, xerial_compatible=False)),
+        (Compression.SNAPPY, lambda d: bytes(cramjam.snappy.compress(d))),  # framing format
+        (Compression.LZ4, kcodec.lz4_encode),
+        (Compression.ZSTD, kcodec.zstd_encode),
+    ],
+    ids=["gzip", "snappy-xerial", "snappy-raw", "snappy-framed", "lz4", "zstd"],
+)
+def test_round_trip(codec: Compression, compress) -> None:  # type: ignore[no-untyped-def]
+    compressed = compress(PAYLOAD)
+    assert len(compressed) < len(PAYLOAD)
+    assert decompress(codec, compressed) == PAYLOAD
+    assert decompress(codec, memoryview(compressed)) == PAYLOAD
+
+
+def test_xerial_with_several_blocks() -> None:
+    compressed = kcodec.snappy_encode(PAYLOAD, xerial_blocksize=1024)
+    assert decompress(Compression.SNAPPY, compressed) == PAYLOAD
+
+
+@pytest.mark.parametrize(
+    "codec", [Compression.GZIP, Compression.LZ4, Compression.ZSTD, Compression.SNAPPY]
+)
+def test_garbage_raises_corrupt_record_error(codec: Compression) -> None:
+    with pytest.raises(CorruptRecordError, match=codec.name):
+        decompress(codec, b"\x82SNAPPY\x00" + b"\x00" * 8 + b"\x00\x00\x00\x10garbage")

@@ -1,0 +1,112 @@
+"""Decoding records of real producer batches, control batches and legacy message sets."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from crc32c import crc32c
+from kafka.record.default_records import DefaultRecordBatchBuilder
+
+from replicad.errors import CorruptRecordError
+from replicad.records.batch import (
+    CONTROL_FLAG_MASK,
+    TIMESTAMP_TYPE_MASK,
+    TRANSACTIONAL_FLAG_MASK,
+    V2_CRC_START,
+    Compression,
+    scan_batches,
+)
+from replicad.records.records import ControlType, Header, control_marker, decode_batch
+from tools.logdata.batches import legacy_message_set, producer_batch
+
+
+def _set_attributes(batch: bytes, extra: int) -> bytes:
+    data = bytearray(batch)
+    (attributes,) = struct.unpack_from(">h", data, 21)
+    struct.pack_into(">h", data, 21, attributes | extra)
+    struct.pack_into(">I", data, 17, crc32c(bytes(data[V2_CRC_START:])))
+    return bytes(data)
+
+
+@pytest.mark.parametrize("codec", list(Compression), ids=[c.name for c in Compression])
+def test_decode_producer_batch(codec: Compression) -> None:
+    values = [f"value {i} ".encode() * 30 for i in range(20)]
+    keys = [f"k{i}".encode() if i % 3 else None for i in range(20)]
+    data = producer_batch(
+        500,
+        values,
+        keys=keys,
+        codec=codec,
+        headers=[("trace", b"abc"), ("empty", None)],
+        producer_id=77,
+        producer_epoch=1,
+        base_sequence=2**31 - 5,
+        timestamps=[1000 + 7 * i for i in range(20)],
+    )
+    header = scan_batches(data).batches[0]
+    assert header.compression is codec
+    decoded = decode_batch(data, header)
+    assert [r.offset for r in decoded.records] == list(range(500, 520))
+    assert [r.value for r in decoded.records] == values
+    assert [r.key for r in decoded.records] == keys
+    assert [r.timestamp for r in decoded.records] == [1000 + 7 * i for i in range(20)]
+    assert decoded.records[0].headers == (Header("trace", b"abc"), Header("empty", None))
+    # Sequences wrap from 2^31-1 to 0, as Kafka's DefaultRecordBatch.incrementSequence.
+    assert [r.sequence for r in decoded.records[:6]] == [
+        2**31 - 5,
+        2**31 - 4,
+        2**31 - 3,
+        2**31 - 2,
+        2**31 - 1,
+        0,
+    ]
+
+
+def test_log_append_time_gives_every_record_the_batch_max_timestamp() -> None:
+    data = _set_attributes(producer_batch(0, [b"a", b"b"], timestamps=[5, 9]), TIMESTAMP_TYPE_MASK)
+    header = scan_batches(data).batches[0]
+    assert [r.timestamp for r in decode_batch(data, header).records] == [9, 9]
+
+
+def test_control_batch_commit_marker() -> None:
+    builder = DefaultRecordBatchBuilder(2, 0, True, 9, 0, -1, 1 << 20)
+    builder.append(
+        0, 1234, struct.pack(">hh", 0, ControlType.COMMIT), struct.pack(">hi", 0, 42), []
+    )
+    data = _set_attributes(bytes(builder.build()), CONTROL_FLAG_MASK | TRANSACTIONAL_FLAG_MASK)
+    header = scan_batches(data).batches[0]
+    assert header.is_control and header.is_transactional
+    (record,) = decode_batch(data, header).records
+    marker = control_marker(record)
+    assert marker.type is ControlType.COMMIT
+    assert marker.coordinator_epoch == 42
+
+
+def test_truncated_records_section_raises() -> None:
+    data = bytearray(producer_batch(0, [b"abc" * 10, b"def" * 10]))
+    struct.pack_into(">i", data, 57, 3)  # claims three records, holds two
+    header = scan_batches(bytes(data), verify_crc=False).batches[0]
+    with pytest.raises(CorruptRecordError, match="base offset 0"):
+        decode_batch(bytes(data), header)
+
+
+@pytest.mark.parametrize(
+    ("magic", "codec"),
+    [
+        (0, Compression.NONE),
+        (1, Compression.NONE),
+        (0, Compression.GZIP),
+        (1, Compression.SNAPPY),
+        (1, Compression.LZ4),
+    ],
+)
+def test_decode_legacy(magic: int, codec: Compression) -> None:
+    values = [b"one", b"two", None, b"four"]
+    data = legacy_message_set(70, values, magic=magic, codec=codec, timestamp_ms=5000)
+    scan = scan_batches(data)
+    records = [r for h in scan.batches for r in decode_batch(data, h).records]
+    assert [r.offset for r in records] == [70, 71, 72, 73]
+    assert [r.value for r in records] == values
+    expected_ts = [5000, 5001, 5002, 5003] if magic == 1 else [-1] * 4
+    assert [r.timestamp for r in records] == expected_ts
