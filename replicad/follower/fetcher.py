@@ -45,6 +45,7 @@ from replicad.protocol.client import KafkaClient
 from replicad.protocol.connection import BrokerAddress, BrokerConnection
 from replicad.protocol.requests import (
     EARLIEST_TIMESTAMP,
+    FETCH_SESSION_VERSION,
     FETCH_TOPIC_ID_VERSION,
     LATEST_TIMESTAMP,
     FetchPartitionSpec,
@@ -59,8 +60,7 @@ from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.fetcher")
 
-# Fetch v7 introduced sessions; v12 LastFetchedEpoch and DivergingEpoch.
-FETCH_SESSION_VERSION = 7
+# Fetch v12 added LastFetchedEpoch and DivergingEpoch.
 FETCH_LAST_FETCHED_EPOCH_VERSION = 12
 
 # Errors after which the partition's leadership must be looked up again.

@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from functools import cache
 from typing import Any
 
+from replicad.errors import LocalProtocolError
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import request_type
 from replicad.types import TopicPartition
@@ -27,6 +28,8 @@ READ_UNCOMMITTED = 0
 READ_COMMITTED = 1
 # Fetch v13 replaced topic names with topic ids (KIP-516).
 FETCH_TOPIC_ID_VERSION = 13
+# Fetch v7 introduced fetch sessions (KIP-227).
+FETCH_SESSION_VERSION = 7
 # Fetch v15 moved replica_id from the body into the tagged ReplicaState (KIP-903).
 FETCH_REPLICA_STATE_VERSION = 15
 
@@ -178,6 +181,8 @@ def fetch_request(version: int, spec: FetchSpec) -> Any:
         )
         topics.append(_topic_entry(topic_cls, topic, spec.topic_ids, use_ids, partitions=parts))
     forgotten = []
+    if spec.forgotten and version < FETCH_SESSION_VERSION:
+        raise LocalProtocolError(f"Fetch v{version} has no sessions: cannot forget partitions")
     if spec.forgotten:
         forgotten_cls = _nested(cls, "ForgottenTopic")
         for topic, tps in _group(spec.forgotten).items():
