@@ -1,0 +1,265 @@
+"""`replicad run` against a real Apache Kafka broker (KRaft, from Maven Central jars).
+
+The replica is compared with the broker's own segment files: same batches,
+byte for byte, over the same offsets.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tools.peers.produce import produce_mixed
+from tools.replica import (
+    ReplicadProcess,
+    batches_from,
+    end_offsets,
+    log_end_offset,
+    segment_bytes,
+    wait_until,
+)
+
+pytestmark = pytest.mark.kafka
+
+TOPICS = ("orders", "payments", "audit")
+PARTITIONS = 8
+RECORDS_PER_TOPIC = 70_000  # 3 x 70,000 = 210,000 records
+
+
+@pytest.fixture(scope="module")
+def mixed_topics(kafka_broker):
+    """Three topics x 8 partitions of mixed-codec, transactional data, produced once."""
+    names = [f"{t}-{os.getpid()}" for t in TOPICS]
+    for seed, name in enumerate(names):
+        kafka_broker.create_topic(name, PARTITIONS)
+        produce_mixed(
+            kafka_broker.bootstrap,
+            name,
+            partitions=PARTITIONS,
+            records=RECORDS_PER_TOPIC,
+            seed=seed,
+        )
+    return names
+
+
+def broker_ends(broker, topics) -> dict:
+    return {
+        (t, p): log_end_offset(broker.partition_dir(t, p))
+        for t in topics
+        for p in range(PARTITIONS)
+    }
+
+
+def replica_ends(data_dir: Path) -> dict:
+    return {(tp.topic, tp.partition): end for tp, end in end_offsets(data_dir).items()}
+
+
+def caught_up(broker, topics, data_dir: Path) -> bool:
+    want = broker_ends(broker, topics)
+    got = replica_ends(data_dir)
+    return all(got.get(k) == v for k, v in want.items())
+
+
+def assert_byte_identical(broker, topics, data_dir: Path) -> None:
+    for t in topics:
+        for p in range(PARTITIONS):
+            ours = segment_bytes(data_dir / f"{t}-{p}")
+            theirs = batches_from(segment_bytes(broker.partition_dir(t, p)))
+            assert len(ours) == len(theirs), f"{t}-{p}: {len(ours)} vs {len(theirs)} bytes"
+            assert ours == theirs, f"{t}-{p}: replica differs from the broker's segments"
+
+
+def run_args(broker, topics, data_dir: Path, *extra: str) -> list[str]:
+    return [
+        "run",
+        "--bootstrap-servers",
+        broker.bootstrap,
+        "--topics",
+        ",".join(topics),
+        "--data-dir",
+        str(data_dir),
+        "--log-format",
+        "json",
+        *extra,
+    ]
+
+
+def test_replica_is_byte_identical_to_the_brokers_segments(kafka_broker, mixed_topics, tmp_path):
+    data_dir = tmp_path / "data"
+    proc = ReplicadProcess(
+        run_args(kafka_broker, mixed_topics, data_dir), log_path=tmp_path / "replicad.log"
+    ).start()
+    try:
+        wait_until(
+            lambda: caught_up(kafka_broker, mixed_topics, data_dir),
+            timeout_s=180,
+            what="replica to catch up",
+        )
+        assert proc.running, proc.output()
+    finally:
+        rc = proc.stop()
+    assert rc == 0, proc.output()
+    assert "Traceback" not in proc.output()
+    total = sum(replica_ends(data_dir).values())
+    assert total >= 200_000  # offsets include the transaction markers
+    assert_byte_identical(kafka_broker, mixed_topics, data_dir)
+    # a clean stop leaves Kafka's checkpoint files behind
+    for name in ("replication-offset-checkpoint", "recovery-point-offset-checkpoint"):
+        assert (data_dir / name).exists(), name
+    # and our own offline check agrees
+    verify = subprocess.run(
+        [sys.executable, "-m", "replicad.cli", "verify", str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_sigkill_mid_replication_resumes_without_gap_or_duplicate(
+    kafka_broker, mixed_topics, tmp_path
+):
+    data_dir = tmp_path / "data"
+    config = tmp_path / "slow.yaml"
+    # Small responses so that the kill lands mid-replication.
+    config.write_text("fetch:\n  response_max_bytes: 65536\n  partition_max_bytes: 16384\n")
+    args = run_args(kafka_broker, mixed_topics, data_dir, "-c", str(config))
+    want = sum(broker_ends(kafka_broker, mixed_topics).values())
+    kills = 0
+    for _ in range(3):
+        proc = ReplicadProcess(args, log_path=tmp_path / "replicad.log").start()
+        before = sum(replica_ends(data_dir).values())
+        wait_until(
+            lambda b=before: sum(replica_ends(data_dir).values()) > b + want // 10,
+            timeout_s=120,
+            what="progress before the kill",
+        )
+        proc.kill()
+        kills += 1
+        if sum(replica_ends(data_dir).values()) >= want:
+            break
+    assert kills >= 1
+    proc = ReplicadProcess(
+        run_args(kafka_broker, mixed_topics, data_dir), log_path=tmp_path / "r2.log"
+    )
+    proc.start()
+    try:
+        wait_until(
+            lambda: caught_up(kafka_broker, mixed_topics, data_dir),
+            timeout_s=180,
+            what="replica to catch up after SIGKILL",
+        )
+    finally:
+        assert proc.stop() == 0, proc.output()
+    assert_byte_identical(kafka_broker, mixed_topics, data_dir)
+
+
+def test_hot_partition_does_not_starve_cold_ones(kafka_broker, tmp_path):
+    """KIP-74: with a response limit far below the hot partition's backlog, the
+    cold partitions still finish long before the hot one (rotation)."""
+    topic = f"hotcold-{os.getpid()}"
+    partitions = 12
+    kafka_broker.create_topic(topic, partitions)
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {"bootstrap.servers": kafka_broker.bootstrap, "linger.ms": 5, "batch.size": 16384}
+    )
+    value = os.urandom(1000)
+    for i in range(16_000):  # ~16 MB into partition 0
+        producer.produce(topic, value=value, partition=0)
+        if i % 1000 == 0:
+            producer.poll(0)
+    for p in range(1, partitions):
+        for _ in range(20):
+            producer.produce(topic, value=value, partition=p)
+    producer.flush(60)
+
+    data_dir = tmp_path / "data"
+    config = tmp_path / "tight.yaml"
+    config.write_text(
+        "fetch:\n  response_max_bytes: 32768\n  partition_max_bytes: 32768\n"
+        "  buffer_memory: 1048576\n"
+    )
+    proc = ReplicadProcess(
+        run_args(kafka_broker, [topic], data_dir, "-c", str(config)),
+        log_path=tmp_path / "replicad.log",
+    ).start()
+    cold = [(topic, p) for p in range(1, partitions)]
+    try:
+        wait_until(
+            lambda: all(replica_ends(data_dir).get(k) == 20 for k in cold),
+            timeout_s=120,
+            what="cold partitions to catch up",
+        )
+        hot_end_when_cold_done = replica_ends(data_dir).get((topic, 0), 0)
+        wait_until(
+            lambda: replica_ends(data_dir).get((topic, 0)) == 16_000,
+            timeout_s=180,
+            what="hot partition to catch up",
+        )
+    finally:
+        proc.stop()
+    # The cold partitions were served while the hot one still had a backlog.
+    assert hot_end_when_cold_done < 16_000 * 0.9, hot_end_when_cold_done
+
+
+def _run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "replicad.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_bad_config_names_the_key_and_exits_78(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "source:\n  bootstrap_servers: [127.0.0.1:9092]\n  bootstap: x\n"
+        "topics:\n  include: [a]\nfetch:\n  partition_max_bytes: big\n"
+    )
+    result = _run_cli("run", "-c", str(bad))
+    assert result.returncode == 78
+    assert "source.bootstap" in result.stderr
+    assert "fetch.partition_max_bytes" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_unreachable_bootstrap_retries_with_a_clear_message(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = ReplicadProcess(
+        [
+            "run",
+            "--bootstrap-servers",
+            f"127.0.0.1:{port}",
+            "--topics",
+            "x",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--log-format",
+            "json",
+        ],
+        log_path=tmp_path / "replicad.log",
+    ).start()
+    try:
+        wait_until(
+            lambda: "metadata unavailable" in proc.output(), timeout_s=30, what="a retry message"
+        )
+        time.sleep(1)
+        assert proc.running, proc.output()
+    finally:
+        rc = proc.stop()
+    assert rc == 0
+    out = proc.output()
+    assert f"127.0.0.1:{port}" in out
+    assert "Traceback" not in out
