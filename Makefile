@@ -22,7 +22,7 @@ setup: $(STAMP) peers
 
 # Local Kafka with a sample topic, replicated by replicad into ./var/data, then shown.
 demo: setup
-	$(BIN)/python tools/demo.py
+	$(BIN)/python -m tools.demo
 
 # The whole suite, integration tests against real brokers included.
 test: setup
