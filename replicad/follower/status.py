@@ -1,0 +1,110 @@
+"""The replicator's live state as one JSON-able snapshot (for `replicad status`,
+metrics and sd_notify STATUS=). Read-only: building it changes nothing."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from replicad import __version__
+from replicad.follower.fetcher import LeaderFetcher
+from replicad.follower.replicator import Replicator
+
+
+@dataclass(slots=True)
+class RateMeter:
+    """Bytes per second over the last interval, from cumulative counters sampled
+    with a passed-in clock."""
+
+    last_total: int = 0
+    last_ms: int | None = None
+    rate: float = 0.0
+    per_key: dict[object, tuple[int, float]] = field(default_factory=dict)
+
+    def sample(self, total: int, now_ms: int) -> float:
+        if self.last_ms is not None and now_ms > self.last_ms:
+            self.rate = (total - self.last_total) * 1000 / (now_ms - self.last_ms)
+        self.last_total, self.last_ms = total, now_ms
+        return self.rate
+
+
+def _leader(fetcher: LeaderFetcher, rate: float) -> dict[str, Any]:
+    s = fetcher.stats
+    session = fetcher.session
+    return {
+        "node_id": fetcher.address.node_id,
+        "address": f"{fetcher.address.host}:{fetcher.address.port}",
+        "session_id": session.session_id,
+        "epoch": session.epoch,
+        "sessionful": session.is_sessionful,
+        "partitions": len(fetcher.partitions),
+        "last_fetch_latency_ms": round(s.last_latency_ms, 3),
+        "bytes_per_s": rate,
+        "requests": s.requests,
+        "errors": s.connection_errors + sum(s.partition_errors.values()),
+        "last_error": s.last_error,
+        "session_recoveries": dict(s.session_recoveries),
+    }
+
+
+def build_snapshot(
+    replicator: Replicator, *, uptime_s: float, rates: dict[int, float], total_rate: float
+) -> dict[str, Any]:
+    logs = replicator.logs
+    local = logs.partitions() if logs is not None else {}
+    partitions = []
+    states: Counter[str] = Counter()
+    for tp, st in sorted(replicator.states.items()):
+        plog = local.get(tp)
+        states[st.phase.value] += 1
+        partitions.append(
+            {
+                "topic": tp.topic,
+                "partition": tp.partition,
+                "leader": st.leader_id,
+                "log_start_offset": plog.log_start_offset if plog else None,
+                "log_end_offset": plog.log_end_offset if plog else st.fetch_offset,
+                "high_watermark": st.high_watermark,
+                "lag": st.lag,
+                "state": st.phase.value,
+                "last_error": st.last_error,
+                "bytes_replicated": st.bytes_replicated,
+                "crc_failures": st.corrupt_count,
+            }
+        )
+    leaders = [
+        _leader(f, rates.get(node_id, 0.0)) for node_id, f in sorted(replicator.fetchers.items())
+    ]
+    stats = [f.stats for f in replicator.fetchers.values()]
+    return {
+        "version": __version__,
+        "pid": os.getpid(),
+        "uptime_s": round(uptime_s, 3),
+        "ready": replicator.ready.is_set(),
+        "data_dir": str(replicator.settings.data_dir),
+        "source": list(replicator.settings.bootstrap_servers),
+        "totals": {
+            "leaders": len(leaders),
+            "partitions": len(partitions),
+            "lag": replicator.lag(),
+            "bytes_replicated": sum(s.bytes_appended for s in stats),
+            "bytes_per_s": total_rate,
+            "crc_failures": sum(s.crc_failures for s in stats),
+            "session_recoveries": sum(sum(s.session_recoveries.values()) for s in stats),
+            "partitions_by_state": dict(states),
+        },
+        "leaders": leaders,
+        "partitions": partitions,
+        "serve": None,
+    }
+
+
+def one_line_status(snapshot: dict[str, Any]) -> str:
+    """The sd_notify STATUS= line: leaders, partitions, total lag."""
+    t = snapshot["totals"]
+    return (
+        f"{t['leaders']} leaders, {t['partitions']} partitions, lag {t['lag']}, "
+        f"{t['bytes_per_s'] / 1e6:.1f} MB/s"
+    )
