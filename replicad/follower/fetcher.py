@@ -208,12 +208,9 @@ class LeaderFetcher:
         self._handle_response(plan, version, body)
 
     def _usable_fetch_version(self, version: int, plan: FetchRequestPlan) -> int:
-        if version >= FETCH_TOPIC_ID_VERSION:
-            ids = self._topic_ids()
-            names = {tp.topic for tp in plan.to_send} | {tp.topic for tp in plan.to_forget}
-            if any(ids.get(name) is None for name in names):
-                # No topic ids from Metadata (old broker or v<10): stay on names.
-                version = FETCH_TOPIC_ID_VERSION - 1
+        if version >= FETCH_TOPIC_ID_VERSION and not plan.uses_topic_ids:
+            # Some partition has no topic id (old broker, Metadata < v10): use names.
+            version = FETCH_TOPIC_ID_VERSION - 1
         if version < FETCH_SESSION_VERSION and self.session.sessions_enabled:
             self.session = FetchSessionHandler(self.address.node_id, sessions_enabled=False)
         return version
@@ -254,17 +251,22 @@ class LeaderFetcher:
                     max_bytes=pf.max_bytes,
                     current_leader_epoch=pf.current_leader_epoch,
                     last_fetched_epoch=pf.last_fetched_epoch if use_epochs else -1,
+                    topic_id=pf.topic_id,
                 )
                 for tp, pf in plan.to_send.items()
             },
             forgotten=list(plan.to_forget),
-            topic_ids={k: v for k, v in self._topic_ids().items() if v is not None},
+            forgotten_ids=[
+                (f.topic_id, f.partition.partition)
+                for f in plan.forgotten_for_topic_ids()
+                if f.topic_id is not None
+            ],
             replica_id=self.settings.replica_id,
             rack_id=self.settings.rack_id,
         )
 
     def _handle_response(self, plan: FetchRequestPlan, version: int, body: Any) -> None:
-        names = {v: k for k, v in self._topic_ids().items() if v is not None}
+        names = plan.topic_names
         entries: list[tuple[TopicPartition, Any]] = []
         for topic in body.responses:
             name = topic.topic if version < FETCH_TOPIC_ID_VERSION else names.get(topic.topic_id)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 import sys
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import cache
 from typing import Any
@@ -131,6 +131,7 @@ class FetchPartitionSpec:
     max_bytes: int
     current_leader_epoch: int = -1
     last_fetched_epoch: int = -1
+    topic_id: uuid.UUID | None = None  # required from v13
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,20 +145,11 @@ class FetchSpec:
     session_id: int
     session_epoch: int
     partitions: Mapping[TopicPartition, FetchPartitionSpec]  # request order matters (KIP-74)
-    forgotten: Sequence[TopicPartition]
-    topic_ids: Mapping[str, uuid.UUID]
+    forgotten: Sequence[TopicPartition] = ()  # v7..v12: by name
+    forgotten_ids: Sequence[tuple[uuid.UUID, int]] = ()  # v13+: (topic id, partition)
     replica_id: int = CONSUMER_REPLICA_ID
     replica_epoch: int = -1
     rack_id: str = ""
-
-
-def _group(tps: Iterable[TopicPartition]) -> dict[str, list[TopicPartition]]:
-    # Consecutive runs of one topic stay together in request order; a topic that
-    # reappears later (after rotation) starts a new entry, which Kafka accepts.
-    groups: dict[str, list[TopicPartition]] = {}
-    for tp in tps:
-        groups.setdefault(tp.topic, []).append(tp)
-    return groups
 
 
 def fetch_request(version: int, spec: FetchSpec) -> Any:
@@ -166,6 +158,9 @@ def fetch_request(version: int, spec: FetchSpec) -> Any:
     part_cls = _nested(cls, "FetchPartition")
     use_ids = version >= FETCH_TOPIC_ID_VERSION
     topics = []
+    # Consecutive partitions of one topic share an entry; a topic that reappears
+    # later (after rotation) starts a new entry, which Kafka accepts: the order of
+    # partitions is the priority order (KIP-74).
     for topic, tps in _ordered_runs(spec.partitions):
         parts = tuple(
             _make(
@@ -179,22 +174,32 @@ def fetch_request(version: int, spec: FetchSpec) -> Any:
             )
             for tp in tps
         )
-        topics.append(_topic_entry(topic_cls, topic, spec.topic_ids, use_ids, partitions=parts))
-    forgotten = []
-    if spec.forgotten and version < FETCH_SESSION_VERSION:
+        if use_ids:
+            topic_id = spec.partitions[tps[0]].topic_id
+            if topic_id is None:
+                raise LocalProtocolError(f"Fetch v{version} needs a topic id for {topic!r}")
+            topics.append(_make(topic_cls, topic_id=topic_id, partitions=parts))
+        else:
+            topics.append(_make(topic_cls, topic=topic, partitions=parts))
+    if (spec.forgotten or spec.forgotten_ids) and version < FETCH_SESSION_VERSION:
         raise LocalProtocolError(f"Fetch v{version} has no sessions: cannot forget partitions")
-    if spec.forgotten:
+    forgotten = []
+    if version >= FETCH_SESSION_VERSION:
         forgotten_cls = _nested(cls, "ForgottenTopic")
-        for topic, tps in _group(spec.forgotten).items():
-            forgotten.append(
-                _topic_entry(
-                    forgotten_cls,
-                    topic,
-                    spec.topic_ids,
-                    use_ids,
-                    partitions=tuple(tp.partition for tp in tps),
-                )
-            )
+        if use_ids:
+            by_id: dict[uuid.UUID, list[int]] = {}
+            for topic_id, partition in spec.forgotten_ids:
+                by_id.setdefault(topic_id, []).append(partition)
+            forgotten = [
+                _make(forgotten_cls, topic_id=k, partitions=tuple(v)) for k, v in by_id.items()
+            ]
+        else:
+            by_name: dict[str, list[int]] = {}
+            for tp in spec.forgotten:
+                by_name.setdefault(tp.topic, []).append(tp.partition)
+            forgotten = [
+                _make(forgotten_cls, topic=k, partitions=tuple(v)) for k, v in by_name.items()
+            ]
     values: dict[str, Any] = dict(
         max_wait=datetime.timedelta(milliseconds=spec.max_wait_ms),
         min_bytes=spec.min_bytes,
@@ -214,14 +219,6 @@ def fetch_request(version: int, spec: FetchSpec) -> Any:
     else:
         values["replica_id"] = spec.replica_id
     return _make(cls, **values)
-
-
-def _topic_entry(
-    cls: type, topic: str, topic_ids: Mapping[str, uuid.UUID], use_ids: bool, **values: Any
-) -> Any:
-    if use_ids:
-        return _make(cls, topic_id=topic_ids[topic], **values)
-    return _make(cls, topic=topic, **values)
 
 
 def _ordered_runs(

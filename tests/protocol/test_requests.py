@@ -20,6 +20,7 @@ from replicad.types import TopicPartition
 
 A0, A1, B0 = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)
 IDS = {"a": uuid.uuid4(), "b": uuid.uuid4()}
+C_ID = uuid.uuid4()
 
 
 def _spec(replica_id=-1, version=17):
@@ -31,12 +32,14 @@ def _spec(replica_id=-1, version=17):
         session_id=77,
         session_epoch=3,
         partitions={
-            A1: FetchPartitionSpec(10, 0, 1 << 20, current_leader_epoch=4, last_fetched_epoch=3),
-            B0: FetchPartitionSpec(5, 2, 1 << 20),
-            A0: FetchPartitionSpec(0, 0, 1 << 20),
+            A1: FetchPartitionSpec(
+                10, 0, 1 << 20, current_leader_epoch=4, last_fetched_epoch=3, topic_id=IDS["a"]
+            ),
+            B0: FetchPartitionSpec(5, 2, 1 << 20, topic_id=IDS["b"]),
+            A0: FetchPartitionSpec(0, 0, 1 << 20, topic_id=IDS["a"]),
         },
         forgotten=[TopicPartition("c", 9)] if version >= 7 else [],
-        topic_ids={**IDS, "c": uuid.uuid4()},
+        forgotten_ids=[(C_ID, 9)] if version >= 7 else [],
         replica_id=replica_id,
     )
 
@@ -64,7 +67,12 @@ def test_fetch_every_version(version):
         assert first.log_start_offset == 0
     if version >= 7:
         assert (body.session_id, body.session_epoch) == (77, 3)
-        assert len(body.forgotten_topics_data) == 1
+        (forgotten,) = body.forgotten_topics_data
+        assert tuple(forgotten.partitions) == (9,)
+        if version >= 13:
+            assert forgotten.topic_id == C_ID
+        else:
+            assert forgotten.topic == "c"
     if version >= 9:
         assert first.current_leader_epoch == 4
     if version >= 12:
@@ -109,3 +117,18 @@ def test_offset_for_leader_epoch(version):
 def test_forgetting_without_sessions_is_our_bug():
     with pytest.raises(LocalProtocolError, match="no sessions"):
         fetch_request(6, _spec(version=17))
+
+
+def test_topic_ids_are_required_from_v13():
+    spec = FetchSpec(
+        max_wait_ms=0,
+        min_bytes=1,
+        max_bytes=1,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        partitions={A0: FetchPartitionSpec(0, 0, 1)},
+    )
+    assert _roundtrip(fetch_request(12, spec)).topics[0].topic == "a"
+    with pytest.raises(LocalProtocolError, match="topic id"):
+        fetch_request(13, spec)
