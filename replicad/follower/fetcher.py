@@ -204,8 +204,11 @@ class LeaderFetcher:
             raise exc
         self.stats.responses += 1
         self.stats.last_latency_ms = (time.perf_counter() - started) * 1000
-        self._backoff.reset()
-        self._handle_response(plan, version, body)
+        if self._handle_response(plan, version, body):
+            self._backoff.reset()
+        else:
+            # A leader that keeps refusing must not be hammered: back off, growing.
+            await self._sleep(self._backoff.next_delay_ms())
 
     def _usable_fetch_version(self, version: int, plan: FetchRequestPlan) -> int:
         if version >= FETCH_TOPIC_ID_VERSION and not plan.uses_topic_ids:
@@ -265,30 +268,40 @@ class LeaderFetcher:
             rack_id=self.settings.rack_id,
         )
 
-    def _handle_response(self, plan: FetchRequestPlan, version: int, body: Any) -> None:
+    def _handle_response(self, plan: FetchRequestPlan, version: int, body: Any) -> bool:
+        """Apply a response; False if the session handler rejected it (data dropped)."""
         names = plan.topic_names
+        by_id = version >= FETCH_TOPIC_ID_VERSION
         entries: list[tuple[TopicPartition, Any]] = []
+        seen_ids: list[Any] = []
         for topic in body.responses:
-            name = topic.topic if version < FETCH_TOPIC_ID_VERSION else names.get(topic.topic_id)
+            if by_id:
+                seen_ids.append(topic.topic_id)
+                name = names.get(topic.topic_id)
+            else:
+                name = topic.topic
             if name is None:
-                continue  # a topic id we no longer know (deleted/recreated): metadata will tell
+                continue  # an id the plan does not know: the session handler rejects it
             for pd in topic.partitions:
                 entries.append((TopicPartition(name, int(pd.partition_index)), pd))
         now = monotonic_ms()
+        throttle = getattr(body, "throttle_time", None)
         verdict = self.session.handle_response(
             plan,
             error_code=int(getattr(body, "error_code", 0)),
             session_id=int(getattr(body, "session_id", 0)),
             partitions=[tp for tp, _ in entries],
             now_ms=now,
+            throttle_time_ms=int(throttle.total_seconds() * 1000) if throttle else 0,
+            topic_ids=seen_ids,
         )
         if not verdict.accepted:
             self.stats.rejected_responses += 1
             self._note_recovery(verdict)
             top = ErrorCode(int(getattr(body, "error_code", 0)))
-            if top not in (ErrorCode.none,):
+            if top is not ErrorCode.none:
                 self.stats.last_error = top.name
-            return
+            return False
         self._note_recovery(verdict)
         returned_data: list[TopicPartition] = []
         for tp, pd in entries:
@@ -300,6 +313,7 @@ class LeaderFetcher:
                 returned_data.append(tp)
         for tp in returned_data:
             self.partitions.move_to_end(tp)
+        return True
 
     def _process_partition(self, state: PartitionState, pd: Any, now_ms: int) -> bool:
         """Apply one partition's answer; True if it returned data (rotation)."""
