@@ -1,0 +1,163 @@
+"""The validated configuration of replicad: nested frozen dataclasses holding the defaults.
+
+Instances are built by `replicad.config.loader` once every value has passed its rule in
+`replicad.config.schema`, so readers never re-check them. `Config()` is the all-defaults
+configuration, which is not runnable on its own: it names no bootstrap server and no topic.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from replicad.log.config import LogConfig
+
+MIB = 1024 * 1024
+
+# Kafka's IsolationLevel as sent in Fetch v4+ and ListOffsets v2+.
+READ_UNCOMMITTED_WIRE = 0
+READ_COMMITTED_WIRE = 1
+
+# Addresses a server can bind to but no client can connect to.
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+
+
+class StartFrom(enum.StrEnum):
+    """Where a partition with no local data starts replicating."""
+
+    EARLIEST = "earliest"
+    LATEST = "latest"
+
+
+class OnGap(enum.StrEnum):
+    """What to do on OFFSET_OUT_OF_RANGE when the leader's log start is above our log end."""
+
+    # Truncate the local partition fully and restart at the leader's log start (Kafka's way).
+    RESET = "reset"
+    # Stop replicating that partition and report it, keeping the local data as it is.
+    HALT = "halt"
+
+
+class IsolationLevel(enum.StrEnum):
+    READ_UNCOMMITTED = "read_uncommitted"
+    READ_COMMITTED = "read_committed"
+
+    @property
+    def wire_value(self) -> int:
+        """The int8 the Fetch request carries."""
+        if self is IsolationLevel.READ_COMMITTED:
+            return READ_COMMITTED_WIRE
+        return READ_UNCOMMITTED_WIRE
+
+
+class LogLevel(enum.StrEnum):
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class LogFormat(enum.StrEnum):
+    # Console lines on a TTY, JSON lines otherwise (journald).
+    AUTO = "auto"
+    JSON = "json"
+    CONSOLE = "console"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class HostPort:
+    """A TCP address as written in the config, `host:port` (IPv6 hosts in brackets)."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        if ":" in self.host:
+            return f"[{self.host}]:{self.port}"
+        return f"{self.host}:{self.port}"
+
+    @property
+    def is_wildcard(self) -> bool:
+        """True for 0.0.0.0 / :: -- fine to listen on, useless to advertise."""
+        return self.host in WILDCARD_HOSTS
+
+
+@dataclass(frozen=True, slots=True)
+class SourceConfig:
+    """The cluster replicad replicates from, and how it talks to its brokers."""
+
+    bootstrap_servers: tuple[HostPort, ...] = ()
+    client_id: str = "replicad"
+    rack_id: str = ""
+    connect_timeout_ms: int = 10_000
+    request_timeout_ms: int = 30_000
+    reconnect_backoff_ms: int = 100
+    reconnect_backoff_max_ms: int = 10_000
+    metadata_max_age_ms: int = 300_000
+
+
+@dataclass(frozen=True, slots=True)
+class TopicsConfig:
+    """Which topics are replicated (a list or a pattern, never both) and from where."""
+
+    include: tuple[str, ...] = ()
+    regex: str | None = None
+    start_from: StartFrom = StartFrom.EARLIEST
+    on_gap: OnGap = OnGap.RESET
+
+    def selects(self, topic: str) -> bool:
+        """Whether `topic` is replicated. A regex must match the whole name, as in Kafka's
+        pattern subscriptions; internal topics are not special-cased here."""
+        if self.regex is not None:
+            return re.fullmatch(self.regex, topic) is not None
+        return topic in self.include
+
+
+@dataclass(frozen=True, slots=True)
+class FetchConfig:
+    """Fetch request limits (KIP-74), sessions (KIP-227) and the memory bound (KIP-81)."""
+
+    response_max_bytes: int = 10 * MIB
+    partition_max_bytes: int = 1 * MIB
+    wait_max_ms: int = 500
+    min_bytes: int = 1
+    backoff_ms: int = 1000
+    sessions: bool = True
+    replica_id: int = -1
+    isolation_level: IsolationLevel = IsolationLevel.READ_UNCOMMITTED
+    buffer_memory: int = 100 * MIB
+
+
+@dataclass(frozen=True, slots=True)
+class ControlConfig:
+    socket: Path = Path("/run/replicad/control.sock")
+
+
+@dataclass(frozen=True, slots=True)
+class LoggingConfig:
+    level: LogLevel = LogLevel.INFO
+    format: LogFormat = LogFormat.AUTO
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """Serving the local replica over the Kafka protocol; present only when turned on."""
+
+    listen: HostPort
+    # What clients are told to connect to (Metadata); None = the listen address.
+    advertised: HostPort | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    source: SourceConfig = field(default_factory=SourceConfig)
+    topics: TopicsConfig = field(default_factory=TopicsConfig)
+    fetch: FetchConfig = field(default_factory=FetchConfig)
+    data_dir: Path = Path("/var/lib/replicad/data")
+    checkpoint_interval_ms: int = 5000
+    log: LogConfig = field(default_factory=LogConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    serve: ServeConfig | None = None

@@ -1,0 +1,336 @@
+"""Rules for single config values: each checks one raw value and converts it, or reports why not.
+
+Rules are strict on purpose. YAML turns `yes`, `10.0` and `"10"` into a bool, a float and a
+string; none of them is an integer here, so a typo never becomes a silently different setting.
+A rule reports every problem it finds (all bad items of a list, not just the first) and returns
+`INVALID` when the value cannot be used; the loader then skips checks that depend on it.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from replicad.config.model import HostPort
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+PORT_MAX = 65535
+# Kafka's legal topic names: at most 249 of these characters, and not "." or "..".
+TOPIC_NAME_MAX = 249
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]+")
+# sockaddr_un.sun_path is 108 bytes on Linux, one of them the terminating NUL.
+UNIX_SOCKET_PATH_MAX = 107
+# Longest quoted value repeated back in a message.
+DESCRIBE_MAX = 60
+
+_HOST_PORT = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\s\[\]/]*)):(?P<port>\d+)")
+
+
+class _Invalid:
+    """The marker a rule returns for a value it could not use."""
+
+    def __repr__(self) -> str:
+        return "INVALID"
+
+
+INVALID = _Invalid()
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with the configuration; `related` are other keys it concerns."""
+
+    path: str
+    message: str
+    related: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class Problems:
+    """Collects problems in the order they are found."""
+
+    items: list[Problem] = field(default_factory=list)
+
+    def add(self, path: str, message: str, related: tuple[str, ...] = ()) -> None:
+        self.items.append(Problem(path, message, related))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def describe(value: object) -> str:
+    """A raw value as the user wrote it, short: strings quoted, YAML's names for null/bools."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        text = json.dumps(value)
+        return text if len(text) <= DESCRIBE_MAX else text[: DESCRIBE_MAX - 4] + '..."'
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list | tuple):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
+class Rule(abc.ABC):
+    """Checks and converts the raw value of one key."""
+
+    # A required key must be given; the others fall back to the dataclass default.
+    required: bool = False
+
+    @property
+    @abc.abstractmethod
+    def expected(self) -> str:
+        """What a good value looks like, for messages: "an integer >= 1"."""
+
+    @abc.abstractmethod
+    def convert(self, value: object, path: str, problems: Problems) -> object:
+        """The converted value, or INVALID after adding at least one problem."""
+
+    def _wrong(self, value: object, path: str, problems: Problems) -> _Invalid:
+        problems.add(path, f"expected {self.expected}, got {describe(value)}")
+        return INVALID
+
+
+@dataclass(frozen=True)
+class Int(Rule):
+    minimum: int
+    maximum: int = INT64_MAX
+    nullable: bool = False
+
+    @property
+    def expected(self) -> str:
+        if self.maximum >= INT64_MAX:
+            text = f"an integer >= {self.minimum}"
+        else:
+            text = f"an integer from {self.minimum} to {self.maximum}"
+        return text + " or null" if self.nullable else text
+
+    def convert(self, value: object, path: str, problems: Problems) -> object:
+        if value is None and self.nullable:
+            return None
+        # bool is an int subclass in Python; a YAML `yes` must not pass as 1.
+        if not isinstance(value, int) or isinstance(value, bool):
+            return self._wrong(value, path, problems)
+        if not self.minimum <= value <= self.maximum:
+            return self._wrong(value, path, problems)
+        return value
+
+
+@dataclass(frozen=True)
+class Bool(Rule):
+    @property
+    def expected(self) -> str:
+        return "true or false"
+
+    def convert(self, value: object, path: str, problems: Problems) -> object:
+        if not isinstance(value, bool):
+            return self._wrong(value, path, problems)
+        return value
+
+
+@dataclass(frozen=True)
+class Str(Rule):
+    non_empty: bool = False
+
+    @property
+    def expected(self) -> str:
+        return "a non-empty string" if self.non_empty else "a string"
+
+    def convert(self, value: object, path: str, problems: Problems) -> object:
+        if not isinstance(value, str) or (self.non_empty and not value):
+            return self._wrong(value, path, problems)
+        return value
+
+
+@dataclass(frozen=True)
+class Choice(Rule):
+    """One of a StrEnum's values; case does not matter (`INFO` is `info`)."""
+
+    choices: type[enum.StrEnum]
+
+    @property
+    def expected(self) -> str:
+        return "one of " + ", ".join(member.value for member in self.choices)
+
+    def convert(self, value: object, path: str, problems: Problems) -> object:
+        if isinstance(value, str):
+            for member in self.choices:
+                if member.value == value.lower():
+                    return member
+        return self._wrong(value, path, problems)
+
+
+def parse_host_port(text: str, *, allow_port_zero: bool = False) -> HostPort | str:
+    """`host:port` -> HostPort, or the reason it is not one (a str, for the message)."""
+    if "://" in text:
+        return "no scheme or listener name here, just host:port"
+    match = _HOST_PORT.fullmatch(text.strip())
+    if match is None:
+        return 'expected "host:port"'
+    host = match["ipv6"] if match["ipv6"] is not None else match["host"]
+    port = int(match["port"])
+    lowest = 0 if allow_port_zero else 1
+    if not lowest <= port <= PORT_MAX:
+        return f"port must be from {lowest} to {PORT_MAX}"
+    if not host and not allow_port_zero:
+        return "the host is missing"
+    return HostPort(host, port)
+
+
+@dataclass(frozen=True)
+class Address(Rule):
+    """One `host:port`. A listening address may use port 0 (any free port) and an empty host."""
+
+    listening: bool = False
+    nullable: bool = False
+    required: bool = False
+
+    @property
+    def expected(self) -> str:
+        return '"host:port" or null' if self.nullable else '"host:port"'
+
+    def convert(self, value: object, path: str, problems: Problems) -> object:
+        if value is None and self.nullable:
+            return None
+        if not isinstance(value, str):
+            return self._wrong(value, path, problems)
+        parsed = parse_host_port(value, allow_port_zero=self.listening)
+        if isinstance(parsed, str):
+            problems.add(path, f"{parsed}, got {describe(value)}")
+            return INVALID
+        return parsed
+
+
+def _items(value: object) -> list[object] | None:
+    """A list as given, or a comma-separated string split into its items (None if neither)."""
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    if isinstance(value, list | tuple):
+        return list(value)
+    return None
+
+
+@dataclass(frozen=True)
+class AddressList(Rule):
+    """A non-empty list of `host:port`, or the same as one comma-separated string."""
+
+    required: bool = False
+
+    @property
+    def expected(self) -> str:
+        return 'a non-empty list of "host:port" (or "a:1,b:2")'
+
+    def convert(self, value: object, path: str, problems: Problems) -> object:
+        items = _items(value)
+        if not items:
+            return self._wrong(value, path, problems)
+        found = len(problems)
+        addresses: list[HostPort] = []
+        for index, item in enumerate(items):
+            parsed = parse_host_port(item) if isinstance(item, str) else 'expected "host:port"'
+            if isinstance(parsed, str):
+                problems.add(f"{path}[{index}]", f"{parsed}, got {describe(item)}")
+            elif parsed not in addresses:
+                addresses.append(parsed)
+        return INVALID if len(problems) > found else tuple(addresses)
+
+
+def topic_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a Kafka topic, or None if it can."""
+    if name in (".", ".."):
+        return 'cannot be "." or ".."'
+    if len(name) > TOPIC_NAME_MAX:
+        return f"a topic name has at most {TOPIC_NAME_MAX} characters"
+    if _TOPIC_NAME.fullmatch(name) is None:
+        return "a topic name has only letters, digits, '.', '_' and '-'"
+    return None
+
+
+@dataclass(frozen=True)
+class TopicList(Rule):
+    """Topic names as a list or one comma-separated string; null or [] means none given
+    (whether that is allowed is the topics section's cross check)."""
+
+    @property
+    def expected(self) -> str:
+        return "a list of topic names or null"
+
+    def convert(self, value: object, path: str, problems: Problems) -> object:
+        if value is None:
+            return ()
+        items = _items(value)
+        if items is None:
+            return self._wrong(value, path, problems)
+        found = len(problems)
+        names: list[str] = []
+        for index, item in enumerate(items):
+            if not isinstance(item, str):
+                problems.add(f"{path}[{index}]", f"expected a topic name, got {describe(item)}")
+                continue
+            reason = topic_name_problem(item)
+            if reason is not None:
+                problems.add(f"{path}[{index}]", f"{reason}, got {describe(item)}")
+            elif item not in names:
+                names.append(item)
+        return INVALID if len(problems) > found else tuple(names)
+
+
+@dataclass(frozen=True)
+class Regex(Rule):
+    """A Python regular expression (it must match a whole topic name), or null."""
+
+    @property
+    def expected(self) -> str:
+        return "a regular expression or null"
+
+    def convert(self, value: object, path: str, problems: Problems) -> object:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            return self._wrong(value, path, problems)
+        try:
+            re.compile(value)
+        except re.error as error:
+            problems.add(path, f"does not compile: {error}")
+            return INVALID
+        return value
+
+
+@dataclass(frozen=True)
+class FilePath(Rule):
+    """A filesystem path; `unix_socket` also bounds its length to what bind() accepts."""
+
+    unix_socket: bool = False
+
+    @property
+    def expected(self) -> str:
+        return "a non-empty path"
+
+    def convert(self, value: object, path: str, problems: Problems) -> object:
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if not isinstance(value, str) or not value:
+            return self._wrong(value, path, problems)
+        if "\0" in value:
+            problems.add(path, "a path cannot contain a NUL character")
+            return INVALID
+        size = len(os.fsencode(value))
+        if self.unix_socket and size > UNIX_SOCKET_PATH_MAX:
+            problems.add(
+                path,
+                f"a Unix socket path has at most {UNIX_SOCKET_PATH_MAX} bytes, got {size}",
+            )
+            return INVALID
+        return Path(value)

@@ -1,0 +1,358 @@
+"""The shape of replicad's config file: every key, its rule, and the checks across keys.
+
+`SCHEMA` mirrors the dataclasses of `replicad.config.model` (and `LogConfig` for `log`) key for
+key; a test keeps them from drifting apart. Defaults live only in the dataclasses. Cross-field
+checks (`CROSS_CHECKS`) run on the effective values -- given or default -- and are skipped when
+one of their keys already failed its own rule, so one typo is reported once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+from replicad.config.model import (
+    Config,
+    ControlConfig,
+    FetchConfig,
+    IsolationLevel,
+    LogFormat,
+    LoggingConfig,
+    LogLevel,
+    OnGap,
+    ServeConfig,
+    SourceConfig,
+    StartFrom,
+    TopicsConfig,
+)
+from replicad.config.rules import (
+    INT32_MAX,
+    Address,
+    AddressList,
+    Bool,
+    Choice,
+    FilePath,
+    Int,
+    Problem,
+    Regex,
+    Rule,
+    Str,
+    TopicList,
+)
+from replicad.log.config import LogConfig
+
+# Kafka's record overhead for a magic-0 message: the smallest segment that can hold one.
+MIN_SEGMENT_BYTES = 14
+# A time-index entry is 12 bytes (offset-index 8): an index must hold at least one.
+MIN_SEGMENT_INDEX_BYTES = 12
+# Shortest part of a key name worth suggesting the keys that contain it.
+MIN_FRAGMENT = 4
+
+
+@dataclass(frozen=True)
+class Section:
+    """A mapping of keys; `nullable` sections may be null, which means "off" (serve)."""
+
+    cls: type
+    entries: Mapping[str, Rule | Section]
+    nullable: bool = False
+
+
+SCHEMA = Section(
+    Config,
+    {
+        "source": Section(
+            SourceConfig,
+            {
+                "bootstrap_servers": AddressList(required=True),
+                "client_id": Str(),
+                "rack_id": Str(),
+                "connect_timeout_ms": Int(1, INT32_MAX),
+                "request_timeout_ms": Int(1, INT32_MAX),
+                "reconnect_backoff_ms": Int(0, INT32_MAX),
+                "reconnect_backoff_max_ms": Int(0, INT32_MAX),
+                "metadata_max_age_ms": Int(1),
+            },
+        ),
+        "topics": Section(
+            TopicsConfig,
+            {
+                "include": TopicList(),
+                "regex": Regex(),
+                "start_from": Choice(StartFrom),
+                "on_gap": Choice(OnGap),
+            },
+        ),
+        "fetch": Section(
+            FetchConfig,
+            {
+                # The int32 ones go on the wire as int32.
+                "response_max_bytes": Int(1, INT32_MAX),
+                "partition_max_bytes": Int(1, INT32_MAX),
+                "wait_max_ms": Int(0, INT32_MAX),
+                "min_bytes": Int(1, INT32_MAX),
+                "backoff_ms": Int(0),
+                "sessions": Bool(),
+                "replica_id": Int(-1, INT32_MAX),
+                "isolation_level": Choice(IsolationLevel),
+                "buffer_memory": Int(1),
+            },
+        ),
+        "data_dir": FilePath(),
+        "checkpoint_interval_ms": Int(1),
+        "log": Section(
+            LogConfig,
+            {
+                # Positions inside a segment are int32 in its index.
+                "segment_bytes": Int(MIN_SEGMENT_BYTES, INT32_MAX),
+                "segment_ms": Int(1),
+                "index_interval_bytes": Int(0, INT32_MAX),
+                "segment_index_bytes": Int(MIN_SEGMENT_INDEX_BYTES, INT32_MAX),
+                "flush_messages": Int(1, nullable=True),
+                "flush_ms": Int(0, nullable=True),
+                "retention_bytes": Int(-1),
+                "retention_ms": Int(-1),
+            },
+        ),
+        "control": Section(ControlConfig, {"socket": FilePath(unix_socket=True)}),
+        "logging": Section(LoggingConfig, {"level": Choice(LogLevel), "format": Choice(LogFormat)}),
+        "serve": Section(
+            ServeConfig,
+            {
+                "listen": Address(listening=True, required=True),
+                "advertised": Address(nullable=True),
+            },
+            nullable=True,
+        ),
+    },
+)
+
+# Kafka's names for what replicad calls otherwise, so a pasted Kafka setting gets a pointer.
+KAFKA_NAMES: Mapping[str, str] = {
+    "bootstrap.servers": "source.bootstrap_servers",
+    "client.id": "source.client_id",
+    "client.rack": "source.rack_id",
+    "broker.rack": "source.rack_id",
+    "socket.connection.setup.timeout.ms": "source.connect_timeout_ms",
+    "request.timeout.ms": "source.request_timeout_ms",
+    "reconnect.backoff.ms": "source.reconnect_backoff_ms",
+    "reconnect.backoff.max.ms": "source.reconnect_backoff_max_ms",
+    "metadata.max.age.ms": "source.metadata_max_age_ms",
+    "auto.offset.reset": "topics.start_from",
+    "replica.fetch.response.max.bytes": "fetch.response_max_bytes",
+    "fetch.max.bytes": "fetch.response_max_bytes",
+    "replica.fetch.max.bytes": "fetch.partition_max_bytes",
+    "max.partition.fetch.bytes": "fetch.partition_max_bytes",
+    "replica.fetch.wait.max.ms": "fetch.wait_max_ms",
+    "fetch.max.wait.ms": "fetch.wait_max_ms",
+    "replica.fetch.min.bytes": "fetch.min_bytes",
+    "fetch.min.bytes": "fetch.min_bytes",
+    "replica.fetch.backoff.ms": "fetch.backoff_ms",
+    "isolation.level": "fetch.isolation_level",
+    "buffer.memory": "fetch.buffer_memory",
+    "log.dir": "data_dir",
+    "log.dirs": "data_dir",
+    "replica.high.watermark.checkpoint.interval.ms": "checkpoint_interval_ms",
+    "segment.bytes": "log.segment_bytes",
+    "log.segment.bytes": "log.segment_bytes",
+    "segment.ms": "log.segment_ms",
+    "index.interval.bytes": "log.index_interval_bytes",
+    "segment.index.bytes": "log.segment_index_bytes",
+    "flush.messages": "log.flush_messages",
+    "flush.ms": "log.flush_ms",
+    "retention.bytes": "log.retention_bytes",
+    "retention.ms": "log.retention_ms",
+}
+
+
+def join(parent: str, key: object) -> str:
+    return f"{parent}.{key}" if parent else str(key)
+
+
+def walk(section: Section = SCHEMA, prefix: str = "") -> Iterator[tuple[str, Rule | Section]]:
+    """Every (dotted path, entry) below `section`, sections before their keys, in order."""
+    for key, entry in section.entries.items():
+        path = join(prefix, key)
+        yield path, entry
+        if isinstance(entry, Section):
+            yield from walk(entry, path)
+
+
+def leaf_paths(section: Section = SCHEMA) -> list[str]:
+    """The dotted path of every value key: what the example config must document."""
+    return [path for path, entry in walk(section) if not isinstance(entry, Section)]
+
+
+def find(path: str) -> Rule | Section | None:
+    """The entry at a dotted path, or None if there is no such key."""
+    entry: Rule | Section = SCHEMA
+    for key in path.split("."):
+        if not isinstance(entry, Section) or key not in entry.entries:
+            return None
+        entry = entry.entries[key]
+    return entry
+
+
+def default_of(path: str) -> object:
+    """The dataclass default of a value key (dataclasses.MISSING for a required one)."""
+    parent, _, key = path.rpartition(".")
+    section = find(parent) if parent else SCHEMA
+    if not isinstance(section, Section):
+        raise KeyError(path)
+    for item in dataclasses.fields(section.cls):
+        if item.name == key:
+            if item.default_factory is not dataclasses.MISSING:
+                return item.default_factory()
+            return item.default
+    raise KeyError(path)
+
+
+def unknown_key_message(section_path: str, key: object) -> str:
+    """ "unknown key", with the best pointer we have to what was meant."""
+    section = find(section_path) if section_path else SCHEMA
+    if not isinstance(section, Section):
+        return "unknown key"
+    known = list(section.entries)
+    if not isinstance(key, str):
+        return f"unknown key (keys here are: {', '.join(known)})"
+    spelled = key.replace("-", "_").replace(".", "_").lower()
+    if spelled in section.entries:
+        return f"unknown key (did you mean {spelled}?)"
+    if key in KAFKA_NAMES:
+        return f"unknown key (Kafka's {key} is {KAFKA_NAMES[key]} here)"
+    # "max_bytes" means one of the *_max_bytes keys, not the similar-looking min_bytes;
+    # "max_wait" means wait_max_ms (same words, another order).
+    words = set(spelled.split("_"))
+    containing = [
+        name
+        for name in known
+        if (len(spelled) >= MIN_FRAGMENT and spelled in name)
+        or (len(words) > 1 and words <= set(name.split("_")))
+    ]
+    if containing:
+        return f"unknown key (did you mean {' or '.join(containing)}?)"
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    if close:
+        return f"unknown key (did you mean {close[0]}?)"
+    elsewhere = [
+        path
+        for path, _ in walk()
+        if path.rpartition(".")[2] == spelled and path.rpartition(".")[0] != section_path
+    ]
+    if elsewhere:
+        return f"unknown key (did you mean {elsewhere[0]}?)"
+    return f"unknown key (keys here are: {', '.join(known)})"
+
+
+class Values:
+    """The effective value of each key: given (and valid) or default; for cross checks."""
+
+    def __init__(self, given: Mapping[str, object]) -> None:
+        self._given = given
+
+    def __getitem__(self, path: str) -> object:
+        if path in self._given:
+            return self._given[path]
+        return default_of(path)
+
+    def show(self, path: str) -> str:
+        """The value for a message, marked when the user did not set it: "100 (default)"."""
+        text = str(self[path])
+        return text if path in self._given else f"{text} (default)"
+
+
+@dataclass(frozen=True)
+class CrossCheck:
+    """A rule over several keys; runs only if none of `paths` failed on its own."""
+
+    paths: tuple[str, ...]
+    check: Callable[[Values], Problem | None]
+
+
+def _buffer_holds_a_response(values: Values) -> Problem | None:
+    memory, response = values["fetch.buffer_memory"], values["fetch.response_max_bytes"]
+    assert isinstance(memory, int) and isinstance(response, int)
+    if memory >= response:
+        return None
+    return Problem(
+        "fetch.buffer_memory",
+        "must be >= fetch.response_max_bytes, so one whole response fits the pool; got "
+        f"{values.show('fetch.buffer_memory')} < {values.show('fetch.response_max_bytes')}",
+        ("fetch.response_max_bytes",),
+    )
+
+
+def _backoff_cap_above_start(values: Values) -> Problem | None:
+    cap, start = values["source.reconnect_backoff_max_ms"], values["source.reconnect_backoff_ms"]
+    assert isinstance(cap, int) and isinstance(start, int)
+    if cap >= start:
+        return None
+    return Problem(
+        "source.reconnect_backoff_max_ms",
+        "must be >= source.reconnect_backoff_ms; got "
+        f"{values.show('source.reconnect_backoff_max_ms')} < "
+        f"{values.show('source.reconnect_backoff_ms')}",
+        ("source.reconnect_backoff_ms",),
+    )
+
+
+def _timeout_outlasts_long_poll(values: Values) -> Problem | None:
+    timeout, wait = values["source.request_timeout_ms"], values["fetch.wait_max_ms"]
+    assert isinstance(timeout, int) and isinstance(wait, int)
+    if timeout > wait:
+        return None
+    return Problem(
+        "source.request_timeout_ms",
+        "must be > fetch.wait_max_ms, or a fetch the leader holds back that long times out; "
+        f"got {values.show('source.request_timeout_ms')} <= {values.show('fetch.wait_max_ms')}",
+        ("fetch.wait_max_ms",),
+    )
+
+
+def _one_topic_choice(values: Values) -> Problem | None:
+    include, regex = values["topics.include"], values["topics.regex"]
+    if include and regex is not None:
+        return Problem(
+            "topics.regex",
+            "cannot be given together with topics.include: choose topics by list or by "
+            "pattern, not both",
+            ("topics.include",),
+        )
+    if not include and regex is None:
+        return Problem(
+            "topics",
+            "give topics.include (a list of topic names) or topics.regex (a pattern)",
+            ("topics.include", "topics.regex"),
+        )
+    return None
+
+
+CROSS_CHECKS: tuple[CrossCheck, ...] = (
+    CrossCheck(("topics.include", "topics.regex"), _one_topic_choice),
+    CrossCheck(("fetch.buffer_memory", "fetch.response_max_bytes"), _buffer_holds_a_response),
+    CrossCheck(
+        ("source.reconnect_backoff_max_ms", "source.reconnect_backoff_ms"),
+        _backoff_cap_above_start,
+    ),
+    CrossCheck(("source.request_timeout_ms", "fetch.wait_max_ms"), _timeout_outlasts_long_poll),
+)
+
+
+def _advertise_something_reachable(values: Values) -> Problem | None:
+    listen, advertised = values["serve.listen"], values["serve.advertised"]
+    if advertised is not None or not getattr(listen, "is_wildcard", False):
+        return None
+    return Problem(
+        "serve.advertised",
+        f"required when serve.listen is a wildcard address ({listen}): clients cannot "
+        "connect to it",
+        ("serve.listen",),
+    )
+
+
+# Checks of the optional serve section, run only when it is turned on.
+SERVE_CHECKS: tuple[CrossCheck, ...] = (
+    CrossCheck(("serve.listen", "serve.advertised"), _advertise_something_reachable),
+)

@@ -1,0 +1,407 @@
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from replicad.config import (
+    Config,
+    HostPort,
+    IsolationLevel,
+    LogLevel,
+    OnGap,
+    ServeConfig,
+    StartFrom,
+    config_from_mapping,
+    load_config,
+)
+from replicad.errors import ConfigError, ConfigErrors
+
+MINIMAL = """\
+source:
+  bootstrap_servers: ["k1:9092"]
+topics:
+  include: [orders]
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "replicad.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def problems_of(path: Path | None, overrides: dict[str, object] | None = None) -> list[str]:
+    with pytest.raises(ConfigErrors) as caught:
+        load_config(path, overrides)
+    return [str(problem) for problem in caught.value.problems]
+
+
+def test_minimal_file(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, MINIMAL))
+    assert config.source.bootstrap_servers == (HostPort("k1", 9092),)
+    assert config.topics.include == ("orders",)
+    assert config.fetch == Config().fetch
+    assert config.serve is None
+
+
+def test_values_are_converted(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        MINIMAL
+        + """\
+  start_from: latest
+  on_gap: halt
+fetch:
+  isolation_level: READ_COMMITTED
+  sessions: false
+  response_max_bytes: 20_971_520
+data_dir: var/data
+log:
+  flush_messages: 10000
+logging:
+  level: debug
+serve:
+  listen: "127.0.0.1:0"
+""",
+    )
+    config = load_config(path)
+    assert config.topics.start_from is StartFrom.LATEST
+    assert config.topics.on_gap is OnGap.HALT
+    assert config.fetch.isolation_level is IsolationLevel.READ_COMMITTED
+    assert config.fetch.sessions is False
+    assert config.fetch.response_max_bytes == 20 * 1024 * 1024
+    assert config.data_dir == Path("var/data")
+    assert config.log.flush_messages == 10000
+    assert config.logging.level is LogLevel.DEBUG
+    assert config.serve == ServeConfig(HostPort("127.0.0.1", 0), None)
+
+
+def test_null_sections_take_their_defaults(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, MINIMAL + "fetch:\nlog: null\nserve: null\n"))
+    assert config.fetch == Config().fetch
+    assert config.log == Config().log
+    assert config.serve is None
+
+
+def test_unknown_keys_at_every_depth_with_their_lines(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """\
+        source:
+          bootstap_servers: ["k1:9092"]
+        topics:
+          include: [orders]
+        fetch:
+          replica.fetch.max.bytes: 1048576
+        nonsense: 1
+        serve:
+          listen: "127.0.0.1:9093"
+          advertise: "r1:9093"
+        """,
+    )
+    assert problems_of(path) == [
+        # A missing key is placed at its section.
+        f"{path}:1: source.bootstrap_servers: required: "
+        'a non-empty list of "host:port" (or "a:1,b:2")',
+        f"{path}:2: source.bootstap_servers: unknown key (did you mean bootstrap_servers?)",
+        f"{path}:6: fetch.replica.fetch.max.bytes: unknown key "
+        "(Kafka's replica.fetch.max.bytes is fetch.partition_max_bytes here)",
+        f"{path}:7: nonsense: unknown key (keys here are: source, topics, fetch, data_dir, "
+        "checkpoint_interval_ms, log, control, logging, serve)",
+        f"{path}:10: serve.advertise: unknown key (did you mean advertised?)",
+    ]
+
+
+def test_wrong_types(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        MINIMAL
+        + """\
+fetch:
+  partition_max_bytes: big
+  sessions: 1
+  wait_max_ms: yes
+  min_bytes: "1"
+log: 5
+control:
+  socket: [a]
+""",
+    )
+    assert problems_of(path) == [
+        f'{path}:6: fetch.partition_max_bytes: expected an integer from 1 to 2147483647, got "big"',
+        f"{path}:7: fetch.sessions: expected true or false, got 1",
+        # YAML 1.1 reads `yes` as true; true is not a number of milliseconds.
+        f"{path}:8: fetch.wait_max_ms: expected an integer from 0 to 2147483647, got true",
+        f'{path}:9: fetch.min_bytes: expected an integer from 1 to 2147483647, got "1"',
+        f"{path}:10: log: expected a mapping, got 5",
+        f"{path}:12: control.socket: expected a non-empty path, got a list",
+    ]
+
+
+def test_impossible_values(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        f"""\
+        source:
+          bootstrap_servers: "k1:9092,k2:0,PLAINTEXT://k3:9092"
+        topics:
+          regex: "orders-("
+        fetch:
+          partition_max_bytes: 0
+          replica_id: -2
+        log:
+          segment_bytes: 4294967296
+        control:
+          socket: /run/{"x" * 120}.sock
+        """,
+    )
+    assert problems_of(path) == [
+        f'{path}:2: source.bootstrap_servers[1]: port must be from 1 to 65535, got "k2:0"',
+        f"{path}:2: source.bootstrap_servers[2]: no scheme or listener name here, "
+        'just host:port, got "PLAINTEXT://k3:9092"',
+        f"{path}:4: topics.regex: does not compile: "
+        "missing ), unterminated subpattern at position 7",
+        f"{path}:6: fetch.partition_max_bytes: expected an integer from 1 to 2147483647, got 0",
+        f"{path}:7: fetch.replica_id: expected an integer from -1 to 2147483647, got -2",
+        f"{path}:9: log.segment_bytes: expected an integer from 14 to 2147483647, got 4294967296",
+        f"{path}:11: control.socket: a Unix socket path has at most 107 bytes, got 130",
+    ]
+
+
+def test_cross_field_problems_name_both_keys(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """\
+        source:
+          bootstrap_servers: ["k1:9092"]
+          request_timeout_ms: 500
+          reconnect_backoff_ms: 2000
+          reconnect_backoff_max_ms: 1000
+        topics:
+          include: [orders]
+          regex: "orders-.*"
+        fetch:
+          response_max_bytes: 209715200
+        serve:
+          listen: "0.0.0.0:9092"
+        """,
+    )
+    assert problems_of(path) == [
+        f"{path}:3: source.request_timeout_ms: must be > fetch.wait_max_ms, or a fetch the "
+        "leader holds back that long times out; got 500 <= 500 (default)",
+        f"{path}:5: source.reconnect_backoff_max_ms: must be >= "
+        "source.reconnect_backoff_ms; got 1000 < 2000",
+        f"{path}:8: topics.regex: cannot be given together with topics.include: choose "
+        "topics by list or by pattern, not both",
+        # buffer_memory was not given: the problem is placed at the key that made it wrong.
+        f"{path}:10: fetch.buffer_memory: must be >= fetch.response_max_bytes, so one whole "
+        "response fits the pool; got 104857600 (default) < 209715200",
+        f"{path}:12: serve.advertised: required when serve.listen is a wildcard address "
+        "(0.0.0.0:9092): clients cannot connect to it",
+    ]
+
+
+def test_no_topic_choice(tmp_path: Path) -> None:
+    path = write(tmp_path, "source:\n  bootstrap_servers: k1:9092\ntopics:\n  include: null\n")
+    assert problems_of(path) == [
+        f"{path}:3: topics: give topics.include (a list of topic names) or topics.regex (a pattern)"
+    ]
+
+
+def test_a_bad_value_is_not_reported_again_by_a_cross_check(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "fetch:\n  response_max_bytes: lots\n")
+    assert problems_of(path) == [
+        f'{path}:6: fetch.response_max_bytes: expected an integer from 1 to 2147483647, got "lots"'
+    ]
+
+
+def test_an_empty_file_asks_for_what_is_required(tmp_path: Path) -> None:
+    path = write(tmp_path, "# nothing yet\n")
+    assert problems_of(path) == [
+        f'{path}: source.bootstrap_servers: required: a non-empty list of "host:port" '
+        '(or "a:1,b:2")',
+        f"{path}: topics: give topics.include (a list of topic names) or topics.regex (a pattern)",
+    ]
+
+
+def test_all_problems_arrive_in_one_error_that_is_a_config_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "source:\n  client_id: 7\nfetch:\n  min_bytes: 0\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    error = caught.value
+    assert isinstance(error, ConfigErrors)
+    # In file order; the missing topics section has no line and comes last.
+    assert [problem.path for problem in error.problems] == [
+        "source.bootstrap_servers",
+        "source.client_id",
+        "fetch.min_bytes",
+        "topics",
+    ]
+    assert str(error) == "\n".join(str(problem) for problem in error.problems)
+    assert error.path == ""
+
+
+def test_one_problem_reads_as_a_plain_config_error(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "checkpoint_interval_ms: 0\n")
+    with pytest.raises(ConfigErrors) as caught:
+        load_config(path)
+    error = caught.value
+    assert (error.path, error.location) == ("checkpoint_interval_ms", f"{path}:5")
+    assert error.message == "expected an integer >= 1, got 0"
+    assert str(error) == f"{path}:5: checkpoint_interval_ms: expected an integer >= 1, got 0"
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "what"),
+    [
+        ("source:\n  bootstrap_servers: [k1:9092\ntopics: {}\n", ":3:7", "invalid YAML: "),
+        ("source:\n  client_id: a\n client_id: b\n", ":3:2", "invalid YAML: "),
+        ("source:\n  client_id: a\n  client_id: b\n", ":3:3",
+         "invalid YAML: duplicate key 'client_id' (first on line 2)"),
+        ("fetch:\n\tmin_bytes: 1\n", ":2:1", "invalid YAML: found character '\\t'"),
+    ],
+)  # fmt: skip
+def test_yaml_errors_name_file_line_and_column(
+    tmp_path: Path, text: str, where: str, what: str
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    (problem,) = problems_of(path)
+    assert problem.startswith(f"{path}{where}: {what}")
+
+
+def test_merge_keys_may_be_overridden_without_counting_as_duplicates(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        MINIMAL
+        + """\
+defaults: &fast
+  wait_max_ms: 100
+  min_bytes: 1
+fetch:
+  <<: *fast
+  wait_max_ms: 50
+""",
+    )
+    # `defaults` itself is an unknown key; the merge inside fetch is fine.
+    assert problems_of(path) == [
+        f"{path}:5: defaults: unknown key (keys here are: source, topics, fetch, data_dir, "
+        "checkpoint_interval_ms, log, control, logging, serve)"
+    ]
+
+
+def test_not_a_mapping_at_the_top(tmp_path: Path) -> None:
+    path = write(tmp_path, "- source\n- topics\n")
+    assert problems_of(path) == [f"{path}: expected a mapping of sections at the top, got a list"]
+
+
+def test_unreadable_files(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.yaml"
+    assert problems_of(missing) == [
+        f"{missing}: cannot read the config file: No such file or directory"
+    ]
+    assert problems_of(tmp_path) == [f"{tmp_path}: cannot read the config file: Is a directory"]
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"source:\n  client_id: \xff\xfe\x00\n")
+    (problem,) = problems_of(binary)
+    assert problem.startswith(f"{binary}: invalid YAML: ")
+
+
+def test_flags_alone_are_a_whole_config() -> None:
+    config = load_config(
+        None,
+        {
+            "source.bootstrap_servers": ["h:1"],
+            "topics.include": ["a", "b"],
+            "data_dir": "./var/data",
+            "control.socket": "./var/control.sock",
+        },
+    )
+    assert config.source.bootstrap_servers == (HostPort("h", 1),)
+    assert config.topics.include == ("a", "b")
+    assert config.data_dir == Path("var/data")
+    assert config.control.socket == Path("var/control.sock")
+
+
+def test_without_a_file_or_flags_the_required_keys_are_asked_for() -> None:
+    assert problems_of(None) == [
+        'source.bootstrap_servers: required: a non-empty list of "host:port" (or "a:1,b:2")',
+        "topics: give topics.include (a list of topic names) or topics.regex (a pattern)",
+    ]
+
+
+def test_overrides_win_over_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "data_dir: /srv/a\nfetch:\n  wait_max_ms: 100\n")
+    config = load_config(path, {"source.bootstrap_servers": "h1:1,h2:2", "data_dir": "/srv/b"})
+    assert config.source.bootstrap_servers == (HostPort("h1", 1), HostPort("h2", 2))
+    assert config.data_dir == Path("/srv/b")
+    assert config.fetch.wait_max_ms == 100
+
+
+def test_a_topic_flag_replaces_the_files_topic_choice(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL)
+    config = load_config(path, {"topics.regex": "x.*"})
+    assert (config.topics.include, config.topics.regex) == ((), "x.*")
+    regex_file = write(tmp_path, "source:\n  bootstrap_servers: h:1\ntopics:\n  regex: y.*\n")
+    config = load_config(regex_file, {"topics.include": ["a"]})
+    assert (config.topics.include, config.topics.regex) == (("a",), None)
+
+
+def test_an_empty_topic_list_counts_as_none_given(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL)
+    config = load_config(path, {"topics.regex": "x.*", "topics.include": []})
+    assert (config.topics.include, config.topics.regex) == ((), "x.*")
+    assert problems_of(path, {"topics.include": []}) == [
+        "override: topics: give topics.include (a list of topic names) or topics.regex (a pattern)"
+    ]
+
+
+def test_both_topic_flags_conflict() -> None:
+    overrides = {"source.bootstrap_servers": "h:1", "topics.include": ["a"], "topics.regex": "x"}
+    assert problems_of(None, overrides) == [
+        "override: topics.regex: cannot be given together with topics.include: choose topics "
+        "by list or by pattern, not both"
+    ]
+
+
+def test_overrides_are_validated_and_marked(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "fetch:\n  buffer_memory: 1000\n")
+    overrides = {
+        "source.bootstrap_servers": ["h"],
+        "fetch.wait_max_ms": "soon",
+        "fetch.max_wait": 1,
+        "sourc.client_id": "x",
+        "data_dir.sub": "y",
+    }
+    assert problems_of(path, overrides) == [
+        # From the file: still reported, with its line.
+        f"{path}:6: fetch.buffer_memory: must be >= fetch.response_max_bytes, so one whole "
+        "response fits the pool; got 1000 < 10485760 (default)",
+        "override: fetch.max_wait: unknown key (did you mean wait_max_ms?)",
+        "override: sourc.client_id: unknown key (did you mean source?)",
+        "override: data_dir.sub: unknown key (data_dir is a value, not a section)",
+        'override: source.bootstrap_servers[0]: expected "host:port", got "h"',
+        'override: fetch.wait_max_ms: expected an integer from 0 to 2147483647, got "soon"',
+    ]
+
+
+def test_an_override_can_turn_on_a_null_section(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "serve: null\n")
+    config = load_config(path, {"serve.listen": "127.0.0.1:9093"})
+    assert config.serve == ServeConfig(HostPort("127.0.0.1", 9093))
+
+
+def test_the_file_is_not_changed_by_overrides(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL)
+    load_config(path, {"topics.include": ["other"]})
+    assert load_config(path).topics.include == ("orders",)
+
+
+def test_config_from_mapping_applies_the_same_rules() -> None:
+    raw = {"source": {"bootstrap_servers": ["k:1"]}, "topics": {"regex": "a.*"}}
+    assert config_from_mapping(raw).topics.regex == "a.*"
+    with pytest.raises(ConfigErrors) as caught:
+        config_from_mapping({**raw, "fetch": {"sessions": "on"}}, source="reload")
+    assert str(caught.value) == 'reload: fetch.sessions: expected true or false, got "on"'

@@ -1,0 +1,178 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from replicad.config.model import HostPort, LogLevel
+from replicad.config.rules import (
+    INT32_MAX,
+    INVALID,
+    Address,
+    AddressList,
+    Bool,
+    Choice,
+    FilePath,
+    Int,
+    Problems,
+    Regex,
+    Str,
+    TopicList,
+    describe,
+)
+
+
+def convert(rule: object, value: object) -> tuple[object, list[str]]:
+    problems = Problems()
+    result = rule.convert(value, "k", problems)  # type: ignore[attr-defined]
+    return result, [f"{p.path}: {p.message}" for p in problems.items]
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(None, "null"), (True, "true"), (False, "false"), (3, "3"), (1.5, "1.5"),
+     ("big", '"big"'), ([1], "a list"), ({"a": 1}, "a mapping")],
+)  # fmt: skip
+def test_describe_shows_values_as_yaml_would(value: object, text: str) -> None:
+    assert describe(value) == text
+
+
+def test_describe_shortens_long_strings() -> None:
+    text = describe("x" * 500)
+    assert len(text) == 60
+    assert text.startswith('"xxx') and text.endswith('..."')
+
+
+@given(st.integers(1, INT32_MAX))
+def test_int_accepts_its_range(value: int) -> None:
+    assert convert(Int(1, INT32_MAX), value) == (value, [])
+
+
+@given(st.one_of(st.integers(max_value=0), st.integers(min_value=INT32_MAX + 1)))
+def test_int_rejects_outside_its_range(value: int) -> None:
+    result, problems = convert(Int(1, INT32_MAX), value)
+    assert result is INVALID
+    assert problems == [f"k: expected an integer from 1 to {INT32_MAX}, got {value}"]
+
+
+@pytest.mark.parametrize("value", [True, False, "10", 10.0, None, [1]])
+def test_int_rejects_what_is_not_an_integer(value: object) -> None:
+    result, problems = convert(Int(0), value)
+    assert result is INVALID
+    assert problems == [f"k: expected an integer >= 0, got {describe(value)}"]
+
+
+def test_nullable_int_takes_null() -> None:
+    assert convert(Int(1, nullable=True), None) == (None, [])
+    assert convert(Int(1, nullable=True), 0)[1] == ["k: expected an integer >= 1 or null, got 0"]
+
+
+def test_bool_is_strict() -> None:
+    assert convert(Bool(), False) == (False, [])
+    assert convert(Bool(), "no")[1] == ['k: expected true or false, got "no"']
+    assert convert(Bool(), 0)[1] == ["k: expected true or false, got 0"]
+
+
+def test_str() -> None:
+    assert convert(Str(), "") == ("", [])
+    assert convert(Str(), 5)[1] == ["k: expected a string, got 5"]
+    assert convert(Str(non_empty=True), "")[1] == ['k: expected a non-empty string, got ""']
+
+
+def test_choice_ignores_case_and_lists_the_choices() -> None:
+    assert convert(Choice(LogLevel), "WARNING") == (LogLevel.WARNING, [])
+    result, problems = convert(Choice(LogLevel), "verbose")
+    assert result is INVALID
+    assert problems == ['k: expected one of debug, info, warning, error, got "verbose"']
+
+
+@pytest.mark.parametrize(
+    ("text", "address"),
+    [
+        ("kafka-1:9092", HostPort("kafka-1", 9092)),
+        (" 10.0.0.1:19092 ", HostPort("10.0.0.1", 19092)),
+        ("[fe80::1]:9092", HostPort("fe80::1", 9092)),
+    ],
+)
+def test_address_parses(text: str, address: HostPort) -> None:
+    assert convert(Address(), text) == (address, [])
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("kafka-1", 'expected "host:port"'),
+        ("kafka-1:", 'expected "host:port"'),
+        ("PLAINTEXT://kafka-1:9092", "no scheme or listener name here, just host:port"),
+        ("kafka-1:0", "port must be from 1 to 65535"),
+        ("kafka-1:70000", "port must be from 1 to 65535"),
+        (":9092", "the host is missing"),
+        ("fe80::1:9092", 'expected "host:port"'),
+    ],
+)
+def test_address_rejects(text: str, reason: str) -> None:
+    result, problems = convert(Address(), text)
+    assert result is INVALID
+    assert problems == [f"k: {reason}, got {describe(text)}"]
+
+
+def test_listening_address_may_use_any_port_and_interface() -> None:
+    assert convert(Address(listening=True), ":0") == (HostPort("", 0), [])
+    assert convert(Address(listening=True), "127.0.0.1:0") == (HostPort("127.0.0.1", 0), [])
+
+
+def test_address_list_takes_a_list_or_a_comma_string() -> None:
+    expected = (HostPort("a", 1), HostPort("b", 2))
+    assert convert(AddressList(), ["a:1", "b:2"]) == (expected, [])
+    assert convert(AddressList(), "a:1, b:2,") == (expected, [])
+    assert convert(AddressList(), ["a:1", "a:1", "b:2"]) == (expected, [])
+
+
+def test_address_list_reports_every_bad_item_by_index() -> None:
+    result, problems = convert(AddressList(), ["a:1", "b", 7, "c:0"])
+    assert result is INVALID
+    assert problems == [
+        'k[1]: expected "host:port", got "b"',
+        'k[2]: expected "host:port", got 7',
+        'k[3]: port must be from 1 to 65535, got "c:0"',
+    ]
+
+
+@pytest.mark.parametrize("value", [[], "", " , ", None, 9092])
+def test_address_list_must_not_be_empty(value: object) -> None:
+    assert convert(AddressList(), value)[0] is INVALID
+
+
+def test_topic_list() -> None:
+    assert convert(TopicList(), "a, b.c,a") == (("a", "b.c"), [])
+    assert convert(TopicList(), None) == ((), [])
+    result, problems = convert(TopicList(), ["ok", "no way", "..", "x" * 250, 3])
+    assert result is INVALID
+    assert [p.split(":")[0] for p in problems] == ["k[1]", "k[2]", "k[3]", "k[4]"]
+    assert convert(TopicList(), []) == ((), [])
+    assert convert(TopicList(), 7)[1] == ["k: expected a list of topic names or null, got 7"]
+
+
+def test_regex_must_compile() -> None:
+    assert convert(Regex(), "orders-.*") == ("orders-.*", [])
+    assert convert(Regex(), None) == (None, [])
+    result, problems = convert(Regex(), "orders-(")
+    assert result is INVALID
+    assert problems[0].startswith("k: does not compile: missing )")
+
+
+def test_path() -> None:
+    assert convert(FilePath(), "var/data") == (Path("var/data"), [])
+    assert convert(FilePath(), Path("/x")) == (Path("/x"), [])
+    assert convert(FilePath(), "")[1] == ['k: expected a non-empty path, got ""']
+    assert convert(FilePath(), "a\0b")[0] is INVALID
+
+
+def test_unix_socket_path_fits_sun_path() -> None:
+    fits = "/" + "s" * 106
+    assert convert(FilePath(unix_socket=True), fits) == (Path(fits), [])
+    result, problems = convert(FilePath(unix_socket=True), fits + "s")
+    assert result is INVALID
+    assert problems == ["k: a Unix socket path has at most 107 bytes, got 108"]
