@@ -236,6 +236,15 @@ def unknown_key_message(section_path: str, key: object) -> str:
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
     if close:
         return f"unknown key (did you mean {close[0]}?)"
+    # A misspelt part of a name: "bootstap" for bootstrap_servers.
+    by_word: dict[str, list[str]] = {}
+    for name in known:
+        for word in name.split("_"):
+            if len(word) >= MIN_FRAGMENT:
+                by_word.setdefault(word, []).append(name)
+    near = difflib.get_close_matches(spelled, list(by_word), n=1, cutoff=0.8)
+    if near:
+        return f"unknown key (did you mean {' or '.join(by_word[near[0]])}?)"
     elsewhere = [
         path
         for path, _ in walk()

@@ -64,6 +64,8 @@ def test_every_kafka_name_points_at_a_real_key() -> None:
         ("fetch", "replica.fetch.max.bytes",
          "unknown key (Kafka's replica.fetch.max.bytes is fetch.partition_max_bytes here)"),
         ("fetch", "max_wait", "unknown key (did you mean wait_max_ms?)"),
+        ("source", "bootstap", "unknown key (did you mean bootstrap_servers?)"),
+        ("fetch", "sesions", "unknown key (did you mean sessions?)"),
         ("", "bootstrap_servers", "unknown key (did you mean source.bootstrap_servers?)"),
         ("", "include", "unknown key (did you mean topics.include?)"),
         ("logging", "colour", "unknown key (keys here are: level, format)"),
