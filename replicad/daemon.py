@@ -15,14 +15,12 @@ from replicad.protocol.client import ClientSettings
 
 log = structlog.get_logger("replicad.daemon")
 
-ISOLATION_LEVELS = {"read_uncommitted": 0, "read_committed": 1}
-
 
 def settings_from_config(config: Any) -> ReplicatorSettings:
     """Translate the validated user config into the replicator's settings."""
     src, topics, fetch = config.source, config.topics, config.fetch
     return ReplicatorSettings(
-        bootstrap_servers=tuple(f"{hp.host}:{hp.port}" for hp in src.bootstrap_servers),
+        bootstrap_servers=tuple(str(hp) for hp in src.bootstrap_servers),
         data_dir=config.data_dir,
         selection=TopicSelection(include=tuple(topics.include), regex=topics.regex),
         client=ClientSettings(
@@ -40,7 +38,7 @@ def settings_from_config(config: Any) -> ReplicatorSettings:
             backoff_ms=fetch.backoff_ms,
             sessions=fetch.sessions,
             replica_id=fetch.replica_id,
-            isolation_level=ISOLATION_LEVELS[str(fetch.isolation_level)],
+            isolation_level=fetch.isolation_level.wire_value,
             rack_id=src.rack_id,
             start_from=str(topics.start_from),
             on_gap=str(topics.on_gap),
