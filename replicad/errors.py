@@ -83,3 +83,19 @@ class DiskFullError(LogError):
 
 class LogDirLockedError(LogError):
     """Another process holds the data directory's lock."""
+
+
+class ControlError(ReplicadError):
+    """The control-socket conversation failed: a malformed message, a refused or failed command."""
+
+
+class DaemonNotRunning(ControlError):
+    """No daemon answers on the control socket: the file is missing, stale or nobody replied."""
+
+    def __init__(self, path: object, reason: str = "no control socket at") -> None:
+        super().__init__(f"replicad is not running ({reason} {path})")
+        self.path = path
+
+
+class OffsetOutOfRangeError(LogError):
+    """A read asked for an offset below the log start or above the log end."""

@@ -17,6 +17,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import struct
 from dataclasses import dataclass
@@ -264,3 +265,32 @@ def scan_batches(buf: bytes | bytearray | memoryview, *, verify_crc: bool = True
 
 def _corrupt(batches: list[BatchHeader], pos: int, error: str) -> ScanResult:
     return ScanResult(batches, pos, ScanStop.CORRUPT, error)
+
+
+def header_at(head: bytes | bytearray | memoryview, position: int) -> BatchHeader | str:
+    """Parse the header of the entry starting at head[0] (no CRC check, records not needed).
+
+    `head` holds at least the first 61 bytes of the entry, or all of a shorter legacy entry;
+    `position` is recorded as the entry's position (e.g. in a file). Returns an error string
+    when the bytes are no entry header.
+    """
+    mv = head if isinstance(head, memoryview) else memoryview(head)
+    if len(mv) < HEADER_SIZE_UP_TO_MAGIC:
+        return f"entry header cut off at position {position}"
+    magic = mv[MAGIC_POSITION]
+    (length,) = _LENGTH_AT_8.unpack_from(mv, 8)
+    if magic == MAGIC_V2:
+        if length < V2_MIN_BATCH_LENGTH or len(mv) < RECORD_BATCH_OVERHEAD:
+            return f"bad batch header at position {position}"
+        header = _v2_header(mv, 0, 0, False)
+    elif magic in (MAGIC_V0, MAGIC_V1):
+        from replicad.records import legacy
+
+        if length < legacy.min_length(magic) or len(mv) < LOG_OVERHEAD + legacy.min_length(magic):
+            return f"bad magic {magic} message header at position {position}"
+        header = legacy.entry_header(mv, 0, 0, False)
+    else:
+        return f"unknown magic {magic} at position {position}"
+    if isinstance(header, str):
+        return header
+    return dataclasses.replace(header, position=position)

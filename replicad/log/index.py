@@ -1,0 +1,324 @@
+"""Offset and time indexes of a segment: Kafka's `.index` and `.timeindex`.
+
+Rules (Kafka's OffsetIndex, TimeIndex and LogSegment, as of Kafka 4):
+- `.index` entries are 8 bytes, `relative offset: int32, position: int32`, big-endian; the
+  offset is the *last* offset of the batch that starts at `position` (Kafka's
+  DumpLogSegments checks exactly that). Offsets increase strictly.
+- `.timeindex` entries are 12 bytes, `timestamp: int64, relative offset: int32`: the largest
+  batch max-timestamp seen so far in the segment and the last offset of the batch that
+  carried it. A new entry is added only when the timestamp grew (strictly increasing).
+- An entry pair is added for a batch when more than `index_interval_bytes` were written since
+  the position of the last indexed batch (the first batch of a segment is never indexed).
+  Appending and recovery use the same `IndexBuilder`, so an index rebuilt by recovery is
+  byte-identical to the one written while appending.
+- When a segment stops being active, its max timestamp so far is appended to the time index
+  if not there yet (Kafka's onBecomeInactiveSegment), and both files are trimmed to their
+  entries. The active segment's files are preallocated (sparse) to `segment_index_bytes`;
+  a full index rolls the segment.
+- Lookups: the offset index gives the entry with the largest offset <= target, else
+  (base offset, position 0); the time index gives the entry with the largest timestamp <=
+  target, else (-1, base offset).
+
+`OffsetIndex`/`TimeIndex` and `IndexBuilder` are pure (bytes in memory); `IndexFile` is the
+thin file shell that mirrors appends with pwrite.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from replicad.records.batch import NO_TIMESTAMP, BatchHeader
+
+OFFSET_ENTRY = struct.Struct(">ii")
+TIME_ENTRY = struct.Struct(">qi")
+OFFSET_ENTRY_SIZE = OFFSET_ENTRY.size  # 8
+TIME_ENTRY_SIZE = TIME_ENTRY.size  # 12
+MAX_RELATIVE_OFFSET = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetPosition:
+    offset: int
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class TimestampOffset:
+    timestamp: int
+    offset: int
+
+
+def fits_relative(base_offset: int, offset: int) -> bool:
+    """Whether `offset` can be stored relative to `base_offset` (an int32 >= 0)."""
+    return 0 <= offset - base_offset <= MAX_RELATIVE_OFFSET
+
+
+class _Entries:
+    """Fixed-size big-endian entries in a bytearray, searched by binary search."""
+
+    entry: struct.Struct
+
+    def __init__(self, base_offset: int, max_bytes: int, data: bytes = b"") -> None:
+        size = self.entry.size
+        self.base_offset = base_offset
+        self.max_entries = max(max_bytes // size, 1)
+        self._data = bytearray(data[: len(data) - len(data) % size])
+
+    @property
+    def entries(self) -> int:
+        return len(self._data) // self.entry.size
+
+    @property
+    def is_full(self) -> bool:
+        return self.entries >= self.max_entries
+
+    @property
+    def valid_bytes(self) -> int:
+        return len(self._data)
+
+    def raw(self) -> bytes:
+        return bytes(self._data)
+
+    def _field(self, slot: int, which: int) -> int:
+        return self.entry.unpack_from(self._data, slot * self.entry.size)[which]
+
+    def _largest_slot_at_most(self, target: int, which: int) -> int:
+        """Slot of the last entry whose field `which` is <= target, -1 if none."""
+        lo, hi = 0, self.entries - 1
+        found = -1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if self._field(mid, which) <= target:
+                found = mid
+                lo = mid + 1
+            else:
+                hi = mid - 1
+        return found
+
+    def cut(self, entries: int) -> None:
+        """Keep the first `entries` entries."""
+        del self._data[entries * self.entry.size :]
+
+    def reset(self) -> None:
+        self._data.clear()
+
+
+class OffsetIndex(_Entries):
+    entry = OFFSET_ENTRY
+
+    def entry_at(self, slot: int) -> OffsetPosition:
+        rel, pos = OFFSET_ENTRY.unpack_from(self._data, slot * OFFSET_ENTRY_SIZE)
+        return OffsetPosition(self.base_offset + rel, pos)
+
+    def last_entry(self) -> OffsetPosition:
+        if self.entries == 0:
+            return OffsetPosition(self.base_offset, 0)
+        return self.entry_at(self.entries - 1)
+
+    def lookup(self, offset: int) -> OffsetPosition:
+        slot = self._largest_slot_at_most(offset - self.base_offset, 0)
+        if slot < 0:
+            return OffsetPosition(self.base_offset, 0)
+        return self.entry_at(slot)
+
+    def append(self, offset: int, position: int) -> bytes:
+        """Add an entry; returns its bytes for the file shell."""
+        if self.is_full:
+            raise ValueError(f"offset index of segment {self.base_offset} is full")
+        if self.entries and offset <= self.last_entry().offset:
+            raise ValueError(f"index offset {offset} not above {self.last_entry().offset}")
+        if not fits_relative(self.base_offset, offset):
+            raise ValueError(f"offset {offset} does not fit segment {self.base_offset}")
+        raw = OFFSET_ENTRY.pack(offset - self.base_offset, position)
+        self._data += raw
+        return raw
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove entries for offsets >= `offset`."""
+        self.cut(self._largest_slot_at_most(offset - self.base_offset - 1, 0) + 1)
+
+    def sanity_error(self, file_bytes: int) -> str | None:
+        """Kafka's OffsetIndex.sanityCheck, plus strictly increasing entries."""
+        if file_bytes % OFFSET_ENTRY_SIZE:
+            return f"index file size {file_bytes} is not a multiple of {OFFSET_ENTRY_SIZE}"
+        last_rel, last_pos = -1, -1
+        for slot in range(self.entries):
+            rel, pos = OFFSET_ENTRY.unpack_from(self._data, slot * OFFSET_ENTRY_SIZE)
+            if rel <= last_rel or pos <= last_pos or rel < 0:
+                return f"index entry {slot} ({rel}, {pos}) does not increase"
+            last_rel, last_pos = rel, pos
+        return None
+
+
+class TimeIndex(_Entries):
+    entry = TIME_ENTRY
+
+    def entry_at(self, slot: int) -> TimestampOffset:
+        ts, rel = TIME_ENTRY.unpack_from(self._data, slot * TIME_ENTRY_SIZE)
+        return TimestampOffset(ts, self.base_offset + rel)
+
+    def last_entry(self) -> TimestampOffset:
+        if self.entries == 0:
+            return TimestampOffset(NO_TIMESTAMP, self.base_offset)
+        return self.entry_at(self.entries - 1)
+
+    def lookup(self, timestamp: int) -> TimestampOffset:
+        slot = self._largest_slot_at_most(timestamp, 0)
+        if slot < 0:
+            return TimestampOffset(NO_TIMESTAMP, self.base_offset)
+        return self.entry_at(slot)
+
+    def maybe_append(self, timestamp: int, offset: int, *, skip_full_check: bool = False) -> bytes:
+        """Add (timestamp, offset) if the timestamp grew; returns the bytes added (or b"")."""
+        if not skip_full_check and self.is_full:
+            raise ValueError(f"time index of segment {self.base_offset} is full")
+        last = self.last_entry()
+        if self.entries and offset < last.offset:
+            raise ValueError(f"time index offset {offset} below {last.offset}")
+        if timestamp <= last.timestamp:
+            return b""
+        raw = TIME_ENTRY.pack(timestamp, offset - self.base_offset)
+        self._data += raw
+        return raw
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove entries for offsets >= `offset` (entries are in offset order too)."""
+        keep = 0
+        for slot in range(self.entries):
+            if self.entry_at(slot).offset >= offset:
+                break
+            keep = slot + 1
+        self.cut(keep)
+
+    def sanity_error(self, file_bytes: int) -> str | None:
+        """Kafka's TimeIndex.sanityCheck, plus strictly increasing entries."""
+        if file_bytes % TIME_ENTRY_SIZE:
+            return f"time index file size {file_bytes} is not a multiple of {TIME_ENTRY_SIZE}"
+        last_ts, last_rel = NO_TIMESTAMP, -1
+        for slot in range(self.entries):
+            ts, rel = TIME_ENTRY.unpack_from(self._data, slot * TIME_ENTRY_SIZE)
+            if ts <= last_ts or rel < last_rel or rel < 0:
+                return f"time index entry {slot} ({ts}, {rel}) does not increase"
+            last_ts, last_rel = ts, rel
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntries:
+    """What to add to the indexes for one batch."""
+
+    offset_entry: OffsetPosition
+    time_entry: TimestampOffset
+
+
+class IndexBuilder:
+    """Decides, batch by batch, when a segment's indexes get an entry (see module rules)."""
+
+    def __init__(
+        self, index_interval_bytes: int, max_timestamp: TimestampOffset, bytes_since_last: int = 0
+    ) -> None:
+        self.index_interval_bytes = index_interval_bytes
+        self.max_timestamp = max_timestamp
+        self.bytes_since_last_entry = bytes_since_last
+
+    def observe(self, batch: BatchHeader, position: int) -> IndexEntries | None:
+        if batch.max_timestamp > self.max_timestamp.timestamp:
+            self.max_timestamp = TimestampOffset(batch.max_timestamp, batch.last_offset)
+        entries = None
+        if self.bytes_since_last_entry > self.index_interval_bytes:
+            entries = IndexEntries(OffsetPosition(batch.last_offset, position), self.max_timestamp)
+            self.bytes_since_last_entry = 0
+        self.bytes_since_last_entry += batch.size
+        return entries
+
+
+class IndexFile:
+    """The file behind an OffsetIndex or TimeIndex: loaded lazily, appends mirrored by pwrite."""
+
+    def __init__(
+        self,
+        path: Path,
+        kind: type[OffsetIndex] | type[TimeIndex],
+        base_offset: int,
+        max_bytes: int,
+        *,
+        fresh: bool,
+    ) -> None:
+        """`fresh`: the file is new (or to be replaced), so nothing is read from it."""
+        self.path = path
+        self._kind = kind
+        self._base_offset = base_offset
+        self._max_bytes = max_bytes
+        self._fd = -1
+        self._index: OffsetIndex | TimeIndex | None = None
+        if fresh:
+            self._open()
+            os.ftruncate(self._fd, 0)
+            self._index = kind(base_offset, max_bytes)
+
+    def _open(self) -> int:
+        if self._fd < 0:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        return self._fd
+
+    @property
+    def is_loaded(self) -> bool:
+        return self._index is not None
+
+    def load(self) -> str | None:
+        """Read the entries in; returns why the file is unusable, or None when it is fine."""
+        fd = self._open()
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, size, 0) if size else b""
+        self._index = self._kind(self._base_offset, self._max_bytes, data)
+        return self._index.sanity_error(size)
+
+    @property
+    def index(self) -> OffsetIndex | TimeIndex:
+        if self._index is None:
+            self.load()
+        assert self._index is not None
+        return self._index
+
+    def write_entry(self, raw: bytes) -> None:
+        if raw:
+            position = self.index.valid_bytes - len(raw)
+            if os.pwrite(self._open(), raw, position) != len(raw):
+                raise OSError(f"short write to {self.path}")
+
+    def preallocate(self) -> None:
+        """Extend (sparse) to the maximum size, as Kafka's index files are while active."""
+        target = self.index.max_entries * self.index.entry.size
+        fd = self._open()
+        if os.fstat(fd).st_size != target:
+            os.ftruncate(fd, target)
+
+    def trim(self) -> None:
+        os.ftruncate(self._open(), self.index.valid_bytes)
+
+    def rewrite(self) -> None:
+        """Write the entries held in memory and cut the file to them."""
+        fd = self._open()
+        os.ftruncate(fd, 0)
+        data = self.index.raw()
+        if data:
+            os.pwrite(fd, data, 0)
+
+    def replace(self, entries: OffsetIndex | TimeIndex) -> None:
+        self._index = entries
+        self.rewrite()
+
+    def flush(self) -> None:
+        if self._fd >= 0:
+            os.fsync(self._fd)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

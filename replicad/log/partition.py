@@ -1,0 +1,660 @@
+"""The log of one partition: its segments, offsets, leader-epoch cache and recovery.
+
+Rules:
+- Offsets: `log_start_offset` <= `high_watermark` <= `log_end_offset` after every step;
+  `recovery_point` (everything below it was fsynced) <= `log_end_offset`. The log end is
+  the next offset after the last batch, or an offset truncation or a start move set beyond
+  it (a gap: the next append may start anywhere at or above it).
+- Append takes whole, validated batches as bytes and writes them unchanged; the first batch
+  must start at or after the log end (gaps allowed, overlap is a LogError). Batches are
+  split over segments by policy.plan_append; rolling fsyncs the segment left behind.
+  An append that fails for lack of space leaves only whole batches (those written before
+  the failure stay; the log end says up to where) and raises DiskFullError; a later append
+  works once there is space.
+- Truncation removes whole batches: truncating to an offset inside a batch removes that
+  batch and the log end becomes its base offset.
+- Recovery (at load): segments from the one holding the recovery point on, and any segment
+  whose index is missing or malformed, are scanned; the first invalid or torn entry ends the
+  log there and every later segment is deleted. Stray files are removed. What was done is
+  logged and returned as a PartitionRecovery.
+- Thread use: every method takes the partition lock; `flush` holds it only to pick what to
+  sync and fsyncs duplicated descriptors outside it, so a flush on a worker thread does not
+  stall appends.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import os
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from replicad.errors import DiskFullError, LogError, OffsetOutOfRangeError
+from replicad.log.checkpoint import (
+    format_epochs,
+    format_partition_metadata,
+    fsync_dir,
+    parse_epochs,
+    parse_partition_metadata,
+    read_text,
+    write_atomically,
+)
+from replicad.log.config import LogConfig
+from replicad.log.epoch import EpochEndOffset, LeaderEpochCache
+from replicad.log.index import TimestampOffset
+from replicad.log.layout import (
+    LEADER_EPOCH_CHECKPOINT,
+    PARTITION_METADATA,
+    classify_partition_files,
+)
+from replicad.log.policy import (
+    ActiveSegmentState,
+    RollReason,
+    SegmentSummary,
+    plan_append,
+    plan_retention,
+    should_flush_messages,
+    should_flush_time,
+)
+from replicad.log.segment import FileRegion, LogSegment
+from replicad.records.batch import MAGIC_V2, BatchHeader
+from replicad.types import TopicPartition
+
+log = structlog.get_logger("replicad.log")
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    first_offset: int
+    last_offset: int
+    log_end_offset: int
+    appended_bytes: int
+    # Base offsets of the segments this append rolled to.
+    rolled_segments: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """What a reader asked for at `offset`: a file region (None at the log end)."""
+
+    offset: int
+    region: FileRegion | None
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRecovery:
+    """What loading a partition found and did."""
+
+    topic_partition: TopicPartition
+    segments: int
+    recovered_segments: tuple[int, ...]  # base offsets scanned
+    truncated_bytes: int
+    deleted_segments: tuple[int, ...]
+    removed_files: tuple[str, ...]
+    rebuilt_indexes: tuple[int, ...]
+    problems: tuple[str, ...]
+    log_end_offset: int
+
+    @property
+    def clean(self) -> bool:
+        return not (self.truncated_bytes or self.deleted_segments or self.problems)
+
+
+@dataclass
+class _Flushing:
+    unflushed_messages: int = 0
+    first_unflushed_ms: int | None = None
+    dir_dirty: bool = False
+    pending_roll_syncs: list[int] = field(default_factory=list)
+
+
+class PartitionLog:
+    def __init__(
+        self,
+        directory: Path,
+        topic_partition: TopicPartition,
+        config: LogConfig,
+        segments: list[LogSegment],
+        epochs: LeaderEpochCache,
+        *,
+        log_start_offset: int,
+        recovery_point: int,
+        high_watermark: int,
+        topic_id: uuid.UUID | None,
+    ) -> None:
+        self.directory = directory
+        self.topic_partition = topic_partition
+        self.config = config
+        self._segments = segments
+        self._bases = [s.base_offset for s in segments]
+        self._epochs = epochs
+        self._epochs_saved = epochs.version
+        self._log_end_offset = segments[-1].next_offset
+        self.log_start_offset = min(
+            max(log_start_offset, segments[0].base_offset), self._log_end_offset
+        )
+        self.recovery_point = min(recovery_point, self._log_end_offset)
+        self.high_watermark = min(max(high_watermark, self.log_start_offset), self._log_end_offset)
+        self.topic_id = topic_id
+        self._lock = threading.RLock()
+        self._flushing = _Flushing()
+        # The latest time a caller passed in; used where an API takes no time argument.
+        self._last_now_ms = 0
+        self.last_recovery: PartitionRecovery | None = None
+
+    # -- creation and loading --------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        directory: Path,
+        tp: TopicPartition,
+        config: LogConfig,
+        *,
+        now_ms: int,
+        topic_id: uuid.UUID | None = None,
+        start_offset: int = 0,
+    ) -> PartitionLog:
+        directory.mkdir(parents=True, exist_ok=True)
+        segment = LogSegment.create(directory, start_offset, config, now_ms=now_ms)
+        if topic_id is not None:
+            write_atomically(directory / PARTITION_METADATA, format_partition_metadata(topic_id))
+        fsync_dir(directory)
+        fsync_dir(directory.parent)
+        partition = cls(
+            directory,
+            tp,
+            config,
+            [segment],
+            LeaderEpochCache(),
+            log_start_offset=start_offset,
+            recovery_point=start_offset,
+            high_watermark=start_offset,
+            topic_id=topic_id,
+        )
+        partition._persist_epochs(force=True)
+        return partition
+
+    @classmethod
+    def load(
+        cls,
+        directory: Path,
+        tp: TopicPartition,
+        config: LogConfig,
+        *,
+        now_ms: int,
+        recovery_point: int,
+        log_start_offset: int | None,
+        high_watermark: int,
+        clean_shutdown: bool,
+    ) -> PartitionLog:
+        listing = classify_partition_files(sorted(os.listdir(directory)))
+        problems: list[str] = []
+        for name in listing.strays:
+            (directory / name).unlink(missing_ok=True)
+        start = log_start_offset if log_start_offset is not None else 0
+        if not listing.segments:
+            segments = [LogSegment.create(directory, start, config, now_ms=now_ms)]
+        else:
+            segments = [
+                LogSegment.open(directory, base, config, now_ms=now_ms) for base in listing.segments
+            ]
+        loaded = _load_epochs(directory)
+        epochs, epoch_problem = loaded.cache, loaded.problem
+        rebuild_epochs = loaded.missing or epoch_problem is not None
+        if epoch_problem:
+            problems.append(epoch_problem)
+
+        missing = set(listing.missing_index) | set(listing.missing_time_index)
+        first_to_scan = len(segments)
+        if not clean_shutdown:
+            bases = [s.base_offset for s in segments]
+            first_to_scan = max(bisect.bisect_right(bases, recovery_point) - 1, 0)
+        recovered: list[int] = []
+        rebuilt: list[int] = []
+        deleted: list[int] = []
+        truncated = 0
+        i = 0
+        while i < len(segments):
+            segment = segments[i]
+            reason = None
+            if i >= first_to_scan:
+                reason = "after the recovery point"
+            elif segment.base_offset in missing:
+                reason = "index file missing"
+            elif i == len(segments) - 1 and (problem := segment.index_problem()):
+                reason = problem
+            if reason is None:
+                if rebuild_epochs:
+                    # No usable epoch file: read the epochs from the headers, in offset order.
+                    for header in segment.headers():
+                        if header.magic >= MAGIC_V2:
+                            epochs.maybe_assign_from_batch(
+                                header.partition_leader_epoch, header.base_offset
+                            )
+                i += 1
+                continue
+            if reason != "after the recovery point":
+                problems.append(f"segment {segment.base_offset}: {reason}")
+                rebuilt.append(segment.base_offset)
+            result = segment.recover(epochs)
+            recovered.append(segment.base_offset)
+            if result.problem is not None and result.truncated_bytes:
+                problems.append(f"segment {segment.base_offset}: {result.problem}")
+            truncated += result.truncated_bytes
+            if result.truncated_bytes and i + 1 < len(segments):
+                for later in segments[i + 1 :]:
+                    deleted.append(later.base_offset)
+                    later.delete()
+                segments = segments[: i + 1]
+            i += 1
+        segments[-1].make_active()
+        topic_id = None
+        metadata = read_text(directory / PARTITION_METADATA)
+        if metadata is not None:
+            try:
+                topic_id = parse_partition_metadata(
+                    metadata, source=str(directory / PARTITION_METADATA)
+                )
+            except LogError as exc:
+                problems.append(str(exc))
+        partition = cls(
+            directory,
+            tp,
+            config,
+            segments,
+            epochs,
+            log_start_offset=start if log_start_offset is not None else segments[0].base_offset,
+            recovery_point=recovery_point,
+            high_watermark=high_watermark,
+            topic_id=topic_id,
+        )
+        partition._epochs.truncate_from_end(partition.log_end_offset)
+        partition._epochs.truncate_from_start(partition.log_start_offset)
+        partition._persist_epochs(force=bool(epoch_problem))
+        report = PartitionRecovery(
+            tp,
+            len(segments),
+            tuple(recovered),
+            truncated,
+            tuple(deleted),
+            tuple(listing.strays),
+            tuple(rebuilt),
+            tuple(problems),
+            partition.log_end_offset,
+        )
+        partition.last_recovery = report
+        level = log.info if report.clean else log.warning
+        level(
+            "partition loaded",
+            partition=str(tp),
+            segments=report.segments,
+            log_start_offset=partition.log_start_offset,
+            log_end_offset=partition.log_end_offset,
+            recovery_point=recovery_point,
+            clean_shutdown=clean_shutdown,
+            recovered_segments=list(report.recovered_segments),
+            truncated_bytes=truncated,
+            deleted_segments=list(deleted),
+            removed_files=list(listing.strays),
+            rebuilt_indexes=list(rebuilt),
+            problems=list(problems),
+        )
+        return partition
+
+    # -- facts -----------------------------------------------------------------------------
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._log_end_offset
+
+    @property
+    def segments(self) -> list[LogSegment]:
+        with self._lock:
+            return list(self._segments)
+
+    @property
+    def size_in_bytes(self) -> int:
+        with self._lock:
+            return sum(s.size for s in self._segments)
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self._segments[-1]
+
+    def latest_epoch(self) -> int | None:
+        with self._lock:
+            return self._epochs.latest_epoch()
+
+    def epoch_entries(self) -> list:  # type: ignore[type-arg]
+        with self._lock:
+            return self._epochs.entries
+
+    def end_offset_for_epoch(self, epoch: int) -> EpochEndOffset:
+        with self._lock:
+            return self._epochs.end_offset_for(epoch, self._log_end_offset)
+
+    # -- append ----------------------------------------------------------------------------
+
+    def append(
+        self, data: bytes | bytearray | memoryview, batches: Sequence[BatchHeader], *, now_ms: int
+    ) -> AppendResult:
+        if not batches:
+            raise LogError(f"{self.topic_partition}: append of no batches")
+        mv = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
+        first, last = batches[0], batches[-1]
+        span = last.end_position - first.position
+        if len(mv) == span:
+            shift = first.position
+        elif len(mv) >= last.end_position:
+            shift = 0
+        else:
+            raise LogError(
+                f"{self.topic_partition}: {len(mv)} bytes of data do not hold the batches "
+                f"({span} bytes from position {first.position})"
+            )
+        with self._lock:
+            if first.base_offset < self._log_end_offset:
+                raise LogError(
+                    f"{self.topic_partition}: batch at offset {first.base_offset} overlaps the "
+                    f"log ending at {self._log_end_offset}"
+                )
+            previous = first
+            for header in batches[1:]:
+                if header.base_offset < previous.next_offset:
+                    raise LogError(
+                        f"{self.topic_partition}: offsets go back from {previous.last_offset} "
+                        f"to {header.base_offset} within one append"
+                    )
+                previous = header
+            self._last_now_ms = now_ms
+            runs = plan_append(self._active_state(), batches, self.config, now_ms)
+            rolled: list[int] = []
+            appended = 0
+            for run in runs:
+                run_batches = batches[run.start : run.end]
+                lo = run_batches[0].position - shift
+                hi = run_batches[-1].end_position - shift
+                try:
+                    if run.roll is not None:
+                        self._roll(run_batches[0].base_offset, run.roll, now_ms)
+                        rolled.append(run_batches[0].base_offset)
+                    self.active_segment.append(mv[lo:hi], run_batches)
+                except OSError as exc:
+                    self._append_failed(exc, run_batches[0].base_offset)
+                appended += hi - lo
+                for header in run_batches:
+                    if header.magic >= MAGIC_V2:
+                        self._epochs.maybe_assign_from_batch(
+                            header.partition_leader_epoch, header.base_offset
+                        )
+                    self._flushing.unflushed_messages += max(header.record_count, 1)
+                self._log_end_offset = run_batches[-1].next_offset
+            if self._flushing.first_unflushed_ms is None:
+                self._flushing.first_unflushed_ms = now_ms
+            self._persist_epochs()
+            flush_now = should_flush_messages(self._flushing.unflushed_messages, self.config)
+        if flush_now:
+            self.flush()
+        return AppendResult(
+            first.base_offset, last.last_offset, self._log_end_offset, appended, tuple(rolled)
+        )
+
+    def _append_failed(self, exc: OSError, offset: int) -> None:
+        active = self.active_segment
+        # A roll may have failed after the old segment was trimmed: make it writable again.
+        active.make_active()
+        self._log_end_offset = max(self._log_end_offset, active.next_offset)
+        self._persist_epochs()
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(
+                f"{self.topic_partition}: no space left appending at offset {offset}; the log "
+                f"ends at {self._log_end_offset} with whole batches only"
+            ) from exc
+        raise LogError(f"{self.topic_partition}: append failed: {exc}") from exc
+
+    def _active_state(self) -> ActiveSegmentState:
+        active = self.active_segment
+        return ActiveSegmentState(
+            active.base_offset,
+            active.size,
+            active.offset_index.entries,
+            active.time_index.entries,
+            active.builder.bytes_since_last_entry,
+            active.rolling_timestamp,
+            active.created_ms,
+        )
+
+    def _roll(self, base_offset: int, reason: RollReason, now_ms: int) -> None:
+        old = self.active_segment
+        if old.is_empty:
+            # An empty active segment is replaced rather than kept behind the new one.
+            old.delete()
+            self._segments.pop()
+            self._bases.pop()
+        else:
+            old.on_become_inactive()
+            old.flush()
+        segment = LogSegment.create(self.directory, base_offset, self.config, now_ms=now_ms)
+        self._segments.append(segment)
+        self._bases.append(base_offset)
+        fsync_dir(self.directory)
+        log.info(
+            "segment rolled",
+            partition=str(self.topic_partition),
+            base_offset=base_offset,
+            reason=reason.value,
+        )
+
+    # -- truncation and start moves --------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove everything at and above `offset` (whole batches; see module rules)."""
+        with self._lock:
+            if offset >= self._log_end_offset:
+                return
+            if offset < self.log_start_offset:
+                self.truncate_fully_and_start_at(offset)
+                return
+            new_end = offset
+            while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
+                segment = self._segments.pop()
+                self._bases.pop()
+                if not segment.is_empty:
+                    new_end = min(new_end, segment.base_offset)
+                segment.delete()
+            active = self.active_segment
+            truncation = active.truncate_to(offset)
+            if truncation.first_removed_offset is not None:
+                new_end = min(new_end, truncation.first_removed_offset)
+            active.make_active()
+            new_end = max(new_end, active.next_offset)
+            self._log_end_offset = new_end
+            self.recovery_point = min(self.recovery_point, new_end)
+            self.high_watermark = min(self.high_watermark, new_end)
+            self._epochs.truncate_from_end(new_end)
+            self._persist_epochs()
+            fsync_dir(self.directory)
+            log.info("log truncated", partition=str(self.topic_partition), log_end_offset=new_end)
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        with self._lock:
+            for segment in self._segments:
+                segment.delete()
+            segment = LogSegment.create(
+                self.directory, offset, self.config, now_ms=self._last_now_ms
+            )
+            self._segments = [segment]
+            self._bases = [offset]
+            self._log_end_offset = offset
+            self.log_start_offset = offset
+            self.recovery_point = offset
+            self.high_watermark = offset
+            self._epochs.truncate_from_end(-1)
+            self._persist_epochs(force=True)
+            self._flushing = _Flushing()
+            fsync_dir(self.directory)
+            log.info("log truncated fully", partition=str(self.topic_partition), start=offset)
+
+    def maybe_increment_log_start_offset(self, offset: int) -> None:
+        """Move the log start up (never down) and delete the segments wholly below it."""
+        with self._lock:
+            if offset <= self.log_start_offset:
+                return
+            if offset > self._log_end_offset:
+                raise LogError(
+                    f"{self.topic_partition}: log start {offset} would pass the log end "
+                    f"{self._log_end_offset}; truncate fully and start there instead"
+                )
+            self.log_start_offset = offset
+            self.high_watermark = max(self.high_watermark, offset)
+            self._delete_below(offset)
+            self._epochs.truncate_from_start(offset)
+            self._persist_epochs()
+
+    def _delete_below(self, offset: int) -> list[int]:
+        deleted = []
+        while len(self._segments) > 1 and self._segments[1].base_offset <= offset:
+            segment = self._segments.pop(0)
+            self._bases.pop(0)
+            deleted.append(segment.base_offset)
+            segment.delete()
+        if deleted:
+            fsync_dir(self.directory)
+        return deleted
+
+    def enforce_retention(self, now_ms: int) -> list[int]:
+        """Delete inactive segments past retention.ms / retention.bytes; their base offsets."""
+        with self._lock:
+            summaries = [
+                SegmentSummary(s.base_offset, s.size, s.max_timestamp.timestamp)
+                for s in self._segments
+            ]
+            plan = plan_retention(summaries, self.config, now_ms)
+            if not plan.delete:
+                return []
+            new_start = self._segments[len(plan.delete)].base_offset
+            self.log_start_offset = max(self.log_start_offset, new_start)
+            self.high_watermark = max(self.high_watermark, self.log_start_offset)
+            deleted = self._delete_below(new_start)
+            self._epochs.truncate_from_start(self.log_start_offset)
+            self._persist_epochs()
+            log.info(
+                "retention deleted segments",
+                partition=str(self.topic_partition),
+                reason=plan.reason.value if plan.reason else None,
+                segments=deleted,
+                log_start_offset=self.log_start_offset,
+            )
+            return deleted
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int) -> ReadResult:
+        with self._lock:
+            if offset < self.log_start_offset or offset > self._log_end_offset:
+                raise OffsetOutOfRangeError(
+                    f"{self.topic_partition}: offset {offset} is outside "
+                    f"[{self.log_start_offset}, {self._log_end_offset}]"
+                )
+            region = None
+            i = max(bisect.bisect_right(self._bases, offset) - 1, 0)
+            while region is None and i < len(self._segments):
+                region = self._segments[i].read(offset, max_bytes)
+                i += 1
+            return ReadResult(
+                offset, region, self.log_start_offset, self._log_end_offset, self.high_watermark
+            )
+
+    def offset_for_timestamp(self, timestamp: int) -> TimestampOffset | None:
+        """The first batch with max timestamp >= `timestamp`: (that timestamp, its base offset)."""
+        with self._lock:
+            for segment in self._segments:
+                if segment.max_timestamp.timestamp >= timestamp:
+                    found = segment.find_offset_by_timestamp(timestamp)
+                    if found is not None:
+                        return found
+            return None
+
+    # -- durability ------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """fsync everything appended so far and move the recovery point to the log end."""
+        with self._lock:
+            target = self._log_end_offset
+            i = max(bisect.bisect_right(self._bases, self.recovery_point) - 1, 0)
+            fds = [fd for segment in self._segments[i:] for fd in segment.dup_fds()]
+            messages = self._flushing.unflushed_messages
+        try:
+            for fd in fds:
+                os.fsync(fd)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        with self._lock:
+            self.recovery_point = max(self.recovery_point, min(target, self._log_end_offset))
+            if self._log_end_offset == target:
+                self._flushing.unflushed_messages -= messages
+                self._flushing.first_unflushed_ms = None
+
+    def maybe_flush(self, now_ms: int) -> None:
+        with self._lock:
+            due = should_flush_time(self._flushing.first_unflushed_ms, now_ms, self.config)
+        if due:
+            self.flush()
+
+    def set_topic_id(self, topic_id: uuid.UUID) -> None:
+        with self._lock:
+            if self.topic_id is not None and self.topic_id != topic_id:
+                raise LogError(
+                    f"{self.topic_partition}: topic id {topic_id} differs from the stored "
+                    f"{self.topic_id} (the topic was recreated upstream?)"
+                )
+            if self.topic_id is None:
+                write_atomically(
+                    self.directory / PARTITION_METADATA, format_partition_metadata(topic_id)
+                )
+                self.topic_id = topic_id
+
+    def _persist_epochs(self, *, force: bool = False) -> None:
+        if force or self._epochs.version != self._epochs_saved:
+            write_atomically(
+                self.directory / LEADER_EPOCH_CHECKPOINT, format_epochs(self._epochs.entries)
+            )
+            self._epochs_saved = self._epochs.version
+
+    def close(self) -> None:
+        """Final time index entry and trimmed indexes for the active segment, synced; close."""
+        with self._lock:
+            active = self.active_segment
+            active.on_become_inactive()
+            active.flush()
+            for segment in self._segments:
+                segment.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _LoadedEpochs:
+    cache: LeaderEpochCache
+    missing: bool
+    problem: str | None
+
+
+def _load_epochs(directory: Path) -> _LoadedEpochs:
+    path = directory / LEADER_EPOCH_CHECKPOINT
+    text = read_text(path)
+    if text is None:
+        return _LoadedEpochs(LeaderEpochCache(), True, None)
+    try:
+        return _LoadedEpochs(LeaderEpochCache(parse_epochs(text, source=str(path))), False, None)
+    except LogError as exc:
+        return _LoadedEpochs(LeaderEpochCache(), False, f"{exc}; rebuilt from the batches")

@@ -1,0 +1,460 @@
+"""One log segment: `<base>.log` with its `.index` and `.timeindex` (the file shell).
+
+What it keeps (index math lives in index.py, roll decisions in policy.py):
+- `.log` holds whole batches only, written with pwrite at the current size; a failed write
+  (ENOSPC, EIO) is undone by truncating back to the size before it, so the file never
+  keeps a torn batch of ours.
+- Indexes are kept in memory and mirrored to their files as entries are added. An inactive
+  segment's indexes are read lazily, on first use; one that turns out malformed then is
+  rebuilt from the log, and the rebuild is logged.
+- Recovery scans the whole `.log` (length, magic, CRC, offsets increasing and fitting the
+  segment), truncates at the first entry that is not valid, and rebuilds both indexes with
+  the same IndexBuilder appends use.
+- Reads return file regions for sendfile; a region starts at the first batch holding an
+  offset >= the one asked for and ends within this segment.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from replicad.errors import LogError
+from replicad.log.config import LogConfig
+from replicad.log.epoch import LeaderEpochCache
+from replicad.log.index import (
+    IndexBuilder,
+    IndexFile,
+    OffsetIndex,
+    TimeIndex,
+    TimestampOffset,
+    fits_relative,
+)
+from replicad.log.layout import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_file_name
+from replicad.records.batch import (
+    MAGIC_V2,
+    RECORD_BATCH_OVERHEAD,
+    BatchHeader,
+    ScanStop,
+    header_at,
+    scan_batches,
+)
+
+log = structlog.get_logger("replicad.log.segment")
+
+
+@dataclass(frozen=True, slots=True)
+class FileRegion:
+    """Bytes [position, position + size) of `path`, ready for sendfile."""
+
+    path: Path
+    position: int
+    size: int
+
+    def read_bytes(self) -> bytes:
+        with open(self.path, "rb") as f:
+            return os.pread(f.fileno(), self.size, self.position)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLocation:
+    """The first batch holding an offset >= the one looked up."""
+
+    header: BatchHeader  # header.position is the batch's position in the .log file
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentTruncation:
+    bytes_removed: int
+    # Base offset of the first batch removed; below the truncation offset when that batch
+    # straddled it (batches are removed whole).
+    first_removed_offset: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRecovery:
+    base_offset: int
+    valid_bytes: int
+    truncated_bytes: int
+    batches: int
+    next_offset: int
+    # Why the scan stopped before the end of the file (corrupt or torn entry), if it did.
+    problem: str | None
+
+
+def _pwrite_all(fd: int, data: memoryview, position: int) -> None:
+    while data:
+        written = os.pwrite(fd, data, position)
+        data = data[written:]
+        position += written
+
+
+class LogSegment:
+    def __init__(
+        self,
+        directory: Path,
+        base_offset: int,
+        config: LogConfig,
+        log_fd: int,
+        size: int,
+        created_ms: int,
+        *,
+        fresh_indexes: bool,
+    ) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.config = config
+        self._fd = log_fd
+        self.size = size
+        self.created_ms = created_ms
+        self.log_path = directory / segment_file_name(base_offset, LOG_SUFFIX)
+        self._offset_file = IndexFile(
+            directory / segment_file_name(base_offset, INDEX_SUFFIX),
+            OffsetIndex,
+            base_offset,
+            config.segment_index_bytes,
+            fresh=fresh_indexes,
+        )
+        self._time_file = IndexFile(
+            directory / segment_file_name(base_offset, TIME_INDEX_SUFFIX),
+            TimeIndex,
+            base_offset,
+            config.segment_index_bytes,
+            fresh=fresh_indexes,
+        )
+        self._builder: IndexBuilder | None = None
+        self._next_offset: int | None = base_offset if size == 0 else None
+        self.rolling_timestamp: int | None = None
+
+    # -- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls, directory: Path, base_offset: int, config: LogConfig, *, now_ms: int
+    ) -> LogSegment:
+        path = directory / segment_file_name(base_offset, LOG_SUFFIX)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        segment = cls(directory, base_offset, config, fd, 0, now_ms, fresh_indexes=True)
+        segment._builder = IndexBuilder(
+            config.index_interval_bytes, TimestampOffset(-1, base_offset)
+        )
+        segment.make_active()
+        return segment
+
+    @classmethod
+    def open(
+        cls, directory: Path, base_offset: int, config: LogConfig, *, now_ms: int
+    ) -> LogSegment:
+        path = directory / segment_file_name(base_offset, LOG_SUFFIX)
+        fd = os.open(path, os.O_RDWR)
+        size = os.fstat(fd).st_size
+        return cls(directory, base_offset, config, fd, size, now_ms, fresh_indexes=False)
+
+    @property
+    def index_path(self) -> Path:
+        return self._offset_file.path
+
+    @property
+    def time_index_path(self) -> Path:
+        return self._time_file.path
+
+    @property
+    def offset_index(self) -> OffsetIndex:
+        return self._loaded(self._offset_file)  # type: ignore[return-value]
+
+    @property
+    def time_index(self) -> TimeIndex:
+        return self._loaded(self._time_file)  # type: ignore[return-value]
+
+    def _loaded(self, f: IndexFile) -> OffsetIndex | TimeIndex:
+        if not f.is_loaded:
+            problem = f.load()
+            if problem is not None:
+                log.warning(
+                    "index malformed, rebuilding", segment=str(self.log_path), problem=problem
+                )
+                self.rebuild_indexes()
+        return f.index
+
+    def index_problem(self) -> str | None:
+        """Why an index of this segment cannot be used as is (missing, malformed), if so."""
+        for f in (self._offset_file, self._time_file):
+            if not f.path.exists():
+                return f"{f.path.name} is missing"
+            if not f.is_loaded:
+                problem = f.load()
+                if problem is not None:
+                    return f"{f.path.name}: {problem}"
+        last = self._offset_file.index.last_entry()
+        if last.position > self.size or (last.position == self.size and self.size > 0):
+            return f"{self._offset_file.path.name} points past the end of the log"
+        return None
+
+    @property
+    def builder(self) -> IndexBuilder:
+        if self._builder is None:
+            self._builder = self._builder_from_tail()
+        return self._builder
+
+    def _builder_from_tail(self) -> IndexBuilder:
+        """Index state for further appends, from the last index entry and the batches after it."""
+        last_entry = self.offset_index.last_entry()
+        max_ts = self.time_index.last_entry()
+        builder = IndexBuilder(self.config.index_interval_bytes, max_ts, 0)
+        builder.bytes_since_last_entry = self.size - last_entry.position
+        for header in self._headers_from(last_entry.position):
+            if header.max_timestamp > builder.max_timestamp.timestamp:
+                builder.max_timestamp = TimestampOffset(header.max_timestamp, header.last_offset)
+        return builder
+
+    def make_active(self) -> None:
+        """Preallocate the index files, as Kafka does for the segment being written."""
+        self.offset_index  # noqa: B018 -- loads the entries before the file grows
+        self.time_index  # noqa: B018
+        self._offset_file.preallocate()
+        self._time_file.preallocate()
+        if self.rolling_timestamp is None and self.size > 0:
+            first = self._header_at(0)
+            self.rolling_timestamp = first.max_timestamp if first else None
+
+    # -- facts -----------------------------------------------------------------------------
+
+    @property
+    def next_offset(self) -> int:
+        """The offset after the last batch (the base offset when empty)."""
+        if self._next_offset is None:
+            start = self.offset_index.last_entry().position
+            last = None
+            for header in self._headers_from(start):
+                last = header
+            self._next_offset = last.next_offset if last else self.base_offset
+        return self._next_offset
+
+    @property
+    def max_timestamp(self) -> TimestampOffset:
+        return self.builder.max_timestamp
+
+    @property
+    def is_empty(self) -> bool:
+        return self.size == 0
+
+    # -- reading headers -------------------------------------------------------------------
+
+    def _header_at(self, position: int) -> BatchHeader | None:
+        if position >= self.size:
+            return None
+        head = os.pread(self._fd, RECORD_BATCH_OVERHEAD, position)
+        header = header_at(head, position)
+        if isinstance(header, str) or header.end_position > self.size:
+            return None
+        return header
+
+    def headers(self) -> list[BatchHeader]:
+        """Headers of the batches in the file (read one by one, no CRC check)."""
+        return self._headers_from(0)
+
+    def _headers_from(self, position: int) -> list[BatchHeader]:
+        headers = []
+        while (header := self._header_at(position)) is not None:
+            headers.append(header)
+            position = header.end_position
+        return headers
+
+    def translate_offset(self, offset: int, start_position: int = 0) -> BatchLocation | None:
+        position = max(self.offset_index.lookup(offset).position, start_position)
+        while (header := self._header_at(position)) is not None:
+            if header.last_offset >= offset:
+                return BatchLocation(header)
+            position = header.end_position
+        return None
+
+    def read(self, offset: int, max_bytes: int) -> FileRegion | None:
+        """From the batch holding `offset`: max_bytes at most, but the first batch whole."""
+        location = self.translate_offset(offset)
+        if location is None:
+            return None
+        start = location.header.position
+        size = min(self.size - start, max(max_bytes, location.header.size))
+        return FileRegion(self.log_path, start, size)
+
+    def find_offset_by_timestamp(self, timestamp: int) -> TimestampOffset | None:
+        """First batch whose max timestamp is >= `timestamp`: (its max timestamp, base offset)."""
+        entry = self.time_index.lookup(timestamp)
+        position = self.offset_index.lookup(entry.offset).position
+        for header in self._headers_from(position):
+            if header.max_timestamp >= timestamp:
+                return TimestampOffset(header.max_timestamp, header.base_offset)
+        return None
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def append(self, data: memoryview, batches: Sequence[BatchHeader]) -> None:
+        """Write whole `batches` (their bytes are `data`, positions relative to batches[0])."""
+        if not batches:
+            return
+        first = batches[0]
+        if first.base_offset < self.next_offset and not self.is_empty:
+            raise LogError(
+                f"batch at offset {first.base_offset} overlaps segment {self.base_offset} "
+                f"ending at {self.next_offset}"
+            )
+        start = self.size
+        offset_index, time_index = self.offset_index, self.time_index
+        saved = (offset_index.entries, time_index.entries, self._builder_state())
+        try:
+            _pwrite_all(self._fd, data, start)
+            builder = self.builder
+            for header in batches:
+                position = start + header.position - first.position
+                entries = builder.observe(header, position)
+                if entries is not None:
+                    self._offset_file.write_entry(
+                        offset_index.append(entries.offset_entry.offset, position)
+                    )
+                    ts = entries.time_entry
+                    self._time_file.write_entry(time_index.maybe_append(ts.timestamp, ts.offset))
+        except OSError:
+            os.ftruncate(self._fd, start)
+            offset_index.cut(saved[0])
+            time_index.cut(saved[1])
+            self._restore_builder_state(saved[2])
+            raise
+        if self.size == 0:
+            self.rolling_timestamp = first.max_timestamp
+        self.size = start + len(data)
+        self._next_offset = batches[-1].next_offset
+
+    def _builder_state(self) -> tuple[TimestampOffset, int]:
+        return self.builder.max_timestamp, self.builder.bytes_since_last_entry
+
+    def _restore_builder_state(self, state: tuple[TimestampOffset, int]) -> None:
+        self.builder.max_timestamp, self.builder.bytes_since_last_entry = state
+
+    def truncate_to(self, offset: int) -> SegmentTruncation:
+        """Drop every batch whose last offset is >= `offset`."""
+        location = self.translate_offset(offset)
+        if location is None:
+            return SegmentTruncation(0, None)
+        # A batch holding `offset` is removed whole: batches are never split.
+        position = location.header.position
+        removed = self.size - position
+        os.ftruncate(self._fd, position)
+        self.size = position
+        # Index entries name a batch's last offset, so these cuts drop exactly the entries of
+        # the removed batches.
+        self.offset_index.truncate_to(offset)
+        self.time_index.truncate_to(location.header.base_offset)
+        self._offset_file.rewrite()
+        self._time_file.rewrite()
+        self._builder = None
+        self._next_offset = None
+        if self.size == 0:
+            self.rolling_timestamp = None
+        return SegmentTruncation(removed, location.header.base_offset)
+
+    def recover(self, epochs: LeaderEpochCache | None) -> SegmentRecovery:
+        """Validate every batch, truncate what is not valid, rebuild the indexes."""
+        scan_stop_problem: str | None = None
+        headers: list[BatchHeader] = []
+        valid = 0
+        if self.size:
+            with mmap.mmap(self._fd, self.size, access=mmap.ACCESS_READ) as mm:
+                view = memoryview(mm)
+                try:
+                    result = scan_batches(view)
+                finally:
+                    view.release()
+            headers, valid = result.batches, result.valid_bytes
+            if result.stop is ScanStop.CORRUPT:
+                scan_stop_problem = result.error
+            elif result.stop is ScanStop.PARTIAL:
+                scan_stop_problem = f"torn batch at position {valid}"
+        # Offsets must increase and fit the segment; the first batch that breaks that ends it.
+        previous_next = self.base_offset
+        for i, header in enumerate(headers):
+            bad = header.base_offset < previous_next or not fits_relative(
+                self.base_offset, header.last_offset
+            )
+            if bad:
+                scan_stop_problem = (
+                    f"batch at position {header.position} has offsets {header.base_offset}.."
+                    f"{header.last_offset}, expected >= {previous_next} within the segment"
+                )
+                headers, valid = headers[:i], header.position
+                break
+            previous_next = header.next_offset
+        if epochs is not None:
+            for header in headers:
+                if header.magic >= MAGIC_V2:
+                    epochs.maybe_assign_from_batch(
+                        header.partition_leader_epoch, header.base_offset
+                    )
+        truncated = self.size - valid
+        if truncated:
+            os.ftruncate(self._fd, valid)
+            self.size = valid
+        self._rebuild_from(headers)
+        self._next_offset = headers[-1].next_offset if headers else self.base_offset
+        self.rolling_timestamp = headers[0].max_timestamp if headers else None
+        return SegmentRecovery(
+            self.base_offset, valid, truncated, len(headers), self.next_offset, scan_stop_problem
+        )
+
+    def rebuild_indexes(self) -> None:
+        """Rebuild both indexes from the log (which is taken as valid)."""
+        self._rebuild_from(self._headers_from(0))
+
+    def _rebuild_from(self, headers: Sequence[BatchHeader]) -> None:
+        offset_index = OffsetIndex(self.base_offset, self.config.segment_index_bytes)
+        time_index = TimeIndex(self.base_offset, self.config.segment_index_bytes)
+        builder = IndexBuilder(
+            self.config.index_interval_bytes, TimestampOffset(-1, self.base_offset)
+        )
+        for header in headers:
+            entries = builder.observe(header, header.position)
+            if entries is not None:
+                offset_index.append(entries.offset_entry.offset, entries.offset_entry.position)
+                time_index.maybe_append(entries.time_entry.timestamp, entries.time_entry.offset)
+        self._offset_file.replace(offset_index)
+        self._time_file.replace(time_index)
+        self._builder = builder
+
+    def on_become_inactive(self) -> None:
+        """Final time index entry, then both index files trimmed (Kafka's roll)."""
+        if self.size:
+            ts = self.builder.max_timestamp
+            self._time_file.write_entry(
+                self.time_index.maybe_append(ts.timestamp, ts.offset, skip_full_check=True)
+            )
+        self._offset_file.trim()
+        self._time_file.trim()
+
+    def flush(self) -> None:
+        os.fsync(self._fd)
+        self._offset_file.flush()
+        self._time_file.flush()
+
+    def dup_fds(self) -> list[int]:
+        """Duplicates of the open descriptors, for an fsync on another thread."""
+        fds = [os.dup(self._fd)]
+        fds += [
+            os.dup(fd) for fd in (self._offset_file.fileno(), self._time_file.fileno()) if fd >= 0
+        ]
+        return fds
+
+    def close(self) -> None:
+        self._offset_file.close()
+        self._time_file.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def delete(self) -> None:
+        self.close()
+        for path in (self.log_path, self.index_path, self.time_index_path):
+            path.unlink(missing_ok=True)
