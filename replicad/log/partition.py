@@ -25,6 +25,7 @@ Rules:
 from __future__ import annotations
 
 import bisect
+import contextlib
 import errno
 import os
 import threading
@@ -401,7 +402,10 @@ class PartitionLog:
                 self._log_end_offset = run_batches[-1].next_offset
             if self._flushing.first_unflushed_ms is None:
                 self._flushing.first_unflushed_ms = now_ms
-            self._persist_epochs()
+            try:
+                self._persist_epochs()
+            except OSError as exc:
+                self._append_failed(exc, first.base_offset)
             flush_now = should_flush_messages(self._flushing.unflushed_messages, self.config)
         if flush_now:
             self.flush()
@@ -414,7 +418,9 @@ class PartitionLog:
         # A roll may have failed after the old segment was trimmed: make it writable again.
         active.make_active()
         self._log_end_offset = max(self._log_end_offset, active.next_offset)
-        self._persist_epochs()
+        # If this fails too, the cache stays unsaved and its next change writes it.
+        with contextlib.suppress(OSError):
+            self._persist_epochs()
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DiskFullError(
                 f"{self.topic_partition}: no space left appending at offset {offset}; the log "

@@ -8,6 +8,7 @@ offset of its last inner message (the offset is outside the CRC32 as well).
 
 from __future__ import annotations
 
+import random
 import struct
 from collections.abc import Sequence
 
@@ -78,3 +79,49 @@ def legacy_message_set(
     if codec != Compression.NONE:
         _BASE_OFFSET.pack_into(data, 0, base_offset + len(values) - 1)
     return bytes(data)
+
+
+def batch_stream(
+    seed: int,
+    count: int,
+    *,
+    first_offset: int = 0,
+    codecs: Sequence[Compression] = tuple(Compression),
+    max_records: int = 20,
+    max_value: int = 600,
+    epoch_every: int = 50,
+    gap_every: int = 0,
+    timestamp_ms: int = 1_700_000_000_000,
+) -> list[bytes]:
+    """`count` real producer batches with consecutive offsets (or a gap every `gap_every`).
+
+    Deterministic for a seed: values are pseudo-random text (compressible, like real data),
+    codecs rotate through `codecs`, the leader epoch grows every `epoch_every` batches and
+    timestamps mostly grow, sometimes step back (as producers' clocks do).
+    """
+    rng = random.Random(seed)
+    words = [b"alpha", b"beta", b"gamma", b"delta", b"kafka", b"replica", b"offset", b"42"]
+    out = []
+    offset = first_offset
+    ts = timestamp_ms
+    for i in range(count):
+        n = rng.randint(1, max_records)
+        values = [
+            b" ".join(rng.choice(words) for _ in range(rng.randint(1, max(max_value // 6, 1))))
+            for _ in range(n)
+        ]
+        ts += rng.randint(-50, 200)
+        out.append(
+            producer_batch(
+                offset,
+                values,
+                codec=codecs[i % len(codecs)],
+                leader_epoch=i // epoch_every,
+                timestamps=[ts + j for j in range(n)],
+                keys=[f"k{offset + j}".encode() for j in range(n)],
+            )
+        )
+        offset += n
+        if gap_every and i % gap_every == gap_every - 1:
+            offset += rng.randint(1, 100)
+    return out

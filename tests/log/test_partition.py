@@ -1,0 +1,237 @@
+"""A partition's log: rolls, reads across segments, truncation, start moves, disk full."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from replicad.errors import DiskFullError, LogError, OffsetOutOfRangeError
+from replicad.log.config import LogConfig
+from replicad.log.epoch import EpochEndOffset
+from replicad.log.layout import LEADER_EPOCH_CHECKPOINT, PARTITION_METADATA
+from replicad.log.partition import PartitionLog
+from replicad.records.batch import BatchHeader, scan_batches
+from replicad.types import TopicPartition
+from tools.logdata.batches import batch_stream, producer_batch
+
+TP = TopicPartition("orders", 3)
+SMALL = LogConfig(segment_bytes=16 * 1024, index_interval_bytes=1024, segment_index_bytes=2048)
+
+
+def _append_all(log: PartitionLog, batches: list[bytes], now_ms: int = 0) -> None:
+    for raw in batches:
+        log.append(raw, scan_batches(raw).batches, now_ms=now_ms)
+
+
+def _partition(
+    tmp_path: Path, count: int = 120, config: LogConfig = SMALL
+) -> tuple[PartitionLog, list[bytes]]:
+    log = PartitionLog.create(tmp_path / "orders-3", TP, config, now_ms=0)
+    batches = batch_stream(11, count, epoch_every=40)
+    _append_all(log, batches)
+    return log, batches
+
+
+def _headers(batches: list[bytes]) -> list[BatchHeader]:
+    return [scan_batches(b).batches[0] for b in batches]
+
+
+def test_rolls_and_keeps_bytes_and_offsets(tmp_path: Path) -> None:
+    log, batches = _partition(tmp_path)
+    segments = log.segments
+    assert len(segments) > 3
+    assert b"".join(s.log_path.read_bytes() for s in segments) == b"".join(batches)
+    headers = _headers(batches)
+    assert log.log_end_offset == headers[-1].next_offset
+    bases = {h.base_offset for h in headers}
+    assert all(s.base_offset in bases for s in segments)  # named after their first batch
+    for s in segments[:-1]:
+        assert s.size <= SMALL.segment_bytes
+        # Inactive segments have trimmed index files.
+        assert s.index_path.stat().st_size == s.offset_index.entries * 8
+
+
+def test_reads_at_segment_boundaries(tmp_path: Path) -> None:
+    log, batches = _partition(tmp_path)
+    headers = _headers(batches)
+    segments = log.segments
+    for prev, seg in itertools.pairwise(segments):
+        last_of_prev = seg.base_offset - 1
+        result = log.read(last_of_prev, 1)
+        assert result.region is not None and result.region.path == prev.log_path
+        batch = next(h for h in headers if h.base_offset <= last_of_prev <= h.last_offset)
+        assert result.region.read_bytes() == batches[headers.index(batch)]
+        first = log.read(seg.base_offset, 1)
+        assert first.region is not None and first.region.path == seg.log_path
+        assert first.region.position == 0
+    end = log.read(log.log_end_offset, 100)
+    assert end.region is None
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(log.log_end_offset + 1, 100)
+
+
+def test_overlap_rejected_gap_accepted(tmp_path: Path) -> None:
+    log, _ = _partition(tmp_path, count=5)
+    leo = log.log_end_offset
+    overlapping = producer_batch(leo - 1, [b"x"])
+    with pytest.raises(LogError, match="overlaps"):
+        log.append(overlapping, scan_batches(overlapping).batches, now_ms=0)
+    gapped = producer_batch(leo + 50, [b"x", b"y"])
+    result = log.append(gapped, scan_batches(gapped).batches, now_ms=0)
+    assert (result.first_offset, result.log_end_offset) == (leo + 50, leo + 52)
+    assert log.read(leo + 10, 10).region is not None  # the next batch after the gap
+
+
+def test_append_takes_the_whole_scanned_buffer(tmp_path: Path) -> None:
+    log = PartitionLog.create(tmp_path / "orders-3", TP, SMALL, now_ms=0)
+    fetched = b"".join(batch_stream(3, 6))
+    partial = fetched + fetched[:30]  # a fetch response ending in a partial batch
+    scan = scan_batches(partial)
+    log.append(partial, scan.batches[2:], now_ms=0)
+    assert log.active_segment.log_path.read_bytes() == fetched[scan.batches[2].position :]
+
+
+def test_truncate_across_segments_and_epochs(tmp_path: Path) -> None:
+    log, batches = _partition(tmp_path)
+    headers = _headers(batches)
+    assert log.latest_epoch() == 2
+    target = headers[45]  # epoch 1, a few segments back
+    log.truncate_to(target.base_offset)
+    assert log.log_end_offset == target.base_offset
+    assert b"".join(s.log_path.read_bytes() for s in log.segments) == b"".join(batches[:45])
+    assert log.latest_epoch() == 1
+    assert log.end_offset_for_epoch(0) == EpochEndOffset(0, headers[40].base_offset)
+    assert log.end_offset_for_epoch(1) == EpochEndOffset(1, target.base_offset)
+    assert (log.directory / LEADER_EPOCH_CHECKPOINT).read_text().splitlines()[1] == "2"
+    # Appending again after the truncation point works and rolls as before.
+    _append_all(log, batches[45:])
+    assert b"".join(s.log_path.read_bytes() for s in log.segments) == b"".join(batches)
+
+
+def test_truncate_inside_a_batch_removes_it_whole(tmp_path: Path) -> None:
+    log, batches = _partition(tmp_path, count=10)
+    headers = _headers(batches)
+    h = next(h for h in headers if h.last_offset > h.base_offset)
+    log.truncate_to(h.base_offset + 1)
+    assert log.log_end_offset == h.base_offset
+
+
+def test_truncate_fully_and_start_at(tmp_path: Path) -> None:
+    log, _ = _partition(tmp_path)
+    log.truncate_fully_and_start_at(10_000)
+    assert [s.base_offset for s in log.segments] == [10_000]
+    assert (log.log_start_offset, log.log_end_offset, log.high_watermark) == (
+        10_000,
+        10_000,
+        10_000,
+    )
+    assert log.latest_epoch() is None
+    _append_all(log, batch_stream(5, 3, first_offset=10_000))
+    assert log.log_end_offset > 10_000
+
+
+def test_log_start_moves_delete_whole_segments_only(tmp_path: Path) -> None:
+    log, _ = _partition(tmp_path)
+    segments = log.segments
+    target = segments[2].base_offset + 3
+    log.maybe_increment_log_start_offset(target)
+    assert log.log_start_offset == target
+    assert [s.base_offset for s in log.segments] == [s.base_offset for s in segments[2:]]
+    assert not segments[0].log_path.exists()
+    assert log.epoch_entries()[0].start_offset == target
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(target - 1, 10)
+    log.maybe_increment_log_start_offset(5)  # never backwards
+    assert log.log_start_offset == target
+    with pytest.raises(LogError, match="would pass the log end"):
+        log.maybe_increment_log_start_offset(log.log_end_offset + 1)
+
+
+def test_offset_for_timestamp_across_segments(tmp_path: Path) -> None:
+    log, batches = _partition(tmp_path)
+    headers = _headers(batches)
+    for i in (0, 37, 80, 119):
+        ts = headers[i].max_timestamp
+        first = next(h for h in headers if h.max_timestamp >= ts)
+        found = log.offset_for_timestamp(ts)
+        assert found is not None and found.offset == first.base_offset
+
+
+def test_retention_by_bytes_moves_log_start(tmp_path: Path) -> None:
+    config = LogConfig(
+        segment_bytes=SMALL.segment_bytes,
+        index_interval_bytes=1024,
+        segment_index_bytes=2048,
+        retention_bytes=3 * SMALL.segment_bytes,
+    )
+    log, _ = _partition(tmp_path, config=config)
+    deleted = log.enforce_retention(now_ms=0)
+    assert deleted
+    assert log.size_in_bytes >= config.retention_bytes - SMALL.segment_bytes
+    assert log.log_start_offset == log.segments[0].base_offset
+
+
+def test_flush_messages_moves_recovery_point(tmp_path: Path) -> None:
+    config = LogConfig(flush_messages=50)
+    log = PartitionLog.create(tmp_path / "orders-3", TP, config, now_ms=0)
+    batches = batch_stream(2, 20, max_records=10)
+    _append_all(log, batches[:1])
+    assert log.recovery_point == 0
+    _append_all(log, batches[1:])
+    assert 0 < log.recovery_point <= log.log_end_offset
+
+
+def test_topic_id_written_and_checked(tmp_path: Path) -> None:
+    topic_id = uuid.uuid4()
+    log = PartitionLog.create(tmp_path / "orders-3", TP, SMALL, now_ms=0, topic_id=topic_id)
+    assert "topic_id:" in (log.directory / PARTITION_METADATA).read_text()
+    log.set_topic_id(topic_id)
+    with pytest.raises(LogError, match="recreated"):
+        log.set_topic_id(uuid.uuid4())
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_disk_full_leaves_whole_batches_and_resumes(small_fs: Path) -> None:
+    config = LogConfig(segment_bytes=64 * 1024, index_interval_bytes=1024, segment_index_bytes=4096)
+    ballast = small_fs / "ballast"
+    ballast.write_bytes(bytes(96 * 1024))  # another tenant of the disk
+    log = PartitionLog.create(small_fs / "orders-3", TP, config, now_ms=0)
+    batches = batch_stream(4, 2000, max_value=900, codecs=[0])  # type: ignore[list-item]
+    written: list[bytes] = []
+    with pytest.raises(DiskFullError, match="whole batches only"):
+        for raw in batches:
+            log.append(raw, scan_batches(raw).batches, now_ms=0)
+            written.append(raw)
+    assert 0 < len(written) < len(batches)
+    on_disk = b"".join(s.log_path.read_bytes() for s in log.segments)
+    assert on_disk == b"".join(written)  # nothing torn kept
+    assert scan_batches(on_disk).stop.name == "END"
+    assert log.log_end_offset == scan_batches(written[-1]).batches[0].next_offset
+    # Space comes back: the append that failed, and more, go through.
+    ballast.unlink()
+    resumed = batches[len(written) : len(written) + 5]
+    _append_all(log, resumed)
+    on_disk = b"".join(s.log_path.read_bytes() for s in log.segments)
+    assert on_disk == b"".join(written + resumed)
