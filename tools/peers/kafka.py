@@ -1,0 +1,452 @@
+"""A real Apache Kafka broker for tests: single node, KRaft, on 127.0.0.1.
+
+The jars come from `tools/kafka/kafka.sh fetch` (run by `make peers`); the
+Kafka version is pinned in `tools/kafka/pom.xml`. A `KafkaBroker` owns one work
+directory:
+
+    <workdir>/server.properties   the config it was started with
+    <workdir>/data/               log.dirs: `<topic>-<partition>/*.log` segments (`log_dir`)
+    <workdir>/logs/server.log     the broker's log4j output
+    <workdir>/broker.out          the JVM's own stdout/stderr (crashes, GC warnings)
+
+Ports (client listener and controller) are picked free at the first start and
+kept across `restart()`, so clients can reconnect to the same address and the
+broker finds its own data again.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import logging
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tools.peers.process import (
+    LOOPBACK,
+    PeerError,
+    PeerNotInstalledError,
+    exit_reason,
+    free_port,
+    kill,
+    port_accepts,
+    spawn,
+    terminate,
+    wait_until,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+KAFKA_TOOLS_DIR = ROOT / "tools" / "kafka"
+KAFKA_SH = KAFKA_TOOLS_DIR / "kafka.sh"
+BROKER_LOG4J = KAFKA_TOOLS_DIR / "log4j2-broker.properties"
+TOOLS_LOG4J = KAFKA_TOOLS_DIR / "log4j2-tools.properties"
+
+NODE_ID = 1
+# Main classes tests run. Kafka 4.x moved DumpLogSegments out of core (Scala) into
+# kafka-tools; the old name still works through run_kafka_class's alias table.
+DUMP_LOG_SEGMENTS = "org.apache.kafka.tools.DumpLogSegments"
+CONSOLE_CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"
+STORAGE_TOOL = "kafka.tools.StorageTool"
+_MOVED_CLASSES = {"kafka.tools.DumpLogSegments": DUMP_LOG_SEGMENTS}
+BROKER_HEAP = "1g"
+# Short-lived tools (StorageTool, DumpLogSegments) start faster with the client
+# compiler alone and a small serial heap.
+TOOL_JVM_OPTS = ("-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData")
+# What Kafka's own kafka-run-class.sh passes to a broker, minus the GC log.
+BROKER_JVM_OPTS = (
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+    "-XX:+ExitOnOutOfMemoryError",
+    "-XX:-UsePerfData",
+    "-Djava.awt.headless=true",
+)
+# Kafka 4 refuses `segment.bytes` below 1 MiB; the topic config it keeps for its
+# own tests, `internal.segment.bytes`, has no floor. A batch larger than a
+# segment is refused (RECORD_LIST_TOO_LARGE), so producers must batch smaller.
+MIN_SEGMENT_BYTES = 1024 * 1024
+# A port taken between free_port() and the JVM's bind: start again on new ports.
+BIND_ATTEMPTS = 3
+
+_log = logging.getLogger(__name__)
+# librdkafka reports every refused connection; send that to logging, not stderr.
+_librdkafka_log = logging.getLogger("tools.peers.librdkafka")
+
+
+def test_broker_config() -> dict[str, str]:
+    """Settings every test broker gets, before the caller's `broker_config`.
+
+    Internal topics fit one node, topics exist only when a test creates them,
+    and a consumer group starts at once. The offsets and transaction-state
+    topics get 4 partitions, not 50, so the first group or transaction on a
+    fresh broker does not wait for 50 coordinators to load.
+    """
+    return {
+        "auto.create.topics.enable": "false",
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "4",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "4",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "num.partitions": "1",
+        "default.replication.factor": "1",
+        "min.insync.replicas": "1",
+    }
+
+
+@functools.cache
+def kafka_classpath() -> str:
+    """The classpath of the cached Kafka jars; PeerNotInstalledError when they are missing."""
+    result = subprocess.run(
+        [str(KAFKA_SH), "classpath"], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0 or not result.stdout.strip():
+        raise PeerNotInstalledError(
+            "the Apache Kafka jars are not in .cache/kafka/lib (or are stale for "
+            "tools/kafka/pom.xml): run `make peers` (or tools/kafka/kafka.sh fetch). "
+            f"kafka.sh said: {result.stderr.strip()}"
+        )
+    return result.stdout.strip()
+
+
+@functools.cache
+def kafka_version() -> str:
+    """The Apache Kafka version pinned in tools/kafka/pom.xml, e.g. "4.3.1"."""
+    result = subprocess.run([str(KAFKA_SH), "version"], capture_output=True, text=True, check=True)
+    return result.stdout.strip()
+
+
+def run_kafka_class(
+    main_class: str, *args: str, timeout_s: float = 300, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run a Kafka command-line class on the cached classpath; no broker needed.
+
+    E.g. `run_kafka_class(DUMP_LOG_SEGMENTS, "--deep-iteration", "--files", path)`.
+    Its stdout and stderr are captured as text. With `check`, a non-zero exit
+    raises PeerError carrying the tool's stderr.
+    """
+    main_class = _MOVED_CLASSES.get(main_class, main_class)
+    argv = [
+        "java",
+        *TOOL_JVM_OPTS,
+        f"-Dlog4j2.configurationFile={TOOLS_LOG4J}",
+        "-cp",
+        kafka_classpath(),
+        main_class,
+        *args,
+    ]
+    try:
+        result = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise PeerError(f"{main_class} did not finish within {timeout_s:.0f} s") from exc
+    if check and result.returncode != 0:
+        raise PeerError(
+            f"{main_class} {' '.join(args)} exited with {result.returncode}: "
+            f"{result.stderr.strip()[-4000:]}"
+        )
+    return result
+
+
+def dump_log_segments(*files: Path | str, deep: bool = True, timeout_s: float = 300) -> str:
+    """Kafka's own DumpLogSegments over segment (or index) files; returns its output.
+
+    With `deep`, every record of every batch is decoded and printed (and so
+    checked by Kafka's own code), not just the batch headers.
+    """
+    args = ["--deep-iteration"] if deep else []
+    args += ["--files", ",".join(str(f) for f in files)]
+    return run_kafka_class(DUMP_LOG_SEGMENTS, *args, timeout_s=timeout_s).stdout
+
+
+def segment_config(segment_bytes: int) -> dict[str, str]:
+    """The topic config that makes a topic's segments `segment_bytes` long, at any size."""
+    key = "segment.bytes" if segment_bytes >= MIN_SEGMENT_BYTES else "internal.segment.bytes"
+    return {key: str(segment_bytes)}
+
+
+def _new_cluster_id() -> str:
+    # Kafka prints a Uuid as unpadded URL-safe base64; one starting with "-"
+    # would read as a command-line option, so Kafka never makes those either.
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class KafkaBroker:
+    """One Apache Kafka broker (combined broker + controller) in `workdir`.
+
+    `broker_config` entries override `test_broker_config()`. `segment_bytes`
+    is the segment size of every topic `create_topic` makes (unless it is told
+    otherwise), for tests that want several segments per partition; it may be
+    below Kafka's 1 MiB floor (see `segment_config`).
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        broker_config: Mapping[str, str] | None = None,
+        segment_bytes: int | None = None,
+        heap: str = BROKER_HEAP,
+    ) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.log_dir = self.workdir / "data"
+        self.server_log = self.workdir / "logs" / "server.log"
+        self.jvm_output = self.workdir / "broker.out"
+        self._config = test_broker_config()
+        self._config.update(broker_config or {})
+        self.segment_bytes = segment_bytes
+        self._heap = heap
+        self._port: int | None = None
+        self._controller_port: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._formatted = False
+
+    # -- addresses -------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise PeerError("the Kafka broker has not been started yet: no port")
+        return self._port
+
+    @property
+    def bootstrap(self) -> str:
+        """ "127.0.0.1:PORT" of the client listener."""
+        return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    # -- life cycle ------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 60) -> None:
+        """Format storage on the first start, launch the JVM, wait until it serves metadata."""
+        if self.running:
+            raise PeerError(f"the Kafka broker in {self.workdir} is already running")
+        kafka_classpath()  # fail early, with the `make peers` hint, if the jars are missing
+        first_start = self._port is None
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            if first_start:
+                self._port, self._controller_port = _two_free_ports()
+            self._write_config()
+            if not self._formatted:
+                self._format_storage()
+            started = time.monotonic()
+            self._launch()
+            try:
+                self._wait_ready(timeout_s)
+            except PeerError:
+                bind_failed = "Address already in use" in self._logs_tail()
+                self._reap()
+                if first_start and bind_failed and attempt < BIND_ATTEMPTS:
+                    _log.warning("kafka broker: port taken, retrying on new ports")
+                    continue
+                raise
+            _log.info(
+                "kafka broker %s up in %.1f s (workdir %s)",
+                self.bootstrap,
+                time.monotonic() - started,
+                self.workdir,
+            )
+            return
+
+    def stop(self, timeout_s: float = 30) -> None:
+        """Controlled shutdown (SIGTERM); SIGKILL if it takes longer than `timeout_s`."""
+        if self._proc is not None:
+            terminate(self._proc, timeout_s=timeout_s)
+            self._proc = None
+
+    def kill(self) -> None:
+        """SIGKILL the broker: no controlled shutdown, the next start recovers its logs."""
+        self._reap()
+
+    def restart(self, timeout_s: float = 60) -> None:
+        """Stop and start again on the same ports with the same data."""
+        self.stop()
+        self.start(timeout_s)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- topics and tools ------------------------------------------------------------
+
+    def admin(self) -> AdminClient:
+        """A confluent-kafka AdminClient on this broker (its log goes to `logging`)."""
+        return AdminClient({"bootstrap.servers": self.bootstrap, "logger": _librdkafka_log})
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        config: Mapping[str, str] | None = None,
+        *,
+        segment_bytes: int | None = None,
+        timeout_s: float = 30,
+    ) -> None:
+        """Create a topic (replication factor 1) and wait until every partition has a leader.
+
+        `segment_bytes` (or else the broker's) sets the segment size; `config` wins over both.
+        """
+        admin = self.admin()
+        topic_config: dict[str, str] = {}
+        size = segment_bytes if segment_bytes is not None else self.segment_bytes
+        if size is not None:
+            topic_config.update(segment_config(size))
+        topic_config.update(config or {})
+        new_topic = NewTopic(
+            name, num_partitions=partitions, replication_factor=1, config=topic_config
+        )
+        future = admin.create_topics([new_topic], operation_timeout=timeout_s)[name]
+        try:
+            future.result(timeout=timeout_s)
+        except Exception as exc:
+            raise PeerError(f"creating topic {name!r} on {self.bootstrap}: {exc}") from exc
+
+        def leaders_known() -> bool | None:
+            topic = admin.list_topics(topic=name, timeout=5).topics.get(name)
+            if topic is None or topic.error is not None or len(topic.partitions) != partitions:
+                return None
+            return all(p.leader >= 0 and p.error is None for p in topic.partitions.values()) or None
+
+        wait_until(leaders_known, timeout_s=timeout_s, what=f"leaders for topic {name!r}")
+
+    def partition_dir(self, topic: str, partition: int) -> Path:
+        """The broker's own directory of one partition's segments."""
+        return self.log_dir / f"{topic}-{partition}"
+
+    def run_class(
+        self, main_class: str, *args: str, timeout_s: float = 300, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """`run_kafka_class`; a method too so tests holding a broker need no other import."""
+        return run_kafka_class(main_class, *args, timeout_s=timeout_s, check=check)
+
+    # -- internals -------------------------------------------------------------------
+
+    def _write_config(self) -> None:
+        assert self._port is not None and self._controller_port is not None
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": str(NODE_ID),
+            "controller.quorum.voters": f"{NODE_ID}@{LOOPBACK}:{self._controller_port}",
+            "listeners": (
+                f"PLAINTEXT://{LOOPBACK}:{self._port},CONTROLLER://{LOOPBACK}:{self._controller_port}"
+            ),
+            "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{self._port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.log_dir),
+            **self._config,
+        }
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        text = "".join(f"{key}={value}\n" for key, value in settings.items())
+        (self.workdir / "server.properties").write_text(text)
+
+    def _format_storage(self) -> None:
+        run_kafka_class(
+            STORAGE_TOOL,
+            "format",
+            "--cluster-id",
+            _new_cluster_id(),
+            "--config",
+            str(self.workdir / "server.properties"),
+            timeout_s=120,
+        )
+        self._formatted = True
+
+    def _launch(self) -> None:
+        self.server_log.parent.mkdir(parents=True, exist_ok=True)
+        argv = [
+            "java",
+            f"-Xmx{self._heap}",
+            "-Xms256m",
+            *BROKER_JVM_OPTS,
+            f"-Dkafka.logs.dir={self.server_log.parent}",
+            f"-Dlog4j2.configurationFile={BROKER_LOG4J}",
+            "-cp",
+            kafka_classpath(),
+            "kafka.Kafka",
+            str(self.workdir / "server.properties"),
+        ]
+        with self.jvm_output.open("ab") as out:
+            self._proc = spawn(argv, cwd=self.workdir, env=os.environ, output=out)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        proc = self._proc
+        assert proc is not None
+        admin: AdminClient | None = None
+
+        def serves_metadata() -> bool | None:
+            nonlocal admin
+            if not port_accepts(self.port):
+                return None
+            if admin is None:
+                admin = self.admin()
+            # A broker appears in metadata only once it is registered and unfenced.
+            brokers = admin.list_topics(timeout=2).brokers
+            return True if NODE_ID in brokers else None
+
+        try:
+            wait_until(
+                serves_metadata,
+                timeout_s=timeout_s,
+                what=f"kafka broker on {LOOPBACK}:{self.port}",
+                alive=lambda: exit_reason(proc),
+            )
+        except PeerError as exc:
+            raise PeerError(
+                f"{exc}\n--- {self.server_log} (tail) ---\n{self._logs_tail()}"
+            ) from exc
+
+    def _logs_tail(self) -> str:
+        return f"{_tail(self.server_log)}\n{_tail(self.jvm_output, 20)}"
+
+    def _reap(self) -> None:
+        if self._proc is not None:
+            kill(self._proc)
+            self._proc = None
+
+
+def _two_free_ports() -> tuple[int, int]:
+    first = free_port()
+    second = free_port()
+    while second == first:
+        second = free_port()
+    return first, second
