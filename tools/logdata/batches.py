@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import struct
+import zlib
 from collections.abc import Sequence
 
 from kafka.record.default_records import DefaultRecordBatchBuilder
@@ -21,6 +22,11 @@ _BASE_OFFSET = struct.Struct(">q")
 _LEADER_EPOCH = struct.Struct(">i")
 _LEADER_EPOCH_POSITION = 12
 _UNLIMITED = 1 << 30
+_TIMESTAMP = struct.Struct(">q")
+_CRC = struct.Struct(">I")
+_LEGACY_CRC_POSITION = 12
+_LEGACY_MAGIC_POSITION = 16
+_LEGACY_TIMESTAMP_POSITION = 18
 
 
 def producer_batch(
@@ -78,6 +84,12 @@ def legacy_message_set(
     data = bytearray(builder.build())
     if codec != Compression.NONE:
         _BASE_OFFSET.pack_into(data, 0, base_offset + len(values) - 1)
+        if magic >= 1:
+            # A broker gives a magic 1 wrapper the max timestamp of its messages (the client
+            # leaves it 0); the timestamp is under the CRC32, so that is recomputed.
+            _TIMESTAMP.pack_into(data, _LEGACY_TIMESTAMP_POSITION, timestamp_ms + len(values) - 1)
+            crc = zlib.crc32(bytes(data[_LEGACY_MAGIC_POSITION:]))
+            _CRC.pack_into(data, _LEGACY_CRC_POSITION, crc)
     return bytes(data)
 
 
