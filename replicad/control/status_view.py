@@ -1,0 +1,356 @@
+"""`replicad status` output: the daemon's snapshot as a table or JSON, and `--watch`.
+
+Rendering is pure (snapshot dict in, text out); `watch` is the only part that sleeps or
+writes, and it takes its clock, sleep and output as arguments.
+
+Rules of the table:
+- One header line, then leaders, partitions and totals.
+- Partitions that need attention (state other than fetching, or a last error) come first,
+  then the rest by lag, largest first; ties by topic and partition. At most `max_rows` are
+  shown unless `all_partitions`; the rest are counted in a "... N more" line, so 10,000
+  partitions stay readable.
+- Progress (watch mode): from two snapshots `dt` seconds apart, each partition with lag
+  gets its fetch rate (offsets/s) and an ETA. The ETA divides the lag by how fast the lag
+  shrinks, not by the fetch rate, since the leader keeps appending while we catch up; a lag
+  that is not shrinking has no ETA.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from replicad.errors import DaemonNotRunning
+
+DEFAULT_MAX_ROWS = 50
+PROGRESS_MAX_BARS = 10
+BAR_WIDTH = 24
+LAST_ERROR_MAX_CHARS = 60
+HEALTHY_STATE = "fetching"
+# ANSI: cursor home, clear screen -- what watch(1) does between frames.
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+NONE_MARK = "-"
+
+Snapshot = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionProgress:
+    topic: str
+    partition: int
+    lag: int
+    fraction: float  # of the leader's log (log start .. high watermark) held locally
+    rate: float  # offsets fetched per second
+    eta_s: float | None  # None while the lag is not shrinking
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    partitions: tuple[PartitionProgress, ...]  # lag > 0 only, largest lag first
+    total_lag: int
+    total_rate: float
+    eta_s: float | None
+
+
+def render_json(snapshot: Snapshot) -> str:
+    return json.dumps(snapshot, indent=2, default=str)
+
+
+def render_table(
+    snapshot: Snapshot, *, all_partitions: bool = False, max_rows: int = DEFAULT_MAX_ROWS
+) -> str:
+    sections = [
+        _header(snapshot),
+        _leaders_section(snapshot.get("leaders") or []),
+        _partitions_section(snapshot.get("partitions") or [], all_partitions, max_rows),
+        _totals_section(snapshot.get("totals") or {}),
+    ]
+    return "\n\n".join(section for section in sections if section)
+
+
+def progress(prev: Snapshot | None, cur: Snapshot, dt: float) -> Progress:
+    """Catch-up progress between two snapshots taken `dt` seconds apart."""
+    before = {(p["topic"], p["partition"]): p for p in ((prev or {}).get("partitions") or [])}
+    rows = []
+    lag_shrink_total = 0.0
+    for part in cur.get("partitions") or []:
+        lag = int(part.get("lag") or 0)
+        if lag <= 0:
+            continue
+        old = before.get((part["topic"], part["partition"]))
+        rate = shrink = 0.0
+        if old is not None and dt > 0:
+            rate = max(0.0, (part["log_end_offset"] - old["log_end_offset"]) / dt)
+            shrink = (int(old.get("lag") or 0) - lag) / dt
+            lag_shrink_total += shrink
+        rows.append(
+            PartitionProgress(
+                topic=part["topic"],
+                partition=part["partition"],
+                lag=lag,
+                fraction=_held_fraction(part),
+                rate=rate,
+                eta_s=lag / shrink if shrink > 0 else None,
+            )
+        )
+    rows.sort(key=lambda row: (-row.lag, row.topic, row.partition))
+    total_lag = sum(row.lag for row in rows)
+    return Progress(
+        partitions=tuple(rows),
+        total_lag=total_lag,
+        total_rate=sum(row.rate for row in rows),
+        eta_s=total_lag / lag_shrink_total if lag_shrink_total > 0 and total_lag else None,
+    )
+
+
+def render_progress(report: Progress, *, max_bars: int = PROGRESS_MAX_BARS) -> str:
+    if not report.partitions:
+        return "CATCHING UP\nall partitions caught up"
+    lines = [
+        f"CATCHING UP  {len(report.partitions):,} partitions  lag {report.total_lag:,}  "
+        f"{_count_rate(report.total_rate)}  ETA {format_duration(report.eta_s)}"
+    ]
+    names = [f"{row.topic}-{row.partition}" for row in report.partitions[:max_bars]]
+    width = max(len(name) for name in names)
+    for name, row in zip(names, report.partitions, strict=False):
+        lines.append(
+            f"{name:<{width}}  {progress_bar(row.fraction)} {row.fraction * 100:5.1f}%  "
+            f"lag {row.lag:,}  {_count_rate(row.rate)}  ETA {format_duration(row.eta_s)}"
+        )
+    hidden = len(report.partitions) - max_bars
+    if hidden > 0:
+        lines.append(f"... {hidden:,} more catching up")
+    return "\n".join(lines)
+
+
+def progress_bar(fraction: float, width: int = BAR_WIDTH) -> str:
+    filled = round(min(1.0, max(0.0, fraction)) * width)
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
+def watch(
+    query_fn: Callable[[], Snapshot],
+    interval_s: float,
+    out: TextIO,
+    *,
+    all_partitions: bool = False,
+    max_frames: int | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Redraw the status every `interval_s` until interrupted (or `max_frames` are drawn).
+
+    A daemon that is not running is shown as such and asked again next time, so the
+    watch survives a restart.
+    """
+    prev: Snapshot | None = None
+    prev_at = 0.0
+    frames = 0
+    try:
+        while max_frames is None or frames < max_frames:
+            at = clock()
+            try:
+                cur = query_fn()
+            except DaemonNotRunning as exc:
+                body = f"{exc}; asking again every {interval_s:g}s"
+                prev = None
+            else:
+                report = progress(prev, cur, at - prev_at if prev is not None else 0.0)
+                body = (
+                    render_table(cur, all_partitions=all_partitions)
+                    + "\n\n"
+                    + render_progress(report)
+                )
+                prev, prev_at = cur, at
+            if out.isatty():
+                out.write(CLEAR_SCREEN)
+            out.write(f"every {interval_s:g}s: replicad status\n\n{body}\n")
+            out.flush()
+            frames += 1
+            if max_frames is None or frames < max_frames:
+                sleep(interval_s)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+# -- sections -------------------------------------------------------------------------
+
+
+def _header(snap: Snapshot) -> str:
+    parts = [
+        f"replicad {snap.get('version', '?')}",
+        f"pid {snap.get('pid', '?')}",
+        f"up {format_duration(snap.get('uptime_s'))}",
+        "ready" if snap.get("ready") else "starting",
+    ]
+    if snap.get("data_dir"):
+        parts.append(f"data {snap['data_dir']}")
+    if snap.get("source"):
+        parts.append(f"source {','.join(snap['source'])}")
+    lines = ["  ".join(parts)]
+    pool = snap.get("memory_pool")
+    if pool:
+        lines.append(
+            f"memory pool {format_bytes(pool.get('used', 0))} of "
+            f"{format_bytes(pool.get('capacity', 0))}"
+        )
+    serve = snap.get("serve")
+    if serve:
+        lines.append(
+            f"serving: {serve.get('sessions', 0):,} fetch sessions, "
+            f"{serve.get('partitions_cached', 0):,} partitions cached, "
+            f"{serve.get('evictions_total', 0):,} evictions"
+        )
+    return "\n".join(lines)
+
+
+def _leaders_section(leaders: Sequence[Mapping[str, Any]]) -> str:
+    headers = (
+        "NODE", "ADDRESS", "SESSION", "EPOCH", "MODE", "PARTITIONS", "LATENCY",
+        "RATE", "REQUESTS", "ERRORS", "RECOVERIES", "LAST ERROR",
+    )  # fmt: skip
+    rows = []
+    for leader in sorted(leaders, key=lambda lead: lead.get("node_id", 0)):
+        sessionful = leader.get("sessionful")
+        rows.append(
+            (
+                str(leader.get("node_id", NONE_MARK)),
+                str(leader.get("address", NONE_MARK)),
+                _or_none(leader.get("session_id") if sessionful else None),
+                _or_none(leader.get("epoch") if sessionful else None),
+                "sessionful" if sessionful else "sessionless",
+                f"{leader.get('partitions', 0):,}",
+                _latency(leader.get("last_fetch_latency_ms")),
+                format_bytes(leader.get("bytes_per_s", 0)) + "/s",
+                f"{leader.get('requests', 0):,}",
+                f"{leader.get('errors', 0):,}",
+                f"{sum((leader.get('session_recoveries') or {}).values()):,}",
+                _short_error(leader.get("last_error")),
+            )
+        )
+    return f"LEADERS ({len(leaders)})\n" + _table(headers, rows, right={5, 6, 7, 8, 9, 10})
+
+
+def _partitions_section(
+    partitions: Sequence[Mapping[str, Any]], all_partitions: bool, max_rows: int
+) -> str:
+    headers = ("PARTITION", "LEADER", "LOG END", "HIGH WATERMARK", "LAG", "STATE", "LAST ERROR")
+    ordered = sorted(partitions, key=_partition_order)
+    shown = ordered if all_partitions else ordered[:max_rows]
+    rows = [
+        (
+            f"{part['topic']}-{part['partition']}",
+            _or_none(part.get("leader")),
+            _offset(part.get("log_end_offset")),
+            _offset(part.get("high_watermark")),
+            _offset(part.get("lag")),
+            str(part.get("state", NONE_MARK)),
+            _short_error(part.get("last_error")),
+        )
+        for part in shown
+    ]
+    title = f"PARTITIONS ({len(partitions):,}; needing attention first, then by lag)"
+    text = title + "\n" + _table(headers, rows, right={1, 2, 3, 4})
+    hidden = len(ordered) - len(shown)
+    if hidden:
+        text += f"\n... {hidden:,} more (use --json, or --all)"
+    return text
+
+
+def _totals_section(totals: Mapping[str, Any]) -> str:
+    by_state = totals.get("partitions_by_state") or {}
+    states = ", ".join(f"{state} {count:,}" for state, count in sorted(by_state.items()))
+    return "TOTALS\n" + "  ".join(
+        [
+            f"leaders {totals.get('leaders', 0):,}",
+            f"partitions {totals.get('partitions', 0):,}" + (f" ({states})" if states else ""),
+            f"lag {totals.get('lag', 0):,}",
+            f"replicated {format_bytes(totals.get('bytes_replicated', 0))}",
+            f"rate {format_bytes(totals.get('bytes_per_s', 0))}/s",
+            f"crc failures {totals.get('crc_failures', 0):,}",
+            f"session recoveries {totals.get('session_recoveries', 0):,}",
+        ]
+    )
+
+
+# -- formatting -----------------------------------------------------------------------
+
+
+def _partition_order(part: Mapping[str, Any]) -> tuple[int, int, str, int]:
+    healthy = part.get("state", HEALTHY_STATE) == HEALTHY_STATE and not part.get("last_error")
+    return (1 if healthy else 0, -int(part.get("lag") or 0), part["topic"], part["partition"])
+
+
+def _held_fraction(part: Mapping[str, Any]) -> float:
+    start = int(part.get("log_start_offset") or 0)
+    end, high = int(part["log_end_offset"]), int(part.get("high_watermark") or 0)
+    if high <= start:
+        return 1.0
+    return min(1.0, max(0.0, (end - start) / (high - start)))
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> str:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [
+            cell.rjust(width) if col in right else cell.ljust(width)
+            for col, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(padded).rstrip()
+
+    return "\n".join([line(headers), *(line(row) for row in rows)])
+
+
+def format_bytes(count: float) -> str:
+    value = float(count or 0)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return NONE_MARK
+    whole = round(seconds)
+    days, rest = divmod(whole, 86_400)
+    hours, rest = divmod(rest, 3_600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def _count_rate(per_s: float) -> str:
+    return f"{per_s:,.0f} msg/s"
+
+
+def _latency(ms: float | None) -> str:
+    return NONE_MARK if ms is None else f"{ms:.1f} ms"
+
+
+def _offset(value: int | None) -> str:
+    return NONE_MARK if value is None or value < 0 else f"{value:,}"
+
+
+def _or_none(value: object) -> str:
+    return NONE_MARK if value is None else str(value)
+
+
+def _short_error(error: object) -> str:
+    if not error:
+        return NONE_MARK
+    text = " ".join(str(error).split())
+    return text if len(text) <= LAST_ERROR_MAX_CHARS else text[: LAST_ERROR_MAX_CHARS - 1] + "…"

@@ -1,0 +1,272 @@
+"""Rendering `replicad status`: table, JSON, progress and ETA, and the watch loop."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+from typing import Any
+
+import pytest
+
+from replicad.control.status_view import (
+    CLEAR_SCREEN,
+    format_bytes,
+    format_duration,
+    progress,
+    progress_bar,
+    render_json,
+    render_progress,
+    render_table,
+    watch,
+)
+from replicad.errors import DaemonNotRunning
+
+
+def lead_snapshot() -> dict[str, Any]:
+    """Exactly the shape the daemon produces (see the lead's interface note)."""
+    return {
+        "version": "0.1.0",
+        "pid": 123,
+        "uptime_s": 12.5,
+        "ready": True,
+        "data_dir": "/var/lib/replicad/data",
+        "source": ["h:9092"],
+        "totals": {
+            "leaders": 3,
+            "partitions": 24,
+            "lag": 1000,
+            "bytes_replicated": 123456,
+            "bytes_per_s": 1.0e6,
+            "crc_failures": 0,
+            "session_recoveries": 0,
+            "partitions_by_state": {"fetching": 24},
+        },
+        "leaders": [
+            {
+                "node_id": 1,
+                "address": "h:9092",
+                "session_id": 123,
+                "epoch": 5,
+                "sessionful": True,
+                "partitions": 8,
+                "last_fetch_latency_ms": 2.1,
+                "bytes_per_s": 1.0e6,
+                "requests": 100,
+                "errors": 0,
+                "last_error": None,
+                "session_recoveries": {"fetch_session_id_not_found": 1},
+            }
+        ],
+        "partitions": [
+            {
+                "topic": "t",
+                "partition": 0,
+                "leader": 1,
+                "log_start_offset": 0,
+                "log_end_offset": 10,
+                "high_watermark": 12,
+                "lag": 2,
+                "state": "fetching",
+                "last_error": None,
+                "bytes_replicated": 1234,
+                "crc_failures": 0,
+            }
+        ],
+        "serve": None,
+    }
+
+
+def partition(topic: str, number: int, end: int, high: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "topic": topic,
+        "partition": number,
+        "leader": 1,
+        "log_start_offset": 0,
+        "log_end_offset": end,
+        "high_watermark": high,
+        "lag": high - end,
+        "state": "fetching",
+        "last_error": None,
+        "bytes_replicated": 0,
+        "crc_failures": 0,
+        **extra,
+    }
+
+
+def with_partitions(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    snap = lead_snapshot()
+    snap["partitions"] = parts
+    return snap
+
+
+def rows_of(table: str, section: str) -> list[str]:
+    """The data lines of a table section (after its title and column header)."""
+    lines = table.split("\n\n")
+    block = next(b for b in lines if b.startswith(section)).splitlines()
+    return block[2:]
+
+
+def test_table_shows_leader_partition_and_totals() -> None:
+    table = render_table(lead_snapshot())
+    assert table.splitlines()[0].startswith("replicad 0.1.0  pid 123  up 12s  ready")
+    (leader_row,) = rows_of(table, "LEADERS")
+    assert leader_row.split() == [
+        "1", "h:9092", "123", "5", "sessionful", "8", "2.1", "ms", "976.6", "KiB/s",
+        "100", "0", "1", "-",
+    ]  # fmt: skip
+    (partition_row,) = rows_of(table, "PARTITIONS")
+    assert partition_row.split() == ["t-0", "1", "10", "12", "2", "fetching", "-"]
+    totals = table.split("TOTALS\n")[1]
+    assert "leaders 3" in totals and "partitions 24 (fetching 24)" in totals
+    assert "lag 1,000" in totals and "replicated 120.6 KiB" in totals
+
+
+def test_sessionless_leader_shows_no_session_and_the_last_error() -> None:
+    snap = lead_snapshot()
+    snap["leaders"][0].update(
+        sessionful=False, session_id=0, epoch=0, errors=3, last_error="NOT_LEADER_OR_FOLLOWER"
+    )
+    (row,) = rows_of(render_table(snap), "LEADERS")
+    cells = row.split()
+    assert cells[2:5] == ["-", "-", "sessionless"]
+    assert cells[-1] == "NOT_LEADER_OR_FOLLOWER"
+
+
+def test_serve_and_memory_pool_lines_appear_when_present() -> None:
+    snap = lead_snapshot()
+    assert "serving" not in render_table(snap)
+    snap["serve"] = {"sessions": 4, "partitions_cached": 1200, "evictions_total": 9}
+    snap["memory_pool"] = {"capacity": 100 << 20, "used": 25 << 20}
+    header = render_table(snap).split("\n\n")[0]
+    assert "serving: 4 fetch sessions, 1,200 partitions cached, 9 evictions" in header
+    assert "memory pool 25.0 MiB of 100.0 MiB" in header
+
+
+def test_10000_partitions_are_capped_largest_lag_first() -> None:
+    parts = [partition("t", i, 1000, 1000 + (i * 7919) % 10_000) for i in range(10_000)]
+    table = render_table(with_partitions(parts))
+    rows = rows_of(table, "PARTITIONS")
+    assert len(rows) == 51
+    assert rows[-1] == "... 9,950 more (use --json, or --all)"
+    lags = [int(row.split()[4].replace(",", "")) for row in rows[:-1]]
+    assert lags == sorted(lags, reverse=True)
+    assert lags[0] == max(p["lag"] for p in parts)
+    everything = rows_of(render_table(with_partitions(parts), all_partitions=True), "PARTITIONS")
+    assert len(everything) == 10_000
+
+
+def test_partitions_needing_attention_come_before_larger_lags() -> None:
+    parts = [
+        partition("t", 0, 0, 5000),
+        partition("t", 1, 90, 100, state="halted"),
+        partition("t", 2, 100, 100, last_error="CORRUPT_MESSAGE"),
+        partition("t", 3, 0, 10),
+    ]
+    rows = rows_of(render_table(with_partitions(parts)), "PARTITIONS")
+    assert [row.split()[0] for row in rows] == ["t-1", "t-2", "t-0", "t-3"]
+
+
+def test_json_is_the_snapshot_itself() -> None:
+    snap = lead_snapshot()
+    assert json.loads(render_json(snap)) == snap
+
+
+def test_progress_rate_eta_and_fraction() -> None:
+    prev = with_partitions([partition("t", 0, 2000, 10_000), partition("t", 1, 500, 500)])
+    # 10s later: fetched 3000 offsets while the leader appended 1000 -> lag shrank by 2000.
+    cur = with_partitions([partition("t", 0, 5000, 11_000), partition("t", 1, 500, 500)])
+    report = progress(prev, cur, 10.0)
+    (row,) = report.partitions  # t-1 is caught up
+    assert (row.topic, row.partition, row.lag) == ("t", 0, 6000)
+    assert row.rate == pytest.approx(300.0)
+    assert row.eta_s == pytest.approx(6000 / 200.0)
+    assert row.fraction == pytest.approx(5000 / 11_000)
+    assert report.total_lag == 6000
+    assert report.eta_s == pytest.approx(30.0)
+
+
+def test_a_lag_that_is_not_shrinking_has_no_eta() -> None:
+    prev = with_partitions([partition("t", 0, 1000, 2000)])
+    cur = with_partitions([partition("t", 0, 1500, 3000)])
+    report = progress(prev, cur, 5.0)
+    assert report.partitions[0].rate == pytest.approx(100.0)
+    assert report.partitions[0].eta_s is None
+    assert report.eta_s is None
+
+
+def test_first_snapshot_has_no_rate_yet() -> None:
+    report = progress(None, with_partitions([partition("t", 0, 0, 100)]), 0.0)
+    assert report.partitions[0].rate == 0.0
+    assert report.partitions[0].eta_s is None
+
+
+def test_progress_rendering() -> None:
+    prev = with_partitions([partition("t", i, 0, 1000) for i in range(12)])
+    cur = with_partitions([partition("t", i, 500, 1000) for i in range(12)])
+    text = render_progress(progress(prev, cur, 5.0))
+    lines = text.splitlines()
+    assert lines[0].startswith("CATCHING UP  12 partitions  lag 6,000  1,200 msg/s  ETA 5s")
+    assert lines[1] == "t-0  [############------------]  50.0%  lag 500  100 msg/s  ETA 5s"
+    assert lines[-1] == "... 2 more catching up"
+    caught_up = with_partitions([partition("t", 0, 10, 10)])
+    assert "all partitions caught up" in render_progress(progress(cur, caught_up, 1.0))
+
+
+def test_bar_and_units() -> None:
+    assert progress_bar(0.0, 4) == "[----]"
+    assert progress_bar(0.5, 4) == "[##--]"
+    assert progress_bar(1.7, 4) == "[####]"
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(3 * 1024**3) == "3.0 GiB"
+    assert format_duration(None) == "-"
+    assert format_duration(59.6) == "1m00s"
+    assert format_duration(3 * 3600 + 120) == "3h02m"
+    assert format_duration(2 * 86_400 + 3600) == "2d01h"
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_watch_redraws_with_progress_and_survives_a_restart() -> None:
+    first = with_partitions([partition("t", 0, 0, 10_000)])
+    second = with_partitions([partition("t", 0, 4000, 10_000)])
+    answers: list[Any] = [first, second, DaemonNotRunning("/run/replicad/control.sock"), first]
+    now = [100.0]
+    slept: list[float] = []
+
+    def query_fn() -> dict[str, Any]:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return copy.deepcopy(answer)
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    out = FakeTerminal()
+    code = watch(query_fn, 2.0, out, max_frames=4, clock=lambda: now[0], sleep=sleep)
+    assert code == 0
+    assert slept == [2.0, 2.0, 2.0]
+    frames = out.getvalue().split(CLEAR_SCREEN)[1:]
+    assert len(frames) == 4
+    assert "ETA -" in frames[0]  # one snapshot: no rate yet
+    # 4000 offsets in 2s, lag 6000 shrinking at 2000/s.
+    assert "t-0  [##########--------------]  40.0%  lag 6,000  2,000 msg/s  ETA 3s" in frames[1]
+    assert (
+        "replicad is not running (no control socket at /run/replicad/control.sock)" in (frames[2])
+    )
+    assert "ETA -" in frames[3]  # after a restart the rate starts over
+
+
+def test_watch_stops_quietly_on_ctrl_c() -> None:
+    def interrupted(_seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    out = io.StringIO()
+    assert watch(lead_snapshot, 1.0, out, sleep=interrupted) == 0
+    assert CLEAR_SCREEN not in out.getvalue()  # not a terminal: plain frames
+    assert "PARTITIONS (1;" in out.getvalue()
