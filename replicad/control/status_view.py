@@ -71,6 +71,22 @@ def render_table(
     return "\n\n".join(section for section in sections if section)
 
 
+def render_status_line(snapshot: Snapshot) -> str:
+    """One line for systemd's STATUS=: leaders, partitions (and any not fetching), lag, rate."""
+    totals = snapshot.get("totals") or {}
+    by_state = totals.get("partitions_by_state") or {}
+    unhealthy = ", ".join(
+        f"{count:,} {state}"
+        for state, count in sorted(by_state.items())
+        if state != HEALTHY_STATE and count
+    )
+    return (
+        f"{totals.get('leaders', 0):,} leaders, {totals.get('partitions', 0):,} partitions"
+        + (f" ({unhealthy})" if unhealthy else "")
+        + f", lag {totals.get('lag', 0):,}, {format_bytes(totals.get('bytes_per_s', 0))}/s"
+    )
+
+
 def progress(prev: Snapshot | None, cur: Snapshot, dt: float) -> Progress:
     """Catch-up progress between two snapshots taken `dt` seconds apart."""
     before = {(p["topic"], p["partition"]): p for p in ((prev or {}).get("partitions") or [])}

@@ -17,6 +17,7 @@ from replicad.control.status_view import (
     progress_bar,
     render_json,
     render_progress,
+    render_status_line,
     render_table,
     watch,
 )
@@ -165,6 +166,15 @@ def test_partitions_needing_attention_come_before_larger_lags() -> None:
     ]
     rows = rows_of(render_table(with_partitions(parts)), "PARTITIONS")
     assert [row.split()[0] for row in rows] == ["t-1", "t-2", "t-0", "t-3"]
+
+
+def test_status_line_for_systemd() -> None:
+    snap = lead_snapshot()
+    assert render_status_line(snap) == "3 leaders, 24 partitions, lag 1,000, 976.6 KiB/s"
+    snap["totals"]["partitions_by_state"] = {"fetching": 21, "halted": 2, "truncating": 1}
+    assert render_status_line(snap) == (
+        "3 leaders, 24 partitions (2 halted, 1 truncating), lag 1,000, 976.6 KiB/s"
+    )
 
 
 def test_json_is_the_snapshot_itself() -> None:
