@@ -98,8 +98,11 @@ class ControlServer:
         if self._sock is not None:
             return
         self._loop = asyncio.get_running_loop()
-        # Under systemd, RuntimeDirectory= made it; elsewhere (a --control-socket path), we do.
-        self.path.parent.mkdir(mode=SOCKET_DIR_MODE, parents=True, exist_ok=True)
+        try:
+            # Under systemd, RuntimeDirectory= made it; elsewhere (--control-socket), we do.
+            self.path.parent.mkdir(mode=SOCKET_DIR_MODE, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ControlError(f"cannot create {self.path.parent}: {exc.strerror}") from exc
         _clear_stale_socket(self.path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
