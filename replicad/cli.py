@@ -39,7 +39,7 @@ def _run_overrides(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from replicad.config import load_config
+    from replicad.config import Config, load_config
     from replicad.daemon import run_daemon
     from replicad.logs import configure_logging
 
@@ -52,8 +52,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print("configuration OK")
         return EX_OK
     configure_logging(str(config.logging.level), str(config.logging.format))
+
+    def relog(new: Config) -> None:
+        configure_logging(str(new.logging.level), str(new.logging.format))
+
     try:
-        return asyncio.run(run_daemon(config))
+        return asyncio.run(
+            run_daemon(
+                config,
+                config_path=Path(args.config) if args.config else None,
+                overrides=_run_overrides(args),
+                reconfigure_logging=relog,
+            )
+        )
     except LogDirLockedError as exc:
         print(f"replicad: {exc}", file=sys.stderr)
         return 1
@@ -62,6 +73,43 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _status_socket(args: argparse.Namespace) -> Path:
+    if args.socket:
+        return Path(args.socket)
+    from replicad.config import load_config
+
+    if args.config:
+        try:
+            return load_config(Path(args.config), {}).control.socket
+        except ConfigError as exc:
+            print(f"replicad: invalid configuration:\n{exc}", file=sys.stderr)
+            raise SystemExit(EX_CONFIG) from exc
+    from replicad.config.model import ControlConfig
+
+    return ControlConfig().socket
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from replicad.control.client import query
+    from replicad.control.status_view import render_json, render_table, watch
+    from replicad.errors import ControlError, DaemonNotRunning
+
+    path = _status_socket(args)
+    if args.watch:
+        return watch(lambda: query(path), args.interval, sys.stdout, all_partitions=args.all)
+    try:
+        snapshot = query(path)
+    except DaemonNotRunning as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    except ControlError as exc:
+        print(f"replicad: {exc}", file=sys.stderr)
+        return 1
+    out = render_json(snapshot) if args.json else render_table(snapshot, all_partitions=args.all)
+    print(out)
+    return EX_OK
 
 
 def _cmd_dump_log(args: argparse.Namespace) -> int:
@@ -96,6 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-format", choices=["auto", "json", "console"])
     run.add_argument("--check-config", action="store_true", help="validate the config and exit")
     run.set_defaults(func=_cmd_run)
+
+    status = sub.add_parser("status", help="live state of a running daemon")
+    status.add_argument("--socket", help="control socket (default: from -c, else the default)")
+    status.add_argument("-c", "--config", help="read the control socket path from this config")
+    status.add_argument("--json", action="store_true", help="the full snapshot as JSON")
+    status.add_argument("--watch", action="store_true", help="refresh until interrupted")
+    status.add_argument("--interval", type=float, default=2.0, help="--watch refresh seconds")
+    status.add_argument("--all", action="store_true", help="every partition, not the top 50")
+    status.set_defaults(func=_cmd_status)
 
     dump = sub.add_parser("dump-log", help="print the batches of a segment or partition dir")
     dump.add_argument("path")

@@ -1,28 +1,41 @@
-"""`replicad run`: the daemon's shell — logging, signals, the replicator."""
+"""`replicad run`: the daemon's shell — signals, systemd, control socket, metrics,
+reload, around the replicator."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import structlog
 
-from replicad.follower.fetcher import FetchSettings
+from replicad.config import Config, load_config
+from replicad.control.notify import SystemdNotifier, watchdog_loop
+from replicad.control.server import ControlServer
+from replicad.control.status_view import render_status_line
+from replicad.errors import ConfigError, ReplicadError
+from replicad.follower.fetcher import FetchSettings, monotonic_ms
 from replicad.follower.metadata import TopicSelection
 from replicad.follower.replicator import Replicator, ReplicatorSettings
+from replicad.follower.status import RateMeter, build_snapshot
 from replicad.protocol.client import ClientSettings
 
 log = structlog.get_logger("replicad.daemon")
 
+STATUS_INTERVAL_S = 2.0
 
-def settings_from_config(config: Any) -> ReplicatorSettings:
+
+def settings_from_config(config: Config) -> ReplicatorSettings:
     """Translate the validated user config into the replicator's settings."""
     src, topics, fetch = config.source, config.topics, config.fetch
     return ReplicatorSettings(
         bootstrap_servers=tuple(str(hp) for hp in src.bootstrap_servers),
         data_dir=config.data_dir,
-        selection=TopicSelection(include=tuple(topics.include), regex=topics.regex),
+        selection=selection_from_config(config),
         client=ClientSettings(
             client_id=src.client_id,
             connect_timeout_s=src.connect_timeout_ms / 1000,
@@ -52,30 +65,198 @@ def settings_from_config(config: Any) -> ReplicatorSettings:
     )
 
 
-async def run_daemon(config: Any) -> int:
+def selection_from_config(config: Config) -> TopicSelection:
+    return TopicSelection(include=tuple(config.topics.include), regex=config.topics.regex)
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        config_path: Path | None = None,
+        overrides: Mapping[str, object] | None = None,
+        reconfigure_logging: Callable[[Config], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.overrides = dict(overrides or {})
+        self._reconfigure_logging = reconfigure_logging
+        self.replicator = Replicator(settings_from_config(config))
+        self.notifier = SystemdNotifier.from_env()
+        self.stop = asyncio.Event()
+        self.started = time.monotonic()
+        self._total_rate = RateMeter()
+        self._leader_rates: dict[int, RateMeter] = {}
+        self._rates: dict[int, float] = {}
+        self._reloading = asyncio.Lock()
+
+    # -- state for status / metrics / STATUS= ---------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        return build_snapshot(
+            self.replicator,
+            uptime_s=time.monotonic() - self.started,
+            rates=self._rates,
+            total_rate=self._total_rate.rate,
+        )
+
+    def _sample_rates(self) -> None:
+        now = monotonic_ms()
+        total = 0
+        for node_id, fetcher in self.replicator.fetchers.items():
+            meter = self._leader_rates.setdefault(node_id, RateMeter())
+            self._rates[node_id] = meter.sample(fetcher.stats.bytes_appended, now)
+            total += fetcher.stats.bytes_appended
+        self._total_rate.sample(total, now)
+
+    async def _status_loop(self) -> None:
+        while not self.stop.is_set():
+            self._sample_rates()
+            if self.replicator.ready.is_set():
+                await self.notifier.status(render_status_line(self.snapshot()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), STATUS_INTERVAL_S)
+
+    # -- reload ---------------------------------------------------------------
+
+    async def reload(self, _request: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Re-read the config (SIGHUP or `reload` on the control socket). A config
+        that does not validate is rejected and the running one is kept."""
+        async with self._reloading:
+            await self.notifier.reloading()
+            try:
+                new = load_config(self.config_path, self.overrides)
+            except ConfigError as exc:
+                log.error(
+                    "reload rejected: invalid configuration; keeping the running one",
+                    errors=str(exc),
+                )
+                await self.notifier.ready()
+                return {"reloaded": False, "error": str(exc)}
+            changed = _restart_needed(self.config, new)
+            if changed:
+                log.warning("reload: these settings take effect only after a restart", keys=changed)
+            old_sel = selection_from_config(self.config)
+            new_sel = selection_from_config(new)
+            self.config = new
+            if self._reconfigure_logging is not None:
+                self._reconfigure_logging(new)
+            if new_sel != old_sel:
+                self.replicator.reconfigure_topics(new_sel)
+            log.info("configuration reloaded", topics_changed=new_sel != old_sel)
+            await self.notifier.ready()
+            return {"reloaded": True, "restart_needed_for": changed}
+
+    # -- run -------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._on_stop_signal, signum)
+        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        control = await self._start_control()
+        metrics = self._start_metrics()
+        tasks = [
+            asyncio.create_task(watchdog_loop(self.notifier, self.stop), name="watchdog"),
+            asyncio.create_task(self._status_loop(), name="status"),
+        ]
+
+        def on_ready() -> None:
+            self._sample_rates()
+            snap = self.snapshot()
+            log.info(
+                "replicating",
+                partitions=len(self.replicator.states),
+                leaders=len(self.replicator.fetchers),
+                data_dir=str(self.config.data_dir),
+            )
+            tasks.append(asyncio.create_task(self.notifier.ready(render_status_line(snap))))
+
+        self.replicator.on_ready = on_ready
+        try:
+            await self.replicator.run(self.stop)
+        finally:
+            await self.notifier.stopping()
+            self.stop.set()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if control is not None:
+                await control.close()
+            if metrics is not None:
+                await asyncio.to_thread(metrics.close)
+            self.notifier.close()
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(signum)
+        return 0
+
+    def _on_stop_signal(self, signum: int) -> None:
+        if not self.stop.is_set():
+            log.info("shutting down", signal=signal.Signals(signum).name)
+            self.stop.set()
+
+    async def _start_control(self) -> ControlServer | None:
+        server = ControlServer(self.config.control.socket, self.snapshot, {"reload": self.reload})
+        try:
+            await server.start()
+        except (ReplicadError, OSError) as exc:
+            # Replication matters more than the status socket: keep going, say so.
+            log.warning(
+                "control socket unavailable; `replicad status` will not work",
+                socket=str(self.config.control.socket),
+                error=str(exc),
+            )
+            return None
+        return server
+
+    def _start_metrics(self) -> Any:
+        listen = self.config.control.metrics_listen
+        if listen is None:
+            return None
+        from replicad.metrics import start_metrics_server
+
+        server = start_metrics_server(
+            listen.host,
+            listen.port,
+            self.snapshot,
+            per_topic=self.config.control.metrics_per_topic,
+            loop=asyncio.get_running_loop(),
+        )
+        log.info("metrics endpoint listening", address=f"{server.host}:{server.port}")
+        return server
+
+
+# Settings a running daemon cannot change in place; everything else but topics and
+# logging too (fetch sizes and the like are read when a fetcher starts).
+def _restart_needed(old: Config, new: Config) -> list[str]:
+    checks = {
+        "source": (old.source, new.source),
+        "fetch": (old.fetch, new.fetch),
+        "data_dir": (old.data_dir, new.data_dir),
+        "log": (old.log, new.log),
+        "control": (old.control, new.control),
+        "serve": (old.serve, new.serve),
+        "checkpoint_interval_ms": (old.checkpoint_interval_ms, new.checkpoint_interval_ms),
+        "topics.start_from": (old.topics.start_from, new.topics.start_from),
+        "topics.on_gap": (old.topics.on_gap, new.topics.on_gap),
+    }
+    return [key for key, (a, b) in checks.items() if a != b]
+
+
+async def run_daemon(
+    config: Config,
+    *,
+    config_path: Path | None = None,
+    overrides: Mapping[str, object] | None = None,
+    reconfigure_logging: Callable[[Config], None] | None = None,
+) -> int:
     """Replicate until SIGTERM/SIGINT; then finish the in-flight append, flush,
     checkpoint and return 0."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal(signum: int) -> None:
-        if stop.is_set():
-            return
-        log.info("shutting down", signal=signal.Signals(signum).name)
-        stop.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal, signum)
-    replicator = Replicator(settings_from_config(config))
-    replicator.on_ready = lambda: log.info(
-        "replicating",
-        partitions=len(replicator.states),
-        leaders=len(replicator.fetchers),
-        data_dir=str(config.data_dir),
+    daemon = Daemon(
+        config,
+        config_path=config_path,
+        overrides=overrides,
+        reconfigure_logging=reconfigure_logging,
     )
-    try:
-        await replicator.run(stop)
-    finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signum)
-    return 0
+    return await daemon.run()

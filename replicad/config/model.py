@@ -133,6 +133,10 @@ class FetchConfig:
 @dataclass(frozen=True, slots=True)
 class ControlConfig:
     socket: Path = Path("/run/replicad/control.sock")
+    # Prometheus text endpoint; None = off.
+    metrics_listen: HostPort | None = None
+    # Lag and bytes per topic instead of per partition (for very many partitions).
+    metrics_per_topic: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,7 +116,14 @@ SCHEMA = Section(
                 "retention_ms": Int(-1),
             },
         ),
-        "control": Section(ControlConfig, {"socket": FilePath(unix_socket=True)}),
+        "control": Section(
+            ControlConfig,
+            {
+                "socket": FilePath(unix_socket=True),
+                "metrics_listen": Address(listening=True, nullable=True),
+                "metrics_per_topic": Bool(),
+            },
+        ),
         "logging": Section(LoggingConfig, {"level": Choice(LogLevel), "format": Choice(LogFormat)}),
         "serve": Section(
             ServeConfig,

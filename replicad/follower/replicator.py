@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
@@ -108,6 +108,12 @@ class Replicator:
             log.info("logs flushed and checkpointed", partitions=len(self.states))
 
     # -- metadata and assignment -------------------------------------------
+
+    def reconfigure_topics(self, selection: TopicSelection) -> None:
+        """Replicate another set of topics from now on (SIGHUP reload). Partitions that
+        leave become forgotten in their leader's session; new ones are added."""
+        self.settings = replace(self.settings, selection=selection)
+        self.request_metadata("topic selection changed")
 
     def request_metadata(self, reason: str) -> None:
         self._refresh_reasons.append(reason)
