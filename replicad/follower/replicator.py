@@ -35,6 +35,9 @@ from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.replicator")
 
+# A listed topic the source does not have yet is looked for again this soon.
+MISSING_TOPIC_RETRY_MS = 10_000
+
 
 @dataclass(frozen=True, slots=True)
 class ReplicatorSettings:
@@ -119,12 +122,14 @@ class Replicator:
         self._refresh_reasons.append(reason)
         self._refresh.set()
 
-    def _apply(self, cluster: ClusterMetadata) -> None:
+    def _apply(self, cluster: ClusterMetadata) -> list[str]:
+        """Adopt new metadata; returns the listed topics the cluster lacks."""
         assert self.logs is not None
         self.cluster = cluster
         selection = self.settings.selection
         chosen = selection.partitions(cluster)
-        for name in selection.missing(cluster):
+        missing = selection.missing(cluster)
+        for name in missing:
             log.warning("topic not found on the source cluster", topic=name)
         for topic in {tp.topic for tp in chosen}:
             self._topic_ids[topic] = cluster.topic_id(topic)
@@ -153,6 +158,7 @@ class Replicator:
             state = self.states.pop(tp)
             self._unassign(state)
             log.info("partition no longer replicated; local data kept", tp=str(tp))
+        return missing
 
     def _is_assigned(self, state: PartitionState) -> bool:
         fetcher = self.fetchers.get(state.leader_id)
@@ -210,7 +216,10 @@ class Replicator:
                 last_refresh = now
                 next_metadata = now + s.metadata_max_age_ms
                 try:
-                    self._apply(await self.client.metadata(s.selection.metadata_topics()))
+                    # self.settings, not `s`: a reload may have replaced the selection.
+                    topics = self.settings.selection.metadata_topics()
+                    if self._apply(await self.client.metadata(topics)):
+                        next_metadata = now + MISSING_TOPIC_RETRY_MS
                     if reasons:
                         log.debug("metadata refreshed", reasons=reasons[:5])
                 except (KafkaConnectionError, ProtocolError) as exc:

@@ -1,0 +1,169 @@
+"""The daemon as systemd and operators see it, replicating from a real Kafka broker:
+the notify protocol, `replicad status`, and SIGHUP reload."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from replicad.control.notify import decode_notify
+from tools.replica import ReplicadProcess, end_offsets, wait_until
+
+
+def produce(bootstrap: str, topic: str, partitions: int, per_partition: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for p in range(partitions):
+        for i in range(per_partition):
+            producer.produce(topic, value=b"v%d" % i, key=b"k", partition=p)
+    assert producer.flush(30) == 0
+
+
+def ends_of(data_dir: Path, topic: str) -> dict[int, int]:
+    return {tp.partition: e for tp, e in end_offsets(data_dir).items() if tp.topic == topic}
+
+
+def status_json(sock: Path) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "replicad.cli", "status", "--socket", str(sock), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_systemd_sees_ready_status_watchdog_stopping_in_order(kafka_broker, unique_topic, tmp_path):
+    topic = unique_topic()
+    kafka_broker.create_topic(topic, 4)
+    produce(kafka_broker.bootstrap, topic, 4, 50)
+    notify_path = tmp_path / "notify.sock"
+    manager = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    manager.bind(str(notify_path))
+    manager.settimeout(0.2)
+    proc = ReplicadProcess(
+        [
+            "run",
+            "--bootstrap-servers",
+            kafka_broker.bootstrap,
+            "--topics",
+            topic,
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--control-socket",
+            str(tmp_path / "c.sock"),
+        ],
+        log_path=tmp_path / "replicad.log",
+        env={"NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": "1000000"},
+    ).start()
+    seen: list[dict[str, str]] = []
+
+    def drain(until_s: float) -> None:
+        deadline = time.monotonic() + until_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                seen.append(decode_notify(manager.recv(65536)))
+
+    try:
+        drain(6)
+        assert proc.running, proc.output()
+    finally:
+        proc.stop()
+        drain(1)
+        manager.close()
+    kinds = [
+        next(iter(k for k in ("READY", "STOPPING", "WATCHDOG", "STATUS") if k in f)) for f in seen
+    ]
+    assert "READY" in kinds and kinds[-1] == "STOPPING", kinds
+    ready_at = kinds.index("READY")
+    ready = seen[ready_at]
+    # READY only after recovery and the first metadata: it already knows the partitions.
+    assert "4 partitions" in ready.get("STATUS", ""), ready
+    after = kinds[ready_at + 1 : -1]
+    assert after.count("WATCHDOG") >= 4  # every 0.5 s for WatchdogSec=1s over ~6 s
+    assert "STATUS" in after
+    assert all("STATUS" not in f or "partitions" in f["STATUS"] for f in seen)
+
+
+def test_reload_adds_and_forgets_topics_and_rejects_a_bad_config(
+    kafka_broker, unique_topic, tmp_path
+):
+    first, second = unique_topic(), unique_topic()
+    for t in (first, second):
+        kafka_broker.create_topic(t, 3)
+        produce(kafka_broker.bootstrap, t, 3, 20)
+    data_dir, sock = tmp_path / "data", tmp_path / "c.sock"
+    config = tmp_path / "replicad.yaml"
+
+    def write_config(topics: list[str]) -> None:
+        config.write_text(
+            f"source:\n  bootstrap_servers: [{kafka_broker.bootstrap}]\n"
+            f"topics:\n  include: [{', '.join(topics)}]\n"
+            f"data_dir: {data_dir}\ncontrol:\n  socket: {sock}\n"
+            "logging:\n  format: json\n"
+        )
+
+    write_config([first])
+    proc = ReplicadProcess(["run", "-c", str(config)], log_path=tmp_path / "replicad.log").start()
+    try:
+        wait_until(
+            lambda: ends_of(data_dir, first) == {0: 20, 1: 20, 2: 20},
+            timeout_s=60,
+            what="first topic replicated",
+        )
+        session_before = status_json(sock)["leaders"][0]["session_id"]
+        assert session_before != 0  # Kafka gave us an incremental fetch session
+
+        write_config([second])
+        proc.proc.send_signal(signal.SIGHUP)
+        wait_until(
+            lambda: ends_of(data_dir, second) == {0: 20, 1: 20, 2: 20},
+            timeout_s=60,
+            what="second topic replicated after reload",
+        )
+        wait_until(
+            lambda: {p["topic"] for p in status_json(sock)["partitions"]} == {second},
+            timeout_s=30,
+            what="first topic dropped from the status",
+        )
+        produce(kafka_broker.bootstrap, first, 3, 10)  # the dropped topic keeps growing...
+        produce(kafka_broker.bootstrap, second, 3, 10)
+        wait_until(
+            lambda: ends_of(data_dir, second) == {0: 30, 1: 30, 2: 30},
+            timeout_s=60,
+            what="second topic keeps replicating",
+        )
+        assert ends_of(data_dir, first) == {0: 20, 1: 20, 2: 20}  # ...but its data stopped
+        leader = status_json(sock)["leaders"][0]
+        # Dropped partitions left the session as forgotten partitions: the same session
+        # carried on, with no reset.
+        assert leader["session_id"] == session_before
+        assert leader["session_recoveries"] == {}
+        assert leader["partitions"] == 3
+
+        config.write_text("topics:\n  include: [x]\n  bogus_key: 1\n")
+        proc.proc.send_signal(signal.SIGHUP)
+        wait_until(
+            lambda: "reload rejected" in proc.output(),
+            timeout_s=30,
+            what="the bad reload to be rejected",
+        )
+        assert "topics.bogus_key" in proc.output()
+        produce(kafka_broker.bootstrap, second, 3, 5)
+        wait_until(
+            lambda: ends_of(data_dir, second) == {0: 35, 1: 35, 2: 35},
+            timeout_s=60,
+            what="replication to continue on the old config",
+        )
+        assert proc.running
+    finally:
+        assert proc.stop() == 0, proc.output()
+    assert "Traceback" not in proc.output()
