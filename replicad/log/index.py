@@ -30,7 +30,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from replicad.records.batch import NO_TIMESTAMP, BatchHeader
+from replicad.records.batch import LOG_OVERHEAD, NO_TIMESTAMP, BatchHeader
 
 OFFSET_ENTRY = struct.Struct(">ii")
 TIME_ENTRY = struct.Struct(">qi")
@@ -231,7 +231,7 @@ class IndexBuilder:
         if self.bytes_since_last_entry > self.index_interval_bytes:
             entries = IndexEntries(OffsetPosition(batch.last_offset, position), self.max_timestamp)
             self.bytes_since_last_entry = 0
-        self.bytes_since_last_entry += batch.size
+        self.bytes_since_last_entry += batch.batch_length + LOG_OVERHEAD
         return entries
 
 

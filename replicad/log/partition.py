@@ -393,12 +393,17 @@ class PartitionLog:
                 except OSError as exc:
                     self._append_failed(exc, run_batches[0].base_offset)
                 appended += hi - lo
+                latest = self._epochs.latest_epoch()
+                latest = -1 if latest is None else latest
+                records = 0
                 for header in run_batches:
-                    if header.magic >= MAGIC_V2:
+                    if header.partition_leader_epoch > latest and header.magic >= MAGIC_V2:
                         self._epochs.maybe_assign_from_batch(
                             header.partition_leader_epoch, header.base_offset
                         )
-                    self._flushing.unflushed_messages += max(header.record_count, 1)
+                        latest = header.partition_leader_epoch
+                    records += header.record_count if header.record_count > 0 else 1
+                self._flushing.unflushed_messages += records
                 self._log_end_offset = run_batches[-1].next_offset
             if self._flushing.first_unflushed_ms is None:
                 self._flushing.first_unflushed_ms = now_ms

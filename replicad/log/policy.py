@@ -84,10 +84,36 @@ def _roll_reason(
     return None
 
 
+def _fits_whole(
+    state: ActiveSegmentState, batches: Sequence[BatchHeader], config: LogConfig, now_ms: int
+) -> bool:
+    """Whether no batch of the append can trigger a roll (the common case, decided in O(1)
+    for size, index and offsets, one pass over timestamps)."""
+    total = batches[-1].end_position - batches[0].position
+    if state.size + total > config.segment_bytes and (state.size > 0 or len(batches) > 1):
+        return False
+    # At most one index entry per index_interval_bytes + 1 bytes, plus one for the carry-over.
+    new_entries = (state.bytes_since_last_index_entry + total) // (config.index_interval_bytes + 1)
+    entries = max(state.index_entries, state.time_index_entries) + new_entries + 1
+    if entries >= min(
+        config.segment_index_bytes // TIME_ENTRY_SIZE,
+        config.segment_index_bytes // OFFSET_ENTRY_SIZE,
+    ):
+        return False
+    if not fits_relative(state.base_offset, batches[-1].last_offset):
+        return False
+    rolling = batches[0].max_timestamp if state.size == 0 else state.rolling_timestamp
+    if rolling is None or rolling < 0:
+        return state.size == 0 or now_ms - state.created_ms <= config.segment_ms
+    return max(b.max_timestamp for b in batches) - rolling <= config.segment_ms
+
+
 def plan_append(
     state: ActiveSegmentState, batches: Sequence[BatchHeader], config: LogConfig, now_ms: int
 ) -> list[AppendRun]:
     """Split an append into runs of batches, one per segment (see the roll rule)."""
+    if batches and _fits_whole(state, batches, config, now_ms):
+        return [AppendRun(0, len(batches), None)]
     runs: list[AppendRun] = []
     size = state.size
     # Index entries counted conservatively: the larger of the two indexes, and one entry
