@@ -96,9 +96,9 @@ _DETAIL_LIMIT = 5
 class RecoveryReason(enum.Enum):
     """Why the handler reset its session (keys the recovery counters and log rate limits)."""
 
-    SESSION_NOT_FOUND = "session_not_found"
-    INVALID_EPOCH = "invalid_epoch"
-    TOPIC_ID_ERROR = "topic_id_error"
+    FETCH_SESSION_ID_NOT_FOUND = "fetch_session_id_not_found"
+    INVALID_FETCH_SESSION_EPOCH = "invalid_fetch_session_epoch"
+    FETCH_SESSION_TOPIC_ID_ERROR = "fetch_session_topic_id_error"
     TOP_LEVEL_ERROR = "top_level_error"
     SEND_ERROR = "send_error"
     INVALID_FULL_RESPONSE = "invalid_full_response"
@@ -119,9 +119,9 @@ class _Reset(enum.Enum):
 # Rule 5 as a table; a reason missing here cannot come from a response (a bug if it does).
 _RESET_FOR: Mapping[RecoveryReason, _Reset] = MappingProxyType(
     {
-        RecoveryReason.SESSION_NOT_FOUND: _Reset.INITIAL,
-        RecoveryReason.INVALID_EPOCH: _Reset.CLOSE_EXISTING_ATTEMPT_NEW,
-        RecoveryReason.TOPIC_ID_ERROR: _Reset.CLOSE_EXISTING_ATTEMPT_NEW,
+        RecoveryReason.FETCH_SESSION_ID_NOT_FOUND: _Reset.INITIAL,
+        RecoveryReason.INVALID_FETCH_SESSION_EPOCH: _Reset.CLOSE_EXISTING_ATTEMPT_NEW,
+        RecoveryReason.FETCH_SESSION_TOPIC_ID_ERROR: _Reset.CLOSE_EXISTING_ATTEMPT_NEW,
         RecoveryReason.TOP_LEVEL_ERROR: _Reset.CLOSE_EXISTING_ATTEMPT_NEW,
         RecoveryReason.SEND_ERROR: _Reset.CLOSE_EXISTING_ATTEMPT_NEW,
         RecoveryReason.INVALID_FULL_RESPONSE: _Reset.INITIAL,
@@ -133,9 +133,9 @@ _RESET_FOR: Mapping[RecoveryReason, _Reset] = MappingProxyType(
 
 _REASON_FOR_ERROR: Mapping[int, RecoveryReason] = MappingProxyType(
     {
-        ErrorCode.fetch_session_id_not_found: RecoveryReason.SESSION_NOT_FOUND,
-        ErrorCode.invalid_fetch_session_epoch: RecoveryReason.INVALID_EPOCH,
-        ErrorCode.fetch_session_topic_id_error: RecoveryReason.TOPIC_ID_ERROR,
+        ErrorCode.fetch_session_id_not_found: RecoveryReason.FETCH_SESSION_ID_NOT_FOUND,
+        ErrorCode.invalid_fetch_session_epoch: RecoveryReason.INVALID_FETCH_SESSION_EPOCH,
+        ErrorCode.fetch_session_topic_id_error: RecoveryReason.FETCH_SESSION_TOPIC_ID_ERROR,
     }
 )
 

@@ -212,7 +212,7 @@ def test_session_id_not_found_goes_back_to_initial() -> None:
         handler, handler.build_request(wants("a")), error_code=ErrorCode.fetch_session_id_not_found
     )
     assert not verdict.accepted
-    assert verdict.reason is RecoveryReason.SESSION_NOT_FOUND
+    assert verdict.reason is RecoveryReason.FETCH_SESSION_ID_NOT_FOUND
     assert (verdict.next_session_id, verdict.next_epoch) == (INVALID_SESSION_ID, INITIAL_EPOCH)
     assert "FETCH_SESSION_ID_NOT_FOUND" in verdict.detail
     plan = handler.build_request(wants("a"))
@@ -222,8 +222,8 @@ def test_session_id_not_found_goes_back_to_initial() -> None:
 @pytest.mark.parametrize(
     ("error", "reason"),
     [
-        (ErrorCode.invalid_fetch_session_epoch, RecoveryReason.INVALID_EPOCH),
-        (ErrorCode.fetch_session_topic_id_error, RecoveryReason.TOPIC_ID_ERROR),
+        (ErrorCode.invalid_fetch_session_epoch, RecoveryReason.INVALID_FETCH_SESSION_EPOCH),
+        (ErrorCode.fetch_session_topic_id_error, RecoveryReason.FETCH_SESSION_TOPIC_ID_ERROR),
         (ErrorCode.unknown_server_error, RecoveryReason.TOP_LEVEL_ERROR),
         (ErrorCode.not_leader_or_follower, RecoveryReason.TOP_LEVEL_ERROR),
     ],
