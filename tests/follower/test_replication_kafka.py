@@ -263,3 +263,80 @@ def test_unreachable_bootstrap_retries_with_a_clear_message(tmp_path):
     out = proc.output()
     assert f"127.0.0.1:{port}" in out
     assert "Traceback" not in out
+
+
+def _produce_plain(bootstrap: str, topic: str, partitions: int, per_partition: int) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for p in range(partitions):
+        for i in range(per_partition):
+            producer.produce(topic, value=b"r%d" % i, partition=p)
+    assert producer.flush(30) == 0
+
+
+def test_start_from_latest_skips_existing_data(kafka_broker, unique_topic, tmp_path):
+    topic = unique_topic()
+    kafka_broker.create_topic(topic, 2)
+    _produce_plain(kafka_broker.bootstrap, topic, 2, 30)
+    data_dir = tmp_path / "data"
+    proc = ReplicadProcess(
+        run_args(kafka_broker, [topic], data_dir, "--start-from", "latest"),
+        log_path=tmp_path / "replicad.log",
+    ).start()
+    try:
+        wait_until(lambda: "starting partition" in proc.output(), timeout_s=30, what="start")
+        wait_until(
+            lambda: proc.output().count("starting partition") == 2, timeout_s=30, what="both"
+        )
+        _produce_plain(kafka_broker.bootstrap, topic, 2, 5)
+        wait_until(
+            lambda: replica_ends(data_dir) == {(topic, 0): 35, (topic, 1): 35},
+            timeout_s=60,
+            what="new records replicated",
+        )
+    finally:
+        assert proc.stop() == 0
+    for p in range(2):
+        ours = segment_bytes(data_dir / f"{topic}-{p}")
+        theirs = batches_from(segment_bytes(kafka_broker.partition_dir(topic, p)), 30)
+        assert ours == theirs  # only what came after the start, byte for byte
+        # the local log starts where replication started: Kafka's own name for it
+        assert sorted(f.name for f in (data_dir / f"{topic}-{p}").glob("*.log")) == [
+            f"{30:020d}.log"
+        ]
+
+
+def test_partitions_added_while_running_are_picked_up(kafka_broker, unique_topic, tmp_path):
+    from confluent_kafka.admin import NewPartitions
+
+    topic = unique_topic()
+    kafka_broker.create_topic(topic, 2)
+    _produce_plain(kafka_broker.bootstrap, topic, 2, 10)
+    data_dir = tmp_path / "data"
+    config = tmp_path / "fast-metadata.yaml"
+    config.write_text("source:\n  metadata_max_age_ms: 1000\n")
+    proc = ReplicadProcess(
+        run_args(kafka_broker, [topic], data_dir, "-c", str(config)),
+        log_path=tmp_path / "replicad.log",
+    ).start()
+    try:
+        wait_until(
+            lambda: replica_ends(data_dir) == {(topic, 0): 10, (topic, 1): 10},
+            timeout_s=60,
+            what="initial partitions",
+        )
+        admin = kafka_broker.admin()  # held: a collected client cancels its futures
+        futures = admin.create_partitions([NewPartitions(topic, 4)])
+        futures[topic].result(30)
+        _produce_plain(kafka_broker.bootstrap, topic, 4, 7)
+        wait_until(
+            lambda: (
+                replica_ends(data_dir)
+                == {(topic, 0): 17, (topic, 1): 17, (topic, 2): 7, (topic, 3): 7}
+            ),
+            timeout_s=60,
+            what="the new partitions to be replicated",
+        )
+    finally:
+        assert proc.stop() == 0, proc.output()
