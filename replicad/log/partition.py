@@ -38,6 +38,7 @@ import structlog
 
 from replicad.errors import DiskFullError, LogError, OffsetOutOfRangeError
 from replicad.log.checkpoint import (
+    EpochEntry,
     format_epochs,
     format_partition_metadata,
     fsync_dir,
@@ -336,7 +337,7 @@ class PartitionLog:
         with self._lock:
             return self._epochs.latest_epoch()
 
-    def epoch_entries(self) -> list:  # type: ignore[type-arg]
+    def epoch_entries(self) -> list[EpochEntry]:
         with self._lock:
             return self._epochs.entries
 
