@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
 from replicad.errors import LocalProtocolError
+from replicad.protocol.requests import FetchPartitionSpec, FetchSpec, fetch_request
 from replicad.session.client import (
     FINAL_EPOCH,
     INITIAL_EPOCH,
@@ -765,3 +767,126 @@ def test_after_any_failure_the_next_request_is_full_and_complete(steps: list) ->
             # Closing the old session, if there was one, is part of the same request.
             assert retry.session_id in (0, plan.session_id)
             handler.handle_send_error(now_ms=0)
+
+
+# -- against a real Apache Kafka broker ----------------------------------------------------
+
+
+class KafkaFetcher:
+    """The least a shell needs to put plans on the wire: Fetch v12, topics by name."""
+
+    VERSION = 12
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+
+    async def send(self, plan: FetchRequestPlan) -> Any:
+        spec = FetchSpec(
+            max_wait_ms=50,
+            min_bytes=1,
+            max_bytes=1 << 20,
+            isolation_level=0,
+            session_id=plan.session_id,
+            session_epoch=plan.epoch,
+            partitions={
+                key: FetchPartitionSpec(data.fetch_offset, data.log_start_offset, data.max_bytes)
+                for key, data in plan.to_send.items()
+            },
+            forgotten=list(plan.to_forget),
+        )
+        return await self.connection.request(fetch_request(self.VERSION, spec))
+
+    async def round(
+        self, handler: FetchSessionHandler, want: Mapping[TopicPartition, PartitionFetch]
+    ) -> tuple[FetchRequestPlan, ResponseVerdict, dict[TopicPartition, Any]]:
+        plan = handler.build_request(want)
+        body = await self.send(plan)
+        returned = {
+            TopicPartition(topic.topic, int(part.partition_index)): part
+            for topic in body.responses
+            for part in topic.partitions
+        }
+        verdict = handler.handle_response(
+            plan,
+            error_code=int(body.error_code),
+            session_id=int(body.session_id),
+            partitions=list(returned),
+            now_ms=0,
+        )
+        return plan, verdict, returned
+
+
+async def test_a_real_kafka_broker_accepts_every_plan_and_the_recoveries_work(
+    kafka_broker: Any, unique_topic: str
+) -> None:
+    from confluent_kafka import Producer
+
+    from replicad.protocol.connection import BrokerAddress, BrokerConnection
+
+    partitions = 20
+    kafka_broker.create_topic(unique_topic, partitions)
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    keys = [tp(unique_topic, p) for p in range(partitions)]
+    address = BrokerAddress(1, "127.0.0.1", kafka_broker.port)
+    ours = BrokerConnection(address, client_id="h", connect_timeout_s=10, request_timeout_s=30)
+    other = BrokerConnection(address, client_id="x", connect_timeout_s=10, request_timeout_s=30)
+    await ours.connect()
+    await other.connect()
+    try:
+        fetcher, meddler = KafkaFetcher(ours), KafkaFetcher(other)
+        handler = FetchSessionHandler(node_id=1)
+        want = {key: pf() for key in keys}
+
+        plan, verdict, returned = await fetcher.round(handler, want)
+        assert plan.is_full and verdict.accepted and verdict.next_session_id != 0
+        assert set(returned) == set(keys)
+        first_id = handler.session_id
+        idle_sent = ours.bytes_sent
+        plan, verdict, returned = await fetcher.round(handler, want)
+        assert not plan.is_full and verdict.accepted and returned == {}
+        assert ours.bytes_sent - idle_sent < 100  # no partitions named at all
+
+        # Someone else advances our session's epoch: Kafka answers 71 to our next request.
+        stale = FetchRequestPlan(handler.session_id, handler.epoch, False, {}, (), {})
+        assert (await meddler.send(stale)).error_code == 0
+        plan, verdict, _ = await fetcher.round(handler, want)
+        assert verdict.reason is RecoveryReason.INVALID_FETCH_SESSION_EPOCH
+        assert (verdict.next_session_id, verdict.next_epoch) == (first_id, INITIAL_EPOCH)
+        plan, verdict, returned = await fetcher.round(handler, want)
+        assert plan.is_full and verdict.accepted and set(returned) == set(keys)
+        assert handler.session_id not in (0, first_id)
+
+        # Someone else closes our session: Kafka answers 70, we start over.
+        close = FetchRequestPlan(handler.session_id, FINAL_EPOCH, True, {}, (), {})
+        assert (await meddler.send(close)).error_code == 0
+        plan, verdict, _ = await fetcher.round(handler, want)
+        assert verdict.reason is RecoveryReason.FETCH_SESSION_ID_NOT_FOUND
+        plan, verdict, _ = await fetcher.round(handler, want)
+        assert (plan.session_id, plan.epoch) == (0, 0) and verdict.accepted
+
+        # Forget half; new data arrives only for partitions still wanted.
+        kept = {key: pf() for key in keys[:10]}
+        plan, verdict, _ = await fetcher.round(handler, kept)
+        assert len(plan.to_forget) == 10 and verdict.accepted
+        producer.produce(unique_topic, b"kept", partition=3)
+        producer.produce(unique_topic, b"dropped", partition=15)
+        producer.flush(10)
+        seen: set[TopicPartition] = set()
+        for _ in range(50):
+            plan, verdict, returned = await fetcher.round(handler, kept)
+            assert not plan.is_full and verdict.accepted
+            seen |= {key for key, part in returned.items() if part.records}
+            if seen:
+                break
+        assert seen == {tp(unique_topic, 3)}
+
+        # Shutdown: FINAL_EPOCH closes it on the broker.
+        session_id, epoch = handler.session_id, handler.epoch
+        closing = handler.close_request()
+        assert closing is not None
+        assert (await fetcher.send(closing)).error_code == 0
+        gone = FetchRequestPlan(session_id, epoch, False, {}, (), {})
+        assert (await meddler.send(gone)).error_code == ErrorCode.fetch_session_id_not_found
+    finally:
+        await ours.close()
+        await other.close()
