@@ -37,7 +37,9 @@ from replicad.errors import (
     RemoteProtocolError,
 )
 from replicad.follower.partition_state import PartitionPhase, PartitionState
+from replicad.follower.truncation import decide_truncation
 from replicad.follower.validate import validate_fetched
+from replicad.log.epoch import EpochEndOffset
 from replicad.log.manager import LogManager
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.backoff import Backoff
@@ -53,6 +55,7 @@ from replicad.protocol.requests import (
     OffsetQuery,
     fetch_request,
     list_offsets_request,
+    offset_for_leader_epoch_request,
 )
 from replicad.ratelimit import RateLimitedLog
 from replicad.session.client import FetchRequestPlan, FetchSessionHandler, PartitionFetch
@@ -110,6 +113,7 @@ class FetcherStats:
     partial_batches_dropped: int = 0
     connection_errors: int = 0
     rejected_responses: int = 0
+    truncations: int = 0
     last_latency_ms: float = 0.0
     last_error: str | None = None
     partition_errors: Counter[str] = field(default_factory=Counter)
@@ -404,25 +408,38 @@ class LeaderFetcher:
         return wrote
 
     def _truncate_on_divergence(self, state: PartitionState, epoch: int, end_offset: int) -> None:
-        plog = self.logs.get_or_create(state.tp)
-        local = plog.end_offset_for_epoch(epoch)
-        target = min(end_offset, plog.log_end_offset)
-        if local.end_offset >= 0:
-            target = min(target, local.end_offset)
-        log.info(
-            "log diverged from leader, truncating",
-            tp=str(state.tp),
-            epoch=epoch,
-            leader_end_offset=end_offset,
-            truncate_to=target,
-        )
-        plog.truncate_to(target)
-        state.fetch_offset = plog.log_end_offset
+        self._truncate(state, EpochEndOffset(epoch, end_offset), "diverging epoch")
         self.stats.partition_errors["diverging_epoch"] += 1
+
+    def _truncate(self, state: PartitionState, leader: EpochEndOffset, why: str) -> bool:
+        """Truncate where the leader's epoch end says; True when no further question is needed."""
+        plog = self.logs.get_or_create(state.tp)
+        decision = decide_truncation(
+            leader,
+            local_end_for=plog.end_offset_for_epoch,
+            log_end_offset=plog.log_end_offset,
+            high_watermark=plog.high_watermark,
+        )
+        if decision.offset < plog.log_end_offset:
+            log.info(
+                "log diverged from leader, truncating",
+                tp=str(state.tp),
+                why=why,
+                leader_epoch=leader.epoch,
+                leader_end_offset=leader.end_offset,
+                local_end=plog.log_end_offset,
+                truncate_to=decision.offset,
+                rule=decision.rule,
+            )
+            plog.truncate_to(decision.offset)
+            self.stats.truncations += 1
+        state.fetch_offset = plog.log_end_offset
+        return decision.complete
 
     # -- offsets: where to start, and out-of-range ----------------------------
 
     async def _reconcile(self, conn: BrokerConnection) -> None:
+        await self._check_epochs(conn)
         todo = [
             s
             for s in self.partitions.values()
@@ -457,6 +474,58 @@ class LeaderFetcher:
                 )
                 continue
             self._resolve_out_of_range(state, plog, lo, hi, now)
+
+    async def _check_epochs(self, conn: BrokerConnection) -> None:
+        """OffsetForLeaderEpoch for partitions whose leader changed, when the leader's
+        Fetch cannot say DivergingEpoch itself (below v12)."""
+        now = monotonic_ms()
+        pending = [
+            s
+            for s in self.partitions.values()
+            if s.epoch_check_pending and now >= s.delayed_until_ms
+        ]
+        if not pending:
+            return
+        fetch_version = conn.versions.require(ApiKey.FETCH) if conn.versions else 0
+        control = await self.client.connection(self.address.node_id)
+        assert control.versions is not None
+        ofle_version = control.versions.get(ApiKey.OFFSET_FOR_LEADER_EPOCH)
+        queries: dict[TopicPartition, tuple[int, int]] = {}
+        for state in pending:
+            latest = self.logs.get_or_create(state.tp).latest_epoch()
+            if fetch_version >= FETCH_LAST_FETCHED_EPOCH_VERSION or latest is None:
+                state.epoch_check_pending = False  # Fetch itself will tell, or nothing to check
+            elif ofle_version is None:
+                state.epoch_check_pending = False
+                self._say_once(
+                    "no-ofle",
+                    "leader has no OffsetForLeaderEpoch; cannot check for divergence",
+                    leader=str(self.address),
+                )
+            else:
+                queries[state.tp] = (state.leader_epoch, latest)
+        if not queries:
+            return
+        body = await control.request(
+            offset_for_leader_epoch_request(
+                ofle_version, queries, replica_id=self.settings.replica_id
+            )
+        )
+        now = monotonic_ms()
+        for topic in body.topics:
+            for p in topic.partitions:
+                tp = TopicPartition(topic.topic, int(p.partition))
+                state = self.partitions.get(tp)
+                if state is None or tp not in queries:
+                    continue
+                error = ErrorCode(p.error_code)
+                if error is not ErrorCode.none:
+                    state.delay(now, self.settings.backoff_ms, f"OffsetForLeaderEpoch {error.name}")
+                    if error in _METADATA_ERRORS:
+                        self._request_metadata(f"{tp}: OffsetForLeaderEpoch {error.name}")
+                    continue
+                leader = EpochEndOffset(int(p.leader_epoch), int(p.end_offset))
+                state.epoch_check_pending = not self._truncate(state, leader, "leader epoch")
 
     def _resolve_out_of_range(
         self, state: PartitionState, plog: Any, lo: int, hi: int, now_ms: int

@@ -45,10 +45,17 @@ class PartitionState:
     bytes_replicated: int = 0
     records_replicated: int = 0
     consecutive_failures: int = 0
+    # Leaders below Fetch v12 cannot report divergence in Fetch: after a leader or
+    # epoch change, ask OffsetForLeaderEpoch before fetching again.
+    epoch_check_pending: bool = False
     extra: dict[str, object] = field(default_factory=dict)
 
     def fetchable(self, now_ms: int) -> bool:
-        return self.phase is PartitionPhase.FETCHING and now_ms >= self.delayed_until_ms
+        return (
+            self.phase is PartitionPhase.FETCHING
+            and not self.epoch_check_pending
+            and now_ms >= self.delayed_until_ms
+        )
 
     def delay(self, now_ms: int, delay_ms: int, reason: str) -> None:
         self.delayed_until_ms = now_ms + delay_ms

@@ -145,10 +145,14 @@ class Replicator:
                     leader_epoch=leader.leader_epoch,
                     phase=PartitionPhase.FETCHING if existing else PartitionPhase.NEEDS_OFFSET,
                     fetch_offset=existing.log_end_offset if existing else 0,
+                    # Data from an earlier run may have diverged from the leader's.
+                    epoch_check_pending=existing is not None,
                 )
                 self.states[tp] = state
                 self._assign(state)
                 continue
+            if leader.leader_epoch != state.leader_epoch or leader.leader_id != state.leader_id:
+                state.epoch_check_pending = True
             state.leader_epoch = leader.leader_epoch
             if state.leader_id != leader.leader_id or not self._is_assigned(state):
                 self._unassign(state)
