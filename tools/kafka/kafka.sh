@@ -49,7 +49,8 @@ fetch() {
         -DincludeScope=runtime \
         -DoutputDirectory="$staging" >&2
     # Swap in whole so an interrupted fetch never leaves a half-filled lib/.
-    rm -rf "$lib"
+    # Class-data-sharing archives (tools/peers/kafka.py) fit only the old jars.
+    rm -rf "$lib" "$cache/cds"
     mv "$staging" "$lib"
     pom_digest >"$stamp"
     echo "kafka.sh: $(find "$lib" -name '*.jar' | wc -l) jars in $lib" >&2

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import base64
 import functools
+import hashlib
 import logging
 import os
+import shutil
 import subprocess
 import time
 import uuid
@@ -28,8 +30,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
+from tools.peers.admin import admin_client, create_topic_and_wait
 from tools.peers.process import (
     LOOPBACK,
     PeerError,
@@ -44,6 +47,8 @@ from tools.peers.process import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+# Where kafka.sh keeps the jars; the same override it honours.
+KAFKA_CACHE = Path(os.environ.get("REPLICAD_KAFKA_CACHE", ROOT / ".cache" / "kafka"))
 KAFKA_TOOLS_DIR = ROOT / "tools" / "kafka"
 KAFKA_SH = KAFKA_TOOLS_DIR / "kafka.sh"
 BROKER_LOG4J = KAFKA_TOOLS_DIR / "log4j2-broker.properties"
@@ -74,12 +79,14 @@ BROKER_JVM_OPTS = (
 # own tests, `internal.segment.bytes`, has no floor. A batch larger than a
 # segment is refused (RECORD_LIST_TOO_LARGE), so producers must batch smaller.
 MIN_SEGMENT_BYTES = 1024 * 1024
+# Exit codes of a JVM that ran its shutdown hooks (and so wrote its CDS archive).
+CLEAN_JVM_EXITS = (0, 143, -15)
+# Set to "0" to run Kafka's JVMs without class-data sharing (see _cds_options).
+CDS_ENV = "REPLICAD_KAFKA_CDS"
 # A port taken between free_port() and the JVM's bind: start again on new ports.
 BIND_ATTEMPTS = 3
 
 _log = logging.getLogger(__name__)
-# librdkafka reports every refused connection; send that to logging, not stderr.
-_librdkafka_log = logging.getLogger("tools.peers.librdkafka")
 
 
 def test_broker_config() -> dict[str, str]:
@@ -88,7 +95,9 @@ def test_broker_config() -> dict[str, str]:
     Internal topics fit one node, topics exist only when a test creates them,
     and a consumer group starts at once. The offsets and transaction-state
     topics get 4 partitions, not 50, so the first group or transaction on a
-    fresh broker does not wait for 50 coordinators to load.
+    fresh broker does not wait for 50 coordinators to load. A broker restarted
+    after a kill cannot register again until its old session has expired
+    (DUPLICATE_BROKER_REGISTRATION), so the session is 4 s instead of 9 s.
     """
     return {
         "auto.create.topics.enable": "false",
@@ -103,6 +112,8 @@ def test_broker_config() -> dict[str, str]:
         "num.partitions": "1",
         "default.replication.factor": "1",
         "min.insync.replicas": "1",
+        "broker.heartbeat.interval.ms": "1000",
+        "broker.session.timeout.ms": "4000",
     }
 
 
@@ -138,9 +149,11 @@ def run_kafka_class(
     raises PeerError carrying the tool's stderr.
     """
     main_class = _MOVED_CLASSES.get(main_class, main_class)
+    cds, pending = _cds_options("tools")
     argv = [
         "java",
         *TOOL_JVM_OPTS,
+        *cds,
         f"-Dlog4j2.configurationFile={TOOLS_LOG4J}",
         "-cp",
         kafka_classpath(),
@@ -152,7 +165,9 @@ def run_kafka_class(
             argv, capture_output=True, text=True, timeout=timeout_s, check=False
         )
     except subprocess.TimeoutExpired as exc:
+        _cds_settle("tools", pending, clean=False)
         raise PeerError(f"{main_class} did not finish within {timeout_s:.0f} s") from exc
+    _cds_settle("tools", pending, clean=result.returncode == 0)
     if check and result.returncode != 0:
         raise PeerError(
             f"{main_class} {' '.join(args)} exited with {result.returncode}: "
@@ -223,6 +238,7 @@ class KafkaBroker:
         self._controller_port: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._formatted = False
+        self._cds_pending: Path | None = None
 
     # -- addresses -------------------------------------------------------------------
 
@@ -281,8 +297,10 @@ class KafkaBroker:
     def stop(self, timeout_s: float = 30) -> None:
         """Controlled shutdown (SIGTERM); SIGKILL if it takes longer than `timeout_s`."""
         if self._proc is not None:
-            terminate(self._proc, timeout_s=timeout_s)
+            code = terminate(self._proc, timeout_s=timeout_s)
             self._proc = None
+            _cds_settle("broker", self._cds_pending, clean=code in CLEAN_JVM_EXITS)
+            self._cds_pending = None
 
     def kill(self) -> None:
         """SIGKILL the broker: no controlled shutdown, the next start recovers its logs."""
@@ -309,7 +327,7 @@ class KafkaBroker:
 
     def admin(self) -> AdminClient:
         """A confluent-kafka AdminClient on this broker (its log goes to `logging`)."""
-        return AdminClient({"bootstrap.servers": self.bootstrap, "logger": _librdkafka_log})
+        return admin_client(self.bootstrap)
 
     def create_topic(
         self,
@@ -320,32 +338,16 @@ class KafkaBroker:
         segment_bytes: int | None = None,
         timeout_s: float = 30,
     ) -> None:
-        """Create a topic (replication factor 1) and wait until every partition has a leader.
+        """Create a topic (replication factor 1) and wait until every partition is served.
 
         `segment_bytes` (or else the broker's) sets the segment size; `config` wins over both.
         """
-        admin = self.admin()
         topic_config: dict[str, str] = {}
         size = segment_bytes if segment_bytes is not None else self.segment_bytes
         if size is not None:
             topic_config.update(segment_config(size))
         topic_config.update(config or {})
-        new_topic = NewTopic(
-            name, num_partitions=partitions, replication_factor=1, config=topic_config
-        )
-        future = admin.create_topics([new_topic], operation_timeout=timeout_s)[name]
-        try:
-            future.result(timeout=timeout_s)
-        except Exception as exc:
-            raise PeerError(f"creating topic {name!r} on {self.bootstrap}: {exc}") from exc
-
-        def leaders_known() -> bool | None:
-            topic = admin.list_topics(topic=name, timeout=5).topics.get(name)
-            if topic is None or topic.error is not None or len(topic.partitions) != partitions:
-                return None
-            return all(p.leader >= 0 and p.error is None for p in topic.partitions.values()) or None
-
-        wait_until(leaders_known, timeout_s=timeout_s, what=f"leaders for topic {name!r}")
+        create_topic_and_wait(self.bootstrap, name, partitions, topic_config, timeout_s=timeout_s)
 
     def partition_dir(self, topic: str, partition: int) -> Path:
         """The broker's own directory of one partition's segments."""
@@ -393,11 +395,13 @@ class KafkaBroker:
 
     def _launch(self) -> None:
         self.server_log.parent.mkdir(parents=True, exist_ok=True)
+        cds, self._cds_pending = _cds_options("broker")
         argv = [
             "java",
             f"-Xmx{self._heap}",
             "-Xms256m",
             *BROKER_JVM_OPTS,
+            *cds,
             f"-Dkafka.logs.dir={self.server_log.parent}",
             f"-Dlog4j2.configurationFile={BROKER_LOG4J}",
             "-cp",
@@ -411,16 +415,16 @@ class KafkaBroker:
     def _wait_ready(self, timeout_s: float) -> None:
         proc = self._proc
         assert proc is not None
-        admin: AdminClient | None = None
+        client: AdminClient | None = None
 
         def serves_metadata() -> bool | None:
-            nonlocal admin
+            nonlocal client
             if not port_accepts(self.port):
                 return None
-            if admin is None:
-                admin = self.admin()
+            if client is None:
+                client = self.admin()
             # A broker appears in metadata only once it is registered and unfenced.
-            brokers = admin.list_topics(timeout=2).brokers
+            brokers = client.list_topics(timeout=2).brokers
             return True if NODE_ID in brokers else None
 
         try:
@@ -442,6 +446,48 @@ class KafkaBroker:
         if self._proc is not None:
             kill(self._proc)
             self._proc = None
+            _cds_settle("broker", self._cds_pending, clean=False)
+            self._cds_pending = None
+
+
+# -- class-data sharing ------------------------------------------------------------------
+#
+# Loading and verifying Kafka's classes is a third of a broker's start and of
+# every tool run. The first JVM of a kind ("broker", "tools") that exits
+# cleanly dumps the classes it loaded into a CDS archive in the Kafka cache,
+# keyed by classpath and JVM since an archive only fits those; later JVMs of
+# that kind map the archive instead. An archive the JVM cannot use is ignored
+# by it (-Xshare:auto), never fatal.
+
+
+@functools.cache
+def _cds_archive(kind: str) -> Path:
+    java = Path(shutil.which("java") or "java").resolve()
+    key = hashlib.sha256(f"{kafka_classpath()}\n{java}".encode()).hexdigest()[:16]
+    return KAFKA_CACHE / "cds" / f"{kind}-{key}.jsa"
+
+
+def _cds_options(kind: str) -> tuple[list[str], Path | None]:
+    """JVM options for class-data sharing, and the file a dump goes to (None: no dump)."""
+    if os.environ.get(CDS_ENV, "1") == "0":
+        return [], None
+    archive = _cds_archive(kind)
+    if archive.is_file():
+        return [f"-XX:SharedArchiveFile={archive}"], None
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    # Several JVMs may dump at once: each to its own file, the first rename wins.
+    pending = archive.with_name(f"{archive.name}.{uuid.uuid4().hex[:8]}.tmp")
+    return [f"-XX:ArchiveClassesAtExit={pending}"], pending
+
+
+def _cds_settle(kind: str, pending: Path | None, *, clean: bool) -> None:
+    """Keep a dump from a JVM that exited cleanly as the archive; drop any other."""
+    if pending is None or not pending.exists():
+        return
+    if clean and not _cds_archive(kind).exists():
+        os.replace(pending, _cds_archive(kind))
+    else:
+        pending.unlink(missing_ok=True)
 
 
 def _two_free_ports() -> tuple[int, int]:

@@ -20,7 +20,6 @@ Nothing else may write to the topic while `produce_mixed` runs.
 from __future__ import annotations
 
 import hashlib
-import logging
 import random
 import time
 import uuid
@@ -36,8 +35,8 @@ from confluent_kafka import (
     Producer,
 )
 from confluent_kafka import TopicPartition as KafkaTopicPartition
-from confluent_kafka.admin import AdminClient
 
+from tools.peers.admin import admin_client, librdkafka_log, probe_consumer
 from tools.peers.process import PeerError
 from tools.peers.segments import BrokerBatch, broker_batches, read_broker_batches
 
@@ -70,8 +69,6 @@ KEY_SPACE = 1000
 GZIP_LEVEL = 1
 FLUSH_TIMEOUT_S = 60.0
 TXN_TIMEOUT_S = 30.0
-
-_librdkafka_log = logging.getLogger("tools.peers.librdkafka")
 
 _WORDS = (
     *("order", "payment", "refund", "invoice", "customer", "account", "session", "click"),
@@ -357,7 +354,7 @@ def _producer_config(
         "linger.ms": 5,
         "acks": "all",
         "enable.idempotence": kind is not RoundKind.PLAIN,
-        "logger": _librdkafka_log,
+        "logger": librdkafka_log,
     }
     if codec == "gzip":
         # zlib's default level 6 makes gzip rounds 5x slower than all the others.
@@ -514,14 +511,14 @@ def _consumer(bootstrap: str, isolation: str) -> Consumer:
             "enable.partition.eof": True,
             "isolation.level": isolation,
             "auto.offset.reset": "earliest",
-            "logger": _librdkafka_log,
+            "logger": librdkafka_log,
         }
     )
 
 
 def _log_end_offsets(bootstrap: str, topic: str, partitions: int) -> list[int]:
     """What the broker says each partition's log end is (ListOffsets latest)."""
-    consumer = _consumer(bootstrap, READ_UNCOMMITTED)
+    consumer = probe_consumer(bootstrap)
     try:
         return [
             consumer.get_watermark_offsets(KafkaTopicPartition(topic, p), timeout=10)[1]
@@ -532,8 +529,7 @@ def _log_end_offsets(bootstrap: str, topic: str, partitions: int) -> list[int]:
 
 
 def _partition_count(bootstrap: str, topic: str) -> int:
-    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": _librdkafka_log})
-    metadata = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+    metadata = admin_client(bootstrap).list_topics(topic=topic, timeout=10).topics.get(topic)
     if metadata is None or metadata.error is not None:
         raise PeerError(f"topic {topic!r} not found on {bootstrap}")
     return len(metadata.partitions)

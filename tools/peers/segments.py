@@ -67,16 +67,25 @@ def segment_files(log_dir: Path, topic: str, partition: int) -> list[Path]:
     return sorted(partition_dir.glob(f"*{LOG_SUFFIX}"), key=lambda p: int(p.stem))
 
 
-def iter_batches(data: bytes) -> Iterator[BrokerBatch]:
-    """Frame `data` into batches; a partial trailing batch is an error: brokers write whole ones."""
+def iter_batches(data: bytes, *, partial_tail: bool = False) -> Iterator[BrokerBatch]:
+    """Frame `data` into batches.
+
+    A partial batch at the end is an error for segment files (brokers write
+    whole batches); with `partial_tail` it is dropped silently, as a client
+    drops the partial batch a Fetch response may end with (KIP-74).
+    """
     view = memoryview(data)
     pos = 0
     while pos < len(view):
         if len(view) - pos < BATCH_PREFIX_SIZE:
+            if partial_tail:
+                return
             raise ValueError(f"{len(view) - pos} stray bytes at position {pos}")
         base_offset, batch_length = BATCH_PREFIX.unpack_from(view, pos)
         end = pos + BATCH_PREFIX_SIZE + batch_length
         if end > len(view):
+            if partial_tail:
+                return
             raise ValueError(f"batch at offset {base_offset} runs past the end of the data")
         magic = view[pos + MAGIC_OFFSET]
         if magic >= 2 and end - pos >= V2_HEADER_SIZE:

@@ -24,6 +24,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
 from tools.peers.process import PeerError
+from tools.peers.segments import BrokerBatch, iter_batches
 
 FETCH_API_KEY = 1
 FETCH_VERSION = 12
@@ -55,7 +56,11 @@ class FetchOnce:
     last_stable_offset: int
     log_start_offset: int
     aborted_transactions: tuple[AbortedTransaction, ...]
-    records: bytes
+    records: bytes  # as sent: may end in a partial batch
+
+    def batches(self) -> list[BrokerBatch]:
+        """The whole batches in `records`; a trailing partial batch is left out."""
+        return list(iter_batches(self.records, partial_tail=True))
 
 
 def fetch_once(

@@ -1,0 +1,174 @@
+"""tools/peers/kafka.py: the Apache Kafka test broker and Kafka's own command-line tools."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError, Producer
+
+from tools.peers.kafka import (
+    CONSOLE_CONSUMER,
+    DUMP_LOG_SEGMENTS,
+    MIN_SEGMENT_BYTES,
+    KafkaBroker,
+    dump_log_segments,
+    kafka_classpath,
+    kafka_version,
+    run_kafka_class,
+)
+from tools.peers.process import PeerError, PeerNotInstalledError
+from tools.peers.produce import consume_all, produce_mixed, read_broker_batches
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def produce_values(bootstrap: str, topic: str, values: list[bytes], partition: int = 0) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
+    for value in values:
+        producer.produce(topic, value=value, partition=partition)
+    assert producer.flush(30) == 0
+
+
+def test_the_pinned_kafka_version_is_a_4x_release() -> None:
+    assert re.fullmatch(r"4\.\d+\.\d+", kafka_version())
+    jars = kafka_classpath().split(":")
+    assert any(Path(jar).name == f"kafka_2.13-{kafka_version()}.jar" for jar in jars)
+    assert all(Path(jar).is_file() for jar in jars)
+
+
+def test_broker_listens_on_loopback_and_keeps_its_data_in_log_dir(kafka_broker) -> None:
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", kafka_broker.bootstrap)
+    meta = (kafka_broker.log_dir / "meta.properties").read_text()
+    assert "node.id=1" in meta
+    assert kafka_broker.running
+    # The broker logs to its file, and says which version it is.
+    assert f"Kafka version: {kafka_version()}" in kafka_broker.server_log.read_text()
+
+
+def test_create_topic_waits_for_leaders_and_makes_partition_dirs(kafka_broker, unique_topic):
+    kafka_broker.create_topic(unique_topic, 3)
+    topic = kafka_broker.admin().list_topics(topic=unique_topic, timeout=10).topics[unique_topic]
+    assert sorted(topic.partitions) == [0, 1, 2]
+    assert {p.leader for p in topic.partitions.values()} == {1}
+    for partition in range(3):
+        assert kafka_broker.partition_dir(unique_topic, partition).is_dir()
+
+
+def test_topics_are_not_created_by_asking_for_them(kafka_broker, unique_topic):
+    metadata = kafka_broker.admin().list_topics(topic=unique_topic, timeout=10)
+    assert metadata.topics[unique_topic].error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    assert unique_topic not in kafka_broker.admin().list_topics(timeout=10).topics
+
+
+def test_creating_a_topic_twice_is_a_peer_error(kafka_broker, unique_topic):
+    kafka_broker.create_topic(unique_topic, 1)
+    with pytest.raises(PeerError, match="TOPIC_ALREADY_EXISTS"):
+        kafka_broker.create_topic(unique_topic, 1)
+
+
+def test_segments_below_kafkas_floor_roll_often(kafka_broker, unique_topic):
+    segment = 128 * 1024
+    assert segment < MIN_SEGMENT_BYTES
+    kafka_broker.create_topic(unique_topic, 1, segment_bytes=segment)
+    produce_mixed(
+        kafka_broker.bootstrap,
+        unique_topic,
+        partitions=1,
+        records=3000,
+        seed=1,
+        max_batch_bytes=64 * 1024,
+    )
+    files = sorted(kafka_broker.partition_dir(unique_topic, 0).glob("*.log"))
+    assert len(files) >= 3
+    assert all(f.stat().st_size <= segment for f in files)
+    whole = b"".join(f.read_bytes() for f in files)
+    assert read_broker_batches(kafka_broker.log_dir, unique_topic, 0) == whole
+
+
+def test_console_consumer_reads_what_a_client_produced(kafka_broker, unique_topic):
+    kafka_broker.create_topic(unique_topic, 1)
+    values = [f"value-{i}".encode() for i in range(20)]
+    produce_values(kafka_broker.bootstrap, unique_topic, values)
+    result = kafka_broker.run_class(
+        CONSOLE_CONSUMER,
+        "--bootstrap-server",
+        kafka_broker.bootstrap,
+        "--topic",
+        unique_topic,
+        "--from-beginning",
+        "--max-messages",
+        str(len(values)),
+        "--timeout-ms",
+        "30000",
+    )
+    assert result.stdout.splitlines() == [v.decode() for v in values]
+
+
+def test_dump_log_segments_answers_to_its_old_and_new_name(kafka_broker, unique_topic):
+    kafka_broker.create_topic(unique_topic, 1)
+    produce_values(kafka_broker.bootstrap, unique_topic, [b"a", b"b", b"c"])
+    segment = next(kafka_broker.partition_dir(unique_topic, 0).glob("*.log"))
+    old = kafka_broker.run_class("kafka.tools.DumpLogSegments", "--files", str(segment))
+    new = run_kafka_class(DUMP_LOG_SEGMENTS, "--files", str(segment))
+    assert "baseOffset: 0 lastOffset: 2 count: 3" in old.stdout
+    assert old.stdout == new.stdout
+    assert "| offset: 2" in dump_log_segments(segment)
+
+
+def test_a_failing_kafka_tool_raises_with_its_stderr() -> None:
+    with pytest.raises(PeerError, match="ClassNotFoundException"):
+        run_kafka_class("org.example.NoSuchTool")
+    result = run_kafka_class("org.example.NoSuchTool", check=False)
+    assert result.returncode != 0
+
+
+def test_missing_jars_point_at_make_peers(tmp_path, monkeypatch):
+    monkeypatch.setenv("REPLICAD_KAFKA_CACHE", str(tmp_path / "empty-cache"))
+    kafka_classpath.cache_clear()
+    try:
+        with pytest.raises(PeerNotInstalledError, match="make peers"):
+            kafka_classpath()
+        with pytest.raises(PeerNotInstalledError, match="make peers"):
+            KafkaBroker(tmp_path / "broker").start()
+    finally:
+        kafka_classpath.cache_clear()
+
+
+def test_the_fixture_fails_rather_than_skips_without_jars(pytester, tmp_path, monkeypatch):
+    pytester.makeconftest((ROOT / "tests" / "conftest.py").read_text())
+    pytester.makepyfile(
+        test_needs_kafka="""
+        def test_uses_the_broker(kafka_broker):
+            assert kafka_broker.bootstrap
+        """
+    )
+    monkeypatch.setenv("REPLICAD_KAFKA_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*real peer not installed*make peers*"])
+
+
+def test_restart_keeps_ports_and_data_and_a_killed_broker_recovers(make_kafka_broker, unique_topic):
+    broker = make_kafka_broker()
+    broker.create_topic(unique_topic, 2)
+    summary = produce_mixed(broker.bootstrap, unique_topic, partitions=2, records=500, seed=3)
+    bootstrap, first_pid = broker.bootstrap, broker.pid
+
+    broker.restart()
+    assert broker.bootstrap == bootstrap
+    assert broker.pid != first_pid
+    read = consume_all(broker.bootstrap, unique_topic)
+    assert {p: len(r) for p, r in read.items()} == {
+        p.partition: p.visible_records for p in summary.partitions
+    }
+
+    broker.kill()
+    assert not broker.running
+    broker.start()
+    assert broker.bootstrap == bootstrap
+    again = consume_all(broker.bootstrap, unique_topic)
+    assert again == read

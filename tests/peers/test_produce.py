@@ -1,0 +1,209 @@
+"""tools/peers/produce.py on the real Kafka broker, checked with Kafka's own DumpLogSegments."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+import pytest
+
+from tools.peers.admin import probe_consumer
+from tools.peers.kafka import dump_log_segments
+from tools.peers.produce import (
+    CODECS,
+    ConsumedRecord,
+    ProduceSummary,
+    broker_batches,
+    consume_all,
+    produce_mixed,
+    read_broker_batches,
+    records_digest,
+)
+
+PARTITIONS = 4
+RECORDS = 8000
+SEED = 7
+
+DUMP_BATCH = re.compile(
+    r"^baseOffset: (?P<base>\d+) lastOffset: (?P<last>\d+) .*"
+    r"isTransactional: (?P<txn>\w+) isControl: (?P<control>\w+) .*"
+    r"compresscodec: (?P<codec>\w+) .*isvalid: (?P<valid>\w+)",
+    re.MULTILINE,
+)
+DUMP_MARKER = re.compile(r"endTxnMarker: (COMMIT|ABORT)")
+
+
+@dataclass(frozen=True)
+class Mixed:
+    topic: str
+    summary: ProduceSummary
+
+
+@pytest.fixture(scope="module")
+def mixed(kafka_broker) -> Mixed:
+    topic = f"produce-mixed-{os.getpid():x}"
+    kafka_broker.create_topic(topic, PARTITIONS)
+    summary = produce_mixed(
+        kafka_broker.bootstrap, topic, partitions=PARTITIONS, records=RECORDS, seed=SEED
+    )
+    return Mixed(topic, summary)
+
+
+def test_the_summary_adds_up(mixed):
+    summary = mixed.summary
+    assert summary.records == RECORDS
+    assert [p.partition for p in summary.partitions] == list(range(PARTITIONS))
+    for p in summary.partitions:
+        # A fresh topic: every offset is a record or a transaction marker.
+        assert p.log_end_offset == p.records + p.commit_markers + p.abort_markers
+        assert p.commit_markers >= 1 and p.abort_markers >= 1
+        assert p.committed_records > 0 and p.aborted_records > 0
+        assert set(p.records_by_codec) == set(CODECS)
+        assert sum(p.records_by_codec.values()) == p.records
+
+
+def test_log_end_offsets_are_what_the_broker_says(kafka_broker, mixed):
+    from confluent_kafka import TopicPartition
+
+    consumer = probe_consumer(kafka_broker.bootstrap)
+    try:
+        for p in mixed.summary.partitions:
+            where = TopicPartition(mixed.topic, p.partition)
+            assert consumer.get_watermark_offsets(where, 10) == (0, p.log_end_offset)
+            batches = broker_batches(kafka_broker.log_dir, mixed.topic, p.partition)
+            assert batches[-1].last_offset == p.last_offset
+    finally:
+        consumer.close()
+
+
+def test_every_codec_and_both_markers_are_in_the_brokers_segments(kafka_broker, mixed):
+    for p in mixed.summary.partitions:
+        batches = broker_batches(kafka_broker.log_dir, mixed.topic, p.partition)
+        data = [b for b in batches if not b.is_control]
+        assert {b.codec for b in data} == set(CODECS)
+        assert any(b.is_transactional for b in data)
+        assert any(not b.is_transactional for b in data)
+        assert sum(b.is_control for b in batches) == p.commit_markers + p.abort_markers
+
+
+def test_kafkas_own_dump_agrees_batch_by_batch(kafka_broker, mixed):
+    """DumpLogSegments decodes every record: codecs, markers and CRCs as Kafka sees them."""
+    for p in mixed.summary.partitions:
+        files = sorted(kafka_broker.partition_dir(mixed.topic, p.partition).glob("*.log"))
+        dump = dump_log_segments(*files)
+        dumped = [m.groupdict() for m in DUMP_BATCH.finditer(dump)]
+        ours = broker_batches(kafka_broker.log_dir, mixed.topic, p.partition)
+        assert [(int(d["base"]), int(d["last"])) for d in dumped] == [
+            (b.base_offset, b.last_offset) for b in ours
+        ]
+        assert [d["codec"] for d in dumped] == [b.codec for b in ours]
+        assert [d["control"] == "true" for d in dumped] == [b.is_control for b in ours]
+        assert {d["valid"] for d in dumped} == {"true"}
+        markers = Counter(DUMP_MARKER.findall(dump))
+        assert markers == Counter(COMMIT=p.commit_markers, ABORT=p.abort_markers)
+
+
+def test_read_committed_reads_everything_but_aborted_records(kafka_broker, mixed):
+    read = consume_all(kafka_broker.bootstrap, mixed.topic)
+    for p in mixed.summary.partitions:
+        records = read[p.partition]
+        assert len(records) == p.visible_records
+        assert records_digest(records) == p.committed_digest
+        assert [r.offset for r in records] == sorted(r.offset for r in records)
+    everything = [r for records in read.values() for r in records]
+    assert any(r.key is None for r in everything)
+    assert any(r.value is None for r in everything)
+    assert any(r.key is not None and r.value is None for r in everything)  # tombstones
+    assert any(r.headers for r in everything)
+    assert any(value is None for r in everything for _, value in r.headers)
+    assert max(len(r.value or b"") for r in everything) > 16 * 1024
+
+
+def test_read_uncommitted_also_reads_aborted_records(kafka_broker, mixed):
+    read = consume_all(kafka_broker.bootstrap, mixed.topic, isolation="read_uncommitted")
+    for p in mixed.summary.partitions:
+        assert len(read[p.partition]) == p.records
+        assert records_digest(read[p.partition]) == p.uncommitted_digest
+        assert p.uncommitted_digest != p.committed_digest
+
+
+def test_records_digest_sees_every_field() -> None:
+    base = ConsumedRecord(offset=5, key=b"k", value=b"v", headers=(("h", b"x"),), timestamp=1)
+    variants = [
+        ConsumedRecord(6, b"k", b"v", (("h", b"x"),), 1),
+        ConsumedRecord(5, None, b"v", (("h", b"x"),), 1),
+        ConsumedRecord(5, b"k", b"", (("h", b"x"),), 1),
+        ConsumedRecord(5, b"k", b"v", (("h", None),), 1),
+        ConsumedRecord(5, b"k", b"v", (), 1),
+    ]
+    digests = {records_digest([r]) for r in [base, *variants]}
+    assert len(digests) == 1 + len(variants)
+    # Timestamps are the client's clock, not the seed's: they do not count.
+    assert records_digest([base]) == records_digest(
+        [ConsumedRecord(5, b"k", b"v", base.headers, 9)]
+    )
+
+
+def test_the_same_seed_gives_the_same_records_and_offsets(kafka_broker, unique_topic):
+    summaries = []
+    for seed in (SEED, SEED, SEED + 1):
+        topic = unique_topic(f"seed-{seed}")
+        kafka_broker.create_topic(topic, 2)
+        summaries.append(
+            produce_mixed(kafka_broker.bootstrap, topic, partitions=2, records=1500, seed=seed)
+        )
+    first, again, other = summaries
+    for a, b, c in zip(first.partitions, again.partitions, other.partitions, strict=True):
+        assert (a.committed_digest, a.uncommitted_digest, a.log_end_offset) == (
+            b.committed_digest,
+            b.uncommitted_digest,
+            b.log_end_offset,
+        )
+        assert a.committed_digest != c.committed_digest
+
+
+def test_without_transactions_or_headers_and_with_one_codec(kafka_broker, unique_topic):
+    kafka_broker.create_topic(unique_topic, 2)
+    summary = produce_mixed(
+        kafka_broker.bootstrap,
+        unique_topic,
+        partitions=2,
+        records=1000,
+        seed=1,
+        codecs=("zstd",),
+        transactional=False,
+        headers=False,
+    )
+    assert summary.commit_markers == summary.abort_markers == 0
+    for p in summary.partitions:
+        assert p.log_end_offset == p.records
+        batches = broker_batches(kafka_broker.log_dir, unique_topic, p.partition)
+        assert {(b.codec, b.is_transactional, b.is_control) for b in batches} == {
+            ("zstd", False, False)
+        }
+    read = consume_all(kafka_broker.bootstrap, unique_topic)
+    assert not any(r.headers for records in read.values() for r in records)
+
+
+def test_read_broker_batches_is_the_segment_files_in_offset_order(kafka_broker, mixed):
+    partition_dir = kafka_broker.partition_dir(mixed.topic, 0)
+    whole = b"".join(f.read_bytes() for f in sorted(partition_dir.glob("*.log")))
+    assert read_broker_batches(kafka_broker.log_dir, mixed.topic, 0) == whole
+    batches = broker_batches(kafka_broker.log_dir, mixed.topic, 0)
+    middle = batches[len(batches) // 2]
+    tail = read_broker_batches(
+        kafka_broker.log_dir, mixed.topic, 0, start_offset=middle.last_offset
+    )
+    assert tail == b"".join(b.raw for b in batches[len(batches) // 2 :])
+
+
+def test_bad_arguments_are_refused_before_any_connection() -> None:
+    unreachable = "127.0.0.1:9"
+    with pytest.raises(ValueError, match="codecs"):
+        produce_mixed(unreachable, "t", partitions=1, records=1, seed=1, codecs=("brotli",))
+    with pytest.raises(ValueError, match="partition"):
+        produce_mixed(unreachable, "t", partitions=0, records=1, seed=1)
+    with pytest.raises(ValueError, match="isolation"):
+        consume_all(unreachable, "t", partitions=1, isolation="dirty")

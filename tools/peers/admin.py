@@ -1,0 +1,78 @@
+"""Topic administration on any Kafka-protocol peer, through confluent-kafka.
+
+A topic is ready when every partition answers ListOffsets, not when metadata
+names a leader: Kafka publishes the leader in metadata a moment before the
+broker has opened the partition's log, and a produce or ListOffsets in that
+moment fails with NOT_LEADER_OR_FOLLOWER.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+
+from confluent_kafka import Consumer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tools.peers.process import PeerError, wait_until
+
+# librdkafka reports every refused connection; send that to logging, not stderr.
+librdkafka_log = logging.getLogger("tools.peers.librdkafka")
+PROBE_TIMEOUT_S = 5.0
+
+
+def admin_client(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap, "logger": librdkafka_log})
+
+
+def probe_consumer(bootstrap: str) -> Consumer:
+    """A consumer for ListOffsets and metadata only: it joins no group and commits nothing."""
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"peer-probe-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "logger": librdkafka_log,
+        }
+    )
+
+
+def create_topic_and_wait(
+    bootstrap: str,
+    name: str,
+    partitions: int,
+    config: Mapping[str, str] | None = None,
+    *,
+    timeout_s: float = 30,
+) -> None:
+    """CreateTopics (replication factor 1), then wait until every partition is served."""
+    admin = admin_client(bootstrap)
+    new_topic = NewTopic(
+        name, num_partitions=partitions, replication_factor=1, config=dict(config or {})
+    )
+    future = admin.create_topics([new_topic], operation_timeout=timeout_s)[name]
+    try:
+        future.result(timeout=timeout_s)
+    except Exception as exc:
+        raise PeerError(f"creating topic {name!r} on {bootstrap}: {exc}") from exc
+
+    def leaders_known() -> bool | None:
+        topic = admin.list_topics(topic=name, timeout=PROBE_TIMEOUT_S).topics.get(name)
+        if topic is None or topic.error is not None or len(topic.partitions) != partitions:
+            return None
+        return all(p.leader >= 0 and p.error is None for p in topic.partitions.values()) or None
+
+    wait_until(leaders_known, timeout_s=timeout_s, what=f"leaders for topic {name!r}")
+    consumer = probe_consumer(bootstrap)
+    try:
+        for partition in range(partitions):
+            where = KafkaTopicPartition(name, partition)
+            wait_until(
+                lambda where=where: consumer.get_watermark_offsets(where, PROBE_TIMEOUT_S),
+                timeout_s=timeout_s,
+                what=f"ListOffsets for {name}-{partition}",
+            )
+    finally:
+        consumer.close()
