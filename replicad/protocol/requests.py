@@ -39,23 +39,26 @@ def _field_names(cls: type) -> frozenset[str]:
     return frozenset(f.name for f in fields(cls))
 
 
-def _make(cls: type, **values: Any) -> Any:
+def make_entity(cls: type, **values: Any) -> Any:
+    """An instance of a kio class from the fields it has; extra values are dropped."""
     names = _field_names(cls)
     return cls(**{k: v for k, v in values.items() if k in names})
 
 
-def _nested(request_cls: type, name: str) -> type:
+def nested_type(request_cls: type, name: str) -> type:
     return getattr(sys.modules[request_cls.__module__], name)
 
 
 def metadata_request(version: int, topics: Sequence[str] | None) -> Any:
     """Metadata for the named topics, or for all topics when `topics` is None."""
     cls = request_type(ApiKey.METADATA, version)
-    topic_cls = _nested(cls, "MetadataRequestTopic")
+    topic_cls = nested_type(cls, "MetadataRequestTopic")
     wanted = (
-        None if topics is None else tuple(_make(topic_cls, name=t, topic_id=None) for t in topics)
+        None
+        if topics is None
+        else tuple(make_entity(topic_cls, name=t, topic_id=None) for t in topics)
     )
-    return _make(
+    return make_entity(
         cls,
         topics=wanted,
         allow_auto_topic_creation=False,
@@ -78,12 +81,12 @@ def list_offsets_request(
     isolation_level: int = READ_UNCOMMITTED,
 ) -> Any:
     cls = request_type(ApiKey.LIST_OFFSETS, version)
-    topic_cls = _nested(cls, "ListOffsetsTopic")
-    part_cls = _nested(cls, "ListOffsetsPartition")
+    topic_cls = nested_type(cls, "ListOffsetsTopic")
+    part_cls = nested_type(cls, "ListOffsetsPartition")
     by_topic: dict[str, list[Any]] = {}
     for tp, q in queries.items():
         by_topic.setdefault(tp.topic, []).append(
-            _make(
+            make_entity(
                 part_cls,
                 partition_index=tp.partition,
                 current_leader_epoch=q.current_leader_epoch,
@@ -91,11 +94,13 @@ def list_offsets_request(
                 max_num_offsets=1,
             )
         )
-    return _make(
+    return make_entity(
         cls,
         replica_id=replica_id,
         isolation_level=isolation_level,
-        topics=tuple(_make(topic_cls, name=t, partitions=tuple(p)) for t, p in by_topic.items()),
+        topics=tuple(
+            make_entity(topic_cls, name=t, partitions=tuple(p)) for t, p in by_topic.items()
+        ),
         timeout=datetime.timedelta(seconds=30),
     )
 
@@ -108,19 +113,21 @@ def offset_for_leader_epoch_request(
 ) -> Any:
     """queries: partition -> (current leader epoch, epoch whose end offset we want)."""
     cls = request_type(ApiKey.OFFSET_FOR_LEADER_EPOCH, version)
-    topic_cls = _nested(cls, "OffsetForLeaderTopic")
-    part_cls = _nested(cls, "OffsetForLeaderPartition")
+    topic_cls = nested_type(cls, "OffsetForLeaderTopic")
+    part_cls = nested_type(cls, "OffsetForLeaderPartition")
     by_topic: dict[str, list[Any]] = {}
     for tp, (current, epoch) in queries.items():
         by_topic.setdefault(tp.topic, []).append(
-            _make(
+            make_entity(
                 part_cls, partition=tp.partition, current_leader_epoch=current, leader_epoch=epoch
             )
         )
-    return _make(
+    return make_entity(
         cls,
         replica_id=replica_id,
-        topics=tuple(_make(topic_cls, topic=t, partitions=tuple(p)) for t, p in by_topic.items()),
+        topics=tuple(
+            make_entity(topic_cls, topic=t, partitions=tuple(p)) for t, p in by_topic.items()
+        ),
     )
 
 
@@ -154,8 +161,8 @@ class FetchSpec:
 
 def fetch_request(version: int, spec: FetchSpec) -> Any:
     cls = request_type(ApiKey.FETCH, version)
-    topic_cls = _nested(cls, "FetchTopic")
-    part_cls = _nested(cls, "FetchPartition")
+    topic_cls = nested_type(cls, "FetchTopic")
+    part_cls = nested_type(cls, "FetchPartition")
     use_ids = version >= FETCH_TOPIC_ID_VERSION
     topics = []
     # Consecutive partitions of one topic share an entry; a topic that reappears
@@ -163,7 +170,7 @@ def fetch_request(version: int, spec: FetchSpec) -> Any:
     # partitions is the priority order (KIP-74).
     for topic, tps in _ordered_runs(spec.partitions):
         parts = tuple(
-            _make(
+            make_entity(
                 part_cls,
                 partition=tp.partition,
                 current_leader_epoch=spec.partitions[tp].current_leader_epoch,
@@ -178,27 +185,28 @@ def fetch_request(version: int, spec: FetchSpec) -> Any:
             topic_id = spec.partitions[tps[0]].topic_id
             if topic_id is None:
                 raise LocalProtocolError(f"Fetch v{version} needs a topic id for {topic!r}")
-            topics.append(_make(topic_cls, topic_id=topic_id, partitions=parts))
+            topics.append(make_entity(topic_cls, topic_id=topic_id, partitions=parts))
         else:
-            topics.append(_make(topic_cls, topic=topic, partitions=parts))
+            topics.append(make_entity(topic_cls, topic=topic, partitions=parts))
     if (spec.forgotten or spec.forgotten_ids) and version < FETCH_SESSION_VERSION:
         raise LocalProtocolError(f"Fetch v{version} has no sessions: cannot forget partitions")
     forgotten = []
     if version >= FETCH_SESSION_VERSION:
-        forgotten_cls = _nested(cls, "ForgottenTopic")
+        forgotten_cls = nested_type(cls, "ForgottenTopic")
         if use_ids:
             by_id: dict[uuid.UUID, list[int]] = {}
             for topic_id, partition in spec.forgotten_ids:
                 by_id.setdefault(topic_id, []).append(partition)
             forgotten = [
-                _make(forgotten_cls, topic_id=k, partitions=tuple(v)) for k, v in by_id.items()
+                make_entity(forgotten_cls, topic_id=k, partitions=tuple(v))
+                for k, v in by_id.items()
             ]
         else:
             by_name: dict[str, list[int]] = {}
             for tp in spec.forgotten:
                 by_name.setdefault(tp.topic, []).append(tp.partition)
             forgotten = [
-                _make(forgotten_cls, topic=k, partitions=tuple(v)) for k, v in by_name.items()
+                make_entity(forgotten_cls, topic=k, partitions=tuple(v)) for k, v in by_name.items()
             ]
     values: dict[str, Any] = dict(
         max_wait=datetime.timedelta(milliseconds=spec.max_wait_ms),
@@ -212,13 +220,13 @@ def fetch_request(version: int, spec: FetchSpec) -> Any:
         rack_id=spec.rack_id,
     )
     if version >= FETCH_REPLICA_STATE_VERSION:
-        state_cls = _nested(cls, "ReplicaState")
+        state_cls = nested_type(cls, "ReplicaState")
         values["replica_state"] = state_cls(
             replica_id=spec.replica_id, replica_epoch=spec.replica_epoch
         )
     else:
         values["replica_id"] = spec.replica_id
-    return _make(cls, **values)
+    return make_entity(cls, **values)
 
 
 def _ordered_runs(
