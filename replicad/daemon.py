@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import resource
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -242,6 +243,17 @@ def _restart_needed(old: Config, new: Config) -> list[str]:
         "topics.on_gap": (old.topics.on_gap, new.topics.on_gap),
     }
     return [key for key, (a, b) in checks.items() if a != b]
+
+
+def raise_open_file_limit() -> int:
+    """Lift the soft RLIMIT_NOFILE to the hard one: a replica of many partitions needs
+    many segment files (the log store's own cap, log.max_open_files, stays in force)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 async def run_daemon(

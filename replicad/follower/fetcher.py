@@ -114,6 +114,11 @@ class FetcherStats:
     connection_errors: int = 0
     rejected_responses: int = 0
     truncations: int = 0
+    # Fetch frames as written to and read from the socket (size prefix included).
+    last_request_bytes: int = 0
+    last_response_bytes: int = 0
+    request_bytes_total: int = 0
+    response_bytes_total: int = 0
     last_latency_ms: float = 0.0
     last_error: str | None = None
     partition_errors: Counter[str] = field(default_factory=Counter)
@@ -196,6 +201,7 @@ class LeaderFetcher:
         version = self._usable_fetch_version(version, plan)
         request = fetch_request(version, self._spec(plan, version))
         started = time.perf_counter()
+        sent_before, received_before = conn.bytes_sent, conn.bytes_received
         self.stats.requests += 1
         try:
             body = await conn.request(
@@ -208,6 +214,12 @@ class LeaderFetcher:
             raise exc
         self.stats.responses += 1
         self.stats.last_latency_ms = (time.perf_counter() - started) * 1000
+        # Only fetches travel on this connection, one at a time: the deltas are this
+        # request's and this response's frames.
+        self.stats.last_request_bytes = conn.bytes_sent - sent_before
+        self.stats.last_response_bytes = conn.bytes_received - received_before
+        self.stats.request_bytes_total += self.stats.last_request_bytes
+        self.stats.response_bytes_total += self.stats.last_response_bytes
         if self._handle_response(plan, version, body):
             self._backoff.reset()
         else:

@@ -33,6 +33,7 @@ class RateMeter:
 def _leader(fetcher: LeaderFetcher, rate: float) -> dict[str, Any]:
     s = fetcher.stats
     session = fetcher.session
+    counts = session.status()
     return {
         "node_id": fetcher.address.node_id,
         "address": f"{fetcher.address.host}:{fetcher.address.port}",
@@ -46,6 +47,14 @@ def _leader(fetcher: LeaderFetcher, rate: float) -> dict[str, Any]:
         "errors": s.connection_errors + sum(s.partition_errors.values()),
         "last_error": s.last_error,
         "session_recoveries": dict(s.session_recoveries),
+        "rejected_responses": s.rejected_responses,
+        "truncations": s.truncations,
+        "full_requests": counts.full_requests,
+        "incremental_requests": counts.incremental_requests,
+        "last_request_bytes": s.last_request_bytes,
+        "last_response_bytes": s.last_response_bytes,
+        "request_bytes_total": s.request_bytes_total,
+        "response_bytes_total": s.response_bytes_total,
     }
 
 
