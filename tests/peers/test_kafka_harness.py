@@ -172,3 +172,24 @@ def test_restart_keeps_ports_and_data_and_a_killed_broker_recovers(make_kafka_br
     assert broker.bootstrap == bootstrap
     again = consume_all(broker.bootstrap, unique_topic)
     assert again == read
+
+
+def test_a_port_taken_before_the_broker_binds_it_is_retried(tmp_path, monkeypatch):
+    import socket
+
+    import tools.peers.kafka as kafka_module
+
+    real = kafka_module._two_free_ports
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        calls = iter([(taken, real()[1])])
+        monkeypatch.setattr(kafka_module, "_two_free_ports", lambda: next(calls, None) or real())
+        broker = KafkaBroker(tmp_path / "broker")
+        try:
+            broker.start()
+            assert broker.port != taken
+            assert "Address already in use" in broker.server_log.read_text()
+        finally:
+            broker.stop()

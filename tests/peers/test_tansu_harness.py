@@ -116,3 +116,23 @@ def test_a_restarted_tansu_keeps_its_port_and_has_forgotten_everything(tmp_path,
         assert unique_topic not in broker.admin().list_topics(timeout=10).topics
     finally:
         broker.stop()
+
+
+def test_a_port_taken_before_tansu_binds_it_is_retried(tmp_path, monkeypatch):
+    import socket
+
+    import tools.peers.tansu as tansu_module
+
+    real = tansu_module.free_port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        ports = iter([taken])
+        monkeypatch.setattr(tansu_module, "free_port", lambda: next(ports, None) or real())
+        broker = TansuBroker(tmp_path / "tansu")
+        try:
+            broker.start()
+            assert broker.port != taken
+        finally:
+            broker.stop()

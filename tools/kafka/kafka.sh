@@ -39,15 +39,25 @@ fetch() {
         echo "kafka.sh: mvn not found (Debian package 'maven')" >&2
         exit 1
     }
+    command -v java >/dev/null 2>&1 || {
+        echo "kafka.sh: java not found; Kafka 4 needs Java 17+ (Debian: openjdk-17-jre-headless)" >&2
+        exit 1
+    }
     echo "kafka.sh: resolving Apache Kafka $(version) into $lib" >&2
     # A private local repository keeps everything this project downloads under .cache/.
-    local staging="$cache/lib.partial"
+    local staging="$cache/lib.partial.$$"
     rm -rf "$staging"
-    mvn --batch-mode --quiet -Dstyle.color=never --file "$pom" \
+    mkdir -p "$cache"
+    # Maven's output is kept for when it fails; on success it is noise.
+    if ! mvn --batch-mode --quiet --file "$pom" \
         -Dmaven.repo.local="$cache/m2" \
         "$dependency_plugin:copy-dependencies" \
         -DincludeScope=runtime \
-        -DoutputDirectory="$staging" >&2
+        -DoutputDirectory="$staging" >"$cache/mvn.log" 2>&1; then
+        cat "$cache/mvn.log" >&2
+        echo "kafka.sh: resolving the Kafka jars failed (Maven's output above)" >&2
+        exit 1
+    fi
     # Swap in whole so an interrupted fetch never leaves a half-filled lib/.
     # Class-data-sharing archives (tools/peers/kafka.py) fit only the old jars.
     rm -rf "$lib" "$cache/cds"

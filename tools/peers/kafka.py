@@ -89,7 +89,7 @@ BIND_ATTEMPTS = 3
 _log = logging.getLogger(__name__)
 
 
-def test_broker_config() -> dict[str, str]:
+def harness_broker_config() -> dict[str, str]:
     """Settings every test broker gets, before the caller's `broker_config`.
 
     Internal topics fit one node, topics exist only when a test creates them,
@@ -120,6 +120,10 @@ def test_broker_config() -> dict[str, str]:
 @functools.cache
 def kafka_classpath() -> str:
     """The classpath of the cached Kafka jars; PeerNotInstalledError when they are missing."""
+    if shutil.which("java") is None:
+        raise PeerNotInstalledError(
+            "java not found: Kafka 4 needs Java 17+ (openjdk-17-jre-headless)"
+        )
     result = subprocess.run(
         [str(KAFKA_SH), "classpath"], capture_output=True, text=True, check=False
     )
@@ -212,7 +216,7 @@ def _tail(path: Path, lines: int = 40) -> str:
 class KafkaBroker:
     """One Apache Kafka broker (combined broker + controller) in `workdir`.
 
-    `broker_config` entries override `test_broker_config()`. `segment_bytes`
+    `broker_config` entries override `harness_broker_config()`. `segment_bytes`
     is the segment size of every topic `create_topic` makes (unless it is told
     otherwise), for tests that want several segments per partition; it may be
     below Kafka's 1 MiB floor (see `segment_config`).
@@ -230,7 +234,7 @@ class KafkaBroker:
         self.log_dir = self.workdir / "data"
         self.server_log = self.workdir / "logs" / "server.log"
         self.jvm_output = self.workdir / "broker.out"
-        self._config = test_broker_config()
+        self._config = harness_broker_config()
         self._config.update(broker_config or {})
         self.segment_bytes = segment_bytes
         self._heap = heap
@@ -250,7 +254,7 @@ class KafkaBroker:
 
     @property
     def bootstrap(self) -> str:
-        """ "127.0.0.1:PORT" of the client listener."""
+        """The client listener's address, 127.0.0.1:PORT."""
         return f"{LOOPBACK}:{self.port}"
 
     @property
@@ -276,14 +280,18 @@ class KafkaBroker:
             if not self._formatted:
                 self._format_storage()
             started = time.monotonic()
+            log_start = self.server_log.stat().st_size if self.server_log.exists() else 0
             self._launch()
             try:
                 self._wait_ready(timeout_s)
             except PeerError:
-                bind_failed = "Address already in use" in self._logs_tail()
+                bind_failed = "Address already in use" in self._log_since(log_start)
                 self._reap()
                 if first_start and bind_failed and attempt < BIND_ATTEMPTS:
                     _log.warning("kafka broker: port taken, retrying on new ports")
+                    # Start over: nothing of the failed start may depend on the old ports.
+                    shutil.rmtree(self.log_dir, ignore_errors=True)
+                    self._formatted = False
                     continue
                 raise
             _log.info(
@@ -438,6 +446,14 @@ class KafkaBroker:
             raise PeerError(
                 f"{exc}\n--- {self.server_log} (tail) ---\n{self._logs_tail()}"
             ) from exc
+
+    def _log_since(self, position: int) -> str:
+        try:
+            with self.server_log.open("rb") as log:
+                log.seek(position)
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def _logs_tail(self) -> str:
         return f"{_tail(self.server_log)}\n{_tail(self.jvm_output, 20)}"

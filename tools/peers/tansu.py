@@ -93,7 +93,7 @@ class TansuBroker:
 
     @property
     def bootstrap(self) -> str:
-        """ "127.0.0.1:PORT" of its listener."""
+        """Its listener's address, 127.0.0.1:PORT."""
         return f"{LOOPBACK}:{self.port}"
 
     @property
