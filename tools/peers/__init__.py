@@ -1,0 +1,14 @@
+"""Real peers for replicad's tests: brokers, clients and tools that no one here wrote.
+
+- `kafka`: `KafkaBroker` (Apache Kafka 4.x, KRaft, single node on 127.0.0.1) and
+  `run_kafka_class` / `dump_log_segments` for Kafka's own tools. Jars: `make peers`.
+- `tansu`: `TansuBroker` (memory only, sessionless Fetch; its quirks are in its doc).
+- `produce`: `produce_mixed` (every codec, headers, nulls, committed and aborted
+  transactions, deterministic per seed) and `consume_all` (a real consumer).
+- `segments`: `read_broker_batches` / `broker_batches`, the broker's own batch bytes.
+- `wire`: `fetch_once`, one raw Fetch to see sessions, aborted transactions and bytes.
+- `kcat`: `run_kcat`. `admin`: topic creation that waits until topics are served.
+- `process`: how peers are started, stopped, and never leaked.
+
+The pytest fixtures over these are in tests/conftest.py.
+"""

