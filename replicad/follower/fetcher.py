@@ -600,8 +600,17 @@ class LeaderFetcher:
     async def _connection(self) -> BrokerConnection:
         if self._conn is not None and self._conn.is_open:
             return self._conn
-        self._conn = self.client.new_connection(self.address, reserve=self._reserve)
-        await self._conn.connect()
+        if self._conn is not None:
+            # Lost between requests (the peer closed it): Kafka's rule for a network
+            # error applies all the same -- close the session, next request (ID, 0) --
+            # or the first request on the new connection is a doomed incremental one.
+            await self._conn.close()
+            self._conn = None
+            if self.session.is_sessionful:
+                self._note_recovery(self.session.handle_send_error(now_ms=monotonic_ms()))
+        conn = self.client.new_connection(self.address, reserve=self._reserve)
+        await conn.connect()
+        self._conn = conn
         log.info("connected to leader", leader=str(self.address))
         return self._conn
 

@@ -30,7 +30,9 @@ from replicad.follower.metadata import ClusterMetadata, TopicSelection
 from replicad.follower.partition_state import PartitionPhase, PartitionState
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
+from replicad.protocol.backoff import Backoff
 from replicad.protocol.client import ClientSettings, KafkaClient
+from replicad.ratelimit import RateLimitedLog
 from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.replicator")
@@ -203,17 +205,27 @@ class Replicator:
         next_metadata = monotonic_ms() + s.metadata_max_age_ms
         next_checkpoint = monotonic_ms() + s.checkpoint_interval_ms
         last_refresh = -s.metadata_min_interval_ms
+        # Failed refreshes back off like reconnects; logged once a minute with a count.
+        retry = Backoff(s.client.reconnect_backoff_ms, s.client.reconnect_backoff_max_ms)
+        retry_at = 0
+        say = RateLimitedLog(interval_ms=60_000)
         while not stop.is_set():
             now = monotonic_ms()
             deadline = min(next_metadata, next_checkpoint)
             if self._refresh.is_set():
-                deadline = min(deadline, max(now, last_refresh + s.metadata_min_interval_ms))
+                deadline = min(
+                    deadline, max(now, last_refresh + s.metadata_min_interval_ms, retry_at)
+                )
                 await asyncio.sleep(max(0, deadline - now) / 1000)
             else:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._refresh.wait(), max(0, deadline - now) / 1000)
             now = monotonic_ms()
-            on_demand = self._refresh.is_set() and now >= last_refresh + s.metadata_min_interval_ms
+            on_demand = (
+                self._refresh.is_set()
+                and now >= last_refresh + s.metadata_min_interval_ms
+                and now >= retry_at
+            )
             if on_demand or now >= next_metadata:
                 reasons, self._refresh_reasons = self._refresh_reasons, []
                 self._refresh.clear()
@@ -224,10 +236,20 @@ class Replicator:
                     topics = self.settings.selection.metadata_topics()
                     if self._apply(await self.client.metadata(topics)):
                         next_metadata = now + MISSING_TOPIC_RETRY_MS
+                    retry.reset()
                     if reasons:
                         log.debug("metadata refreshed", reasons=reasons[:5])
                 except (KafkaConnectionError, ProtocolError) as exc:
-                    log.warning("metadata refresh failed", error=str(exc))
+                    delay = retry.next_delay_ms()
+                    retry_at = now + delay
+                    emit = say.should_emit("metadata", now)
+                    if emit.emit:
+                        log.warning(
+                            "metadata refresh failed; retrying with backoff",
+                            error=str(exc),
+                            retry_in_ms=delay,
+                            failures_suppressed=emit.suppressed,
+                        )
                     self._refresh.set()
             if now >= next_checkpoint:
                 next_checkpoint = now + s.checkpoint_interval_ms
