@@ -114,6 +114,7 @@ class FetcherStats:
     connection_errors: int = 0
     rejected_responses: int = 0
     truncations: int = 0
+    loop_errors: int = 0
     # Fetch frames as written to and read from the socket (size prefix included).
     last_request_bytes: int = 0
     last_response_bytes: int = 0
@@ -185,6 +186,15 @@ class LeaderFetcher:
                     await self._turn()
                 except (KafkaConnectionError, ProtocolError) as exc:
                     await self._connection_failed(exc)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    # A bug or an unforeseen local failure must not silently end
+                    # replication from this leader: say it loudly, back off, go on.
+                    self.stats.loop_errors += 1
+                    self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                    log.exception("fetch loop failed; retrying", leader=str(self.address))
+                    await self._sleep(self._backoff.next_delay_ms())
         finally:
             await self._close_session()
 
@@ -234,24 +244,42 @@ class LeaderFetcher:
             self.session = FetchSessionHandler(self.address.node_id, sessions_enabled=False)
         return version
 
+    def _log(self, state: PartitionState) -> Any:
+        if state.log is None:
+            state.log = self.logs.get_or_create(state.tp, topic_id=state.topic_id)
+        return state.log
+
     def _wanted(self, now_ms: int) -> dict[TopicPartition, PartitionFetch]:
+        """The fetchable partitions in rotation order. Per partition this is a few
+        attribute reads: the PartitionFetch object is rebuilt only when one of its
+        inputs changed, and the session handler skips unchanged objects by identity."""
         wanted: dict[TopicPartition, PartitionFetch] = {}
-        ids = self._topic_ids()
+        max_bytes = self.settings.partition_max_bytes
         for tp, state in self.partitions.items():
             if state.phase is PartitionPhase.PAUSED_DISK_FULL and now_ms >= state.delayed_until_ms:
                 state.phase = PartitionPhase.FETCHING  # try again: space may be back
             if not state.fetchable(now_ms):
                 continue
-            plog = self.logs.get_or_create(tp, topic_id=ids.get(tp.topic))
+            plog = self._log(state)
             latest = plog.latest_epoch()
-            wanted[tp] = PartitionFetch(
-                fetch_offset=state.fetch_offset,
-                log_start_offset=plog.log_start_offset,
-                max_bytes=self.settings.partition_max_bytes,
-                current_leader_epoch=state.leader_epoch,
-                last_fetched_epoch=-1 if latest is None else latest,
-                topic_id=ids.get(tp.topic),
+            key = (
+                state.fetch_offset,
+                plog.log_start_offset,
+                state.leader_epoch,
+                latest,
+                state.topic_id,
             )
+            if key != state.want_key:
+                state.want_key = key
+                state.want = PartitionFetch(
+                    fetch_offset=state.fetch_offset,
+                    log_start_offset=plog.log_start_offset,
+                    max_bytes=max_bytes,
+                    current_leader_epoch=state.leader_epoch,
+                    last_fetched_epoch=-1 if latest is None else latest,
+                    topic_id=state.topic_id,
+                )
+            wanted[tp] = state.want
         return wanted
 
     def _spec(self, plan: FetchRequestPlan, version: int) -> FetchSpec:
@@ -372,7 +400,7 @@ class LeaderFetcher:
 
     def _append(self, state: PartitionState, records: bytes | None, now_ms: int) -> bool:
         tp = state.tp
-        plog = self.logs.get_or_create(tp, topic_id=self._topic_ids().get(tp.topic))
+        plog = self._log(state)
         fetched = validate_fetched(
             records,
             fetch_offset=state.fetch_offset,
@@ -425,7 +453,7 @@ class LeaderFetcher:
 
     def _truncate(self, state: PartitionState, leader: EpochEndOffset, why: str) -> bool:
         """Truncate where the leader's epoch end says; True when no further question is needed."""
-        plog = self.logs.get_or_create(state.tp)
+        plog = self._log(state)
         decision = decide_truncation(
             leader,
             local_end_for=plog.end_offset_for_epoch,
@@ -471,7 +499,7 @@ class LeaderFetcher:
             if lo is None or hi is None:
                 state.delay(now, self.settings.backoff_ms, "ListOffsets failed")
                 continue
-            plog = self.logs.get_or_create(state.tp, topic_id=self._topic_ids().get(state.tp.topic))
+            plog = self._log(state)
             if state.phase is PartitionPhase.NEEDS_OFFSET:
                 start = lo if self.settings.start_from == "earliest" else hi
                 if plog.log_end_offset != start or plog.log_start_offset != start:
@@ -504,7 +532,7 @@ class LeaderFetcher:
         ofle_version = control.versions.get(ApiKey.OFFSET_FOR_LEADER_EPOCH)
         queries: dict[TopicPartition, tuple[int, int]] = {}
         for state in pending:
-            latest = self.logs.get_or_create(state.tp).latest_epoch()
+            latest = self._log(state).latest_epoch()
             if fetch_version >= FETCH_LAST_FETCHED_EPOCH_VERSION or latest is None:
                 state.epoch_check_pending = False  # Fetch itself will tell, or nothing to check
             elif ofle_version is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from replicad.types import TopicPartition
 
@@ -48,6 +49,11 @@ class PartitionState:
     # Leaders below Fetch v12 cannot report divergence in Fetch: after a leader or
     # epoch change, ask OffsetForLeaderEpoch before fetching again.
     epoch_check_pending: bool = False
+    # Caches for the fetch loop's hot path: the partition's log, and the last
+    # PartitionFetch built with the inputs (key) it was built from.
+    log: Any = None
+    want_key: tuple[object, ...] | None = None
+    want: Any = None
     extra: dict[str, object] = field(default_factory=dict)
 
     def fetchable(self, now_ms: int) -> bool:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import structlog
 
-from replicad.errors import KafkaConnectionError, ProtocolError
+from replicad.errors import KafkaConnectionError, LogError, ProtocolError
 from replicad.follower.fetcher import FetchSettings, LeaderFetcher, monotonic_ms, wall_ms
 from replicad.follower.metadata import ClusterMetadata, TopicSelection
 from replicad.follower.partition_state import PartitionPhase, PartitionState
@@ -151,8 +151,38 @@ class Replicator:
                     epoch_check_pending=existing is not None,
                 )
                 self.states[tp] = state
+                known = existing.topic_id if existing is not None else None
+                if known is not None and state.topic_id is not None and known != state.topic_id:
+                    log.error(
+                        "topic recreated upstream; partition halted, local data kept",
+                        tp=str(tp),
+                        local_topic_id=str(known),
+                        source_topic_id=str(state.topic_id),
+                    )
+                    state.phase = PartitionPhase.HALTED
+                    state.last_error = (
+                        "topic recreated upstream (topic id differs from the replica's)"
+                    )
+                    state.topic_id = known
                 self._assign(state)
                 continue
+            topic_id = cluster.topic_id(tp.topic)
+            if topic_id is not None and topic_id != state.topic_id:
+                # First id seen (old metadata version before), or the topic was recreated.
+                try:
+                    if state.log is not None:
+                        state.log.set_topic_id(topic_id)
+                    state.topic_id = topic_id
+                except LogError as exc:
+                    # The replica holds the old topic's data: keep it, stop, say why.
+                    if state.phase is not PartitionPhase.HALTED:
+                        log.error(
+                            "topic recreated upstream; partition halted, local data kept",
+                            tp=str(tp),
+                            error=str(exc),
+                        )
+                    state.phase = PartitionPhase.HALTED
+                    state.last_error = f"topic recreated upstream: {exc}"
             if leader.leader_epoch != state.leader_epoch or leader.leader_id != state.leader_id:
                 state.epoch_check_pending = True
             state.leader_epoch = leader.leader_epoch

@@ -358,7 +358,8 @@ class FetchSessionHandler:
             elif _replaced(before, now):
                 replaced.append(TopicIdPartition(before.topic_id, tp))
                 changed.append(tp)
-            elif before != now:
+            elif before is not now and before != now:
+                # `is` first: the follower reuses the same object while nothing changed.
                 changed.append(tp)
         added = [tp for tp in wanted if tp not in self._session]
         to_send = {tp: wanted[tp] for tp in (*added, *changed)}
