@@ -340,3 +340,52 @@ def test_partitions_added_while_running_are_picked_up(kafka_broker, unique_topic
         )
     finally:
         assert proc.stop() == 0, proc.output()
+
+
+def test_recreated_topic_halts_the_partition_and_keeps_the_replica(
+    kafka_broker, unique_topic, tmp_path
+):
+    import json
+
+    topic = unique_topic()
+    kafka_broker.create_topic(topic, 1)
+    _produce_plain(kafka_broker.bootstrap, topic, 1, 40)
+    data_dir, sock = tmp_path / "data", tmp_path / "c.sock"
+    args = run_args(kafka_broker, [topic], data_dir, "--control-socket", str(sock))
+    proc = ReplicadProcess(args, log_path=tmp_path / "replicad.log").start()
+    try:
+        wait_until(lambda: replica_ends(data_dir) == {(topic, 0): 40}, timeout_s=60, what="data")
+    finally:
+        assert proc.stop() == 0
+    before = segment_bytes(data_dir / f"{topic}-0")
+
+    admin = kafka_broker.admin()
+    admin.delete_topics([topic])[topic].result(30)
+    wait_until(
+        lambda: topic not in admin.list_topics(timeout=5).topics,
+        timeout_s=60,
+        what="topic deletion",
+    )
+    kafka_broker.create_topic(topic, 1)  # same name, new topic id, new history
+    _produce_plain(kafka_broker.bootstrap, topic, 1, 5)
+
+    proc = ReplicadProcess(args, log_path=tmp_path / "replicad.log").start()
+    try:
+
+        def halted() -> bool:
+            out = subprocess.run(
+                [sys.executable, "-m", "replicad.cli", "status", "--socket", str(sock), "--json"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            if out.returncode != 0:
+                return False
+            return [p["state"] for p in json.loads(out.stdout)["partitions"]] == ["halted"]
+
+        wait_until(halted, timeout_s=60, what="the partition to halt")
+        time.sleep(1)
+    finally:
+        assert proc.stop() == 0, proc.output()
+    assert "topic recreated upstream" in proc.output()
+    assert segment_bytes(data_dir / f"{topic}-0") == before  # the old replica is untouched
