@@ -67,7 +67,7 @@ async def test_malformed_frame_fails_the_connection_not_the_process():
     server, port = await _standin(leader)
     async with server:
         conn = _conn("127.0.0.1", port)
-        with pytest.raises(RemoteProtocolError, match="undecodable|trailing bytes"):
+        with pytest.raises(RemoteProtocolError, match=r"undecodable|trailing bytes"):
             await conn.connect()
         assert not conn.is_open
 
