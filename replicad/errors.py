@@ -99,3 +99,7 @@ class DaemonNotRunning(ControlError):
 
 class OffsetOutOfRangeError(LogError):
     """A read asked for an offset below the log start or above the log end."""
+
+
+class PoolTooSmallError(ReplicadError):
+    """A single fetch response is larger than the whole memory pool (buffer_memory)."""

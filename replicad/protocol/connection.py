@@ -22,7 +22,12 @@ from kio.schema.api_versions.v3.response import ApiVersionsResponse as ApiVersio
 from kio.schema.errors import ErrorCode
 
 from replicad import __version__
-from replicad.errors import KafkaConnectionError, RemoteProtocolError, RequestTimeoutError
+from replicad.errors import (
+    KafkaConnectionError,
+    PoolTooSmallError,
+    RemoteProtocolError,
+    RequestTimeoutError,
+)
 from replicad.protocol.apis import NegotiatedVersions, VersionRange, negotiate
 from replicad.protocol.codec import (
     SIZE,
@@ -33,6 +38,11 @@ from replicad.protocol.codec import (
     response_type,
 )
 
+
+def _no_release() -> None:
+    return None
+
+
 # Called with a response's size before its body is read; the returned awaitable
 # resolves when the bytes may be held (KIP-81 memory pool). Returns a release callback.
 Reserve = Callable[[int], Awaitable[Callable[[], None]]]
@@ -42,6 +52,15 @@ Reserve = Callable[[int], Awaitable[Callable[[], None]]]
 class _Pending:
     response_cls: type
     future: asyncio.Future[Any]
+    hold: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HeldResponse:
+    """A response whose memory reservation the caller releases when done with it."""
+
+    body: Any
+    release: Callable[[], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +138,13 @@ class BrokerConnection:
         }
         return negotiate(ranges)
 
-    async def request(self, request: Any, *, timeout_s: float | None = None) -> Any:
-        """Send a kio request entity and wait for its decoded response body."""
+    async def request(
+        self, request: Any, *, timeout_s: float | None = None, hold: bool = False
+    ) -> Any:
+        """Send a kio request entity and wait for its decoded response body.
+
+        hold=True: the response's memory reservation (see `reserve`) stays taken and the
+        result is a HeldResponse; the caller must call its `release()`."""
         if not self.is_open:
             raise KafkaConnectionError(f"connection to {self.address} is closed") from (
                 self._closed_reason
@@ -130,7 +154,7 @@ class BrokerConnection:
         response_cls = response_type(request.__api_key__, request.__version__)
         frame = encode_request(request, correlation_id=correlation_id, client_id=self.client_id)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[correlation_id] = _Pending(response_cls, future)
+        self._pending[correlation_id] = _Pending(response_cls, future, hold)
         try:
             self._writer.write(frame)
             self.bytes_sent += len(frame)
@@ -157,18 +181,19 @@ class BrokerConnection:
             while True:
                 prefix = await reader.readexactly(SIZE.size)
                 size = frame_size(prefix)
-                release = await self._reserve(size) if self._reserve else None
+                release = await self._reserve(size) if self._reserve else _no_release
+                handed_over = False
                 try:
                     frame = await reader.readexactly(size)
                     self.bytes_received += size + SIZE.size
-                    self._dispatch(frame)
+                    handed_over = self._dispatch(frame, release)
                 finally:
-                    # The decoded response holds its own copy of the record bytes; the
-                    # pool accounting for those moves to the consumer (see follower).
-                    if release is not None:
+                    if not handed_over:
                         release()
         except asyncio.IncompleteReadError:
             await self._fail(KafkaConnectionError(f"{self.address} closed the connection"))
+        except PoolTooSmallError as exc:
+            await self._fail(KafkaConnectionError(f"{self.address}: {exc}"))
         except (OSError, RemoteProtocolError) as exc:
             await self._fail(
                 exc
@@ -178,7 +203,8 @@ class BrokerConnection:
         except asyncio.CancelledError:
             raise
 
-    def _dispatch(self, frame: bytes) -> None:
+    def _dispatch(self, frame: bytes, release: Callable[[], None]) -> bool:
+        """Complete the waiting request; True if its caller now owns `release`."""
         correlation_id = peek_correlation_id(frame)
         pending = self._pending.pop(correlation_id, None)
         if pending is None:
@@ -196,9 +222,14 @@ class BrokerConnection:
         except RemoteProtocolError as exc:
             if not pending.future.done():
                 pending.future.set_exception(exc)
-            return
-        if not pending.future.done():
-            pending.future.set_result(decoded.body)
+            return False
+        if pending.future.done():  # the caller gave up (timeout) meanwhile
+            return False
+        if pending.hold:
+            pending.future.set_result(HeldResponse(decoded.body, release))
+            return True
+        pending.future.set_result(decoded.body)
+        return False
 
     async def _fail(self, reason: BaseException) -> None:
         if self._closed_reason is None:
