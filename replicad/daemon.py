@@ -24,6 +24,7 @@ from replicad.follower.metadata import TopicSelection
 from replicad.follower.replicator import Replicator, ReplicatorSettings
 from replicad.follower.status import RateMeter, build_snapshot
 from replicad.protocol.client import ClientSettings
+from replicad.protocol.security import connection_security
 
 log = structlog.get_logger("replicad.daemon")
 
@@ -43,6 +44,7 @@ def settings_from_config(config: Config) -> ReplicatorSettings:
             request_timeout_s=src.request_timeout_ms / 1000,
             reconnect_backoff_ms=src.reconnect_backoff_ms,
             reconnect_backoff_max_ms=src.reconnect_backoff_max_ms,
+            security=connection_security(src.security),
         ),
         fetch=FetchSettings(
             response_max_bytes=fetch.response_max_bytes,
@@ -59,6 +61,7 @@ def settings_from_config(config: Config) -> ReplicatorSettings:
             request_timeout_ms=src.request_timeout_ms,
             reconnect_backoff_ms=src.reconnect_backoff_ms,
             reconnect_backoff_max_ms=src.reconnect_backoff_max_ms,
+            buffer_memory=fetch.buffer_memory,
         ),
         log=config.log,
         metadata_max_age_ms=src.metadata_max_age_ms,

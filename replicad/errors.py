@@ -65,8 +65,20 @@ class KafkaConnectionError(ReplicadError):
     """A connection to a broker failed, timed out or was closed."""
 
 
+class ResponseTooLargeError(KafkaConnectionError):
+    """A fetch response cannot fit the memory pool at all (a record batch larger than
+    fetch.buffer_memory): replication from that leader cannot progress until the
+    pool is raised."""
+
+
 class RequestTimeoutError(KafkaConnectionError):
     """A request got no response within its timeout."""
+
+
+class AuthenticationError(KafkaConnectionError):
+    """TLS or SASL failed: a broker's certificate was not trusted, or it refused ours or
+    our SASL credentials. Retried like any connection failure (credentials or trust may be
+    fixed on the broker's side), and said plainly, never with the secret in it."""
 
 
 class CorruptRecordError(ReplicadError):

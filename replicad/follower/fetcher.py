@@ -35,6 +35,7 @@ from replicad.errors import (
     LogError,
     ProtocolError,
     RemoteProtocolError,
+    ResponseTooLargeError,
 )
 from replicad.follower.partition_state import PartitionPhase, PartitionState
 from replicad.follower.truncation import decide_truncation
@@ -98,6 +99,7 @@ class FetchSettings:
     request_timeout_ms: int = 30_000
     reconnect_backoff_ms: int = 100
     reconnect_backoff_max_ms: int = 10_000
+    buffer_memory: int = 100 * 1024 * 1024  # KIP-81 pool, shared by all fetchers
 
 
 @dataclass(slots=True)
@@ -214,9 +216,10 @@ class LeaderFetcher:
         sent_before, received_before = conn.bytes_sent, conn.bytes_received
         self.stats.requests += 1
         try:
-            body = await conn.request(
+            held = await conn.request(
                 request,
                 timeout_s=(self.settings.request_timeout_ms + self.settings.wait_max_ms) / 1000,
+                hold=True,
             )
         except (KafkaConnectionError, RemoteProtocolError) as exc:
             verdict = self.session.handle_send_error(now_ms=monotonic_ms())
@@ -230,7 +233,13 @@ class LeaderFetcher:
         self.stats.last_response_bytes = conn.bytes_received - received_before
         self.stats.request_bytes_total += self.stats.last_request_bytes
         self.stats.response_bytes_total += self.stats.last_response_bytes
-        if self._handle_response(plan, version, body):
+        try:
+            accepted = self._handle_response(plan, version, held.body)
+        finally:
+            # The response's bytes are on disk (or dropped): its memory goes back.
+            held.release()
+            del held
+        if accepted:
             self._backoff.reset()
         else:
             # A leader that keeps refusing must not be hammered: back off, growing.
@@ -649,6 +658,18 @@ class LeaderFetcher:
             await self._conn.close()
             self._conn = None
         delay = self._backoff.next_delay_ms()
+        if isinstance(exc, ResponseTooLargeError):
+            emit = self._say.should_emit("too-large", monotonic_ms())
+            if emit.emit:
+                log.error(
+                    "a fetch response does not fit fetch.buffer_memory; raise it above the "
+                    "largest record batch of the source (its message.max.bytes)",
+                    leader=str(self.address),
+                    error=str(exc),
+                    repeats_suppressed=emit.suppressed,
+                )
+            await self._sleep(delay)
+            return
         self._say_once(
             f"conn:{type(exc).__name__}",
             "leader connection failed, retrying",

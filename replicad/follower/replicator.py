@@ -26,6 +26,7 @@ import structlog
 
 from replicad.errors import KafkaConnectionError, LogError, ProtocolError
 from replicad.follower.fetcher import FetchSettings, LeaderFetcher, monotonic_ms, wall_ms
+from replicad.follower.memory_pool import MemoryPool
 from replicad.follower.metadata import ClusterMetadata, TopicSelection
 from replicad.follower.partition_state import PartitionPhase, PartitionState
 from replicad.log.config import LogConfig
@@ -71,6 +72,8 @@ class Replicator:
         self.ready = asyncio.Event()
         self.started_at_ms = wall_ms()
         self.on_ready: Callable[[], None] | None = None
+        # KIP-81: one bound on fetch-response memory shared by every leader's fetcher.
+        self.pool = MemoryPool(settings.fetch.buffer_memory)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -219,6 +222,7 @@ class Replicator:
                 settings=self.settings.fetch,
                 topic_ids=lambda: self._topic_ids,
                 request_metadata=self.request_metadata,
+                reserve=self.pool.reserve,
             )
             self.fetchers[state.leader_id] = fetcher
             self._tasks[state.leader_id] = asyncio.create_task(

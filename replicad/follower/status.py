@@ -106,6 +106,7 @@ def build_snapshot(
         },
         "leaders": leaders,
         "partitions": partitions,
+        "memory_pool": replicator.pool.snapshot(),
         "serve": None,
     }
 

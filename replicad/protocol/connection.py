@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from replicad.errors import (
     PoolTooSmallError,
     RemoteProtocolError,
     RequestTimeoutError,
+    ResponseTooLargeError,
 )
 from replicad.protocol.apis import NegotiatedVersions, VersionRange, negotiate
 from replicad.protocol.codec import (
@@ -36,6 +38,13 @@ from replicad.protocol.codec import (
     frame_size,
     peek_correlation_id,
     response_type,
+)
+from replicad.protocol.security import (
+    PLAINTEXT,
+    ConnectionSecurity,
+    SaslClient,
+    SaslCredentials,
+    tls_failure,
 )
 
 
@@ -82,8 +91,10 @@ class BrokerConnection:
         connect_timeout_s: float,
         request_timeout_s: float,
         reserve: Reserve | None = None,
+        security: ConnectionSecurity = PLAINTEXT,
     ) -> None:
         self.address = address
+        self.security = security
         self.client_id = client_id
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
@@ -105,9 +116,16 @@ class BrokerConnection:
     async def connect(self) -> None:
         try:
             self._reader, self._writer = await asyncio.wait_for(
-                asyncio.open_connection(self.address.host, self.address.port, limit=1 << 20),
+                asyncio.open_connection(
+                    self.address.host,
+                    self.address.port,
+                    limit=1 << 20,
+                    **self.security.open_options(self.address.host, self.connect_timeout_s),
+                ),
                 self.connect_timeout_s,
             )
+        except ssl.SSLError as exc:
+            raise tls_failure(str(self.address), exc) from None
         except (OSError, TimeoutError) as exc:
             raise KafkaConnectionError(
                 f"cannot connect to {self.address}: {exc or type(exc).__name__}"
@@ -117,6 +135,8 @@ class BrokerConnection:
         )
         try:
             self.versions = await self._negotiate()
+            if self.security.sasl is not None:
+                await self._authenticate(self.security.sasl)
         except BaseException:
             await self.close()
             raise
@@ -137,6 +157,14 @@ class BrokerConnection:
             for k in body.api_keys
         }
         return negotiate(ranges)
+
+    async def _authenticate(self, credentials: SaslCredentials) -> None:
+        """SaslHandshake + SaslAuthenticate rounds (replicad.protocol.security.SaslClient)."""
+        assert self.versions is not None
+        exchange = SaslClient(credentials, self.versions, broker=str(self.address))
+        request = exchange.start()
+        while request is not None:
+            request = exchange.receive(await self.request(request)).request
 
     async def request(
         self, request: Any, *, timeout_s: float | None = None, hold: bool = False
@@ -192,8 +220,11 @@ class BrokerConnection:
                         release()
         except asyncio.IncompleteReadError:
             await self._fail(KafkaConnectionError(f"{self.address} closed the connection"))
+        except ssl.SSLError as exc:
+            # TLS 1.3 reports a refused client certificate here, after the handshake.
+            await self._fail(tls_failure(str(self.address), exc))
         except PoolTooSmallError as exc:
-            await self._fail(KafkaConnectionError(f"{self.address}: {exc}"))
+            await self._fail(ResponseTooLargeError(f"{self.address}: {exc}"))
         except (OSError, RemoteProtocolError) as exc:
             await self._fail(
                 exc
