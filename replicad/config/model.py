@@ -84,6 +84,97 @@ class HostPort:
         return self.host in WILDCARD_HOSTS
 
 
+class SecurityProtocol(enum.StrEnum):
+    """How connections to the source are made: Kafka's `security.protocol`, in lower case."""
+
+    PLAINTEXT = "plaintext"
+    SSL = "ssl"
+    SASL_PLAINTEXT = "sasl_plaintext"
+    SASL_SSL = "sasl_ssl"
+
+    @property
+    def uses_tls(self) -> bool:
+        return self in (SecurityProtocol.SSL, SecurityProtocol.SASL_SSL)
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self in (SecurityProtocol.SASL_PLAINTEXT, SecurityProtocol.SASL_SSL)
+
+
+class SaslMechanism(enum.StrEnum):
+    """The SASL mechanisms replicad speaks; `wire_name` is what SaslHandshake carries."""
+
+    PLAIN = "plain"
+    SCRAM_SHA_256 = "scram-sha-256"
+    SCRAM_SHA_512 = "scram-sha-512"
+
+    @property
+    def wire_name(self) -> str:
+        return self.value.upper()
+
+
+@dataclass(frozen=True, slots=True)
+class Secret:
+    """A password read from a file or the environment when the config was loaded.
+
+    Its text is left out of repr() and str(), so a logged or printed config, or a
+    traceback showing one, never carries it; `reveal()` is the one way to read it.
+    Two secrets are equal when their text is (a changed password needs a restart).
+    """
+
+    # Where it came from, for messages: "file /etc/replicad/sasl-password".
+    origin: str
+    _text: str = field(repr=False)
+
+    def reveal(self) -> str:
+        return self._text
+
+    def __str__(self) -> str:
+        return f"<secret from {self.origin}>"
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """TLS to the source's brokers, used when `SecurityConfig.protocol` is ssl or sasl_ssl."""
+
+    # PEM file of the CAs that may sign the brokers' certificates; None = the system's.
+    ca_file: Path | None = None
+    # Our client certificate (PEM, chain allowed) and its private key, for mutual TLS.
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    # The password of an encrypted key_file, from a file or an environment variable.
+    key_password_file: Secret | None = None
+    key_password_env: Secret | None = None
+    # Check the broker's certificate chain. Off = encrypted but unauthenticated.
+    verify: bool = True
+    # Check that the certificate names the broker (Kafka's endpoint identification).
+    check_hostname: bool = True
+    # The name the certificates must carry, instead of each broker's advertised host.
+    server_hostname: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SaslConfig:
+    """SASL authentication, used when `SecurityConfig.protocol` is sasl_plaintext or sasl_ssl."""
+
+    mechanism: SaslMechanism = SaslMechanism.SCRAM_SHA_512
+    username: str = ""
+    # Exactly one of these holds the password when SASL is on.
+    password_file: Secret | None = None
+    password_env: Secret | None = None
+
+    @property
+    def password(self) -> Secret | None:
+        return self.password_file or self.password_env
+
+
+@dataclass(frozen=True, slots=True)
+class SecurityConfig:
+    protocol: SecurityProtocol = SecurityProtocol.PLAINTEXT
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    sasl: SaslConfig = field(default_factory=SaslConfig)
+
+
 @dataclass(frozen=True, slots=True)
 class SourceConfig:
     """The cluster replicad replicates from, and how it talks to its brokers."""
@@ -96,6 +187,7 @@ class SourceConfig:
     reconnect_backoff_ms: int = 100
     reconnect_backoff_max_ms: int = 10_000
     metadata_max_age_ms: int = 300_000
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from replicad.config.model import HostPort
+from replicad.config.model import HostPort, Secret
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -29,6 +29,9 @@ _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]+")
 UNIX_SOCKET_PATH_MAX = 107
 # Longest quoted value repeated back in a message.
 DESCRIBE_MAX = 60
+
+# POSIX's portable environment variable names.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _HOST_PORT = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\s\[\]/]*)):(?P<port>\d+)")
 
@@ -143,12 +146,16 @@ class Bool(Rule):
 @dataclass(frozen=True)
 class Str(Rule):
     non_empty: bool = False
+    nullable: bool = False
 
     @property
     def expected(self) -> str:
-        return "a non-empty string" if self.non_empty else "a string"
+        text = "a non-empty string" if self.non_empty else "a string"
+        return text + " or null" if self.nullable else text
 
     def convert(self, value: object, path: str, problems: Problems) -> object:
+        if value is None and self.nullable:
+            return None
         if not isinstance(value, str) or (self.non_empty and not value):
             return self._wrong(value, path, problems)
         return value
@@ -313,12 +320,15 @@ class FilePath(Rule):
     """A filesystem path; `unix_socket` also bounds its length to what bind() accepts."""
 
     unix_socket: bool = False
+    nullable: bool = False
 
     @property
     def expected(self) -> str:
-        return "a non-empty path"
+        return "a non-empty path or null" if self.nullable else "a non-empty path"
 
     def convert(self, value: object, path: str, problems: Problems) -> object:
+        if value is None and self.nullable:
+            return None
         if isinstance(value, os.PathLike):
             value = os.fspath(value)
         if not isinstance(value, str) or not value:
@@ -334,3 +344,97 @@ class FilePath(Rule):
             )
             return INVALID
         return Path(value)
+
+
+def describe_kind(value: object) -> str:
+    """What sort of value was given, never the value itself (for keys that hold secrets)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return describe(value)
+
+
+def _strip_line_end(text: str) -> str:
+    # `echo secret > file` adds a newline that is not part of the password.
+    for ending in ("\r\n", "\n"):
+        if text.endswith(ending):
+            return text[: -len(ending)]
+    return text
+
+
+# The value of a secret's key is never repeated in a message: a user may have written
+# the password itself where its file or variable name belongs.
+_NOT_REPEATED = "(the value is not repeated here, in case it is the password itself)"
+
+
+@dataclass(frozen=True)
+class SecretFile(Rule):
+    """The path of a file holding a password, or null; the file is read at load time.
+
+    A single trailing newline is not part of the password.
+    """
+
+    @property
+    def expected(self) -> str:
+        return "the path of a file holding the password, or null"
+
+    def convert(self, value: object, path: str, problems: Problems) -> object:
+        if value is None:
+            return None
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if not isinstance(value, str) or not value or "\0" in value:
+            problems.add(path, f"expected {self.expected}; got {describe_kind(value)}")
+            return INVALID
+        try:
+            text = Path(value).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            problems.add(path, "the file it names is not UTF-8 text")
+            return INVALID
+        except OSError as error:
+            reason = error.strerror or type(error).__name__
+            problems.add(path, f"cannot read the file it names: {reason} {_NOT_REPEATED}")
+            return INVALID
+        secret = _strip_line_end(text)
+        if not secret:
+            problems.add(path, "the file it names is empty")
+            return INVALID
+        return Secret(f"file {value}", secret)
+
+
+@dataclass(frozen=True)
+class SecretEnv(Rule):
+    """The name of an environment variable holding a password, or null; read at load time."""
+
+    environ: Mapping[str, str] | None = None
+
+    @property
+    def expected(self) -> str:
+        return "the name of an environment variable (letters, digits and _), or null"
+
+    def convert(self, value: object, path: str, problems: Problems) -> object:
+        if value is None:
+            return None
+        if not isinstance(value, str) or _ENV_NAME.fullmatch(value) is None:
+            problems.add(
+                path, f"expected {self.expected}; got {describe_kind(value)} {_NOT_REPEATED}"
+            )
+            return INVALID
+        environ = os.environ if self.environ is None else self.environ
+        text = environ.get(value)
+        if text is None:
+            problems.add(
+                path,
+                "the environment variable it names is not set for replicad (under systemd: "
+                f"Environment= or EnvironmentFile=) {_NOT_REPEATED}",
+            )
+            return INVALID
+        if not text:
+            problems.add(path, "the environment variable it names is empty")
+            return INVALID
+        return Secret(f"environment variable {value}", text)

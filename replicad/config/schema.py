@@ -22,9 +22,14 @@ from replicad.config.model import (
     LoggingConfig,
     LogLevel,
     OnGap,
+    SaslConfig,
+    SaslMechanism,
+    SecurityConfig,
+    SecurityProtocol,
     ServeConfig,
     SourceConfig,
     StartFrom,
+    TlsConfig,
     TopicsConfig,
 )
 from replicad.config.rules import (
@@ -38,9 +43,12 @@ from replicad.config.rules import (
     Problem,
     Regex,
     Rule,
+    SecretEnv,
+    SecretFile,
     Str,
     TopicList,
 )
+from replicad.errors import ConfigError
 from replicad.log.config import LogConfig
 
 # Kafka's record overhead for a magic-0 message: the smallest segment that can hold one.
@@ -74,6 +82,34 @@ SCHEMA = Section(
                 "reconnect_backoff_ms": Int(0, INT32_MAX),
                 "reconnect_backoff_max_ms": Int(0, INT32_MAX),
                 "metadata_max_age_ms": Int(1),
+                "security": Section(
+                    SecurityConfig,
+                    {
+                        "protocol": Choice(SecurityProtocol),
+                        "tls": Section(
+                            TlsConfig,
+                            {
+                                "ca_file": FilePath(nullable=True),
+                                "cert_file": FilePath(nullable=True),
+                                "key_file": FilePath(nullable=True),
+                                "key_password_file": SecretFile(),
+                                "key_password_env": SecretEnv(),
+                                "verify": Bool(),
+                                "check_hostname": Bool(),
+                                "server_hostname": Str(non_empty=True, nullable=True),
+                            },
+                        ),
+                        "sasl": Section(
+                            SaslConfig,
+                            {
+                                "mechanism": Choice(SaslMechanism),
+                                "username": Str(),
+                                "password_file": SecretFile(),
+                                "password_env": SecretEnv(),
+                            },
+                        ),
+                    },
+                ),
             },
         ),
         "topics": Section(
@@ -114,6 +150,7 @@ SCHEMA = Section(
                 "flush_ms": Int(0, nullable=True),
                 "retention_bytes": Int(-1),
                 "retention_ms": Int(-1),
+                "max_open_files": Int(1, INT32_MAX),
             },
         ),
         "control": Section(
@@ -147,6 +184,20 @@ KAFKA_NAMES: Mapping[str, str] = {
     "reconnect.backoff.ms": "source.reconnect_backoff_ms",
     "reconnect.backoff.max.ms": "source.reconnect_backoff_max_ms",
     "metadata.max.age.ms": "source.metadata_max_age_ms",
+    "security.protocol": "source.security.protocol",
+    "sasl.mechanism": "source.security.sasl.mechanism",
+    "sasl.mechanisms": "source.security.sasl.mechanism",
+    "sasl.username": "source.security.sasl.username",
+    "sasl.password": "source.security.sasl.password_file",
+    "sasl.jaas.config": "source.security.sasl.username",
+    "ssl.ca.location": "source.security.tls.ca_file",
+    "ssl.truststore.location": "source.security.tls.ca_file",
+    "ssl.certificate.location": "source.security.tls.cert_file",
+    "ssl.keystore.location": "source.security.tls.cert_file",
+    "ssl.key.location": "source.security.tls.key_file",
+    "ssl.key.password": "source.security.tls.key_password_file",
+    "ssl.endpoint.identification.algorithm": "source.security.tls.check_hostname",
+    "enable.ssl.certificate.verification": "source.security.tls.verify",
     "auto.offset.reset": "topics.start_from",
     "replica.fetch.response.max.bytes": "fetch.response_max_bytes",
     "fetch.max.bytes": "fetch.response_max_bytes",
@@ -273,6 +324,10 @@ class Values:
             return self._given[path]
         return default_of(path)
 
+    def is_given(self, path: str) -> bool:
+        """Whether the user set `path` (file or flag), as opposed to leaving its default."""
+        return path in self._given
+
     def show(self, path: str) -> str:
         """The value for a message, marked when the user did not set it: "100 (default)"."""
         text = str(self[path])
@@ -345,6 +400,135 @@ def _one_topic_choice(values: Values) -> Problem | None:
     return None
 
 
+_PROTOCOL = "source.security.protocol"
+_TLS_KEYS = tuple(f.name for f in dataclasses.fields(TlsConfig))
+_SASL_KEYS = tuple(f.name for f in dataclasses.fields(SaslConfig))
+TLS_PATHS = tuple(f"source.security.tls.{key}" for key in _TLS_KEYS)
+SASL_PATHS = tuple(f"source.security.sasl.{key}" for key in _SASL_KEYS)
+
+
+def _protocol(values: Values) -> SecurityProtocol:
+    protocol = values[_PROTOCOL]
+    assert isinstance(protocol, SecurityProtocol)
+    return protocol
+
+
+def _changed(values: Values, paths: tuple[str, ...]) -> list[str]:
+    """The keys among `paths` whose value is not their default (given as null counts as not)."""
+    return [path for path in paths if values[path] != default_of(path)]
+
+
+def _sasl_needs_its_protocol(values: Values) -> Problem | None:
+    protocol = _protocol(values)
+    changed = _changed(values, SASL_PATHS)
+    if protocol.uses_sasl or not changed:
+        return None
+    return Problem(
+        changed[0],
+        f"is set, but source.security.protocol is {protocol}, which does not use SASL: "
+        "set the protocol to sasl_ssl (or sasl_plaintext), or remove the sasl settings",
+        (_PROTOCOL,),
+    )
+
+
+def _tls_needs_its_protocol(values: Values) -> Problem | None:
+    protocol = _protocol(values)
+    changed = _changed(values, TLS_PATHS)
+    if protocol.uses_tls or not changed:
+        return None
+    return Problem(
+        changed[0],
+        f"is set, but source.security.protocol is {protocol}, which does not use TLS: "
+        "set the protocol to ssl or sasl_ssl, or remove the tls settings",
+        (_PROTOCOL,),
+    )
+
+
+def _sasl_has_a_username(values: Values) -> Problem | None:
+    protocol = _protocol(values)
+    if not protocol.uses_sasl or values["source.security.sasl.username"]:
+        return None
+    return Problem(
+        "source.security.sasl.username",
+        f"required when source.security.protocol is {protocol}",
+        (_PROTOCOL,),
+    )
+
+
+def _sasl_has_one_password(values: Values) -> Problem | None:
+    protocol = _protocol(values)
+    if not protocol.uses_sasl:
+        return None
+    from_file = values["source.security.sasl.password_file"]
+    from_env = values["source.security.sasl.password_env"]
+    if from_file is None and from_env is None:
+        return Problem(
+            "source.security.sasl.password_file",
+            f"give password_file or password_env when source.security.protocol is {protocol}",
+            (_PROTOCOL, "source.security.sasl.password_env"),
+        )
+    if from_file is not None and from_env is not None:
+        return Problem(
+            "source.security.sasl.password_env",
+            "give only one of password_file and password_env",
+            ("source.security.sasl.password_file",),
+        )
+    return None
+
+
+def _tls_key_goes_with_a_certificate(values: Values) -> Problem | None:
+    cert = values["source.security.tls.cert_file"]
+    key_bits = ("key_file", "key_password_file", "key_password_env")
+    if cert is None:
+        for key in key_bits:
+            path = f"source.security.tls.{key}"
+            if values[path] is not None:
+                return Problem(
+                    path,
+                    "needs source.security.tls.cert_file, the client certificate it belongs to",
+                    ("source.security.tls.cert_file",),
+                )
+    if (
+        values["source.security.tls.key_password_file"] is not None
+        and values["source.security.tls.key_password_env"] is not None
+    ):
+        return Problem(
+            "source.security.tls.key_password_env",
+            "give only one of key_password_file and key_password_env",
+            ("source.security.tls.key_password_file",),
+        )
+    return None
+
+
+def _tls_files_load(values: Values) -> Problem | None:
+    """The CA, certificate and key files must load now, not at the first connection."""
+    if not _protocol(values).uses_tls or _tls_key_goes_with_a_certificate(values) is not None:
+        return None
+    # Imported here: the config loader should not pay for the protocol layer otherwise.
+    from replicad.protocol.security import client_tls_context
+
+    tls = TlsConfig(**{key: values[path] for key, path in zip(_TLS_KEYS, TLS_PATHS, strict=True)})
+    try:
+        client_tls_context(tls)
+    except ConfigError as error:
+        return Problem(error.path, error.message)
+    return None
+
+
+# Checks of source.security: each runs when none of its keys failed its own rule.
+SECURITY_CHECKS: tuple[CrossCheck, ...] = (
+    CrossCheck((_PROTOCOL, *SASL_PATHS), _sasl_needs_its_protocol),
+    CrossCheck((_PROTOCOL, *TLS_PATHS), _tls_needs_its_protocol),
+    CrossCheck((_PROTOCOL, "source.security.sasl.username"), _sasl_has_a_username),
+    CrossCheck(
+        (_PROTOCOL, "source.security.sasl.password_file", "source.security.sasl.password_env"),
+        _sasl_has_one_password,
+    ),
+    CrossCheck(TLS_PATHS, _tls_key_goes_with_a_certificate),
+    CrossCheck((_PROTOCOL, *TLS_PATHS), _tls_files_load),
+)
+
+
 CROSS_CHECKS: tuple[CrossCheck, ...] = (
     CrossCheck(("topics.include", "topics.regex"), _one_topic_choice),
     CrossCheck(("fetch.buffer_memory", "fetch.response_max_bytes"), _buffer_holds_a_response),
@@ -353,6 +537,7 @@ CROSS_CHECKS: tuple[CrossCheck, ...] = (
         _backoff_cap_above_start,
     ),
     CrossCheck(("source.request_timeout_ms", "fetch.wait_max_ms"), _timeout_outlasts_long_poll),
+    *SECURITY_CHECKS,
 )
 
 

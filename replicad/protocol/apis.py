@@ -44,6 +44,10 @@ CLIENT_VERSIONS: Mapping[ApiKey, VersionRange] = {
     ApiKey.METADATA: VersionRange(4, 12),
     ApiKey.API_VERSIONS: VersionRange(0, 3),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: VersionRange(2, 4),
+    # SASL (replicad.protocol.security): handshake v1 frames the exchange in
+    # SaslAuthenticate; v0 would send raw SASL tokens, which replicad does not do.
+    ApiKey.SASL_HANDSHAKE: VersionRange(1, 1),
+    ApiKey.SASL_AUTHENTICATE: VersionRange(0, 2),
 }
 
 # APIs without which a source broker is useless to us.

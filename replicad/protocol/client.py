@@ -21,6 +21,7 @@ from replicad.protocol.apis import ApiKey
 from replicad.protocol.backoff import Backoff
 from replicad.protocol.connection import BrokerAddress, BrokerConnection
 from replicad.protocol.requests import metadata_request
+from replicad.protocol.security import PLAINTEXT, ConnectionSecurity
 
 log = structlog.get_logger("replicad.client")
 
@@ -34,6 +35,8 @@ class ClientSettings:
     request_timeout_s: float = 30.0
     reconnect_backoff_ms: int = 100
     reconnect_backoff_max_ms: int = 10_000
+    # TLS and SASL for every broker connection (replicad.protocol.security).
+    security: ConnectionSecurity = PLAINTEXT
 
 
 def parse_host_port(text: str) -> tuple[str, int]:
@@ -60,6 +63,7 @@ class KafkaClient:
             client_id=self.settings.client_id,
             connect_timeout_s=self.settings.connect_timeout_s,
             request_timeout_s=self.settings.request_timeout_s,
+            security=self.settings.security,
             **kwargs,
         )
 

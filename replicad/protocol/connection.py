@@ -44,7 +44,6 @@ from replicad.protocol.security import (
     ConnectionSecurity,
     SaslClient,
     SaslCredentials,
-    tls_failure,
 )
 
 
@@ -124,12 +123,8 @@ class BrokerConnection:
                 ),
                 self.connect_timeout_s,
             )
-        except ssl.SSLError as exc:
-            raise tls_failure(str(self.address), exc) from None
         except (OSError, TimeoutError) as exc:
-            raise KafkaConnectionError(
-                f"cannot connect to {self.address}: {exc or type(exc).__name__}"
-            ) from exc
+            raise self.security.connect_failure(str(self.address), exc) from exc
         self._read_task = asyncio.create_task(
             self._read_loop(), name=f"kafka-read-{self.address.node_id}"
         )
@@ -221,8 +216,7 @@ class BrokerConnection:
         except asyncio.IncompleteReadError:
             await self._fail(KafkaConnectionError(f"{self.address} closed the connection"))
         except ssl.SSLError as exc:
-            # TLS 1.3 reports a refused client certificate here, after the handshake.
-            await self._fail(tls_failure(str(self.address), exc))
+            await self._fail(self.security.read_failure(str(self.address), exc))
         except PoolTooSmallError as exc:
             await self._fail(ResponseTooLargeError(f"{self.address}: {exc}"))
         except (OSError, RemoteProtocolError) as exc:
