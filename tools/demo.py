@@ -24,6 +24,7 @@ DATA_DIR = VAR / "data"
 TOPIC = "demo-events"
 PARTITIONS = 4
 RECORDS = 20_000
+CONTROL = VAR / "demo" / "control.sock"
 
 
 def say(text: str) -> None:
@@ -53,7 +54,7 @@ def main() -> int:
             "--data-dir",
             str(DATA_DIR),
             "--control-socket",
-            str(VAR / "demo" / "control.sock"),
+            str(CONTROL),
         ]
         say("replicad " + " ".join(args))
         replicad = ReplicadProcess(args, log_path=VAR / "demo" / "replicad.log").start()
@@ -74,6 +75,9 @@ def main() -> int:
             print(
                 f"   {TOPIC + '-' + str(p):<20} {source_ends[p]:>10} {replica_end:>11} {size:>10}"
             )
+        time.sleep(1.5)  # one status refresh, so the rates shown are current
+        say(f"replicad status --socket {CONTROL}")
+        subprocess.run([sys.executable, "-m", "replicad.cli", "status", "--socket", str(CONTROL)])
         rc = replicad.stop()
         replicad = None
         print(f"   replicad stopped cleanly (exit {rc}); log: {VAR / 'demo' / 'replicad.log'}")
