@@ -184,6 +184,9 @@ class BrokerConnection:
             await self._writer.drain()
         except OSError as exc:
             self._pending.pop(correlation_id, None)
+            if self._closed_reason is not None:
+                # The read side failed first and knows why (e.g. a TLS alert): report that.
+                raise self._closed_reason from exc
             await self._fail(KafkaConnectionError(f"send to {self.address} failed: {exc}"))
             raise KafkaConnectionError(f"send to {self.address} failed: {exc}") from exc
         timeout = self.request_timeout_s if timeout_s is None else timeout_s

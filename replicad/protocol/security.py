@@ -473,4 +473,3 @@ class SaslClient:
     def _fail(self, message: str) -> AuthenticationError:
         self.phase = SaslPhase.FAILED
         return AuthenticationError(message)
-

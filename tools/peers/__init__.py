@@ -9,6 +9,9 @@
 - `wire`: `fetch_once`, one raw Fetch to see sessions, aborted transactions and bytes.
 - `kcat`: `run_kcat`. `admin`: topic creation that waits until topics are served.
 - `process`: how peers are started, stopped, and never leaked.
+- `secure_kafka`: `SecureKafkaBroker`, a `KafkaBroker` with SASL_SSL, SSL (mTLS) and
+  SASL_PLAINTEXT listeners and SCRAM users; `pki`: `make_test_pki`, a throw-away CA
+  with broker and client certificates (the `cryptography` package).
 
 The pytest fixtures over these are in tests/conftest.py.
 """
