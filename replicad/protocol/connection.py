@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import itertools
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +45,12 @@ from replicad.protocol.security import (
     ConnectionSecurity,
     SaslClient,
     SaslCredentials,
+    SaslStep,
 )
+
+# The share of a SASL session's lifetime (KIP-368) a connection is used for; Kafka's own
+# client re-authenticates at 85-95% of it.
+SESSION_LIFETIME_USED = 0.85
 
 
 def _no_release() -> None:
@@ -94,6 +100,8 @@ class BrokerConnection:
     ) -> None:
         self.address = address
         self.security = security
+        # When a SASL session with a lifetime (KIP-368) should be given up; see _authenticate.
+        self._expires_at: float | None = None
         self.client_id = client_id
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
@@ -110,6 +118,8 @@ class BrokerConnection:
 
     @property
     def is_open(self) -> bool:
+        if self._expires_at is not None and time.monotonic() >= self._expires_at:
+            return False
         return self._writer is not None and self._closed_reason is None
 
     async def connect(self) -> None:
@@ -157,9 +167,16 @@ class BrokerConnection:
         """SaslHandshake + SaslAuthenticate rounds (replicad.protocol.security.SaslClient)."""
         assert self.versions is not None
         exchange = SaslClient(credentials, self.versions, broker=str(self.address))
-        request = exchange.start()
-        while request is not None:
-            request = exchange.receive(await self.request(request)).request
+        step = SaslStep(exchange.start())
+        while step.request is not None:
+            step = exchange.receive(await self.request(step.request))
+        if step.session_lifetime_ms > 0:
+            # Kafka closes a connection whose session expired at its next request. Rather
+            # than re-authenticate in band, the connection reads as closed a little before,
+            # so its owner opens a fresh one between requests, not after a failed one.
+            self._expires_at = time.monotonic() + (
+                step.session_lifetime_ms * SESSION_LIFETIME_USED / 1000
+            )
 
     async def request(
         self, request: Any, *, timeout_s: float | None = None, hold: bool = False

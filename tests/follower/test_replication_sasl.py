@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,6 +51,8 @@ PASSWORD = "Rep1icad-Passw0rd"
 WRONG_PASSWORD = "Wr0ng-Passw0rd-42"
 PARTITIONS = 2
 RECORDS = 3_000
+# The broker ends SASL sessions after this long (KIP-368, connections.max.reauth.ms).
+SESSION_LIFETIME_MS = 10_000
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +65,10 @@ def secure_broker(
     tmp_path_factory: pytest.TempPathFactory, pki: Pki
 ) -> Iterator[SecureKafkaBroker]:
     broker = SecureKafkaBroker(
-        tmp_path_factory.mktemp("secure-kafka"), pki=pki, users={USER: PASSWORD}
+        tmp_path_factory.mktemp("secure-kafka"),
+        pki=pki,
+        users={USER: PASSWORD},
+        broker_config={"connections.max.reauth.ms": str(SESSION_LIFETIME_MS)},
     )
     try:
         broker.start()
@@ -223,6 +229,38 @@ def test_replicates_over_mutual_tls_with_an_encrypted_key(
         env={"REPLICAD_TEST_KEY_PASSWORD": pki.key_password},
     )
     assert pki.key_password not in output
+
+
+def test_expiring_sasl_sessions_are_renewed_between_requests(
+    secure_broker: SecureKafkaBroker, tmp_path: Path
+) -> None:
+    """Kafka closes a connection at its first request after the session expired; replicad
+    opens a fresh connection before that, so no request fails."""
+    topic = f"renewed-{os.getpid():x}"
+    secure_broker.create_topic(topic, PARTITIONS)
+    produce_mixed(secure_broker.bootstrap, topic, partitions=PARTITIONS, records=300, seed=1)
+    security = sasl_security(
+        secure_broker.pki, "sasl_ssl", "SCRAM-SHA-256", password_file(tmp_path)
+    )
+    config = config_file(tmp_path, secure_broker.sasl_ssl_bootstrap, topic, security)
+    data_dir = tmp_path / "data"
+    proc = replicate(config, tmp_path)
+    try:
+        wait_until(lambda: caught_up(secure_broker, topic, data_dir), timeout_s=60, what="catch-up")
+        # Idle long polls go on past the session's end ...
+        time.sleep(SESSION_LIFETIME_MS * 1.3 / 1000)
+        # ... and what is produced then still arrives.
+        produce_mixed(secure_broker.bootstrap, topic, partitions=PARTITIONS, records=300, seed=2)
+        wait_until(lambda: caught_up(secure_broker, topic, data_dir), timeout_s=60, what="more")
+        assert proc.running, proc.output()
+    finally:
+        rc = proc.stop()
+    output = proc.output()
+    assert rc == 0, output
+    assert_replica_is_the_brokers(secure_broker, topic, data_dir)
+    events = log_events(output)
+    assert sum(e["event"] == "connected to leader" for e in events) >= 2, output
+    assert not [e for e in events if e["level"] in ("warning", "error")], output
 
 
 # -- refusals: clear, retried, quiet about secrets --------------------------------------------
