@@ -323,10 +323,6 @@ class Values:
             return self._given[path]
         return default_of(path)
 
-    def is_given(self, path: str) -> bool:
-        """Whether the user set `path` (file or flag), as opposed to leaving its default."""
-        return path in self._given
-
     def show(self, path: str) -> str:
         """The value for a message, marked when the user did not set it: "100 (default)"."""
         text = str(self[path])
