@@ -11,6 +11,8 @@ Rules this module keeps:
 - PLAIN is one round ("\\0user\\0password", RFC 4616). SCRAM-SHA-256/512 (RFC 5802,
   RFC 7677; computed by the `scramp` library) is two rounds, and the second answer must
   prove the broker knows our credential: a broker that cannot is refused.
+- A session lifetime from SaslAuthenticate (KIP-368, the broker's connections.max.reauth.ms)
+  is honoured by the connection reconnecting before it ends, not by re-authenticating.
 - A refusal is an `AuthenticationError` (a `KafkaConnectionError`: the shell logs it and
   retries with backoff), whose text says what failed and which setting to look at, and
   never holds a password: the secret is read from a `Secret` only to build the bytes sent.
