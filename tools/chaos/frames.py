@@ -1,0 +1,223 @@
+"""Kafka frames as the fault proxy sees them (sans-I/O): who asked what, where the
+record batches of a Fetch response lie, and the rewrites and damage it applies.
+
+Rules:
+- A frame here is a body without its 4-byte size prefix. A request body starts with
+  `api_key: int16, api_version: int16, correlation_id: int32`; a response body with
+  `correlation_id: int32`. Nothing else of a request is read.
+- Response bodies are decoded and re-encoded with kio only where the proxy must
+  understand them: Metadata (to advertise the proxy instead of the broker) and Fetch
+  (to find the record batches). Every other frame passes through as bytes.
+- Damage to record batches stays inside the bytes their checksum covers (magic 2:
+  attributes to the end, CRC32C; magic 0/1: magic to the end, CRC32), so a follower
+  that checks checksums must catch every flipped byte. Fields outside the checksum
+  (base offset, length, leader epoch) are Kafka's unprotected header: flipping those
+  tests nothing a follower could detect, so the proxy never does it on purpose.
+- Only whole batches are damaged: a trailing partial batch is dropped by the follower
+  unchecked (KIP-74), so damaging it would count a fault no one can see.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import random
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from kio.index import load_response_schema
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i32
+
+FETCH_API_KEY = 1
+METADATA_API_KEY = 3
+SIZE_PREFIX = struct.Struct(">i")
+_REQUEST_HEAD = struct.Struct(">hhi")
+_CORRELATION = struct.Struct(">i")
+# Every log entry starts with base offset (int64) and length (int32).
+LOG_OVERHEAD = 12
+MAGIC_POSITION = 16
+# First byte each format's checksum covers, counted from the start of the entry.
+V2_CRC_START = 21
+LEGACY_CRC_START = MAGIC_POSITION
+MAGIC_V2 = 2
+
+Address = tuple[str, int]
+
+
+class FrameError(ValueError):
+    """The bytes are not the Kafka frame the caller said they were."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHead:
+    api_key: int
+    api_version: int
+    correlation_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSpan:
+    """One whole record batch inside a response body: body[start:end]."""
+
+    start: int
+    end: int
+    magic: int
+
+    @property
+    def checked_start(self) -> int:
+        """The first byte of the batch its checksum covers."""
+        return self.start + (V2_CRC_START if self.magic >= MAGIC_V2 else LEGACY_CRC_START)
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataRewrite:
+    body: bytes
+    brokers_rewritten: int
+
+
+@dataclass(frozen=True, slots=True)
+class Flip:
+    """One byte of one batch XORed with a non-zero mask."""
+
+    body: bytes
+    position: int
+    mask: int
+    batch: BatchSpan
+
+
+def request_head(body: bytes | memoryview) -> RequestHead:
+    if len(body) < _REQUEST_HEAD.size:
+        raise FrameError(f"request of {len(body)} bytes has no header")
+    api_key, api_version, correlation_id = _REQUEST_HEAD.unpack_from(body, 0)
+    return RequestHead(api_key, api_version, correlation_id)
+
+
+def response_correlation_id(body: bytes | memoryview) -> int:
+    if len(body) < _CORRELATION.size:
+        raise FrameError(f"response of {len(body)} bytes has no correlation id")
+    return int(_CORRELATION.unpack_from(body, 0)[0])
+
+
+def frame(body: bytes) -> bytes:
+    """The body with its size prefix."""
+    return SIZE_PREFIX.pack(len(body)) + body
+
+
+@cache
+def _response_type(api_key: int, api_version: int) -> type:
+    return load_response_schema(api_key, api_version)
+
+
+@cache
+def _reader(cls: type) -> Any:
+    return entity_reader(cls)
+
+
+@cache
+def _writer(cls: type) -> Any:
+    return entity_writer(cls)
+
+
+def decode_response(body: bytes, api_key: int, api_version: int) -> tuple[Any, Any]:
+    """(header, body entity) of a response, or FrameError."""
+    cls = _response_type(api_key, api_version)
+    try:
+        header, used = _reader(cls.__header_schema__)(body, 0)
+        entity, size = _reader(cls)(body, used)
+    except Exception as exc:  # kio raises several types on bad input
+        raise FrameError(f"undecodable api {api_key} v{api_version} response: {exc!r}") from exc
+    if used + size != len(body):
+        raise FrameError(f"api {api_key} v{api_version}: {len(body) - used - size} trailing bytes")
+    return header, entity
+
+
+def encode_response(header: Any, entity: Any) -> bytes:
+    buffer = io.BytesIO()
+    _writer(type(header))(buffer, header)
+    _writer(type(entity))(buffer, entity)
+    return buffer.getvalue()
+
+
+def rewrite_metadata(
+    body: bytes, api_version: int, addresses: Mapping[Address, Address]
+) -> MetadataRewrite:
+    """The Metadata response with every broker at a key of `addresses` moved to its value.
+
+    This is how the proxy stays in the path: a client connects to the brokers that
+    Metadata names, so the proxy names itself.
+    """
+    header, entity = decode_response(body, METADATA_API_KEY, api_version)
+    rewritten = 0
+    brokers = []
+    for broker in entity.brokers:
+        target = addresses.get((broker.host, int(broker.port)))
+        if target is None:
+            brokers.append(broker)
+            continue
+        brokers.append(dataclasses.replace(broker, host=target[0], port=i32(target[1])))
+        rewritten += 1
+    if not rewritten:
+        return MetadataRewrite(body, 0)
+    entity = dataclasses.replace(entity, brokers=tuple(brokers))
+    return MetadataRewrite(encode_response(header, entity), rewritten)
+
+
+def fetch_batch_spans(body: bytes, api_version: int) -> tuple[BatchSpan, ...]:
+    """The whole record batches of every partition of a Fetch response, in body order."""
+    _, entity = decode_response(body, FETCH_API_KEY, api_version)
+    spans: list[BatchSpan] = []
+    cursor = 0
+    for topic in entity.responses:
+        for partition in topic.partitions:
+            records = partition.records
+            if not records:
+                continue
+            # kio hands out the records as a copy; the copy's bytes sit in the body
+            # after everything decoded before them.
+            start = body.find(records, cursor)
+            if start < 0:
+                raise FrameError("records of a partition not found in the response body")
+            spans.extend(whole_batches(records, start))
+            cursor = start + len(records)
+    return tuple(spans)
+
+
+def whole_batches(records: bytes, base: int = 0) -> list[BatchSpan]:
+    """The whole entries of a records blob (a trailing partial one left out), at `base`."""
+    spans: list[BatchSpan] = []
+    pos = 0
+    while len(records) - pos > MAGIC_POSITION:
+        (length,) = _CORRELATION.unpack_from(records, pos + 8)
+        end = pos + LOG_OVERHEAD + length
+        if length <= 0 or end > len(records):
+            break
+        spans.append(BatchSpan(base + pos, base + end, records[pos + MAGIC_POSITION]))
+        pos = end
+    return spans
+
+
+def flip_in_batch(body: bytes, span: BatchSpan, rng: random.Random) -> Flip:
+    """Flip bits of one byte that `span`'s checksum covers."""
+    if span.checked_start >= span.end:
+        raise FrameError(f"batch at {span.start} has no checksummed bytes")
+    position = rng.randrange(span.checked_start, span.end)
+    mask = rng.randrange(1, 256)
+    damaged = bytearray(body)
+    damaged[position] ^= mask
+    return Flip(bytes(damaged), position, mask, span)
+
+
+def flip_anywhere(body: bytes, rng: random.Random, *, keep: int = _CORRELATION.size) -> Flip:
+    """Flip one byte anywhere after the first `keep` bytes (the correlation id by default):
+    hostile bytes, including fields no checksum covers."""
+    if len(body) <= keep:
+        raise FrameError(f"a body of {len(body)} bytes has nothing after its first {keep}")
+    position = rng.randrange(keep, len(body))
+    mask = rng.randrange(1, 256)
+    damaged = bytearray(body)
+    damaged[position] ^= mask
+    return Flip(bytes(damaged), position, mask, BatchSpan(keep, len(body), -1))

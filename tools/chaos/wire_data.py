@@ -1,0 +1,138 @@
+"""Well-formed Kafka responses, built with kio for any version: the proxy's test input
+and the seeds the fuzzers mutate.
+
+Each builder fills the superset of fields replicad knows and drops what a version
+lacks (`replicad.protocol.requests.make_entity`), so one call covers v4 to v17 of
+Fetch and v4 to v12 of Metadata. The bodies carry no size prefix (see
+`tools.chaos.frames.frame`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kio.schema.errors import ErrorCode
+
+from replicad.protocol.apis import ApiKey
+from replicad.protocol.codec import response_type
+from replicad.protocol.requests import make_entity, nested_type
+from tools.chaos.frames import encode_response
+
+NO_TOPIC_ID = uuid.UUID(int=0)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionAnswer:
+    """One partition of a Fetch response."""
+
+    topic: str
+    partition: int
+    records: bytes | None
+    high_watermark: int = 0
+    log_start_offset: int = 0
+    error_code: int = 0
+    topic_id: uuid.UUID = NO_TOPIC_ID
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerEntry:
+    node_id: int
+    host: str
+    port: int
+
+
+def fetch_response_body(
+    version: int,
+    partitions: Sequence[PartitionAnswer],
+    *,
+    correlation_id: int = 1,
+    session_id: int = 0,
+    error_code: int = 0,
+) -> bytes:
+    """A Fetch response of `version`; partitions of one topic are grouped in order."""
+    cls = response_type(ApiKey.FETCH, version)
+    topic_cls = nested_type(cls, "FetchableTopicResponse")
+    part_cls = nested_type(cls, "PartitionData")
+    topics: list[tuple[PartitionAnswer, list[object]]] = []
+    for answer in partitions:
+        entry = make_entity(
+            part_cls,
+            partition_index=answer.partition,
+            error_code=ErrorCode(answer.error_code),
+            high_watermark=answer.high_watermark,
+            last_stable_offset=answer.high_watermark,
+            log_start_offset=answer.log_start_offset,
+            aborted_transactions=(),
+            records=answer.records,
+        )
+        if topics and topics[-1][0].topic == answer.topic:
+            topics[-1][1].append(entry)
+        else:
+            topics.append((answer, [entry]))
+    body = make_entity(
+        cls,
+        throttle_time=datetime.timedelta(0),
+        error_code=ErrorCode(error_code),
+        session_id=session_id,
+        responses=tuple(
+            make_entity(
+                topic_cls, topic=first.topic, topic_id=first.topic_id, partitions=tuple(parts)
+            )
+            for first, parts in topics
+        ),
+    )
+    return encode_response(cls.__header_schema__(correlation_id=correlation_id), body)
+
+
+def metadata_response_body(
+    version: int,
+    brokers: Sequence[BrokerEntry],
+    topics: Sequence[tuple[str, int]] = (),
+    *,
+    correlation_id: int = 1,
+    leader: int | None = None,
+) -> bytes:
+    """A Metadata response naming `brokers` and `topics` (name, partition count), every
+    partition led by `leader` (default: the first broker)."""
+    cls = response_type(ApiKey.METADATA, version)
+    broker_cls = nested_type(cls, "MetadataResponseBroker")
+    topic_cls = nested_type(cls, "MetadataResponseTopic")
+    part_cls = nested_type(cls, "MetadataResponsePartition")
+    leader_id = leader if leader is not None else (brokers[0].node_id if brokers else -1)
+    body = make_entity(
+        cls,
+        throttle_time=datetime.timedelta(0),
+        brokers=tuple(
+            make_entity(broker_cls, node_id=b.node_id, host=b.host, port=b.port, rack=None)
+            for b in brokers
+        ),
+        cluster_id="chaos",
+        controller_id=leader_id,
+        topics=tuple(
+            make_entity(
+                topic_cls,
+                error_code=ErrorCode.none,
+                name=name,
+                topic_id=uuid.uuid5(uuid.NAMESPACE_URL, name),
+                is_internal=False,
+                partitions=tuple(
+                    make_entity(
+                        part_cls,
+                        error_code=ErrorCode.none,
+                        partition_index=p,
+                        leader_id=leader_id,
+                        leader_epoch=0,
+                        replica_nodes=(leader_id,),
+                        isr_nodes=(leader_id,),
+                        offline_replicas=(),
+                    )
+                    for p in range(count)
+                ),
+            )
+            for name, count in topics
+        ),
+    )
+    return encode_response(cls.__header_schema__(correlation_id=correlation_id), body)
