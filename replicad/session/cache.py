@@ -290,6 +290,11 @@ class FetchSessionCache:
             session.dirty[tp] = self._seq
         return self._seq
 
+    def sessions_holding(self, tp: TopicPartition) -> list[int]:
+        """Ids of the sessions `partition_changed(tp)` marks: the leader wakes their waiting
+        (long-polling) fetches. O(sessions holding `tp`)."""
+        return [session.id for session in self._watchers.get(tp, ())]
+
     # -- requests -------------------------------------------------------------
 
     def new_context(self, request: SessionRequest, *, now_ms: int) -> FetchContext:

@@ -714,6 +714,19 @@ def test_metrics_count_sessions_cached_partitions_and_evictions() -> None:
     assert metrics.num_incremental_fetch_partitions_cached in (5, 4)
 
 
+def test_sessions_holding_names_the_sessions_a_change_marks() -> None:
+    cache, leader = new_cache()
+    a = create(leader, 2, now_ms=0)
+    b = create(leader, 1, now_ms=0)
+    c = create(leader, 1, now_ms=0, topic="u")
+    assert sorted(cache.sessions_holding(tp("t", 0))) == sorted([a, b])
+    assert cache.sessions_holding(tp("t", 1)) == [a]
+    assert cache.sessions_holding(tp("u", 0)) == [c]
+    leader.fetch(incremental(a, 1, forgotten=[tp("t", 1)]), now_ms=1)
+    assert cache.sessions_holding(tp("t", 1)) == []
+    assert cache.sessions_holding(tp("nowhere", 0)) == []
+
+
 # -- property: the same answers as Kafka's scan of every partition ---------------------------
 
 
