@@ -1,0 +1,1 @@
+"""`replicad serve`: the leader side -- a read-only Kafka-protocol server over the local log."""

@@ -1,0 +1,207 @@
+"""Requests in, response frames out: the server side of Kafka's framing over kio.
+
+- A request frame (size prefix removed) starts with api_key i16, api_version i16,
+  correlation_id i32 in every header version; the rest of the header (client id, tagged
+  fields) and the body are kio's to read, for the versions kio has.
+- A response frame is a list of parts sent in order: bytes, file regions (sent with
+  sendfile) and lazy down-conversions (converted while sent). Its size prefix is the sum of
+  the parts, known before the first byte goes out.
+- A Fetch response is encoded by kio with a unique 16-byte token as each partition's records;
+  the encoded bytes are then cut at each token and the records' length prefix rewritten
+  for the real records -- so kio still writes every field, and no records are copied.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import secrets
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from functools import cache
+from typing import Any
+
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i32
+
+from replicad.errors import LocalProtocolError, RemoteProtocolError
+from replicad.log.segment import FileRegion
+from replicad.records.downconvert import LazyDownConversion
+
+SIZE = struct.Struct(">i")
+_HEAD = struct.Struct(">hhi")
+RECORDS_TOKEN_BYTES = 16
+_I32 = struct.Struct(">i")
+
+Part = bytes | FileRegion | LazyDownConversion
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHead:
+    api_key: int
+    api_version: int
+    correlation_id: int
+
+
+def peek_head(frame: bytes | memoryview) -> RequestHead:
+    if len(frame) < _HEAD.size:
+        raise RemoteProtocolError(f"request frame of {len(frame)} bytes has no header")
+    api_key, version, correlation_id = _HEAD.unpack_from(frame, 0)
+    return RequestHead(api_key, version, correlation_id)
+
+
+@dataclass(frozen=True, slots=True)
+class KioRequest:
+    head: RequestHead
+    client_id: str | None
+    body: Any
+
+
+@cache
+def _reader(cls: type) -> Any:
+    return entity_reader(cls)
+
+
+@cache
+def _writer(cls: type) -> Any:
+    return entity_writer(cls)
+
+
+def decode_request(frame: bytes | memoryview, request_cls: type) -> KioRequest:
+    """Decode header and body with kio; bad bytes are the peer's RemoteProtocolError."""
+    head = peek_head(frame)
+    try:
+        header, used = _reader(request_cls.__header_schema__)(frame, 0)
+        body, size = _reader(request_cls)(frame, used)
+    except Exception as exc:  # kio raises several types on bad input
+        raise RemoteProtocolError(
+            f"undecodable {request_cls.__name__} v{request_cls.__version__}: {exc!r}"
+        ) from exc
+    if used + size != len(frame):
+        raise RemoteProtocolError(
+            f"{request_cls.__name__}: {len(frame) - used - size} trailing bytes in frame"
+        )
+    return KioRequest(head, header.client_id, body)
+
+
+def encode_body(entity: Any) -> bytes:
+    """A kio request or response body, without header or size prefix."""
+    buf = io.BytesIO()
+    _writer(type(entity))(buf, entity)
+    return buf.getvalue()
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseFrame:
+    """One response, as parts to send in order (see the module docstring)."""
+
+    parts: tuple[Part, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(_part_size(p) for p in self.parts)
+
+    def with_size_prefix(self) -> tuple[Part, ...]:
+        return (SIZE.pack(self.size), *self.parts)
+
+
+def _part_size(part: Part) -> int:
+    if isinstance(part, bytes):
+        return len(part)
+    return part.size
+
+
+def response_header(response_cls: type, correlation_id: int) -> bytes:
+    header_cls = response_cls.__header_schema__
+    buf = io.BytesIO()
+    _writer(header_cls)(buf, header_cls(correlation_id=i32(correlation_id)))
+    return buf.getvalue()
+
+
+def response_header_v0(correlation_id: int) -> bytes:
+    """The header every non-flexible response (and every ApiVersions response) starts with."""
+    return _I32.pack(correlation_id)
+
+
+def encode_response(body: Any, correlation_id: int) -> ResponseFrame:
+    """A kio response entity as one frame."""
+    buf = io.BytesIO()
+    buf.write(response_header(type(body), correlation_id))
+    _writer(type(body))(buf, body)
+    return ResponseFrame((buf.getvalue(),))
+
+
+def raw_response(header: bytes, body: bytes) -> ResponseFrame:
+    return ResponseFrame((header + body,))
+
+
+def records_token() -> bytes:
+    """A placeholder for one partition's records while kio encodes the response."""
+    return secrets.token_bytes(RECORDS_TOKEN_BYTES)
+
+
+def splice_records(
+    encoded: bytes,
+    placements: Sequence[tuple[bytes, FileRegion | LazyDownConversion]],
+    *,
+    flexible: bool,
+) -> tuple[Part, ...]:
+    """Cut `encoded` at each token (in order) and put the real records there."""
+    parts: list[Part] = []
+    position = 0
+    for token, records in placements:
+        at = encoded.find(token, position)
+        if at < 0:
+            raise LocalProtocolError("records token missing from the encoded Fetch response")
+        prefix_at, expected = (
+            (at - 1, _uvarint(RECORDS_TOKEN_BYTES + 1))
+            if flexible
+            else (at - _I32.size, _I32.pack(RECORDS_TOKEN_BYTES))
+        )
+        if encoded[prefix_at:at] != expected:
+            raise LocalProtocolError("records token found without its length prefix")
+        size = records.size
+        prefix = _uvarint(size + 1) if flexible else _I32.pack(size)
+        parts.append(encoded[position:prefix_at] + prefix)
+        parts.append(records)
+        position = at + RECORDS_TOKEN_BYTES
+    parts.append(encoded[position:])
+    return tuple(p for p in parts if not isinstance(p, bytes) or p)
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def make_entity(cls: type, **values: Any) -> Any:
+    """Build a kio entity of any version from a superset of fields (extra ones dropped)."""
+    names = _field_names(cls)
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+@cache
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in fields(cls))
+
+
+def region_reader(region: FileRegion) -> Callable[[int, int], bytes]:
+    """`read_at(position, size)` over a file region, for lazy down-conversion. Each call
+    opens the segment anew, so nothing stays open between chunks."""
+
+    def read_at(position: int, size: int) -> bytes:
+        fd = os.open(region.path, os.O_RDONLY)
+        try:
+            return os.pread(fd, size, region.position + position)
+        finally:
+            os.close(fd)
+
+    return read_at

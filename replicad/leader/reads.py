@@ -1,0 +1,304 @@
+"""Reading a Fetch's partitions from the local log: Kafka's readFromLog, KIP-74 limits included.
+
+Rules (ReplicaManager.readFromLog, Partition.readRecords, LocalLog/LogSegment.read):
+- Partitions are read in the order given. The response budget starts at the request's
+  max_bytes (capped by the server's fetch.max.bytes) and shrinks by each partition's records
+  size; a partition may take min(its max_bytes, what is left).
+- From Fetch v3 on (no hard limit) the first partition that returns records returns at least
+  its first whole batch, whatever the limits ("min one message"); after it, limits hold. A
+  partition whose allowance is smaller than the batch at its fetch offset returns no records
+  (v3+), or the cut-off start of that batch (v0-v2, whose clients then ask for more).
+- A read never crosses a segment and stops at the reader's bound: the log end for followers,
+  the high watermark for consumers, the last stable offset for READ_COMMITTED consumers.
+  A fetch offset at or past the bound (but not past the log end) reads nothing.
+- Errors: unknown partition -> UNKNOWN_TOPIC_OR_PARTITION; a current leader epoch below ours ->
+  FENCED_LEADER_EPOCH, above -> UNKNOWN_LEADER_EPOCH; a fetch offset outside
+  [log start, log end] -> OFFSET_OUT_OF_RANGE. With a last fetched epoch (v12+): its end
+  offset unknown -> OFFSET_OUT_OF_RANGE; an epoch that ends before the fetch offset, or only a
+  lower epoch known -> no records and `diverging` = (that epoch, its end offset).
+- High watermark = the partition's checkpointed one: what is replicated and on disk.
+- READ_COMMITTED answers carry the last stable offset and the aborted transactions that
+  overlap [fetch offset, last stable offset), folded from the log (see transactions.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+from kio.schema.errors import ErrorCode
+
+from replicad.errors import OffsetOutOfRangeError, ReplicadError
+from replicad.leader.catalog import Catalog
+from replicad.leader.transactions import AbortedTransaction, TransactionState
+from replicad.log.epoch import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+from replicad.log.partition import PartitionLog
+from replicad.log.segment import FileRegion
+from replicad.records.batch import BatchHeader, header_at, scan_batches
+from replicad.records.records import control_marker, decode_batch
+from replicad.session.metadata import PartitionFetch
+from replicad.types import TopicPartition
+
+log = structlog.get_logger("replicad.leader")
+
+UNKNOWN_OFFSET = -1
+NO_EPOCH = -1
+# How much of a partition the transaction fold reads at a time.
+FOLD_READ_BYTES = 1024 * 1024
+
+
+class Isolation(enum.Enum):
+    LOG_END = "log_end"  # followers
+    HIGH_WATERMARK = "high_watermark"  # consumers, READ_UNCOMMITTED
+    TXN_COMMITTED = "txn_committed"  # consumers, READ_COMMITTED
+
+
+@dataclass(frozen=True, slots=True)
+class DivergingEpoch:
+    epoch: int
+    end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionAnswer:
+    """One partition's part of a Fetch answer, its records still on disk."""
+
+    partition: TopicPartition
+    fetch_offset: int
+    error_code: int = ErrorCode.none
+    high_watermark: int = UNKNOWN_OFFSET
+    last_stable_offset: int = UNKNOWN_OFFSET
+    log_start_offset: int = UNKNOWN_OFFSET
+    records: FileRegion | None = None
+    aborted: tuple[AbortedTransaction, ...] | None = None
+    diverging: DivergingEpoch | None = None
+    # There is readable data at or past the fetch offset (the session re-reads it).
+    more_data: bool = False
+
+    @property
+    def records_size(self) -> int:
+        return self.records.size if self.records is not None else 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLimits:
+    max_bytes: int
+    isolation: Isolation
+    # Fetch v0-v2: no "min one message", a too-small allowance returns a cut-off batch.
+    hard_max_bytes_limit: bool
+
+
+def read_partitions(
+    catalog: Catalog,
+    reads: Sequence[tuple[TopicPartition, PartitionFetch]],
+    limits: ReadLimits,
+    transactions: TransactionTracker,
+    *,
+    now_ms: int,
+    refuse: Callable[[TopicPartition, PartitionFetch], int] | None = None,
+) -> list[PartitionAnswer]:
+    """Read `reads` in order under KIP-74's budget; `refuse` may pre-empt a read with an error."""
+    budget = limits.max_bytes
+    min_one = not limits.hard_max_bytes_limit
+    answers = []
+    for tp, fetch in reads:
+        error = refuse(tp, fetch) if refuse is not None else ErrorCode.none
+        if error != ErrorCode.none:
+            answer = PartitionAnswer(tp, fetch.fetch_offset, error_code=error)
+        else:
+            try:
+                answer = read_partition(
+                    catalog, tp, fetch, budget, min_one, limits, transactions, now_ms=now_ms
+                )
+            except (OSError, ReplicadError) as exc:
+                # Kafka: a failing log dir is KAFKA_STORAGE_ERROR, anything else unknown.
+                code = (
+                    ErrorCode.kafka_storage_error
+                    if isinstance(exc, OSError)
+                    else ErrorCode.unknown_server_error
+                )
+                log.warning("partition read failed", partition=str(tp), error=str(exc))
+                answer = PartitionAnswer(tp, fetch.fetch_offset, error_code=code)
+        if answer.records_size > 0:
+            min_one = False
+        budget = max(0, budget - answer.records_size)
+        answers.append(answer)
+    return answers
+
+
+def read_partition(
+    catalog: Catalog,
+    tp: TopicPartition,
+    fetch: PartitionFetch,
+    budget: int,
+    min_one: bool,
+    limits: ReadLimits,
+    transactions: TransactionTracker,
+    *,
+    now_ms: int,
+) -> PartitionAnswer:
+    offset = fetch.fetch_offset
+    plog = catalog.partition(tp, now_ms=now_ms)
+    if plog is None:
+        return PartitionAnswer(tp, offset, error_code=ErrorCode.unknown_topic_or_partition)
+    epoch_error = check_leader_epoch(catalog.leader_epoch(plog), fetch.current_leader_epoch)
+    if epoch_error != ErrorCode.none:
+        return PartitionAnswer(tp, offset, error_code=epoch_error)
+    hw = plog.high_watermark
+    start = plog.log_start_offset
+    end = plog.log_end_offset
+    committed = limits.isolation is Isolation.TXN_COMMITTED
+    state = transactions.state(tp, plog) if committed else None
+    lso = state.last_stable_offset(hw) if state is not None else hw
+    known = PartitionAnswer(
+        tp,
+        offset,
+        high_watermark=hw,
+        last_stable_offset=lso,
+        log_start_offset=start,
+        aborted=() if committed else None,
+    )
+    error = PartitionAnswer(tp, offset, error_code=ErrorCode.offset_out_of_range)
+    if fetch.last_fetched_epoch >= 0:
+        ours = plog.end_offset_for_epoch(fetch.last_fetched_epoch)
+        if ours.end_offset == UNDEFINED_EPOCH_OFFSET or ours.epoch == UNDEFINED_EPOCH:
+            return error
+        if offset < start:
+            return error
+        if ours.epoch < fetch.last_fetched_epoch or ours.end_offset < offset:
+            return _replace(known, diverging=DivergingEpoch(ours.epoch, ours.end_offset))
+    if offset < start or offset > end:
+        return error
+    bound = {Isolation.LOG_END: end, Isolation.HIGH_WATERMARK: hw, Isolation.TXN_COMMITTED: lso}[
+        limits.isolation
+    ]
+    if offset >= bound:
+        return known
+    if state is not None:
+        known = _replace(known, aborted=tuple(state.aborted_overlapping(offset, bound)))
+    known = _replace(known, more_data=True)
+    allowance = min(fetch.max_bytes, budget)
+    if not min_one and allowance <= 0:
+        return known
+    try:
+        first = plog.read(offset, 0).region
+        if first is None:
+            return known
+        whole = plog.read(offset, max(allowance, 0)).region
+        assert whole is not None
+        size = whole.size
+        if not min_one and allowance < first.size:
+            if not limits.hard_max_bytes_limit:
+                return known
+            size = min(size, allowance)
+        if bound < end:
+            size = min(size, _position_of(plog, bound, whole) - whole.position)
+    except OffsetOutOfRangeError:
+        # Truncated or deleted under us since the offsets were taken.
+        return error
+    if size <= 0:
+        return known
+    return _replace(known, records=FileRegion(whole.path, whole.position, size))
+
+
+def check_leader_epoch(ours: int, theirs: int) -> int:
+    """KIP-320: a request that names a leader epoch must name ours."""
+    if theirs < 0 or theirs == ours:
+        return ErrorCode.none
+    return ErrorCode.fenced_leader_epoch if ours > theirs else ErrorCode.unknown_leader_epoch
+
+
+def _position_of(plog: PartitionLog, bound: int, region: FileRegion) -> int:
+    """Where, in `region`'s segment, the batches at or past offset `bound` start."""
+    at = plog.read(bound, 0).region
+    if at is None or at.path != region.path:
+        return region.position + region.size
+    return at.position
+
+
+def _replace(answer: PartitionAnswer, **changes: object) -> PartitionAnswer:
+    return dataclasses.replace(answer, **changes)  # type: ignore[arg-type]
+
+
+# -- transaction state, folded from the log -----------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Folded:
+    plog: PartitionLog
+    state: TransactionState
+    # The last batch folded, to notice a truncation that was followed by new appends.
+    last: BatchHeader | None = None
+
+
+@dataclass(slots=True)
+class TransactionTracker:
+    """Each READ_COMMITTED partition's TransactionState, folded up to its log end on demand."""
+
+    fold_read_bytes: int = FOLD_READ_BYTES
+    _folded: dict[TopicPartition, _Folded] = field(default_factory=dict)
+    # Bytes read by folds (a measure for tests and benchmarks).
+    bytes_read: int = 0
+
+    def state(self, tp: TopicPartition, plog: PartitionLog) -> TransactionState:
+        entry = self._folded.get(tp)
+        if entry is None or entry.plog is not plog or not self._still_valid(entry):
+            entry = _Folded(plog, TransactionState())
+            self._folded[tp] = entry
+        self._fold_forward(entry)
+        entry.state.forget_below(plog.log_start_offset)
+        return entry.state
+
+    def forget(self, tp: TopicPartition) -> None:
+        self._folded.pop(tp, None)
+
+    def _still_valid(self, entry: _Folded) -> bool:
+        plog, folded_to = entry.plog, entry.state.folded_to
+        if plog.log_end_offset < folded_to or plog.log_start_offset > folded_to:
+            return False
+        if entry.last is None:
+            return True
+        try:
+            region = plog.read(entry.last.base_offset, 0).region
+        except OffsetOutOfRangeError:
+            return False
+        if region is None:
+            return False
+        head = header_at(_pread(region, min(region.size, 64)), region.position)
+        return not isinstance(head, str) and (head.base_offset, head.crc) == (
+            entry.last.base_offset,
+            entry.last.crc,
+        )
+
+    def _fold_forward(self, entry: _Folded) -> None:
+        plog, state = entry.plog, entry.state
+        offset = max(state.folded_to, plog.log_start_offset)
+        while offset < plog.log_end_offset:
+            try:
+                region = plog.read(offset, self.fold_read_bytes).region
+            except OffsetOutOfRangeError:
+                return
+            if region is None:
+                return
+            data = region.read_bytes()
+            self.bytes_read += len(data)
+            scan = scan_batches(data, verify_crc=False)
+            if not scan.batches:
+                return
+            for header in scan.batches:
+                if header.base_offset < state.folded_to:
+                    continue
+                marker = None
+                if header.is_control:
+                    records = decode_batch(data, header).records
+                    marker = control_marker(records[0]).type if records else None
+                state.fold(header, marker)
+                entry.last = header
+            offset = scan.batches[-1].next_offset
+
+
+def _pread(region: FileRegion, size: int) -> bytes:
+    return FileRegion(region.path, region.position, size).read_bytes()

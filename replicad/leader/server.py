@@ -1,0 +1,521 @@
+"""`replicad serve`: the asyncio Kafka-protocol server over the local log (the shell).
+
+Rules:
+- One task per connection reads a request, answers it, then reads the next: requests on a
+  connection are answered one at a time and in order, as Kafka does (it mutes a channel
+  while a request is in flight). A waiting Fetch (long-poll) holds its connection only.
+- Decoding is frames.py's, deciding is fetch.py's / handlers.py's; this module waits and
+  writes. A frame larger than `max_request_bytes`, undecodable bytes, or an API/version no
+  codec can answer closes the connection (logged); anything decodable gets an answer.
+- Writing a response: its size prefix, then its parts in order on the connection's
+  transport. A file region goes out by `loop.sendfile`, which first waits for the
+  transport's buffer to drain and pauses reading while the kernel copies the file, so it
+  never interleaves with buffered writes. A lazy down-conversion is converted a chunk at a
+  time off the event loop and written with flow control (drain), so at most a chunk and the
+  transport's buffer are held. If a segment shrank or vanished before it was sent, the
+  bytes still owed are an overflow entry (KIP-283's trailing partial message): the frame
+  stays the size it announced and the client drops the partial entry.
+- `partition_changed(tp)` (the follower calls it after every append, truncation, high
+  watermark move or removal; on the event loop, or from another thread, which is handed
+  over to the loop) updates the catalog and the session cache and wakes the waiting
+  fetches that read `tp`, directly or through their session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import structlog
+from kio.index import UnknownAPIKey, UnknownEntity
+from kio.schema.errors import ErrorCode
+from kio.schema.index import api_key_map
+
+from replicad.errors import RemoteProtocolError
+from replicad.leader import handlers, legacy_codec
+from replicad.leader.catalog import Catalog
+from replicad.leader.fetch import (
+    FetchHandling,
+    Role,
+    view_of_kio_request,
+    view_of_legacy_request,
+)
+from replicad.leader.fetch_response import fetch_response_frame
+from replicad.leader.frames import (
+    SIZE,
+    KioRequest,
+    RequestHead,
+    ResponseFrame,
+    decode_request,
+    encode_response,
+    peek_head,
+    raw_response,
+    response_header_v0,
+)
+from replicad.leader.reads import TransactionTracker
+from replicad.leader.refusals import NO_COORDINATOR_MESSAGE, READ_ONLY_MESSAGE, error_response
+from replicad.leader.settings import ServeSettings
+from replicad.log.config import LogConfig
+from replicad.log.manager import LogManager
+from replicad.log.segment import FileRegion
+from replicad.protocol.apis import ApiKey
+from replicad.protocol.codec import request_type, response_type
+from replicad.records.downconvert import LazyDownConversion, overflow_entry
+from replicad.session.cache import FetchSessionCache
+from replicad.types import TopicPartition
+
+log = structlog.get_logger("replicad.leader")
+
+FIND_COORDINATOR = 10
+ACKS_NONE = 0
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+
+
+def monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class _Close(Exception):
+    """The connection must be closed instead of answered (reason in the message)."""
+
+
+class LeaderServer:
+    """The Kafka-protocol server over `logs`; see the module docstring."""
+
+    def __init__(
+        self,
+        logs: LogManager,
+        settings: ServeSettings,
+        *,
+        node_id: int = 0,
+        allowed_followers: frozenset[int] = frozenset(),
+        now_ms: Callable[[], int] = monotonic_ms,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self.node_id = node_id
+        self.allowed_followers = frozenset(allowed_followers)
+        self._now_ms = now_ms
+        rng = rng if rng is not None else random.Random()
+        self.catalog = Catalog(logs, rng=rng)
+        self.cache = FetchSessionCache(
+            rng=rng,
+            max_slots=settings.max_session_slots,
+            eviction_ms=settings.session_eviction_ms,
+        )
+        self.transactions = TransactionTracker()
+        self._cluster_id = handlers.cluster_id_for(logs.data_dir.resolve())
+        self._server: asyncio.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._partition_waiters: dict[TopicPartition, set[asyncio.Future[None]]] = {}
+        self._session_waiters: dict[int, set[asyncio.Future[None]]] = {}
+        self.port = 0
+        self._host = settings.host
+        self.requests: Counter[str] = Counter()
+        self.counters: Counter[str] = Counter()
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._server = await asyncio.start_server(
+            self._accept, self.settings.host, self.settings.port
+        )
+        sockname = self._server.sockets[0].getsockname()
+        self._host, self.port = sockname[0], sockname[1]
+        log.info(
+            "serving the replica over the Kafka protocol",
+            listen=f"{self._host}:{self.port}",
+            advertised=f"{self.advertised[0]}:{self.advertised[1]}",
+            node_id=self.node_id,
+            allowed_followers=sorted(self.allowed_followers),
+        )
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        for task in list(self._connections):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        host = self.settings.advertised_host or self._host
+        if host in WILDCARD_HOSTS:
+            host = "127.0.0.1"
+        return host, self.settings.advertised_port or self.port
+
+    # -- the follower's side ---------------------------------------------------------------
+
+    def partition_changed(self, tp: TopicPartition) -> None:
+        """Something a fetch of `tp` reports changed; wakes the fetches waiting on it."""
+        loop = self._loop
+        if loop is not None and threading.get_ident() != self._loop_thread:
+            loop.call_soon_threadsafe(self.partition_changed, tp)
+            return
+        self.catalog.note_changed(tp)
+        self.cache.partition_changed(tp)
+        _wake(self._partition_waiters.pop(tp, ()))
+        for session_id in self.cache.sessions_holding(tp):
+            _wake(self._session_waiters.pop(session_id, ()))
+
+    def metrics(self) -> dict[str, Any]:
+        cache = self.cache.metrics()
+        return {
+            "sessions": cache.num_incremental_fetch_sessions,
+            "partitions_cached": cache.num_incremental_fetch_partitions_cached,
+            "evictions_total": cache.incremental_fetch_session_evictions,
+            "partition_visits_total": cache.partition_visits,
+            "connections": len(self._connections),
+            "waiting_fetches": sum(len(w) for w in self._partition_waiters.values())
+            + sum(len(w) for w in self._session_waiters.values()),
+            "requests_total": dict(self.requests),
+            **dict(self.counters),
+        }
+
+    # -- connections -----------------------------------------------------------------------
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        peer = writer.get_extra_info("peername")
+        try:
+            await self._serve(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except _Close as reason:
+            log.warning("closing a client connection", peer=str(peer), reason=str(reason))
+        except RemoteProtocolError as exc:
+            self.counters["protocol_errors_total"] += 1
+            log.warning(
+                "client broke the protocol; connection closed", peer=str(peer), error=str(exc)
+            )
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("connection failed", peer=str(peer))
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            (size,) = SIZE.unpack(await reader.readexactly(SIZE.size))
+            if size < 8 or size > self.settings.max_request_bytes:
+                raise _Close(f"request frame of {size} bytes")
+            frame = await reader.readexactly(size)
+            response = await self._handle(frame)
+            if response is not None:
+                await self._send(writer, response)
+
+    # -- dispatch --------------------------------------------------------------------------
+
+    async def _handle(self, frame: bytes) -> ResponseFrame | None:
+        head = peek_head(frame)
+        api = head.api_key
+        self.requests[f"{_api_name(api)} v{head.api_version}"] += 1
+        supported = handlers.SUPPORTED_VERSIONS.get(api)
+        if api == ApiKey.API_VERSIONS and (supported is None or head.api_version > supported.max):
+            # KIP-511: answer in v0's layout, naming what we support.
+            body = handlers.api_versions_response(0, error=ErrorCode.unsupported_version)
+            return encode_response(body, head.correlation_id)
+        if supported is None or not supported.min <= head.api_version <= supported.max:
+            return self._refuse(frame, head)
+        if api == ApiKey.FETCH:
+            return await self._fetch(frame, head)
+        if api == ApiKey.PRODUCE:
+            return self._produce(frame, head)
+        now_ms = self._now_ms()
+        if (
+            api == ApiKey.LIST_OFFSETS
+            and head.api_version in legacy_codec.LEGACY_LIST_OFFSETS_VERSIONS
+        ):
+            header = legacy_codec.read_request_header_v1(frame)
+            request = legacy_codec.decode_list_offsets_request(
+                memoryview(frame)[header.body_position :]
+            )
+            answers = handlers.legacy_list_offsets(
+                request, self.catalog, self.transactions, now_ms=now_ms
+            )
+            return raw_response(
+                response_header_v0(head.correlation_id),
+                legacy_codec.encode_list_offsets_response(answers),
+            )
+        decoded = decode_request(frame, request_type(api, head.api_version))
+        body = self._answer(decoded, now_ms)
+        return encode_response(body, head.correlation_id)
+
+    def _answer(self, request: KioRequest, now_ms: int) -> Any:
+        api, version = request.head.api_key, request.head.api_version
+        if api == ApiKey.API_VERSIONS:
+            return handlers.api_versions_response(version)
+        if api == ApiKey.METADATA:
+            host, port = self.advertised
+            node = handlers.NodeInfo(self.node_id, host, port, self._cluster_id)
+            return handlers.metadata_response(
+                version, request.body, self.catalog, node, now_ms=now_ms
+            )
+        if api == ApiKey.LIST_OFFSETS:
+            return handlers.list_offsets_response(
+                version, request.body, self.catalog, self.transactions, now_ms=now_ms
+            )
+        if api == ApiKey.OFFSET_FOR_LEADER_EPOCH:
+            return handlers.offset_for_leader_epoch_response(
+                version, request.body, self.catalog, now_ms=now_ms
+            )
+        raise AssertionError(f"no handler for api {api}")
+
+    def _refuse(self, frame: bytes, head: RequestHead) -> ResponseFrame:
+        """An API (or version) we do not serve: its own error, in its own version."""
+        try:
+            response_cls = response_type(head.api_key, head.api_version)
+        except (UnknownAPIKey, UnknownEntity) as exc:
+            raise _Close(
+                f"api {head.api_key} v{head.api_version} has no layout replicad can answer in"
+            ) from exc
+        request = None
+        with contextlib.suppress(RemoteProtocolError, UnknownAPIKey, UnknownEntity):
+            request = decode_request(frame, request_type(head.api_key, head.api_version)).body
+        self.counters["refused_requests_total"] += 1
+        if head.api_key == FIND_COORDINATOR:
+            body = error_response(
+                response_cls,
+                ErrorCode.coordinator_not_available,
+                request,
+                message=NO_COORDINATOR_MESSAGE,
+            )
+        else:
+            body = error_response(response_cls, ErrorCode.unsupported_version, request)
+        return encode_response(body, head.correlation_id)
+
+    def _produce(self, frame: bytes, head: RequestHead) -> ResponseFrame:
+        version = head.api_version
+        self.counters["refused_produce_total"] += 1
+        if version in legacy_codec.LEGACY_PRODUCE_VERSIONS:
+            header = legacy_codec.read_request_header_v1(frame)
+            legacy = legacy_codec.decode_produce_request(memoryview(frame)[header.body_position :])
+            if legacy.acks == ACKS_NONE:
+                raise _Close("produce with acks=0 refused (read-only replica)")
+            body_bytes = legacy_codec.encode_produce_response(
+                version, legacy.topics, ErrorCode.topic_authorization_failed
+            )
+            return raw_response(response_header_v0(head.correlation_id), body_bytes)
+        request = decode_request(frame, request_type(ApiKey.PRODUCE, version)).body
+        if int(request.acks) == ACKS_NONE:
+            raise _Close("produce with acks=0 refused (read-only replica)")
+        body = error_response(
+            response_type(ApiKey.PRODUCE, version),
+            ErrorCode.topic_authorization_failed,
+            request,
+            message=READ_ONLY_MESSAGE,
+        )
+        return encode_response(body, head.correlation_id)
+
+    # -- Fetch -----------------------------------------------------------------------------
+
+    async def _fetch(self, frame: bytes, head: RequestHead) -> ResponseFrame:
+        version = head.api_version
+        if version in legacy_codec.LEGACY_FETCH_VERSIONS:
+            header = legacy_codec.read_request_header_v1(frame)
+            view = view_of_legacy_request(
+                legacy_codec.decode_fetch_request(
+                    version, memoryview(frame)[header.body_position :]
+                )
+            )
+        else:
+            decoded = decode_request(frame, request_type(ApiKey.FETCH, version))
+            view = view_of_kio_request(version, decoded.body)
+        handling = FetchHandling(
+            view,
+            cache=self.cache,
+            catalog=self.catalog,
+            transactions=self.transactions,
+            settings=self.settings,
+            allowed_followers=self.allowed_followers,
+            now_ms=self._now_ms(),
+        )
+        if handling.role is Role.REFUSED_FOLLOWER:
+            self.counters["refused_followers_total"] += 1
+            log.warning(
+                "fetch from a replica id that is not an allowed follower refused",
+                replica_id=view.replica_id,
+            )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + view.max_wait_ms / 1000
+        last = handling.read(now_ms=self._now_ms())
+        while not last.complete:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            await self._wait_for_change(handling, last.answers.keys(), remaining)
+            last = handling.read(now_ms=self._now_ms())
+        outcome = handling.finish(last, now_ms=self._now_ms())
+        return fetch_response_frame(
+            outcome, version=version, correlation_id=head.correlation_id, settings=self.settings
+        )
+
+    async def _wait_for_change(self, handling: FetchHandling, read: Any, timeout_s: float) -> None:
+        assert self._loop is not None
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        keys: list[tuple[dict[Any, set[asyncio.Future[None]]], Any]] = []
+        session_id = handling.session_id
+        if session_id is not None:
+            keys.append((self._session_waiters, session_id))
+        for tp in (*handling.partitions, *read):
+            keys.append((self._partition_waiters, tp))
+        for table, key in keys:
+            table.setdefault(key, set()).add(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            for table, key in keys:
+                waiters = table.get(key)
+                if waiters is not None:
+                    waiters.discard(waiter)
+                    if not waiters:
+                        del table[key]
+
+    # -- writing ---------------------------------------------------------------------------
+
+    async def _send(self, writer: asyncio.StreamWriter, response: ResponseFrame) -> None:
+        for part in response.with_size_prefix():
+            if isinstance(part, bytes):
+                writer.write(part)
+            elif isinstance(part, FileRegion):
+                await self._send_region(writer, part)
+            else:
+                await self._send_converted(writer, part)
+        await writer.drain()
+        self.counters["responses_total"] += 1
+
+    async def _send_region(self, writer: asyncio.StreamWriter, region: FileRegion) -> None:
+        await writer.drain()
+        sent = 0
+        try:
+            with open(region.path, "rb") as f:
+                sent = await asyncio.get_running_loop().sendfile(
+                    writer.transport, f, region.position, region.size
+                )
+        except FileNotFoundError:
+            sent = 0
+        self.counters["sendfile_bytes_total"] += sent
+        if sent < region.size:
+            # The segment shrank (truncation) or vanished (retention) since it was read.
+            self.counters["short_regions_total"] += 1
+            for piece in overflow_entry(region.size - sent):
+                writer.write(piece)
+
+    async def _send_converted(
+        self, writer: asyncio.StreamWriter, conversion: LazyDownConversion
+    ) -> None:
+        chunks = conversion.chunks()
+        sent = 0
+        while True:
+            try:
+                chunk = await asyncio.to_thread(_next_or_none, chunks)
+            except Exception as exc:  # a segment gone or unreadable mid-conversion
+                log.warning("down-conversion stopped early", error=str(exc))
+                chunk = None
+            if chunk is None:
+                break
+            writer.write(chunk)
+            sent += len(chunk)
+            await writer.drain()
+        if sent < conversion.size:
+            for piece in overflow_entry(conversion.size - sent):
+                writer.write(piece)
+        self.counters["downconverted_bytes_total"] += sent
+        self.counters["downconverted_records_total"] += conversion.stats.records_converted
+
+
+def _next_or_none(chunks: Iterator[bytes]) -> bytes | None:
+    return next(chunks, None)
+
+
+def _wake(waiters: Any) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)
+
+
+def _api_name(api_key: int) -> str:
+    return api_key_map.get(api_key, str(api_key)).upper()
+
+
+# -- `replicad serve` --------------------------------------------------------------------------
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+async def serve_forever(
+    data_dir: Path,
+    listen: str,
+    *,
+    advertised: str | None = None,
+    settings: ServeSettings | None = None,
+    node_id: int = 0,
+    allowed_followers: frozenset[int] = frozenset(),
+    log_config: LogConfig | None = None,
+    stop: asyncio.Event | None = None,
+    on_ready: Callable[[LeaderServer], None] | None = None,
+) -> int:
+    """`replicad serve`: open the data directory (taking its lock), serve it until SIGTERM,
+    SIGINT or `stop`, then close everything. Returns the process exit code."""
+    host, port = parse_listen(listen)
+    values: dict[str, Any] = {"host": host, "port": port}
+    if advertised:
+        values["advertised_host"], values["advertised_port"] = parse_listen(advertised)
+    base = settings if settings is not None else ServeSettings()
+    settings = dataclasses.replace(base, **values)
+    logs = await asyncio.to_thread(
+        LogManager.open,
+        Path(data_dir),
+        log_config or LogConfig(),
+        now_ms=int(time.time() * 1000),
+    )
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+    server = LeaderServer(logs, settings, node_id=node_id, allowed_followers=allowed_followers)
+    try:
+        await server.start()
+        if on_ready is not None:
+            on_ready(server)
+        await stop.wait()
+    finally:
+        await server.close()
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        await asyncio.to_thread(logs.close)
+    return 0

@@ -1,0 +1,187 @@
+"""Fixtures for the leader's tests: a data directory filled with real producer batches
+through the log store, and the server running on a thread of its own for blocking clients.
+
+- `logs`: an open LogManager on a fresh data directory, closed after the test.
+- `fill(logs, tp, batches, hw=None, topic_id=None)`: append batches (bytes each) to a
+  partition and checkpoint its high watermark (default: the log end); returns the log.
+- `transactional_batch`, `control_batch`: a transaction's data and its COMMIT/ABORT marker.
+- `ServedInThread(logs, settings, ...)`: LeaderServer on its own event loop thread, for
+  clients that block (kafka-python, confluent-kafka, kcat); `call(fn, *args)` runs on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+from crc32c import crc32c
+from kafka.record.default_records import DefaultRecordBatchBuilder
+
+from replicad.leader.server import LeaderServer
+from replicad.leader.settings import ServeSettings
+from replicad.log.config import LogConfig
+from replicad.log.manager import LogManager
+from replicad.log.partition import PartitionLog
+from replicad.records.batch import CONTROL_FLAG_MASK, scan_batches
+from replicad.records.records import ControlType
+from replicad.types import TopicPartition
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@pytest.fixture
+def logs(tmp_path: Path) -> Iterator[LogManager]:
+    manager = LogManager.open(tmp_path / "data", LogConfig(), now_ms=wall_ms())
+    try:
+        yield manager
+    finally:
+        manager.close()
+
+
+def fill_partition(
+    logs: LogManager,
+    tp: TopicPartition,
+    batches: Sequence[bytes],
+    *,
+    hw: int | None = None,
+    topic_id: uuid.UUID | None = None,
+) -> PartitionLog:
+    plog = logs.get_or_create(tp, topic_id=topic_id)
+    if batches:
+        data = b"".join(batches)
+        scan = scan_batches(data)
+        assert scan.valid_bytes == len(data)
+        plog.append(data, scan.batches, now_ms=wall_ms())
+    logs.checkpoint({tp: plog.log_end_offset if hw is None else hw})
+    return plog
+
+
+@pytest.fixture
+def fill() -> Callable[..., PartitionLog]:
+    return fill_partition
+
+
+class ServedInThread:
+    """A LeaderServer on an event loop of its own thread."""
+
+    def __init__(
+        self,
+        logs: LogManager,
+        settings: ServeSettings | None = None,
+        *,
+        allowed_followers: frozenset[int] = frozenset(),
+        seed: int = 1,
+    ) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self.server = LeaderServer(
+            logs,
+            settings or ServeSettings(),
+            allowed_followers=allowed_followers,
+            rng=random.Random(seed),
+        )
+        self.run(self.server.start())
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.server.port}"
+
+    def run(self, coro: Any, timeout_s: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        done: Future[Any] = Future()
+
+        def invoke() -> None:
+            try:
+                done.set_result(fn(*args))
+            except BaseException as exc:
+                done.set_exception(exc)
+
+        self.loop.call_soon_threadsafe(invoke)
+        return done.result(30)
+
+    def metrics(self) -> dict[str, Any]:
+        return self.call(self.server.metrics)
+
+    def close(self) -> None:
+        self.run(self.server.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+# -- transactional batches, as a transactional producer and a coordinator write them ----------
+
+_ATTRIBUTES_LOW_BYTE = 22
+_CRC_POSITION = 17
+_CRC_START = 21
+
+
+def transactional_batch(
+    base_offset: int, values: Sequence[bytes], *, producer_id: int, leader_epoch: int = 0
+) -> bytes:
+    """A transactional data batch of `producer_id` (kafka-python's builder, broker offsets)."""
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=True,
+        producer_id=producer_id,
+        producer_epoch=0,
+        base_sequence=0,
+        batch_size=1 << 30,
+    )
+    for i, value in enumerate(values):
+        builder.append(i, 1_700_000_000_000 + i, None, value, [])
+    return _placed(bytearray(builder.build()), base_offset, leader_epoch)
+
+
+def control_batch(
+    offset: int, *, producer_id: int, control_type: ControlType, leader_epoch: int = 0
+) -> bytes:
+    """The COMMIT/ABORT marker a transaction coordinator writes for `producer_id`."""
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=True,
+        producer_id=producer_id,
+        producer_epoch=0,
+        base_sequence=-1,
+        batch_size=1 << 30,
+    )
+    builder.append(
+        0, 1_700_000_000_000, struct.pack(">hh", 0, control_type), struct.pack(">hi", 0, 0), []
+    )
+    data = bytearray(builder.build())
+    data[_ATTRIBUTES_LOW_BYTE] |= CONTROL_FLAG_MASK
+    return _placed(data, offset, leader_epoch)
+
+
+def _placed(data: bytearray, base_offset: int, leader_epoch: int) -> bytes:
+    struct.pack_into(">q", data, 0, base_offset)
+    struct.pack_into(">i", data, 12, leader_epoch)
+    struct.pack_into(">I", data, _CRC_POSITION, crc32c(bytes(data[_CRC_START:])))
+    return bytes(data)
+
+
+class TxnBatches:
+    data = staticmethod(transactional_batch)
+    marker = staticmethod(control_batch)
+
+
+@pytest.fixture
+def txn() -> type[TxnBatches]:
+    """`txn.data(base, values, producer_id=...)`, `txn.marker(offset, producer_id=..., ...)`."""
+    return TxnBatches

@@ -1,0 +1,260 @@
+"""Fetch answers as frames: kio's encoding with the on-disk records spliced in (v4+), the
+hand-written layout with lazily down-converted records (v0-v3), read back by kio and by
+kafka-python's decoders."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import uuid
+
+import pytest
+from kafka.protocol.old.fetch import (
+    FetchResponse_v0,
+    FetchResponse_v1,
+    FetchResponse_v2,
+    FetchResponse_v3,
+)
+from kafka.record import MemoryRecords
+from kio.schema.errors import ErrorCode
+
+from replicad.leader.catalog import Catalog
+from replicad.leader.fetch import FetchHandling, FetchOutcome, Role, view_of_legacy_request
+from replicad.leader.fetch_response import fetch_response_frame
+from replicad.leader.frames import ResponseFrame
+from replicad.leader.legacy_codec import LegacyFetchPartition, LegacyFetchRequest, LegacyFetchTopic
+from replicad.leader.reads import (
+    DivergingEpoch,
+    Isolation,
+    PartitionAnswer,
+    ReadLimits,
+    TransactionTracker,
+    read_partitions,
+)
+from replicad.leader.settings import ServeSettings
+from replicad.leader.transactions import AbortedTransaction
+from replicad.log.segment import FileRegion
+from replicad.protocol.apis import ApiKey
+from replicad.protocol.codec import decode_response, response_type
+from replicad.records.batch import Compression
+from replicad.records.downconvert import LazyDownConversion
+from replicad.session.cache import FetchSessionCache
+from replicad.session.metadata import PartitionFetch
+from replicad.types import TopicPartition
+from tools.logdata.batches import producer_batch
+
+T0, T1, U0 = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("u", 0)
+TOPIC_IDS = {"t": uuid.UUID(int=0x7), "u": uuid.UUID(int=0x8)}
+OLD_RESPONSES = {0: FetchResponse_v0, 1: FetchResponse_v1, 2: FetchResponse_v2, 3: FetchResponse_v3}
+
+
+def materialize(frame: ResponseFrame) -> bytes:
+    """The bytes a client receives (size prefix removed)."""
+    out = bytearray()
+    for part in frame.parts:
+        if isinstance(part, bytes):
+            out += part
+        elif isinstance(part, FileRegion):
+            out += part.read_bytes()
+        else:
+            assert isinstance(part, LazyDownConversion)
+            out += b"".join(part.chunks())
+    assert len(out) == frame.size
+    return bytes(out)
+
+
+@pytest.fixture
+def answers(logs, fill) -> list[PartitionAnswer]:
+    fill(
+        logs, T0, [producer_batch(i, [bytes([i]) * 300]) for i in range(3)], topic_id=TOPIC_IDS["t"]
+    )
+    fill(logs, T1, [producer_batch(0, [b"x" * 50])], topic_id=TOPIC_IDS["t"])
+    fill(
+        logs, U0, [producer_batch(0, [b"u" * 50], codec=Compression.GZIP)], topic_id=TOPIC_IDS["u"]
+    )
+    catalog = Catalog(logs, rng=random.Random(0))
+    reads = [(tp, PartitionFetch(0, -1, 1 << 20)) for tp in (T0, U0, T1)]
+    return read_partitions(
+        catalog,
+        reads,
+        ReadLimits(1 << 20, Isolation.HIGH_WATERMARK, False),
+        TransactionTracker(),
+        now_ms=0,
+    )
+
+
+def outcome_of(answers: list[PartitionAnswer], role: Role = Role.CONSUMER) -> FetchOutcome:
+    ids = {a.partition: TOPIC_IDS.get(a.partition.topic) for a in answers}
+    return FetchOutcome(ErrorCode.none, 1234, tuple(answers), role, ids)
+
+
+@pytest.mark.parametrize("version", range(4, 18))
+def test_kio_reads_back_every_version_with_the_records_from_disk(answers, version) -> None:
+    extra = [
+        PartitionAnswer(TopicPartition("t", 9), 0, error_code=ErrorCode.unknown_topic_or_partition),
+        dataclasses.replace(
+            answers[2],
+            partition=TopicPartition("t", 2),
+            records=None,
+            diverging=DivergingEpoch(3, 17),
+        ),
+        dataclasses.replace(
+            answers[2],
+            partition=TopicPartition("t", 3),
+            records=None,
+            aborted=(AbortedTransaction(5, 44, 9),),
+        ),
+    ]
+    frame = fetch_response_frame(
+        outcome_of(answers + extra), version=version, correlation_id=77, settings=ServeSettings()
+    )
+    # The records are not copied into the frame: they go out by sendfile.
+    assert sum(isinstance(p, FileRegion) for p in frame.parts) == 3
+    decoded = decode_response(materialize(frame), response_type(ApiKey.FETCH, version))
+    assert decoded.correlation_id == 77
+    body = decoded.body
+    if version >= 7:
+        assert body.session_id == 1234
+    runs = [
+        (t.topic_id if version >= 13 else t.topic, [p.partition_index for p in t.partitions])
+        for t in body.responses
+    ]
+    name = (lambda n: TOPIC_IDS[n]) if version >= 13 else (lambda n: n)
+    assert runs == [(name("t"), [0]), (name("u"), [0]), (name("t"), [1, 9, 2, 3])]
+    flat = [p for t in body.responses for p in t.partitions]
+    for answer, got in zip(answers, flat[:3], strict=True):
+        assert got.records == answer.records.read_bytes()
+        assert got.high_watermark == answer.high_watermark
+    missing = flat[3]
+    assert (missing.error_code, missing.high_watermark, missing.records) == (
+        ErrorCode.unknown_topic_or_partition,
+        -1,
+        b"",
+    )
+    if version >= 12:
+        assert (flat[4].diverging_epoch.epoch, flat[4].diverging_epoch.end_offset) == (3, 17)
+    if version >= 4:
+        assert [(t.producer_id, t.first_offset) for t in flat[5].aborted_transactions] == [(44, 5)]
+
+
+def test_records_longer_than_a_one_byte_varint_get_a_longer_length_prefix(logs, fill) -> None:
+    fill(logs, T0, [producer_batch(0, [bytes(70_000)])], topic_id=TOPIC_IDS["t"])
+    catalog = Catalog(logs, rng=random.Random(0))
+    answers = read_partitions(
+        catalog,
+        [(T0, PartitionFetch(0, -1, 1 << 20))],
+        ReadLimits(1 << 20, Isolation.HIGH_WATERMARK, False),
+        TransactionTracker(),
+        now_ms=0,
+    )
+    for version in (11, 12, 17):
+        frame = fetch_response_frame(
+            outcome_of(answers), version=version, correlation_id=1, settings=ServeSettings()
+        )
+        body = decode_response(materialize(frame), response_type(ApiKey.FETCH, version)).body
+        assert body.responses[0].partitions[0].records == answers[0].records.read_bytes()
+
+
+def legacy_fetch(logs, version: int, *, topic: str = "t", max_bytes: int = 1 << 20) -> FetchOutcome:
+    request = LegacyFetchRequest(
+        version,
+        -1,
+        0,
+        1,
+        2**31 - 1,
+        (LegacyFetchTopic(topic, (LegacyFetchPartition(0, 0, max_bytes),)),),
+    )
+    handling = FetchHandling(
+        view_of_legacy_request(request),
+        cache=FetchSessionCache(rng=random.Random(0)),
+        catalog=Catalog(logs, rng=random.Random(0)),
+        transactions=TransactionTracker(),
+        settings=ServeSettings(),
+        allowed_followers=frozenset(),
+        now_ms=0,
+    )
+    return handling.finish(handling.read(now_ms=0), now_ms=0)
+
+
+@pytest.mark.parametrize(("version", "magic"), [(0, 0), (1, 0), (2, 1), (3, 1)])
+def test_old_versions_get_down_converted_records_kafka_python_reads(
+    logs, fill, version, magic
+) -> None:
+    values = [f"value-{i}".encode() * 20 for i in range(6)]
+    fill(
+        logs,
+        T0,
+        [
+            producer_batch(0, values[:3], codec=Compression.SNAPPY, keys=[b"k0", b"k1", b"k2"]),
+            # headers are dropped: the conversion is smaller and every record fits
+            producer_batch(3, values[3:], headers=[("dropped", b"x" * 200)]),
+        ],
+    )
+    frame = fetch_response_frame(
+        legacy_fetch(logs, version), version=version, correlation_id=5, settings=ServeSettings()
+    )
+    assert any(isinstance(p, LazyDownConversion) for p in frame.parts)
+    raw = materialize(frame)
+    assert int.from_bytes(raw[:4], "big") == 5
+    response = OLD_RESPONSES[version].decode(raw[4:]).to_object()
+    [partition] = response["responses"][0]["partitions"]
+    assert (partition["error_code"], partition["high_watermark"]) == (0, 6)
+    records = MemoryRecords(partition["records"])
+    got = []
+    while (batch := records.next_batch()) is not None:
+        assert batch.magic == magic
+        got += [(r.offset, r.value) for r in batch]
+    assert got == list(enumerate(values))
+
+
+def test_down_conversion_disabled_for_a_topic_refuses_consumers_but_not_followers(
+    logs, fill
+) -> None:
+    fill(logs, T0, [producer_batch(0, [b"a"])])
+    fill(logs, U0, [])
+    settings = ServeSettings(topic_downconversion_enable={"t": False, "u": False})
+    outcome = legacy_fetch(logs, 2)
+    frame = fetch_response_frame(outcome, version=2, correlation_id=1, settings=settings)
+    [partition] = FetchResponse_v2.decode(materialize(frame)[4:]).to_object()["responses"][0][
+        "partitions"
+    ]
+    assert (partition["error_code"], partition["high_watermark"], partition["records"]) == (
+        ErrorCode.unsupported_version,
+        -1,
+        b"",
+    )
+    empty = legacy_fetch(logs, 2, topic="u")  # refused with no data to convert, as Kafka does
+    frame = fetch_response_frame(empty, version=2, correlation_id=1, settings=settings)
+    [partition] = FetchResponse_v2.decode(materialize(frame)[4:]).to_object()["responses"][0][
+        "partitions"
+    ]
+    assert partition["error_code"] == ErrorCode.unsupported_version
+    follower = dataclasses.replace(outcome, role=Role.FOLLOWER)
+    frame = fetch_response_frame(follower, version=2, correlation_id=1, settings=settings)
+    [partition] = FetchResponse_v2.decode(materialize(frame)[4:]).to_object()["responses"][0][
+        "partitions"
+    ]
+    assert partition["error_code"] == 0 and partition["records"]
+    enabled = fetch_response_frame(
+        outcome,
+        version=2,
+        correlation_id=1,
+        settings=ServeSettings(
+            downconversion_enable=False, topic_downconversion_enable={"t": True}
+        ),
+    )
+    [partition] = FetchResponse_v2.decode(materialize(enabled)[4:]).to_object()["responses"][0][
+        "partitions"
+    ]
+    assert partition["error_code"] == 0
+
+
+def test_a_zstd_batch_first_is_unsupported_compression_type_for_old_clients(logs, fill) -> None:
+    fill(logs, T0, [producer_batch(0, [b"z" * 500], codec=Compression.ZSTD)])
+    frame = fetch_response_frame(
+        legacy_fetch(logs, 3), version=3, correlation_id=1, settings=ServeSettings()
+    )
+    [partition] = FetchResponse_v3.decode(materialize(frame)[4:]).to_object()["responses"][0][
+        "partitions"
+    ]
+    assert partition["error_code"] == ErrorCode.unsupported_compression_type

@@ -1,0 +1,97 @@
+"""Framing on the server side: request heads, kio bodies, records spliced into a response."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from kio.schema.metadata.v12.request import MetadataRequest
+
+from replicad.errors import LocalProtocolError, RemoteProtocolError
+from replicad.leader.frames import (
+    RECORDS_TOKEN_BYTES,
+    ResponseFrame,
+    decode_request,
+    encode_body,
+    make_entity,
+    peek_head,
+    records_token,
+    splice_records,
+)
+from replicad.log.segment import FileRegion
+from replicad.protocol.codec import encode_request
+
+SIZE = struct.Struct(">i")
+
+
+def test_a_request_frame_is_read_back_with_kio() -> None:
+    request = make_entity(
+        MetadataRequest,
+        topics=None,
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
+    frame = encode_request(request, correlation_id=42, client_id="cli")[SIZE.size :]
+    head = peek_head(frame)
+    assert (head.api_key, head.api_version, head.correlation_id) == (3, 12, 42)
+    decoded = decode_request(frame, MetadataRequest)
+    assert (decoded.client_id, decoded.body) == ("cli", request)
+
+
+def test_bad_request_bytes_are_the_peers_error() -> None:
+    request = make_entity(
+        MetadataRequest,
+        topics=None,
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
+    frame = encode_request(request, correlation_id=1, client_id=None)[SIZE.size :]
+    with pytest.raises(RemoteProtocolError, match="trailing"):
+        decode_request(frame + b"\x00", MetadataRequest)
+    with pytest.raises(RemoteProtocolError):
+        decode_request(frame[:9], MetadataRequest)
+    with pytest.raises(RemoteProtocolError):
+        peek_head(b"\x00\x01")
+
+
+@pytest.mark.parametrize("flexible", [False, True])
+@pytest.mark.parametrize("size", [0, 5, 126, 127, 128, 20_000, 3_000_000])
+def test_records_are_spliced_in_with_their_real_length(tmp_path, flexible, size) -> None:
+    token = records_token()
+    prefix = bytes([RECORDS_TOKEN_BYTES + 1]) if flexible else SIZE.pack(RECORDS_TOKEN_BYTES)
+    encoded = b"HEAD" + prefix + token + b"TAIL"
+    region = FileRegion(tmp_path / "segment.log", 10, size)
+    parts = splice_records(encoded, [(token, region)], flexible=flexible)
+    assert parts[1] is region
+    head, tail = parts[0], parts[2]
+    assert isinstance(head, bytes) and head.startswith(b"HEAD") and tail == b"TAIL"
+    length = head[4:]
+    if flexible:
+        value, shift = 0, 0
+        for byte in length:
+            value |= (byte & 0x7F) << shift
+            shift += 7
+        assert value == size + 1
+    else:
+        assert SIZE.unpack(length)[0] == size
+    assert ResponseFrame(parts).size == len(head) + size + 4
+
+
+def test_a_token_that_is_not_where_kio_put_it_is_a_local_error(tmp_path) -> None:
+    token = records_token()
+    region = FileRegion(tmp_path / "s.log", 0, 1)
+    with pytest.raises(LocalProtocolError, match="missing"):
+        splice_records(b"no token here", [(token, region)], flexible=False)
+    with pytest.raises(LocalProtocolError, match="length prefix"):
+        splice_records(b"\x00\x00\x00\x05" + token, [(token, region)], flexible=False)
+
+
+def test_make_entity_drops_what_a_version_lacks() -> None:
+    request = make_entity(
+        MetadataRequest,
+        topics=None,
+        allow_auto_topic_creation=True,
+        include_topic_authorized_operations=False,
+        include_cluster_authorized_operations=True,  # v8-v10 only
+    )
+    assert encode_body(request)

@@ -1,0 +1,279 @@
+"""Reading a Fetch's partitions: KIP-74's budget as Kafka's readFromLog applies it, the
+reader's bound (log end, high watermark, last stable offset), errors and divergence."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from replicad.leader.catalog import Catalog
+from replicad.leader.reads import (
+    Isolation,
+    PartitionAnswer,
+    ReadLimits,
+    TransactionTracker,
+    read_partitions,
+)
+from replicad.leader.transactions import AbortedTransaction
+from replicad.log.manager import LogManager
+from replicad.records.batch import scan_batches
+from replicad.records.records import ControlType
+from replicad.session.metadata import PartitionFetch
+from replicad.types import TopicPartition
+from tools.logdata.batches import producer_batch
+
+A, B, C = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("t", 2)
+BIG = 1 << 30
+
+
+def batches(first: int, count: int, value_bytes: int, *, epoch: int = 0) -> list[bytes]:
+    """`count` one-record batches of about `value_bytes` each, from offset `first`."""
+    return [
+        producer_batch(first + i, [bytes(value_bytes)], leader_epoch=epoch) for i in range(count)
+    ]
+
+
+def fetch(offset: int = 0, max_bytes: int = BIG, **kwargs: int) -> PartitionFetch:
+    return PartitionFetch(fetch_offset=offset, log_start_offset=-1, max_bytes=max_bytes, **kwargs)
+
+
+def read(
+    logs: LogManager,
+    reads: list[tuple[TopicPartition, PartitionFetch]],
+    *,
+    max_bytes: int = BIG,
+    isolation: Isolation = Isolation.HIGH_WATERMARK,
+    version: int = 12,
+    tracker: TransactionTracker | None = None,
+) -> list[PartitionAnswer]:
+    catalog = Catalog(logs, rng=random.Random(0))
+    limits = ReadLimits(max_bytes, isolation, hard_max_bytes_limit=version <= 2)
+    return read_partitions(catalog, reads, limits, tracker or TransactionTracker(), now_ms=0)
+
+
+def offsets_in(answer: PartitionAnswer) -> list[int]:
+    """Offsets of the whole batches a client finds in the answer's records."""
+    if answer.records is None:
+        return []
+    scan = scan_batches(answer.records.read_bytes(), verify_crc=False)
+    return [b.base_offset for b in scan.batches]
+
+
+def size_of(batch: bytes) -> int:
+    return len(batch)
+
+
+# -- KIP-74 -----------------------------------------------------------------------------------
+
+
+def test_the_first_partition_with_data_returns_a_whole_batch_above_every_limit(logs, fill) -> None:
+    fill(logs, A, [])
+    fill(logs, B, batches(0, 3, 5000))
+    fill(logs, C, batches(0, 3, 100))
+    answers = read(logs, [(A, fetch()), (B, fetch(max_bytes=10)), (C, fetch())], max_bytes=20)
+    assert answers[0].records_size == 0
+    assert offsets_in(answers[1]) == [0]  # one whole batch, far above 10 and 20 bytes
+    assert answers[2].records_size == 0  # the budget is spent: limits hold again
+    assert answers[2].more_data
+
+
+def test_the_budget_shrinks_partition_by_partition(logs, fill) -> None:
+    one = size_of(batches(0, 1, 1000)[0])
+    for tp in (A, B, C):
+        fill(logs, tp, batches(0, 5, 1000))
+    answers = read(
+        logs,
+        [(A, fetch(max_bytes=2 * one)), (B, fetch(max_bytes=2 * one)), (C, fetch())],
+        max_bytes=3 * one,
+    )
+    assert [a.records_size for a in answers] == [2 * one, one, 0]
+    assert [offsets_in(a) for a in answers] == [[0, 1], [0], []]
+
+
+def test_a_partial_trailing_batch_is_sent_as_kafka_slices_it(logs, fill) -> None:
+    one = size_of(batches(0, 1, 1000)[0])
+    fill(logs, A, batches(0, 5, 1000))
+    [answer] = read(logs, [(A, fetch(max_bytes=one + one // 2))])
+    assert answer.records_size == one + one // 2
+    assert offsets_in(answer) == [0]
+
+
+def test_v3_and_later_answer_nothing_for_a_batch_larger_than_what_is_left(logs, fill) -> None:
+    fill(logs, A, batches(0, 1, 100))
+    fill(logs, B, batches(0, 2, 5000))
+    small = size_of(batches(0, 1, 100)[0])
+    answers = read(logs, [(A, fetch()), (B, fetch())], max_bytes=small + 1000)
+    assert offsets_in(answers[0]) == [0]
+    assert answers[1].records is None and answers[1].more_data
+    assert answers[1].error_code == ErrorCode.none
+
+
+def test_v0_to_v2_send_the_cut_off_start_of_a_batch_and_never_more_than_the_limit(
+    logs, fill
+) -> None:
+    fill(logs, A, batches(0, 2, 5000))
+    [answer] = read(logs, [(A, fetch(max_bytes=300))], version=2)
+    assert answer.records_size == 300  # no "min one message" before v3
+    assert offsets_in(answer) == []
+
+
+def test_a_spent_budget_reads_nothing_more(logs, fill) -> None:
+    fill(logs, A, batches(0, 2, 500))
+    fill(logs, B, batches(0, 2, 500))
+    answers = read(logs, [(A, fetch()), (B, fetch())], max_bytes=1)
+    assert offsets_in(answers[0]) == [0]
+    assert answers[1].records is None
+
+
+# -- the reader's bound -----------------------------------------------------------------------
+
+
+def test_consumers_stop_at_the_high_watermark_followers_at_the_log_end(logs, fill) -> None:
+    fill(logs, A, batches(0, 5, 200), hw=3)
+    [consumer] = read(logs, [(A, fetch())])
+    [follower] = read(logs, [(A, fetch())], isolation=Isolation.LOG_END)
+    assert offsets_in(consumer) == [0, 1, 2]
+    assert offsets_in(follower) == [0, 1, 2, 3, 4]
+    assert (consumer.high_watermark, consumer.log_start_offset) == (3, 0)
+
+
+def test_a_consumer_at_the_high_watermark_gets_nothing_and_no_error(logs, fill) -> None:
+    fill(logs, A, batches(0, 5, 200), hw=3)
+    [at_hw] = read(logs, [(A, fetch(3))])
+    [past_end] = read(logs, [(A, fetch(6))])
+    [at_end] = read(logs, [(A, fetch(5))], isolation=Isolation.LOG_END)
+    assert (at_hw.error_code, at_hw.records, at_hw.more_data) == (ErrorCode.none, None, False)
+    assert past_end.error_code == ErrorCode.offset_out_of_range
+    assert (at_end.error_code, at_end.records) == (ErrorCode.none, None)
+
+
+def test_a_high_watermark_inside_a_batch_holds_that_batch_back(logs, fill) -> None:
+    fill(logs, A, [producer_batch(0, [b"a", b"b", b"c"]), producer_batch(3, [b"d"])], hw=2)
+    [answer] = read(logs, [(A, fetch())])
+    assert answer.records is None
+
+
+def test_read_committed_stops_at_the_last_stable_offset_and_lists_aborted_transactions(
+    logs, fill, txn
+) -> None:
+    fill(
+        logs,
+        A,
+        [
+            producer_batch(0, [b"plain"]),
+            txn.data(1, [b"aborted-1", b"aborted-2"], producer_id=11),
+            txn.marker(3, producer_id=11, control_type=ControlType.ABORT),
+            txn.data(4, [b"open"], producer_id=12),
+            producer_batch(5, [b"after"]),
+        ],
+    )
+    [committed] = read(logs, [(A, fetch())], isolation=Isolation.TXN_COMMITTED)
+    assert committed.last_stable_offset == 4
+    assert offsets_in(committed) == [0, 1, 3]
+    assert committed.aborted == (AbortedTransaction(1, 11, 3),)
+    [uncommitted] = read(logs, [(A, fetch())])
+    assert offsets_in(uncommitted) == [0, 1, 3, 4, 5]
+    assert uncommitted.aborted is None
+
+
+def test_the_transaction_fold_starts_over_after_a_truncation(logs, fill, txn) -> None:
+    plog = fill(logs, A, [txn.data(0, [b"x"], producer_id=5)])
+    tracker = TransactionTracker()
+    [first] = read(logs, [(A, fetch())], isolation=Isolation.TXN_COMMITTED, tracker=tracker)
+    assert first.last_stable_offset == 0
+    plog.truncate_to(0)
+    fill(logs, A, [producer_batch(0, [b"y"])])  # the same offsets, other batches
+    [again] = read(logs, [(A, fetch())], isolation=Isolation.TXN_COMMITTED, tracker=tracker)
+    assert again.last_stable_offset == 1
+    assert offsets_in(again) == [0]
+
+
+# -- errors and divergence --------------------------------------------------------------------
+
+
+def test_errors_carry_no_offsets_and_no_records(logs, fill) -> None:
+    fill(logs, A, batches(0, 2, 10, epoch=3))
+    answers = read(
+        logs,
+        [
+            (TopicPartition("nope", 0), fetch()),
+            (A, fetch(current_leader_epoch=2)),
+            (A, fetch(current_leader_epoch=4)),
+            (A, fetch(9)),
+        ],
+    )
+    assert [a.error_code for a in answers] == [
+        ErrorCode.unknown_topic_or_partition,
+        ErrorCode.fenced_leader_epoch,
+        ErrorCode.unknown_leader_epoch,
+        ErrorCode.offset_out_of_range,
+    ]
+    assert all((a.records, a.high_watermark, a.log_start_offset) == (None, -1, -1) for a in answers)
+    [ok] = read(logs, [(A, fetch(current_leader_epoch=3))])
+    assert offsets_in(ok) == [0, 1]
+
+
+def test_an_offset_below_the_log_start_is_out_of_range(logs, fill) -> None:
+    plog = fill(logs, A, batches(0, 4, 10))
+    plog.maybe_increment_log_start_offset(2)
+    [below] = read(logs, [(A, fetch(1))])
+    [at] = read(logs, [(A, fetch(2))])
+    assert below.error_code == ErrorCode.offset_out_of_range
+    assert offsets_in(at) == [2, 3] and at.log_start_offset == 2
+
+
+@pytest.mark.parametrize(
+    ("last_fetched_epoch", "fetch_offset", "diverging"),
+    [
+        (1, 3, None),  # epoch 1 ends at 4: nothing diverges
+        (1, 5, (1, 4)),  # asked past the end of epoch 1
+        (2, 4, (1, 4)),  # epoch 2 unknown here: the largest below it, and where it ends
+    ],
+)
+def test_a_last_fetched_epoch_that_does_not_match_ours_reports_the_divergence(
+    logs, fill, last_fetched_epoch, fetch_offset, diverging
+) -> None:
+    fill(
+        logs,
+        A,
+        batches(0, 2, 10, epoch=0) + batches(2, 2, 10, epoch=1) + batches(4, 2, 10, epoch=3),
+    )
+    [answer] = read(
+        logs,
+        [(A, fetch(fetch_offset, last_fetched_epoch=last_fetched_epoch))],
+        isolation=Isolation.LOG_END,
+    )
+    got = (answer.diverging.epoch, answer.diverging.end_offset) if answer.diverging else None
+    assert got == diverging
+    assert answer.error_code == ErrorCode.none
+    if diverging:
+        assert answer.records is None
+
+
+def test_a_last_fetched_epoch_older_than_our_log_diverges_where_our_log_begins(logs, fill) -> None:
+    fill(logs, A, batches(0, 2, 10, epoch=5))
+    [answer] = read(logs, [(A, fetch(1, last_fetched_epoch=2))], isolation=Isolation.LOG_END)
+    assert answer.diverging is not None
+    assert (answer.diverging.epoch, answer.diverging.end_offset) == (2, 0)
+
+
+def test_a_last_fetched_epoch_newer_than_ours_is_out_of_range(logs, fill) -> None:
+    fill(logs, A, batches(0, 2, 10, epoch=1))
+    [answer] = read(logs, [(A, fetch(1, last_fetched_epoch=7))], isolation=Isolation.LOG_END)
+    assert answer.error_code == ErrorCode.offset_out_of_range
+
+
+def test_a_refusal_hook_answers_before_any_read(logs, fill) -> None:
+    fill(logs, A, batches(0, 2, 10))
+    catalog = Catalog(logs, rng=random.Random(0))
+    answers = read_partitions(
+        catalog,
+        [(A, fetch())],
+        ReadLimits(BIG, Isolation.HIGH_WATERMARK, False),
+        TransactionTracker(),
+        now_ms=0,
+        refuse=lambda tp, f: ErrorCode.unknown_topic_id,
+    )
+    assert [(a.error_code, a.records) for a in answers] == [(ErrorCode.unknown_topic_id, None)]

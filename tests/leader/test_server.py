@@ -1,0 +1,368 @@
+"""The asyncio shell: connections, dispatch, long-polls woken by partition_changed,
+sendfile, refusals that never drop a connection, and the session cache under a flood."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import random
+import struct
+import sys
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsV0
+from kio.schema.errors import ErrorCode
+
+from replicad.errors import KafkaConnectionError
+from replicad.leader.frames import make_entity
+from replicad.leader.server import LeaderServer
+from replicad.leader.settings import ServeSettings
+from replicad.log.manager import LogManager
+from replicad.log.segment import FileRegion
+from replicad.protocol.codec import decode_response, request_type
+from replicad.protocol.connection import BrokerAddress, BrokerConnection
+from replicad.protocol.requests import (
+    FetchPartitionSpec,
+    FetchSpec,
+    fetch_request,
+    metadata_request,
+)
+from replicad.records.batch import scan_batches
+from replicad.types import TopicPartition
+from tools.logdata.batches import producer_batch
+
+T0 = TopicPartition("t", 0)
+TID = uuid.UUID(int=0xCAFE)
+FOLLOWER = 7
+SIZE = struct.Struct(">i")
+
+
+@pytest.fixture
+async def server(logs, fill) -> AsyncIterator[LeaderServer]:
+    fill(logs, T0, [producer_batch(i, [f"v{i}".encode() * 50]) for i in range(3)], topic_id=TID)
+    srv = LeaderServer(
+        logs,
+        ServeSettings(max_session_slots=2),
+        allowed_followers=frozenset({FOLLOWER}),
+        rng=random.Random(4),
+    )
+    await srv.start()
+    try:
+        yield srv
+    finally:
+        await srv.close()
+
+
+async def connect(srv: LeaderServer) -> BrokerConnection:
+    conn = BrokerConnection(
+        BrokerAddress(0, "127.0.0.1", srv.port),
+        client_id="test",
+        connect_timeout_s=5,
+        request_timeout_s=10,
+    )
+    await conn.connect()
+    return conn
+
+
+def fetch(
+    *,
+    offset: int = 0,
+    replica_id: int = -1,
+    session_id: int = 0,
+    epoch: int = -1,
+    partitions: dict | None = None,
+    max_wait_ms: int = 0,
+    min_bytes: int = 1,
+    version: int = 17,
+) -> Any:
+    parts = (
+        partitions
+        if partitions is not None
+        else {T0: FetchPartitionSpec(offset, -1, 1 << 20, topic_id=TID)}
+    )
+    return fetch_request(
+        version,
+        FetchSpec(
+            max_wait_ms=max_wait_ms,
+            min_bytes=min_bytes,
+            max_bytes=1 << 20,
+            isolation_level=0,
+            session_id=session_id,
+            session_epoch=epoch,
+            partitions=parts,
+            replica_id=replica_id,
+        ),
+    )
+
+
+def records_of(body: Any) -> bytes:
+    return b"".join(p.records or b"" for t in body.responses for p in t.partitions)
+
+
+def append(logs: LogManager, srv: LeaderServer, offset: int, value: bytes) -> None:
+    plog = logs.partitions()[T0]
+    data = producer_batch(offset, [value])
+    plog.append(data, scan_batches(data).batches, now_ms=0)
+    logs.checkpoint({T0: plog.log_end_offset})
+    srv.partition_changed(T0)
+
+
+# -- the ordinary path ----------------------------------------------------------------------
+
+
+async def test_a_replicad_connection_negotiates_and_reads_the_segment_bytes(server, logs) -> None:
+    conn = await connect(server)
+    try:
+        assert conn.versions is not None and conn.versions.versions[1] == 17
+        meta = await conn.request(metadata_request(12, None))
+        assert [(t.name, t.topic_id) for t in meta.topics] == [("t", TID)]
+        assert (meta.brokers[0].host, meta.brokers[0].port) == ("127.0.0.1", server.port)
+        body = await conn.request(fetch())
+        on_disk = logs.partitions()[T0].active_segment.log_path.read_bytes()
+        assert records_of(body) == on_disk
+    finally:
+        await conn.close()
+    assert server.metrics()["sendfile_bytes_total"] == len(on_disk)
+
+
+async def test_api_versions_newer_than_ours_is_answered_in_v0_with_the_list(server) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        header = struct.pack(">hhi", 18, 99, 5) + b"\x00\x00\x00"
+        writer.write(SIZE.pack(len(header)) + header)
+        (size,) = SIZE.unpack(await reader.readexactly(4))
+        body = decode_response(await reader.readexactly(size), ApiVersionsV0).body
+        assert body.error_code == ErrorCode.unsupported_version
+        assert 1 in {int(k.api_key) for k in body.api_keys}
+    finally:
+        writer.close()
+
+
+# -- long-polls -----------------------------------------------------------------------------
+
+
+async def test_a_waiting_fetch_answers_as_soon_as_the_partition_changes(server, logs) -> None:
+    conn = await connect(server)
+    try:
+        started = time.monotonic()
+        pending = asyncio.create_task(conn.request(fetch(offset=3, max_wait_ms=10_000)))
+        await asyncio.sleep(0.3)
+        assert not pending.done()
+        assert server.metrics()["waiting_fetches"] == 1
+        append(logs, server, 3, b"new")
+        body = await asyncio.wait_for(pending, 5)
+        assert time.monotonic() - started < 5
+        [batch] = scan_batches(records_of(body)).batches
+        assert batch.base_offset == 3
+    finally:
+        await conn.close()
+
+
+async def test_a_waiting_fetch_times_out_empty(server) -> None:
+    conn = await connect(server)
+    try:
+        started = time.monotonic()
+        body = await conn.request(fetch(offset=3, max_wait_ms=300))
+        elapsed = time.monotonic() - started
+        assert 0.25 < elapsed < 3
+        assert records_of(body) == b""
+        assert server.metrics()["waiting_fetches"] == 0
+    finally:
+        await conn.close()
+
+
+async def test_an_idle_incremental_fetch_is_woken_through_its_session(server, logs) -> None:
+    conn = await connect(server)
+    try:
+        full = await conn.request(fetch(offset=3, epoch=0))
+        assert full.session_id != 0
+        pending = asyncio.create_task(
+            conn.request(
+                fetch(session_id=full.session_id, epoch=1, partitions={}, max_wait_ms=10_000)
+            )
+        )
+        await asyncio.sleep(0.3)
+        assert not pending.done()
+        append(logs, server, 3, b"later")
+        body = await asyncio.wait_for(pending, 5)
+        assert body.error_code == ErrorCode.none
+        assert [b.base_offset for b in scan_batches(records_of(body)).batches] == [3]
+    finally:
+        await conn.close()
+
+
+async def test_a_change_reported_from_another_thread_reaches_the_loop(server, logs) -> None:
+    conn = await connect(server)
+    try:
+        pending = asyncio.create_task(conn.request(fetch(offset=3, max_wait_ms=10_000)))
+        await asyncio.sleep(0.2)
+        thread = threading.Thread(target=append, args=(logs, server, 3, b"threaded"))
+        thread.start()
+        body = await asyncio.wait_for(pending, 5)
+        thread.join()
+        assert records_of(body)
+    finally:
+        await conn.close()
+
+
+# -- followers and sessions -----------------------------------------------------------------
+
+
+async def test_a_follower_id_not_allowed_is_refused_and_an_allowed_one_is_privileged(
+    server,
+) -> None:
+    conn = await connect(server)
+    try:
+        refused = await conn.request(fetch(replica_id=5, epoch=0))
+        [[p]] = [t.partitions for t in refused.responses]
+        assert (p.error_code, refused.session_id, p.records) == (
+            ErrorCode.not_leader_or_follower,
+            0,
+            b"",
+        )
+        allowed = await conn.request(fetch(replica_id=FOLLOWER, epoch=0))
+        session = server.cache.session(allowed.session_id)
+        assert session is not None and session.privileged
+        assert server.metrics()["refused_followers_total"] == 1
+    finally:
+        await conn.close()
+
+
+async def test_a_flood_of_consumers_cannot_evict_a_followers_session(server, logs, fill) -> None:
+    for p in range(1, 6):  # bigger sessions than the follower's one-partition session
+        fill(logs, TopicPartition("t", p), [producer_batch(0, [b"x"])], topic_id=TID)
+    follower = await connect(server)
+    try:
+        created = await follower.request(fetch(replica_id=FOLLOWER, epoch=0))
+        session_id = created.session_id
+        assert session_id != 0
+        everything = {
+            TopicPartition("t", p): FetchPartitionSpec(0, -1, 1000, topic_id=TID) for p in range(6)
+        }
+        for _ in range(30):
+            consumer = await connect(server)
+            try:
+                await consumer.request(fetch(epoch=0, partitions=everything))
+            finally:
+                await consumer.close()
+        assert server.cache.session(session_id) is not None
+        assert server.metrics()["sessions"] == 2  # the tiny cache: the follower and one consumer
+        again = await follower.request(
+            fetch(replica_id=FOLLOWER, session_id=session_id, epoch=1, partitions={})
+        )
+        assert (again.error_code, again.session_id) == (ErrorCode.none, session_id)
+    finally:
+        await follower.close()
+
+
+# -- what is not served is answered, not dropped ----------------------------------------------
+
+
+async def test_unserved_apis_get_their_own_errors_and_the_connection_stays_up(server) -> None:
+    conn = await connect(server)
+    try:
+        find = make_entity(request_type(10, 4), key_type=0, coordinator_keys=("g",))
+        body = await conn.request(find)
+        assert [c.error_code for c in body.coordinators] == [ErrorCode.coordinator_not_available]
+        configs = make_entity(
+            request_type(32, 4), resources=(), include_synonyms=False, include_documentation=False
+        )
+        assert (await conn.request(configs)).results == ()
+        produce_cls = request_type(0, 9)
+        module = sys.modules[produce_cls.__module__]
+        produce = make_entity(
+            produce_cls,
+            transactional_id=None,
+            acks=1,
+            timeout=datetime.timedelta(seconds=1),
+            topic_data=(
+                make_entity(
+                    module.TopicProduceData,
+                    name="t",
+                    partition_data=(
+                        make_entity(module.PartitionProduceData, index=0, records=b"x"),
+                    ),
+                ),
+            ),
+        )
+        refused = await conn.request(produce)
+        [[p]] = [t.partition_responses for t in refused.responses]
+        assert (
+            p.error_code == ErrorCode.topic_authorization_failed and "read-only" in p.error_message
+        )
+        meta = await conn.request(metadata_request(12, ["t"]))  # still the same connection
+        assert meta.topics[0].error_code == ErrorCode.none
+    finally:
+        await conn.close()
+
+
+async def test_produce_without_acks_closes_the_connection_as_kafka_does(server) -> None:
+    conn = await connect(server)
+    produce_cls = request_type(0, 9)
+    module = sys.modules[produce_cls.__module__]
+    produce = make_entity(
+        produce_cls,
+        transactional_id=None,
+        acks=0,
+        timeout=datetime.timedelta(seconds=1),
+        topic_data=(make_entity(module.TopicProduceData, name="t", partition_data=()),),
+    )
+    try:
+        with pytest.raises(KafkaConnectionError):
+            await conn.request(produce, timeout_s=5)
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        SIZE.pack(2**31 - 1),  # a frame no request is
+        SIZE.pack(12) + struct.pack(">hhi", 1, 12, 3) + b"\xff\xff\xff\xff",  # Fetch cut off
+        SIZE.pack(8) + struct.pack(">hhi", 1, 2, 3),  # Fetch v2, no body at all
+        SIZE.pack(8) + struct.pack(">hhi", 31000, 0, 3),  # an API nobody has
+    ],
+    ids=["oversized", "bad-body", "no-body", "unknown-api"],
+)
+async def test_bytes_no_codec_can_answer_close_that_connection_only(server, frame) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(frame)
+    assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, nothing sent
+    writer.close()
+    conn = await connect(server)  # the server still serves others
+    try:
+        assert (await conn.request(metadata_request(12, None))).topics
+    finally:
+        await conn.close()
+
+
+async def test_a_region_that_shrank_before_it_was_sent_is_padded_to_its_size(
+    server, tmp_path
+) -> None:
+    segment = tmp_path / "gone.log"
+    segment.write_bytes(b"R" * 100)
+    received = asyncio.get_running_loop().create_future()
+
+    async def sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.set_result(await reader.read())
+        writer.close()
+
+    sink_server = await asyncio.start_server(sink, "127.0.0.1", 0)
+    port = sink_server.sockets[0].getsockname()[1]
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    await server._send_region(writer, FileRegion(segment, 40, 300))  # 60 bytes left on disk
+    await server._send_region(writer, FileRegion(tmp_path / "missing.log", 0, 20))
+    writer.close()
+    data = await asyncio.wait_for(received, 5)
+    sink_server.close()
+    assert len(data) == 320
+    assert data[:60] == b"R" * 60
+    offset, length = struct.unpack_from(">qi", data, 60)
+    assert offset == -1 and length > 240 - 12
+    assert struct.unpack_from(">q", data, 300)[0] == -1
+    assert server.metrics()["short_regions_total"] == 2
