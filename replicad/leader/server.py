@@ -70,7 +70,8 @@ from replicad.log.segment import FileRegion
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import request_type, response_type
 from replicad.records.downconvert import LazyDownConversion, overflow_entry
-from replicad.session.cache import FetchSessionCache
+from replicad.session.cache import ContextKind, FetchSessionCache
+from replicad.session.metadata import INVALID_SESSION_ID
 from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.leader")
@@ -370,9 +371,21 @@ class LeaderServer:
             await self._wait_for_change(handling, last.answers.keys(), remaining)
             last = handling.read(now_ms=self._now_ms())
         outcome = handling.finish(last, now_ms=self._now_ms())
+        self._count_session_use(handling, outcome.session_id)
         return fetch_response_frame(
             outcome, version=version, correlation_id=head.correlation_id, settings=self.settings
         )
+
+    def _count_session_use(self, handling: FetchHandling, session_id: int) -> None:
+        context = handling.context
+        if context is None:
+            return
+        if context.kind is ContextKind.INCREMENTAL:
+            self.counters["incremental_fetches_total"] += 1
+        elif context.kind is ContextKind.FULL and session_id != INVALID_SESSION_ID:
+            self.counters["sessions_created_total"] += 1
+            if handling.role is Role.FOLLOWER:
+                self.counters["privileged_sessions_created_total"] += 1
 
     async def _wait_for_change(self, handling: FetchHandling, read: Any, timeout_s: float) -> None:
         assert self._loop is not None
@@ -515,6 +528,7 @@ async def serve_forever(
         await stop.wait()
     finally:
         await server.close()
+        log.info("serve stopped", **server.metrics())
         for sig in installed:
             loop.remove_signal_handler(sig)
         await asyncio.to_thread(logs.close)

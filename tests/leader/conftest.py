@@ -5,8 +5,9 @@ through the log store, and the server running on a thread of its own for blockin
 - `fill(logs, tp, batches, hw=None, topic_id=None)`: append batches (bytes each) to a
   partition and checkpoint its high watermark (default: the log end); returns the log.
 - `transactional_batch`, `control_batch`: a transaction's data and its COMMIT/ABORT marker.
-- `ServedInThread(logs, settings, ...)`: LeaderServer on its own event loop thread, for
-  clients that block (kafka-python, confluent-kafka, kcat); `call(fn, *args)` runs on it.
+- `serve_in_thread(logs, settings, ...)`: a LeaderServer on an event loop thread of its own
+  (ServedInThread), for clients that block (kafka-python, confluent-kafka, kcat); closed
+  after the test.
 """
 
 from __future__ import annotations
@@ -185,3 +186,22 @@ class TxnBatches:
 def txn() -> type[TxnBatches]:
     """`txn.data(base, values, producer_id=...)`, `txn.marker(offset, producer_id=..., ...)`."""
     return TxnBatches
+
+
+@pytest.fixture
+def serve_in_thread() -> Iterator[Callable[..., ServedInThread]]:
+    """`serve_in_thread(logs, settings=None, allowed_followers=...)`, closed after the test."""
+    started: list[ServedInThread] = []
+
+    def start(
+        logs: LogManager, settings: ServeSettings | None = None, **kwargs: Any
+    ) -> ServedInThread:
+        served = ServedInThread(logs, settings, **kwargs)
+        started.append(served)
+        return served
+
+    try:
+        yield start
+    finally:
+        for served in started:
+            served.close()
