@@ -112,6 +112,31 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return EX_OK
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from replicad.leader.server import serve_forever
+    from replicad.logs import configure_logging
+
+    configure_logging("info", args.log_format)
+    try:
+        return asyncio.run(
+            serve_forever(
+                Path(args.data_dir),
+                args.listen,
+                advertised=args.advertised,
+                node_id=args.node_id,
+                allowed_followers=frozenset(args.allow_follower or ()),
+            )
+        )
+    except ValueError as exc:
+        print(f"replicad serve: {exc}", file=sys.stderr)
+        return EX_USAGE
+    except ReplicadError as exc:
+        print(f"replicad serve: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
 def _cmd_dump_log(args: argparse.Namespace) -> int:
     from replicad.log.dump import dump_log
 
@@ -144,6 +169,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-format", choices=["auto", "json", "console"])
     run.add_argument("--check-config", action="store_true", help="validate the config and exit")
     run.set_defaults(func=_cmd_run)
+
+    serve = sub.add_parser("serve", help="serve a replica over the Kafka protocol (read-only)")
+    serve.add_argument("--data-dir", required=True, help="the replica's data directory")
+    serve.add_argument("--listen", default="127.0.0.1:9092", help="HOST:PORT to listen on")
+    serve.add_argument("--advertised", help="HOST:PORT told to clients (default: --listen)")
+    serve.add_argument("--node-id", type=int, default=0, help="this node's broker id")
+    serve.add_argument(
+        "--allow-follower",
+        type=int,
+        action="append",
+        metavar="ID",
+        help="a replica id allowed to fetch as a follower (privileged session); repeatable",
+    )
+    serve.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
+    serve.set_defaults(func=_cmd_serve)
 
     status = sub.add_parser("status", help="live state of a running daemon")
     status.add_argument("--socket", help="control socket (default: from -c, else the default)")

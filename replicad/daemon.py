@@ -98,12 +98,19 @@ class Daemon:
     # -- state for status / metrics / STATUS= ---------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        return build_snapshot(
+        snap = build_snapshot(
             self.replicator,
             uptime_s=time.monotonic() - self.started,
             rates=self._rates,
             total_rate=self._total_rate.rate,
         )
+        server = getattr(self, "server", None)
+        if server is not None:
+            snap["serve"] = {
+                "listen": f"{server.advertised[0]}:{server.advertised[1]}",
+                **server.metrics(),
+            }
+        return snap
 
     def _sample_rates(self) -> None:
         now = monotonic_ms()
@@ -161,10 +168,13 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
         control = await self._start_control()
         metrics = self._start_metrics()
+        self.server: Any = None
         tasks = [
             asyncio.create_task(watchdog_loop(self.notifier, self.stop), name="watchdog"),
             asyncio.create_task(self._status_loop(), name="status"),
         ]
+        if self.config.serve is not None:
+            tasks.append(asyncio.create_task(self._serve(), name="serve"))
 
         def on_ready() -> None:
             self._sample_rates()
@@ -186,6 +196,9 @@ class Daemon:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self.server is not None:
+                self.replicator.partition_listener = None
+                await self.server.close()
             if control is not None:
                 await control.close()
             if metrics is not None:
@@ -194,6 +207,27 @@ class Daemon:
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(signum)
         return 0
+
+    async def _serve(self) -> None:
+        """The `serve:` section: serve the replica over the Kafka protocol while
+        replicating, from the same (already recovered) logs."""
+        from replicad.leader.server import LeaderServer
+        from replicad.leader.settings import ServeSettings
+
+        serve = self.config.serve
+        assert serve is not None
+        await self.replicator.logs_ready.wait()
+        assert self.replicator.logs is not None
+        settings = ServeSettings(
+            host=serve.listen.host,
+            port=serve.listen.port,
+            advertised_host=serve.advertised.host if serve.advertised else None,
+            advertised_port=serve.advertised.port if serve.advertised else None,
+        )
+        server = LeaderServer(self.replicator.logs, settings)
+        await server.start()
+        self.server = server
+        self.replicator.partition_listener = server.partition_changed
 
     def _on_stop_signal(self, signum: int) -> None:
         if not self.stop.is_set():

@@ -167,3 +167,152 @@ def test_reload_adds_and_forgets_topics_and_rejects_a_bad_config(
     finally:
         assert proc.stop() == 0, proc.output()
     assert "Traceback" not in proc.output()
+
+
+def test_run_serves_while_replicating_and_a_second_replica_follows_live(
+    kafka_broker, unique_topic, tmp_path, free_port
+):
+    """Kafka -> replicad A (run with a serve: section) -> replicad B, all live: data
+    produced after B started flows through A to B, byte-identical to Kafka's."""
+    from tools.replica import batches_from, segment_bytes
+
+    topic = unique_topic()
+    kafka_broker.create_topic(topic, 3)
+    produce(kafka_broker.bootstrap, topic, 3, 50)
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    config_a = tmp_path / "a.yaml"
+    config_a.write_text(f"serve:\n  listen: 127.0.0.1:{free_port}\n")
+    a = ReplicadProcess(
+        [
+            "run",
+            "-c",
+            str(config_a),
+            "--bootstrap-servers",
+            kafka_broker.bootstrap,
+            "--topics",
+            topic,
+            "--data-dir",
+            str(a_dir),
+            "--control-socket",
+            str(tmp_path / "a.sock"),
+            "--log-format",
+            "json",
+        ],
+        log_path=tmp_path / "a.log",
+    ).start()
+    b = None
+    try:
+        wait_until(
+            lambda: ends_of(a_dir, topic) == {0: 50, 1: 50, 2: 50},
+            timeout_s=60,
+            what="A to replicate from Kafka",
+        )
+        b = ReplicadProcess(
+            [
+                "run",
+                "--bootstrap-servers",
+                f"127.0.0.1:{free_port}",
+                "--topics",
+                topic,
+                "--data-dir",
+                str(b_dir),
+                "--control-socket",
+                str(tmp_path / "b.sock"),
+                "--log-format",
+                "json",
+            ],
+            log_path=tmp_path / "b.log",
+        ).start()
+        wait_until(
+            lambda: ends_of(b_dir, topic) == {0: 50, 1: 50, 2: 50},
+            timeout_s=60,
+            what="B to replicate from A",
+        )
+        produce(kafka_broker.bootstrap, topic, 3, 25)  # flows Kafka -> A -> B
+        wait_until(
+            lambda: ends_of(b_dir, topic) == {0: 75, 1: 75, 2: 75},
+            timeout_s=60,
+            what="new data to reach B through A",
+        )
+        a_status = status_json(tmp_path / "a.sock")
+        b_status = status_json(tmp_path / "b.sock")
+    finally:
+        if b is not None:
+            assert b.stop() == 0, b.output()
+        assert a.stop() == 0, a.output()
+    assert a_status["serve"]["sessions"] >= 1  # B holds an incremental session on A
+    assert b_status["leaders"][0]["sessionful"]
+    for p in range(3):
+        kafka = batches_from(segment_bytes(kafka_broker.partition_dir(topic, p)))
+        assert segment_bytes(b_dir / f"{topic}-{p}") == kafka
+        assert segment_bytes(a_dir / f"{topic}-{p}") == kafka
+
+
+def test_replicad_serve_command_serves_a_replica(kafka_broker, unique_topic, tmp_path, free_port):
+    from tools.replica import batches_from, segment_bytes
+
+    topic = unique_topic()
+    kafka_broker.create_topic(topic, 2)
+    produce(kafka_broker.bootstrap, topic, 2, 30)
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a = ReplicadProcess(
+        [
+            "run",
+            "--bootstrap-servers",
+            kafka_broker.bootstrap,
+            "--topics",
+            topic,
+            "--data-dir",
+            str(a_dir),
+            "--control-socket",
+            str(tmp_path / "a.sock"),
+        ],
+        log_path=tmp_path / "a.log",
+    ).start()
+    try:
+        wait_until(lambda: ends_of(a_dir, topic) == {0: 30, 1: 30}, timeout_s=60, what="A")
+    finally:
+        assert a.stop() == 0
+    server = ReplicadProcess(
+        [
+            "serve",
+            "--data-dir",
+            str(a_dir),
+            "--listen",
+            f"127.0.0.1:{free_port}",
+            "--allow-follower",
+            "7",
+            "--log-format",
+            "json",
+        ],
+        log_path=tmp_path / "serve.log",
+    ).start()
+    config_b = tmp_path / "b.yaml"
+    config_b.write_text("fetch:\n  replica_id: 7\n")  # a follower A allows: privileged
+    b = ReplicadProcess(
+        [
+            "run",
+            "-c",
+            str(config_b),
+            "--bootstrap-servers",
+            f"127.0.0.1:{free_port}",
+            "--topics",
+            topic,
+            "--data-dir",
+            str(b_dir),
+            "--control-socket",
+            str(tmp_path / "b.sock"),
+        ],
+        log_path=tmp_path / "b.log",
+    ).start()
+    try:
+        wait_until(lambda: ends_of(b_dir, topic) == {0: 30, 1: 30}, timeout_s=60, what="B")
+    finally:
+        assert b.stop() == 0, b.output()
+        assert server.stop() == 0, server.output()
+    assert "serving the replica over the Kafka protocol" in server.output()
+    # B fetched as follower 7, which A allows: its session on A was privileged.
+    assert '"privileged_sessions_created_total": 1' in server.output()
+    for p in range(2):
+        kafka = batches_from(segment_bytes(kafka_broker.partition_dir(topic, p)))
+        assert segment_bytes(b_dir / f"{topic}-{p}") == kafka

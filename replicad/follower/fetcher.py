@@ -147,6 +147,7 @@ class LeaderFetcher:
         topic_ids: Callable[[], dict[str, Any]],
         request_metadata: Callable[[str], None],
         reserve: Any = None,
+        on_partition_changed: Callable[[TopicPartition], None] | None = None,
     ) -> None:
         self.address = address
         self.client = client
@@ -155,6 +156,9 @@ class LeaderFetcher:
         self._topic_ids = topic_ids
         self._request_metadata = request_metadata
         self._reserve = reserve
+        # Told after every append, truncation or high-watermark move (replicad serve
+        # wakes its long-polls and its session cache from it).
+        self._changed = on_partition_changed or (lambda tp: None)
         self.partitions: OrderedDict[TopicPartition, PartitionState] = OrderedDict()
         self.session = FetchSessionHandler(address.node_id, sessions_enabled=settings.sessions)
         self.stats = FetcherStats()
@@ -384,7 +388,17 @@ class LeaderFetcher:
             state.high_watermark = int(pd.high_watermark)
             state.last_stable_offset = int(getattr(pd, "last_stable_offset", -1))
             state.leader_log_start_offset = int(getattr(pd, "log_start_offset", -1))
-            return self._append(state, pd.records, now_ms)
+            wrote = self._append(state, pd.records, now_ms)
+            plog = self._log(state)
+            # What we serve onward: replicated here and committed upstream. Moved in
+            # memory now, written to replication-offset-checkpoint at the next checkpoint.
+            hw = min(max(state.high_watermark, plog.log_start_offset), plog.log_end_offset)
+            if hw > plog.high_watermark:
+                plog.high_watermark = hw
+                wrote = True
+            if wrote:
+                self._changed(tp)
+            return wrote
         self.stats.partition_errors[error.name] += 1
         if error is ErrorCode.offset_out_of_range:
             state.phase = PartitionPhase.TRUNCATING
@@ -482,6 +496,7 @@ class LeaderFetcher:
             )
             plog.truncate_to(decision.offset)
             self.stats.truncations += 1
+            self._changed(state.tp)
         state.fetch_offset = plog.log_end_offset
         return decision.complete
 
@@ -515,6 +530,7 @@ class LeaderFetcher:
                     plog.truncate_fully_and_start_at(start)
                 state.fetch_offset = start
                 state.phase = PartitionPhase.FETCHING
+                self._changed(state.tp)
                 log.info(
                     "starting partition",
                     tp=str(state.tp),
@@ -611,6 +627,7 @@ class LeaderFetcher:
             state.delay(now_ms, self.settings.backoff_ms, "offset out of range (transient)")
         state.fetch_offset = plog.log_end_offset
         state.phase = PartitionPhase.FETCHING
+        self._changed(state.tp)
 
     async def _list_offsets(
         self, conn: BrokerConnection, states: Iterable[PartitionState], timestamp: int

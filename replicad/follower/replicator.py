@@ -74,6 +74,10 @@ class Replicator:
         self.on_ready: Callable[[], None] | None = None
         # KIP-81: one bound on fetch-response memory shared by every leader's fetcher.
         self.pool = MemoryPool(settings.fetch.buffer_memory)
+        # Set once the local logs are recovered (replicad serve starts on it).
+        self.logs_ready = asyncio.Event()
+        # Called with a partition after it changed locally (see LeaderFetcher).
+        self.partition_listener: Callable[[TopicPartition], None] | None = None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -84,6 +88,7 @@ class Replicator:
         log.info(
             "local logs recovered", data_dir=str(s.data_dir), partitions=len(self.logs.partitions())
         )
+        self.logs_ready.set()
         try:
             cluster = await self.client.metadata_with_retry(
                 s.selection.metadata_topics(), stop=stop
@@ -116,6 +121,10 @@ class Replicator:
             log.info("logs flushed and checkpointed", partitions=len(self.states))
 
     # -- metadata and assignment -------------------------------------------
+
+    def _partition_changed(self, tp: TopicPartition) -> None:
+        if self.partition_listener is not None:
+            self.partition_listener(tp)
 
     def reconfigure_topics(self, selection: TopicSelection) -> None:
         """Replicate another set of topics from now on (SIGHUP reload). Partitions that
@@ -223,6 +232,7 @@ class Replicator:
                 topic_ids=lambda: self._topic_ids,
                 request_metadata=self.request_metadata,
                 reserve=self.pool.reserve,
+                on_partition_changed=self._partition_changed,
             )
             self.fetchers[state.leader_id] = fetcher
             self._tasks[state.leader_id] = asyncio.create_task(
