@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
+from replicad.config.model import ServeConfig
 from replicad.session.cache import DEFAULT_EVICTION_MS, DEFAULT_MAX_SLOTS
 
 MIB = 1024 * 1024
@@ -42,6 +44,25 @@ class ServeSettings:
         default_factory=lambda: MappingProxyType({})
     )
     downconversion_chunk_bytes: int = DEFAULT_DOWNCONVERSION_CHUNK_BYTES
+
+    def __post_init__(self) -> None:
+        for name in ("fetch_max_bytes", "max_request_bytes", "downconversion_chunk_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
+        if self.max_session_slots < 0 or self.session_eviction_ms < 0:
+            raise ValueError("max_session_slots and session_eviction_ms must be >= 0")
+
+    @classmethod
+    def from_config(cls, config: ServeConfig, **overrides: Any) -> ServeSettings:
+        """The settings for the config file's `serve:` section (Kafka's defaults otherwise)."""
+        advertised = config.advertised
+        return cls(
+            host=config.listen.host,
+            port=config.listen.port,
+            advertised_host=advertised.host if advertised else None,
+            advertised_port=advertised.port if advertised else None,
+            **overrides,
+        )
 
     def downconversion_enabled(self, topic: str) -> bool:
         return self.topic_downconversion_enable.get(topic, self.downconversion_enable)

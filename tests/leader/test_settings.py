@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from replicad.config.model import HostPort, ServeConfig
 from replicad.leader.settings import ServeSettings
 
 
@@ -19,3 +22,23 @@ def test_a_topic_setting_wins_over_the_servers() -> None:
     assert not off.downconversion_enabled("t") and off.downconversion_enabled("legacy")
     on = ServeSettings(topic_downconversion_enable={"modern": False})
     assert on.downconversion_enabled("t") and not on.downconversion_enabled("modern")
+
+
+def test_the_config_files_serve_section_gives_the_addresses() -> None:
+    config = ServeConfig(
+        listen=HostPort("0.0.0.0", 9092), advertised=HostPort("replica.example", 19092)
+    )
+    settings = ServeSettings.from_config(config, max_session_slots=5)
+    assert (settings.host, settings.port) == ("0.0.0.0", 9092)
+    assert (settings.advertised_host, settings.advertised_port) == ("replica.example", 19092)
+    assert settings.max_session_slots == 5
+    plain = ServeSettings.from_config(ServeConfig(listen=HostPort("127.0.0.1", 0)))
+    assert (plain.advertised_host, plain.advertised_port) == (None, None)
+
+
+@pytest.mark.parametrize(
+    "bad", [{"fetch_max_bytes": 0}, {"downconversion_chunk_bytes": -1}, {"max_session_slots": -1}]
+)
+def test_impossible_settings_are_refused(bad: dict) -> None:
+    with pytest.raises(ValueError):
+        ServeSettings(**bad)
