@@ -23,7 +23,8 @@ from functools import cache
 from typing import Any
 
 from kio.serial import entity_reader, entity_writer
-from kio.static.primitive import i32
+from kio.serial.writers import write_unsigned_varint
+from kio.static.primitive import i32, uvarint
 
 from replicad.errors import LocalProtocolError, RemoteProtocolError
 from replicad.log.segment import FileRegion
@@ -171,15 +172,9 @@ def splice_records(
 
 
 def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    buf = io.BytesIO()
+    write_unsigned_varint(buf, uvarint(value))
+    return buf.getvalue()
 
 
 def make_entity(cls: type, **values: Any) -> Any:

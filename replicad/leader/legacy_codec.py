@@ -21,8 +21,12 @@ so records can go out by sendfile or by lazy down-conversion.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from kio.serial import readers
+from kio.serial.errors import BufferUnderflow
 
 from replicad.errors import RemoteProtocolError
 
@@ -45,33 +49,33 @@ _I64 = struct.Struct(">q")
 
 
 class _Reader:
-    """Big-endian primitives off a frame; running past the end is the peer's error."""
+    """kio's primitive readers over a frame, with a running position; running past the end,
+    or an array longer than the bytes left, is the peer's RemoteProtocolError."""
 
     def __init__(self, data: bytes | memoryview, position: int = 0) -> None:
-        self._mv = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
+        self._data = bytes(data)
         self.position = position
 
-    def _take(self, s: struct.Struct) -> int:
-        if self.position + s.size > len(self._mv):
-            raise RemoteProtocolError(f"request cut off at byte {self.position}")
-        (value,) = s.unpack_from(self._mv, self.position)
-        self.position += s.size
-        return int(value)
+    def _read(self, reader: Callable[[bytes, int], tuple[Any, int]]) -> Any:
+        try:
+            value, size = reader(self._data, self.position)
+        except (BufferUnderflow, ValueError, UnicodeDecodeError) as exc:
+            raise RemoteProtocolError(f"bad request bytes at byte {self.position}: {exc}") from exc
+        self.position += size
+        return value
 
     def i16(self) -> int:
-        return self._take(_I16)
+        return int(self._read(readers.read_int16))
 
     def i32(self) -> int:
-        return self._take(_I32)
+        return int(self._read(readers.read_int32))
 
     def i64(self) -> int:
-        return self._take(_I64)
+        return int(self._read(readers.read_int64))
 
     def nullable_string(self) -> str | None:
-        length = self.i16()
-        if length < 0:
-            return None
-        return self._raw(length).decode("utf-8", errors="replace")
+        value: str | None = self._read(readers.read_nullable_legacy_string)
+        return value
 
     def string(self) -> str:
         text = self.nullable_string()
@@ -80,27 +84,20 @@ class _Reader:
         return text
 
     def nullable_bytes(self) -> bytes | None:
-        length = self.i32()
-        if length < 0:
-            return None
-        return self._raw(length)
+        value: bytes | None = self._read(readers.read_nullable_legacy_bytes)
+        return value
 
     def count(self) -> int:
         n = self.i32()
-        if n < -1 or n > len(self._mv) - self.position:
+        if n < -1 or n > len(self._data) - self.position:
             raise RemoteProtocolError(f"implausible array length {n} at byte {self.position}")
         return max(n, 0)
 
-    def _raw(self, length: int) -> bytes:
-        if self.position + length > len(self._mv):
-            raise RemoteProtocolError(f"request cut off at byte {self.position}")
-        data = bytes(self._mv[self.position : self.position + length])
-        self.position += length
-        return data
-
     def end(self) -> None:
-        if self.position != len(self._mv):
-            raise RemoteProtocolError(f"{len(self._mv) - self.position} trailing bytes in request")
+        if self.position != len(self._data):
+            raise RemoteProtocolError(
+                f"{len(self._data) - self.position} trailing bytes in request"
+            )
 
 
 def _string(text: str | None) -> bytes:

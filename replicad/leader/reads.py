@@ -18,7 +18,10 @@ Rules (ReplicaManager.readFromLog, Partition.readRecords, LocalLog/LogSegment.re
   lower epoch known -> no records and `diverging` = (that epoch, its end offset).
 - High watermark = the partition's checkpointed one: what is replicated and on disk.
 - READ_COMMITTED answers carry the last stable offset and the aborted transactions that
-  overlap [fetch offset, last stable offset), folded from the log (see transactions.py).
+  overlap [fetch offset, last stable offset), folded from the log (see transactions.py);
+  the fold is done on a partition's first READ_COMMITTED read (the whole log is read once)
+  and kept up to date after. Other answers report the high watermark as the last stable
+  offset (replicad does not fold transactions nobody asked for).
 """
 
 from __future__ import annotations
