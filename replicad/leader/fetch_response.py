@@ -59,7 +59,6 @@ TOPIC_IDS_VERSION = 13
 # Fetch v0-v1 clients read magic 0, v2-v3 magic 1.
 MAGIC_0_MAX_VERSION = 1
 NO_PREFERRED_READ_REPLICA = -1
-UNKNOWN_OFFSET = -1
 
 Records = FileRegion | LazyDownConversion
 
