@@ -400,19 +400,21 @@ SERVE_SNIPPET = textwrap.dedent(
 
 
 def serve_command(data_dir: Path, listen: str) -> list[str]:
-    """`replicad serve --data-dir A --listen L --allowed-followers 7` once the CLI has it;
-    until then the entry point it will call, serve_forever, in a subprocess."""
+    """`replicad serve --data-dir A --listen L --allow-follower 7`; where the CLI lacks the
+    command, the entry point it calls (serve_forever) in a subprocess."""
     cli = [sys.executable, "-m", "replicad.cli", "serve"]
     help_text = subprocess.run([*cli, "--help"], capture_output=True, text=True, timeout=60)
-    if help_text.returncode == 0 and "--allowed-followers" in help_text.stdout:
+    if help_text.returncode == 0 and "--allow-follower" in help_text.stdout:
         return [
             *cli,
             "--data-dir",
             str(data_dir),
             "--listen",
             listen,
-            "--allowed-followers",
+            "--allow-follower",
             str(FOLLOWER_ID),
+            "--log-format",
+            "json",
         ]
     return [sys.executable, "-c", SERVE_SNIPPET, str(data_dir), listen, str(FOLLOWER_ID)]
 
