@@ -1,0 +1,46 @@
+"""The control socket's datagrams (requests to the daemon, reply chunks to the client):
+only ControlError comes out of decoding."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tools.chaos.fuzz_targets import control_datagrams, seeds
+from tools.chaos.strategies import mutated
+
+BOUNDED = settings(max_examples=400, derandomize=True, database=None, deadline=None)
+JSONISH = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=10)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+def test_every_seed_decodes() -> None:
+    for seed in seeds("control-datagrams"):
+        control_datagrams(seed)
+
+
+@BOUNDED
+@given(mutated("control-datagrams"))
+def test_mutated_datagrams(data: bytes) -> None:
+    control_datagrams(data)
+
+
+@BOUNDED
+@given(JSONISH, JSONISH)
+def test_json_shapes(header: object, body: object) -> None:
+    control_datagrams(json.dumps(header).encode())
+    control_datagrams(json.dumps(header).encode() + b"\n" + json.dumps(body).encode())
+    control_datagrams(json.dumps({"cmd": body, "id": header, "args": body}).encode())
+
+
+@BOUNDED
+@given(st.binary(max_size=200))
+def test_random_bytes(data: bytes) -> None:
+    control_datagrams(data)

@@ -1,0 +1,121 @@
+"""Fetch responses, mutated and generated, through the follower's path: decode, session
+handler, validate_fetched. Only RemoteProtocolError may come out of decoding, nothing out
+of the rest, and nothing corrupt is ever kept (tools.chaos.fuzz_targets.fetch_response).
+
+Every input runs in a forked child (tools.chaos.isolate): kio's native decoder can abort
+the process, which is a finding, not the end of the run.
+"""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+import warnings
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tools.chaos.fuzz_targets import FETCH_VERSIONS, fuzz_inputs, seeds
+from tools.chaos.strategies import fetch_responses, mutated
+
+TARGET = "fetch-response"
+BOUNDED = settings(
+    max_examples=8,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+def check(inputs: list[bytes]) -> None:
+    report = fuzz_inputs(TARGET, inputs)
+    assert not report.unexpected, report.describe(inputs)
+    if report.known:
+        warnings.warn(
+            f"{len(report.known)} inputs hit the known kio abort (see the xfail test)",
+            stacklevel=2,
+        )
+
+
+def test_every_seed_passes_cleanly() -> None:
+    report = fuzz_inputs(TARGET, list(seeds(TARGET)))
+    assert report.unexpected == report.known == (), report.describe(list(seeds(TARGET)))
+    assert len(seeds(TARGET)) == 2 * len(FETCH_VERSIONS)
+
+
+@BOUNDED
+@given(st.lists(mutated(TARGET), min_size=60, max_size=60))
+def test_mutated_fetch_responses(inputs: list[bytes]) -> None:
+    check(inputs)
+
+
+@settings(BOUNDED, max_examples=15)
+@given(fetch_responses())
+def test_generated_fetch_responses(data: bytes) -> None:
+    check([data])
+
+
+@BOUNDED
+@given(st.lists(st.binary(max_size=300), min_size=60, max_size=60))
+def test_random_bytes(inputs: list[bytes]) -> None:
+    check(inputs)
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+# A 40-byte Fetch v12 response: one topic, one partition whose aborted_transactions
+# compact array claims 2^32 - 1 entries. Kafka's own readers cap such lengths by the bytes
+# left; kio's native reader reserves count * 8 bytes first and Rust aborts the process.
+HUGE_ARRAY_RESPONSE = (
+    struct.pack(">i", 1)
+    + b"\x00"  # correlation id, no header tags
+    + struct.pack(">ihi", 0, 0, 0)  # throttle, error code, session id
+    + _uvarint(2)
+    + _uvarint(7)
+    + b"orders"  # one topic, "orders"
+    + _uvarint(2)
+    + struct.pack(">ihqqq", 0, 0, 0, 0, 0)  # one partition
+    + _uvarint(2**32)  # aborted_transactions: 2^32 - 1 entries
+)
+
+DECODE_IN_A_CHILD = """
+import sys
+from replicad.errors import RemoteProtocolError
+from replicad.protocol.codec import decode_response, response_type
+try:
+    decode_response(bytes.fromhex(sys.argv[1]), response_type(1, 12))
+except RemoteProtocolError as exc:
+    print("RemoteProtocolError:", exc)
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "daemon bug (kio dependency): replicad.protocol.codec.decode_response hands frames to "
+        "kio's native reader, which reserves memory for a compact array's claimed length "
+        "before reading it; a length of 2^32 aborts the process (SIGABRT, 'memory allocation "
+        "of 34359738360 bytes failed'). One damaged or hostile Fetch/Metadata response kills "
+        "replicad; the same reader decodes requests in `replicad serve`"
+    ),
+)
+def test_huge_array_length_in_a_response_is_an_error() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", DECODE_IN_A_CHILD, HUGE_ARRAY_RESPONSE.hex()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-500:]}"
+    assert done.stdout.startswith("RemoteProtocolError"), done.stdout
