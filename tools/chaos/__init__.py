@@ -5,7 +5,6 @@
 - `proxy`: `ChaosProxy`, an asyncio TCP proxy in a thread that cuts, stalls, delays,
   truncates and flips bytes between replicad and a broker.
 - `wire_data`: kio-built responses of any version, for tests and fuzz seeds.
-"""
 - `invariant`: the check every scenario ends with (byte-identical prefix of the source).
 - `follower`: one replicad daemon seen from outside (CLI, status JSON, /proc, log).
 - `load`: steady `produce_mixed` rounds in a thread. `evictor`: session-cache pressure
@@ -14,3 +13,4 @@
 - `scenarios`: the fault scenarios and their results (`SCENARIOS`, sizes CI and FULL).
 - `isolate`, `mutate`, `fuzz_targets`, `strategies`: fuzzing every decoder, each input in
   a forked child so a native abort is a finding.
+"""
