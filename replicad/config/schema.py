@@ -150,6 +150,7 @@ SCHEMA = Section(
                 "flush_ms": Int(0, nullable=True),
                 "retention_bytes": Int(-1),
                 "retention_ms": Int(-1),
+                "max_open_files": Int(1, INT32_MAX),
             },
         ),
         "control": Section(

@@ -27,3 +27,7 @@ class LogConfig:
     # Local retention; -1 keeps everything (a replica's default: the source decides).
     retention_bytes: int = -1
     retention_ms: int = -1
+    # Segment files (.log, .index, .timeindex) open at once, for all partitions together;
+    # the least recently used are closed and reopened on demand (replicad's own: Kafka
+    # keeps every segment file open and relies on the limit being high enough).
+    max_open_files: int = 4096

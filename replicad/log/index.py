@@ -20,7 +20,7 @@ Rules (Kafka's OffsetIndex, TimeIndex and LogSegment, as of Kafka 4):
   target, else (-1, base offset).
 
 `OffsetIndex`/`TimeIndex` and `IndexBuilder` are pure (bytes in memory); `IndexFile` is the
-thin file shell that mirrors appends with pwrite.
+thin file shell that mirrors appends with pwrite, through a FileHandle (handles.py).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from replicad.log.handles import FileHandle, FileHandles
 from replicad.records.batch import LOG_OVERHEAD, NO_TIMESTAMP, BatchHeader
 
 OFFSET_ENTRY = struct.Struct(">ii")
@@ -236,7 +237,9 @@ class IndexBuilder:
 
 
 class IndexFile:
-    """The file behind an OffsetIndex or TimeIndex: loaded lazily, appends mirrored by pwrite."""
+    """The file behind an OffsetIndex or TimeIndex: loaded lazily, appends mirrored by pwrite.
+
+    Its descriptor comes from the log store's FileHandles (handles.py) for each operation."""
 
     def __init__(
         self,
@@ -246,23 +249,24 @@ class IndexFile:
         max_bytes: int,
         *,
         fresh: bool,
+        handles: FileHandles,
     ) -> None:
         """`fresh`: the file is new (or to be replaced), so nothing is read from it."""
         self.path = path
         self._kind = kind
         self._base_offset = base_offset
         self._max_bytes = max_bytes
-        self._fd = -1
         self._index: OffsetIndex | TimeIndex | None = None
         if fresh:
-            self._open()
-            os.ftruncate(self._fd, 0)
+            self._file = handles.create(path)
             self._index = kind(base_offset, max_bytes)
+        else:
+            # A missing index file is created empty, found empty, and rebuilt by recovery.
+            self._file = handles.handle(path, create=True)
 
-    def _open(self) -> int:
-        if self._fd < 0:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        return self._fd
+    @property
+    def file(self) -> FileHandle:
+        return self._file
 
     @property
     def is_loaded(self) -> bool:
@@ -270,9 +274,9 @@ class IndexFile:
 
     def load(self) -> str | None:
         """Read the entries in; returns why the file is unusable, or None when it is fine."""
-        fd = self._open()
-        size = os.fstat(fd).st_size
-        data = os.pread(fd, size, 0) if size else b""
+        with self._file.pinned() as fd:
+            size = os.fstat(fd).st_size
+            data = os.pread(fd, size, 0) if size else b""
         self._index = self._kind(self._base_offset, self._max_bytes, data)
         return self._index.sanity_error(size)
 
@@ -285,40 +289,32 @@ class IndexFile:
 
     def write_entry(self, raw: bytes) -> None:
         if raw:
-            position = self.index.valid_bytes - len(raw)
-            if os.pwrite(self._open(), raw, position) != len(raw):
-                raise OSError(f"short write to {self.path}")
+            self._file.write_all(raw, self.index.valid_bytes - len(raw))
 
     def preallocate(self) -> None:
         """Extend (sparse) to the maximum size, as Kafka's index files are while active."""
         target = self.index.max_entries * self.index.entry.size
-        fd = self._open()
-        if os.fstat(fd).st_size != target:
-            os.ftruncate(fd, target)
+        with self._file.pinned() as fd:
+            if os.fstat(fd).st_size == target:
+                return
+        self._file.truncate(target)
 
     def trim(self) -> None:
-        os.ftruncate(self._open(), self.index.valid_bytes)
+        self._file.truncate(self.index.valid_bytes)
 
     def rewrite(self) -> None:
         """Write the entries held in memory and cut the file to them."""
-        fd = self._open()
-        os.ftruncate(fd, 0)
+        self._file.truncate(0)
         data = self.index.raw()
         if data:
-            os.pwrite(fd, data, 0)
+            self._file.write_all(data, 0)
 
     def replace(self, entries: OffsetIndex | TimeIndex) -> None:
         self._index = entries
         self.rewrite()
 
     def flush(self) -> None:
-        if self._fd >= 0:
-            os.fsync(self._fd)
-
-    def fileno(self) -> int:
-        return self._fd
+        self._file.sync()
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._file.close()

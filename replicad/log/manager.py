@@ -14,6 +14,9 @@ Rules:
   atomically (checkpoint.write_atomically), so a recovery point never names unsynced data.
 - `close` flushes, checkpoints, closes every partition (indexes trimmed), writes the
   clean-shutdown marker and unlocks.
+- Open files: every partition's segment files share one FileHandles cache of at most
+  `config.max_open_files` descriptors (handles.py), so 10,000 partitions fit any sane
+  RLIMIT_NOFILE; idle partitions' files are closed and reopened on demand.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from replicad.log.checkpoint import (
     write_atomically,
 )
 from replicad.log.config import LogConfig
+from replicad.log.handles import FileHandles
 from replicad.log.layout import (
     CLEAN_SHUTDOWN_FILE,
     LOCK_FILE,
@@ -57,6 +61,7 @@ class LogManager:
         self.data_dir = data_dir
         self.config = config
         self._lock_fd = lock_fd
+        self.handles = FileHandles(config.max_open_files)
         self._partitions: dict[TopicPartition, PartitionLog] = {}
         self._checkpoint_lock = threading.Lock()
         self._last_now_ms = 0
@@ -114,6 +119,7 @@ class LogManager:
                 log_start_offset=log_starts.get(tp),
                 high_watermark=high_watermarks.get(tp, 0),
                 clean_shutdown=clean and tp in (recovery_points or {}),
+                handles=self.handles,
             )
             self._partitions[tp] = partition
             if partition.last_recovery is not None:
@@ -139,6 +145,7 @@ class LogManager:
                 self.config,
                 now_ms=self._last_now_ms,
                 topic_id=topic_id,
+                handles=self.handles,
             )
             self._partitions[tp] = partition
         elif topic_id is not None:

@@ -20,6 +20,10 @@ Rules:
 - Thread use: every method takes the partition lock; `flush` holds it only to pick what to
   sync and fsyncs duplicated descriptors outside it, so a flush on a worker thread does not
   stall appends.
+- Descriptors come from the FileHandles shared by the log store (handles.py); `flush` syncs
+  every file written since its last sync, whether its descriptor is open or was evicted.
+  After an unclean stop, segment files found at or after the recovery point count as
+  unsynced (the process that wrote them may have left them in the page cache only).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from replicad.log.checkpoint import (
 )
 from replicad.log.config import LogConfig
 from replicad.log.epoch import EpochEndOffset, LeaderEpochCache
+from replicad.log.handles import FileHandles
 from replicad.log.index import TimestampOffset
 from replicad.log.layout import (
     LEADER_EPOCH_CHECKPOINT,
@@ -132,8 +137,10 @@ class PartitionLog:
         recovery_point: int,
         high_watermark: int,
         topic_id: uuid.UUID | None,
+        handles: FileHandles,
     ) -> None:
         self.directory = directory
+        self._handles = handles
         self.topic_partition = topic_partition
         self.config = config
         self._segments = segments
@@ -165,9 +172,12 @@ class PartitionLog:
         now_ms: int,
         topic_id: uuid.UUID | None = None,
         start_offset: int = 0,
+        handles: FileHandles | None = None,
     ) -> PartitionLog:
+        """A new partition log; without `handles` (LogManager's), it gets a cache of its own."""
+        handles = handles or FileHandles(config.max_open_files)
         directory.mkdir(parents=True, exist_ok=True)
-        segment = LogSegment.create(directory, start_offset, config, now_ms=now_ms)
+        segment = LogSegment.create(directory, start_offset, config, now_ms=now_ms, handles=handles)
         if topic_id is not None:
             write_atomically(directory / PARTITION_METADATA, format_partition_metadata(topic_id))
         fsync_dir(directory)
@@ -182,6 +192,7 @@ class PartitionLog:
             recovery_point=start_offset,
             high_watermark=start_offset,
             topic_id=topic_id,
+            handles=handles,
         )
         partition._persist_epochs(force=True)
         return partition
@@ -198,18 +209,27 @@ class PartitionLog:
         log_start_offset: int | None,
         high_watermark: int,
         clean_shutdown: bool,
+        handles: FileHandles | None = None,
     ) -> PartitionLog:
+        handles = handles or FileHandles(config.max_open_files)
         listing = classify_partition_files(sorted(os.listdir(directory)))
         problems: list[str] = []
         for name in listing.strays:
             (directory / name).unlink(missing_ok=True)
         start = log_start_offset if log_start_offset is not None else 0
         if not listing.segments:
-            segments = [LogSegment.create(directory, start, config, now_ms=now_ms)]
+            segments = [LogSegment.create(directory, start, config, now_ms=now_ms, handles=handles)]
         else:
             segments = [
-                LogSegment.open(directory, base, config, now_ms=now_ms) for base in listing.segments
+                LogSegment.open(directory, base, config, now_ms=now_ms, handles=handles)
+                for base in listing.segments
             ]
+            if not clean_shutdown:
+                # Written by a process that stopped uncleanly, maybe never synced: the next
+                # flush syncs them before the recovery point may pass them.
+                bases = [s.base_offset for s in segments]
+                for segment in segments[max(bisect.bisect_right(bases, recovery_point) - 1, 0) :]:
+                    segment.mark_unsynced()
         loaded = _load_epochs(directory)
         epochs, epoch_problem = loaded.cache, loaded.problem
         rebuild_epochs = loaded.missing or epoch_problem is not None
@@ -279,6 +299,7 @@ class PartitionLog:
             recovery_point=recovery_point,
             high_watermark=high_watermark,
             topic_id=topic_id,
+            handles=handles,
         )
         partition._epochs.truncate_from_end(partition.log_end_offset)
         partition._epochs.truncate_from_start(partition.log_start_offset)
@@ -456,7 +477,9 @@ class PartitionLog:
         else:
             old.on_become_inactive()
             old.flush()
-        segment = LogSegment.create(self.directory, base_offset, self.config, now_ms=now_ms)
+        segment = LogSegment.create(
+            self.directory, base_offset, self.config, now_ms=now_ms, handles=self._handles
+        )
         self._segments.append(segment)
         self._bases.append(base_offset)
         fsync_dir(self.directory)
@@ -503,7 +526,11 @@ class PartitionLog:
             for segment in self._segments:
                 segment.delete()
             segment = LogSegment.create(
-                self.directory, offset, self.config, now_ms=self._last_now_ms
+                self.directory,
+                offset,
+                self.config,
+                now_ms=self._last_now_ms,
+                handles=self._handles,
             )
             self._segments = [segment]
             self._bases = [offset]
@@ -603,15 +630,19 @@ class PartitionLog:
         """fsync everything appended so far and move the recovery point to the log end."""
         with self._lock:
             target = self._log_end_offset
-            i = max(bisect.bisect_right(self._bases, self.recovery_point) - 1, 0)
-            fds = [fd for segment in self._segments[i:] for fd in segment.dup_fds()]
+            files = [f for segment in self._segments for f in segment.files if f.dirty]
             messages = self._flushing.unflushed_messages
-        try:
-            for fd in fds:
-                os.fsync(fd)
-        finally:
-            for fd in fds:
-                os.close(fd)
+        # One descriptor at a time, so a flush adds at most one to the open-file count.
+        for handle in files:
+            with self._lock:
+                ticket = self._handles.sync_ticket(handle)
+            if ticket is None:
+                continue  # synced meanwhile, or its segment was deleted
+            try:
+                os.fsync(ticket.fd)
+            finally:
+                os.close(ticket.fd)
+            self._handles.synced(handle, ticket.generation)
         with self._lock:
             self.recovery_point = max(self.recovery_point, min(target, self._log_end_offset))
             if self._log_end_offset == target:

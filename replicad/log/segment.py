@@ -12,6 +12,9 @@ What it keeps (index math lives in index.py, roll decisions in policy.py):
   the same IndexBuilder appends use.
 - Reads return file regions for sendfile; a region starts at the first batch holding an
   offset >= the one asked for and ends within this segment.
+- Descriptors: the three files are FileHandles of the log store's bounded cache (handles.py),
+  opened for each operation and closed when the cache needs room; the mmap of a recovery
+  scan lives only within that scan. `flush` syncs the files written since their last sync.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import structlog
 from replicad.errors import LogError
 from replicad.log.config import LogConfig
 from replicad.log.epoch import LeaderEpochCache
+from replicad.log.handles import FileHandle, FileHandles
 from replicad.log.index import (
     IndexBuilder,
     IndexFile,
@@ -87,38 +91,33 @@ class SegmentRecovery:
     problem: str | None
 
 
-def _pwrite_all(fd: int, data: memoryview, position: int) -> None:
-    while data:
-        written = os.pwrite(fd, data, position)
-        data = data[written:]
-        position += written
-
-
 class LogSegment:
     def __init__(
         self,
         directory: Path,
         base_offset: int,
         config: LogConfig,
-        log_fd: int,
+        log_file: FileHandle,
         size: int,
         created_ms: int,
         *,
         fresh_indexes: bool,
+        handles: FileHandles,
     ) -> None:
         self.directory = directory
         self.base_offset = base_offset
         self.config = config
-        self._fd = log_fd
+        self._log = log_file
         self.size = size
         self.created_ms = created_ms
-        self.log_path = directory / segment_file_name(base_offset, LOG_SUFFIX)
+        self.log_path = log_file.path
         self._offset_file = IndexFile(
             directory / segment_file_name(base_offset, INDEX_SUFFIX),
             OffsetIndex,
             base_offset,
             config.segment_index_bytes,
             fresh=fresh_indexes,
+            handles=handles,
         )
         self._time_file = IndexFile(
             directory / segment_file_name(base_offset, TIME_INDEX_SUFFIX),
@@ -126,6 +125,7 @@ class LogSegment:
             base_offset,
             config.segment_index_bytes,
             fresh=fresh_indexes,
+            handles=handles,
         )
         self._builder: IndexBuilder | None = None
         self._next_offset: int | None = base_offset if size == 0 else None
@@ -135,11 +135,20 @@ class LogSegment:
 
     @classmethod
     def create(
-        cls, directory: Path, base_offset: int, config: LogConfig, *, now_ms: int
+        cls,
+        directory: Path,
+        base_offset: int,
+        config: LogConfig,
+        *,
+        now_ms: int,
+        handles: FileHandles | None = None,
     ) -> LogSegment:
-        path = directory / segment_file_name(base_offset, LOG_SUFFIX)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        segment = cls(directory, base_offset, config, fd, 0, now_ms, fresh_indexes=True)
+        """A new, empty active segment. Without `handles`, it gets a cache of its own."""
+        handles = handles or FileHandles(config.max_open_files)
+        log_file = handles.create(directory / segment_file_name(base_offset, LOG_SUFFIX))
+        segment = cls(
+            directory, base_offset, config, log_file, 0, now_ms, fresh_indexes=True, handles=handles
+        )
         segment._builder = IndexBuilder(
             config.index_interval_bytes, TimestampOffset(-1, base_offset)
         )
@@ -148,12 +157,28 @@ class LogSegment:
 
     @classmethod
     def open(
-        cls, directory: Path, base_offset: int, config: LogConfig, *, now_ms: int
+        cls,
+        directory: Path,
+        base_offset: int,
+        config: LogConfig,
+        *,
+        now_ms: int,
+        handles: FileHandles | None = None,
     ) -> LogSegment:
+        """An existing segment; no file is opened until it is used."""
+        handles = handles or FileHandles(config.max_open_files)
         path = directory / segment_file_name(base_offset, LOG_SUFFIX)
-        fd = os.open(path, os.O_RDWR)
-        size = os.fstat(fd).st_size
-        return cls(directory, base_offset, config, fd, size, now_ms, fresh_indexes=False)
+        size = os.stat(path).st_size
+        return cls(
+            directory,
+            base_offset,
+            config,
+            handles.handle(path),
+            size,
+            now_ms,
+            fresh_indexes=False,
+            handles=handles,
+        )
 
     @property
     def index_path(self) -> Path:
@@ -245,10 +270,14 @@ class LogSegment:
 
     # -- reading headers -------------------------------------------------------------------
 
-    def _header_at(self, position: int) -> BatchHeader | None:
+    def _header_at(self, position: int, fd: int | None = None) -> BatchHeader | None:
+        """The header of the batch at `position`; `fd`: the log's, pinned by the caller."""
         if position >= self.size:
             return None
-        head = os.pread(self._fd, RECORD_BATCH_OVERHEAD, position)
+        if fd is None:
+            head = self._log.pread(RECORD_BATCH_OVERHEAD, position)
+        else:
+            head = os.pread(fd, RECORD_BATCH_OVERHEAD, position)
         header = header_at(head, position)
         if isinstance(header, str) or header.end_position > self.size:
             return None
@@ -260,17 +289,19 @@ class LogSegment:
 
     def _headers_from(self, position: int) -> list[BatchHeader]:
         headers = []
-        while (header := self._header_at(position)) is not None:
-            headers.append(header)
-            position = header.end_position
+        with self._log.pinned() as fd:
+            while (header := self._header_at(position, fd)) is not None:
+                headers.append(header)
+                position = header.end_position
         return headers
 
     def translate_offset(self, offset: int, start_position: int = 0) -> BatchLocation | None:
         position = max(self.offset_index.lookup(offset).position, start_position)
-        while (header := self._header_at(position)) is not None:
-            if header.last_offset >= offset:
-                return BatchLocation(header)
-            position = header.end_position
+        with self._log.pinned() as fd:
+            while (header := self._header_at(position, fd)) is not None:
+                if header.last_offset >= offset:
+                    return BatchLocation(header)
+                position = header.end_position
         return None
 
     def read(self, offset: int, max_bytes: int) -> FileRegion | None:
@@ -307,7 +338,7 @@ class LogSegment:
         offset_index, time_index = self.offset_index, self.time_index
         saved = (offset_index.entries, time_index.entries, self._builder_state())
         try:
-            _pwrite_all(self._fd, data, start)
+            self._log.write_all(data, start)
             builder = self.builder
             for header in batches:
                 position = start + header.position - first.position
@@ -319,7 +350,7 @@ class LogSegment:
                     ts = entries.time_entry
                     self._time_file.write_entry(time_index.maybe_append(ts.timestamp, ts.offset))
         except OSError:
-            os.ftruncate(self._fd, start)
+            self._log.truncate(start)
             offset_index.cut(saved[0])
             time_index.cut(saved[1])
             self._restore_builder_state(saved[2])
@@ -343,7 +374,7 @@ class LogSegment:
         # A batch holding `offset` is removed whole: batches are never split.
         position = location.header.position
         removed = self.size - position
-        os.ftruncate(self._fd, position)
+        self._log.truncate(position)
         self.size = position
         # Index entries name a batch's last offset, so these cuts drop exactly the entries of
         # the removed batches.
@@ -363,7 +394,8 @@ class LogSegment:
         headers: list[BatchHeader] = []
         valid = 0
         if self.size:
-            with mmap.mmap(self._fd, self.size, access=mmap.ACCESS_READ) as mm:
+            # The map (and the descriptor mmap keeps for it) ends with this block.
+            with self._log.pinned() as fd, mmap.mmap(fd, self.size, access=mmap.ACCESS_READ) as mm:
                 view = memoryview(mm)
                 try:
                     result = scan_batches(view)
@@ -396,7 +428,7 @@ class LogSegment:
                     )
         truncated = self.size - valid
         if truncated:
-            os.ftruncate(self._fd, valid)
+            self._log.truncate(valid)
             self.size = valid
         self._rebuild_from(headers)
         self._next_offset = headers[-1].next_offset if headers else self.base_offset
@@ -435,24 +467,23 @@ class LogSegment:
         self._time_file.trim()
 
     def flush(self) -> None:
-        os.fsync(self._fd)
-        self._offset_file.flush()
-        self._time_file.flush()
+        """fsync what was written to the three files since their last sync."""
+        for handle in self.files:
+            handle.sync()
 
-    def dup_fds(self) -> list[int]:
-        """Duplicates of the open descriptors, for an fsync on another thread."""
-        fds = [os.dup(self._fd)]
-        fds += [
-            os.dup(fd) for fd in (self._offset_file.fileno(), self._time_file.fileno()) if fd >= 0
-        ]
-        return fds
+    @property
+    def files(self) -> tuple[FileHandle, FileHandle, FileHandle]:
+        """The handles of the `.log`, `.index` and `.timeindex` files."""
+        return (self._log, self._offset_file.file, self._time_file.file)
+
+    def mark_unsynced(self) -> None:
+        """Make the next flush fsync every file (found on disk, maybe never synced)."""
+        for handle in self.files:
+            handle.mark_unsynced()
 
     def close(self) -> None:
-        self._offset_file.close()
-        self._time_file.close()
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        for handle in self.files:
+            handle.close()
 
     def delete(self) -> None:
         self.close()

@@ -1,12 +1,27 @@
-"""The data directory: lock, checkpoints, clean and unclean restarts, recovery from damage."""
+"""The data directory: lock, checkpoints, clean and unclean restarts, recovery from damage;
+10,000 partitions within a bound of open files.
+
+This file is also the program the 10,000-partition test runs in a child process (with a low
+RLIMIT_NOFILE): `python tests/log/test_manager.py crash|recover DATA_DIR`.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import pickle
+import random
+import resource
+import subprocess
+import sys
+import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from replicad.errors import LogDirLockedError
 from replicad.log.config import LogConfig
@@ -18,9 +33,10 @@ from replicad.log.layout import (
     REPLICATION_OFFSET_CHECKPOINT,
 )
 from replicad.log.manager import LogManager
+from replicad.log.partition import PartitionLog
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
-from tools.logdata.batches import batch_stream
+from tools.logdata.batches import batch_stream, producer_batch
 
 CONFIG = LogConfig(segment_bytes=16 * 1024, index_interval_bytes=1024, segment_index_bytes=2048)
 A = TopicPartition("orders", 0)
@@ -209,3 +225,299 @@ def test_topic_id_and_remove(tmp_path: Path) -> None:
     manager.remove(A)
     assert not (tmp_path / "orders-0").exists()
     manager.close()
+
+
+# -- bounded open files ----------------------------------------------------------------------
+
+
+def test_a_busy_partition_is_not_reopened_while_idle_ones_are(tmp_path: Path) -> None:
+    manager = LogManager.open(tmp_path, CONFIG_FEW_FILES, now_ms=0)
+    cold = [manager.get_or_create(TopicPartition("cold", i)) for i in range(40)]
+    hot = manager.get_or_create(TopicPartition("hot", 0))
+    batches = batch_stream(5, 400, max_records=3, max_value=60)
+    hot_log = hot.active_segment.files[0]
+    hot.append(batches[0], scan_batches(batches[0]).batches, now_ms=0)
+    fd = hot_log.fd
+    opens = manager.handles.stats().opens
+    offsets = dict.fromkeys(range(len(cold)), 0)
+    for i, raw in enumerate(batches[1:100], start=1):
+        hot.append(raw, scan_batches(raw).batches, now_ms=0)
+        log = cold[i % len(cold)]
+        stamped = producer_batch(offsets[i % len(cold)], [b"cold"])
+        log.append(stamped, scan_batches(stamped).batches, now_ms=0)
+        offsets[i % len(cold)] += 1
+    assert hot.active_segment.files[0] is hot_log  # no roll in between
+    assert hot_log.fd == fd
+    stats = manager.handles.stats()
+    # Every cold append reopened its partition's .log (40 partitions, room for 8 files); the
+    # hot one was never closed.
+    assert stats.opens - opens == 99
+    assert stats.peak_open <= CONFIG_FEW_FILES.max_open_files
+    manager.close()
+    assert manager.handles.stats().open == 0
+
+
+@pytest.fixture
+def fast_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory on tmpfs when there is one: for tests of many files, where fsync speed is
+    not what is tested."""
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else tmp_path
+    with tempfile.TemporaryDirectory(prefix="replicad-test-", dir=base) as work:
+        yield Path(work)
+
+
+def test_clean_reopen_under_a_small_cap(fast_dir: Path) -> None:
+    """100 partitions through 8 descriptors: filled, closed, reopened (no recovery needed),
+    read back whole, appended to, closed and reopened again."""
+    config = LogConfig(
+        segment_bytes=1024, index_interval_bytes=256, segment_index_bytes=1024, max_open_files=8
+    )
+    streams = {TopicPartition("small", i): batch_stream(i, 12, max_records=4) for i in range(100)}
+    manager = LogManager.open(fast_dir, config, now_ms=0)
+    for tp, batches in streams.items():
+        _fill(manager, tp, batches[:8])
+    manager.close()
+    for round_ in range(2):
+        manager = LogManager.open(fast_dir, config, now_ms=0)
+        assert not any(r.recovered_segments for r in manager.recoveries)
+        for tp, log in manager.partitions().items():
+            kept = b"".join(streams[tp][: 8 + 2 * round_])
+            assert _read_all(log) == kept
+            assert len(log.segments) > 1  # rolled: more files than the cap per partition
+        for tp in streams:
+            _fill(manager, tp, streams[tp][8 + 2 * round_ : 10 + 2 * round_])
+        stats = manager.handles.stats()
+        assert stats.peak_open <= config.max_open_files
+        assert stats.evictions > len(streams)
+        manager.close()
+        assert manager.handles.stats().open == 0
+
+
+def _read_all(log: PartitionLog) -> bytes:
+    got = b""
+    offset = log.log_start_offset
+    while offset < log.log_end_offset:
+        region = log.read(offset, 1 << 20).region
+        assert region is not None
+        chunk = region.read_bytes()
+        got += chunk
+        offset = scan_batches(chunk).next_offset or offset
+    return got
+
+
+# Room for 8 files; no index entries, so the hot partition only ever uses its .log file.
+CONFIG_FEW_FILES = LogConfig(
+    segment_bytes=16 * 1024, index_interval_bytes=1 << 20, max_open_files=8
+)
+
+PARTITIONS = 10_000
+MAX_OPEN_FILES = 256
+CHILD_RLIMIT = 1024
+# Descriptors besides the cache's at the moments the child counts them: the data directory lock.
+OTHER_FDS = 2
+FDS_CONFIG = LogConfig(
+    segment_bytes=1024,
+    index_interval_bytes=256,
+    segment_index_bytes=1024,
+    max_open_files=MAX_OPEN_FILES,
+)
+
+
+def test_ten_thousand_partitions_within_the_open_file_cap(fast_dir: Path) -> None:
+    """10,000 partitions, rolled, appended at random, truncated, read, checkpointed, killed,
+    recovered, checked, appended to and closed, in processes whose RLIMIT_NOFILE is 1,024,
+    with max_open_files 256: everything works and the open descriptors stay within the cap.
+    (A clean close and reopen under a small cap: test_clean_reopen_under_a_small_cap.)
+    """
+    reports = [_run_child(phase, fast_dir) for phase in ("crash", "recover")]
+    for report in reports:
+        assert report["peak_open"] <= MAX_OPEN_FILES
+        assert report["max_fds"] <= report["baseline_fds"] + MAX_OPEN_FILES + OTHER_FDS
+        assert report["pressure_evictions"] == 0
+        assert report["partitions"] == PARTITIONS
+    crash, recover = reports
+    # It had to work for it: descriptors were closed and reopened all along.
+    assert crash["evictions"] > 5 * PARTITIONS
+    assert crash["truncated"] > 0 and crash["reads"] > 0 and crash["hot_reopens"] == 0
+    assert recover["recovered_partitions"] == PARTITIONS
+
+
+def _run_child(phase: str, work: Path) -> dict[str, int]:
+    done = subprocess.run(
+        [sys.executable, __file__, phase, str(work)],
+        cwd=Path(__file__).parents[2],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report: dict[str, int] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
+
+
+class _Workload:
+    """What the child does, and the model of what each partition must hold."""
+
+    def __init__(self, work: Path) -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (CHILD_RLIMIT, CHILD_RLIMIT))
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
+        self.work = work
+        self.data_dir = work / "data"
+        self.model_path = work / "model.pickle"
+        self.rng = random.Random(20261122)
+        # Batches of 1..3 records, built once; an append restamps a copy's base offset.
+        self.templates = [
+            producer_batch(0, [bytes([65 + i]) * (40 * n) for _ in range(n)])
+            for i, n in enumerate((1, 2, 3, 1, 2))
+        ]
+        self.model: dict[TopicPartition, list[bytes]] = {}
+        self.next_offset: dict[TopicPartition, int] = {}
+        self.baseline_fds = self.fds()
+        self.max_fds = self.baseline_fds
+        self.ops = 0
+        self.peak_open = self.evictions = self.pressure_evictions = 0
+
+    @staticmethod
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    def sample(self) -> None:
+        self.ops += 1
+        if self.ops % 7 == 0:
+            self.max_fds = max(self.max_fds, self.fds())
+
+    def append(self, log: PartitionLog) -> None:
+        tp = log.topic_partition
+        raw = bytearray(self.rng.choice(self.templates))
+        raw[:8] = self.next_offset[tp].to_bytes(8, "big")
+        headers = scan_batches(raw).batches
+        log.append(raw, headers, now_ms=0)
+        self.model[tp].append(bytes(raw))
+        self.next_offset[tp] = headers[-1].next_offset
+        self.sample()
+
+    def truncate(self, log: PartitionLog) -> None:
+        tp = log.topic_partition
+        kept = self.model[tp]
+        if not kept:
+            return
+        cut = self.rng.randrange(len(kept))
+        first = scan_batches(kept[cut]).batches[0]
+        log.truncate_to(self.rng.randint(first.base_offset, first.last_offset))
+        del kept[cut:]
+        self.next_offset[tp] = first.base_offset
+        assert log.log_end_offset == first.base_offset
+        self.sample()
+
+    def check_read(self, log: PartitionLog) -> None:
+        kept = self.model[log.topic_partition]
+        if kept:
+            raw = self.rng.choice(kept)
+            header = scan_batches(raw).batches[0]
+            region = log.read(self.rng.randint(header.base_offset, header.last_offset), 1).region
+            assert region is not None and region.read_bytes() == raw
+        self.sample()
+
+    def check_all(self, manager: LogManager) -> None:
+        """Every partition holds exactly its model's batches, read through the log."""
+        assert manager.partitions().keys() == self.model.keys()
+        for tp, log in manager.partitions().items():
+            assert _read_all(log) == b"".join(self.model[tp]), tp
+            assert log.log_end_offset == self.next_offset[tp], tp
+            self.sample()
+
+    def note(self, manager: LogManager) -> None:
+        """Add up what a manager's descriptor cache did (before it is closed)."""
+        self.max_fds = max(self.max_fds, self.fds())
+        stats = manager.handles.stats()
+        self.peak_open = max(self.peak_open, stats.peak_open)
+        self.evictions += stats.evictions
+        self.pressure_evictions += stats.pressure_evictions
+
+    def report(self, partitions: int, **extra: int) -> None:
+        self.max_fds = max(self.max_fds, self.fds())
+        print(
+            json.dumps(
+                {
+                    "partitions": partitions,
+                    "baseline_fds": self.baseline_fds,
+                    "max_fds": self.max_fds,
+                    "peak_open": self.peak_open,
+                    "evictions": self.evictions,
+                    "pressure_evictions": self.pressure_evictions,
+                    **extra,
+                }
+            ),
+            flush=True,
+        )
+
+    def crash(self) -> None:
+        """Build 10,000 partitions, work them, checkpoint, work more, then die uncleanly."""
+        manager = LogManager.open(self.data_dir, FDS_CONFIG, now_ms=0)
+        logs = []
+        for i in range(PARTITIONS):
+            log = manager.get_or_create(TopicPartition(f"topic{i % 20}", i // 20))
+            self.model[log.topic_partition], self.next_offset[log.topic_partition] = [], 0
+            logs.append(log)
+            self.sample()
+        for _ in range(2):
+            for log in logs:
+                self.append(log)
+        hot = logs[0]
+        hot_reopens = 0
+        hot_file = None
+        for i in range(6_000):
+            if i % 10 == 0:
+                # A busy partition among idle ones: its active segment is never closed.
+                if hot.active_segment.files[0] is hot_file and hot_file.fd < 0:
+                    hot_reopens += 1
+                self.append(hot)
+                hot_file = hot.active_segment.files[0]
+            self.append(self.rng.choice(logs))
+        truncated = 0
+        for log in self.rng.sample(logs, 300):
+            self.truncate(log)
+            truncated += 1
+        for log in self.rng.sample(logs, 50):
+            start = self.next_offset[log.topic_partition] + 1000
+            log.truncate_fully_and_start_at(start)
+            self.model[log.topic_partition], self.next_offset[log.topic_partition] = [], start
+            self.sample()
+        reads = 0
+        for _ in range(2000):
+            self.check_read(self.rng.choice(logs))
+            reads += 1
+        manager.checkpoint({})
+        assert not [f for log in logs for s in log.segments for f in s.files if f.dirty]
+        for _ in range(3000):
+            self.append(self.rng.choice(logs))
+        with self.model_path.open("wb") as f:
+            pickle.dump((self.model, self.next_offset), f)
+        self.note(manager)
+        self.report(len(logs), truncated=truncated, reads=reads, hot_reopens=hot_reopens)
+        os._exit(0)  # killed: no close, no clean-shutdown marker
+
+    def recover(self) -> None:
+        """Recover the killed directory, check it all, append, close."""
+        with self.model_path.open("rb") as f:
+            self.model, self.next_offset = pickle.load(f)
+        manager = LogManager.open(self.data_dir, FDS_CONFIG, now_ms=0)
+        recovered = sum(1 for r in manager.recoveries if r.recovered_segments)
+        self.check_all(manager)
+        logs = list(manager.partitions().values())
+        for _ in range(2000):
+            self.append(self.rng.choice(logs))
+        self.note(manager)
+        partitions = len(manager.partitions())
+        manager.close()
+        assert manager.handles.stats().open == 0
+        self.report(partitions, recovered_partitions=recovered)
+
+
+if __name__ == "__main__":
+    phase, work_dir = sys.argv[1], Path(sys.argv[2])
+    workload = _Workload(work_dir)
+    getattr(workload, phase)()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -13,8 +14,10 @@ import pytest
 from replicad.errors import DiskFullError, LogError, OffsetOutOfRangeError
 from replicad.log.config import LogConfig
 from replicad.log.epoch import EpochEndOffset
+from replicad.log.handles import FileHandles
 from replicad.log.layout import LEADER_EPOCH_CHECKPOINT, PARTITION_METADATA
 from replicad.log.partition import PartitionLog
+from replicad.log.segment import LogSegment
 from replicad.records.batch import BatchHeader, scan_batches
 from replicad.types import TopicPartition
 from tools.logdata.batches import batch_stream, producer_batch
@@ -193,6 +196,79 @@ def test_topic_id_written_and_checked(tmp_path: Path) -> None:
     log.set_topic_id(topic_id)
     with pytest.raises(LogError, match="recreated"):
         log.set_topic_id(uuid.uuid4())
+
+
+@pytest.fixture
+def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The inodes os.fsync is called on, in order."""
+    inodes: list[int] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        inodes.append(os.fstat(fd).st_ino)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    return inodes
+
+
+def _inodes(*paths: Path) -> set[int]:
+    return {path.stat().st_ino for path in paths}
+
+
+def _paths(segment: LogSegment) -> tuple[Path, Path, Path]:
+    return (segment.log_path, segment.index_path, segment.time_index_path)
+
+
+def test_flush_syncs_files_whose_descriptors_were_closed(
+    tmp_path: Path, fsynced: list[int]
+) -> None:
+    handles = FileHandles(1)
+    log = PartitionLog.create(tmp_path / "orders-3", TP, SMALL, now_ms=0, handles=handles)
+    other = handles.create(tmp_path / "other")
+    batches = batch_stream(3, 12)
+    _append_all(log, batches)
+    active = log.active_segment
+    other.write_all(b"x", 0)  # the only descriptor now: every file of the log was closed
+    assert all(f.fd < 0 and f.dirty for f in active.files)
+    fsynced.clear()
+    log.flush()
+    assert set(fsynced) == _inodes(*_paths(active))
+    assert log.recovery_point == log.log_end_offset
+    assert not any(f.dirty for f in active.files)
+    assert handles.stats().open == 1  # syncing did not take descriptors from the cache
+    fsynced.clear()
+    log.flush()
+    assert fsynced == []  # nothing written since
+
+
+def test_unclean_load_counts_files_past_the_recovery_point_as_unsynced(
+    tmp_path: Path, fsynced: list[int]
+) -> None:
+    log, _ = _partition(tmp_path)
+    log.flush()
+    log.close()
+    for clean in (True, False):
+        loaded = PartitionLog.load(
+            log.directory,
+            TP,
+            SMALL,
+            now_ms=0,
+            recovery_point=log.segments[2].base_offset + 1,
+            log_start_offset=0,
+            high_watermark=0,
+            clean_shutdown=clean,
+        )
+        fsynced.clear()
+        loaded.flush()
+        active = loaded.active_segment
+        # Loading preallocates the active segment's indexes again: that much is new.
+        expected = _inodes(active.index_path, active.time_index_path)
+        if not clean:
+            expected |= _inodes(*(p for s in loaded.segments[2:] for p in _paths(s)))
+        assert set(fsynced) == expected
+        assert not any(f.dirty for s in loaded.segments for f in s.files)
+        loaded.close()
 
 
 @pytest.fixture
