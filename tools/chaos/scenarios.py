@@ -23,6 +23,7 @@ in `SCENARIOS` (`private_broker`); the others share one broker.
 from __future__ import annotations
 
 import itertools
+import re
 import time
 import uuid
 from collections import Counter
@@ -102,6 +103,7 @@ class ScenarioResult:
     counters: DaemonCounters
     daemon: str
     problems: tuple[str, ...]
+    known_issues: tuple[str, ...]  # symptoms of reported daemon bugs (KNOWN_ISSUES)
     notes: tuple[str, ...]
     elapsed_s: float
 
@@ -123,6 +125,7 @@ class ScenarioResult:
             f"{self.duplicated} duplicated, {recovery}, daemon {self.daemon}, "
             f"counters {self.counters.as_dict()}",
             *(f"  problem: {p}" for p in self.problems),
+            *(f"  known issue: {k}" for k in self.known_issues),
             *(f"  note: {n}" for n in self.notes),
         ]
         return "\n".join(lines)
@@ -145,6 +148,7 @@ class _Outcome:
     counters: DaemonCounters = field(default_factory=DaemonCounters)
     daemon: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    known: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def fault(self, kind: str, count: int = 1) -> None:
@@ -172,9 +176,34 @@ class _Outcome:
             counters=self.counters,
             daemon=", ".join(states) if states else "not started",
             problems=tuple(self.problems),
+            known_issues=tuple(dict.fromkeys(self.known)),
             notes=tuple(self.notes),
             elapsed_s=time.monotonic() - self.started,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class KnownIssue:
+    """A reported daemon bug, recognised by what it leaves in the daemon's log."""
+
+    name: str
+    description: str
+    log_pattern: re.Pattern[str]
+
+
+KNOWN_ISSUES: tuple[KnownIssue, ...] = (
+    KnownIssue(
+        "checkpoint-enospc",
+        "a checkpoint write failing with ENOSPC kills the replicator's housekeeping task "
+        "(no more checkpoints, metadata refreshes, retention); the daemon exits 1 with the "
+        "traceback at shutdown (tests/faults/test_scenarios.py::test_disk_full_to_the_last_byte)",
+        re.compile(r"in _checkpoint\n(?:.*\n){0,12}?OSError: \[Errno 28\]"),
+    ),
+)
+
+
+def known_issue(log: str) -> KnownIssue | None:
+    return next((issue for issue in KNOWN_ISSUES if issue.log_pattern.search(log)), None)
 
 
 # -- building blocks ------------------------------------------------------------------
@@ -278,17 +307,29 @@ def finish(
             f"replica did not catch up within {out.size.recovery_timeout_s:.0f} s: "
             f"{follower.ends(partitions)} vs {target}"
         )
+    ended: list[str] = []  # what the daemon's end says, checked against known issues
     if follower.running:
         follower.status()
         code = follower.stop()
-        out.daemon.append("ran to the end, stopped cleanly" if code == 0 else f"exit {code}")
+        state = "ran to the end, stopped cleanly" if code == 0 else f"exit {code}"
         if code != 0:
-            out.problem(f"{follower.name} exited with {code} on SIGTERM")
+            ended.append(f"{follower.name} exited with {code} on SIGTERM")
     else:
         code = follower.exit_code()
-        out.daemon.append(f"died (exit {code})")
-        out.problem(f"{follower.name} was not running at the end (exit {code})")
+        state = f"died (exit {code})"
+        ended.append(f"{follower.name} was not running at the end (exit {code})")
         follower.kill()
+    ended += [f"{follower.name} log: {line[:500]}" for line in follower.unexpected_lines()[:5]]
+    issue = known_issue(follower.output()) if ended else None
+    if issue is not None:
+        # The symptom of a reported daemon bug: counted apart, so that anything else
+        # still fails the scenario. The invariant is never excused.
+        state += f" (known issue: {issue.name})"
+        out.known.append(f"{issue.name}: {issue.description}")
+    else:
+        for problem in ended:
+            out.problem(problem)
+    out.daemon.append(state)
     out.counters = out.counters + follower.counters()
     report = check_replica(broker.log_dir, follower.data_dir, partitions, caught_up=True)
     out.records_checked += report.records_checked
@@ -299,8 +340,6 @@ def finish(
     verify = follower.verify()
     if verify.returncode != 0:
         out.problem(f"replicad verify failed: {(verify.stdout + verify.stderr)[-2000:]}")
-    for line in follower.unexpected_lines()[:5]:
-        out.problem(f"{follower.name} log: {line[:500]}")
     return report
 
 
