@@ -78,6 +78,8 @@ class Replicator:
         self.logs_ready = asyncio.Event()
         # Called with a partition after it changed locally (see LeaderFetcher).
         self.partition_listener: Callable[[TopicPartition], None] | None = None
+        self.checkpoint_failures = 0
+        self.housekeeping_errors = 0
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -116,9 +118,19 @@ class Replicator:
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         await self.client.close()
         if self.logs is not None:
-            self.logs.checkpoint(self.high_watermarks())
-            self.logs.close()
-            log.info("logs flushed and checkpointed", partitions=len(self.states))
+            try:
+                self.logs.checkpoint(self.high_watermarks())
+                log.info("logs flushed and checkpointed", partitions=len(self.states))
+            except (OSError, LogError) as exc:
+                # The last good checkpoint stays; recovery rescans from it at start.
+                log.error(
+                    "final checkpoint failed; the next start recovers from the previous one",
+                    error=str(exc),
+                )
+            try:
+                self.logs.close()
+            except (OSError, LogError) as exc:
+                log.error("closing the logs failed; the next start recovers them", error=str(exc))
 
     # -- metadata and assignment -------------------------------------------
 
@@ -245,6 +257,19 @@ class Replicator:
             fetcher.remove(state.tp)
 
     async def _housekeeping(self, stop: asyncio.Event) -> None:
+        """Metadata refreshes and checkpoints; survives any failure of either."""
+        while not stop.is_set():
+            try:
+                await self._housekeeping_loop(stop)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("housekeeping failed; restarting it")
+                self.housekeeping_errors += 1
+                await asyncio.sleep(1)
+
+    async def _housekeeping_loop(self, stop: asyncio.Event) -> None:
         s = self.settings
         next_metadata = monotonic_ms() + s.metadata_max_age_ms
         next_checkpoint = monotonic_ms() + s.checkpoint_interval_ms
@@ -297,7 +322,19 @@ class Replicator:
                     self._refresh.set()
             if now >= next_checkpoint:
                 next_checkpoint = now + s.checkpoint_interval_ms
-                self._checkpoint()
+                try:
+                    self._checkpoint()
+                except (OSError, LogError) as exc:
+                    # A full or failing disk must not end housekeeping: the previous
+                    # checkpoint files are intact (written atomically); try again later.
+                    self.checkpoint_failures += 1
+                    emit = say.should_emit("checkpoint", now)
+                    if emit.emit:
+                        log.error(
+                            "checkpoint failed; keeping the previous one, retrying",
+                            error=str(exc),
+                            failures_suppressed=emit.suppressed,
+                        )
 
     def _checkpoint(self) -> None:
         assert self.logs is not None

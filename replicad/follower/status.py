@@ -103,6 +103,7 @@ def build_snapshot(
             "crc_failures": sum(s.crc_failures for s in stats),
             "session_recoveries": sum(sum(s.session_recoveries.values()) for s in stats),
             "partitions_by_state": dict(states),
+            "checkpoint_failures": replicator.checkpoint_failures,
         },
         "leaders": leaders,
         "partitions": partitions,

@@ -98,17 +98,9 @@ def test_disk_full(kafka_broker, tmp_path) -> None:
     assert result.faults == {"disk full": CI.runs}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "daemon bug: a checkpoint write that fails with ENOSPC (replicad/log/checkpoint.py "
-        "write_atomically, called from Replicator._housekeeping -> _checkpoint) raises "
-        "OSError out of the housekeeping task, which dies silently: no more checkpoints, "
-        "metadata refreshes or retention while replication goes on, and on SIGTERM the "
-        "daemon prints the traceback and exits 1"
-    ),
-)
 def test_disk_full_to_the_last_byte(kafka_broker, tmp_path) -> None:
+    """A disk full to the last byte, checkpoints included: housekeeping survives a failed
+    checkpoint (it keeps the previous one and retries) and the daemon stops cleanly."""
     result = disk_full_tenant(kafka_broker, tmp_path, CI)
     assert_survived(result)
     assert result.faults == {"disk full": CI.runs, "disk 100% full": CI.runs}
