@@ -8,7 +8,6 @@ the process, which is a finding, not the end of the run.
 
 from __future__ import annotations
 
-import struct
 import subprocess
 import sys
 import warnings
@@ -19,6 +18,7 @@ from hypothesis import strategies as st
 
 from tools.chaos.fuzz_targets import FETCH_VERSIONS, fuzz_inputs, seeds
 from tools.chaos.strategies import fetch_responses, mutated
+from tools.chaos.wire_data import fetch_response_claiming
 
 TARGET = "fetch-response"
 BOUNDED = settings(
@@ -64,29 +64,10 @@ def test_random_bytes(inputs: list[bytes]) -> None:
     check(inputs)
 
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, n = n & 0x7F, n >> 7
-        out.append(low | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 # A 40-byte Fetch v12 response: one topic, one partition whose aborted_transactions
 # compact array claims 2^32 - 1 entries. Kafka's own readers cap such lengths by the bytes
 # left; kio's native reader reserves count * 8 bytes first and Rust aborts the process.
-HUGE_ARRAY_RESPONSE = (
-    struct.pack(">i", 1)
-    + b"\x00"  # correlation id, no header tags
-    + struct.pack(">ihi", 0, 0, 0)  # throttle, error code, session id
-    + _uvarint(2)
-    + _uvarint(7)
-    + b"orders"  # one topic, "orders"
-    + _uvarint(2)
-    + struct.pack(">ihqqq", 0, 0, 0, 0, 0)  # one partition
-    + _uvarint(2**32)  # aborted_transactions: 2^32 - 1 entries
-)
+HUGE_ARRAY_RESPONSE = fetch_response_claiming(12, 2**32 - 1, correlation_id=1, topic="orders")
 
 DECODE_IN_A_CHILD = """
 import sys

@@ -82,6 +82,7 @@ class ProxyStats:
     flipped_batches: int = 0
     flipped_anywhere: int = 0
     metadata_rewrites: int = 0
+    replaced: int = 0
     bytes_to_client: int = 0
     bytes_to_broker: int = 0
 
@@ -97,6 +98,7 @@ class ProxyStats:
             + self.flipped_batches
             + self.flipped_anywhere
             + self.refused_connections
+            + self.replaced
         )
 
 
@@ -133,6 +135,9 @@ class _Plan:
     truncate_api: int | None = FETCH_API_KEY
     delay_ms: int = 0
     refuse: bool = False
+    replace: int = 0
+    replace_api: int | None = FETCH_API_KEY
+    replacement: Callable[[RequestHead, bytes], bytes] | None = None
 
 
 class ChaosProxy:
@@ -266,6 +271,20 @@ class ChaosProxy:
             self._plan.flip_anywhere += count
             self._plan.flip_api = api_key
 
+    def replace_responses(
+        self,
+        count: int,
+        replacement: Callable[[RequestHead, bytes], bytes],
+        *,
+        api_key: int | None = FETCH_API_KEY,
+    ) -> None:
+        """Answer the next `count` requests of `api_key` with `replacement(head, body)`
+        instead of the broker's body (a scripted hostile answer)."""
+        with self._lock:
+            self._plan.replace += count
+            self._plan.replace_api = api_key
+            self._plan.replacement = replacement
+
     def heal(self) -> None:
         """No delay, no refusal, nothing pending: the path is clean again (a stall
         already running still runs out)."""
@@ -275,7 +294,8 @@ class ChaosProxy:
     def pending_faults(self) -> int:
         """Faults asked for and not yet delivered."""
         with self._lock:
-            return self._plan.flip_batches + self._plan.flip_anywhere + self._plan.truncate
+            plan = self._plan
+            return plan.flip_batches + plan.flip_anywhere + plan.truncate + plan.replace
 
     def stats(self) -> ProxyStats:
         """The counters, read on the proxy's loop: a response handed to a socket is
@@ -460,6 +480,14 @@ class ChaosProxy:
             return frame(body), False, None
         if head.api_key == METADATA_API_KEY and self._rewrite:
             body = self._rewrite_metadata(head, body)
+        with self._lock:
+            plan = self._plan
+            replacement = None
+            if plan.replace > 0 and plan.replace_api in (None, head.api_key):
+                plan.replace -= 1
+                replacement = plan.replacement
+        if replacement is not None:
+            return frame(replacement(head, body)), False, "replaced"
         with self._lock:
             plan = self._plan
             want_truncate = plan.truncate > 0 and plan.truncate_api in (None, head.api_key)

@@ -10,6 +10,7 @@ Fetch and v4 to v12 of Metadata. The bodies carry no size prefix (see
 from __future__ import annotations
 
 import datetime
+import struct
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -136,3 +137,47 @@ def metadata_response_body(
         ),
     )
     return encode_response(cls.__header_schema__(correlation_id=correlation_id), body)
+
+
+# Fetch v12 made the response flexible (compact arrays, uvarint lengths).
+FIRST_FLEXIBLE_FETCH = 12
+FIRST_TOPIC_ID_FETCH = 13
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def fetch_response_claiming(
+    version: int,
+    aborted_transactions: int,
+    *,
+    correlation_id: int,
+    topic: str = "t",
+    topic_id: uuid.UUID = NO_TOPIC_ID,
+) -> bytes:
+    """A flexible Fetch response cut short after one partition whose aborted_transactions
+    array claims `aborted_transactions` entries: a length no honest broker sends, and one
+    a decoder must refuse by the bytes left rather than believe."""
+    if version < FIRST_FLEXIBLE_FETCH:
+        raise ValueError(f"Fetch v{version} has no compact arrays")
+    name = (
+        topic_id.bytes
+        if version >= FIRST_TOPIC_ID_FETCH
+        else _uvarint(len(topic.encode()) + 1) + topic.encode()
+    )
+    return (
+        struct.pack(">i", correlation_id)
+        + b"\x00"  # no header tags
+        + struct.pack(">ihi", 0, 0, 0)  # throttle, error code, session id
+        + _uvarint(2)  # one topic
+        + name
+        + _uvarint(2)  # one partition
+        + struct.pack(">ihqqq", 0, 0, 0, 0, 0)  # index, error, hw, lso, log start
+        + _uvarint(aborted_transactions + 1)
+    )

@@ -1,0 +1,89 @@
+"""The running daemon against a leader whose answers are damaged anywhere, not only inside
+record batches: the proxy flips bytes in responses of every API, fields no checksum covers
+included. Kafka's wire format cannot tell a damaged offset or length from a real one, so
+the replica is not required to match the source here; what is required is that the daemon
+survives, lets no error escape its handling, and writes only whole batches that pass
+their checksums, with offsets that never repeat.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from replicad.types import TopicPartition
+from tools.chaos.follower import Follower
+from tools.chaos.frames import FETCH_API_KEY
+from tools.chaos.invariant import check_replica
+from tools.chaos.proxy import ChaosProxy, wait_for_delivery
+from tools.chaos.scenarios import fill, new_topic, wait_for
+from tools.chaos.wire_data import fetch_response_claiming
+
+pytestmark = pytest.mark.kafka
+
+PARTITIONS = 2
+FLIPS = 40
+
+
+def test_bytes_damaged_anywhere_in_any_response(kafka_broker, tmp_path) -> None:
+    topic = new_topic(kafka_broker, "hostile", PARTITIONS)
+    fill(kafka_broker, {topic: PARTITIONS}, 1500, seed=900)
+    partitions = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    with ChaosProxy(lambda: ("127.0.0.1", kafka_broker.port), seed=9) as proxy:
+        follower = Follower(tmp_path, proxy.address, [topic])
+        follower.start()
+        try:
+            for i in range(FLIPS):
+                # Mostly Fetch (the bulk of the traffic), every other API now and then.
+                proxy.flip_anywhere(1, api_key=FETCH_API_KEY if i % 4 else None)
+                wait_for_delivery(proxy, timeout_s=10)
+                assert follower.running, follower.output()[-3000:]
+            delivered = proxy.stats().flipped_anywhere
+            proxy.heal()
+            alive = follower.status()
+            assert alive is not None and follower.running
+        finally:
+            code = follower.stop()
+    assert delivered >= FLIPS // 2
+    assert code == 0, follower.output()[-3000:]
+    assert follower.unexpected_lines() == []
+    # Whatever was written: whole batches, valid checksums, no offset twice.
+    report = check_replica(kafka_broker.log_dir, follower.data_dir, partitions, caught_up=False)
+    for check in report.partitions:
+        assert check.duplicated == 0, report.summary()
+        assert "checksum" not in (check.problem or ""), report.summary()
+        assert "torn" not in (check.problem or ""), report.summary()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "daemon bug (kio dependency, see tests/fuzz/test_fetch_response.py): one Fetch "
+        "response whose compact-array length is 2^32 makes kio's native reader abort the "
+        "replicad process (SIGABRT) instead of raising RemoteProtocolError"
+    ),
+)
+def test_one_response_with_an_absurd_array_length_does_not_kill_the_daemon(
+    kafka_broker, tmp_path
+) -> None:
+    topic = new_topic(kafka_broker, "absurd", 1)
+    fill(kafka_broker, {topic: 1}, 300, seed=901)
+    tp = TopicPartition(topic, 0)
+    with ChaosProxy(lambda: ("127.0.0.1", kafka_broker.port)) as proxy:
+        follower = Follower(tmp_path, proxy.address, [topic])
+        follower.start()
+        try:
+            assert wait_for(lambda: follower.ends([tp])[tp] > 0, 60) is not None
+            proxy.replace_responses(
+                1,
+                lambda head, _: fetch_response_claiming(
+                    head.api_version, 2**32 - 1, correlation_id=head.correlation_id
+                ),
+            )
+            assert wait_for_delivery(proxy, timeout_s=20)
+            time.sleep(3)
+            assert follower.running, f"exit {follower.exit_code()}: {follower.output()[-1500:]}"
+            assert follower.status() is not None
+        finally:
+            follower.kill()
