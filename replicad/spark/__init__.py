@@ -1,0 +1,31 @@
+"""Spark over replicad's data directory: the `replicad` PySpark data source and the pipeline jobs.
+
+    from replicad.spark import register
+    register(spark)
+    df = spark.read.format("replicad").load("/var/lib/replicad/data")
+
+Installed with `pip install replicad[spark]`. The modules:
+- options: the source's options, parsed and checked;
+- plan / catalog: splits (per segment or per byte range of one), pruned by topic,
+  partition, offset and timestamp from names and indexes (catalog does the I/O);
+- walk / reader / txn: reading a split on an executor, read_committed included;
+- files: every file open, observable (`traceFileOpens`);
+- schema / columns: the tables, and Arrow batches for Spark;
+- source: the DataSource classes; pipeline: `replicad pipeline export|verify`.
+
+Importing this package does not import pyspark; `register` does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def register(spark: SparkSession) -> None:
+    """Make `spark.read.format("replicad")` available in this session."""
+    from replicad.spark.source import ReplicadDataSource
+
+    spark.dataSource.register(ReplicadDataSource)

@@ -1,0 +1,174 @@
+"""Planning a read on the driver: list the data directory, resolve bounds, cut splits.
+
+What it touches, so that pruning stays true:
+- Directory listings and stat() for the partitions and segment sizes (no file opened).
+- `.index` files only of segments where an offset bound falls or that need cutting
+  (plan.py decides), `.timeindex` files for timestamp bounds, and the `.log` of the one
+  segment per partition where a timestamp bound lands (Kafka's offsetsForTimes: the first
+  segment whose largest timestamp reaches it, then its time index, offset index and batches).
+- `log-start-offset-checkpoint`: "earliest" is the partition's log start, as for a Kafka
+  consumer; records below it are logically deleted even if a segment still holds them.
+
+Every open goes through the FileOpener (files.py), the observable hook.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from replicad.errors import LogError
+from replicad.log.checkpoint import parse_offsets
+from replicad.log.index import OffsetIndex, TimeIndex
+from replicad.log.layout import (
+    INDEX_SUFFIX,
+    LOG_START_OFFSET_CHECKPOINT,
+    TIME_INDEX_SUFFIX,
+    classify_partition_files,
+    parse_partition_dir,
+    segment_file_name,
+)
+from replicad.records.batch import ScanStop
+from replicad.records.records import decode_batch
+from replicad.spark.files import FileOpener, Purpose
+from replicad.spark.options import EARLIEST, LATEST, ReadOptions
+from replicad.spark.plan import (
+    PartitionFiles,
+    SegmentFile,
+    Split,
+    plan_partition,
+    usable_offset_index,
+    usable_time_index,
+)
+from replicad.spark.walk import Walk
+from replicad.types import TopicPartition
+
+
+def list_partitions(options: ReadOptions) -> list[PartitionFiles]:
+    """The selected partitions of the data directory and their segments, sorted by name."""
+    data_dir = Path(options.data_dir)
+    if not data_dir.is_dir():
+        raise LogError(f"{data_dir}: not a replicad data directory (no such directory)")
+    found = []
+    for name in sorted(os.listdir(data_dir)):
+        tp = parse_partition_dir(name)
+        directory = data_dir / name
+        if tp is None or not options.selects(tp) or not directory.is_dir():
+            continue
+        segments = []
+        for base in classify_partition_files(sorted(os.listdir(directory))).segments:
+            try:
+                size = (directory / segment_file_name(base, ".log")).stat().st_size
+            except FileNotFoundError:  # deleted by retention since the listing
+                continue
+            segments.append(SegmentFile(base, size))
+        found.append(PartitionFiles(tp.topic, tp.partition, str(directory), tuple(segments)))
+    found.sort(key=lambda f: (f.topic, f.partition))
+    return found
+
+
+def log_start_offsets(data_dir: str) -> dict[TopicPartition, int]:
+    """The checkpointed log start offsets; none when the file is missing or unreadable."""
+    path = Path(data_dir) / LOG_START_OFFSET_CHECKPOINT
+    try:
+        return parse_offsets(path.read_text(encoding="utf-8"), source=str(path))
+    except (OSError, LogError, UnicodeDecodeError):
+        return {}
+
+
+@dataclass
+class Planner:
+    options: ReadOptions
+    opener: FileOpener | None = None  # default: traced as the options say
+
+    def __post_init__(self) -> None:
+        if self.opener is None:
+            self.opener = FileOpener(self.options.trace_file_opens)
+
+    @property
+    def _opener(self) -> FileOpener:
+        assert self.opener is not None
+        return self.opener
+
+    def plan(self) -> list[Split]:
+        starts = log_start_offsets(self.options.data_dir)
+        splits: list[Split] = []
+        for files in list_partitions(self.options):
+            if not files.segments:
+                continue
+            log_start = max(files.segments[0].base_offset, starts.get(files.topic_partition, 0))
+            start = self._start(files, log_start)
+            if start is None:
+                continue
+            end = self._end(files)
+            splits += plan_partition(
+                files,
+                start,
+                end,
+                self.options.max_split_bytes,
+                lambda segment, f=files: self.offset_index(f, segment),
+            )
+        return splits
+
+    def _start(self, files: PartitionFiles, log_start: int) -> int | None:
+        """First offset to read; None when nothing is (a timestamp after the last record)."""
+        if self.options.starting_timestamp is not None:
+            found = self.offset_for_timestamp(files, self.options.starting_timestamp)
+            return None if found is None else max(found, log_start)
+        wanted = self.options.starting_offsets.for_partition(files.topic_partition)
+        return log_start if wanted == EARLIEST else max(wanted, log_start)
+
+    def _end(self, files: PartitionFiles) -> int | None:
+        """Offset to stop before; None for the log end."""
+        if self.options.ending_timestamp is not None:
+            return self.offset_for_timestamp(files, self.options.ending_timestamp)
+        wanted = self.options.ending_offsets.for_partition(files.topic_partition)
+        return None if wanted == LATEST else wanted
+
+    def offset_index(self, files: PartitionFiles, segment: SegmentFile) -> OffsetIndex:
+        path = Path(files.directory) / segment_file_name(segment.base_offset, INDEX_SUFFIX)
+        data = self._opener.read_all(str(path), Purpose.INDEX) or b""
+        return usable_offset_index(segment.base_offset, data, segment.size)
+
+    def time_index(self, files: PartitionFiles, segment: SegmentFile) -> TimeIndex:
+        path = Path(files.directory) / segment_file_name(segment.base_offset, TIME_INDEX_SUFFIX)
+        data = self._opener.read_all(str(path), Purpose.INDEX) or b""
+        return usable_time_index(segment.base_offset, data)
+
+    def offset_for_timestamp(self, files: PartitionFiles, timestamp: int) -> int | None:
+        """Offset of the first record with a timestamp >= `timestamp` (Kafka's rule), or None."""
+        last = len(files.segments) - 1
+        for i, segment in enumerate(files.segments):
+            if segment.size == 0:
+                continue
+            time_index = self.time_index(files, segment)
+            # A rolled segment's time index ends with its largest timestamp; the active one's
+            # may not have it yet, and an empty one says nothing.
+            if i < last and time_index.entries and time_index.last_entry().timestamp < timestamp:
+                continue
+            found = self._first_at_or_after(files, segment, time_index, timestamp)
+            if found is not None:
+                return found
+        return None
+
+    def _first_at_or_after(
+        self, files: PartitionFiles, segment: SegmentFile, time_index: TimeIndex, timestamp: int
+    ) -> int | None:
+        entry = time_index.lookup(timestamp)
+        position = self.offset_index(files, segment).lookup(entry.offset).position
+        with self._opener.open(files.log_path(segment.base_offset), Purpose.PLAN) as fd:
+            walk = Walk(fd, position, segment.size, verify_crc=False)
+            for chunk in walk:
+                for header in chunk.batches:
+                    if header.max_timestamp < timestamp:
+                        continue
+                    for record in decode_batch(chunk.data, header).records:
+                        if record.timestamp >= timestamp:
+                            return record.offset
+            if walk.tail is not None and walk.tail.stop is ScanStop.CORRUPT:
+                raise LogError(
+                    f"{files.log_path(segment.base_offset)}: {walk.tail.error} "
+                    f"(at position {walk.tail.position})"
+                )
+        return None

@@ -1,0 +1,242 @@
+"""Splits: which byte ranges of which segments a read covers (pure: no file is touched here).
+
+Rules:
+- A segment `<base>.log` holds offsets [base, next segment's base); the last one up to the
+  log end. For an offset range [start, end) a segment is kept only if its range meets it:
+  segments entirely below `start` or at/above `end` are pruned from their names alone.
+- Within a kept segment, the offset index (`replicad.log.index.OffsetIndex`) narrows the
+  bytes: reading starts at the indexed batch at or before `start` (Kafka's lookup), and
+  ends before the batch that follows the first indexed batch reaching `end` -- every batch
+  from there on starts at or above `end`. Without a bound inside the segment, the index is
+  not even loaded (unless the segment needs cutting).
+- A range larger than `max_split_bytes` is cut at indexed batch starts, about every
+  `max_split_bytes`, so one large segment is read by several tasks. Every cut is a batch
+  boundary, since index entries only point at batch starts.
+- An index is used only as far as it is sane: trailing zero entries (an active segment's
+  preallocated file), entries past the segment's size, or entries that stop increasing
+  end it. A shorter index only means coarser splits, never wrong ones.
+- Each split carries the partition's log end at planning (last segment and its size): the
+  read never goes past it, however much a running replicad appends meanwhile.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from replicad.log.index import (
+    OFFSET_ENTRY_SIZE,
+    TIME_ENTRY_SIZE,
+    OffsetIndex,
+    OffsetPosition,
+    TimeIndex,
+)
+from replicad.log.layout import LOG_SUFFIX, segment_file_name
+from replicad.records.batch import NO_TIMESTAMP
+from replicad.types import TopicPartition
+
+_OFFSET_ENTRY = struct.Struct(">ii")
+_TIME_ENTRY = struct.Struct(">qi")
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentFile:
+    base_offset: int
+    size: int  # bytes of the .log when the directory was listed
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionFiles:
+    topic: str
+    partition: int
+    directory: str
+    segments: tuple[SegmentFile, ...]  # ascending base offsets
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+    def log_path(self, base_offset: int) -> str:
+        return str(Path(self.directory) / segment_file_name(base_offset, LOG_SUFFIX))
+
+    def next_base(self, i: int) -> int | None:
+        """Base offset of the segment after segment number `i`, None for the last one."""
+        return self.segments[i + 1].base_offset if i + 1 < len(self.segments) else None
+
+
+@dataclass(frozen=True, slots=True)
+class LogEnd:
+    """The partition's last segment and its size, as planned: no read goes past it."""
+
+    segment: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """Bytes [start_position, end_position) of one segment, and the offsets wanted from them."""
+
+    topic: str
+    partition: int
+    directory: str
+    segment: int  # base offset of the segment
+    start_position: int  # a batch boundary
+    end_position: int  # a batch boundary, or the segment's size when planned
+    start_offset: int  # records below it are skipped
+    end_offset: int | None  # exclusive; None: to the end of the range
+    log_end: LogEnd
+
+    @property
+    def path(self) -> str:
+        return str(Path(self.directory) / segment_file_name(self.segment, LOG_SUFFIX))
+
+    @property
+    def last_segment(self) -> bool:
+        """Whether this is the partition's last segment: only there may a writer be appending."""
+        return self.segment == self.log_end.segment
+
+    @property
+    def size(self) -> int:
+        return self.end_position - self.start_position
+
+
+def usable_offset_index(base_offset: int, data: bytes, segment_size: int) -> OffsetIndex:
+    """The sane prefix of an `.index` file's bytes (see the module rules)."""
+    data = data[: _rounded_up(len(data.rstrip(b"\0")), OFFSET_ENTRY_SIZE)]
+    kept = 0
+    last_rel = last_pos = -1
+    for rel, pos in _OFFSET_ENTRY.iter_unpack(data[: len(data) - len(data) % OFFSET_ENTRY_SIZE]):
+        if rel <= last_rel or pos <= last_pos or rel < 0 or pos >= segment_size:
+            break
+        last_rel, last_pos = rel, pos
+        kept += 1
+    size = kept * OFFSET_ENTRY_SIZE
+    return OffsetIndex(base_offset, max(size, OFFSET_ENTRY_SIZE), data[:size])
+
+
+def usable_time_index(base_offset: int, data: bytes) -> TimeIndex:
+    """The sane prefix of a `.timeindex` file's bytes (see the module rules)."""
+    data = data[: _rounded_up(len(data.rstrip(b"\0")), TIME_ENTRY_SIZE)]
+    kept = 0
+    last_ts, last_rel = NO_TIMESTAMP, -1
+    for ts, rel in _TIME_ENTRY.iter_unpack(data[: len(data) - len(data) % TIME_ENTRY_SIZE]):
+        if ts <= last_ts or rel < last_rel or rel < 0:
+            break
+        last_ts, last_rel = ts, rel
+        kept += 1
+    size = kept * TIME_ENTRY_SIZE
+    return TimeIndex(base_offset, max(size, TIME_ENTRY_SIZE), data[:size])
+
+
+def _rounded_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+class _Entries(Sequence[OffsetPosition]):
+    """An OffsetIndex as a sequence, for bisect."""
+
+    def __init__(self, index: OffsetIndex) -> None:
+        self._index = index
+
+    def __len__(self) -> int:
+        return self._index.entries
+
+    def __getitem__(self, slot: int) -> OffsetPosition:  # type: ignore[override]
+        return self._index.entry_at(slot)
+
+
+def segments_in_range(files: PartitionFiles, start: int, end: int | None) -> list[int]:
+    """Numbers of the segments that may hold offsets in [start, end), from names alone."""
+    kept = []
+    for i, segment in enumerate(files.segments):
+        next_base = files.next_base(i)
+        if next_base is not None and next_base <= start:
+            continue
+        if end is not None and segment.base_offset >= end:
+            break
+        if segment.size > 0:
+            kept.append(i)
+    return kept
+
+
+def byte_range(
+    index: OffsetIndex | None, segment: SegmentFile, start: int, end: int | None
+) -> tuple[int, int]:
+    """[first, last) bytes of `segment` that can hold offsets in [start, end)."""
+    if index is None:
+        return 0, segment.size
+    first = index.lookup(start).position if start > segment.base_offset else 0
+    last = segment.size
+    if end is not None:
+        entries = _Entries(index)
+        slot = bisect.bisect_left(entries, end, key=lambda e: e.offset)
+        if slot + 1 < len(entries):
+            last = entries[slot + 1].position
+    return first, last
+
+
+def cut_points(index: OffsetIndex | None, first: int, last: int, max_split_bytes: int) -> list[int]:
+    """Positions strictly inside (first, last) where the range is cut into splits."""
+    if index is None or last - first <= max_split_bytes:
+        return []
+    entries = _Entries(index)
+    cuts: list[int] = []
+    at = first
+    while True:
+        slot = bisect.bisect_left(entries, at + max_split_bytes, key=lambda e: e.position)
+        if slot >= len(entries):
+            break
+        position = entries[slot].position
+        if position >= last:
+            break
+        cuts.append(position)
+        at = position
+    return cuts
+
+
+def plan_partition(
+    files: PartitionFiles,
+    start: int,
+    end: int | None,
+    max_split_bytes: int,
+    load_index: Callable[[SegmentFile], OffsetIndex],
+) -> list[Split]:
+    """The splits reading offsets [start, end) of one partition; `load_index` is called only
+    for segments where a bound falls inside or that need cutting."""
+    if not files.segments or (end is not None and end <= start):
+        return []
+    last = files.segments[-1]
+    log_end = LogEnd(last.base_offset, last.size)
+    splits: list[Split] = []
+    for i in segments_in_range(files, start, end):
+        segment = files.segments[i]
+        next_base = files.next_base(i)
+        bound_inside = start > segment.base_offset or (
+            end is not None and (next_base is None or end < next_base)
+        )
+        index = None
+        if bound_inside or segment.size > max_split_bytes:
+            index = load_index(segment)
+        first, stop = byte_range(index, segment, start, end)
+        if first >= stop:
+            continue
+        edges = [first, *cut_points(index, first, stop, max_split_bytes), stop]
+        for lo, hi in itertools.pairwise(edges):
+            splits.append(
+                Split(
+                    files.topic,
+                    files.partition,
+                    files.directory,
+                    segment.base_offset,
+                    lo,
+                    hi,
+                    start,
+                    end,
+                    log_end,
+                )
+            )
+    return splits
