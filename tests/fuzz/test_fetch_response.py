@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tools.chaos.fuzz_targets import FETCH_VERSIONS, fuzz_inputs, seeds
+from tools.chaos.fuzz_targets import FETCH_VERSIONS, fetch_response, fuzz_inputs, seeds
 from tools.chaos.strategies import fetch_responses, mutated
-from tools.chaos.wire_data import fetch_response_claiming
+from tools.chaos.wire_data import fetch_response_body, fetch_response_claiming
 
 TARGET = "fetch-response"
 BOUNDED = settings(
@@ -100,3 +100,19 @@ def test_huge_array_length_in_a_response_is_an_error() -> None:
     )
     assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-500:]}"
     assert done.stdout.startswith("RemoteProtocolError"), done.stdout
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "daemon bug (kio + follower): a Fetch response whose topic array is sent as a compact "
+        "null decodes with responses=None; LeaderFetcher._handle_response iterates it and a "
+        "TypeError escapes to the fetch loop's catch-all (logged as 'fetch loop failed', "
+        "counted as a loop error) instead of being a RemoteProtocolError"
+    ),
+)
+def test_a_null_topic_array_is_a_protocol_error() -> None:
+    body = fetch_response_body(17, [])
+    assert body.endswith(b"\x01\x00")  # an empty compact array, then the tag section
+    null_topics = body[:-2] + b"\x00" + body[-1:]
+    fetch_response(bytes([FETCH_VERSIONS.index(17)]) + null_topics)  # in-process

@@ -14,11 +14,11 @@ import pytest
 
 from replicad.types import TopicPartition
 from tools.chaos.follower import Follower
-from tools.chaos.frames import FETCH_API_KEY
+from tools.chaos.frames import FETCH_API_KEY, METADATA_API_KEY
 from tools.chaos.invariant import check_replica
 from tools.chaos.proxy import ChaosProxy, wait_for_delivery
 from tools.chaos.scenarios import fill, new_topic, wait_for
-from tools.chaos.wire_data import fetch_response_claiming
+from tools.chaos.wire_data import fetch_response_claiming, metadata_with_null_brokers
 
 pytestmark = pytest.mark.kafka
 
@@ -85,5 +85,37 @@ def test_one_response_with_an_absurd_array_length_does_not_kill_the_daemon(
             time.sleep(3)
             assert follower.running, f"exit {follower.exit_code()}: {follower.output()[-1500:]}"
             assert follower.status() is not None
+        finally:
+            follower.kill()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "daemon bug (kio + follower): a Metadata response whose brokers array is a compact "
+        "null decodes to None; ClusterMetadata.from_response raises TypeError, which "
+        "KafkaClient.metadata_with_retry does not catch (only KafkaConnectionError and "
+        "ProtocolError): the daemon exits 1 with a traceback at start-up (in a later "
+        "refresh, the replicator's housekeeping task dies instead)"
+    ),
+)
+def test_a_null_broker_list_in_metadata_does_not_kill_the_daemon(kafka_broker, tmp_path) -> None:
+    topic = new_topic(kafka_broker, "nullbrokers", 1)
+    fill(kafka_broker, {topic: 1}, 300, seed=902)
+    tp = TopicPartition(topic, 0)
+    with ChaosProxy(lambda: ("127.0.0.1", kafka_broker.port)) as proxy:
+        proxy.replace_responses(
+            1,
+            lambda head, body: metadata_with_null_brokers(body, head.api_version),
+            api_key=METADATA_API_KEY,
+        )
+        follower = Follower(tmp_path, proxy.address, [topic])
+        follower.start()
+        try:
+            replicated = wait_for(lambda: follower.ends([tp])[tp] > 0 or not follower.running, 60)
+            assert proxy.stats().replaced == 1
+            assert replicated is not None and follower.running, (
+                f"exit {follower.exit_code()}: {follower.output()[-1500:]}"
+            )
         finally:
             follower.kill()

@@ -9,6 +9,7 @@ Fetch and v4 to v12 of Metadata. The bodies carry no size prefix (see
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import struct
 import uuid
@@ -20,7 +21,7 @@ from kio.schema.errors import ErrorCode
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import response_type
 from replicad.protocol.requests import make_entity, nested_type
-from tools.chaos.frames import encode_response
+from tools.chaos.frames import METADATA_API_KEY, decode_response, encode_response
 
 NO_TOPIC_ID = uuid.UUID(int=0)
 
@@ -181,3 +182,24 @@ def fetch_response_claiming(
         + struct.pack(">ihqqq", 0, 0, 0, 0, 0)  # index, error, hw, lso, log start
         + _uvarint(aborted_transactions + 1)
     )
+
+
+# Metadata v9 made the response flexible; its brokers array follows the header (correlation
+# id, tag section) and throttle_time_ms.
+FIRST_FLEXIBLE_METADATA = 9
+_METADATA_BROKERS_POSITION = 4 + 1 + 4
+_COMPACT_NULL = b"\x00"
+_COMPACT_EMPTY = b"\x01"
+
+
+def metadata_with_null_brokers(body: bytes, version: int) -> bytes:
+    """The Metadata response `body` with its brokers array sent as a compact *null* array
+    (length 0), which the schema does not allow for that field."""
+    if version < FIRST_FLEXIBLE_METADATA:
+        raise ValueError(f"Metadata v{version} has no compact arrays")
+    header, entity = decode_response(body, METADATA_API_KEY, version)
+    emptied = encode_response(header, dataclasses.replace(entity, brokers=()))
+    position = _METADATA_BROKERS_POSITION
+    if emptied[position : position + 1] != _COMPACT_EMPTY:
+        raise ValueError("unexpected Metadata layout")
+    return emptied[:position] + _COMPACT_NULL + emptied[position + 1 :]
