@@ -91,7 +91,9 @@ def configure_logging(level: str, fmt: str, stream: TextIO | None = None) -> Non
         ],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
-        cache_logger_on_first_use=True,
+        # No caching: a reconfiguration (reload, or a test capturing logs) must reach
+        # loggers that were already used. Logging is not on a hot path.
+        cache_logger_on_first_use=False,
     )
     handler = logging.StreamHandler(target)
     handler.setFormatter(

@@ -240,11 +240,15 @@ class BrokerConnection:
         except PoolTooSmallError as exc:
             await self._fail(ResponseTooLargeError(f"{self.address}: {exc}"))
         except (OSError, RemoteProtocolError) as exc:
-            await self._fail(
-                exc
-                if isinstance(exc, RemoteProtocolError)
-                else KafkaConnectionError(f"read from {self.address} failed: {exc}")
-            )
+            reason: BaseException = exc
+            if isinstance(exc, OSError):
+                reset = (
+                    self.security.reset_failure(str(self.address), exc)
+                    if self.versions is None  # still negotiating: nothing was answered yet
+                    else None
+                )
+                reason = reset or KafkaConnectionError(f"read from {self.address} failed: {exc}")
+            await self._fail(reason)
         except asyncio.CancelledError:
             raise
 

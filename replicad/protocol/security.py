@@ -123,6 +123,16 @@ class ConnectionSecurity:
             f"cannot connect to {address}: {str(error) or type(error).__name__}"
         )
 
+    def reset_failure(self, address: str, error: OSError) -> AuthenticationError | None:
+        """A TLS connection reset before the first answer: with TLS 1.3 a broker that
+        refuses (or misses) our client certificate may just reset instead of alerting."""
+        if self.tls is None or not isinstance(error, ConnectionResetError):
+            return None
+        return AuthenticationError(
+            f"TLS with {address}: the broker reset the connection right after the "
+            f"handshake; {_client_certificate_hint(self.client_certificate)}"
+        )
+
     def read_failure(self, address: str, error: ssl.SSLError) -> AuthenticationError:
         """A TLS error after the handshake: TLS 1.3 reports a refused client certificate
         there, at the first read."""
@@ -268,6 +278,15 @@ _CLIENT_CERTIFICATE_REFUSALS = (
 _NOT_TLS_REASONS = ("wrong version number", "record layer failure", "packet length too long")
 
 
+def _client_certificate_hint(client_certificate: bool) -> str:
+    return (
+        "the broker refused our client certificate: is it signed by a CA the broker trusts?"
+        if client_certificate
+        else "the broker requires a client certificate: set source.security.tls.cert_file "
+        "and key_file"
+    )
+
+
 def tls_failure(
     address: str, error: ssl.SSLError, *, client_certificate: bool
 ) -> AuthenticationError:
@@ -289,12 +308,7 @@ def tls_failure(
         )
     reason = _ssl_reason(error)
     if any(needle in reason for needle in _CLIENT_CERTIFICATE_REFUSALS):
-        hint = (
-            "the broker refused our client certificate: is it signed by a CA the broker trusts?"
-            if client_certificate
-            else "the broker requires a client certificate: set source.security.tls.cert_file "
-            "and key_file"
-        )
+        hint = _client_certificate_hint(client_certificate)
         return AuthenticationError(f"TLS with {address} failed: {reason}; {hint}")
     if any(needle in reason for needle in _NOT_TLS_REASONS):
         return AuthenticationError(f"TLS with {address} failed: {reason}; {_NOT_TLS_HINT}")
