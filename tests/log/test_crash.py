@@ -6,7 +6,6 @@ The driver and the writer are tools/logdata/crash.py (also runnable for long run
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -20,10 +19,8 @@ SEED = 20261122
 
 
 def test_kill_nine_never_loses_checkpointed_data_nor_keeps_torn_batches(tmp_path: Path) -> None:
-    started = time.monotonic()
     report = run(tmp_path, seed=SEED, cycles=KILLS, max_delay_s=0.12)
     assert report.violations == []
     assert report.kills == KILLS
     # The kills hit writers that had written: recovery had segments to scan.
     assert report.recovered_segments >= KILLS // 2
-    assert time.monotonic() - started < 150

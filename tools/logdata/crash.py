@@ -29,6 +29,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -50,8 +51,10 @@ def _quiet() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
 
 
-def writer(data_dir: str, stream_dir: str, seed: int) -> None:
-    """The process that gets killed: recover, then append and checkpoint until done."""
+def writer(data_dir: str, stream_dir: str, seed: int, ready: Any = None) -> None:
+    """The process that gets killed: recover, then append and checkpoint until done.
+    `ready` (an Event) is set just before the first append, so the kill timer of the
+    driver measures time spent writing, however long start-up took on a busy machine."""
     _quiet()
     rng = random.Random(seed)
     streams = {tp: _load_stream(Path(stream_dir), tp) for tp in PARTITIONS}
@@ -63,6 +66,8 @@ def writer(data_dir: str, stream_dir: str, seed: int) -> None:
             (i for i, h in enumerate(headers) if h.base_offset >= log.log_end_offset), len(headers)
         )
     appends = 0
+    if ready is not None:
+        ready.set()
     while any(cursors[tp] < len(streams[tp][1]) for tp in PARTITIONS):
         tp = rng.choice(PARTITIONS)
         blob, headers = streams[tp]
@@ -156,11 +161,16 @@ def run(work_dir: Path, *, seed: int, cycles: int, max_delay_s: float = 0.25) ->
     ctx.set_forkserver_preload([__name__])
     report = CrashReport()
     while report.kills < cycles:
+        ready = ctx.Event()
         child = ctx.Process(
-            target=writer, args=(str(data_dir), str(stream_dir), rng.getrandbits(32))
+            target=writer, args=(str(data_dir), str(stream_dir), rng.getrandbits(32), ready)
         )
         child.start()
-        time.sleep(rng.uniform(0, max_delay_s))
+        delay = rng.uniform(0, max_delay_s)
+        # Start-up (recovery) is not what we kill: wait until the writer writes.
+        while not ready.wait(0.05) and child.is_alive():
+            pass
+        time.sleep(delay)
         if child.is_alive():
             child.kill()
             child.join()
