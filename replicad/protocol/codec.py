@@ -7,8 +7,11 @@ pairing of a response with the schema of the request that caused it.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import struct
+import types
+import typing
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -100,4 +103,53 @@ def decode_response(frame: bytes | memoryview, response_cls: type) -> DecodedRes
         raise RemoteProtocolError(
             f"{response_cls.__name__}: {len(frame) - used - body_size} trailing bytes in frame"
         )
+    null = _null_in_required(body)
+    if null is not None:
+        raise RemoteProtocolError(
+            f"{response_cls.__name__} v{response_cls.__version__}: {null} is null, "
+            "which the schema does not allow"
+        )
     return DecodedResponse(correlation_id=int(header.correlation_id), body=body)
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    required: tuple[str, ...]  # fields that may not be None
+    nested: tuple[str, ...]  # fields holding entities (or tuples of them) to check too
+
+
+@cache
+def _shape(cls: type) -> _Shape:
+    hints = typing.get_type_hints(cls)
+    required, nested = [], []
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        args = typing.get_args(hint)
+        if not (isinstance(hint, types.UnionType) and type(None) in args):
+            required.append(f.name)
+        inner = [a for a in args if a is not type(None) and a is not Ellipsis]
+        if typing.get_origin(hint) is tuple or isinstance(hint, types.UnionType):
+            candidates = [x for a in inner for x in (typing.get_args(a) or (a,))]
+        else:
+            candidates = [hint]
+        if any(dataclasses.is_dataclass(c) for c in candidates):
+            nested.append(f.name)
+    return _Shape(tuple(required), tuple(nested))
+
+
+def _null_in_required(entity: Any, path: str = "") -> str | None:
+    """The first non-nullable field a peer sent as null (kio decodes a null compact array
+    to None even where the schema forbids it; nothing downstream expects that)."""
+    shape = _shape(type(entity))
+    for name in shape.required:
+        if getattr(entity, name) is None:
+            return f"{path}{name}"
+    for name in shape.nested:
+        value = getattr(entity, name)
+        items = value if isinstance(value, tuple) else (value,)
+        for i, item in enumerate(items):
+            if item is not None and dataclasses.is_dataclass(item):
+                found = _null_in_required(item, f"{path}{name}[{i}].")
+                if found is not None:
+                    return found
+    return None

@@ -102,15 +102,6 @@ def test_huge_array_length_in_a_response_is_an_error() -> None:
     assert done.stdout.startswith("RemoteProtocolError"), done.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "daemon bug (kio + follower): a Fetch response whose topic array is sent as a compact "
-        "null decodes with responses=None; LeaderFetcher._handle_response iterates it and a "
-        "TypeError escapes to the fetch loop's catch-all (logged as 'fetch loop failed', "
-        "counted as a loop error) instead of being a RemoteProtocolError"
-    ),
-)
 def test_a_null_topic_array_is_a_protocol_error() -> None:
     body = fetch_response_body(17, [])
     assert body.endswith(b"\x01\x00")  # an empty compact array, then the tag section

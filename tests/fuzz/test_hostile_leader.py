@@ -89,16 +89,6 @@ def test_one_response_with_an_absurd_array_length_does_not_kill_the_daemon(
             follower.kill()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "daemon bug (kio + follower): a Metadata response whose brokers array is a compact "
-        "null decodes to None; ClusterMetadata.from_response raises TypeError, which "
-        "KafkaClient.metadata_with_retry does not catch (only KafkaConnectionError and "
-        "ProtocolError): the daemon exits 1 with a traceback at start-up (in a later "
-        "refresh, the replicator's housekeeping task dies instead)"
-    ),
-)
 def test_a_null_broker_list_in_metadata_does_not_kill_the_daemon(kafka_broker, tmp_path) -> None:
     topic = new_topic(kafka_broker, "nullbrokers", 1)
     fill(kafka_broker, {topic: 1}, 300, seed=902)

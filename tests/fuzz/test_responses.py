@@ -65,15 +65,6 @@ def _null_array_inputs() -> dict[str, bytes]:
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "daemon bug (kio + follower): a non-nullable compact array sent as null decodes to "
-        "None; ClusterMetadata.from_response and BrokerConnection._negotiate iterate it and a "
-        "TypeError escapes (not RemoteProtocolError): at start-up the daemon exits, in a "
-        "metadata refresh the housekeeping task dies (test_hostile_leader.py)"
-    ),
-)
 @pytest.mark.parametrize("case", ["metadata brokers", "api_versions keys"])
 def test_null_arrays_are_protocol_errors(case: str) -> None:
     responses(_null_array_inputs()[case])  # in-process: a TypeError is the finding
