@@ -56,6 +56,7 @@ class DaemonCounters:
 
     crc_failures: int = 0
     session_recoveries: int = 0
+    checkpoint_failures: int = 0
     rejected_responses: int = 0
     truncations: int = 0
     errors: int = 0
@@ -82,6 +83,7 @@ def counters_from_status(snapshot: Mapping[str, Any]) -> DaemonCounters:
     return DaemonCounters(
         crc_failures=int(totals.get("crc_failures", 0)),
         session_recoveries=int(totals.get("session_recoveries", 0)),
+        checkpoint_failures=int(totals.get("checkpoint_failures", 0)),
         rejected_responses=over_leaders("rejected_responses"),
         truncations=over_leaders("truncations"),
         errors=over_leaders("errors"),

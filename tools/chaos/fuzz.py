@@ -12,8 +12,9 @@ Engines:
   the input in a forked child, sorts it into a known finding (KNOWN_FINDINGS: reported
   and pinned by an xfail test) or a new one, and starts the target again where the
   corpus left off.
-- hypothesis (always available): batches of mutated seeds, each input in a forked child,
-  round after round until the time is up.
+- mutation (always available; `--engine hypothesis` selects it): batches of mutated
+  seeds (tools.chaos.mutate), each input in a forked child, until the time is up. The
+  hypothesis-driven structured generation runs in the suite (tests/fuzz).
 
 The exit status is 1 when anything new was found; new crashing inputs are kept under
 --workdir/<target>/new/.
@@ -29,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_WORKDIR = Path(__file__).resolve().parents[2] / ".cache" / "chaos" / "fuzz"
@@ -84,13 +86,11 @@ def _classify(target: str, data: bytes) -> str:
         outcome = report.unexpected[0]
         return f"new: {outcome.kind} {outcome.detail.strip()[-300:]}"
     if report.known:
-        outcome = report.known[0]
-        what = "native allocation abort" if outcome.kind == "signal" else "null array"
-        return f"known: {what} (kio)"
+        return "known: native allocation abort (kio)"
     return "flaky"
 
 
-def run_atheris(target: str, seconds: float, workdir: Path) -> tuple[int, int]:
+def run_atheris(target: str, seconds: float, workdir: Path) -> FuzzRun:
     """Fuzz one target until `seconds` are used; (known findings, new findings)."""
     corpus = workdir / target / "corpus"
     artifacts = workdir / target / "artifacts"
@@ -125,10 +125,20 @@ def run_atheris(target: str, seconds: float, workdir: Path) -> tuple[int, int]:
                 known += 1
             crash.unlink()
         time.sleep(RESTART_PAUSE_S)
-    return known, new
+    return FuzzRun(target, "atheris", seconds, None, known, new)
 
 
-def run_hypothesis(target: str, seconds: float, seed: int) -> tuple[int, int]:
+@dataclass(frozen=True, slots=True)
+class FuzzRun:
+    target: str
+    engine: str
+    seconds: float
+    inputs: int | None  # None: the engine does not say (atheris prints it)
+    known: int
+    new: int
+
+
+def run_hypothesis(target: str, seconds: float, seed: int) -> FuzzRun:
     """Mutated seeds in batches, each input in a forked child, until `seconds` are used."""
     from tools.chaos.fuzz_targets import fuzz_inputs, seeds
     from tools.chaos.mutate import mutate
@@ -146,7 +156,7 @@ def run_hypothesis(target: str, seconds: float, seed: int) -> tuple[int, int]:
             new += len(report.unexpected)
             print(report.describe(inputs), flush=True)
     print(f"[{target}] {runs} inputs, {known} known findings, {new} new", flush=True)
-    return known, new
+    return FuzzRun(target, "mutation", seconds, runs, known, new)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,11 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     total_new = 0
     for target in targets:
         if engine == "atheris":
-            known, new = run_atheris(target, options.seconds, options.workdir)
+            run = run_atheris(target, options.seconds, options.workdir)
         else:
-            known, new = run_hypothesis(target, options.seconds, options.seed)
-        print(f"== {target}: {known} known findings, {new} new", flush=True)
-        total_new += new
+            run = run_hypothesis(target, options.seconds, options.seed)
+        print(f"== {target}: {run.known} known findings, {run.new} new", flush=True)
+        total_new += run.new
     return 1 if total_new else 0
 
 

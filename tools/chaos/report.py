@@ -1,0 +1,307 @@
+"""Run every fault scenario, the soak and a fuzz pass, and write docs/reliability.md.
+
+    python -m tools.chaos.report                    # CI-sized, as the test suite runs it
+    python -m tools.chaos.report --size full        # more runs, rounds, data, a 10 min soak
+    python -m tools.chaos.report --only network,corrupt --out /tmp/r.md
+
+Brokers are made here (tools.peers.kafka.KafkaBroker): one shared by the scenarios that
+do not hurt it, one of its own for each scenario that kills, restarts or reconfigures it.
+The document is rendered by `render()`, a pure function of the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.chaos.fuzz import FuzzRun, run_hypothesis
+from tools.chaos.fuzz_targets import KNOWN_FINDINGS, TARGETS
+from tools.chaos.scenarios import SCENARIOS, SIZES, ScenarioResult, Size
+from tools.chaos.soak import SoakResult, soak
+from tools.peers.kafka import KafkaBroker, kafka_version
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "reliability.md"
+SOAK_MINUTES = {"ci": 2.0, "full": 10.0}
+FUZZ_SECONDS = {"ci": 10.0, "full": 120.0}
+# The CI-sized test of each scenario.
+TESTS = {
+    "network": "tests/faults/test_scenarios.py::test_network_faults",
+    "corrupt": "tests/faults/test_scenarios.py::test_corrupt_batches_are_caught_and_refetched",
+    "follower-sigkill": "tests/faults/test_scenarios.py::test_follower_sigkill",
+    "leader-sigkill": "tests/faults/test_scenarios.py::test_leader_sigkill_and_restart",
+    "leader-restart": "tests/faults/test_scenarios.py::test_leader_sigkill_and_restart",
+    "session-cache": "tests/faults/test_scenarios.py::test_session_cache_pressure",
+    "disk-full": "tests/faults/test_scenarios.py::test_disk_full",
+    "disk-full-tenant": "tests/faults/test_scenarios.py::test_disk_full_to_the_last_byte",
+    "slow-disk": "tests/faults/test_scenarios.py::test_slow_disk",
+    "soak": "tests/faults/test_soak.py::test_two_minute_soak",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    command: str
+    size: str
+    kafka: str
+    date: str
+    machine: str
+    elapsed_s: float
+
+
+def _seconds(values: Sequence[float]) -> str:
+    if not values:
+        return "n/a"
+    if len(values) == 1:
+        return f"{values[0]:.1f} s"
+    return f"{statistics.median(values):.1f} s median, {max(values):.1f} s max"
+
+
+def _faults(result: ScenarioResult) -> str:
+    kinds = ", ".join(f"{kind} {count}" for kind, count in result.faults.items())
+    return f"{result.faults_injected} ({kinds})" if kinds else "0"
+
+
+def _verdict(result: ScenarioResult) -> str:
+    if result.problems:
+        return "**FAILED**"
+    if result.known_issues:
+        return "known bug"
+    return "ok"
+
+
+def render(
+    results: Sequence[ScenarioResult],
+    soak_result: SoakResult | None,
+    fuzz: Sequence[FuzzRun],
+    meta: Meta,
+) -> str:
+    lines = [
+        "# Reliability: what replicad survives, in figures",
+        "",
+        f"Produced by `{meta.command}` on {meta.date} ({meta.machine}), against Apache Kafka "
+        f"{meta.kafka}, size `{meta.size}`, in {meta.elapsed_s / 60:.1f} minutes. Do not edit "
+        "by hand: run the command again.",
+        "",
+        "Every run of a scenario replicates fresh topics filled with `produce_mixed` data "
+        "(every codec, transactions committed and aborted) while a producer keeps writing, "
+        "injects its faults, then lets the replica catch up and stops replicad with SIGTERM. "
+        "It then checks **the invariant**: every partition of the replica is a byte-identical "
+        "prefix of the broker's own segment files (here: all of them), starting where the "
+        "source starts, every batch's checksum valid, no offset twice "
+        "(`tools/chaos/invariant.py`); `replicad verify` passes; the daemon ran to the end and "
+        "exited 0, with no traceback or escaped error in its log; and its counters "
+        "(`replicad status --json`) explain the faults.",
+        "",
+        "- *Records checked*: records in the replica compared byte for byte with the source.",
+        "- *Lost / duplicated*: records of the source missing from the replica, and records "
+        "whose offset the replica holds twice. Both must be 0.",
+        "- *Recovery*: from the end of a fault until the replica holds everything the source "
+        "held at that moment and the first records produced after it (so it includes up to "
+        "a second or two of the producer's own pace); where no producer runs (disk full), "
+        "until the backlog is replicated.",
+        "",
+        "| Scenario | Runs | Faults injected | Records checked | Lost / duplicated "
+        "| Recovery | Result | CI-sized test |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.name}: {r.title} | {r.runs} | {_faults(r)} | {r.records_checked:,} "
+            f"| {r.lost} / {r.duplicated} | {_seconds(r.recovery_s)} | {_verdict(r)} "
+            f"| `{TESTS.get(r.name, '-')}` |"
+        )
+    if soak_result is not None:
+        s = soak_result
+        lines.append(
+            f"| soak: random proxy faults, {s.duration_s / 60:.1f} min | 1 "
+            f"| {sum(s.faults.values())} ({', '.join(f'{k} {v}' for k, v in s.faults.items())}) "
+            f"| {s.records_checked:,} | {s.lost} / {s.duplicated} | n/a "
+            f"| {'ok' if s.ok else '**FAILED**'} | `{TESTS['soak']}` |"
+        )
+    lines += ["", "## Per scenario", ""]
+    for r in results:
+        lines.append(f"### {r.name}")
+        lines.append("")
+        lines.append(
+            f"Daemon: {r.daemon}. Counters: "
+            + ", ".join(f"{k} {v}" for k, v in r.counters.as_dict().items())
+            + f". Took {r.elapsed_s:.0f} s."
+        )
+        for item in r.problems:
+            lines.append(f"- problem: {item}")
+        for item in r.known_issues:
+            lines.append(f"- known daemon bug: {item}")
+        for item in r.notes:
+            lines.append(f"- {item}")
+        lines.append("")
+    if soak_result is not None:
+        lines += _soak_section(soak_result)
+    lines += _fuzz_section(fuzz)
+    lines += _limits_section()
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _soak_section(s: SoakResult) -> list[str]:
+    lines = [
+        "## Soak",
+        "",
+        f"{s.duration_s / 60:.1f} minutes, one replicad process behind the fault proxy, "
+        f"{len(s.samples)} samples of /proc/<pid>. Flat: the median of the last quarter "
+        "of the samples within the limit of the median of the second quarter (the first "
+        "quarter is warm-up). VmRSS includes the pages of mmap'd index files and data-dir "
+        "descriptors grow with the segments: both are reported, not judged.",
+        "",
+        "| Measure | Second quarter | Last quarter | Limit | Flat |",
+        "|---|---|---|---|---|",
+    ]
+    for t in s.trends:
+        limit = "reported" if t.limit is None else f"+{t.limit:.0f}"
+        flat = "yes" if t.flat else "**no**"
+        lines.append(f"| {t.name} | {t.early:.0f} | {t.late:.0f} | {limit} | {flat} |")
+    lines.append("")
+    lines.append(
+        "Counters at the end: " + ", ".join(f"{k} {v}" for k, v in s.counters.as_dict().items())
+    )
+    lines += [f"- problem: {p}" for p in s.problems]
+    lines += [f"- {n}" for n in s.notes]
+    lines.append("")
+    return lines
+
+
+def _fuzz_section(fuzz: Sequence[FuzzRun]) -> list[str]:
+    lines = [
+        "## Fuzzing",
+        "",
+        "Every decoder replicad runs on bytes it did not make, each input in a forked child "
+        "so that a native abort is a finding (`tools/chaos/fuzz_targets.py`). The suite runs "
+        "a derandomized slice with hypothesis (mutated seeds, kio-generated responses, random "
+        "YAML-ish configs; `tests/fuzz/`); the long run is `python -m tools.chaos.fuzz` "
+        "(atheris when installed, `pip install -e '.[fuzz]'`). Known findings are bugs "
+        "reported and pinned by xfail tests; a run fails only on new ones.",
+        "",
+    ]
+    if fuzz:
+        lines += [
+            "| Target | Engine | Seconds | Inputs | Known findings | New findings |",
+            "|---|---|---|---|---|---|",
+        ]
+        for run in fuzz:
+            inputs = "-" if run.inputs is None else f"{run.inputs:,}"
+            lines.append(
+                f"| {run.target} | {run.engine} | {run.seconds:.0f} | {inputs} | {run.known} "
+                f"| {run.new} |"
+            )
+        lines.append("")
+    described = dict.fromkeys(description for _, description in KNOWN_FINDINGS.values())
+    for description in described:
+        for part in description.split("; "):
+            lines.append(f"- known finding: {part}")
+    lines.append("")
+    return lines
+
+
+def _limits_section() -> list[str]:
+    return [
+        "## What these figures do not cover",
+        "",
+        "- Damage outside record batches: Kafka's wire format has no checksum over offsets, "
+        "lengths or partition numbers, so a flipped byte there can be indistinguishable from "
+        "a real answer. `tests/fuzz/test_hostile_leader.py` checks only that the daemon "
+        "survives such bytes and writes nothing that fails its checksum.",
+        "- Slow disk: an LD_PRELOAD shim delays the daemon's write and fsync calls in its data "
+        "dir; writes through memory maps (index files) and the kernel's writeback are not "
+        "slowed. A throttled block device was not feasible here: tmpfs has no block device "
+        "and cgroup v1 blkio does not throttle buffered writes.",
+        "- One broker: every scenario runs against a single-node KRaft cluster, so leadership "
+        "never moves to another broker.",
+        "",
+    ]
+
+
+def _run_scenarios(size: Size, only: set[str] | None, workdir: Path) -> list[ScenarioResult]:
+    results = []
+    with ExitStack() as stack:
+        shared: KafkaBroker | None = None
+        for scenario in SCENARIOS:
+            if only is not None and scenario.name not in only:
+                continue
+            print(f"== {scenario.name} ({size.name})", flush=True)
+            if scenario.private_broker is None:
+                if shared is None:
+                    shared = stack.enter_context(KafkaBroker(workdir / "kafka-shared"))
+                broker = shared
+                result = scenario.run(broker, workdir / scenario.name, size)
+            else:
+                with KafkaBroker(
+                    workdir / f"kafka-{scenario.name}", broker_config=scenario.private_broker
+                ) as broker:
+                    result = scenario.run(broker, workdir / scenario.name, size)
+            print(result.summary(), flush=True)
+            results.append(result)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write docs/reliability.md from fresh runs.")
+    parser.add_argument("--size", choices=sorted(SIZES), default="ci")
+    parser.add_argument("--only", help="comma-separated scenario names (and/or 'soak', 'fuzz')")
+    parser.add_argument("--soak-minutes", type=float)
+    parser.add_argument("--fuzz-seconds", type=float, help="per fuzz target")
+    parser.add_argument("--out", type=Path, default=DOC)
+    parser.add_argument("--workdir", type=Path, help="keep brokers' and daemons' files here")
+    args = parser.parse_args(argv)
+    size = SIZES[args.size]
+    only = set(args.only.split(",")) if args.only else None
+    started = time.monotonic()
+    with ExitStack() as stack:
+        workdir = args.workdir or Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="replicad-chaos-"))
+        )
+        results = _run_scenarios(size, only, workdir)
+        soak_result = None
+        if only is None or "soak" in only:
+            minutes = args.soak_minutes or SOAK_MINUTES[size.name]
+            print(f"== soak ({minutes} min)", flush=True)
+            with KafkaBroker(workdir / "kafka-soak") as broker:
+                soak_result = soak(broker, workdir / "soak", duration_s=minutes * 60)
+            print(soak_result.summary(), flush=True)
+        fuzz: list[FuzzRun] = []
+        if only is None or "fuzz" in only:
+            seconds = args.fuzz_seconds or FUZZ_SECONDS[size.name]
+            for target in TARGETS:
+                fuzz.append(run_hypothesis(target, seconds, seed=0))
+    command = "python -m tools.chaos.report" + (" " + " ".join(argv) if argv else "")
+    if argv is None and len(sys.argv) > 1:
+        command = "python -m tools.chaos.report " + " ".join(sys.argv[1:])
+    meta = Meta(
+        command=command,
+        size=size.name,
+        kafka=kafka_version(),
+        date=datetime.date.today().isoformat(),
+        machine=f"{os.cpu_count()} cores, {platform.system()} {platform.machine()}",
+        elapsed_s=time.monotonic() - started,
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render(results, soak_result, fuzz, meta))
+    print(f"wrote {args.out}", flush=True)
+    failed = [r.name for r in results if not r.ok]
+    if soak_result is not None and not soak_result.ok:
+        failed.append("soak")
+    failed += [f"fuzz:{run.target}" for run in fuzz if run.new]
+    if failed:
+        print(f"failed: {', '.join(failed)}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
