@@ -224,7 +224,12 @@ class Daemon:
             advertised_host=serve.advertised.host if serve.advertised else None,
             advertised_port=serve.advertised.port if serve.advertised else None,
         )
-        server = LeaderServer(self.replicator.logs, settings)
+        server = LeaderServer(
+            self.replicator.logs,
+            settings,
+            node_id=serve.node_id,
+            allowed_followers=frozenset(serve.allowed_followers),
+        )
         await server.start()
         self.server = server
         self.replicator.partition_listener = server.partition_changed

@@ -183,7 +183,9 @@ def test_run_serves_while_replicating_and_a_second_replica_follows_live(
     produce(kafka_broker.bootstrap, topic, 3, 50)
     a_dir, b_dir = tmp_path / "a", tmp_path / "b"
     config_a = tmp_path / "a.yaml"
-    config_a.write_text(f"serve:\n  listen: 127.0.0.1:{free_port}\n")
+    config_a.write_text(f"serve:\n  listen: 127.0.0.1:{free_port}\n  allowed_followers: [7]\n")
+    config_b = tmp_path / "b.yaml"
+    config_b.write_text("fetch:\n  replica_id: 7\n")  # B fetches from A as follower 7
     a = ReplicadProcess(
         [
             "run",
@@ -212,6 +214,8 @@ def test_run_serves_while_replicating_and_a_second_replica_follows_live(
         b = ReplicadProcess(
             [
                 "run",
+                "-c",
+                str(config_b),
                 "--bootstrap-servers",
                 f"127.0.0.1:{free_port}",
                 "--topics",
@@ -243,6 +247,7 @@ def test_run_serves_while_replicating_and_a_second_replica_follows_live(
             assert b.stop() == 0, b.output()
         assert a.stop() == 0, a.output()
     assert a_status["serve"]["sessions"] >= 1  # B holds an incremental session on A
+    assert a_status["serve"]["privileged_sessions_created_total"] >= 1  # as follower 7
     assert b_status["leaders"][0]["sessionful"]
     for p in range(3):
         kafka = batches_from(segment_bytes(kafka_broker.partition_dir(topic, p)))

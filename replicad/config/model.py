@@ -244,6 +244,11 @@ class ServeConfig:
     listen: HostPort
     # What clients are told to connect to (Metadata); None = the listen address.
     advertised: HostPort | None = None
+    # This node's broker id, as Metadata tells clients.
+    node_id: int = 0
+    # Replica ids that may fetch as followers (privileged KIP-227 sessions, read to the
+    # log end); any other client claiming a replica id >= 0 is refused.
+    allowed_followers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -295,6 +295,32 @@ class TopicList(Rule):
 
 
 @dataclass(frozen=True)
+class IdList(Rule):
+    """Broker/replica ids (int32 >= 0) as a list; null or [] means none."""
+
+    @property
+    def expected(self) -> str:
+        return "a list of non-negative integer ids or null"
+
+    def convert(self, value: object, path: str, problems: Problems) -> object:
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            return self._wrong(value, path, problems)
+        found = len(problems)
+        ids: list[int] = []
+        for index, item in enumerate(value):
+            if not isinstance(item, int) or isinstance(item, bool) or not 0 <= item <= INT32_MAX:
+                problems.add(
+                    f"{path}[{index}]",
+                    f"expected an id from 0 to {INT32_MAX}, got {describe(item)}",
+                )
+            elif item not in ids:
+                ids.append(item)
+        return INVALID if len(problems) > found else tuple(ids)
+
+
+@dataclass(frozen=True)
 class Regex(Rule):
     """A Python regular expression (it must match a whole topic name), or null."""
 

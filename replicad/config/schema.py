@@ -39,6 +39,7 @@ from replicad.config.rules import (
     Bool,
     Choice,
     FilePath,
+    IdList,
     Int,
     Problem,
     Regex,
@@ -167,6 +168,8 @@ SCHEMA = Section(
             {
                 "listen": Address(listening=True, required=True),
                 "advertised": Address(nullable=True),
+                "node_id": Int(0, INT32_MAX),
+                "allowed_followers": IdList(),
             },
             nullable=True,
         ),

@@ -405,3 +405,21 @@ def test_config_from_mapping_applies_the_same_rules() -> None:
     with pytest.raises(ConfigErrors) as caught:
         config_from_mapping({**raw, "fetch": {"sessions": "on"}}, source="reload")
     assert str(caught.value) == 'reload: fetch.sessions: expected true or false, got "on"'
+
+
+def test_serve_allowed_followers_are_ids(tmp_path: Path) -> None:
+    path = tmp_path / "serve.yaml"
+    path.write_text(
+        "source:\n  bootstrap_servers: [h:1]\ntopics:\n  include: [a]\n"
+        "serve:\n  listen: 127.0.0.1:0\n  node_id: 3\n  allowed_followers: [7, 7, 9]\n"
+    )
+    serve = load_config(path).serve
+    assert serve is not None and serve.node_id == 3 and serve.allowed_followers == (7, 9)
+    path.write_text(
+        "source:\n  bootstrap_servers: [h:1]\ntopics:\n  include: [a]\n"
+        "serve:\n  listen: 127.0.0.1:0\n  allowed_followers: [7, -1, yes]\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    text = str(caught.value)
+    assert "serve.allowed_followers[1]" in text and "serve.allowed_followers[2]" in text

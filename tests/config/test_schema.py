@@ -124,7 +124,10 @@ def test_example_config_documents_every_key(tmp_path: Path) -> None:
     turned_on.write_text(text)
     serve = load_config(turned_on).serve
     assert serve == ServeConfig(
-        HostPort("0.0.0.0", 9092), HostPort("replica1.example.internal", 9092)
+        HostPort("0.0.0.0", 9092),
+        HostPort("replica1.example.internal", 9092),
+        node_id=0,
+        allowed_followers=(7,),
     )
 
 
