@@ -143,3 +143,14 @@ def free_port() -> int:
     from tools.peers.process import free_port as pick
 
     return pick()
+
+
+@pytest.fixture(autouse=True)
+def _restore_structlog_config() -> Iterator[None]:
+    """structlog's configuration is process-global: a test that configures logging (e.g.
+    at level error) must not silence the log capture of the tests after it."""
+    import structlog
+
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
