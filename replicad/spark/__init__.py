@@ -11,21 +11,29 @@ Installed with `pip install replicad[spark]`. The modules:
 - walk / reader / txn: reading a split on an executor, read_committed included;
 - files: every file open, observable (`traceFileOpens`);
 - schema / columns: the tables, and Arrow batches for Spark;
-- source: the DataSource classes; pipeline: `replicad pipeline export|verify`.
+- source: the DataSource classes; pipeline: `replicad pipeline export|verify`;
+  submit: spark-submit's program file for those jobs.
 
 Importing this package does not import pyspark; `register` does.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+# Sessions the format was registered in: Spark warns about each registration after the first.
+_registered: weakref.WeakSet[SparkSession] = weakref.WeakSet()
+
 
 def register(spark: SparkSession) -> None:
-    """Make `spark.read.format("replicad")` available in this session."""
+    """Make `spark.read.format("replicad")` available in this session (once is enough)."""
+    if spark in _registered:
+        return
     from replicad.spark.source import ReplicadDataSource
 
     spark.dataSource.register(ReplicadDataSource)
+    _registered.add(spark)

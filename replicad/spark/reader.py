@@ -34,7 +34,13 @@ from replicad.spark.columns import ROWS_PER_BATCH, Columns
 from replicad.spark.files import FileOpener, Purpose
 from replicad.spark.options import Isolation, ReadOptions
 from replicad.spark.plan import Split
-from replicad.spark.schema import BATCHES_ARROW, RECORDS_ARROW, micros, none_if_negative
+from replicad.spark.schema import (
+    BATCHES_ARROW,
+    MICROS_PER_MILLI,
+    RECORDS_ARROW,
+    micros,
+    none_if_negative,
+)
 from replicad.spark.txn import Outcome, TransactionOutcomes
 from replicad.spark.walk import Chunk, Tail, Walk
 
@@ -62,15 +68,7 @@ def read_records(
                 if end is not None and header.magic >= MAGIC_V2 and header.base_offset >= end:
                     done = True
                     break
-                if header.is_control and not options.include_control:
-                    continue
-                if (
-                    outcomes is not None
-                    and header.is_transactional
-                    and not header.is_control
-                    and outcomes.outcome(header.producer_id, header.base_offset)
-                    is not Outcome.COMMITTED
-                ):
+                if _hidden(header, options, outcomes):
                     continue
                 timestamp_type = int(header.timestamp_type)
                 leader_epoch = none_if_negative(header.partition_leader_epoch)
@@ -85,16 +83,19 @@ def read_records(
                     if end is not None and offset >= end:
                         done = True
                         break
+                    # The hot loop: schema.micros inlined, no list built for no headers.
+                    timestamp = record.timestamp
+                    headers = record.headers
                     append(
                         (
                             topic,
                             partition,
                             offset,
-                            micros(record.timestamp),
+                            timestamp * MICROS_PER_MILLI if timestamp >= 0 else None,
                             timestamp_type,
                             record.key,
                             record.value,
-                            [(h.key, h.value) for h in record.headers],
+                            [(h.key, h.value) for h in headers] if headers else [],
                             leader_epoch,
                             producer_id,
                             transactional,
@@ -111,6 +112,19 @@ def read_records(
             _check_tail(split, walk.tail)
     if len(columns):
         yield columns.take()
+
+
+def _hidden(
+    header: BatchHeader, options: ReadOptions, outcomes: TransactionOutcomes | None
+) -> bool:
+    """Whether a batch's records stay out of the view, decided without decoding them."""
+    if header.is_control:
+        return not options.include_control
+    return (
+        outcomes is not None
+        and header.is_transactional
+        and outcomes.outcome(header.producer_id, header.base_offset) is not Outcome.COMMITTED
+    )
 
 
 def _decode(split: Split, chunk: Chunk, header: BatchHeader) -> DecodedBatch:
@@ -215,7 +229,7 @@ def read_batches(
             for header in chunk.batches:
                 if header.next_offset <= start:
                     continue
-                if end is not None and header.base_offset >= end:
+                if end is not None and header.magic >= MAGIC_V2 and header.base_offset >= end:
                     done = True
                     break
                 columns.rows.append((*head, *_batch_fields(chunk.position, header), None, None))

@@ -1,0 +1,452 @@
+"""`replicad pipeline export|verify`: Spark jobs over a data directory.
+
+- export: the records view, partitioned by topic / partition / date (UTC day of the record
+  timestamp, independent of the session's time zone) and written as parquet, orc or json.
+- verify: the batches view (every CRC checked, in parallel over the splits), then per
+  partition: offset continuity along the file order (a step back or an overlap is a
+  problem, a gap is counted as `replicad verify` does), batches below their segment's base,
+  corrupt entries and torn tails (accepted only at the end of the last segment while a
+  replicad holds the directory's lock). Prints a table; exit status 0 or 1.
+
+Where it runs: `--master` when given; under `spark-submit` (which starts the JVM first and
+says so in PYSPARK_GATEWAY_PORT) whatever spark-submit was told; otherwise local[*], with
+this interpreter as the workers' Python. spark-submit's program file is
+`replicad/spark/submit/replicad_pipeline.py` (`python -m replicad.spark.submit` prints it):
+
+    spark-submit --master yarn "$(python -m replicad.spark.submit)" verify /data/replicad
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import sys
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from replicad.errors import ConfigError, ReplicadError
+from replicad.log.layout import LOCK_FILE, segment_file_name
+from replicad.spark.options import ReadOptions, View, parse_options
+from replicad.spark.reader import PROBLEM_TORN_TAIL
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+DEFAULT_MASTER = "local[*]"
+EXPORT_FORMATS = ("parquet", "orc", "json")
+WRITE_MODES = ("errorifexists", "overwrite", "append", "ignore")
+PARTITION_COLUMNS = ("topic", "partition", "date")
+MICROS_PER_DAY = 86_400_000_000
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+EX_USAGE = 64
+# Set by spark-submit (PythonRunner) for the driver program it starts.
+SUBMIT_ENV = "PYSPARK_GATEWAY_PORT"
+
+
+def spark_session(
+    master: str | None = None,
+    conf: Mapping[str, str] | None = None,
+    app_name: str = "replicad pipeline",
+) -> SparkSession:
+    """A session for the jobs, with the `replicad` format registered."""
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
+    from pyspark.sql import SparkSession
+
+    from replicad.spark import register
+
+    builder = SparkSession.builder.appName(app_name)
+    submitted = SUBMIT_ENV in os.environ
+    if master is not None or not submitted:
+        master = master or DEFAULT_MASTER
+        builder = builder.master(master)
+        if master.startswith("local"):
+            # The workers are this machine's: the interpreter that has replicad installed.
+            # (The environment, read when the JVM starts, reaches every kind of Python
+            # worker; the setting alone does not reach the data source planner's.)
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            builder = builder.config("spark.pyspark.python", sys.executable)
+    builder = builder.config("spark.ui.showConsoleProgress", "false")
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    register(spark)
+    return spark
+
+
+def read(spark: SparkSession, options: ReadOptions, raw: Mapping[str, str]) -> DataFrame:
+    from replicad.spark import register
+
+    register(spark)
+    reader = spark.read.format("replicad")
+    for key, value in raw.items():
+        if key != "path":
+            reader = reader.option(key, value)
+    return reader.load(options.data_dir)
+
+
+def export(
+    data_dir: str,
+    fmt: str,
+    out: str,
+    *,
+    options: Mapping[str, str] | None = None,
+    mode: str = "errorifexists",
+    spark: SparkSession | None = None,
+    stdout: TextIO | None = None,
+) -> int:
+    """Write the records view to `out` as `fmt`, partitioned by topic, partition and date."""
+    stdout = stdout or sys.stdout
+    from pyspark.sql import functions as F
+
+    if fmt not in EXPORT_FORMATS:
+        raise ConfigError("format", f"{fmt!r} is not one of {', '.join(EXPORT_FORMATS)}")
+    if mode not in WRITE_MODES:
+        raise ConfigError("mode", f"{mode!r} is not one of {', '.join(WRITE_MODES)}")
+    raw = {**(options or {}), "path": data_dir, "view": View.RECORDS.value}
+    parsed = parse_options(raw)
+    spark = spark or spark_session()
+    records = read(spark, parsed, raw)
+    # The UTC day from the epoch, so that the layout does not depend on the session's zone.
+    day = F.floor(F.unix_micros(F.col("timestamp")) / MICROS_PER_DAY).cast("int")
+    dated = records.withColumn("date", F.date_from_unix_date(day))
+    dated.write.format(fmt).mode(mode).partitionBy(*PARTITION_COLUMNS).save(out)
+    print(f"exported {data_dir} to {out} ({fmt}, by {'/'.join(PARTITION_COLUMNS)})", file=stdout)
+    return EXIT_OK
+
+
+@dataclass
+class PartitionCheck:
+    """What verify found in one partition."""
+
+    topic: str
+    partition: int
+    segments: int = 0
+    batches: int = 0
+    records: int = 0
+    bytes: int = 0
+    first_offset: int | None = None
+    last_offset: int | None = None
+    gaps: int = 0
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify(
+    data_dir: str,
+    *,
+    options: Mapping[str, str] | None = None,
+    spark: SparkSession | None = None,
+    stdout: TextIO | None = None,
+) -> int:
+    """Check every selected partition; print the table; 0 when all are fine, else 1."""
+    stdout = stdout or sys.stdout
+    from replicad.spark.catalog import list_partitions
+
+    raw = {**(options or {}), "path": data_dir, "view": View.BATCHES.value, "verifyCrc": "true"}
+    parsed = parse_options(raw)
+    listing = list_partitions(parsed)
+    last_segments = {
+        (f.topic, f.partition): f.segments[-1].base_offset for f in listing if f.segments
+    }
+    spark = spark or spark_session()
+    checks = check_partitions(
+        read(spark, parsed, raw), last_segments, in_use=data_dir_in_use(Path(data_dir))
+    )
+    for files in listing:
+        key = (files.topic, files.partition)
+        checks.setdefault(key, PartitionCheck(*key)).segments = len(files.segments)
+    rows = [checks[key] for key in sorted(checks)]
+    print(render_table(rows), file=stdout)
+    for row in rows:
+        for problem in row.problems:
+            print(f"{row.topic}-{row.partition}: {problem}", file=stdout)
+        for note in row.notes:
+            print(f"{row.topic}-{row.partition}: note: {note}", file=stdout)
+    failed = sum(not row.ok for row in rows)
+    summary = f"{failed} of {len(rows)} partitions with problems" if failed else "all ok"
+    print(f"{len(rows)} partitions, {summary}", file=stdout)
+    return EXIT_PROBLEMS if failed else EXIT_OK
+
+
+def segment_name(base_offset: int | None) -> str:
+    return segment_file_name(base_offset, ".log") if base_offset is not None else "-"
+
+
+def check_partitions(
+    batches: DataFrame, last_segments: Mapping[tuple[str, int], int], *, in_use: bool
+) -> dict[tuple[str, int], PartitionCheck]:
+    """Aggregate the batches view per partition, in one pass over the data."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    is_batch = F.col("problem_kind").isNull()
+    order = Window.partitionBy("topic", "partition").orderBy("segment", "position")
+    # The offset the entry before promises next (a problem row promises nothing).
+    expected = F.lag(F.when(is_batch, F.col("last_offset") + 1)).over(order)
+    steps = batches.withColumn("expected", expected)
+    summary = steps.groupBy("topic", "partition").agg(
+        F.count(F.when(is_batch, 1)).alias("batches"),
+        F.sum(F.when(is_batch & (F.col("record_count") >= 0), F.col("record_count"))).alias(
+            "records"
+        ),
+        F.sum("size").alias("bytes"),
+        F.min("base_offset").alias("first_offset"),
+        F.max("last_offset").alias("last_offset"),
+        F.count(F.when(F.col("base_offset") > F.col("expected"), 1)).alias("gaps"),
+        F.collect_list(
+            F.when(
+                F.col("base_offset") < F.col("expected"),
+                F.format_string(
+                    "offset %d at position %d of segment %d overlaps the batch before it "
+                    "(next offset %d)",
+                    "base_offset",
+                    "position",
+                    "segment",
+                    "expected",
+                ),
+            )
+        ).alias("overlaps"),
+        F.collect_list(
+            F.when(
+                F.col("base_offset") < F.col("segment"),
+                F.format_string(
+                    "offset %d at position %d is below its segment's base %d",
+                    "base_offset",
+                    "position",
+                    "segment",
+                ),
+            )
+        ).alias("below_base"),
+        F.collect_list(
+            F.when(~is_batch, F.struct("segment", "position", "problem", "problem_kind"))
+        ).alias("read_problems"),
+    )
+    checks: dict[tuple[str, int], PartitionCheck] = {}
+    for row in summary.collect():
+        key = (row["topic"], row["partition"])
+        check = PartitionCheck(
+            *key,
+            batches=row["batches"],
+            records=row["records"] or 0,
+            bytes=row["bytes"] or 0,
+            first_offset=row["first_offset"],
+            last_offset=row["last_offset"],
+            gaps=row["gaps"],
+        )
+        check.problems += row["overlaps"] + row["below_base"]
+        for problem in row["read_problems"]:
+            text = f"{segment_name(problem.segment)} at position {problem.position}: "
+            text += problem.problem
+            growing = in_use and problem.segment == last_segments.get(key)
+            if problem.problem_kind == PROBLEM_TORN_TAIL and growing:
+                check.notes.append(f"{text} (the last segment, being written)")
+            else:
+                check.problems.append(text)
+        checks[key] = check
+    return checks
+
+
+def render_table(rows: Sequence[PartitionCheck]) -> str:
+    header = ("topic", "partition", "segments", "batches", "records", "bytes", "offsets", "gaps")
+    lines = [header]
+    for row in rows:
+        span = f"{row.first_offset}..{row.last_offset}" if row.first_offset is not None else "empty"
+        status = "ok" if row.ok else "FAILED"
+        lines.append(
+            (
+                row.topic,
+                str(row.partition),
+                str(row.segments),
+                str(row.batches),
+                str(row.records),
+                str(row.bytes),
+                span,
+                str(row.gaps),
+                status,
+            )
+        )
+    lines[0] = (*header, "status")
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )
+
+
+def data_dir_in_use(data_dir: Path) -> bool:
+    """Whether a replicad holds the directory's lock (then the last segments may be growing)."""
+    path = data_dir / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+# -- command line ---------------------------------------------------------------------------
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def _selection(args: argparse.Namespace) -> dict[str, str]:
+    """Source options from the flags both jobs share."""
+    options: dict[str, str] = {}
+    for flag, option in (
+        ("topics", "topics"),
+        ("topic_pattern", "topicPattern"),
+        ("partitions", "partitions"),
+        ("max_split_bytes", "maxSplitBytes"),
+    ):
+        value = getattr(args, flag, None)
+        if value is not None:
+            options[option] = str(value)
+    return options
+
+
+def _export_options(args: argparse.Namespace) -> dict[str, str]:
+    options = _selection(args)
+    for flag, option in (
+        ("isolation", "isolation"),
+        ("starting_offsets", "startingOffsets"),
+        ("ending_offsets", "endingOffsets"),
+        ("starting_timestamp", "startingTimestamp"),
+        ("ending_timestamp", "endingTimestamp"),
+    ):
+        value = getattr(args, flag, None)
+        if value is not None:
+            options[option] = str(value)
+    if args.include_control:
+        options["includeControl"] = "true"
+    return options
+
+
+def _session_from(args: argparse.Namespace) -> SparkSession:
+    return spark_session(args.master, dict(args.conf or []))
+
+
+def _run(args: argparse.Namespace, job: str) -> int:
+    try:
+        from pyspark.errors import PySparkException
+    except ImportError:
+        print("replicad pipeline needs pyspark: pip install 'replicad[spark]'", file=sys.stderr)
+        return EXIT_PROBLEMS
+    try:
+        if job == "export":
+            options = _export_options(args)
+            parse_options({**options, "path": args.data_dir})  # bad flags fail before Spark
+            return export(
+                args.data_dir,
+                args.format,
+                args.out,
+                options=options,
+                mode=args.mode,
+                spark=_session_from(args),
+            )
+        options = _selection(args)
+        parse_options({**options, "path": args.data_dir})
+        return verify(args.data_dir, options=options, spark=_session_from(args))
+    except ConfigError as exc:
+        print(f"replicad pipeline {job}: {exc}", file=sys.stderr)
+        return EX_USAGE
+    except ReplicadError as exc:
+        print(f"replicad pipeline {job}: {exc}", file=sys.stderr)
+        return EXIT_PROBLEMS
+    except PySparkException as exc:  # e.g. the output exists, a path Spark cannot reach
+        print(f"replicad pipeline {job}: {exc}", file=sys.stderr)
+        return EXIT_PROBLEMS
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    return _run(args, "export")
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    return _run(args, "verify")
+
+
+def _common_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("data_dir", help="replicad's data directory")
+    parser.add_argument(
+        "--master",
+        help=f"Spark master URL (default {DEFAULT_MASTER}, or what spark-submit was given)",
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        type=_key_value,
+        metavar="KEY=VALUE",
+        help="a Spark setting (repeatable)",
+    )
+    parser.add_argument("--topics", help="comma-separated topics (default: all)")
+    parser.add_argument("--topic-pattern", help="regex the topic names must match")
+    parser.add_argument("--partitions", help='partition numbers, e.g. "0,2,5-7"')
+    parser.add_argument(
+        "--max-split-bytes", type=int, help="cut larger segments into splits of about this size"
+    )
+
+
+def add_pipeline_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    """Add `pipeline export|verify` to a command line's sub-commands; `args.func(args)` runs it."""
+    pipeline = subparsers.add_parser(
+        "pipeline", help="Spark jobs over a data directory (needs replicad[spark])"
+    )
+    add_jobs(pipeline)
+    return pipeline
+
+
+def add_jobs(parser: argparse.ArgumentParser) -> None:
+    """The `export` and `verify` sub-commands, under `parser`."""
+    jobs = parser.add_subparsers(dest="pipeline_command", required=True)
+
+    export_parser = jobs.add_parser(
+        "export", help="write the records as parquet/orc/json by topic/partition/date"
+    )
+    _common_flags(export_parser)
+    export_parser.add_argument("--format", choices=EXPORT_FORMATS, default="parquet")
+    export_parser.add_argument("--out", required=True, help="output directory (any Spark path)")
+    export_parser.add_argument("--mode", choices=WRITE_MODES, default="errorifexists")
+    export_parser.add_argument("--isolation", choices=("read_uncommitted", "read_committed"))
+    export_parser.add_argument(
+        "--include-control", action="store_true", help="export transaction markers too"
+    )
+    export_parser.add_argument("--starting-offsets", help='"earliest", N or Spark Kafka JSON')
+    export_parser.add_argument("--ending-offsets", help='"latest", N or JSON (exclusive)')
+    export_parser.add_argument("--starting-timestamp", help="epoch ms or ISO 8601")
+    export_parser.add_argument("--ending-timestamp", help="epoch ms or ISO 8601 (exclusive)")
+    export_parser.set_defaults(func=_cmd_export)
+
+    verify_parser = jobs.add_parser(
+        "verify", help="CRCs and offset continuity of every partition, in parallel"
+    )
+    _common_flags(verify_parser)
+    verify_parser.set_defaults(func=_cmd_verify)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`export|verify ...`: what spark-submit's program (submit/replicad_pipeline.py) runs."""
+    parser = argparse.ArgumentParser(prog="replicad pipeline", description="replicad's Spark jobs")
+    add_jobs(parser)
+    args = parser.parse_args(argv)
+    return int(args.func(args))

@@ -1,0 +1,68 @@
+"""The PySpark data source `replicad` (Spark 4's `pyspark.sql.datasource`): the thin shell.
+
+    spark.dataSource.register(ReplicadDataSource)     # or replicad.spark.register(spark)
+    spark.read.format("replicad").option("topics", "orders").load("/var/lib/replicad/data")
+
+Options are parsed once (options.py) where Spark creates the reader; planning (catalog.py)
+runs where Spark asks for the partitions, reading (reader.py) on the executors. Nothing
+here decides anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
+
+from replicad.spark.catalog import Planner
+from replicad.spark.files import FileOpener
+from replicad.spark.options import ReadOptions, View, parse_options
+from replicad.spark.plan import Split
+from replicad.spark.reader import read_batches, read_records
+from replicad.spark.schema import BATCHES_DDL, RECORDS_DDL
+
+FORMAT_NAME = "replicad"
+
+
+class SplitPartition(InputPartition):
+    """A Split as Spark's input partition (pickled to the executor that reads it)."""
+
+    def __init__(self, split: Split) -> None:
+        super().__init__(split)
+        self.split = split
+
+
+class ReplicadDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> str:
+        view = parse_options(self.options).view
+        return BATCHES_DDL if view is View.BATCHES else RECORDS_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return ReplicadReader(parse_options(self.options))
+
+
+class ReplicadReader(DataSourceReader):
+    def __init__(self, options: ReadOptions) -> None:
+        self.read_options = options
+
+    def _opener(self) -> FileOpener:
+        return FileOpener(self.read_options.trace_file_opens)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        splits = Planner(self.read_options).plan()
+        return [SplitPartition(split) for split in splits]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, SplitPartition):
+            # Spark reads one default partition when `partitions()` found nothing to read.
+            return
+        if self.read_options.view is View.BATCHES:
+            yield from read_batches(partition.split, self.read_options, self._opener())
+        else:
+            yield from read_records(partition.split, self.read_options, self._opener())

@@ -1,0 +1,231 @@
+"""`replicad pipeline export|verify` in Spark local mode, and through spark-submit."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import fcntl
+import io
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from replicad.errors import ConfigError
+from replicad.spark.pipeline import (
+    PartitionCheck,
+    add_pipeline_parser,
+    data_dir_in_use,
+    export,
+    main,
+    render_table,
+)
+from replicad.spark.submit import submit_script
+from replicad.types import TopicPartition
+
+pytestmark = pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas")
+
+
+def test_export_writes_parquet_by_topic_partition_and_utc_date(spark, replicated, tmp_path):
+    out = tmp_path / "export"
+    stdout = io.StringIO()
+    code = export(
+        str(replicated.data_dir),
+        "parquet",
+        str(out),
+        options={"isolation": "read_committed"},
+        spark=spark,
+        stdout=stdout,
+    )
+    assert code == 0 and str(out) in stdout.getvalue()
+    topics = sorted(replicated.partitions)
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [f"topic={t}" for t in topics]
+    back = spark.read.parquet(str(out))
+    rows = back.select("topic", "partition", "date", "offset", "key", "value", "headers").collect()
+    for topic, partitions in replicated.committed.items():
+        for partition, records in partitions.items():
+            got = sorted(
+                (r.offset, r.key, r.value, [(h.key, h.value) for h in r.headers], r.date)
+                for r in rows
+                if r.topic == topic and r.partition == partition
+            )
+            want = [
+                (
+                    r.offset,
+                    r.key,
+                    r.value,
+                    [tuple(h) for h in r.headers],
+                    dt.datetime.fromtimestamp(r.timestamp / 1000, dt.UTC).date(),
+                )
+                for r in records
+            ]
+            assert got == want, (topic, partition)
+            directory = out / f"topic={topic}" / f"partition={partition}"
+            assert {p.name for p in directory.iterdir() if p.is_dir()} == {
+                f"date={d}" for d in {w[4] for w in want}
+            }
+
+
+def test_export_refuses_to_overwrite_unless_told(spark, replicated, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep").write_text("not ours")
+    args = ["export", str(replicated.data_dir), "--out", str(out), "--topics", replicated.plain]
+    assert main(args) == 1
+    assert "already exists" in capsys.readouterr().err
+    assert (out / "keep").read_text() == "not ours"
+
+
+def test_verify_command_finds_the_replica_sound(spark, replicated, capsys):
+    assert main(["verify", str(replicated.data_dir)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "topic",
+        "partition",
+        "segments",
+        "batches",
+        "records",
+        "bytes",
+        "offsets",
+        "gaps",
+        "status",
+    ]
+    for topic, summary in replicated.summaries.items():
+        for p in summary.partitions:
+            row = next(
+                line.split() for line in lines if line.split()[:2] == [topic, str(p.partition)]
+            )
+            # every offset is a record or a marker: the count of both, no gaps
+            assert row[4] == str(p.log_end_offset)
+            assert row[6:] == [f"0..{p.log_end_offset - 1}", "0", "ok"]
+    assert lines[-1] == f"{sum(replicated.partitions.values())} partitions, all ok"
+
+
+@pytest.fixture
+def damaged(tmp_path, make_batches, write_partition):
+    """Three partitions: a CRC broken in a's, an overlap in b's, a torn tail in c's last segment."""
+    data_dir = tmp_path / "data"
+    for name in ("a", "b", "c"):
+        batches = [make_batches.data(i * 10, 10, value_size=300) for i in range(30)]
+        write_partition(data_dir, TopicPartition(name, 0), batches, segment_bytes=16 * 1024)
+    a_segment = sorted((data_dir / "a-0").glob("*.log"))[1]
+    data = bytearray(a_segment.read_bytes())
+    data[200] ^= 0x01
+    a_segment.write_bytes(bytes(data))
+    b_segments = sorted((data_dir / "b-0").glob("*.log"))
+    # the second segment again, named as if it came after the last: offsets step back
+    copy = data_dir / "b-0" / f"{int(b_segments[-1].stem) + 1000:020d}.log"
+    shutil.copy(b_segments[1], copy)
+    c_last = sorted((data_dir / "c-0").glob("*.log"))[-1]
+    with c_last.open("ab") as f:
+        f.write(make_batches.data(300, 5)[:50])
+    return data_dir
+
+
+def test_verify_names_each_problem_and_fails(spark, damaged, capsys):
+    assert main(["verify", str(damaged)]) == 1
+    out = capsys.readouterr().out
+    status = {line.split()[0]: line.split()[-1] for line in out.splitlines()[1:4]}
+    assert status == {"a": "FAILED", "b": "FAILED", "c": "FAILED"}
+    assert "a-0: 00000000000000000" in out and "CRC32C mismatch" in out
+    assert "overlaps the batch before it" in out
+    assert "below its segment's base" in out
+    assert "c-0:" in out and "torn" in out
+    assert out.splitlines()[-1] == "3 partitions, 3 of 3 partitions with problems"
+
+
+def test_a_torn_tail_is_only_noted_while_a_replicad_holds_the_lock(spark, damaged, capsys):
+    lock = os.open(damaged / ".lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert data_dir_in_use(damaged)
+        assert main(["verify", str(damaged), "--topics", "c"]) == 0
+    finally:
+        os.close(lock)
+    assert not data_dir_in_use(damaged)
+    out = capsys.readouterr().out
+    assert "c-0: note:" in out and "being written" in out
+    assert out.splitlines()[-1] == "1 partitions, all ok"
+
+
+def test_pipeline_parser_plugs_into_a_command_line(tmp_path):
+    parser = argparse.ArgumentParser(prog="replicad")
+    add_pipeline_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(
+        [
+            "pipeline",
+            "export",
+            str(tmp_path),
+            "--out",
+            "/o",
+            "--format",
+            "orc",
+            "--topics",
+            "a,b",
+            "--isolation",
+            "read_committed",
+            "--conf",
+            "spark.x=1",
+            "--starting-timestamp",
+            "2024-01-01T00:00:00Z",
+        ]
+    )
+    assert args.format == "orc" and args.out == "/o" and args.conf == [("spark.x", "1")]
+    assert args.func.__name__ == "_cmd_export"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["pipeline", "export", str(tmp_path)])  # --out is required
+    with pytest.raises(SystemExit):
+        parser.parse_args(["pipeline", "verify", str(tmp_path), "--conf", "novalue"])
+
+
+def test_bad_flags_are_usage_errors_before_spark_starts(tmp_path, capsys):
+    code = main(["export", str(tmp_path), "--out", "/o", "--starting-offsets", "soon"])
+    assert code == 64
+    assert "startingOffsets" in capsys.readouterr().err
+    with pytest.raises(ConfigError):
+        export(str(tmp_path), "csv", "/o")
+
+
+def test_table_lines_up():
+    rows = [PartitionCheck("orders", 0, 2, 10, 100, 4096, 0, 99), PartitionCheck("x", 11)]
+    rows[1].problems.append("bad")
+    table = render_table(rows).splitlines()
+    assert len({line.index("partition") for line in table[:1]}) == 1
+    assert table[1].split() == ["orders", "0", "2", "10", "100", "4096", "0..99", "0", "ok"]
+    assert table[2].split() == ["x", "11", "0", "0", "0", "0", "empty", "0", "FAILED"]
+    assert table[1].index("0..99") == table[2].index("empty")
+
+
+def test_spark_submit_runs_the_jobs(replicated, tmp_path):
+    """The cluster route: spark-submit starts the JVM and runs the program file."""
+    import pyspark
+
+    spark_submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    result = subprocess.run(
+        [
+            str(spark_submit),
+            "--master",
+            "local[1]",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1",
+            str(submit_script()),
+            "verify",
+            str(replicated.data_dir),
+            "--topics",
+            replicated.plain,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-4000:]
+    lines = result.stdout.splitlines()
+    assert lines[-1] == f"{replicated.partitions[replicated.plain]} partitions, all ok"
