@@ -1,0 +1,327 @@
+"""Reading a topic with Spark three ways, as a markdown table: rows/s and MB/s.
+
+    .venv/bin/python -m tools.bench.spark [--gb 2] [--partitions 4] [--value-bytes 1000]
+        [--codec none] [--master local[2]] [--work-dir DIR] [--keep]
+
+One run, the same data for all three:
+1. A local Apache Kafka broker (tools.peers) gets >= `--gb` GB of records (keys, ~1 KB text
+   values, a header on every fourth record) from confluent-kafka, and `replicad run`
+   replicates the topic into a data directory.
+2. In one Spark session (`--master`, default local[2]), each read is forced in full with
+   Spark's `noop` sink (every row and column materialised, nothing written), timed:
+   - `replicad` source over the replicated segments (no broker involved);
+   - Spark's own Kafka source (spark-sql-kafka-0-10 for the installed Spark and Scala,
+     from Maven Central through spark.jars.packages) reading the topic from the broker;
+   - `spark.read.parquet` of the same records, exported first with `replicad pipeline
+     export` (its time is shown too): the ceiling of a columnar file format.
+   A small read first warms the Python workers and the JVM, so no row pays for start-up.
+MB/s is given over each source's own input and over the log bytes (the same volume for
+all three). Everything sits in the page cache (the data was just written): this measures
+the readers, not the disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+GB = 1_000_000_000
+MB = 1_000_000
+WORDS = [
+    b"order", b"payment", b"refund", b"invoice", b"customer", b"account", b"session",
+    b"click", b"view", b"cart", b"checkout", b"shipment", b"warehouse", b"region",
+]  # fmt: skip
+DISTINCT_VALUES = 4096
+HEADER_EVERY = 4
+
+
+@dataclass(frozen=True)
+class Timing:
+    source: str
+    rows: int
+    input_bytes: int
+    seconds: float
+
+
+def produce(bootstrap: str, topic: str, *, target_bytes: int, value_bytes: int, codec: str) -> int:
+    """Records into `topic` until about `target_bytes` of values and keys were sent."""
+    from confluent_kafka import Producer
+
+    rng = random.Random(7)
+    values = []
+    for _ in range(DISTINCT_VALUES):
+        text = b" ".join(rng.choice(WORDS) for _ in range(value_bytes // 5))
+        values.append(text[:value_bytes])
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "compression.type": codec,
+            "linger.ms": 20,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.kbytes": 1_000_000,
+            "acks": "1",
+        }
+    )
+    sent = count = 0
+    while sent < target_bytes:
+        key = b"key-%d" % count
+        value = values[count % DISTINCT_VALUES]
+        headers = [("trace", b"%08x" % count)] if count % HEADER_EVERY == 0 else None
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value, headers=headers)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        sent += len(key) + len(value)
+        count += 1
+        if count % 10_000 == 0:
+            producer.poll(0)
+    if producer.flush(300):
+        raise RuntimeError("records left unsent")
+    return count
+
+
+def replicate(bootstrap: str, topic: str, data_dir: Path, work: Path, expected: int) -> None:
+    from tools.replica import ReplicadProcess, end_offsets, wait_until
+
+    proc = ReplicadProcess(
+        [
+            "run",
+            "--bootstrap-servers",
+            bootstrap,
+            "--topics",
+            topic,
+            "--data-dir",
+            str(data_dir),
+            "--log-format",
+            "json",
+        ],
+        log_path=work / "replicad.log",
+    ).start()
+
+    def caught_up() -> bool:
+        if not proc.running:
+            raise RuntimeError(f"replicad stopped:\n{proc.output()[-3000:]}")
+        return sum(end_offsets(data_dir).values()) >= expected
+
+    try:
+        wait_until(
+            caught_up,
+            timeout_s=1800,
+            interval_s=2,
+            what="replicad to catch up",
+        )
+    finally:
+        proc.stop(timeout_s=120)
+
+
+def kafka_package() -> str:
+    """spark-sql-kafka-0-10 matching the installed Spark and its Scala version.
+
+    A Spark release reaches PyPI and Maven Central together, but a mirror may lag behind
+    one of them: `--kafka-package` then names the connector to use instead (and the table
+    says which one ran)."""
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    scala_jar = next(jars.glob("scala-library-*.jar")).name
+    scala = ".".join(scala_jar.removeprefix("scala-library-").split(".")[:2])
+    return f"org.apache.spark:spark-sql-kafka-0-10_{scala}:{pyspark.__version__}"
+
+
+IVY_CACHE = Path(__file__).resolve().parents[2] / ".cache" / "ivy"
+# Maven Central only (Ivy's ibiblio resolver defaults to it), with a cache of its own:
+# Spark's default chain also looks in ~/.m2, where a pom without its jar (left by some
+# Maven build) makes the resolution fail.
+IVY_SETTINGS = """<ivysettings>
+  <settings defaultResolver="central"/>
+  <caches defaultCacheDir="{cache}"/>
+  <resolvers><ibiblio name="central" m2compatible="true"/></resolvers>
+</ivysettings>
+"""
+
+
+def ivy_settings(work: Path) -> Path:
+    path = work / "ivysettings.xml"
+    path.write_text(IVY_SETTINGS.format(cache=IVY_CACHE))
+    return path
+
+
+def spark_version() -> str:
+    import pyspark
+
+    return pyspark.__version__
+
+
+def tree_bytes(path: Path, suffix: str = "") -> int:
+    return sum(p.stat().st_size for p in path.rglob(f"*{suffix}") if p.is_file())
+
+
+def timed(source: str, rows: int, input_bytes: int, action: Callable[[], object]) -> Timing:
+    started = time.perf_counter()
+    action()
+    return Timing(source, rows, input_bytes, time.perf_counter() - started)
+
+
+def run(args: argparse.Namespace, work: Path) -> list[Timing]:
+    from tools.peers.kafka import KafkaBroker
+
+    broker = KafkaBroker(work / "kafka", heap="2g")
+    broker.start()
+    try:
+        topic = "bench-spark"
+        broker.create_topic(topic, args.partitions)
+        started = time.perf_counter()
+        rows = produce(
+            broker.bootstrap,
+            topic,
+            target_bytes=int(args.gb * GB),
+            value_bytes=args.value_bytes,
+            codec=args.codec,
+        )
+        print(f"produced {rows:,} records in {time.perf_counter() - started:.0f} s", flush=True)
+        data_dir = work / "replica"
+        started = time.perf_counter()
+        replicate(broker.bootstrap, topic, data_dir, work, rows)
+        log_bytes = tree_bytes(data_dir, ".log")
+        print(
+            f"replicated {log_bytes / GB:.2f} GB of segments in "
+            f"{time.perf_counter() - started:.0f} s",
+            flush=True,
+        )
+        if log_bytes < args.gb * GB:
+            print(f"note: {log_bytes / GB:.2f} GB of segments, below --gb (compression)")
+        return read_three_ways(args, broker.bootstrap, topic, data_dir, work, rows, log_bytes)
+    finally:
+        broker.stop()
+
+
+def read_three_ways(
+    args: argparse.Namespace,
+    bootstrap: str,
+    topic: str,
+    data_dir: Path,
+    work: Path,
+    rows: int,
+    log_bytes: int,
+) -> list[Timing]:
+    from replicad.spark.pipeline import export, spark_session
+
+    spark = spark_session(
+        args.master,
+        {
+            "spark.jars.packages": args.kafka_package,
+            "spark.jars.ivySettings": str(ivy_settings(work)),
+            "spark.driver.memory": "4g",
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "4",
+        },
+        app_name="replicad bench",
+    )
+    spark.sparkContext.setLogLevel("WARN")
+
+    def noop(df: DataFrame) -> None:
+        df.write.format("noop").mode("overwrite").save()
+
+    replicad_df = spark.read.format("replicad").load(str(data_dir))
+    kafka_df = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("includeHeaders", "true")  # the same columns as the replicad source
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", "latest")
+        .load()
+    )
+    # Warm-up: Python workers, the Kafka consumer classes, the JIT.
+    noop(spark.read.format("replicad").option("endingOffsets", "2000").load(str(data_dir)))
+    noop(kafka_df.limit(2000))
+    timings = [
+        timed("replicad source (segments)", rows, log_bytes, lambda: noop(replicad_df)),
+        timed("Spark Kafka source (broker)", rows, log_bytes, lambda: noop(kafka_df)),
+    ]
+    parquet = work / "parquet"
+    exported = timed(
+        "replicad pipeline export (to parquet)",
+        rows,
+        log_bytes,
+        lambda: export(str(data_dir), "parquet", str(parquet), mode="overwrite", spark=spark),
+    )
+    parquet_bytes = tree_bytes(parquet, ".parquet")
+    parquet_df = spark.read.parquet(str(parquet))
+    timings.append(
+        timed("spark.read.parquet (ceiling)", rows, parquet_bytes, lambda: noop(parquet_df))
+    )
+    timings.append(exported)
+    counted = replicad_df.count()
+    if counted != rows:
+        raise RuntimeError(f"replicad source counted {counted:,} rows, {rows:,} were produced")
+    spark.stop()
+    return timings
+
+
+def table(timings: list[Timing], log_bytes: int) -> str:
+    lines = [
+        "| read | rows | input | seconds | rows/s | MB/s (input) | MB/s (log bytes) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for t in timings:
+        lines.append(
+            f"| {t.source} | {t.rows:,} | {t.input_bytes / MB:,.0f} MB | {t.seconds:.1f} | "
+            f"{t.rows / t.seconds:,.0f} | {t.input_bytes / MB / t.seconds:,.1f} | "
+            f"{log_bytes / MB / t.seconds:,.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--gb", type=float, default=2.0, help="GB of records to produce")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--value-bytes", type=int, default=1000)
+    parser.add_argument(
+        "--codec", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"]
+    )
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--work-dir", help="where the broker, replica and parquet go")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--kafka-package",
+        help="Maven coordinates of Spark's Kafka connector (default: the installed Spark's)",
+    )
+    args = parser.parse_args()
+    args.kafka_package = args.kafka_package or kafka_package()
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-spark-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        timings = run(args, work)
+        log_bytes = timings[0].input_bytes
+        print()
+        print(
+            f"{args.master}, {os.cpu_count()} cores, {args.partitions} partitions, "
+            f"{args.value_bytes}-byte values, codec {args.codec}, "
+            f"{log_bytes / GB:.2f} GB of segments; Spark {spark_version()}, "
+            f"Kafka source {args.kafka_package}"
+        )
+        print()
+        print(table(timings, log_bytes))
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
