@@ -218,3 +218,22 @@ def test_replica_reads_as_a_kafka_consumer_reads_the_topic(replicated, isolation
     else:
         assert len(mixed_rows) == summary.records
     assert aborted > 0
+
+
+def test_legacy_message_sets_read_as_records(tmp_path, make_batches, write_partition):
+    from tools.logdata.batches import legacy_message_set
+
+    batches = [
+        legacy_message_set(0, [b"a", b"b"], magic=0),
+        legacy_message_set(2, [b"c", b"d", b"e"], magic=1, codec=Compression.GZIP),
+        make_batches.data(5, 2),
+    ]
+    write_partition(tmp_path / "data", TP, batches)
+    rows = read(tmp_path / "data")
+    assert [r["offset"] for r in rows] == list(range(7))
+    assert [r["value"] for r in rows[:5]] == [b"a", b"b", b"c", b"d", b"e"]
+    assert [r["timestamp_type"] for r in rows] == [-1, -1, 0, 0, 0, 0, 0]
+    assert rows[0]["timestamp"] is None  # magic 0 has no timestamp
+    # a bound inside a compressed wrapper: the wrapper's first offset is known only inside
+    inside = read(tmp_path / "data", startingOffsets="3", endingOffsets="4")
+    assert [(r["offset"], r["value"]) for r in inside] == [(3, b"d")]
