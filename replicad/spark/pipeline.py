@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, TextIO
 from replicad.errors import ConfigError, ReplicadError
 from replicad.log.layout import LOCK_FILE, segment_file_name
 from replicad.spark.options import ReadOptions, View, parse_options
-from replicad.spark.reader import PROBLEM_TORN_TAIL
 
+# Nothing here imports pyspark or pyarrow when loaded: `replicad --help` must work without
+# the spark extra.
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
@@ -187,6 +188,8 @@ def check_partitions(
     """Aggregate the batches view per partition, in one pass over the data."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
+
+    from replicad.spark.reader import PROBLEM_TORN_TAIL
 
     is_batch = F.col("problem_kind").isNull()
     order = Window.partitionBy("topic", "partition").orderBy("segment", "position")

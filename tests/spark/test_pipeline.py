@@ -229,3 +229,16 @@ def test_spark_submit_runs_the_jobs(replicated, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]
     lines = result.stdout.splitlines()
     assert lines[-1] == f"{replicated.partitions[replicated.plain]} partitions, all ok"
+
+
+def test_the_command_line_loads_without_spark():
+    """cli.py adds these sub-commands always: loading them must not need the spark extra."""
+    probe = (
+        "import sys, replicad.spark.pipeline, replicad.spark.submit; "
+        "print(sorted(m for m in ('pyspark', 'pyarrow') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
