@@ -199,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument("--deep", action="store_true", help="decode every record too")
     dump.set_defaults(func=_cmd_dump_log)
 
+    from replicad.spark.pipeline import add_pipeline_parser  # no pyspark import until run
+
+    add_pipeline_parser(sub)
+
     verify = sub.add_parser("verify", help="check a data dir: offsets, CRCs, indexes")
     verify.add_argument("data_dir")
     verify.set_defaults(func=_cmd_verify)
