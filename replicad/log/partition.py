@@ -615,11 +615,11 @@ class PartitionLog:
             )
 
     def offset_for_timestamp(self, timestamp: int) -> TimestampOffset | None:
-        """The first batch with max timestamp >= `timestamp`: (that timestamp, its base offset)."""
+        """The first record at or past the log start with a timestamp >= `timestamp`."""
         with self._lock:
             for segment in self._segments:
                 if segment.max_timestamp.timestamp >= timestamp:
-                    found = segment.find_offset_by_timestamp(timestamp)
+                    found = segment.find_offset_by_timestamp(timestamp, self.log_start_offset)
                     if found is not None:
                         return found
             return None

@@ -19,6 +19,7 @@ What it keeps (index math lives in index.py, roll decisions in policy.py):
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import os
 from collections.abc import Sequence
@@ -48,6 +49,7 @@ from replicad.records.batch import (
     header_at,
     scan_batches,
 )
+from replicad.records.records import decode_batch
 
 log = structlog.get_logger("replicad.log.segment")
 
@@ -313,13 +315,28 @@ class LogSegment:
         size = min(self.size - start, max(max_bytes, location.header.size))
         return FileRegion(self.log_path, start, size)
 
-    def find_offset_by_timestamp(self, timestamp: int) -> TimestampOffset | None:
-        """First batch whose max timestamp is >= `timestamp`: (its max timestamp, base offset)."""
+    def find_offset_by_timestamp(
+        self, timestamp: int, starting_offset: int = 0
+    ) -> TimestampOffset | None:
+        """The first *record* at or past `starting_offset` whose timestamp is >= `timestamp`:
+        (that record's timestamp, its offset); None when no record here qualifies.
+
+        Kafka's LogSegment.findOffsetByTimestamp: the time index gives where to start, batch
+        max timestamps which batches to open, and inside a batch the records decide -- a batch
+        reaching the target may begin with older records. A LOG_APPEND_TIME batch's records
+        all carry the batch's max timestamp (records.decode_batch applies that rule).
+        """
         entry = self.time_index.lookup(timestamp)
-        position = self.offset_index.lookup(entry.offset).position
-        for header in self._headers_from(position):
-            if header.max_timestamp >= timestamp:
-                return TimestampOffset(header.max_timestamp, header.base_offset)
+        position = self.offset_index.lookup(max(entry.offset, starting_offset)).position
+        with self._log.pinned() as fd:
+            while (header := self._header_at(position, fd)) is not None:
+                if header.max_timestamp >= timestamp and header.last_offset >= starting_offset:
+                    entry_bytes = os.pread(fd, header.size, header.position)
+                    batch = decode_batch(entry_bytes, dataclasses.replace(header, position=0))
+                    for record in batch.records:
+                        if record.timestamp >= timestamp and record.offset >= starting_offset:
+                            return TimestampOffset(record.timestamp, record.offset)
+                position = header.end_position
         return None
 
     # -- writing ---------------------------------------------------------------------------

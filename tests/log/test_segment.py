@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import errno
 import os
+import struct
 from pathlib import Path
 
 import pytest
+from crc32c import crc32c
 
 from replicad.log.config import LogConfig
 from replicad.log.index import TimestampOffset
 from replicad.log.segment import LogSegment
-from replicad.records.batch import scan_batches
-from tools.logdata.batches import batch_stream
+from replicad.records.batch import V2_CRC_START, TimestampType, scan_batches
+from replicad.records.records import Record, decode_batch
+from tools.logdata.batches import batch_stream, producer_batch
 
 CONFIG = LogConfig(index_interval_bytes=1024, segment_index_bytes=4096)
+_ATTRIBUTES = struct.Struct(">h")
+_ATTRIBUTES_POSITION = 21
+_LOG_APPEND_TIME_FLAG = 0x08
+_TIMESTAMP = struct.Struct(">q")
+_MAX_TIMESTAMP_POSITION = 35
+_CRC = struct.Struct(">I")
+_CRC_POSITION = 17
 
 
 def _filled(tmp_path: Path, count: int = 60, seed: int = 7) -> tuple[LogSegment, bytes]:
@@ -70,14 +80,81 @@ def test_translate_and_read_every_offset(tmp_path: Path) -> None:
     assert region is not None and region.read_bytes() == data[headers[3].position :]
 
 
-def test_find_offset_by_timestamp(tmp_path: Path) -> None:
+def _records(data: bytes) -> list[Record]:
+    """Every record of `data` in file order, decoded independently of the segment."""
+    return [r for h in scan_batches(data).batches for r in decode_batch(data, h).records]
+
+
+def _first_record_at_or_after(
+    records: list[Record], timestamp: int, starting_offset: int = 0
+) -> TimestampOffset | None:
+    for r in records:
+        if r.timestamp >= timestamp and r.offset >= starting_offset:
+            return TimestampOffset(r.timestamp, r.offset)
+    return None
+
+
+def test_find_offset_by_timestamp_answers_the_first_record_not_its_batch(tmp_path: Path) -> None:
     segment, data = _filled(tmp_path)
+    records = _records(data)
     headers = scan_batches(data).batches
-    target = headers[20].max_timestamp
-    found = segment.find_offset_by_timestamp(target)
-    first = next(h for h in headers if h.max_timestamp >= target)
-    assert found == TimestampOffset(first.max_timestamp, first.base_offset)
-    assert segment.find_offset_by_timestamp(max(h.max_timestamp for h in headers) + 1) is None
+    # Records inside a batch: a batch reaching the target may start with older records.
+    inside = [r for h in headers[5:] if h.record_count > 2 for r in decode_batch(data, h).records]
+    assert inside[1].offset > headers[5].base_offset
+    targets = {r.timestamp for r in records[::7]} | {r.timestamp for r in inside[1:40]}
+    targets |= {records[0].timestamp - 1, min(r.timestamp for r in records)}
+    mid_batch = 0
+    for target in sorted(targets):
+        found = segment.find_offset_by_timestamp(target)
+        assert found == _first_record_at_or_after(records, target), target
+        assert found is not None
+        mid_batch += not any(h.base_offset == found.offset for h in headers)
+    assert mid_batch > 10  # the case the batch-level answer got wrong
+    assert segment.find_offset_by_timestamp(max(r.timestamp for r in records) + 1) is None
+
+
+def test_find_offset_by_timestamp_skips_records_below_the_starting_offset(tmp_path: Path) -> None:
+    segment, data = _filled(tmp_path)
+    records = _records(data)
+    for start_record in (records[3], records[len(records) // 2], records[-2]):
+        start = start_record.offset
+        for target in (records[0].timestamp, start_record.timestamp - 100, start_record.timestamp):
+            found = segment.find_offset_by_timestamp(target, start)
+            assert found == _first_record_at_or_after(records, target, start), (start, target)
+            assert found is not None and found.offset >= start
+
+
+def _log_append_time(raw: bytes, append_ms: int) -> bytes:
+    """A batch as a broker with message.timestamp.type=LogAppendTime stores it: the type bit
+    set and the max timestamp replaced (record deltas untouched), the CRC recomputed."""
+    data = bytearray(raw)
+    (attributes,) = _ATTRIBUTES.unpack_from(data, _ATTRIBUTES_POSITION)
+    _ATTRIBUTES.pack_into(data, _ATTRIBUTES_POSITION, attributes | _LOG_APPEND_TIME_FLAG)
+    _TIMESTAMP.pack_into(data, _MAX_TIMESTAMP_POSITION, append_ms)
+    _CRC.pack_into(data, _CRC_POSITION, crc32c(bytes(data[V2_CRC_START:])))
+    return bytes(data)
+
+
+def test_find_offset_by_timestamp_in_log_append_time_batches(tmp_path: Path) -> None:
+    ts = 1_700_000_000_000
+    values = [b"v"] * 5
+    raw = [
+        producer_batch(0, values, timestamp_ms=ts),
+        # Created at ts + 10.., appended at ts + 5000: every record's timestamp is ts + 5000.
+        _log_append_time(producer_batch(5, values, timestamp_ms=ts + 10), ts + 5000),
+        producer_batch(10, values, timestamp_ms=ts + 6000),
+    ]
+    data = b"".join(raw)
+    headers = scan_batches(data).batches
+    assert headers[1].timestamp_type == TimestampType.LOG_APPEND_TIME
+    segment = LogSegment.create(tmp_path, 0, CONFIG, now_ms=0)
+    segment.append(memoryview(data), headers)
+    # The create times inside the batch (ts + 10..14) do not count: ts + 12 lands on offset 5.
+    assert segment.find_offset_by_timestamp(ts + 12) == TimestampOffset(ts + 5000, 5)
+    assert segment.find_offset_by_timestamp(ts + 5000) == TimestampOffset(ts + 5000, 5)
+    assert segment.find_offset_by_timestamp(ts + 5000, 7) == TimestampOffset(ts + 5000, 7)
+    assert segment.find_offset_by_timestamp(ts + 5001) == TimestampOffset(ts + 6000, 10)
+    assert segment.find_offset_by_timestamp(ts + 3) == TimestampOffset(ts + 3, 3)
 
 
 def test_truncate_removes_whole_batches(tmp_path: Path) -> None:

@@ -142,6 +142,56 @@ def kafka_offsets_for_times(bootstrap: str, topic: str, partition: int, stamps: 
         consumer.close()
 
 
+def test_time_lookups_answer_what_the_broker_answers(replicated, tmp_path):
+    """ListOffsets by timestamp on the same data, three ways: the broker's own answer, the
+    source's planner, and the log store's (what `replicad serve` answers with)."""
+    import shutil
+
+    from replicad.log.config import LogConfig
+    from replicad.log.partition import PartitionLog
+    from replicad.records.batch import scan_batches
+    from replicad.types import TopicPartition
+
+    topic, partition = replicated.mixed, 2
+    records = replicated.uncommitted[topic][partition]
+    distinct = sorted({r.timestamp for r in records})
+    sample = distinct[:: max(len(distinct) // 150, 1)]
+    stamps = sorted({s + d for s in sample for d in (-1, 0, 1)} | {distinct[-1] + 1})
+    broker = kafka_offsets_for_times(replicated.bootstrap, topic, partition, stamps)
+
+    options = parse_options({"path": str(replicated.data_dir), "topics": topic})
+    files = next(f for f in list_partitions(options) if f.partition == partition)
+    planner = Planner(options)
+    planned = [planner.offset_for_timestamp(files, ts) for ts in stamps]
+    assert planned == [None if o < 0 else o for o in broker]
+
+    # A copy: loading a partition may write its checkpoints, and the replica is shared.
+    directory = tmp_path / Path(files.directory).name
+    shutil.copytree(files.directory, directory)
+    log = PartitionLog.load(
+        directory,
+        TopicPartition(topic, partition),
+        LogConfig(),
+        now_ms=0,
+        recovery_point=0,
+        log_start_offset=None,
+        high_watermark=0,
+        clean_shutdown=True,
+    )
+    try:
+        served = [log.offset_for_timestamp(ts) for ts in stamps]
+        bases = {
+            h.base_offset
+            for seg in sorted(directory.glob("*.log"))
+            for h in scan_batches(seg.read_bytes()).batches
+        }
+    finally:
+        log.close()
+    assert [-1 if f is None else f.offset for f in served] == broker
+    # The answers that land inside a batch are the ones a batch-level lookup got wrong.
+    assert len([o for o in broker if o >= 0 and o not in bases]) > 10
+
+
 def test_a_narrow_time_range_opens_only_its_segments(spark, replicated, tmp_path):
     records = replicated.uncommitted[replicated.mixed][0]
     bases = _segment_bases(replicated, 0)
