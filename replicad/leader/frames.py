@@ -28,6 +28,7 @@ from kio.static.primitive import i32, uvarint
 
 from replicad.errors import LocalProtocolError, RemoteProtocolError
 from replicad.log.segment import FileRegion
+from replicad.protocol.frame_guard import reject_implausible_lengths
 from replicad.records.downconvert import LazyDownConversion
 
 SIZE = struct.Struct(">i")
@@ -70,8 +71,11 @@ def _writer(cls: type) -> Any:
 
 
 def decode_request(frame: bytes | memoryview, request_cls: type) -> KioRequest:
-    """Decode header and body with kio; bad bytes are the peer's RemoteProtocolError."""
+    """Decode header and body with kio; bad bytes are the peer's RemoteProtocolError.
+    The frame guard goes first: kio's native reader aborts the process on an array length
+    beyond what memory holds (see replicad/protocol/frame_guard.py)."""
     head = peek_head(frame)
+    reject_implausible_lengths(frame, request_cls.__header_schema__, request_cls)
     try:
         header, used = _reader(request_cls.__header_schema__)(frame, 0)
         body, size = _reader(request_cls)(frame, used)

@@ -21,6 +21,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32
 
 from replicad.errors import RemoteProtocolError
+from replicad.protocol.frame_guard import reject_implausible_lengths
 
 SIZE = struct.Struct(">i")
 CORRELATION = struct.Struct(">i")
@@ -89,10 +90,13 @@ def decode_response(frame: bytes | memoryview, response_cls: type) -> DecodedRes
     """Decode a frame body (size prefix already removed) as `response_cls`.
 
     Any failure is the peer's: bad bytes become a RemoteProtocolError that the
-    shell counts and recovers from, never a crash.
+    shell counts and recovers from, never a crash. The frame guard goes first: a length
+    prefix claiming more than the frame holds would make kio's native reader abort the
+    process (see frame_guard.py).
     """
+    header_cls = response_cls.__header_schema__
+    reject_implausible_lengths(frame, header_cls, response_cls)
     try:
-        header_cls = response_cls.__header_schema__
         header, used = _reader(header_cls)(frame, 0)
         body, body_size = _reader(response_cls)(frame, used)
     except Exception as exc:  # kio raises several types on bad input
