@@ -7,9 +7,13 @@ import asyncio
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from replicad import __version__
 from replicad.errors import ConfigError, LogDirLockedError, ReplicadError
+
+if TYPE_CHECKING:
+    from replicad.config.model import ServeSecurityConfig
 
 EX_OK = 0
 EX_USAGE = 64
@@ -112,10 +116,51 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return EX_OK
 
 
+# `replicad serve`'s security flags and the config keys they set (serve.security.*).
+_SERVE_SECURITY_FLAGS = {
+    "tls_cert_file": "serve.security.tls.cert_file",
+    "tls_key_file": "serve.security.tls.key_file",
+    "tls_key_password_file": "serve.security.tls.key_password_file",
+    "tls_ca_file": "serve.security.tls.ca_file",
+    "tls_client_auth": "serve.security.tls.client_auth",
+    "sasl_mechanism": "serve.security.sasl.mechanisms",
+    "sasl_users_file": "serve.security.sasl.users_file",
+    "follower_principal": "serve.security.follower_principals",
+}
+
+
+def _serve_security(args: argparse.Namespace) -> ServeSecurityConfig:
+    """The flags' `serve.security`, checked like the config file's; a ConfigError names
+    each bad flag."""
+    from replicad.errors import ConfigErrors
+    from replicad.leader.settings import serve_security_from_options
+
+    options: dict[str, object] = {"serve.allowed_followers": list(args.allow_follower or ())}
+    flags = {"serve.allowed_followers": "--allow-follower"}
+    for name, path in _SERVE_SECURITY_FLAGS.items():
+        flags[path] = "--" + name.replace("_", "-")
+        if getattr(args, name) is not None:
+            options[path] = getattr(args, name)
+    try:
+        return serve_security_from_options(options)
+    except ConfigErrors as errors:
+        lines = [
+            f"{flags.get(problem.path.split('[')[0], problem.path)} ({problem.path}): "
+            f"{problem.message}"
+            for problem in errors.problems
+        ]
+        raise ConfigError("", "\n".join(lines)) from None
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from replicad.leader.server import serve_forever
     from replicad.logs import configure_logging
 
+    try:
+        security = _serve_security(args)
+    except ConfigError as exc:
+        print(f"replicad serve: invalid options:\n{exc}", file=sys.stderr)
+        return EX_USAGE
     configure_logging("info", args.log_format)
     try:
         return asyncio.run(
@@ -125,6 +170,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 advertised=args.advertised,
                 node_id=args.node_id,
                 allowed_followers=frozenset(args.allow_follower or ()),
+                security=security,
             )
         )
     except ValueError as exc:
@@ -181,6 +227,34 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="ID",
         help="a replica id allowed to fetch as a follower (privileged session); repeatable",
+    )
+    secured = serve.add_argument_group(
+        "security", "TLS and SASL on the listener (the serve.security keys of the config file)"
+    )
+    secured.add_argument("--tls-cert-file", help="server certificate chain (PEM): turns TLS on")
+    secured.add_argument("--tls-key-file", help="its private key (PEM), if not in the cert file")
+    secured.add_argument("--tls-key-password-file", help="file holding the key's password")
+    secured.add_argument("--tls-ca-file", help="CAs that sign client certificates (PEM)")
+    secured.add_argument(
+        "--tls-client-auth",
+        choices=["none", "requested", "required"],
+        help="ask TLS clients for a certificate (mutual TLS)",
+    )
+    secured.add_argument(
+        "--sasl-mechanism",
+        action="append",
+        choices=["plain", "scram-sha-256", "scram-sha-512"],
+        help="a SASL mechanism to serve: turns SASL on; repeatable",
+    )
+    secured.add_argument(
+        "--sasl-users-file",
+        help="YAML file of users: name -> {password_file: PATH} or {password_env: NAME}",
+    )
+    secured.add_argument(
+        "--follower-principal",
+        action="append",
+        metavar="PRINCIPAL",
+        help='who may fetch as a follower, e.g. "User:replica"; repeatable',
     )
     serve.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
     serve.set_defaults(func=_cmd_serve)

@@ -211,7 +211,7 @@ class Daemon:
     async def _serve(self) -> None:
         """The `serve:` section: serve the replica over the Kafka protocol while
         replicating, from the same (already recovered) logs."""
-        from replicad.leader.server import LeaderServer
+        from replicad.leader.server import LeaderServer, server_security
         from replicad.leader.settings import ServeSettings
 
         serve = self.config.serve
@@ -229,6 +229,7 @@ class Daemon:
             settings,
             node_id=serve.node_id,
             allowed_followers=frozenset(serve.allowed_followers),
+            security=server_security(serve.security, frozenset(serve.allowed_followers)),
         )
         await server.start()
         self.server = server

@@ -23,8 +23,12 @@ Rules (Kafka's SaslServerAuthenticator and its PLAIN and SCRAM servers):
 - Principals are Kafka's: "User:<name>" after SASL; after mutual TLS without SASL,
   "User:<subject DN, RFC 2253>"; "User:ANONYMOUS" otherwise.
 - Followers: a Fetch claiming a replica id (>= 0) gets a privileged session only when the
-  connection's principal is one of the follower principals; otherwise no replica id is
-  allowed, and the leader answers it as an unknown replica.
+  connection's principal is one of the follower principals and the id is an allowed
+  follower. A principal that is not a follower principal is answered as Kafka answers a
+  follower fetch without CLUSTER_ACTION: TOPIC_AUTHORIZATION_FAILED for every partition
+  (and, unlike Kafka, no session is made for it). A follower principal claiming an id that
+  is not allowed is answered as an unknown replica. Without authentication (no SASL, no
+  client certificates) there are no principals to check: the replica id alone decides.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from kio.static.primitive import i64Timedelta
 from scramp import ScramException, ScramMechanism
 from scramp.utils import saslprep
 
-from replicad.config.model import SaslMechanism, Secret
+from replicad.config.model import ClientAuth, SaslMechanism, Secret, ServeSecurityConfig
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import response_type
 
@@ -252,6 +256,16 @@ class SaslServer:
         self._scram_user: str | None = None
         self._scram_decoy = False
 
+    @property
+    def mechanism(self) -> SaslMechanism | None:
+        """The mechanism the handshake chose, once it has."""
+        return self._mechanism
+
+    @property
+    def done(self) -> bool:
+        """Whether the exchange has succeeded (the connection may send anything now)."""
+        return self.phase is AuthPhase.AUTHENTICATED
+
     def admission(self, api_key: int) -> Admission:
         if self.phase is AuthPhase.AUTHENTICATED or api_key in PRE_AUTH_APIS:
             return Admission.ADMIT
@@ -394,14 +408,6 @@ class FollowerPolicy:
 # -- TLS, server side -----------------------------------------------------------------------
 
 
-class ClientAuth(enum.StrEnum):
-    """Kafka's `ssl.client.auth`."""
-
-    NONE = "none"
-    REQUESTED = "requested"
-    REQUIRED = "required"
-
-
 def server_tls_context(
     cert_file: Path,
     key_file: Path | None = None,
@@ -454,3 +460,72 @@ def _dn_escape(value: str) -> str:
     if escaped.endswith(" ") and not escaped.endswith("\\ "):
         escaped = escaped[:-1] + "\\ "
     return escaped
+
+
+# -- what `replicad serve` asks of its connections ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSecurity:
+    """TLS, SASL and the follower policy of one listener, built once when serving starts.
+
+    `followers` is None when connections do not authenticate: then the replica id alone
+    decides who is a follower (the allowed_followers of the server).
+    """
+
+    tls: ssl.SSLContext | None = None
+    mechanisms: tuple[SaslMechanism, ...] = ()
+    store: CredentialStore | None = field(default=None, repr=False)
+    client_auth: ClientAuth = ClientAuth.NONE
+    followers: FollowerPolicy | None = None
+
+    @classmethod
+    def from_config(
+        cls, config: ServeSecurityConfig, allowed_followers: Iterable[int]
+    ) -> ServerSecurity:
+        """From a validated `serve.security` section (files load; the passwords become
+        salted SCRAM credentials here and are not kept)."""
+        tls = None
+        if config.tls.cert_file is not None:
+            tls = server_tls_context(
+                config.tls.cert_file,
+                config.tls.key_file,
+                ca_file=config.tls.ca_file,
+                client_auth=config.tls.client_auth,
+                key_password=config.tls.key_password,
+            )
+        store = None
+        mechanisms = tuple(config.sasl.mechanisms)
+        if mechanisms:
+            users = config.sasl.users_file.as_mapping() if config.sasl.users_file else {}
+            # PLAIN checks a password against a SCRAM credential, so it needs one too.
+            scrams = tuple(m for m in mechanisms if m in _SCRAM_HASHES) or (
+                SaslMechanism.SCRAM_SHA_256,
+            )
+            store = CredentialStore.from_passwords(users, scrams)
+        followers = None
+        if config.authenticates:
+            followers = FollowerPolicy(
+                frozenset(Principal.parse(text) for text in config.follower_principals),
+                frozenset(allowed_followers),
+            )
+        return cls(tls, mechanisms, store, config.tls.client_auth, followers)
+
+    @property
+    def protocol(self) -> str:
+        """Kafka's name for the listener's security protocol, for logs."""
+        if self.mechanisms:
+            return "SASL_SSL" if self.tls is not None else "SASL_PLAINTEXT"
+        return "SSL" if self.tls is not None else "PLAINTEXT"
+
+    def new_sasl(self) -> SaslServer | None:
+        """The SASL state of a new connection (None: no SASL on this listener)."""
+        if not self.mechanisms:
+            return None
+        assert self.store is not None
+        return SaslServer(self.mechanisms, self.store)
+
+    def may_follow(self, principal: Principal) -> bool:
+        """Whether `principal` may fetch as a follower at all (its replica id is checked
+        against the allowed followers afterwards)."""
+        return self.followers is None or principal in self.followers.follower_principals

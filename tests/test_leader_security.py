@@ -27,7 +27,14 @@ from kio.schema.sasl_handshake.v0.response import (
 )
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 
-from replicad.config.model import SaslMechanism, Secret
+from replicad.config.model import (
+    SaslMechanism,
+    SaslUsers,
+    Secret,
+    ServeSaslConfig,
+    ServeSecurityConfig,
+    ServeTlsConfig,
+)
 from replicad.leader_security import (
     ANONYMOUS,
     FAILED_MESSAGE,
@@ -39,6 +46,7 @@ from replicad.leader_security import (
     Principal,
     SaslServer,
     ScramCredential,
+    ServerSecurity,
     server_tls_context,
     tls_principal,
 )
@@ -337,3 +345,59 @@ def test_server_tls_context_needs_a_ca_to_check_clients(pki: Pki, tmp_path: Path
     context = server_tls_context(pki.broker_cert, pki.broker_key)
     assert context.verify_mode is ssl.CERT_NONE
     assert context.minimum_version is ssl.TLSVersion.TLSv1_2
+
+
+# -- ServerSecurity: one listener's settings from serve.security ---------------------------------
+
+
+def serve_security_config(**sections: object) -> ServeSecurityConfig:
+    tls = sections.get("tls", ServeTlsConfig())
+    sasl = sections.get("sasl", ServeSaslConfig())
+    principals = sections.get("follower_principals", ())
+    assert isinstance(tls, ServeTlsConfig) and isinstance(sasl, ServeSaslConfig)
+    assert isinstance(principals, tuple)
+    return ServeSecurityConfig(tls, sasl, principals)
+
+
+def users(**passwords: str) -> SaslUsers:
+    return SaslUsers("test", tuple((u, Secret("test", p)) for u, p in passwords.items()))
+
+
+def test_a_plain_only_listener_still_checks_passwords() -> None:
+    # PLAIN keeps no password either: it is checked against a SCRAM credential made for it.
+    config = serve_security_config(
+        sasl=ServeSaslConfig((SaslMechanism.PLAIN,), users(alice=PASSWORD))
+    )
+    security = ServerSecurity.from_config(config, ())
+    assert security.protocol == "SASL_PLAINTEXT" and security.tls is None
+    for password, principal in ((PASSWORD, Principal("User", "alice")), ("nope", None)):
+        sasl = security.new_sasl()
+        assert sasl is not None
+        sasl.handshake(SaslHandshakeRequest(mechanism="PLAIN"))
+        reply = authenticate(sasl, kafka_python_plain("alice", password))
+        assert reply.principal == principal
+    assert PASSWORD not in repr(security)
+
+
+def test_followers_are_checked_only_when_connections_authenticate(pki: Pki) -> None:
+    open_listener = ServerSecurity.from_config(
+        serve_security_config(tls=ServeTlsConfig(pki.broker_cert, pki.broker_key)), {7}
+    )
+    assert open_listener.protocol == "SSL" and open_listener.new_sasl() is None
+    assert open_listener.followers is None and open_listener.may_follow(ANONYMOUS)
+
+    mutual = ServerSecurity.from_config(
+        serve_security_config(
+            tls=ServeTlsConfig(
+                pki.broker_cert, pki.broker_key, ca_file=pki.ca, client_auth=ClientAuth.REQUIRED
+            ),
+            follower_principals=(f"User:{pki.client_dn}",),
+        ),
+        {7},
+    )
+    assert mutual.tls is not None and mutual.tls.verify_mode == ssl.CERT_REQUIRED
+    client = Principal.parse(f"User:{pki.client_dn}")
+    assert mutual.may_follow(client) and not mutual.may_follow(ANONYMOUS)
+    assert mutual.followers is not None
+    assert mutual.followers.allowed_replica_ids(client) == {7}
+    assert mutual.followers.allowed_replica_ids(Principal("User", "other")) == frozenset()

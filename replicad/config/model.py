@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -237,6 +238,77 @@ class LoggingConfig:
     format: LogFormat = LogFormat.AUTO
 
 
+class ClientAuth(enum.StrEnum):
+    """Whether `replicad serve` asks TLS clients for a certificate: Kafka's `ssl.client.auth`."""
+
+    NONE = "none"
+    REQUESTED = "requested"
+    REQUIRED = "required"
+
+
+@dataclass(frozen=True, slots=True)
+class SaslUsers:
+    """The users `replicad serve` accepts, read from `serve.security.sasl.users_file` when
+    the config was loaded: each user's password as a `Secret` (never shown)."""
+
+    # Where they came from, for messages: "file /etc/replicad/serve-users.yaml".
+    origin: str
+    passwords: tuple[tuple[str, Secret], ...] = field(repr=False)
+
+    def as_mapping(self) -> Mapping[str, Secret]:
+        return dict(self.passwords)
+
+    def __str__(self) -> str:
+        return f"<{len(self.passwords)} users from {self.origin}>"
+
+
+@dataclass(frozen=True, slots=True)
+class ServeTlsConfig:
+    """TLS on the serving listener: on when `cert_file` is given."""
+
+    # The server's certificate chain (PEM; may also hold the key); None = no TLS.
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    # The password of an encrypted key, from a file or an environment variable.
+    key_password_file: Secret | None = None
+    key_password_env: Secret | None = None
+    # CAs that sign the client certificates (mutual TLS).
+    ca_file: Path | None = None
+    client_auth: ClientAuth = ClientAuth.NONE
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert_file is not None
+
+    @property
+    def key_password(self) -> Secret | None:
+        return self.key_password_file or self.key_password_env
+
+
+@dataclass(frozen=True, slots=True)
+class ServeSaslConfig:
+    """SASL on the serving listener: on when `mechanisms` is not empty."""
+
+    mechanisms: tuple[SaslMechanism, ...] = ()
+    users_file: SaslUsers | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ServeSecurityConfig:
+    """Who may connect to `replicad serve`, and who may fetch as a follower."""
+
+    tls: ServeTlsConfig = field(default_factory=ServeTlsConfig)
+    sasl: ServeSaslConfig = field(default_factory=ServeSaslConfig)
+    # Principals ("User:name") whose Fetch may claim a replica id of allowed_followers;
+    # checked only when connections authenticate (SASL or client certificates).
+    follower_principals: tuple[str, ...] = ()
+
+    @property
+    def authenticates(self) -> bool:
+        """Whether connections carry a principal of their own (else all are anonymous)."""
+        return bool(self.sasl.mechanisms) or self.tls.client_auth is not ClientAuth.NONE
+
+
 @dataclass(frozen=True, slots=True)
 class ServeConfig:
     """Serving the local replica over the Kafka protocol; present only when turned on."""
@@ -249,6 +321,7 @@ class ServeConfig:
     # Replica ids that may fetch as followers (privileged KIP-227 sessions, read to the
     # log end); any other client claiming a replica id >= 0 is refused.
     allowed_followers: tuple[int, ...] = ()
+    security: ServeSecurityConfig = field(default_factory=ServeSecurityConfig)
 
 
 @dataclass(frozen=True, slots=True)

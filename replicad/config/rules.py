@@ -17,7 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from replicad.config.model import HostPort, Secret
+import yaml
+
+from replicad.config.model import HostPort, SaslUsers, Secret
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -29,6 +31,9 @@ _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]+")
 UNIX_SOCKET_PATH_MAX = 107
 # Longest quoted value repeated back in a message.
 DESCRIBE_MAX = 60
+
+# A Kafka principal, "Type:name" (User:replica, or a certificate's DN after "User:").
+_PRINCIPAL = re.compile(r"[A-Za-z][A-Za-z0-9_]*:.+", re.DOTALL)
 
 # POSIX's portable environment variable names.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -464,3 +469,136 @@ class SecretEnv(Rule):
             problems.add(path, "the environment variable it names is empty")
             return INVALID
         return Secret(f"environment variable {value}", text)
+
+
+@dataclass(frozen=True)
+class ChoiceList(Rule):
+    """Several of a StrEnum's values, as a list or one comma-separated string; [] = none."""
+
+    choices: type[enum.StrEnum]
+
+    @property
+    def expected(self) -> str:
+        return "a list of " + ", ".join(member.value for member in self.choices)
+
+    def convert(self, value: object, path: str, problems: Problems) -> object:
+        if value is None:
+            return ()
+        items = _items(value)
+        if items is None:
+            return self._wrong(value, path, problems)
+        found = len(problems)
+        chosen: list[enum.StrEnum] = []
+        for index, item in enumerate(items):
+            member = Choice(self.choices).convert(item, f"{path}[{index}]", problems)
+            if member is not INVALID and member not in chosen:
+                assert isinstance(member, enum.StrEnum)
+                chosen.append(member)
+        return INVALID if len(problems) > found else tuple(chosen)
+
+
+@dataclass(frozen=True)
+class PrincipalList(Rule):
+    """Kafka principals, "Type:name" (e.g. User:replica); null or [] = none."""
+
+    @property
+    def expected(self) -> str:
+        return 'a list of principals like "User:replica", or null'
+
+    def convert(self, value: object, path: str, problems: Problems) -> object:
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            return self._wrong(value, path, problems)
+        found = len(problems)
+        principals: list[str] = []
+        for index, item in enumerate(value):
+            if not isinstance(item, str) or _PRINCIPAL.fullmatch(item) is None:
+                problems.add(
+                    f"{path}[{index}]",
+                    f'expected a principal "Type:name" like "User:replica", got {describe(item)}',
+                )
+            elif item not in principals:
+                principals.append(item)
+        return INVALID if len(problems) > found else tuple(principals)
+
+
+# What a user of the users file may have: where its password is, one of the two.
+_USER_KEYS = ("password_file", "password_env")
+
+
+@dataclass(frozen=True)
+class UsersFile(Rule):
+    """The path of a YAML file of SASL users, read at load time:
+
+        replica:
+          password_file: /etc/replicad/serve-passwords/replica
+        alice:
+          password_env: ALICE_PASSWORD
+
+    Passwords themselves never appear in it; each is read like any other secret.
+    """
+
+    environ: Mapping[str, str] | None = None
+
+    @property
+    def expected(self) -> str:
+        return "the path of a YAML file of users, or null"
+
+    def convert(self, value: object, path: str, problems: Problems) -> object:
+        if value is None:
+            return None
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if not isinstance(value, str) or not value or "\0" in value:
+            return self._wrong(value, path, problems)
+        try:
+            raw = yaml.safe_load(Path(value).read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            problems.add(path, f"{value} is not UTF-8 text")
+            return INVALID
+        except OSError as error:
+            problems.add(path, f"cannot read {value}: {error.strerror or type(error).__name__}")
+            return INVALID
+        except yaml.MarkedYAMLError as error:
+            # Only the line: the text around it might be a password someone pasted in.
+            mark = error.problem_mark
+            line = f" (line {mark.line + 1})" if mark is not None else ""
+            problems.add(path, f"{value} is not valid YAML{line}: {error.problem}")
+            return INVALID
+        except yaml.YAMLError:
+            problems.add(path, f"{value} is not valid YAML")
+            return INVALID
+        if not isinstance(raw, Mapping) or not raw:
+            problems.add(
+                path, f"{value} must map each user name to its password_file or password_env"
+            )
+            return INVALID
+        found = len(problems)
+        passwords: list[tuple[str, Secret]] = []
+        for user, entry in raw.items():
+            if not isinstance(user, str) or not user:
+                problems.add(path, f"{value}: a user name must be a non-empty string")
+                continue
+            secret = self._password(entry, path, f"{value}: user {describe(user)}", problems)
+            if secret is not None:
+                passwords.append((user, secret))
+        if len(problems) > found:
+            return INVALID
+        return SaslUsers(f"file {value}", tuple(passwords))
+
+    def _password(self, entry: object, path: str, label: str, problems: Problems) -> Secret | None:
+        if not isinstance(entry, Mapping) or len(entry) != 1 or next(iter(entry)) not in _USER_KEYS:
+            # Never echo the entry: it may be the password itself.
+            problems.add(
+                path,
+                f"{label}: expected exactly one of password_file or password_env {_NOT_REPEATED}",
+            )
+            return None
+        key, item = next(iter(entry.items()))
+        rule: Rule = SecretFile() if key == "password_file" else SecretEnv(self.environ)
+        inner = Problems()
+        secret = rule.convert(item, key, inner)
+        for problem in inner.items:
+            problems.add(path, f"{label}: {key}: {problem.message}")
+        return secret if isinstance(secret, Secret) else None

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from replicad.config.model import (
+    ClientAuth,
     Config,
     ControlConfig,
     FetchConfig,
@@ -27,6 +28,9 @@ from replicad.config.model import (
     SecurityConfig,
     SecurityProtocol,
     ServeConfig,
+    ServeSaslConfig,
+    ServeSecurityConfig,
+    ServeTlsConfig,
     SourceConfig,
     StartFrom,
     TlsConfig,
@@ -38,9 +42,11 @@ from replicad.config.rules import (
     AddressList,
     Bool,
     Choice,
+    ChoiceList,
     FilePath,
     IdList,
     Int,
+    PrincipalList,
     Problem,
     Regex,
     Rule,
@@ -48,6 +54,7 @@ from replicad.config.rules import (
     SecretFile,
     Str,
     TopicList,
+    UsersFile,
 )
 from replicad.errors import ConfigError
 from replicad.log.config import LogConfig
@@ -170,6 +177,27 @@ SCHEMA = Section(
                 "advertised": Address(nullable=True),
                 "node_id": Int(0, INT32_MAX),
                 "allowed_followers": IdList(),
+                "security": Section(
+                    ServeSecurityConfig,
+                    {
+                        "tls": Section(
+                            ServeTlsConfig,
+                            {
+                                "cert_file": FilePath(nullable=True),
+                                "key_file": FilePath(nullable=True),
+                                "key_password_file": SecretFile(),
+                                "key_password_env": SecretEnv(),
+                                "ca_file": FilePath(nullable=True),
+                                "client_auth": Choice(ClientAuth),
+                            },
+                        ),
+                        "sasl": Section(
+                            ServeSaslConfig,
+                            {"mechanisms": ChoiceList(SaslMechanism), "users_file": UsersFile()},
+                        ),
+                        "follower_principals": PrincipalList(),
+                    },
+                ),
             },
             nullable=True,
         ),
@@ -552,7 +580,165 @@ def _advertise_something_reachable(values: Values) -> Problem | None:
     )
 
 
+_SERVE_TLS = "serve.security.tls"
+_SERVE_SASL = "serve.security.sasl"
+_FOLLOWER_PRINCIPALS = "serve.security.follower_principals"
+_SERVE_TLS_KEYS = tuple(f.name for f in dataclasses.fields(ServeTlsConfig))
+SERVE_TLS_PATHS = tuple(f"{_SERVE_TLS}.{key}" for key in _SERVE_TLS_KEYS)
+_SERVE_AUTH_PATHS = (f"{_SERVE_SASL}.mechanisms", f"{_SERVE_TLS}.client_auth")
+
+
+def _serve_tls(values: Values) -> ServeTlsConfig:
+    return ServeTlsConfig(
+        **{key: values[path] for key, path in zip(_SERVE_TLS_KEYS, SERVE_TLS_PATHS, strict=True)}
+    )
+
+
+def _serve_tls_needs_a_certificate(values: Values) -> Problem | None:
+    tls = _serve_tls(values)
+    if tls.cert_file is None:
+        for key in ("key_file", "key_password_file", "key_password_env", "ca_file"):
+            if getattr(tls, key) is not None:
+                return Problem(
+                    f"{_SERVE_TLS}.{key}",
+                    f"needs {_SERVE_TLS}.cert_file: TLS is on only with a server certificate",
+                    (f"{_SERVE_TLS}.cert_file",),
+                )
+        if tls.client_auth is not ClientAuth.NONE:
+            return Problem(
+                f"{_SERVE_TLS}.client_auth",
+                f"is {tls.client_auth}, but client certificates need TLS: give "
+                f"{_SERVE_TLS}.cert_file",
+                (f"{_SERVE_TLS}.cert_file",),
+            )
+    if tls.key_password_file is not None and tls.key_password_env is not None:
+        return Problem(
+            f"{_SERVE_TLS}.key_password_env",
+            "give only one of key_password_file and key_password_env",
+            (f"{_SERVE_TLS}.key_password_file",),
+        )
+    return None
+
+
+def _serve_client_auth_has_its_ca(values: Values) -> Problem | None:
+    tls = _serve_tls(values)
+    if tls.cert_file is None:
+        return None
+    if tls.client_auth is not ClientAuth.NONE and tls.ca_file is None:
+        return Problem(
+            f"{_SERVE_TLS}.ca_file",
+            f"required when {_SERVE_TLS}.client_auth is {tls.client_auth}: the CAs that "
+            "sign the client certificates",
+            (f"{_SERVE_TLS}.client_auth",),
+        )
+    if tls.client_auth is ClientAuth.NONE and tls.ca_file is not None:
+        return Problem(
+            f"{_SERVE_TLS}.ca_file",
+            "is only used to check client certificates, but "
+            f"{_SERVE_TLS}.client_auth is none: set it to requested or required, or remove "
+            "ca_file",
+            (f"{_SERVE_TLS}.client_auth",),
+        )
+    return None
+
+
+def _serve_tls_files_load(values: Values) -> Problem | None:
+    """The server's certificate, key and client CAs must load now, not at the first client."""
+    if _serve_tls_needs_a_certificate(values) or _serve_client_auth_has_its_ca(values):
+        return None
+    tls = _serve_tls(values)
+    if tls.cert_file is None:
+        return None
+    # Imported here: the config loader should not pay for the ssl module otherwise.
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    password = tls.key_password
+    try:
+        context.load_cert_chain(
+            str(tls.cert_file),
+            str(tls.key_file) if tls.key_file is not None else None,
+            password=lambda: password.reveal() if password is not None else "",
+        )
+    except (ssl.SSLError, OSError) as error:
+        return Problem(
+            f"{_SERVE_TLS}.cert_file",
+            f"cannot load the server certificate and key: {_load_reason(error)}",
+            (f"{_SERVE_TLS}.key_file",),
+        )
+    if tls.ca_file is not None:
+        try:
+            context.load_verify_locations(cafile=str(tls.ca_file))
+        except (ssl.SSLError, OSError) as error:
+            return Problem(
+                f"{_SERVE_TLS}.ca_file", f"cannot load the CA certificates: {_load_reason(error)}"
+            )
+    return None
+
+
+def _load_reason(error: OSError) -> str:
+    # ssl errors carry OpenSSL's reason ("PEM_R_NO_START_LINE"); OSErrors their strerror.
+    reason = getattr(error, "reason", None) or error.strerror or str(error)
+    return str(reason).replace("_", " ").lower() if getattr(error, "reason", None) else reason
+
+
+def _serve_sasl_has_users(values: Values) -> Problem | None:
+    mechanisms, users = values[f"{_SERVE_SASL}.mechanisms"], values[f"{_SERVE_SASL}.users_file"]
+    if mechanisms and users is None:
+        return Problem(
+            f"{_SERVE_SASL}.users_file",
+            f"required when {_SERVE_SASL}.mechanisms is set: the users SASL accepts",
+            (f"{_SERVE_SASL}.mechanisms",),
+        )
+    if not mechanisms and users is not None:
+        return Problem(
+            f"{_SERVE_SASL}.mechanisms",
+            f"give the SASL mechanisms to serve (e.g. [scram-sha-512]); {_SERVE_SASL}.users_file "
+            "is set but SASL is off without them",
+            (f"{_SERVE_SASL}.users_file",),
+        )
+    return None
+
+
+def _follower_principals_need_authentication(values: Values) -> Problem | None:
+    principals = values[_FOLLOWER_PRINCIPALS]
+    authenticates = bool(values[f"{_SERVE_SASL}.mechanisms"]) or (
+        values[f"{_SERVE_TLS}.client_auth"] is not ClientAuth.NONE
+    )
+    followers = values["serve.allowed_followers"]
+    if principals and not authenticates:
+        return Problem(
+            _FOLLOWER_PRINCIPALS,
+            "needs connections that authenticate: set serve.security.sasl.mechanisms or "
+            f"{_SERVE_TLS}.client_auth (without either, every client is User:ANONYMOUS)",
+            _SERVE_AUTH_PATHS,
+        )
+    if principals and not followers:
+        return Problem(
+            "serve.allowed_followers",
+            f"required when {_FOLLOWER_PRINCIPALS} is set: the replica ids those principals "
+            "fetch as (the fetch.replica_id of the downstream replicads)",
+            (_FOLLOWER_PRINCIPALS,),
+        )
+    if followers and authenticates and not principals:
+        return Problem(
+            _FOLLOWER_PRINCIPALS,
+            "required when connections authenticate and serve.allowed_followers is set: "
+            'who may fetch as a follower, e.g. ["User:replica"]',
+            ("serve.allowed_followers", *_SERVE_AUTH_PATHS),
+        )
+    return None
+
+
 # Checks of the optional serve section, run only when it is turned on.
 SERVE_CHECKS: tuple[CrossCheck, ...] = (
     CrossCheck(("serve.listen", "serve.advertised"), _advertise_something_reachable),
+    CrossCheck(SERVE_TLS_PATHS, _serve_tls_needs_a_certificate),
+    CrossCheck(SERVE_TLS_PATHS, _serve_client_auth_has_its_ca),
+    CrossCheck(SERVE_TLS_PATHS, _serve_tls_files_load),
+    CrossCheck((f"{_SERVE_SASL}.mechanisms", f"{_SERVE_SASL}.users_file"), _serve_sasl_has_users),
+    CrossCheck(
+        (_FOLLOWER_PRINCIPALS, "serve.allowed_followers", *_SERVE_AUTH_PATHS),
+        _follower_principals_need_authentication,
+    ),
 )

@@ -8,6 +8,9 @@ Rules (Kafka's KafkaApis.handleFetchRequest / ReplicaManager.fetchMessages):
   the log end. Any other claimed follower is refused: every partition it names is answered
   UNKNOWN_LEADER_EPOCH if it names a leader epoch, else NOT_LEADER_OR_FOLLOWER -- Kafka's
   answer to a replica it does not recognise -- and the session cache is not touched.
+  A connection whose principal may not follow at all (`follower_authorized` false, see
+  leader_security) gets TOPIC_AUTHORIZATION_FAILED for every partition instead, Kafka's
+  answer to a follower fetch without CLUSTER_ACTION; no session either.
   Consumers read up to the high watermark (READ_UNCOMMITTED) or the last stable offset
   (READ_COMMITTED, v4+).
 - Limits: max_bytes = min(the request's, the server's fetch.max.bytes); min_bytes =
@@ -76,6 +79,11 @@ class Role(enum.Enum):
     CONSUMER = "consumer"
     FOLLOWER = "follower"
     REFUSED_FOLLOWER = "refused-follower"
+    UNAUTHORIZED_FOLLOWER = "unauthorized-follower"
+
+
+# Fetches answered without the session cache.
+_SESSIONLESS_ROLES = frozenset({Role.REFUSED_FOLLOWER, Role.UNAUTHORIZED_FOLLOWER})
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +228,7 @@ class FetchHandling:
         settings: ServeSettings,
         allowed_followers: frozenset[int],
         now_ms: int,
+        follower_authorized: bool = True,
     ) -> None:
         self.view = view
         self._catalog = catalog
@@ -228,6 +237,8 @@ class FetchHandling:
         self.min_bytes = min(view.min_bytes, max_bytes)
         if view.replica_id < 0:
             self.role = Role.CONSUMER
+        elif not follower_authorized:
+            self.role = Role.UNAUTHORIZED_FOLLOWER
         elif view.replica_id in allowed_followers:
             self.role = Role.FOLLOWER
         else:
@@ -242,7 +253,7 @@ class FetchHandling:
         self.partitions = self._resolve(view.partitions, now_ms)
         self.topic_ids = {tp: fetch.topic_id for tp, fetch in self.partitions.items()}
         self.context: FetchContext | None = None
-        if self.role is not Role.REFUSED_FOLLOWER:
+        if self.role not in _SESSIONLESS_ROLES:
             self.context = cache.new_context(
                 SessionRequest(
                     session_id=view.session_id if view.version >= SESSIONS_VERSION else 0,
@@ -269,7 +280,7 @@ class FetchHandling:
     def read(self, *, now_ms: int) -> FetchRound:
         if self.context is None:
             answers = {
-                tp: PartitionAnswer(tp, fetch.fetch_offset, error_code=_refusal(fetch))
+                tp: PartitionAnswer(tp, fetch.fetch_offset, error_code=self._refusal(fetch))
                 for tp, fetch in self.partitions.items()
             }
             return FetchRound(answers, 0, complete=True)
@@ -313,6 +324,11 @@ class FetchHandling:
         return FetchOutcome(
             session.error_code, session.session_id, answers, self.role, self.topic_ids
         )
+
+    def _refusal(self, fetch: PartitionFetch) -> int:
+        if self.role is Role.UNAUTHORIZED_FOLLOWER:
+            return ErrorCode.topic_authorization_failed
+        return _refusal(fetch)
 
     # -- request names -> partitions -------------------------------------------------------
 

@@ -1,8 +1,8 @@
 """Answers to everything but Fetch: ApiVersions, Metadata, ListOffsets, OffsetForLeaderEpoch.
 
 Rules (Kafka's KafkaApis, as they apply to a node that leads every partition it has):
-- ApiVersions lists exactly the APIs and versions below (Produce is listed so that a
-  producer gets a clear refusal, see refusals.py).
+- ApiVersions lists exactly the APIs and versions below, and on a SASL listener the SASL
+  ones too (Produce is listed so that a producer gets a clear refusal, see refusals.py).
 - Metadata: this node is the only broker and the controller; it leads every local
   partition, which has this node as its only replica and in-sync replica. No topic is
   created on request: a topic named but not held is UNKNOWN_TOPIC_OR_PARTITION (by name)
@@ -57,6 +57,11 @@ SUPPORTED_VERSIONS: Mapping[int, VersionRange] = {
     ApiKey.API_VERSIONS: VersionRange(0, 4),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: VersionRange(2, 4),
 }
+# What a SASL listener answers besides (Kafka's SaslHandshake v0-1, SaslAuthenticate v0-2).
+SASL_VERSIONS: Mapping[int, VersionRange] = {
+    ApiKey.SASL_HANDSHAKE: VersionRange(0, 1),
+    ApiKey.SASL_AUTHENTICATE: VersionRange(0, 2),
+}
 
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
@@ -96,12 +101,18 @@ def _no_throttle() -> datetime.timedelta:
 # -- ApiVersions ------------------------------------------------------------------------------
 
 
-def api_versions_response(version: int, *, error: int = ErrorCode.none) -> Any:
+def api_versions_response(
+    version: int,
+    *,
+    error: int = ErrorCode.none,
+    supported: Mapping[int, VersionRange] = SUPPORTED_VERSIONS,
+) -> Any:
+    """The ApiVersions answer listing `supported` (a SASL listener adds SASL_VERSIONS)."""
     cls = response_type(ApiKey.API_VERSIONS, version)
     module = sys.modules[cls.__module__]
     keys = tuple(
         make_entity(module.ApiVersion, api_key=int(k), min_version=r.min, max_version=r.max)
-        for k, r in sorted(SUPPORTED_VERSIONS.items())
+        for k, r in sorted(supported.items())
     )
     return make_entity(
         cls, error_code=ErrorCode(error), api_keys=keys, throttle_time=_no_throttle()

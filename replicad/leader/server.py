@@ -15,6 +15,13 @@ Rules:
   transport's buffer are held. If a segment shrank or vanished before it was sent, the
   bytes still owed are an overflow entry (KIP-283's trailing partial message): the frame
   stays the size it announced and the client drops the partial entry.
+- Security (`ServerSecurity`, see leader_security.py for its rules): with TLS the listener
+  speaks TLS only; the principal of a connection is its verified client certificate's DN,
+  or ANONYMOUS, until SASL names it. On a SASL listener the connection answers ApiVersions,
+  SaslHandshake and SaslAuthenticate through its `SaslServer` until it has authenticated;
+  any other request before that, and a failed authentication (after its answer), close the
+  connection. Whether a Fetch claiming a replica id may follow is decided per connection,
+  once its principal is known. Without security none of this runs: one check per request.
 - `partition_changed(tp)` (the follower calls it after every append, truncation, high
   watermark move or removal; on the event loop, or from another thread, which is handed
   over to the loop) updates the catalog and the session cache and wakes the waiting
@@ -28,6 +35,7 @@ import contextlib
 import dataclasses
 import random
 import signal
+import ssl
 import threading
 import time
 from collections import Counter
@@ -40,6 +48,7 @@ from kio.index import UnknownAPIKey, UnknownEntity
 from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map
 
+from replicad.config.model import ServeSecurityConfig
 from replicad.errors import RemoteProtocolError
 from replicad.leader import handlers, legacy_codec
 from replicad.leader.catalog import Catalog
@@ -64,6 +73,15 @@ from replicad.leader.frames import (
 from replicad.leader.reads import TransactionTracker
 from replicad.leader.refusals import NO_COORDINATOR_MESSAGE, READ_ONLY_MESSAGE, error_response
 from replicad.leader.settings import ServeSettings
+from replicad.leader_security import (
+    ANONYMOUS,
+    SASL_APIS,
+    Admission,
+    Principal,
+    SaslServer,
+    ServerSecurity,
+    tls_principal,
+)
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
 from replicad.log.segment import FileRegion
@@ -78,6 +96,8 @@ log = structlog.get_logger("replicad.leader")
 
 FIND_COORDINATOR = 10
 ACKS_NONE = 0
+# Kafka's sasl.server.max.receive.size: the largest frame read before authentication.
+SASL_MAX_RECEIVE_BYTES = 512 * 1024
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
 
@@ -87,6 +107,25 @@ def monotonic_ms() -> int:
 
 class _Close(Exception):
     """The connection must be closed instead of answered (reason in the message)."""
+
+
+class _Closed(Exception):
+    """The connection must be closed; what happened has been logged and counted."""
+
+
+@dataclasses.dataclass(slots=True)
+class _Peer:
+    """Who is at the other end of one connection, as far as the server knows yet."""
+
+    address: str
+    principal: Principal
+    # The replica ids this connection's Fetch may claim as a follower ...
+    allowed_followers: frozenset[int]
+    # ... and whether its principal may claim one at all (else TOPIC_AUTHORIZATION_FAILED).
+    follower_authorized: bool = True
+    # The SASL exchange still to go (None: no SASL on this listener).
+    sasl: SaslServer | None = None
+    told_unauthorized: bool = False
 
 
 class LeaderServer:
@@ -99,12 +138,20 @@ class LeaderServer:
         *,
         node_id: int = 0,
         allowed_followers: frozenset[int] = frozenset(),
+        security: ServerSecurity | None = None,
         now_ms: Callable[[], int] = monotonic_ms,
         rng: random.Random | None = None,
     ) -> None:
         self.settings = settings
         self.node_id = node_id
         self.allowed_followers = frozenset(allowed_followers)
+        self.security = security
+        # ApiVersions answers these; a SASL listener adds the SASL APIs.
+        self._supported = (
+            {**handlers.SUPPORTED_VERSIONS, **handlers.SASL_VERSIONS}
+            if security is not None and security.mechanisms
+            else handlers.SUPPORTED_VERSIONS
+        )
         self._now_ms = now_ms
         rng = rng if rng is not None else random.Random()
         self.catalog = Catalog(logs, rng=rng)
@@ -131,17 +178,30 @@ class LeaderServer:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
+        tls = self.security.tls if self.security is not None else None
         self._server = await asyncio.start_server(
-            self._accept, self.settings.host, self.settings.port
+            self._accept, self.settings.host, self.settings.port, ssl=tls
         )
         sockname = self._server.sockets[0].getsockname()
         self._host, self.port = sockname[0], sockname[1]
+        security: dict[str, Any] = {}
+        if self.security is not None:
+            security = {
+                "security_protocol": self.security.protocol,
+                "sasl_mechanisms": [m.wire_name for m in self.security.mechanisms],
+                "client_auth": str(self.security.client_auth),
+            }
+            if self.security.followers is not None:
+                security["follower_principals"] = sorted(
+                    str(p) for p in self.security.followers.follower_principals
+                )
         log.info(
             "serving the replica over the Kafka protocol",
             listen=f"{self._host}:{self.port}",
             advertised=f"{self.advertised[0]}:{self.advertised[1]}",
             node_id=self.node_id,
             allowed_followers=sorted(self.allowed_followers),
+            **security,
         )
 
     async def close(self) -> None:
@@ -199,9 +259,11 @@ class LeaderServer:
         self._connections.add(task)
         peer = writer.get_extra_info("peername")
         try:
-            await self._serve(reader, writer)
-        except (asyncio.IncompleteReadError, ConnectionError):
+            await self._serve(reader, writer, self._new_peer(str(peer), writer))
+        except (asyncio.IncompleteReadError, ConnectionError, _Closed):
             pass
+        except ssl.SSLError as exc:
+            log.info("TLS error; connection closed", peer=str(peer), error=exc.reason)
         except _Close as reason:
             log.warning("closing a client connection", peer=str(peer), reason=str(reason))
         except RemoteProtocolError as exc:
@@ -219,31 +281,105 @@ class LeaderServer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: _Peer
+    ) -> None:
         while True:
             (size,) = SIZE.unpack(await reader.readexactly(SIZE.size))
             if size < 8 or size > self.settings.max_request_bytes:
                 raise _Close(f"request frame of {size} bytes")
+            if peer.sasl is not None and size > SASL_MAX_RECEIVE_BYTES and not peer.sasl.done:
+                # An unauthenticated client may not make the server hold a large frame.
+                raise _Close(f"request frame of {size} bytes before SASL authentication")
             frame = await reader.readexactly(size)
-            response = await self._handle(frame)
+            if peer.sasl is not None and await self._sasl_gate(frame, peer, writer):
+                continue
+            response = await self._handle(frame, peer)
             if response is not None:
                 await self._send(writer, response)
 
+    # -- security --------------------------------------------------------------------------
+
+    def _new_peer(self, address: str, writer: asyncio.StreamWriter) -> _Peer:
+        security = self.security
+        if security is None:
+            return _Peer(address, ANONYMOUS, self.allowed_followers)
+        principal = ANONYMOUS
+        if security.tls is not None:
+            principal = tls_principal(writer.get_extra_info("peercert"))
+        peer = _Peer(address, principal, frozenset(), sasl=security.new_sasl())
+        if peer.sasl is None:
+            self._authorize(peer, principal)
+        return peer
+
+    def _authorize(self, peer: _Peer, principal: Principal) -> None:
+        """Settle who the connection is, and so whether and as what it may follow."""
+        assert self.security is not None
+        peer.principal = principal
+        peer.follower_authorized = self.security.may_follow(principal)
+        followers = self.security.followers
+        peer.allowed_followers = (
+            followers.allowed_replica_ids(principal)
+            if followers is not None
+            else self.allowed_followers
+        )
+
+    async def _sasl_gate(self, frame: bytes, peer: _Peer, writer: asyncio.StreamWriter) -> bool:
+        """On a SASL listener: True if the frame was a SASL step (answered here); closes
+        the connection on anything else before authentication."""
+        sasl = peer.sasl
+        assert sasl is not None
+        head = peek_head(frame)
+        if head.api_key not in SASL_APIS:
+            if sasl.admission(head.api_key) is Admission.CLOSE:
+                self.counters["unauthenticated_requests_total"] += 1
+                raise _Close(f"{_api_name(head.api_key)} before SASL authentication")
+            return False
+        self.requests[f"{_api_name(head.api_key)} v{head.api_version}"] += 1
+        supported = handlers.SASL_VERSIONS[head.api_key]
+        if not supported.min <= head.api_version <= supported.max:
+            raise _Close(f"{_api_name(head.api_key)} v{head.api_version} is not served")
+        request = decode_request(frame, request_type(head.api_key, head.api_version)).body
+        if head.api_key == ApiKey.SASL_HANDSHAKE:
+            reply = sasl.handshake(request)
+        else:
+            reply = sasl.authenticate(request)
+        await self._send(writer, encode_response(reply.body, head.correlation_id))
+        if reply.principal is not None:
+            self.counters["authentications_total"] += 1
+            self._authorize(peer, reply.principal)
+            log.debug("client authenticated", peer=peer.address, principal=str(reply.principal))
+        if reply.close:
+            self.counters["authentication_failures_total"] += 1
+            # Never the name or password tried: a user may type one for the other.
+            log.warning(
+                "SASL authentication failed; connection closed",
+                peer=peer.address,
+                mechanism=str(request.mechanism)
+                if head.api_key == ApiKey.SASL_HANDSHAKE
+                else str(sasl.mechanism),
+                error=ErrorCode(reply.body.error_code).name,
+            )
+            raise _Closed
+        return True
+
     # -- dispatch --------------------------------------------------------------------------
 
-    async def _handle(self, frame: bytes) -> ResponseFrame | None:
+    async def _handle(self, frame: bytes, peer: _Peer) -> ResponseFrame | None:
         head = peek_head(frame)
         api = head.api_key
         self.requests[f"{_api_name(api)} v{head.api_version}"] += 1
         supported = handlers.SUPPORTED_VERSIONS.get(api)
         if api == ApiKey.API_VERSIONS and (supported is None or head.api_version > supported.max):
             # KIP-511: answer in v0's layout, naming what we support.
-            body = handlers.api_versions_response(0, error=ErrorCode.unsupported_version)
+            body = handlers.api_versions_response(
+                0, error=ErrorCode.unsupported_version, supported=self._supported
+            )
             return encode_response(body, head.correlation_id)
         if supported is None or not supported.min <= head.api_version <= supported.max:
             return self._refuse(frame, head)
         if api == ApiKey.FETCH:
-            return await self._fetch(frame, head)
+            return await self._fetch(frame, head, peer)
         if api == ApiKey.PRODUCE:
             return self._produce(frame, head)
         now_ms = self._now_ms()
@@ -269,7 +405,7 @@ class LeaderServer:
     def _answer(self, request: KioRequest, now_ms: int) -> Any:
         api, version = request.head.api_key, request.head.api_version
         if api == ApiKey.API_VERSIONS:
-            return handlers.api_versions_response(version)
+            return handlers.api_versions_response(version, supported=self._supported)
         if api == ApiKey.METADATA:
             host, port = self.advertised
             node = handlers.NodeInfo(self.node_id, host, port, self._cluster_id)
@@ -334,7 +470,7 @@ class LeaderServer:
 
     # -- Fetch -----------------------------------------------------------------------------
 
-    async def _fetch(self, frame: bytes, head: RequestHead) -> ResponseFrame:
+    async def _fetch(self, frame: bytes, head: RequestHead, peer: _Peer) -> ResponseFrame:
         version = head.api_version
         if version in legacy_codec.LEGACY_FETCH_VERSIONS:
             header = legacy_codec.read_request_header_v1(frame)
@@ -352,10 +488,22 @@ class LeaderServer:
             catalog=self.catalog,
             transactions=self.transactions,
             settings=self.settings,
-            allowed_followers=self.allowed_followers,
+            allowed_followers=peer.allowed_followers,
             now_ms=self._now_ms(),
+            follower_authorized=peer.follower_authorized,
         )
-        if handling.role is Role.REFUSED_FOLLOWER:
+        if handling.role is Role.UNAUTHORIZED_FOLLOWER:
+            self.counters["unauthorized_follower_fetches_total"] += 1
+            if not peer.told_unauthorized:
+                peer.told_unauthorized = True
+                log.warning(
+                    "fetch as a follower from a principal that may not follow: "
+                    "TOPIC_AUTHORIZATION_FAILED (serve.security.follower_principals)",
+                    peer=peer.address,
+                    principal=str(peer.principal),
+                    replica_id=view.replica_id,
+                )
+        elif handling.role is Role.REFUSED_FOLLOWER:
             self.counters["refused_followers_total"] += 1
             log.warning(
                 "fetch from a replica id that is not an allowed follower refused",
@@ -487,6 +635,16 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def server_security(
+    config: ServeSecurityConfig | None, allowed_followers: frozenset[int]
+) -> ServerSecurity | None:
+    """The listener's security from `serve.security`; None when it asks for none, so the
+    plaintext path stays as it was."""
+    if config is None or (config.tls.cert_file is None and not config.sasl.mechanisms):
+        return None
+    return ServerSecurity.from_config(config, allowed_followers)
+
+
 async def serve_forever(
     data_dir: Path,
     listen: str,
@@ -495,6 +653,7 @@ async def serve_forever(
     settings: ServeSettings | None = None,
     node_id: int = 0,
     allowed_followers: frozenset[int] = frozenset(),
+    security: ServeSecurityConfig | None = None,
     log_config: LogConfig | None = None,
     stop: asyncio.Event | None = None,
     on_ready: Callable[[LeaderServer], None] | None = None,
@@ -520,7 +679,13 @@ async def serve_forever(
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)
-    server = LeaderServer(logs, settings, node_id=node_id, allowed_followers=allowed_followers)
+    server = LeaderServer(
+        logs,
+        settings,
+        node_id=node_id,
+        allowed_followers=allowed_followers,
+        security=server_security(security, allowed_followers),
+    )
     try:
         await server.start()
         if on_ready is not None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from replicad.config.model import ServeConfig
+from replicad.config.model import ServeConfig, ServeSecurityConfig
 from replicad.session.cache import DEFAULT_EVICTION_MS, DEFAULT_MAX_SLOTS
 
 MIB = 1024 * 1024
@@ -66,3 +66,27 @@ class ServeSettings:
 
     def downconversion_enabled(self, topic: str) -> bool:
         return self.topic_downconversion_enable.get(topic, self.downconversion_enable)
+
+
+# Stand-ins for the keys a whole config requires but `replicad serve` has no use for; they
+# are valid, so no problem is ever reported about them.
+_SERVE_ONLY_PLACEHOLDERS: Mapping[str, object] = MappingProxyType(
+    {
+        "source.bootstrap_servers": "placeholder.invalid:9092",
+        "topics.include": ["placeholder"],
+        "serve.listen": "127.0.0.1:0",
+    }
+)
+
+
+def serve_security_from_options(options: Mapping[str, object]) -> ServeSecurityConfig:
+    """`serve.security` from dotted options (`replicad serve`'s flags: serve.security.* and
+    serve.allowed_followers), checked by the config file's own rules and cross checks.
+
+    Raises `replicad.errors.ConfigErrors` naming each bad key.
+    """
+    from replicad.config import load_config
+
+    config = load_config(None, {**_SERVE_ONLY_PLACEHOLDERS, **options})
+    assert config.serve is not None
+    return config.serve.security

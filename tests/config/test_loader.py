@@ -16,7 +16,9 @@ from replicad.config import (
     config_from_mapping,
     load_config,
 )
+from replicad.config.model import ClientAuth, SaslMechanism
 from replicad.errors import ConfigError, ConfigErrors
+from tools.peers.pki import make_test_pki
 
 MINIMAL = """\
 source:
@@ -423,3 +425,94 @@ def test_serve_allowed_followers_are_ids(tmp_path: Path) -> None:
         load_config(path)
     text = str(caught.value)
     assert "serve.allowed_followers[1]" in text and "serve.allowed_followers[2]" in text
+
+
+SERVE_HEAD = "source:\n  bootstrap_servers: [h:1]\ntopics:\n  include: [a]\nserve:\n"
+
+
+def test_serve_security_is_off_unless_asked_for(tmp_path: Path) -> None:
+    serve = load_config(write(tmp_path, SERVE_HEAD + "  listen: 127.0.0.1:0\n")).serve
+    assert serve is not None and not serve.security.authenticates
+    assert not serve.security.tls.enabled and serve.security.sasl.mechanisms == ()
+
+
+def test_serve_security_loads_with_its_files(tmp_path: Path) -> None:
+    pki = make_test_pki(tmp_path / "pki")
+    secret = tmp_path / "replica.password"
+    secret.write_text("Serve-Pw-1\n")
+    users = tmp_path / "users.yaml"
+    users.write_text(f"replica:\n  password_file: {secret}\n")
+    path = write(
+        tmp_path,
+        SERVE_HEAD
+        + f"""\
+  listen: 127.0.0.1:0
+  allowed_followers: [7]
+  security:
+    tls:
+      cert_file: {pki.broker_cert}
+      key_file: {pki.broker_key}
+      ca_file: {pki.ca}
+      client_auth: REQUIRED
+    sasl:
+      mechanisms: [scram-sha-512, plain]
+      users_file: {users}
+    follower_principals: ["User:replica", "User:{pki.client_dn}"]
+""",
+    )
+    serve = load_config(path).serve
+    assert serve is not None
+    security = serve.security
+    assert security.tls.client_auth is ClientAuth.REQUIRED and security.authenticates
+    assert security.sasl.mechanisms == (SaslMechanism.SCRAM_SHA_512, SaslMechanism.PLAIN)
+    assert security.follower_principals == ("User:replica", f"User:{pki.client_dn}")
+    assert security.sasl.users_file is not None
+    assert "Serve-Pw-1" not in repr(serve) and "Serve-Pw-1" not in str(security.sasl.users_file)
+
+
+@pytest.mark.parametrize(
+    ("security", "expected"),
+    [
+        ("tls: {client_auth: required}",
+         "serve.security.tls.client_auth: is required, but client certificates need TLS"),
+        ("tls: {key_file: k.pem}",
+         "serve.security.tls.key_file: needs serve.security.tls.cert_file"),
+        ("sasl: {mechanisms: [plain]}", "serve.security.sasl.users_file: required when"),
+        ("follower_principals: ['User:replica']",
+         "serve.security.follower_principals: needs connections that authenticate"),
+        ("sasl: {mechanisms: [gssapi]}",
+         'serve.security.sasl.mechanisms[0]: expected one of plain, scram-sha-256, '
+         'scram-sha-512, got "gssapi"'),
+        ("follower_principals: [replica]",
+         'serve.security.follower_principals[0]: expected a principal "Type:name"'),
+        ("tls: {cert_file: /nonexistent/cert.pem}",
+         "serve.security.tls.cert_file: cannot load the server certificate and key"),
+        ("follower_principal: []",
+         "serve.security.follower_principal: unknown key (did you mean follower_principals?)"),
+    ],
+)  # fmt: skip
+def test_serve_security_problems_name_their_key(
+    tmp_path: Path, security: str, expected: str
+) -> None:
+    path = write(tmp_path, SERVE_HEAD + f"  listen: 127.0.0.1:0\n  security:\n    {security}\n")
+    problems = problems_of(path)
+    assert len(problems) == 1 and expected in problems[0], problems
+    assert problems[0].startswith(f"{path}:8: ")  # the line of the offending key
+
+
+def test_serve_followers_need_principals_once_clients_authenticate(tmp_path: Path) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("x\n")
+    users = tmp_path / "users.yaml"
+    users.write_text(f"replica: {{password_file: {secret}}}\n")
+    sasl = f"  security:\n    sasl: {{mechanisms: [plain], users_file: {users}}}\n"
+    without = write(
+        tmp_path, SERVE_HEAD + "  listen: 127.0.0.1:0\n  allowed_followers: [7]\n" + sasl
+    )
+    assert (
+        "serve.security.follower_principals: required when connections authenticate"
+        in (problems_of(without)[0])
+    )
+    principals = "    follower_principals: ['User:replica']\n"
+    no_ids = write(tmp_path, SERVE_HEAD + "  listen: 127.0.0.1:0\n" + sasl + principals)
+    assert "serve.allowed_followers: required when" in problems_of(no_ids)[0]

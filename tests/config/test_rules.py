@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replicad.config.model import HostPort, LogLevel
+from replicad.config.model import HostPort, LogLevel, SaslMechanism, SaslUsers
 from replicad.config.rules import (
     INT32_MAX,
     INVALID,
@@ -14,12 +14,15 @@ from replicad.config.rules import (
     AddressList,
     Bool,
     Choice,
+    ChoiceList,
     FilePath,
     Int,
+    PrincipalList,
     Problems,
     Regex,
     Str,
     TopicList,
+    UsersFile,
     describe,
 )
 
@@ -176,3 +179,66 @@ def test_unix_socket_path_fits_sun_path() -> None:
     result, problems = convert(FilePath(unix_socket=True), fits + "s")
     assert result is INVALID
     assert problems == ["k: a Unix socket path has at most 107 bytes, got 108"]
+
+
+def test_choice_list() -> None:
+    rule = ChoiceList(SaslMechanism)
+    assert convert(rule, ["PLAIN", "scram-sha-512", "plain"]) == (
+        (SaslMechanism.PLAIN, SaslMechanism.SCRAM_SHA_512),
+        [],
+    )
+    assert convert(rule, "plain,scram-sha-256")[0] == (
+        SaslMechanism.PLAIN,
+        SaslMechanism.SCRAM_SHA_256,
+    )
+    assert convert(rule, None) == ((), [])
+    result, problems = convert(rule, ["plain", "gssapi"])
+    assert result is INVALID
+    assert problems == ['k[1]: expected one of plain, scram-sha-256, scram-sha-512, got "gssapi"']
+
+
+def test_principal_list() -> None:
+    rule = PrincipalList()
+    assert convert(rule, ["User:replica", "User:CN=a,O=b", "User:replica"]) == (
+        ("User:replica", "User:CN=a,O=b"),
+        [],
+    )
+    result, problems = convert(rule, ["replica", "User:", 3])
+    assert result is INVALID and [p.split(":")[0] for p in problems] == ["k[0]", "k[1]", "k[2]"]
+
+
+def test_users_file_reads_each_password_and_never_repeats_one(tmp_path: Path) -> None:
+    secret = tmp_path / "replica.password"
+    secret.write_text("pw-from-file\n")
+    users = tmp_path / "users.yaml"
+    users.write_text(f"replica:\n  password_file: {secret}\nanalyst:\n  password_env: ANALYST_PW\n")
+    rule = UsersFile(environ={"ANALYST_PW": "pw-from-env"})
+    result, problems = convert(rule, str(users))
+    assert problems == [] and isinstance(result, SaslUsers)
+    assert {u: s.reveal() for u, s in result.as_mapping().items()} == {
+        "replica": "pw-from-file",
+        "analyst": "pw-from-env",
+    }
+    assert "pw-from" not in repr(result) + str(result)
+
+    # A password written where its file belongs, an unset variable, an unknown key.
+    users.write_text(
+        "alice: hunter2-inline\nbob:\n  password_env: UNSET_PW\ncarol:\n  password: x\n"
+    )
+    result, problems = convert(rule, str(users))
+    assert result is INVALID and len(problems) == 3
+    assert all(p.startswith(f"k: {users}: user ") for p in problems)
+    assert "hunter2" not in " ".join(problems)
+    assert "is not set" in problems[1]
+
+
+def test_users_file_that_cannot_be_used(tmp_path: Path) -> None:
+    rule = UsersFile(environ={})
+    assert "cannot read" in convert(rule, str(tmp_path / "missing.yaml"))[1][0]
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("a: [unclosed-secret-text\n")
+    problem = convert(rule, str(broken))[1][0]
+    assert "is not valid YAML (line" in problem and "unclosed-secret-text" not in problem
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert "must map each user name" in convert(rule, str(empty))[1][0]

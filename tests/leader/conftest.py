@@ -29,6 +29,7 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from replicad.leader.server import LeaderServer
 from replicad.leader.settings import ServeSettings
+from replicad.leader_security import ServerSecurity
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
 from replicad.log.partition import PartitionLog
@@ -82,6 +83,7 @@ class ServedInThread:
         settings: ServeSettings | None = None,
         *,
         allowed_followers: frozenset[int] = frozenset(),
+        security: ServerSecurity | None = None,
         seed: int = 1,
     ) -> None:
         self.loop = asyncio.new_event_loop()
@@ -91,6 +93,7 @@ class ServedInThread:
             logs,
             settings or ServeSettings(),
             allowed_followers=allowed_followers,
+            security=security,
             rng=random.Random(seed),
         )
         self.run(self.server.start())
@@ -190,7 +193,8 @@ def txn() -> type[TxnBatches]:
 
 @pytest.fixture
 def serve_in_thread() -> Iterator[Callable[..., ServedInThread]]:
-    """`serve_in_thread(logs, settings=None, allowed_followers=...)`, closed after the test."""
+    """`serve_in_thread(logs, settings=None, allowed_followers=..., security=...)`, closed
+    after the test."""
     started: list[ServedInThread] = []
 
     def start(
