@@ -301,6 +301,17 @@ def _memory_pool_metrics(pool: Mapping[str, Any]) -> Iterator[Metric]:
         "Fetch-response memory in use",
         value=pool.get("used", 0),
     )
+    # The high-water mark shows how close the bound came to binding; waits, that it did.
+    yield GaugeMetricFamily(
+        _name("memory_pool_peak_bytes"),
+        "Most fetch-response memory ever in use at once since start",
+        value=pool.get("peak", 0),
+    )
+    yield CounterMetricFamily(
+        _name("memory_pool_waits"),
+        "Fetch responses that waited for room in the memory pool",
+        value=pool.get("waits", 0),
+    )
 
 
 def _serve_metrics(serve: Mapping[str, Any]) -> Iterator[Metric]:

@@ -135,12 +135,14 @@ def test_memory_pool_and_serve_metrics_only_when_present() -> None:
     assert not any("memory_pool" in name or "serve_" in name for name, _ in plain)
     samples = scrape(
         snapshot(
-            memory_pool={"capacity": 104857600, "used": 5242880},
+            memory_pool={"capacity": 104857600, "used": 5242880, "peak": 73400320, "waits": 4},
             serve={"sessions": 3, "partitions_cached": 120, "evictions_total": 7},
         )
     )
     assert samples[("replicad_memory_pool_capacity_bytes", ())] == 104857600
     assert samples[("replicad_memory_pool_used_bytes", ())] == 5242880
+    assert samples[("replicad_memory_pool_peak_bytes", ())] == 73400320
+    assert samples[("replicad_memory_pool_waits_total", ())] == 4
     assert samples[("replicad_serve_incremental_fetch_sessions", ())] == 3
     assert samples[("replicad_serve_incremental_fetch_partitions_cached", ())] == 120
     assert samples[("replicad_serve_incremental_fetch_session_evictions_total", ())] == 7

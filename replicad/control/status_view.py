@@ -212,7 +212,8 @@ def _header(snap: Snapshot) -> str:
     if pool:
         lines.append(
             f"memory pool {format_bytes(pool.get('used', 0))} of "
-            f"{format_bytes(pool.get('capacity', 0))}"
+            f"{format_bytes(pool.get('capacity', 0))}, "
+            f"peak {format_bytes(pool.get('peak', 0))}, {pool.get('waits', 0):,} waits"
         )
     serve = snap.get("serve")
     if serve:

@@ -138,10 +138,10 @@ def test_serve_and_memory_pool_lines_appear_when_present() -> None:
     snap = lead_snapshot()
     assert "serving" not in render_table(snap)
     snap["serve"] = {"sessions": 4, "partitions_cached": 1200, "evictions_total": 9}
-    snap["memory_pool"] = {"capacity": 100 << 20, "used": 25 << 20}
+    snap["memory_pool"] = {"capacity": 100 << 20, "used": 25 << 20, "peak": 96 << 20, "waits": 1234}
     header = render_table(snap).split("\n\n")[0]
     assert "serving: 4 fetch sessions, 1,200 partitions cached, 9 evictions" in header
-    assert "memory pool 25.0 MiB of 100.0 MiB" in header
+    assert "memory pool 25.0 MiB of 100.0 MiB, peak 96.0 MiB, 1,234 waits" in header
 
 
 def test_10000_partitions_are_capped_largest_lag_first() -> None:
