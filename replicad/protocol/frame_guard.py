@@ -367,8 +367,11 @@ def _sequence(steps: tuple[Step, ...], nullable: bool) -> Walker:
                     raise _Unreadable(pos, f"bytes run out inside {arg} bytes of fixed fields")
                 pos += arg
             elif kind == _COMPACT_BYTES:
-                if pos < end and buf[pos] < 0x80:  # a one-byte length: inline
+                # Lengths of one and two varint bytes (records up to 16 KiB) inline.
+                if pos + 1 < end and buf[pos] < 0x80:
                     stored, after = buf[pos], pos + 1
+                elif pos + 1 < end and buf[pos + 1] < 0x80:
+                    stored, after = (buf[pos] & 0x7F) | (buf[pos + 1] << 7), pos + 2
                 else:
                     stored, after = _read_uvarint(buf, pos, end)
                 if stored != COMPACT_NULL:

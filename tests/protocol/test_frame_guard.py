@@ -364,3 +364,20 @@ def test_a_nullable_entity_field_reads_its_presence_marker() -> None:
     frame = encode(absent)
     assert frame[-2:] == b"\xff\x00"
     assert walk(frame, cls) == FrameCheck(end=len(frame)) and kio_size(frame, cls) == len(frame)
+
+
+@pytest.mark.parametrize("size", [0, 126, 127, 128, 16_382, 16_383, 16_384, 3 << 20])
+def test_records_lengths_of_every_varint_width_are_walked_whole(size: int) -> None:
+    cls = response_type(ApiKey.FETCH, 12)
+    frame = fetch_response_body(12, [PartitionAnswer("orders", 0, b"r" * size)])
+    assert walk(frame, cls) == FrameCheck(end=len(frame)) and kio_size(frame, cls) == len(frame)
+    # The last byte of the records cut off (with the three tag sections after them): the
+    # same length prefix now claims more than is left.
+    cut = walk(frame[:-4], cls)
+    if size:
+        assert cut.implausible is not None
+        assert cut.implausible.field == "responses[0].partitions[0].records"
+        assert (cut.implausible.claimed, cut.implausible.remaining) == (size, size - 1)
+    else:  # no records: the partition itself no longer fits its smallest size
+        assert cut.implausible is not None
+        assert cut.implausible.field == "responses[0].partitions"
