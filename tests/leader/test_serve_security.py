@@ -28,6 +28,7 @@ import structlog
 from kio.schema.errors import ErrorCode
 
 from replicad.config.model import SaslMechanism, Secret, ServeSecurityConfig
+from replicad.control.client import query
 from replicad.errors import ConfigError, KafkaConnectionError
 from replicad.leader.settings import ServeSettings, serve_security_from_options
 from replicad.leader_security import FAILED_MESSAGE, ServerSecurity
@@ -530,7 +531,9 @@ def serve_process(data_dir: Path, port: int, flags: list[str], log_path: Path) -
     return proc
 
 
-def follower_config(tmp_path: Path, port: int, security_yaml: str) -> Path:
+def follower_config(
+    tmp_path: Path, port: int, security_yaml: str, *, replica_id: int = FOLLOWER_ID, extra: str = ""
+) -> Path:
     path = tmp_path / "follower.yaml"
     path.write_text(
         f"source:\n"
@@ -539,10 +542,10 @@ def follower_config(tmp_path: Path, port: int, security_yaml: str) -> Path:
         f"  reconnect_backoff_max_ms: 1000\n"
         f"  security:\n{security_yaml}"
         f"topics:\n  include: [{TOPIC}]\n"
-        f"fetch:\n  replica_id: {FOLLOWER_ID}\n  partition_max_bytes: 2048\n"
+        f"fetch:\n  replica_id: {replica_id}\n  partition_max_bytes: 2048\n"
         f"data_dir: {tmp_path / 'follower-data'}\n"
         f"control:\n  socket: {tmp_path / 'follower.sock'}\n"
-        f"checkpoint_interval_ms: 500\n"
+        f"checkpoint_interval_ms: 500\n{extra}"
     )
     return path
 
@@ -555,12 +558,14 @@ def start_follower(tmp_path: Path, port: int, security_yaml: str) -> ReplicadPro
     ).start()
 
 
-def sasl_follower_yaml(pki: Pki, user: str, password_file: Path) -> str:
+def sasl_follower_yaml(
+    pki: Pki, user: str, password_file: Path, mechanism: str = "scram-sha-512"
+) -> str:
     return (
         "    protocol: sasl_ssl\n"
         f"    tls: {{ca_file: {pki.ca}}}\n"
         "    sasl:\n"
-        "      mechanism: scram-sha-512\n"
+        f"      mechanism: {mechanism}\n"
         f"      username: {user}\n"
         f"      password_file: {password_file}\n"
     )
@@ -680,6 +685,64 @@ def test_a_replicad_follower_over_mutual_tls_gets_a_privileged_session(
         metrics = stopped_metrics(serve)
     assert_same_replica(data_dir, tmp_path / "follower-data")
     assert metrics["privileged_sessions_created_total"] >= 1
+
+
+def test_replicad_runs_serve_section_is_secured_too(replica, pki, users_file, tmp_path) -> None:
+    """Chain: `replicad serve` S (plaintext) -> `replicad run` A, whose serve: section has
+    SASL_SSL -> `replicad run` B, a follower of A as User:replica with replica id 8."""
+    data_dir, rows = replica
+    s_port, a_port = free_port(), free_port()
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a_dir.mkdir()
+    b_dir.mkdir()
+    a_serves = f"""serve:
+  listen: 127.0.0.1:{a_port}
+  allowed_followers: [8]
+  security:
+    tls: {{cert_file: {pki.broker_cert}, key_file: {pki.broker_key}}}
+    sasl: {{mechanisms: [scram-sha-256], users_file: {users_file}}}
+    follower_principals: ["{FOLLOWER_PRINCIPAL}"]
+"""
+    a_config = follower_config(a_dir, s_port, "    protocol: plaintext\n", extra=a_serves)
+    password = users_file.parent / "replica.password"
+    b_security = sasl_follower_yaml(pki, "replica", password, "scram-sha-256")
+    b_config = follower_config(b_dir, a_port, b_security, replica_id=8)
+    serve = serve_process(data_dir, s_port, [], tmp_path / "s.log")
+    a = b = None
+    try:
+        a = ReplicadProcess(
+            ["run", "-c", str(a_config), "--log-format", "json"], log_path=a_dir / "a.log"
+        ).start()
+        # B asks A for the topic at start (then every metadata_max_age_ms): A has it first.
+        wait_until(lambda: caught_up(a_dir / "follower-data", rows), timeout_s=60, what="A")
+        b = ReplicadProcess(
+            ["run", "-c", str(b_config), "--log-format", "json"], log_path=b_dir / "b.log"
+        ).start()
+        wait_until(
+            lambda: caught_up(b_dir / "follower-data", rows),
+            timeout_s=60,
+            what="B to replicate from A's secured serve section",
+        )
+        status = query(a_dir / "follower.sock")
+    finally:
+        for proc in (b, a):
+            if proc is not None:
+                assert proc.stop() == 0, proc.output()[-3000:]
+        stopped_metrics(serve)
+    assert_same_replica(data_dir, b_dir / "follower-data")
+    assert status["serve"]["privileged_sessions_created_total"] >= 1
+    assert status["serve"]["authentications_total"] >= 1
+    assert a is not None and '"security_protocol": "SASL_SSL"' in a.output()
+
+
+def test_requested_client_certificates_are_optional(secured, replica, pki, client_cas) -> None:
+    options = {**mtls(pki, client_cas), "serve.security.tls.client_auth": "requested"}
+    served = secured(options)
+    rows = replica[1]
+    got = read_with_kafka_python(
+        served.bootstrap, len(rows), security_protocol="SSL", ssl_cafile=str(pki.ca)
+    )
+    assert got == rows
 
 
 def test_replicad_serve_names_a_bad_security_flag(replica, tmp_path) -> None:
