@@ -14,7 +14,9 @@ Rules (Kafka's SaslServerAuthenticator and its PLAIN and SCRAM servers):
   and a second handshake is ILLEGAL_SASL_STATE.
 - PLAIN: one message `authzid NUL user NUL password`; an authzid other than empty or the
   user is refused. SCRAM-SHA-256/512 (RFC 5802/7677, via `scramp`): client-first ->
-  server-first, client-final -> server-final; the proof decides.
+  server-first, client-final -> server-final; the proof decides. The client-final nonce
+  must be exactly the server-first one (RFC 5802, as Kafka 4 checks since CVE-2024-56128):
+  librdkafka before 2.6.1, which repeats its own nonce there, is refused as by Kafka 4.
 - No plaintext password is kept: every user is a salted SCRAM credential per mechanism, and
   a PLAIN password is checked by deriving the SCRAM stored key from it.
 - A wrong password and an unknown user are indistinguishable: an unknown user goes through

@@ -5,6 +5,8 @@ the SASL server, the follower policy, and principals from a real TLS handshake."
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import socket
 import ssl
 import threading
@@ -401,3 +403,39 @@ def test_followers_are_checked_only_when_connections_authenticate(pki: Pki) -> N
     assert mutual.followers is not None
     assert mutual.followers.allowed_replica_ids(client) == {7}
     assert mutual.followers.allowed_replica_ids(Principal("User", "other")) == frozenset()
+
+
+def scram_client_final(
+    client_first_bare: str, server_first: str, nonce: str, password: str
+) -> bytes:
+    """RFC 5802's client-final-message for `nonce`, its proof computed over exactly that."""
+    fields = dict(part.split("=", 1) for part in server_first.split(","))
+    salted = hashlib.pbkdf2_hmac(
+        "sha256", password.encode(), base64.b64decode(fields["s"]), int(fields["i"])
+    )
+    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
+    without_proof = f"c=biws,r={nonce}"
+    auth_message = f"{client_first_bare},{server_first},{without_proof}".encode()
+    signature = hmac.new(hashlib.sha256(client_key).digest(), auth_message, hashlib.sha256)
+    proof = bytes(a ^ b for a, b in zip(client_key, signature.digest(), strict=True))
+    return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+
+
+@pytest.mark.parametrize("repeat_client_nonce", [False, True])
+def test_scram_nonce_must_be_exactly_the_servers(
+    store: CredentialStore, repeat_client_nonce: bool
+) -> None:
+    # librdkafka before 2.6.1 (Debian's kcat links 2.0.2) sends the client nonce twice in
+    # client-final; Kafka 4 refuses that (RFC 5802, the CVE-2024-56128 fix), and so do we.
+    client_nonce = "fyko+d2lbbFgONRv9qkxdawL"
+    client_first_bare = f"n=alice,r={client_nonce}"
+    sasl = server(store, SaslMechanism.SCRAM_SHA_256)
+    first = authenticate(sasl, f"n,,{client_first_bare}".encode())
+    server_first = bytes(first.body.auth_bytes).decode()
+    combined = dict(part.split("=", 1) for part in server_first.split(","))["r"]
+    nonce = client_nonce + combined if repeat_client_nonce else combined
+    final = authenticate(sasl, scram_client_final(client_first_bare, server_first, nonce, PASSWORD))
+    if repeat_client_nonce:
+        assert final.body.error_code == ErrorCode.sasl_authentication_failed and final.close
+    else:
+        assert final.body.error_code == ErrorCode.none and final.principal is not None
