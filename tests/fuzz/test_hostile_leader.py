@@ -69,7 +69,7 @@ def test_one_response_with_an_absurd_array_length_does_not_kill_the_daemon(
         follower.start()
         try:
             assert wait_for(lambda: follower.ends([tp])[tp] > 0, 60) is not None
-            errors_before = follower.counters().errors
+            errors_before = errors(follower)
             proxy.replace_responses(
                 1,
                 lambda head, _: fetch_response_claiming(
@@ -77,15 +77,17 @@ def test_one_response_with_an_absurd_array_length_does_not_kill_the_daemon(
                 ),
             )
             assert wait_for_delivery(proxy, timeout_s=20)
-            refused = wait_for(lambda: "implausible length" in follower.output(), 20)
+            refused = wait_for(lambda: errors(follower) > errors_before, 20)
             assert refused is not None, follower.output()[-3000:]
             assert follower.running, f"exit {follower.exit_code()}: {follower.output()[-1500:]}"
-            assert follower.status() is not None
-            assert follower.counters().errors > errors_before
-            logged = [line for line in follower.output().splitlines() if "implausible" in line]
-            assert any(
-                "leader connection failed" in line and "FetchResponse" in line for line in logged
-            ), logged
+            # Logged with the claim it refused (the frame guard in front of kio, or a Fetch
+            # scanner of the follower's own: both hold counts to the bytes left).
+            logged = [
+                line
+                for line in follower.output().splitlines()
+                if "leader connection failed" in line and "Fetch" in line and "claims" in line
+            ]
+            assert logged, follower.output()[-3000:]
             # Fetching goes on over a new connection: records produced now arrive.
             end_before = follower.ends([tp])[tp]
             fill(kafka_broker, {topic: 1}, 200, seed=903)
@@ -96,6 +98,12 @@ def test_one_response_with_an_absurd_array_length_does_not_kill_the_daemon(
     assert follower.unexpected_lines() == []
     report = check_replica(kafka_broker.log_dir, follower.data_dir, [tp], caught_up=False)
     assert report.ok and report.duplicated == 0, report.summary()
+
+
+def errors(follower: Follower) -> int:
+    """The daemon's error count (connection and partition errors) as of now."""
+    assert follower.status() is not None, follower.output()[-1500:]
+    return follower.counters().errors
 
 
 def test_a_null_broker_list_in_metadata_does_not_kill_the_daemon(kafka_broker, tmp_path) -> None:
