@@ -22,7 +22,6 @@ import argparse
 import fcntl
 import os
 import sys
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +54,6 @@ def spark_session(
     app_name: str = "replicad pipeline",
 ) -> SparkSession:
     """A session for the jobs, with the `replicad` format registered."""
-    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
     from pyspark.sql import SparkSession
 
     from replicad.spark import register

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,15 @@ from replicad.spark.pipeline import (
 from replicad.spark.submit import submit_script
 from replicad.types import TopicPartition
 
-pytestmark = pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas")
+
+def test_pyspark_accepts_the_installed_pandas():
+    """The spark extra pins pandas below 3: PySpark warns (FutureWarning) that it does not yet
+    fully support pandas 3, in the driver and in every Python worker; nothing filters it."""
+    from pyspark.sql.pandas.utils import require_minimum_pandas_version
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        require_minimum_pandas_version()
 
 
 def test_export_writes_parquet_by_topic_partition_and_utc_date(spark, replicated, tmp_path):

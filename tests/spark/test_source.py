@@ -17,8 +17,6 @@ from replicad.spark.files import Purpose, read_trace
 from replicad.spark.options import parse_options
 from replicad.spark.schema import RECORDS_DDL
 
-pytestmark = pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas")
-
 
 def load(spark, data_dir: Path, **options: str):
     reader = spark.read.format("replicad")
