@@ -48,7 +48,7 @@ from kio.index import UnknownAPIKey, UnknownEntity
 from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map
 
-from replicad.config.model import ServeSecurityConfig
+from replicad.config.model import SaslMechanism, ServeSecurityConfig
 from replicad.errors import RemoteProtocolError
 from replicad.leader import handlers, legacy_codec
 from replicad.leader.catalog import Catalog
@@ -195,6 +195,16 @@ class LeaderServer:
                 security["follower_principals"] = sorted(
                     str(p) for p in self.security.followers.follower_principals
                 )
+        if (
+            self.security is not None
+            and self.security.tls is None
+            and SaslMechanism.PLAIN in self.security.mechanisms
+        ):
+            log.warning(
+                "SASL PLAIN without TLS: clients send their passwords in clear text; "
+                "give serve.security.tls.cert_file, or serve SCRAM only",
+                setting="serve.security.sasl.mechanisms",
+            )
         log.info(
             "serving the replica over the Kafka protocol",
             listen=f"{self._host}:{self.port}",

@@ -745,6 +745,26 @@ def test_requested_client_certificates_are_optional(secured, replica, pki, clien
     assert got == rows
 
 
+def test_sasl_plaintext_with_plain_warns_and_still_authenticates(
+    secured, replica, users_file
+) -> None:
+    options = {
+        "serve.security.sasl.mechanisms": ["plain"],
+        "serve.security.sasl.users_file": str(users_file),
+    }
+    with structlog.testing.capture_logs() as logged:
+        served = secured(options)
+    assert any(e["event"].startswith("SASL PLAIN without TLS") for e in logged)
+    rows = replica[1]
+    conf = {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": "reader",
+        "sasl.password": PASSWORDS["reader"],
+    }
+    assert read_with_librdkafka(served.bootstrap, len(rows), conf) == rows
+
+
 def test_replicad_serve_names_a_bad_security_flag(replica, tmp_path) -> None:
     proc = ReplicadProcess(
         ["serve", "--data-dir", str(replica[0]), "--listen", "127.0.0.1:0",
