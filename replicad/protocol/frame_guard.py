@@ -315,6 +315,7 @@ _COMPACT_BYTES = 1  # arg: the field name (compact string, bytes or records)
 _COMPACT_ARRAY = 2  # arg: the array's walker (an empty array is skipped inline)
 _TAGS = 3  # arg: the tagged-field section's walker (no tags is skipped inline)
 _CALL = 4  # arg: a walker
+_COMPACT_FIXED_ARRAY = 5  # arg: (field name, element size): e.g. replica node ids
 
 Step = tuple[int, Any]
 
@@ -379,6 +380,18 @@ def _sequence(steps: tuple[Step, ...], nullable: bool) -> Walker:
                         raise _Implausible(arg, pos, stored - 1, stored - 1, end - after)
                     after += stored - 1
                 pos = after
+            elif kind == _COMPACT_FIXED_ARRAY:
+                if pos + 1 < end and buf[pos] < 0x80:
+                    stored, after = buf[pos], pos + 1
+                else:
+                    stored, after = _read_uvarint(buf, pos, end)
+                if stored != COMPACT_NULL:
+                    name, size = arg
+                    needs = (stored - 1) * size
+                    if needs > end - after:
+                        raise _Implausible(name, pos, stored - 1, needs, end - after)
+                    after += needs
+                pos = after
             elif kind == _COMPACT_ARRAY and pos < end and buf[pos] <= 1:
                 pos += 1  # a null (0) or empty (1) array: nothing to walk
             elif kind == _TAGS and pos < end and buf[pos] == 0:
@@ -411,6 +424,10 @@ def _field_plan(
         return inner
     if flexible:
         walk = _array(name, inner, compact=True)
+        if inner.fixed_size is not None:
+            return _Plan(
+                walk, MIN_VARINT_PREFIX, None, (_COMPACT_FIXED_ARRAY, (name, inner.fixed_size))
+            )
         return _Plan(walk, MIN_VARINT_PREFIX, None, (_COMPACT_ARRAY, walk))
     return _called(_array(name, inner, compact=False), LEGACY_ARRAY_PREFIX)
 

@@ -4,6 +4,8 @@
 Shapes: 10,000 partitions (100 topics x 100) of small records -- the walk is one step per
 field, so this is its worst honest case -- and 50 MiB of records, in one partition and in
 50, where the walk skips the records by their length and should cost next to nothing.
+For scale, one response the guard covers that no Fetch scanner will: Metadata v12 for
+10,000 partitions (what `replicad run` reads at start and on every refresh).
 
     .venv/bin/python -m tools.bench.frame_guard [--repeat 20] [--versions 12,17]
 
@@ -23,7 +25,12 @@ from kio.serial import entity_reader
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import decode_response, response_type
 from replicad.protocol.frame_guard import check_message
-from tools.chaos.wire_data import PartitionAnswer, fetch_response_body
+from tools.chaos.wire_data import (
+    BrokerEntry,
+    PartitionAnswer,
+    fetch_response_body,
+    metadata_response_body,
+)
 
 MIB = 1 << 20
 
@@ -52,9 +59,12 @@ def best_ms(run: Callable[[], object], repeat: int) -> float:
 
 
 def measure(version: int, label: str, partitions: Sequence[PartitionAnswer], repeat: int) -> str:
-    cls = response_type(ApiKey.FETCH, version)
-    header_cls = cls.__header_schema__
     frame = fetch_response_body(version, partitions)
+    return row(f"Fetch v{version}", label, response_type(ApiKey.FETCH, version), frame, repeat)
+
+
+def row(api: str, label: str, cls: type, frame: bytes, repeat: int) -> str:
+    header_cls = cls.__header_schema__
     read_header, read_body = entity_reader(header_cls), entity_reader(cls)
     assert check_message(frame, header_cls, cls).complete
 
@@ -66,7 +76,7 @@ def measure(version: int, label: str, partitions: Sequence[PartitionAnswer], rep
     kio = best_ms(kio_only, repeat)
     full = best_ms(lambda: decode_response(frame, cls), repeat)
     return (
-        f"| v{version} | {label} | {len(frame) / MIB:.1f} | {guard:.2f} | {kio:.2f} | "
+        f"| {api} | {label} | {len(frame) / MIB:.1f} | {guard:.2f} | {kio:.2f} | "
         f"{full:.2f} | {100 * guard / full:.0f}% |"
     )
 
@@ -76,11 +86,15 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--versions", default="12,17")
     args = parser.parse_args()
-    print("| Fetch | response | MiB | guard ms | kio read ms | decode_response ms | guard share |")
+    print("| API | response | MiB | guard ms | kio read ms | decode_response ms | guard share |")
     print("|---|---|---|---|---|---|---|")
     for version in (int(v) for v in args.versions.split(",")):
         for label, partitions in shapes().items():
             print(measure(version, label, partitions, args.repeat), flush=True)
+    brokers = [BrokerEntry(n, "127.0.0.1", 9092 + n) for n in range(3)]
+    metadata = metadata_response_body(12, brokers, [(f"t{i}", 100) for i in range(100)])
+    cls = response_type(ApiKey.METADATA, 12)
+    print(row("Metadata v12", "100 topics x 100 partitions", cls, metadata, args.repeat))
     return 0
 
 
