@@ -176,6 +176,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"replicad serve: {exc}", file=sys.stderr)
         return EX_USAGE
+    except OSError as exc:
+        # The address is taken, or a TLS file changed since it was checked.
+        print(f"replicad serve: {exc}", file=sys.stderr)
+        return 1
     except ReplicadError as exc:
         print(f"replicad serve: {exc}", file=sys.stderr)
         return 1

@@ -777,6 +777,21 @@ def test_replicad_serve_names_a_bad_security_flag(replica, tmp_path) -> None:
     assert "--follower-principal (serve.security.follower_principals[0])" in out
 
 
+def test_replicad_serve_on_a_taken_port_says_so(replica, pki, tmp_path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = ReplicadProcess(
+            ["serve", "--data-dir", str(replica[0]), "--listen", f"127.0.0.1:{port}",
+             "--tls-cert-file", str(pki.broker_cert), "--tls-key-file", str(pki.broker_key)],
+            log_path=tmp_path / "serve.log",
+        ).start()  # fmt: skip
+        assert proc.proc is not None and proc.proc.wait(60) == 1
+    out = proc.output()
+    assert "replicad serve: " in out and "Traceback" not in out
+
+
 def test_the_flags_build_the_same_security_as_the_config_file(pki, users_file) -> None:
     config = security(sasl_ssl(pki, users_file, "plain"))
     assert config.tls.cert_file == pki.broker_cert
