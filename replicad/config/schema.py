@@ -229,6 +229,8 @@ KAFKA_NAMES: Mapping[str, str] = {
     "ssl.key.password": "source.security.tls.key_password_file",
     "ssl.endpoint.identification.algorithm": "source.security.tls.check_hostname",
     "enable.ssl.certificate.verification": "source.security.tls.verify",
+    "ssl.client.auth": "serve.security.tls.client_auth",
+    "sasl.enabled.mechanisms": "serve.security.sasl.mechanisms",
     "auto.offset.reset": "topics.start_from",
     "replica.fetch.response.max.bytes": "fetch.response_max_bytes",
     "fetch.max.bytes": "fetch.response_max_bytes",
