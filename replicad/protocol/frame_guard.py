@@ -326,9 +326,9 @@ def _entity_plan(entity_type: type, nullable: bool) -> _Plan:
     is_request_header = entity_type.__name__ == "RequestHeader"
     steps: list[Step] = []
     tagged: dict[int, Walker] = {}
-    min_size = NULLABLE_MARKER if nullable else 0
+    min_size = 0
     fixed_run = 0
-    all_fixed = not flexible and not nullable
+    all_fixed = not flexible
     for f in dataclasses.fields(entity_type):
         tag = get_field_tag(f)
         plan = _field_plan(f, flexible, is_request_header, tag is not None)
@@ -350,6 +350,8 @@ def _entity_plan(entity_type: type, nullable: bool) -> _Plan:
         min_size += MIN_VARINT_PREFIX  # the tagged-field count
         steps.append((_TAGS, _tagged_section(entity_type.__name__, tagged)))
     walk = _sequence(tuple(steps), nullable)
+    if nullable:  # an absent struct is its marker alone
+        return _Plan(walk, NULLABLE_MARKER, None, (_CALL, walk))
     return _Plan(walk, min_size, min_size if all_fixed else None, (_CALL, walk))
 
 

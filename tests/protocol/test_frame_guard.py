@@ -13,6 +13,7 @@ import dataclasses
 import datetime
 import io
 import struct
+import uuid
 from functools import cache
 from typing import Any
 
@@ -23,6 +24,7 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map, schema_name_map
 from kio.serial import entity_reader, entity_writer
+from kio.serial._implicit_defaults import get_tagged_field_default
 from kio.serial._introspect import (
     EntityField,
     EntityTupleField,
@@ -381,3 +383,87 @@ def test_records_lengths_of_every_varint_width_are_walked_whole(size: int) -> No
     else:  # no records: the partition itself no longer fits its smallest size
         assert cut.implausible is not None
         assert cut.implausible.field == "responses[0].partitions"
+
+
+def test_a_null_struct_inside_array_elements_counts_one_byte_toward_their_smallest_size() -> None:
+    # StreamsGroupDescribe v0: each described group holds a nullable `topology` struct.
+    # Groups whose topology is null are smaller than any group with one; were the guard
+    # to count the struct's fields in a group's smallest size, honest frames with many
+    # such groups would be refused.
+    cls = response_type(89, 0)
+    group_cls = nested_type(cls, "DescribedGroup")
+    groups = tuple(
+        make_entity(
+            group_cls,
+            error_code=ErrorCode.none,
+            error_message=None,
+            group_id="",
+            group_state="",
+            group_epoch=1,
+            assignment_epoch=1,
+            topology=None,
+            members=(),
+            authorized_operations=0,
+        )
+        for _ in range(8)
+    )
+    frame = encode(make_entity(cls, throttle_time=datetime.timedelta(0), groups=groups))
+    assert walk(frame, cls) == FrameCheck(end=len(frame)) and kio_size(frame, cls) == len(frame)
+    # The smallest group there can be (empty strings and arrays, no topology) is exactly
+    # the guard's smallest size.
+    assert min_wire_size(group_cls) == len(encode_body(groups[0]))
+    assert min_wire_size(nested_type(cls, "Topology"), nullable=True) == 1
+
+
+_SMALLEST: dict[str, Any] = {
+    "float64": 0.0,
+    "bool": False,
+    "uuid": uuid.UUID(int=0),
+    "error_code": ErrorCode.none,
+    "timedelta_i32": datetime.timedelta(0),
+    "timedelta_i64": datetime.timedelta(0),
+    "datetime_i64": datetime.datetime.fromtimestamp(0, datetime.UTC),
+    "string": "",
+    "bytes": b"",
+    "records": b"",
+}
+
+
+def smallest(cls: type) -> Any:
+    """The instance of `cls` with the fewest bytes: empty strings and arrays, absent
+    structs where allowed, tagged fields left at their defaults (so not written)."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        kind = classify_field(f)
+        if get_field_tag(f) is not None:
+            values[f.name] = get_tagged_field_default(f)
+        elif kind.is_array:
+            values[f.name] = ()
+        elif isinstance(kind, EntityField):
+            values[f.name] = None if is_optional(f) else smallest(kind.type_)
+        elif cls.__name__ == "RequestHeader" and f.name == "client_id":
+            values[f.name] = None
+        else:
+            values[f.name] = _SMALLEST.get(get_schema_field_type(f), 0)
+    return cls(**values)
+
+
+def test_the_smallest_size_of_every_entity_is_exactly_its_smallest_encoding() -> None:
+    """A smallest size above the real one would refuse honest frames; one below it is a
+    weaker guard. Both are checked for every entity of every API, nested ones included."""
+    checked: set[type] = set()
+
+    def check(cls: type) -> None:
+        if cls in checked:
+            return
+        checked.add(cls)
+        assert min_wire_size(cls) == len(encode_body(smallest(cls))), cls
+        for f in dataclasses.fields(cls):
+            kind = classify_field(f)
+            if isinstance(kind, EntityField | EntityTupleField):
+                check(kind.type_)
+
+    for cls in MESSAGES:
+        check(cls)
+        check(cls.__header_schema__)
+    assert len(checked) > 2 * len(MESSAGES)
