@@ -1,14 +1,16 @@
 """`replicad serve` with TLS and SASL (serve.security), read by clients nobody here wrote:
 kafka-python and confluent-kafka (librdkafka) over SASL_SSL with PLAIN, SCRAM-SHA-256 and
-SCRAM-SHA-512, over SSL with client certificates (mutual TLS), and kcat; a wrong password
-fails cleanly, the server keeps serving, and the password is in no log. Then replicad
-followers (`replicad run`, subprocesses) replicating from a secured `replicad serve`
-(subprocess, configured by its flags): a follower principal gets a privileged session, any
-other principal claiming a replica id gets TOPIC_AUTHORIZATION_FAILED (Kafka's answer to a
-follower fetch without ClusterAction) and no session.
+SCRAM-SHA-512, over SSL with client certificates (mutual TLS), Kafka's own Java console
+consumer (SCRAM-SHA-512) and kcat (PLAIN); a wrong password fails cleanly, the server keeps
+serving, and the password is in no log. Then replicad followers (`replicad run`,
+subprocesses) replicating from a secured `replicad serve` (subprocess, configured by its
+flags) and from `replicad run`'s secured serve: section: a follower principal gets a
+privileged session, any other principal claiming a replica id gets
+TOPIC_AUTHORIZATION_FAILED (Kafka's answer to a follower fetch without ClusterAction) and
+no session.
 
 The served data are real producer batches (kafka-python's builder) written through the log
-store; no broker is needed.
+store; no broker is needed (the console consumer test needs Kafka's jars, marked kafka).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import re
 import socket
 import ssl
 import struct
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -317,6 +320,46 @@ def test_librdkafka_reads_over_sasl_ssl(secured, replica, pki, users_file, mecha
     conf = librdkafka_sasl(pki, mechanism, "replica", PASSWORDS["replica"])
     assert read_with_librdkafka(served.bootstrap, len(rows), conf) == rows
     assert served.metrics()["authentications_total"] >= 1
+
+
+@pytest.mark.kafka  # Kafka's own jars (tools/kafka), no broker
+def test_kafkas_console_consumer_reads_over_sasl_ssl(
+    secured, replica, pki, users_file, tmp_path
+) -> None:
+    """Kafka's Java client (the SCRAM reference), SCRAM-SHA-512 over TLS."""
+    from tools.peers.kafka import CONSOLE_CONSUMER, TOOL_JVM_OPTS, TOOLS_LOG4J, kafka_classpath
+
+    served = secured(sasl_ssl(pki, users_file, *(m.lower() for m in MECHANISMS)))
+    properties = tmp_path / "client.properties"
+    properties.write_text(
+        "security.protocol=SASL_SSL\n"
+        "sasl.mechanism=SCRAM-SHA-512\n"
+        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="reader" password="{PASSWORDS["reader"]}";\n'
+        "ssl.truststore.type=PEM\n"
+        f"ssl.truststore.location={pki.ca}\n"
+    )
+    rows = replica[1]
+    got: list[Row] = []
+    for p in range(PARTITIONS):
+        count = sum(1 for row in rows if row[0] == p)
+        result = subprocess.run(
+            ["java", *TOOL_JVM_OPTS, f"-Dlog4j2.configurationFile={TOOLS_LOG4J}",
+             "-cp", kafka_classpath(), CONSOLE_CONSUMER,
+             "--bootstrap-server", served.bootstrap, "--command-config", str(properties),
+             "--topic", TOPIC, "--partition", str(p), "--offset", "earliest",
+             "--max-messages", str(count), "--timeout-ms", "30000",
+             "--formatter-property", "print.key=true",
+             "--formatter-property", "print.offset=true",
+             "--formatter-property", "key.separator= "],
+            capture_output=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr.decode(errors="replace")[-3000:]
+        for line in result.stdout.decode().splitlines():
+            offset, key, value = line.split(" ")
+            got.append((p, int(offset.removeprefix("Offset:")), key.encode(), value.encode()))
+    assert sorted(got) == rows
+    assert served.metrics()["authentications_total"] >= PARTITIONS
 
 
 def test_kcat_reads_over_sasl_ssl(secured, replica, pki, users_file) -> None:
