@@ -238,6 +238,10 @@ class KafkaBroker:
         self._config.update(broker_config or {})
         self.segment_bytes = segment_bytes
         self._heap = heap
+        # A KafkaCluster's nodes (tools/peers/kafka_cluster.py) set their own id and share one
+        # cluster id; a lone broker is node 1 of a cluster of its own.
+        self.node_id = NODE_ID
+        self.cluster_id = _new_cluster_id()
         self._port: int | None = None
         self._controller_port: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -373,8 +377,8 @@ class KafkaBroker:
         assert self._port is not None and self._controller_port is not None
         settings = {
             "process.roles": "broker,controller",
-            "node.id": str(NODE_ID),
-            "controller.quorum.voters": f"{NODE_ID}@{LOOPBACK}:{self._controller_port}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": f"{self.node_id}@{LOOPBACK}:{self._controller_port}",
             "listeners": (
                 f"PLAINTEXT://{LOOPBACK}:{self._port},CONTROLLER://{LOOPBACK}:{self._controller_port}"
             ),
@@ -394,7 +398,7 @@ class KafkaBroker:
             STORAGE_TOOL,
             "format",
             "--cluster-id",
-            _new_cluster_id(),
+            self.cluster_id,
             "--config",
             str(self.workdir / "server.properties"),
             timeout_s=120,
@@ -433,7 +437,7 @@ class KafkaBroker:
                 client = self.admin()
             # A broker appears in metadata only once it is registered and unfenced.
             brokers = client.list_topics(timeout=2).brokers
-            return True if NODE_ID in brokers else None
+            return True if self.node_id in brokers else None
 
         try:
             wait_until(

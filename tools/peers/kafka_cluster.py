@@ -1,0 +1,366 @@
+"""A real multi-broker Apache Kafka cluster for tests: N KRaft nodes on 127.0.0.1.
+
+Each node is a `KafkaBroker` (tools/peers/kafka.py) in combined mode
+(broker + controller); the N controllers form one static quorum
+(`controller.quorum.voters` names all of them), and every node is formatted
+with the same cluster id. Combined nodes were chosen over one controller plus
+N brokers because that is N JVMs instead of N + 1, and on a 2-core machine the
+JVMs' start-up is most of the wait; a 3-voter quorum elects its leader within
+a second of the second node coming up.
+
+Topics are created with replication factor 1, so each partition has exactly
+one leader and Kafka spreads the leaders round-robin over the nodes: a
+follower of such a topic fetches from every node (one fetch session per
+leader). A combined node cannot serve until a majority of the voters runs, so
+all nodes are launched before the first is waited for.
+
+    cluster = KafkaCluster(workdir, nodes=3, heap="512m")
+    with cluster:
+        cluster.create_topic("wide", 2_500)
+        cluster.leaders("wide")        # {partition: node id}
+        cluster.end_offsets(["wide"])  # {TopicPartition: log end}
+
+Work directories: `<workdir>/node-<id>/` per node, laid out as KafkaBroker's.
+Ports are picked free at the first start and kept across restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from confluent_kafka import IsolationLevel
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+
+from replicad.types import TopicPartition
+from tools.peers.admin import admin_client
+from tools.peers.kafka import (
+    BIND_ATTEMPTS,
+    KafkaBroker,
+    _new_cluster_id,
+    segment_config,
+)
+from tools.peers.process import LOOPBACK, PeerError, free_port, wait_until
+
+DEFAULT_NODES = 3
+# Small heaps: 10,000 partitions over 3 nodes cost a broker well under this, and
+# three 1 GiB JVMs would compete with the process under test for memory.
+CLUSTER_HEAP = "768m"
+FIRST_NODE_ID = 1
+# How long one metadata or ListOffsets round over the whole cluster may take.
+PROBE_TIMEOUT_S = 30.0
+# Kafka's controller refuses a single request that makes more than 10,000 metadata
+# records (QuorumController's per-operation cap); a topic costs one record per
+# partition plus a few, so 10,000 partitions must be spread over several topics.
+MAX_PARTITIONS_PER_TOPIC = 9_000
+
+_log = logging.getLogger(__name__)
+
+
+def cluster_broker_config(nodes: int) -> dict[str, str]:
+    """What a cluster's nodes get on top of `harness_broker_config()`.
+
+    Internal topics stay at replication factor 1 (a test of RF 1 topics needs no
+    more). The controller snapshots less often than its default so that creating
+    thousands of partitions is not slowed by snapshot writing.
+    """
+    return {
+        "offsets.topic.replication.factor": "1",
+        "transaction.state.log.replication.factor": "1",
+        "default.replication.factor": "1",
+        "metadata.log.max.record.bytes.between.snapshots": str(256 * 1024 * 1024),
+        # One thread per core is plenty for loopback tests on small machines.
+        "num.network.threads": "2",
+        "num.io.threads": str(max(2, nodes)),
+    }
+
+
+class _ClusterNode(KafkaBroker):
+    """A KafkaBroker that is one voter of a shared quorum, on ports the cluster chose."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        node_id: int,
+        ports: tuple[int, int],
+        voters: str,
+        cluster_id: str,
+        broker_config: Mapping[str, str],
+        heap: str,
+    ) -> None:
+        # KafkaBroker writes its own single-voter quorum; the caller's config wins over it.
+        config = {**broker_config, "controller.quorum.voters": voters}
+        super().__init__(workdir, broker_config=config, heap=heap)
+        self.node_id = node_id
+        self.cluster_id = cluster_id
+        self._port, self._controller_port = ports
+
+    def prepare(self) -> None:
+        """Write server.properties and format the storage (first start only)."""
+        self._write_config()
+        if not self._formatted:
+            self._format_storage()
+
+    def launch(self) -> None:
+        """Start the JVM without waiting for it: a voter cannot serve alone."""
+        self._launch()
+
+    def wait_ready(self, timeout_s: float) -> None:
+        self._wait_ready(timeout_s)
+
+    def bind_failed(self) -> bool:
+        return "Address already in use" in self._log_since(0)
+
+
+class KafkaCluster:
+    """`nodes` Apache Kafka nodes (combined broker + controller), one quorum, in `workdir`.
+
+    `broker_config` is given to every node on top of the harness's and the
+    cluster's own settings. `segment_bytes` is the default segment size of the
+    topics `create_topic` makes.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        nodes: int = DEFAULT_NODES,
+        broker_config: Mapping[str, str] | None = None,
+        segment_bytes: int | None = None,
+        heap: str = CLUSTER_HEAP,
+    ) -> None:
+        if nodes < 1:
+            raise ValueError("a cluster needs at least one node")
+        self.workdir = Path(workdir).resolve()
+        self.segment_bytes = segment_bytes
+        self._count = nodes
+        self._config = {**cluster_broker_config(nodes), **(broker_config or {})}
+        self._heap = heap
+        self.nodes: list[KafkaBroker] = []
+
+    # -- addresses -------------------------------------------------------------------
+
+    @property
+    def bootstrap(self) -> str:
+        """Every node's client listener, comma-separated (any one of them would do)."""
+        if not self.nodes:
+            raise PeerError("the Kafka cluster has not been started yet: no addresses")
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    @property
+    def node_ids(self) -> list[int]:
+        return [node.node_id for node in self.nodes]
+
+    def node(self, node_id: int) -> KafkaBroker:
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node
+        raise KeyError(f"no node {node_id} in the cluster (nodes {self.node_ids})")
+
+    @property
+    def pids(self) -> list[int]:
+        return [node.pid for node in self.nodes if node.pid is not None]
+
+    # -- life cycle ------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 120) -> None:
+        """Format every node (in parallel), launch them all, wait until each serves metadata."""
+        started = time.monotonic()
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            first_start = not self.nodes
+            if first_start:
+                self.nodes = list(self._make_nodes())
+            nodes = [node for node in self.nodes if isinstance(node, _ClusterNode)]
+            with ThreadPoolExecutor(len(nodes)) as pool:
+                list(pool.map(lambda node: node.prepare(), nodes))
+            for node in nodes:
+                node.launch()
+            try:
+                for node in nodes:
+                    node.wait_ready(max(1.0, timeout_s - (time.monotonic() - started)))
+            except PeerError:
+                taken = any(node.bind_failed() for node in nodes)
+                self.kill()
+                if first_start and taken and attempt < BIND_ATTEMPTS:
+                    _log.warning("kafka cluster: a port was taken, retrying on new ports")
+                    # Formatted for the old ports' quorum: start over from nothing.
+                    for node in nodes:
+                        shutil.rmtree(node.workdir, ignore_errors=True)
+                    self.nodes = []
+                    continue
+                raise
+            _log.info(
+                "kafka cluster %s up in %.1f s (workdir %s)",
+                self.bootstrap,
+                time.monotonic() - started,
+                self.workdir,
+            )
+            return
+
+    def stop(self, timeout_s: float = 30) -> None:
+        """Controlled shutdown of all nodes at once (one by one, the last would wait for
+        a quorum that is gone); SIGKILL what takes longer than `timeout_s`."""
+        if self.nodes:
+            with ThreadPoolExecutor(len(self.nodes)) as pool:
+                list(pool.map(lambda node: node.stop(timeout_s), self.nodes))
+
+    def kill(self) -> None:
+        for node in self.nodes:
+            node.kill()
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- topics ----------------------------------------------------------------------
+
+    def admin(self) -> AdminClient:
+        return admin_client(self.bootstrap)
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        config: Mapping[str, str] | None = None,
+        *,
+        segment_bytes: int | None = None,
+        timeout_s: float = 120,
+    ) -> None:
+        """Create a topic (replication factor 1, leaders spread over the nodes) and wait
+        until every partition has a leader and answers ListOffsets."""
+        self.create_topics(
+            [name], partitions, config, segment_bytes=segment_bytes, timeout_s=timeout_s
+        )
+
+    def create_topics(
+        self,
+        names: Iterable[str],
+        partitions: int,
+        config: Mapping[str, str] | None = None,
+        *,
+        segment_bytes: int | None = None,
+        timeout_s: float = 120,
+    ) -> None:
+        """`create_topic` for several topics of `partitions` partitions each."""
+        names = list(names)
+        if partitions > MAX_PARTITIONS_PER_TOPIC:
+            raise ValueError(
+                f"{partitions:,} partitions in one topic exceeds what the controller accepts in "
+                f"one operation; use several topics of at most {MAX_PARTITIONS_PER_TOPIC:,}"
+            )
+        topic_config: dict[str, str] = {}
+        size = segment_bytes if segment_bytes is not None else self.segment_bytes
+        if size is not None:
+            topic_config.update(segment_config(size))
+        topic_config.update(config or {})
+        admin = self.admin()
+        for name in names:
+            # One request per topic: the controller's cap applies to a whole request.
+            new_topic = NewTopic(
+                name, num_partitions=partitions, replication_factor=1, config=topic_config
+            )
+            future = admin.create_topics([new_topic], operation_timeout=timeout_s)[name]
+            try:
+                future.result(timeout=timeout_s)
+            except Exception as exc:
+                raise PeerError(f"creating topic {name!r} on {self.bootstrap}: {exc}") from exc
+        wanted = [TopicPartition(n, p) for n in names for p in range(partitions)]
+
+        def all_served() -> bool | None:
+            # A leader in metadata is not enough: the broker may not have opened the log
+            # yet (NOT_LEADER_OR_FOLLOWER); ListOffsets answers only once it has. A fresh
+            # client each time: librdkafka remembers a topic it was told is unknown.
+            served = self._list_offsets(self.admin(), wanted, OffsetSpec.latest())
+            return True if len(served) == len(wanted) else None
+
+        wait_until(
+            all_served,
+            timeout_s=timeout_s,
+            what=f"{len(wanted):,} partitions of {names} served",
+            interval_s=1.0,
+            alive=self._dead_nodes,
+        )
+
+    def leaders(self, topic: str) -> dict[int, int]:
+        """{partition: leader node id} from the cluster's metadata."""
+        meta = self.admin().list_topics(topic=topic, timeout=PROBE_TIMEOUT_S).topics.get(topic)
+        if meta is None or meta.error is not None:
+            raise PeerError(f"topic {topic!r} not found on {self.bootstrap}")
+        return {p: part.leader for p, part in meta.partitions.items()}
+
+    def partition_dir(self, topic: str, partition: int) -> Path:
+        """The leader's own directory of one partition's segments."""
+        return self.node(self.leaders(topic)[partition]).partition_dir(topic, partition)
+
+    def end_offsets(self, topics: Iterable[str]) -> dict[TopicPartition, int]:
+        """Every partition's log end offset (ListOffsets latest, read_uncommitted)."""
+        admin = self.admin()
+        wanted = [TopicPartition(topic, p) for topic in topics for p in sorted(self.leaders(topic))]
+        return self._list_offsets(admin, wanted, OffsetSpec.latest())
+
+    def _dead_nodes(self) -> str | None:
+        dead = [str(node.node_id) for node in self.nodes if not node.running]
+        return f"node(s) {', '.join(dead)} exited (see their broker.out)" if dead else None
+
+    @staticmethod
+    def _list_offsets(
+        admin: AdminClient, wanted: list[TopicPartition], spec: OffsetSpec
+    ) -> dict[TopicPartition, int]:
+        """One ListOffsets round for all of `wanted` (librdkafka sends one request per
+        leader); raises when any partition fails."""
+        futures = admin.list_offsets(
+            {KafkaTopicPartition(tp.topic, tp.partition): spec for tp in wanted},
+            isolation_level=IsolationLevel.READ_UNCOMMITTED,
+            request_timeout=PROBE_TIMEOUT_S,
+        )
+        found: dict[TopicPartition, int] = {}
+        for where, future in futures.items():
+            found[TopicPartition(where.topic, where.partition)] = future.result().offset
+        return found
+
+    # -- internals -------------------------------------------------------------------
+
+    def _make_nodes(self) -> Iterable[_ClusterNode]:
+        ids = range(FIRST_NODE_ID, FIRST_NODE_ID + self._count)
+        ports: dict[int, tuple[int, int]] = {}
+        taken: set[int] = set()
+        for node_id in ids:
+            pair = []
+            while len(pair) < 2:
+                port = free_port()
+                if port not in taken:
+                    taken.add(port)
+                    pair.append(port)
+            ports[node_id] = (pair[0], pair[1])
+        voters = ",".join(f"{n}@{LOOPBACK}:{ports[n][1]}" for n in ids)
+        cluster_id = _new_cluster_id()
+        for node_id in ids:
+            yield _ClusterNode(
+                self.workdir / f"node-{node_id}",
+                node_id=node_id,
+                ports=ports[node_id],
+                voters=voters,
+                cluster_id=cluster_id,
+                broker_config=self._config,
+                heap=self._heap,
+            )
