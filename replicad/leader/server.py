@@ -16,8 +16,9 @@ Rules:
   bytes still owed are an overflow entry (KIP-283's trailing partial message): the frame
   stays the size it announced and the client drops the partial entry.
 - Security (`ServerSecurity`, see leader_security.py for its rules): with TLS the listener
-  speaks TLS only; the principal of a connection is its verified client certificate's DN,
-  or ANONYMOUS, until SASL names it. On a SASL listener the connection answers ApiVersions,
+  speaks TLS only, started per connection so that a failed handshake is logged (info, as
+  Kafka does) and counted. A connection's principal is its verified client certificate's
+  DN, or ANONYMOUS, until SASL names it. On a SASL listener the connection answers ApiVersions,
   SaslHandshake and SaslAuthenticate through its `SaslServer` until it has authenticated;
   any other request before that, and a failed authentication (after its answer), close the
   connection. Whether a Fetch claiming a replica id may follow is decided per connection,
@@ -96,6 +97,10 @@ log = structlog.get_logger("replicad.leader")
 
 FIND_COORDINATOR = 10
 ACKS_NONE = 0
+# asyncio's own StreamReader buffer limit (start_server's default).
+STREAM_LIMIT = 64 * 1024
+# How long a client has for its TLS handshake (asyncio's default).
+TLS_HANDSHAKE_S = 60.0
 # Kafka's sasl.server.max.receive.size: the largest frame read before authentication.
 SASL_MAX_RECEIVE_BYTES = 512 * 1024
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
@@ -111,6 +116,16 @@ class _Close(Exception):
 
 class _Closed(Exception):
     """The connection must be closed; what happened has been logged and counted."""
+
+
+class _PausedUntilTls(asyncio.StreamReaderProtocol):
+    """A connection of a TLS listener: nothing is read before its TLS starts, so the
+    client's first bytes (its ClientHello) go to TLS, not to the plaintext stream."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.ReadTransport)
+        transport.pause_reading()
+        super().connection_made(transport)
 
 
 @dataclasses.dataclass(slots=True)
@@ -178,10 +193,18 @@ class LeaderServer:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        tls = self.security.tls if self.security is not None else None
-        self._server = await asyncio.start_server(
-            self._accept, self.settings.host, self.settings.port, ssl=tls
-        )
+        if self.security is None or self.security.tls is None:
+            self._server = await asyncio.start_server(
+                self._accept, self.settings.host, self.settings.port
+            )
+        else:
+            # TLS is started by each connection (see _accept), so that a failed handshake
+            # reaches this server -- asyncio's own TLS listener drops it without a word.
+            self._server = await self._loop.create_server(
+                lambda: _PausedUntilTls(asyncio.StreamReader(limit=STREAM_LIMIT), self._accept),
+                self.settings.host,
+                self.settings.port,
+            )
         sockname = self._server.sockets[0].getsockname()
         self._host, self.port = sockname[0], sockname[1]
         security: dict[str, Any] = {}
@@ -269,6 +292,8 @@ class LeaderServer:
         self._connections.add(task)
         peer = writer.get_extra_info("peername")
         try:
+            if self.security is not None and self.security.tls is not None:
+                await self._start_tls(writer, str(peer))
             await self._serve(reader, writer, self._new_peer(str(peer), writer))
         except (asyncio.IncompleteReadError, ConnectionError, _Closed):
             pass
@@ -309,6 +334,20 @@ class LeaderServer:
                 await self._send(writer, response)
 
     # -- security --------------------------------------------------------------------------
+
+    async def _start_tls(self, writer: asyncio.StreamWriter, address: str) -> None:
+        assert self.security is not None and self.security.tls is not None
+        try:
+            await writer.start_tls(self.security.tls, ssl_handshake_timeout=TLS_HANDSHAKE_S)
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
+            self.counters["tls_handshake_failures_total"] += 1
+            # Info, as Kafka logs it: port checks and scanners fail handshakes all day.
+            log.info(
+                "TLS handshake failed; connection closed",
+                peer=address,
+                error=getattr(exc, "reason", None) or str(exc) or type(exc).__name__,
+            )
+            raise _Closed from exc
 
     def _new_peer(self, address: str, writer: asyncio.StreamWriter) -> _Peer:
         security = self.security
