@@ -12,7 +12,8 @@ Rules the walk keeps:
   versions) the tagged-field section -- a count, then per field its tag, its declared size
   and its value read by the field's schema. kio ignores the declared size, so the walk
   does too: skipping by it would leave unchecked whatever kio then reads in its place.
-  An entity field of a nullable type starts with a one-byte presence marker (-1: absent).
+  An entity field of a nullable type starts with a one-byte presence marker (-1: absent;
+  so its smallest size is that byte alone).
   RequestHeader.client_id is a nullable legacy string in every header version. A tagged
   primitive field is read as non-nullable (kio's rule, odd as it is).
 - An array claiming n elements, whose smallest element is m >= 1 bytes, needs n*m bytes.
@@ -27,6 +28,9 @@ Rules the walk keeps:
   reads before that point has been checked. Other faults kio finds (a null where none is
   allowed, bad UTF-8) are kio's alone; the walk goes on past them.
 - Pure: a frame in, a `FrameCheck` out. No I/O, no clock, no decoding of values.
+- The schema comes from kio's own introspection helpers (kio.serial._introspect, the
+  ones its reader is compiled from), so both read a field the same way; the tests hold
+  the walk to kio's reader over every API and version.
 """
 
 from __future__ import annotations
