@@ -47,7 +47,7 @@ from replicad.protocol.frame_guard import (
     reject_implausible_lengths,
 )
 from replicad.protocol.requests import make_entity, nested_type
-from tools.chaos.wire_data import PartitionAnswer, fetch_response_body
+from tools.chaos.wire_data import PartitionAnswer, fetch_response_body, fetch_response_claiming
 
 HUGE = 2**32 - 1
 
@@ -212,8 +212,6 @@ def fetch_response(version: int, partitions: int = 2) -> tuple[type, bytes]:
 def test_the_known_abort_frame_is_refused_before_kio_reads_it() -> None:
     # The 40-byte frame of tests/fuzz/test_fetch_response.py: one partition whose
     # aborted_transactions claims 2^32 - 1 entries, the frame cut short after it.
-    from tools.chaos.wire_data import fetch_response_claiming
-
     cls = response_type(ApiKey.FETCH, 12)
     frame = fetch_response_claiming(12, HUGE, correlation_id=1, topic="orders")
     verdict = walk(frame, cls)
@@ -225,10 +223,10 @@ def test_the_known_abort_frame_is_refused_before_kio_reads_it() -> None:
 
 def test_a_huge_aborted_transactions_count_in_a_whole_frame_is_named_with_its_path() -> None:
     cls, frame = fetch_response(12)
-    # Partition 1's aborted_transactions: find it through the walk of a frame whose
-    # length prefix there says "empty" (1), then claim 2^32 - 1 entries instead.
+    # Partition 1's aborted_transactions: where kio's writer put partition 1, after its
+    # 30 bytes of fixed fields an empty array (1); claim 2^32 - 1 entries there instead.
     part_cls = nested_type(cls, "PartitionData")
-    first = make_entity(
+    second = make_entity(
         part_cls,
         partition_index=1,
         error_code=ErrorCode.none,
@@ -239,7 +237,7 @@ def test_a_huge_aborted_transactions_count_in_a_whole_frame_is_named_with_its_pa
         records=b"r" * 50,
     )
     encoded_partition = io.BytesIO()
-    entity_writer(part_cls)(encoded_partition, first)
+    entity_writer(part_cls)(encoded_partition, second)
     at = frame.index(encoded_partition.getvalue()) + 4 + 2 + 8 * 3
     assert frame[at] == 1
     hostile = frame[:at] + uvarint(HUGE + 1) + frame[at + 1 :]
