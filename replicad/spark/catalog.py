@@ -101,7 +101,7 @@ class Planner:
             start = self._start(files, log_start)
             if start is None:
                 continue
-            end = self._end(files)
+            end = self._end(files, log_start)
             splits += plan_partition(
                 files,
                 start,
@@ -114,15 +114,14 @@ class Planner:
     def _start(self, files: PartitionFiles, log_start: int) -> int | None:
         """First offset to read; None when nothing is (a timestamp after the last record)."""
         if self.options.starting_timestamp is not None:
-            found = self.offset_for_timestamp(files, self.options.starting_timestamp)
-            return None if found is None else max(found, log_start)
+            return self.offset_for_timestamp(files, self.options.starting_timestamp, log_start)
         wanted = self.options.starting_offsets.for_partition(files.topic_partition)
         return log_start if wanted == EARLIEST else max(wanted, log_start)
 
-    def _end(self, files: PartitionFiles) -> int | None:
+    def _end(self, files: PartitionFiles, log_start: int) -> int | None:
         """Offset to stop before; None for the log end."""
         if self.options.ending_timestamp is not None:
-            return self.offset_for_timestamp(files, self.options.ending_timestamp)
+            return self.offset_for_timestamp(files, self.options.ending_timestamp, log_start)
         wanted = self.options.ending_offsets.for_partition(files.topic_partition)
         return None if wanted == LATEST else wanted
 
@@ -136,8 +135,12 @@ class Planner:
         data = self._opener.read_all(str(path), Purpose.INDEX) or b""
         return usable_time_index(segment.base_offset, data)
 
-    def offset_for_timestamp(self, files: PartitionFiles, timestamp: int) -> int | None:
-        """Offset of the first record with a timestamp >= `timestamp` (Kafka's rule), or None."""
+    def offset_for_timestamp(
+        self, files: PartitionFiles, timestamp: int, starting_offset: int = 0
+    ) -> int | None:
+        """Offset of the first record at or past `starting_offset` (the log start) with a
+        timestamp >= `timestamp` (Kafka's rule, log.segment.find_offset_by_timestamp's), or
+        None."""
         last = len(files.segments) - 1
         for i, segment in enumerate(files.segments):
             if segment.size == 0:
@@ -147,24 +150,33 @@ class Planner:
             # may not have it yet, and an empty one says nothing.
             if i < last and time_index.entries and time_index.last_entry().timestamp < timestamp:
                 continue
-            found = self._first_at_or_after(files, segment, time_index, timestamp)
+            next_base = files.next_base(i)
+            if next_base is not None and next_base <= starting_offset:
+                continue
+            found = self._first_at_or_after(files, segment, time_index, timestamp, starting_offset)
             if found is not None:
                 return found
         return None
 
     def _first_at_or_after(
-        self, files: PartitionFiles, segment: SegmentFile, time_index: TimeIndex, timestamp: int
+        self,
+        files: PartitionFiles,
+        segment: SegmentFile,
+        time_index: TimeIndex,
+        timestamp: int,
+        starting_offset: int,
     ) -> int | None:
         entry = time_index.lookup(timestamp)
-        position = self.offset_index(files, segment).lookup(entry.offset).position
+        start = max(entry.offset, starting_offset)
+        position = self.offset_index(files, segment).lookup(start).position
         with self._opener.open(files.log_path(segment.base_offset), Purpose.PLAN) as fd:
             walk = Walk(fd, position, segment.size, verify_crc=False)
             for chunk in walk:
                 for header in chunk.batches:
-                    if header.max_timestamp < timestamp:
+                    if header.max_timestamp < timestamp or header.last_offset < starting_offset:
                         continue
                     for record in decode_batch(chunk.data, header).records:
-                        if record.timestamp >= timestamp:
+                        if record.timestamp >= timestamp and record.offset >= starting_offset:
                             return record.offset
             if walk.tail is not None and walk.tail.stop is ScanStop.CORRUPT:
                 raise LogError(

@@ -1,6 +1,8 @@
 """Reading one split on an executor: the records view and the batches view.
 
-Records view, batch by batch in file order (the decoding is `records.decode_batch`):
+Records view, in file order. The magic 2 batches a chunk of the walk keeps are decoded
+together into Arrow columns (decode.py); a legacy entry (magic 0/1) on its own with
+`records.decode_batch`. Which batches are kept:
 - a batch entirely below the split's start offset is skipped undecoded; reading stops at
   the first magic 2 batch starting at or past the end offset (a legacy wrapper's first
   offset is only known once decompressed, so those are decoded and their records
@@ -13,6 +15,8 @@ Records view, batch by batch in file order (the decoding is `records.decode_batc
 - a corrupt entry (bad length, magic, CRC unless `verifyCrc` is false, records that do not
   decode) fails the read with the file and position. A torn tail is accepted only at the
   end of the partition's last segment, where a running replicad may be appending.
+Records of a kept batch outside the split's offsets are dropped from its columns (one
+mask); small Arrow batches go to Spark gathered (columns.ArrowBatches).
 
 Batches view: one row per entry with its header fields, and a problem row for a corrupt
 entry (the split's walk stops there) or a torn tail, instead of failing: verify reports.
@@ -22,15 +26,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from replicad.errors import CorruptRecordError
 from replicad.log.layout import classify_partition_files, segment_file_name
 from replicad.records.batch import MAGIC_V2, BatchHeader, ScanStop
 from replicad.records.records import ControlType, DecodedBatch, control_marker, decode_batch
-from replicad.spark.columns import ROWS_PER_BATCH, Columns
+from replicad.spark.columns import ROWS_PER_BATCH, ArrowBatches, Columns
+from replicad.spark.decode import RecordColumns, columns_from_records, decode_v2_columns
 from replicad.spark.files import FileOpener, Purpose
 from replicad.spark.options import Isolation, ReadOptions
 from replicad.spark.plan import Split
@@ -38,8 +45,8 @@ from replicad.spark.schema import (
     BATCHES_ARROW,
     MICROS_PER_MILLI,
     RECORDS_ARROW,
+    TIMESTAMP,
     micros,
-    none_if_negative,
 )
 from replicad.spark.txn import Outcome, TransactionOutcomes
 from replicad.spark.walk import Chunk, Tail, Walk
@@ -53,8 +60,7 @@ def read_records(
 ) -> Iterator[pa.RecordBatch]:
     """The records of `split` the options select, as Arrow batches of RECORDS_ARROW."""
     start, end = split.start_offset, split.end_offset
-    topic, partition = split.topic, split.partition
-    columns = Columns(RECORDS_ARROW)
+    gathered = ArrowBatches(RECORDS_ARROW)
     with opener.open(split.path, Purpose.READ) as fd:
         outcomes = None
         if options.isolation is Isolation.READ_COMMITTED:
@@ -62,6 +68,8 @@ def read_records(
         walk = Walk(fd, split.start_position, split.end_position, verify_crc=options.verify_crc)
         done = False
         for chunk in walk:
+            # Consecutive magic 2 batches are decoded together; a legacy entry on its own.
+            group: list[BatchHeader] = []
             for header in chunk.batches:
                 if header.next_offset <= start:
                     continue
@@ -70,48 +78,98 @@ def read_records(
                     break
                 if _hidden(header, options, outcomes):
                     continue
-                timestamp_type = int(header.timestamp_type)
-                leader_epoch = none_if_negative(header.partition_leader_epoch)
-                producer_id = none_if_negative(header.producer_id)
-                transactional = header.is_transactional
-                control = header.is_control
-                append = columns.rows.append
-                for record in _decode(split, chunk, header).records:
-                    offset = record.offset
-                    if offset < start:
-                        continue
-                    if end is not None and offset >= end:
-                        done = True
-                        break
-                    # The hot loop: schema.micros inlined, no list built for no headers.
-                    timestamp = record.timestamp
-                    headers = record.headers
-                    append(
-                        (
-                            topic,
-                            partition,
-                            offset,
-                            timestamp * MICROS_PER_MILLI if timestamp >= 0 else None,
-                            timestamp_type,
-                            record.key,
-                            record.value,
-                            [(h.key, h.value) for h in headers] if headers else [],
-                            leader_epoch,
-                            producer_id,
-                            transactional,
-                            control,
-                        )
-                    )
-                if len(columns) >= ROWS_PER_BATCH:
-                    yield columns.take()
-                if done:
+                if header.magic >= MAGIC_V2:
+                    group.append(header)
+                    continue
+                if group:
+                    yield from gathered.add(_v2_rows(split, chunk, group).batch)
+                group = []
+                legacy = _legacy_rows(split, chunk, header)
+                yield from gathered.add(legacy.batch)
+                if end is not None and legacy.past_end:
+                    done = True
                     break
+            if group:
+                yield from gathered.add(_v2_rows(split, chunk, group).batch)
             if done:
                 break
         if not done:
             _check_tail(split, walk.tail)
-    if len(columns):
-        yield columns.take()
+    if last := gathered.take():
+        yield last
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """Records of a split as an Arrow batch; `past_end`: some were at or past its end."""
+
+    batch: pa.RecordBatch
+    past_end: bool
+
+
+def _v2_rows(split: Split, chunk: Chunk, group: list[BatchHeader]) -> Rows:
+    try:
+        columns = decode_v2_columns(chunk.data, group)
+    except CorruptRecordError as exc:
+        for header in group:  # the reference decoder names the batch's position
+            _decode(split, chunk, header)
+        raise CorruptRecordError(f"{split.path}: {exc}") from exc
+    return _rows(split, group, columns)
+
+
+def _legacy_rows(split: Split, chunk: Chunk, header: BatchHeader) -> Rows:
+    records = _decode(split, chunk, header).records
+    return _rows(split, [header], columns_from_records(records))
+
+
+def _rows(split: Split, headers: list[BatchHeader], columns: RecordColumns) -> Rows:
+    """The RECORDS_ARROW batch of decoded records, cut to the split's offsets."""
+    n = columns.num_rows
+    counts = columns.rows_per_batch
+
+    def per_batch(values: list[int], dtype: type) -> np.ndarray:
+        return np.repeat(np.array(values, dtype=dtype), counts)
+
+    timestamps = columns.timestamps
+    no_timestamp = timestamps < 0
+    leader_epochs = per_batch([h.partition_leader_epoch for h in headers], np.int32)
+    producer_ids = per_batch([h.producer_id for h in headers], np.int64)
+    batch = pa.RecordBatch.from_arrays(
+        [
+            _repeated_string(split.topic, n),
+            pa.array(np.full(n, split.partition, np.int32)),
+            pa.array(columns.offsets),
+            pa.array(
+                np.where(no_timestamp, 0, timestamps * MICROS_PER_MILLI),
+                type=TIMESTAMP,
+                mask=no_timestamp,
+            ),
+            pa.array(per_batch([int(h.timestamp_type) for h in headers], np.int32)),
+            columns.keys,
+            columns.values,
+            columns.headers,
+            pa.array(leader_epochs, mask=leader_epochs < 0),
+            pa.array(producer_ids, mask=producer_ids < 0),
+            pa.array(per_batch([h.is_transactional for h in headers], np.bool_)),
+            pa.array(per_batch([h.is_control for h in headers], np.bool_)),
+        ],
+        schema=RECORDS_ARROW,
+    )
+    offsets = columns.offsets
+    below = offsets < split.start_offset
+    past = np.zeros(n, np.bool_) if split.end_offset is None else offsets >= split.end_offset
+    outside = below | past
+    if outside.any():
+        batch = batch.filter(pa.array(~outside))
+    return Rows(batch, past_end=bool(past.any()))
+
+
+def _repeated_string(value: str, n: int) -> pa.Array:
+    encoded = value.encode("utf-8")
+    offsets = np.arange(n + 1, dtype=np.int32) * len(encoded)
+    return pa.Array.from_buffers(
+        pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(encoded * n)]
+    )
 
 
 def _hidden(

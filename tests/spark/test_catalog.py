@@ -102,6 +102,25 @@ def test_timestamps_become_the_first_offset_at_or_after_them(events, tmp_path):
         assert {t.purpose for t in read_trace(str(trace))} <= {Purpose.INDEX, Purpose.PLAN}
 
 
+def test_a_timestamp_lookup_starts_at_the_log_start(events, tmp_path):
+    """Kafka searches from the log start: records below it do not answer, even where their
+    segment is still on disk, and the segments wholly below it are not opened."""
+    records = records_of(events / f"{TP.topic}-{TP.partition}")
+    files = list_partitions(parse_options({"path": str(events)}))[0]
+    log_start = files.segments[2].base_offset + 7
+    early = records[5][1]  # a time whose first record is far below the log start
+    for timestamp in (early, records[log_start][1], records[log_start + 40][1] + 1):
+        trace = tmp_path / f"trace-{timestamp}"
+        planner = Planner(parse_options({"path": str(events)}), FileOpener(str(trace)))
+        expected = next(o for o, ts, _ in records if ts >= timestamp and o >= log_start)
+        assert planner.offset_for_timestamp(files, timestamp, log_start) == expected
+        opened = {t.path for t in read_trace(str(trace))}
+        assert not opened & {files.log_path(s.base_offset) for s in files.segments[:2]}
+    assert planner.offset_for_timestamp(files, early) == next(
+        o for o, ts, _ in records if ts >= early
+    )
+
+
 def test_a_time_range_plans_the_offsets_between(events):
     records = records_of(events / f"{TP.topic}-{TP.partition}")
     stamps = [ts for _, ts, _ in records]
