@@ -4,6 +4,14 @@ Several requests may be in flight; responses come back in request order on a
 Kafka connection, but we still match them by correlation id and treat a
 mismatch as the peer's protocol error. A request that times out closes the
 connection: later responses could no longer be trusted to line up.
+
+Reads: a buffered protocol, not a stream reader. Each frame's size prefix is read
+first; the frame's memory is reserved (`reserve`, the KIP-81 pool) and only then is the
+socket read again, straight into a buffer of exactly the frame's size -- the kernel's
+copy is the only one, and while the reservation waits the socket is not read at all
+(TCP backpressure reaches the leader). A request may bring its own `decode` for the
+raw frame (the follower scans Fetch responses in place, as memoryviews of that
+buffer); every other response is decoded by kio (codec.decode_response).
 """
 
 from __future__ import annotations
@@ -62,11 +70,17 @@ def _no_release() -> None:
 Reserve = Callable[[int], Awaitable[Callable[[], None]]]
 
 
+# Decodes a whole response frame (correlation id first, size prefix removed) into the
+# body the caller gets; bad bytes raise RemoteProtocolError.
+RawDecoder = Callable[[memoryview], Any]
+
+
 @dataclass(slots=True)
 class _Pending:
     response_cls: type
     future: asyncio.Future[Any]
     hold: bool = False
+    decode: RawDecoder | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +99,150 @@ class BrokerAddress:
 
     def __str__(self) -> str:
         return f"{self.host}:{self.port} (node {self.node_id})"
+
+
+class _FrameReader(asyncio.BufferedProtocol):
+    """The socket side of one connection: size prefix, reservation, frame body, in turn.
+
+    The transport fills the buffer `get_buffer` offers: 4 bytes for the prefix, then the
+    whole frame's own buffer. Between the two, reading is paused until the frame's memory
+    is reserved. Anything a peer's bytes make go wrong closes the connection with that
+    reason; nothing raises into the transport."""
+
+    def __init__(
+        self,
+        *,
+        on_frame: Callable[[bytearray, Callable[[], None]], None],
+        reserve: Reserve | None,
+        address: str,
+    ) -> None:
+        self._on_frame = on_frame
+        self._reserve = reserve
+        self._address = address
+        self._prefix = bytearray(SIZE.size)
+        self._view = memoryview(self._prefix)
+        self._frame: bytearray | None = None
+        self._filled = 0
+        self._release: Callable[[], None] = _no_release
+        self._transport: asyncio.BaseTransport | None = None
+        self._waiting: asyncio.Future[None] | None = None
+        self._write_paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self.bytes_received = 0
+        # Why the connection ended: a local verdict on the peer's bytes, or the transport's.
+        self.failure: BaseException | None = None
+        self.lost: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+
+    # -- asyncio.BufferedProtocol --------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._view[self._filled :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._filled += nbytes
+        if self._filled < len(self._view):
+            return
+        try:
+            if self._frame is None:
+                self._prefix_read()
+            else:
+                self._frame_read()
+        except Exception as exc:  # the peer's bytes, or a dispatch failure: end here
+            self.fail(exc)
+
+    def eof_received(self) -> bool:
+        return False  # close the transport; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._waiting is not None:
+            self._waiting.cancel()
+        self._give_back()
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._drain_waiters.clear()
+        if not self.lost.done():
+            self.lost.set_result(self.failure or exc)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._drain_waiters.clear()
+
+    # -- frames ---------------------------------------------------------------
+
+    def _prefix_read(self) -> None:
+        size = frame_size(self._prefix)
+        if self._reserve is None:
+            self._start_frame(size, _no_release)
+            return
+        assert self._transport is not None
+        self._transport.pause_reading()  # type: ignore[attr-defined]
+        self._waiting = asyncio.ensure_future(self._reserve_then_read(size))
+
+    async def _reserve_then_read(self, size: int) -> None:
+        assert self._reserve is not None and self._transport is not None
+        try:
+            release = await self._reserve(size)
+        except PoolTooSmallError as exc:
+            self.fail(ResponseTooLargeError(f"{self._address}: {exc}"))
+            return
+        finally:
+            self._waiting = None
+        if self.lost.done() or self._transport.is_closing():
+            release()
+            return
+        self._start_frame(size, release)
+        self._transport.resume_reading()  # type: ignore[attr-defined]
+
+    def _start_frame(self, size: int, release: Callable[[], None]) -> None:
+        self._frame = bytearray(size)
+        self._view = memoryview(self._frame)
+        self._filled = 0
+        self._release = release
+
+    def _frame_read(self) -> None:
+        frame, release = self._frame, self._release
+        assert frame is not None
+        self.bytes_received += len(frame) + SIZE.size
+        self._frame, self._release = None, _no_release
+        self._view = memoryview(self._prefix)
+        self._filled = 0
+        self._on_frame(frame, release)
+
+    def _give_back(self) -> None:
+        release, self._release = self._release, _no_release
+        release()
+
+    # -- writing ----------------------------------------------------------------
+
+    async def drain(self) -> None:
+        if self.lost.done():
+            raise ConnectionResetError("connection lost")
+        if not self._write_paused:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._drain_waiters.append(waiter)
+        await waiter
+        if self.lost.done():
+            raise ConnectionResetError("connection lost")
+
+    def fail(self, reason: BaseException) -> None:
+        """End the connection because of `reason` (kept as the reason it was lost)."""
+        if self.failure is None:
+            self.failure = reason
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+        elif self._transport is None and not self.lost.done():
+            self.lost.set_result(reason)
 
 
 class BrokerConnection:
@@ -106,37 +264,45 @@ class BrokerConnection:
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
         self._reserve = reserve
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._transport: asyncio.Transport | None = None
+        self._protocol: _FrameReader | None = None
         self._pending: dict[int, _Pending] = {}
         self._correlation = itertools.count(1)
-        self._read_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
         self._closed_reason: BaseException | None = None
         self.versions: NegotiatedVersions | None = None
-        self.bytes_received = 0
         self.bytes_sent = 0
+
+    @property
+    def bytes_received(self) -> int:
+        return self._protocol.bytes_received if self._protocol is not None else 0
 
     @property
     def is_open(self) -> bool:
         if self._expires_at is not None and time.monotonic() >= self._expires_at:
             return False
-        return self._writer is not None and self._closed_reason is None
+        return self._transport is not None and self._closed_reason is None
 
     async def connect(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
-            self._reader, self._writer = await asyncio.wait_for(
-                asyncio.open_connection(
+            self._transport, self._protocol = await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: _FrameReader(
+                        on_frame=self._dispatch,
+                        reserve=self._reserve,
+                        address=str(self.address),
+                    ),
                     self.address.host,
                     self.address.port,
-                    limit=1 << 20,
                     **self.security.open_options(self.address.host, self.connect_timeout_s),
                 ),
                 self.connect_timeout_s,
             )
         except (OSError, TimeoutError) as exc:
             raise self.security.connect_failure(str(self.address), exc) from exc
-        self._read_task = asyncio.create_task(
-            self._read_loop(), name=f"kafka-read-{self.address.node_id}"
+        self._watch_task = asyncio.create_task(
+            self._watch(self._protocol), name=f"kafka-read-{self.address.node_id}"
         )
         try:
             self.versions = await self._negotiate()
@@ -179,26 +345,33 @@ class BrokerConnection:
             )
 
     async def request(
-        self, request: Any, *, timeout_s: float | None = None, hold: bool = False
+        self,
+        request: Any,
+        *,
+        timeout_s: float | None = None,
+        hold: bool = False,
+        decode: RawDecoder | None = None,
     ) -> Any:
         """Send a kio request entity and wait for its decoded response body.
 
         hold=True: the response's memory reservation (see `reserve`) stays taken and the
-        result is a HeldResponse; the caller must call its `release()`."""
+        result is a HeldResponse; the caller must call its `release()`.
+        decode: reads the raw response frame instead of kio; its result may hold views
+        of the frame's buffer, which stays valid as long as they are referenced."""
         if not self.is_open:
             raise KafkaConnectionError(f"connection to {self.address} is closed") from (
                 self._closed_reason
             )
-        assert self._writer is not None
+        assert self._transport is not None and self._protocol is not None
         correlation_id = next(self._correlation) & 0x7FFFFFFF
         response_cls = response_type(request.__api_key__, request.__version__)
         frame = encode_request(request, correlation_id=correlation_id, client_id=self.client_id)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[correlation_id] = _Pending(response_cls, future, hold)
+        self._pending[correlation_id] = _Pending(response_cls, future, hold, decode)
         try:
-            self._writer.write(frame)
+            self._transport.write(frame)
             self.bytes_sent += len(frame)
-            await self._writer.drain()
+            await self._protocol.drain()
         except OSError as exc:
             self._pending.pop(correlation_id, None)
             if self._closed_reason is not None:
@@ -217,57 +390,48 @@ class BrokerConnection:
             await self._fail(err)
             raise err from exc
 
-    async def _read_loop(self) -> None:
-        assert self._reader is not None
-        reader = self._reader
-        try:
-            while True:
-                prefix = await reader.readexactly(SIZE.size)
-                size = frame_size(prefix)
-                release = await self._reserve(size) if self._reserve else _no_release
-                handed_over = False
-                try:
-                    frame = await reader.readexactly(size)
-                    self.bytes_received += size + SIZE.size
-                    handed_over = self._dispatch(frame, release)
-                finally:
-                    if not handed_over:
-                        release()
-        except asyncio.IncompleteReadError:
-            await self._fail(KafkaConnectionError(f"{self.address} closed the connection"))
-        except ssl.SSLError as exc:
-            await self._fail(self.security.read_failure(str(self.address), exc))
-        except PoolTooSmallError as exc:
-            await self._fail(ResponseTooLargeError(f"{self.address}: {exc}"))
-        except (OSError, RemoteProtocolError) as exc:
-            reason: BaseException = exc
-            if isinstance(exc, OSError):
-                reset = (
-                    self.security.reset_failure(str(self.address), exc)
-                    if self.versions is None  # still negotiating: nothing was answered yet
-                    else None
-                )
-                reason = reset or KafkaConnectionError(f"read from {self.address} failed: {exc}")
-            await self._fail(reason)
-        except asyncio.CancelledError:
-            raise
+    async def _watch(self, protocol: _FrameReader) -> None:
+        """Wait for the connection to end and fail what is pending with the reason."""
+        reason = await protocol.lost
+        await self._fail(self._failure_for(reason))
 
-    def _dispatch(self, frame: bytes, release: Callable[[], None]) -> bool:
-        """Complete the waiting request; True if its caller now owns `release`."""
-        correlation_id = peek_correlation_id(frame)
+    def _failure_for(self, reason: BaseException | None) -> BaseException:
+        if reason is None:
+            return KafkaConnectionError(f"{self.address} closed the connection")
+        if isinstance(reason, ssl.SSLError):
+            return self.security.read_failure(str(self.address), reason)
+        if isinstance(reason, PoolTooSmallError):
+            return ResponseTooLargeError(f"{self.address}: {reason}")
+        if isinstance(reason, (KafkaConnectionError, RemoteProtocolError)):
+            return reason
+        if isinstance(reason, OSError):
+            reset = (
+                self.security.reset_failure(str(self.address), reason)
+                if self.versions is None  # still negotiating: nothing was answered yet
+                else None
+            )
+            return reset or KafkaConnectionError(f"read from {self.address} failed: {reason}")
+        return KafkaConnectionError(f"read from {self.address} failed: {reason!r}")
+
+    def _dispatch(self, frame: bytearray, release: Callable[[], None]) -> None:
+        """Complete the waiting request; its caller owns `release` if it holds the response."""
+        handed_over = False
+        try:
+            handed_over = self._deliver(frame, release)
+        finally:
+            if not handed_over:
+                release()
+
+    def _deliver(self, frame: bytearray, release: Callable[[], None]) -> bool:
+        view = memoryview(frame).toreadonly()  # kio reads read-only buffers only
+        correlation_id = peek_correlation_id(view)
         pending = self._pending.pop(correlation_id, None)
         if pending is None:
             raise RemoteProtocolError(
                 f"{self.address} answered unknown correlation id {correlation_id}"
             )
         try:
-            try:
-                decoded = decode_response(frame, pending.response_cls)
-            except RemoteProtocolError:
-                # A broker that lacks ApiVersions v3 answers in v0's layout (KIP-511).
-                if pending.response_cls is not ApiVersionsResponseV3:
-                    raise
-                decoded = decode_response(frame, ApiVersionsResponseV0)
+            body = self._decode(view, pending)
         except RemoteProtocolError as exc:
             if not pending.future.done():
                 pending.future.set_exception(exc)
@@ -275,10 +439,27 @@ class BrokerConnection:
         if pending.future.done():  # the caller gave up (timeout) meanwhile
             return False
         if pending.hold:
-            pending.future.set_result(HeldResponse(decoded.body, release))
+            pending.future.set_result(HeldResponse(body, release))
             return True
-        pending.future.set_result(decoded.body)
+        pending.future.set_result(body)
         return False
+
+    @staticmethod
+    def _decode(view: memoryview, pending: _Pending) -> Any:
+        if pending.decode is not None:
+            try:
+                return pending.decode(view)
+            except RemoteProtocolError:
+                raise
+            except Exception as exc:  # a decoder's bug must not pass for a closed socket
+                raise RemoteProtocolError(f"undecodable response: {exc!r}") from exc
+        try:
+            return decode_response(view, pending.response_cls).body
+        except RemoteProtocolError:
+            # A broker that lacks ApiVersions v3 answers in v0's layout (KIP-511).
+            if pending.response_cls is not ApiVersionsResponseV3:
+                raise
+            return decode_response(view, ApiVersionsResponseV0).body
 
     async def _fail(self, reason: BaseException) -> None:
         if self._closed_reason is None:
@@ -289,14 +470,15 @@ class BrokerConnection:
                 entry.future.set_exception(reason)
                 # Mark retrieved: a cancelled waiter must not leave "never retrieved" noise.
                 entry.future.exception()
-        if self._writer is not None:
-            self._writer.close()
+        protocol = self._protocol
+        if protocol is not None:
+            protocol.fail(reason)
             with contextlib.suppress(Exception):
-                await self._writer.wait_closed()
+                await asyncio.shield(protocol.lost)
 
     async def close(self) -> None:
         await self._fail(KafkaConnectionError(f"connection to {self.address} closed by us"))
-        task, self._read_task = self._read_task, None
+        task, self._watch_task = self._watch_task, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -103,3 +103,91 @@ async def test_refused_connection_is_a_clear_error(free_port):
     conn = _conn("127.0.0.1", free_port, connect_timeout_s=2)
     with pytest.raises(KafkaConnectionError, match=f"cannot connect to 127.0.0.1:{free_port}"):
         await conn.connect()
+
+
+def _api_versions_frame(correlation: bytes) -> bytes:
+    """A real ApiVersions v3 response body (no size prefix) for the given correlation id."""
+    import datetime
+    import io
+
+    from kio.schema.api_versions.v3.response import ApiVersion, ApiVersionsResponse
+    from kio.schema.errors import ErrorCode
+    from kio.serial import entity_writer
+
+    buf = io.BytesIO()
+    header_cls = ApiVersionsResponse.__header_schema__
+    entity_writer(header_cls)(buf, header_cls(correlation_id=struct.unpack(">i", correlation)[0]))
+    keys = tuple(
+        ApiVersion(api_key=k, min_version=lo, max_version=hi)
+        for k, lo, hi in ((1, 4, 17), (2, 1, 9), (3, 4, 12), (18, 0, 3))
+    )
+    entity_writer(ApiVersionsResponse)(
+        buf,
+        ApiVersionsResponse(
+            error_code=ErrorCode.none, api_keys=keys, throttle_time=datetime.timedelta(0)
+        ),
+    )
+    return buf.getvalue()
+
+
+async def test_a_frame_dribbled_byte_by_byte_arrives_whole_in_its_own_buffer():
+    """The size prefix and the body may arrive in any pieces; a raw decoder sees the
+    whole frame once, as a view of the buffer that frame alone was read into."""
+    from kio.schema.api_versions.v3.request import ApiVersionsRequest
+
+    sent: list[bytes] = []
+
+    async def leader(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for _ in range(2):
+            size = struct.unpack(">i", await reader.readexactly(4))[0]
+            body = _api_versions_frame((await reader.readexactly(size))[4:8])
+            sent.append(body)
+            for byte in struct.pack(">i", len(body)) + body:
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(0)
+        await reader.read()
+
+    server, port = await _standin(leader)
+    async with server:
+        conn = _conn("127.0.0.1", port)
+        await conn.connect()  # the negotiation's answer came byte by byte too
+        try:
+            seen = await conn.request(
+                ApiVersionsRequest(client_software_name="t", client_software_version="1"),
+                decode=lambda view: (view.obj, bytes(view)),
+            )
+        finally:
+            await conn.close()
+    buffer, frame = seen
+    assert frame == sent[1]
+    assert isinstance(buffer, bytearray) and len(buffer) == len(sent[1])
+    assert conn.bytes_received == sum(len(b) + 4 for b in sent)
+
+
+async def test_a_raw_decoders_error_is_the_requests_error_not_the_connections():
+    from kio.schema.api_versions.v3.request import ApiVersionsRequest
+
+    async def leader(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            size = struct.unpack(">i", await reader.readexactly(4))[0]
+            body = _api_versions_frame((await reader.readexactly(size))[4:8])
+            writer.write(struct.pack(">i", len(body)) + body)
+            await writer.drain()
+
+    def refuse(view: memoryview) -> object:
+        raise RemoteProtocolError("not what I expected")
+
+    server, port = await _standin(leader)
+    async with server:
+        conn = _conn("127.0.0.1", port)
+        await conn.connect()
+        request = ApiVersionsRequest(client_software_name="t", client_software_version="1")
+        try:
+            with pytest.raises(RemoteProtocolError, match="not what I expected"):
+                await conn.request(request, decode=refuse)
+            assert conn.is_open
+            body = await conn.request(request)
+            assert {k.api_key for k in body.api_keys} == {1, 2, 3, 18}
+        finally:
+            await conn.close()
