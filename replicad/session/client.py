@@ -18,6 +18,11 @@ Rules this handler keeps:
    changed (any field of `PartitionFetch`, in session order), plus the forgotten
    ones. A partition whose topic id changed (topic recreated) is sent with its new id
    and also listed in `to_replace` with the old one (v13+ forgets it by the old id).
+   The caller may say which partitions changed since its last build (`changed`: added,
+   gone, or a new `PartitionFetch` object); the handler then compares only those, and
+   the ones reported since the session last moved, not every partition (O(changes)).
+   Changes are then listed in the order they were reported. Without `changed`, every
+   partition is compared (`is` first: callers reuse unchanged objects).
 4. Topic ids: a request may use ids (v13+) only if every wanted partition -- and every
    forgotten one -- has one (`plan.uses_topic_ids`). A leader refuses a session whose
    use of ids flips (FETCH_SESSION_TOPIC_ID_ERROR); rather than provoke that error the
@@ -234,6 +239,9 @@ class FetchSessionHandler:
         # What the leader holds for us, in session order (empty while the next request is full).
         self._session: dict[TopicPartition, PartitionFetch] = {}
         self._session_uses_topic_ids = False
+        self._session_topic_names: Mapping[uuid.UUID, str] = _EMPTY_NAMES
+        # Partitions reported changed since the session last moved (rule 3), in order.
+        self._dirty: dict[TopicPartition, None] = {}
         self._in_flight: FetchRequestPlan | None = None
         self._full_requests = 0
         self._incremental_requests = 0
@@ -290,13 +298,22 @@ class FetchSessionHandler:
 
     # -- requests -----------------------------------------------------------
 
-    def build_request(self, wanted: Mapping[TopicPartition, PartitionFetch]) -> FetchRequestPlan:
-        """The next request for the partitions `wanted` now (ordered: full requests keep it)."""
+    def build_request(
+        self,
+        wanted: Mapping[TopicPartition, PartitionFetch],
+        changed: Collection[TopicPartition] | None = None,
+    ) -> FetchRequestPlan:
+        """The next request for the partitions `wanted` now (ordered: full requests keep it).
+
+        `changed`: the partitions whose entry in `wanted` may differ from the caller's
+        previous build (added, gone, or another object); None: compare every partition."""
         wanted = dict(wanted)
+        if changed is not None:
+            self._dirty.update(dict.fromkeys(changed))
         if self._next.is_full:
             plan = self._full_plan(self._next, wanted)
         else:
-            plan = self._incremental_plan(wanted)
+            plan = self._incremental_plan(wanted, None if changed is None else self._dirty)
             if plan.uses_topic_ids != self._session_uses_topic_ids:
                 self._count(RecoveryReason.TOPIC_ID_USAGE_CHANGED, None)
                 plan = self._full_plan(self._next.close_existing_attempt_new(), wanted)
@@ -347,29 +364,54 @@ class FetchSessionHandler:
             topic_names=_topic_names(wanted) if uses_ids else _EMPTY_NAMES,
         )
 
-    def _incremental_plan(self, wanted: dict[TopicPartition, PartitionFetch]) -> FetchRequestPlan:
+    def _incremental_plan(
+        self,
+        wanted: dict[TopicPartition, PartitionFetch],
+        dirty: Mapping[TopicPartition, None] | None,
+    ) -> FetchRequestPlan:
         changed: list[TopicPartition] = []
         forgotten: list[TopicIdPartition] = []
         replaced: list[TopicIdPartition] = []
-        for tp, before in self._session.items():
+        session_map = self._session
+        # Rule 3: only what was reported changed, or everything.
+        candidates = session_map if dirty is None else dirty
+        ids_kept = True  # every partition kept its topic id: the session's ids still hold
+        for tp in candidates:
+            before = session_map.get(tp)
+            if before is None:
+                continue  # added (below)
             now = wanted.get(tp)
+            if now is before:
+                continue
             if now is None:
                 forgotten.append(TopicIdPartition(before.topic_id, tp))
             elif _replaced(before, now):
                 replaced.append(TopicIdPartition(before.topic_id, tp))
                 changed.append(tp)
-            elif before is not now and before != now:
-                # `is` first: the follower reuses the same object while nothing changed.
+            elif before != now:
                 changed.append(tp)
-        added = [tp for tp in wanted if tp not in self._session]
+                ids_kept = ids_kept and before.topic_id == now.topic_id
+        if dirty is None:
+            added = [tp for tp in wanted if tp not in session_map]
+        else:
+            added = [tp for tp in dirty if tp in wanted and tp not in session_map]
         to_send = {tp: wanted[tp] for tp in (*added, *changed)}
-        # Session order: what the leader already holds keeps its place, new ones go last
-        # (the leader appends them in the same way).
-        session = {tp: wanted[tp] for tp in self._session if tp in wanted}
-        session.update((tp, wanted[tp]) for tp in added)
-        uses_ids = all(pf.topic_id is not None for pf in wanted.values()) and all(
-            f.topic_id is not None for f in forgotten
-        )
+        if added or forgotten:
+            # Session order: what the leader already holds keeps its place, new ones go
+            # last (the leader appends them in the same way).
+            session = {tp: wanted[tp] for tp in session_map if tp in wanted}
+            session.update((tp, wanted[tp]) for tp in added)
+        else:
+            session = dict(session_map)
+            session.update((tp, wanted[tp]) for tp in changed)
+        if not (added or forgotten or replaced) and ids_kept:
+            uses_ids = self._session_uses_topic_ids
+            names = self._session_topic_names
+        else:
+            uses_ids = all(pf.topic_id is not None for pf in session.values()) and all(
+                f.topic_id is not None for f in forgotten
+            )
+            names = _topic_names(session) if uses_ids else _EMPTY_NAMES
         return FetchRequestPlan(
             session_id=self._next.session_id,
             epoch=self._next.epoch,
@@ -380,7 +422,7 @@ class FetchSessionHandler:
             to_forget_ids=tuple(forgotten),
             to_replace=tuple(replaced),
             uses_topic_ids=uses_ids,
-            topic_names=_topic_names(wanted) if uses_ids else _EMPTY_NAMES,
+            topic_names=names,
         )
 
     # -- responses ----------------------------------------------------------
@@ -468,6 +510,8 @@ class FetchSessionHandler:
             self._next = FetchMetadata.new_incremental(session_id)
             self._session = dict(plan.session_partitions)
             self._session_uses_topic_ids = plan.uses_topic_ids
+            self._session_topic_names = plan.topic_names
+            self._dirty = {}
             return self._verdict(True, None, f"{who}: full response created session {session_id}")
         self._sessionless_responses += 1
         self._reset_to(INITIAL)
@@ -513,6 +557,8 @@ class FetchSessionHandler:
             )
         self._next = FetchMetadata(plan.session_id, plan.epoch).next_incremental()
         self._session = dict(plan.session_partitions)
+        self._session_topic_names = plan.topic_names
+        self._dirty = {}
         return self._verdict(True, None, f"{who}: incremental response")
 
     # -- helpers ------------------------------------------------------------
@@ -548,6 +594,8 @@ class FetchSessionHandler:
         self._next = meta if self._sessions_enabled else LEGACY
         self._session = {}
         self._session_uses_topic_ids = False
+        self._session_topic_names = _EMPTY_NAMES
+        self._dirty = {}
 
     def _count(self, reason: RecoveryReason, now_ms: int | None) -> None:
         self._recoveries[reason] += 1

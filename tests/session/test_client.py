@@ -890,3 +890,70 @@ async def test_a_real_kafka_broker_accepts_every_plan_and_the_recoveries_work(
     finally:
         await ours.close()
         await other.close()
+
+
+# -- changes reported by the caller (rule 3, O(changes)) -------------------------------
+
+_PARTS = [tp(t, p) for t in ("a", "b") for p in range(4)]
+_IDS = {"a": T_A, "b": T_B}
+_step = st.tuples(
+    st.sampled_from(["offset", "add", "remove", "recreate", "unsent", "reject"]),
+    st.sampled_from(_PARTS),
+    st.integers(0, 50),
+)
+
+
+def _plan_facts(plan: FetchRequestPlan) -> tuple[object, ...]:
+    return (
+        plan.session_id,
+        plan.epoch,
+        plan.is_full,
+        dict(plan.to_send),
+        set(plan.to_forget),
+        set(plan.to_replace),
+        list(plan.session_partitions.items()),
+        plan.uses_topic_ids,
+        dict(plan.topic_names),
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps=st.lists(_step, min_size=1, max_size=25))
+def test_reported_changes_build_the_same_requests_as_comparing_everything(steps) -> None:
+    """Two handlers, one told what changed, one comparing every partition, fed the same
+    wanted partitions and answers: their requests hold the same partitions, the same
+    forgotten and replaced ones, the same session, in the same session order."""
+    told, compares = FetchSessionHandler(node_id=1), FetchSessionHandler(node_id=1)
+    wanted = {p: pf(0, topic_id=_IDS[p.topic]) for p in _PARTS[:3]}
+    answer(told, told.build_request(wanted, changed=list(wanted)))
+    answer(compares, compares.build_request(wanted))
+    changed: list[TopicPartition] = []
+    for action, part, value in steps:
+        if action == "offset" and part in wanted:
+            wanted[part] = replace(wanted[part], fetch_offset=value)
+        elif action == "add" and part not in wanted:
+            wanted[part] = pf(value, topic_id=_IDS[part.topic])
+        elif action == "remove":
+            wanted.pop(part, None)
+        elif action == "recreate" and part in wanted:
+            wanted[part] = replace(wanted[part], topic_id=uuid.UUID(int=value + 100))
+        else:
+            changed.append(part)  # a report of no change costs nothing
+        changed.append(part)
+        ours = told.build_request(wanted, changed=changed)
+        theirs = compares.build_request(wanted)
+        changed = []
+        assert _plan_facts(ours) == _plan_facts(theirs)
+        if action == "unsent":
+            continue  # built, never sent: the next build must still carry these changes
+        error = ErrorCode.invalid_fetch_session_epoch if action == "reject" else 0
+        assert answer(told, ours, error_code=error) == answer(compares, theirs, error_code=error)
+
+
+def test_a_change_in_a_plan_never_sent_is_sent_with_the_next_one() -> None:
+    want = wants("a", "b")
+    handler = in_session(want)
+    want[tp("a")] = pf(7)
+    handler.build_request(want, changed=[tp("a")])  # lost before it was sent
+    plan = handler.build_request(want, changed=[])
+    assert dict(plan.to_send) == {tp("a"): pf(7)}
