@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
@@ -36,6 +37,11 @@ from replicad.errors import (
     ProtocolError,
     RemoteProtocolError,
     ResponseTooLargeError,
+)
+from replicad.follower.fetch_response import (
+    FetchedPartition,
+    FetchResponseView,
+    scan_fetch_response,
 )
 from replicad.follower.partition_state import PartitionPhase, PartitionState
 from replicad.follower.truncation import decide_truncation
@@ -128,6 +134,21 @@ class FetcherStats:
     session_recoveries: Counter[str] = field(default_factory=Counter)
 
 
+def _error_code(code: int) -> ErrorCode:
+    """A code this Kafka version does not know is an unknown server error (Kafka's rule)."""
+    try:
+        return ErrorCode(code)
+    except ValueError:
+        return ErrorCode.unknown_server_error
+
+
+def _error_name(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return f"error code {code}"
+
+
 def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
@@ -161,6 +182,9 @@ class LeaderFetcher:
         self._changed = on_partition_changed or (lambda tp: None)
         self.partitions: OrderedDict[TopicPartition, PartitionState] = OrderedDict()
         self.session = FetchSessionHandler(address.node_id, sessions_enabled=settings.sessions)
+        # The last build's partitions, and what changed since the one before (see _wanted).
+        self._last_wanted: dict[TopicPartition, PartitionFetch] = {}
+        self._wanted_changes: list[TopicPartition] = []
         self.stats = FetcherStats()
         self._conn: BrokerConnection | None = None
         self._wakeup = asyncio.Event()
@@ -212,7 +236,7 @@ class LeaderFetcher:
         if not wanted:
             await self._idle(now)
             return
-        plan = self.session.build_request(wanted)
+        plan = self.session.build_request(wanted, changed=self._wanted_changes)
         version = conn.versions.require(ApiKey.FETCH) if conn.versions else 4
         version = self._usable_fetch_version(version, plan)
         request = fetch_request(version, self._spec(plan, version))
@@ -224,6 +248,8 @@ class LeaderFetcher:
                 request,
                 timeout_s=(self.settings.request_timeout_ms + self.settings.wait_max_ms) / 1000,
                 hold=True,
+                # Records stay views of the response's buffer until they are written.
+                decode=functools.partial(scan_fetch_response, version=version),
             )
         except (KafkaConnectionError, RemoteProtocolError) as exc:
             verdict = self.session.handle_send_error(now_ms=monotonic_ms())
@@ -267,6 +293,10 @@ class LeaderFetcher:
         attribute reads: the PartitionFetch object is rebuilt only when one of its
         inputs changed, and the session handler skips unchanged objects by identity."""
         wanted: dict[TopicPartition, PartitionFetch] = {}
+        # What differs from the previous build, for the session handler (O(changes)).
+        changed: list[TopicPartition] = []
+        last = self._last_wanted
+        kept = 0
         max_bytes = self.settings.partition_max_bytes
         for tp, state in self.partitions.items():
             if state.phase is PartitionPhase.PAUSED_DISK_FULL and now_ms >= state.delayed_until_ms:
@@ -292,7 +322,19 @@ class LeaderFetcher:
                     last_fetched_epoch=-1 if latest is None else latest,
                     topic_id=state.topic_id,
                 )
-            wanted[tp] = state.want
+            want = state.want
+            wanted[tp] = want
+            previous = last.get(tp)
+            if previous is None:
+                changed.append(tp)
+            else:
+                kept += 1
+                if previous is not want:
+                    changed.append(tp)
+        if kept != len(last):
+            changed.extend(tp for tp in last if tp not in wanted)
+        self._last_wanted = wanted
+        self._wanted_changes = changed
         return wanted
 
     def _spec(self, plan: FetchRequestPlan, version: int) -> FetchSpec:
@@ -325,11 +367,13 @@ class LeaderFetcher:
             rack_id=self.settings.rack_id,
         )
 
-    def _handle_response(self, plan: FetchRequestPlan, version: int, body: Any) -> bool:
+    def _handle_response(
+        self, plan: FetchRequestPlan, version: int, body: FetchResponseView
+    ) -> bool:
         """Apply a response; False if the session handler rejected it (data dropped)."""
         names = plan.topic_names
         by_id = version >= FETCH_TOPIC_ID_VERSION
-        entries: list[tuple[TopicPartition, Any]] = []
+        entries: list[tuple[TopicPartition, FetchedPartition]] = []
         seen_ids: list[Any] = []
         for topic in body.responses:
             if by_id:
@@ -342,22 +386,20 @@ class LeaderFetcher:
             for pd in topic.partitions:
                 entries.append((TopicPartition(name, int(pd.partition_index)), pd))
         now = monotonic_ms()
-        throttle = getattr(body, "throttle_time", None)
         verdict = self.session.handle_response(
             plan,
-            error_code=int(getattr(body, "error_code", 0)),
-            session_id=int(getattr(body, "session_id", 0)),
+            error_code=body.error_code,
+            session_id=body.session_id,
             partitions=[tp for tp, _ in entries],
             now_ms=now,
-            throttle_time_ms=int(throttle.total_seconds() * 1000) if throttle else 0,
+            throttle_time_ms=body.throttle_time_ms,
             topic_ids=seen_ids,
         )
         if not verdict.accepted:
             self.stats.rejected_responses += 1
             self._note_recovery(verdict)
-            top = ErrorCode(int(getattr(body, "error_code", 0)))
-            if top is not ErrorCode.none:
-                self.stats.last_error = top.name
+            if body.error_code != ErrorCode.none:
+                self.stats.last_error = _error_name(body.error_code)
             return False
         self._note_recovery(verdict)
         returned_data: list[TopicPartition] = []
@@ -372,22 +414,18 @@ class LeaderFetcher:
             self.partitions.move_to_end(tp)
         return True
 
-    def _process_partition(self, state: PartitionState, pd: Any, now_ms: int) -> bool:
+    def _process_partition(self, state: PartitionState, pd: FetchedPartition, now_ms: int) -> bool:
         """Apply one partition's answer; True if it returned data (rotation)."""
-        error = ErrorCode(pd.error_code)
+        error = _error_code(pd.error_code)
         tp = state.tp
         if error is ErrorCode.none:
-            diverging = getattr(pd, "diverging_epoch", None)
-            if (
-                diverging is not None
-                and int(diverging.epoch) >= 0
-                and int(diverging.end_offset) >= 0
-            ):
-                self._truncate_on_divergence(state, int(diverging.epoch), int(diverging.end_offset))
+            diverging = pd.diverging_epoch
+            if diverging.epoch >= 0 and diverging.end_offset >= 0:
+                self._truncate_on_divergence(state, diverging.epoch, diverging.end_offset)
                 return False
-            state.high_watermark = int(pd.high_watermark)
-            state.last_stable_offset = int(getattr(pd, "last_stable_offset", -1))
-            state.leader_log_start_offset = int(getattr(pd, "log_start_offset", -1))
+            state.high_watermark = pd.high_watermark
+            state.last_stable_offset = pd.last_stable_offset
+            state.leader_log_start_offset = pd.log_start_offset
             wrote = self._append(state, pd.records, now_ms)
             plog = self._log(state)
             # What we serve onward: replicated here and committed upstream. Moved in
