@@ -357,15 +357,20 @@ class LogSegment:
         try:
             self._log.write_all(data, start)
             builder = self.builder
+            # One write per index file per append: the new entries are contiguous, and
+            # write_entry puts bytes where the index's valid part now ends.
+            offset_raw: list[bytes] = []
+            time_raw: list[bytes] = []
             for header in batches:
                 position = start + header.position - first.position
                 entries = builder.observe(header, position)
                 if entries is not None:
-                    self._offset_file.write_entry(
-                        offset_index.append(entries.offset_entry.offset, position)
-                    )
+                    offset_raw.append(offset_index.append(entries.offset_entry.offset, position))
                     ts = entries.time_entry
-                    self._time_file.write_entry(time_index.maybe_append(ts.timestamp, ts.offset))
+                    time_raw.append(time_index.maybe_append(ts.timestamp, ts.offset))
+            if offset_raw:
+                self._offset_file.write_entry(b"".join(offset_raw))
+                self._time_file.write_entry(b"".join(time_raw))
         except OSError:
             self._log.truncate(start)
             offset_index.cut(saved[0])
