@@ -29,6 +29,8 @@ from replicad.protocol.security import connection_security
 log = structlog.get_logger("replicad.daemon")
 
 STATUS_INTERVAL_S = 2.0
+# Exit status when the `serve:` listener cannot start (address taken, TLS files gone).
+EXIT_SERVE_FAILED = 1
 
 
 def settings_from_config(config: Config) -> ReplicatorSettings:
@@ -89,6 +91,9 @@ class Daemon:
         self.replicator = Replicator(settings_from_config(config))
         self.notifier = SystemdNotifier.from_env()
         self.stop = asyncio.Event()
+        # Non-zero when a part the config asks for could not start (the `serve:` listener):
+        # the daemon stops and says so, so systemd sees a failed unit, not a half-running one.
+        self.exit_code = 0
         self.started = time.monotonic()
         self._total_rate = RateMeter()
         self._leader_rates: dict[int, RateMeter] = {}
@@ -206,7 +211,7 @@ class Daemon:
             self.notifier.close()
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(signum)
-        return 0
+        return self.exit_code
 
     async def _serve(self) -> None:
         """The `serve:` section: serve the replica over the Kafka protocol while
@@ -231,7 +236,17 @@ class Daemon:
             allowed_followers=frozenset(serve.allowed_followers),
             security=server_security(serve.security, frozenset(serve.allowed_followers)),
         )
-        await server.start()
+        try:
+            await server.start()
+        except OSError as exc:
+            log.error(
+                "serve: could not listen; stopping",
+                listen=f"{serve.listen.host}:{serve.listen.port}",
+                error=str(exc),
+            )
+            self.exit_code = EXIT_SERVE_FAILED
+            self.stop.set()
+            return
         self.server = server
         self.replicator.partition_listener = server.partition_changed
 
@@ -307,7 +322,7 @@ async def run_daemon(
     reconfigure_logging: Callable[[Config], None] | None = None,
 ) -> int:
     """Replicate until SIGTERM/SIGINT; then finish the in-flight append, flush,
-    checkpoint and return 0."""
+    checkpoint and return 0 (EXIT_SERVE_FAILED when the `serve:` listener could not start)."""
     daemon = Daemon(
         config,
         config_path=config_path,

@@ -416,3 +416,42 @@ def test_status_of_a_daemon_replicating_ten_thousand_partitions(tmp_path, free_p
     assert snap["leaders"][0]["partitions"] == partitions
     assert "partitions 10,000" in table.stdout or "10000" in table.stdout.replace(",", "")
     assert "more (use --json)" in table.stdout or "--all" in table.stdout
+
+
+def test_run_stops_with_a_clear_error_when_its_serve_listener_cannot_start(tmp_path, free_port):
+    """A `serve:` section whose address is taken: the daemon says so and exits 1 at once
+    (systemd sees a failed unit), instead of replicating on with no listener."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", free_port))
+    holder.listen()
+    unreachable = socket.socket()
+    unreachable.bind(("127.0.0.1", 0))  # bound, not listening: nothing answers there
+    config = tmp_path / "run.yaml"
+    config.write_text(f"serve:\n  listen: 127.0.0.1:{free_port}\n")
+    proc = ReplicadProcess(
+        [
+            "run",
+            "-c",
+            str(config),
+            "--bootstrap-servers",
+            f"127.0.0.1:{unreachable.getsockname()[1]}",
+            "--topics",
+            "t",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--control-socket",
+            str(tmp_path / "ctl.sock"),
+        ],
+        log_path=tmp_path / "run.log",
+    ).start()
+    try:
+        wait_until(lambda: not proc.running, timeout_s=30, what="the daemon to exit")
+    finally:
+        with contextlib.suppress(Exception):
+            proc.stop()
+        holder.close()
+        unreachable.close()
+    assert proc.proc is not None and proc.proc.returncode == 1, proc.output()
+    assert "serve: could not listen; stopping" in proc.output()
+    assert str(free_port) in proc.output()
+    assert "Traceback" not in proc.output()
