@@ -1,9 +1,10 @@
 """Length prefixes corrupted in real frames: requests as kafka-python (a client no one here
 wrote) encodes them, and the answers a real Kafka broker gives to those requests. Each
 damaged frame goes through the decoder replicad runs on it -- `decode_request` for what
-`replicad serve` receives, `decode_response` for what `replicad run` receives -- in a
-forked child (tools.chaos.isolate), since the bug this pins (kio's native reader reserving
-memory for a claimed count of 2^32 and aborting the process) cannot be caught in-process.
+`replicad serve` receives, `decode_response` for what `replicad run` receives (and for
+Fetch responses the follower's own scanner, scan_fetch_response, too) -- in a forked
+child (tools.chaos.isolate), since the bug this pins (kio's native reader reserving memory
+for a claimed count of 2^32 and aborting the process) cannot be caught in-process.
 
 The rule: a damaged frame is decoded or refused as the peer's RemoteProtocolError;
 nothing else escapes, and no child dies.
@@ -11,6 +12,7 @@ nothing else escapes, and no child dies.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import uuid
@@ -27,6 +29,7 @@ from kafka.protocol.metadata.api_versions import ApiVersionsRequest
 from kafka.protocol.metadata.metadata import MetadataRequest
 
 from replicad.errors import RemoteProtocolError
+from replicad.follower.fetch_response import scan_fetch_response
 from replicad.leader.frames import decode_request
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import decode_response, request_type, response_type
@@ -194,6 +197,10 @@ def decoder(samples: list[Sample]) -> Callable[[bytes], None]:
                 decode_response(data[1:], sample.cls)
         except RemoteProtocolError:
             pass
+        if not sample.is_request and sample.cls.__api_key__ == ApiKey.FETCH:
+            # The follower reads Fetch responses with its own scanner, not with kio.
+            with contextlib.suppress(RemoteProtocolError):
+                scan_fetch_response(memoryview(data[1:]), int(sample.cls.__version__))
 
     return run
 
