@@ -9,8 +9,14 @@ decides what may be written, and the log store writes it. Each turn:
 3. send it, wait for the response (the leader long-polls up to max_wait);
 4. hand the response to the session handler; a rejected response is dropped
    whole (its data will be fetched again);
-5. validate and append each partition's batches; partitions that returned
-   data move to the back of the order (KIP-74), so none starves.
+5. validate each partition's batches (the fetch offsets move to the end of what
+   is valid); partitions that returned data move to the back of the order
+   (KIP-74), so none starves;
+6. append the valid batches. When nothing waits for step 1, the next request is
+   sent between steps 5 and 6 (pipelined): the leader prepares it while this
+   response is written. A partition whose append then fails goes back to its log
+   end, and its data in that next response is dropped unread (the response
+   answers an offset the log does not end at); it is fetched again.
 
 Nothing a peer sends raises out of this loop: bad frames, CRC mismatches and
 protocol errors are counted, logged (rate-limited) and refetched with backoff.
@@ -45,7 +51,7 @@ from replicad.follower.fetch_response import (
 )
 from replicad.follower.partition_state import PartitionPhase, PartitionState
 from replicad.follower.truncation import decide_truncation
-from replicad.follower.validate import validate_fetched
+from replicad.follower.validate import FetchedData, validate_fetched
 from replicad.log.epoch import EpochEndOffset
 from replicad.log.manager import LogManager
 from replicad.protocol.apis import ApiKey
@@ -65,6 +71,7 @@ from replicad.protocol.requests import (
     offset_for_leader_epoch_request,
 )
 from replicad.ratelimit import RateLimitedLog
+from replicad.records.batch import MAGIC_V2
 from replicad.session.client import FetchRequestPlan, FetchSessionHandler, PartitionFetch
 from replicad.types import TopicPartition
 
@@ -134,6 +141,33 @@ class FetcherStats:
     session_recoveries: Counter[str] = field(default_factory=Counter)
 
 
+@dataclass(frozen=True, slots=True)
+class _PendingWrite:
+    """A partition's validated batches, to append (step 6)."""
+
+    state: PartitionState
+    fetched: FetchedData
+
+
+@dataclass(frozen=True, slots=True)
+class _ResponseOutcome:
+    accepted: bool
+    writes: tuple[_PendingWrite, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _InFlight:
+    """A Fetch request on the wire."""
+
+    conn: BrokerConnection
+    plan: FetchRequestPlan
+    version: int
+    response: asyncio.Future[Any]
+    started: float
+    sent_before: int
+    received_before: int
+
+
 def _error_code(code: int) -> ErrorCode:
     """A code this Kafka version does not know is an unknown server error (Kafka's rule)."""
     try:
@@ -185,6 +219,8 @@ class LeaderFetcher:
         # The last build's partitions, and what changed since the one before (see _wanted).
         self._last_wanted: dict[TopicPartition, PartitionFetch] = {}
         self._wanted_changes: list[TopicPartition] = []
+        # The next request, sent before the last response's data was written (step 6).
+        self._in_flight: _InFlight | None = None
         self.stats = FetcherStats()
         self._conn: BrokerConnection | None = None
         self._wakeup = asyncio.Event()
@@ -230,12 +266,52 @@ class LeaderFetcher:
 
     async def _turn(self) -> None:
         conn = await self._connection()
-        await self._reconcile(conn)
-        now = monotonic_ms()
-        wanted = self._wanted(now)
+        flight, self._in_flight = self._in_flight, None
+        if flight is not None and flight.conn is not conn:
+            self._abandon(flight)
+            flight = None
+        if flight is None:
+            await self._reconcile(conn)
+            now = monotonic_ms()
+            flight = self._send(conn, now)
+            if flight is None:
+                await self._idle(now)
+                return
+        try:
+            held = await flight.response
+        except (KafkaConnectionError, RemoteProtocolError) as exc:
+            verdict = self.session.handle_send_error(now_ms=monotonic_ms())
+            self._note_recovery(verdict)
+            raise exc
+        self.stats.responses += 1
+        self.stats.last_latency_ms = (time.perf_counter() - flight.started) * 1000
+        # Only fetches travel on this connection, one response at a time: the deltas are
+        # this response's frame and the request(s) written since the last one.
+        self.stats.last_request_bytes = conn.bytes_sent - flight.sent_before
+        self.stats.last_response_bytes = conn.bytes_received - flight.received_before
+        self.stats.request_bytes_total += self.stats.last_request_bytes
+        self.stats.response_bytes_total += self.stats.last_response_bytes
+        try:
+            outcome = self._handle_response(flight.plan, flight.version, held.body)
+            if outcome.writes and self._may_pipeline(outcome):
+                self._in_flight = self._send(conn, monotonic_ms())
+            for write in outcome.writes:
+                self._write(write)
+        finally:
+            # The response's bytes are on disk (or dropped): its memory goes back.
+            held.release()
+            del held
+        if outcome.accepted:
+            self._backoff.reset()
+        else:
+            # A leader that keeps refusing must not be hammered: back off, growing.
+            await self._sleep(self._backoff.next_delay_ms())
+
+    def _send(self, conn: BrokerConnection, now_ms: int) -> _InFlight | None:
+        """Build the next request and write it to the socket; None if nothing is wanted."""
+        wanted = self._wanted(now_ms)
         if not wanted:
-            await self._idle(now)
-            return
+            return None
         plan = self.session.build_request(wanted, changed=self._wanted_changes)
         version = conn.versions.require(ApiKey.FETCH) if conn.versions else 4
         version = self._usable_fetch_version(version, plan)
@@ -243,37 +319,36 @@ class LeaderFetcher:
         started = time.perf_counter()
         sent_before, received_before = conn.bytes_sent, conn.bytes_received
         self.stats.requests += 1
-        try:
-            held = await conn.request(
-                request,
-                timeout_s=(self.settings.request_timeout_ms + self.settings.wait_max_ms) / 1000,
-                hold=True,
-                # Records stay views of the response's buffer until they are written.
-                decode=functools.partial(scan_fetch_response, version=version),
+        response = conn.send(
+            request,
+            timeout_s=(self.settings.request_timeout_ms + self.settings.wait_max_ms) / 1000,
+            hold=True,
+            # Records stay views of the response's buffer until they are written.
+            decode=functools.partial(scan_fetch_response, version=version),
+        )
+        return _InFlight(conn, plan, version, response, started, sent_before, received_before)
+
+    def _may_pipeline(self, outcome: _ResponseOutcome) -> bool:
+        """Whether the next request may go out before this response is written: only
+        when no partition waits for step 1 (those steps truncate logs) and no write
+        restarts a log."""
+        if self._stopping or not outcome.accepted:
+            return False
+        if any(w.fetched.restart_at is not None for w in outcome.writes):
+            return False
+        now = monotonic_ms()
+        return not any(
+            s.epoch_check_pending
+            or (
+                s.phase in (PartitionPhase.NEEDS_OFFSET, PartitionPhase.TRUNCATING)
+                and now >= s.delayed_until_ms
             )
-        except (KafkaConnectionError, RemoteProtocolError) as exc:
-            verdict = self.session.handle_send_error(now_ms=monotonic_ms())
-            self._note_recovery(verdict)
-            raise exc
-        self.stats.responses += 1
-        self.stats.last_latency_ms = (time.perf_counter() - started) * 1000
-        # Only fetches travel on this connection, one at a time: the deltas are this
-        # request's and this response's frames.
-        self.stats.last_request_bytes = conn.bytes_sent - sent_before
-        self.stats.last_response_bytes = conn.bytes_received - received_before
-        self.stats.request_bytes_total += self.stats.last_request_bytes
-        self.stats.response_bytes_total += self.stats.last_response_bytes
-        try:
-            accepted = self._handle_response(plan, version, held.body)
-        finally:
-            # The response's bytes are on disk (or dropped): its memory goes back.
-            held.release()
-            del held
-        if accepted:
-            self._backoff.reset()
-        else:
-            # A leader that keeps refusing must not be hammered: back off, growing.
-            await self._sleep(self._backoff.next_delay_ms())
+            for s in self.partitions.values()
+        )
+
+    def _abandon(self, flight: _InFlight) -> None:
+        """Give up a request on a connection that is gone (its response holds nothing)."""
+        flight.response.cancel()
 
     def _usable_fetch_version(self, version: int, plan: FetchRequestPlan) -> int:
         if version >= FETCH_TOPIC_ID_VERSION and not plan.uses_topic_ids:
@@ -305,6 +380,9 @@ class LeaderFetcher:
                 continue
             plog = self._log(state)
             latest = plog.latest_epoch()
+            if state.fetched_epoch is not None and (latest is None or state.fetched_epoch > latest):
+                # Validated, not yet appended (step 6): the epoch of what was fetched.
+                latest = state.fetched_epoch
             key = (
                 state.fetch_offset,
                 plog.log_start_offset,
@@ -369,8 +447,9 @@ class LeaderFetcher:
 
     def _handle_response(
         self, plan: FetchRequestPlan, version: int, body: FetchResponseView
-    ) -> bool:
-        """Apply a response; False if the session handler rejected it (data dropped)."""
+    ) -> _ResponseOutcome:
+        """Judge a response and validate its data (steps 4-5); what to append. Not
+        accepted: the session handler rejected it, its data is dropped."""
         names = plan.topic_names
         by_id = version >= FETCH_TOPIC_ID_VERSION
         entries: list[tuple[TopicPartition, FetchedPartition]] = []
@@ -400,43 +479,44 @@ class LeaderFetcher:
             self._note_recovery(verdict)
             if body.error_code != ErrorCode.none:
                 self.stats.last_error = _error_name(body.error_code)
-            return False
+            return _ResponseOutcome(False)
         self._note_recovery(verdict)
-        returned_data: list[TopicPartition] = []
+        writes: list[_PendingWrite] = []
+        session = plan.session_partitions
         for tp, pd in entries:
             state = self.partitions.get(tp)
-            if state is None or tp not in plan.session_partitions:
+            asked = session.get(tp)
+            if state is None or asked is None:
                 continue  # moved to another leader or dropped while the request was out
             self.stats.bytes_fetched += len(pd.records or b"")
-            if self._process_partition(state, pd, now):
-                returned_data.append(tp)
-        for tp in returned_data:
-            self.partitions.move_to_end(tp)
-        return True
+            if asked.fetch_offset != state.fetch_offset:
+                # Asked before an append failed (step 6): not for where the log ends.
+                continue
+            write = self._process_partition(state, pd, now)
+            if write is not None:
+                writes.append(write)
+        for write in writes:
+            self.partitions.move_to_end(write.state.tp)
+        return _ResponseOutcome(True, tuple(writes))
 
-    def _process_partition(self, state: PartitionState, pd: FetchedPartition, now_ms: int) -> bool:
-        """Apply one partition's answer; True if it returned data (rotation)."""
+    def _process_partition(
+        self, state: PartitionState, pd: FetchedPartition, now_ms: int
+    ) -> _PendingWrite | None:
+        """Apply one partition's answer; the batches to append if it returned any."""
         error = _error_code(pd.error_code)
         tp = state.tp
         if error is ErrorCode.none:
             diverging = pd.diverging_epoch
             if diverging.epoch >= 0 and diverging.end_offset >= 0:
                 self._truncate_on_divergence(state, diverging.epoch, diverging.end_offset)
-                return False
+                return None
             state.high_watermark = pd.high_watermark
             state.last_stable_offset = pd.last_stable_offset
             state.leader_log_start_offset = pd.log_start_offset
-            wrote = self._append(state, pd.records, now_ms)
-            plog = self._log(state)
-            # What we serve onward: replicated here and committed upstream. Moved in
-            # memory now, written to replication-offset-checkpoint at the next checkpoint.
-            hw = min(max(state.high_watermark, plog.log_start_offset), plog.log_end_offset)
-            if hw > plog.high_watermark:
-                plog.high_watermark = hw
-                wrote = True
-            if wrote:
+            write = self._validate(state, pd.records, now_ms)
+            if write is None and self._move_high_watermark(state):
                 self._changed(tp)
-            return wrote
+            return write
         self.stats.partition_errors[error.name] += 1
         if error is ErrorCode.offset_out_of_range:
             state.phase = PartitionPhase.TRUNCATING
@@ -457,9 +537,22 @@ class LeaderFetcher:
                 tp=str(tp),
                 error=error.name,
             )
+        return None
+
+    def _move_high_watermark(self, state: PartitionState) -> bool:
+        """What we serve onward: replicated here and committed upstream. Moved in memory
+        now, written to replication-offset-checkpoint at the next checkpoint."""
+        plog = self._log(state)
+        hw = min(max(state.high_watermark, plog.log_start_offset), plog.log_end_offset)
+        if hw > plog.high_watermark:
+            plog.high_watermark = hw
+            return True
         return False
 
-    def _append(self, state: PartitionState, records: bytes | None, now_ms: int) -> bool:
+    def _validate(
+        self, state: PartitionState, records: memoryview | None, now_ms: int
+    ) -> _PendingWrite | None:
+        """Step 5: what of the records may be written; the fetch offset moves past it."""
         tp = state.tp
         plog = self._log(state)
         fetched = validate_fetched(
@@ -469,29 +562,6 @@ class LeaderFetcher:
         )
         if fetched.partial_dropped:
             self.stats.partial_batches_dropped += 1
-        wrote = False
-        if fetched.batches:
-            try:
-                if fetched.restart_at is not None:
-                    plog.truncate_fully_and_start_at(fetched.restart_at)
-                plog.append(fetched.data, fetched.batches, now_ms=wall_ms())
-            except DiskFullError as exc:
-                state.phase = PartitionPhase.PAUSED_DISK_FULL
-                state.delay(now_ms, max(self.settings.backoff_ms, 5_000), "disk full")
-                self._say_once(
-                    f"enospc:{tp}", "disk full, partition paused", tp=str(tp), error=str(exc)
-                )
-                return False
-            except LogError as exc:
-                state.delay(now_ms, self.settings.backoff_ms, f"log error: {exc}")
-                self._say_once(f"logerr:{tp}", "append failed", tp=str(tp), error=str(exc))
-                return False
-            state.fetch_offset = plog.log_end_offset
-            state.bytes_replicated += len(fetched.data)
-            state.records_replicated += sum(b.record_count for b in fetched.batches)
-            self.stats.bytes_appended += len(fetched.data)
-            self.stats.batches_appended += len(fetched.batches)
-            wrote = True
         if fetched.corrupt is not None:
             state.corrupt_count += 1
             self.stats.crc_failures += 1
@@ -500,13 +570,51 @@ class LeaderFetcher:
             log.warning(
                 "corrupt batch from leader, not written; refetching",
                 tp=str(tp),
-                offset=state.fetch_offset,
+                offset=fetched.next_fetch_offset,
                 leader=str(self.address),
                 reason=fetched.corrupt,
             )
-        elif wrote:
+        if not fetched.batches:
+            return None
+        state.fetch_offset = fetched.next_fetch_offset
+        epochs = [b.partition_leader_epoch for b in fetched.batches if b.magic >= MAGIC_V2]
+        state.fetched_epoch = max(epochs) if epochs else None
+        return _PendingWrite(state, fetched)
+
+    def _write(self, write: _PendingWrite) -> None:
+        """Step 6: append validated batches. A failure puts the fetch offset back at the
+        log end (the next response's data for the partition is then dropped unread)."""
+        state, fetched = write.state, write.fetched
+        tp = state.tp
+        plog = self._log(state)
+        now_ms = monotonic_ms()
+        state.fetched_epoch = None
+        try:
+            if fetched.restart_at is not None:
+                plog.truncate_fully_and_start_at(fetched.restart_at)
+            plog.append(fetched.data, fetched.batches, now_ms=wall_ms())
+        except DiskFullError as exc:
+            state.fetch_offset = plog.log_end_offset
+            state.phase = PartitionPhase.PAUSED_DISK_FULL
+            state.delay(now_ms, max(self.settings.backoff_ms, 5_000), "disk full")
+            self._say_once(
+                f"enospc:{tp}", "disk full, partition paused", tp=str(tp), error=str(exc)
+            )
+            return
+        except LogError as exc:
+            state.fetch_offset = plog.log_end_offset
+            state.delay(now_ms, self.settings.backoff_ms, f"log error: {exc}")
+            self._say_once(f"logerr:{tp}", "append failed", tp=str(tp), error=str(exc))
+            return
+        state.fetch_offset = plog.log_end_offset
+        state.bytes_replicated += len(fetched.data)
+        state.records_replicated += sum(b.record_count for b in fetched.batches)
+        self.stats.bytes_appended += len(fetched.data)
+        self.stats.batches_appended += len(fetched.batches)
+        if fetched.corrupt is None:
             state.succeeded()
-        return wrote
+        self._move_high_watermark(state)
+        self._changed(tp)
 
     def _truncate_on_divergence(self, state: PartitionState, epoch: int, end_offset: int) -> None:
         self._truncate(state, EpochEndOffset(epoch, end_offset), "diverging epoch")
@@ -752,6 +860,9 @@ class LeaderFetcher:
 
     async def _close_session(self) -> None:
         """Tell the leader we are done with the session (FINAL_EPOCH), best effort."""
+        flight, self._in_flight = self._in_flight, None
+        if flight is not None:
+            self._abandon(flight)
         conn = self._conn
         plan = self.session.close_request()
         if conn is not None and conn.is_open and plan is not None and conn.versions is not None:

@@ -54,6 +54,9 @@ class PartitionState:
     log: Any = None
     want_key: tuple[object, ...] | None = None
     want: Any = None
+    # The highest leader epoch of batches validated but not yet appended (a pipelined
+    # request's last_fetched_epoch must already count them).
+    fetched_epoch: int | None = None
     extra: dict[str, object] = field(default_factory=dict)
 
     def fetchable(self, now_ms: int) -> bool:

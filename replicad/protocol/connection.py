@@ -65,6 +65,14 @@ def _no_release() -> None:
     return None
 
 
+def _release_if_held(future: asyncio.Future[Any]) -> None:
+    """A held response whose waiter is gone: give its memory back."""
+    if not future.cancelled() and future.exception() is None:
+        result = future.result()
+        if isinstance(result, HeldResponse):
+            result.release()
+
+
 # Called with a response's size before its body is read; the returned awaitable
 # resolves when the bytes may be held (KIP-81 memory pool). Returns a release callback.
 Reserve = Callable[[int], Awaitable[Callable[[], None]]]
@@ -358,19 +366,43 @@ class BrokerConnection:
         result is a HeldResponse; the caller must call its `release()`.
         decode: reads the raw response frame instead of kio; its result may hold views
         of the frame's buffer, which stays valid as long as they are referenced."""
+        return await self.send(request, timeout_s=timeout_s, hold=hold, decode=decode)
+
+    def send(
+        self,
+        request: Any,
+        *,
+        timeout_s: float | None = None,
+        hold: bool = False,
+        decode: RawDecoder | None = None,
+    ) -> asyncio.Future[Any]:
+        """`request`, split: the request is written to the socket now, before this
+        returns; the result resolves with its response (as `request` would return it).
+        Cancelling the result leaves nothing held: a held response that arrives anyway
+        is released."""
         if not self.is_open:
-            raise KafkaConnectionError(f"connection to {self.address} is closed") from (
-                self._closed_reason
-            )
+            failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            error = KafkaConnectionError(f"connection to {self.address} is closed")
+            error.__cause__ = self._closed_reason
+            failed.set_exception(error)
+            return failed
         assert self._transport is not None and self._protocol is not None
         correlation_id = next(self._correlation) & 0x7FFFFFFF
         response_cls = response_type(request.__api_key__, request.__version__)
         frame = encode_request(request, correlation_id=correlation_id, client_id=self.client_id)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[correlation_id] = _Pending(response_cls, future, hold, decode)
+        self._transport.write(frame)
+        self.bytes_sent += len(frame)
+        timeout = self.request_timeout_s if timeout_s is None else timeout_s
+        what = f"api {request.__api_key__} v{request.__version__}"
+        return asyncio.ensure_future(self._response(correlation_id, future, timeout, what))
+
+    async def _response(
+        self, correlation_id: int, future: asyncio.Future[Any], timeout: float, what: str
+    ) -> Any:
+        assert self._protocol is not None
         try:
-            self._transport.write(frame)
-            self.bytes_sent += len(frame)
             await self._protocol.drain()
         except OSError as exc:
             self._pending.pop(correlation_id, None)
@@ -379,16 +411,17 @@ class BrokerConnection:
                 raise self._closed_reason from exc
             await self._fail(KafkaConnectionError(f"send to {self.address} failed: {exc}"))
             raise KafkaConnectionError(f"send to {self.address} failed: {exc}") from exc
-        timeout = self.request_timeout_s if timeout_s is None else timeout_s
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
         except TimeoutError as exc:
             err = RequestTimeoutError(
-                f"no response from {self.address} within {timeout:.1f}s "
-                f"(api {request.__api_key__} v{request.__version__})"
+                f"no response from {self.address} within {timeout:.1f}s ({what})"
             )
             await self._fail(err)
             raise err from exc
+        except asyncio.CancelledError:
+            future.add_done_callback(_release_if_held)
+            raise
 
     async def _watch(self, protocol: _FrameReader) -> None:
         """Wait for the connection to end and fail what is pending with the reason."""

@@ -1,0 +1,89 @@
+"""The fetch loop in process, against a scripted leader: the pipelined request (sent
+before the previous response is written) and what happens when that write fails."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from replicad.errors import LogError
+from replicad.follower.fetcher import FetchSettings
+from replicad.follower.metadata import TopicSelection
+from replicad.follower.replicator import Replicator, ReplicatorSettings
+from replicad.log.partition import PartitionLog
+from replicad.types import TopicPartition
+from tools.logdata.batches import producer_batch
+from tools.peers.scripted_leader import ScriptedLeader
+from tools.replica import end_offsets, segment_bytes
+
+TOPIC = "pipelined"
+BATCHES = 40
+PER_BATCH = 10
+
+
+def _batches() -> list[bytes]:
+    return [
+        producer_batch(
+            PER_BATCH * i, [b"v-%d" % (PER_BATCH * i + j) for j in range(PER_BATCH)], leader_epoch=1
+        )
+        for i in range(BATCHES)
+    ]
+
+
+async def _until(predicate, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_failed_append_after_the_next_request_went_out_leaves_no_gap(tmp_path, monkeypatch):
+    """Small fetches (one batch each), so every response is followed by a pipelined
+    request; three appends fail. The replica must still be the leader's log, byte for
+    byte: the data answering a request sent past a failed append is dropped, not
+    appended after a hole."""
+    batches = _batches()
+    leader = ScriptedLeader(TOPIC)
+    leader.set_log(batches, leader_epoch=1)
+    port = await leader.start()
+    appends = 0
+    failed_with_next_request_out = 0
+    real_append = PartitionLog.append
+
+    def flaky_append(self, data, headers, *, now_ms):
+        nonlocal appends, failed_with_next_request_out
+        appends += 1
+        if appends in (3, 4, 9):
+            fetcher = next(iter(replicator.fetchers.values()))
+            failed_with_next_request_out += fetcher._in_flight is not None
+            raise LogError("injected append failure")
+        return real_append(self, data, headers, now_ms=now_ms)
+
+    monkeypatch.setattr(PartitionLog, "append", flaky_append)
+    data_dir = tmp_path / "data"
+    replicator = Replicator(
+        ReplicatorSettings(
+            bootstrap_servers=(f"127.0.0.1:{port}",),
+            data_dir=data_dir,
+            selection=TopicSelection(include=(TOPIC,)),
+            fetch=FetchSettings(partition_max_bytes=1, backoff_ms=20, wait_max_ms=50),
+        )
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(replicator.run(stop))
+    try:
+        await _until(
+            lambda: end_offsets(data_dir).get(TopicPartition(TOPIC, 0)) == BATCHES * PER_BATCH,
+            60,
+        )
+        fetcher = next(iter(replicator.fetchers.values()))
+        assert fetcher.stats.loop_errors == 0
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await leader.close()
+    assert appends >= BATCHES + 3
+    # The case this test is about happened: a write failed with the next request out.
+    assert failed_with_next_request_out >= 1
+    assert segment_bytes(data_dir / f"{TOPIC}-0") == b"".join(batches)
+    assert replicator.pool.account.used == 0
