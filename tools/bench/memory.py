@@ -1,0 +1,440 @@
+"""Peak memory and open files of `replicad run` with thousands of lagging partitions.
+
+The scenario of issue 9's memory target: a real Apache Kafka cluster of 3 KRaft
+nodes (tools/peers/kafka_cluster.py), topics whose partitions (replication
+factor 1) are led round-robin by the 3 nodes, every partition filled with
+`bytes_per_partition` of incompressible records before replicad starts, so
+every partition lags. Then one `replicad run` (a separate process, its
+RLIMIT_NOFILE lowered with prlimit) replicates it all with a small
+`fetch.buffer_memory` and `fetch.response_max_bytes` just below it: each of the
+3 leaders may answer with nearly a whole pool's worth, so without the pool about
+three times the bound would be in flight.
+
+The daemon runs as installed for production: without the test extra's
+hypothesis, which kio imports when it is present (tools/bench/replicate.py does
+the same).
+
+Measured on the daemon, from the kernel:
+- peak RSS: VmHWM of /proc/<pid>/status, read just before the daemon is
+  stopped (the kernel's high-water mark, exact, not sampled);
+- open descriptors: /proc/<pid>/fd sampled every `SAMPLE_INTERVAL_S`, both all of
+  them and those open on files under the data directory (segment files, which
+  `log.max_open_files` bounds);
+and from the daemon's own status: the memory pool's peak and waits, and the
+leaders it fetched from.
+
+    .venv/bin/python -m tools.bench.memory [--partitions 10000] [--buffer-mib 32]
+
+prints a markdown table. tests/follower/test_memory_10k.py runs the same
+scenario and asserts on the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from replicad.types import TopicPartition
+from tools.bench.replicate import REPLICAD as REPLICAD_AS_INSTALLED
+from tools.peers.admin import librdkafka_log
+from tools.peers.kafka_cluster import KafkaCluster
+from tools.replica import ReplicadProcess, end_offsets, wait_until
+
+KIB = 1024
+MIB = 1024 * KIB
+# The issue's target: peak RSS <= buffer.memory + this.
+RSS_HEADROOM = 64 * MIB
+RECORD_BYTES = 4 * KIB
+# Distinct random values the records are drawn from: incompressible, and no two
+# neighbouring batches alike, at the cost of generating only this many.
+VALUE_POOL = 257
+SAMPLE_INTERVAL_S = 0.05
+# Room left in the pool for a fetch response's non-record bytes (partition headers:
+# about 40 bytes each, 3,334 partitions per leader here).
+RESPONSE_FRAME_ALLOWANCE = 1 * MIB
+PRODUCE_FLUSH_S = 300.0
+SHM = Path("/dev/shm")
+SEGMENT_SUFFIXES = (".log", ".index", ".timeindex")
+DELETED = " (deleted)"
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """What is replicated and under which limits."""
+
+    partitions: int = 10_000
+    topics: int = 4
+    bytes_per_partition: int = 32 * KIB
+    buffer_memory: int = 32 * MIB
+    partition_max_bytes: int = 1 * MIB
+    max_open_files: int = 256
+    nofile_limit: int = 1024
+    timeout_s: float = 600.0
+
+    @property
+    def response_max_bytes(self) -> int:
+        # Nearly the whole pool: each leader alone could fill it. Not all of it: a
+        # response's frame is max_bytes of records plus every partition's header, and
+        # a frame larger than the pool is refused, which stalls that leader for good
+        # (seen here with response_max_bytes == buffer_memory: a 33,672,571-byte
+        # response against a 33,554,432-byte pool, 3,334 partitions on that leader).
+        return self.buffer_memory - RESPONSE_FRAME_ALLOWANCE
+
+    @property
+    def partitions_per_topic(self) -> int:
+        if self.partitions % self.topics:
+            raise ValueError(f"{self.partitions} partitions do not split into {self.topics} topics")
+        return self.partitions // self.topics
+
+
+@dataclass(frozen=True, slots=True)
+class FdSamples:
+    """Descriptor counts seen while the daemon ran."""
+
+    samples: int
+    max_open: int  # all descriptors
+    max_segment_files: int  # on .log/.index/.timeindex files: what log.max_open_files bounds
+    max_other_data_files: int  # on other files under the data dir (its .lock, checkpoints)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRun:
+    """One run's figures; `mismatched` lists partitions whose replica end differs."""
+
+    scenario: Scenario
+    leaders: dict[int, int]  # node id -> partitions replicad fetched from it
+    sessionful_leaders: int
+    source_bytes: int
+    peak_rss: int  # VmHWM
+    rss_at_end: int  # VmRSS when replication had finished
+    pool_capacity: int
+    pool_peak: int
+    pool_waits: int
+    fds: FdSamples
+    replicate_s: float
+    setup_s: float
+    mismatched: tuple[TopicPartition, ...] = field(default=())
+
+    @property
+    def rss_bound(self) -> int:
+        return self.scenario.buffer_memory + RSS_HEADROOM
+
+
+# -- data ------------------------------------------------------------------------------
+
+
+def fill(bootstrap: str, topics: list[str], partitions: int, bytes_per_partition: int) -> None:
+    """Produce `bytes_per_partition` of incompressible records into every partition."""
+    rng = random.Random(9)
+    values = [rng.randbytes(RECORD_BYTES) for _ in range(VALUE_POOL)]
+    per_partition = max(1, bytes_per_partition // RECORD_BYTES)
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "compression.type": "none",
+            "acks": "1",
+            "linger.ms": 100,
+            "batch.size": 1 * MIB,
+            "queue.buffering.max.kbytes": 1024 * 1024,
+            "queue.buffering.max.messages": 2_000_000,
+            "logger": librdkafka_log,
+        }
+    )
+    errors: list[str] = []
+
+    def report(error: object, _message: object) -> None:
+        if error is not None:
+            errors.append(str(error))
+
+    n = 0
+    for i in range(per_partition):
+        for topic in topics:
+            for p in range(partitions):
+                while True:
+                    try:
+                        producer.produce(
+                            topic, values[n % VALUE_POOL], partition=p, on_delivery=report
+                        )
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                n += 1
+        producer.poll(0)
+        del i
+    left = producer.flush(PRODUCE_FLUSH_S)
+    if left or errors:
+        raise RuntimeError(f"producing: {left} unsent, errors {errors[:3]}")
+
+
+def source_log_bytes(cluster: KafkaCluster, topics: list[str]) -> int:
+    """Bytes of .log segments the cluster holds for `topics` (what the replica must equal)."""
+    total = 0
+    for node in cluster.nodes:
+        for topic in topics:
+            for d in node.log_dir.glob(f"{topic}-*"):
+                total += sum(f.stat().st_size for f in d.glob("*.log"))
+    return total
+
+
+def replica_log_bytes(data_dir: Path) -> int:
+    total = 0
+    if not data_dir.is_dir():
+        return 0
+    with os.scandir(data_dir) as partitions:
+        for entry in partitions:
+            if entry.is_dir():
+                with os.scandir(entry.path) as files:
+                    total += sum(f.stat().st_size for f in files if f.name.endswith(".log"))
+    return total
+
+
+# -- the daemon ------------------------------------------------------------------------
+
+
+def daemon_config(
+    scenario: Scenario, bootstrap: str, topics: list[str], data_dir: Path, socket_path: Path
+) -> str:
+    """The YAML config `replicad run -c` reads (JSON is YAML)."""
+    return json.dumps(
+        {
+            "source": {"bootstrap_servers": bootstrap},
+            "topics": {"include": topics},
+            "data_dir": str(data_dir),
+            "fetch": {
+                "buffer_memory": scenario.buffer_memory,
+                "response_max_bytes": scenario.response_max_bytes,
+                "partition_max_bytes": scenario.partition_max_bytes,
+            },
+            "log": {"max_open_files": scenario.max_open_files},
+            "control": {"socket": str(socket_path)},
+            "logging": {"format": "json"},
+        },
+        indent=2,
+    )
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """The kB fields of /proc/<pid>/status, in bytes (VmHWM, VmRSS, RssAnon, ...)."""
+    found: dict[str, int] = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if len(parts) == 2 and parts[1] == "kB":
+                found[key] = int(parts[0]) * KIB
+    return found
+
+
+class FdSampler:
+    """Counts a process's descriptors in a thread until stopped."""
+
+    def __init__(self, pid: int, data_dir: Path) -> None:
+        self._fd_dir = Path(f"/proc/{pid}/fd")
+        self._data_prefix = f"{data_dir.resolve()}/"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fd-sampler", daemon=True)
+        self.samples = 0
+        self.max_open = 0
+        self.max_segment_files = 0
+        self.max_other_data_files = 0
+
+    def __enter__(self) -> FdSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def result(self) -> FdSamples:
+        return FdSamples(
+            self.samples, self.max_open, self.max_segment_files, self.max_other_data_files
+        )
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(SAMPLE_INTERVAL_S)
+
+    def sample(self) -> None:
+        try:
+            names = os.listdir(self._fd_dir)
+        except OSError:  # the process is gone
+            return
+        segment_files = other_data_files = 0
+        for name in names:
+            try:
+                target = os.readlink(self._fd_dir / name)
+            except OSError:  # closed between listdir and readlink
+                continue
+            if target.startswith(self._data_prefix):
+                # A file unlinked while open reads "<path> (deleted)".
+                if target.removesuffix(DELETED).endswith(SEGMENT_SUFFIXES):
+                    segment_files += 1
+                else:
+                    other_data_files += 1
+        self.samples += 1
+        self.max_open = max(self.max_open, len(names))
+        self.max_segment_files = max(self.max_segment_files, segment_files)
+        self.max_other_data_files = max(self.max_other_data_files, other_data_files)
+
+
+def status_json(socket_path: Path) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "replicad.cli", "status", "--socket", str(socket_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"replicad status failed: {out.stderr.strip()}")
+    return json.loads(out.stdout)
+
+
+def run(
+    cluster: KafkaCluster, workdir: Path, scenario: Scenario, *, prefix: str = "mem"
+) -> MemoryRun:
+    """Fill topics on the running `cluster`, replicate them with one `replicad run`, measure."""
+    setup_started = time.monotonic()
+    topics = [f"{prefix}-{i}" for i in range(scenario.topics)]
+    cluster.create_topics(topics, scenario.partitions_per_topic, timeout_s=scenario.timeout_s)
+    fill(cluster.bootstrap, topics, scenario.partitions_per_topic, scenario.bytes_per_partition)
+    source_ends = cluster.end_offsets(topics)
+    source_bytes = source_log_bytes(cluster, topics)
+    setup_s = time.monotonic() - setup_started
+
+    data_dir = workdir / "replica"
+    socket_path = workdir / "c.sock"
+    config = workdir / "replicad.yaml"
+    config.write_text(daemon_config(scenario, cluster.bootstrap, topics, data_dir, socket_path))
+    daemon = ReplicadProcess(["run", "-c", str(config)], log_path=workdir / "replicad.log")
+    # prlimit sets the limit and execs the daemon: the pid stays the daemon's, and the
+    # daemon cannot raise its soft limit above this hard one. The daemon runs as
+    # installed for production, without the test extra's hypothesis (kio imports it
+    # when present: 8 MiB of RSS that no production replicad has).
+    limit = f"--nofile={scenario.nofile_limit}:{scenario.nofile_limit}"
+    program = [sys.executable, "-c", REPLICAD_AS_INSTALLED, "run", "-c", str(config)]
+    daemon.args = ["prlimit", limit, "--", *program]
+    started = time.monotonic()
+    daemon.start()
+    assert daemon.proc is not None
+    pid = daemon.proc.pid
+    try:
+        with FdSampler(pid, data_dir) as sampler:
+
+            def replicated() -> bool:
+                if not daemon.running:
+                    raise RuntimeError(f"replicad exited: {daemon.output()[-3000:]}")
+                return replica_log_bytes(data_dir) >= source_bytes
+
+            wait_until(
+                replicated,
+                timeout_s=scenario.timeout_s,
+                interval_s=0.5,
+                what=f"{source_bytes:,} bytes replicated",
+            )
+            replicate_s = time.monotonic() - started
+            rss_at_end = proc_status(pid)["VmRSS"]
+            snap = status_json(socket_path)
+            sampler.sample()
+            # The high-water mark over the daemon's whole life so far, status reply included.
+            peak_rss = proc_status(pid)["VmHWM"]
+    finally:
+        code = daemon.stop(timeout_s=120)
+    if code != 0:
+        raise RuntimeError(f"replicad exited with {code}: {daemon.output()[-3000:]}")
+    replica_ends = end_offsets(data_dir)
+    mismatched = tuple(sorted(tp for tp, end in source_ends.items() if replica_ends.get(tp) != end))
+    pool = snap["memory_pool"]
+    return MemoryRun(
+        scenario=scenario,
+        leaders={leader["node_id"]: leader["partitions"] for leader in snap["leaders"]},
+        sessionful_leaders=sum(1 for leader in snap["leaders"] if leader["sessionful"]),
+        source_bytes=source_bytes,
+        peak_rss=peak_rss,
+        rss_at_end=rss_at_end,
+        pool_capacity=pool["capacity"],
+        pool_peak=pool["peak"],
+        pool_waits=pool["waits"],
+        fds=sampler.result(),
+        replicate_s=replicate_s,
+        setup_s=setup_s,
+        mismatched=mismatched,
+    )
+
+
+# -- command line ----------------------------------------------------------------------
+
+
+def table(runs: list[MemoryRun]) -> str:
+    head = (
+        "| partitions | leaders | buffer.memory | peak RSS (VmHWM) | RSS when caught up "
+        "| bound | pool peak | "
+        "pool waits | max open fds (RLIMIT) | max segment fds (log.max_open_files) | "
+        "replicated | replicate s |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    rows = [
+        f"| {r.scenario.partitions:,} | {len(r.leaders)} "
+        f"| {r.scenario.buffer_memory / MIB:.0f} MiB "
+        f"| {r.peak_rss / MIB:.1f} MiB | {r.rss_at_end / MIB:.1f} MiB "
+        f"| {r.rss_bound / MIB:.0f} MiB "
+        f"| {r.pool_peak / MIB:.1f} MiB | {r.pool_waits} "
+        f"| {r.fds.max_open} ({r.scenario.nofile_limit}) "
+        f"| {r.fds.max_segment_files} ({r.scenario.max_open_files}) "
+        f"| {r.source_bytes / MIB:.0f} MiB{'' if not r.mismatched else ' MISMATCH'} "
+        f"| {r.replicate_s:.1f} |"
+        for r in runs
+    ]
+    return "\n".join([head, *rows])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--partitions", type=int, default=10_000)
+    parser.add_argument("--topics", type=int, default=4)
+    parser.add_argument("--kib-per-partition", type=int, default=32)
+    parser.add_argument("--buffer-mib", type=int, default=32)
+    parser.add_argument("--max-open-files", type=int, default=256)
+    parser.add_argument("--nofile", type=int, default=1024)
+    args = parser.parse_args()
+    scenario = Scenario(
+        partitions=args.partitions,
+        topics=args.topics,
+        bytes_per_partition=args.kib_per_partition * KIB,
+        buffer_memory=args.buffer_mib * MIB,
+        max_open_files=args.max_open_files,
+        nofile_limit=args.nofile,
+    )
+    workdir = Path(tempfile.mkdtemp(prefix="replicad-mem-", dir=SHM if SHM.is_dir() else None))
+    try:
+        started = time.monotonic()
+        with KafkaCluster(workdir / "kafka") as cluster:
+            print(
+                f"cluster of {len(cluster.nodes)} up in {time.monotonic() - started:.1f} s",
+                file=sys.stderr,
+            )
+            result = run(cluster, workdir, scenario)
+        print(
+            f"setup {result.setup_s:.1f} s, replication {result.replicate_s:.1f} s", file=sys.stderr
+        )
+        print(table([result]))
+        return 0 if not result.mismatched else 1
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
