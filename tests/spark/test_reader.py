@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from replicad.errors import CorruptRecordError
-from replicad.records.batch import Compression, scan_batches
+from replicad.records.batch import RECORD_BATCH_OVERHEAD, Compression, scan_batches
 from replicad.records.records import ControlType, decode_batch
 from replicad.spark.catalog import Planner
 from replicad.spark.files import FileOpener, Purpose, read_trace
@@ -156,6 +156,20 @@ def test_a_corrupt_batch_fails_the_read_with_file_and_position(codecs_dir):
         (PROBLEM_CORRUPT, int(segment.stem), second.position)
     ]
     assert "CRC32C" in problems[0]["problem"]
+
+
+def test_records_that_do_not_decode_fail_the_read_with_file_and_position(codecs_dir):
+    segment = sorted((codecs_dir / "t-0").glob("*.log"))[1]
+    data = bytearray(segment.read_bytes())
+    plain = [h for h in scan_batches(bytes(data)).batches if h.compression == Compression.NONE]
+    victim = plain[0]
+    data[victim.position + RECORD_BATCH_OVERHEAD] = 0x7E  # the first record's length: 63
+    segment.write_bytes(bytes(data))
+    # Without the CRC check only the records' own framing can tell.
+    with pytest.raises(
+        CorruptRecordError, match=rf"{segment.name}.*position {victim.position}.*does not decode"
+    ):
+        read(codecs_dir, verifyCrc="false")
 
 
 def test_a_torn_tail_is_a_live_writers_only_in_the_last_segment(codecs_dir, make_batches):
