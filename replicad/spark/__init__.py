@@ -9,6 +9,7 @@ Installed with `pip install replicad[spark]`. The modules:
 - plan / catalog: splits (per segment or per byte range of one), pruned by topic,
   partition, offset and timestamp from names and indexes (catalog does the I/O);
 - walk / reader / txn: reading a split on an executor, read_committed included;
+- decode: record batches to Arrow columns, many batches at once (the reader's hot path);
 - files: every file open, observable (`traceFileOpens`);
 - schema / columns: the tables, and Arrow batches for Spark;
 - source: the DataSource classes; pipeline: `replicad pipeline export|verify`;
