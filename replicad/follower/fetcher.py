@@ -347,8 +347,13 @@ class LeaderFetcher:
         )
 
     def _abandon(self, flight: _InFlight) -> None:
-        """Give up a request on a connection that is gone (its response holds nothing)."""
-        flight.response.cancel()
+        """Give up a request (its connection is gone, or we stop): nothing stays held,
+        and a failure it ended with is not left unretrieved."""
+        response = flight.response
+        if not response.done():
+            response.cancel()  # a held response arriving later is released (connection.send)
+        elif not response.cancelled() and response.exception() is None:
+            response.result().release()
 
     def _usable_fetch_version(self, version: int, plan: FetchRequestPlan) -> int:
         if version >= FETCH_TOPIC_ID_VERSION and not plan.uses_topic_ids:
