@@ -117,7 +117,8 @@ class MemoryRun:
     leaders: dict[int, int]  # node id -> partitions replicad fetched from it
     sessionful_leaders: int
     source_bytes: int
-    peak_rss: int  # VmHWM
+    peak_rss: int  # VmHWM, after a status reply too
+    peak_rss_replicating: int  # VmHWM when replication had finished, before status
     rss_at_end: int  # VmRSS when replication had finished
     pool_capacity: int
     pool_peak: int
@@ -346,7 +347,7 @@ def run(
                 what=f"{source_bytes:,} bytes replicated",
             )
             replicate_s = time.monotonic() - started
-            rss_at_end = proc_status(pid)["VmRSS"]
+            caught_up = proc_status(pid)
             snap = status_json(socket_path)
             sampler.sample()
             # The high-water mark over the daemon's whole life so far, status reply included.
@@ -364,7 +365,8 @@ def run(
         sessionful_leaders=sum(1 for leader in snap["leaders"] if leader["sessionful"]),
         source_bytes=source_bytes,
         peak_rss=peak_rss,
-        rss_at_end=rss_at_end,
+        peak_rss_replicating=caught_up["VmHWM"],
+        rss_at_end=caught_up["VmRSS"],
         pool_capacity=pool["capacity"],
         pool_peak=pool["peak"],
         pool_waits=pool["waits"],
@@ -380,16 +382,18 @@ def run(
 
 def table(runs: list[MemoryRun]) -> str:
     head = (
-        "| partitions | leaders | buffer.memory | peak RSS (VmHWM) | RSS when caught up "
+        "| partitions | leaders | buffer.memory | peak RSS (VmHWM) "
+        "| VmHWM before status | RSS when caught up "
         "| bound | pool peak | "
         "pool waits | max open fds (RLIMIT) | max segment fds (log.max_open_files) | "
         "replicated | replicate s |\n"
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     rows = [
         f"| {r.scenario.partitions:,} | {len(r.leaders)} "
         f"| {r.scenario.buffer_memory / MIB:.0f} MiB "
-        f"| {r.peak_rss / MIB:.1f} MiB | {r.rss_at_end / MIB:.1f} MiB "
+        f"| {r.peak_rss / MIB:.1f} MiB | {r.peak_rss_replicating / MIB:.1f} MiB "
+        f"| {r.rss_at_end / MIB:.1f} MiB "
         f"| {r.rss_bound / MIB:.0f} MiB "
         f"| {r.pool_peak / MIB:.1f} MiB | {r.pool_waits} "
         f"| {r.fds.max_open} ({r.scenario.nofile_limit}) "
