@@ -96,6 +96,30 @@ _METADATA_ERRORS = frozenset(
 ) - {ErrorCode.none}
 
 
+# KIP-74's max_bytes counts record bytes only; a response also carries, per topic and per
+# partition, fields it does not count. Upper bounds of those fields over the versions we
+# speak (v4..v17; the flexible ones add tagged DivergingEpoch, CurrentLeader and
+# SnapshotId), so a whole response -- not just its records -- fits the memory pool.
+RESPONSE_OVERHEAD_BYTES = 64
+PARTITION_OVERHEAD_BYTES = 96
+TOPIC_OVERHEAD_BYTES = 16 + 2 + 249 + 8  # id or name (at most 249 characters), counts, tags
+
+
+def response_budget(
+    response_max_bytes: int, buffer_memory: int, *, partitions: int, topics: int
+) -> int:
+    """The max_bytes to ask for: fetch.response_max_bytes, lowered when the fields around
+    the records of this many partitions and topics would push a whole response past
+    fetch.buffer_memory (a response that cannot be reserved is never read: the fetch would
+    stall). At least 1: the leader still returns one whole batch (KIP-74)."""
+    overhead = (
+        RESPONSE_OVERHEAD_BYTES
+        + partitions * PARTITION_OVERHEAD_BYTES
+        + topics * TOPIC_OVERHEAD_BYTES
+    )
+    return max(1, min(response_max_bytes, buffer_memory - overhead))
+
+
 @dataclass(frozen=True, slots=True)
 class FetchSettings:
     response_max_bytes: int = 10 * 1024 * 1024
@@ -215,6 +239,8 @@ class LeaderFetcher:
         # wakes its long-polls and its session cache from it).
         self._changed = on_partition_changed or (lambda tp: None)
         self.partitions: OrderedDict[TopicPartition, PartitionState] = OrderedDict()
+        # Partitions per topic, for the bound on a response's size (response_max_bytes).
+        self._topic_members: dict[str, int] = {}
         self.session = FetchSessionHandler(address.node_id, sessions_enabled=settings.sessions)
         # The last build's partitions, and what changed since the one before (see _wanted).
         self._last_wanted: dict[TopicPartition, PartitionFetch] = {}
@@ -231,13 +257,32 @@ class LeaderFetcher:
     # -- membership, called by the replicator --------------------------------
 
     def add(self, state: PartitionState) -> None:
+        if state.tp not in self.partitions:
+            topic = state.tp.topic
+            self._topic_members[topic] = self._topic_members.get(topic, 0) + 1
         self.partitions[state.tp] = state
         self._wakeup.set()
 
     def remove(self, tp: TopicPartition) -> PartitionState | None:
         state = self.partitions.pop(tp, None)
+        if state is not None:
+            left = self._topic_members[tp.topic] - 1
+            if left:
+                self._topic_members[tp.topic] = left
+            else:
+                del self._topic_members[tp.topic]
         self._wakeup.set()
         return state
+
+    def response_max_bytes(self) -> int:
+        """This leader's max_bytes: see response_budget (every partition it leads may be in
+        one response)."""
+        return response_budget(
+            self.settings.response_max_bytes,
+            self.settings.buffer_memory,
+            partitions=len(self.partitions),
+            topics=len(self._topic_members),
+        )
 
     def stop(self) -> None:
         self._stopping = True
@@ -425,7 +470,7 @@ class LeaderFetcher:
         return FetchSpec(
             max_wait_ms=self.settings.wait_max_ms,
             min_bytes=self.settings.min_bytes,
-            max_bytes=self.settings.response_max_bytes,
+            max_bytes=self.response_max_bytes(),
             isolation_level=self.settings.isolation_level,
             session_id=plan.session_id,
             session_epoch=plan.epoch,

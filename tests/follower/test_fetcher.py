@@ -6,8 +6,16 @@ from __future__ import annotations
 import asyncio
 import time
 
+from confluent_kafka import Producer
+
 from replicad.errors import LogError
-from replicad.follower.fetcher import FetchSettings
+from replicad.follower.fetcher import (
+    PARTITION_OVERHEAD_BYTES,
+    RESPONSE_OVERHEAD_BYTES,
+    TOPIC_OVERHEAD_BYTES,
+    FetchSettings,
+    response_budget,
+)
 from replicad.follower.metadata import TopicSelection
 from replicad.follower.replicator import Replicator, ReplicatorSettings
 from replicad.log.partition import PartitionLog
@@ -87,3 +95,65 @@ async def test_a_failed_append_after_the_next_request_went_out_leaves_no_gap(tmp
     assert failed_with_next_request_out >= 1
     assert segment_bytes(data_dir / f"{TOPIC}-0") == b"".join(batches)
     assert replicator.pool.account.used == 0
+
+
+def test_response_budget_leaves_room_for_the_fields_around_the_records():
+    # Room to spare: the configured max_bytes as it is.
+    assert response_budget(1 << 20, 100 << 20, partitions=10, topics=1) == 1 << 20
+    # No room: lowered by exactly the overhead of that many partitions and topics.
+    overhead = RESPONSE_OVERHEAD_BYTES + 3_334 * PARTITION_OVERHEAD_BYTES + 2 * TOPIC_OVERHEAD_BYTES
+    assert response_budget(32 << 20, 32 << 20, partitions=3_334, topics=2) == (32 << 20) - overhead
+    # A pool smaller than the overhead still asks for something: one batch comes anyway.
+    assert response_budget(1 << 20, 1_000, partitions=10_000, topics=4) == 1
+
+
+async def test_responses_as_large_as_the_pool_do_not_stall_replication(
+    kafka_broker, unique_topic, tmp_path
+):
+    """fetch.response_max_bytes == fetch.buffer_memory (the config allows it) and many
+    partitions with small batches: the leader fills max_bytes with records, and the
+    fields around them would push the frame past the pool, which is then never read. The
+    fetcher asks for less, so everything arrives."""
+    topic = unique_topic()
+    partitions = 200
+    kafka_broker.create_topic(topic, partitions)
+    producer = Producer(
+        {"bootstrap.servers": kafka_broker.bootstrap, "linger.ms": 0, "batch.size": 600}
+    )
+    for i in range(16):
+        for p in range(partitions):
+            producer.produce(topic, value=b"%04d" % i + b"x" * 496, partition=p)
+        producer.flush(30)
+    assert producer.flush(30) == 0
+    pool_bytes = 256 * 1024
+    data_dir = tmp_path / "data"
+    replicator = Replicator(
+        ReplicatorSettings(
+            bootstrap_servers=(kafka_broker.bootstrap,),
+            data_dir=data_dir,
+            selection=TopicSelection(include=(topic,)),
+            fetch=FetchSettings(
+                response_max_bytes=pool_bytes,
+                buffer_memory=pool_bytes,
+                partition_max_bytes=64 * 1024,
+                wait_max_ms=100,
+            ),
+        )
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(replicator.run(stop))
+    try:
+        await _until(
+            lambda: (
+                sum(v for tp, v in end_offsets(data_dir).items() if tp.topic == topic)
+                == 16 * partitions
+            ),
+            90,
+        )
+        fetcher = next(iter(replicator.fetchers.values()))
+        assert fetcher.response_max_bytes() < pool_bytes
+        assert fetcher.stats.connection_errors == 0
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    assert replicator.pool.account.peak <= pool_bytes
