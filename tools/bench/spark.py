@@ -26,6 +26,7 @@ import argparse
 import os
 import random
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -127,18 +128,37 @@ def replicate(bootstrap: str, topic: str, data_dir: Path, work: Path, expected: 
         proc.stop(timeout_s=120)
 
 
-def kafka_package() -> str:
-    """spark-sql-kafka-0-10 matching the installed Spark and its Scala version.
+# The newest connector whose own dependencies (spark-token-provider-kafka-0-10) resolve from
+# Maven Central here as of 2026-11: 4.1 to 4.3 lack the token provider. It reads from a
+# newer Spark's session just the same.
+FALLBACK_CONNECTOR_VERSION = "4.0.0"
+CONNECTOR_ARTIFACTS = ("spark-sql-kafka-0-10", "spark-token-provider-kafka-0-10")
 
-    A Spark release reaches PyPI and Maven Central together, but a mirror may lag behind
-    one of them: `--kafka-package` then names the connector to use instead (and the table
-    says which one ran)."""
+
+def kafka_package() -> str:
+    """spark-sql-kafka-0-10 for the installed Spark and its Scala version, if it and its
+    token provider resolve from Maven Central; otherwise FALLBACK_CONNECTOR_VERSION. A Spark
+    release may reach PyPI before its connector's jars reach a repository: `--kafka-package`
+    names another, and the table says which one ran."""
     import pyspark
 
     jars = Path(pyspark.__file__).parent / "jars"
     scala_jar = next(jars.glob("scala-library-*.jar")).name
     scala = ".".join(scala_jar.removeprefix("scala-library-").split(".")[:2])
-    return f"org.apache.spark:spark-sql-kafka-0-10_{scala}:{pyspark.__version__}"
+    for version in (pyspark.__version__, FALLBACK_CONNECTOR_VERSION):
+        if all(_resolves(f"org.apache.spark:{a}_{scala}:{version}") for a in CONNECTOR_ARTIFACTS):
+            break
+    return f"org.apache.spark:spark-sql-kafka-0-10_{scala}:{version}"
+
+
+def _resolves(coordinates: str) -> bool:
+    """Whether Maven can fetch this artifact (Java and Maven are part of the set-up)."""
+    result = subprocess.run(
+        ["mvn", "-q", "dependency:get", f"-Dartifact={coordinates}", "-Dtransitive=false"],
+        capture_output=True,
+        timeout=300,
+    )
+    return result.returncode == 0
 
 
 IVY_CACHE = Path(__file__).resolve().parents[2] / ".cache" / "ivy"
@@ -309,7 +329,8 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument(
         "--kafka-package",
-        help="Maven coordinates of Spark's Kafka connector (default: the installed Spark's)",
+        help="Maven coordinates of Spark's Kafka connector (default: the installed Spark's, "
+        f"or {FALLBACK_CONNECTOR_VERSION} when that does not resolve)",
     )
     args = parser.parse_args()
     args.kafka_package = args.kafka_package or kafka_package()
