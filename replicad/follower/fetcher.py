@@ -192,7 +192,7 @@ class _InFlight:
     received_before: int
 
 
-def _error_code(code: int) -> ErrorCode:
+def error_code_of(code: int) -> ErrorCode:
     """A code this Kafka version does not know is an unknown server error (Kafka's rule)."""
     try:
         return ErrorCode(code)
@@ -553,7 +553,7 @@ class LeaderFetcher:
         self, state: PartitionState, pd: FetchedPartition, now_ms: int
     ) -> _PendingWrite | None:
         """Apply one partition's answer; the batches to append if it returned any."""
-        error = _error_code(pd.error_code)
+        error = error_code_of(pd.error_code)
         tp = state.tp
         if error is ErrorCode.none:
             diverging = pd.diverging_epoch

@@ -3,8 +3,8 @@ rule each keeps -- nothing escapes except the errors that decoder documents.
 
 | target            | feeds                                               | may raise           |
 |-------------------|-----------------------------------------------------|---------------------|
-| fetch-response    | Fetch v4-v17 frame -> decode -> session handler ->  | RemoteProtocolError |
-|                   | validate_fetched per partition (the follower path)  | (decode only)       |
+| fetch-response    | Fetch v4-v17 frame -> scan_fetch_response -> session| RemoteProtocolError |
+|                   | handler -> validate_fetched (the follower's path)   | (scan only)         |
 | responses         | Metadata, ListOffsets, OffsetForLeaderEpoch,        | RemoteProtocolError |
 |                   | ApiVersions -> decode (+ ClusterMetadata, selection, | (decode only)       |
 |                   | version negotiation)                                | UnsupportedBroker.. |
@@ -58,6 +58,8 @@ from replicad.errors import (
     LogError,
     RemoteProtocolError,
 )
+from replicad.follower.fetch_response import FetchResponseView, scan_fetch_response
+from replicad.follower.fetcher import error_code_of
 from replicad.follower.metadata import ClusterMetadata, TopicSelection
 from replicad.follower.validate import validate_fetched
 from replicad.log.checkpoint import (
@@ -124,10 +126,10 @@ def fetch_response(data: bytes) -> None:
         return
     version = FETCH_VERSIONS[data[0] % len(FETCH_VERSIONS)]
     try:
-        decoded = decode_response(data[1:], response_type(ApiKey.FETCH, version))
+        view = scan_fetch_response(memoryview(data[1:]), version)
     except RemoteProtocolError:
         return
-    follow_fetch_response(version, decoded.body)
+    follow_fetch_response(version, view)
 
 
 def _wanted(use_ids: bool) -> dict[TopicPartition, PartitionFetch]:
@@ -143,8 +145,8 @@ def _wanted(use_ids: bool) -> dict[TopicPartition, PartitionFetch]:
     }
 
 
-def follow_fetch_response(version: int, body: Any) -> None:
-    """What the follower does with a decoded Fetch response (replicad.follower.fetcher's
+def follow_fetch_response(version: int, body: FetchResponseView) -> None:
+    """What the follower does with a scanned Fetch response (replicad.follower.fetcher's
     _handle_response and _process_partition, minus the log): judge it with the session
     handler, then validate each partition's records. Nothing here may raise."""
     use_ids = version >= 13
@@ -162,25 +164,22 @@ def follow_fetch_response(version: int, body: Any) -> None:
             continue
         for pd in topic.partitions:
             entries.append((TopicPartition(name, int(pd.partition_index)), pd))
-    throttle = getattr(body, "throttle_time", None)
     verdict = handler.handle_response(
         plan,
-        error_code=int(getattr(body, "error_code", 0)),
-        session_id=int(getattr(body, "session_id", 0)),
+        error_code=body.error_code,
+        session_id=body.session_id,
         partitions=[tp for tp, _ in entries],
         now_ms=0,
-        throttle_time_ms=int(throttle.total_seconds() * 1000) if throttle else 0,
+        throttle_time_ms=body.throttle_time_ms,
         topic_ids=seen_ids,
     )
     handler.build_request(_wanted(use_ids))  # the next plan follows from any verdict
     if not verdict.accepted:
         return
     for _, pd in entries:
-        ErrorCode(pd.error_code)
-        diverging = getattr(pd, "diverging_epoch", None)
-        if diverging is not None:
-            int(diverging.epoch), int(diverging.end_offset)
-        int(pd.high_watermark), int(getattr(pd, "log_start_offset", -1))
+        error_code_of(pd.error_code)  # as the fetcher reads it: unknown codes included
+        int(pd.diverging_epoch.epoch), int(pd.diverging_epoch.end_offset)
+        int(pd.high_watermark), int(pd.log_start_offset)
         check_kept(pd.records, fetch_offset=WANTED_OFFSET, log_is_empty=True)
 
 
@@ -543,25 +542,11 @@ def seeds(name: str) -> tuple[bytes, ...]:
 
 # -- running inputs, with the known findings set apart -------------------------------------
 
-KIO_ALLOCATION_ABORT = (
-    "kio's native reader aborts the whole process (Rust 'memory allocation of N bytes "
-    "failed', SIGABRT) when a compact array length in a frame is beyond what memory holds; "
-    "replicad.protocol.codec.decode_response cannot catch it "
-    "(tests/fuzz/test_fetch_response.py::test_huge_array_length_in_a_response_is_an_error)"
-)
-
-
-def _kio_abort(outcome: Outcome) -> bool:
-    return outcome.native_allocation_abort
-
-
 # Findings reported and pinned by an xfail test: a fuzz run counts them apart, so that it
-# still fails on anything new. (Null compact arrays, found here too, are fixed: the codec
-# refuses them as RemoteProtocolError.)
-KNOWN_FINDINGS: dict[str, tuple[Callable[[Outcome], bool], str]] = {
-    "fetch-response": (_kio_abort, KIO_ALLOCATION_ABORT),
-    "responses": (_kio_abort, KIO_ALLOCATION_ABORT),
-}
+# still fails on anything new. None is open. (kio's native abort on a huge length prefix is
+# guarded by replicad.protocol.frame_guard, and Fetch responses are read by the follower's
+# own scanner; null compact arrays are refused as RemoteProtocolError.)
+KNOWN_FINDINGS: dict[str, tuple[Callable[[Outcome], bool], str]] = {}
 
 
 @dataclass(frozen=True, slots=True)

@@ -218,6 +218,11 @@ FOUND_AND_FIXED = (
     "A non-nullable compact array sent as null decoded to None and a TypeError escaped: a "
     "Metadata response with a null broker list killed the daemon at start-up (found by the "
     "atheris run of the responses target; now a RemoteProtocolError).",
+    "A length prefix of about 2^32 in any frame made kio's native reader abort the whole "
+    "process (SIGABRT on a failed allocation), in replicad run and replicad serve alike "
+    "(found by the mutation runs of fetch-response and responses; now every length is held "
+    "to the bytes left before kio reads the frame, replicad.protocol.frame_guard, and Fetch "
+    "responses are read by the follower's own scanner).",
 )
 
 
