@@ -10,9 +10,9 @@ Rules (Kafka's KafkaApis, as they apply to a node that leads every partition it 
   Names starting with "__" that Kafka uses internally are reported as internal.
 - ListOffsets: EARLIEST (-2) and EARLIEST_LOCAL (-4) -> the log start offset; LATEST (-1)
   -> the log end for a replica or debug reader, else the high watermark (READ_UNCOMMITTED)
-  or the last stable offset (READ_COMMITTED); MAX_TIMESTAMP (-3) -> the batch with the
-  largest timestamp; LATEST_TIERED (-5) and EARLIEST_PENDING_UPLOAD (-6) -> -1 (no tiered
-  storage); a timestamp >= 0 -> the first batch whose largest timestamp is >= it, through
+  or the last stable offset (READ_COMMITTED); MAX_TIMESTAMP (-3) -> the first record
+  carrying the largest timestamp; LATEST_TIERED (-5) and EARLIEST_PENDING_UPLOAD (-6) -> -1
+  (no tiered storage); a timestamp >= 0 -> the first record whose timestamp is >= it, through
   the time index, unless that offset is not yet readable by the asker (then -1). The leader
   epoch reported is the epoch the returned offset belongs to. v0 answers a list of offsets:
   [the bound] for LATEST, [log start] for EARLIEST, else the base offsets (newest first) of
@@ -284,11 +284,12 @@ def find_offset(
     if timestamp in (LATEST_TIERED_TIMESTAMP, EARLIEST_PENDING_UPLOAD_TIMESTAMP):
         return OffsetAnswer(ErrorCode.none)
     if timestamp == MAX_TIMESTAMP:
-        found = max(
-            (s.max_timestamp for s in plog.segments if not s.is_empty),
-            key=lambda ts: ts.timestamp,
-            default=None,
+        peak = max(
+            (s.max_timestamp.timestamp for s in plog.segments if not s.is_empty), default=None
         )
+        # Kafka 4 answers the first record carrying the largest timestamp (KAFKA-16310),
+        # not the last offset of the batch that holds it.
+        found = None if peak is None else plog.offset_for_timestamp(peak)
     elif timestamp >= 0:
         found = plog.offset_for_timestamp(timestamp)
     else:

@@ -456,3 +456,45 @@ def test_a_replicad_follower_chained_behind_replicad_is_byte_identical_to_kafka(
     metrics = json.loads(stopped[-1])
     assert metrics["privileged_sessions_created_total"] >= 1
     assert metrics["incremental_fetches_total"] >= 1
+
+
+def test_max_timestamp_offsets_equal_what_kafka_answers(
+    kafka_broker, tmp_path, serve_in_thread
+) -> None:
+    """ListOffsets MAX_TIMESTAMP (-3) through librdkafka's admin client: the replica answers
+    what the broker answers -- the first record carrying the largest timestamp, which the
+    producer here puts mid-batch (and twice), not the batch's last offset."""
+    from confluent_kafka import Producer
+    from confluent_kafka import TopicPartition as KTP
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    topic = f"maxts-{os.getpid():x}-{int(time.time() * 1000) % 100000}"
+    kafka_broker.create_topic(topic, PARTITIONS)
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap, "linger.ms": 200})
+    base = int(time.time() * 1000) - 60_000
+    for p in range(PARTITIONS):
+        # One batch per partition: the peak is the 3rd of 8 records and repeats at the 6th.
+        for i, delta in enumerate((1, 5, 40 + p, 7, 2, 40 + p, 9, 3)):
+            producer.produce(topic, value=b"%d" % i, partition=p, timestamp=base + delta)
+    assert producer.flush(30) == 0
+    data_dir = tmp_path / "data"
+    replicate(kafka_broker.bootstrap, [topic], data_dir, tmp_path)
+    logs = LogManager.open(data_dir, LogConfig(), now_ms=int(time.time() * 1000))
+
+    def answers(bootstrap: str) -> dict[int, tuple[int, int]]:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        asked = {KTP(topic, p): OffsetSpec.max_timestamp() for p in range(PARTITIONS)}
+        found = {}
+        for tp, future in admin.list_offsets(asked, request_timeout=30).items():
+            info = future.result(timeout=60)
+            found[tp.partition] = (info.offset, info.timestamp)
+        return found
+
+    try:
+        served = serve_in_thread(logs)
+        kafka = answers(kafka_broker.bootstrap)
+        ours = answers(served.bootstrap)
+    finally:
+        logs.close()
+    assert kafka == {p: (2, base + 40 + p) for p in range(PARTITIONS)}  # the first peak
+    assert ours == kafka
