@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import resource
 import signal
 import time
@@ -31,6 +33,16 @@ log = structlog.get_logger("replicad.daemon")
 STATUS_INTERVAL_S = 2.0
 # Exit status when the `serve:` listener cannot start (address taken, TLS files gone).
 EXIT_SERVE_FAILED = 1
+
+# glibc mallopt(3) parameters (malloc.h).
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+# Allocations from this size on get their own mmap, unmapped (returned to the OS) on free.
+# Fetch response frames (up to replica.fetch.response.max.bytes each) are far above it;
+# the per-partition objects of the log store and follower far below.
+MALLOC_MMAP_THRESHOLD = 128 * 1024
+# Free heap top beyond this is returned to the OS at once (glibc's own default).
+MALLOC_TRIM_THRESHOLD = 128 * 1024
 
 
 def settings_from_config(config: Config) -> ReplicatorSettings:
@@ -314,6 +326,38 @@ def raise_open_file_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+def fix_malloc_thresholds() -> str | None:
+    """Pin glibc's mmap and trim thresholds; returns the C library's name when set, None
+    where there is no glibc (musl, macOS: left as they are).
+
+    glibc raises its mmap threshold dynamically to the size of any mmapped block freed
+    (up to 32 MiB), so after the first few response frames are freed, later frames of
+    the same size come from the heap, and a freed frame there is not returned to the
+    OS while anything above it is live: measured at 10,000 partitions, up to ~60 MiB of
+    freed frames stayed resident on top of the pool's own bound. Setting the thresholds
+    explicitly turns the dynamic rise off (mallopt(3)), so every frame is mapped on
+    its own and unmapped when released.
+    """
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+        gnu_get_libc_version = libc.gnu_get_libc_version  # glibc only
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return None
+    gnu_get_libc_version.restype = ctypes.c_char_p
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    if not (
+        mallopt(M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD)
+        and mallopt(M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD)
+    ):
+        return None
+    return f"glibc {gnu_get_libc_version().decode()}"
+
+
 async def run_daemon(
     config: Config,
     *,
@@ -323,6 +367,8 @@ async def run_daemon(
 ) -> int:
     """Replicate until SIGTERM/SIGINT; then finish the in-flight append, flush,
     checkpoint and return 0 (EXIT_SERVE_FAILED when the `serve:` listener could not start)."""
+    libc = fix_malloc_thresholds()
+    log.debug("malloc thresholds", libc=libc, mmap_threshold=MALLOC_MMAP_THRESHOLD)
     daemon = Daemon(
         config,
         config_path=config_path,

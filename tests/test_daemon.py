@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import platform
 import shutil
 import signal
 import socket
@@ -14,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Producer
 
 from replicad.control.notify import decode_notify
@@ -455,3 +457,47 @@ def test_run_stops_with_a_clear_error_when_its_serve_listener_cannot_start(tmp_p
     assert "serve: could not listen; stopping" in proc.output()
     assert str(free_port) in proc.output()
     assert "Traceback" not in proc.output()
+
+
+# After a large block is freed, glibc's dynamic threshold would serve a smaller large
+# block from the heap; pinned, it is mapped on its own and the heap does not grow.
+MALLOC_PROBE = """
+import sys
+from replicad.daemon import fix_malloc_thresholds
+
+def heap_kib():
+    with open("/proc/self/smaps") as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        if line.endswith("[heap]"):
+            return next(int(l.split()[1]) for l in lines[i:] if l.startswith("Rss:"))
+    return 0
+
+if sys.argv[1] == "fixed":
+    assert fix_malloc_thresholds() is not None
+big = bytearray(16 << 20)
+del big
+before = heap_kib()
+frame = bytearray(8 << 20)
+print(heap_kib() - before)
+"""
+
+
+def test_fixed_malloc_thresholds_keep_large_frames_off_the_heap() -> None:
+    if not Path("/proc/self/smaps").exists() or platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc on Linux only")
+
+    def heap_growth_kib(mode: str) -> int:
+        out = subprocess.run(
+            [sys.executable, "-c", MALLOC_PROBE, mode],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return int(out.stdout)
+
+    # The dynamic rise happens without the fix (so this test can tell them apart) ...
+    assert heap_growth_kib("default") >= 4 * 1024
+    # ... and not with it.
+    assert heap_growth_kib("fixed") < 1024
