@@ -55,6 +55,8 @@ from replicad.errors import LogError
 log = structlog.get_logger("replicad.log.handles")
 
 K = TypeVar("K", bound=Hashable)
+# A file's path as callers hold it; FileHandle keeps the str.
+StrPath = str | os.PathLike[str]
 
 # Reopening never creates: see the module rules.
 REOPEN_FLAGS = os.O_RDWR
@@ -221,11 +223,13 @@ class SyncTicket:
 class FileHandle:
     """One file of a segment; its descriptor, when it has one, belongs to `FileHandles`."""
 
-    __slots__ = ("_cache", "_flags", "closed", "fd", "path", "synced", "written")
+    # One per segment file of every partition, tens of thousands at once: the path is
+    # kept as a str (a pathlib.Path costs several objects) and made a Path when asked for.
+    __slots__ = ("_cache", "_flags", "_path", "closed", "fd", "synced", "written")
 
-    def __init__(self, cache: FileHandles, path: Path, flags: int) -> None:
+    def __init__(self, cache: FileHandles, path: StrPath, flags: int) -> None:
         self._cache = cache
-        self.path = path
+        self._path = os.fspath(path)
         self._flags = flags  # for the next open; REOPEN_FLAGS once it has been opened
         self.fd = -1
         self.written = 0  # write generation
@@ -233,7 +237,11 @@ class FileHandle:
         self.closed = False  # closed for good: no further use
 
     def __repr__(self) -> str:
-        return f"FileHandle({str(self.path)!r}, fd={self.fd})"
+        return f"FileHandle({self._path!r}, fd={self.fd})"
+
+    @property
+    def path(self) -> Path:
+        return Path(self._path)
 
     @property
     def dirty(self) -> bool:
@@ -336,11 +344,11 @@ class FileHandles:
     def max_open(self) -> int:
         return self._lru.capacity
 
-    def handle(self, path: Path, *, create: bool = False) -> FileHandle:
+    def handle(self, path: StrPath, *, create: bool = False) -> FileHandle:
         """A handle on `path`, opened on first use (creating the file if `create`)."""
         return FileHandle(self, path, CREATE_FLAGS if create else REOPEN_FLAGS)
 
-    def create(self, path: Path) -> FileHandle:
+    def create(self, path: StrPath) -> FileHandle:
         """A handle on a new empty file at `path` (an existing one is truncated), now."""
         handle = FileHandle(self, path, CREATE_EMPTY_FLAGS)
         with self._lock:
@@ -382,14 +390,14 @@ class FileHandles:
     def _ready(self, handle: FileHandle) -> int:
         """The handle's descriptor, the most recently used, opened if need be (lock held)."""
         if handle.closed:
-            raise LogError(f"{handle.path} was used after its segment was closed")
+            raise LogError(f"{handle._path} was used after its segment was closed")
         if handle.fd >= 0:
             self._lru.touch(handle)
             return handle.fd
         for victim in self._lru.admit(handle, dirty=handle.dirty).victims:
             self._close(victim)
         try:
-            handle.fd = self._open(handle.path, handle._flags, keep=handle)
+            handle.fd = self._open(handle._path, handle._flags, keep=handle)
         except BaseException:
             self._lru.remove(handle)
             raise
@@ -411,7 +419,7 @@ class FileHandles:
         for victim in self._lru.trim().victims:
             self._close(victim)
 
-    def _open(self, path: Path, flags: int, *, keep: FileHandle | None = None) -> int:
+    def _open(self, path: str, flags: int, *, keep: FileHandle | None = None) -> int:
         """os.open, closing least recently used handles (never `keep`) while the process is
         out of descriptors (lock held)."""
         while True:
@@ -453,7 +461,7 @@ class FileHandles:
                 return SyncTicket(os.dup(handle.fd), generation)
             # Not entered into the LRU: see the module rules.
             try:
-                return SyncTicket(self._open(handle.path, SYNC_FLAGS), generation)
+                return SyncTicket(self._open(handle._path, SYNC_FLAGS), generation)
             except FileNotFoundError:
                 if handle._flags == REOPEN_FLAGS:
                     raise  # it was open once: someone removed it under us

@@ -30,7 +30,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from replicad.log.handles import FileHandle, FileHandles
+from replicad.log.handles import FileHandle, FileHandles, StrPath
 from replicad.records.batch import LOG_OVERHEAD, NO_TIMESTAMP, BatchHeader
 
 OFFSET_ENTRY = struct.Struct(">ii")
@@ -59,6 +59,8 @@ def fits_relative(base_offset: int, offset: int) -> bool:
 
 class _Entries:
     """Fixed-size big-endian entries in a bytearray, searched by binary search."""
+
+    __slots__ = ("_data", "base_offset", "max_entries")
 
     entry: struct.Struct
 
@@ -108,6 +110,7 @@ class _Entries:
 
 
 class OffsetIndex(_Entries):
+    __slots__ = ()
     entry = OFFSET_ENTRY
 
     def entry_at(self, slot: int) -> OffsetPosition:
@@ -155,6 +158,7 @@ class OffsetIndex(_Entries):
 
 
 class TimeIndex(_Entries):
+    __slots__ = ()
     entry = TIME_ENTRY
 
     def entry_at(self, slot: int) -> TimestampOffset:
@@ -218,6 +222,8 @@ class IndexEntries:
 class IndexBuilder:
     """Decides, batch by batch, when a segment's indexes get an entry (see module rules)."""
 
+    __slots__ = ("bytes_since_last_entry", "index_interval_bytes", "max_timestamp")
+
     def __init__(
         self, index_interval_bytes: int, max_timestamp: TimestampOffset, bytes_since_last: int = 0
     ) -> None:
@@ -239,11 +245,14 @@ class IndexBuilder:
 class IndexFile:
     """The file behind an OffsetIndex or TimeIndex: loaded lazily, appends mirrored by pwrite.
 
-    Its descriptor comes from the log store's FileHandles (handles.py) for each operation."""
+    Its descriptor comes from the log store's FileHandles (handles.py) for each operation;
+    its path lives there too (one str per file, a Path made only when asked for)."""
+
+    __slots__ = ("_base_offset", "_file", "_index", "_kind", "_max_bytes")
 
     def __init__(
         self,
-        path: Path,
+        path: StrPath,
         kind: type[OffsetIndex] | type[TimeIndex],
         base_offset: int,
         max_bytes: int,
@@ -252,7 +261,6 @@ class IndexFile:
         handles: FileHandles,
     ) -> None:
         """`fresh`: the file is new (or to be replaced), so nothing is read from it."""
-        self.path = path
         self._kind = kind
         self._base_offset = base_offset
         self._max_bytes = max_bytes
@@ -263,6 +271,10 @@ class IndexFile:
         else:
             # A missing index file is created empty, found empty, and rebuilt by recovery.
             self._file = handles.handle(path, create=True)
+
+    @property
+    def path(self) -> Path:
+        return self._file.path
 
     @property
     def file(self) -> FileHandle:

@@ -125,6 +125,27 @@ class _Flushing:
 
 
 class PartitionLog:
+    # Thousands of these live at once (one per replicated partition): no __dict__.
+    __slots__ = (
+        "_bases",
+        "_epochs",
+        "_epochs_saved",
+        "_flushing",
+        "_handles",
+        "_last_now_ms",
+        "_lock",
+        "_log_end_offset",
+        "_segments",
+        "config",
+        "directory",
+        "high_watermark",
+        "last_recovery",
+        "log_start_offset",
+        "recovery_point",
+        "topic_id",
+        "topic_partition",
+    )
+
     def __init__(
         self,
         directory: Path,

@@ -94,6 +94,22 @@ class SegmentRecovery:
 
 
 class LogSegment:
+    # One per segment of every partition, thousands at once: no __dict__, and the file
+    # paths live once, in the FileHandles.
+    __slots__ = (
+        "_builder",
+        "_log",
+        "_next_offset",
+        "_offset_file",
+        "_time_file",
+        "base_offset",
+        "config",
+        "created_ms",
+        "directory",
+        "rolling_timestamp",
+        "size",
+    )
+
     def __init__(
         self,
         directory: Path,
@@ -112,9 +128,8 @@ class LogSegment:
         self._log = log_file
         self.size = size
         self.created_ms = created_ms
-        self.log_path = log_file.path
         self._offset_file = IndexFile(
-            directory / segment_file_name(base_offset, INDEX_SUFFIX),
+            os.path.join(directory, segment_file_name(base_offset, INDEX_SUFFIX)),
             OffsetIndex,
             base_offset,
             config.segment_index_bytes,
@@ -122,7 +137,7 @@ class LogSegment:
             handles=handles,
         )
         self._time_file = IndexFile(
-            directory / segment_file_name(base_offset, TIME_INDEX_SUFFIX),
+            os.path.join(directory, segment_file_name(base_offset, TIME_INDEX_SUFFIX)),
             TimeIndex,
             base_offset,
             config.segment_index_bytes,
@@ -147,7 +162,8 @@ class LogSegment:
     ) -> LogSegment:
         """A new, empty active segment. Without `handles`, it gets a cache of its own."""
         handles = handles or FileHandles(config.max_open_files)
-        log_file = handles.create(directory / segment_file_name(base_offset, LOG_SUFFIX))
+        path = os.path.join(directory, segment_file_name(base_offset, LOG_SUFFIX))
+        log_file = handles.create(path)
         segment = cls(
             directory, base_offset, config, log_file, 0, now_ms, fresh_indexes=True, handles=handles
         )
@@ -169,7 +185,7 @@ class LogSegment:
     ) -> LogSegment:
         """An existing segment; no file is opened until it is used."""
         handles = handles or FileHandles(config.max_open_files)
-        path = directory / segment_file_name(base_offset, LOG_SUFFIX)
+        path = os.path.join(directory, segment_file_name(base_offset, LOG_SUFFIX))
         size = os.stat(path).st_size
         return cls(
             directory,
@@ -181,6 +197,10 @@ class LogSegment:
             fresh_indexes=False,
             handles=handles,
         )
+
+    @property
+    def log_path(self) -> Path:
+        return self._log.path
 
     @property
     def index_path(self) -> Path:
