@@ -33,6 +33,8 @@ class EpochEndOffset:
 
 
 class LeaderEpochCache:
+    __slots__ = ("_entries", "version")
+
     def __init__(self, entries: list[EpochEntry] | None = None) -> None:
         self._entries: list[EpochEntry] = list(entries or [])
         # Bumped on every change, so the owner knows when to persist.

@@ -116,7 +116,7 @@ class PartitionRecovery:
         return not (self.truncated_bytes or self.deleted_segments or self.problems)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Flushing:
     unflushed_messages: int = 0
     first_unflushed_ms: int | None = None
