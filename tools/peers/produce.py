@@ -406,8 +406,14 @@ def produce_mixed(
     for tally, end in zip(tallies, _log_end_offsets(bootstrap, topic, partitions), strict=True):
         tally.log_end_offset = end
     producers = _Producers(bootstrap, topic, seed, plan, max_batch_bytes)
-    for round_ in plan:
-        _produce_round(producers.get(round_.codec, round_.kind), topic, round_, tallies)
+    probe = probe_consumer(bootstrap)
+    try:
+        for round_ in plan:
+            _produce_round(producers.get(round_.codec, round_.kind), topic, round_, tallies)
+            if round_.kind.transactional:
+                _wait_for_markers(probe, topic, tallies)
+    finally:
+        probe.close()
     summaries = tuple(
         PartitionSummary(
             partition=p,
@@ -516,6 +522,22 @@ def _consumer(bootstrap: str, isolation: str) -> Consumer:
             "logger": librdkafka_log,
         }
     )
+
+
+def _wait_for_markers(
+    probe: Consumer, topic: str, tallies: Sequence[_PartitionTally], timeout_s: float = 60
+) -> None:
+    """Until every partition's log end is where its tally puts it. A transaction's commit
+    or abort markers are written by the coordinator after EndTxn has returned; records of
+    the next round produced before they land would take other offsets, and the same seed
+    would not give the same log."""
+    deadline = time.monotonic() + timeout_s
+    for partition, tally in enumerate(tallies):
+        tp = KafkaTopicPartition(topic, partition)
+        while probe.get_watermark_offsets(tp, timeout=10, cached=False)[1] < tally.log_end_offset:
+            if time.monotonic() > deadline:
+                raise PeerError(f"{topic}-{partition}: transaction markers not written in time")
+            time.sleep(0.005)
 
 
 def _log_end_offsets(bootstrap: str, topic: str, partitions: int) -> list[int]:
