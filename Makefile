@@ -27,7 +27,9 @@ demo: setup
 # The whole suite, integration tests against real brokers included.
 test: setup
 	$(BIN)/ruff check replicad tests tools
-	$(BIN)/python -m pytest -q
+# pytest exits 5 when it collected nothing: a broken suite, said so and failed.
+	$(BIN)/python -m pytest -q; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo 'make test: pytest collected no tests' >&2; exit 1; fi; exit $$rc
 
 lint: $(STAMP)
 	$(BIN)/ruff check replicad tests tools
