@@ -3,6 +3,10 @@
 - `kafka_broker`: one Apache Kafka broker (KRaft, 127.0.0.1) for the whole session.
   Don't stop, kill or restart it in a test; use `make_kafka_broker` for that.
 - `make_kafka_broker`: a factory of private brokers, stopped when the test ends.
+- `kafka_cluster`: three Apache Kafka nodes (KRaft, one quorum) for the whole session,
+  topics of replication factor 1 led round-robin by every node. A test may stop a node
+  (partitions it leads go offline) but must start it again before it ends:
+  `with kafka_cluster.stopped(node_id): ...`.
 - `tansu_broker`: one Tansu broker (memory storage) for the whole session.
 - `unique_topic`: a topic name no other test uses; call it for more names.
 - `free_port`: a TCP port on 127.0.0.1 that was free a moment ago.
@@ -25,11 +29,12 @@ import pytest
 
 if TYPE_CHECKING:  # the peers import confluent_kafka; unit tests should not pay for that
     from tools.peers.kafka import KafkaBroker
+    from tools.peers.kafka_cluster import KafkaCluster
     from tools.peers.tansu import TansuBroker
 
 pytest_plugins = ["pytester"]
 
-KAFKA_FIXTURES = {"kafka_broker", "make_kafka_broker"}
+KAFKA_FIXTURES = {"kafka_broker", "make_kafka_broker", "kafka_cluster"}
 TANSU_FIXTURES = {"tansu_broker"}
 # Kafka's legal topic characters; the rest of a test's name becomes "-".
 _TOPIC_UNSAFE = re.compile(r"[^a-zA-Z0-9._-]+")
@@ -93,6 +98,25 @@ def make_kafka_broker(tmp_path: Path) -> Iterator[Callable[..., KafkaBroker]]:
     finally:
         for broker in made:
             broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """The session's three-node Apache Kafka cluster: `bootstrap`, `create_topic`,
+    `leaders`, `node(id)`."""
+    from tools.peers.kafka_cluster import KafkaCluster
+
+    cluster = KafkaCluster(tmp_path_factory.mktemp("kafka-cluster"), nodes=3)
+    try:
+        cluster.start()
+    except Exception as error:
+        cluster.kill()
+        _fail_if_not_installed(error)
+        raise
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

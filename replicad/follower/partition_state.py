@@ -3,8 +3,9 @@
 Rules:
 - `fetch_offset` is always the local log end: we only ever ask for the next
   offset we do not have, so a restart resumes exactly where the disk ends.
-- `high_watermark` is the leader's, as last reported; what we checkpoint is
-  min(leader high watermark, local log end).
+- `high_watermark` is the leader's, as last reported (-1 until it answers); the
+  partition log's own high watermark, min(leader's, local log end), only rises from it
+  (log/manager.py).
 - A partition is fetchable only in FETCHING state and when its backoff (if
   any) has expired; every other state says why it is not.
 """
@@ -80,7 +81,3 @@ class PartitionState:
         if self.high_watermark < 0:
             return 0
         return max(0, self.high_watermark - self.fetch_offset)
-
-    @property
-    def checkpoint_high_watermark(self) -> int:
-        return min(max(self.high_watermark, 0), self.fetch_offset)

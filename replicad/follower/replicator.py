@@ -10,7 +10,11 @@ Rules:
 - Metadata is refreshed periodically (new partitions of chosen topics appear)
   and whenever a fetcher reports a leadership or connection problem.
 - High watermarks and recovery points are checkpointed every
-  `checkpoint_interval_ms` and at shutdown, after the last append.
+  `checkpoint_interval_ms` and at shutdown, after the last append. The high watermark
+  checkpointed is the partition log's own: raised by the fetchers as leaders report it,
+  lowered only by truncation -- never reset by a partition whose leader has not answered
+  yet (after a restart with part of the source down, that partition keeps serving what it
+  had).
 """
 
 from __future__ import annotations
@@ -119,7 +123,7 @@ class Replicator:
         await self.client.close()
         if self.logs is not None:
             try:
-                self.logs.checkpoint(self.high_watermarks())
+                self.logs.checkpoint()
                 log.info("logs flushed and checkpointed", partitions=len(self.states))
             except (OSError, LogError) as exc:
                 # The last good checkpoint stays; recovery rescans from it at start.
@@ -340,12 +344,9 @@ class Replicator:
         assert self.logs is not None
         # Runs on the loop on purpose: the log store is not shared across threads,
         # and a checkpoint must see a consistent set of appends.
-        self.logs.checkpoint(self.high_watermarks())
+        self.logs.checkpoint()
         self.logs.maybe_flush(wall_ms())
         self.logs.enforce_retention(wall_ms())
-
-    def high_watermarks(self) -> dict[TopicPartition, int]:
-        return {tp: s.checkpoint_high_watermark for tp, s in self.states.items()}
 
     # -- read-only views ----------------------------------------------------
 

@@ -12,6 +12,11 @@ Rules:
   overrides it on the next fetch) -- each costs time, never data.
 - `checkpoint(high_watermarks)` flushes every partition, then writes the three files
   atomically (checkpoint.write_atomically), so a recovery point never names unsynced data.
+- A high watermark never moves back through a checkpoint or a restart: the one loaded at
+  start is the floor, a given one only raises it (clamped to the log end), and only a
+  truncation of the log itself lowers it. A partition whose leader is down after a restart
+  keeps serving everything it served before (Kafka's follower raises its high watermark
+  the same way, `maybeUpdateHighWatermark`).
 - `close` flushes, checkpoints, closes every partition (indexes trimmed), writes the
   clean-shutdown marker and unlocks.
 - Open files: every partition's segment files share one FileHandles cache of at most
@@ -163,14 +168,17 @@ class LogManager:
         partition.directory.rmdir()
         fsync_dir(self.data_dir)
 
-    def checkpoint(self, high_watermarks: Mapping[TopicPartition, int]) -> None:
-        """Flush every partition, then write the three checkpoint files."""
+    def checkpoint(self, high_watermarks: Mapping[TopicPartition, int] | None = None) -> None:
+        """Flush every partition, then write the three checkpoint files. A high watermark
+        given here only raises the partition's (see the rules above)."""
         partitions = dict(self._partitions)
-        for tp, hw in high_watermarks.items():
+        for tp, hw in (high_watermarks or {}).items():
             partition = partitions.get(tp)
             if partition is not None:
                 partition.high_watermark = max(
-                    partition.log_start_offset, min(hw, partition.log_end_offset)
+                    partition.high_watermark,
+                    partition.log_start_offset,
+                    min(hw, partition.log_end_offset),
                 )
         for partition in partitions.values():
             partition.flush()
@@ -201,7 +209,7 @@ class LogManager:
     def close(self) -> None:
         if self._lock_fd < 0:
             return
-        self.checkpoint({})
+        self.checkpoint()
         for partition in self._partitions.values():
             partition.close()
         marker = self.data_dir / CLEAN_SHUTDOWN_FILE

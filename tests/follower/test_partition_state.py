@@ -27,10 +27,9 @@ def test_only_fetching_phase_is_fetchable():
         assert s.fetchable(0) == (phase is PartitionPhase.FETCHING)
 
 
-def test_lag_and_checkpointed_high_watermark():
+def test_lag():
     s = _state(fetch_offset=40, high_watermark=100)
     assert s.lag == 60
-    assert s.checkpoint_high_watermark == 40  # never above what is on disk
     s.fetch_offset = 100
-    assert s.lag == 0 and s.checkpoint_high_watermark == 100
+    assert s.lag == 0
     assert _state().lag == 0  # unknown high watermark

@@ -99,6 +99,34 @@ def test_checkpoint_files_and_clean_reopen(filled: tuple[Path, dict]) -> None:
     manager.close()
 
 
+def test_high_watermark_never_moves_back_through_checkpoints_or_restarts(
+    filled: tuple[Path, dict],
+) -> None:
+    """After a restart, a partition whose leader has not answered (it is down) has no
+    newer high watermark than the one loaded: checkpoints must keep that one, or the
+    replica stops serving what it served before the restart."""
+    data_dir, _ = filled
+
+    def checkpointed() -> str:
+        return (data_dir / REPLICATION_OFFSET_CHECKPOINT).read_text().splitlines()[2]
+
+    manager = LogManager.open(data_dir, CONFIG, now_ms=0)
+    assert manager.partitions()[A].high_watermark == 50  # loaded
+    manager.checkpoint({A: 0})  # what a follower that never heard its leader knows
+    manager.checkpoint()
+    assert manager.partitions()[A].high_watermark == 50
+    assert checkpointed() == "orders 0 50"
+    manager.checkpoint({A: 60})  # a leader's newer one raises it
+    assert checkpointed() == "orders 0 60"
+    manager.partitions()[A].truncate_to(55)  # only a truncation lowers it
+    manager.checkpoint({A: 0})
+    assert checkpointed() == "orders 0 55"
+    manager.close()
+    reopened = LogManager.open(data_dir, CONFIG, now_ms=0)
+    assert reopened.partitions()[A].high_watermark == 55
+    reopened.close()
+
+
 def test_unclean_restart_scans_from_the_recovery_point(filled: tuple[Path, dict]) -> None:
     data_dir, _ = filled
     _crashed(data_dir)

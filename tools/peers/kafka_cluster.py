@@ -26,10 +26,11 @@ Ports are picked free at the first start and kept across restarts.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -215,6 +216,17 @@ class KafkaCluster:
     def kill(self) -> None:
         for node in self.nodes:
             node.kill()
+
+    @contextlib.contextmanager
+    def stopped(self, node_id: int, timeout_s: float = 120) -> Iterator[None]:
+        """One node stopped (controlled shutdown) for the block, then started again on the
+        same ports with the same data: a cluster shared between tests stays whole."""
+        node = self.node(node_id)
+        node.stop()
+        try:
+            yield
+        finally:
+            node.start(timeout_s)
 
     def __enter__(self) -> Self:
         try:
