@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from replicad import __version__
 from replicad.errors import ConfigError, LogDirLockedError, ReplicadError
+from replicad.startup import catch_early_stop, early_stop_signal
 
 if TYPE_CHECKING:
     from replicad.config.model import ServeSecurityConfig
@@ -43,6 +43,8 @@ def _run_overrides(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    import asyncio
+
     from replicad.config import Config, load_config
     from replicad.daemon import run_daemon
     from replicad.logs import configure_logging
@@ -55,6 +57,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.check_config:
         print("configuration OK")
         return EX_OK
+    if early_stop_signal() is not None:
+        return EX_OK  # stopped before it started: nothing to flush
     configure_logging(str(config.logging.level), str(config.logging.format))
 
     def relog(new: Config) -> None:
@@ -153,6 +157,8 @@ def _serve_security(args: argparse.Namespace) -> ServeSecurityConfig:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
     from replicad.leader.server import serve_forever
     from replicad.logs import configure_logging
 
@@ -161,6 +167,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"replicad serve: invalid options:\n{exc}", file=sys.stderr)
         return EX_USAGE
+    if early_stop_signal() is not None:
+        return EX_OK
     configure_logging("info", args.log_format)
     try:
         return asyncio.run(
@@ -287,7 +295,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Daemons: a stop signal during their start-up is a clean stop (replicad/startup.py).
+_DAEMON_COMMANDS = ("run", "serve")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    # Only as a process of its own (argv from the command line), never inside a caller's.
+    if argv is None and sys.argv[1:2] and sys.argv[1] in _DAEMON_COMMANDS:
+        catch_early_stop()
     args = build_parser().parse_args(argv)
     return int(args.func(args))
 

@@ -27,6 +27,7 @@ from replicad.follower.replicator import Replicator, ReplicatorSettings
 from replicad.follower.status import RateMeter, build_snapshot
 from replicad.protocol.client import ClientSettings
 from replicad.protocol.security import connection_security
+from replicad.startup import early_stop_signal
 
 log = structlog.get_logger("replicad.daemon")
 
@@ -183,6 +184,14 @@ class Daemon:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_stop_signal, signum)
         loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        early = early_stop_signal()
+        if early is not None:
+            # Stopped while starting up (before this loop took the signals over): nothing
+            # has been opened yet, so there is nothing to flush.
+            log.info("stopped before start", signal=early.name)
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(signum)
+            return 0
         control = await self._start_control()
         metrics = self._start_metrics()
         self.server: Any = None

@@ -501,3 +501,63 @@ def test_fixed_malloc_thresholds_keep_large_frames_off_the_heap() -> None:
     assert heap_growth_kib("default") >= 4 * 1024
     # ... and not with it.
     assert heap_growth_kib("fixed") < 1024
+
+
+def catches_sigterm(pid: int) -> bool:
+    """Whether the process has a handler of its own for SIGTERM (its SigCgt mask)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:"))[7:], 16)
+    return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
+def test_sigterm_at_any_point_of_start_up_is_a_clean_stop(kafka_broker, unique_topic, tmp_path):
+    """`systemctl stop` during a slow start: a SIGTERM at any point of start-up (imports,
+    config, opening the logs, asking the source for metadata, the first fetches) ends the
+    process with exit 0, not 143. Times are from the spawn; replicad's handler is in place
+    some tens of milliseconds after it (measured here by the process's SigCgt mask)."""
+    topic = unique_topic()
+    kafka_broker.create_topic(topic, 2)
+    produce(kafka_broker.bootstrap, topic, 2, 20)
+    unreachable = socket.socket()
+    unreachable.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    sources = {
+        "reachable": kafka_broker.bootstrap,
+        "unreachable": f"127.0.0.1:{unreachable.getsockname()[1]}",
+    }
+    handler_after = []
+    try:
+        for name, bootstrap in sources.items():
+            for delay_s in (0.3, 0.6, 1.0, 1.5, 3.0):
+                run = tmp_path / f"{name}-{delay_s}"
+                proc = ReplicadProcess(
+                    [
+                        "run",
+                        "--bootstrap-servers",
+                        bootstrap,
+                        "--topics",
+                        topic,
+                        "--data-dir",
+                        str(run / "data"),
+                        "--control-socket",
+                        str(run / "replicad.sock"),
+                    ],
+                    log_path=run / "replicad.log",
+                ).start()
+                spawned = time.monotonic()
+                assert proc.proc is not None
+                pid = proc.proc.pid
+                while time.monotonic() - spawned < delay_s:
+                    if not handler_after or handler_after[-1][0] != (name, delay_s):
+                        with contextlib.suppress(OSError, StopIteration):
+                            if catches_sigterm(pid):
+                                handler_after.append(((name, delay_s), time.monotonic() - spawned))
+                    time.sleep(0.002)
+                stopping = time.monotonic()
+                code = proc.stop(timeout_s=30)
+                took = time.monotonic() - stopping
+                assert code == 0, f"{name}, SIGTERM {delay_s} s in: exit {code}\n{proc.output()}"
+                # An unreachable source must not hold a stop for its connect timeout.
+                assert took < 10, f"{name}, SIGTERM {delay_s} s in: stop took {took:.1f} s"
+    finally:
+        unreachable.close()
+    print("handler in place after (s):", [round(t, 3) for _, t in handler_after])

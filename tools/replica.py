@@ -6,6 +6,8 @@ the daemon the way a user does, through its command line.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -59,6 +61,25 @@ class ReplicadProcess:
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def logged(self, event: str) -> bool:
+        """Whether the daemon has logged `event` (run it with `--log-format json`)."""
+        for line in self.output().splitlines():
+            with contextlib.suppress(ValueError):
+                if json.loads(line).get("event") == event:
+                    return True
+        return False
+
+    def wait_ready(self, timeout_s: float = 60) -> None:
+        """Until the daemon has its metadata and replicates (its log says "replicating";
+        systemd's READY=1 comes at the same moment). Raises when it exits first."""
+
+        def ready() -> bool:
+            if not self.running:
+                raise RuntimeError(f"replicad exited before it was ready:\n{self.output()}")
+            return self.logged("replicating")
+
+        wait_until(ready, timeout_s=timeout_s, what="replicad to be ready")
 
 
 def partition_dirs(data_dir: Path) -> dict[TopicPartition, Path]:

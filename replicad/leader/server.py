@@ -91,6 +91,7 @@ from replicad.protocol.codec import request_type, response_type
 from replicad.records.downconvert import LazyDownConversion, overflow_entry
 from replicad.session.cache import ContextKind, FetchSessionCache
 from replicad.session.metadata import INVALID_SESSION_ID
+from replicad.startup import early_stop_signal
 from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.leader")
@@ -728,6 +729,8 @@ async def serve_forever(
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)
+    if early_stop_signal() is not None:
+        stop.set()  # asked to stop while the logs were being opened
     server = LeaderServer(
         logs,
         settings,

@@ -8,6 +8,7 @@ memory pool (KIP-81), which stops reading fetch sockets, never starves metadata.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -124,8 +125,24 @@ class KafkaClient:
             self.settings.reconnect_backoff_ms, self.settings.reconnect_backoff_max_ms
         )
         while True:
+            if stop is not None and stop.is_set():
+                return None
             try:
-                return await self.metadata(topics)
+                if stop is None:
+                    return await self.metadata(topics)
+                # A stop must not wait for an unreachable source's connect timeout.
+                asking = asyncio.ensure_future(self.metadata(topics))
+                stopping = asyncio.ensure_future(stop.wait())
+                try:
+                    await asyncio.wait({asking, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stopping.cancel()
+                if not asking.done():
+                    asking.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asking
+                    return None
+                return asking.result()
             except (KafkaConnectionError, ProtocolError) as exc:
                 delay = backoff.next_delay_ms()
                 log.warning(
