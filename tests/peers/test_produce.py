@@ -8,7 +8,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 import pytest
+import zstandard
 
+from replicad.records.batch import RECORD_BATCH_OVERHEAD
 from tools.peers.admin import probe_consumer
 from tools.peers.kafka import dump_log_segments
 from tools.peers.produce import (
@@ -180,9 +182,15 @@ def test_without_transactions_or_headers_and_with_one_codec(kafka_broker, unique
     for p in summary.partitions:
         assert p.log_end_offset == p.records
         batches = broker_batches(kafka_broker.log_dir, unique_topic, p.partition)
-        assert {(b.codec, b.is_transactional, b.is_control) for b in batches} == {
-            ("zstd", False, False)
-        }
+        assert {(b.is_transactional, b.is_control) for b in batches} == {(False, False)}
+        assert "zstd" in {b.codec for b in batches}
+        for b in batches:
+            if b.codec != "zstd":
+                # librdkafka sends a batch uncompressed when compressing would grow it (a
+                # record or two of a short value): which batches that is depends on timing.
+                assert b.codec == "none"
+                records = b.raw[RECORD_BATCH_OVERHEAD:]
+                assert len(zstandard.ZstdCompressor().compress(records)) >= len(records)
     read = consume_all(kafka_broker.bootstrap, unique_topic)
     assert not any(r.headers for records in read.values() for r in records)
 
