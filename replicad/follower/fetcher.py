@@ -58,6 +58,7 @@ from replicad.protocol.apis import ApiKey
 from replicad.protocol.backoff import Backoff
 from replicad.protocol.client import KafkaClient
 from replicad.protocol.connection import BrokerAddress, BrokerConnection
+from replicad.protocol.error_codes import error_code_of, error_name
 from replicad.protocol.requests import (
     EARLIEST_TIMESTAMP,
     FETCH_SESSION_VERSION,
@@ -180,6 +181,14 @@ class _ResponseOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class _OffsetsAnswer:
+    """A ListOffsets answer: the offsets found, and the partitions that got an error."""
+
+    offsets: dict[TopicPartition, int] = field(default_factory=dict)
+    errors: dict[TopicPartition, ErrorCode] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class _InFlight:
     """A Fetch request on the wire."""
 
@@ -190,21 +199,6 @@ class _InFlight:
     started: float
     sent_before: int
     received_before: int
-
-
-def error_code_of(code: int) -> ErrorCode:
-    """A code this Kafka version does not know is an unknown server error (Kafka's rule)."""
-    try:
-        return ErrorCode(code)
-    except ValueError:
-        return ErrorCode.unknown_server_error
-
-
-def _error_name(code: int) -> str:
-    try:
-        return ErrorCode(code).name
-    except ValueError:
-        return f"error code {code}"
 
 
 def monotonic_ms() -> int:
@@ -528,7 +522,7 @@ class LeaderFetcher:
             self.stats.rejected_responses += 1
             self._note_recovery(verdict)
             if body.error_code != ErrorCode.none:
-                self.stats.last_error = _error_name(body.error_code)
+                self.stats.last_error = error_name(body.error_code)
             return _ResponseOutcome(False)
         self._note_recovery(verdict)
         writes: list[_PendingWrite] = []
@@ -715,9 +709,12 @@ class LeaderFetcher:
         for state in todo:
             if state.tp not in self.partitions:
                 continue
-            lo, hi = earliest.get(state.tp), latest.get(state.tp)
+            lo, hi = earliest.offsets.get(state.tp), latest.offsets.get(state.tp)
             if lo is None or hi is None:
-                state.delay(now, self.settings.backoff_ms, "ListOffsets failed")
+                # This partition alone waits and asks again; the others go on.
+                error = latest.errors.get(state.tp) or earliest.errors.get(state.tp)
+                why = f"ListOffsets {error.name}" if error is not None else "ListOffsets failed"
+                state.delay(now, self.settings.backoff_ms, why)
                 continue
             plog = self._log(state)
             if state.phase is PartitionPhase.NEEDS_OFFSET:
@@ -779,8 +776,9 @@ class LeaderFetcher:
                 state = self.partitions.get(tp)
                 if state is None or tp not in queries:
                     continue
-                error = ErrorCode(p.error_code)
+                error = error_code_of(p.error_code)
                 if error is not ErrorCode.none:
+                    self.stats.partition_errors[error.name] += 1
                     state.delay(now, self.settings.backoff_ms, f"OffsetForLeaderEpoch {error.name}")
                     if error in _METADATA_ERRORS:
                         self._request_metadata(f"{tp}: OffsetForLeaderEpoch {error.name}")
@@ -827,23 +825,26 @@ class LeaderFetcher:
 
     async def _list_offsets(
         self, conn: BrokerConnection, states: Iterable[PartitionState], timestamp: int
-    ) -> dict[TopicPartition, int]:
+    ) -> _OffsetsAnswer:
         assert conn.versions is not None
         version = conn.versions.require(ApiKey.LIST_OFFSETS)
         queries = {s.tp: OffsetQuery(timestamp, s.leader_epoch) for s in states}
         body = await conn.request(
             list_offsets_request(version, queries, isolation_level=self.settings.isolation_level)
         )
-        found: dict[TopicPartition, int] = {}
+        answer = _OffsetsAnswer()
         for topic in body.topics:
             for p in topic.partitions:
                 tp = TopicPartition(topic.name, int(p.partition_index))
-                error = ErrorCode(p.error_code)
+                error = error_code_of(p.error_code)
                 if error is ErrorCode.none:
-                    found[tp] = int(p.offset)
-                elif error in _METADATA_ERRORS:
+                    answer.offsets[tp] = int(p.offset)
+                    continue
+                answer.errors[tp] = error
+                self.stats.partition_errors[error.name] += 1
+                if error in _METADATA_ERRORS:
                     self._request_metadata(f"{tp}: ListOffsets {error.name}")
-        return found
+        return answer
 
     # -- connection and session lifecycle -----------------------------------
 

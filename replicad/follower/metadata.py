@@ -14,6 +14,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from replicad.protocol.connection import BrokerAddress
+from replicad.protocol.error_codes import error_code_of
 from replicad.types import TopicPartition
 
 NO_LEADER = -1
@@ -58,12 +59,12 @@ class ClusterMetadata:
                 name=t.name,
                 topic_id=topic_id,
                 is_internal=bool(getattr(t, "is_internal", False)),
-                error=ErrorCode(t.error_code),
+                error=error_code_of(t.error_code),
                 partitions={
                     int(p.partition_index): PartitionLeader(
                         leader_id=int(p.leader_id),
                         leader_epoch=int(getattr(p, "leader_epoch", -1)),
-                        error=ErrorCode(p.error_code),
+                        error=error_code_of(p.error_code),
                     )
                     for p in t.partitions
                 },

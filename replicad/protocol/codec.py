@@ -21,6 +21,12 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32
 
 from replicad.errors import RemoteProtocolError
+from replicad.protocol.error_codes import (
+    UnknownErrorCode,
+    is_unknown_error_code_failure,
+    unknown_error_codes,
+    with_known_error_codes,
+)
 from replicad.protocol.frame_guard import reject_implausible_lengths
 
 SIZE = struct.Struct(">i")
@@ -84,6 +90,9 @@ def peek_correlation_id(frame: bytes | memoryview) -> int:
 class DecodedResponse:
     correlation_id: int
     body: Any
+    # Error codes this version does not know, each read as UNKNOWN_SERVER_ERROR where it
+    # stood (error_codes.py): a broker newer than us, for the caller to count and log.
+    unknown_error_codes: tuple[int, ...] = ()
 
 
 def decode_response(frame: bytes | memoryview, response_cls: type) -> DecodedResponse:
@@ -96,9 +105,20 @@ def decode_response(frame: bytes | memoryview, response_cls: type) -> DecodedRes
     """
     header_cls = response_cls.__header_schema__
     reject_implausible_lengths(frame, header_cls, response_cls)
+    unknown: tuple[UnknownErrorCode, ...] = ()
     try:
-        header, used = _reader(header_cls)(frame, 0)
-        body, body_size = _reader(response_cls)(frame, used)
+        try:
+            header, used = _reader(header_cls)(frame, 0)
+            body, body_size = _reader(response_cls)(frame, used)
+        except ValueError as exc:
+            # kio refuses a whole frame over one error code newer than it: read each such
+            # code as UNKNOWN_SERVER_ERROR where it stands (Kafka's rule), and decode again.
+            unknown = unknown_error_codes(frame, header_cls, response_cls)
+            if not is_unknown_error_code_failure(exc) or not unknown:
+                raise
+            known = with_known_error_codes(frame, unknown)
+            header, used = _reader(header_cls)(known, 0)
+            body, body_size = _reader(response_cls)(known, used)
     except Exception as exc:  # kio raises several types on bad input
         raise RemoteProtocolError(
             f"undecodable {response_cls.__name__} v{response_cls.__version__}: {exc!r}"
@@ -113,7 +133,11 @@ def decode_response(frame: bytes | memoryview, response_cls: type) -> DecodedRes
             f"{response_cls.__name__} v{response_cls.__version__}: {null} is null, "
             "which the schema does not allow"
         )
-    return DecodedResponse(correlation_id=int(header.correlation_id), body=body)
+    return DecodedResponse(
+        correlation_id=int(header.correlation_id),
+        body=body,
+        unknown_error_codes=tuple(u.code for u in unknown),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
 from kio.schema.api_versions.v0.request import ApiVersionsRequest as ApiVersionsRequestV0
 from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsResponseV0
 from kio.schema.api_versions.v3.request import ApiVersionsRequest as ApiVersionsRequestV3
@@ -55,6 +56,11 @@ from replicad.protocol.security import (
     SaslCredentials,
     SaslStep,
 )
+from replicad.ratelimit import RateLimitedLog
+
+log = structlog.get_logger("replicad.connection")
+# One warning a minute per response type that carried error codes newer than ours.
+_unknown_codes_said = RateLimitedLog(interval_ms=60_000)
 
 # The share of a SASL session's lifetime (KIP-368) a connection is used for; Kafka's own
 # client re-authenticates at 85-95% of it.
@@ -280,6 +286,8 @@ class BrokerConnection:
         self._closed_reason: BaseException | None = None
         self.versions: NegotiatedVersions | None = None
         self.bytes_sent = 0
+        # Error codes in this connection's responses that this version does not know.
+        self.unknown_error_codes = 0
 
     @property
     def bytes_received(self) -> int:
@@ -477,8 +485,7 @@ class BrokerConnection:
         pending.future.set_result(body)
         return False
 
-    @staticmethod
-    def _decode(view: memoryview, pending: _Pending) -> Any:
+    def _decode(self, view: memoryview, pending: _Pending) -> Any:
         if pending.decode is not None:
             try:
                 return pending.decode(view)
@@ -487,12 +494,30 @@ class BrokerConnection:
             except Exception as exc:  # a decoder's bug must not pass for a closed socket
                 raise RemoteProtocolError(f"undecodable response: {exc!r}") from exc
         try:
-            return decode_response(view, pending.response_cls).body
+            decoded = decode_response(view, pending.response_cls)
         except RemoteProtocolError:
             # A broker that lacks ApiVersions v3 answers in v0's layout (KIP-511).
             if pending.response_cls is not ApiVersionsResponseV3:
                 raise
-            return decode_response(view, ApiVersionsResponseV0).body
+            decoded = decode_response(view, ApiVersionsResponseV0)
+        if decoded.unknown_error_codes:
+            self._note_unknown_error_codes(pending.response_cls, decoded.unknown_error_codes)
+        return decoded.body
+
+    def _note_unknown_error_codes(self, response_cls: type, codes: tuple[int, ...]) -> None:
+        """A broker newer than us: each code was read as UNKNOWN_SERVER_ERROR where it
+        stood, and is handled there (the partition or request it belongs to)."""
+        self.unknown_error_codes += len(codes)
+        name = f"{response_cls.__name__} v{response_cls.__version__}"
+        emit = _unknown_codes_said.should_emit(name, int(time.monotonic() * 1000))
+        if emit.emit:
+            log.warning(
+                "error code unknown to this version, read as UNKNOWN_SERVER_ERROR",
+                broker=str(self.address),
+                response=name,
+                codes=sorted(set(codes))[:10],
+                repeats_suppressed=emit.suppressed,
+            )
 
     async def _fail(self, reason: BaseException) -> None:
         if self._closed_reason is None:

@@ -150,6 +150,17 @@ def reject_implausible_lengths(frame: bytes | memoryview, *entity_types: type) -
         )
 
 
+def field_walker(f: dataclasses.Field[Any], flexible: bool, is_tag: bool) -> Walker:
+    """How the walk steps over one field of a response entity: (buffer, position, end) ->
+    position after, raising on a length it cannot follow (error_codes.py reuses it)."""
+    return _field_plan(f, flexible, False, is_tag).walk
+
+
+def read_uvarint(buf: Any, pos: int, end: int) -> tuple[int, int]:
+    """(value, position after) of an unsigned varint, read as kio reads it."""
+    return _read_uvarint(buf, pos, end)
+
+
 def min_wire_size(entity_type: type, *, nullable: bool = False) -> int:
     """The fewest bytes one `entity_type` can take on the wire (>= 1 for every flexible
     entity: its tagged-field count)."""

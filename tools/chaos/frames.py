@@ -221,3 +221,31 @@ def flip_anywhere(body: bytes, rng: random.Random, *, keep: int = _CORRELATION.s
     damaged = bytearray(body)
     damaged[position] ^= mask
     return Flip(bytes(damaged), position, mask, BatchSpan(keep, len(body), -1))
+
+
+@dataclass(frozen=True, slots=True)
+class NewerErrorCode:
+    """An error code kio does not know (a broker newer than us), in the one form kio's
+    writer needs of an error code: its `.value`."""
+
+    value: int
+
+
+def with_partition_error(entity: Any, partition: int, code: Any) -> Any:
+    """A ListOffsets, OffsetForLeaderEpoch or Metadata response entity whose `partition`
+    of every topic carries error `code` instead of its own."""
+
+    def number(p: Any) -> int:
+        return int(p.partition_index if hasattr(p, "partition_index") else p.partition)
+
+    topics = tuple(
+        dataclasses.replace(
+            topic,
+            partitions=tuple(
+                dataclasses.replace(p, error_code=code) if number(p) == partition else p
+                for p in topic.partitions
+            ),
+        )
+        for topic in entity.topics
+    )
+    return dataclasses.replace(entity, topics=topics)

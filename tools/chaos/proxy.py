@@ -83,6 +83,7 @@ class ProxyStats:
     flipped_anywhere: int = 0
     metadata_rewrites: int = 0
     replaced: int = 0
+    rewritten: int = 0  # responses passed through a rewrite_responses function
     bytes_to_client: int = 0
     bytes_to_broker: int = 0
 
@@ -99,6 +100,7 @@ class ProxyStats:
             + self.flipped_anywhere
             + self.refused_connections
             + self.replaced
+            + self.rewritten
         )
 
 
@@ -138,6 +140,8 @@ class _Plan:
     replace: int = 0
     replace_api: int | None = FETCH_API_KEY
     replacement: Callable[[RequestHead, bytes], bytes] | None = None
+    # api key -> a rewrite of every response of that api, until healed
+    rewrites: dict[int, Callable[[RequestHead, bytes], bytes]] = field(default_factory=dict)
 
 
 class ChaosProxy:
@@ -284,6 +288,14 @@ class ChaosProxy:
             self._plan.replace += count
             self._plan.replace_api = api_key
             self._plan.replacement = replacement
+
+    def rewrite_responses(
+        self, api_key: int, rewrite: Callable[[RequestHead, bytes], bytes]
+    ) -> None:
+        """Pass every response of `api_key` through `rewrite(head, body)` from now until
+        `heal` (a broker that answers differently: newer error codes, fewer versions)."""
+        with self._lock:
+            self._plan.rewrites[api_key] = rewrite
 
     def heal(self) -> None:
         """No delay, no refusal, nothing pending: the path is clean again (a stall
@@ -488,6 +500,10 @@ class ChaosProxy:
                 replacement = plan.replacement
         if replacement is not None:
             return frame(replacement(head, body)), False, "replaced"
+        with self._lock:
+            rewrite = self._plan.rewrites.get(head.api_key)
+        if rewrite is not None:
+            return frame(rewrite(head, body)), False, "rewritten"
         with self._lock:
             plan = self._plan
             want_truncate = plan.truncate > 0 and plan.truncate_api in (None, head.api_key)

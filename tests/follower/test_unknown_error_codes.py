@@ -1,0 +1,194 @@
+"""A broker newer than us: an error code this version does not know, in one partition of a
+ListOffsets, OffsetForLeaderEpoch or Metadata answer, is read as UNKNOWN_SERVER_ERROR for
+that partition alone (Kafka's rule). It is counted and retried there, while the leader's
+other partitions replicate on the same connections.
+
+Real peer: Apache Kafka, behind the chaos proxy, which puts code 777 into partition 0 of
+every answer of one API until it is healed."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from replicad.control.client import query
+from replicad.protocol.apis import ApiKey
+from tools.chaos.frames import (
+    NewerErrorCode,
+    RequestHead,
+    decode_response,
+    encode_response,
+    with_partition_error,
+)
+from tools.chaos.proxy import ChaosProxy
+from tools.replica import ReplicadProcess, end_offsets, wait_until
+
+NEWER = 777
+PARTITIONS = 3
+UNKNOWN_LOGGED = "error code unknown to this version, read as UNKNOWN_SERVER_ERROR"
+
+
+def produce(bootstrap: str, topic: str, per_partition: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for p in range(PARTITIONS):
+        for i in range(per_partition):
+            producer.produce(topic, value=b"v%d" % i, partition=p)
+    assert producer.flush(30) == 0
+
+
+def newer_code_in_partition_0(api_key: ApiKey) -> Callable[[RequestHead, bytes], bytes]:
+    def rewrite(head: RequestHead, body: bytes) -> bytes:
+        header, entity = decode_response(body, api_key, head.api_version)
+        entity = with_partition_error(entity, 0, NewerErrorCode(NEWER))
+        return encode_response(header, entity)
+
+    return rewrite
+
+
+def fetch_below_v12(head: RequestHead, body: bytes) -> bytes:
+    """ApiVersions saying Fetch v11 at most: the follower asks OffsetForLeaderEpoch."""
+    header, entity = decode_response(body, ApiKey.API_VERSIONS, head.api_version)
+    keys = tuple(
+        dataclasses.replace(k, max_version=type(k.max_version)(11))
+        if int(k.api_key) == ApiKey.FETCH
+        else k
+        for k in entity.api_keys
+    )
+    return encode_response(header, dataclasses.replace(entity, api_keys=keys))
+
+
+def ends(data_dir: Path, topic: str) -> dict[int, int]:
+    return {tp.partition: e for tp, e in end_offsets(data_dir).items() if tp.topic == topic}
+
+
+def partition_status(sock: Path, topic: str, partition: int) -> dict:
+    for p in query(sock)["partitions"]:
+        if p["topic"] == topic and p["partition"] == partition:
+            return p
+    raise AssertionError(f"{topic}-{partition} not in the status")
+
+
+def replicad(bootstrap: str, topic: str, tmp_path: Path, name: str) -> ReplicadProcess:
+    args = [
+        "run",
+        "--bootstrap-servers",
+        bootstrap,
+        "--topics",
+        topic,
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--control-socket",
+        str(tmp_path / "replicad.sock"),
+        "--log-format",
+        "json",
+    ]
+    return ReplicadProcess(args, log_path=tmp_path / f"{name}.log").start()
+
+
+def test_list_offsets(kafka_broker, unique_topic, tmp_path):
+    topic = unique_topic()
+    kafka_broker.create_topic(topic, PARTITIONS)
+    produce(kafka_broker.bootstrap, topic, 50)
+    data_dir, sock = tmp_path / "data", tmp_path / "replicad.sock"
+    with ChaosProxy(lambda: ("127.0.0.1", kafka_broker.port)) as proxy:
+        proxy.rewrite_responses(ApiKey.LIST_OFFSETS, newer_code_in_partition_0(ApiKey.LIST_OFFSETS))
+        proc = replicad(proxy.address, topic, tmp_path, "run")
+        try:
+            wait_until(
+                lambda: {p: e for p, e in ends(data_dir, topic).items() if p} == {1: 50, 2: 50},
+                timeout_s=60,
+                what="partitions 1 and 2 to replicate",
+            )
+            wait_until(
+                lambda: (
+                    partition_status(sock, topic, 0)["last_error"]
+                    == "ListOffsets unknown_server_error"
+                ),
+                timeout_s=30,
+                what="partition 0 to report the error",
+            )
+            assert partition_status(sock, topic, 0)["state"] == "needs-offset"
+            assert ends(data_dir, topic).get(0, 0) == 0
+            assert proc.logged(UNKNOWN_LOGGED)
+            assert proxy.stats().rewritten >= 2  # asked more than once: retried
+            proxy.heal()
+            wait_until(
+                lambda: ends(data_dir, topic) == dict.fromkeys(range(PARTITIONS), 50),
+                timeout_s=60,
+                what="partition 0 to replicate once the broker answers it",
+            )
+        finally:
+            assert proc.stop() == 0, proc.output()
+
+
+def test_offset_for_leader_epoch(kafka_broker, unique_topic, tmp_path):
+    topic = unique_topic()
+    kafka_broker.create_topic(topic, PARTITIONS)
+    produce(kafka_broker.bootstrap, topic, 50)
+    data_dir, sock = tmp_path / "data", tmp_path / "replicad.sock"
+    first = replicad(kafka_broker.bootstrap, topic, tmp_path, "first")
+    try:
+        wait_until(
+            lambda: ends(data_dir, topic) == dict.fromkeys(range(PARTITIONS), 50),
+            timeout_s=60,
+            what="the first run to replicate",
+        )
+    finally:
+        assert first.stop() == 0, first.output()
+    produce(kafka_broker.bootstrap, topic, 20)
+    with ChaosProxy(lambda: ("127.0.0.1", kafka_broker.port)) as proxy:
+        # Below Fetch v12 a restarted follower checks its data with OffsetForLeaderEpoch.
+        proxy.rewrite_responses(ApiKey.API_VERSIONS, fetch_below_v12)
+        proxy.rewrite_responses(
+            ApiKey.OFFSET_FOR_LEADER_EPOCH,
+            newer_code_in_partition_0(ApiKey.OFFSET_FOR_LEADER_EPOCH),
+        )
+        proc = replicad(proxy.address, topic, tmp_path, "second")
+        try:
+            wait_until(
+                lambda: {p: e for p, e in ends(data_dir, topic).items() if p} == {1: 70, 2: 70},
+                timeout_s=60,
+                what="partitions 1 and 2 to replicate what is new",
+            )
+            wait_until(
+                lambda: (
+                    partition_status(sock, topic, 0)["last_error"]
+                    == "OffsetForLeaderEpoch unknown_server_error"
+                ),
+                timeout_s=30,
+                what="partition 0 to report the error",
+            )
+            assert ends(data_dir, topic)[0] == 50
+            assert proc.logged(UNKNOWN_LOGGED)
+            proxy.heal()  # connections made since keep Fetch v11: asked again, answered
+            wait_until(
+                lambda: ends(data_dir, topic) == dict.fromkeys(range(PARTITIONS), 70),
+                timeout_s=60,
+                what="partition 0 to replicate once the broker answers it",
+            )
+        finally:
+            assert proc.stop() == 0, proc.output()
+
+
+def test_metadata(kafka_broker, unique_topic, tmp_path):
+    topic = unique_topic()
+    kafka_broker.create_topic(topic, PARTITIONS)
+    produce(kafka_broker.bootstrap, topic, 30)
+    data_dir = tmp_path / "data"
+    with ChaosProxy(lambda: ("127.0.0.1", kafka_broker.port)) as proxy:
+        proxy.rewrite_responses(ApiKey.METADATA, newer_code_in_partition_0(ApiKey.METADATA))
+        proc = replicad(proxy.address, topic, tmp_path, "run")
+        try:
+            # The partition's leader is in the answer: its error alone does not stop it.
+            wait_until(
+                lambda: ends(data_dir, topic) == dict.fromkeys(range(PARTITIONS), 30),
+                timeout_s=60,
+                what="every partition to replicate",
+            )
+            assert proc.logged(UNKNOWN_LOGGED)
+            assert proxy.stats().rewritten >= 1
+        finally:
+            assert proc.stop() == 0, proc.output()
