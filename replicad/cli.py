@@ -10,14 +10,20 @@ from typing import TYPE_CHECKING
 
 from replicad import __version__
 from replicad.errors import ConfigError, LogDirLockedError, ReplicadError
+from replicad.exits import (
+    EX_CANTCREAT,
+    EX_CONFIG,
+    EX_FAILURE,
+    EX_INTERRUPTED,
+    EX_NOPERM,
+    EX_OK,
+    EX_OSERR,
+    EX_USAGE,
+)
 from replicad.startup import catch_early_stop, early_stop_signal
 
 if TYPE_CHECKING:
     from replicad.config.model import ServeSecurityConfig
-
-EX_OK = 0
-EX_USAGE = 64
-EX_CONFIG = 78  # sysexits.h: configuration error
 
 
 def _run_overrides(args: argparse.Namespace) -> dict[str, object]:
@@ -54,8 +60,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"replicad: invalid configuration:\n{exc}", file=sys.stderr)
         return EX_CONFIG
+    from replicad.config.preflight import preflight
+
+    problems = preflight(config)
+    for problem in problems:
+        print(f"replicad: {problem.line()}", file=sys.stderr)
+    if problems:
+        return problems[0].exit_code
     if args.check_config:
-        print("configuration OK")
+        print(
+            f"configuration OK (data_dir {config.data_dir}, control.socket {config.control.socket})"
+        )
         return EX_OK
     if early_stop_signal() is not None:
         return EX_OK  # stopped before it started: nothing to flush
@@ -75,12 +90,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     except LogDirLockedError as exc:
         print(f"replicad: {exc}", file=sys.stderr)
-        return 1
+        return EX_FAILURE
     except ReplicadError as exc:
         print(f"replicad: {exc}", file=sys.stderr)
-        return 1
+        return EX_FAILURE
+    except OSError as exc:
+        # What preflight could not foresee (a disk that went read-only, a race): one line.
+        print(f"replicad: {_os_error_line(exc)}", file=sys.stderr)
+        return _os_error_exit_code(exc)
     except KeyboardInterrupt:
-        return 130
+        return EX_INTERRUPTED
+
+
+def _os_error_line(exc: OSError) -> str:
+    where = f": {exc.filename}" if exc.filename else ""
+    return f"{exc.strerror or exc}{where}"
+
+
+def _os_error_exit_code(exc: OSError) -> int:
+    if isinstance(exc, PermissionError):
+        return EX_NOPERM
+    if isinstance(exc, FileNotFoundError | NotADirectoryError | IsADirectoryError):
+        return EX_CANTCREAT
+    return EX_OSERR
 
 
 def _status_socket(args: argparse.Namespace) -> Path:
@@ -94,14 +126,19 @@ def _status_socket(args: argparse.Namespace) -> Path:
         except ConfigError as exc:
             print(f"replicad: invalid configuration:\n{exc}", file=sys.stderr)
             raise SystemExit(EX_CONFIG) from exc
-    from replicad.config.model import ControlConfig
+    from replicad.config.defaults import control_socket_candidates
 
-    return ControlConfig().socket
+    # This user's own daemon, else the service's (config/defaults.py).
+    candidates = control_socket_candidates()
+    return next((c for c in candidates if c.exists()), candidates[0])
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    """Exit codes as a monitoring plugin's: 0 healthy, 1 degraded, 2 down, 3 the daemon
+    cannot be asked (not running, no permission, no answer)."""
     from replicad.control.client import query
-    from replicad.control.status_view import render_json, render_table, watch
+    from replicad.control.health import EXIT_UNREACHABLE
+    from replicad.control.status_view import health_of, render_json, render_table, watch
     from replicad.errors import ControlError, DaemonNotRunning
 
     path = _status_socket(args)
@@ -111,13 +148,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
         snapshot = query(path)
     except DaemonNotRunning as exc:
         print(str(exc), file=sys.stderr)
-        return 1
+        return EXIT_UNREACHABLE
     except ControlError as exc:
         print(f"replicad: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_UNREACHABLE
     out = render_json(snapshot) if args.json else render_table(snapshot, all_partitions=args.all)
     print(out)
-    return EX_OK
+    return health_of(snapshot).health.exit_code
 
 
 # `replicad serve`'s security flags and the config keys they set (serve.security.*).
@@ -187,12 +224,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         # The address is taken, or a TLS file changed since it was checked.
         print(f"replicad serve: {exc}", file=sys.stderr)
-        return 1
+        return EX_FAILURE
     except ReplicadError as exc:
         print(f"replicad serve: {exc}", file=sys.stderr)
-        return 1
+        return EX_FAILURE
     except KeyboardInterrupt:
-        return 130
+        return EX_INTERRUPTED
 
 
 def _cmd_dump_log(args: argparse.Namespace) -> int:
@@ -221,11 +258,24 @@ def build_parser() -> argparse.ArgumentParser:
     choice = run.add_mutually_exclusive_group()
     choice.add_argument("--topics", help="comma-separated topic names to replicate")
     choice.add_argument("--topics-regex", help="replicate every topic matching this regex")
-    run.add_argument("--data-dir", help="where the replica's log segments go")
-    run.add_argument("--control-socket", help="path of the control socket")
+    run.add_argument(
+        "--data-dir",
+        help="where the replica's log segments go (default: $STATE_DIRECTORY/data under "
+        "systemd, /var/lib/replicad/data as root, else ~/.local/state/replicad/data)",
+    )
+    run.add_argument(
+        "--control-socket",
+        help="path of the control socket (default: $RUNTIME_DIRECTORY/control.sock under "
+        "systemd, /run/replicad/control.sock as root, else "
+        "$XDG_RUNTIME_DIR/replicad/control.sock)",
+    )
     run.add_argument("--start-from", choices=["earliest", "latest"])
     run.add_argument("--log-format", choices=["auto", "json", "console"])
-    run.add_argument("--check-config", action="store_true", help="validate the config and exit")
+    run.add_argument(
+        "--check-config",
+        action="store_true",
+        help="validate the config, check that its directories and files can be used, and exit",
+    )
     run.set_defaults(func=_cmd_run)
 
     serve = sub.add_parser("serve", help="serve a replica over the Kafka protocol (read-only)")
@@ -271,7 +321,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
     serve.set_defaults(func=_cmd_serve)
 
-    status = sub.add_parser("status", help="live state of a running daemon")
+    status = sub.add_parser(
+        "status",
+        help="live state of a running daemon; exit 0 healthy, 1 degraded, 2 down, "
+        "3 daemon not reachable",
+    )
     status.add_argument("--socket", help="control socket (default: from -c, else the default)")
     status.add_argument("-c", "--config", help="read the control socket path from this config")
     status.add_argument("--json", action="store_true", help="the full snapshot as JSON")

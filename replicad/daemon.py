@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 
 from replicad.config import Config, load_config
+from replicad.control.health import assess
 from replicad.control.notify import SystemdNotifier, watchdog_loop
 from replicad.control.server import ControlServer
 from replicad.control.status_view import render_status_line
@@ -27,6 +28,7 @@ from replicad.follower.replicator import Replicator, ReplicatorSettings
 from replicad.follower.status import RateMeter, build_snapshot
 from replicad.protocol.client import ClientSettings
 from replicad.protocol.security import connection_security
+from replicad.recent_warnings import RECENT
 from replicad.startup import early_stop_signal
 
 log = structlog.get_logger("replicad.daemon")
@@ -128,6 +130,8 @@ class Daemon:
                 "listen": f"{server.advertised[0]}:{server.advertised[1]}",
                 **server.metrics(),
             }
+        snap["recent_warnings"] = RECENT.latest()
+        snap["health"] = assess(snap).as_dict()
         return snap
 
     def _sample_rates(self) -> None:
@@ -142,8 +146,8 @@ class Daemon:
     async def _status_loop(self) -> None:
         while not self.stop.is_set():
             self._sample_rates()
-            if self.replicator.ready.is_set():
-                await self.notifier.status(render_status_line(self.snapshot()))
+            # Also before READY: a daemon whose source is down says so in STATUS=.
+            await self.notifier.status(render_status_line(self.snapshot()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), STATUS_INTERVAL_S)
 

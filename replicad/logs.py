@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import TextIO
 
 import structlog
 from structlog.typing import Processor
+
+from replicad.recent_warnings import LEVELS as LEVELS_REMEMBERED
+from replicad.recent_warnings import RECENT
 
 LEVELS = {
     "debug": logging.DEBUG,
@@ -49,6 +53,22 @@ def _leading_keys_first(
     ordered = {key: event_dict.pop(key) for key in LEADING_KEYS if key in event_dict}
     ordered.update(event_dict)
     return ordered
+
+
+def _remember_warnings(
+    _logger: object, _method: str, event_dict: structlog.typing.EventDict
+) -> structlog.typing.EventDict:
+    """Warnings and errors also go to the ring `replicad status` shows."""
+    level = str(event_dict.get("level", ""))
+    if level in LEVELS_REMEMBERED:
+        RECENT.note(
+            level,
+            str(event_dict.get("logger", "")),
+            str(event_dict.get("event", "")),
+            event_dict,
+            time.time_ns() // 1_000_000,
+        )
+    return event_dict
 
 
 def _renderer(fmt: str, stream: TextIO) -> list[Processor]:
@@ -100,6 +120,7 @@ def configure_logging(level: str, fmt: str, stream: TextIO | None = None) -> Non
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=[*_shared_processors(), structlog.stdlib.ExtraAdder()],
             processors=[
+                _remember_warnings,
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 *_renderer(fmt, target),
             ],

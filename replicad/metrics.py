@@ -165,6 +165,23 @@ def _daemon_metrics(snap: Snapshot) -> Iterator[Metric]:
         "1 once logs are recovered and the first metadata is in",
         value=1 if snap.get("ready") else 0,
     )
+    # The health model of `replicad status` (control/health.py), for alerting on.
+    health = snap.get("health") or {}
+    states = ("healthy", "degraded", "down")
+    state = health.get("state", "healthy")
+    yield GaugeMetricFamily(
+        _name("health"),
+        "0 healthy, 1 degraded, 2 down (as replicad status and its exit code say)",
+        value=states.index(state) if state in states else len(states),
+    )
+    reasons = GaugeMetricFamily(
+        _name("health_reasons"),
+        "Reasons the daemon is not healthy, by code (1 while present)",
+        labels=["code"],
+    )
+    for code in sorted({r.get("code", "") for r in health.get("reasons", ())}):
+        reasons.add_metric([code], 1)
+    yield reasons
 
 
 def _leader_metrics(leaders: list[Mapping[str, Any]]) -> Iterator[Metric]:

@@ -20,6 +20,7 @@ from confluent_kafka import Producer
 
 from replicad.control.notify import decode_notify
 from tools.replica import ReplicadProcess, end_offsets, wait_until
+from tools.replica import status_json as replica_status_json
 
 
 def produce(bootstrap: str, topic: str, partitions: int, per_partition: int) -> None:
@@ -35,14 +36,9 @@ def ends_of(data_dir: Path, topic: str) -> dict[int, int]:
 
 
 def status_json(sock: Path) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-m", "replicad.cli", "status", "--socket", str(sock), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    snapshot = replica_status_json(sock)
+    assert snapshot is not None, f"no daemon answers on {sock}"
+    return snapshot
 
 
 def test_systemd_sees_ready_status_watchdog_stopping_in_order(kafka_broker, unique_topic, tmp_path):
@@ -379,15 +375,9 @@ def test_status_of_a_daemon_replicating_ten_thousand_partitions(tmp_path, free_p
     try:
 
         def all_fetching() -> bool:
-            out = subprocess.run(
-                [sys.executable, "-m", "replicad.cli", "status", "--socket", str(sock), "--json"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            if out.returncode != 0:
+            snap = replica_status_json(sock)
+            if snap is None:
                 return False
-            snap = json.loads(out.stdout)
             # lag is 0 also before a partition's first answer: wait for the data itself
             return sum(p["log_end_offset"] for p in snap["partitions"]) == 2 * partitions
 

@@ -134,3 +134,23 @@ def wait_until(
             return
         time.sleep(interval_s)
     raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what or predicate}")
+
+
+# `replicad status` exits 0-2 with the daemon's health, 3 when it cannot ask the daemon.
+STATUS_UNREACHABLE = 3
+
+
+def status_json(sock: Path, timeout_s: float = 60) -> dict | None:
+    """`replicad status --json` as a user runs it: the snapshot whatever the daemon's
+    health (exit 0, 1 or 2), None while the daemon cannot be asked yet (exit 3)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "replicad.cli", "status", "--socket", str(sock), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    if out.returncode == STATUS_UNREACHABLE:
+        return None
+    if out.returncode not in (0, 1, 2):
+        raise RuntimeError(f"replicad status failed ({out.returncode}): {out.stderr}")
+    return json.loads(out.stdout)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from replicad.config.defaults import default_control_socket, default_data_dir
 from replicad.log.config import LogConfig
 
 MIB = 1024 * 1024
@@ -225,7 +226,8 @@ class FetchConfig:
 
 @dataclass(frozen=True, slots=True)
 class ControlConfig:
-    socket: Path = Path("/run/replicad/control.sock")
+    # See config/defaults.py: systemd's RuntimeDirectory, /run/replicad as root, else XDG.
+    socket: Path = field(default_factory=default_control_socket)
     # Prometheus text endpoint; None = off.
     metrics_listen: HostPort | None = None
     # Lag and bytes per topic instead of per partition (for very many partitions).
@@ -329,7 +331,8 @@ class Config:
     source: SourceConfig = field(default_factory=SourceConfig)
     topics: TopicsConfig = field(default_factory=TopicsConfig)
     fetch: FetchConfig = field(default_factory=FetchConfig)
-    data_dir: Path = Path("/var/lib/replicad/data")
+    # See config/defaults.py: systemd's StateDirectory, /var/lib/replicad as root, else XDG.
+    data_dir: Path = field(default_factory=default_data_dir)
     checkpoint_interval_ms: int = 5000
     log: LogConfig = field(default_factory=LogConfig)
     control: ControlConfig = field(default_factory=ControlConfig)

@@ -4,7 +4,8 @@ Rendering is pure (snapshot dict in, text out); `watch` is the only part that sl
 writes, and it takes its clock, sleep and output as arguments.
 
 Rules of the table:
-- One header line, then leaders, partitions and totals.
+- Health first (control/health.py: the state, its reasons, the last warnings), then one
+  header line, then leaders, partitions and totals.
 - Partitions that need attention (state other than fetching, or a last error) come first,
   then the rest by lag, largest first; ties by topic and partition. At most `max_rows` are
   shown unless `all_partitions`; the rest are counted in a "... N more" line, so 10,000
@@ -23,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from replicad.control.health import Assessment, Health, Reason, assess
 from replicad.errors import DaemonNotRunning
 
 DEFAULT_MAX_ROWS = 50
@@ -63,6 +65,7 @@ def render_table(
     snapshot: Snapshot, *, all_partitions: bool = False, max_rows: int = DEFAULT_MAX_ROWS
 ) -> str:
     sections = [
+        _health_section(health_of(snapshot), snapshot.get("recent_warnings") or ()),
         _header(snapshot),
         _leaders_section(snapshot.get("leaders") or []),
         _partitions_section(snapshot.get("partitions") or [], all_partitions, max_rows),
@@ -71,8 +74,27 @@ def render_table(
     return "\n\n".join(section for section in sections if section)
 
 
+def health_of(snapshot: Snapshot) -> Assessment:
+    """The snapshot's health as the daemon judged it (control/health.py); judged here
+    from the snapshot when a daemon older than the health model sent it."""
+    given = snapshot.get("health")
+    if isinstance(given, Mapping) and given.get("state") in {h.value for h in Health}:
+        reasons = tuple(
+            Reason(Health(r["health"]), r["code"], r["text"]) for r in given.get("reasons", ())
+        )
+        return Assessment(Health(given["state"]), reasons)
+    return assess(snapshot)
+
+
 def render_status_line(snapshot: Snapshot) -> str:
-    """One line for systemd's STATUS=: leaders, partitions (and any not fetching), lag, rate."""
+    """One line for systemd's STATUS=: health (with its first reason), then leaders,
+    partitions (and any not fetching), lag, rate."""
+    health = health_of(snapshot)
+    first = f" ({health.reasons[0].text})" if health.reasons else ""
+    return f"{health.health.value}{first}; " + _counts_line(snapshot)
+
+
+def _counts_line(snapshot: Snapshot) -> str:
     totals = snapshot.get("totals") or {}
     by_state = totals.get("partitions_by_state") or {}
     unhealthy = ", ".join(
@@ -194,6 +216,20 @@ def watch(
 
 
 # -- sections -------------------------------------------------------------------------
+
+
+def _health_section(health: Assessment, warnings: Sequence[Mapping[str, Any]]) -> str:
+    """The headline, as `systemctl status` leads with active/failed: the state, then each
+    reason on a line of its own, then the last distinct warnings with their counts."""
+    lines = [f"health: {health.health.value.upper()}"]
+    lines += [f"  - {reason.text}" for reason in health.reasons]
+    if warnings:
+        lines.append("recent warnings (newest first):")
+        for w in warnings:
+            times = f" x{w.get('count', 1)}" if w.get("count", 1) > 1 else ""
+            fields = f" [{w['fields']}]" if w.get("fields") else ""
+            lines.append(f"  {w.get('level', '?')}{times}: {w.get('event', '')}{fields}")
+    return "\n".join(lines)
 
 
 def _header(snap: Snapshot) -> str:

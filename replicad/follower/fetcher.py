@@ -162,6 +162,9 @@ class FetcherStats:
     response_bytes_total: int = 0
     last_latency_ms: float = 0.0
     last_error: str | None = None
+    # Since when (monotonic ms) the connection to this leader keeps failing; None while
+    # responses come back.
+    failing_since_ms: int | None = None
     partition_errors: Counter[str] = field(default_factory=Counter)
     session_recoveries: Counter[str] = field(default_factory=Counter)
 
@@ -323,6 +326,7 @@ class LeaderFetcher:
             self._note_recovery(verdict)
             raise exc
         self.stats.responses += 1
+        self.stats.failing_since_ms = None
         self.stats.last_latency_ms = (time.perf_counter() - flight.started) * 1000
         # Only fetches travel on this connection, one response at a time: the deltas are
         # this response's frame and the request(s) written since the last one.
@@ -651,6 +655,7 @@ class LeaderFetcher:
             self._say_once(f"logerr:{tp}", "append failed", tp=str(tp), error=str(exc))
             return
         state.fetch_offset = plog.log_end_offset
+        state.progress_ms = now_ms
         state.bytes_replicated += len(fetched.data)
         state.records_replicated += sum(b.record_count for b in fetched.batches)
         self.stats.bytes_appended += len(fetched.data)
@@ -868,6 +873,8 @@ class LeaderFetcher:
     async def _connection_failed(self, exc: Exception) -> None:
         self.stats.connection_errors += 1
         self.stats.last_error = str(exc)
+        if self.stats.failing_since_ms is None:
+            self.stats.failing_since_ms = monotonic_ms()
         if self._conn is not None:
             await self._conn.close()
             self._conn = None

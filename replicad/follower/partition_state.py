@@ -58,6 +58,9 @@ class PartitionState:
     # The highest leader epoch of batches validated but not yet appended (a pipelined
     # request's last_fetched_epoch must already count them).
     fetched_epoch: int | None = None
+    # When the local log last moved (monotonic ms; creation counts): with lag, a partition
+    # idle for long is stalled (control/health.py).
+    progress_ms: int = 0
     extra: dict[str, object] = field(default_factory=dict)
 
     def fetchable(self, now_ms: int) -> bool:

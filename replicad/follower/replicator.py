@@ -84,6 +84,8 @@ class Replicator:
         self.partition_listener: Callable[[TopicPartition], None] | None = None
         self.checkpoint_failures = 0
         self.housekeeping_errors = 0
+        # Listed topics the source did not have at the last metadata refresh.
+        self.missing_topics: tuple[str, ...] = ()
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -159,6 +161,7 @@ class Replicator:
         selection = self.settings.selection
         chosen = selection.partitions(cluster)
         missing = selection.missing(cluster)
+        self.missing_topics = tuple(missing)
         for name in missing:
             log.warning("topic not found on the source cluster", topic=name)
         for topic in {tp.topic for tp in chosen}:
@@ -177,6 +180,7 @@ class Replicator:
                     fetch_offset=existing.log_end_offset if existing else 0,
                     # Data from an earlier run may have diverged from the leader's.
                     epoch_check_pending=existing is not None,
+                    progress_ms=monotonic_ms(),
                 )
                 self.states[tp] = state
                 known = existing.topic_id if existing is not None else None

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replicad import __version__
-from replicad.follower.fetcher import LeaderFetcher
+from replicad.follower.fetcher import LeaderFetcher, monotonic_ms, wall_ms
 from replicad.follower.replicator import Replicator
 
 
@@ -46,6 +46,8 @@ def _leader(fetcher: LeaderFetcher, rate: float) -> dict[str, Any]:
         "requests": s.requests,
         "errors": s.connection_errors + sum(s.partition_errors.values()),
         "last_error": s.last_error,
+        # False while the connection keeps failing (reconnecting with backoff).
+        "connected": s.failing_since_ms is None,
         "session_recoveries": dict(s.session_recoveries),
         "rejected_responses": s.rejected_responses,
         "truncations": s.truncations,
@@ -58,11 +60,24 @@ def _leader(fetcher: LeaderFetcher, rate: float) -> dict[str, Any]:
     }
 
 
+def _source_problem(replicator: Replicator) -> dict[str, Any] | None:
+    problem = replicator.client.problem
+    if problem is None:
+        return None
+    return {
+        "kind": problem.kind,
+        "error": problem.error,
+        "since_ms": problem.since_ms,
+        "since_s_ago": max(0.0, (wall_ms() - problem.since_ms) / 1000),
+    }
+
+
 def build_snapshot(
     replicator: Replicator, *, uptime_s: float, rates: dict[int, float], total_rate: float
 ) -> dict[str, Any]:
     logs = replicator.logs
     local = logs.partitions() if logs is not None else {}
+    now_ms = monotonic_ms()
     partitions = []
     states: Counter[str] = Counter()
     for tp, st in sorted(replicator.states.items()):
@@ -79,6 +94,8 @@ def build_snapshot(
                 "lag": st.lag,
                 "state": st.phase.value,
                 "last_error": st.last_error,
+                # Since the local log last moved (with lag, a long idle is a stall).
+                "idle_ms": max(0, now_ms - st.progress_ms),
                 "bytes_replicated": st.bytes_replicated,
                 "crc_failures": st.corrupt_count,
             }
@@ -94,6 +111,8 @@ def build_snapshot(
         "ready": replicator.ready.is_set(),
         "data_dir": str(replicator.settings.data_dir),
         "source": list(replicator.settings.bootstrap_servers),
+        "source_problem": _source_problem(replicator),
+        "missing_topics": list(replicator.missing_topics),
         "totals": {
             "leaders": len(leaders),
             "partitions": len(partitions),
@@ -110,12 +129,3 @@ def build_snapshot(
         "memory_pool": replicator.pool.snapshot(),
         "serve": None,
     }
-
-
-def one_line_status(snapshot: dict[str, Any]) -> str:
-    """The sd_notify STATUS= line: leaders, partitions, total lag."""
-    t = snapshot["totals"]
-    return (
-        f"{t['leaders']} leaders, {t['partitions']} partitions, lag {t['lag']}, "
-        f"{t['bytes_per_s'] / 1e6:.1f} MB/s"
-    )

@@ -129,11 +129,13 @@ class LogManager:
             self._partitions[tp] = partition
             if partition.last_recovery is not None:
                 self.recoveries.append(partition.last_recovery)
+        # A data directory with nothing in it yet had no shutdown at all, clean or not.
+        first_start = recovery_points is None and not self._partitions
         log.info(
             "data directory opened",
             data_dir=str(self.data_dir),
             partitions=len(self._partitions),
-            clean_shutdown=clean,
+            **({"first_start": True} if first_start else {"clean_shutdown": clean}),
         )
 
     def partitions(self) -> Mapping[TopicPartition, PartitionLog]:

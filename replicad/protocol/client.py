@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
-from replicad.errors import KafkaConnectionError, ProtocolError
+from replicad.errors import AuthenticationError, KafkaConnectionError, ProtocolError
 from replicad.follower.metadata import ClusterMetadata
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.backoff import Backoff
@@ -47,9 +48,25 @@ def parse_host_port(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+@dataclass(frozen=True, slots=True)
+class SourceProblem:
+    """Why the last Metadata request reached no broker, and since when (wall ms) it has
+    kept failing: `replicad status` reports it (control/health.py)."""
+
+    kind: str  # "unreachable" (no answer), or "refused" (TLS or SASL said no)
+    error: str
+    since_ms: int
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
 class KafkaClient:
     def __init__(self, bootstrap_servers: Sequence[str], settings: ClientSettings) -> None:
         self.settings = settings
+        # The source as the last Metadata request found it; None while it answers.
+        self.problem: SourceProblem | None = None
         self.bootstrap = [
             BrokerAddress(BOOTSTRAP_NODE_ID, *parse_host_port(s)) for s in bootstrap_servers
         ]
@@ -91,7 +108,7 @@ class KafkaClient:
                 return conn
         candidates = list(self.brokers.values())
         self._rng.shuffle(candidates)
-        errors: list[str] = []
+        errors: list[Exception] = []
         for address in [*candidates, *self.bootstrap]:
             try:
                 if address.node_id == BOOTSTRAP_NODE_ID:
@@ -100,19 +117,29 @@ class KafkaClient:
                     return conn
                 return await self.connection(address.node_id)
             except (KafkaConnectionError, ProtocolError) as exc:
-                errors.append(str(exc))
-        raise KafkaConnectionError("no broker reachable: " + "; ".join(errors))
+                errors.append(exc)
+        text = "; ".join(str(e) for e in errors)
+        if errors and all(isinstance(e, AuthenticationError) for e in errors):
+            raise AuthenticationError(f"every broker refused us: {text}")
+        raise KafkaConnectionError(f"no broker reachable: {text}")
 
     async def metadata(self, topics: Sequence[str] | None) -> ClusterMetadata:
         """One Metadata round trip to any reachable broker (raises if none answers)."""
-        conn = await self._any_connection()
-        assert conn.versions is not None
-        version = conn.versions.require(ApiKey.METADATA)
         try:
-            body = await conn.request(metadata_request(version, topics))
-        finally:
-            if conn.address.node_id == BOOTSTRAP_NODE_ID:
-                await conn.close()
+            conn = await self._any_connection()
+            assert conn.versions is not None
+            version = conn.versions.require(ApiKey.METADATA)
+            try:
+                body = await conn.request(metadata_request(version, topics))
+            finally:
+                if conn.address.node_id == BOOTSTRAP_NODE_ID:
+                    await conn.close()
+        except (KafkaConnectionError, ProtocolError) as exc:
+            kind = "refused" if isinstance(exc, AuthenticationError) else "unreachable"
+            since = self.problem.since_ms if self.problem is not None else _wall_ms()
+            self.problem = SourceProblem(kind, str(exc), since)
+            raise
+        self.problem = None
         cluster = ClusterMetadata.from_response(body)
         self.brokers = dict(cluster.brokers)
         return cluster

@@ -110,7 +110,9 @@ def rows_of(table: str, section: str) -> list[str]:
 
 def test_table_shows_leader_partition_and_totals() -> None:
     table = render_table(lead_snapshot())
-    assert table.splitlines()[0].startswith("replicad 0.1.0  pid 123  up 12s  ready")
+    health, header = table.split("\n\n")[:2]
+    assert health == "health: HEALTHY"
+    assert header.startswith("replicad 0.1.0  pid 123  up 12s  ready")
     (leader_row,) = rows_of(table, "LEADERS")
     assert leader_row.split() == [
         "1", "h:9092", "123", "5", "sessionful", "8", "2.1", "ms", "976.6", "KiB/s",
@@ -139,7 +141,7 @@ def test_serve_and_memory_pool_lines_appear_when_present() -> None:
     assert "serving" not in render_table(snap)
     snap["serve"] = {"sessions": 4, "partitions_cached": 1200, "evictions_total": 9}
     snap["memory_pool"] = {"capacity": 100 << 20, "used": 25 << 20, "peak": 96 << 20, "waits": 1234}
-    header = render_table(snap).split("\n\n")[0]
+    header = render_table(snap).split("\n\n")[1]
     assert "serving: 4 fetch sessions, 1,200 partitions cached, 9 evictions" in header
     assert "memory pool 25.0 MiB of 100.0 MiB, peak 96.0 MiB, 1,234 waits" in header
 
@@ -170,10 +172,10 @@ def test_partitions_needing_attention_come_before_larger_lags() -> None:
 
 def test_status_line_for_systemd() -> None:
     snap = lead_snapshot()
-    assert render_status_line(snap) == "3 leaders, 24 partitions, lag 1,000, 976.6 KiB/s"
+    assert render_status_line(snap) == ("healthy; 3 leaders, 24 partitions, lag 1,000, 976.6 KiB/s")
     snap["totals"]["partitions_by_state"] = {"fetching": 21, "halted": 2, "truncating": 1}
     assert render_status_line(snap) == (
-        "3 leaders, 24 partitions (2 halted, 1 truncating), lag 1,000, 976.6 KiB/s"
+        "healthy; 3 leaders, 24 partitions (2 halted, 1 truncating), lag 1,000, 976.6 KiB/s"
     )
 
 

@@ -163,13 +163,17 @@ async def test_a_response_larger_than_the_pool_fails_the_connection_clearly():
 
 
 def test_pool_bound_holds_while_replicating_from_kafka(kafka_broker, unique_topic, tmp_path):
-    import json
-    import subprocess
-    import sys
 
     from confluent_kafka import Producer
 
-    from tools.replica import ReplicadProcess, batches_from, end_offsets, segment_bytes, wait_until
+    from tools.replica import (
+        ReplicadProcess,
+        batches_from,
+        end_offsets,
+        segment_bytes,
+        status_json,
+        wait_until,
+    )
 
     topic = unique_topic()
     kafka_broker.create_topic(topic, 8)
@@ -207,13 +211,9 @@ def test_pool_bound_holds_while_replicating_from_kafka(kafka_broker, unique_topi
         wait_until(
             lambda: sum(end_offsets(data_dir).values()) == 6_000, timeout_s=120, what="catch-up"
         )
-        out = subprocess.run(
-            [sys.executable, "-m", "replicad.cli", "status", "--socket", str(sock), "--json"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        pool = json.loads(out.stdout)["memory_pool"]
+        snap = status_json(sock)
+        assert snap is not None
+        pool = snap["memory_pool"]
     finally:
         assert proc.stop() == 0, proc.output()
     assert pool["capacity"] == capacity

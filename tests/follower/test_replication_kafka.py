@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from replicad.control.client import query
+from replicad.errors import ControlError
 from tools.peers.produce import produce_mixed
 from tools.replica import (
     ReplicadProcess,
@@ -21,6 +23,7 @@ from tools.replica import (
     end_offsets,
     log_end_offset,
     segment_bytes,
+    status_json,
     wait_until,
 )
 
@@ -189,31 +192,44 @@ def test_hot_partition_does_not_starve_cold_ones(kafka_broker, tmp_path):
 
     data_dir = tmp_path / "data"
     config = tmp_path / "tight.yaml"
+    # One 16 KiB batch a response: the hot backlog takes about a thousand round trips.
     config.write_text(
-        "fetch:\n  response_max_bytes: 32768\n  partition_max_bytes: 32768\n"
+        "fetch:\n  response_max_bytes: 16384\n  partition_max_bytes: 16384\n"
         "  buffer_memory: 1048576\n"
     )
+    sock = tmp_path / "replicad.sock"
     proc = ReplicadProcess(
-        run_args(kafka_broker, [topic], data_dir, "-c", str(config)),
+        run_args(kafka_broker, [topic], data_dir, "-c", str(config), "--control-socket", str(sock)),
         log_path=tmp_path / "replicad.log",
     ).start()
-    cold = [(topic, p) for p in range(1, partitions)]
+
+    def ends_now() -> dict[int, int]:
+        # The daemon's own view, asked every few milliseconds: replication of the whole
+        # topic takes about a second, far less than reading the segments back would.
+        try:
+            return {p["partition"]: p["log_end_offset"] for p in query(sock)["partitions"]}
+        except ControlError:
+            return {}
+
+    hot_end_when_cold_done: list[int] = []
+
+    def cold_done() -> bool:
+        ends = ends_now()
+        if ends and all(ends.get(p) == 20 for p in range(1, partitions)):
+            hot_end_when_cold_done.append(ends[0])
+        return bool(hot_end_when_cold_done)
+
     try:
-        wait_until(
-            lambda: all(replica_ends(data_dir).get(k) == 20 for k in cold),
-            timeout_s=120,
-            what="cold partitions to catch up",
-        )
-        hot_end_when_cold_done = replica_ends(data_dir).get((topic, 0), 0)
+        wait_until(cold_done, timeout_s=120, interval_s=0.003, what="cold partitions done")
         wait_until(
             lambda: replica_ends(data_dir).get((topic, 0)) == 16_000,
             timeout_s=180,
             what="hot partition to catch up",
         )
     finally:
-        proc.stop()
+        assert proc.stop() == 0, proc.output()
     # The cold partitions were served while the hot one still had a backlog.
-    assert hot_end_when_cold_done < 16_000 * 0.9, hot_end_when_cold_done
+    assert hot_end_when_cold_done[0] < 16_000 * 0.9, hot_end_when_cold_done
 
 
 def _run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -352,7 +368,6 @@ def test_partitions_added_while_running_are_picked_up(kafka_broker, unique_topic
 def test_recreated_topic_halts_the_partition_and_keeps_the_replica(
     kafka_broker, unique_topic, tmp_path
 ):
-    import json
 
     topic = unique_topic()
     kafka_broker.create_topic(topic, 1)
@@ -380,15 +395,8 @@ def test_recreated_topic_halts_the_partition_and_keeps_the_replica(
     try:
 
         def halted() -> bool:
-            out = subprocess.run(
-                [sys.executable, "-m", "replicad.cli", "status", "--socket", str(sock), "--json"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-            if out.returncode != 0:
-                return False
-            return [p["state"] for p in json.loads(out.stdout)["partitions"]] == ["halted"]
+            snap = status_json(sock)
+            return snap is not None and [p["state"] for p in snap["partitions"]] == ["halted"]
 
         wait_until(halted, timeout_s=60, what="the partition to halt")
         time.sleep(1)

@@ -7,9 +7,6 @@ recoveries by reason.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +18,7 @@ from tools.replica import (
     batches_from,
     end_offsets,
     segment_bytes,
+    status_json,
     wait_until,
 )
 
@@ -34,25 +32,14 @@ def produce(bootstrap: str, topic: str, partitions: int, per_partition: int, tag
 
 
 def status(sock: Path) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-m", "replicad.cli", "status", "--socket", str(sock), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    snapshot = status_json(sock)
+    assert snapshot is not None, f"no daemon answers on {sock}"
+    return snapshot
 
 
 def status_or_none(sock: Path) -> dict | None:
-    """The snapshot, or None while the daemon is still starting."""
-    out = subprocess.run(
-        [sys.executable, "-m", "replicad.cli", "status", "--socket", str(sock), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return json.loads(out.stdout) if out.returncode == 0 else None
+    """The snapshot, or None while the daemon cannot be asked yet."""
+    return status_json(sock)
 
 
 def partitions_of(sock: Path) -> list[dict]:

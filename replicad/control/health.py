@@ -1,0 +1,180 @@
+"""Health: is the replica being kept up to date, and if not, why -- derived from the state
+`replicad run` reports (its status snapshot), never from its log.
+
+One model feeds every place health shows: the headline of `replicad status`, its exit
+code, `--json`, systemd's STATUS= line and the metrics.
+
+Rules (the worst reason decides; every reason is listed):
+- DOWN: no broker of the source answers (with the last error and since when), or the
+  source refuses us (TLS or SASL), or none of the topics asked for exists there. Nothing
+  is being replicated, so a copy that falls behind stays behind.
+- DEGRADED: some partitions are not being replicated or may be wrong -- a listed topic
+  the source lacks (named), partitions without a leader (offline), halted (on_gap=halt,
+  a recreated topic), reconciling a divergence, lagging with no progress for
+  `STALL_AFTER_MS` (stalled); a leader the daemon cannot reach; fetch responses waiting
+  for the memory pool (fetch.buffer_memory caps throughput); the daemon still starting.
+- HEALTHY: none of the above.
+Exit codes are a monitoring plugin's: 0 healthy, 1 degraded, 2 down, and 3 when the
+daemon cannot be asked at all (`replicad status` sets that one).
+
+Pure: a snapshot (the dict the control socket returns) in, an assessment out.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# A lagging partition whose log end has not moved for this long is stalled.
+STALL_AFTER_MS = 60_000
+# Partitions named in one reason at most; the count says how many there are.
+NAMED_AT_MOST = 5
+
+EXIT_HEALTHY = 0
+EXIT_DEGRADED = 1
+EXIT_DOWN = 2
+EXIT_UNREACHABLE = 3
+
+
+class Health(enum.StrEnum):
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    DOWN = "down"
+
+    @property
+    def exit_code(self) -> int:
+        return {Health.HEALTHY: EXIT_HEALTHY, Health.DEGRADED: EXIT_DEGRADED}.get(self, EXIT_DOWN)
+
+    @property
+    def rank(self) -> int:
+        return list(Health).index(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    health: Health
+    code: str  # stable, for scripts: "source_unreachable", "topic_missing", ...
+    text: str  # for people
+
+    def as_dict(self) -> dict[str, str]:
+        return {"health": self.health.value, "code": self.code, "text": self.text}
+
+
+@dataclass(frozen=True, slots=True)
+class Assessment:
+    health: Health
+    reasons: tuple[Reason, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"state": self.health.value, "reasons": [r.as_dict() for r in self.reasons]}
+
+    def headline(self) -> str:
+        if not self.reasons:
+            return self.health.value.upper()
+        return f"{self.health.value.upper()}: " + "; ".join(r.text for r in self.reasons)
+
+
+def assess(snapshot: Mapping[str, Any]) -> Assessment:
+    reasons = [
+        *_source(snapshot),
+        *_topics(snapshot),
+        *_partitions(snapshot.get("partitions") or ()),
+        *_leaders(snapshot.get("leaders") or ()),
+        *_pool(snapshot.get("memory_pool") or {}),
+    ]
+    if not snapshot.get("ready") and not any(r.health is Health.DOWN for r in reasons):
+        reasons.append(
+            Reason(Health.DEGRADED, "starting", "starting: the source has not answered yet")
+        )
+    reasons.sort(key=lambda r: -r.health.rank)
+    worst = reasons[0].health if reasons else Health.HEALTHY
+    return Assessment(worst, tuple(reasons))
+
+
+def _source(snap: Mapping[str, Any]) -> list[Reason]:
+    problem = snap.get("source_problem")
+    if not problem:
+        return []
+    since = problem.get("since_s_ago")
+    ago = f" (for {_seconds(since)})" if since is not None else ""
+    if problem.get("kind") == "refused":
+        return [
+            Reason(Health.DOWN, "source_refused", f"the source refuses us{ago}: {problem['error']}")
+        ]
+    return [
+        Reason(Health.DOWN, "source_unreachable", f"source unreachable{ago}: {problem['error']}")
+    ]
+
+
+def _topics(snap: Mapping[str, Any]) -> list[Reason]:
+    missing = list(snap.get("missing_topics") or ())
+    if not missing:
+        return []
+    names = ", ".join(repr(t) for t in missing[:NAMED_AT_MOST])
+    more = f" and {len(missing) - NAMED_AT_MOST} more" if len(missing) > NAMED_AT_MOST else ""
+    what = "topic" if len(missing) == 1 else "topics"
+    text = f"{what} {names}{more} not found on the source"
+    nothing_else = not snap.get("partitions")
+    health = Health.DOWN if nothing_else and snap.get("ready") else Health.DEGRADED
+    return [Reason(health, "topic_missing", text)]
+
+
+def _partitions(partitions: Sequence[Mapping[str, Any]]) -> list[Reason]:
+    groups: dict[str, list[str]] = {"offline": [], "halted": [], "diverging": [], "stalled": []}
+    for p in partitions:
+        name = f"{p.get('topic')}-{p.get('partition')}"
+        state = p.get("state")
+        if state == "halted":
+            groups["halted"].append(name)
+        elif int(p.get("leader", 0)) < 0:
+            groups["offline"].append(name)
+        elif state == "truncating":
+            groups["diverging"].append(name)
+        elif int(p.get("lag") or 0) > 0 and int(p.get("idle_ms") or 0) >= STALL_AFTER_MS:
+            groups["stalled"].append(name)
+    texts = {
+        "offline": "without a leader on the source (offline)",
+        "halted": "halted (see their last error)",
+        "diverging": "reconciling with their leader (out of range or diverged)",
+        "stalled": f"lagging with no progress for {STALL_AFTER_MS // 1000} s or more (stalled)",
+    }
+    reasons = []
+    for code, names in groups.items():
+        if names:
+            shown = ", ".join(names[:NAMED_AT_MOST])
+            more = f" and {len(names) - NAMED_AT_MOST} more" if len(names) > NAMED_AT_MOST else ""
+            count = f"{len(names)} partition{'s' if len(names) > 1 else ''}"
+            text = f"{count} {texts[code]}: {shown}{more}"
+            reasons.append(Reason(Health.DEGRADED, f"partitions_{code}", text))
+    return reasons
+
+
+def _leaders(leaders: Sequence[Mapping[str, Any]]) -> list[Reason]:
+    failing = [leader for leader in leaders if leader.get("connected") is False]
+    if not failing:
+        return []
+    names = ", ".join(f"{leader.get('node_id')} ({leader.get('address')})" for leader in failing)
+    last = failing[0].get("last_error")
+    error = f": {last}" if last else ""
+    return [Reason(Health.DEGRADED, "leader_unreachable", f"leader {names} unreachable{error}")]
+
+
+def _pool(pool: Mapping[str, Any]) -> list[Reason]:
+    if not pool.get("waiting"):
+        return []
+    text = (
+        f"memory pool saturated: {pool['waiting']} fetch response(s) waiting for memory "
+        "(fetch.buffer_memory limits throughput)"
+    )
+    return [Reason(Health.DEGRADED, "pool_saturated", text)]
+
+
+def _seconds(value: float) -> str:
+    seconds = int(value)
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h"

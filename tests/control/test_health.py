@@ -1,0 +1,136 @@
+"""The health model: each state, its reasons and its exit code, from snapshots."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from replicad.control.health import (
+    EXIT_DEGRADED,
+    EXIT_DOWN,
+    EXIT_HEALTHY,
+    STALL_AFTER_MS,
+    Health,
+    assess,
+)
+
+
+def partition(name: str, number: int, **fields: Any) -> dict[str, Any]:
+    return {
+        "topic": name,
+        "partition": number,
+        "leader": 1,
+        "lag": 0,
+        "state": "fetching",
+        "idle_ms": 0,
+        **fields,
+    }
+
+
+def snapshot(**fields: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "ready": True,
+        "source_problem": None,
+        "missing_topics": [],
+        "partitions": [partition("orders", 0), partition("orders", 1)],
+        "leaders": [{"node_id": 1, "address": "h:9092", "connected": True}],
+        "memory_pool": {"capacity": 100, "used": 0, "waiting": 0},
+    }
+    base.update(fields)
+    return base
+
+
+def test_a_daemon_replicating_everything_is_healthy() -> None:
+    verdict = assess(snapshot())
+    assert verdict.health is Health.HEALTHY and verdict.reasons == ()
+    assert verdict.health.exit_code == EXIT_HEALTHY
+    assert verdict.headline() == "HEALTHY"
+
+
+def test_an_unreachable_source_is_down_with_its_error_and_since_when() -> None:
+    problem = {
+        "kind": "unreachable",
+        "error": "no broker reachable: cannot connect to localhost:9",
+        "since_s_ago": 75.0,
+    }
+    verdict = assess(snapshot(ready=False, partitions=[], leaders=[], source_problem=problem))
+    assert verdict.health is Health.DOWN and verdict.health.exit_code == EXIT_DOWN
+    assert [r.code for r in verdict.reasons] == ["source_unreachable"]  # not also "starting"
+    assert "localhost:9" in verdict.reasons[0].text and "75 s" in verdict.reasons[0].text
+
+
+def test_a_source_that_refuses_our_credentials_is_down() -> None:
+    problem = {"kind": "refused", "error": "SASL authentication failed", "since_s_ago": 3}
+    verdict = assess(snapshot(source_problem=problem))
+    assert verdict.health is Health.DOWN
+    assert verdict.reasons[0].code == "source_refused"
+
+
+def test_a_missing_topic_is_named_and_degrades_while_others_replicate() -> None:
+    verdict = assess(snapshot(missing_topics=["ordrs"]))
+    assert verdict.health is Health.DEGRADED and verdict.health.exit_code == EXIT_DEGRADED
+    assert verdict.reasons[0].code == "topic_missing"
+    assert "'ordrs'" in verdict.reasons[0].text
+
+
+def test_only_missing_topics_is_down() -> None:
+    verdict = assess(snapshot(missing_topics=["ordrs", "paymnts"], partitions=[]))
+    assert verdict.health is Health.DOWN
+    assert "'ordrs', 'paymnts'" in verdict.reasons[0].text
+
+
+def test_partitions_offline_halted_diverging_and_stalled_are_each_a_reason() -> None:
+    parts = [
+        partition("t", 0, leader=-1),
+        partition("t", 1, state="halted"),
+        partition("t", 2, state="truncating"),
+        partition("t", 3, lag=10, idle_ms=STALL_AFTER_MS),
+        partition("t", 4, lag=10, idle_ms=STALL_AFTER_MS - 1),  # lagging, still moving
+        partition("t", 5, lag=0, idle_ms=10 * STALL_AFTER_MS),  # idle but caught up
+    ]
+    verdict = assess(snapshot(partitions=parts))
+    assert verdict.health is Health.DEGRADED
+    by_code = {r.code: r.text for r in verdict.reasons}
+    assert set(by_code) == {
+        "partitions_offline",
+        "partitions_halted",
+        "partitions_diverging",
+        "partitions_stalled",
+    }
+    assert by_code["partitions_offline"].endswith(": t-0")
+    assert by_code["partitions_stalled"].endswith(": t-3")
+
+
+def test_many_partitions_are_counted_and_a_few_named() -> None:
+    parts = [partition("t", p, leader=-1) for p in range(12)]
+    text = assess(snapshot(partitions=parts)).reasons[0].text
+    assert text.startswith("12 partitions") and text.endswith("and 7 more")
+
+
+def test_an_unreachable_leader_and_a_saturated_pool_degrade() -> None:
+    leaders = [
+        {"node_id": 1, "address": "h:9092", "connected": True},
+        {"node_id": 2, "address": "g:9092", "connected": False, "last_error": "refused"},
+    ]
+    pool = {"capacity": 100, "used": 100, "waiting": 3}
+    verdict = assess(snapshot(leaders=leaders, memory_pool=pool))
+    assert [r.code for r in verdict.reasons] == ["leader_unreachable", "pool_saturated"]
+    assert "2 (g:9092)" in verdict.reasons[0].text
+
+
+def test_starting_is_degraded_and_down_comes_first() -> None:
+    assert [r.code for r in assess(snapshot(ready=False)).reasons] == ["starting"]
+    problem = {"kind": "unreachable", "error": "x", "since_s_ago": 1}
+    verdict = assess(snapshot(missing_topics=["a"], source_problem=problem))
+    assert [r.health for r in verdict.reasons] == [Health.DOWN, Health.DEGRADED]
+    assert verdict.headline().startswith("DOWN: source unreachable")
+
+
+def test_the_assessment_round_trips_through_json() -> None:
+    verdict = assess(snapshot(missing_topics=["x"]))
+    as_dict = verdict.as_dict()
+    assert as_dict["state"] == "degraded"
+    assert as_dict["reasons"][0] == {
+        "health": "degraded",
+        "code": "topic_missing",
+        "text": "topic 'x' not found on the source",
+    }

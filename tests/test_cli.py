@@ -1,0 +1,169 @@
+"""The command line as a first-time user and a monitoring check meet it: start-up failures
+are one line with a sysexits code, never a traceback, and `replicad status` leads with
+health and exits 0 healthy, 1 degraded, 2 down, 3 unreachable."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from replicad.exits import EX_CANTCREAT
+from tools.replica import ReplicadProcess, wait_until
+
+REPLICAD = [sys.executable, "-m", "replicad.cli"]
+
+
+def replicad(*args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
+    prefix: list[str] = []
+    if user is not None:
+        prefix = ["setpriv", f"--reuid={user}", "--regid=nogroup", "--clear-groups"]
+    return subprocess.run(
+        [*prefix, *REPLICAD, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "HOME": "/nonexistent"} if user else None,
+    )
+
+
+def one_line_without_traceback(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def test_a_data_dir_that_cannot_be_created_is_one_line_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    args = [
+        "run",
+        "--bootstrap-servers",
+        "127.0.0.1:9",
+        "--topics",
+        "orders",
+        "--data-dir",
+        str(tmp_path / "a-file" / "data"),
+        "--control-socket",
+        str(tmp_path / "control.sock"),
+    ]
+    for extra in (["--check-config"], []):
+        result = replicad(*args, *extra)
+        assert result.returncode == EX_CANTCREAT
+        line = one_line_without_traceback(result.stderr)
+        assert line.startswith("replicad: data_dir: ")
+        assert "is not a directory" in line and "--data-dir" in line
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root")
+def test_a_user_who_may_not_write_there_is_told_so_by_name() -> None:
+    """As a user who is not root (nobody): a data_dir in a root-owned directory."""
+    tmp_path = Path(tempfile.mkdtemp(prefix="replicad-root-only-"))
+    tmp_path.chmod(0o755)  # nobody may look, not write
+    (tmp_path / "root-only").mkdir(mode=0o755)
+    args = ["run", "--bootstrap-servers", "127.0.0.1:9", "--topics", "orders"]
+    result = replicad(
+        *args,
+        "--data-dir",
+        str(tmp_path / "root-only" / "data"),
+        "--control-socket",
+        str(tmp_path / "root-only" / "control.sock"),
+        "--check-config",
+        user="nobody",
+    )
+    assert result.returncode == EX_CANTCREAT, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("replicad: data_dir: ") and "not writable by nobody" in lines[0]
+    assert lines[1].startswith("replicad: control.socket: ")
+    shutil.rmtree(tmp_path)
+
+
+def status(sock: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return replicad("status", "--socket", str(sock), *extra)
+
+
+def daemon(tmp_path: Path, bootstrap: str, topics: str) -> tuple[ReplicadProcess, Path]:
+    sock = tmp_path / "control.sock"
+    proc = ReplicadProcess(
+        [
+            "run",
+            "--bootstrap-servers",
+            bootstrap,
+            "--topics",
+            topics,
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--control-socket",
+            str(sock),
+            "--log-format",
+            "json",
+        ],
+        log_path=tmp_path / "replicad.log",
+    ).start()
+    wait_until(sock.exists, timeout_s=30, what="the control socket")
+    return proc, sock
+
+
+def test_status_of_a_daemon_whose_source_is_unreachable_is_down(tmp_path: Path) -> None:
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening
+    port = closed.getsockname()[1]
+    proc, sock = daemon(tmp_path, f"127.0.0.1:{port}", "orders")
+    try:
+        wait_until(lambda: status(sock).returncode == 2, timeout_s=30, what="status to say down")
+        table = status(sock)
+        as_json = json.loads(status(sock, "--json").stdout)
+    finally:
+        assert proc.stop() == 0, proc.output()
+        closed.close()
+    first = table.stdout.splitlines()
+    assert first[0] == "health: DOWN"
+    assert first[1].startswith("  - source unreachable") and f"127.0.0.1:{port}" in first[1]
+    assert as_json["health"]["state"] == "down"
+    assert as_json["health"]["reasons"][0]["code"] == "source_unreachable"
+    # The warning the daemon logged is in the status too, counted.
+    assert any(w["event"] == "metadata unavailable, retrying" for w in as_json["recent_warnings"])
+
+
+def test_status_names_a_topic_the_source_lacks_and_is_healthy_without_it(
+    kafka_broker, unique_topic, tmp_path: Path
+) -> None:
+    topic = unique_topic()
+    kafka_broker.create_topic(topic, 2)
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    for p in range(2):
+        producer.produce(topic, value=b"x", partition=p)
+    assert producer.flush(30) == 0
+    misspelt = f"{topic}-misspelt"
+    proc, sock = daemon(tmp_path / "a", kafka_broker.bootstrap, f"{topic},{misspelt}")
+    try:
+        wait_until(lambda: status(sock).returncode == 1, timeout_s=30, what="degraded")
+        degraded = status(sock)
+    finally:
+        assert proc.stop() == 0, proc.output()
+    assert degraded.stdout.splitlines()[:2] == [
+        "health: DEGRADED",
+        f"  - topic '{misspelt}' not found on the source",
+    ]
+    proc, sock = daemon(tmp_path / "b", kafka_broker.bootstrap, topic)
+    try:
+        wait_until(lambda: status(sock).returncode == 0, timeout_s=30, what="healthy")
+        healthy = status(sock)
+    finally:
+        assert proc.stop() == 0, proc.output()
+    assert healthy.stdout.splitlines()[0] == "health: HEALTHY"
+
+
+def test_status_without_a_daemon_exits_3(tmp_path: Path) -> None:
+    result = status(tmp_path / "nothing.sock")
+    assert result.returncode == 3
+    assert "not running" in result.stderr
