@@ -1,27 +1,39 @@
-# Everything a fresh clone needs is installed by these targets; nothing by hand.
+# Everything a fresh clone needs is installed by these targets; nothing by hand, and nothing
+# needs root: Python 3.11+, Java 17 and Maven are all a machine must have.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# `make demo` (and `make kafka`) need the package and a Kafka client; `make test` also needs
+# the test peers, Spark and the linters.
+DEMO_STAMP := $(VENV)/.demo-installed
+STAMP      := $(VENV)/.installed
 
-.PHONY: setup demo test lint peers clean
+.PHONY: setup demo test lint kafka kafka-jars test-peers dist clean
 
-# Python environment with the package, its test extras and the real peers' clients.
-$(STAMP): pyproject.toml
+$(DEMO_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[demo]'
+	touch $@
+
+$(STAMP): $(DEMO_STAMP)
 	$(BIN)/pip install --quiet -e '.[dev,spark]'
-	touch $(STAMP)
+	touch $@
 
-# The real peers: Apache Kafka jars (Maven), kcat (Debian).
-peers:
+# Apache Kafka's jars from Maven Central, into .cache/kafka (the broker the demo and the
+# integration tests run).
+kafka-jars:
 	tools/kafka/kafka.sh fetch
-	tools/install-system-deps.sh
 
-setup: $(STAMP) peers
+# kcat, a test peer from Debian's packages: installed when root, else unpacked into
+# .cache/kcat without root (tools/kcat.sh).
+test-peers:
+	tools/kcat.sh fetch
+
+setup: $(STAMP) kafka-jars test-peers
 
 # Local Kafka with a sample topic, replicated by replicad into ./var/data, then shown.
-demo: setup
+demo: $(DEMO_STAMP) kafka-jars
 	$(BIN)/python -m tools.demo
 
 # The whole suite, integration tests against real brokers included.
@@ -31,9 +43,20 @@ test: setup
 	$(BIN)/python -m pytest -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo 'make test: pytest collected no tests' >&2; exit 1; fi; exit $$rc
 
+# An Apache Kafka broker on 127.0.0.1:9092 with a sample topic, in the foreground until
+# Ctrl-C, for trying `replicad run` by hand (state in ./var/kafka, fresh each time).
+kafka: $(DEMO_STAMP) kafka-jars
+	$(BIN)/python -m tools.localkafka
+
+# A wheel of replicad in ./dist (install it with pip; see the README's "Installing").
+DIST ?= dist
+dist: $(DEMO_STAMP)
+	rm -rf $(DIST)
+	$(BIN)/pip wheel --quiet --no-deps --wheel-dir $(DIST) .
+
 lint: $(STAMP)
 	$(BIN)/ruff check replicad tests tools
 	$(BIN)/ruff format --check replicad tests tools
 
 clean:
-	rm -rf $(VENV) var .pytest_cache
+	rm -rf $(VENV) var dist build .pytest_cache

@@ -22,6 +22,8 @@ from replicad.control.notify import decode_notify
 from tools.replica import ReplicadProcess, end_offsets, wait_until
 from tools.replica import status_json as replica_status_json
 
+HEALTH_WORDS = {"healthy", "degraded", "down"}
+
 
 def produce(bootstrap: str, topic: str, partitions: int, per_partition: int) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
@@ -91,6 +93,10 @@ def test_systemd_sees_ready_status_watchdog_stopping_in_order(kafka_broker, uniq
     assert after.count("WATCHDOG") >= 4  # every 0.5 s for WatchdogSec=1s over ~6 s
     assert "STATUS" in after
     assert all("STATUS" not in f or "partitions" in f["STATUS"] for f in seen)
+    # systemctl status shows the health model's verdict first (control/health.py).
+    statuses = [f["STATUS"] for f in seen if "STATUS" in f]
+    assert all(s.split(";")[0].split(" (")[0] in HEALTH_WORDS for s in statuses), statuses
+    assert statuses[-1].startswith("healthy; "), statuses
 
 
 def test_reload_adds_and_forgets_topics_and_rejects_a_bad_config(

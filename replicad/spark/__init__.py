@@ -4,7 +4,11 @@
     register(spark)
     df = spark.read.format("replicad").load("/var/lib/replicad/data")
 
-Installed with `pip install replicad[spark]`. The modules:
+Installed with the `spark` extra (`pip install '.[spark]'` in a checkout, or the wheel from
+`make dist` with `[spark]`). In local mode, `register` points Spark's Python workers at the
+interpreter that runs the driver, unless PYSPARK_PYTHON or spark.pyspark.python chose one:
+PySpark would otherwise start `python3` from PATH, which (a venv's python run without
+activating the venv) cannot import replicad. The modules:
 - options: the source's options, parsed and checked;
 - plan / catalog: splits (per segment or per byte range of one), pruned by topic,
   partition, offset and timestamp from names and indexes (catalog does the I/O);
@@ -20,6 +24,8 @@ Importing this package does not import pyspark; `register` does.
 
 from __future__ import annotations
 
+import os
+import sys
 import weakref
 from typing import TYPE_CHECKING
 
@@ -36,5 +42,16 @@ def register(spark: SparkSession) -> None:
         return
     from replicad.spark.source import ReplicadDataSource
 
+    _local_workers_use_this_python(spark)
     spark.dataSource.register(ReplicadDataSource)
     _registered.add(spark)
+
+
+def _local_workers_use_this_python(spark: SparkSession) -> None:
+    """In local mode, Python workers run on this machine: the driver's own interpreter
+    has replicad and its dependencies, `python3` from PATH may not. On a cluster the
+    executors' Python is the operator's to choose (README, "Querying the replica")."""
+    context = spark.sparkContext
+    chosen = os.environ.get("PYSPARK_PYTHON") or context.getConf().get("spark.pyspark.python")
+    if chosen is None and context.master.startswith("local"):
+        context.pythonExec = sys.executable

@@ -129,9 +129,9 @@ def test_missing_jars_point_at_make_peers(tmp_path, monkeypatch):
     monkeypatch.setenv("REPLICAD_KAFKA_CACHE", str(tmp_path / "empty-cache"))
     kafka_classpath.cache_clear()
     try:
-        with pytest.raises(PeerNotInstalledError, match="make peers"):
+        with pytest.raises(PeerNotInstalledError, match="make kafka-jars"):
             kafka_classpath()
-        with pytest.raises(PeerNotInstalledError, match="make peers"):
+        with pytest.raises(PeerNotInstalledError, match="make kafka-jars"):
             KafkaBroker(tmp_path / "broker").start()
     finally:
         kafka_classpath.cache_clear()
@@ -149,7 +149,7 @@ def test_the_fixture_fails_rather_than_skips_without_jars(pytester, tmp_path, mo
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*real peer not installed*make peers*"])
+    result.stdout.fnmatch_lines(["*real peer not installed*make kafka-jars*"])
 
 
 def test_restart_keeps_ports_and_data_and_a_killed_broker_recovers(make_kafka_broker, unique_topic):

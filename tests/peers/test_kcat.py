@@ -1,4 +1,4 @@
-"""tools/peers/kcat.py: kcat (installed by `make peers`) reads what a client wrote to Kafka."""
+"""tools/peers/kcat.py: kcat (fetched by tools/kcat.sh) reads what a client wrote to Kafka."""
 
 from __future__ import annotations
 
@@ -39,7 +39,17 @@ def test_a_failing_kcat_raises_with_its_stderr(free_port):
         run_kcat("-L", "-b", f"127.0.0.1:{free_port}", "-m", "1", timeout_s=30)
 
 
-def test_missing_kcat_points_at_make_peers(monkeypatch):
+def test_missing_kcat_points_at_its_fetch_script(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(PeerNotInstalledError, match="make peers"):
+    monkeypatch.setattr("tools.peers.kcat.UNPACKED", tmp_path / "no-kcat")
+    with pytest.raises(PeerNotInstalledError, match=r"tools/kcat\.sh fetch"):
         run_kcat("-V")
+
+
+def test_kcat_unpacked_without_root_is_used_when_none_is_on_path(monkeypatch, tmp_path):
+    unpacked = tmp_path / "kcat"
+    unpacked.write_text("#!/bin/sh\necho 'kcat - unpacked'\n")
+    unpacked.chmod(0o755)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr("tools.peers.kcat.UNPACKED", unpacked)
+    assert run_kcat("-V").stdout == b"kcat - unpacked\n"

@@ -68,10 +68,10 @@ fetch() {
 
 classpath() {
     if ! is_cached; then
-        echo "kafka.sh: Kafka jars not fetched; run 'make peers' (or tools/kafka/kafka.sh fetch)" >&2
+        echo "kafka.sh: Kafka jars not fetched; run 'make kafka-jars' (or tools/kafka/kafka.sh fetch)" >&2
         exit 1
     fi
-    find "$lib" -maxdepth 1 -name '*.jar' | LC_ALL=C sort | paste -sd: -
+    find "$lib/" -maxdepth 1 -name '*.jar' | LC_ALL=C sort | paste -sd: -
 }
 
 version() {

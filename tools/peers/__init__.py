@@ -1,7 +1,7 @@
 """Real peers for replicad's tests: brokers, clients and tools that no one here wrote.
 
 - `kafka`: `KafkaBroker` (Apache Kafka 4.x, KRaft, single node on 127.0.0.1) and
-  `run_kafka_class` / `dump_log_segments` for Kafka's own tools. Jars: `make peers`.
+  `run_kafka_class` / `dump_log_segments` for Kafka's own tools. Jars: `make kafka-jars`.
 - `tansu`: `TansuBroker` (memory only, sessionless Fetch; its quirks are in its doc).
 - `produce`: `produce_mixed` (every codec, headers, nulls, committed and aborted
   transactions, deterministic per seed) and `consume_all` (a real consumer).

@@ -1,6 +1,6 @@
 """A real Apache Kafka broker for tests: single node, KRaft, on 127.0.0.1.
 
-The jars come from `tools/kafka/kafka.sh fetch` (run by `make peers`); the
+The jars come from `tools/kafka/kafka.sh fetch` (run by `make kafka-jars`); the
 Kafka version is pinned in `tools/kafka/pom.xml`. A `KafkaBroker` owns one work
 directory:
 
@@ -130,7 +130,7 @@ def kafka_classpath() -> str:
     if result.returncode != 0 or not result.stdout.strip():
         raise PeerNotInstalledError(
             "the Apache Kafka jars are not in .cache/kafka/lib (or are stale for "
-            "tools/kafka/pom.xml): run `make peers` (or tools/kafka/kafka.sh fetch). "
+            "tools/kafka/pom.xml): run `make kafka-jars` (or tools/kafka/kafka.sh fetch). "
             f"kafka.sh said: {result.stderr.strip()}"
         )
     return result.stdout.strip()
@@ -229,7 +229,9 @@ class KafkaBroker:
         broker_config: Mapping[str, str] | None = None,
         segment_bytes: int | None = None,
         heap: str = BROKER_HEAP,
+        port: int | None = None,
     ) -> None:
+        """`port`: the client listener's port (default: a free one, picked at start)."""
         self.workdir = Path(workdir).resolve()
         self.log_dir = self.workdir / "data"
         self.server_log = self.workdir / "logs" / "server.log"
@@ -242,8 +244,8 @@ class KafkaBroker:
         # cluster id; a lone broker is node 1 of a cluster of its own.
         self.node_id = NODE_ID
         self.cluster_id = _new_cluster_id()
-        self._port: int | None = None
-        self._controller_port: int | None = None
+        self._port: int | None = port
+        self._controller_port: int | None = None if port is None else free_port()
         self._proc: subprocess.Popen[bytes] | None = None
         self._formatted = False
         self._cds_pending: Path | None = None
@@ -275,7 +277,7 @@ class KafkaBroker:
         """Format storage on the first start, launch the JVM, wait until it serves metadata."""
         if self.running:
             raise PeerError(f"the Kafka broker in {self.workdir} is already running")
-        kafka_classpath()  # fail early, with the `make peers` hint, if the jars are missing
+        kafka_classpath()  # fail early, with the `make kafka-jars` hint, if the jars are missing
         first_start = self._port is None
         for attempt in range(1, BIND_ATTEMPTS + 1):
             if first_start:

@@ -1,23 +1,27 @@
 """kcat, the librdkafka command-line client (Debian package), as a real peer.
 
-Installed by tools/install-system-deps.sh (run by `make peers`).
+Fetched by tools/kcat.sh (run by `make test`): installed system-wide when root, else
+unpacked into .cache/kcat without root.
 """
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+from pathlib import Path
 
 from tools.peers.process import PeerError, PeerNotInstalledError
+
+UNPACKED = Path(__file__).resolve().parents[2] / ".cache" / "kcat" / "bin" / "kcat"
 
 
 def kcat_binary() -> str:
     path = shutil.which("kcat")
-    if path is None:
-        raise PeerNotInstalledError(
-            "kcat is not installed: run `make peers` (or tools/install-system-deps.sh)"
-        )
-    return path
+    if path is not None:
+        return path
+    if UNPACKED.is_file():
+        return str(UNPACKED)
+    raise PeerNotInstalledError("kcat is not installed: run `tools/kcat.sh fetch` (make test does)")
 
 
 def run_kcat(
