@@ -23,13 +23,14 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
 if TYPE_CHECKING:  # the peers import confluent_kafka; unit tests should not pay for that
     from tools.peers.kafka import KafkaBroker
     from tools.peers.kafka_cluster import KafkaCluster
+    from tools.peers.service import Service
     from tools.peers.tansu import TansuBroker
 
 pytest_plugins = ["pytester"]
@@ -58,22 +59,25 @@ def _fail_if_not_installed(error: Exception) -> None:
         pytest.fail(f"real peer not installed: {error}", pytrace=False)
 
 
+P = TypeVar("P", bound="Service")
+
+
+def _running(peer: P) -> Iterator[P]:
+    """Start `peer` (a missing peer fails the test, never skips it), yield it, stop it."""
+    try:
+        with peer:
+            yield peer
+    except Exception as error:
+        _fail_if_not_installed(error)
+        raise
+
+
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
     """The session's Apache Kafka broker: `bootstrap`, `log_dir`, `create_topic`, `run_class`."""
     from tools.peers.kafka import KafkaBroker
 
-    broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
-    try:
-        broker.start()
-    except Exception as error:
-        broker.kill()
-        _fail_if_not_installed(error)
-        raise
-    try:
-        yield broker
-    finally:
-        broker.stop()
+    yield from _running(KafkaBroker(tmp_path_factory.mktemp("kafka")))
 
 
 @pytest.fixture
@@ -106,17 +110,7 @@ def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaClu
     `leaders`, `node(id)`."""
     from tools.peers.kafka_cluster import KafkaCluster
 
-    cluster = KafkaCluster(tmp_path_factory.mktemp("kafka-cluster"), nodes=3)
-    try:
-        cluster.start()
-    except Exception as error:
-        cluster.kill()
-        _fail_if_not_installed(error)
-        raise
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from _running(KafkaCluster(tmp_path_factory.mktemp("kafka-cluster"), nodes=3))
 
 
 @pytest.fixture(scope="session")
@@ -124,17 +118,7 @@ def tansu_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBrok
     """The session's Tansu broker: `bootstrap`, `create_topic` (memory only, sessionless Fetch)."""
     from tools.peers.tansu import TansuBroker
 
-    broker = TansuBroker(tmp_path_factory.mktemp("tansu"))
-    try:
-        broker.start()
-    except Exception as error:
-        broker.kill()
-        _fail_if_not_installed(error)
-        raise
-    try:
-        yield broker
-    finally:
-        broker.stop()
+    yield from _running(TansuBroker(tmp_path_factory.mktemp("tansu")))
 
 
 class TopicNames(str):

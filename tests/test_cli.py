@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Producer
 
 from replicad.exits import EX_CANTCREAT
-from tools.replica import ReplicadProcess, wait_until
+from tools.replica import ReplicadProcess, replicad_run, wait_until
 
 REPLICAD = [sys.executable, "-m", "replicad.cli"]
 
@@ -93,22 +93,7 @@ def status(sock: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 
 def daemon(tmp_path: Path, bootstrap: str, topics: str) -> tuple[ReplicadProcess, Path]:
     sock = tmp_path / "control.sock"
-    proc = ReplicadProcess(
-        [
-            "run",
-            "--bootstrap-servers",
-            bootstrap,
-            "--topics",
-            topics,
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--control-socket",
-            str(sock),
-            "--log-format",
-            "json",
-        ],
-        log_path=tmp_path / "replicad.log",
-    ).start()
+    proc = replicad_run(bootstrap, topics, tmp_path / "data", control_socket=sock)
     wait_until(sock.exists, timeout_s=30, what="the control socket")
     return proc, sock
 

@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka import Producer
 
 from replicad.control.notify import decode_notify
-from tools.replica import ReplicadProcess, end_offsets, wait_until
+from tools.replica import ReplicadProcess, end_offsets, replicad_run, wait_until
 from tools.replica import status_json as replica_status_json
 
 HEALTH_WORDS = {"healthy", "degraded", "down"}
@@ -51,21 +51,13 @@ def test_systemd_sees_ready_status_watchdog_stopping_in_order(kafka_broker, uniq
     manager = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     manager.bind(str(notify_path))
     manager.settimeout(0.2)
-    proc = ReplicadProcess(
-        [
-            "run",
-            "--bootstrap-servers",
-            kafka_broker.bootstrap,
-            "--topics",
-            topic,
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--control-socket",
-            str(tmp_path / "c.sock"),
-        ],
-        log_path=tmp_path / "replicad.log",
+    proc = replicad_run(
+        kafka_broker.bootstrap,
+        topic,
+        tmp_path / "data",
+        control_socket=tmp_path / "c.sock",
         env={"NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": "1000000"},
-    ).start()
+    )
     seen: list[dict[str, str]] = []
 
     def drain(until_s: float) -> None:
@@ -186,70 +178,33 @@ def test_run_serves_while_replicating_and_a_second_replica_follows_live(
     kafka_broker.create_topic(topic, 3)
     produce(kafka_broker.bootstrap, topic, 3, 50)
     a_dir, b_dir = tmp_path / "a", tmp_path / "b"
-    config_a = tmp_path / "a.yaml"
-    config_a.write_text(f"serve:\n  listen: 127.0.0.1:{free_port}\n  allowed_followers: [7]\n")
-    config_b = tmp_path / "b.yaml"
-    config_b.write_text("fetch:\n  replica_id: 7\n")  # B fetches from A as follower 7
-    a = ReplicadProcess(
-        [
-            "run",
-            "-c",
-            str(config_a),
-            "--bootstrap-servers",
-            kafka_broker.bootstrap,
-            "--topics",
-            topic,
-            "--data-dir",
-            str(a_dir),
-            "--control-socket",
-            str(tmp_path / "a.sock"),
-            "--log-format",
-            "json",
-        ],
-        log_path=tmp_path / "a.log",
-    ).start()
-    b = None
-    try:
-        wait_until(
+    config_a = {"serve": {"listen": f"127.0.0.1:{free_port}", "allowed_followers": [7]}}
+    config_b = {"fetch": {"replica_id": 7}}  # B fetches from A as follower 7
+    with replicad_run(
+        kafka_broker.bootstrap, topic, a_dir, config=config_a, control_socket=tmp_path / "a.sock"
+    ) as a:
+        a.wait_for(
             lambda: ends_of(a_dir, topic) == {0: 50, 1: 50, 2: 50},
-            timeout_s=60,
             what="A to replicate from Kafka",
         )
-        b = ReplicadProcess(
-            [
-                "run",
-                "-c",
-                str(config_b),
-                "--bootstrap-servers",
-                f"127.0.0.1:{free_port}",
-                "--topics",
-                topic,
-                "--data-dir",
-                str(b_dir),
-                "--control-socket",
-                str(tmp_path / "b.sock"),
-                "--log-format",
-                "json",
-            ],
-            log_path=tmp_path / "b.log",
-        ).start()
-        wait_until(
-            lambda: ends_of(b_dir, topic) == {0: 50, 1: 50, 2: 50},
-            timeout_s=60,
-            what="B to replicate from A",
-        )
-        produce(kafka_broker.bootstrap, topic, 3, 25)  # flows Kafka -> A -> B
-        wait_until(
-            lambda: ends_of(b_dir, topic) == {0: 75, 1: 75, 2: 75},
-            timeout_s=60,
-            what="new data to reach B through A",
-        )
-        a_status = status_json(tmp_path / "a.sock")
-        b_status = status_json(tmp_path / "b.sock")
-    finally:
-        if b is not None:
-            assert b.stop() == 0, b.output()
-        assert a.stop() == 0, a.output()
+        with replicad_run(
+            f"127.0.0.1:{free_port}",
+            topic,
+            b_dir,
+            config=config_b,
+            control_socket=tmp_path / "b.sock",
+        ) as b:
+            b.wait_for(
+                lambda: ends_of(b_dir, topic) == {0: 50, 1: 50, 2: 50},
+                what="B to replicate from A",
+            )
+            produce(kafka_broker.bootstrap, topic, 3, 25)  # flows Kafka -> A -> B
+            b.wait_for(
+                lambda: ends_of(b_dir, topic) == {0: 75, 1: 75, 2: 75},
+                what="new data to reach B through A",
+            )
+            a_status = status_json(tmp_path / "a.sock")
+            b_status = status_json(tmp_path / "b.sock")
     assert a_status["serve"]["sessions"] >= 1  # B holds an incremental session on A
     assert a_status["serve"]["privileged_sessions_created_total"] >= 1  # as follower 7
     assert b_status["leaders"][0]["sessionful"]
@@ -266,24 +221,8 @@ def test_replicad_serve_command_serves_a_replica(kafka_broker, unique_topic, tmp
     kafka_broker.create_topic(topic, 2)
     produce(kafka_broker.bootstrap, topic, 2, 30)
     a_dir, b_dir = tmp_path / "a", tmp_path / "b"
-    a = ReplicadProcess(
-        [
-            "run",
-            "--bootstrap-servers",
-            kafka_broker.bootstrap,
-            "--topics",
-            topic,
-            "--data-dir",
-            str(a_dir),
-            "--control-socket",
-            str(tmp_path / "a.sock"),
-        ],
-        log_path=tmp_path / "a.log",
-    ).start()
-    try:
-        wait_until(lambda: ends_of(a_dir, topic) == {0: 30, 1: 30}, timeout_s=60, what="A")
-    finally:
-        assert a.stop() == 0
+    with replicad_run(kafka_broker.bootstrap, topic, a_dir) as a:
+        a.wait_for(lambda: ends_of(a_dir, topic) == {0: 30, 1: 30}, what="A")
     server = ReplicadProcess(
         [
             "serve",
@@ -298,29 +237,9 @@ def test_replicad_serve_command_serves_a_replica(kafka_broker, unique_topic, tmp
         ],
         log_path=tmp_path / "serve.log",
     ).start()
-    config_b = tmp_path / "b.yaml"
-    config_b.write_text("fetch:\n  replica_id: 7\n")  # a follower A allows: privileged
-    b = ReplicadProcess(
-        [
-            "run",
-            "-c",
-            str(config_b),
-            "--bootstrap-servers",
-            f"127.0.0.1:{free_port}",
-            "--topics",
-            topic,
-            "--data-dir",
-            str(b_dir),
-            "--control-socket",
-            str(tmp_path / "b.sock"),
-        ],
-        log_path=tmp_path / "b.log",
-    ).start()
-    try:
-        wait_until(lambda: ends_of(b_dir, topic) == {0: 30, 1: 30}, timeout_s=60, what="B")
-    finally:
-        assert b.stop() == 0, b.output()
-        assert server.stop() == 0, server.output()
+    config_b = {"fetch": {"replica_id": 7}}  # a follower A allows: privileged
+    with server, replicad_run(f"127.0.0.1:{free_port}", topic, b_dir, config=config_b) as b:
+        b.wait_for(lambda: ends_of(b_dir, topic) == {0: 30, 1: 30}, what="B")
     assert "serving the replica over the Kafka protocol" in server.output()
     # B fetched as follower 7, which A allows: its session on A was privileged.
     assert '"privileged_sessions_created_total": 1' in server.output()
@@ -362,22 +281,13 @@ def test_status_of_a_daemon_replicating_ten_thousand_partitions(tmp_path, free_p
         log_path=tmp_path / "serve.log",
     ).start()
     sock = tmp_path / "c.sock"
-    daemon = ReplicadProcess(
-        [
-            "run",
-            "--bootstrap-servers",
-            f"127.0.0.1:{free_port}",
-            "--topics",
-            "wide",
-            "--data-dir",
-            str(base / "replica"),
-            "--control-socket",
-            str(sock),
-            "--log-format",
-            "json",
-        ],
+    daemon = replicad_run(
+        f"127.0.0.1:{free_port}",
+        "wide",
+        base / "replica",
         log_path=tmp_path / "replicad.log",
-    ).start()
+        control_socket=sock,
+    )
     try:
 
         def all_fetching() -> bool:
@@ -424,24 +334,13 @@ def test_run_stops_with_a_clear_error_when_its_serve_listener_cannot_start(tmp_p
     holder.listen()
     unreachable = socket.socket()
     unreachable.bind(("127.0.0.1", 0))  # bound, not listening: nothing answers there
-    config = tmp_path / "run.yaml"
-    config.write_text(f"serve:\n  listen: 127.0.0.1:{free_port}\n")
-    proc = ReplicadProcess(
-        [
-            "run",
-            "-c",
-            str(config),
-            "--bootstrap-servers",
-            f"127.0.0.1:{unreachable.getsockname()[1]}",
-            "--topics",
-            "t",
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--control-socket",
-            str(tmp_path / "ctl.sock"),
-        ],
-        log_path=tmp_path / "run.log",
-    ).start()
+    proc = replicad_run(
+        f"127.0.0.1:{unreachable.getsockname()[1]}",
+        "t",
+        tmp_path / "data",
+        config={"serve": {"listen": f"127.0.0.1:{free_port}"}},
+        control_socket=tmp_path / "ctl.sock",
+    )
     try:
         wait_until(lambda: not proc.running, timeout_s=30, what="the daemon to exit")
     finally:
@@ -525,20 +424,9 @@ def test_sigterm_at_any_point_of_start_up_is_a_clean_stop(kafka_broker, unique_t
         for name, bootstrap in sources.items():
             for delay_s in (0.3, 0.6, 1.0, 1.5, 3.0):
                 run = tmp_path / f"{name}-{delay_s}"
-                proc = ReplicadProcess(
-                    [
-                        "run",
-                        "--bootstrap-servers",
-                        bootstrap,
-                        "--topics",
-                        topic,
-                        "--data-dir",
-                        str(run / "data"),
-                        "--control-socket",
-                        str(run / "replicad.sock"),
-                    ],
-                    log_path=run / "replicad.log",
-                ).start()
+                proc = replicad_run(
+                    bootstrap, topic, run / "data", control_socket=run / "replicad.sock"
+                )
                 spawned = time.monotonic()
                 assert proc.proc is not None
                 pid = proc.proc.pid

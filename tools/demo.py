@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tools.peers.kafka import KafkaBroker
 from tools.peers.produce import produce_mixed
-from tools.replica import ReplicadProcess, end_offsets, log_end_offset, wait_until
+from tools.replica import ReplicadProcess, end_offsets, log_end_offset, run_args, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 VAR = ROOT / "var"
@@ -45,17 +45,7 @@ def main() -> int:
         produce_mixed(broker.bootstrap, TOPIC, partitions=PARTITIONS, records=RECORDS, seed=1)
         source_ends = {p: log_end_offset(broker.partition_dir(TOPIC, p)) for p in range(PARTITIONS)}
 
-        args = [
-            "run",
-            "--bootstrap-servers",
-            broker.bootstrap,
-            "--topics",
-            TOPIC,
-            "--data-dir",
-            str(DATA_DIR),
-            "--control-socket",
-            str(CONTROL),
-        ]
+        args = run_args(broker.bootstrap, TOPIC, DATA_DIR, control_socket=CONTROL, log_format=None)
         say("replicad " + " ".join(args))
         replicad = ReplicadProcess(args, log_path=VAR / "demo" / "replicad.log").start()
         started = time.monotonic()

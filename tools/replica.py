@@ -1,7 +1,17 @@
 """Run `replicad` as a real subprocess and inspect the replica it writes.
 
-Shared by the integration tests, the demo and the benchmarks: they all drive
-the daemon the way a user does, through its command line.
+Shared by the integration tests, the demo, the chaos tools and the benchmarks: they all
+drive the daemon the way a user does, through its command line.
+
+    with replicad_run(broker.bootstrap, [topic], tmp_path / "data",
+                      config={"fetch": {"buffer_memory": 262144}},
+                      control_socket=tmp_path / "c.sock") as proc:
+        proc.wait_ready()                    # metadata known, replicating (JSON log event)
+        proc.wait_caught_up({tp: 100, ...})  # or a record count; fails at once if it exits
+        snapshot = proc.status()             # `replicad status --json`
+    # leaving the block: SIGTERM, and ReplicadExited unless it exited 0
+
+`ReplicadProcess(args, log_path=...)` runs any other subcommand (`serve`, `verify`).
 """
 
 from __future__ import annotations
@@ -13,20 +23,84 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
 
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 
+# `python -m replicad.cli` as installed for production: without the test extra's hypothesis,
+# which kio imports when present (8 MiB of RSS no production replicad has). Benchmarks use it.
+AS_INSTALLED = (
+    "import sys; sys.modules['hypothesis'] = None; from replicad.cli import main; sys.exit(main())"
+)
+
+
+def replicad_argv(*args: str, as_installed: bool = False) -> list[str]:
+    """The command line of `replicad ARGS...` with this interpreter."""
+    program = ["-c", AS_INSTALLED] if as_installed else ["-m", "replicad.cli"]
+    return [sys.executable, *program, *args]
+
+
+def run_args(
+    bootstrap: str,
+    topics: str | Sequence[str] | None,
+    data_dir: Path,
+    *,
+    config: Path | None = None,
+    control_socket: Path | None = None,
+    log_format: str | None = "json",
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """`run` and its flags: the source, the topics (a list or "a,b"; None: `extra` or the
+    config names them), where to write."""
+    args = ["run"]
+    if config is not None:
+        args += ["-c", str(config)]
+    args += ["--bootstrap-servers", bootstrap]
+    if topics is not None:
+        args += ["--topics", topics if isinstance(topics, str) else ",".join(topics)]
+    args += ["--data-dir", str(data_dir)]
+    if control_socket is not None:
+        args += ["--control-socket", str(control_socket)]
+    if log_format is not None:
+        args += ["--log-format", log_format]
+    return [*args, *extra]
+
+
+class ReplicadExited(RuntimeError):
+    """The daemon ended while the caller waited for it, or ended with the wrong code."""
+
 
 class ReplicadProcess:
-    """`replicad run ...` in its own process group, output to a log file."""
+    """`replicad ARGS...` in its own process group, output to a log file.
 
-    def __init__(self, args: Sequence[str], *, log_path: Path, env: dict[str, str] | None = None):
-        self.args = [sys.executable, "-m", "replicad.cli", *args]
+    As a context manager it is started on entry (unless it was started) and stopped
+    (SIGTERM) on exit; when the block ended cleanly and the daemon exits other than
+    `expected_exit`, ReplicadExited carries its output. `replicad_run` makes one for
+    `replicad run` and knows its data dir and control socket.
+    """
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        as_installed: bool = False,
+        data_dir: Path | None = None,
+        control_socket: Path | None = None,
+    ):
+        self.args = replicad_argv(*args, as_installed=as_installed)
         self.log_path = log_path
         self.env = {**os.environ, **(env or {})}
+        self.data_dir = data_dir
+        self.control_socket = control_socket
+        self.expected_exit = 0
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ReplicadProcess:
@@ -41,6 +115,11 @@ class ReplicadProcess:
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "not started"
+        return self.proc.pid
 
     def stop(self, timeout_s: float = 30) -> int:
         """SIGTERM and wait: the daemon's clean shutdown path."""
@@ -59,6 +138,21 @@ class ReplicadProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
+    def __enter__(self) -> ReplicadProcess:
+        return self if self.proc is not None else self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.proc is None:
+            return
+        code = self.stop(timeout_s=120)
+        if exc is None and code != self.expected_exit:
+            raise ReplicadExited(f"replicad exited with {code}:\n{self.output()[-5000:]}")
+
     def output(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
@@ -70,16 +164,109 @@ class ReplicadProcess:
                     return True
         return False
 
+    def wait_for(
+        self,
+        predicate: Callable[[], bool],
+        *,
+        timeout_s: float = 60,
+        interval_s: float = 0.25,
+        what: str = "",
+    ) -> None:
+        """`wait_until`, failing at once (with the daemon's output) when the daemon exits."""
+
+        def while_running() -> bool:
+            if predicate():
+                return True
+            if not self.running:
+                raise ReplicadExited(
+                    f"replicad exited while waiting for {what or predicate}:\n"
+                    f"{self.output()[-5000:]}"
+                )
+            return False
+
+        wait_until(while_running, timeout_s=timeout_s, interval_s=interval_s, what=what)
+
     def wait_ready(self, timeout_s: float = 60) -> None:
         """Until the daemon has its metadata and replicates (its log says "replicating";
         systemd's READY=1 comes at the same moment). Raises when it exits first."""
+        self.wait_for(
+            lambda: self.logged("replicating"), timeout_s=timeout_s, what="replicad to be ready"
+        )
 
-        def ready() -> bool:
-            if not self.running:
-                raise RuntimeError(f"replicad exited before it was ready:\n{self.output()}")
-            return self.logged("replicating")
+    def end_offsets(self) -> dict[TopicPartition, int]:
+        """The log end of every partition in its data dir."""
+        assert self.data_dir is not None, "made without a data dir"
+        return end_offsets(self.data_dir)
 
-        wait_until(ready, timeout_s=timeout_s, what="replicad to be ready")
+    def wait_caught_up(
+        self, want: Mapping[TopicPartition, int] | int, *, timeout_s: float = 120
+    ) -> None:
+        """Until the replica's log ends are exactly `want`, or it holds `want` records."""
+        if isinstance(want, int):
+            count = want
+            self.wait_for(
+                lambda: sum(self.end_offsets().values()) >= count,
+                timeout_s=timeout_s,
+                what=f"{count:,} records replicated",
+            )
+            return
+        wanted = dict(want)
+        self.wait_for(
+            lambda: self.end_offsets() == wanted,
+            timeout_s=timeout_s,
+            what=f"{len(wanted)} partitions caught up",
+        )
+
+    def status(self, timeout_s: float = 60) -> dict | None:
+        """`replicad status --json` on its control socket (None while it cannot be asked)."""
+        assert self.control_socket is not None, "made without a control socket"
+        return status_json(self.control_socket, timeout_s)
+
+
+def replicad_run(
+    bootstrap: str,
+    topics: str | Sequence[str] | None,
+    data_dir: Path,
+    *,
+    log_path: Path | None = None,
+    config: Path | Mapping[str, Any] | None = None,
+    control_socket: Path | None = None,
+    log_format: str | None = "json",
+    extra: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    as_installed: bool = False,
+    start: bool = True,
+) -> ReplicadProcess:
+    """`replicad run` of `topics` from `bootstrap` into `data_dir`, started unless told not.
+
+    `config` is a YAML file, or a mapping written as one beside the log (the flags win
+    over it). The log goes to `log_path` (default: `<data_dir>.log` beside the data dir),
+    as JSON unless `log_format` says otherwise (None: the daemon's own choice). `extra` is
+    more flags. Wait with `wait_ready()`, `wait_caught_up(...)` or `wait_for(...)`.
+    """
+    log_path = log_path or data_dir.with_name(f"{data_dir.name}.log")
+    if config is not None and not isinstance(config, Path):
+        config_path = log_path.with_suffix(".yaml")
+        config_path.parent.mkdir(parents=True, exist_ok=True)
+        config_path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
+        config = config_path
+    proc = ReplicadProcess(
+        run_args(
+            bootstrap,
+            topics,
+            data_dir,
+            config=config,
+            control_socket=control_socket,
+            log_format=log_format,
+            extra=extra,
+        ),
+        log_path=log_path,
+        env=env,
+        as_installed=as_installed,
+        data_dir=data_dir,
+        control_socket=control_socket,
+    )
+    return proc.start() if start else proc
 
 
 def partition_dirs(data_dir: Path) -> dict[TopicPartition, Path]:

@@ -16,7 +16,7 @@ from replicad.protocol.apis import ApiKey
 from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
 from tools.peers.scripted_leader import ScriptedLeader
-from tools.replica import ReplicadProcess, end_offsets, segment_bytes
+from tools.replica import end_offsets, replicad_run, segment_bytes
 
 
 def batches(first_offset: int, count: int, epoch: int, tag: bytes) -> list[bytes]:
@@ -47,20 +47,7 @@ async def test_follower_truncates_to_the_new_leaders_history(tmp_path, fetch_ver
     leader.set_log(old, leader_epoch=1)
     port = await leader.start()
     data_dir = tmp_path / "data"
-    proc = ReplicadProcess(
-        [
-            "run",
-            "--bootstrap-servers",
-            f"127.0.0.1:{port}",
-            "--topics",
-            topic,
-            "--data-dir",
-            str(data_dir),
-            "--log-format",
-            "json",
-        ],
-        log_path=tmp_path / "replicad.log",
-    ).start()
+    proc = replicad_run(f"127.0.0.1:{port}", topic, data_dir)
     pdir = data_dir / f"{topic}-0"
     try:
         await until(

@@ -166,14 +166,7 @@ def test_pool_bound_holds_while_replicating_from_kafka(kafka_broker, unique_topi
 
     from confluent_kafka import Producer
 
-    from tools.replica import (
-        ReplicadProcess,
-        batches_from,
-        end_offsets,
-        segment_bytes,
-        status_json,
-        wait_until,
-    )
+    from tools.replica import batches_from, replicad_run, segment_bytes
 
     topic = unique_topic()
     kafka_broker.create_topic(topic, 8)
@@ -184,38 +177,22 @@ def test_pool_bound_holds_while_replicating_from_kafka(kafka_broker, unique_topi
     for i in range(6_000):
         producer.produce(topic, value=value, partition=i % 8)
     assert producer.flush(30) == 0
-    config = tmp_path / "small-pool.yaml"
     capacity = 256 * 1024
-    config.write_text(
-        f"fetch:\n  buffer_memory: {capacity}\n  response_max_bytes: 131072\n"
-        "  partition_max_bytes: 32768\n"
-    )
-    data_dir, sock = tmp_path / "data", tmp_path / "c.sock"
-    proc = ReplicadProcess(
-        [
-            "run",
-            "-c",
-            str(config),
-            "--bootstrap-servers",
-            kafka_broker.bootstrap,
-            "--topics",
-            topic,
-            "--data-dir",
-            str(data_dir),
-            "--control-socket",
-            str(sock),
-        ],
-        log_path=tmp_path / "replicad.log",
-    ).start()
-    try:
-        wait_until(
-            lambda: sum(end_offsets(data_dir).values()) == 6_000, timeout_s=120, what="catch-up"
-        )
-        snap = status_json(sock)
+    config = {
+        "fetch": {
+            "buffer_memory": capacity,
+            "response_max_bytes": 131072,
+            "partition_max_bytes": 32768,
+        }
+    }
+    data_dir = tmp_path / "data"
+    with replicad_run(
+        kafka_broker.bootstrap, topic, data_dir, config=config, control_socket=tmp_path / "c.sock"
+    ) as proc:
+        proc.wait_caught_up(6_000)
+        snap = proc.status()
         assert snap is not None
         pool = snap["memory_pool"]
-    finally:
-        assert proc.stop() == 0, proc.output()
     assert pool["capacity"] == capacity
     assert 0 < pool["peak"] <= capacity
     assert pool["reservations"] > 40  # ~6 MB through a 256 KiB pool, many responses
@@ -228,7 +205,7 @@ def test_pool_bound_holds_while_replicating_from_kafka(kafka_broker, unique_topi
 def test_a_batch_larger_than_the_pool_is_refused_loudly(kafka_broker, unique_topic, tmp_path):
     from confluent_kafka import Producer
 
-    from tools.replica import ReplicadProcess, wait_until
+    from tools.replica import replicad_run
 
     topic = unique_topic()
     kafka_broker.create_topic(topic, 1)
@@ -238,31 +215,12 @@ def test_a_batch_larger_than_the_pool_is_refused_loudly(kafka_broker, unique_top
     for _ in range(400):  # one ~400 KB batch
         producer.produce(topic, value=b"z" * 1000, partition=0)
     assert producer.flush(30) == 0
-    config = tmp_path / "tiny-pool.yaml"
-    config.write_text("fetch:\n  buffer_memory: 131072\n  response_max_bytes: 65536\n")
-    proc = ReplicadProcess(
-        [
-            "run",
-            "-c",
-            str(config),
-            "--bootstrap-servers",
-            kafka_broker.bootstrap,
-            "--topics",
-            topic,
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--log-format",
-            "json",
-        ],
-        log_path=tmp_path / "replicad.log",
-    ).start()
-    try:
-        wait_until(
+    config = {"fetch": {"buffer_memory": 131072, "response_max_bytes": 65536}}
+    with replicad_run(kafka_broker.bootstrap, topic, tmp_path / "data", config=config) as proc:
+        proc.wait_for(
             lambda: "does not fit fetch.buffer_memory" in proc.output(),
             timeout_s=60,
             what="the pool error",
         )
         assert proc.running  # stuck on that leader, but alive and saying why
-    finally:
-        assert proc.stop() == 0
     assert '"level": "error"' in proc.output()

@@ -16,14 +16,14 @@ import pytest
 
 from replicad.control.client import query
 from replicad.errors import ControlError
+from replicad.types import TopicPartition
 from tools.peers.produce import produce_mixed
 from tools.replica import (
-    ReplicadProcess,
     batches_from,
     end_offsets,
     log_end_offset,
+    replicad_run,
     segment_bytes,
-    status_json,
     wait_until,
 )
 
@@ -77,36 +77,14 @@ def assert_byte_identical(broker, topics, data_dir: Path) -> None:
             assert ours == theirs, f"{t}-{p}: replica differs from the broker's segments"
 
 
-def run_args(broker, topics, data_dir: Path, *extra: str) -> list[str]:
-    return [
-        "run",
-        "--bootstrap-servers",
-        broker.bootstrap,
-        "--topics",
-        ",".join(topics),
-        "--data-dir",
-        str(data_dir),
-        "--log-format",
-        "json",
-        *extra,
-    ]
-
-
 def test_replica_is_byte_identical_to_the_brokers_segments(kafka_broker, mixed_topics, tmp_path):
     data_dir = tmp_path / "data"
-    proc = ReplicadProcess(
-        run_args(kafka_broker, mixed_topics, data_dir), log_path=tmp_path / "replicad.log"
-    ).start()
-    try:
-        wait_until(
+    with replicad_run(kafka_broker.bootstrap, mixed_topics, data_dir) as proc:
+        proc.wait_for(
             lambda: caught_up(kafka_broker, mixed_topics, data_dir),
             timeout_s=180,
             what="replica to catch up",
         )
-        assert proc.running, proc.output()
-    finally:
-        rc = proc.stop()
-    assert rc == 0, proc.output()
     assert "Traceback" not in proc.output()
     total = sum(replica_ends(data_dir).values())
     assert total >= 200_000  # offsets include the transaction markers
@@ -128,14 +106,12 @@ def test_sigkill_mid_replication_resumes_without_gap_or_duplicate(
     kafka_broker, mixed_topics, tmp_path
 ):
     data_dir = tmp_path / "data"
-    config = tmp_path / "slow.yaml"
     # Small responses so that the kill lands mid-replication.
-    config.write_text("fetch:\n  response_max_bytes: 65536\n  partition_max_bytes: 16384\n")
-    args = run_args(kafka_broker, mixed_topics, data_dir, "-c", str(config))
+    config = {"fetch": {"response_max_bytes": 65536, "partition_max_bytes": 16384}}
     want = sum(broker_ends(kafka_broker, mixed_topics).values())
     kills = 0
     for _ in range(3):
-        proc = ReplicadProcess(args, log_path=tmp_path / "replicad.log").start()
+        proc = replicad_run(kafka_broker.bootstrap, mixed_topics, data_dir, config=config)
         before = sum(replica_ends(data_dir).values())
         # A tenth more, or all that is left when less is.
         target = min(before + want // 10 + 1, want)
@@ -151,21 +127,18 @@ def test_sigkill_mid_replication_resumes_without_gap_or_duplicate(
         if sum(replica_ends(data_dir).values()) >= want:
             break
     assert kills >= 1
-    proc = ReplicadProcess(
-        run_args(kafka_broker, mixed_topics, data_dir), log_path=tmp_path / "r2.log"
+    restarted = replicad_run(
+        kafka_broker.bootstrap, mixed_topics, data_dir, log_path=tmp_path / "r2.log"
     )
-    proc.start()
-    try:
+    with restarted:
         # The kills may already have left a complete replica: what is checked is that the
         # restarted daemon runs (recovery, metadata) and ends with a clean stop.
-        proc.wait_ready(timeout_s=120)
-        wait_until(
+        restarted.wait_ready(timeout_s=120)
+        restarted.wait_for(
             lambda: caught_up(kafka_broker, mixed_topics, data_dir),
             timeout_s=180,
             what="replica to catch up after SIGKILL",
         )
-    finally:
-        assert proc.stop() == 0, proc.output()
     assert_byte_identical(kafka_broker, mixed_topics, data_dir)
 
 
@@ -191,17 +164,15 @@ def test_hot_partition_does_not_starve_cold_ones(kafka_broker, tmp_path):
     producer.flush(60)
 
     data_dir = tmp_path / "data"
-    config = tmp_path / "tight.yaml"
     # One 16 KiB batch a response: the hot backlog takes about a thousand round trips.
-    config.write_text(
-        "fetch:\n  response_max_bytes: 16384\n  partition_max_bytes: 16384\n"
-        "  buffer_memory: 1048576\n"
-    )
+    config = {
+        "fetch": {
+            "response_max_bytes": 16384,
+            "partition_max_bytes": 16384,
+            "buffer_memory": 1048576,
+        }
+    }
     sock = tmp_path / "replicad.sock"
-    proc = ReplicadProcess(
-        run_args(kafka_broker, [topic], data_dir, "-c", str(config), "--control-socket", str(sock)),
-        log_path=tmp_path / "replicad.log",
-    ).start()
 
     def ends_now() -> dict[int, int]:
         # The daemon's own view, asked every few milliseconds: replication of the whole
@@ -219,15 +190,15 @@ def test_hot_partition_does_not_starve_cold_ones(kafka_broker, tmp_path):
             hot_end_when_cold_done.append(ends[0])
         return bool(hot_end_when_cold_done)
 
-    try:
-        wait_until(cold_done, timeout_s=120, interval_s=0.003, what="cold partitions done")
-        wait_until(
+    with replicad_run(
+        kafka_broker.bootstrap, [topic], data_dir, config=config, control_socket=sock
+    ) as proc:
+        proc.wait_for(cold_done, timeout_s=120, interval_s=0.003, what="cold partitions done")
+        proc.wait_for(
             lambda: replica_ends(data_dir).get((topic, 0)) == 16_000,
             timeout_s=180,
             what="hot partition to catch up",
         )
-    finally:
-        assert proc.stop() == 0, proc.output()
     # The cold partitions were served while the hot one still had a backlog.
     assert hot_end_when_cold_done[0] < 16_000 * 0.9, hot_end_when_cold_done
 
@@ -260,29 +231,12 @@ def test_unreachable_bootstrap_retries_with_a_clear_message(tmp_path):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = ReplicadProcess(
-        [
-            "run",
-            "--bootstrap-servers",
-            f"127.0.0.1:{port}",
-            "--topics",
-            "x",
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--log-format",
-            "json",
-        ],
-        log_path=tmp_path / "replicad.log",
-    ).start()
-    try:
-        wait_until(
+    with replicad_run(f"127.0.0.1:{port}", "x", tmp_path / "data") as proc:
+        proc.wait_for(
             lambda: "metadata unavailable" in proc.output(), timeout_s=30, what="a retry message"
         )
         time.sleep(1)
         assert proc.running, proc.output()
-    finally:
-        rc = proc.stop()
-    assert rc == 0
     out = proc.output()
     assert f"127.0.0.1:{port}" in out
     assert "Traceback" not in out
@@ -303,23 +257,16 @@ def test_start_from_latest_skips_existing_data(kafka_broker, unique_topic, tmp_p
     kafka_broker.create_topic(topic, 2)
     _produce_plain(kafka_broker.bootstrap, topic, 2, 30)
     data_dir = tmp_path / "data"
-    proc = ReplicadProcess(
-        run_args(kafka_broker, [topic], data_dir, "--start-from", "latest"),
-        log_path=tmp_path / "replicad.log",
-    ).start()
-    try:
-        wait_until(lambda: "starting partition" in proc.output(), timeout_s=30, what="start")
-        wait_until(
+    latest = replicad_run(
+        kafka_broker.bootstrap, [topic], data_dir, extra=["--start-from", "latest"]
+    )
+    with latest as proc:
+        proc.wait_for(lambda: "starting partition" in proc.output(), timeout_s=30, what="start")
+        proc.wait_for(
             lambda: proc.output().count("starting partition") == 2, timeout_s=30, what="both"
         )
         _produce_plain(kafka_broker.bootstrap, topic, 2, 5)
-        wait_until(
-            lambda: replica_ends(data_dir) == {(topic, 0): 35, (topic, 1): 35},
-            timeout_s=60,
-            what="new records replicated",
-        )
-    finally:
-        assert proc.stop() == 0
+        proc.wait_caught_up({TopicPartition(topic, 0): 35, TopicPartition(topic, 1): 35})
     for p in range(2):
         ours = segment_bytes(data_dir / f"{topic}-{p}")
         theirs = batches_from(segment_bytes(kafka_broker.partition_dir(topic, p)), 30)
@@ -337,32 +284,14 @@ def test_partitions_added_while_running_are_picked_up(kafka_broker, unique_topic
     kafka_broker.create_topic(topic, 2)
     _produce_plain(kafka_broker.bootstrap, topic, 2, 10)
     data_dir = tmp_path / "data"
-    config = tmp_path / "fast-metadata.yaml"
-    config.write_text("source:\n  metadata_max_age_ms: 1000\n")
-    proc = ReplicadProcess(
-        run_args(kafka_broker, [topic], data_dir, "-c", str(config)),
-        log_path=tmp_path / "replicad.log",
-    ).start()
-    try:
-        wait_until(
-            lambda: replica_ends(data_dir) == {(topic, 0): 10, (topic, 1): 10},
-            timeout_s=60,
-            what="initial partitions",
-        )
+    config = {"source": {"metadata_max_age_ms": 1000}}
+    with replicad_run(kafka_broker.bootstrap, [topic], data_dir, config=config) as proc:
+        proc.wait_caught_up({TopicPartition(topic, 0): 10, TopicPartition(topic, 1): 10})
         admin = kafka_broker.admin()  # held: a collected client cancels its futures
         futures = admin.create_partitions([NewPartitions(topic, 4)])
         futures[topic].result(30)
         _produce_plain(kafka_broker.bootstrap, topic, 4, 7)
-        wait_until(
-            lambda: (
-                replica_ends(data_dir)
-                == {(topic, 0): 17, (topic, 1): 17, (topic, 2): 7, (topic, 3): 7}
-            ),
-            timeout_s=60,
-            what="the new partitions to be replicated",
-        )
-    finally:
-        assert proc.stop() == 0, proc.output()
+        proc.wait_caught_up({TopicPartition(topic, p): 17 if p < 2 else 7 for p in range(4)})
 
 
 def test_recreated_topic_halts_the_partition_and_keeps_the_replica(
@@ -373,12 +302,8 @@ def test_recreated_topic_halts_the_partition_and_keeps_the_replica(
     kafka_broker.create_topic(topic, 1)
     _produce_plain(kafka_broker.bootstrap, topic, 1, 40)
     data_dir, sock = tmp_path / "data", tmp_path / "c.sock"
-    args = run_args(kafka_broker, [topic], data_dir, "--control-socket", str(sock))
-    proc = ReplicadProcess(args, log_path=tmp_path / "replicad.log").start()
-    try:
-        wait_until(lambda: replica_ends(data_dir) == {(topic, 0): 40}, timeout_s=60, what="data")
-    finally:
-        assert proc.stop() == 0
+    with replicad_run(kafka_broker.bootstrap, [topic], data_dir, control_socket=sock) as proc:
+        proc.wait_caught_up({TopicPartition(topic, 0): 40}, timeout_s=60)
     before = segment_bytes(data_dir / f"{topic}-0")
 
     admin = kafka_broker.admin()
@@ -391,16 +316,13 @@ def test_recreated_topic_halts_the_partition_and_keeps_the_replica(
     kafka_broker.create_topic(topic, 1)  # same name, new topic id, new history
     _produce_plain(kafka_broker.bootstrap, topic, 1, 5)
 
-    proc = ReplicadProcess(args, log_path=tmp_path / "replicad.log").start()
-    try:
+    with replicad_run(kafka_broker.bootstrap, [topic], data_dir, control_socket=sock) as proc:
 
         def halted() -> bool:
-            snap = status_json(sock)
+            snap = proc.status()
             return snap is not None and [p["state"] for p in snap["partitions"]] == ["halted"]
 
-        wait_until(halted, timeout_s=60, what="the partition to halt")
+        proc.wait_for(halted, timeout_s=60, what="the partition to halt")
         time.sleep(1)
-    finally:
-        assert proc.stop() == 0, proc.output()
     assert "topic recreated upstream" in proc.output()
     assert segment_bytes(data_dir / f"{topic}-0") == before  # the old replica is untouched

@@ -12,9 +12,10 @@ from pathlib import Path
 
 from replicad.records.batch import scan_batches
 from replicad.records.records import decode_batch
+from replicad.types import TopicPartition
 from tools.peers.produce import ConsumedRecord, consume_all, produce_mixed
 from tools.peers.wire import fetch_once
-from tools.replica import ReplicadProcess, end_offsets, segment_bytes, wait_until
+from tools.replica import replicad_run, segment_bytes
 
 PARTITIONS = 3
 
@@ -65,28 +66,8 @@ def test_replica_matches_what_tansu_serves_and_a_consumer_reads(
     assert all(end > 0 for end in ends.values())
 
     data_dir = tmp_path / "data"
-    proc = ReplicadProcess(
-        [
-            "run",
-            "--bootstrap-servers",
-            tansu_broker.bootstrap,
-            "--topics",
-            topic,
-            "--data-dir",
-            str(data_dir),
-            "--log-format",
-            "json",
-        ],
-        log_path=tmp_path / "replicad.log",
-    ).start()
-    try:
-        wait_until(
-            lambda: {tp.partition: e for tp, e in end_offsets(data_dir).items()} == ends,
-            timeout_s=120,
-            what="replica to catch up with Tansu",
-        )
-    finally:
-        assert proc.stop() == 0, proc.output()
+    with replicad_run(tansu_broker.bootstrap, topic, data_dir) as proc:
+        proc.wait_caught_up({TopicPartition(topic, p): end for p, end in ends.items()})
     out = proc.output()
     assert "Traceback" not in out
     # Sessionless every time, and quietly: no session-reset storm in the log.

@@ -13,7 +13,7 @@ from confluent_kafka import Producer
 
 from replicad.log.layout import REPLICATION_OFFSET_CHECKPOINT
 from tools.peers.produce import READ_UNCOMMITTED, consume_all
-from tools.replica import ReplicadProcess, end_offsets, wait_until
+from tools.replica import ReplicadProcess, end_offsets, run_args, wait_until
 
 PARTITIONS = 6
 RECORDS = 200
@@ -58,21 +58,13 @@ def test_restart_with_part_of_the_source_down_keeps_serving_every_record(
     listen = f"127.0.0.1:{free_port}"
     config = tmp_path / "replicad.yaml"
     config.write_text(f"checkpoint_interval_ms: {CHECKPOINT_MS}\nserve:\n  listen: {listen}\n")
-    args = [
-        "run",
-        "-c",
-        str(config),
-        "--bootstrap-servers",
+    args = run_args(
         kafka_cluster.bootstrap,
-        "--topics",
         topic,
-        "--data-dir",
-        str(data_dir),
-        "--control-socket",
-        str(tmp_path / "replicad.sock"),
-        "--log-format",
-        "json",
-    ]
+        data_dir,
+        config=config,
+        control_socket=tmp_path / "replicad.sock",
+    )
     everything = dict.fromkeys(range(PARTITIONS), RECORDS)
 
     first = ReplicadProcess(args, log_path=tmp_path / "first.log").start()

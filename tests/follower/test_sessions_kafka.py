@@ -14,9 +14,9 @@ from confluent_kafka import Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from tools.replica import (
-    ReplicadProcess,
     batches_from,
     end_offsets,
+    replicad_run,
     segment_bytes,
     status_json,
     wait_until,
@@ -55,23 +55,7 @@ def start(tmp_path: Path, bootstrap: str, *args: str, config: str = "") -> tuple
     data_dir, sock = tmp_path / "data", tmp_path / "c.sock"
     cfg = tmp_path / "replicad.yaml"
     cfg.write_text(config or "{}\n")
-    proc = ReplicadProcess(
-        [
-            "run",
-            "-c",
-            str(cfg),
-            "--bootstrap-servers",
-            bootstrap,
-            "--data-dir",
-            str(data_dir),
-            "--control-socket",
-            str(sock),
-            "--log-format",
-            "json",
-            *args,
-        ],
-        log_path=tmp_path / "replicad.log",
-    ).start()
+    proc = replicad_run(bootstrap, None, data_dir, config=cfg, control_socket=sock, extra=args)
     return proc, data_dir, sock
 
 

@@ -24,7 +24,7 @@ from tools.chaos.frames import (
     with_partition_error,
 )
 from tools.chaos.proxy import ChaosProxy
-from tools.replica import ReplicadProcess, end_offsets, wait_until
+from tools.replica import ReplicadProcess, end_offsets, replicad_run, wait_until
 
 NEWER = 777
 PARTITIONS = 3
@@ -72,20 +72,13 @@ def partition_status(sock: Path, topic: str, partition: int) -> dict:
 
 
 def replicad(bootstrap: str, topic: str, tmp_path: Path, name: str) -> ReplicadProcess:
-    args = [
-        "run",
-        "--bootstrap-servers",
+    return replicad_run(
         bootstrap,
-        "--topics",
         topic,
-        "--data-dir",
-        str(tmp_path / "data"),
-        "--control-socket",
-        str(tmp_path / "replicad.sock"),
-        "--log-format",
-        "json",
-    ]
-    return ReplicadProcess(args, log_path=tmp_path / f"{name}.log").start()
+        tmp_path / "data",
+        log_path=tmp_path / f"{name}.log",
+        control_socket=tmp_path / "replicad.sock",
+    )
 
 
 def test_list_offsets(kafka_broker, unique_topic, tmp_path):

@@ -47,7 +47,12 @@ from tools.peers.produce import (
     produce_mixed,
     records_digest,
 )
-from tools.replica import ReplicadProcess, batches_from, end_offsets, segment_bytes, wait_until
+from tools.replica import (
+    batches_from,
+    replicad_run,
+    segment_bytes,
+    wait_until,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -117,28 +122,15 @@ def replicate(bootstrap: str, topics: list[str], data_dir: Path, work: Path, *ex
         for topic in topics
         for p, end in source_ends(bootstrap, topic).items()
     }
-    proc = ReplicadProcess(
-        [
-            "run",
-            "--bootstrap-servers",
-            bootstrap,
-            "--topics",
-            ",".join(topics),
-            "--data-dir",
-            str(data_dir),
-            "--control-socket",
-            str(work / "control.sock"),
-            "--log-format",
-            "json",
-            *extra,
-        ],
+    with replicad_run(
+        bootstrap,
+        topics,
+        data_dir,
         log_path=work / "replicad.log",
-    ).start()
-    try:
-        wait_until(lambda: end_offsets(data_dir) == want, timeout_s=90, what=f"replica of {topics}")
-    finally:
-        rc = proc.stop()
-    assert rc == 0, proc.output()[-3000:]
+        control_socket=work / "control.sock",
+        extra=extra,
+    ) as proc:
+        proc.wait_caught_up(want, timeout_s=90)
 
 
 def source_ends(bootstrap: str, topic: str) -> dict[int, int]:

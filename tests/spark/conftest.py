@@ -169,7 +169,7 @@ class Replicated:
 @pytest.fixture(scope="session")
 def replicated(kafka_broker, tmp_path_factory: pytest.TempPathFactory) -> Replicated:
     from tools.peers.produce import READ_COMMITTED, READ_UNCOMMITTED, consume_all, produce_mixed
-    from tools.replica import ReplicadProcess, end_offsets, wait_until
+    from tools.replica import replicad_run
 
     root = tmp_path_factory.mktemp("spark-replica")
     tag = f"{os.getpid():x}"
@@ -203,32 +203,9 @@ def replicated(kafka_broker, tmp_path_factory: pytest.TempPathFactory) -> Replic
         for p, end in summary.log_end_offsets.items()
     }
     data_dir = root / "data"
-    config = root / "replicad.yaml"
-    config.write_text(
-        f"log:\n  segment_bytes: {REPLICA_SEGMENT_BYTES}\n  index_interval_bytes: 1024\n"
-    )
-    proc = ReplicadProcess(
-        [
-            "run",
-            "-c",
-            str(config),
-            "--bootstrap-servers",
-            kafka_broker.bootstrap,
-            "--topics",
-            f"{mixed},{plain}",
-            "--data-dir",
-            str(data_dir),
-            "--log-format",
-            "json",
-        ],
-        log_path=root / "replicad.log",
-    ).start()
-    try:
-        wait_until(
-            lambda: end_offsets(data_dir) == want, timeout_s=120, what="the replica to catch up"
-        )
-    finally:
-        assert proc.stop() == 0, proc.output()
+    config = {"log": {"segment_bytes": REPLICA_SEGMENT_BYTES, "index_interval_bytes": 1024}}
+    with replicad_run(kafka_broker.bootstrap, [mixed, plain], data_dir, config=config) as proc:
+        proc.wait_caught_up(want)
     uncommitted = {
         t: consume_all(kafka_broker.bootstrap, t, isolation=READ_UNCOMMITTED) for t in partitions
     }

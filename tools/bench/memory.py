@@ -36,7 +36,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -47,10 +46,10 @@ from pathlib import Path
 from confluent_kafka import Producer
 
 from replicad.types import TopicPartition
-from tools.bench.replicate import REPLICAD as REPLICAD_AS_INSTALLED
 from tools.peers.admin import librdkafka_log
 from tools.peers.kafka_cluster import KafkaCluster
-from tools.replica import ReplicadProcess, end_offsets, wait_until
+from tools.replica import ReplicadProcess, end_offsets, replicad_argv, wait_until
+from tools.replica import status_json as replica_status_json
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -293,15 +292,10 @@ class FdSampler:
 
 
 def status_json(socket_path: Path) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-m", "replicad.cli", "status", "--socket", str(socket_path), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"replicad status failed: {out.stderr.strip()}")
-    return json.loads(out.stdout)
+    snapshot = replica_status_json(socket_path, timeout_s=120)
+    if snapshot is None:
+        raise RuntimeError(f"replicad status: no daemon answers on {socket_path}")
+    return snapshot
 
 
 def run(
@@ -326,7 +320,7 @@ def run(
     # installed for production, without the test extra's hypothesis (kio imports it
     # when present: 8 MiB of RSS that no production replicad has).
     limit = f"--nofile={scenario.nofile_limit}:{scenario.nofile_limit}"
-    program = [sys.executable, "-c", REPLICAD_AS_INSTALLED, "run", "-c", str(config)]
+    program = replicad_argv("run", "-c", str(config), as_installed=True)
     daemon.args = ["prlimit", limit, "--", *program]
     started = time.monotonic()
     daemon.start()

@@ -43,15 +43,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.peers.kafka import KafkaBroker
-from tools.replica import end_offsets
+from tools.replica import end_offsets, replicad_argv, run_args
 
 RECORD = 1024
 MB = 1_000_000
 FOLLOWER_ID = 7
-# `python -m replicad.cli`, without the test-only hypothesis (see the module docstring).
-REPLICAD = (
-    "import sys; sys.modules['hypothesis'] = None; from replicad.cli import main; sys.exit(main())"
-)
 
 
 @dataclass
@@ -272,22 +268,11 @@ def main() -> int:
             py = sys.executable
             if "replicad" in wanted:
                 data_dir = work / "replica"
-                argv = [
-                    py,
-                    "-c",
-                    REPLICAD,
-                    "run",
-                    "--bootstrap-servers",
-                    broker.bootstrap,
-                    "--topics",
-                    topic,
-                    "--data-dir",
-                    str(data_dir),
-                    "--log-format",
-                    "json",
-                    "--control-socket",
-                    str(work / "c.sock"),
-                ]
+                # Without the test-only hypothesis (see the module docstring).
+                argv = replicad_argv(
+                    *run_args(broker.bootstrap, topic, data_dir, control_socket=work / "c.sock"),
+                    as_installed=True,
+                )
 
                 def done() -> bool:
                     # Byte-identical replica: done when it holds as many bytes as the
@@ -381,7 +366,7 @@ SERVE_READER = "replicad from replicad serve"
 def replicate_from_serve(work: Path, source: Path, topic: str, stored: int) -> Result:
     """`replicad serve` over `source` (a finished replica); a second `replicad run`, as a
     privileged follower, copies it into a new data dir. Measured like the others."""
-    from tools.peers.process import free_port
+    from tools.peers.process import free_port, port_accepts
 
     port = free_port()
     target = work / "replica-of-replica"
@@ -392,10 +377,7 @@ def replicate_from_serve(work: Path, source: Path, topic: str, stored: int) -> R
         f"control:\n  socket: '{work / 'chain.sock'}'\nlogging:\n  level: warning\n"
     )
     serve = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            REPLICAD,
+        replicad_argv(
             "serve",
             "--data-dir",
             str(source),
@@ -407,13 +389,14 @@ def replicate_from_serve(work: Path, source: Path, topic: str, stored: int) -> R
             str(FOLLOWER_ID),
             "--log-format",
             "json",
-        ],
+            as_installed=True,
+        ),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 120
-        while not _accepts(port) and serve.poll() is None and time.monotonic() < deadline:
+        while not port_accepts(port) and serve.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         if serve.poll() is not None:
             raise RuntimeError(f"replicad serve exited with {serve.returncode}")
@@ -422,7 +405,7 @@ def replicate_from_serve(work: Path, source: Path, topic: str, stored: int) -> R
             return sum(f.stat().st_size for f in target.glob("*/*.log")) >= stored
 
         secs, cpu, rss = run_measured(
-            [sys.executable, "-c", REPLICAD, "run", "-c", str(config)], until=done
+            replicad_argv("run", "-c", str(config), as_installed=True), until=done
         )
     finally:
         serve.terminate()
@@ -430,14 +413,6 @@ def replicate_from_serve(work: Path, source: Path, topic: str, stored: int) -> R
     got = sum(end_offsets(target).values())
     shutil.rmtree(target)
     return Result(SERVE_READER, secs, got, stored, cpu, rss)
-
-
-def _accepts(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
 
 
 def _kafka_version() -> str:

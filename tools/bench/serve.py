@@ -59,8 +59,8 @@ from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from tools.bench.replicate import loopback_mb_per_s, run_measured
 from tools.logdata.batches import producer_batch
-from tools.peers.process import free_port
-from tools.replica import wait_until
+from tools.peers.process import free_port, port_accepts
+from tools.replica import replicad_argv, wait_until
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -155,7 +155,7 @@ class Serve:
             stderr=subprocess.STDOUT,
         )
         wait_until(
-            lambda: _accepts(self.port) or self.proc.poll() is not None,
+            lambda: port_accepts(self.port) or self.proc.poll() is not None,
             timeout_s=300,
             interval_s=0.1,
         )
@@ -187,14 +187,6 @@ def _log_bytes(data_dir: Path) -> int:
     return sum(p.stat().st_size for p in data_dir.glob("*/*.log")) if data_dir.exists() else 0
 
 
-def _accepts(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
-
-
 # -- 1. replicad -> replicad ----------------------------------------------------------------------
 
 
@@ -221,7 +213,7 @@ def bench_chain(work: Path, total_bytes: int, partitions: int) -> ChainResult:
             "logging:\n  level: warning\n"
         )
         seconds, cpu, peak = run_measured(
-            [sys.executable, "-m", "replicad.cli", "run", "-c", str(config)],
+            replicad_argv("run", "-c", str(config)),
             until=lambda: _log_bytes(work / "b") >= written,
         )
         serve_cpu = serve.cpu_s() - cpu_before

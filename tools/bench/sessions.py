@@ -14,16 +14,14 @@ Prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from tools.peers.kafka import KafkaBroker
-from tools.replica import ReplicadProcess, wait_until
+from tools.replica import replicad_run, status_json, wait_until
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -34,13 +32,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def status(sock: Path) -> dict | None:
-    out = subprocess.run(
-        [sys.executable, "-m", "replicad.cli", "status", "--socket", str(sock), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    return json.loads(out.stdout) if out.returncode == 0 else None
+    return status_json(sock, timeout_s=120)
 
 
 def measure(
@@ -49,26 +41,14 @@ def measure(
     run_dir = work / f"{partitions}-{'on' if sessions else 'off'}"
     run_dir.mkdir()
     sock = run_dir / "c.sock"
-    cfg = run_dir / "replicad.yaml"
-    cfg.write_text(f"fetch:\n  sessions: {'true' if sessions else 'false'}\n")
-    proc = ReplicadProcess(
-        [
-            "run",
-            "-c",
-            str(cfg),
-            "--bootstrap-servers",
-            broker.bootstrap,
-            "--topics-regex",
-            f"{prefix}-.*",
-            "--data-dir",
-            str(run_dir / "data"),
-            "--control-socket",
-            str(sock),
-            "--log-format",
-            "json",
-        ],
-        log_path=run_dir / "replicad.log",
-    ).start()
+    proc = replicad_run(
+        broker.bootstrap,
+        None,
+        run_dir / "data",
+        config={"fetch": {"sessions": sessions}},
+        control_socket=sock,
+        extra=["--topics-regex", f"{prefix}-.*"],
+    )
     try:
 
         def steady() -> bool:

@@ -95,37 +95,15 @@ def produce(bootstrap: str, topic: str, *, target_bytes: int, value_bytes: int, 
 
 
 def replicate(bootstrap: str, topic: str, data_dir: Path, work: Path, expected: int) -> None:
-    from tools.replica import ReplicadProcess, end_offsets, wait_until
+    from tools.replica import replicad_run
 
-    proc = ReplicadProcess(
-        [
-            "run",
-            "--bootstrap-servers",
-            bootstrap,
-            "--topics",
-            topic,
-            "--data-dir",
-            str(data_dir),
-            "--log-format",
-            "json",
-        ],
-        log_path=work / "replicad.log",
-    ).start()
-
-    def caught_up() -> bool:
-        if not proc.running:
-            raise RuntimeError(f"replicad stopped:\n{proc.output()[-3000:]}")
-        return sum(end_offsets(data_dir).values()) >= expected
-
-    try:
-        wait_until(
-            caught_up,
+    with replicad_run(bootstrap, topic, data_dir, log_path=work / "replicad.log") as proc:
+        proc.wait_for(
+            lambda: sum(proc.end_offsets().values()) >= expected,
             timeout_s=1800,
             interval_s=2,
             what="replicad to catch up",
         )
-    finally:
-        proc.stop(timeout_s=120)
 
 
 # The newest connector whose own dependencies (spark-token-provider-kafka-0-10) resolve from

