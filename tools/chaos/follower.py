@@ -9,7 +9,6 @@ that process saw.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -23,7 +22,7 @@ import yaml
 
 from replicad.types import TopicPartition
 from tools.chaos.invariant import end_offsets
-from tools.replica import ReplicadProcess, run_args
+from tools.replica import ReplicadProcess, run_args, status_json
 
 # Lines of a daemon's log that mean something escaped the handling it should have had.
 UNEXPECTED_MARKERS = ("Traceback", "fetch loop failed", "Task exception was never retrieved")
@@ -222,26 +221,11 @@ class Follower:
         if not self.socket.exists():
             return None
         try:
-            done = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "replicad.cli",
-                    "status",
-                    "--socket",
-                    str(self.socket),
-                    "--json",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=STATUS_TIMEOUT_S,
-                check=False,
-            )
+            snapshot = status_json(self.socket, timeout_s=STATUS_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return None
-        if done.returncode != 0:
+        if snapshot is None:
             return None
-        snapshot: dict[str, Any] = json.loads(done.stdout)
         if self.running:
             self._current = counters_from_status(snapshot)
         return snapshot
