@@ -28,11 +28,9 @@ from replicad.leader.fetch import FetchOutcome, Role
 from replicad.leader.frames import (
     Part,
     ResponseFrame,
-    encode_body,
     make_entity,
     records_token,
     region_reader,
-    response_header,
     response_header_v0,
     splice_records,
 )
@@ -45,7 +43,7 @@ from replicad.leader.reads import PartitionAnswer
 from replicad.leader.settings import ServeSettings
 from replicad.log.segment import FileRegion
 from replicad.protocol.apis import ApiKey
-from replicad.protocol.codec import response_type
+from replicad.protocol.codec import encode_response, response_type
 from replicad.records.batch import MAGIC_V0, MAGIC_V1
 from replicad.records.downconvert import (
     ConversionRefused,
@@ -108,7 +106,7 @@ def _kio_frame(outcome: FetchOutcome, version: int, correlation_id: int) -> Resp
         responses=tuple(topics),
         node_endpoints=(),
     )
-    encoded = response_header(cls, correlation_id) + encode_body(body)
+    encoded = encode_response(body, correlation_id)
     parts = splice_records(encoded, placements, flexible=version >= FLEXIBLE_VERSION)
     return ResponseFrame(parts)
 

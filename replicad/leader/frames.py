@@ -1,8 +1,8 @@
-"""Requests in, response frames out: the server side of Kafka's framing over kio.
+"""Response frames of `replicad serve`: what the server adds to Kafka's framing.
 
-- A request frame (size prefix removed) starts with api_key i16, api_version i16,
-  correlation_id i32 in every header version; the rest of the header (client id, tagged
-  fields) and the body are kio's to read, for the versions kio has.
+Framing itself (size prefixes, request heads, kio behind the frame guard) is
+replicad/protocol/codec.py, shared with the follower and the fault proxy. Here:
+
 - A response frame is a list of parts sent in order: bytes, file regions (sent with
   sendfile) and lazy down-conversions (converted while sent). Its size prefix is the sum of
   the parts, known before the first byte goes out.
@@ -22,79 +22,19 @@ from dataclasses import dataclass, fields
 from functools import cache
 from typing import Any
 
-from kio.serial import entity_reader, entity_writer
 from kio.serial.writers import write_unsigned_varint
-from kio.static.primitive import i32, uvarint
+from kio.static.primitive import uvarint
 
-from replicad.errors import LocalProtocolError, RemoteProtocolError
+from replicad.errors import LocalProtocolError
 from replicad.log.segment import FileRegion
-from replicad.protocol.frame_guard import reject_implausible_lengths
+from replicad.protocol import codec
+from replicad.protocol.codec import SIZE
 from replicad.records.downconvert import LazyDownConversion
 
-SIZE = struct.Struct(">i")
-_HEAD = struct.Struct(">hhi")
 RECORDS_TOKEN_BYTES = 16
 _I32 = struct.Struct(">i")
 
 Part = bytes | FileRegion | LazyDownConversion
-
-
-@dataclass(frozen=True, slots=True)
-class RequestHead:
-    api_key: int
-    api_version: int
-    correlation_id: int
-
-
-def peek_head(frame: bytes | memoryview) -> RequestHead:
-    if len(frame) < _HEAD.size:
-        raise RemoteProtocolError(f"request frame of {len(frame)} bytes has no header")
-    api_key, version, correlation_id = _HEAD.unpack_from(frame, 0)
-    return RequestHead(api_key, version, correlation_id)
-
-
-@dataclass(frozen=True, slots=True)
-class KioRequest:
-    head: RequestHead
-    client_id: str | None
-    body: Any
-
-
-@cache
-def _reader(cls: type) -> Any:
-    return entity_reader(cls)
-
-
-@cache
-def _writer(cls: type) -> Any:
-    return entity_writer(cls)
-
-
-def decode_request(frame: bytes | memoryview, request_cls: type) -> KioRequest:
-    """Decode header and body with kio; bad bytes are the peer's RemoteProtocolError.
-    The frame guard goes first: kio's native reader aborts the process on an array length
-    beyond what memory holds (see replicad/protocol/frame_guard.py)."""
-    head = peek_head(frame)
-    reject_implausible_lengths(frame, request_cls.__header_schema__, request_cls)
-    try:
-        header, used = _reader(request_cls.__header_schema__)(frame, 0)
-        body, size = _reader(request_cls)(frame, used)
-    except Exception as exc:  # kio raises several types on bad input
-        raise RemoteProtocolError(
-            f"undecodable {request_cls.__name__} v{request_cls.__version__}: {exc!r}"
-        ) from exc
-    if used + size != len(frame):
-        raise RemoteProtocolError(
-            f"{request_cls.__name__}: {len(frame) - used - size} trailing bytes in frame"
-        )
-    return KioRequest(head, header.client_id, body)
-
-
-def encode_body(entity: Any) -> bytes:
-    """A kio request or response body, without header or size prefix."""
-    buf = io.BytesIO()
-    _writer(type(entity))(buf, entity)
-    return buf.getvalue()
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,13 +57,6 @@ def _part_size(part: Part) -> int:
     return part.size
 
 
-def response_header(response_cls: type, correlation_id: int) -> bytes:
-    header_cls = response_cls.__header_schema__
-    buf = io.BytesIO()
-    _writer(header_cls)(buf, header_cls(correlation_id=i32(correlation_id)))
-    return buf.getvalue()
-
-
 def response_header_v0(correlation_id: int) -> bytes:
     """The header every non-flexible response (and every ApiVersions response) starts with."""
     return _I32.pack(correlation_id)
@@ -131,10 +64,7 @@ def response_header_v0(correlation_id: int) -> bytes:
 
 def encode_response(body: Any, correlation_id: int) -> ResponseFrame:
     """A kio response entity as one frame."""
-    buf = io.BytesIO()
-    buf.write(response_header(type(body), correlation_id))
-    _writer(type(body))(buf, body)
-    return ResponseFrame((buf.getvalue(),))
+    return ResponseFrame((codec.encode_response(body, correlation_id),))
 
 
 def raw_response(header: bytes, body: bytes) -> ResponseFrame:

@@ -60,17 +60,7 @@ from replicad.leader.fetch import (
     view_of_legacy_request,
 )
 from replicad.leader.fetch_response import fetch_response_frame
-from replicad.leader.frames import (
-    SIZE,
-    KioRequest,
-    RequestHead,
-    ResponseFrame,
-    decode_request,
-    encode_response,
-    peek_head,
-    raw_response,
-    response_header_v0,
-)
+from replicad.leader.frames import ResponseFrame, encode_response, raw_response, response_header_v0
 from replicad.leader.reads import TransactionTracker
 from replicad.leader.refusals import NO_COORDINATOR_MESSAGE, READ_ONLY_MESSAGE, error_response
 from replicad.leader.settings import ServeSettings
@@ -87,7 +77,15 @@ from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
 from replicad.log.segment import FileRegion
 from replicad.protocol.apis import ApiKey
-from replicad.protocol.codec import request_type, response_type
+from replicad.protocol.codec import (
+    SIZE,
+    DecodedRequest,
+    RequestHead,
+    decode_request,
+    peek_request_head,
+    request_type,
+    response_type,
+)
 from replicad.records.downconvert import LazyDownConversion, overflow_entry
 from replicad.session.cache import ContextKind, FetchSessionCache
 from replicad.session.metadata import INVALID_SESSION_ID
@@ -379,7 +377,7 @@ class LeaderServer:
         the connection on anything else before authentication."""
         sasl = peer.sasl
         assert sasl is not None
-        head = peek_head(frame)
+        head = peek_request_head(frame)
         if head.api_key not in SASL_APIS:
             if sasl.admission(head.api_key) is Admission.CLOSE:
                 self.counters["unauthenticated_requests_total"] += 1
@@ -416,7 +414,7 @@ class LeaderServer:
     # -- dispatch --------------------------------------------------------------------------
 
     async def _handle(self, frame: bytes, peer: _Peer) -> ResponseFrame | None:
-        head = peek_head(frame)
+        head = peek_request_head(frame)
         api = head.api_key
         self.requests[f"{_api_name(api)} v{head.api_version}"] += 1
         supported = handlers.SUPPORTED_VERSIONS.get(api)
@@ -452,7 +450,7 @@ class LeaderServer:
         body = self._answer(decoded, now_ms)
         return encode_response(body, head.correlation_id)
 
-    def _answer(self, request: KioRequest, now_ms: int) -> Any:
+    def _answer(self, request: DecodedRequest, now_ms: int) -> Any:
         api, version = request.head.api_key, request.head.api_version
         if api == ApiKey.API_VERSIONS:
             return handlers.api_versions_response(version, supported=self._supported)

@@ -8,7 +8,14 @@ import zlib
 import pytest
 from crc32c import crc32c
 
-from replicad.protocol.codec import decode_response, encode_request, response_type
+from replicad.protocol.codec import (
+    decode_response,
+    encode_request,
+    peek_correlation_id,
+    peek_request_head,
+    response_type,
+    with_size_prefix,
+)
 from replicad.protocol.requests import FetchSpec, fetch_request
 from replicad.records.batch import Compression, ScanStop, scan_batches
 from tools.chaos.frames import (
@@ -18,9 +25,6 @@ from tools.chaos.frames import (
     fetch_batch_spans,
     flip_anywhere,
     flip_in_batch,
-    frame,
-    request_head,
-    response_correlation_id,
     rewrite_metadata,
     whole_batches,
 )
@@ -60,10 +64,10 @@ def test_request_head_reads_what_replicad_sends() -> None:
         ),
     )
     body = encode_request(request, correlation_id=77, client_id="replicad")[4:]
-    head = request_head(body)
+    head = peek_request_head(body)
     assert (head.api_key, head.api_version, head.correlation_id) == (FETCH_API_KEY, 12, 77)
     with pytest.raises(FrameError):
-        request_head(body[:7])
+        peek_request_head(body[:7])
 
 
 @pytest.mark.parametrize("version", METADATA_VERSIONS)
@@ -76,7 +80,7 @@ def test_metadata_rewrite_moves_only_the_named_broker(version: int) -> None:
     )
     result = rewrite_metadata(body, version, {("127.0.0.1", 9092): ("127.0.0.1", 40001)})
     assert result.brokers_rewritten == 1
-    assert response_correlation_id(result.body) == 41
+    assert peek_correlation_id(result.body) == 41
     decoded = decode_response(result.body, response_type(METADATA_API_KEY, version)).body
     hosts = {int(b.node_id): (b.host, int(b.port)) for b in decoded.brokers}
     assert hosts == {1: ("127.0.0.1", 40001), 2: ("10.0.0.2", 9092)}
@@ -147,7 +151,7 @@ def test_flip_anywhere_keeps_the_correlation_id() -> None:
     body = fetch_response_body(12, _answers(12), correlation_id=9)
     for seed in range(20):
         flip = flip_anywhere(body, random.Random(seed))
-        assert response_correlation_id(flip.body) == 9
+        assert peek_correlation_id(flip.body) == 9
         assert flip.position >= 4
 
 
@@ -157,8 +161,8 @@ def test_crc32c_sanity_of_the_seed_batches() -> None:
 
 
 def test_frame_prefix_and_undecodable_bodies() -> None:
-    assert frame(b"abc") == b"\x00\x00\x00\x03abc"
+    assert with_size_prefix(b"abc") == b"\x00\x00\x00\x03abc"
     with pytest.raises(FrameError):
         fetch_batch_spans(b"\x00\x00\x00\x01garbage", 12)
     with pytest.raises(FrameError):
-        response_correlation_id(b"\x00")
+        peek_correlation_id(b"\x00")

@@ -16,11 +16,10 @@ from confluent_kafka import Producer
 
 from replicad.control.client import query
 from replicad.protocol.apis import ApiKey
+from replicad.protocol.codec import RequestHead, encode_entities
 from tools.chaos.frames import (
     NewerErrorCode,
-    RequestHead,
     decode_response,
-    encode_response,
     with_partition_error,
 )
 from tools.chaos.proxy import ChaosProxy
@@ -43,7 +42,7 @@ def newer_code_in_partition_0(api_key: ApiKey) -> Callable[[RequestHead, bytes],
     def rewrite(head: RequestHead, body: bytes) -> bytes:
         header, entity = decode_response(body, api_key, head.api_version)
         entity = with_partition_error(entity, 0, NewerErrorCode(NEWER))
-        return encode_response(header, entity)
+        return encode_entities(header, entity)
 
     return rewrite
 
@@ -57,7 +56,7 @@ def fetch_below_v12(head: RequestHead, body: bytes) -> bytes:
         else k
         for k in entity.api_keys
     )
-    return encode_response(header, dataclasses.replace(entity, api_keys=keys))
+    return encode_entities(header, dataclasses.replace(entity, api_keys=keys))
 
 
 def ends(data_dir: Path, topic: str) -> dict[int, int]:

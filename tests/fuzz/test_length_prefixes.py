@@ -30,9 +30,8 @@ from kafka.protocol.metadata.metadata import MetadataRequest
 
 from replicad.errors import RemoteProtocolError
 from replicad.follower.fetch_response import scan_fetch_response
-from replicad.leader.frames import decode_request
 from replicad.protocol.apis import ApiKey
-from replicad.protocol.codec import decode_response, request_type, response_type
+from replicad.protocol.codec import decode_request, decode_response, request_type, response_type
 from replicad.protocol.frame_guard import check_message
 from tools.chaos.isolate import Outcome, run_batch
 from tools.chaos.scenarios import fill, new_topic

@@ -1,4 +1,4 @@
-"""Framing on the server side: request heads, kio bodies, records spliced into a response."""
+"""Response frames on the server side: records spliced into a kio-encoded response."""
 
 from __future__ import annotations
 
@@ -7,51 +7,18 @@ import struct
 import pytest
 from kio.schema.metadata.v12.request import MetadataRequest
 
-from replicad.errors import LocalProtocolError, RemoteProtocolError
+from replicad.errors import LocalProtocolError
 from replicad.leader.frames import (
     RECORDS_TOKEN_BYTES,
     ResponseFrame,
-    decode_request,
-    encode_body,
     make_entity,
-    peek_head,
     records_token,
     splice_records,
 )
 from replicad.log.segment import FileRegion
-from replicad.protocol.codec import encode_request
+from replicad.protocol.codec import encode_entities
 
 SIZE = struct.Struct(">i")
-
-
-def test_a_request_frame_is_read_back_with_kio() -> None:
-    request = make_entity(
-        MetadataRequest,
-        topics=None,
-        allow_auto_topic_creation=False,
-        include_topic_authorized_operations=False,
-    )
-    frame = encode_request(request, correlation_id=42, client_id="cli")[SIZE.size :]
-    head = peek_head(frame)
-    assert (head.api_key, head.api_version, head.correlation_id) == (3, 12, 42)
-    decoded = decode_request(frame, MetadataRequest)
-    assert (decoded.client_id, decoded.body) == ("cli", request)
-
-
-def test_bad_request_bytes_are_the_peers_error() -> None:
-    request = make_entity(
-        MetadataRequest,
-        topics=None,
-        allow_auto_topic_creation=False,
-        include_topic_authorized_operations=False,
-    )
-    frame = encode_request(request, correlation_id=1, client_id=None)[SIZE.size :]
-    with pytest.raises(RemoteProtocolError, match="trailing"):
-        decode_request(frame + b"\x00", MetadataRequest)
-    with pytest.raises(RemoteProtocolError):
-        decode_request(frame[:9], MetadataRequest)
-    with pytest.raises(RemoteProtocolError):
-        peek_head(b"\x00\x01")
 
 
 @pytest.mark.parametrize("flexible", [False, True])
@@ -94,4 +61,4 @@ def test_make_entity_drops_what_a_version_lacks() -> None:
         include_topic_authorized_operations=False,
         include_cluster_authorized_operations=True,  # v8-v10 only
     )
-    assert encode_body(request)
+    assert encode_entities(request)

@@ -10,7 +10,6 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from replicad.leader.catalog import Catalog
-from replicad.leader.frames import encode_body
 from replicad.leader.handlers import (
     SUPPORTED_VERSIONS,
     NodeInfo,
@@ -24,6 +23,7 @@ from replicad.leader.handlers import (
 from replicad.leader.legacy_codec import LegacyListOffsetsPartition, LegacyListOffsetsRequest
 from replicad.leader.reads import TransactionTracker
 from replicad.protocol.apis import ApiKey, VersionRange, negotiate
+from replicad.protocol.codec import encode_entities
 from replicad.protocol.requests import (
     OffsetQuery,
     list_offsets_request,
@@ -73,7 +73,7 @@ def test_api_versions_lists_what_the_server_answers_and_a_replicad_follower_agre
     assert listed == {int(k): (r.min, r.max) for k, r in SUPPORTED_VERSIONS.items()}
     chosen = negotiate({k: VersionRange(*r) for k, r in listed.items()})
     assert chosen.require(ApiKey.FETCH) == 17
-    assert encode_body(api_versions_response(0, error=ErrorCode.unsupported_version))
+    assert encode_entities(api_versions_response(0, error=ErrorCode.unsupported_version))
 
 
 @pytest.mark.parametrize("version", [0, 1, 4, 7, 9, 10, 12, 13])
@@ -100,7 +100,7 @@ def test_metadata_names_this_node_leader_of_every_local_partition(catalog, versi
         assert topics["__consumer_offsets"].is_internal and not t.is_internal
     if version >= 2:
         assert body.cluster_id == "cluster-x"
-    assert encode_body(body)
+    assert encode_entities(body)
 
 
 def test_metadata_for_topics_not_held_here_creates_nothing(catalog) -> None:

@@ -12,9 +12,9 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map, schema_name_map
 
-from replicad.leader.frames import encode_body, make_entity
+from replicad.leader.frames import make_entity
 from replicad.leader.refusals import READ_ONLY_MESSAGE, error_response
-from replicad.protocol.codec import decode_response
+from replicad.protocol.codec import decode_response, encode_entities
 
 
 def test_there_is_an_error_answer_for_every_api_and_version_kio_knows() -> None:
@@ -26,7 +26,7 @@ def test_there_is_an_error_answer_for_every_api_and_version_kio_knows() -> None:
             except Exception:
                 continue
             body = error_response(cls, ErrorCode.unsupported_version)
-            assert encode_body(body)
+            assert encode_entities(body)
             if any(f == "error_code" for f in cls.__dataclass_fields__):
                 assert body.error_code == ErrorCode.unsupported_version
             answered += 1
@@ -64,7 +64,7 @@ def test_produce_is_refused_for_every_partition_it_names(version: int) -> None:
         message=READ_ONLY_MESSAGE,
     )
     decoded = decode_response(
-        b"\x00\x00\x00\x01" + (b"\x00" if version >= 9 else b"") + encode_body(body), cls
+        b"\x00\x00\x00\x01" + (b"\x00" if version >= 9 else b"") + encode_entities(body), cls
     ).body
     [topic] = decoded.responses
     assert [(p.index, p.error_code, p.base_offset) for p in topic.partition_responses] == [

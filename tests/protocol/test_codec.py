@@ -3,13 +3,23 @@ import struct
 
 import pytest
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
+from kio.schema.metadata.v12.request import MetadataRequest
 from kio.schema.metadata.v12.response import MetadataResponse
 from kio.schema.request_header.v2.header import RequestHeader
 from kio.schema.response_header.v1.header import ResponseHeader
 from kio.serial import entity_reader, entity_writer
 
 from replicad.errors import RemoteProtocolError
-from replicad.protocol.codec import decode_response, encode_request, frame_size
+from replicad.leader.frames import make_entity
+from replicad.protocol.codec import (
+    decode_request,
+    decode_response,
+    encode_request,
+    frame_size,
+    peek_request_head,
+)
+
+SIZE = struct.Struct(">i")
 
 
 def test_request_frame_has_size_prefix_and_header():
@@ -66,3 +76,33 @@ def test_trailing_garbage_is_rejected():
 def test_implausible_frame_sizes(size):
     with pytest.raises(RemoteProtocolError, match="implausible frame size"):
         frame_size(struct.pack(">i", size))
+
+
+def test_a_request_frame_is_read_back_with_kio() -> None:
+    request = make_entity(
+        MetadataRequest,
+        topics=None,
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
+    frame = encode_request(request, correlation_id=42, client_id="cli")[SIZE.size :]
+    head = peek_request_head(frame)
+    assert (head.api_key, head.api_version, head.correlation_id) == (3, 12, 42)
+    decoded = decode_request(frame, MetadataRequest)
+    assert (decoded.client_id, decoded.body) == ("cli", request)
+
+
+def test_bad_request_bytes_are_the_peers_error() -> None:
+    request = make_entity(
+        MetadataRequest,
+        topics=None,
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
+    frame = encode_request(request, correlation_id=1, client_id=None)[SIZE.size :]
+    with pytest.raises(RemoteProtocolError, match="trailing"):
+        decode_request(frame + b"\x00", MetadataRequest)
+    with pytest.raises(RemoteProtocolError):
+        decode_request(frame[:9], MetadataRequest)
+    with pytest.raises(RemoteProtocolError):
+        peek_request_head(b"\x00\x01")

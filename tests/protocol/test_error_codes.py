@@ -17,7 +17,7 @@ from kio.static.primitive import i16, i32, i32Timedelta, i64
 
 from replicad.errors import RemoteProtocolError
 from replicad.protocol.apis import ApiKey
-from replicad.protocol.codec import decode_response, response_type
+from replicad.protocol.codec import decode_response, encode_entities, response_type
 from replicad.protocol.error_codes import (
     error_code_of,
     error_name,
@@ -25,7 +25,7 @@ from replicad.protocol.error_codes import (
     with_known_error_codes,
 )
 from replicad.protocol.requests import make_entity, nested_type
-from tools.chaos.frames import NewerErrorCode, encode_response
+from tools.chaos.frames import NewerErrorCode
 
 # Importing the fuzz strategies registers kio's Records type for st.from_type.
 from tools.chaos.strategies import records  # noqa: F401
@@ -43,7 +43,7 @@ def test_raw_codes_are_named_and_mapped_by_kafkas_rule() -> None:
 
 def _response(api: ApiKey, version: int, body: Any) -> bytes:
     cls = response_type(api, version)
-    return encode_response(cls.__header_schema__(correlation_id=3), body)
+    return encode_entities(cls.__header_schema__(correlation_id=3), body)
 
 
 def _list_offsets(version: int, codes: list[Any]) -> Any:
@@ -151,7 +151,7 @@ def test_any_response_with_codes_newer_than_ours_decodes_with_only_those_replace
     entity = data.draw(st.from_type(cls))
     planted: list[int] = []
     sent, expected = _plant(entity, data.draw(st.lists(st.booleans(), max_size=12)), planted)
-    frame = encode_response(cls.__header_schema__(correlation_id=9), sent)
+    frame = encode_entities(cls.__header_schema__(correlation_id=9), sent)
     decoded = decode_response(frame, cls)
     assert decoded.body == expected, (cls.__name__, cls.__version__)
     assert sorted(decoded.unknown_error_codes) == sorted(planted)

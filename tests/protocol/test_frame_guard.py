@@ -38,7 +38,7 @@ from kio.static.constants import EntityType
 
 from replicad.errors import RemoteProtocolError
 from replicad.protocol.apis import ApiKey
-from replicad.protocol.codec import request_type, response_type
+from replicad.protocol.codec import encode_entities, request_type, response_type
 from replicad.protocol.frame_guard import (
     FrameCheck,
     ImplausibleLength,
@@ -275,19 +275,13 @@ def test_a_legacy_array_length_past_the_end_is_implausible() -> None:
     )
     frame = encode(request)
     assert walk(frame, cls).complete
-    header_size = kio_size(frame, cls) - len(encode_body(request))
+    header_size = kio_size(frame, cls) - len(encode_entities(request))
     assert frame[header_size : header_size + 4] == struct.pack(">i", 1)
     hostile = frame[:header_size] + struct.pack(">i", 2**31 - 1) + frame[header_size + 4 :]
     verdict = walk(hostile, cls)
     assert verdict.implausible is not None
     assert verdict.implausible.field == "topics"
     assert verdict.implausible.claimed == 2**31 - 1
-
-
-def encode_body(entity: Any) -> bytes:
-    buf = io.BytesIO()
-    entity_writer(type(entity))(buf, entity)
-    return buf.getvalue()
 
 
 def test_a_legacy_string_length_past_the_end_is_implausible() -> None:
@@ -409,7 +403,7 @@ def test_a_null_struct_inside_array_elements_counts_one_byte_toward_their_smalle
     assert walk(frame, cls) == FrameCheck(end=len(frame)) and kio_size(frame, cls) == len(frame)
     # The smallest group there can be (empty strings and arrays, no topology) is exactly
     # the guard's smallest size.
-    assert min_wire_size(group_cls) == len(encode_body(groups[0]))
+    assert min_wire_size(group_cls) == len(encode_entities(groups[0]))
     assert min_wire_size(nested_type(cls, "Topology"), nullable=True) == 1
 
 
@@ -455,7 +449,7 @@ def test_the_smallest_size_of_every_entity_is_exactly_its_smallest_encoding() ->
         if cls in checked:
             return
         checked.add(cls)
-        assert min_wire_size(cls) == len(encode_body(smallest(cls))), cls
+        assert min_wire_size(cls) == len(encode_entities(smallest(cls))), cls
         for f in dataclasses.fields(cls):
             kind = classify_field(f)
             if isinstance(kind, EntityField | EntityTupleField):

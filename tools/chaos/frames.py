@@ -2,9 +2,11 @@
 record batches of a Fetch response lie, and the rewrites and damage it applies.
 
 Rules:
-- A frame here is a body without its 4-byte size prefix. A request body starts with
-  `api_key: int16, api_version: int16, correlation_id: int32`; a response body with
-  `correlation_id: int32`. Nothing else of a request is read.
+- A frame here is a body without its 4-byte size prefix. Framing is replicad's own
+  (replicad/protocol/codec.py: heads, size prefixes, kio behind the frame guard), as the
+  follower and `replicad serve` use it; nothing else of a request than its head is read.
+- Bytes that are not the frame they should be are a `FrameError` (replicad's
+  RemoteProtocolError: from the proxy's seat, the peer's bad bytes).
 - Response bodies are decoded and re-encoded with kio only where the proxy must
   understand them: Metadata (to advertise the proxy instead of the broker) and Fetch
   (to find the record batches). Every other frame passes through as bytes.
@@ -20,23 +22,20 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
-import io
 import random
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
-from kio.index import load_response_schema
-from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i32
+
+from replicad.errors import RemoteProtocolError
+from replicad.protocol.codec import CORRELATION, decode_entities, encode_entities, response_type
 
 FETCH_API_KEY = 1
 METADATA_API_KEY = 3
-SIZE_PREFIX = struct.Struct(">i")
-_REQUEST_HEAD = struct.Struct(">hhi")
-_CORRELATION = struct.Struct(">i")
+_LENGTH = struct.Struct(">i")
 # Every log entry starts with base offset (int64) and length (int32).
 LOG_OVERHEAD = 12
 MAGIC_POSITION = 16
@@ -48,15 +47,8 @@ MAGIC_V2 = 2
 Address = tuple[str, int]
 
 
-class FrameError(ValueError):
-    """The bytes are not the Kafka frame the caller said they were."""
-
-
-@dataclass(frozen=True, slots=True)
-class RequestHead:
-    api_key: int
-    api_version: int
-    correlation_id: int
+# The bytes are not the Kafka frame the caller said they were.
+FrameError = RemoteProtocolError
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,57 +81,9 @@ class Flip:
     batch: BatchSpan
 
 
-def request_head(body: bytes | memoryview) -> RequestHead:
-    if len(body) < _REQUEST_HEAD.size:
-        raise FrameError(f"request of {len(body)} bytes has no header")
-    api_key, api_version, correlation_id = _REQUEST_HEAD.unpack_from(body, 0)
-    return RequestHead(api_key, api_version, correlation_id)
-
-
-def response_correlation_id(body: bytes | memoryview) -> int:
-    if len(body) < _CORRELATION.size:
-        raise FrameError(f"response of {len(body)} bytes has no correlation id")
-    return int(_CORRELATION.unpack_from(body, 0)[0])
-
-
-def frame(body: bytes) -> bytes:
-    """The body with its size prefix."""
-    return SIZE_PREFIX.pack(len(body)) + body
-
-
-@cache
-def _response_type(api_key: int, api_version: int) -> type:
-    return load_response_schema(api_key, api_version)
-
-
-@cache
-def _reader(cls: type) -> Any:
-    return entity_reader(cls)
-
-
-@cache
-def _writer(cls: type) -> Any:
-    return entity_writer(cls)
-
-
 def decode_response(body: bytes, api_key: int, api_version: int) -> tuple[Any, Any]:
-    """(header, body entity) of a response, or FrameError."""
-    cls = _response_type(api_key, api_version)
-    try:
-        header, used = _reader(cls.__header_schema__)(body, 0)
-        entity, size = _reader(cls)(body, used)
-    except Exception as exc:  # kio raises several types on bad input
-        raise FrameError(f"undecodable api {api_key} v{api_version} response: {exc!r}") from exc
-    if used + size != len(body):
-        raise FrameError(f"api {api_key} v{api_version}: {len(body) - used - size} trailing bytes")
-    return header, entity
-
-
-def encode_response(header: Any, entity: Any) -> bytes:
-    buffer = io.BytesIO()
-    _writer(type(header))(buffer, header)
-    _writer(type(entity))(buffer, entity)
-    return buffer.getvalue()
+    """(header, body entity) of a response to the request of `api_key` v`api_version`."""
+    return decode_entities(body, response_type(api_key, api_version))
 
 
 def rewrite_metadata(
@@ -163,7 +107,7 @@ def rewrite_metadata(
     if not rewritten:
         return MetadataRewrite(body, 0)
     entity = dataclasses.replace(entity, brokers=tuple(brokers))
-    return MetadataRewrite(encode_response(header, entity), rewritten)
+    return MetadataRewrite(encode_entities(header, entity), rewritten)
 
 
 def fetch_batch_spans(body: bytes, api_version: int) -> tuple[BatchSpan, ...]:
@@ -191,7 +135,7 @@ def whole_batches(records: bytes, base: int = 0) -> list[BatchSpan]:
     spans: list[BatchSpan] = []
     pos = 0
     while len(records) - pos > MAGIC_POSITION:
-        (length,) = _CORRELATION.unpack_from(records, pos + 8)
+        (length,) = _LENGTH.unpack_from(records, pos + 8)
         end = pos + LOG_OVERHEAD + length
         if length <= 0 or end > len(records):
             break
@@ -211,7 +155,7 @@ def flip_in_batch(body: bytes, span: BatchSpan, rng: random.Random) -> Flip:
     return Flip(bytes(damaged), position, mask, span)
 
 
-def flip_anywhere(body: bytes, rng: random.Random, *, keep: int = _CORRELATION.size) -> Flip:
+def flip_anywhere(body: bytes, rng: random.Random, *, keep: int = CORRELATION.size) -> Flip:
     """Flip one byte anywhere after the first `keep` bytes (the correlation id by default):
     hostile bytes, including fields no checksum covers."""
     if len(body) <= keep:

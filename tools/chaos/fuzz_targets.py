@@ -71,7 +71,7 @@ from replicad.log.checkpoint import (
     parse_partition_metadata,
 )
 from replicad.protocol.apis import ApiKey, UnsupportedBrokerError, VersionRange, negotiate
-from replicad.protocol.codec import decode_response, response_type
+from replicad.protocol.codec import decode_response, encode_entities, response_type
 from replicad.protocol.error_codes import error_code_of
 from replicad.protocol.requests import make_entity, nested_type
 from replicad.records.batch import (
@@ -87,7 +87,6 @@ from replicad.records.records import control_marker, decode_batch
 from replicad.session.client import FetchSessionHandler
 from replicad.session.metadata import PartitionFetch
 from replicad.types import TopicPartition
-from tools.chaos.frames import encode_response
 from tools.chaos.isolate import Outcome, run_batch
 from tools.chaos.wire_data import (
     BrokerEntry,
@@ -449,7 +448,7 @@ def _minimal_response(api: ApiKey, version: int) -> bytes:
                 ),
             ),
         )
-    return encode_response(cls.__header_schema__(correlation_id=1), body)
+    return encode_entities(cls.__header_schema__(correlation_id=1), body)
 
 
 def control_batch(offset: int, *, commit: bool, coordinator_epoch: int = 5) -> bytes:

@@ -40,19 +40,22 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Self
 
+from replicad.protocol.codec import (
+    MAX_FRAME_BYTES,
+    SIZE,
+    RequestHead,
+    peek_correlation_id,
+    peek_request_head,
+    with_size_prefix,
+)
 from tools.chaos.frames import (
     FETCH_API_KEY,
     METADATA_API_KEY,
-    SIZE_PREFIX,
     Address,
     FrameError,
-    RequestHead,
     fetch_batch_spans,
     flip_anywhere,
     flip_in_batch,
-    frame,
-    request_head,
-    response_correlation_id,
     rewrite_metadata,
 )
 from tools.peers.process import LOOPBACK
@@ -60,8 +63,6 @@ from tools.peers.service import Service
 
 # Commands from the test thread wait this long for the proxy's loop.
 COMMAND_TIMEOUT_S = 10.0
-# Reads of a frame larger than this are refused: not a Kafka frame we proxy.
-MAX_FRAME_BYTES = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,8 +403,8 @@ class ChaosProxy(Service):
 
     async def _read_frame(self, reader: asyncio.StreamReader) -> bytes | None:
         try:
-            prefix = await reader.readexactly(SIZE_PREFIX.size)
-            (size,) = SIZE_PREFIX.unpack(prefix)
+            prefix = await reader.readexactly(SIZE.size)
+            (size,) = SIZE.unpack(prefix)
             if size < 0 or size > MAX_FRAME_BYTES:
                 return None
             return await reader.readexactly(size)
@@ -420,14 +421,14 @@ class ChaosProxy(Service):
             await self._gate()
             # A request without a header is forwarded as it is; the broker answers (or not).
             with contextlib.suppress(FrameError):
-                conn.pending.append(request_head(body))
+                conn.pending.append(peek_request_head(body))
             try:
-                upstream.write(frame(body))
+                upstream.write(with_size_prefix(body))
                 await upstream.drain()
             except (ConnectionError, OSError):
                 return
             self._count("requests")
-            self._count("bytes_to_broker", len(body) + SIZE_PREFIX.size)
+            self._count("bytes_to_broker", len(body) + SIZE.size)
 
     async def _responses(
         self, conn: _Connection, reader: asyncio.StreamReader, client: asyncio.StreamWriter
@@ -463,7 +464,7 @@ class ChaosProxy(Service):
 
     def _match(self, conn: _Connection, body: bytes) -> RequestHead | None:
         try:
-            correlation_id = response_correlation_id(body)
+            correlation_id = peek_correlation_id(body)
         except FrameError:
             self._count("unmatched")
             return None
@@ -475,7 +476,7 @@ class ChaosProxy(Service):
     def _damage(self, head: RequestHead | None, body: bytes) -> tuple[bytes, bool, str | None]:
         """(bytes to send, close the connection after them, the counter of the fault)."""
         if head is None:
-            return frame(body), False, None
+            return with_size_prefix(body), False, None
         if head.api_key == METADATA_API_KEY and self._rewrite:
             body = self._rewrite_metadata(head, body)
         with self._lock:
@@ -485,11 +486,11 @@ class ChaosProxy(Service):
                 plan.replace -= 1
                 replacement = plan.replacement
         if replacement is not None:
-            return frame(replacement(head, body)), False, "replaced"
+            return with_size_prefix(replacement(head, body)), False, "replaced"
         with self._lock:
             rewrite = self._plan.rewrites.get(head.api_key)
         if rewrite is not None:
-            return frame(rewrite(head, body)), False, "rewritten"
+            return with_size_prefix(rewrite(head, body)), False, "rewritten"
         with self._lock:
             plan = self._plan
             want_truncate = plan.truncate > 0 and plan.truncate_api in (None, head.api_key)
@@ -503,19 +504,19 @@ class ChaosProxy(Service):
         if want_flip:
             damaged = self._flip_batch(head, body)
             if damaged is not None:
-                return frame(damaged), False, "flipped_batches"
+                return with_size_prefix(damaged), False, "flipped_batches"
         if want_anywhere:
             with self._lock:
                 self._plan.flip_anywhere -= 1
-            return frame(flip_anywhere(body, self._rng).body), False, "flipped_anywhere"
-        return frame(body), False, None
+            return with_size_prefix(flip_anywhere(body, self._rng).body), False, "flipped_anywhere"
+        return with_size_prefix(body), False, None
 
     def _truncate(self, body: bytes, close: bool) -> tuple[bytes, bool, str | None]:
         # Keep the correlation id so the client pairs the short frame with its request.
         keep = self._rng.randrange(4, max(5, len(body)))
         if close:
-            return (frame(body)[: SIZE_PREFIX.size + keep], True, "truncated_closed")
-        return frame(body[:keep]), False, "truncated_short"
+            return (with_size_prefix(body)[: SIZE.size + keep], True, "truncated_closed")
+        return with_size_prefix(body[:keep]), False, "truncated_short"
 
     def _flip_batch(self, head: RequestHead, body: bytes) -> bytes | None:
         try:

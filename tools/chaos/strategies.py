@@ -14,8 +14,7 @@ from kio.static.primitive import Records
 
 from replicad.config.schema import SCHEMA, Section, walk
 from replicad.protocol.apis import ApiKey
-from replicad.protocol.codec import response_type
-from tools.chaos.frames import encode_response
+from replicad.protocol.codec import encode_entities, response_type
 from tools.chaos.fuzz_targets import FETCH_VERSIONS, RESPONSE_APIS, seeds
 from tools.chaos.mutate import mutate
 from tools.logdata.batches import batch_stream
@@ -52,7 +51,7 @@ def fetch_responses(draw: st.DrawFn) -> bytes:
     index = draw(st.integers(0, len(FETCH_VERSIONS) - 1))
     cls = response_type(ApiKey.FETCH, FETCH_VERSIONS[index])
     body = draw(st.from_type(cls))
-    return bytes([index]) + encode_response(cls.__header_schema__(correlation_id=1), body)
+    return bytes([index]) + encode_entities(cls.__header_schema__(correlation_id=1), body)
 
 
 @st.composite
@@ -63,7 +62,7 @@ def other_responses(draw: st.DrawFn) -> bytes:
     version_index = draw(st.integers(0, len(versions) - 1))
     cls = response_type(api, versions[version_index])
     body = draw(st.from_type(cls))
-    header = encode_response(cls.__header_schema__(correlation_id=1), body)
+    header = encode_entities(cls.__header_schema__(correlation_id=1), body)
     return bytes([api_index, version_index]) + header
 
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from kio.schema.errors import ErrorCode
 
 from replicad.protocol.apis import ApiKey
-from replicad.protocol.codec import response_type
+from replicad.protocol.codec import encode_entities, response_type
 from replicad.protocol.requests import make_entity, nested_type
-from tools.chaos.frames import METADATA_API_KEY, decode_response, encode_response
+from tools.chaos.frames import METADATA_API_KEY, decode_response
 
 NO_TOPIC_ID = uuid.UUID(int=0)
 
@@ -86,7 +86,7 @@ def fetch_response_body(
             for first, parts in topics
         ),
     )
-    return encode_response(cls.__header_schema__(correlation_id=correlation_id), body)
+    return encode_entities(cls.__header_schema__(correlation_id=correlation_id), body)
 
 
 def metadata_response_body(
@@ -137,7 +137,7 @@ def metadata_response_body(
             for name, count in topics
         ),
     )
-    return encode_response(cls.__header_schema__(correlation_id=correlation_id), body)
+    return encode_entities(cls.__header_schema__(correlation_id=correlation_id), body)
 
 
 # Fetch v12 made the response flexible (compact arrays, uvarint lengths).
@@ -198,7 +198,7 @@ def metadata_with_null_brokers(body: bytes, version: int) -> bytes:
     if version < FIRST_FLEXIBLE_METADATA:
         raise ValueError(f"Metadata v{version} has no compact arrays")
     header, entity = decode_response(body, METADATA_API_KEY, version)
-    emptied = encode_response(header, dataclasses.replace(entity, brokers=()))
+    emptied = encode_entities(header, dataclasses.replace(entity, brokers=()))
     position = _METADATA_BROKERS_POSITION
     if emptied[position : position + 1] != _COMPACT_EMPTY:
         raise ValueError("unexpected Metadata layout")
