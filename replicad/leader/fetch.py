@@ -9,7 +9,7 @@ Rules (Kafka's KafkaApis.handleFetchRequest / ReplicaManager.fetchMessages):
   UNKNOWN_LEADER_EPOCH if it names a leader epoch, else NOT_LEADER_OR_FOLLOWER -- Kafka's
   answer to a replica it does not recognise -- and the session cache is not touched.
   A connection whose principal may not follow at all (`follower_authorized` false, see
-  leader_security) gets TOPIC_AUTHORIZATION_FAILED for every partition instead, Kafka's
+  leader/security.py) gets TOPIC_AUTHORIZATION_FAILED for every partition instead, Kafka's
   answer to a follower fetch without CLUSTER_ACTION; no session either.
   Consumers read up to the high watermark (READ_UNCOMMITTED) or the last stable offset
   (READ_COMMITTED, v4+).

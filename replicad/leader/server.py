@@ -15,7 +15,7 @@ Rules:
   transport's buffer are held. If a segment shrank or vanished before it was sent, the
   bytes still owed are an overflow entry (KIP-283's trailing partial message): the frame
   stays the size it announced and the client drops the partial entry.
-- Security (`ServerSecurity`, see leader_security.py for its rules): with TLS the listener
+- Security (`ServerSecurity`, see leader/security.py for its rules): with TLS the listener
   speaks TLS only, started per connection so that a failed handshake is logged (info, as
   Kafka does) and counted. A connection's principal is its verified client certificate's
   DN, or ANONYMOUS, until SASL names it. On a SASL listener the connection answers ApiVersions,
@@ -63,8 +63,7 @@ from replicad.leader.fetch_response import fetch_response_frame
 from replicad.leader.frames import ResponseFrame, encode_response, raw_response, response_header_v0
 from replicad.leader.reads import TransactionTracker
 from replicad.leader.refusals import NO_COORDINATOR_MESSAGE, READ_ONLY_MESSAGE, error_response
-from replicad.leader.settings import ServeSettings
-from replicad.leader_security import (
+from replicad.leader.security import (
     ANONYMOUS,
     SASL_APIS,
     Admission,
@@ -73,6 +72,7 @@ from replicad.leader_security import (
     ServerSecurity,
     tls_principal,
 )
+from replicad.leader.settings import ServeSettings
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
 from replicad.log.segment import FileRegion

@@ -1,5 +1,6 @@
-"""TLS and SASL towards the source's brokers (the client side; the server side is
-`replicad.leader_security`).
+"""TLS and SASL towards the source's brokers: the client side. The server side is
+`replicad.leader.security`; what both keep (the TLS floor, key passwords, PLAIN's message,
+SCRAM's hashes and SASLprep) is `replicad.protocol.tls_sasl`.
 
 Rules this module keeps:
 - TLS verifies by default: the broker's chain against `ca_file` (or the system's CAs)
@@ -41,7 +42,6 @@ from kio.schema.sasl_authenticate.v2.request import (
 )
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 from scramp import ScramClient, ScramException
-from scramp.utils import saslprep
 
 from replicad.config.model import (
     SaslConfig,
@@ -52,15 +52,18 @@ from replicad.config.model import (
 )
 from replicad.errors import AuthenticationError, ConfigError, KafkaConnectionError
 from replicad.protocol.apis import ApiKey, NegotiatedVersions
+from replicad.protocol.tls_sasl import (
+    PLAIN_SEPARATOR,
+    key_password,
+    refuse_saslprep_changes,
+    ssl_reason,
+    tls_context,
+)
 
 log = structlog.get_logger("replicad.security")
 
 TLS_KEYS = "source.security.tls"
 SASL_KEYS = "source.security.sasl"
-MINIMUM_TLS = ssl.TLSVersion.TLSv1_2
-# PLAIN's message is authzid NUL authcid NUL passwd; an empty authzid means "act as
-# the user who authenticates", which is the only identity Kafka allows.
-PLAIN_SEPARATOR = "\0"
 # OpenSSL's verify codes for a certificate that does not name the host (RFC 6125).
 X509_V_ERR_HOSTNAME_MISMATCH = 62
 X509_V_ERR_IP_ADDRESS_MISMATCH = 64
@@ -183,8 +186,7 @@ def _credentials(sasl: SaslConfig) -> SaslCredentials:
 
 def client_tls_context(tls: TlsConfig) -> ssl.SSLContext:
     """An SSLContext for connecting to brokers; ConfigError naming the key whose file fails."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.minimum_version = MINIMUM_TLS
+    context = tls_context(server=False)
     if tls.verify:
         _load_trust(context, tls.ca_file)
         context.check_hostname = tls.check_hostname
@@ -205,7 +207,7 @@ def _load_trust(context: ssl.SSLContext, ca_file: Path | None) -> None:
     except ssl.SSLError as error:
         raise ConfigError(
             f"{TLS_KEYS}.ca_file",
-            f"{ca_file} holds no usable PEM CA certificate ({_ssl_reason(error)})",
+            f"{ca_file} holds no usable PEM CA certificate ({ssl_reason(error)})",
         ) from None
     except OSError as error:
         raise ConfigError(
@@ -216,14 +218,7 @@ def _load_trust(context: ssl.SSLContext, ca_file: Path | None) -> None:
 def _load_client_certificate(context: ssl.SSLContext, tls: TlsConfig) -> None:
     assert tls.cert_file is not None
     secret = tls.key_password_file or tls.key_password_env
-    asked = False
-
-    def key_password() -> str:
-        # Always answer: without a callback OpenSSL would prompt on the terminal.
-        nonlocal asked
-        asked = True
-        return secret.reveal() if secret is not None else ""
-
+    asked: list[bool] = []
     for path in (tls.cert_file, tls.key_file):
         if path is not None and not path.is_file():
             key = "cert_file" if path == tls.cert_file else "key_file"
@@ -232,7 +227,7 @@ def _load_client_certificate(context: ssl.SSLContext, tls: TlsConfig) -> None:
         context.load_cert_chain(
             str(tls.cert_file),
             str(tls.key_file) if tls.key_file is not None else None,
-            password=key_password,
+            password=key_password(secret, asked=lambda: asked.append(True)),
         )
     except ssl.SSLError as error:
         if asked and secret is None:
@@ -247,16 +242,12 @@ def _load_client_certificate(context: ssl.SSLContext, tls: TlsConfig) -> None:
             f"{TLS_KEYS}.cert_file",
             "cannot load the client certificate and its key: cert_file must hold a PEM "
             "certificate, and key_file (or cert_file) the private key that matches it "
-            f"({_ssl_reason(error)})",
+            f"({ssl_reason(error)})",
         ) from None
     except OSError as error:
         raise ConfigError(
             f"{TLS_KEYS}.cert_file", f"cannot read it: {error.strerror or error}"
         ) from None
-
-
-def _ssl_reason(error: ssl.SSLError) -> str:
-    return str(error.reason or error.strerror or error).replace("_", " ").lower()
 
 
 # -- what a TLS failure means -----------------------------------------------------------
@@ -306,7 +297,7 @@ def tls_failure(
         return AuthenticationError(
             f"TLS: {address} presented a certificate we refuse: {detail}; {hint}"
         )
-    reason = _ssl_reason(error)
+    reason = ssl_reason(error)
     if any(needle in reason for needle in _CLIENT_CERTIFICATE_REFUSALS):
         hint = _client_certificate_hint(client_certificate)
         return AuthenticationError(f"TLS with {address} failed: {reason}; {hint}")
@@ -326,7 +317,8 @@ class _Mechanism(Protocol):
 
 
 class _Plain:
-    """RFC 4616: one message; the broker answers it with empty bytes."""
+    """RFC 4616: one message; the broker answers it with empty bytes. The authzid is
+    empty: "act as the user who authenticates", the only identity Kafka allows."""
 
     def __init__(self, username: str, password: Secret) -> None:
         self._username = username
@@ -347,14 +339,8 @@ class _Scram:
     def __init__(
         self, mechanism: SaslMechanism, username: str, password: Secret, nonce: str | None
     ) -> None:
-        # scramp applies SASLprep (RFC 4013) as RFC 5802 asks; Kafka hashes the UTF-8
-        # bytes as they are. Where the two differ the proof could never match: say so.
-        for what, text in (("username", username), ("password", password.reveal())):
-            if saslprep(text) != text:
-                raise ScramException(
-                    f"the {what} changes under SASLprep (non-ASCII spaces, ligatures, "
-                    "soft hyphens...), which Kafka does not apply"
-                )
+        # scramp applies SASLprep (RFC 4013) as RFC 5802 asks; Kafka does not.
+        refuse_saslprep_changes(username=username, password=password.reveal())
         self._client = ScramClient(
             [mechanism.wire_name], username, password.reveal(), c_nonce=nonce
         )

@@ -27,9 +27,9 @@ import pytest
 from crc32c import crc32c
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
+from replicad.leader.security import ServerSecurity
 from replicad.leader.server import LeaderServer
 from replicad.leader.settings import ServeSettings
-from replicad.leader_security import ServerSecurity
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
 from replicad.log.partition import PartitionLog

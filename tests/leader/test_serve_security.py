@@ -33,8 +33,8 @@ from kio.schema.errors import ErrorCode
 from replicad.config.model import SaslMechanism, Secret, ServeSecurityConfig
 from replicad.control.client import query
 from replicad.errors import ConfigError, KafkaConnectionError
+from replicad.leader.security import FAILED_MESSAGE, ServerSecurity
 from replicad.leader.settings import ServeSettings, serve_security_from_options
-from replicad.leader_security import FAILED_MESSAGE, ServerSecurity
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
 from replicad.protocol.connection import BrokerAddress, BrokerConnection

@@ -39,7 +39,7 @@ from replicad.config.model import (
     TlsConfig,
 )
 from replicad.errors import AuthenticationError, ConfigErrors, KafkaConnectionError
-from replicad.leader_security import (
+from replicad.leader.security import (
     ClientAuth,
     CredentialStore,
     SaslServer,

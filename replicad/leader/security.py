@@ -1,4 +1,5 @@
-"""TLS and SASL for `replicad serve`: the server side of `replicad.protocol.security`.
+"""TLS and SASL for `replicad serve`: the server side of `replicad.protocol.security`
+(what both sides keep alike is `replicad.protocol.tls_sasl`).
 
 Sans-I/O: kio requests in, kio response bodies and decisions out; the connection of
 `replicad.leader.server` does the reading, writing and closing.
@@ -52,14 +53,15 @@ from scramp import ScramException, ScramMechanism
 from scramp.utils import saslprep
 
 from replicad.config.model import ClientAuth, SaslMechanism, Secret, ServeSecurityConfig
+from replicad.protocol import tls_sasl
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import response_type
+from replicad.protocol.tls_sasl import PLAIN_SEPARATOR, SCRAM_HASHES
 
 # Kafka's default SCRAM iteration count (ScramCredentialUtils / kafka-configs); 4096 is
 # also the least RFC 7677 allows.
 DEFAULT_ITERATIONS = 4096
 SALT_BYTES = 32
-PLAIN_SEPARATOR = b"\0"
 USER = "User"
 ANONYMOUS_NAME = "ANONYMOUS"
 # What Kafka says to a failed SCRAM or PLAIN client; the same for every cause.
@@ -80,12 +82,7 @@ _DN_KEYWORDS = {
     "userId": "UID",
 }
 _DN_SPECIALS = ',+"\\<>;'
-# The SCRAM hash of each mechanism, for deriving credentials from passwords.
 _NO_SESSION_LIMIT = datetime.timedelta(0)
-_SCRAM_HASHES = {
-    SaslMechanism.SCRAM_SHA_256: hashlib.sha256,
-    SaslMechanism.SCRAM_SHA_512: hashlib.sha512,
-}
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -137,7 +134,7 @@ class ScramCredential:
 
     def matches(self, mechanism: SaslMechanism, password: str) -> bool:
         """Whether `password` derives this credential's stored key (constant time)."""
-        digest = _SCRAM_HASHES[mechanism]
+        digest = SCRAM_HASHES[mechanism]
         try:
             prepared = saslprep(password).encode()
         except ScramException:
@@ -162,7 +159,7 @@ class CredentialStore:
     def from_passwords(
         cls,
         users: Mapping[str, Secret | str],
-        mechanisms: Iterable[SaslMechanism] = tuple(_SCRAM_HASHES),
+        mechanisms: Iterable[SaslMechanism] = tuple(SCRAM_HASHES),
         *,
         iterations: int = DEFAULT_ITERATIONS,
     ) -> CredentialStore:
@@ -311,7 +308,7 @@ class SaslServer:
         return self._scram_step(request, auth_bytes)
 
     def _plain(self, request: Any, auth_bytes: bytes) -> ServerReply:
-        parts = auth_bytes.split(PLAIN_SEPARATOR)
+        parts = auth_bytes.split(PLAIN_SEPARATOR.encode())
         if len(parts) != 3:
             return self._failed(request)
         try:
@@ -422,13 +419,11 @@ def server_tls_context(
 
     Raises ssl.SSLError / OSError as loading does; the caller names the setting.
     """
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context = tls_sasl.tls_context(server=True)
     context.load_cert_chain(
         str(cert_file),
         str(key_file) if key_file is not None else None,
-        # Always a callback: without one OpenSSL would prompt on the terminal.
-        password=lambda: key_password.reveal() if key_password is not None else "",
+        password=tls_sasl.key_password(key_password),
     )
     if client_auth is not ClientAuth.NONE:
         if ca_file is None:
@@ -501,7 +496,7 @@ class ServerSecurity:
         if mechanisms:
             users = config.sasl.users_file.as_mapping() if config.sasl.users_file else {}
             # PLAIN checks a password against a SCRAM credential, so it needs one too.
-            scrams = tuple(m for m in mechanisms if m in _SCRAM_HASHES) or (
+            scrams = tuple(m for m in mechanisms if m in SCRAM_HASHES) or (
                 SaslMechanism.SCRAM_SHA_256,
             )
             store = CredentialStore.from_passwords(users, scrams)

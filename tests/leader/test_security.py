@@ -1,4 +1,4 @@
-"""Server-side SASL and TLS helpers for `replicad serve` (replicad.leader_security): RFC 7677's
+"""Server-side SASL and TLS helpers for `replicad serve` (replicad.leader.security): RFC 7677's
 own example, kafka-python's SCRAM and PLAIN clients (written by others, for Kafka) against
 the SASL server, the follower policy, and principals from a real TLS handshake."""
 
@@ -37,7 +37,7 @@ from replicad.config.model import (
     ServeSecurityConfig,
     ServeTlsConfig,
 )
-from replicad.leader_security import (
+from replicad.leader.security import (
     ANONYMOUS,
     FAILED_MESSAGE,
     Admission,
