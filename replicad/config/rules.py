@@ -116,13 +116,15 @@ class Int(Rule):
     minimum: int
     maximum: int = INT64_MAX
     nullable: bool = False
+    # What the integer is, for messages: "an id from 0 to 2147483647".
+    noun: str = "an integer"
 
     @property
     def expected(self) -> str:
         if self.maximum >= INT64_MAX:
-            text = f"an integer >= {self.minimum}"
+            text = f"{self.noun} >= {self.minimum}"
         else:
-            text = f"an integer from {self.minimum} to {self.maximum}"
+            text = f"{self.noun} from {self.minimum} to {self.maximum}"
         return text + " or null" if self.nullable else text
 
     def convert(self, value: object, path: str, problems: Problems) -> object:
@@ -225,40 +227,6 @@ class Address(Rule):
         return parsed
 
 
-def _items(value: object) -> list[object] | None:
-    """A list as given, or a comma-separated string split into its items (None if neither)."""
-    if isinstance(value, str):
-        return [item.strip() for item in value.split(",") if item.strip()]
-    if isinstance(value, list | tuple):
-        return list(value)
-    return None
-
-
-@dataclass(frozen=True)
-class AddressList(Rule):
-    """A non-empty list of `host:port`, or the same as one comma-separated string."""
-
-    required: bool = False
-
-    @property
-    def expected(self) -> str:
-        return 'a non-empty list of "host:port" (or "a:1,b:2")'
-
-    def convert(self, value: object, path: str, problems: Problems) -> object:
-        items = _items(value)
-        if not items:
-            return self._wrong(value, path, problems)
-        found = len(problems)
-        addresses: list[HostPort] = []
-        for index, item in enumerate(items):
-            parsed = parse_host_port(item) if isinstance(item, str) else 'expected "host:port"'
-            if isinstance(parsed, str):
-                problems.add(f"{path}[{index}]", f"{parsed}, got {describe(item)}")
-            elif parsed not in addresses:
-                addresses.append(parsed)
-        return INVALID if len(problems) > found else tuple(addresses)
-
-
 def topic_name_problem(name: str) -> str | None:
     """Why `name` cannot be a Kafka topic, or None if it can."""
     if name in (".", ".."):
@@ -271,58 +239,100 @@ def topic_name_problem(name: str) -> str | None:
 
 
 @dataclass(frozen=True)
-class TopicList(Rule):
-    """Topic names as a list or one comma-separated string; null or [] means none given
-    (whether that is allowed is the topics section's cross check)."""
+class TopicName(Rule):
+    """One Kafka topic name."""
 
     @property
     def expected(self) -> str:
-        return "a list of topic names or null"
+        return "a topic name"
 
     def convert(self, value: object, path: str, problems: Problems) -> object:
-        if value is None:
-            return ()
-        items = _items(value)
-        if items is None:
+        if not isinstance(value, str):
             return self._wrong(value, path, problems)
-        found = len(problems)
-        names: list[str] = []
-        for index, item in enumerate(items):
-            if not isinstance(item, str):
-                problems.add(f"{path}[{index}]", f"expected a topic name, got {describe(item)}")
-                continue
-            reason = topic_name_problem(item)
-            if reason is not None:
-                problems.add(f"{path}[{index}]", f"{reason}, got {describe(item)}")
-            elif item not in names:
-                names.append(item)
-        return INVALID if len(problems) > found else tuple(names)
+        reason = topic_name_problem(value)
+        if reason is not None:
+            problems.add(path, f"{reason}, got {describe(value)}")
+            return INVALID
+        return value
 
 
 @dataclass(frozen=True)
-class IdList(Rule):
-    """Broker/replica ids (int32 >= 0) as a list; null or [] means none."""
+class Matching(Rule):
+    """A string the whole of which matches `pattern`."""
+
+    pattern: re.Pattern[str]
+    what: str
 
     @property
     def expected(self) -> str:
-        return "a list of non-negative integer ids or null"
+        return self.what
 
     def convert(self, value: object, path: str, problems: Problems) -> object:
-        if value is None:
+        if not isinstance(value, str) or self.pattern.fullmatch(value) is None:
+            return self._wrong(value, path, problems)
+        return value
+
+
+PRINCIPAL = Matching(_PRINCIPAL, 'a principal "Type:name" like "User:replica"')
+
+
+def _items(value: object, commas: bool) -> list[object] | None:
+    """A list as given, or (`commas`) a comma-separated string split into its items;
+    None if neither."""
+    if commas and isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    if isinstance(value, list | tuple):
+        return list(value)
+    return None
+
+
+@dataclass(frozen=True)
+class ListOf(Rule):
+    """Values of one rule, as a list (or, with `commas`, one comma-separated string).
+
+    Each item is checked by `item` at `path[index]`, every bad one reported; repeats are
+    dropped; the result is a tuple. Null or [] means none, unless `non_empty`.
+    """
+
+    item: Rule
+    expected_text: str
+    commas: bool = True
+    non_empty: bool = False
+    required: bool = False
+
+    @property
+    def expected(self) -> str:
+        return self.expected_text
+
+    def convert(self, value: object, path: str, problems: Problems) -> object:
+        if value is None and not self.non_empty:
             return ()
-        if not isinstance(value, list):
+        items = _items(value, self.commas)
+        if items is None or (self.non_empty and not items):
             return self._wrong(value, path, problems)
         found = len(problems)
-        ids: list[int] = []
-        for index, item in enumerate(value):
-            if not isinstance(item, int) or isinstance(item, bool) or not 0 <= item <= INT32_MAX:
-                problems.add(
-                    f"{path}[{index}]",
-                    f"expected an id from 0 to {INT32_MAX}, got {describe(item)}",
-                )
-            elif item not in ids:
-                ids.append(item)
-        return INVALID if len(problems) > found else tuple(ids)
+        kept: list[object] = []
+        for index, item in enumerate(items):
+            converted = self.item.convert(item, f"{path}[{index}]", problems)
+            if converted is not INVALID and converted not in kept:
+                kept.append(converted)
+        return INVALID if len(problems) > found else tuple(kept)
+
+
+def choice_list(choices: type[enum.StrEnum]) -> ListOf:
+    """Several of a StrEnum's values; case does not matter."""
+    names = ", ".join(member.value for member in choices)
+    return ListOf(Choice(choices), f"a list of {names}")
+
+
+ADDRESS_LIST = ListOf(Address(), 'a non-empty list of "host:port" (or "a:1,b:2")', non_empty=True)
+TOPIC_LIST = ListOf(TopicName(), "a list of topic names or null")
+ID_LIST = ListOf(
+    Int(0, INT32_MAX, noun="an id"), "a list of non-negative integer ids or null", commas=False
+)
+PRINCIPAL_LIST = ListOf(
+    PRINCIPAL, 'a list of principals like "User:replica", or null', commas=False
+)
 
 
 @dataclass(frozen=True)
@@ -346,6 +356,13 @@ class Regex(Rule):
         return value
 
 
+def _path_text(value: object) -> str | None:
+    """The text of a path given as a string or a PathLike (None for anything else)."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    return value if isinstance(value, str) else None
+
+
 @dataclass(frozen=True)
 class FilePath(Rule):
     """A filesystem path; `unix_socket` also bounds its length to what bind() accepts."""
@@ -360,21 +377,20 @@ class FilePath(Rule):
     def convert(self, value: object, path: str, problems: Problems) -> object:
         if value is None and self.nullable:
             return None
-        if isinstance(value, os.PathLike):
-            value = os.fspath(value)
-        if not isinstance(value, str) or not value:
+        text = _path_text(value)
+        if not text:
             return self._wrong(value, path, problems)
-        if "\0" in value:
+        if "\0" in text:
             problems.add(path, "a path cannot contain a NUL character")
             return INVALID
-        size = len(os.fsencode(value))
+        size = len(os.fsencode(text))
         if self.unix_socket and size > UNIX_SOCKET_PATH_MAX:
             problems.add(
                 path,
                 f"a Unix socket path has at most {UNIX_SOCKET_PATH_MAX} bytes, got {size}",
             )
             return INVALID
-        return Path(value)
+        return Path(text)
 
 
 def describe_kind(value: object) -> str:
@@ -417,13 +433,12 @@ class SecretFile(Rule):
     def convert(self, value: object, path: str, problems: Problems) -> object:
         if value is None:
             return None
-        if isinstance(value, os.PathLike):
-            value = os.fspath(value)
-        if not isinstance(value, str) or not value or "\0" in value:
+        text = _path_text(value)
+        if not text or "\0" in text:
             problems.add(path, f"expected {self.expected}; got {describe_kind(value)}")
             return INVALID
         try:
-            text = Path(value).read_text(encoding="utf-8")
+            text = Path(text).read_text(encoding="utf-8")
         except UnicodeDecodeError:
             problems.add(path, "the file it names is not UTF-8 text")
             return INVALID
@@ -435,7 +450,7 @@ class SecretFile(Rule):
         if not secret:
             problems.add(path, "the file it names is empty")
             return INVALID
-        return Secret(f"file {value}", secret)
+        return Secret(f"file {text}", secret)
 
 
 @dataclass(frozen=True)
@@ -471,58 +486,6 @@ class SecretEnv(Rule):
         return Secret(f"environment variable {value}", text)
 
 
-@dataclass(frozen=True)
-class ChoiceList(Rule):
-    """Several of a StrEnum's values, as a list or one comma-separated string; [] = none."""
-
-    choices: type[enum.StrEnum]
-
-    @property
-    def expected(self) -> str:
-        return "a list of " + ", ".join(member.value for member in self.choices)
-
-    def convert(self, value: object, path: str, problems: Problems) -> object:
-        if value is None:
-            return ()
-        items = _items(value)
-        if items is None:
-            return self._wrong(value, path, problems)
-        found = len(problems)
-        chosen: list[enum.StrEnum] = []
-        for index, item in enumerate(items):
-            member = Choice(self.choices).convert(item, f"{path}[{index}]", problems)
-            if member is not INVALID and member not in chosen:
-                assert isinstance(member, enum.StrEnum)
-                chosen.append(member)
-        return INVALID if len(problems) > found else tuple(chosen)
-
-
-@dataclass(frozen=True)
-class PrincipalList(Rule):
-    """Kafka principals, "Type:name" (e.g. User:replica); null or [] = none."""
-
-    @property
-    def expected(self) -> str:
-        return 'a list of principals like "User:replica", or null'
-
-    def convert(self, value: object, path: str, problems: Problems) -> object:
-        if value is None:
-            return ()
-        if not isinstance(value, list):
-            return self._wrong(value, path, problems)
-        found = len(problems)
-        principals: list[str] = []
-        for index, item in enumerate(value):
-            if not isinstance(item, str) or _PRINCIPAL.fullmatch(item) is None:
-                problems.add(
-                    f"{path}[{index}]",
-                    f'expected a principal "Type:name" like "User:replica", got {describe(item)}',
-                )
-            elif item not in principals:
-                principals.append(item)
-        return INVALID if len(problems) > found else tuple(principals)
-
-
 # What a user of the users file may have: where its password is, one of the two.
 _USER_KEYS = ("password_file", "password_env")
 
@@ -548,44 +511,43 @@ class UsersFile(Rule):
     def convert(self, value: object, path: str, problems: Problems) -> object:
         if value is None:
             return None
-        if isinstance(value, os.PathLike):
-            value = os.fspath(value)
-        if not isinstance(value, str) or not value or "\0" in value:
+        text = _path_text(value)
+        if not text or "\0" in text:
             return self._wrong(value, path, problems)
         try:
-            raw = yaml.safe_load(Path(value).read_text(encoding="utf-8"))
+            raw = yaml.safe_load(Path(text).read_text(encoding="utf-8"))
         except UnicodeDecodeError:
-            problems.add(path, f"{value} is not UTF-8 text")
+            problems.add(path, f"{text} is not UTF-8 text")
             return INVALID
         except OSError as error:
-            problems.add(path, f"cannot read {value}: {error.strerror or type(error).__name__}")
+            problems.add(path, f"cannot read {text}: {error.strerror or type(error).__name__}")
             return INVALID
         except yaml.MarkedYAMLError as error:
             # Only the line: the text around it might be a password someone pasted in.
             mark = error.problem_mark
             line = f" (line {mark.line + 1})" if mark is not None else ""
-            problems.add(path, f"{value} is not valid YAML{line}: {error.problem}")
+            problems.add(path, f"{text} is not valid YAML{line}: {error.problem}")
             return INVALID
         except yaml.YAMLError:
-            problems.add(path, f"{value} is not valid YAML")
+            problems.add(path, f"{text} is not valid YAML")
             return INVALID
         if not isinstance(raw, Mapping) or not raw:
             problems.add(
-                path, f"{value} must map each user name to its password_file or password_env"
+                path, f"{text} must map each user name to its password_file or password_env"
             )
             return INVALID
         found = len(problems)
         passwords: list[tuple[str, Secret]] = []
         for user, entry in raw.items():
             if not isinstance(user, str) or not user:
-                problems.add(path, f"{value}: a user name must be a non-empty string")
+                problems.add(path, f"{text}: a user name must be a non-empty string")
                 continue
-            secret = self._password(entry, path, f"{value}: user {describe(user)}", problems)
+            secret = self._password(entry, path, f"{text}: user {describe(user)}", problems)
             if secret is not None:
                 passwords.append((user, secret))
         if len(problems) > found:
             return INVALID
-        return SaslUsers(f"file {value}", tuple(passwords))
+        return SaslUsers(f"file {text}", tuple(passwords))
 
     def _password(self, entry: object, path: str, label: str, problems: Problems) -> Secret | None:
         if not isinstance(entry, Mapping) or len(entry) != 1 or next(iter(entry)) not in _USER_KEYS:

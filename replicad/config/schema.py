@@ -4,6 +4,22 @@
 key; a test keeps them from drifting apart. Defaults live only in the dataclasses. Cross-field
 checks (`CROSS_CHECKS`) run on the effective values -- given or default -- and are skipped when
 one of their keys already failed its own rule, so one typo is reported once.
+
+Adding a section (e.g. `groups:`), in three places and nothing else:
+1. model.py: a frozen dataclass with the defaults (`GroupsConfig`), and a field of it in
+   `Config` (`groups: GroupsConfig = field(default_factory=GroupsConfig)`, or
+   `GroupsConfig | None = None` for a section that is off unless given, as `serve`).
+2. Here: `"groups": Section(GroupsConfig, {...})` in SCHEMA, one rule per key from
+   rules.py -- `Int(min, max)`, `Bool()`, `Str()`, `Choice(Enum)`, `Address()`,
+   `FilePath()`, `SecretFile()`/`SecretEnv()`, and for lists `ListOf(item_rule, "a list of
+   ...")` (ready-made: TOPIC_LIST, ID_LIST, ADDRESS_LIST, PRINCIPAL_LIST, choice_list(Enum));
+   `nullable=True` on the Section for an optional one. A rule reports a problem with the
+   key's path; the loader adds file and line.
+3. Checks across keys: a `CrossCheck(paths, fn)` in CROSS_CHECKS (or one from `above(...)`;
+   `only_one(values, a, b)` inside a check); `Values.show(path)` marks defaults in messages.
+   Kafka's names for your keys go in KAFKA_NAMES, and config/replicad.yaml documents every
+   key (tests/config/test_schema.py holds the example, the model and SCHEMA together).
+Checks that look at the machine (files, directories) go to preflight.py, not here.
 """
 
 from __future__ import annotations
@@ -37,24 +53,24 @@ from replicad.config.model import (
     TopicsConfig,
 )
 from replicad.config.rules import (
+    ADDRESS_LIST,
+    ID_LIST,
     INT32_MAX,
+    PRINCIPAL_LIST,
+    TOPIC_LIST,
     Address,
-    AddressList,
     Bool,
     Choice,
-    ChoiceList,
     FilePath,
-    IdList,
     Int,
-    PrincipalList,
     Problem,
     Regex,
     Rule,
     SecretEnv,
     SecretFile,
     Str,
-    TopicList,
     UsersFile,
+    choice_list,
 )
 from replicad.errors import ConfigError
 from replicad.log.config import LogConfig
@@ -82,7 +98,7 @@ SCHEMA = Section(
         "source": Section(
             SourceConfig,
             {
-                "bootstrap_servers": AddressList(required=True),
+                "bootstrap_servers": dataclasses.replace(ADDRESS_LIST, required=True),
                 "client_id": Str(),
                 "rack_id": Str(),
                 "connect_timeout_ms": Int(1, INT32_MAX),
@@ -123,7 +139,7 @@ SCHEMA = Section(
         "topics": Section(
             TopicsConfig,
             {
-                "include": TopicList(),
+                "include": TOPIC_LIST,
                 "regex": Regex(),
                 "start_from": Choice(StartFrom),
                 "on_gap": Choice(OnGap),
@@ -176,7 +192,7 @@ SCHEMA = Section(
                 "listen": Address(listening=True, required=True),
                 "advertised": Address(nullable=True),
                 "node_id": Int(0, INT32_MAX),
-                "allowed_followers": IdList(),
+                "allowed_followers": ID_LIST,
                 "security": Section(
                     ServeSecurityConfig,
                     {
@@ -193,9 +209,9 @@ SCHEMA = Section(
                         ),
                         "sasl": Section(
                             ServeSaslConfig,
-                            {"mechanisms": ChoiceList(SaslMechanism), "users_file": UsersFile()},
+                            {"mechanisms": choice_list(SaslMechanism), "users_file": UsersFile()},
                         ),
-                        "follower_principals": PrincipalList(),
+                        "follower_principals": PRINCIPAL_LIST,
                     },
                 ),
             },
@@ -371,44 +387,30 @@ class CrossCheck:
     check: Callable[[Values], Problem | None]
 
 
-def _buffer_holds_a_response(values: Values) -> Problem | None:
-    memory, response = values["fetch.buffer_memory"], values["fetch.response_max_bytes"]
-    assert isinstance(memory, int) and isinstance(response, int)
-    if memory >= response:
+def above(path: str, other: str, *, strictly: bool = False, why: str = "") -> CrossCheck:
+    """`path` must be >= `other` (> when `strictly`); `why` follows the rule in the message."""
+
+    def check(values: Values) -> Problem | None:
+        value, bound = values[path], values[other]
+        assert isinstance(value, int) and isinstance(bound, int)
+        if value > bound or (value == bound and not strictly):
+            return None
+        rule, broken = (">", "<=") if strictly else (">=", "<")
+        return Problem(
+            path,
+            f"must be {rule} {other}{why}; got {values.show(path)} {broken} {values.show(other)}",
+            (other,),
+        )
+
+    return CrossCheck((path, other), check)
+
+
+def only_one(values: Values, first: str, second: str) -> Problem | None:
+    """Two ways to give one thing (a password from a file or from the environment)."""
+    if values[first] is None or values[second] is None:
         return None
-    return Problem(
-        "fetch.buffer_memory",
-        "must be >= fetch.response_max_bytes, so one whole response fits the pool; got "
-        f"{values.show('fetch.buffer_memory')} < {values.show('fetch.response_max_bytes')}",
-        ("fetch.response_max_bytes",),
-    )
-
-
-def _backoff_cap_above_start(values: Values) -> Problem | None:
-    cap, start = values["source.reconnect_backoff_max_ms"], values["source.reconnect_backoff_ms"]
-    assert isinstance(cap, int) and isinstance(start, int)
-    if cap >= start:
-        return None
-    return Problem(
-        "source.reconnect_backoff_max_ms",
-        "must be >= source.reconnect_backoff_ms; got "
-        f"{values.show('source.reconnect_backoff_max_ms')} < "
-        f"{values.show('source.reconnect_backoff_ms')}",
-        ("source.reconnect_backoff_ms",),
-    )
-
-
-def _timeout_outlasts_long_poll(values: Values) -> Problem | None:
-    timeout, wait = values["source.request_timeout_ms"], values["fetch.wait_max_ms"]
-    assert isinstance(timeout, int) and isinstance(wait, int)
-    if timeout > wait:
-        return None
-    return Problem(
-        "source.request_timeout_ms",
-        "must be > fetch.wait_max_ms, or a fetch the leader holds back that long times out; "
-        f"got {values.show('source.request_timeout_ms')} <= {values.show('fetch.wait_max_ms')}",
-        ("fetch.wait_max_ms",),
-    )
+    name = first.rpartition(".")[2]
+    return Problem(second, f"give only one of {name} and {second.rpartition('.')[2]}", (first,))
 
 
 def _one_topic_choice(values: Values) -> Problem | None:
@@ -447,30 +449,22 @@ def _changed(values: Values, paths: tuple[str, ...]) -> list[str]:
     return [path for path in paths if values[path] != default_of(path)]
 
 
-def _sasl_needs_its_protocol(values: Values) -> Problem | None:
-    protocol = _protocol(values)
-    changed = _changed(values, SASL_PATHS)
-    if protocol.uses_sasl or not changed:
-        return None
-    return Problem(
-        changed[0],
-        f"is set, but source.security.protocol is {protocol}, which does not use SASL: "
-        "set the protocol to sasl_ssl (or sasl_plaintext), or remove the sasl settings",
-        (_PROTOCOL,),
-    )
+def _needs_its_protocol(paths: tuple[str, ...], uses: str, what: str, fix: str) -> CrossCheck:
+    """Settings of `paths` given while the protocol does not use them (`uses`: "uses_tls")."""
 
+    def check(values: Values) -> Problem | None:
+        protocol = _protocol(values)
+        changed = _changed(values, paths)
+        if getattr(protocol, uses) or not changed:
+            return None
+        return Problem(
+            changed[0],
+            f"is set, but source.security.protocol is {protocol}, which does not use {what}: "
+            f"set the protocol to {fix}, or remove the {what.lower()} settings",
+            (_PROTOCOL,),
+        )
 
-def _tls_needs_its_protocol(values: Values) -> Problem | None:
-    protocol = _protocol(values)
-    changed = _changed(values, TLS_PATHS)
-    if protocol.uses_tls or not changed:
-        return None
-    return Problem(
-        changed[0],
-        f"is set, but source.security.protocol is {protocol}, which does not use TLS: "
-        "set the protocol to ssl or sasl_ssl, or remove the tls settings",
-        (_PROTOCOL,),
-    )
+    return CrossCheck((_PROTOCOL, *paths), check)
 
 
 def _sasl_has_a_username(values: Values) -> Problem | None:
@@ -488,21 +482,14 @@ def _sasl_has_one_password(values: Values) -> Problem | None:
     protocol = _protocol(values)
     if not protocol.uses_sasl:
         return None
-    from_file = values["source.security.sasl.password_file"]
-    from_env = values["source.security.sasl.password_env"]
-    if from_file is None and from_env is None:
+    from_file, from_env = "source.security.sasl.password_file", "source.security.sasl.password_env"
+    if values[from_file] is None and values[from_env] is None:
         return Problem(
-            "source.security.sasl.password_file",
+            from_file,
             f"give password_file or password_env when source.security.protocol is {protocol}",
-            (_PROTOCOL, "source.security.sasl.password_env"),
+            (_PROTOCOL, from_env),
         )
-    if from_file is not None and from_env is not None:
-        return Problem(
-            "source.security.sasl.password_env",
-            "give only one of password_file and password_env",
-            ("source.security.sasl.password_file",),
-        )
-    return None
+    return only_one(values, from_file, from_env)
 
 
 def _tls_key_goes_with_a_certificate(values: Values) -> Problem | None:
@@ -517,16 +504,9 @@ def _tls_key_goes_with_a_certificate(values: Values) -> Problem | None:
                     "needs source.security.tls.cert_file, the client certificate it belongs to",
                     ("source.security.tls.cert_file",),
                 )
-    if (
-        values["source.security.tls.key_password_file"] is not None
-        and values["source.security.tls.key_password_env"] is not None
-    ):
-        return Problem(
-            "source.security.tls.key_password_env",
-            "give only one of key_password_file and key_password_env",
-            ("source.security.tls.key_password_file",),
-        )
-    return None
+    return only_one(
+        values, "source.security.tls.key_password_file", "source.security.tls.key_password_env"
+    )
 
 
 def _tls_files_load(values: Values) -> Problem | None:
@@ -546,8 +526,8 @@ def _tls_files_load(values: Values) -> Problem | None:
 
 # Checks of source.security: each runs when none of its keys failed its own rule.
 SECURITY_CHECKS: tuple[CrossCheck, ...] = (
-    CrossCheck((_PROTOCOL, *SASL_PATHS), _sasl_needs_its_protocol),
-    CrossCheck((_PROTOCOL, *TLS_PATHS), _tls_needs_its_protocol),
+    _needs_its_protocol(SASL_PATHS, "uses_sasl", "SASL", "sasl_ssl (or sasl_plaintext)"),
+    _needs_its_protocol(TLS_PATHS, "uses_tls", "TLS", "ssl or sasl_ssl"),
     CrossCheck((_PROTOCOL, "source.security.sasl.username"), _sasl_has_a_username),
     CrossCheck(
         (_PROTOCOL, "source.security.sasl.password_file", "source.security.sasl.password_env"),
@@ -560,12 +540,18 @@ SECURITY_CHECKS: tuple[CrossCheck, ...] = (
 
 CROSS_CHECKS: tuple[CrossCheck, ...] = (
     CrossCheck(("topics.include", "topics.regex"), _one_topic_choice),
-    CrossCheck(("fetch.buffer_memory", "fetch.response_max_bytes"), _buffer_holds_a_response),
-    CrossCheck(
-        ("source.reconnect_backoff_max_ms", "source.reconnect_backoff_ms"),
-        _backoff_cap_above_start,
+    above(
+        "fetch.buffer_memory",
+        "fetch.response_max_bytes",
+        why=", so one whole response fits the pool",
     ),
-    CrossCheck(("source.request_timeout_ms", "fetch.wait_max_ms"), _timeout_outlasts_long_poll),
+    above("source.reconnect_backoff_max_ms", "source.reconnect_backoff_ms"),
+    above(
+        "source.request_timeout_ms",
+        "fetch.wait_max_ms",
+        strictly=True,
+        why=", or a fetch the leader holds back that long times out",
+    ),
     *SECURITY_CHECKS,
 )
 
@@ -613,13 +599,7 @@ def _serve_tls_needs_a_certificate(values: Values) -> Problem | None:
                 f"{_SERVE_TLS}.cert_file",
                 (f"{_SERVE_TLS}.cert_file",),
             )
-    if tls.key_password_file is not None and tls.key_password_env is not None:
-        return Problem(
-            f"{_SERVE_TLS}.key_password_env",
-            "give only one of key_password_file and key_password_env",
-            (f"{_SERVE_TLS}.key_password_file",),
-        )
-    return None
+    return only_one(values, f"{_SERVE_TLS}.key_password_file", f"{_SERVE_TLS}.key_password_env")
 
 
 def _serve_client_auth_has_its_ca(values: Values) -> Problem | None:

@@ -8,21 +8,22 @@ from hypothesis import strategies as st
 
 from replicad.config.model import HostPort, LogLevel, SaslMechanism, SaslUsers
 from replicad.config.rules import (
+    ADDRESS_LIST,
     INT32_MAX,
     INVALID,
+    PRINCIPAL_LIST,
+    TOPIC_LIST,
     Address,
-    AddressList,
     Bool,
     Choice,
-    ChoiceList,
     FilePath,
     Int,
-    PrincipalList,
+    ListOf,
     Problems,
     Regex,
     Str,
-    TopicList,
     UsersFile,
+    choice_list,
     describe,
 )
 
@@ -128,13 +129,13 @@ def test_listening_address_may_use_any_port_and_interface() -> None:
 
 def test_address_list_takes_a_list_or_a_comma_string() -> None:
     expected = (HostPort("a", 1), HostPort("b", 2))
-    assert convert(AddressList(), ["a:1", "b:2"]) == (expected, [])
-    assert convert(AddressList(), "a:1, b:2,") == (expected, [])
-    assert convert(AddressList(), ["a:1", "a:1", "b:2"]) == (expected, [])
+    assert convert(ADDRESS_LIST, ["a:1", "b:2"]) == (expected, [])
+    assert convert(ADDRESS_LIST, "a:1, b:2,") == (expected, [])
+    assert convert(ADDRESS_LIST, ["a:1", "a:1", "b:2"]) == (expected, [])
 
 
 def test_address_list_reports_every_bad_item_by_index() -> None:
-    result, problems = convert(AddressList(), ["a:1", "b", 7, "c:0"])
+    result, problems = convert(ADDRESS_LIST, ["a:1", "b", 7, "c:0"])
     assert result is INVALID
     assert problems == [
         'k[1]: expected "host:port", got "b"',
@@ -145,17 +146,17 @@ def test_address_list_reports_every_bad_item_by_index() -> None:
 
 @pytest.mark.parametrize("value", [[], "", " , ", None, 9092])
 def test_address_list_must_not_be_empty(value: object) -> None:
-    assert convert(AddressList(), value)[0] is INVALID
+    assert convert(ADDRESS_LIST, value)[0] is INVALID
 
 
 def test_topic_list() -> None:
-    assert convert(TopicList(), "a, b.c,a") == (("a", "b.c"), [])
-    assert convert(TopicList(), None) == ((), [])
-    result, problems = convert(TopicList(), ["ok", "no way", "..", "x" * 250, 3])
+    assert convert(TOPIC_LIST, "a, b.c,a") == (("a", "b.c"), [])
+    assert convert(TOPIC_LIST, None) == ((), [])
+    result, problems = convert(TOPIC_LIST, ["ok", "no way", "..", "x" * 250, 3])
     assert result is INVALID
     assert [p.split(":")[0] for p in problems] == ["k[1]", "k[2]", "k[3]", "k[4]"]
-    assert convert(TopicList(), []) == ((), [])
-    assert convert(TopicList(), 7)[1] == ["k: expected a list of topic names or null, got 7"]
+    assert convert(TOPIC_LIST, []) == ((), [])
+    assert convert(TOPIC_LIST, 7)[1] == ["k: expected a list of topic names or null, got 7"]
 
 
 def test_regex_must_compile() -> None:
@@ -182,7 +183,7 @@ def test_unix_socket_path_fits_sun_path() -> None:
 
 
 def test_choice_list() -> None:
-    rule = ChoiceList(SaslMechanism)
+    rule = choice_list(SaslMechanism)
     assert convert(rule, ["PLAIN", "scram-sha-512", "plain"]) == (
         (SaslMechanism.PLAIN, SaslMechanism.SCRAM_SHA_512),
         [],
@@ -198,7 +199,7 @@ def test_choice_list() -> None:
 
 
 def test_principal_list() -> None:
-    rule = PrincipalList()
+    rule = PRINCIPAL_LIST
     assert convert(rule, ["User:replica", "User:CN=a,O=b", "User:replica"]) == (
         ("User:replica", "User:CN=a,O=b"),
         [],
@@ -242,3 +243,18 @@ def test_users_file_that_cannot_be_used(tmp_path: Path) -> None:
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
     assert "must map each user name" in convert(rule, str(empty))[1][0]
+
+
+def test_list_of_checks_every_item_by_its_own_rule() -> None:
+    ids = ListOf(Int(0, 9, noun="an id"), "a list of ids", commas=False)
+    assert convert(ids, [3, 1, 3]) == ((3, 1), [])
+    assert convert(ids, None) == ((), [])
+    assert convert(ids, "1,2")[1] == ['k: expected a list of ids, got "1,2"']
+    result, problems = convert(ids, [1, 10, "x"])
+    assert result is INVALID
+    assert problems == [
+        "k[1]: expected an id from 0 to 9, got 10",
+        'k[2]: expected an id from 0 to 9, got "x"',
+    ]
+    some = ListOf(Int(0), "a non-empty list", non_empty=True)
+    assert convert(some, [])[0] is INVALID and convert(some, None)[0] is INVALID
