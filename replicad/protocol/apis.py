@@ -20,10 +20,23 @@ class ApiKey(IntEnum):
     FETCH = 1
     LIST_OFFSETS = 2
     METADATA = 3
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
     SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     OFFSET_FOR_LEADER_EPOCH = 23
+    DESCRIBE_CONFIGS = 32
     SASL_AUTHENTICATE = 36
+    DELETE_GROUPS = 42
+    OFFSET_DELETE = 47
+    DESCRIBE_TOPIC_PARTITIONS = 75
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +61,14 @@ CLIENT_VERSIONS: Mapping[ApiKey, VersionRange] = {
     # SaslAuthenticate; v0 would send raw SASL tokens, which replicad does not do.
     ApiKey.SASL_HANDSHAKE: VersionRange(1, 1),
     ApiKey.SASL_AUTHENTICATE: VersionRange(0, 2),
+    # Reading the source's consumer groups and topic configs (replicad.groups.cluster_reader):
+    # none is required, a broker without them only leaves group offsets unsynced. OffsetFetch
+    # stops at v9: v10 names topics by id only.
+    ApiKey.FIND_COORDINATOR: VersionRange(0, 6),
+    ApiKey.OFFSET_FETCH: VersionRange(1, 9),
+    ApiKey.LIST_GROUPS: VersionRange(0, 5),
+    ApiKey.DESCRIBE_GROUPS: VersionRange(0, 6),
+    ApiKey.DESCRIBE_CONFIGS: VersionRange(1, 4),
 }
 
 # APIs without which a source broker is useless to us.
