@@ -16,8 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIServer
@@ -184,168 +183,199 @@ def _daemon_metrics(snap: Snapshot) -> Iterator[Metric]:
     yield reasons
 
 
-def _leader_metrics(leaders: list[Mapping[str, Any]]) -> Iterator[Metric]:
-    requests = CounterMetricFamily(
-        _name("fetch_requests"), "Fetch requests sent to the leader", labels=LEADER_LABELS
-    )
-    errors = CounterMetricFamily(
-        _name("fetch_errors"), "Failed fetches and error responses", labels=LEADER_LABELS
-    )
-    latency = GaugeMetricFamily(
-        _name("fetch_latency_seconds"),
+# Each family below is a row of a table: its kind, its name after "replicad_", its help,
+# and the snapshot key it reads (divided by `per`, e.g. ms -> s). A family whose key is
+# absent from a row gets no sample for that row when `optional`, else 0.
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    kind: type[GaugeMetricFamily] | type[CounterMetricFamily]
+    name: str
+    help: str
+    key: str
+    per: float = 1.0
+    optional: bool = False
+
+    def value(self, row: Mapping[str, Any]) -> float | None:
+        value = row.get(self.key)
+        if value is None:
+            return None if self.optional else 0
+        return float(value) / self.per
+
+    def single(self, row: Mapping[str, Any]) -> Metric:
+        """The family with one unlabelled sample from `row`."""
+        return self.kind(_name(self.name), self.help, value=self.value(row) or 0)
+
+
+GAUGE, COUNTER = GaugeMetricFamily, CounterMetricFamily
+
+LEADER_FAMILIES = (
+    Family(COUNTER, "fetch_requests", "Fetch requests sent to the leader", "requests"),
+    Family(COUNTER, "fetch_errors", "Failed fetches and error responses", "errors"),
+    Family(
+        GAUGE,
+        "fetch_latency_seconds",
         "Round trip of the last fetch to the leader",
-        labels=LEADER_LABELS,
-    )
-    rate = GaugeMetricFamily(
-        _name("leader_bytes_per_second"),
+        "last_fetch_latency_ms",
+        per=MS_PER_S,
+        optional=True,
+    ),
+    Family(
+        GAUGE,
+        "leader_bytes_per_second",
         "Record bytes replicated from the leader per second",
-        labels=LEADER_LABELS,
-    )
-    partitions = GaugeMetricFamily(
-        _name("leader_partitions"), "Partitions fetched from the leader", labels=LEADER_LABELS
-    )
-    sessionful = GaugeMetricFamily(
-        _name("fetch_session_active"),
+        "bytes_per_s",
+    ),
+    Family(GAUGE, "leader_partitions", "Partitions fetched from the leader", "partitions"),
+    Family(
+        GAUGE,
+        "fetch_session_active",
         "1 while an incremental fetch session (KIP-227) is open with the leader",
-        labels=LEADER_LABELS,
-    )
+        "sessionful",
+    ),
+)
+PARTITION_FAMILIES = (
+    Family(GAUGE, "partition_lag", "Leader high watermark minus local log end", "lag"),
+    Family(GAUGE, "partition_log_end_offset", "Local log end offset", "log_end_offset"),
+    Family(
+        GAUGE, "partition_high_watermark", "Leader's high watermark, last seen", "high_watermark"
+    ),
+    Family(
+        COUNTER, "partition_bytes_replicated", "Record bytes appended locally", "bytes_replicated"
+    ),
+    Family(
+        COUNTER, "partition_crc_failures", "Fetched batches that failed the CRC", "crc_failures"
+    ),
+)
+TOPIC_FAMILIES = (
+    Family(GAUGE, "topic_partitions", "Partitions replicated", "partitions"),
+    Family(GAUGE, "topic_lag", "Sum of the topic's partition lags", "lag"),
+    Family(COUNTER, "topic_bytes_replicated", "Record bytes appended locally", "bytes_replicated"),
+    Family(COUNTER, "topic_crc_failures", "Fetched batches that failed the CRC", "crc_failures"),
+)
+# What each topic sums over its partitions (the count of partitions comes with them).
+TOPIC_SUMS = ("lag", "bytes_replicated", "crc_failures")
+TOTALS_FAMILIES = (
+    Family(GAUGE, "leaders", "Leaders fetched from", "leaders"),
+    Family(GAUGE, "lag", "Sum of all partition lags", "lag"),
+    Family(COUNTER, "bytes_replicated", "Record bytes appended locally", "bytes_replicated"),
+    Family(GAUGE, "bytes_per_second", "Record bytes replicated per second", "bytes_per_s"),
+    Family(COUNTER, "crc_failures", "Fetched batches that failed the CRC", "crc_failures"),
+)
+MEMORY_POOL_FAMILIES = (
+    Family(
+        GAUGE,
+        "memory_pool_capacity_bytes",
+        "Bound on fetch-response memory across all leaders (KIP-81)",
+        "capacity",
+    ),
+    Family(GAUGE, "memory_pool_used_bytes", "Fetch-response memory in use", "used"),
+    # The high-water mark shows how close the bound came to binding; waits, that it did.
+    Family(
+        GAUGE,
+        "memory_pool_peak_bytes",
+        "Most fetch-response memory ever in use at once since start",
+        "peak",
+    ),
+    Family(
+        COUNTER,
+        "memory_pool_waits",
+        "Fetch responses that waited for room in the memory pool",
+        "waits",
+    ),
+)
+# Kafka's names: NumIncrementalFetchSessions, NumIncrementalFetchPartitionsCached,
+# IncrementalFetchSessionEvictionsPerSec (a rate there; a counter here, rate() it).
+SERVE_FAMILIES = (
+    Family(
+        GAUGE,
+        "serve_incremental_fetch_sessions",
+        "Incremental fetch sessions in the session cache",
+        "sessions",
+    ),
+    Family(
+        GAUGE,
+        "serve_incremental_fetch_partitions_cached",
+        "Partitions held by all cached fetch sessions",
+        "partitions_cached",
+    ),
+    Family(
+        COUNTER,
+        "serve_incremental_fetch_session_evictions",
+        "Fetch sessions evicted from the session cache",
+        "evictions_total",
+    ),
+)
+
+
+def _labelled(
+    families: tuple[Family, ...],
+    rows: Iterable[Mapping[str, Any]],
+    label_names: list[str],
+    labels_of: Callable[[Mapping[str, Any]], list[str]],
+) -> list[Metric]:
+    """Each family with one sample per row, labelled by `labels_of(row)`."""
+    made = [f.kind(_name(f.name), f.help, labels=label_names) for f in families]
+    for row in rows:
+        labels = labels_of(row)
+        for family, metric in zip(families, made, strict=True):
+            value = family.value(row)
+            if value is not None:
+                metric.add_metric(labels, value)
+    return made
+
+
+def _leader_metrics(leaders: list[Mapping[str, Any]]) -> Iterator[Metric]:
+    def labels(leader: Mapping[str, Any]) -> list[str]:
+        return [str(leader.get("node_id", "")), str(leader.get("address", ""))]
+
+    yield from _labelled(LEADER_FAMILIES, leaders, LEADER_LABELS, labels)
     recoveries = CounterMetricFamily(
         _name("session_recoveries"),
         "Fetch sessions restarted after an error, by the error",
         labels=[*LEADER_LABELS, "reason"],
     )
     for leader in leaders:
-        labels = [str(leader.get("node_id", "")), str(leader.get("address", ""))]
-        requests.add_metric(labels, leader.get("requests", 0))
-        errors.add_metric(labels, leader.get("errors", 0))
-        if leader.get("last_fetch_latency_ms") is not None:
-            latency.add_metric(labels, leader["last_fetch_latency_ms"] / MS_PER_S)
-        rate.add_metric(labels, leader.get("bytes_per_s", 0))
-        partitions.add_metric(labels, leader.get("partitions", 0))
-        sessionful.add_metric(labels, 1 if leader.get("sessionful") else 0)
         for reason, count in sorted((leader.get("session_recoveries") or {}).items()):
-            recoveries.add_metric([*labels, reason], count)
-    yield from (requests, errors, latency, rate, partitions, sessionful, recoveries)
+            recoveries.add_metric([*labels(leader), reason], count)
+    yield recoveries
 
 
 def _partition_metrics(partitions: list[Mapping[str, Any]]) -> Iterator[Metric]:
-    labels = ["topic", "partition"]
-    lag = GaugeMetricFamily(
-        _name("partition_lag"), "Leader high watermark minus local log end", labels=labels
+    yield from _labelled(
+        PARTITION_FAMILIES,
+        partitions,
+        ["topic", "partition"],
+        lambda part: [str(part["topic"]), str(part["partition"])],
     )
-    end = GaugeMetricFamily(
-        _name("partition_log_end_offset"), "Local log end offset", labels=labels
-    )
-    high = GaugeMetricFamily(
-        _name("partition_high_watermark"), "Leader's high watermark, last seen", labels=labels
-    )
-    replicated = CounterMetricFamily(
-        _name("partition_bytes_replicated"), "Record bytes appended locally", labels=labels
-    )
-    crc = CounterMetricFamily(
-        _name("partition_crc_failures"), "Fetched batches that failed the CRC", labels=labels
-    )
-    for part in partitions:
-        key = [str(part["topic"]), str(part["partition"])]
-        lag.add_metric(key, part.get("lag", 0))
-        end.add_metric(key, part.get("log_end_offset", 0))
-        high.add_metric(key, part.get("high_watermark", 0))
-        replicated.add_metric(key, part.get("bytes_replicated", 0))
-        crc.add_metric(key, part.get("crc_failures", 0))
-    yield from (lag, end, high, replicated, crc)
 
 
 def _topic_metrics(partitions: list[Mapping[str, Any]]) -> Iterator[Metric]:
-    sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    sums: dict[str, dict[str, Any]] = {}
     for part in partitions:
-        topic = sums[str(part["topic"])]
-        topic["partitions"] += 1
-        topic["lag"] += part.get("lag", 0)
-        topic["bytes_replicated"] += part.get("bytes_replicated", 0)
-        topic["crc_failures"] += part.get("crc_failures", 0)
-    count = GaugeMetricFamily(_name("topic_partitions"), "Partitions replicated", labels=["topic"])
-    lag = GaugeMetricFamily(
-        _name("topic_lag"), "Sum of the topic's partition lags", labels=["topic"]
-    )
-    replicated = CounterMetricFamily(
-        _name("topic_bytes_replicated"), "Record bytes appended locally", labels=["topic"]
-    )
-    crc = CounterMetricFamily(
-        _name("topic_crc_failures"), "Fetched batches that failed the CRC", labels=["topic"]
-    )
-    for topic, values in sorted(sums.items()):
-        count.add_metric([topic], values["partitions"])
-        lag.add_metric([topic], values["lag"])
-        replicated.add_metric([topic], values["bytes_replicated"])
-        crc.add_metric([topic], values["crc_failures"])
-    yield from (count, lag, replicated, crc)
+        topic = str(part["topic"])
+        row = sums.setdefault(
+            topic, {"topic": topic, "partitions": 0.0, **dict.fromkeys(TOPIC_SUMS, 0.0)}
+        )
+        row["partitions"] += 1
+        for key in TOPIC_SUMS:
+            row[key] += part.get(key, 0)
+    rows = [sums[topic] for topic in sorted(sums)]
+    yield from _labelled(TOPIC_FAMILIES, rows, ["topic"], lambda row: [row["topic"]])
 
 
 def _totals_metrics(totals: Mapping[str, Any]) -> Iterator[Metric]:
-    yield GaugeMetricFamily(
-        _name("leaders"), "Leaders fetched from", value=totals.get("leaders", 0)
-    )
+    yield from (family.single(totals) for family in TOTALS_FAMILIES)
     by_state = GaugeMetricFamily(_name("partitions"), "Partitions by state", labels=["state"])
     for state, count in sorted((totals.get("partitions_by_state") or {}).items()):
         by_state.add_metric([state], count)
     yield by_state
-    yield GaugeMetricFamily(_name("lag"), "Sum of all partition lags", value=totals.get("lag", 0))
-    yield CounterMetricFamily(
-        _name("bytes_replicated"),
-        "Record bytes appended locally",
-        value=totals.get("bytes_replicated", 0),
-    )
-    yield GaugeMetricFamily(
-        _name("bytes_per_second"),
-        "Record bytes replicated per second",
-        value=totals.get("bytes_per_s", 0),
-    )
-    yield CounterMetricFamily(
-        _name("crc_failures"),
-        "Fetched batches that failed the CRC",
-        value=totals.get("crc_failures", 0),
-    )
 
 
 def _memory_pool_metrics(pool: Mapping[str, Any]) -> Iterator[Metric]:
-    yield GaugeMetricFamily(
-        _name("memory_pool_capacity_bytes"),
-        "Bound on fetch-response memory across all leaders (KIP-81)",
-        value=pool.get("capacity", 0),
-    )
-    yield GaugeMetricFamily(
-        _name("memory_pool_used_bytes"),
-        "Fetch-response memory in use",
-        value=pool.get("used", 0),
-    )
-    # The high-water mark shows how close the bound came to binding; waits, that it did.
-    yield GaugeMetricFamily(
-        _name("memory_pool_peak_bytes"),
-        "Most fetch-response memory ever in use at once since start",
-        value=pool.get("peak", 0),
-    )
-    yield CounterMetricFamily(
-        _name("memory_pool_waits"),
-        "Fetch responses that waited for room in the memory pool",
-        value=pool.get("waits", 0),
-    )
+    yield from (family.single(pool) for family in MEMORY_POOL_FAMILIES)
 
 
 def _serve_metrics(serve: Mapping[str, Any]) -> Iterator[Metric]:
-    # Kafka's names: NumIncrementalFetchSessions, NumIncrementalFetchPartitionsCached,
-    # IncrementalFetchSessionEvictionsPerSec (a rate there; a counter here, rate() it).
-    yield GaugeMetricFamily(
-        _name("serve_incremental_fetch_sessions"),
-        "Incremental fetch sessions in the session cache",
-        value=serve.get("sessions", 0),
-    )
-    yield GaugeMetricFamily(
-        _name("serve_incremental_fetch_partitions_cached"),
-        "Partitions held by all cached fetch sessions",
-        value=serve.get("partitions_cached", 0),
-    )
-    yield CounterMetricFamily(
-        _name("serve_incremental_fetch_session_evictions"),
-        "Fetch sessions evicted from the session cache",
-        value=serve.get("evictions_total", 0),
-    )
+    yield from (family.single(serve) for family in SERVE_FAMILIES)

@@ -18,14 +18,15 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
-from collections.abc import Sequence
+import struct
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 from replicad.errors import LogError
 from replicad.log.checkpoint import parse_epochs, parse_offsets, parse_partition_metadata, read_text
-from replicad.log.index import OFFSET_ENTRY, OFFSET_ENTRY_SIZE, TIME_ENTRY, TIME_ENTRY_SIZE
+from replicad.log.index import OFFSET_ENTRY, TIME_ENTRY
 from replicad.log.layout import (
     INDEX_SUFFIX,
     LEADER_EPOCH_CHECKPOINT,
@@ -59,52 +60,80 @@ def scan_file(path: Path, *, verify_crc: bool = True) -> ScanResult:
                 view.release()
 
 
-def check_offset_index(data: bytes, base_offset: int, batches: Sequence[BatchHeader]) -> list[str]:
-    """Problems of a `.index` file's bytes against the segment's batches."""
+@dataclass(frozen=True, slots=True)
+class _IndexEntry:
+    """One index entry as both index kinds are checked: it must rank above the entry
+    before it, name a batch of the segment, and agree with that batch."""
+
+    rank: int
+    rank_text: str  # "offset 120", "timestamp 1700000000000"
+    batch: BatchHeader | None
+    missing: str  # what is wrong when no batch answers to it
+    disagreement: str | None  # what is wrong with the batch that does, if anything
+
+
+def _check_index(
+    data: bytes, entry: struct.Struct, read: Callable[[int, int], _IndexEntry]
+) -> list[str]:
     problems = []
-    if len(data) % OFFSET_ENTRY_SIZE:
-        problems.append(f"size {len(data)} is not a multiple of {OFFSET_ENTRY_SIZE}")
-    by_position = {b.position: b for b in batches}
+    if len(data) % entry.size:
+        problems.append(f"size {len(data)} is not a multiple of {entry.size}")
     last = -1
-    for slot in range(len(data) // OFFSET_ENTRY_SIZE):
-        rel, position = OFFSET_ENTRY.unpack_from(data, slot * OFFSET_ENTRY_SIZE)
+    for slot in range(len(data) // entry.size):
+        item = read(*entry.unpack_from(data, slot * entry.size))
+        if item.rank <= last:
+            problems.append(f"entry {slot}: {item.rank_text} does not increase")
+        elif item.batch is None:
+            problems.append(f"entry {slot}: {item.missing}")
+        elif item.disagreement is not None:
+            problems.append(f"entry {slot}: {item.disagreement}")
+        last = item.rank
+    return problems
+
+
+def check_offset_index(data: bytes, base_offset: int, batches: Sequence[BatchHeader]) -> list[str]:
+    """Problems of a `.index` file's bytes against the segment's batches: each entry
+    points at the start of a batch whose last offset is the entry's offset."""
+    by_position = {b.position: b for b in batches}
+
+    def read(rel: int, position: int) -> _IndexEntry:
         offset = base_offset + rel
         batch = by_position.get(position)
-        if rel <= last:
-            problems.append(f"entry {slot}: offset {offset} does not increase")
-        elif batch is None:
-            problems.append(f"entry {slot}: position {position} is not a batch start")
-        elif batch.last_offset != offset:
-            problems.append(
-                f"entry {slot}: index offset {offset}, batch at {position} ends at "
-                f"{batch.last_offset}"
-            )
-        last = rel
-    return problems
+        wrong = batch is not None and batch.last_offset != offset
+        return _IndexEntry(
+            rel,
+            f"offset {offset}",
+            batch,
+            f"position {position} is not a batch start",
+            f"index offset {offset}, batch at {position} ends at {batch.last_offset}"
+            if wrong and batch is not None
+            else None,
+        )
+
+    return _check_index(data, OFFSET_ENTRY, read)
 
 
 def check_time_index(data: bytes, base_offset: int, batches: Sequence[BatchHeader]) -> list[str]:
-    """Problems of a `.timeindex` file's bytes against the segment's batches."""
-    problems = []
-    if len(data) % TIME_ENTRY_SIZE:
-        problems.append(f"size {len(data)} is not a multiple of {TIME_ENTRY_SIZE}")
+    """Problems of a `.timeindex` file's bytes against the segment's batches: each entry
+    names the last offset of a batch whose max timestamp is the entry's timestamp."""
     by_last_offset = {b.last_offset: b for b in batches}
-    last_ts = -1
-    for slot in range(len(data) // TIME_ENTRY_SIZE):
-        ts, rel = TIME_ENTRY.unpack_from(data, slot * TIME_ENTRY_SIZE)
+
+    def read(timestamp: int, rel: int) -> _IndexEntry:
         offset = base_offset + rel
         batch = by_last_offset.get(offset)
-        if ts <= last_ts:
-            problems.append(f"entry {slot}: timestamp {ts} does not increase")
-        elif batch is None:
-            problems.append(f"entry {slot}: offset {offset} is not the last offset of a batch")
-        elif batch.max_timestamp != ts:
-            problems.append(
-                f"entry {slot}: timestamp {ts}, batch ending at {offset} has max "
-                f"timestamp {batch.max_timestamp}"
-            )
-        last_ts = ts
-    return problems
+        wrong = batch is not None and batch.max_timestamp != timestamp
+        return _IndexEntry(
+            timestamp,
+            f"timestamp {timestamp}",
+            batch,
+            f"offset {offset} is not the last offset of a batch",
+            f"timestamp {timestamp}, batch ending at {offset} has max timestamp "
+            f"{batch.max_timestamp}"
+            if wrong and batch is not None
+            else None,
+        )
+
+    return _check_index(data, TIME_ENTRY, read)
 
 
 @dataclass

@@ -18,22 +18,34 @@ Rules this module keeps:
 from __future__ import annotations
 
 import dataclasses
-import enum
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from crc32c import crc32c
 
-# Every log entry starts with base offset (int64) and length (int32): Kafka's LOG_OVERHEAD.
-LOG_OVERHEAD = 12
-# Position of the magic byte in every entry format (v2: after the partition leader epoch;
-# v0/v1: after the CRC).
-MAGIC_POSITION = 16
-HEADER_SIZE_UP_TO_MAGIC = MAGIC_POSITION + 1
-
-MAGIC_V0 = 0
-MAGIC_V1 = 1
-MAGIC_V2 = 2
+from replicad.records import legacy
+from replicad.records.header import (
+    COMPRESSION_CODEC_MASK,
+    CONTROL_FLAG_MASK,
+    DELETE_HORIZON_FLAG_MASK,
+    HEADER_SIZE_UP_TO_MAGIC,
+    LOG_OVERHEAD,
+    MAGIC_POSITION,
+    MAGIC_V0,
+    MAGIC_V1,
+    MAGIC_V2,
+    NO_PARTITION_LEADER_EPOCH,
+    NO_PRODUCER_ID,
+    NO_TIMESTAMP,
+    TIMESTAMP_TYPE_MASK,
+    TRANSACTIONAL_FLAG_MASK,
+    BatchHeader,
+    Compression,
+    ScanStop,
+    TimestampType,
+)
 
 # Magic 2 batch header (DefaultRecordBatch): base offset, length, partition leader epoch,
 # magic, crc, attributes, last offset delta, base timestamp, max timestamp, producer id,
@@ -45,101 +57,37 @@ assert RECORD_BATCH_OVERHEAD == 61
 V2_CRC_START = 21
 V2_MIN_BATCH_LENGTH = RECORD_BATCH_OVERHEAD - LOG_OVERHEAD
 
-# Attribute bits of a magic 2 batch.
-COMPRESSION_CODEC_MASK = 0x07
-TIMESTAMP_TYPE_MASK = 0x08
-TRANSACTIONAL_FLAG_MASK = 0x10
-CONTROL_FLAG_MASK = 0x20
-DELETE_HORIZON_FLAG_MASK = 0x40
-
-NO_TIMESTAMP = -1
-NO_PRODUCER_ID = -1
-NO_PARTITION_LEADER_EPOCH = -1
-
 _LENGTH_AT_8 = struct.Struct(">i")
 
-
-class Compression(enum.IntEnum):
-    NONE = 0
-    GZIP = 1
-    SNAPPY = 2
-    LZ4 = 3
-    ZSTD = 4
-
-
-class TimestampType(enum.IntEnum):
-    NO_TIMESTAMP_TYPE = -1
-    CREATE_TIME = 0
-    LOG_APPEND_TIME = 1
-
-
-class ScanStop(enum.Enum):
-    END = "end"
-    PARTIAL = "partial"
-    CORRUPT = "corrupt"
-
-
-@dataclass(frozen=True, slots=True)
-class BatchHeader:
-    """The header of one log entry at `position` in the scanned buffer.
-
-    For magic 0/1 entries (legacy message sets) the fields a v2 batch has and a message
-    lacks carry Kafka's "none" values (-1), and base_offset is the entry's own offset: for
-    an uncompressed message its offset, for a compressed wrapper the offset of its *last*
-    inner message (Kafka's rule for wrappers), so `base_offset == last_offset` and
-    `record_count` is -1 (unknown until decompressed; `records.decode_batch` tells).
-    """
-
-    position: int
-    base_offset: int
-    batch_length: int
-    partition_leader_epoch: int
-    magic: int
-    crc: int
-    attributes: int
-    last_offset_delta: int
-    base_timestamp: int
-    max_timestamp: int
-    producer_id: int
-    producer_epoch: int
-    base_sequence: int
-    record_count: int
-
-    @property
-    def size(self) -> int:
-        return self.batch_length + LOG_OVERHEAD
-
-    @property
-    def end_position(self) -> int:
-        return self.position + self.batch_length + LOG_OVERHEAD
-
-    @property
-    def last_offset(self) -> int:
-        return self.base_offset + self.last_offset_delta
-
-    @property
-    def next_offset(self) -> int:
-        return self.base_offset + self.last_offset_delta + 1
-
-    @property
-    def compression(self) -> Compression:
-        return Compression(self.attributes & COMPRESSION_CODEC_MASK)
-
-    @property
-    def timestamp_type(self) -> TimestampType:
-        if self.magic == MAGIC_V0:
-            return TimestampType.NO_TIMESTAMP_TYPE
-        if self.attributes & TIMESTAMP_TYPE_MASK:
-            return TimestampType.LOG_APPEND_TIME
-        return TimestampType.CREATE_TIME
-
-    @property
-    def is_transactional(self) -> bool:
-        return self.magic >= MAGIC_V2 and bool(self.attributes & TRANSACTIONAL_FLAG_MASK)
-
-    @property
-    def is_control(self) -> bool:
-        return self.magic >= MAGIC_V2 and bool(self.attributes & CONTROL_FLAG_MASK)
+# What other modules import from here: this module's own names and, for them, the
+# format constants and the header type defined in header.py.
+__all__ = [
+    "COMPRESSION_CODEC_MASK",
+    "CONTROL_FLAG_MASK",
+    "DELETE_HORIZON_FLAG_MASK",
+    "HEADER_SIZE_UP_TO_MAGIC",
+    "LOG_OVERHEAD",
+    "MAGIC_POSITION",
+    "MAGIC_V0",
+    "MAGIC_V1",
+    "MAGIC_V2",
+    "NO_PARTITION_LEADER_EPOCH",
+    "NO_PRODUCER_ID",
+    "NO_TIMESTAMP",
+    "RECORD_BATCH_OVERHEAD",
+    "TIMESTAMP_TYPE_MASK",
+    "TRANSACTIONAL_FLAG_MASK",
+    "V2_CRC_START",
+    "V2_HEADER",
+    "V2_MIN_BATCH_LENGTH",
+    "BatchHeader",
+    "Compression",
+    "ScanResult",
+    "ScanStop",
+    "TimestampType",
+    "header_at",
+    "scan_batches",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +154,23 @@ def _v2_header(mv: memoryview, pos: int, end: int, verify_crc: bool) -> BatchHea
     )
 
 
+class _EntryFormat(NamedTuple):
+    """How a scan reads the entries of one magic: the least length an entry of it may
+    claim, the parser of its header, and its name in messages. (A tuple: the scan unpacks
+    it once per entry, on the replication hot path.)"""
+
+    min_length: int
+    parse: Callable[[memoryview, int, int, bool], BatchHeader | str]
+    name: str
+
+
+_FORMATS: dict[int, _EntryFormat] = {
+    MAGIC_V2: _EntryFormat(V2_MIN_BATCH_LENGTH, _v2_header, "batch"),
+    MAGIC_V1: _EntryFormat(legacy.min_length(MAGIC_V1), legacy.entry_header, "magic 1 message"),
+    MAGIC_V0: _EntryFormat(legacy.min_length(MAGIC_V0), legacy.entry_header, "magic 0 message"),
+}
+
+
 def scan_batches(buf: bytes | bytearray | memoryview, *, verify_crc: bool = True) -> ScanResult:
     """Walk the log entries in `buf`; see the module docstring for the stop rules."""
     mv = buf if isinstance(buf, memoryview) else memoryview(buf)
@@ -216,6 +181,7 @@ def scan_batches(buf: bytes | bytearray | memoryview, *, verify_crc: bool = True
     batches: list[BatchHeader] = []
     append = batches.append
     unpack_length = _LENGTH_AT_8.unpack_from
+    formats = _FORMATS
     while True:
         remaining = n - pos
         if remaining == 0:
@@ -228,35 +194,20 @@ def scan_batches(buf: bytes | bytearray | memoryview, *, verify_crc: bool = True
                 return _corrupt(batches, pos, f"negative length {length} at position {pos}")
             return ScanResult(batches, pos, ScanStop.PARTIAL)
         magic = mv[pos + MAGIC_POSITION]
-        if magic == MAGIC_V2:
-            if length < V2_MIN_BATCH_LENGTH:
-                return _corrupt(
-                    batches,
-                    pos,
-                    f"batch length {length} below the minimum {V2_MIN_BATCH_LENGTH} "
-                    f"at position {pos}",
-                )
-            end = pos + LOG_OVERHEAD + length
-            if end > n:
-                return ScanResult(batches, pos, ScanStop.PARTIAL)
-            header = _v2_header(mv, pos, end, verify_crc)
-        elif magic in (MAGIC_V0, MAGIC_V1):
-            from replicad.records import legacy
-
-            minimum = legacy.min_length(magic)
-            if length < minimum:
-                return _corrupt(
-                    batches,
-                    pos,
-                    f"magic {magic} message length {length} below the minimum {minimum} "
-                    f"at position {pos}",
-                )
-            end = pos + LOG_OVERHEAD + length
-            if end > n:
-                return ScanResult(batches, pos, ScanStop.PARTIAL)
-            header = legacy.entry_header(mv, pos, end, verify_crc)
-        else:
+        entry = formats.get(magic)
+        if entry is None:
             return _corrupt(batches, pos, f"unknown magic {magic} at position {pos}")
+        minimum, parse, name = entry
+        if length < minimum:
+            return _corrupt(
+                batches,
+                pos,
+                f"{name} length {length} below the minimum {minimum} at position {pos}",
+            )
+        end = pos + LOG_OVERHEAD + length
+        if end > n:
+            return ScanResult(batches, pos, ScanStop.PARTIAL)
+        header = parse(mv, pos, end, verify_crc)
         if isinstance(header, str):
             return _corrupt(batches, pos, header)
         append(header)
@@ -279,18 +230,12 @@ def header_at(head: bytes | bytearray | memoryview, position: int) -> BatchHeade
         return f"entry header cut off at position {position}"
     magic = mv[MAGIC_POSITION]
     (length,) = _LENGTH_AT_8.unpack_from(mv, 8)
-    if magic == MAGIC_V2:
-        if length < V2_MIN_BATCH_LENGTH or len(mv) < RECORD_BATCH_OVERHEAD:
-            return f"bad batch header at position {position}"
-        header = _v2_header(mv, 0, 0, False)
-    elif magic in (MAGIC_V0, MAGIC_V1):
-        from replicad.records import legacy
-
-        if length < legacy.min_length(magic) or len(mv) < LOG_OVERHEAD + legacy.min_length(magic):
-            return f"bad magic {magic} message header at position {position}"
-        header = legacy.entry_header(mv, 0, 0, False)
-    else:
+    entry = _FORMATS.get(magic)
+    if entry is None:
         return f"unknown magic {magic} at position {position}"
+    if length < entry.min_length or len(mv) < LOG_OVERHEAD + entry.min_length:
+        return f"bad {entry.name} header at position {position}"
+    header = entry.parse(mv, 0, 0, False)
     if isinstance(header, str):
         return header
     return dataclasses.replace(header, position=position)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import struct
 import zlib
 
-from replicad.records.batch import (
+from replicad.records.header import (
     LOG_OVERHEAD,
     MAGIC_POSITION,
     MAGIC_V0,

@@ -1,0 +1,117 @@
+"""The header every log entry format shares a view of: `BatchHeader`, and the constants
+of the formats (magic 2 record batches, magic 0/1 messages).
+
+batch.py parses magic 2 headers and scans buffers of entries, legacy.py parses magic 0/1
+messages; both build this one `BatchHeader`, so the rest of replicad never asks which
+format an entry was written in unless it must.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+# Every log entry starts with base offset (int64) and length (int32): Kafka's LOG_OVERHEAD.
+LOG_OVERHEAD = 12
+# Position of the magic byte in every entry format (v2: after the partition leader epoch;
+# v0/v1: after the CRC).
+MAGIC_POSITION = 16
+HEADER_SIZE_UP_TO_MAGIC = MAGIC_POSITION + 1
+
+MAGIC_V0 = 0
+MAGIC_V1 = 1
+MAGIC_V2 = 2
+
+# Attribute bits of a magic 2 batch.
+COMPRESSION_CODEC_MASK = 0x07
+TIMESTAMP_TYPE_MASK = 0x08
+TRANSACTIONAL_FLAG_MASK = 0x10
+CONTROL_FLAG_MASK = 0x20
+DELETE_HORIZON_FLAG_MASK = 0x40
+
+NO_TIMESTAMP = -1
+NO_PRODUCER_ID = -1
+NO_PARTITION_LEADER_EPOCH = -1
+
+
+class Compression(enum.IntEnum):
+    NONE = 0
+    GZIP = 1
+    SNAPPY = 2
+    LZ4 = 3
+    ZSTD = 4
+
+
+class TimestampType(enum.IntEnum):
+    NO_TIMESTAMP_TYPE = -1
+    CREATE_TIME = 0
+    LOG_APPEND_TIME = 1
+
+
+class ScanStop(enum.Enum):
+    END = "end"
+    PARTIAL = "partial"
+    CORRUPT = "corrupt"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """The header of one log entry at `position` in the scanned buffer.
+
+    For magic 0/1 entries (legacy message sets) the fields a v2 batch has and a message
+    lacks carry Kafka's "none" values (-1), and base_offset is the entry's own offset: for
+    an uncompressed message its offset, for a compressed wrapper the offset of its *last*
+    inner message (Kafka's rule for wrappers), so `base_offset == last_offset` and
+    `record_count` is -1 (unknown until decompressed; `records.decode_batch` tells).
+    """
+
+    position: int
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def size(self) -> int:
+        return self.batch_length + LOG_OVERHEAD
+
+    @property
+    def end_position(self) -> int:
+        return self.position + self.batch_length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def compression(self) -> Compression:
+        return Compression(self.attributes & COMPRESSION_CODEC_MASK)
+
+    @property
+    def timestamp_type(self) -> TimestampType:
+        if self.magic == MAGIC_V0:
+            return TimestampType.NO_TIMESTAMP_TYPE
+        if self.attributes & TIMESTAMP_TYPE_MASK:
+            return TimestampType.LOG_APPEND_TIME
+        return TimestampType.CREATE_TIME
+
+    @property
+    def is_transactional(self) -> bool:
+        return self.magic >= MAGIC_V2 and bool(self.attributes & TRANSACTIONAL_FLAG_MASK)
+
+    @property
+    def is_control(self) -> bool:
+        return self.magic >= MAGIC_V2 and bool(self.attributes & CONTROL_FLAG_MASK)
