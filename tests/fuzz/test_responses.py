@@ -10,7 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from replicad.errors import RemoteProtocolError
 from replicad.protocol.apis import ApiKey
+from replicad.protocol.codec import decode_response, response_type
 from tools.chaos.fuzz_targets import RESPONSE_APIS, fuzz_inputs, responses, seeds
 from tools.chaos.strategies import mutated, other_responses
 from tools.chaos.wire_data import metadata_response_body, metadata_with_null_brokers
@@ -63,6 +65,15 @@ def _null_array_inputs() -> dict[str, bytes]:
     }
 
 
-@pytest.mark.parametrize("case", ["metadata brokers", "api_versions keys"])
-def test_null_arrays_are_protocol_errors(case: str) -> None:
-    responses(_null_array_inputs()[case])  # in-process: a TypeError is the finding
+@pytest.mark.parametrize(
+    ("case", "field"), [("metadata brokers", "brokers"), ("api_versions keys", "api_keys")]
+)
+def test_null_arrays_are_protocol_errors(case: str, field: str) -> None:
+    """A non-nullable array sent as null is the peer's protocol error, named, not a
+    TypeError later; the fuzz target (what the follower builds from it) takes it too."""
+    data = _null_array_inputs()[case]
+    api, versions = RESPONSE_APIS[data[0] % len(RESPONSE_APIS)]
+    version = versions[data[1] % len(versions)]
+    with pytest.raises(RemoteProtocolError, match=f"{field} is null"):
+        decode_response(data[2:], response_type(api, version))
+    responses(data)
