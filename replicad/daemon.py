@@ -37,6 +37,10 @@ STATUS_INTERVAL_S = 2.0
 # Exit status when the `serve:` listener cannot start (address taken, TLS files gone).
 EXIT_SERVE_FAILED = 1
 
+# Descriptors besides segment files: sockets (leaders, serve's clients, control), the
+# data directory's lock and checkpoints, the interpreter's own.
+OPEN_FILES_HEADROOM = 256
+
 # glibc mallopt(3) parameters (malloc.h).
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -382,6 +386,17 @@ async def run_daemon(
     checkpoint and return 0 (EXIT_SERVE_FAILED when the `serve:` listener could not start)."""
     libc = fix_malloc_thresholds()
     log.debug("malloc thresholds", libc=libc, mmap_threshold=MALLOC_MMAP_THRESHOLD)
+    # Run from a shell, the soft limit is often 1,024, below log.max_open_files' default
+    # (4,096) plus serve's connections: the log store would close files under EMFILE
+    # pressure. systemd's unit sets both limits itself (LimitNOFILE).
+    open_files = raise_open_file_limit()
+    if open_files < config.log.max_open_files + OPEN_FILES_HEADROOM:
+        log.warning(
+            "open file limit is low for log.max_open_files; segment files will be closed "
+            "and reopened more often",
+            limit=open_files,
+            max_open_files=config.log.max_open_files,
+        )
     daemon = Daemon(
         config,
         config_path=config_path,

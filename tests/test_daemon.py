@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import platform
+import resource
 import shutil
 import signal
 import socket
@@ -445,3 +446,25 @@ def test_sigterm_at_any_point_of_start_up_is_a_clean_stop(kafka_broker, unique_t
     finally:
         unreachable.close()
     print("handler in place after (s):", [round(t, 3) for _, t in handler_after])
+
+
+OPEN_FILES_PROBE = """
+import resource
+_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+from replicad.daemon import raise_open_file_limit
+print(raise_open_file_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)
+"""
+
+
+def test_the_open_file_limit_is_lifted_to_the_hard_one() -> None:
+    """A shell's soft limit (often 1,024) is below log.max_open_files' default: the daemon
+    lifts it to the hard limit at start (run_daemon), as far as the hard one allows."""
+    out = subprocess.run(
+        [sys.executable, "-c", OPEN_FILES_PROBE], capture_output=True, text=True, check=True
+    )
+    returned, soft, hard = (int(word) for word in out.stdout.split())
+    if hard == resource.RLIM_INFINITY:
+        assert returned == soft > 256
+    else:
+        assert returned == soft == hard
