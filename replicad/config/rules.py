@@ -438,7 +438,7 @@ class SecretFile(Rule):
             problems.add(path, f"expected {self.expected}; got {describe_kind(value)}")
             return INVALID
         try:
-            text = Path(text).read_text(encoding="utf-8")
+            content = Path(text).read_text(encoding="utf-8")
         except UnicodeDecodeError:
             problems.add(path, "the file it names is not UTF-8 text")
             return INVALID
@@ -446,7 +446,7 @@ class SecretFile(Rule):
             reason = error.strerror or type(error).__name__
             problems.add(path, f"cannot read the file it names: {reason} {_NOT_REPEATED}")
             return INVALID
-        secret = _strip_line_end(text)
+        secret = _strip_line_end(content)
         if not secret:
             problems.add(path, "the file it names is empty")
             return INVALID
