@@ -1,5 +1,7 @@
 """The README's first command as a new user meets it: `make demo` from a fresh clone, by a
-user who is not root, on a machine where kcat is not on PATH (it is only a test peer).
+user who is not root, on a machine where kcat is not on PATH (it is only a test peer); and
+the test peer itself, kcat, fetched by such a user when the system's package lists are
+empty (a fresh container's are).
 
 The user gets nothing of ours installed: a clone of the committed tree, their own venv and
 pip downloads. Only Apache Kafka's jars are shared (read-only) with this run, as the same
@@ -56,18 +58,12 @@ def path_without(program: str, directory: Path) -> str:
     return str(directory)
 
 
-def test_make_demo_from_a_fresh_clone_as_a_user_who_is_not_root(
-    new_user: tuple[str, Path],
-) -> None:
-    name, home = new_user
+def fresh_clone(name: str, home: Path) -> tuple[Path, dict[str, str]]:
+    """A clone of the committed tree in the user's home, and the environment of a login
+    with kcat off PATH."""
     clone = home / "replicad"
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
-    cache = clone / ".cache" / "kafka"
-    cache.mkdir(parents=True)
-    (cache / "lib").symlink_to(KAFKA_CACHE / "lib")
-    subprocess.run(["chown", "-R", f"{name}:{name}", str(home)], check=True)
     path = path_without("kcat", home / "bin")
-    user = pwd.getpwnam(name)
     env = {
         "HOME": str(home),
         "USER": name,
@@ -76,24 +72,56 @@ def test_make_demo_from_a_fresh_clone_as_a_user_who_is_not_root(
         # The machine's own pip settings (an index mirror, a wheel directory) stay.
         **{k: v for k, v in os.environ.items() if k.startswith("PIP_")},
     }
+    return clone, env
+
+
+def as_user(name: str, env: dict[str, str], *argv: str, timeout: float = 120) -> str:
     result = subprocess.run(
-        ["runuser", "-u", name, "--", "make", "-C", str(clone), "demo"],
+        ["runuser", "-u", name, "--", *argv],
         env=env,
         capture_output=True,
         text=True,
-        timeout=DEMO_TIMEOUT_S,
+        timeout=timeout,
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
-    assert (
-        "kcat"
-        not in subprocess.run(
-            ["runuser", "-u", name, "--", "sh", "-c", "command -v kcat || true"],
-            env=env,
-            capture_output=True,
-            text=True,
-        ).stdout
-    )
+    return output
+
+
+def test_make_demo_from_a_fresh_clone_as_a_user_who_is_not_root(
+    new_user: tuple[str, Path],
+) -> None:
+    name, home = new_user
+    clone, env = fresh_clone(name, home)
+    cache = clone / ".cache" / "kafka"
+    cache.mkdir(parents=True)
+    (cache / "lib").symlink_to(KAFKA_CACHE / "lib")
+    subprocess.run(["chown", "-R", f"{name}:{name}", str(home)], check=True)
+    user = pwd.getpwnam(name)
+    output = as_user(name, env, "make", "-C", str(clone), "demo", timeout=DEMO_TIMEOUT_S)
+    assert as_user(name, env, "sh", "-c", "command -v kcat || true").strip() == ""
     assert "replicated in" in output and "done: the replica is in" in output, output[-3000:]
     replica = clone / "var" / "data"
     assert replica.is_dir() and replica.stat().st_uid == user.pw_uid
+
+
+def test_kcat_is_fetched_without_root_when_the_package_lists_are_empty(
+    new_user: tuple[str, Path],
+) -> None:
+    """`make test`'s one peer from outside PyPI and Maven Central: `make test-peers` as a
+    user who is not root, kcat not on PATH, apt's package lists empty (APT_CONFIG points
+    apt at an empty directory, as a fresh container has)."""
+    name, home = new_user
+    clone, env = fresh_clone(name, home)
+    empty_lists = home / "empty-package-lists"
+    (empty_lists / "partial").mkdir(parents=True)
+    apt_config = home / "apt.conf"
+    apt_config.write_text(f'Dir::State::Lists "{empty_lists}";\n')
+    subprocess.run(["chown", "-R", f"{name}:{name}", str(home)], check=True)
+    env = {**env, "APT_CONFIG": str(apt_config)}
+    as_user(name, env, "make", "-C", str(clone), "test-peers")
+    kcat = as_user(name, env, str(clone / "tools" / "kcat.sh"), "path").strip()
+    assert kcat == str(clone / ".cache" / "kcat" / "bin" / "kcat")
+    assert as_user(name, env, kcat, "-V").startswith("kcat - Apache Kafka")
+    # It had to fetch package lists of its own, into the clone.
+    assert any((clone / ".cache" / "apt" / "lists").glob("*Packages*"))

@@ -5,6 +5,10 @@
 #   kcat.sh fetch   kcat on PATH already: nothing to do. As root: apt-get install kcat.
 #                   As anyone else: apt-get download kcat and the libraries it needs that
 #                   the system lacks, and unpack them (dpkg -x) into .cache/kcat -- no root.
+#                   When the system's package lists cannot give them (empty, as in a fresh
+#                   container, or stale), package lists of our own are fetched into
+#                   .cache/apt first (apt-get update with Dir::State::Lists there): that
+#                   needs no root either.
 #   kcat.sh path    print the kcat to run (on PATH, or .cache/kcat/bin/kcat)
 #
 # Only `make test` needs kcat; `make demo` does not.
@@ -14,11 +18,35 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
 cache="$root/.cache/kcat"
 wrapper="$cache/bin/kcat"
-# kcat and what it links against beyond libc (Debian 12: librdkafka1 and its own needs).
-packages=(kcat librdkafka1 libyajl2 libcurl4 libsasl2-2 liblz4-1 libzstd1 libssl3 zlib1g)
+own_apt="$root/.cache/apt"
+# apt options for package lists of our own, in a directory this user may write.
+own_lists=(-o "Dir::State::Lists=$own_apt/lists" -o "Dir::Cache=$own_apt/cache")
 
 installed() {
     [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]
+}
+
+# kcat and every package it needs, recursively, that the system has not installed.
+wanted() {
+    local package
+    apt-cache "$@" depends --recurse --no-recommends --no-suggests --no-conflicts \
+        --no-breaks --no-replaces --no-enhances kcat | grep -v '^[ <]' | sort -u |
+        while read -r package; do
+            if [ "$package" = kcat ] || ! installed "$package"; then
+                echo "$package"
+            fi
+        done
+}
+
+# download STAGING [APT OPTIONS...]: the .deb files of `wanted` into STAGING/debs.
+download() {
+    local staging="$1"
+    shift
+    local packages
+    packages="$(wanted "$@")" || return 1
+    [ -n "$packages" ] || return 1
+    # shellcheck disable=SC2086 # one package name a word
+    (cd "$staging/debs" && apt-get -q "$@" download $packages)
 }
 
 works() {
@@ -55,19 +83,19 @@ fetch() {
     local staging="$cache.partial.$$"
     rm -rf "$staging"
     mkdir -p "$staging/debs" "$staging/root" "$staging/bin"
-    local wanted=()
-    for package in "${packages[@]}"; do
-        if [ "$package" = kcat ] || ! installed "$package"; then
-            wanted+=("$package")
+    if ! download "$staging" >"$staging/apt.log" 2>&1; then
+        echo "kcat.sh: the system's package lists do not have it; fetching package lists" \
+            "into $own_apt (no root needed)" >&2
+        mkdir -p "$own_apt/lists/partial" "$own_apt/cache/archives/partial"
+        if ! { apt-get -q "${own_lists[@]}" update && download "$staging" "${own_lists[@]}"; } \
+            >>"$staging/apt.log" 2>&1; then
+            cat "$staging/apt.log" >&2
+            rm -rf "$staging"
+            echo "kcat.sh: could not download kcat (no network to the package archive?)." >&2
+            echo "kcat.sh: run:  sudo apt-get update && sudo apt-get install kcat" >&2
+            echo "kcat.sh: then run make test again." >&2
+            exit 1
         fi
-    done
-    if ! (cd "$staging/debs" && apt-get download -qq "${wanted[@]}" >/dev/null 2>"$staging/apt.log"); then
-        cat "$staging/apt.log" >&2
-        rm -rf "$staging"
-        echo "kcat.sh: could not download kcat without root (the package lists may be empty)." >&2
-        echo "kcat.sh: run:  sudo apt-get update && sudo apt-get install kcat" >&2
-        echo "kcat.sh: then run make test again." >&2
-        exit 1
     fi
     for deb in "$staging"/debs/*.deb; do
         dpkg -x "$deb" "$staging/root"
