@@ -5,17 +5,19 @@ without the venv on PATH; the columns and options it lists are the data source's
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from replicad.cli import build_parser
+from replicad.config import config_from_mapping
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
 from replicad.records.batch import scan_batches
@@ -23,11 +25,11 @@ from replicad.spark.options import OPTION_NAMES
 from replicad.spark.schema import RECORDS_ARROW
 from replicad.types import TopicPartition
 from tools.logdata.batches import batch_stream
+from tools.peers.pki import Pki, make_test_pki
+from tools.readme import README, blocks, shell_commands
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
 LANGUAGES = {"sh", "text", "yaml", "python"}
-NEEDS = re.compile(r"\s+#\s*needs:\s*(?P<what>.+)$")
 # The README's commands that no marker excuses, and the test that runs each.
 RUN_BY = {
     "make demo": (
@@ -37,50 +39,30 @@ RUN_BY = {
     "make test": (".ci/run", "make test"),  # CI runs the README's test command: this suite
     "make kafka": (
         "tests/peers/test_localkafka.py",
-        "test_serves_a_sample_topic_on_the_port_asked_for_until_interrupted",
+        "test_a_sample_topic_the_readmes_commands_replicate_until_ctrl_c",
     ),
     "make dist": (
         "tests/test_install.py",
         "test_the_wheel_installs_and_the_shipped_config_checks_as_the_service_user",
     ),
 }
-
-
-@dataclass(frozen=True)
-class Block:
-    language: str
-    line: int
-    text: str
-
-
-def blocks() -> list[Block]:
-    found = []
-    lines = README.read_text().splitlines()
-    i = 0
-    while i < len(lines):
-        match = re.match(r"^```(\S*)\s*$", lines[i])
-        if match:
-            end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
-            found.append(Block(match.group(1), i + 1, "\n".join(lines[i + 1 : end])))
-            i = end
-        i += 1
-    return found
-
-
-def shell_commands() -> list[tuple[str, str | None]]:
-    """(command, what it needs or None) for every command of every `sh` block."""
-    commands = []
-    for block in blocks():
-        if block.language != "sh":
-            continue
-        for line in block.text.replace("\\\n", " ").splitlines():
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            needs = NEEDS.search(line)
-            command = NEEDS.sub("", line).strip() if needs else line
-            commands.append((command, needs.group("what") if needs else None))
-    return commands
+# Sections whose commands a test runs, marked or not (each in a stand-in: a temporary root
+# for the install, a broker of the test's own for `make kafka`), but those that need
+# systemd or a cluster.
+SECTIONS_RUN_BY = {
+    "Trying it by hand": (
+        "tests/peers/test_localkafka.py",
+        "test_a_sample_topic_the_readmes_commands_replicate_until_ctrl_c",
+    ),
+    "Installing": (
+        "tests/test_install.py",
+        "test_the_wheel_installs_and_the_shipped_config_checks_as_the_service_user",
+    ),
+    "Running under systemd": (
+        "tests/test_install.py",
+        "test_the_wheel_installs_and_the_shipped_config_checks_as_the_service_user",
+    ),
+}
 
 
 def test_every_code_block_says_its_language() -> None:
@@ -91,9 +73,11 @@ def test_every_code_block_says_its_language() -> None:
 
 
 def test_every_shell_command_runs_in_a_test_or_says_what_it_needs() -> None:
-    unmarked = {command for command, needs in shell_commands() if needs is None}
+    unmarked = {c.command for c in shell_commands() if c.needs is None}
     assert unmarked == set(RUN_BY), "add the command's test to RUN_BY, or mark it"
-    for path, name in RUN_BY.values():
+    sections = {c.section for c in shell_commands()}
+    assert set(SECTIONS_RUN_BY) <= sections, "a section the tests run was renamed"
+    for path, name in [*RUN_BY.values(), *SECTIONS_RUN_BY.values()]:
         text = (ROOT / path).read_text()
         assert f"def {name}(" in text or name in text, (path, name)
 
@@ -103,6 +87,8 @@ def replicad_argv(command: str) -> list[str] | None:
     words = shlex.split(command.split("&&")[0].split("|")[-1])
     if words[:1] == ["sudo"]:
         words = words[3:] if words[1:2] == ["-u"] else words[1:]
+    if words[:1] == ["env"]:
+        words = list(itertools.dropwhile(lambda w: "=" in w, words[1:]))
     if words and (words[0] == "replicad" or words[0].endswith("/bin/replicad")):
         return words[1:]
     return None
@@ -111,8 +97,8 @@ def replicad_argv(command: str) -> list[str] | None:
 def test_every_replicad_command_line_parses() -> None:
     parser = build_parser()
     checked = 0
-    for command, _ in shell_commands():
-        argv = replicad_argv(command)
+    for c in shell_commands():
+        argv = replicad_argv(c.command)
         if argv is None or argv == ["--version"]:
             continue
         parser.parse_args(argv)  # SystemExit (and a usage message) on an unknown flag
@@ -125,9 +111,9 @@ def test_every_make_target_exists() -> None:
     targets = {m.group(1) for m in re.finditer(r"^([a-z][\w-]*):", makefile, re.M)}
     used = {
         word
-        for command, _ in shell_commands()
-        if command.startswith("make ")
-        for word in command.split()[1:]
+        for c in shell_commands()
+        if c.command.startswith("make ")
+        for word in c.command.split()[1:]
         if "=" not in word
     }
     assert used and used <= targets
@@ -186,3 +172,41 @@ def test_run_help_states_the_defaults(flag: str) -> None:
     run = parser._subparsers._group_actions[0].choices["run"]
     help_text = next(a.help for a in run._actions if flag in a.option_strings)
     assert "systemd" in help_text and "root" in help_text
+
+
+def placed_files(value: object, key: str, pki: Pki) -> object:
+    """The README's example with each /etc/replicad file it names made for the test, of the
+    kind its key wants (the loader reads certificates, passwords and users files)."""
+    if isinstance(value, dict):
+        return {k: placed_files(v, str(k), pki) for k, v in value.items()}
+    if isinstance(value, list):
+        return [placed_files(v, key, pki) for v in value]
+    if not (isinstance(value, str) and value.startswith("/etc/replicad/")):
+        return value
+    certificates = {"cert_file": pki.broker_cert, "key_file": pki.broker_key, "ca_file": pki.ca}
+    if key in certificates:
+        return str(certificates[key])
+    placed = pki.directory / Path(value).name
+    if key == "users_file":
+        password = pki.directory / "replica-password"
+        password.write_text("a password\n")
+        placed.write_text(f"replica:\n  password_file: {password}\n")
+    else:
+        assert key.endswith("password_file"), key
+        placed.write_text("a password\n")
+    return str(placed)
+
+
+def test_the_yaml_examples_are_valid_config(tmp_path: Path) -> None:
+    """Each `yaml` block, with the two keys every config needs, loads without a problem:
+    its keys exist and its values pass their rules (a renamed key fails here)."""
+    examples = [b for b in blocks() if b.language == "yaml"]
+    assert examples
+    pki = make_test_pki(tmp_path)
+    for block in examples:
+        example = yaml.safe_load(block.text)
+        config = {"source": {"bootstrap_servers": ["127.0.0.1:9092"]}, "topics": {}}
+        for section, keys in placed_files(example, "", pki).items():
+            config.setdefault(section, {}).update(keys)
+        config["topics"].setdefault("include", ["orders"])
+        config_from_mapping(config, source=f"README.md:{block.line}")  # raises naming the key
