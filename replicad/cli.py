@@ -58,7 +58,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         config = load_config(Path(args.config) if args.config else None, _run_overrides(args))
     except ConfigError as exc:
-        print(f"replicad: invalid configuration:\n{exc}", file=sys.stderr)
+        _print_config_error(exc)
         return EX_CONFIG
     from replicad.config.preflight import preflight
 
@@ -102,6 +102,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return EX_INTERRUPTED
 
 
+def _print_config_error(exc: ConfigError) -> None:
+    """One line per problem, each naming where and which key (`replicad.yaml:7: fetch...`),
+    as preflight's problems are: a start-up failure reads the same whatever found it."""
+    for line in str(exc).splitlines():
+        print(f"replicad: {line}", file=sys.stderr)
+
+
 def _os_error_line(exc: OSError) -> str:
     where = f": {exc.filename}" if exc.filename else ""
     return f"{exc.strerror or exc}{where}"
@@ -124,7 +131,7 @@ def _status_socket(args: argparse.Namespace) -> Path:
         try:
             return load_config(Path(args.config), {}).control.socket
         except ConfigError as exc:
-            print(f"replicad: invalid configuration:\n{exc}", file=sys.stderr)
+            _print_config_error(exc)
             raise SystemExit(EX_CONFIG) from exc
     from replicad.config.defaults import control_socket_candidates
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from replicad.exits import EX_CANTCREAT
+from replicad.exits import EX_CANTCREAT, EX_CONFIG
 from tools.replica import ReplicadProcess, replicad_run, wait_until
 
 REPLICAD = [sys.executable, "-m", "replicad.cli"]
@@ -61,6 +61,20 @@ def test_a_data_dir_that_cannot_be_created_is_one_line_naming_it(tmp_path: Path)
         line = one_line_without_traceback(result.stderr)
         assert line.startswith("replicad: data_dir: ")
         assert "is not a directory" in line and "--data-dir" in line
+
+
+def test_a_bad_key_is_one_line_naming_file_line_and_key(tmp_path: Path) -> None:
+    config = tmp_path / "replicad.yaml"
+    config.write_text(
+        "source:\n  bootstrap_servers: [127.0.0.1:9]\ntopics:\n  include: [orders]\n"
+        f"data_dir: {tmp_path / 'data'}\nfetch:\n  partition_max_bytes: big\n"
+    )
+    for extra in (["--check-config"], []):
+        result = replicad("run", "-c", str(config), *extra)
+        assert result.returncode == EX_CONFIG
+        line = one_line_without_traceback(result.stderr)
+        assert line.startswith(f"replicad: {config}:7: fetch.partition_max_bytes: "), line
+    assert not (tmp_path / "data").exists()
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root")

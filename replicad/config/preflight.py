@@ -1,8 +1,9 @@
 """What `replicad run` would fail on before replicating, found without doing any of it.
 
 `--check-config` and `run` itself ask `preflight(config)` after the file validated: the
-data directory and the control socket's directory can be created and written, the TLS
-files can be read. Nothing is created, opened for writing or bound: the checks look at
+data directory and the control socket's directory can be created and written, the socket's
+path is short enough to bind (a default under a deep home may not be), the TLS files can be
+read. Nothing is created, opened for writing or bound: the checks look at
 the filesystem as the user running them sees it (os.access), so a config checked by
 `--check-config` as the service user is one `run` can start with.
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from replicad.config.model import Config
+from replicad.config.rules import UNIX_SOCKET_PATH_MAX
 from replicad.exits import EX_CANTCREAT, EX_CONFIG, EX_NOPERM
 
 
@@ -54,6 +56,10 @@ def _check(config: Config, problems: list[Problem]) -> None:
         "control.socket: in the config)"
     )
     _writable_dir(problems, "control.socket", socket.parent, socket_fix, shown=socket)
+    size = len(os.fsencode(socket))
+    if size > UNIX_SOCKET_PATH_MAX:  # a default under a deep home: bind() would refuse it
+        reason = f"a Unix socket path has at most {UNIX_SOCKET_PATH_MAX} bytes, this one {size}"
+        problems.append(Problem("control.socket", socket, reason, socket_fix, EX_CONFIG))
     tls = config.source.security.tls
     for key, path in (
         ("source.security.tls.ca_file", tls.ca_file),

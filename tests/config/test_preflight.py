@@ -71,3 +71,19 @@ def test_tls_files_that_are_missing_are_named(tmp_path: Path) -> None:
         ("source.security.tls.ca_file", "no such file"),
         ("source.security.tls.cert_file", "not a file"),
     ]
+
+
+def test_a_default_socket_too_long_to_bind_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default socket lies under the user's state directory; under a deep home it is
+    longer than bind() takes (the rule on the key checks only a path that was given)."""
+    monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / ("deep" * 30)))
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    default = dataclasses.replace(Config(), data_dir=tmp_path / "data")
+    (problem,) = preflight(default)
+    assert (problem.key, problem.exit_code) == ("control.socket", EX_CONFIG)
+    assert problem.path == default.control.socket
+    assert "at most 107 bytes" in problem.reason and "--control-socket" in problem.fix

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -289,8 +291,21 @@ def test_a_wrong_password_is_a_clear_error_retried_with_backoff(
             what="four refused attempts",
         )
         assert proc.running, proc.output()
+        # `replicad status` says it too: down, the source refusing us, exit 2.
+        status = subprocess.run(
+            [sys.executable, "-m", "replicad.cli", "status", "-c", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     finally:
         rc = proc.stop()
+    assert status.returncode == 2, status.stdout + status.stderr
+    headline = status.stdout.splitlines()[:2]
+    assert headline[0] == "health: DOWN", status.stdout
+    assert headline[1].startswith("  - the source refuses us (for "), status.stdout
+    assert "SCRAM-SHA-512 authentication as 'replicad'" in headline[1], status.stdout
+    assert WRONG_PASSWORD not in status.stdout
     output = proc.output()
     assert rc == 0, output
     assert "Traceback" not in output
