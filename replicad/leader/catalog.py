@@ -85,6 +85,11 @@ class Catalog:
             found = self._partitions.get(tp)
         return found
 
+    def partition_count(self, *, now_ms: int) -> int:
+        """How many partitions the replica holds (request_limits scales with it)."""
+        self._maybe_refresh(now_ms)
+        return len(self._partitions)
+
     def topics(self, *, now_ms: int) -> Mapping[str, TopicEntry]:
         self._maybe_refresh(now_ms)
         return self._topics

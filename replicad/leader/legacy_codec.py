@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kio.serial import readers
-from kio.serial.errors import BufferUnderflow
+from kio.serial.errors import DecodeError
 
 from replicad.errors import RemoteProtocolError
 
@@ -50,7 +50,8 @@ _I64 = struct.Struct(">q")
 
 class _Reader:
     """kio's primitive readers over a frame, with a running position; running past the end,
-    or an array longer than the bytes left, is the peer's RemoteProtocolError."""
+    an array longer than the bytes left, or any other of kio's decode errors (invalid
+    UTF-8, a negative length) is the peer's RemoteProtocolError."""
 
     def __init__(self, data: bytes | memoryview, position: int = 0) -> None:
         self._data = bytes(data)
@@ -59,7 +60,7 @@ class _Reader:
     def _read(self, reader: Callable[[bytes, int], tuple[Any, int]]) -> Any:
         try:
             value, size = reader(self._data, self.position)
-        except (BufferUnderflow, ValueError, UnicodeDecodeError) as exc:
+        except (DecodeError, ValueError, UnicodeDecodeError) as exc:
             raise RemoteProtocolError(f"bad request bytes at byte {self.position}: {exc}") from exc
         self.position += size
         return value

@@ -5,8 +5,17 @@ Rules:
   connection are answered one at a time and in order, as Kafka does (it mutes a channel
   while a request is in flight). A waiting Fetch (long-poll) holds its connection only.
 - Decoding is frames.py's, deciding is fetch.py's / handlers.py's; this module waits and
-  writes. A frame larger than `max_request_bytes`, undecodable bytes, or an API/version no
-  codec can answer closes the connection (logged); anything decodable gets an answer.
+  writes. A frame larger than request_limits.py allows (at most `max_request_bytes`),
+  undecodable bytes, a request naming more than request_limits.py allows, or an
+  API/version no codec can answer closes the connection; anything else gets an answer.
+- No connection holds the loop: once a connection has held it for `TURN_S` (answering
+  requests it had buffered, which never waits), it yields to the loop before it reads the
+  next, so a client pipelining requests takes turns with the others; one request is the
+  most a turn overruns by. Frames larger than `DECODE_INLINE_BYTES` are decoded on a
+  worker thread of their own (one at a time, whoever sent them).
+- What clients do wrong is a `ServeEvent` (events.py): counted, logged at a limited rate,
+  never with a traceback unless the fault is ours. Nothing is keyed by values a client
+  chose: requests are counted per API and version served, the rest under one label.
 - Writing a response: its size prefix, then its parts in order on the connection's
   transport. A file region goes out by `loop.sendfile`, which first waits for the
   transport's buffer to drain and pauses reading while the kernel copies the file, so it
@@ -41,6 +50,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +63,7 @@ from replicad.config.model import SaslMechanism, ServeSecurityConfig
 from replicad.errors import RemoteProtocolError
 from replicad.leader import handlers, legacy_codec
 from replicad.leader.catalog import Catalog
+from replicad.leader.events import ServeEvent, ServeEvents
 from replicad.leader.fetch import (
     FetchHandling,
     Role,
@@ -63,6 +74,11 @@ from replicad.leader.fetch_response import fetch_response_frame
 from replicad.leader.frames import ResponseFrame, encode_response, raw_response, response_header_v0
 from replicad.leader.reads import TransactionTracker
 from replicad.leader.refusals import NO_COORDINATOR_MESSAGE, READ_ONLY_MESSAGE, error_response
+from replicad.leader.request_limits import (
+    count_elements,
+    plausible_elements,
+    plausible_frame_bytes,
+)
 from replicad.leader.security import (
     ANONYMOUS,
     SASL_APIS,
@@ -103,6 +119,15 @@ TLS_HANDSHAKE_S = 60.0
 # Kafka's sasl.server.max.receive.size: the largest frame read before authentication.
 SASL_MAX_RECEIVE_BYTES = 512 * 1024
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+# Frames up to this size are decoded on the loop (kio: well under a millisecond); larger
+# ones on the decoding thread.
+DECODE_INLINE_BYTES = 64 * 1024
+# How long a connection answers buffered requests before the others get a turn: short
+# enough that a few pipelining clients add milliseconds to anyone's round trip, long
+# enough that a pipelining client is not slowed to one request per turn of the loop.
+TURN_S = 0.005
+# Requests counted under one label whatever API or version they claimed (see the rules).
+UNSUPPORTED_LABEL = "unsupported"
 
 
 def monotonic_ms() -> int:
@@ -115,6 +140,15 @@ class _Close(Exception):
 
 class _Closed(Exception):
     """The connection must be closed; what happened has been logged and counted."""
+
+
+class _Refused(Exception):
+    """The connection must be closed for `event` (a ServeEvent), noted by the caller."""
+
+    def __init__(self, event: ServeEvent, **fields: Any) -> None:
+        super().__init__(event.message)
+        self.event = event
+        self.fields = fields
 
 
 class _PausedUntilTls(asyncio.StreamReaderProtocol):
@@ -186,6 +220,10 @@ class LeaderServer:
         self._host = settings.host
         self.requests: Counter[str] = Counter()
         self.counters: Counter[str] = Counter()
+        self.events = ServeEvents(self.counters, now_ms=now_ms)
+        # One thread decodes large frames, so a flood of them queues there instead of
+        # multiplying the threads that contend with the loop for the GIL.
+        self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="serve-decode")
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -247,6 +285,7 @@ class LeaderServer:
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
+        self._decoder.shutdown(wait=False, cancel_futures=True)
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -299,16 +338,15 @@ class LeaderServer:
         except ssl.SSLError as exc:
             log.info("TLS error; connection closed", peer=str(peer), error=exc.reason)
         except _Close as reason:
-            log.warning("closing a client connection", peer=str(peer), reason=str(reason))
+            self.events.note(ServeEvent.REFUSED_REQUEST, peer=str(peer), reason=str(reason))
+        except _Refused as refused:
+            self.events.note(refused.event, peer=str(peer), **refused.fields)
         except RemoteProtocolError as exc:
-            self.counters["protocol_errors_total"] += 1
-            log.warning(
-                "client broke the protocol; connection closed", peer=str(peer), error=str(exc)
-            )
+            self.events.note(ServeEvent.PROTOCOL_ERROR, peer=str(peer), error=str(exc))
         except asyncio.CancelledError:
             pass
         except Exception:
-            log.exception("connection failed", peer=str(peer))
+            self.events.note(ServeEvent.UNEXPECTED_ERROR, exc_info=True, peer=str(peer))
         finally:
             self._connections.discard(task)
             writer.close()
@@ -318,10 +356,13 @@ class LeaderServer:
     async def _serve(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: _Peer
     ) -> None:
+        loop = asyncio.get_running_loop()
+        turn_started = loop.time()
         while True:
             (size,) = SIZE.unpack(await reader.readexactly(SIZE.size))
-            if size < 8 or size > self.settings.max_request_bytes:
+            if size < 8:
                 raise _Close(f"request frame of {size} bytes")
+            self._check_frame_size(size)
             if peer.sasl is not None and size > SASL_MAX_RECEIVE_BYTES and not peer.sasl.done:
                 # An unauthenticated client may not make the server hold a large frame.
                 raise _Close(f"request frame of {size} bytes before SASL authentication")
@@ -331,6 +372,23 @@ class LeaderServer:
             response = await self._handle(frame, peer)
             if response is not None:
                 await self._send(writer, response)
+            if loop.time() - turn_started >= TURN_S:
+                # The others' turn: with requests already buffered, nothing above waits.
+                await asyncio.sleep(0)
+                turn_started = loop.time()
+
+    def _check_frame_size(self, size: int) -> None:
+        if size > self.settings.max_request_bytes:
+            raise _Close(f"request frame of {size} bytes")
+        held = self.catalog.partition_count(now_ms=self._now_ms())
+        limit = plausible_frame_bytes(held, self.settings.max_request_bytes)
+        if size > limit:
+            raise _Refused(
+                ServeEvent.IMPLAUSIBLE_REQUEST,
+                frame_bytes=size,
+                limit_bytes=limit,
+                partitions_held=held,
+            )
 
     # -- security --------------------------------------------------------------------------
 
@@ -339,10 +397,9 @@ class LeaderServer:
         try:
             await writer.start_tls(self.security.tls, ssl_handshake_timeout=TLS_HANDSHAKE_S)
         except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
-            self.counters["tls_handshake_failures_total"] += 1
             # Info, as Kafka logs it: port checks and scanners fail handshakes all day.
-            log.info(
-                "TLS handshake failed; connection closed",
+            self.events.note(
+                ServeEvent.TLS_HANDSHAKE_FAILED,
                 peer=address,
                 error=getattr(exc, "reason", None) or str(exc) or type(exc).__name__,
             )
@@ -380,14 +437,13 @@ class LeaderServer:
         head = peek_request_head(frame)
         if head.api_key not in SASL_APIS:
             if sasl.admission(head.api_key) is Admission.CLOSE:
-                self.counters["unauthenticated_requests_total"] += 1
-                raise _Close(f"{_api_name(head.api_key)} before SASL authentication")
+                raise _Refused(ServeEvent.UNAUTHENTICATED_REQUEST, api=_api_name(head.api_key))
             return False
-        self.requests[f"{_api_name(head.api_key)} v{head.api_version}"] += 1
+        self._count_request(head)
         supported = handlers.SASL_VERSIONS[head.api_key]
         if not supported.min <= head.api_version <= supported.max:
             raise _Close(f"{_api_name(head.api_key)} v{head.api_version} is not served")
-        request = decode_request(frame, request_type(head.api_key, head.api_version)).body
+        request = (await self._decode(frame, head)).body
         if head.api_key == ApiKey.SASL_HANDSHAKE:
             reply = sasl.handshake(request)
         else:
@@ -398,10 +454,9 @@ class LeaderServer:
             self._authorize(peer, reply.principal)
             log.debug("client authenticated", peer=peer.address, principal=str(reply.principal))
         if reply.close:
-            self.counters["authentication_failures_total"] += 1
             # Never the name or password tried: a user may type one for the other.
-            log.warning(
-                "SASL authentication failed; connection closed",
+            self.events.note(
+                ServeEvent.AUTHENTICATION_FAILED,
                 peer=peer.address,
                 mechanism=str(request.mechanism)
                 if head.api_key == ApiKey.SASL_HANDSHAKE
@@ -416,7 +471,7 @@ class LeaderServer:
     async def _handle(self, frame: bytes, peer: _Peer) -> ResponseFrame | None:
         head = peek_request_head(frame)
         api = head.api_key
-        self.requests[f"{_api_name(api)} v{head.api_version}"] += 1
+        self._count_request(head)
         supported = handlers.SUPPORTED_VERSIONS.get(api)
         if api == ApiKey.API_VERSIONS and (supported is None or head.api_version > supported.max):
             # KIP-511: answer in v0's layout, naming what we support.
@@ -425,30 +480,52 @@ class LeaderServer:
             )
             return encode_response(body, head.correlation_id)
         if supported is None or not supported.min <= head.api_version <= supported.max:
-            return self._refuse(frame, head)
+            return await self._refuse(frame, head)
+        decoded = await self._decode(frame, head)
         if api == ApiKey.FETCH:
-            return await self._fetch(frame, head, peer)
+            return await self._fetch(decoded, peer)
         if api == ApiKey.PRODUCE:
-            return self._produce(frame, head)
+            return self._produce(decoded)
         now_ms = self._now_ms()
-        if (
-            api == ApiKey.LIST_OFFSETS
-            and head.api_version in legacy_codec.LEGACY_LIST_OFFSETS_VERSIONS
-        ):
-            header = legacy_codec.read_request_header_v1(frame)
-            request = legacy_codec.decode_list_offsets_request(
-                memoryview(frame)[header.body_position :]
-            )
+        if isinstance(decoded.body, legacy_codec.LegacyListOffsetsRequest):
             answers = handlers.legacy_list_offsets(
-                request, self.catalog, self.transactions, now_ms=now_ms
+                decoded.body, self.catalog, self.transactions, now_ms=now_ms
             )
             return raw_response(
                 response_header_v0(head.correlation_id),
                 legacy_codec.encode_list_offsets_response(answers),
             )
-        decoded = decode_request(frame, request_type(api, head.api_version))
         body = self._answer(decoded, now_ms)
         return encode_response(body, head.correlation_id)
+
+    def _count_request(self, head: RequestHead) -> None:
+        """One more request of its API and version, or of `UNSUPPORTED_LABEL`: a client
+        choosing api keys and versions at will adds no state."""
+        supported = self._supported.get(head.api_key)
+        if supported is not None and supported.min <= head.api_version <= supported.max:
+            self.requests[f"{_api_name(head.api_key)} v{head.api_version}"] += 1
+        else:
+            self.requests[UNSUPPORTED_LABEL] += 1
+
+    async def _decode(self, frame: bytes, head: RequestHead) -> DecodedRequest:
+        """The request in `frame` (by kio, or legacy_codec for the versions kio lacks),
+        decoded on the loop if small, else on the decoding thread; refused if it names
+        more than request_limits.py allows."""
+        if len(frame) <= DECODE_INLINE_BYTES:
+            decoded = _decode_request(frame, head)
+        else:
+            loop = asyncio.get_running_loop()
+            decoded = await loop.run_in_executor(self._decoder, _decode_request, frame, head)
+        held = self.catalog.partition_count(now_ms=self._now_ms())
+        counted = count_elements(decoded.body, plausible_elements(held))
+        if not counted.plausible:
+            raise _Refused(
+                ServeEvent.IMPLAUSIBLE_REQUEST,
+                api=_api_name(head.api_key),
+                elements_over=counted.limit,
+                partitions_held=held,
+            )
+        return decoded
 
     def _answer(self, request: DecodedRequest, now_ms: int) -> Any:
         api, version = request.head.api_key, request.head.api_version
@@ -470,7 +547,7 @@ class LeaderServer:
             )
         raise AssertionError(f"no handler for api {api}")
 
-    def _refuse(self, frame: bytes, head: RequestHead) -> ResponseFrame:
+    async def _refuse(self, frame: bytes, head: RequestHead) -> ResponseFrame:
         """An API (or version) we do not serve: its own error, in its own version."""
         try:
             response_cls = response_type(head.api_key, head.api_version)
@@ -480,7 +557,7 @@ class LeaderServer:
             ) from exc
         request = None
         with contextlib.suppress(RemoteProtocolError, UnknownAPIKey, UnknownEntity):
-            request = decode_request(frame, request_type(head.api_key, head.api_version)).body
+            request = (await self._decode(frame, head)).body
         self.counters["refused_requests_total"] += 1
         if head.api_key == FIND_COORDINATOR:
             body = error_response(
@@ -493,19 +570,19 @@ class LeaderServer:
             body = error_response(response_cls, ErrorCode.unsupported_version, request)
         return encode_response(body, head.correlation_id)
 
-    def _produce(self, frame: bytes, head: RequestHead) -> ResponseFrame:
+    def _produce(self, decoded: DecodedRequest) -> ResponseFrame:
+        head = decoded.head
         version = head.api_version
         self.counters["refused_produce_total"] += 1
-        if version in legacy_codec.LEGACY_PRODUCE_VERSIONS:
-            header = legacy_codec.read_request_header_v1(frame)
-            legacy = legacy_codec.decode_produce_request(memoryview(frame)[header.body_position :])
+        if isinstance(decoded.body, legacy_codec.LegacyProduceRequest):
+            legacy = decoded.body
             if legacy.acks == ACKS_NONE:
                 raise _Close("produce with acks=0 refused (read-only replica)")
             body_bytes = legacy_codec.encode_produce_response(
                 version, legacy.topics, ErrorCode.topic_authorization_failed
             )
             return raw_response(response_header_v0(head.correlation_id), body_bytes)
-        request = decode_request(frame, request_type(ApiKey.PRODUCE, version)).body
+        request = decoded.body
         if int(request.acks) == ACKS_NONE:
             raise _Close("produce with acks=0 refused (read-only replica)")
         body = error_response(
@@ -518,17 +595,12 @@ class LeaderServer:
 
     # -- Fetch -----------------------------------------------------------------------------
 
-    async def _fetch(self, frame: bytes, head: RequestHead, peer: _Peer) -> ResponseFrame:
+    async def _fetch(self, decoded: DecodedRequest, peer: _Peer) -> ResponseFrame:
+        head = decoded.head
         version = head.api_version
-        if version in legacy_codec.LEGACY_FETCH_VERSIONS:
-            header = legacy_codec.read_request_header_v1(frame)
-            view = view_of_legacy_request(
-                legacy_codec.decode_fetch_request(
-                    version, memoryview(frame)[header.body_position :]
-                )
-            )
+        if isinstance(decoded.body, legacy_codec.LegacyFetchRequest):
+            view = view_of_legacy_request(decoded.body)
         else:
-            decoded = decode_request(frame, request_type(ApiKey.FETCH, version))
             view = view_of_kio_request(version, decoded.body)
         handling = FetchHandling(
             view,
@@ -552,10 +624,8 @@ class LeaderServer:
                     replica_id=view.replica_id,
                 )
         elif handling.role is Role.REFUSED_FOLLOWER:
-            self.counters["refused_followers_total"] += 1
-            log.warning(
-                "fetch from a replica id that is not an allowed follower refused",
-                replica_id=view.replica_id,
+            self.events.note(
+                ServeEvent.REFUSED_FOLLOWER, peer=peer.address, replica_id=view.replica_id
             )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + view.max_wait_ms / 1000
@@ -657,6 +727,31 @@ class LeaderServer:
                 writer.write(piece)
         self.counters["downconverted_bytes_total"] += sent
         self.counters["downconverted_records_total"] += conversion.stats.records_converted
+
+
+def _decode_request(frame: bytes, head: RequestHead) -> DecodedRequest:
+    """A request frame decoded by the codec of its API and version: legacy_codec's for
+    the layouts kio lacks, kio's otherwise. Pure, so it may run on the decoding thread."""
+    version = head.api_version
+    legacy_decoder = _LEGACY_DECODERS.get(head.api_key)
+    if legacy_decoder is not None and version in legacy_decoder[0]:
+        header = legacy_codec.read_request_header_v1(frame)
+        body = legacy_decoder[1](version, memoryview(frame)[header.body_position :])
+        return DecodedRequest(head, header.client_id, body)
+    return decode_request(frame, request_type(head.api_key, version))
+
+
+_LEGACY_DECODERS: dict[int, tuple[range, Callable[[int, memoryview], Any]]] = {
+    ApiKey.FETCH: (legacy_codec.LEGACY_FETCH_VERSIONS, legacy_codec.decode_fetch_request),
+    ApiKey.LIST_OFFSETS: (
+        legacy_codec.LEGACY_LIST_OFFSETS_VERSIONS,
+        lambda _version, body: legacy_codec.decode_list_offsets_request(body),
+    ),
+    ApiKey.PRODUCE: (
+        legacy_codec.LEGACY_PRODUCE_VERSIONS,
+        lambda _version, body: legacy_codec.decode_produce_request(body),
+    ),
+}
 
 
 def _next_or_none(chunks: Iterator[bytes]) -> bytes | None:

@@ -1,0 +1,347 @@
+"""Hostile clients of `replicad serve`: raw-socket probes of what one unauthenticated client
+can make a Kafka-protocol server do, each bounded in connections, bytes and time.
+
+Each probe is a function of the server's address returning a `ProbeResult` (what was sent,
+how the server answered); a `FetchLatency` runs beside it, a client doing ordinary Fetch
+round trips on a connection of its own, so a test or `main()` can hold the server to
+serving it while the probe runs. Frames are built by hand here (struct), not by kio: a
+hostile client sends what no codec would write (6.5 million partitions, invalid UTF-8,
+versions that do not exist).
+
+Probes:
+- `huge_fetch`: one well-formed Fetch v4 naming `partitions` unknown partitions.
+- `stalled_frames`: connections that declare a large frame, send most of it, then stall.
+- `connection_flood`: idle connections, as many as asked.
+- `pipelining`: connections sending ApiVersions back to back without reading.
+- `unknown_versions`: one connection asking ApiVersions v5 .. vN, and api keys no one has.
+- `legacy_invalid_utf8`: Fetch v0 requests whose client id is not UTF-8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+FETCH, API_VERSIONS = 1, 18
+NO_REPLICA = -1
+_HEAD = struct.Struct(">hhi")
+_I32 = struct.Struct(">i")
+CONNECT_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    probe: str
+    connections: int
+    bytes_sent: int
+    # How the server ended it: "closed" (it hung up), "answered", or "open" (still was).
+    outcome: str
+    seconds: float
+
+
+def request_frame(
+    api_key: int, version: int, correlation_id: int, body: bytes, client_id: bytes = b"hostile"
+) -> bytes:
+    """A size-prefixed request with a v1 header (a legacy string client id)."""
+    frame = (
+        _HEAD.pack(api_key, version, correlation_id)
+        + struct.pack(">h", len(client_id))
+        + client_id
+        + body
+    )
+    return _I32.pack(len(frame)) + frame
+
+
+def fetch_v4_body(
+    partitions: dict[str, list[int]] | int, *, offset: int = 0, max_wait_ms: int = 0
+) -> bytes:
+    """A Fetch v4 body; an int is that many partitions of made-up topics, 1,000 a topic."""
+    if isinstance(partitions, int):
+        per_topic = 1000
+        partitions = {
+            f"hostile-{t}": list(range(min(per_topic, partitions - t * per_topic)))
+            for t in range((partitions + per_topic - 1) // per_topic)
+        }
+    parts = [struct.pack(">iiiib", NO_REPLICA, max_wait_ms, 1, 1 << 20, 0)]
+    parts.append(_I32.pack(len(partitions)))
+    entry = struct.Struct(">iqi")
+    for topic, indexes in partitions.items():
+        name = topic.encode()
+        parts.append(struct.pack(">h", len(name)) + name + _I32.pack(len(indexes)))
+        parts.extend(entry.pack(p, offset, 1 << 20) for p in indexes)
+    return b"".join(parts)
+
+
+def connect(address: tuple[str, int]) -> socket.socket:
+    sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def read_frame(sock: socket.socket) -> bytes | None:
+    """One response frame (without its size), or None when the server closed."""
+    head = _read_exactly(sock, 4)
+    if head is None:
+        return None
+    (size,) = _I32.unpack(head)
+    return _read_exactly(sock, size)
+
+
+def _read_exactly(sock: socket.socket, count: int) -> bytes | None:
+    chunks = bytearray()
+    while len(chunks) < count:
+        try:
+            chunk = sock.recv(min(count - len(chunks), 1 << 20))
+        except (ConnectionResetError, BrokenPipeError):
+            return None
+        if not chunk:
+            return None
+        chunks += chunk
+    return bytes(chunks)
+
+
+def _outcome(sock: socket.socket, timeout_s: float) -> str:
+    sock.settimeout(timeout_s)
+    try:
+        return "answered" if read_frame(sock) is not None else "closed"
+    except TimeoutError:
+        return "open"
+
+
+# -- the probes --------------------------------------------------------------------------------
+
+
+def huge_fetch(address: tuple[str, int], partitions: int, *, timeout_s: float = 60) -> ProbeResult:
+    frame = request_frame(FETCH, 4, 1, fetch_v4_body(partitions))
+    start = time.monotonic()
+    with connect(address) as sock:
+        try:
+            sock.sendall(frame)
+        except (BrokenPipeError, ConnectionResetError):
+            return ProbeResult("huge_fetch", 1, len(frame), "closed", time.monotonic() - start)
+        outcome = _outcome(sock, timeout_s)
+    return ProbeResult("huge_fetch", 1, len(frame), outcome, time.monotonic() - start)
+
+
+@contextlib.contextmanager
+def stalled_frames(
+    address: tuple[str, int], connections: int, declared_bytes: int, sent_bytes: int
+) -> Iterator[list[socket.socket]]:
+    """`connections` connections each declaring a frame of `declared_bytes` and sending
+    `sent_bytes` of it; held open (stalled) inside the block, closed after."""
+    socks: list[socket.socket] = []
+    payload = _HEAD.pack(FETCH, 4, 1) + bytes(max(0, sent_bytes - _HEAD.size))
+    try:
+        for _ in range(connections):
+            sock = connect(address)
+            socks.append(sock)
+            with contextlib.suppress(OSError):
+                sock.sendall(_I32.pack(declared_bytes) + payload[:sent_bytes])
+        yield socks
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+@contextlib.contextmanager
+def connection_flood(address: tuple[str, int], connections: int) -> Iterator[list[socket.socket]]:
+    """`connections` idle connections (those the server refuses are closed by it)."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(connections):
+            try:
+                socks.append(connect(address))
+            except OSError:
+                break
+        yield socks
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def still_open(sock: socket.socket) -> bool:
+    """Whether the server has not closed `sock` (a peek that does not wait)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1, socket.MSG_PEEK) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.setblocking(True)
+
+
+@dataclass
+class Pipelining:
+    """Connections sending ApiVersions v0 back to back (and draining the answers, so the
+    server's writes never block): the most a client can ask for per byte."""
+
+    address: tuple[str, int]
+    connections: int
+    batch: int = 200
+    requests: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def __enter__(self) -> Pipelining:
+        for _ in range(self.connections):
+            thread = threading.Thread(target=self._run, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(10)
+
+    def _run(self) -> None:
+        burst = request_frame(API_VERSIONS, 0, 7, b"") * self.batch
+        with connect(self.address) as sock:
+            drain = threading.Thread(target=_drain, args=(sock, self._stop), daemon=True)
+            drain.start()
+            while not self._stop.is_set():
+                try:
+                    sock.sendall(burst)
+                except OSError:
+                    return
+                self.requests += self.batch
+
+
+def _drain(sock: socket.socket, stop: threading.Event) -> None:
+    sock.settimeout(0.5)
+    while not stop.is_set():
+        try:
+            if not sock.recv(1 << 16):
+                return
+        except TimeoutError:
+            continue
+        except OSError:
+            return
+
+
+def unknown_versions(
+    address: tuple[str, int], last_version: int = 32767, *, api_keys: range = range(0)
+) -> ProbeResult:
+    """ApiVersions v5 .. `last_version` on one connection (each answered with v0's error),
+    then one request of each of `api_keys` at a version no one serves."""
+    start = time.monotonic()
+    sent = 0
+    with connect(address) as sock:
+        sock.settimeout(30)
+        outcome = "answered"
+        for version in range(5, last_version + 1):
+            frame = request_frame(API_VERSIONS, version, version, b"")
+            sock.sendall(frame)
+            sent += len(frame)
+            if read_frame(sock) is None:
+                outcome = "closed"
+                break
+        for api_key in api_keys:
+            with connect(address) as other:
+                frame = request_frame(api_key, 32767, 1, b"")
+                other.sendall(frame)
+                sent += len(frame)
+                _outcome(other, 10)
+    elapsed = time.monotonic() - start
+    return ProbeResult("unknown_versions", 1 + len(api_keys), sent, outcome, elapsed)
+
+
+def legacy_invalid_utf8(address: tuple[str, int], requests: int = 1) -> ProbeResult:
+    """Fetch v0 requests whose client id is not UTF-8 (each on a connection of its own)."""
+    start = time.monotonic()
+    sent = 0
+    outcome = "closed"
+    for i in range(requests):
+        body = struct.pack(">iiii", NO_REPLICA, 0, 1, 0)  # no topics
+        frame = request_frame(FETCH, 0, i, body, client_id=b"\xff\xfe\xfd")
+        with connect(address) as sock:
+            sock.sendall(frame)
+            sent += len(frame)
+            outcome = _outcome(sock, 10)
+    return ProbeResult("legacy_invalid_utf8", requests, sent, outcome, time.monotonic() - start)
+
+
+# -- the client that must keep being served ----------------------------------------------------
+
+
+class FetchLatency:
+    """Fetch v4 round trips (topic `topic`, partition 0, offset 0) on a connection of its
+    own, back to back with `pause_s` between, until stopped; `latencies_s` holds each."""
+
+    def __init__(self, address: tuple[str, int], topic: str, *, pause_s: float = 0.01) -> None:
+        self.address = address
+        self.frame = request_frame(FETCH, 4, 1, fetch_v4_body({topic: [0]}))
+        self.pause_s = pause_s
+        self.latencies_s: list[float] = []
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> FetchLatency:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        with connect(self.address) as sock:
+            sock.settimeout(60)
+            while not self._stop.is_set():
+                start = time.monotonic()
+                try:
+                    sock.sendall(self.frame)
+                    answer = read_frame(sock)
+                except OSError as exc:
+                    self.failures.append(repr(exc))
+                    return
+                if answer is None:
+                    self.failures.append("closed by the server")
+                    return
+                self.latencies_s.append(time.monotonic() - start)
+                time.sleep(self.pause_s)
+
+    @property
+    def max_ms(self) -> float:
+        return 1000 * max(self.latencies_s, default=0.0)
+
+    def quantile_ms(self, q: float) -> float:
+        ordered = sorted(self.latencies_s)
+        if not ordered:
+            return 0.0
+        return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# -- from a process of its own ---------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tools.chaos.hostile pipelining HOST:PORT --connections 4 --seconds 10`:
+    a probe from a process of its own, so its threads do not share the GIL with whoever
+    measures the server (prints what it sent, as JSON, when it ends)."""
+    parser = argparse.ArgumentParser(prog="tools.chaos.hostile")
+    parser.add_argument("probe", choices=["pipelining"])
+    parser.add_argument("address")
+    parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=5000)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    host, _, port = args.address.rpartition(":")
+    with Pipelining((host, int(port)), args.connections, batch=args.batch) as flood:
+        time.sleep(args.seconds)
+    print(json.dumps({"probe": args.probe, "requests_sent": flood.requests}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
