@@ -23,10 +23,10 @@ from replicad.control.server import ControlServer
 from replicad.control.status_view import render_status_line
 from replicad.errors import ConfigError, ReplicadError
 from replicad.follower.fetcher import FetchSettings, monotonic_ms
-from replicad.follower.metadata import TopicSelection
 from replicad.follower.replicator import Replicator, ReplicatorSettings
 from replicad.follower.status import RateMeter, build_snapshot
 from replicad.protocol.client import ClientSettings
+from replicad.protocol.metadata import TopicSelection
 from replicad.protocol.security import connection_security
 from replicad.recent_warnings import RECENT
 from replicad.startup import early_stop_signal

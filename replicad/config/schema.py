@@ -513,8 +513,8 @@ def _tls_files_load(values: Values) -> Problem | None:
     """The CA, certificate and key files must load now, not at the first connection."""
     if not _protocol(values).uses_tls or _tls_key_goes_with_a_certificate(values) is not None:
         return None
-    # Imported here: the config loader should not pay for the protocol layer otherwise.
-    from replicad.protocol.security import client_tls_context
+    # Imported here: the config loader should not pay for the ssl module otherwise.
+    from replicad.config.tls import client_tls_context
 
     tls = TlsConfig(**{key: values[path] for key, path in zip(_TLS_KEYS, TLS_PATHS, strict=True)})
     try:
@@ -634,13 +634,14 @@ def _serve_tls_files_load(values: Values) -> Problem | None:
     # Imported here: the config loader should not pay for the ssl module otherwise.
     import ssl
 
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    password = tls.key_password
+    from replicad.config.tls import password_callback, tls_context
+
+    context = tls_context(server=True)
     try:
         context.load_cert_chain(
             str(tls.cert_file),
             str(tls.key_file) if tls.key_file is not None else None,
-            password=lambda: password.reveal() if password is not None else "",
+            password=password_callback(tls.key_password),
         )
     except (ssl.SSLError, OSError) as error:
         return Problem(

@@ -31,12 +31,12 @@ import structlog
 from replicad.errors import KafkaConnectionError, LogError, ProtocolError
 from replicad.follower.fetcher import FetchSettings, LeaderFetcher, monotonic_ms, wall_ms
 from replicad.follower.memory_pool import MemoryPool
-from replicad.follower.metadata import ClusterMetadata, TopicSelection
 from replicad.follower.partition_state import PartitionPhase, PartitionState
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
 from replicad.protocol.backoff import Backoff
 from replicad.protocol.client import ClientSettings, KafkaClient
+from replicad.protocol.metadata import ClusterMetadata, TopicSelection
 from replicad.ratelimit import RateLimitedLog
 from replicad.types import TopicPartition
 

@@ -1,5 +1,5 @@
 """TLS and SASL for `replicad serve`: the server side of `replicad.protocol.security`
-(what both sides keep alike is `replicad.protocol.tls_sasl`).
+(what both sides keep alike: `replicad.config.tls`, `replicad.protocol.sasl`).
 
 Sans-I/O: kio requests in, kio response bodies and decisions out; the connection of
 `replicad.leader.server` does the reading, writing and closing.
@@ -44,7 +44,6 @@ import secrets
 import ssl
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -53,10 +52,10 @@ from scramp import ScramException, ScramMechanism
 from scramp.utils import saslprep
 
 from replicad.config.model import ClientAuth, SaslMechanism, Secret, ServeSecurityConfig
-from replicad.protocol import tls_sasl
+from replicad.config.tls import server_tls_context
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import response_type
-from replicad.protocol.tls_sasl import PLAIN_SEPARATOR, SCRAM_HASHES
+from replicad.protocol.sasl import PLAIN_SEPARATOR, SCRAM_HASHES
 
 # Kafka's default SCRAM iteration count (ScramCredentialUtils / kafka-configs); 4096 is
 # also the least RFC 7677 allows.
@@ -404,35 +403,7 @@ class FollowerPolicy:
         return frozenset()
 
 
-# -- TLS, server side -----------------------------------------------------------------------
-
-
-def server_tls_context(
-    cert_file: Path,
-    key_file: Path | None = None,
-    *,
-    ca_file: Path | None = None,
-    client_auth: ClientAuth = ClientAuth.NONE,
-    key_password: Secret | None = None,
-) -> ssl.SSLContext:
-    """An SSLContext for serving; client certificates are checked against `ca_file`.
-
-    Raises ssl.SSLError / OSError as loading does; the caller names the setting.
-    """
-    context = tls_sasl.tls_context(server=True)
-    context.load_cert_chain(
-        str(cert_file),
-        str(key_file) if key_file is not None else None,
-        password=tls_sasl.key_password(key_password),
-    )
-    if client_auth is not ClientAuth.NONE:
-        if ca_file is None:
-            raise ValueError("client certificates need a ca_file to check them against")
-        context.load_verify_locations(cafile=str(ca_file))
-        context.verify_mode = (
-            ssl.CERT_REQUIRED if client_auth is ClientAuth.REQUIRED else ssl.CERT_OPTIONAL
-        )
-    return context
+# -- TLS, server side (contexts: replicad.config.tls) ---------------------------------------
 
 
 def tls_principal(peer_certificate: Mapping[str, Any] | None) -> Principal:

@@ -18,10 +18,10 @@ from typing import Any
 import structlog
 
 from replicad.errors import AuthenticationError, KafkaConnectionError, ProtocolError
-from replicad.follower.metadata import ClusterMetadata
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.backoff import Backoff
 from replicad.protocol.connection import BrokerAddress, BrokerConnection
+from replicad.protocol.metadata import ClusterMetadata
 from replicad.protocol.requests import metadata_request
 from replicad.protocol.security import PLAINTEXT, ConnectionSecurity
 

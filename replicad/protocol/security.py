@@ -1,6 +1,7 @@
 """TLS and SASL towards the source's brokers: the client side. The server side is
-`replicad.leader.security`; what both keep (the TLS floor, key passwords, PLAIN's message,
-SCRAM's hashes and SASLprep) is `replicad.protocol.tls_sasl`.
+`replicad.leader.security`; what both keep is written once: TLS contexts in
+`replicad.config.tls` (the TLS floor, key passwords), SASL's rules in
+`replicad.protocol.sasl` (PLAIN's message, SCRAM's hashes, SASLprep).
 
 Rules this module keeps:
 - TLS verifies by default: the broker's chain against `ca_file` (or the system's CAs)
@@ -26,7 +27,6 @@ from __future__ import annotations
 import enum
 import ssl
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
@@ -48,21 +48,14 @@ from replicad.config.model import (
     SaslMechanism,
     Secret,
     SecurityConfig,
-    TlsConfig,
 )
+from replicad.config.tls import TLS_KEYS, client_tls_context, ssl_reason
 from replicad.errors import AuthenticationError, ConfigError, KafkaConnectionError
 from replicad.protocol.apis import ApiKey, NegotiatedVersions
-from replicad.protocol.tls_sasl import (
-    PLAIN_SEPARATOR,
-    key_password,
-    refuse_saslprep_changes,
-    ssl_reason,
-    tls_context,
-)
+from replicad.protocol.sasl import PLAIN_SEPARATOR, refuse_saslprep_changes
 
 log = structlog.get_logger("replicad.security")
 
-TLS_KEYS = "source.security.tls"
 SASL_KEYS = "source.security.sasl"
 # OpenSSL's verify codes for a certificate that does not name the host (RFC 6125).
 X509_V_ERR_HOSTNAME_MISMATCH = 62
@@ -182,72 +175,6 @@ def _credentials(sasl: SaslConfig) -> SaslCredentials:
         # The loader's cross checks make this unreachable for a loaded config.
         raise ConfigError(SASL_KEYS, "SASL needs a username and a password")
     return SaslCredentials(sasl.mechanism, sasl.username, password)
-
-
-def client_tls_context(tls: TlsConfig) -> ssl.SSLContext:
-    """An SSLContext for connecting to brokers; ConfigError naming the key whose file fails."""
-    context = tls_context(server=False)
-    if tls.verify:
-        _load_trust(context, tls.ca_file)
-        context.check_hostname = tls.check_hostname
-    else:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    if tls.cert_file is not None:
-        _load_client_certificate(context, tls)
-    return context
-
-
-def _load_trust(context: ssl.SSLContext, ca_file: Path | None) -> None:
-    if ca_file is None:
-        context.load_default_certs(ssl.Purpose.SERVER_AUTH)
-        return
-    try:
-        context.load_verify_locations(cafile=str(ca_file))
-    except ssl.SSLError as error:
-        raise ConfigError(
-            f"{TLS_KEYS}.ca_file",
-            f"{ca_file} holds no usable PEM CA certificate ({ssl_reason(error)})",
-        ) from None
-    except OSError as error:
-        raise ConfigError(
-            f"{TLS_KEYS}.ca_file", f"cannot read {ca_file}: {error.strerror or error}"
-        ) from None
-
-
-def _load_client_certificate(context: ssl.SSLContext, tls: TlsConfig) -> None:
-    assert tls.cert_file is not None
-    secret = tls.key_password_file or tls.key_password_env
-    asked: list[bool] = []
-    for path in (tls.cert_file, tls.key_file):
-        if path is not None and not path.is_file():
-            key = "cert_file" if path == tls.cert_file else "key_file"
-            raise ConfigError(f"{TLS_KEYS}.{key}", f"{path} is not a readable file")
-    try:
-        context.load_cert_chain(
-            str(tls.cert_file),
-            str(tls.key_file) if tls.key_file is not None else None,
-            password=key_password(secret, asked=lambda: asked.append(True)),
-        )
-    except ssl.SSLError as error:
-        if asked and secret is None:
-            raise ConfigError(
-                f"{TLS_KEYS}.key_file",
-                "the private key is encrypted: give key_password_file or key_password_env",
-            ) from None
-        if asked:
-            reason = "the key password does not decrypt the private key"
-            raise ConfigError(f"{TLS_KEYS}.key_file", reason) from None
-        raise ConfigError(
-            f"{TLS_KEYS}.cert_file",
-            "cannot load the client certificate and its key: cert_file must hold a PEM "
-            "certificate, and key_file (or cert_file) the private key that matches it "
-            f"({ssl_reason(error)})",
-        ) from None
-    except OSError as error:
-        raise ConfigError(
-            f"{TLS_KEYS}.cert_file", f"cannot read it: {error.strerror or error}"
-        ) from None
 
 
 # -- what a TLS failure means -----------------------------------------------------------

@@ -16,9 +16,9 @@ from replicad.follower.fetcher import (
     FetchSettings,
     response_budget,
 )
-from replicad.follower.metadata import TopicSelection
 from replicad.follower.replicator import Replicator, ReplicatorSettings
 from replicad.log.partition import PartitionLog
+from replicad.protocol.metadata import TopicSelection
 from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
 from tools.peers.scripted_leader import ScriptedLeader

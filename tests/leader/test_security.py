@@ -37,6 +37,7 @@ from replicad.config.model import (
     ServeSecurityConfig,
     ServeTlsConfig,
 )
+from replicad.config.tls import server_tls_context
 from replicad.leader.security import (
     ANONYMOUS,
     FAILED_MESSAGE,
@@ -49,7 +50,6 @@ from replicad.leader.security import (
     SaslServer,
     ScramCredential,
     ServerSecurity,
-    server_tls_context,
     tls_principal,
 )
 from replicad.protocol.apis import ApiKey

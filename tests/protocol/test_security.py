@@ -38,12 +38,12 @@ from replicad.config.model import (
     SecurityProtocol,
     TlsConfig,
 )
+from replicad.config.tls import client_tls_context, server_tls_context
 from replicad.errors import AuthenticationError, ConfigErrors, KafkaConnectionError
 from replicad.leader.security import (
     ClientAuth,
     CredentialStore,
     SaslServer,
-    server_tls_context,
 )
 from replicad.protocol.apis import ApiKey, NegotiatedVersions
 from replicad.protocol.connection import BrokerAddress, BrokerConnection
@@ -52,7 +52,6 @@ from replicad.protocol.security import (
     SaslClient,
     SaslCredentials,
     SaslPhase,
-    client_tls_context,
     connection_security,
 )
 from tools.peers.pki import Pki, make_test_pki

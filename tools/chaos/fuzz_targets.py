@@ -59,7 +59,6 @@ from replicad.errors import (
     RemoteProtocolError,
 )
 from replicad.follower.fetch_response import FetchResponseView, scan_fetch_response
-from replicad.follower.metadata import ClusterMetadata, TopicSelection
 from replicad.follower.validate import validate_fetched
 from replicad.log.checkpoint import (
     EpochEntry,
@@ -73,6 +72,7 @@ from replicad.log.checkpoint import (
 from replicad.protocol.apis import ApiKey, UnsupportedBrokerError, VersionRange, negotiate
 from replicad.protocol.codec import decode_response, encode_entities, response_type
 from replicad.protocol.error_codes import error_code_of
+from replicad.protocol.metadata import ClusterMetadata, TopicSelection
 from replicad.protocol.requests import make_entity, nested_type
 from replicad.records.batch import (
     CONTROL_FLAG_MASK,

@@ -1,20 +1,13 @@
-"""replicad/protocol/tls_sasl.py: the TLS and SASL rules client and server share."""
+"""replicad/config/tls.py: TLS contexts for both ends, from the config."""
 
 from __future__ import annotations
 
 import ssl
 
 import pytest
-from scramp import ScramException
 
 from replicad.config.model import Secret
-from replicad.protocol.tls_sasl import (
-    MINIMUM_TLS,
-    key_password,
-    refuse_saslprep_changes,
-    ssl_reason,
-    tls_context,
-)
+from replicad.config.tls import MINIMUM_TLS, password_callback, ssl_reason, tls_context
 
 
 @pytest.mark.parametrize("server", [True, False])
@@ -26,15 +19,9 @@ def test_both_ends_refuse_below_tls_1_2(server: bool) -> None:
 
 def test_the_key_password_is_always_answered_and_reported_asked() -> None:
     asked: list[bool] = []
-    assert key_password(None, asked=lambda: asked.append(True))() == ""
+    assert password_callback(None, asked=lambda: asked.append(True))() == ""
     assert asked == [True]
-    assert key_password(Secret("test", "s3cret"))() == "s3cret"
-
-
-def test_text_saslprep_would_change_is_refused_by_name() -> None:
-    refuse_saslprep_changes(username="replicad", password="plain ascii")
-    with pytest.raises(ScramException, match="the password changes under SASLprep"):
-        refuse_saslprep_changes(username="replicad", password="no\u00a0break")
+    assert password_callback(Secret("test", "s3cret"))() == "s3cret"
 
 
 def test_ssl_reasons_read_as_words() -> None:

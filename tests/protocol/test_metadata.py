@@ -3,7 +3,7 @@ from types import SimpleNamespace as NS
 
 from kio.schema.errors import ErrorCode
 
-from replicad.follower.metadata import ClusterMetadata, TopicSelection
+from replicad.protocol.metadata import ClusterMetadata, TopicSelection
 from replicad.types import TopicPartition
 
 TID = uuid.uuid4()
