@@ -54,9 +54,11 @@ dist: $(DEMO_STAMP)
 	rm -rf $(DIST)
 	$(BIN)/pip wheel --quiet --no-deps --wheel-dir $(DIST) .
 
+# The layer check also runs in the suite (tests/test_layers.py).
 lint: $(STAMP)
 	$(BIN)/ruff check replicad tests tools
 	$(BIN)/ruff format --check replicad tests tools
+	$(BIN)/python -m tools.layers
 
 clean:
 	rm -rf $(VENV) var dist build .pytest_cache
