@@ -203,6 +203,7 @@ def _serve_security(args: argparse.Namespace) -> ServeSecurityConfig:
 def _cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
 
+    from replicad.daemon import raise_open_file_limit
     from replicad.leader.server import serve_forever
     from replicad.logs import configure_logging
 
@@ -214,6 +215,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if early_stop_signal() is not None:
         return EX_OK
     configure_logging("info", args.log_format)
+    # As `run` does: a shell's soft limit (often 1,024) would cap serve's connections.
+    raise_open_file_limit()
     try:
         return asyncio.run(
             serve_forever(

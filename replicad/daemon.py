@@ -252,12 +252,7 @@ class Daemon:
         assert serve is not None
         await self.replicator.logs_ready.wait()
         assert self.replicator.logs is not None
-        settings = ServeSettings(
-            host=serve.listen.host,
-            port=serve.listen.port,
-            advertised_host=serve.advertised.host if serve.advertised else None,
-            advertised_port=serve.advertised.port if serve.advertised else None,
-        )
+        settings = ServeSettings.from_config(serve)
         server = LeaderServer(
             self.replicator.logs,
             settings,

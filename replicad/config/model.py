@@ -324,6 +324,26 @@ class ServeConfig:
     # log end); any other client claiming a replica id >= 0 is refused.
     allowed_followers: tuple[int, ...] = ()
     security: ServeSecurityConfig = field(default_factory=ServeSecurityConfig)
+    # What one client may ask of the server (leader/request_limits.py, leader/server.py),
+    # under Kafka's names where Kafka has the knob.
+    # socket.request.max.bytes: a larger request frame closes the connection.
+    max_request_bytes: int = 100 * 1024 * 1024
+    # queued.max.request.bytes (KIP-72): request frames over 64 KiB being read or
+    # answered share this many bytes; beyond it the server stops reading them.
+    queued_max_request_bytes: int = 128 * 1024 * 1024
+    # How long a client has to send the rest of a frame once its size is read.
+    request_frame_timeout_ms: int = 30_000
+    # connections.max.idle.ms: a connection with no request for this long is closed.
+    connections_max_idle_ms: int = 600_000
+    # max.connections / max.connections.per.ip: beyond them a new connection is closed
+    # at once (also held below the open-file limit, see leader/server.py).
+    max_connections: int = 10_000
+    max_connections_per_ip: int = 1_000
+    # connection.failed.authentication.delay.ms: a failed SASL authentication is
+    # answered (and the connection closed) this much later.
+    failed_authentication_delay_ms: int = 100
+    # How long a connection of a SASL listener has to authenticate.
+    authentication_timeout_ms: int = 10_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,17 @@ Rules:
   next, so a client pipelining requests takes turns with the others; one request is the
   most a turn overruns by. Frames larger than `DECODE_INLINE_BYTES` are decoded on a
   worker thread of their own (one at a time, whoever sent them).
+- Memory and time a client can take are bounded (Kafka's knobs, ServeSettings): a frame
+  over 64 KiB takes its size from the request memory pool (request_pool.py) before it is
+  read, and gives it back once answered; the rest of a frame must arrive within
+  `request_frame_timeout_ms` of its size; a connection sending no request for
+  `connections_max_idle_ms` is closed, and one on a SASL listener that has not
+  authenticated within `authentication_timeout_ms`.
+- Connections beyond `max_connections` (held below the open-file limit, with room for the
+  log's files) or `max_connections_per_ip` are closed as soon as accepted; accept() failing
+  for want of descriptors is one rate-limited line, never a traceback per attempt.
+- Authentication: SASL steps run on a thread of their own (PLAIN hashes the password with
+  PBKDF2), one at a time; a failed one is answered `failed_authentication_delay_ms` later.
 - What clients do wrong is a `ServeEvent` (events.py): counted, logged at a limited rate,
   never with a traceback unless the fault is ours. Nothing is keyed by values a client
   chose: requests are counted per API and version served, the rest under one label.
@@ -44,6 +55,7 @@ import asyncio
 import contextlib
 import dataclasses
 import random
+import resource
 import signal
 import ssl
 import threading
@@ -79,6 +91,7 @@ from replicad.leader.request_limits import (
     plausible_elements,
     plausible_frame_bytes,
 )
+from replicad.leader.request_pool import RequestMemoryPool
 from replicad.leader.security import (
     ANONYMOUS,
     SASL_APIS,
@@ -122,6 +135,11 @@ WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 # Frames up to this size are decoded on the loop (kio: well under a millisecond); larger
 # ones on the decoding thread.
 DECODE_INLINE_BYTES = 64 * 1024
+# Descriptors kept free of connections, beside the log's own (log.max_open_files): for the
+# control socket, the metrics listener, sendfile's opens and the follower's connections.
+FD_RESERVE = 256
+# asyncio's message when accept() fails for want of descriptors (or memory).
+ACCEPT_OUT_OF_RESOURCES = "socket.accept() out of system resource"
 # How long a connection answers buffered requests before the others get a turn: short
 # enough that a few pipelining clients add milliseconds to anyone's round trip, long
 # enough that a pipelining client is not slowed to one request per turn of the loop.
@@ -174,6 +192,12 @@ class _Peer:
     # The SASL exchange still to go (None: no SASL on this listener).
     sasl: SaslServer | None = None
     told_unauthorized: bool = False
+    # Loop time by which a SASL listener's connection must have authenticated.
+    authenticate_by: float = float("inf")
+
+    @property
+    def authenticating(self) -> bool:
+        return self.sasl is not None and not self.sasl.done
 
 
 class LeaderServer:
@@ -224,12 +248,22 @@ class LeaderServer:
         # One thread decodes large frames, so a flood of them queues there instead of
         # multiplying the threads that contend with the loop for the GIL.
         self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="serve-decode")
+        # SASL steps (PLAIN's PBKDF2) on one thread: guessing costs a core at most.
+        self._authenticator = ThreadPoolExecutor(max_workers=1, thread_name_prefix="serve-sasl")
+        self.pool = RequestMemoryPool(settings.queued_max_request_bytes)
+        self.max_connections = settings.max_connections
+        self._per_ip: Counter[str] = Counter()
+        self._log_files = logs.config.max_open_files
+        self._previous_exception_handler: Any = None
 
     # -- life cycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
+        self.max_connections = self._connection_limit()
+        self._previous_exception_handler = self._loop.get_exception_handler()
+        self._loop.set_exception_handler(self._loop_exception)
         if self.security is None or self.security.tls is None:
             self._server = await asyncio.start_server(
                 self._accept, self.settings.host, self.settings.port
@@ -286,6 +320,40 @@ class LeaderServer:
             await self._server.wait_closed()
             self._server = None
         self._decoder.shutdown(wait=False, cancel_futures=True)
+        self._authenticator.shutdown(wait=False, cancel_futures=True)
+        if self._loop is not None:
+            self._loop.set_exception_handler(self._previous_exception_handler)
+
+    def _connection_limit(self) -> int:
+        """max_connections, held below the open-file limit (with room for the log's files
+        and FD_RESERVE) so that accept() never runs out of descriptors."""
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return self.settings.max_connections
+        room = max(soft - self._log_files - FD_RESERVE, soft // 2)
+        if room < self.settings.max_connections:
+            log.warning(
+                "open file limit allows fewer connections than max_connections",
+                open_file_limit=soft,
+                max_connections=self.settings.max_connections,
+                connection_limit=room,
+            )
+        return min(self.settings.max_connections, room)
+
+    def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """asyncio logs a failed accept() with a traceback, at every attempt: here it is
+        one ServeEvent; anything else goes where it went before."""
+        if str(context.get("message", "")).startswith(ACCEPT_OUT_OF_RESOURCES):
+            self.events.note(
+                ServeEvent.OUT_OF_FILE_DESCRIPTORS,
+                error=str(context.get("exception")),
+                connections=len(self._connections),
+            )
+            return
+        if self._previous_exception_handler is not None:
+            self._previous_exception_handler(loop, context)
+        else:
+            loop.default_exception_handler(context)
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -319,6 +387,8 @@ class LeaderServer:
             "waiting_fetches": sum(len(w) for w in self._partition_waiters.values())
             + sum(len(w) for w in self._session_waiters.values()),
             "requests_total": dict(self.requests),
+            "request_pool_used_bytes": self.pool.used,
+            "request_pool_waits_total": self.pool.waits_total,
             **dict(self.counters),
         }
 
@@ -327,8 +397,13 @@ class LeaderServer:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._connections.add(task)
         peer = writer.get_extra_info("peername")
+        ip = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        if not self._admit(ip, str(peer)):
+            writer.transport.abort()
+            return
+        self._connections.add(task)
+        self._per_ip[ip] += 1
         try:
             if self.security is not None and self.security.tls is not None:
                 await self._start_tls(writer, str(peer))
@@ -340,7 +415,7 @@ class LeaderServer:
         except _Close as reason:
             self.events.note(ServeEvent.REFUSED_REQUEST, peer=str(peer), reason=str(reason))
         except _Refused as refused:
-            self.events.note(refused.event, peer=str(peer), **refused.fields)
+            self.events.note(refused.event, **{"peer": str(peer), **refused.fields})
         except RemoteProtocolError as exc:
             self.events.note(ServeEvent.PROTOCOL_ERROR, peer=str(peer), error=str(exc))
         except asyncio.CancelledError:
@@ -349,33 +424,91 @@ class LeaderServer:
             self.events.note(ServeEvent.UNEXPECTED_ERROR, exc_info=True, peer=str(peer))
         finally:
             self._connections.discard(task)
+            self._per_ip[ip] -= 1
+            if self._per_ip[ip] <= 0:
+                del self._per_ip[ip]
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    def _admit(self, ip: str, address: str) -> bool:
+        """Whether a new connection from `ip` is within the connection limits."""
+        if len(self._connections) >= self.max_connections:
+            self.events.note(
+                ServeEvent.CONNECTION_LIMIT, peer=address, max_connections=self.max_connections
+            )
+            return False
+        if self._per_ip[ip] >= self.settings.max_connections_per_ip:
+            self.events.note(
+                ServeEvent.CONNECTION_LIMIT_PER_IP,
+                peer=address,
+                max_connections_per_ip=self.settings.max_connections_per_ip,
+            )
+            return False
+        return True
 
     async def _serve(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: _Peer
     ) -> None:
         loop = asyncio.get_running_loop()
         turn_started = loop.time()
+        if peer.sasl is not None:
+            peer.authenticate_by = loop.time() + self.settings.authentication_timeout_ms / 1000
         while True:
-            (size,) = SIZE.unpack(await reader.readexactly(SIZE.size))
+            size = await self._next_frame_size(reader, peer)
             if size < 8:
                 raise _Close(f"request frame of {size} bytes")
             self._check_frame_size(size)
-            if peer.sasl is not None and size > SASL_MAX_RECEIVE_BYTES and not peer.sasl.done:
+            if peer.authenticating and size > SASL_MAX_RECEIVE_BYTES:
                 # An unauthenticated client may not make the server hold a large frame.
                 raise _Close(f"request frame of {size} bytes before SASL authentication")
-            frame = await reader.readexactly(size)
-            if peer.sasl is not None and await self._sasl_gate(frame, peer, writer):
-                continue
-            response = await self._handle(frame, peer)
-            if response is not None:
-                await self._send(writer, response)
+            taken = 0
+            try:
+                try:
+                    async with asyncio.timeout(self._frame_time_s(peer)):
+                        taken = await self.pool.take(size)
+                        frame = await reader.readexactly(size)
+                except TimeoutError as exc:
+                    raise self._timed_out(peer, ServeEvent.FRAME_TIMEOUT, frame_bytes=size) from exc
+                if peer.sasl is not None and await self._sasl_gate(frame, peer, writer):
+                    continue
+                response = await self._handle(frame, peer)
+                del frame  # its pool bytes are given back below: hold it no longer
+                if response is not None:
+                    await self._send(writer, response)
+            finally:
+                self.pool.give_back(taken)
             if loop.time() - turn_started >= TURN_S:
                 # The others' turn: with requests already buffered, nothing above waits.
                 await asyncio.sleep(0)
                 turn_started = loop.time()
+
+    async def _next_frame_size(self, reader: asyncio.StreamReader, peer: _Peer) -> int:
+        """The next request's size prefix, within the idle (or authentication) deadline."""
+        idle_s = self.settings.connections_max_idle_ms / 1000
+        try:
+            async with asyncio.timeout(min(idle_s, self._authentication_left_s(peer))):
+                (size,) = SIZE.unpack(await reader.readexactly(SIZE.size))
+        except TimeoutError as exc:
+            raise self._timed_out(
+                peer, ServeEvent.IDLE_TIMEOUT, idle_ms=int(idle_s * 1000)
+            ) from exc
+        return int(size)
+
+    def _frame_time_s(self, peer: _Peer) -> float:
+        return min(self.settings.request_frame_timeout_ms / 1000, self._authentication_left_s(peer))
+
+    def _authentication_left_s(self, peer: _Peer) -> float:
+        if not peer.authenticating:
+            return float("inf")
+        return max(0.0, peer.authenticate_by - asyncio.get_running_loop().time())
+
+    def _timed_out(self, peer: _Peer, event: ServeEvent, **fields: Any) -> _Refused:
+        """What a deadline's passing closes the connection as: running out of time to
+        authenticate wins over the deadline that noticed it."""
+        if peer.authenticating and self._authentication_left_s(peer) <= 0:
+            return _Refused(ServeEvent.AUTHENTICATION_TIMEOUT, peer=peer.address)
+        return _Refused(event, peer=peer.address, **fields)
 
     def _check_frame_size(self, size: int) -> None:
         if size > self.settings.max_request_bytes:
@@ -447,7 +580,11 @@ class LeaderServer:
         if head.api_key == ApiKey.SASL_HANDSHAKE:
             reply = sasl.handshake(request)
         else:
-            reply = sasl.authenticate(request)
+            loop = asyncio.get_running_loop()
+            reply = await loop.run_in_executor(self._authenticator, sasl.authenticate, request)
+        if reply.close and head.api_key == ApiKey.SASL_AUTHENTICATE:
+            # Kafka's connection.failed.authentication.delay.ms: a guess costs the guesser.
+            await asyncio.sleep(self.settings.failed_authentication_delay_ms / 1000)
         await self._send(writer, encode_response(reply.body, head.correlation_id))
         if reply.principal is not None:
             self.counters["authentications_total"] += 1

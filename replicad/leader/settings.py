@@ -16,6 +16,9 @@ MIB = 1024 * 1024
 DEFAULT_FETCH_MAX_BYTES = 55 * MIB
 # Kafka's `socket.request.max.bytes`: a larger request frame closes the connection.
 DEFAULT_MAX_REQUEST_BYTES = 100 * MIB
+# Kafka's `queued.max.request.bytes` is unbounded by default; ours holds a few of the largest
+# frames (KIP-72).
+DEFAULT_QUEUED_MAX_REQUEST_BYTES = 128 * MIB
 # KIP-283: how much on-disk data is down-converted at a time (Kafka's MAX_READ_SIZE).
 DEFAULT_DOWNCONVERSION_CHUNK_BYTES = 128 * 1024
 # Followers and consumers are told this node's id (Kafka's `node.id`).
@@ -44,13 +47,33 @@ class ServeSettings:
         default_factory=lambda: MappingProxyType({})
     )
     downconversion_chunk_bytes: int = DEFAULT_DOWNCONVERSION_CHUNK_BYTES
+    # What one client may ask (ServeConfig's keys of the same names say what each is).
+    queued_max_request_bytes: int = DEFAULT_QUEUED_MAX_REQUEST_BYTES
+    request_frame_timeout_ms: int = 30_000
+    connections_max_idle_ms: int = 600_000
+    max_connections: int = 10_000
+    max_connections_per_ip: int = 1_000
+    failed_authentication_delay_ms: int = 100
+    authentication_timeout_ms: int = 10_000
 
     def __post_init__(self) -> None:
-        for name in ("fetch_max_bytes", "max_request_bytes", "downconversion_chunk_bytes"):
+        for name in (
+            "fetch_max_bytes",
+            "max_request_bytes",
+            "downconversion_chunk_bytes",
+            "queued_max_request_bytes",
+            "request_frame_timeout_ms",
+            "connections_max_idle_ms",
+            "max_connections",
+            "max_connections_per_ip",
+            "authentication_timeout_ms",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
         if self.max_session_slots < 0 or self.session_eviction_ms < 0:
             raise ValueError("max_session_slots and session_eviction_ms must be >= 0")
+        if self.failed_authentication_delay_ms < 0:
+            raise ValueError("failed_authentication_delay_ms must be >= 0")
 
     @classmethod
     def from_config(cls, config: ServeConfig, **overrides: Any) -> ServeSettings:
@@ -61,6 +84,14 @@ class ServeSettings:
             port=config.listen.port,
             advertised_host=advertised.host if advertised else None,
             advertised_port=advertised.port if advertised else None,
+            max_request_bytes=config.max_request_bytes,
+            queued_max_request_bytes=config.queued_max_request_bytes,
+            request_frame_timeout_ms=config.request_frame_timeout_ms,
+            connections_max_idle_ms=config.connections_max_idle_ms,
+            max_connections=config.max_connections,
+            max_connections_per_ip=config.max_connections_per_ip,
+            failed_authentication_delay_ms=config.failed_authentication_delay_ms,
+            authentication_timeout_ms=config.authentication_timeout_ms,
             **overrides,
         )
 

@@ -4,44 +4,58 @@ consumers that must get every record while the probe runs."""
 
 from __future__ import annotations
 
+import os
+import resource
+import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 import structlog
 
+from replicad.leader.security import ServerSecurity
+from replicad.leader.settings import ServeSettings, serve_security_from_options
+from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
 from replicad.types import TopicPartition
 from tools.chaos.hostile import (
     FetchLatency,
+    connection_flood,
     huge_fetch,
     legacy_invalid_utf8,
+    sasl_plain_guesses,
+    stalled_frames,
+    still_open,
     unknown_versions,
 )
 from tools.logdata.batches import producer_batch
+from tools.peers.process import free_port
+from tools.replica import replicad_argv
 
 TOPIC = "t"
 T0 = TopicPartition(TOPIC, 0)
 BATCHES = 200
 PER_BATCH = 10
 RECORDS = BATCHES * PER_BATCH
+MIB = 1024 * 1024
+
+
+def batches() -> list[bytes]:
+    return [
+        producer_batch(i * PER_BATCH, [b"v%d" % (i * PER_BATCH + j) for j in range(PER_BATCH)])
+        for i in range(BATCHES)
+    ]
 
 
 @pytest.fixture
 def replica(logs: LogManager, fill: Callable[..., Any]) -> LogManager:
-    fill(
-        logs,
-        T0,
-        [
-            producer_batch(i * PER_BATCH, [b"v%d" % (i * PER_BATCH + j) for j in range(PER_BATCH)])
-            for i in range(BATCHES)
-        ],
-    )
+    fill(logs, T0, batches())
     return logs
 
 
@@ -50,6 +64,10 @@ class KafkaPythonReader:
     """A kafka-python consumer reading every record of T0 on a thread, in small fetches."""
 
     bootstrap: str
+    # Records per poll and a pause after each: a reader that is still reading while a
+    # probe starts (after `wait_reading`).
+    max_poll_records: int = 500
+    pause_s: float = 0.0
     values: list[bytes] = field(default_factory=list)
     seconds: float = 0.0
     error: BaseException | None = None
@@ -58,6 +76,14 @@ class KafkaPythonReader:
     def start(self) -> KafkaPythonReader:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
+        return self
+
+    def wait_reading(self, timeout_s: float = 30) -> KafkaPythonReader:
+        deadline = time.monotonic() + timeout_s
+        while not self.values:
+            assert self.error is None, self.error
+            assert time.monotonic() < deadline, "the reader read nothing"
+            time.sleep(0.02)
         return self
 
     def join(self, timeout_s: float = 60) -> KafkaPythonReader:
@@ -78,6 +104,7 @@ class KafkaPythonReader:
                 auto_offset_reset="earliest",
                 fetch_max_wait_ms=50,
                 max_partition_fetch_bytes=2048,  # many round trips
+                max_poll_records=self.max_poll_records,
             )
             try:
                 consumer.assign([KTP(TOPIC, 0)])
@@ -85,6 +112,7 @@ class KafkaPythonReader:
                 while len(self.values) < RECORDS and time.monotonic() < deadline:
                     for messages in consumer.poll(timeout_ms=200).values():
                         self.values += [m.value for m in messages]
+                    time.sleep(self.pause_s)
             finally:
                 consumer.close()
         except BaseException as exc:  # reported by the test
@@ -186,3 +214,188 @@ def test_a_legacy_request_with_invalid_utf8_is_one_counted_warning(
     said = [line for line in lines if line.get("log_level") in ("warning", "error")]
     assert [line["event"] for line in said] == ["client broke the protocol; connection closed"]
     assert not any("exc_info" in line for line in lines)
+
+
+# -- memory, time and connections a client can take ---------------------------------------------
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_stalled_near_limit_frames_stay_within_the_pool_and_are_closed_in_time(
+    replica, serve_in_thread
+) -> None:
+    pool_bytes = 8 * MIB
+    settings = ServeSettings(queued_max_request_bytes=pool_bytes, request_frame_timeout_ms=3000)
+    served = serve_in_thread(replica, settings)
+    # 1 MiB is the largest frame a replica this small makes plausible.
+    declared = MIB
+    before = rss_bytes()
+    with FetchLatency(address(served), TOPIC) as normal:
+        reader = KafkaPythonReader(served.bootstrap).start()
+        with stalled_frames(address(served), 40, declared, declared - 1) as socks:
+            time.sleep(1.0)
+            during = rss_bytes()
+            metrics = served.metrics()
+            reader.join()
+            deadline = time.monotonic() + 10
+            while any(still_open(s) for s in socks) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            closed = sum(not still_open(s) for s in socks)
+    reader.assert_read_everything()
+    assert not normal.failures and normal.max_ms < 500, normal.max_ms
+    assert metrics["request_pool_used_bytes"] <= pool_bytes
+    assert metrics["request_pool_waits_total"] >= 40 - pool_bytes // declared
+    # Before: every frame held (40 MiB and growing with the count); now the pool and the
+    # buffers of the connections waiting for it (~128 KiB each), plus allocator slack.
+    assert during - before < pool_bytes + 24 * MIB, (during - before) / MIB
+    assert closed == 40, "stalled frames must be closed at request_frame_timeout_ms"
+    assert served.metrics()["frame_timeouts_total"] == 40
+
+
+def test_an_idle_connection_is_closed(replica, serve_in_thread) -> None:
+    served = serve_in_thread(replica, ServeSettings(connections_max_idle_ms=300))
+    with connection_flood(address(served), 3) as socks:
+        time.sleep(1.5)
+        assert not any(still_open(s) for s in socks)
+    assert served.metrics()["idle_closed_total"] == 3
+
+
+@pytest.fixture
+def closed_replica(tmp_path: Path, fill: Callable[..., Any]) -> Path:
+    """The replica's data directory, closed, for a `replicad serve` of its own."""
+    data_dir = tmp_path / "served"
+    logs = LogManager.open(data_dir, LogConfig(), now_ms=int(time.time() * 1000))
+    try:
+        fill(
+            logs,
+            T0,
+            [
+                producer_batch(
+                    i * PER_BATCH, [b"v%d" % (i * PER_BATCH + j) for j in range(PER_BATCH)]
+                )
+                for i in range(BATCHES)
+            ],
+        )
+    finally:
+        logs.close()
+    return data_dir
+
+
+def wait_for_port(port: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing listens on {port}"
+            time.sleep(0.1)
+
+
+def test_a_connection_flood_past_the_open_file_limit_leaves_consumers_served(
+    closed_replica, tmp_path
+) -> None:
+    """`replicad serve` with a hard limit of 400 descriptors: it keeps its connections under
+    the limit, so accept() never fails, and a flood of 600 logs a line, not thousands."""
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    limit = 400
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    with open(log_path, "wb") as out:
+        listen = ["--listen", f"127.0.0.1:{port}", "--log-format", "json"]
+        proc = subprocess.Popen(
+            [*replicad_argv("serve", "--data-dir", str(closed_replica)), *listen],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=low_limit,
+        )
+    try:
+        wait_for_port(port)
+        bootstrap = f"127.0.0.1:{port}"
+        with FetchLatency(("127.0.0.1", port), TOPIC) as normal:
+            # An established consumer, still reading when the flood comes.
+            reader = KafkaPythonReader(bootstrap, max_poll_records=10, pause_s=0.01)
+            reader.start().wait_reading()
+            with connection_flood(("127.0.0.1", port), 600) as socks:
+                time.sleep(1.0)
+                open_now = sum(still_open(s) for s in socks)
+                reader.join()
+            time.sleep(0.3)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    lines = log_path.read_text().splitlines()
+    reader.assert_read_everything()
+    assert not normal.failures and len(normal.latencies_s) > 10
+    # Room for the log's files and 256 more, at least half the limit: 200 here.
+    assert open_now <= limit // 2, open_now
+    assert not any("Traceback" in line or "out of system resource" in line for line in lines)
+    refused = [line for line in lines if "connection refused" in line]
+    assert 1 <= len(refused) <= 2, refused
+    assert len(lines) < 20, lines
+
+
+def test_per_ip_limit_closes_new_connections_and_keeps_the_established(
+    replica, serve_in_thread
+) -> None:
+    served = serve_in_thread(replica, ServeSettings(max_connections_per_ip=20))
+    with FetchLatency(address(served), TOPIC) as normal:
+        time.sleep(0.2)
+        with connection_flood(address(served), 60) as socks:
+            time.sleep(0.5)
+            open_now = sum(still_open(s) for s in socks)
+        time.sleep(0.2)
+    assert open_now == 19  # the 20th is the FetchLatency connection
+    assert served.metrics()["refused_connections_per_ip_total"] == 41
+    assert not normal.failures and len(normal.latencies_s) > 10
+
+
+# -- authentication ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def plain_users(tmp_path: Path) -> Path:
+    secret = tmp_path / "reader.password"
+    secret.write_text("right-password\n")
+    secret.chmod(0o600)
+    users = tmp_path / "users.yaml"
+    users.write_text(f"reader:\n  password_file: {secret}\n")
+    return users
+
+
+def sasl_plain(users: Path) -> ServerSecurity:
+    config = serve_security_from_options(
+        {"serve.security.sasl.mechanisms": ["plain"], "serve.security.sasl.users_file": str(users)}
+    )
+    return ServerSecurity.from_config(config, frozenset())
+
+
+def test_failed_authentications_are_delayed_and_hashed_off_the_loop(
+    replica, serve_in_thread, plain_users
+) -> None:
+    settings = ServeSettings(failed_authentication_delay_ms=200)
+    served = serve_in_thread(replica, settings, security=sasl_plain(plain_users))
+    with structlog.testing.capture_logs() as lines:
+        guesses = sasl_plain_guesses(address(served), "reader", 10)
+    assert guesses.refused == 10
+    # Each answer waits out the delay: no more than 5 guesses a second per connection.
+    assert guesses.seconds >= 10 * 0.2 and guesses.per_second <= 5, guesses
+    assert served.metrics()["authentication_failures_total"] == 10
+    assert len([line for line in lines if line["event"].startswith("SASL")]) == 1
+
+
+def test_a_connection_that_never_authenticates_is_closed_in_time(
+    replica, serve_in_thread, plain_users
+) -> None:
+    settings = ServeSettings(authentication_timeout_ms=500)
+    served = serve_in_thread(replica, settings, security=sasl_plain(plain_users))
+    with connection_flood(address(served), 20) as socks:
+        time.sleep(1.5)
+        assert not any(still_open(s) for s in socks)
+    assert served.metrics()["authentication_timeouts_total"] == 20

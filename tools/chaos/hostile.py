@@ -15,6 +15,7 @@ Probes:
 - `pipelining`: connections sending ApiVersions back to back without reading.
 - `unknown_versions`: one connection asking ApiVersions v5 .. vN, and api keys no one has.
 - `legacy_invalid_utf8`: Fetch v0 requests whose client id is not UTF-8.
+- `sasl_plain_guesses`: SASL PLAIN attempts with a wrong password, one per connection.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-FETCH, API_VERSIONS = 1, 18
+FETCH, SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE = 1, 17, 18, 36
 NO_REPLICA = -1
 _HEAD = struct.Struct(">hhi")
 _I32 = struct.Struct(">i")
@@ -268,6 +269,45 @@ def legacy_invalid_utf8(address: tuple[str, int], requests: int = 1) -> ProbeRes
             sent += len(frame)
             outcome = _outcome(sock, 10)
     return ProbeResult("legacy_invalid_utf8", requests, sent, outcome, time.monotonic() - start)
+
+
+@dataclass(frozen=True, slots=True)
+class Guesses:
+    attempts: int
+    refused: int  # answered with an error (then closed)
+    seconds: float
+    slowest_answer_s: float
+
+    @property
+    def per_second(self) -> float:
+        return self.attempts / self.seconds if self.seconds else 0.0
+
+
+def sasl_plain_guesses(
+    address: tuple[str, int], user: str, attempts: int, *, password: str = "guess"
+) -> Guesses:
+    """`attempts` SASL PLAIN logins with a wrong password, one after the other, each on a
+    connection of its own (SaslHandshake v1, then SaslAuthenticate v1)."""
+    start = time.monotonic()
+    refused = 0
+    slowest = 0.0
+    token = b"\0" + user.encode() + b"\0" + password.encode()
+    for i in range(attempts):
+        with connect(address) as sock:
+            sock.settimeout(30)
+            mechanism = b"PLAIN"
+            sock.sendall(
+                request_frame(SASL_HANDSHAKE, 1, i, struct.pack(">h", len(mechanism)) + mechanism)
+            )
+            if read_frame(sock) is None:
+                continue
+            asked = time.monotonic()
+            sock.sendall(request_frame(SASL_AUTHENTICATE, 1, i, _I32.pack(len(token)) + token))
+            answer = read_frame(sock)
+            slowest = max(slowest, time.monotonic() - asked)
+            if answer is not None and struct.unpack_from(">h", answer, 4)[0] != 0:
+                refused += 1
+    return Guesses(attempts, refused, time.monotonic() - start, slowest)
 
 
 # -- the client that must keep being served ----------------------------------------------------
