@@ -342,7 +342,8 @@ class ServeConfig:
     # connection.failed.authentication.delay.ms: a failed SASL authentication is
     # answered (and the connection closed) this much later.
     failed_authentication_delay_ms: int = 100
-    # How long a connection of a SASL listener has to authenticate.
+    # How long a connection has for its TLS handshake (at most 60 s), and one to a SASL
+    # listener to authenticate.
     authentication_timeout_ms: int = 10_000
 
 
