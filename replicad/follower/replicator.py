@@ -10,7 +10,8 @@ Rules:
 - Metadata is refreshed periodically (new partitions of chosen topics appear)
   and whenever a fetcher reports a leadership or connection problem.
 - High watermarks and recovery points are checkpointed every
-  `checkpoint_interval_ms` and at shutdown, after the last append. The high watermark
+  `checkpoint_interval_ms` and at shutdown, after the last append, on the durability
+  thread (durability.py): the event loop never waits on those fsyncs. The high watermark
   checkpointed is the partition log's own: raised by the fetchers as leaders report it,
   lowered only by truncation -- never reset by a partition whose leader has not answered
   yet (after a restart with part of the source down, that partition keeps serving what it
@@ -29,6 +30,7 @@ from pathlib import Path
 import structlog
 
 from replicad.errors import KafkaConnectionError, LogError, ProtocolError
+from replicad.follower.durability import DurabilityThread
 from replicad.follower.fetcher import FetchSettings, LeaderFetcher, monotonic_ms, wall_ms
 from replicad.follower.memory_pool import MemoryPool
 from replicad.follower.partition_state import PartitionPhase, PartitionState
@@ -82,6 +84,8 @@ class Replicator:
         self.logs_ready = asyncio.Event()
         # Called with a partition after it changed locally (see LeaderFetcher).
         self.partition_listener: Callable[[TopicPartition], None] | None = None
+        # Checkpoints, time-based flushes and retention: off the event loop.
+        self.durability = DurabilityThread()
         self.checkpoint_failures = 0
         self.housekeeping_errors = 0
         # Listed topics the source did not have at the last metadata refresh.
@@ -124,8 +128,9 @@ class Replicator:
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         await self.client.close()
         if self.logs is not None:
+            # After any checkpoint still running (jobs run in order on one thread).
             try:
-                self.logs.checkpoint()
+                await self.durability.run(self.logs.checkpoint)
                 log.info("logs flushed and checkpointed", partitions=len(self.states))
             except (OSError, LogError) as exc:
                 # The last good checkpoint stays; recovery rescans from it at start.
@@ -134,9 +139,10 @@ class Replicator:
                     error=str(exc),
                 )
             try:
-                self.logs.close()
+                await self.durability.run(self.logs.close)
             except (OSError, LogError) as exc:
                 log.error("closing the logs failed; the next start recovers them", error=str(exc))
+        self.durability.close()
 
     # -- metadata and assignment -------------------------------------------
 
@@ -331,7 +337,7 @@ class Replicator:
             if now >= next_checkpoint:
                 next_checkpoint = now + s.checkpoint_interval_ms
                 try:
-                    self._checkpoint()
+                    await self._checkpoint()
                 except (OSError, LogError) as exc:
                     # A full or failing disk must not end housekeeping: the previous
                     # checkpoint files are intact (written atomically); try again later.
@@ -344,15 +350,20 @@ class Replicator:
                             failures_suppressed=emit.suppressed,
                         )
 
-    def _checkpoint(self) -> None:
+    async def _checkpoint(self) -> None:
+        """One checkpoint, a time-based flush and a retention pass, on the durability
+        thread; fetchers keep appending meanwhile (durability.py says why that is safe)."""
         assert self.logs is not None
-        # Runs on the loop on purpose: the log store is not shared across threads,
-        # and a checkpoint must see a consistent set of appends.
-        self.logs.checkpoint()
-        self.logs.maybe_flush(wall_ms())
-        self.logs.enforce_retention(wall_ms())
+        await self.durability.run(_checkpoint_job, self.logs)
 
     # -- read-only views ----------------------------------------------------
 
     def lag(self) -> int:
         return sum(s.lag for s in self.states.values())
+
+
+def _checkpoint_job(logs: LogManager) -> None:
+    """Runs on the durability thread: the clock is read when the job starts, not queued."""
+    logs.checkpoint()
+    logs.maybe_flush(wall_ms())
+    logs.enforce_retention(wall_ms())

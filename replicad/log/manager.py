@@ -12,6 +12,14 @@ Rules:
   overrides it on the next fetch) -- each costs time, never data.
 - `checkpoint(high_watermarks)` flushes every partition, then writes the three files
   atomically (checkpoint.write_atomically), so a recovery point never names unsynced data.
+- Threads: `checkpoint`, `maybe_flush`, `enforce_retention` and `close` may run on another
+  thread than the one appending (the follower runs them on its durability thread while the
+  event loop appends and truncates). Each works on a snapshot of the partitions taken when
+  it starts (a dict copy, atomic under the GIL): a partition created meanwhile is in the
+  next checkpoint. Partition state is read and changed under each partition's lock, and
+  the recovery points written are read after every flush: each was raised only by a flush
+  whose fsyncs covered it (partition.py), so the files never claim more than the disk holds.
+  Checkpoints are serialized by a lock, so files written by two threads never interleave.
 - A high watermark never moves back through a checkpoint or a restart: the one loaded at
   start is the floor, a given one only raises it (clamped to the log end), and only a
   truncation of the log itself lowers it. A partition whose leader is down after a restart
@@ -173,7 +181,7 @@ class LogManager:
     def checkpoint(self, high_watermarks: Mapping[TopicPartition, int] | None = None) -> None:
         """Flush every partition, then write the three checkpoint files. A high watermark
         given here only raises the partition's (see the rules above)."""
-        partitions = dict(self._partitions)
+        partitions = self._partitions.copy()
         for tp, hw in (high_watermarks or {}).items():
             partition = partitions.get(tp)
             if partition is not None:
@@ -182,9 +190,9 @@ class LogManager:
                     partition.log_start_offset,
                     min(hw, partition.log_end_offset),
                 )
-        for partition in partitions.values():
-            partition.flush()
         with self._checkpoint_lock:
+            for partition in partitions.values():
+                partition.flush()
             write_atomically(
                 self.data_dir / RECOVERY_POINT_CHECKPOINT,
                 format_offsets({tp: p.recovery_point for tp, p in partitions.items()}),
@@ -200,12 +208,12 @@ class LogManager:
 
     def maybe_flush(self, now_ms: int) -> None:
         self._last_now_ms = now_ms
-        for partition in list(self._partitions.values()):
+        for partition in self._partitions.copy().values():
             partition.maybe_flush(now_ms)
 
     def enforce_retention(self, now_ms: int) -> None:
         self._last_now_ms = now_ms
-        for partition in list(self._partitions.values()):
+        for partition in self._partitions.copy().values():
             partition.enforce_retention(now_ms)
 
     def close(self) -> None:

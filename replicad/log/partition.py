@@ -18,8 +18,14 @@ Rules:
   log there and every later segment is deleted. Stray files are removed. What was done is
   logged and returned as a PartitionRecovery.
 - Thread use: every method takes the partition lock; `flush` holds it only to pick what to
-  sync and fsyncs duplicated descriptors outside it, so a flush on a worker thread does not
-  stall appends.
+  sync and fsyncs duplicated descriptors outside it, so a flush on a worker thread (the
+  follower's durability thread) does not stall appends on the event loop.
+- A flush never moves the recovery point past what its fsyncs covered: it picks the log end
+  and the files written up to it, fsyncs them, then raises the recovery point to that log
+  end (or the log end now, if lower). A truncation while it fsyncs ends that claim: the
+  offsets between the truncation point and the old end may have been written again since,
+  into files this flush never picked, so the recovery point stays where the truncation put
+  it and the next flush covers them.
 - Descriptors come from the FileHandles shared by the log store (handles.py); `flush` syncs
   every file written since its last sync, whether its descriptor is open or was evicted.
   After an unclean stop, segment files found at or after the recovery point count as
@@ -136,6 +142,7 @@ class PartitionLog:
         "_lock",
         "_log_end_offset",
         "_segments",
+        "_truncations",
         "config",
         "directory",
         "high_watermark",
@@ -177,6 +184,8 @@ class PartitionLog:
         self.topic_id = topic_id
         self._lock = threading.RLock()
         self._flushing = _Flushing()
+        # Truncations so far: a flush that saw another count when it started claims nothing.
+        self._truncations = 0
         # The latest time a caller passed in; used where an API takes no time argument.
         self._last_now_ms = 0
         self.last_recovery: PartitionRecovery | None = None
@@ -534,6 +543,7 @@ class PartitionLog:
                 new_end = min(new_end, truncation.first_removed_offset)
             active.make_active()
             new_end = max(new_end, active.next_offset)
+            self._truncations += 1
             self._log_end_offset = new_end
             self.recovery_point = min(self.recovery_point, new_end)
             self.high_watermark = min(self.high_watermark, new_end)
@@ -555,6 +565,7 @@ class PartitionLog:
             )
             self._segments = [segment]
             self._bases = [offset]
+            self._truncations += 1
             self._log_end_offset = offset
             self.log_start_offset = offset
             self.recovery_point = offset
@@ -651,6 +662,7 @@ class PartitionLog:
         """fsync everything appended so far and move the recovery point to the log end."""
         with self._lock:
             target = self._log_end_offset
+            truncations = self._truncations
             files = [f for segment in self._segments for f in segment.files if f.dirty]
             messages = self._flushing.unflushed_messages
         # One descriptor at a time, so a flush adds at most one to the open-file count.
@@ -665,6 +677,8 @@ class PartitionLog:
                 os.close(ticket.fd)
             self._handles.synced(handle, ticket.generation)
         with self._lock:
+            if self._truncations != truncations:
+                return  # see the module rules: the next flush covers what was rewritten
             self.recovery_point = max(self.recovery_point, min(target, self._log_end_offset))
             if self._log_end_offset == target:
                 self._flushing.unflushed_messages -= messages

@@ -13,6 +13,7 @@ import os
 import pickle
 import random
 import resource
+import stat
 import subprocess
 import sys
 import tempfile
@@ -24,13 +25,16 @@ import pytest
 import structlog
 
 from replicad.errors import LogDirLockedError
+from replicad.log.checkpoint import parse_offsets
 from replicad.log.config import LogConfig
 from replicad.log.layout import (
     CLEAN_SHUTDOWN_FILE,
     LEADER_EPOCH_CHECKPOINT,
+    LOCK_FILE,
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
+    TEMP_SUFFIX,
 )
 from replicad.log.manager import LogManager
 from replicad.log.partition import PartitionLog
@@ -543,6 +547,155 @@ class _Workload:
         manager.close()
         assert manager.handles.stats().open == 0
         self.report(partitions, recovered_partitions=recovered)
+
+
+class _CrashModel:
+    """What a crash keeps of a data directory (the pessimistic POSIX view): a file holds the
+    bytes it had at its last fsync, cut by any later truncation (ftruncate and unlink change
+    metadata, which the log store makes durable at once with a directory fsync); a file
+    never synced is empty. Fed by os.fsync and os.ftruncate."""
+
+    def __init__(self, data_dir: Path) -> None:
+        """Starts from a directory whose files are all synced."""
+        self.data_dir = data_dir
+        self.synced = {p.stat().st_ino: p.read_bytes() for p in data_dir.rglob("*") if p.is_file()}
+
+    def fsynced(self, fd: int) -> None:
+        st = os.fstat(fd)
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if stat.S_ISREG(st.st_mode) and not path.endswith(" (deleted)"):
+            self.synced[st.st_ino] = Path(path).read_bytes()
+
+    def truncated(self, fd: int, size: int) -> None:
+        ino = os.fstat(fd).st_ino
+        if ino in self.synced:
+            self.synced[ino] = self.synced[ino][:size]
+
+    def image(self, dest: Path) -> Path:
+        """A copy of the directory as a crash now would leave it."""
+        dest.mkdir(parents=True)
+        for path in sorted(self.data_dir.rglob("*")):
+            target = dest / path.relative_to(self.data_dir)
+            if path.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+            elif path.name != LOCK_FILE:
+                target.write_bytes(self.synced.get(path.stat().st_ino, b""))
+        return dest
+
+
+def _valid_batches(data_dir: Path, tp: TopicPartition) -> list[bytes]:
+    """The partition's batches in offset order, up to the first torn or invalid one."""
+    out: list[bytes] = []
+    for path in sorted((data_dir / f"{tp.topic}-{tp.partition}").glob("*.log")):
+        raw = path.read_bytes()
+        scan = scan_batches(raw)
+        out += [raw[h.position : h.end_position] for h in scan.batches]
+        if scan.valid_bytes < len(raw):
+            break
+    return out
+
+
+def _below(batches: list[bytes], offset: int) -> list[bytes]:
+    return [b for b in batches if scan_batches(b).batches[0].last_offset < offset]
+
+
+def _end(batches: list[bytes]) -> int:
+    return scan_batches(batches[-1]).batches[-1].next_offset if batches else 0
+
+
+RACING = [producer_batch(0, [bytes([97 + n]) * 300] * n) for n in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_crash_at_any_point_of_a_checkpoint_loses_nothing_it_claimed(
+    fast_dir: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """Checkpoints while another writer appends and truncates at every fsync they make (as
+    the event loop does while the durability thread checkpoints). At each fsync a crash is
+    imagined (_CrashModel) and the image opened as after a kill: every offset the image's
+    recovery-point file claims is there, whole, with the bytes the log held -- except offsets
+    truncated on purpose since that file was written. And once a checkpoint returns (nothing
+    truncated while it wrote its files), everything it claims is durable."""
+    rng = random.Random(seed)
+    data_dir = fast_dir / "data"
+    manager = LogManager.open(data_dir, CONFIG, now_ms=0)
+    tps = [TopicPartition("t", p) for p in range(4)]
+    for tp in tps:
+        _fill(manager, tp, batch_stream(seed * 10 + tp.partition, 15))
+    logs = manager.partitions()
+    manager.checkpoint()
+    model = _CrashModel(data_dir)
+    real_fsync, real_ftruncate = os.fsync, os.ftruncate
+    # Log ends since the last checkpoint file was written: a claim above one of these may
+    # name offsets truncated on purpose since.
+    floor = {tp: logs[tp].log_end_offset for tp in tps}
+    # Each crash point: its image, the floors then, and the log's batches then.
+    images: list[tuple[Path, dict[TopicPartition, int], dict[TopicPartition, list[bytes]]]] = []
+    state = {"racing": True, "inside": False}
+
+    def race() -> None:
+        """Appends, or a truncation (a new leader's) and the new leader's batches after it."""
+        tp = rng.choice(tps)
+        log = logs[tp]
+        if rng.random() < 0.3 and log.log_end_offset > 0:
+            log.truncate_to(rng.randrange(log.log_end_offset))
+            floor[tp] = min(floor[tp], log.log_end_offset)
+        for _ in range(rng.randint(1, 4)):
+            raw = bytearray(rng.choice(RACING))
+            raw[:8] = log.log_end_offset.to_bytes(8, "big")
+            log.append(raw, scan_batches(raw).batches, now_ms=0)
+
+    def crash_point_fsync(fd: int) -> None:
+        if not state["inside"]:
+            state["inside"] = True
+            try:
+                image = model.image(fast_dir / f"crash-{len(images)}")
+                now = {tp: _valid_batches(data_dir, tp) for tp in tps}
+                images.append((image, dict(floor), now))
+                if os.readlink(f"/proc/self/fd/{fd}").endswith(
+                    RECOVERY_POINT_CHECKPOINT + TEMP_SUFFIX
+                ):
+                    state["racing"] = False  # the claims are read: see the last check
+                if state["racing"]:
+                    race()
+            finally:
+                state["inside"] = False
+        real_fsync(fd)
+        model.fsynced(fd)
+
+    def tracked_ftruncate(fd: int, size: int) -> None:
+        real_ftruncate(fd, size)
+        model.truncated(fd, size)
+
+    monkeypatch.setattr(os, "fsync", crash_point_fsync)
+    monkeypatch.setattr(os, "ftruncate", tracked_ftruncate)
+    for _ in range(4):
+        state["inside"] = True  # writes to checkpoint: no crash points within these
+        for _ in range(6):
+            race()
+        state["inside"] = False
+        state["racing"] = True
+        manager.checkpoint()
+        claims = parse_offsets(
+            (data_dir / RECOVERY_POINT_CHECKPOINT).read_text(), source="checkpoint"
+        )
+        durable = model.image(fast_dir / f"after-{len(images)}")
+        for tp in tps:
+            assert claims[tp] <= _end(_valid_batches(durable, tp)), (seed, tp)
+        floor = {tp: logs[tp].log_end_offset for tp in tps}
+    monkeypatch.undo()
+    assert len(images) > 20
+    for image, floors, current in images:
+        before = {tp: _valid_batches(image, tp) for tp in tps}
+        claims = parse_offsets((image / RECOVERY_POINT_CHECKPOINT).read_text(), source="image")
+        reopened = LogManager.open(image, CONFIG, now_ms=0)
+        for tp in tps:
+            kept = min(claims.get(tp, 0), floors[tp])
+            assert _below(before[tp], kept) == _below(current[tp], kept), (image, tp)
+            assert _end(_below(before[tp], kept)) >= kept or kept == 0, (image, tp)
+            assert reopened.partitions()[tp].log_end_offset >= kept, (image, tp)
+        reopened.close()
+    manager.close()
 
 
 if __name__ == "__main__":

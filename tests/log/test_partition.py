@@ -315,3 +315,54 @@ def test_disk_full_leaves_whole_batches_and_resumes(small_fs: Path) -> None:
     _append_all(log, resumed)
     on_disk = b"".join(s.log_path.read_bytes() for s in log.segments)
     assert on_disk == b"".join(written + resumed)
+
+
+def _during_first_fsync(monkeypatch: pytest.MonkeyPatch, action: object) -> None:
+    """Run `action()` inside the first os.fsync call (another thread's append or truncation
+    landing while a flush waits on the disk)."""
+    real_fsync = os.fsync
+    pending = [action]
+
+    def racing_fsync(fd: int) -> None:
+        if pending:
+            pending.pop()()  # type: ignore[operator]
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", racing_fsync)
+
+
+def test_a_flush_claims_the_log_end_it_picked_not_appends_made_while_it_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log, _ = _partition(tmp_path, count=30)
+    picked = log.log_end_offset
+    more = batch_stream(12, 10, first_offset=picked)
+    _during_first_fsync(monkeypatch, lambda: _append_all(log, more))
+    log.flush()
+    assert log.log_end_offset > picked
+    assert log.recovery_point == picked
+    log.flush()
+    assert log.recovery_point == log.log_end_offset
+
+
+def test_a_truncation_while_a_flush_syncs_leaves_the_recovery_point_to_the_next_flush(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log, batches = _partition(tmp_path, count=30)
+    headers = _headers(batches)
+    picked = log.log_end_offset
+    cut = headers[10].base_offset
+    # The truncated offsets are written again, past the old end, before the flush returns:
+    # a flush that claimed min(picked, log end) would name bytes it never synced.
+    rewritten = batch_stream(13, 30, first_offset=cut)
+
+    def truncate_and_rewrite() -> None:
+        log.truncate_to(cut)
+        _append_all(log, rewritten)
+
+    _during_first_fsync(monkeypatch, truncate_and_rewrite)
+    log.flush()
+    assert log.log_end_offset > picked
+    assert log.recovery_point <= cut
+    log.flush()
+    assert log.recovery_point == log.log_end_offset

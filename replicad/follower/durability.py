@@ -1,0 +1,85 @@
+"""The follower's disk work off the event loop: one thread of its own for checkpoints.
+
+Rules:
+- Checkpoints (every partition flushed, then the three checkpoint files written), time-based
+  flushes (`log.flush_ms`), retention passes, the final checkpoint and the log store's close
+  run on one dedicated thread, one job at a time, in the order asked. The event loop only
+  awaits them, so fetching, the control socket and `serve` keep answering while a
+  checkpoint waits on thousands of fsyncs or on a slow disk.
+- Why a thread of our own and not aiofiles: aiofiles runs each call on a file object (open,
+  write, flush) as one hop to the loop's default executor. A checkpoint is a few thousand
+  fsyncs of descriptors the log store's handle cache owns, directory fsyncs and renames, in
+  an order that matters (segments synced before the recovery-point file that names them);
+  that is one job for one thread, not thousands of hops whose order the loop would have to
+  keep. The default executor is also shared (start-up recovery, getaddrinfo): a slow disk
+  there would stall name lookups too. And one thread means two checkpoints never overlap,
+  so an older one can never finish last and overwrite a newer file.
+- Consistency is the log store's (log/partition.py, log/manager.py): its methods take the
+  partition lock, a flush fsyncs outside it and claims as its recovery point only the log
+  end it picked before fsyncing (nothing, if a truncation came meanwhile), and the
+  checkpoint files are written after every flush and atomically. So a checkpoint never
+  claims more than was fsynced, whatever the loop appends or truncates while it runs, and
+  a crash at any point leaves the previous files or the new ones, each true.
+- A job that fails raises its error in the awaiting task (the caller counts and retries).
+  A caller cancelled while its job runs does not stop the job: the next job starts after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
+
+THREAD_NAME = "replicad-durability"
+
+
+@dataclass(frozen=True, slots=True)
+class DurabilityStats:
+    jobs: int
+    running: bool
+    # How long the last finished job took, and the longest one so far (thread time, ms).
+    last_job_ms: int
+    longest_job_ms: int
+
+
+class DurabilityThread:
+    """Runs the log store's slow disk work, one job at a time, on a thread of its own."""
+
+    def __init__(self) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_NAME)
+        self._jobs = 0
+        self._running = False
+        self._last_ms = 0
+        self._longest_ms = 0
+
+    async def run(self, job: Callable[..., T], *args: object) -> T:
+        """`job(*args)` on the durability thread, after every job asked before it."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._executor, functools.partial(self._timed, job, *args)
+        )
+
+    def _timed(self, job: Callable[..., T], *args: object) -> T:
+        self._running = True
+        started = time.monotonic()
+        try:
+            return job(*args)
+        finally:
+            took = int((time.monotonic() - started) * 1000)
+            self._jobs += 1
+            self._last_ms = took
+            self._longest_ms = max(self._longest_ms, took)
+            self._running = False
+
+    def stats(self) -> DurabilityStats:
+        return DurabilityStats(self._jobs, self._running, self._last_ms, self._longest_ms)
+
+    def close(self) -> None:
+        """No more jobs; returns once the thread is done with the ones it has."""
+        self._executor.shutdown(wait=True)
