@@ -86,6 +86,7 @@ def test_failures_and_known_bugs_are_shown_not_hidden() -> None:
     assert "| data_fds |" in text and "reported" in text
     assert "asyncio task count: missing" in text
     assert "## Daemon bugs found here and fixed" in text
+    assert "## The event loop during a checkpoint" in text
 
 
 def test_every_scenario_names_its_ci_test() -> None:

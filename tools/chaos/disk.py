@@ -5,8 +5,8 @@
   back. Always unmounted when the block ends.
 - `SlowDisk`: an LD_PRELOAD shim (slowdisk.c, compiled on first use with the
   machine's C compiler) that delays every write and fsync the daemon makes under one
-  directory while a switch file exists, and counts the delayed calls. Writes through
-  memory maps (index files) and the kernel's writeback are not slowed: this is a
+  directory while a switch file exists, and counts the delayed calls. Reads, writes
+  through memory maps and the kernel's writeback are not slowed: this is a
   slow write path as the daemon's syscalls see it, not a slow block device. A block
   device throttled with cgroups would not do either: tmpfs has no block device, and
   cgroup v1 blkio does not throttle buffered writes.

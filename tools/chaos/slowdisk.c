@@ -7,8 +7,8 @@
  * Each delayed call is counted; the count is written as decimal text to
  * $SLOWDISK_COUNT (if set) after every delayed call, so it survives a SIGKILL.
  *
- * What it cannot slow: writes through a memory map (replicad's index files are mmap'd),
- * reads, and the kernel's own writeback. Sockets, pipes and files elsewhere are never
+ * What it cannot slow: writes through a memory map, reads, and the kernel's own writeback
+ * (replicad writes segments, index files and checkpoints with write/pwrite: all slowed). Sockets, pipes and files elsewhere are never
  * touched: the fd's path is looked up in /proc/self/fd.
  */
 #define _GNU_SOURCE
