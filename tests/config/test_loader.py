@@ -516,3 +516,56 @@ def test_serve_followers_need_principals_once_clients_authenticate(tmp_path: Pat
     principals = "    follower_principals: ['User:replica']\n"
     no_ids = write(tmp_path, SERVE_HEAD + "  listen: 127.0.0.1:0\n" + sasl + principals)
     assert "serve.allowed_followers: required when" in problems_of(no_ids)[0]
+
+
+def test_no_secret_of_any_kind_shows_in_the_whole_config(tmp_path: Path) -> None:
+    """Every way to give a password (file, environment, a users file naming either, an
+    encrypted TLS key's password file) leaves the loaded config's repr() and str() clean:
+    a config is logged and printed whole (config-check, errors, debugging)."""
+    pki = make_test_pki(tmp_path / "pki", key_password="Tls-Key-Pw-3")
+    key_secret = tmp_path / "key.password"
+    key_secret.write_text("Tls-Key-Pw-3\n")
+    sasl_secret = tmp_path / "sasl.password"
+    sasl_secret.write_text("Sasl-Pw-1\n")
+    user_secret = tmp_path / "user.password"
+    user_secret.write_text("User-File-Pw-4\n")
+    users = tmp_path / "users.yaml"
+    users.write_text(
+        f"replica:\n  password_file: {user_secret}\nalice:\n  password_env: ALICE_PW\n"
+    )
+    path = write(
+        tmp_path,
+        f"""\
+source:
+  bootstrap_servers: ["127.0.0.1:9093"]
+  security:
+    protocol: sasl_ssl
+    tls:
+      ca_file: {pki.ca}
+      cert_file: {pki.client_cert}
+      key_file: {pki.client_key_encrypted}
+      key_password_file: {key_secret}
+    sasl:
+      mechanism: scram-sha-512
+      username: replica
+      password_file: {sasl_secret}
+topics:
+  include: [orders]
+serve:
+  listen: 127.0.0.1:0
+  security:
+    sasl:
+      mechanisms: [plain]
+      users_file: {users}
+""",
+    )
+    secrets = ("Tls-Key-Pw-3", "Sasl-Pw-1", "User-File-Pw-4", "Env-Pw-2")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ALICE_PW", "Env-Pw-2")
+        config = load_config(path)
+    users_file = config.serve.security.sasl.users_file if config.serve else None
+    assert users_file is not None and len(users_file.passwords) == 2
+    assert config.source.security.tls.key_password_file is not None
+    shown = repr(config) + str(config) + repr(users_file) + str(users_file)
+    assert [secret for secret in secrets if secret in shown] == []
+    assert f"file {key_secret}" in shown and f"file {sasl_secret}" in shown
