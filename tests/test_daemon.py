@@ -17,25 +17,24 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
 
 from replicad.control.notify import decode_notify
-from tools.replica import ReplicadProcess, end_offsets, replicad_run, wait_until
+from tools.peers.produce import produce_numbered
+from tools.replica import (
+    replicad_cli,
+    replicad_run,
+    replicad_run_config,
+    replicad_serve,
+    topic_ends,
+    wait_until,
+)
 from tools.replica import status_json as replica_status_json
 
 HEALTH_WORDS = {"healthy", "degraded", "down"}
 
 
 def produce(bootstrap: str, topic: str, partitions: int, per_partition: int) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-    for p in range(partitions):
-        for i in range(per_partition):
-            producer.produce(topic, value=b"v%d" % i, key=b"k", partition=p)
-    assert producer.flush(30) == 0
-
-
-def ends_of(data_dir: Path, topic: str) -> dict[int, int]:
-    return {tp.partition: e for tp, e in end_offsets(data_dir).items() if tp.topic == topic}
+    produce_numbered(bootstrap, topic, partitions, per_partition, key=b"k")
 
 
 def status_json(sock: Path) -> dict:
@@ -111,10 +110,10 @@ def test_reload_adds_and_forgets_topics_and_rejects_a_bad_config(
         )
 
     write_config([first])
-    proc = ReplicadProcess(["run", "-c", str(config)], log_path=tmp_path / "replicad.log").start()
+    proc = replicad_run_config(config, tmp_path / "replicad.log", log_format=None)
     try:
         wait_until(
-            lambda: ends_of(data_dir, first) == {0: 20, 1: 20, 2: 20},
+            lambda: topic_ends(data_dir, first) == {0: 20, 1: 20, 2: 20},
             timeout_s=60,
             what="first topic replicated",
         )
@@ -124,7 +123,7 @@ def test_reload_adds_and_forgets_topics_and_rejects_a_bad_config(
         write_config([second])
         proc.proc.send_signal(signal.SIGHUP)
         wait_until(
-            lambda: ends_of(data_dir, second) == {0: 20, 1: 20, 2: 20},
+            lambda: topic_ends(data_dir, second) == {0: 20, 1: 20, 2: 20},
             timeout_s=60,
             what="second topic replicated after reload",
         )
@@ -136,11 +135,11 @@ def test_reload_adds_and_forgets_topics_and_rejects_a_bad_config(
         produce(kafka_broker.bootstrap, first, 3, 10)  # the dropped topic keeps growing...
         produce(kafka_broker.bootstrap, second, 3, 10)
         wait_until(
-            lambda: ends_of(data_dir, second) == {0: 30, 1: 30, 2: 30},
+            lambda: topic_ends(data_dir, second) == {0: 30, 1: 30, 2: 30},
             timeout_s=60,
             what="second topic keeps replicating",
         )
-        assert ends_of(data_dir, first) == {0: 20, 1: 20, 2: 20}  # ...but its data stopped
+        assert topic_ends(data_dir, first) == {0: 20, 1: 20, 2: 20}  # ...but its data stopped
         leader = status_json(sock)["leaders"][0]
         # Dropped partitions left the session as forgotten partitions: the same session
         # carried on, with no reset.
@@ -158,7 +157,7 @@ def test_reload_adds_and_forgets_topics_and_rejects_a_bad_config(
         assert "topics.bogus_key" in proc.output()
         produce(kafka_broker.bootstrap, second, 3, 5)
         wait_until(
-            lambda: ends_of(data_dir, second) == {0: 35, 1: 35, 2: 35},
+            lambda: topic_ends(data_dir, second) == {0: 35, 1: 35, 2: 35},
             timeout_s=60,
             what="replication to continue on the old config",
         )
@@ -185,7 +184,7 @@ def test_run_serves_while_replicating_and_a_second_replica_follows_live(
         kafka_broker.bootstrap, topic, a_dir, config=config_a, control_socket=tmp_path / "a.sock"
     ) as a:
         a.wait_for(
-            lambda: ends_of(a_dir, topic) == {0: 50, 1: 50, 2: 50},
+            lambda: topic_ends(a_dir, topic) == {0: 50, 1: 50, 2: 50},
             what="A to replicate from Kafka",
         )
         with replicad_run(
@@ -196,12 +195,12 @@ def test_run_serves_while_replicating_and_a_second_replica_follows_live(
             control_socket=tmp_path / "b.sock",
         ) as b:
             b.wait_for(
-                lambda: ends_of(b_dir, topic) == {0: 50, 1: 50, 2: 50},
+                lambda: topic_ends(b_dir, topic) == {0: 50, 1: 50, 2: 50},
                 what="B to replicate from A",
             )
             produce(kafka_broker.bootstrap, topic, 3, 25)  # flows Kafka -> A -> B
             b.wait_for(
-                lambda: ends_of(b_dir, topic) == {0: 75, 1: 75, 2: 75},
+                lambda: topic_ends(b_dir, topic) == {0: 75, 1: 75, 2: 75},
                 what="new data to reach B through A",
             )
             a_status = status_json(tmp_path / "a.sock")
@@ -223,24 +222,11 @@ def test_replicad_serve_command_serves_a_replica(kafka_broker, unique_topic, tmp
     produce(kafka_broker.bootstrap, topic, 2, 30)
     a_dir, b_dir = tmp_path / "a", tmp_path / "b"
     with replicad_run(kafka_broker.bootstrap, topic, a_dir) as a:
-        a.wait_for(lambda: ends_of(a_dir, topic) == {0: 30, 1: 30}, what="A")
-    server = ReplicadProcess(
-        [
-            "serve",
-            "--data-dir",
-            str(a_dir),
-            "--listen",
-            f"127.0.0.1:{free_port}",
-            "--allow-follower",
-            "7",
-            "--log-format",
-            "json",
-        ],
-        log_path=tmp_path / "serve.log",
-    ).start()
+        a.wait_for(lambda: topic_ends(a_dir, topic) == {0: 30, 1: 30}, what="A")
+    server = replicad_serve(a_dir, free_port, allow_followers=[7], log_path=tmp_path / "serve.log")
     config_b = {"fetch": {"replica_id": 7}}  # a follower A allows: privileged
     with server, replicad_run(f"127.0.0.1:{free_port}", topic, b_dir, config=config_b) as b:
-        b.wait_for(lambda: ends_of(b_dir, topic) == {0: 30, 1: 30}, what="B")
+        b.wait_for(lambda: topic_ends(b_dir, topic) == {0: 30, 1: 30}, what="B")
     assert "serving the replica over the Kafka protocol" in server.output()
     # B fetched as follower 7, which A allows: its session on A was privileged.
     assert '"privileged_sessions_created_total": 1' in server.output()
@@ -277,10 +263,10 @@ def test_status_of_a_daemon_replicating_ten_thousand_partitions(tmp_path, free_p
     logs.checkpoint({TopicPartition("wide", p): 2 for p in range(partitions)})
     logs.close()
 
-    server = ReplicadProcess(
-        ["serve", "--data-dir", str(source), "--listen", f"127.0.0.1:{free_port}"],
-        log_path=tmp_path / "serve.log",
-    ).start()
+    # Not waited for: the follower retries until it listens.
+    server = replicad_serve(
+        source, free_port, log_path=tmp_path / "serve.log", log_format=None, wait=False
+    )
     sock = tmp_path / "c.sock"
     daemon = replicad_run(
         f"127.0.0.1:{free_port}",
@@ -299,18 +285,8 @@ def test_status_of_a_daemon_replicating_ten_thousand_partitions(tmp_path, free_p
             return sum(p["log_end_offset"] for p in snap["partitions"]) == 2 * partitions
 
         wait_until(all_fetching, timeout_s=300, interval_s=2, what="10,000 partitions caught up")
-        as_json = subprocess.run(
-            [sys.executable, "-m", "replicad.cli", "status", "--socket", str(sock), "--json"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        table = subprocess.run(
-            [sys.executable, "-m", "replicad.cli", "status", "--socket", str(sock)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        as_json = replicad_cli("status", "--socket", str(sock), "--json")
+        table = replicad_cli("status", "--socket", str(sock))
     finally:
         assert daemon.stop(timeout_s=120) == 0, daemon.output()[-3000:]
         server.stop()

@@ -11,7 +11,10 @@ drive the daemon the way a user does, through its command line.
         snapshot = proc.status()             # `replicad status --json`
     # leaving the block: SIGTERM, and ReplicadExited unless it exited 0
 
-`ReplicadProcess(args, log_path=...)` runs any other subcommand (`serve`, `verify`).
+`replicad_run_config(config, log_path)` runs from a config file alone, `replicad_serve(...)`
+starts `replicad serve` and waits until it serves, `replicad_cli(...)` runs a one-shot
+command (`status`, `verify`, `config-check`) to its end; `ReplicadProcess(args, log_path=...)`
+runs anything else.
 """
 
 from __future__ import annotations
@@ -193,6 +196,12 @@ class ReplicadProcess:
             lambda: self.logged("replicating"), timeout_s=timeout_s, what="replicad to be ready"
         )
 
+    def wait_serving(self, timeout_s: float = 60) -> None:
+        """Until `replicad serve` (or a run's serve: section) listens. Raises when it exits."""
+        self.wait_for(
+            lambda: SERVING in self.output(), timeout_s=timeout_s, what="replicad serve to listen"
+        )
+
     def end_offsets(self) -> dict[TopicPartition, int]:
         """The log end of every partition in its data dir."""
         assert self.data_dir is not None, "made without a data dir"
@@ -269,6 +278,79 @@ def replicad_run(
     return proc.start() if start else proc
 
 
+def replicad_run_config(
+    config: Path,
+    log_path: Path,
+    *,
+    log_format: str | None = "json",
+    extra: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    data_dir: Path | None = None,
+    control_socket: Path | None = None,
+    start: bool = True,
+) -> ReplicadProcess:
+    """`replicad run -c CONFIG`: the source, topics and data dir all from the file
+    (`data_dir`/`control_socket` only tell the process object where they are)."""
+    args = ["run", "-c", str(config)]
+    if log_format is not None:
+        args += ["--log-format", log_format]
+    proc = ReplicadProcess(
+        [*args, *extra],
+        log_path=log_path,
+        env=env,
+        data_dir=data_dir,
+        control_socket=control_socket,
+    )
+    return proc.start() if start else proc
+
+
+# What `replicad serve` logs once it listens.
+SERVING = "serving the replica over the Kafka protocol"
+
+
+def replicad_serve(
+    data_dir: Path,
+    port: int,
+    *,
+    log_path: Path,
+    allow_followers: Sequence[int] = (),
+    flags: Sequence[str] = (),
+    log_format: str | None = "json",
+    env: Mapping[str, str] | None = None,
+    wait: bool = True,
+) -> ReplicadProcess:
+    """`replicad serve` of `data_dir` on 127.0.0.1:`port`, started and (unless `wait` is
+    False) listening; ReplicadExited with its output when it exits first. Stop it with
+    `with` or `stop()`."""
+    args = ["serve", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}"]
+    for follower in allow_followers:
+        args += ["--allow-follower", str(follower)]
+    if log_format is not None:
+        args += ["--log-format", log_format]
+    proc = ReplicadProcess([*args, *flags], log_path=log_path, env=env).start()
+    if wait:
+        try:
+            proc.wait_serving()
+        except BaseException:
+            proc.kill()
+            raise
+    return proc
+
+
+def replicad_cli(
+    *args: str, timeout_s: float = 60, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`replicad ARGS...` run to its end as a user runs it (`status`, `verify`, ...):
+    exit code, stdout and stderr as text."""
+    return subprocess.run(
+        replicad_argv(*args),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, **env} if env is not None else None,
+    )
+
+
 def partition_dirs(data_dir: Path) -> dict[TopicPartition, Path]:
     found: dict[TopicPartition, Path] = {}
     if not data_dir.exists():
@@ -312,6 +394,11 @@ def end_offsets(data_dir: Path) -> dict[TopicPartition, int]:
     return {tp: log_end_offset(d) for tp, d in partition_dirs(data_dir).items()}
 
 
+def topic_ends(data_dir: Path, topic: str) -> dict[int, int]:
+    """The log end of each of `topic`'s partitions in `data_dir`, by partition number."""
+    return {tp.partition: end for tp, end in end_offsets(data_dir).items() if tp.topic == topic}
+
+
 def wait_until(
     predicate: Callable[[], bool], *, timeout_s: float, interval_s: float = 0.25, what: str = ""
 ) -> None:
@@ -330,12 +417,7 @@ STATUS_UNREACHABLE = 3
 def status_json(sock: Path, timeout_s: float = 60) -> dict | None:
     """`replicad status --json` as a user runs it: the snapshot whatever the daemon's
     health (exit 0, 1 or 2), None while the daemon cannot be asked yet (exit 3)."""
-    out = subprocess.run(
-        [sys.executable, "-m", "replicad.cli", "status", "--socket", str(sock), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
+    out = replicad_cli("status", "--socket", str(sock), "--json", timeout_s=timeout_s)
     if out.returncode == STATUS_UNREACHABLE:
         return None
     if out.returncode not in (0, 1, 2):

@@ -7,8 +7,6 @@ byte for byte, over the same offsets.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,11 +15,12 @@ import pytest
 from replicad.control.client import query
 from replicad.errors import ControlError
 from replicad.types import TopicPartition
-from tools.peers.produce import produce_mixed
+from tools.peers.produce import produce_mixed, produce_numbered
 from tools.replica import (
     batches_from,
     end_offsets,
     log_end_offset,
+    replicad_cli,
     replicad_run,
     segment_bytes,
     wait_until,
@@ -93,12 +92,7 @@ def test_replica_is_byte_identical_to_the_brokers_segments(kafka_broker, mixed_t
     for name in ("replication-offset-checkpoint", "recovery-point-offset-checkpoint"):
         assert (data_dir / name).exists(), name
     # and our own offline check agrees
-    verify = subprocess.run(
-        [sys.executable, "-m", "replicad.cli", "verify", str(data_dir)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    verify = replicad_cli("verify", str(data_dir), timeout_s=300)
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
@@ -203,22 +197,13 @@ def test_hot_partition_does_not_starve_cold_ones(kafka_broker, tmp_path):
     assert hot_end_when_cold_done[0] < 16_000 * 0.9, hot_end_when_cold_done
 
 
-def _run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "replicad.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def test_bad_config_names_the_key_and_exits_78(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "source:\n  bootstrap_servers: [127.0.0.1:9092]\n  bootstap: x\n"
         "topics:\n  include: [a]\nfetch:\n  partition_max_bytes: big\n"
     )
-    result = _run_cli("run", "-c", str(bad))
+    result = replicad_cli("run", "-c", str(bad))
     assert result.returncode == 78
     assert "source.bootstap" in result.stderr
     assert "fetch.partition_max_bytes" in result.stderr
@@ -242,20 +227,10 @@ def test_unreachable_bootstrap_retries_with_a_clear_message(tmp_path):
     assert "Traceback" not in out
 
 
-def _produce_plain(bootstrap: str, topic: str, partitions: int, per_partition: int) -> None:
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-    for p in range(partitions):
-        for i in range(per_partition):
-            producer.produce(topic, value=b"r%d" % i, partition=p)
-    assert producer.flush(30) == 0
-
-
 def test_start_from_latest_skips_existing_data(kafka_broker, unique_topic, tmp_path):
     topic = unique_topic()
     kafka_broker.create_topic(topic, 2)
-    _produce_plain(kafka_broker.bootstrap, topic, 2, 30)
+    produce_numbered(kafka_broker.bootstrap, topic, 2, 30)
     data_dir = tmp_path / "data"
     latest = replicad_run(
         kafka_broker.bootstrap, [topic], data_dir, extra=["--start-from", "latest"]
@@ -265,7 +240,7 @@ def test_start_from_latest_skips_existing_data(kafka_broker, unique_topic, tmp_p
         proc.wait_for(
             lambda: proc.output().count("starting partition") == 2, timeout_s=30, what="both"
         )
-        _produce_plain(kafka_broker.bootstrap, topic, 2, 5)
+        produce_numbered(kafka_broker.bootstrap, topic, 2, 5)
         proc.wait_caught_up({TopicPartition(topic, 0): 35, TopicPartition(topic, 1): 35})
     for p in range(2):
         ours = segment_bytes(data_dir / f"{topic}-{p}")
@@ -282,7 +257,7 @@ def test_partitions_added_while_running_are_picked_up(kafka_broker, unique_topic
 
     topic = unique_topic()
     kafka_broker.create_topic(topic, 2)
-    _produce_plain(kafka_broker.bootstrap, topic, 2, 10)
+    produce_numbered(kafka_broker.bootstrap, topic, 2, 10)
     data_dir = tmp_path / "data"
     config = {"source": {"metadata_max_age_ms": 1000}}
     with replicad_run(kafka_broker.bootstrap, [topic], data_dir, config=config) as proc:
@@ -290,7 +265,7 @@ def test_partitions_added_while_running_are_picked_up(kafka_broker, unique_topic
         admin = kafka_broker.admin()  # held: a collected client cancels its futures
         futures = admin.create_partitions([NewPartitions(topic, 4)])
         futures[topic].result(30)
-        _produce_plain(kafka_broker.bootstrap, topic, 4, 7)
+        produce_numbered(kafka_broker.bootstrap, topic, 4, 7)
         proc.wait_caught_up({TopicPartition(topic, p): 17 if p < 2 else 7 for p in range(4)})
 
 
@@ -300,7 +275,7 @@ def test_recreated_topic_halts_the_partition_and_keeps_the_replica(
 
     topic = unique_topic()
     kafka_broker.create_topic(topic, 1)
-    _produce_plain(kafka_broker.bootstrap, topic, 1, 40)
+    produce_numbered(kafka_broker.bootstrap, topic, 1, 40)
     data_dir, sock = tmp_path / "data", tmp_path / "c.sock"
     with replicad_run(kafka_broker.bootstrap, [topic], data_dir, control_socket=sock) as proc:
         proc.wait_caught_up({TopicPartition(topic, 0): 40}, timeout_s=60)
@@ -314,7 +289,7 @@ def test_recreated_topic_halts_the_partition_and_keeps_the_replica(
         what="topic deletion",
     )
     kafka_broker.create_topic(topic, 1)  # same name, new topic id, new history
-    _produce_plain(kafka_broker.bootstrap, topic, 1, 5)
+    produce_numbered(kafka_broker.bootstrap, topic, 1, 5)
 
     with replicad_run(kafka_broker.bootstrap, [topic], data_dir, control_socket=sock) as proc:
 

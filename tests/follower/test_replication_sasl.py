@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +40,8 @@ from tools.replica import (
     batches_from,
     end_offsets,
     log_end_offset,
+    replicad_cli,
+    replicad_run_config,
     segment_bytes,
     wait_until,
 )
@@ -131,11 +131,7 @@ def password_file(tmp_path: Path, password: str = PASSWORD) -> Path:
 
 
 def replicate(config: Path, tmp_path: Path, env: dict[str, str] | None = None) -> ReplicadProcess:
-    return ReplicadProcess(
-        ["run", "-c", str(config), "--log-format", "json"],
-        log_path=tmp_path / "replicad.log",
-        env=env,
-    ).start()
+    return replicad_run_config(config, tmp_path / "replicad.log", env=env)
 
 
 def caught_up(broker: SecureKafkaBroker, topic: str, data_dir: Path) -> bool:
@@ -292,12 +288,7 @@ def test_a_wrong_password_is_a_clear_error_retried_with_backoff(
         )
         assert proc.running, proc.output()
         # `replicad status` says it too: down, the source refusing us, exit 2.
-        status = subprocess.run(
-            [sys.executable, "-m", "replicad.cli", "status", "-c", str(config)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        status = replicad_cli("status", "-c", str(config))
     finally:
         rc = proc.stop()
     assert status.returncode == 2, status.stdout + status.stderr

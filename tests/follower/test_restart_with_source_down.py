@@ -9,23 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from confluent_kafka import Producer
-
 from replicad.log.layout import REPLICATION_OFFSET_CHECKPOINT
-from tools.peers.produce import READ_UNCOMMITTED, consume_all
-from tools.replica import ReplicadProcess, end_offsets, run_args, wait_until
+from tools.peers.produce import READ_UNCOMMITTED, consume_all, produce_numbered
+from tools.replica import ReplicadProcess, replicad_run, topic_ends
 
 PARTITIONS = 6
 RECORDS = 200
 CHECKPOINT_MS = 200
-
-
-def produce(bootstrap: str, topic: str) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-    for p in range(PARTITIONS):
-        for i in range(RECORDS):
-            producer.produce(topic, value=b"v%d" % i, key=b"k", partition=p)
-    assert producer.flush(30) == 0
 
 
 def checkpointed_high_watermarks(data_dir: Path, topic: str) -> dict[int, int]:
@@ -48,7 +38,7 @@ def test_restart_with_part_of_the_source_down_keeps_serving_every_record(
 ):
     topic = unique_topic()
     kafka_cluster.create_topic(topic, PARTITIONS)
-    produce(kafka_cluster.bootstrap, topic)
+    produce_numbered(kafka_cluster.bootstrap, topic, PARTITIONS, RECORDS, key=b"k")
     leaders = kafka_cluster.leaders(topic)
     victim = leaders[2]
     offline = sorted(p for p, node in leaders.items() if node == victim)
@@ -58,53 +48,50 @@ def test_restart_with_part_of_the_source_down_keeps_serving_every_record(
     listen = f"127.0.0.1:{free_port}"
     config = tmp_path / "replicad.yaml"
     config.write_text(f"checkpoint_interval_ms: {CHECKPOINT_MS}\nserve:\n  listen: {listen}\n")
-    args = run_args(
-        kafka_cluster.bootstrap,
-        topic,
-        data_dir,
-        config=config,
-        control_socket=tmp_path / "replicad.sock",
-    )
+
+    def replicad(name: str) -> ReplicadProcess:
+        return replicad_run(
+            kafka_cluster.bootstrap,
+            topic,
+            data_dir,
+            config=config,
+            control_socket=tmp_path / "replicad.sock",
+            log_path=tmp_path / f"{name}.log",
+        )
+
     everything = dict.fromkeys(range(PARTITIONS), RECORDS)
 
-    first = ReplicadProcess(args, log_path=tmp_path / "first.log").start()
-    try:
-        wait_until(
-            lambda: {tp.partition: e for tp, e in end_offsets(data_dir).items()} == everything,
+    with replicad("first") as first:
+        first.wait_for(
+            lambda: topic_ends(data_dir, topic) == everything,
             timeout_s=60,
             what="the whole topic replicated",
         )
-        wait_until(
+        first.wait_for(
             lambda: served_counts(listen, topic) == everything,
             timeout_s=60,
             what="serve to give every record",
         )
-    finally:
-        assert first.stop() == 0, first.output()
     assert checkpointed_high_watermarks(data_dir, topic) == everything
 
-    with kafka_cluster.stopped(victim):
-        second = ReplicadProcess(args, log_path=tmp_path / "second.log").start()
-        try:
-            checkpoint = data_dir / REPLICATION_OFFSET_CHECKPOINT
-            written = checkpoint.stat().st_mtime_ns
-            rewrites = []
+    with kafka_cluster.stopped(victim), replicad("second") as second:
+        checkpoint = data_dir / REPLICATION_OFFSET_CHECKPOINT
+        written = checkpoint.stat().st_mtime_ns
+        rewrites = []
 
-            def checkpointed_again() -> bool:
-                # The periodic checkpoint is what rewound the offline partitions: wait
-                # for several of them after the restart.
-                nonlocal written
-                now = checkpoint.stat().st_mtime_ns
-                if now != written:
-                    written = now
-                    rewrites.append(now)
-                return len(rewrites) >= 3
+        def checkpointed_again() -> bool:
+            # The periodic checkpoint is what rewound the offline partitions: wait
+            # for several of them after the restart.
+            nonlocal written
+            now = checkpoint.stat().st_mtime_ns
+            if now != written:
+                written = now
+                rewrites.append(now)
+            return len(rewrites) >= 3
 
-            wait_until(checkpointed_again, timeout_s=30, interval_s=0.05, what="checkpoints")
-            served = served_counts(listen, topic)
-            high_watermarks = checkpointed_high_watermarks(data_dir, topic)
-        finally:
-            assert second.stop() == 0, second.output()
+        second.wait_for(checkpointed_again, timeout_s=30, interval_s=0.05, what="checkpoints")
+        served = served_counts(listen, topic)
+        high_watermarks = checkpointed_high_watermarks(data_dir, topic)
 
     assert served == everything, f"offline partitions {offline}"
     assert high_watermarks == everything, f"offline partitions {offline}"

@@ -10,25 +10,17 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from confluent_kafka import Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from tools.peers.produce import produce_numbered as produce
 from tools.replica import (
     batches_from,
-    end_offsets,
     replicad_run,
     segment_bytes,
     status_json,
     wait_until,
 )
-
-
-def produce(bootstrap: str, topic: str, partitions: int, per_partition: int, tag: bytes = b"v"):
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-    for p in range(partitions):
-        for i in range(per_partition):
-            producer.produce(topic, value=tag + b"%d" % i, partition=p)
-    assert producer.flush(30) == 0
+from tools.replica import topic_ends as ends
 
 
 def status(sock: Path) -> dict:
@@ -45,10 +37,6 @@ def status_or_none(sock: Path) -> dict | None:
 def partitions_of(sock: Path) -> list[dict]:
     snap = status_or_none(sock)
     return snap["partitions"] if snap else []
-
-
-def ends(data_dir: Path, topic: str) -> dict[int, int]:
-    return {tp.partition: e for tp, e in end_offsets(data_dir).items() if tp.topic == topic}
 
 
 def start(tmp_path: Path, bootstrap: str, *args: str, config: str = "") -> tuple:

@@ -12,8 +12,6 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from confluent_kafka import Producer
-
 from replicad.control.client import query
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import RequestHead, encode_entities
@@ -23,7 +21,8 @@ from tools.chaos.frames import (
     with_partition_error,
 )
 from tools.chaos.proxy import ChaosProxy
-from tools.replica import ReplicadProcess, end_offsets, replicad_run, wait_until
+from tools.peers.produce import produce_numbered
+from tools.replica import ReplicadProcess, replicad_run, topic_ends
 
 NEWER = 777
 PARTITIONS = 3
@@ -31,11 +30,7 @@ UNKNOWN_LOGGED = "error code unknown to this version, read as UNKNOWN_SERVER_ERR
 
 
 def produce(bootstrap: str, topic: str, per_partition: int) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-    for p in range(PARTITIONS):
-        for i in range(per_partition):
-            producer.produce(topic, value=b"v%d" % i, partition=p)
-    assert producer.flush(30) == 0
+    produce_numbered(bootstrap, topic, PARTITIONS, per_partition)
 
 
 def newer_code_in_partition_0(api_key: ApiKey) -> Callable[[RequestHead, bytes], bytes]:
@@ -57,10 +52,6 @@ def fetch_below_v12(head: RequestHead, body: bytes) -> bytes:
         for k in entity.api_keys
     )
     return encode_entities(header, dataclasses.replace(entity, api_keys=keys))
-
-
-def ends(data_dir: Path, topic: str) -> dict[int, int]:
-    return {tp.partition: e for tp, e in end_offsets(data_dir).items() if tp.topic == topic}
 
 
 def partition_status(sock: Path, topic: str, partition: int) -> dict:
@@ -87,14 +78,15 @@ def test_list_offsets(kafka_broker, unique_topic, tmp_path):
     data_dir, sock = tmp_path / "data", tmp_path / "replicad.sock"
     with ChaosProxy(lambda: ("127.0.0.1", kafka_broker.port)) as proxy:
         proxy.rewrite_responses(ApiKey.LIST_OFFSETS, newer_code_in_partition_0(ApiKey.LIST_OFFSETS))
-        proc = replicad(proxy.address, topic, tmp_path, "run")
-        try:
-            wait_until(
-                lambda: {p: e for p, e in ends(data_dir, topic).items() if p} == {1: 50, 2: 50},
+        with replicad(proxy.address, topic, tmp_path, "run") as proc:
+            proc.wait_for(
+                lambda: (
+                    {p: e for p, e in topic_ends(data_dir, topic).items() if p} == {1: 50, 2: 50}
+                ),
                 timeout_s=60,
                 what="partitions 1 and 2 to replicate",
             )
-            wait_until(
+            proc.wait_for(
                 lambda: (
                     partition_status(sock, topic, 0)["last_error"]
                     == "ListOffsets unknown_server_error"
@@ -103,17 +95,15 @@ def test_list_offsets(kafka_broker, unique_topic, tmp_path):
                 what="partition 0 to report the error",
             )
             assert partition_status(sock, topic, 0)["state"] == "needs-offset"
-            assert ends(data_dir, topic).get(0, 0) == 0
+            assert topic_ends(data_dir, topic).get(0, 0) == 0
             assert proc.logged(UNKNOWN_LOGGED)
             assert proxy.stats().rewritten >= 2  # asked more than once: retried
             proxy.heal()
-            wait_until(
-                lambda: ends(data_dir, topic) == dict.fromkeys(range(PARTITIONS), 50),
+            proc.wait_for(
+                lambda: topic_ends(data_dir, topic) == dict.fromkeys(range(PARTITIONS), 50),
                 timeout_s=60,
                 what="partition 0 to replicate once the broker answers it",
             )
-        finally:
-            assert proc.stop() == 0, proc.output()
 
 
 def test_offset_for_leader_epoch(kafka_broker, unique_topic, tmp_path):
@@ -121,15 +111,12 @@ def test_offset_for_leader_epoch(kafka_broker, unique_topic, tmp_path):
     kafka_broker.create_topic(topic, PARTITIONS)
     produce(kafka_broker.bootstrap, topic, 50)
     data_dir, sock = tmp_path / "data", tmp_path / "replicad.sock"
-    first = replicad(kafka_broker.bootstrap, topic, tmp_path, "first")
-    try:
-        wait_until(
-            lambda: ends(data_dir, topic) == dict.fromkeys(range(PARTITIONS), 50),
+    with replicad(kafka_broker.bootstrap, topic, tmp_path, "first") as first:
+        first.wait_for(
+            lambda: topic_ends(data_dir, topic) == dict.fromkeys(range(PARTITIONS), 50),
             timeout_s=60,
             what="the first run to replicate",
         )
-    finally:
-        assert first.stop() == 0, first.output()
     produce(kafka_broker.bootstrap, topic, 20)
     with ChaosProxy(lambda: ("127.0.0.1", kafka_broker.port)) as proxy:
         # Below Fetch v12 a restarted follower checks its data with OffsetForLeaderEpoch.
@@ -138,14 +125,15 @@ def test_offset_for_leader_epoch(kafka_broker, unique_topic, tmp_path):
             ApiKey.OFFSET_FOR_LEADER_EPOCH,
             newer_code_in_partition_0(ApiKey.OFFSET_FOR_LEADER_EPOCH),
         )
-        proc = replicad(proxy.address, topic, tmp_path, "second")
-        try:
-            wait_until(
-                lambda: {p: e for p, e in ends(data_dir, topic).items() if p} == {1: 70, 2: 70},
+        with replicad(proxy.address, topic, tmp_path, "second") as proc:
+            proc.wait_for(
+                lambda: (
+                    {p: e for p, e in topic_ends(data_dir, topic).items() if p} == {1: 70, 2: 70}
+                ),
                 timeout_s=60,
                 what="partitions 1 and 2 to replicate what is new",
             )
-            wait_until(
+            proc.wait_for(
                 lambda: (
                     partition_status(sock, topic, 0)["last_error"]
                     == "OffsetForLeaderEpoch unknown_server_error"
@@ -153,16 +141,14 @@ def test_offset_for_leader_epoch(kafka_broker, unique_topic, tmp_path):
                 timeout_s=30,
                 what="partition 0 to report the error",
             )
-            assert ends(data_dir, topic)[0] == 50
+            assert topic_ends(data_dir, topic)[0] == 50
             assert proc.logged(UNKNOWN_LOGGED)
             proxy.heal()  # connections made since keep Fetch v11: asked again, answered
-            wait_until(
-                lambda: ends(data_dir, topic) == dict.fromkeys(range(PARTITIONS), 70),
+            proc.wait_for(
+                lambda: topic_ends(data_dir, topic) == dict.fromkeys(range(PARTITIONS), 70),
                 timeout_s=60,
                 what="partition 0 to replicate once the broker answers it",
             )
-        finally:
-            assert proc.stop() == 0, proc.output()
 
 
 def test_metadata(kafka_broker, unique_topic, tmp_path):
@@ -172,15 +158,12 @@ def test_metadata(kafka_broker, unique_topic, tmp_path):
     data_dir = tmp_path / "data"
     with ChaosProxy(lambda: ("127.0.0.1", kafka_broker.port)) as proxy:
         proxy.rewrite_responses(ApiKey.METADATA, newer_code_in_partition_0(ApiKey.METADATA))
-        proc = replicad(proxy.address, topic, tmp_path, "run")
-        try:
+        with replicad(proxy.address, topic, tmp_path, "run") as proc:
             # The partition's leader is in the answer: its error alone does not stop it.
-            wait_until(
-                lambda: ends(data_dir, topic) == dict.fromkeys(range(PARTITIONS), 30),
+            proc.wait_for(
+                lambda: topic_ends(data_dir, topic) == dict.fromkeys(range(PARTITIONS), 30),
                 timeout_s=60,
                 what="every partition to replicate",
             )
             assert proc.logged(UNKNOWN_LOGGED)
             assert proxy.stats().rewritten >= 1
-        finally:
-            assert proc.stop() == 0, proc.output()

@@ -30,7 +30,7 @@ from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
 from tools.peers.process import free_port
-from tools.replica import ReplicadProcess, wait_until
+from tools.replica import replicad_serve
 
 HUGE_VARINT = b"\xff\xff\xff\xff\x0f"  # a compact array of 2^32 - 1 elements
 SIZE = struct.Struct(">i")
@@ -162,22 +162,8 @@ HOSTILE = {
 def served(tmp_path: Path):
     batch = data_dir_with_records(tmp_path / "data")
     port = free_port()
-    server = ReplicadProcess(
-        [
-            "serve",
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--log-format",
-            "json",
-        ],
-        log_path=tmp_path / "serve.log",
-    ).start()
+    server = replicad_serve(tmp_path / "data", port, log_path=tmp_path / "serve.log")
     try:
-        wait_until(
-            lambda: "serving the replica" in server.output(), timeout_s=60, what="replicad serve"
-        )
         yield server, port, batch
     finally:
         if server.running:

@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,8 +48,8 @@ from tools.peers.produce import (
 from tools.replica import (
     batches_from,
     replicad_run,
+    replicad_serve,
     segment_bytes,
-    wait_until,
 )
 
 pytestmark = pytest.mark.kafka
@@ -378,68 +376,20 @@ def test_librdkafka_without_api_versions_reads_down_converted_records(source, se
 # -- the chain: Kafka -> A -> (A serves) -> B ------------------------------------------------------
 
 
-SERVE_SNIPPET = textwrap.dedent(
-    """
-    import asyncio, sys
-    from pathlib import Path
-    from replicad.leader.server import serve_forever
-    from replicad.logs import configure_logging
-    configure_logging("info", "json")
-    sys.exit(asyncio.run(serve_forever(
-        Path(sys.argv[1]), sys.argv[2], allowed_followers=frozenset({int(sys.argv[3])}))))
-    """
-)
-
-
-def serve_command(data_dir: Path, listen: str) -> list[str]:
-    """`replicad serve --data-dir A --listen L --allow-follower 7`; where the CLI lacks the
-    command, the entry point it calls (serve_forever) in a subprocess."""
-    cli = [sys.executable, "-m", "replicad.cli", "serve"]
-    help_text = subprocess.run([*cli, "--help"], capture_output=True, text=True, timeout=60)
-    if help_text.returncode == 0 and "--allow-follower" in help_text.stdout:
-        return [
-            *cli,
-            "--data-dir",
-            str(data_dir),
-            "--listen",
-            listen,
-            "--allow-follower",
-            str(FOLLOWER_ID),
-            "--log-format",
-            "json",
-        ]
-    return [sys.executable, "-c", SERVE_SNIPPET, str(data_dir), listen, str(FOLLOWER_ID)]
-
-
 def test_a_replicad_follower_chained_behind_replicad_is_byte_identical_to_kafka(
     source, tmp_path
 ) -> None:
     port = free_port()
     log_path = tmp_path / "serve.log"
-    with log_path.open("wb") as out:
-        serve = subprocess.Popen(
-            serve_command(source.data_dir, f"127.0.0.1:{port}"),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        wait_until(
-            lambda: b"serving the replica" in log_path.read_bytes(),
-            timeout_s=30,
-            what="replicad serve",
-        )
+    b_dir = tmp_path / "b"
+    with replicad_serve(source.data_dir, port, allow_followers=[FOLLOWER_ID], log_path=log_path):
         config = tmp_path / "b.yaml"
         config.write_text(
             f"source:\n  bootstrap_servers: ['127.0.0.1:{port}']\n"
             f"fetch:\n  replica_id: {FOLLOWER_ID}\n  partition_max_bytes: 65536\n"
             "checkpoint_interval_ms: 500\n"
         )
-        b_dir = tmp_path / "b"
         replicate(f"127.0.0.1:{port}", [source.topic], b_dir, tmp_path, "-c", str(config))
-    finally:
-        serve.terminate()
-        assert serve.wait(30) == 0, log_path.read_text()[-3000:]
     assert_same_as_kafka(source.broker, source.topic, b_dir)
     stopped = [line for line in log_path.read_text().splitlines() if "serve stopped" in line]
     assert stopped and '"privileged_sessions_created_total": ' in stopped[-1], log_path.read_text()[

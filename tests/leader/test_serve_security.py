@@ -51,7 +51,15 @@ from tools.logdata.batches import producer_batch
 from tools.peers.kcat import run_kcat
 from tools.peers.pki import Pki, make_test_pki
 from tools.peers.process import free_port
-from tools.replica import ReplicadProcess, batches_from, end_offsets, segment_bytes, wait_until
+from tools.replica import (
+    ReplicadProcess,
+    batches_from,
+    end_offsets,
+    replicad_run_config,
+    replicad_serve,
+    segment_bytes,
+    wait_until,
+)
 
 TOPIC = "secured"
 PARTITIONS = 2
@@ -556,24 +564,9 @@ def test_only_a_follower_principal_fetches_as_a_follower(
 
 
 def serve_process(data_dir: Path, port: int, flags: list[str], log_path: Path) -> ReplicadProcess:
-    proc = ReplicadProcess(
-        [
-            "serve",
-            "--data-dir", str(data_dir),
-            "--listen", f"127.0.0.1:{port}",
-            "--allow-follower", str(FOLLOWER_ID),
-            "--log-format", "json",
-            *flags,
-        ],
-        log_path=log_path,
-    ).start()  # fmt: skip
-    wait_until(
-        lambda: "serving the replica" in proc.output() or not proc.running,
-        timeout_s=30,
-        what="replicad serve",
+    return replicad_serve(
+        data_dir, port, allow_followers=[FOLLOWER_ID], flags=flags, log_path=log_path
     )
-    assert proc.running, proc.output()
-    return proc
 
 
 def follower_config(
@@ -598,9 +591,7 @@ def follower_config(
 def start_follower(tmp_path: Path, port: int, security_yaml: str) -> ReplicadProcess:
     """`replicad run` replicating TOPIC from the serve on `port` as follower FOLLOWER_ID."""
     config = follower_config(tmp_path, port, security_yaml)
-    return ReplicadProcess(
-        ["run", "-c", str(config), "--log-format", "json"], log_path=tmp_path / "follower.log"
-    ).start()
+    return replicad_run_config(config, tmp_path / "follower.log")
 
 
 def sasl_follower_yaml(
@@ -755,14 +746,10 @@ def test_replicad_runs_serve_section_is_secured_too(replica, pki, users_file, tm
     serve = serve_process(data_dir, s_port, [], tmp_path / "s.log")
     a = b = None
     try:
-        a = ReplicadProcess(
-            ["run", "-c", str(a_config), "--log-format", "json"], log_path=a_dir / "a.log"
-        ).start()
+        a = replicad_run_config(a_config, a_dir / "a.log")
         # B asks A for the topic at start (then every metadata_max_age_ms): A has it first.
         wait_until(lambda: caught_up(a_dir / "follower-data", rows), timeout_s=60, what="A")
-        b = ReplicadProcess(
-            ["run", "-c", str(b_config), "--log-format", "json"], log_path=b_dir / "b.log"
-        ).start()
+        b = replicad_run_config(b_config, b_dir / "b.log")
         wait_until(
             lambda: caught_up(b_dir / "follower-data", rows),
             timeout_s=60,

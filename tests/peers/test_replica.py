@@ -7,7 +7,17 @@ import time
 import pytest
 import yaml
 
-from tools.replica import ReplicadExited, replicad_argv, replicad_run, run_args
+from tools.peers.process import free_port
+from tools.replica import (
+    STATUS_UNREACHABLE,
+    ReplicadExited,
+    replicad_argv,
+    replicad_cli,
+    replicad_run,
+    replicad_run_config,
+    replicad_serve,
+    run_args,
+)
 
 
 def test_run_args_name_the_source_topics_and_where_to_write(tmp_path) -> None:
@@ -65,3 +75,31 @@ def test_a_daemon_that_exits_fails_the_block_with_its_output(tmp_path) -> None:
     ):
         assert again.proc is not None
         again.proc.wait(30)
+
+
+def test_a_serve_that_cannot_start_fails_at_once_with_its_output(tmp_path) -> None:
+    """replicad_serve waits until serve listens, and not a moment longer when it exits:
+    here it refuses a follower principal without a certificate check to match it."""
+    started = time.monotonic()
+    with pytest.raises(ReplicadExited, match="follower-principal"):
+        replicad_serve(
+            tmp_path / "data",
+            free_port(),
+            log_path=tmp_path / "serve.log",
+            flags=["--tls-client-auth", "required", "--follower-principal", "replica"],
+        )
+    assert time.monotonic() - started < 30
+
+
+def test_the_cli_runs_to_its_end_and_a_config_alone_starts_run(tmp_path) -> None:
+    config = tmp_path / "replicad.yaml"
+    config.write_text(
+        "source:\n  bootstrap_servers: ['127.0.0.1:9']\ntopics:\n  include: [t]\n"
+        f"data_dir: {tmp_path / 'data'}\nfetch:\n  bogus_key: 1\n"
+    )
+    asked = replicad_cli("status", "--socket", str(tmp_path / "nobody.sock"))
+    assert asked.returncode == STATUS_UNREACHABLE, asked.stdout + asked.stderr
+    proc = replicad_run_config(config, tmp_path / "run.log")
+    assert proc.proc is not None and proc.proc.wait(30) == 78
+    assert proc.args[-5:] == ["run", "-c", str(config), "--log-format", "json"]
+    assert "fetch.bogus_key" in proc.output()

@@ -364,6 +364,26 @@ def _producer_config(
     return config
 
 
+def produce_numbered(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    per_partition: int,
+    tag: bytes = b"v",
+    *,
+    key: bytes | None = None,
+) -> None:
+    """`per_partition` small records (values `tag`0, `tag`1, ...) into each of the first
+    `partitions` partitions, one plain producer, flushed: for tests that count offsets,
+    not for data that must look real (that is `produce_mixed`)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for partition in range(partitions):
+        for i in range(per_partition):
+            producer.produce(topic, value=tag + b"%d" % i, key=key, partition=partition)
+    if producer.flush(30) != 0:
+        raise PeerError(f"{topic}: records still unsent after 30 s")
+
+
 def produce_mixed(
     bootstrap: str,
     topic: str,
