@@ -28,7 +28,6 @@ from replicad.leader.fetch import FetchOutcome, Role
 from replicad.leader.frames import (
     Part,
     ResponseFrame,
-    make_entity,
     records_token,
     region_reader,
     response_header_v0,
@@ -44,6 +43,7 @@ from replicad.leader.settings import ServeSettings
 from replicad.log.segment import FileRegion
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import encode_response, response_type
+from replicad.protocol.requests import make_entity
 from replicad.records.batch import MAGIC_V0, MAGIC_V1
 from replicad.records.downconvert import (
     ConversionRefused,

@@ -18,8 +18,7 @@ import os
 import secrets
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
-from functools import cache
+from dataclasses import dataclass
 from typing import Any
 
 from kio.serial.writers import write_unsigned_varint
@@ -109,17 +108,6 @@ def _uvarint(value: int) -> bytes:
     buf = io.BytesIO()
     write_unsigned_varint(buf, uvarint(value))
     return buf.getvalue()
-
-
-def make_entity(cls: type, **values: Any) -> Any:
-    """Build a kio entity of any version from a superset of fields (extra ones dropped)."""
-    names = _field_names(cls)
-    return cls(**{k: v for k, v in values.items() if k in names})
-
-
-@cache
-def _field_names(cls: type) -> frozenset[str]:
-    return frozenset(f.name for f in fields(cls))
 
 
 def region_reader(region: FileRegion) -> Callable[[int, int], bytes]:

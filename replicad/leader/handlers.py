@@ -37,7 +37,6 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from replicad.leader.catalog import Catalog
-from replicad.leader.frames import make_entity
 from replicad.leader.legacy_codec import (
     LegacyListOffsetsRequest,
     LegacyOffsetsAnswer,
@@ -46,6 +45,7 @@ from replicad.leader.reads import TransactionTracker, check_leader_epoch
 from replicad.log.partition import PartitionLog
 from replicad.protocol.apis import ApiKey, VersionRange
 from replicad.protocol.codec import response_type
+from replicad.protocol.requests import make_entity
 from replicad.types import TopicPartition
 
 # What this server answers (min, max version per API key).

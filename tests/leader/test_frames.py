@@ -5,18 +5,15 @@ from __future__ import annotations
 import struct
 
 import pytest
-from kio.schema.metadata.v12.request import MetadataRequest
 
 from replicad.errors import LocalProtocolError
 from replicad.leader.frames import (
     RECORDS_TOKEN_BYTES,
     ResponseFrame,
-    make_entity,
     records_token,
     splice_records,
 )
 from replicad.log.segment import FileRegion
-from replicad.protocol.codec import encode_entities
 
 SIZE = struct.Struct(">i")
 
@@ -51,14 +48,3 @@ def test_a_token_that_is_not_where_kio_put_it_is_a_local_error(tmp_path) -> None
         splice_records(b"no token here", [(token, region)], flexible=False)
     with pytest.raises(LocalProtocolError, match="length prefix"):
         splice_records(b"\x00\x00\x00\x05" + token, [(token, region)], flexible=False)
-
-
-def test_make_entity_drops_what_a_version_lacks() -> None:
-    request = make_entity(
-        MetadataRequest,
-        topics=None,
-        allow_auto_topic_creation=True,
-        include_topic_authorized_operations=False,
-        include_cluster_authorized_operations=True,  # v8-v10 only
-    )
-    assert encode_entities(request)

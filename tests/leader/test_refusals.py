@@ -12,9 +12,9 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map, schema_name_map
 
-from replicad.leader.frames import make_entity
 from replicad.leader.refusals import READ_ONLY_MESSAGE, error_response
 from replicad.protocol.codec import decode_response, encode_entities
+from replicad.protocol.requests import make_entity
 
 
 def test_there_is_an_error_answer_for_every_api_and_version_kio_knows() -> None:

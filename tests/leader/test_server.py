@@ -19,7 +19,6 @@ from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersio
 from kio.schema.errors import ErrorCode
 
 from replicad.errors import KafkaConnectionError
-from replicad.leader.frames import make_entity
 from replicad.leader.server import LeaderServer
 from replicad.leader.settings import ServeSettings
 from replicad.log.manager import LogManager
@@ -30,6 +29,7 @@ from replicad.protocol.requests import (
     FetchPartitionSpec,
     FetchSpec,
     fetch_request,
+    make_entity,
     metadata_request,
 )
 from replicad.records.batch import scan_batches

@@ -10,7 +10,6 @@ from kio.schema.response_header.v1.header import ResponseHeader
 from kio.serial import entity_reader, entity_writer
 
 from replicad.errors import RemoteProtocolError
-from replicad.leader.frames import make_entity
 from replicad.protocol.codec import (
     decode_request,
     decode_response,
@@ -18,6 +17,7 @@ from replicad.protocol.codec import (
     frame_size,
     peek_request_head,
 )
+from replicad.protocol.requests import make_entity
 
 SIZE = struct.Struct(">i")
 

@@ -3,6 +3,7 @@
 import uuid
 
 import pytest
+from kio.schema.metadata.v12.request import MetadataRequest
 from kio.serial import entity_reader
 
 from replicad.errors import LocalProtocolError
@@ -13,6 +14,7 @@ from replicad.protocol.requests import (
     OffsetQuery,
     fetch_request,
     list_offsets_request,
+    make_entity,
     metadata_request,
     offset_for_leader_epoch_request,
 )
@@ -132,3 +134,17 @@ def test_topic_ids_are_required_from_v13():
     assert _roundtrip(fetch_request(12, spec)).topics[0].topic == "a"
     with pytest.raises(LocalProtocolError, match="topic id"):
         fetch_request(13, spec)
+
+
+def test_make_entity_drops_what_a_version_lacks() -> None:
+    request = make_entity(
+        MetadataRequest,
+        topics=None,
+        allow_auto_topic_creation=True,
+        include_topic_authorized_operations=False,
+        include_cluster_authorized_operations=True,  # v8-v10 only
+    )
+    assert isinstance(request, MetadataRequest)
+    assert not hasattr(request, "include_cluster_authorized_operations")
+    assert request.allow_auto_topic_creation is True
+    assert encode_request(request, correlation_id=1, client_id="t")
