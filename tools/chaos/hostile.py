@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-FETCH, SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE = 1, 17, 18, 36
+FETCH, LIST_OFFSETS, SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE = 1, 2, 17, 18, 36
 NO_REPLICA = -1
 _HEAD = struct.Struct(">hhi")
 _I32 = struct.Struct(">i")
@@ -180,17 +180,26 @@ def still_open(sock: socket.socket) -> bool:
         sock.setblocking(True)
 
 
+# ListOffsets v1 naming no topic: 20 bytes asked, 12 answered. The answers being small,
+# the server never waits to write them (a server that does not yield between requests
+# then never yields at all while requests are buffered).
+EMPTY_LIST_OFFSETS = (LIST_OFFSETS, 1, struct.pack(">ii", NO_REPLICA, 0))
+
+
 @dataclass
 class Pipelining:
-    """Connections sending ApiVersions v0 back to back (and draining the answers, so the
-    server's writes never block): the most a client can ask for per byte."""
+    """Connections sending requests back to back (ListOffsets v1 naming no topic) and
+    draining the answers: the most work a client can ask for per byte, all of it
+    buffered at the server."""
 
     address: tuple[str, int]
     connections: int
-    batch: int = 200
+    # Requests per send: a large batch fills the server's buffers in one go.
+    batch: int = 200_000
     requests: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
+    _socks: list[socket.socket] = field(default_factory=list)
 
     def __enter__(self) -> Pipelining:
         for _ in range(self.connections):
@@ -201,30 +210,35 @@ class Pipelining:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        for sock in self._socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the threads blocked on it
         for thread in self._threads:
             thread.join(10)
+        for sock in self._socks:
+            sock.close()
 
     def _run(self) -> None:
-        burst = request_frame(API_VERSIONS, 0, 7, b"") * self.batch
-        with connect(self.address) as sock:
-            drain = threading.Thread(target=_drain, args=(sock, self._stop), daemon=True)
-            drain.start()
-            while not self._stop.is_set():
-                try:
-                    sock.sendall(burst)
-                except OSError:
-                    return
-                self.requests += self.batch
+        api_key, version, body = EMPTY_LIST_OFFSETS
+        burst = request_frame(api_key, version, 7, body) * self.batch
+        sock = connect(self.address)
+        sock.settimeout(None)  # shared by both threads; __exit__ shuts it down
+        self._socks.append(sock)
+        drain = threading.Thread(target=_drain, args=(sock, self._stop), daemon=True)
+        drain.start()
+        while not self._stop.is_set():
+            try:
+                sock.sendall(burst)
+            except OSError:
+                return
+            self.requests += self.batch
 
 
 def _drain(sock: socket.socket, stop: threading.Event) -> None:
-    sock.settimeout(0.5)
     while not stop.is_set():
         try:
             if not sock.recv(1 << 16):
                 return
-        except TimeoutError:
-            continue
         except OSError:
             return
 
@@ -373,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("probe", choices=["pipelining"])
     parser.add_argument("address")
     parser.add_argument("--connections", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=5000)
+    parser.add_argument("--batch", type=int, default=200_000)
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args(argv)
     host, _, port = args.address.rpartition(":")
