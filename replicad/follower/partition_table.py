@@ -1,0 +1,914 @@
+"""The follower's core for one leader: its partitions' state machine, sans-I/O.
+
+`PartitionTable` decides; `fetcher.py` (the asyncio shell) and `tools/sim` (a simulated
+cluster) do what it decides. It imports no asyncio, socket or clock: every handler takes
+`now_ms`, every input is an already-parsed answer, every output is data.
+
+Events in: a partition added (its state loaded from disk) or removed (metadata
+answered), a parsed Fetch response, OffsetForLeaderEpoch and ListOffsets answers, a
+send or connection failure, disk full / disk back, and the outcome of each action the
+shell performed (`truncated`, `started`, `appended`, `append_failed`).
+
+Actions out (`Action`): truncate P to N, truncate P fully and start at N, append these
+validated batches, set P's high watermark, halt P with a reason, look the leaders up
+again. Back-offs are state (`PartitionState.delayed_until_ms`); `next_wakeup_ms` says
+when the shell should look again. What to fetch next is `next_fetch` (partitions,
+offsets and epochs, built through the KIP-227 session handler); what to ask first is
+`epoch_questions` and `offset_questions`.
+
+Rules kept here (each repeated where it is kept):
+- R1 fetch offset: a partition's fetch offset is its local log end, except between a
+  response's validation and its append (then it is where that append will end, so a
+  pipelined request asks for what follows). After a failed append or a truncation it
+  goes back to the log end.
+- R2 leader changes / fencing: a metadata or leadership error backs the partition off
+  and asks for metadata; FENCED/UNKNOWN_LEADER_EPOCH are among those.
+- R3 divergence (KIP-320): a Fetch v12+ DivergingEpoch, or an OffsetForLeaderEpoch
+  answer (older leaders, asked after a leader change and at start), truncates where
+  `decide_truncation` says; rule 4 there asks again.
+- R4 out of range: ListOffsets earliest and latest decide: leader ends below us ->
+  truncate to its end; leader starts above us -> the gap (`on_gap`: reset = start over
+  at its start, halt = stop the partition); else transient, back off.
+- R5 high watermark: what the log serves onward is min(leader's, local log end), at
+  least the log start, and it only rises here. A restart's loaded checkpoint is the
+  floor until a leader reports a higher one; only a truncation lowers it (the log
+  store lowers it with the log end).
+- R6 unknown error codes are UNKNOWN_SERVER_ERROR for their partition alone
+  (`error_code_of`): counted, backed off, retried.
+- R7 corrupt data is never appended: counted, logged every time, refetched with backoff.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+from kio.schema.errors import ErrorCode
+
+from replicad.follower.fetch_response import FetchedPartition, FetchResponseView
+from replicad.follower.partition_state import PartitionPhase, PartitionState
+from replicad.follower.truncation import decide_truncation
+from replicad.follower.validate import FetchedData, validate_fetched
+from replicad.log.epoch import EpochEndOffset
+from replicad.protocol.error_codes import error_code_of, error_name
+from replicad.protocol.requests import (
+    FETCH_SESSION_VERSION,
+    FETCH_TOPIC_ID_VERSION,
+    FetchPartitionSpec,
+    FetchSpec,
+)
+from replicad.ratelimit import RateLimitedLog
+from replicad.records.batch import MAGIC_V2
+from replicad.session.client import (
+    FetchRequestPlan,
+    FetchSessionHandler,
+    PartitionFetch,
+    ResponseVerdict,
+)
+from replicad.types import TopicPartition
+
+log = structlog.get_logger("replicad.fetcher")
+
+# Fetch v12 added LastFetchedEpoch and DivergingEpoch.
+FETCH_LAST_FETCHED_EPOCH_VERSION = 12
+
+# A full disk is tried again this soon at the latest (sooner on `disk_back`).
+DISK_FULL_RETRY_MS = 5_000
+
+# Errors after which the partition's leadership must be looked up again (R2).
+METADATA_ERRORS = frozenset(
+    {
+        ErrorCode.not_leader_or_follower,
+        ErrorCode.unknown_topic_or_partition,
+        ErrorCode.leader_not_available,
+        ErrorCode.fenced_leader_epoch,
+        ErrorCode.unknown_leader_epoch,
+        ErrorCode.kafka_storage_error,
+        ErrorCode.unknown_topic_id,
+        ErrorCode.inconsistent_topic_id,
+        ErrorCode.offline_replica if hasattr(ErrorCode, "offline_replica") else ErrorCode.none,
+    }
+) - {ErrorCode.none}
+
+
+# KIP-74's max_bytes counts record bytes only; a response also carries, per topic and per
+# partition, fields it does not count. Upper bounds of those fields over the versions we
+# speak (v4..v17; the flexible ones add tagged DivergingEpoch, CurrentLeader and
+# SnapshotId), so a whole response -- not just its records -- fits the memory pool.
+RESPONSE_OVERHEAD_BYTES = 64
+PARTITION_OVERHEAD_BYTES = 96
+TOPIC_OVERHEAD_BYTES = 16 + 2 + 249 + 8  # id or name (at most 249 characters), counts, tags
+
+
+def response_budget(
+    response_max_bytes: int, buffer_memory: int, *, partitions: int, topics: int
+) -> int:
+    """The max_bytes to ask for: fetch.response_max_bytes, lowered when the fields around
+    the records of this many partitions and topics would push a whole response past
+    fetch.buffer_memory (a response that cannot be reserved is never read: the fetch would
+    stall). At least 1: the leader still returns one whole batch (KIP-74)."""
+    overhead = (
+        RESPONSE_OVERHEAD_BYTES
+        + partitions * PARTITION_OVERHEAD_BYTES
+        + topics * TOPIC_OVERHEAD_BYTES
+    )
+    return max(1, min(response_max_bytes, buffer_memory - overhead))
+
+
+@dataclass(frozen=True, slots=True)
+class FetchSettings:
+    response_max_bytes: int = 10 * 1024 * 1024
+    partition_max_bytes: int = 1024 * 1024
+    wait_max_ms: int = 500
+    min_bytes: int = 1
+    backoff_ms: int = 1000
+    sessions: bool = True
+    replica_id: int = -1
+    isolation_level: int = 0
+    rack_id: str = ""
+    start_from: str = "earliest"  # or "latest"
+    on_gap: str = "reset"  # or "halt"
+    request_timeout_ms: int = 30_000
+    reconnect_backoff_ms: int = 100
+    reconnect_backoff_max_ms: int = 10_000
+    buffer_memory: int = 100 * 1024 * 1024  # KIP-81 pool, shared by all fetchers
+
+
+@dataclass(slots=True)
+class FetcherStats:
+    """What a fetcher has done, for `replicad status` and metrics."""
+
+    requests: int = 0
+    responses: int = 0
+    bytes_fetched: int = 0
+    bytes_appended: int = 0
+    batches_appended: int = 0
+    crc_failures: int = 0
+    partial_batches_dropped: int = 0
+    connection_errors: int = 0
+    rejected_responses: int = 0
+    truncations: int = 0
+    loop_errors: int = 0
+    # Fetch frames as written to and read from the socket (size prefix included).
+    last_request_bytes: int = 0
+    last_response_bytes: int = 0
+    request_bytes_total: int = 0
+    response_bytes_total: int = 0
+    last_latency_ms: float = 0.0
+    last_error: str | None = None
+    # Since when (monotonic ms) the connection to this leader keeps failing; None while
+    # responses come back (control/health.py reads it).
+    failing_since_ms: int | None = None
+    partition_errors: Counter[str] = field(default_factory=Counter)
+    session_recoveries: Counter[str] = field(default_factory=Counter)
+
+
+class LocalLog(Protocol):
+    """What the core reads of a partition's local log (in-memory facts, no I/O)."""
+
+    log_start_offset: int
+    high_watermark: int
+
+    @property
+    def log_end_offset(self) -> int: ...
+
+    def latest_epoch(self) -> int | None: ...
+
+    def end_offset_for_epoch(self, epoch: int) -> EpochEndOffset: ...
+
+
+# -- actions -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    """Remove P's records at and above `offset`; then tell `truncated(P)`."""
+
+    tp: TopicPartition
+    offset: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StartAt:
+    """Empty P's log and start it at `offset`; then tell `started(P)`."""
+
+    tp: TopicPartition
+    offset: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """Append validated batches to P; then tell `appended` or `append_failed`."""
+
+    tp: TopicPartition
+    fetched: FetchedData
+
+
+@dataclass(frozen=True, slots=True)
+class SetHighWatermark:
+    tp: TopicPartition
+    high_watermark: int
+
+
+@dataclass(frozen=True, slots=True)
+class Halt:
+    """P stopped for an operator to decide (it is HALTED already and logged why)."""
+
+    tp: TopicPartition
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestMetadata:
+    reason: str
+
+
+Action = Truncate | StartAt | Append | SetHighWatermark | Halt | RequestMetadata
+
+
+# -- inputs ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NextFetch:
+    """A Fetch request to send: the session plan, the version and what it says."""
+
+    plan: FetchRequestPlan
+    version: int
+    spec: FetchSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseOutcome:
+    """A Fetch response judged. Not accepted: the session handler refused it (back off)."""
+
+    accepted: bool
+    # Everything but appends, to perform first (truncations, high watermarks, metadata).
+    actions: tuple[Action, ...] = ()
+    appends: tuple[Append, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EpochAnswer:
+    """One partition of an OffsetForLeaderEpoch answer (raw error code)."""
+
+    tp: TopicPartition
+    error_code: int
+    leader_epoch: int = -1
+    end_offset: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetAnswer:
+    """One partition of a ListOffsets answer (raw error code)."""
+
+    tp: TopicPartition
+    error_code: int
+    offset: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetsAnswer:
+    """A ListOffsets answer: the offsets found, and the partitions that got an error."""
+
+    offsets: Mapping[TopicPartition, int]
+    errors: Mapping[TopicPartition, ErrorCode]
+
+
+@dataclass(frozen=True, slots=True)
+class EpochQuestion:
+    current_leader_epoch: int
+    leader_epoch: int  # ours: the latest in the local log
+
+
+class PartitionTable:
+    """The partitions one leader serves us, and what to do about each."""
+
+    def __init__(self, node_id: int, settings: FetchSettings) -> None:
+        self.node_id = node_id
+        self.settings = settings
+        self.stats = FetcherStats()
+        self.partitions: OrderedDict[TopicPartition, PartitionState] = OrderedDict()
+        # Partitions per topic, for the bound on a response's size (response_max_bytes).
+        self._topic_members: dict[str, int] = {}
+        self.session = FetchSessionHandler(node_id, sessions_enabled=settings.sessions)
+        # The last build's partitions, and what changed since the one before (see _wanted).
+        self._last_wanted: dict[TopicPartition, PartitionFetch] = {}
+        self._wanted_changes: list[TopicPartition] = []
+        self._say = RateLimitedLog(interval_ms=60_000)
+
+    # -- membership (metadata answered; state loaded from disk) --------------------------
+
+    def add(self, state: PartitionState, local: LocalLog | None = None) -> None:
+        """Track a partition; its `state` as the replicator built it from metadata and its
+        log as loaded at start (the loaded high watermark is the floor, R5). Without a log
+        the partition waits: the shell opens it between requests (`without_log`), since
+        creating thousands of logs at once costs seconds of fsyncs."""
+        if local is not None:
+            state.log = local
+        if state.tp not in self.partitions:
+            topic = state.tp.topic
+            self._topic_members[topic] = self._topic_members.get(topic, 0) + 1
+        self.partitions[state.tp] = state
+
+    def remove(self, tp: TopicPartition) -> PartitionState | None:
+        state = self.partitions.pop(tp, None)
+        if state is not None:
+            left = self._topic_members[tp.topic] - 1
+            if left:
+                self._topic_members[tp.topic] = left
+            else:
+                del self._topic_members[tp.topic]
+        return state
+
+    def without_log(self) -> list[PartitionState]:
+        """Partitions whose log the shell has to open before they take part."""
+        return [s for s in self.partitions.values() if s.log is None]
+
+    def response_max_bytes(self) -> int:
+        """This leader's max_bytes: see response_budget (every partition it leads may be in
+        one response)."""
+        return response_budget(
+            self.settings.response_max_bytes,
+            self.settings.buffer_memory,
+            partitions=len(self.partitions),
+            topics=len(self._topic_members),
+        )
+
+    # -- what to ask first --------------------------------------------------------------
+
+    def epoch_questions(
+        self, now_ms: int, *, fetch_version: int, ofle_version: int | None
+    ) -> dict[TopicPartition, EpochQuestion]:
+        """OffsetForLeaderEpoch questions for partitions whose leader changed (R3), when
+        the leader's Fetch cannot say DivergingEpoch itself (below v12)."""
+        questions: dict[TopicPartition, EpochQuestion] = {}
+        for state in self.partitions.values():
+            if (
+                not state.epoch_check_pending
+                or now_ms < state.delayed_until_ms
+                or state.log is None
+            ):
+                continue
+            latest = state.log.latest_epoch()
+            if fetch_version >= FETCH_LAST_FETCHED_EPOCH_VERSION or latest is None:
+                state.epoch_check_pending = False  # Fetch itself will tell, or nothing to check
+            elif ofle_version is None:
+                state.epoch_check_pending = False
+                self._say_once(
+                    "no-ofle",
+                    now_ms,
+                    "leader has no OffsetForLeaderEpoch; cannot check for divergence",
+                    leader=self.node_id,
+                )
+            else:
+                questions[state.tp] = EpochQuestion(state.leader_epoch, latest)
+        return questions
+
+    def on_epoch_answers(
+        self,
+        asked: Iterable[TopicPartition],
+        answers: Iterable[EpochAnswer],
+        now_ms: int,
+    ) -> list[Action]:
+        """R3 for older leaders: truncate where the leader's epoch ends; rule 4 of
+        decide_truncation keeps the question pending for the next turn."""
+        asked = set(asked)
+        actions: list[Action] = []
+        for answer in answers:
+            state = self.partitions.get(answer.tp)
+            if state is None or answer.tp not in asked:
+                continue
+            error = error_code_of(answer.error_code)  # R6
+            if error is not ErrorCode.none:
+                self.stats.partition_errors[error.name] += 1
+                state.delay(now_ms, self.settings.backoff_ms, f"OffsetForLeaderEpoch {error.name}")
+                if error in METADATA_ERRORS:
+                    actions.append(
+                        RequestMetadata(f"{answer.tp}: OffsetForLeaderEpoch {error.name}")
+                    )
+                continue
+            leader = EpochEndOffset(answer.leader_epoch, answer.end_offset)
+            complete = self._truncation(state, leader, "leader epoch", actions)
+            state.epoch_check_pending = not complete
+        return actions
+
+    def offset_questions(self, now_ms: int) -> list[PartitionState]:
+        """Partitions that need ListOffsets: no start yet, or out of range (R4)."""
+        return [
+            s
+            for s in self.partitions.values()
+            if s.phase in (PartitionPhase.NEEDS_OFFSET, PartitionPhase.TRUNCATING)
+            and now_ms >= s.delayed_until_ms
+            and s.log is not None
+        ]
+
+    def offsets_answer(self, answers: Iterable[OffsetAnswer]) -> tuple[OffsetsAnswer, list[Action]]:
+        """Read one ListOffsets answer (R6: an unknown code is an error of its partition)."""
+        offsets: dict[TopicPartition, int] = {}
+        errors: dict[TopicPartition, ErrorCode] = {}
+        actions: list[Action] = []
+        for answer in answers:
+            error = error_code_of(answer.error_code)
+            if error is ErrorCode.none:
+                offsets[answer.tp] = answer.offset
+                continue
+            errors[answer.tp] = error
+            self.stats.partition_errors[error.name] += 1
+            if error in METADATA_ERRORS:
+                actions.append(RequestMetadata(f"{answer.tp}: ListOffsets {error.name}"))
+        return OffsetsAnswer(offsets, errors), actions
+
+    def on_offsets(
+        self,
+        asked: Iterable[TopicPartition],
+        earliest: OffsetsAnswer,
+        latest: OffsetsAnswer,
+        now_ms: int,
+    ) -> list[Action]:
+        """Where each asked partition starts (NEEDS_OFFSET) or resumes (TRUNCATING, R4)."""
+        actions: list[Action] = []
+        for tp in asked:
+            state = self.partitions.get(tp)
+            if state is None:
+                continue
+            lo, hi = earliest.offsets.get(tp), latest.offsets.get(tp)
+            if lo is None or hi is None:
+                # This partition alone waits and asks again; the others go on.
+                error = latest.errors.get(tp) or earliest.errors.get(tp)
+                why = f"ListOffsets {error.name}" if error is not None else "ListOffsets failed"
+                state.delay(now_ms, self.settings.backoff_ms, why)
+                continue
+            local = state.log
+            if state.phase is PartitionPhase.NEEDS_OFFSET:
+                start = lo if self.settings.start_from == "earliest" else hi
+                if local.log_end_offset != start or local.log_start_offset != start:
+                    actions.append(StartAt(tp, start, f"start_from={self.settings.start_from}"))
+                state.fetch_offset = start
+                state.phase = PartitionPhase.FETCHING
+                log.info(
+                    "starting partition",
+                    tp=str(tp),
+                    offset=start,
+                    start_from=self.settings.start_from,
+                )
+                continue
+            self._resolve_out_of_range(state, lo, hi, now_ms, actions)
+        return actions
+
+    def _resolve_out_of_range(
+        self, state: PartitionState, lo: int, hi: int, now_ms: int, actions: list[Action]
+    ) -> None:
+        """R4: the leader's log ends below ours (truncate), starts above ours (on_gap), or
+        the out-of-range was transient (back off)."""
+        end = state.log.log_end_offset
+        tp = state.tp
+        if hi < end:
+            log.warning(
+                "leader's log ends below ours, truncating", tp=str(tp), local_end=end, leader_end=hi
+            )
+            actions.append(Truncate(tp, hi, "leader's log ends below ours"))
+            self.stats.truncations += 1
+        elif lo > end:
+            if self.settings.on_gap == "halt":
+                state.phase = PartitionPhase.HALTED
+                state.last_error = f"gap: leader starts at {lo}, local log ends at {end}"
+                log.error(
+                    "leader's log starts above ours; partition halted (on_gap=halt)",
+                    tp=str(tp),
+                    local_end=end,
+                    leader_start=lo,
+                )
+                actions.append(Halt(tp, state.last_error))
+                return
+            log.warning(
+                "leader's log starts above ours; skipping the gap (on_gap=reset)",
+                tp=str(tp),
+                local_end=end,
+                leader_start=lo,
+                skipped=lo - end,
+            )
+            actions.append(StartAt(tp, lo, "gap (on_gap=reset)"))
+            state.fetch_offset = lo
+        else:
+            state.delay(now_ms, self.settings.backoff_ms, "offset out of range (transient)")
+            state.fetch_offset = end
+        state.phase = PartitionPhase.FETCHING
+
+    # -- the next request ---------------------------------------------------------------
+
+    def next_fetch(self, now_ms: int, *, max_version: int) -> NextFetch | None:
+        """The next Fetch request, or None when no partition is fetchable now."""
+        wanted = self._wanted(now_ms)
+        if not wanted:
+            return None
+        plan = self.session.build_request(wanted, changed=self._wanted_changes)
+        version = self.usable_fetch_version(max_version, plan)
+        self.stats.requests += 1
+        return NextFetch(plan, version, self.spec(plan, version))
+
+    def usable_fetch_version(self, version: int, plan: FetchRequestPlan) -> int:
+        if version >= FETCH_TOPIC_ID_VERSION and not plan.uses_topic_ids:
+            # Some partition has no topic id (old broker, Metadata < v10): use names.
+            version = FETCH_TOPIC_ID_VERSION - 1
+        if version < FETCH_SESSION_VERSION and self.session.sessions_enabled:
+            self.session = FetchSessionHandler(self.node_id, sessions_enabled=False)
+        return version
+
+    def _wanted(self, now_ms: int) -> dict[TopicPartition, PartitionFetch]:
+        """The fetchable partitions in rotation order. Per partition this is a few
+        attribute reads: the PartitionFetch object is rebuilt only when one of its
+        inputs changed, and the session handler skips unchanged objects by identity."""
+        wanted: dict[TopicPartition, PartitionFetch] = {}
+        # What differs from the previous build, for the session handler (O(changes)).
+        changed: list[TopicPartition] = []
+        last = self._last_wanted
+        kept = 0
+        max_bytes = self.settings.partition_max_bytes
+        for tp, state in self.partitions.items():
+            if state.phase is PartitionPhase.PAUSED_DISK_FULL and now_ms >= state.delayed_until_ms:
+                state.phase = PartitionPhase.FETCHING  # try again: space may be back
+            if not state.fetchable(now_ms) or state.log is None:
+                continue
+            local = state.log
+            latest = local.latest_epoch()
+            if state.fetched_epoch is not None and (latest is None or state.fetched_epoch > latest):
+                # Validated, not yet appended: the epoch of what was fetched.
+                latest = state.fetched_epoch
+            key = (
+                state.fetch_offset,
+                local.log_start_offset,
+                state.leader_epoch,
+                latest,
+                state.topic_id,
+            )
+            if key != state.want_key:
+                state.want_key = key
+                state.want = PartitionFetch(
+                    fetch_offset=state.fetch_offset,
+                    log_start_offset=local.log_start_offset,
+                    max_bytes=max_bytes,
+                    current_leader_epoch=state.leader_epoch,
+                    last_fetched_epoch=-1 if latest is None else latest,
+                    topic_id=state.topic_id,
+                )
+            want = state.want
+            wanted[tp] = want
+            previous = last.get(tp)
+            if previous is None:
+                changed.append(tp)
+            else:
+                kept += 1
+                if previous is not want:
+                    changed.append(tp)
+        if kept != len(last):
+            changed.extend(tp for tp in last if tp not in wanted)
+        self._last_wanted = wanted
+        self._wanted_changes = changed
+        return wanted
+
+    def spec(self, plan: FetchRequestPlan, version: int) -> FetchSpec:
+        use_epochs = version >= FETCH_LAST_FETCHED_EPOCH_VERSION
+        return FetchSpec(
+            max_wait_ms=self.settings.wait_max_ms,
+            min_bytes=self.settings.min_bytes,
+            max_bytes=self.response_max_bytes(),
+            isolation_level=self.settings.isolation_level,
+            session_id=plan.session_id,
+            session_epoch=plan.epoch,
+            partitions={
+                tp: FetchPartitionSpec(
+                    fetch_offset=pf.fetch_offset,
+                    log_start_offset=pf.log_start_offset,
+                    max_bytes=pf.max_bytes,
+                    current_leader_epoch=pf.current_leader_epoch,
+                    last_fetched_epoch=pf.last_fetched_epoch if use_epochs else -1,
+                    topic_id=pf.topic_id,
+                )
+                for tp, pf in plan.to_send.items()
+            },
+            forgotten=list(plan.to_forget),
+            forgotten_ids=[
+                (f.topic_id, f.partition.partition)
+                for f in plan.forgotten_for_topic_ids()
+                if f.topic_id is not None
+            ],
+            replica_id=self.settings.replica_id,
+            rack_id=self.settings.rack_id,
+        )
+
+    def may_pipeline(self, outcome: ResponseOutcome, now_ms: int) -> bool:
+        """Whether the next request may go out before this response's appends: only when
+        no partition waits for a question (those answers truncate logs) and no append
+        restarts a log."""
+        if not outcome.accepted:
+            return False
+        if any(a.fetched.restart_at is not None for a in outcome.appends):
+            return False
+        return not any(
+            s.epoch_check_pending
+            or s.log is None
+            or (
+                s.phase in (PartitionPhase.NEEDS_OFFSET, PartitionPhase.TRUNCATING)
+                and now_ms >= s.delayed_until_ms
+            )
+            for s in self.partitions.values()
+        )
+
+    def next_wakeup_ms(self, now_ms: int, *, idle_ms: int = 1000) -> int:
+        """When to look again with nothing to send: the first back-off to end, within idle_ms."""
+        wake = now_ms + idle_ms
+        for s in self.partitions.values():
+            if now_ms < s.delayed_until_ms < wake:
+                wake = s.delayed_until_ms
+        return wake
+
+    # -- the response -------------------------------------------------------------------
+
+    def on_response(
+        self, fetch: NextFetch, body: FetchResponseView, now_ms: int
+    ) -> ResponseOutcome:
+        """Judge a response (session rules) and each partition's answer; what to do."""
+        plan = fetch.plan
+        self.stats.responses += 1
+        self.stats.failing_since_ms = None
+        names = plan.topic_names
+        by_id = fetch.version >= FETCH_TOPIC_ID_VERSION
+        entries: list[tuple[TopicPartition, FetchedPartition]] = []
+        seen_ids: list[uuid.UUID] = []
+        for topic in body.responses:
+            if by_id:
+                if topic.topic_id is not None:
+                    seen_ids.append(topic.topic_id)
+                name = names.get(topic.topic_id) if topic.topic_id is not None else None
+            else:
+                name = topic.topic
+            if name is None:
+                continue  # an id the plan does not know: the session handler rejects it
+            for pd in topic.partitions:
+                entries.append((TopicPartition(name, int(pd.partition_index)), pd))
+        verdict = self.session.handle_response(
+            plan,
+            error_code=body.error_code,
+            session_id=body.session_id,
+            partitions=[tp for tp, _ in entries],
+            now_ms=now_ms,
+            throttle_time_ms=body.throttle_time_ms,
+            topic_ids=seen_ids,
+        )
+        self._note_recovery(verdict, now_ms)
+        if not verdict.accepted:
+            self.stats.rejected_responses += 1
+            if body.error_code != ErrorCode.none:
+                self.stats.last_error = error_name(body.error_code)
+            return ResponseOutcome(False)
+        actions: list[Action] = []
+        appends: list[Append] = []
+        session = plan.session_partitions
+        for tp, pd in entries:
+            state = self.partitions.get(tp)
+            asked = session.get(tp)
+            if state is None or asked is None:
+                continue  # moved to another leader or dropped while the request was out
+            if state.phase is not PartitionPhase.FETCHING:
+                # Halted, paused or waiting for ListOffsets since the request went out (or
+                # moved back from another leader in such a phase): an answer must not
+                # revive it (found by tools/sim: a halted partition went back to
+                # TRUNCATING on a stale answer and skipped its gap).
+                continue
+            self.stats.bytes_fetched += len(pd.records or b"")
+            if asked.fetch_offset != state.fetch_offset:
+                # R1: asked before an append failed or a truncation: not for where the log
+                # ends now; dropped unread, fetched again.
+                continue
+            append = self._partition_answer(state, pd, now_ms, actions)
+            if append is not None:
+                appends.append(append)
+        for append in appends:
+            # KIP-74 rotation: partitions that returned data go to the back.
+            self.partitions.move_to_end(append.tp)
+        return ResponseOutcome(True, tuple(actions), tuple(appends))
+
+    def _partition_answer(
+        self, state: PartitionState, pd: FetchedPartition, now_ms: int, actions: list[Action]
+    ) -> Append | None:
+        """Apply one partition's answer; the batches to append if it returned any."""
+        error = error_code_of(pd.error_code)  # R6
+        tp = state.tp
+        if error is ErrorCode.none:
+            diverging = pd.diverging_epoch
+            if diverging.epoch >= 0 and diverging.end_offset >= 0:
+                # R3, Fetch v12+.
+                self._truncation(
+                    state,
+                    EpochEndOffset(diverging.epoch, diverging.end_offset),
+                    "diverging epoch",
+                    actions,
+                )
+                self.stats.partition_errors["diverging_epoch"] += 1
+                return None
+            state.high_watermark = pd.high_watermark
+            state.last_stable_offset = pd.last_stable_offset
+            state.leader_log_start_offset = pd.log_start_offset
+            append = self._validate(state, pd.records, now_ms)
+            if append is None:
+                self._raise_high_watermark(state, actions)
+            return append
+        self.stats.partition_errors[error.name] += 1
+        if error is ErrorCode.offset_out_of_range:
+            state.phase = PartitionPhase.TRUNCATING  # R4: ListOffsets decides
+            self._say_once(
+                f"oor:{tp}",
+                now_ms,
+                "offset out of range, reconciling",
+                tp=str(tp),
+                fetch_offset=state.fetch_offset,
+            )
+        elif error in METADATA_ERRORS:
+            state.delay(now_ms, self.settings.backoff_ms, error.name)  # R2
+            actions.append(RequestMetadata(f"{tp}: {error.name}"))
+        else:
+            state.delay(now_ms, self.settings.backoff_ms, error.name)
+            self._say_once(
+                f"err:{tp}:{error.name}",
+                now_ms,
+                "partition error, backing off",
+                tp=str(tp),
+                error=error.name,
+            )
+        return None
+
+    def _validate(
+        self, state: PartitionState, records: memoryview | None, now_ms: int
+    ) -> Append | None:
+        """What of the records may be written (R7); the fetch offset moves past it (R1)."""
+        tp = state.tp
+        local = state.log
+        fetched = validate_fetched(
+            records,
+            fetch_offset=state.fetch_offset,
+            log_is_empty=local.log_end_offset == local.log_start_offset,
+        )
+        if fetched.partial_dropped:
+            self.stats.partial_batches_dropped += 1
+        if fetched.corrupt is not None:
+            state.corrupt_count += 1
+            self.stats.crc_failures += 1
+            state.delay(now_ms, self.settings.backoff_ms, f"corrupt data: {fetched.corrupt}")
+            # Logged every time with where it was: corruption must never be silent.
+            log.warning(
+                "corrupt batch from leader, not written; refetching",
+                tp=str(tp),
+                offset=fetched.next_fetch_offset,
+                leader=self.node_id,
+                reason=fetched.corrupt,
+            )
+        if not fetched.batches:
+            return None
+        state.fetch_offset = fetched.next_fetch_offset
+        epochs = [b.partition_leader_epoch for b in fetched.batches if b.magic >= MAGIC_V2]
+        state.fetched_epoch = max(epochs) if epochs else None
+        return Append(tp, fetched)
+
+    def _truncation(
+        self, state: PartitionState, leader: EpochEndOffset, why: str, actions: list[Action]
+    ) -> bool:
+        """R3: truncate where the leader's epoch end says; True when no further question
+        is needed (decide_truncation's rule 4 asks again)."""
+        local = state.log
+        decision = decide_truncation(
+            leader,
+            local_end_for=local.end_offset_for_epoch,
+            log_end_offset=local.log_end_offset,
+            high_watermark=local.high_watermark,
+        )
+        if decision.offset < local.log_end_offset:
+            log.info(
+                "log diverged from leader, truncating",
+                tp=str(state.tp),
+                why=why,
+                leader_epoch=leader.epoch,
+                leader_end_offset=leader.end_offset,
+                local_end=local.log_end_offset,
+                truncate_to=decision.offset,
+                rule=decision.rule,
+            )
+            actions.append(Truncate(state.tp, decision.offset, why))
+            self.stats.truncations += 1
+        else:
+            state.fetch_offset = local.log_end_offset
+        return decision.complete
+
+    def _raise_high_watermark(self, state: PartitionState, actions: list[Action]) -> None:
+        """R5: what we serve onward, replicated here and committed upstream; only raised
+        here (a leader's lower value changes nothing until a truncation lowers the log)."""
+        local = state.log
+        hw = min(max(state.high_watermark, local.log_start_offset), local.log_end_offset)
+        if hw > local.high_watermark:
+            actions.append(SetHighWatermark(state.tp, hw))
+
+    # -- outcomes of the shell's actions ------------------------------------------------
+
+    def truncated(self, tp: TopicPartition) -> None:
+        """A Truncate or StartAt was performed: R1, fetch from the log end."""
+        state = self.partitions.get(tp)
+        if state is not None:
+            state.fetch_offset = state.log.log_end_offset
+            state.fetched_epoch = None
+
+    def appended(self, append: Append, now_ms: int) -> list[Action]:
+        """The batches are in the log: progress, and the high watermark may rise (R5)."""
+        state = self.partitions.get(append.tp)
+        if state is None:
+            return []
+        fetched = append.fetched
+        state.fetched_epoch = None
+        state.fetch_offset = state.log.log_end_offset
+        state.progress_ms = now_ms
+        state.bytes_replicated += len(fetched.data)
+        state.records_replicated += sum(b.record_count for b in fetched.batches)
+        self.stats.bytes_appended += len(fetched.data)
+        self.stats.batches_appended += len(fetched.batches)
+        if fetched.corrupt is None:
+            state.succeeded()
+        actions: list[Action] = []
+        self._raise_high_watermark(state, actions)
+        return actions
+
+    def append_failed(self, append: Append, error: str, now_ms: int, *, disk_full: bool) -> None:
+        """R1: back to the log end (the next response's data for it is dropped unread);
+        a full disk pauses the partition until `disk_back` or DISK_FULL_RETRY_MS."""
+        state = self.partitions.get(append.tp)
+        if state is None:
+            return
+        state.fetched_epoch = None
+        state.fetch_offset = state.log.log_end_offset
+        if disk_full:
+            state.phase = PartitionPhase.PAUSED_DISK_FULL
+            state.delay(now_ms, max(self.settings.backoff_ms, DISK_FULL_RETRY_MS), "disk full")
+            self._say_once(
+                f"enospc:{append.tp}",
+                now_ms,
+                "disk full, partition paused",
+                tp=str(append.tp),
+                error=error,
+            )
+            return
+        state.delay(now_ms, self.settings.backoff_ms, f"log error: {error}")
+        self._say_once(
+            f"logerr:{append.tp}", now_ms, "append failed", tp=str(append.tp), error=error
+        )
+
+    def disk_back(self, now_ms: int) -> None:
+        """Space is back: paused partitions fetch again at once."""
+        for state in self.partitions.values():
+            if state.phase is PartitionPhase.PAUSED_DISK_FULL:
+                state.phase = PartitionPhase.FETCHING
+                state.delayed_until_ms = now_ms
+
+    # -- failures -----------------------------------------------------------------------
+
+    def send_failed(self, now_ms: int) -> None:
+        """The request in flight got no usable answer: the session starts over (KIP-227)."""
+        self._note_recovery(self.session.handle_send_error(now_ms=now_ms), now_ms)
+
+    def connection_lost(self, now_ms: int) -> None:
+        """The connection closed between requests: Kafka's rule for a network error all
+        the same -- close the session, next request (ID, 0)."""
+        if self.session.is_sessionful:
+            self._note_recovery(self.session.handle_send_error(now_ms=now_ms), now_ms)
+
+    def connection_failed(self, error: str, now_ms: int) -> None:
+        """For the health model: since when this leader keeps failing."""
+        self.stats.connection_errors += 1
+        self.stats.last_error = error
+        if self.stats.failing_since_ms is None:
+            self.stats.failing_since_ms = now_ms
+
+    def _note_recovery(self, verdict: ResponseVerdict, now_ms: int) -> None:
+        reason = verdict.reason
+        if reason is None:
+            return
+        name = reason.name.lower()
+        self.stats.session_recoveries[name] += 1
+        self._say_once(
+            f"session:{name}",
+            now_ms,
+            "fetch session reset",
+            leader=self.node_id,
+            reason=name,
+            detail=verdict.detail,
+        )
+
+    def _say_once(self, key: str, now_ms: int, event: str, **fields: Any) -> None:
+        emit = self._say.should_emit(key, now_ms)
+        if emit.emit:
+            if emit.suppressed:
+                fields["repeats_suppressed"] = emit.suppressed
+            log.info(event, **fields)

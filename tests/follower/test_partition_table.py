@@ -1,0 +1,622 @@
+"""The follower's core, event by event, against an in-memory log: every rule of
+partition_table.py (R1..R7) and every event and action kind, without a socket or a clock."""
+
+from __future__ import annotations
+
+import ast
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import replicad.follower
+from replicad.follower.fetch_response import (
+    NO_DIVERGING_EPOCH,
+    EpochEndOffset,
+    FetchedPartition,
+    FetchedTopic,
+    FetchResponseView,
+)
+from replicad.follower.partition_state import PartitionPhase, PartitionState
+from replicad.follower.partition_table import (
+    Append,
+    EpochAnswer,
+    FetchSettings,
+    Halt,
+    NextFetch,
+    OffsetAnswer,
+    OffsetsAnswer,
+    PartitionTable,
+    RequestMetadata,
+    SetHighWatermark,
+    StartAt,
+    Truncate,
+)
+from replicad.log.epoch import EpochEndOffset as LogEpochEnd
+from replicad.log.epoch import LeaderEpochCache
+from replicad.records.batch import scan_batches
+from replicad.types import TopicPartition
+from tools.logdata.batches import producer_batch
+
+TP0 = TopicPartition("t", 0)
+TP1 = TopicPartition("t", 1)
+TOPIC_ID = uuid.UUID(int=7)
+NONE, OUT_OF_RANGE, NOT_LEADER, UNKNOWN_SERVER_ERROR = 0, 1, 6, -1
+FETCH_SESSION_ID_NOT_FOUND = 70
+
+
+@dataclass
+class MemoryLog:
+    """The facts the core reads of a log, kept as the log store keeps them."""
+
+    log_start_offset: int = 0
+    log_end_offset: int = 0
+    high_watermark: int = 0
+    epochs: LeaderEpochCache = field(default_factory=LeaderEpochCache)
+
+    def latest_epoch(self) -> int | None:
+        return self.epochs.latest_epoch()
+
+    def end_offset_for_epoch(self, epoch: int) -> LogEpochEnd:
+        return self.epochs.end_offset_for(epoch, self.log_end_offset)
+
+    def append(self, append: Append) -> None:
+        for b in append.fetched.batches:
+            self.epochs.maybe_assign_from_batch(b.partition_leader_epoch, b.base_offset)
+        self.log_end_offset = append.fetched.next_fetch_offset
+
+    def truncate_to(self, offset: int) -> None:
+        self.log_end_offset = min(self.log_end_offset, offset)
+        self.high_watermark = min(self.high_watermark, self.log_end_offset)
+        self.epochs.truncate_from_end(self.log_end_offset)
+
+    def start_at(self, offset: int) -> None:
+        self.log_start_offset = self.log_end_offset = self.high_watermark = offset
+        self.epochs.truncate_from_end(-1)
+
+
+def _table(**settings) -> PartitionTable:
+    return PartitionTable(1, FetchSettings(backoff_ms=100, **settings))
+
+
+def _add(table, tp=TP0, *, end=0, hw=0, epoch=5, phase=PartitionPhase.FETCHING, epochs=()):
+    local = MemoryLog(log_end_offset=end, high_watermark=hw)
+    for e, start in epochs:
+        local.epochs.assign(e, start)
+    state = PartitionState(
+        tp=tp, topic_id=TOPIC_ID, leader_id=1, leader_epoch=epoch, phase=phase, fetch_offset=end
+    )
+    table.add(state, local)
+    return state, local
+
+
+def _batches(start: int, count: int, *, epoch: int = 5, per_batch: int = 2) -> bytes:
+    return b"".join(
+        producer_batch(start + i * per_batch, [b"v"] * per_batch, leader_epoch=epoch)
+        for i in range(count)
+    )
+
+
+def _partition(tp, *, error=NONE, hw=-1, records=b"", log_start=0, diverging=None):
+    return FetchedPartition(
+        partition_index=tp.partition,
+        error_code=error,
+        high_watermark=hw,
+        last_stable_offset=hw,
+        log_start_offset=log_start,
+        diverging_epoch=diverging or NO_DIVERGING_EPOCH,
+        aborted_transactions=-1,
+        preferred_read_replica=-1,
+        records=memoryview(records),
+    )
+
+
+def _response(fetch: NextFetch, *partitions, error=NONE, session_id=None):
+    if session_id is None:
+        session_id = fetch.plan.session_id or 99
+    return FetchResponseView(
+        version=fetch.version,
+        correlation_id=1,
+        throttle_time_ms=0,
+        error_code=error,
+        session_id=session_id,
+        responses=(FetchedTopic(None, TOPIC_ID, tuple(partitions)),) if partitions else (),
+    )
+
+
+def _perform(table, actions, logs, now_ms=0):
+    """What the shell does, on MemoryLogs."""
+    for action in actions:
+        if isinstance(action, Append):
+            logs[action.tp].append(action)
+            _perform(table, table.appended(action, now_ms), logs, now_ms)
+        elif isinstance(action, Truncate):
+            logs[action.tp].truncate_to(action.offset)
+            table.truncated(action.tp)
+        elif isinstance(action, StartAt):
+            logs[action.tp].start_at(action.offset)
+            table.truncated(action.tp)
+        elif isinstance(action, SetHighWatermark):
+            logs[action.tp].high_watermark = action.high_watermark
+
+
+# -- the request -------------------------------------------------------------------------
+
+
+def test_the_request_asks_each_partition_from_its_log_end_with_its_epochs():
+    table = _table()
+    _add(table, TP0, end=40, epochs=[(3, 0), (4, 20)], epoch=6)
+    _add(table, TP1, end=0, epoch=6)
+    fetch = table.next_fetch(0, max_version=13)
+    assert fetch is not None and fetch.version == 13
+    p0, p1 = fetch.spec.partitions[TP0], fetch.spec.partitions[TP1]
+    assert (p0.fetch_offset, p0.current_leader_epoch, p0.last_fetched_epoch) == (40, 6, 4)
+    assert (p1.fetch_offset, p1.last_fetched_epoch) == (0, -1)
+    assert fetch.plan.epoch == 0 and fetch.plan.is_full  # KIP-227: a new session
+    assert table.stats.requests == 1
+
+
+def test_below_v12_no_last_fetched_epoch_is_sent():
+    table = _table()
+    _add(table, TP0, end=40, epochs=[(4, 0)])
+    fetch = table.next_fetch(0, max_version=11)
+    assert fetch.spec.partitions[TP0].last_fetched_epoch == -1
+
+
+def test_a_partition_without_a_topic_id_makes_the_request_use_names():
+    table = _table()
+    state, _ = _add(table)
+    state.topic_id = None
+    assert table.next_fetch(0, max_version=13).version == 12
+
+
+def test_a_leader_below_v7_gets_no_session():
+    table = _table()
+    _add(table)
+    fetch = table.next_fetch(0, max_version=6)
+    assert fetch.version == 6 and not table.session.sessions_enabled
+
+
+def test_nothing_fetchable_means_no_request_and_a_wakeup_at_the_first_backoff_end():
+    table = _table()
+    state, _ = _add(table)
+    state.delay(1_000, 250, "x")
+    assert table.next_fetch(1_000, max_version=13) is None
+    assert table.next_wakeup_ms(1_000) == 1_250
+    assert table.next_wakeup_ms(1_000, idle_ms=100) == 1_100
+    assert table.next_fetch(1_250, max_version=13) is not None
+
+
+def test_partitions_needing_offsets_or_a_question_are_not_fetched():
+    table = _table()
+    _add(table, TP0, phase=PartitionPhase.NEEDS_OFFSET)
+    state1, _ = _add(table, TP1)
+    state1.epoch_check_pending = True
+    assert table.next_fetch(0, max_version=13) is None
+
+
+def test_response_budget_counts_partitions_and_topics():
+    table = _table(response_max_bytes=10_000, buffer_memory=10_000)
+    before = table.response_max_bytes()
+    _add(table, TP0)
+    _add(table, TP1)
+    one_more = table.response_max_bytes()
+    assert before - one_more > 0
+    table.remove(TP0)
+    table.remove(TP1)
+    assert table.response_max_bytes() == before
+    assert table.remove(TP0) is None
+
+
+# -- data, high watermarks, rotation (R1, R5, R7) ----------------------------------------
+
+
+def test_data_is_appended_and_the_high_watermark_follows_the_leaders_within_the_log():
+    table = _table()
+    state, local = _add(table, TP0)
+    fetch = table.next_fetch(0, max_version=13)
+    records = _batches(0, 3)
+    outcome = table.on_response(
+        fetch, _response(fetch, _partition(TP0, hw=100, records=records)), 7
+    )
+    assert outcome.accepted and [a.tp for a in outcome.appends] == [TP0]
+    assert state.fetch_offset == 6  # R1: past the validated data before it is written
+    _perform(table, outcome.appends, {TP0: local}, now_ms=7)
+    # R5: the leader says 100, the log ends at 6.
+    assert local.high_watermark == 6 and state.progress_ms == 7
+    assert table.stats.batches_appended == 3 and state.records_replicated == 6
+
+
+def test_a_pipelined_request_counts_the_epoch_of_data_not_yet_appended():
+    table = _table()
+    _add(table, TP0, epochs=[(2, 0)], end=0)
+    fetch = table.next_fetch(0, max_version=13)
+    outcome = table.on_response(
+        fetch, _response(fetch, _partition(TP0, records=_batches(0, 1, epoch=3))), 0
+    )
+    assert table.may_pipeline(outcome, 0)
+    nxt = table.next_fetch(0, max_version=13)
+    assert nxt.spec.partitions[TP0].fetch_offset == 2
+    assert nxt.spec.partitions[TP0].last_fetched_epoch == 3
+
+
+def test_the_high_watermark_is_never_lowered_by_a_leader_nor_by_a_leader_not_answering():
+    """Defect 1's rule: a restart's loaded high watermark is the floor (R5)."""
+    table = _table()
+    state, local = _add(table, TP0, end=50, hw=50)  # loaded from the checkpoint
+    fetch = table.next_fetch(0, max_version=13)
+    assert state.high_watermark == -1  # nothing heard from the leader yet
+    for leader_hw in (-1, 0, 20, 70):
+        outcome = table.on_response(fetch, _response(fetch, _partition(TP0, hw=leader_hw)), 0)
+        assert outcome.actions == ()
+        _perform(table, outcome.actions, {TP0: local})
+        assert local.high_watermark == 50
+        fetch = table.next_fetch(0, max_version=13)
+    # Data up to 60 arrives with the leader's 55: raised to 55, never back.
+    outcome = table.on_response(
+        fetch, _response(fetch, _partition(TP0, hw=55, records=_batches(50, 5))), 0
+    )
+    _perform(table, outcome.appends, {TP0: local})
+    assert local.high_watermark == 55
+
+
+def test_a_high_watermark_without_data_is_raised_up_to_the_log_end():
+    table = _table()
+    state, _ = _add(table, TP0, end=50, hw=10)
+    fetch = table.next_fetch(0, max_version=13)
+    outcome = table.on_response(fetch, _response(fetch, _partition(TP0, hw=30)), 0)
+    assert outcome.actions == (SetHighWatermark(TP0, 30),)
+    assert state.leader_log_start_offset == 0 and state.last_stable_offset == 30
+
+
+def test_partitions_that_returned_data_move_to_the_back():
+    table = _table()
+    _add(table, TP0)
+    _add(table, TP1)
+    fetch = table.next_fetch(0, max_version=13)
+    table.on_response(
+        fetch, _response(fetch, _partition(TP0, records=_batches(0, 1)), _partition(TP1)), 0
+    )
+    assert list(table.partitions) == [TP1, TP0]
+
+
+def test_a_corrupt_batch_is_never_appended_what_came_before_it_is():
+    table = _table()
+    state, _ = _add(table, TP0)
+    good = _batches(0, 2)
+    bad = bytearray(_batches(4, 1))
+    bad[-1] ^= 0xFF  # the CRC no longer matches
+    fetch = table.next_fetch(0, max_version=13)
+    outcome = table.on_response(
+        fetch, _response(fetch, _partition(TP0, records=good + bytes(bad))), 5
+    )
+    (append,) = outcome.appends
+    assert append.fetched.next_fetch_offset == 4 and bytes(append.fetched.data) == good
+    assert table.stats.crc_failures == 1 and state.corrupt_count == 1
+    assert state.delayed_until_ms == 105  # R7: refetched after the backoff
+
+
+def test_a_trailing_partial_batch_is_dropped_and_counted():
+    table = _table()
+    _add(table, TP0)
+    records = _batches(0, 2)
+    fetch = table.next_fetch(0, max_version=13)
+    outcome = table.on_response(fetch, _response(fetch, _partition(TP0, records=records[:-5])), 0)
+    assert outcome.appends[0].fetched.next_fetch_offset == 2
+    assert table.stats.partial_batches_dropped == 1
+
+
+def test_an_answer_for_an_offset_we_no_longer_fetch_from_is_dropped_unread():
+    """R1: an append failed after the next request went out."""
+    table = _table()
+    state, _ = _add(table, TP0)
+    fetch = table.next_fetch(0, max_version=13)
+    outcome = table.on_response(fetch, _response(fetch, _partition(TP0, records=_batches(0, 1))), 0)
+    pipelined = table.next_fetch(0, max_version=13)
+    table.append_failed(outcome.appends[0], "boom", 0, disk_full=False)
+    assert state.fetch_offset == 0 and state.delayed_until_ms == 100
+    late = table.on_response(
+        pipelined, _response(pipelined, _partition(TP0, records=_batches(2, 1))), 0
+    )
+    assert late.accepted and late.appends == ()
+
+
+def test_a_full_disk_pauses_the_partition_until_space_is_back():
+    table = _table()
+    state, _ = _add(table, TP0)
+    fetch = table.next_fetch(0, max_version=13)
+    outcome = table.on_response(fetch, _response(fetch, _partition(TP0, records=_batches(0, 1))), 0)
+    table.append_failed(outcome.appends[0], "ENOSPC", 10, disk_full=True)
+    assert state.phase is PartitionPhase.PAUSED_DISK_FULL and state.fetch_offset == 0
+    assert table.next_fetch(20, max_version=13) is None
+    table.disk_back(20)
+    assert state.phase is PartitionPhase.FETCHING
+    assert table.next_fetch(20, max_version=13) is not None
+
+
+def test_a_full_disk_is_tried_again_after_its_retry_time_without_disk_back():
+    table = _table()
+    _add(table, TP0)
+    fetch = table.next_fetch(0, max_version=13)
+    outcome = table.on_response(fetch, _response(fetch, _partition(TP0, records=_batches(0, 1))), 0)
+    table.append_failed(outcome.appends[0], "ENOSPC", 0, disk_full=True)
+    assert table.next_fetch(4_999, max_version=13) is None
+    assert table.next_fetch(5_000, max_version=13) is not None
+
+
+# -- errors (R2, R6) ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", [777, -42, 32767])
+def test_an_unknown_error_code_backs_off_its_partition_alone(code):
+    table = _table()
+    state0, _ = _add(table, TP0)
+    _add(table, TP1)
+    fetch = table.next_fetch(0, max_version=13)
+    outcome = table.on_response(
+        fetch,
+        _response(fetch, _partition(TP0, error=code), _partition(TP1, records=_batches(0, 1))),
+        0,
+    )
+    assert [a.tp for a in outcome.appends] == [TP1]
+    assert table.stats.partition_errors["unknown_server_error"] == 1
+    assert state0.delayed_until_ms == 100 and state0.phase is PartitionPhase.FETCHING
+
+
+def test_a_leadership_error_backs_off_and_asks_for_metadata():
+    table = _table()
+    state, _ = _add(table, TP0)
+    fetch = table.next_fetch(0, max_version=13)
+    outcome = table.on_response(fetch, _response(fetch, _partition(TP0, error=NOT_LEADER)), 0)
+    assert outcome.actions == (RequestMetadata(f"{TP0}: not_leader_or_follower"),)
+    assert state.delayed_until_ms == 100
+
+
+def test_a_session_error_rejects_the_whole_response():
+    table = _table()
+    _add(table, TP0)
+    fetch = table.next_fetch(0, max_version=13)
+    table.on_response(fetch, _response(fetch, _partition(TP0), session_id=5), 0)
+    incremental = table.next_fetch(0, max_version=13)
+    assert not incremental.plan.is_full
+    outcome = table.on_response(
+        incremental, _response(incremental, error=FETCH_SESSION_ID_NOT_FOUND, session_id=0), 0
+    )
+    assert not outcome.accepted and table.stats.rejected_responses == 1
+    assert table.stats.session_recoveries["fetch_session_id_not_found"] == 1
+    assert table.next_fetch(0, max_version=13).plan.is_full
+
+
+def test_a_failed_send_starts_the_session_over_and_failures_are_timed_for_health():
+    table = _table()
+    _add(table, TP0)
+    fetch = table.next_fetch(0, max_version=13)
+    table.on_response(fetch, _response(fetch, _partition(TP0), session_id=5), 0)
+    table.next_fetch(0, max_version=13)
+    table.send_failed(10)
+    table.connection_failed("reset", 10)
+    table.connection_failed("reset", 20)
+    assert table.stats.failing_since_ms == 10 and table.stats.connection_errors == 2
+    fetch = table.next_fetch(30, max_version=13)
+    assert fetch.plan.is_full
+    table.on_response(fetch, _response(fetch, _partition(TP0)), 30)
+    assert table.stats.failing_since_ms is None
+
+
+# -- divergence (R3) ---------------------------------------------------------------------
+
+
+def test_a_diverging_epoch_truncates_and_fetches_from_the_new_end():
+    table = _table()
+    state, local = _add(table, TP0, end=30, hw=10, epochs=[(1, 0), (2, 20)])
+    fetch = table.next_fetch(0, max_version=13)
+    outcome = table.on_response(
+        fetch, _response(fetch, _partition(TP0, diverging=EpochEndOffset(1, 25))), 0
+    )
+    assert outcome.actions == (Truncate(TP0, 20, "diverging epoch"),)
+    _perform(table, outcome.actions, {TP0: local})
+    assert state.fetch_offset == 20 and local.high_watermark == 10
+    assert table.stats.truncations == 1
+
+
+def test_below_v12_a_leader_change_asks_offset_for_leader_epoch_first():
+    table = _table()
+    state, _ = _add(table, TP0, end=30, epochs=[(1, 0), (2, 20)], epoch=3)
+    state.epoch_check_pending = True
+    questions = table.epoch_questions(0, fetch_version=11, ofle_version=3)
+    assert questions[TP0].leader_epoch == 2 and questions[TP0].current_leader_epoch == 3
+    # The leader's epoch 2 ended at 24: truncate there, done.
+    actions = table.on_epoch_answers(questions, [EpochAnswer(TP0, NONE, 2, 24)], 0)
+    assert actions == [Truncate(TP0, 24, "leader epoch")]
+    assert not state.epoch_check_pending
+
+
+def test_a_leader_that_never_had_our_latest_epoch_makes_us_ask_again():
+    """decide_truncation's rule 4: the leader answers with an older epoch; truncate to
+    where ours ends, and ask again."""
+    table = _table()
+    state, local = _add(table, TP0, end=30, epochs=[(1, 0), (3, 20)], epoch=4)
+    state.epoch_check_pending = True
+    questions = table.epoch_questions(0, fetch_version=11, ofle_version=3)
+    # The leader's largest epoch at or below our 3 is 2, which we never had.
+    actions = table.on_epoch_answers(questions, [EpochAnswer(TP0, NONE, 2, 25)], 0)
+    _perform(table, actions, {TP0: local})
+    assert actions == [Truncate(TP0, 20, "leader epoch")] and state.epoch_check_pending
+    again = table.epoch_questions(0, fetch_version=11, ofle_version=3)
+    assert again[TP0].leader_epoch == 1
+
+
+def test_epoch_questions_are_not_asked_of_v12_leaders_or_leaders_without_the_api():
+    table = _table()
+    state, _ = _add(table, TP0, end=30, epochs=[(1, 0)])
+    state.epoch_check_pending = True
+    assert table.epoch_questions(0, fetch_version=12, ofle_version=3) == {}
+    assert not state.epoch_check_pending
+    state.epoch_check_pending = True
+    assert table.epoch_questions(0, fetch_version=11, ofle_version=None) == {}
+    assert not state.epoch_check_pending
+    state.epoch_check_pending = True
+    empty, _ = _add(table, TP1)
+    empty.epoch_check_pending = True
+    questions = table.epoch_questions(0, fetch_version=11, ofle_version=3)
+    assert list(questions) == [TP0] and not empty.epoch_check_pending
+
+
+@pytest.mark.parametrize(("code", "metadata"), [(NOT_LEADER, True), (777, False)])
+def test_an_epoch_answer_error_backs_off_that_partition(code, metadata):
+    table = _table()
+    state, _ = _add(table, TP0, end=30, epochs=[(1, 0)])
+    state.epoch_check_pending = True
+    questions = table.epoch_questions(0, fetch_version=11, ofle_version=3)
+    actions = table.on_epoch_answers(questions, [EpochAnswer(TP0, code)], 0)
+    assert bool(actions) == metadata and state.epoch_check_pending
+    assert state.delayed_until_ms == 100
+    # Not asked: an answer for it is ignored.
+    assert table.on_epoch_answers([], [EpochAnswer(TP0, NONE, 0, 0)], 0) == []
+
+
+# -- offsets: start and out of range (R4) ------------------------------------------------
+
+
+def _offsets(table, lo, hi, tp=TP0):
+    earliest, _ = table.offsets_answer([OffsetAnswer(tp, NONE, lo)])
+    latest, _ = table.offsets_answer([OffsetAnswer(tp, NONE, hi)])
+    return earliest, latest
+
+
+@pytest.mark.parametrize(("start_from", "expected"), [("earliest", 10), ("latest", 90)])
+def test_a_new_partition_starts_where_start_from_says(start_from, expected):
+    table = _table(start_from=start_from)
+    state, local = _add(table, TP0, phase=PartitionPhase.NEEDS_OFFSET)
+    asked = [s.tp for s in table.offset_questions(0)]
+    assert asked == [TP0]
+    actions = table.on_offsets(asked, *_offsets(table, 10, 90), 0)
+    assert actions == [StartAt(TP0, expected, f"start_from={start_from}")]
+    _perform(table, actions, {TP0: local})
+    assert state.phase is PartitionPhase.FETCHING and state.fetch_offset == expected
+
+
+def test_out_of_range_with_the_leader_ending_below_us_truncates_to_its_end():
+    table = _table()
+    state, local = _add(table, TP0, end=50, hw=40)
+    fetch = table.next_fetch(0, max_version=13)
+    table.on_response(fetch, _response(fetch, _partition(TP0, error=OUT_OF_RANGE)), 0)
+    assert state.phase is PartitionPhase.TRUNCATING and table.next_fetch(0, max_version=13) is None
+    actions = table.on_offsets([TP0], *_offsets(table, 0, 30), 0)
+    assert actions == [Truncate(TP0, 30, "leader's log ends below ours")]
+    _perform(table, actions, {TP0: local})
+    assert state.fetch_offset == 30 and local.high_watermark == 30
+    assert state.phase is PartitionPhase.FETCHING
+
+
+@pytest.mark.parametrize("on_gap", ["reset", "halt"])
+def test_a_leader_starting_above_our_end_is_a_gap(on_gap):
+    table = _table(on_gap=on_gap)
+    state, local = _add(table, TP0, end=50, phase=PartitionPhase.TRUNCATING)
+    actions = table.on_offsets([TP0], *_offsets(table, 80, 120), 0)
+    if on_gap == "reset":
+        assert actions == [StartAt(TP0, 80, "gap (on_gap=reset)")]
+        _perform(table, actions, {TP0: local})
+        assert state.fetch_offset == 80 and local.log_start_offset == 80
+    else:
+        assert [type(a) for a in actions] == [Halt] and state.phase is PartitionPhase.HALTED
+        assert "gap" in state.last_error and table.next_fetch(0, max_version=13) is None
+
+
+def test_an_out_of_range_that_no_longer_holds_is_transient():
+    table = _table()
+    state, _ = _add(table, TP0, end=50, phase=PartitionPhase.TRUNCATING)
+    assert table.on_offsets([TP0], *_offsets(table, 0, 60), 0) == []
+    assert state.phase is PartitionPhase.FETCHING and state.delayed_until_ms == 100
+
+
+@pytest.mark.parametrize(("code", "metadata"), [(777, False), (NOT_LEADER, True)])
+def test_a_list_offsets_error_waits_for_that_partition_alone(code, metadata):
+    table = _table()
+    state0, _ = _add(table, TP0, phase=PartitionPhase.NEEDS_OFFSET)
+    state1, _ = _add(table, TP1, phase=PartitionPhase.NEEDS_OFFSET)
+    earliest, actions = table.offsets_answer([OffsetAnswer(TP0, code), OffsetAnswer(TP1, NONE, 0)])
+    assert bool(actions) == metadata
+    latest = OffsetsAnswer({TP1: 5}, {})
+    actions = table.on_offsets([TP0, TP1], earliest, latest, 0)
+    assert actions == []  # TP1 starts at 0 on an empty log: nothing to change
+    assert state0.phase is PartitionPhase.NEEDS_OFFSET and state0.delayed_until_ms == 100
+    assert state1.phase is PartitionPhase.FETCHING
+    assert table.offset_questions(0) == [] and table.offset_questions(100) == [state0]
+
+
+def test_no_pipelining_while_a_question_waits():
+    table = _table()
+    _add(table, TP0)
+    waiting, _ = _add(table, TP1, phase=PartitionPhase.NEEDS_OFFSET)
+    fetch = table.next_fetch(0, max_version=13)
+    outcome = table.on_response(fetch, _response(fetch, _partition(TP0, records=_batches(0, 1))), 0)
+    assert not table.may_pipeline(outcome, 0)
+    waiting.phase = PartitionPhase.FETCHING
+    assert table.may_pipeline(outcome, 0)
+    assert not table.may_pipeline(type(outcome)(False), 0)
+
+
+def test_answers_for_removed_partitions_are_ignored():
+    table = _table()
+    _add(table, TP0)
+    fetch = table.next_fetch(0, max_version=13)
+    table.remove(TP0)
+    outcome = table.on_response(fetch, _response(fetch, _partition(TP0, records=_batches(0, 1))), 0)
+    assert outcome.appends == () and table.appended(Append(TP0, None), 0) == []
+    assert table.on_offsets([TP0], *_offsets(table, 0, 1), 0) == []
+
+
+def test_scan_of_the_test_batches_is_sane():
+    # The helper batches are what the tests above assume: 2 records each, valid CRCs.
+    scan = scan_batches(memoryview(_batches(0, 3)))
+    assert [b.base_offset for b in scan.batches] == [0, 2, 4]
+
+
+CORE_MODULES = (
+    "partition_table",
+    "perform",
+    "partition_state",
+    "truncation",
+    "validate",
+    "fetch_response",
+)
+FORBIDDEN = {"asyncio", "socket", "time", "datetime", "selectors", "threading"}
+
+
+@pytest.mark.parametrize("module", CORE_MODULES)
+def test_the_core_imports_no_io_or_clock(module):
+    """The core is sans-I/O: time comes in as now_ms, answers come in parsed."""
+    path = Path(replicad.follower.__file__).with_name(f"{module}.py")
+    imported: set[str] = set()
+    modules: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module is not None:
+            imported.add(node.module.split(".")[0])
+            modules.add(node.module)
+    assert imported, f"{module} imports nothing?"
+    assert not imported & FORBIDDEN, f"{module} imports {sorted(imported & FORBIDDEN)}"
+    assert not modules & {"replicad.protocol.connection", "replicad.protocol.client"}
+
+
+def test_a_partition_waits_for_its_log_to_be_opened():
+    """The shell opens logs between requests (creating thousands at once takes the loop's
+    time); until then the partition is neither asked about nor fetched."""
+    table = _table()
+    waiting = PartitionState(
+        tp=TP1, topic_id=TOPIC_ID, leader_id=1, leader_epoch=5, phase=PartitionPhase.FETCHING
+    )
+    waiting.epoch_check_pending = True
+    table.add(waiting)
+    _add(table, TP0, phase=PartitionPhase.NEEDS_OFFSET)
+    assert table.without_log() == [waiting]
+    assert table.epoch_questions(0, fetch_version=11, ofle_version=3) == {}
+    assert [s.tp for s in table.offset_questions(0)] == [TP0]
+    waiting.epoch_check_pending = False
+    assert table.next_fetch(0, max_version=13) is None
+    table.add(waiting, MemoryLog())
+    assert table.without_log() == []
+    assert list(table.next_fetch(0, max_version=13).spec.partitions) == [TP1]
