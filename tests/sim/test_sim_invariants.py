@@ -1,0 +1,101 @@
+"""Each invariant of tools/sim fails on what it is meant to catch, and passes otherwise."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from replicad.types import TopicPartition
+from tools.logdata.batches import producer_batch
+from tools.sim.cluster import History, SimBatch
+from tools.sim.invariants import (
+    HighWatermarkWatch,
+    InvariantError,
+    LogFacts,
+    batches_from,
+    check_lineage,
+    check_response_size,
+)
+
+TP = TopicPartition("t", 0)
+TID = uuid.UUID(int=1)
+
+
+def _history(*lineages: list[bytes]) -> History:
+    history = History()
+    for lineage in lineages:
+        parent = b""
+        for data in lineage:
+            history.record(TID, 0, SimBatch(0, 1, 0, data), parent)
+            parent = data
+    return history
+
+
+def _batch(offset: int, epoch: int, tag: bytes) -> bytes:
+    return producer_batch(offset, [tag], leader_epoch=epoch)
+
+
+A0, A1, A2 = _batch(0, 0, b"a0"), _batch(1, 0, b"a1"), _batch(2, 0, b"a2")
+B2 = _batch(2, 1, b"b2")  # an unclean election's new leader wrote offset 2 anew
+
+
+def test_a_prefix_of_a_lineage_passes_from_any_start():
+    history = _history([A0, A1, A2], [A0, A1, B2])
+    check_lineage(TP, A0 + A1 + A2, TID, history)
+    check_lineage(TP, A1 + B2, TID, history)
+    check_lineage(TP, b"", TID, history)
+
+
+def test_a_kept_divergent_tail_fails():
+    # B2 follows A1 in its leader's log; A2 + B2 mixes two lineages (offsets do not even
+    # line up: a gap check would name it too), so build one that lines up.
+    b3 = _batch(3, 1, b"b3")
+    history = _history([A0, A1, A2], [A0, A1, B2, b3])
+    with pytest.raises(InvariantError, match="does not follow"):
+        check_lineage(TP, A0 + A1 + A2 + b3, TID, history)
+
+
+def test_a_batch_no_leader_wrote_fails_and_so_does_another_topics():
+    history = _history([A0, A1])
+    corrupt = bytearray(A1)
+    corrupt[-1] ^= 1
+    with pytest.raises(InvariantError):
+        check_lineage(TP, A0 + bytes(corrupt), TID, history)
+    with pytest.raises(InvariantError, match="never written"):
+        check_lineage(TP, A0, uuid.UUID(int=2), history)
+
+
+def test_a_gap_or_overlap_fails():
+    history = _history([A0, A1, A2])
+    with pytest.raises(InvariantError, match="gap or overlap"):
+        check_lineage(TP, A0 + A2, TID, history)
+
+
+def test_batches_from_an_offset():
+    assert batches_from(A0 + A1 + A2, 1) == A1 + A2
+    assert batches_from(A0 + A1, 5) == b""
+
+
+def test_the_high_watermark_may_not_move_back_without_a_truncation():
+    watch = HighWatermarkWatch()
+    watch.check({TP: LogFacts(0, 10, 8)}, "a")
+    watch.check({TP: LogFacts(0, 12, 9)}, "b")
+    with pytest.raises(InvariantError, match="moved back"):
+        watch.check({TP: LogFacts(0, 12, 0)}, "checkpoint")
+
+
+def test_a_truncation_below_it_lowers_it():
+    watch = HighWatermarkWatch()
+    watch.check({TP: LogFacts(0, 10, 8)}, "a")
+    watch.saw_end(TP, 5, 0)  # truncated to 5, then appended up to 12 in the same event
+    watch.check({TP: LogFacts(0, 12, 5)}, "turn")
+    with pytest.raises(InvariantError, match="outside"):
+        watch.check({TP: LogFacts(0, 12, 13)}, "turn")
+
+
+def test_a_response_must_fit_the_pool_unless_it_is_one_batch():
+    check_response_size(900, [800], 1_000, 1_000)
+    check_response_size(5_000, [4_900], 1_000, 1_000)  # KIP-74: one batch over the limit
+    with pytest.raises(InvariantError, match="does not fit"):
+        check_response_size(5_000, [2_000, 2_900], 1_000, 1_000)

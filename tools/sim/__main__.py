@@ -1,0 +1,57 @@
+"""python -m tools.sim --seed N [-v] | --seeds N [--first S] [--events E] [--progress K]
+
+A failing seed is printed as soon as it fails, with its last events and how to replay it."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+import structlog
+
+from tools.sim.run import run_seed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.sim", description=__doc__)
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--seed", type=int, help="replay one seed, printing its events")
+    which.add_argument("--seeds", type=int, help="run this many seeds")
+    parser.add_argument("--first", type=int, default=0, help="first seed of --seeds")
+    parser.add_argument("--events", type=int, default=150, help="events per seed")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print every event")
+    parser.add_argument(
+        "--progress", type=int, default=0, metavar="K", help="a progress line every K seeds"
+    )
+    args = parser.parse_args(argv)
+    # The daemon's own logs would drown the report (and cost time): errors only.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
+    if args.seed is not None:
+        result = run_seed(args.seed, events=args.events)
+        if args.verbose:
+            print("\n".join(result.event_log))
+        print(result.summary())
+        return 0 if result.ok else 1
+    started = time.perf_counter()
+    failed = 0
+    last = args.first + args.seeds - 1
+    for seed in range(args.first, last + 1):
+        result = run_seed(seed, events=args.events)
+        if not result.ok:
+            failed += 1
+            print(result.summary(), flush=True)
+        done = seed - args.first + 1
+        if args.progress and done % args.progress == 0:
+            rate = done / (time.perf_counter() - started)
+            print(f"... {done} seeds, {failed} failed, {rate:.1f} seeds/s", flush=True)
+    print(
+        f"{args.seeds} seeds ({args.first}..{last}), {args.events} events each: "
+        f"{failed} failed, {time.perf_counter() - started:.1f} s"
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""What must hold after every event of the simulation, read from the follower's real logs.
+
+1. Lineage: each partition's local log, batch by batch, is a prefix of a log some
+   leader of the same topic (by topic id) really had: every batch is one a leader wrote,
+   whole and byte-identical (so none that failed its CRC), and follows the batch that
+   preceded it in that leader's log (if that leader's log held one). The first batch
+   may start anywhere (retention, start_from, gaps reset).
+2. No gap, offsets monotone: each batch starts where the one before it ends.
+3. High watermark: within [log start, log end]; it never moves back unless the log
+   itself went below it (truncation, a crash losing unsynced data) or was started over.
+4. The memory bound: no Fetch response is larger than fetch.buffer_memory unless a
+   single batch is (KIP-74 gives one whole batch whatever the limit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from replicad.records.batch import ScanStop, scan_batches
+from replicad.types import TopicPartition
+from tools.sim.cluster import History
+
+
+@dataclass(frozen=True, slots=True)
+class LogFacts:
+    log_start: int
+    log_end: int
+    high_watermark: int
+
+
+class InvariantError(AssertionError):
+    pass
+
+
+def local_bytes(plog) -> bytes:
+    """A partition's whole log as stored (its segments' .log files, in order)."""
+    out = bytearray()
+    for segment in sorted(plog.directory.glob("*.log")):
+        out += segment.read_bytes()
+    return bytes(out)
+
+
+def check_lineage(tp: TopicPartition, data: bytes, topic_id, history: History) -> None:
+    scan = scan_batches(memoryview(data))
+    if scan.stop is not ScanStop.END:
+        raise InvariantError(
+            f"{tp}: local log does not scan to its end ({scan.stop}: {scan.error})"
+        )
+    previous: bytes | None = None
+    expected: int | None = None
+    for batch in scan.batches:
+        raw = bytes(data[batch.position : batch.position + batch.size])
+        if expected is not None and batch.base_offset != expected:
+            raise InvariantError(
+                f"{tp}: batch at {batch.base_offset} follows one ending at {expected} "
+                "(gap or overlap)"
+            )
+        parent = history.parent_of(topic_id, tp.partition, raw)
+        if parent is None:
+            raise InvariantError(
+                f"{tp}: batch at offset {batch.base_offset} was never written by a leader "
+                f"of topic id {topic_id}"
+            )
+        # b"": the leader's log held nothing (known) before it: any predecessor that ends
+        # where it starts is consistent with it.
+        if previous is not None and parent and parent != previous:
+            raise InvariantError(
+                f"{tp}: batch at offset {batch.base_offset} does not follow the batch before "
+                "it in any leader's log (a divergent tail kept)"
+            )
+        previous = raw
+        expected = batch.next_offset
+
+
+def batches_from(data: bytes, offset: int) -> bytes:
+    """The bytes of the batches starting at or after `offset`."""
+    scan = scan_batches(memoryview(data))
+    first = next((b.position for b in scan.batches if b.base_offset >= offset), len(data))
+    return data[first:]
+
+
+class HighWatermarkWatch:
+    """Rule 3, across events: remembers each partition's last facts and the lowest log end
+    seen since (the shell reports every change)."""
+
+    def __init__(self) -> None:
+        self.last: dict[TopicPartition, LogFacts] = {}
+        self.low_end: dict[TopicPartition, int] = {}
+        self.restarted_at: dict[TopicPartition, int] = {}
+
+    def saw_end(self, tp: TopicPartition, log_end: int, log_start: int) -> None:
+        low = self.low_end.get(tp)
+        self.low_end[tp] = log_end if low is None else min(low, log_end)
+        last = self.last.get(tp)
+        if last is not None and log_start < last.log_start:
+            self.low_end[tp] = min(self.low_end[tp], log_start)
+
+    def check(self, facts: Mapping[TopicPartition, LogFacts], event: str) -> None:
+        for tp, now in facts.items():
+            if not now.log_start <= now.high_watermark <= now.log_end:
+                raise InvariantError(
+                    f"{tp}: high watermark {now.high_watermark} outside "
+                    f"[{now.log_start}, {now.log_end}] after {event}"
+                )
+            before = self.last.get(tp)
+            floor = None
+            if before is not None:
+                floor = min(before.high_watermark, self.low_end.get(tp, now.log_end), now.log_end)
+                if now.log_start != before.log_start and now.log_start < before.high_watermark:
+                    floor = min(floor, now.log_start)
+            if floor is not None and now.high_watermark < floor:
+                raise InvariantError(
+                    f"{tp}: high watermark moved back from {before.high_watermark} to "
+                    f"{now.high_watermark} without a truncation below it (log end "
+                    f"{before.log_end} -> {now.log_end}) after {event}"
+                )
+            self.last[tp] = now
+        self.low_end = {}
+        for tp in list(self.last):
+            if tp not in facts:
+                del self.last[tp]
+
+
+def check_response_size(frame: int, sizes: list[int], buffer_memory: int, asked: int) -> None:
+    """Rule 4: the frame fits the pool, or it is one partition's data over the limit
+    (KIP-74: the first batch comes whole; the leader cuts the rest at max_bytes)."""
+    if frame <= buffer_memory:
+        return
+    if sum(sizes) > asked and sum(1 for s in sizes if s) == 1:
+        return
+    raise InvariantError(
+        f"a Fetch response of about {frame} bytes ({sum(sizes)} of records, {asked} asked) "
+        f"does not fit fetch.buffer_memory {buffer_memory}"
+    )

@@ -1,0 +1,550 @@
+"""One seeded simulation: the follower's real core and log store against SimCluster.
+
+A seed fixes everything: the cluster's shape and Fetch version, the follower's settings,
+and the sequence of events. Events are drawn with weights: follower turns (questions,
+then a Fetch, maybe pipelined), produce, in-cluster replication and lagging, clean and
+unclean elections, retention, brokers stopping and starting, new partitions, topic
+re-creation (new topic id), session evictions, answers lost, duplicated, delayed, cut
+(KIP-74), corrupted, or carrying any Fetch error code (or one no Kafka defines), a full
+disk, checkpoints, clean restarts and crashes that lose what was not fsynced. After every
+event the invariants (invariants.py) are checked; at the end the faults stop and the
+follower must converge to the leaders' logs.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from replicad.follower.fetch_response import FetchedPartition, FetchedTopic, FetchResponseView
+from replicad.follower.partition_state import PartitionPhase
+from replicad.follower.partition_table import (
+    PARTITION_OVERHEAD_BYTES,
+    RESPONSE_OVERHEAD_BYTES,
+    TOPIC_OVERHEAD_BYTES,
+    EpochAnswer,
+    FetchSettings,
+    NextFetch,
+    OffsetAnswer,
+    PartitionTable,
+)
+from replicad.records.batch import scan_batches
+from replicad.types import TopicPartition
+from tools.sim.cluster import SimCluster
+from tools.sim.follower import LeaderInfo, SimFollower
+from tools.sim.invariants import (
+    HighWatermarkWatch,
+    InvariantError,
+    LogFacts,
+    batches_from,
+    check_lineage,
+    check_response_size,
+    local_bytes,
+)
+
+# Every error code a Fetch response may carry per partition (Kafka's FetchResponse
+# schema and the broker's code), and some no Kafka defines.
+FETCH_PARTITION_ERRORS = (1, 2, 3, 5, 6, 7, 29, 56, 74, 75, 82, 100, -1)
+UNDEFINED_ERRORS = (777, 32000, -77)
+# Top-level: the KIP-227 session errors and others a broker may answer a whole request with.
+FETCH_TOP_LEVEL_ERRORS = (70, 71, 106, -1, 7, 35, 777)
+SESSION_ERRORS = (70, 71, 106)
+# Where a v2 batch's CRC-32C starts covering it (the attributes field).
+CRC_START = 21
+
+WEIGHTS: dict[str, int] = {
+    "turn": 40,
+    "produce": 14,
+    "replicate": 10,
+    "lag": 2,
+    "elect_clean": 2,
+    "elect_unclean": 2,
+    "retain": 2,
+    "stop_broker": 1,
+    "start_broker": 2,
+    "add_partition": 1,
+    "recreate_topic": 1,
+    "evict_sessions": 1,
+    "disk_full": 1,
+    "disk_back": 2,
+    "checkpoint": 4,
+    "restart": 1,
+    "crash": 1,
+    "metadata": 5,
+    "tick": 6,
+}
+
+
+class SimClock:
+    def __init__(self) -> None:
+        self.now_ms = 1_000_000
+
+    @property
+    def wall_ms(self) -> int:
+        return 1_700_000_000_000 + self.now_ms
+
+
+@dataclass
+class SimResult:
+    seed: int
+    events: int
+    ok: bool
+    error: str | None = None
+    event_log: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        if self.ok:
+            return f"seed {self.seed}: ok ({self.events} events)"
+        tail = "\n  ".join(self.event_log[-12:])
+        return (
+            f"seed {self.seed}: FAILED after {self.events} events: {self.error}\n"
+            f"  last events:\n  {tail}\n  replay: python -m tools.sim --seed {self.seed}"
+        )
+
+
+class Simulation:
+    def __init__(self, seed: int, data_dir: Path, *, events: int = 150) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        rng = self.rng
+        self.events = events
+        self.version = rng.choice((11, 12, 13, 13))
+        self.cluster = SimCluster(random.Random(rng.random()), max_fetch_version=self.version)
+        self.clock = SimClock()
+        self.settings = FetchSettings(
+            response_max_bytes=rng.choice((2_000, 8_000, 64_000)),
+            partition_max_bytes=rng.choice((500, 3_000, 32_000)),
+            buffer_memory=rng.choice((16_000, 128_000)),
+            backoff_ms=rng.choice((10, 100, 1_000)),
+            start_from=rng.choice(("earliest", "earliest", "latest")),
+            on_gap=rng.choice(("reset", "reset", "halt")),
+        )
+        for t in range(rng.randint(1, 2)):
+            self.cluster.create_topic(f"t{t}", rng.randint(1, 3), rng.randint(1, 3))
+        self.follower = SimFollower(data_dir, self.settings, self.clock)
+        self.watch = HighWatermarkWatch()
+        self.checkpointed_hw: dict[TopicPartition, int] = {}
+        # Per leader: a request sent before the last response's appends (pipelined).
+        self.in_flight: dict[int, NextFetch] = {}
+        # Per leader: the session was disturbed by a fault (eviction, lost or duplicated
+        # answer): until the next full request, a session error is expected.
+        self.disturbed: set[int] = set()
+        self.log: list[str] = []
+        self.counts: dict[str, int] = {}
+        self.checkpoint_hook: Callable[[SimFollower], None] = SimFollower.checkpoint
+
+    # -- running -------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        done = 0
+        try:
+            self.follower.apply_metadata(self._metadata(), self.clock.now_ms)
+            kinds = list(WEIGHTS)
+            weights = [WEIGHTS[k] for k in kinds]
+            while done < self.events:
+                done += 1
+                kind = self.rng.choices(kinds, weights)[0]
+                self._event(kind)
+                self._check(kind)
+            self._converge()
+            return SimResult(self.seed, done, True, event_log=self.log, counts=self.counts)
+        except InvariantError as exc:
+            return SimResult(self.seed, done, False, str(exc), self.log, self.counts)
+        except Exception as exc:
+            # Whatever escapes the core or the log store: in the daemon the fetch loop would
+            # count it and retry the same thing forever (replication from that leader
+            # stalls), so it fails the seed with where it came from.
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            error = f"{type(exc).__name__}: {exc} (at {where.filename}:{where.lineno})"
+            return SimResult(self.seed, done, False, error, self.log, self.counts)
+        finally:
+            self.follower.close()
+
+    def _note(self, what: str) -> None:
+        self.log.append(f"t={self.clock.now_ms} {what}")
+        kind = what.split(" ", 1)[0]
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+
+    def _metadata(self) -> dict[TopicPartition, LeaderInfo]:
+        return {tp: LeaderInfo(*info) for tp, info in self.cluster.metadata().items()}
+
+    def _some_partition(self) -> TopicPartition | None:
+        tps = sorted(self.cluster.partitions)
+        return self.rng.choice(tps) if tps else None
+
+    def _event(self, kind: str) -> None:
+        rng, cluster, follower = self.rng, self.cluster, self.follower
+        tp = self._some_partition()
+        if kind == "turn":
+            if follower.tables:
+                node = rng.choice(sorted(follower.tables))
+                self._turn(node, faults=True)
+        elif kind == "produce" and tp is not None:
+            for _ in range(rng.randint(1, 4)):
+                cluster.produce(tp, rng.randint(1, 5))
+            self._note(f"produce {tp}")
+        elif kind == "replicate" and tp is not None:
+            for node in sorted(cluster.partitions[tp].replicas):
+                cluster.replicate(tp, node)
+            self._note(f"replicate {tp}")
+        elif kind == "lag" and tp is not None:
+            node = rng.choice(sorted(cluster.partitions[tp].replicas))
+            cluster.lag(tp, node)
+            self._note(f"lag {tp} node {node}")
+        elif kind in ("elect_clean", "elect_unclean") and tp is not None:
+            if cluster.elect(tp, unclean=kind == "elect_unclean"):
+                p = cluster.partitions[tp]
+                self._note(f"{kind} {tp} leader {p.leader} epoch {p.leader_epoch}")
+        elif kind == "retain" and tp is not None:
+            cluster.retain(tp, rng.randint(1, 3))
+            self._note(f"retain {tp} start {cluster.partitions[tp].log_start}")
+        elif kind == "stop_broker":
+            up = sorted(cluster.online)
+            if len(up) > 1:
+                node = rng.choice(up)
+                cluster.stop_broker(node)
+                self.disturbed.add(node)
+                self._note(f"stop_broker {node}")
+        elif kind == "start_broker":
+            down = sorted(set(cluster.brokers) - cluster.online)
+            if down:
+                node = rng.choice(down)
+                cluster.start_broker(node)
+                self._note(f"start_broker {node}")
+        elif kind == "add_partition" and cluster.topics:
+            name = rng.choice(sorted(cluster.topics))
+            self._note(f"add_partition {cluster.add_partition(name, rng.randint(1, 3))}")
+        elif kind == "recreate_topic" and cluster.topics and self.version >= 13:
+            # Below v13 the follower fetches by name: a re-created topic is noticed only by
+            # its id in metadata (see the report: not simulated there).
+            name = rng.choice(sorted(cluster.topics))
+            count = sum(1 for tp in cluster.partitions if tp.topic == name)
+            cluster.delete_topic(name)
+            cluster.create_topic(name, count, rng.randint(1, 3))
+            self._note(f"recreate_topic {name}")
+        elif kind == "evict_sessions":
+            node = rng.choice(cluster.brokers)
+            cluster.evict_sessions(node)
+            self.disturbed.add(node)
+            self._note(f"evict_sessions {node}")
+        elif kind == "disk_full":
+            follower.disk.full = True
+            self._note("disk_full")
+        elif kind == "disk_back":
+            if follower.disk.full:
+                follower.disk.full = False
+                for table in follower.tables.values():
+                    table.disk_back(self.clock.now_ms)
+                self._note("disk_back")
+        elif kind == "checkpoint":
+            self._checkpoint()
+        elif kind in ("restart", "crash"):
+            self._restart(crash=kind == "crash")
+        elif kind == "metadata":
+            if follower.metadata_wanted or rng.random() < 0.3:
+                follower.apply_metadata(self._metadata(), self.clock.now_ms)
+                self._note("metadata")
+        elif kind == "tick":
+            self.clock.now_ms += rng.choice((1, 10, 100, 1_000, 5_000))
+            self._note("tick")
+
+    def _checkpoint(self) -> None:
+        self.checkpoint_hook(self.follower)
+        self.checkpointed_hw = {
+            tp: plog.high_watermark for tp, plog in self.follower.logs.partitions().items()
+        }
+        self._note("checkpoint")
+
+    def _restart(self, *, crash: bool) -> None:
+        rng = self.rng
+
+        def cut(recovery_point: int, log_end: int) -> tuple[int, int]:
+            return rng.randint(recovery_point, log_end), rng.choice((0, 0, rng.randint(1, 99)))
+
+        if not crash:
+            self.checkpointed_hw = {
+                tp: plog.high_watermark for tp, plog in self.follower.logs.partitions().items()
+            }
+        self.follower.restart(crash=crash, cut=cut)
+        self.in_flight.clear()
+        # What survived is the new baseline, floored by what was checkpointed.
+        for tp, plog in self.follower.logs.partitions().items():
+            self.watch.saw_end(tp, plog.log_end_offset, plog.log_start_offset)
+            before = self.watch.last.get(tp)
+            if before is not None and crash:
+                floor = min(self.checkpointed_hw.get(tp, 0), before.high_watermark)
+                self.watch.last[tp] = replace(before, high_watermark=floor)
+        self.follower.apply_metadata(self._metadata(), self.clock.now_ms)
+        self._note("crash" if crash else "restart")
+
+    # -- a follower turn -----------------------------------------------------------------
+
+    def _turn(self, node: int, *, faults: bool) -> None:
+        rng, cluster, follower = self.rng, self.cluster, self.follower
+        table = follower.tables[node]
+        performer = follower.performers[node]
+        now = self.clock.now_ms
+        if node not in cluster.online:
+            table.connection_failed("connection refused", now)
+            follower.metadata_wanted = True
+            self.in_flight.pop(node, None)
+            self._note(f"turn {node}: refused")
+            return
+        fetch = self.in_flight.pop(node, None)
+        if fetch is None:
+            self._questions(node, table)
+            fetch = table.next_fetch(now, max_version=cluster.max_fetch_version)
+            if fetch is None:
+                self._note(f"turn {node}: idle")
+                return
+        if fetch.plan.is_full:
+            self.disturbed.discard(node)
+        fault = rng.random() if faults else 1.0
+        if fault < 0.03:
+            cluster.fetch(node, fetch.version, fetch.spec, now)  # answered, never arrives
+            table.send_failed(now)
+            table.connection_failed("connection reset", now)
+            self.disturbed.add(node)
+            self._note(f"turn {node}: answer lost")
+            return
+        if fault < 0.05:
+            cluster.fetch(node, fetch.version, fetch.spec, now)  # a retransmitted request
+            self.disturbed.add(node)
+            self._note(f"turn {node}: request duplicated")
+        if fault < 0.08:
+            # Delayed: the cluster moves on before the answer arrives.
+            response = cluster.fetch(node, fetch.version, fetch.spec, now)
+            for _ in range(rng.randint(1, 3)):
+                self._event(rng.choice(("produce", "elect_clean", "elect_unclean", "retain")))
+            self._note(f"turn {node}: answer delayed")
+        else:
+            response = cluster.fetch(node, fetch.version, fetch.spec, now)
+        if response.error_code in SESSION_ERRORS and node not in self.disturbed:
+            raise InvariantError(
+                f"the leader's session model refused a request of node {node}'s session "
+                f"(error {response.error_code}, session {fetch.spec.session_id} epoch "
+                f"{fetch.spec.session_epoch}) with no fault to explain it"
+            )
+        if faults and 0.08 <= fault < 0.22:
+            response = self._garble(response, fault)
+        self._check_memory(response, fetch)
+        outcome = table.on_response(fetch, response, now)
+        performer.perform(outcome.actions, now)
+        if outcome.appends and table.may_pipeline(outcome, now) and rng.random() < 0.5:
+            nxt = table.next_fetch(now, max_version=cluster.max_fetch_version)
+            if nxt is not None:
+                self.in_flight[node] = nxt
+        performer.perform(outcome.appends, now)
+        self._note(
+            f"turn {node}: v{fetch.version} {'full' if fetch.plan.is_full else 'incr'} "
+            f"{len(fetch.spec.partitions)} asked, {len(outcome.appends)} appended"
+            + ("" if outcome.accepted else f", refused ({response.error_code})")
+        )
+
+    def _questions(self, node: int, table: PartitionTable) -> None:
+        cluster, follower, now = self.cluster, self.follower, self.clock.now_ms
+        version = cluster.max_fetch_version
+        questions = table.epoch_questions(now, fetch_version=version, ofle_version=3)
+        if questions:
+            answers = cluster.offset_for_leader_epoch(
+                node, {tp: (q.current_leader_epoch, q.leader_epoch) for tp, q in questions.items()}
+            )
+            epoch_answers = [
+                EpochAnswer(tp, code, end.epoch, end.end_offset)
+                for tp, (code, end) in answers.items()
+            ]
+            follower.performers[node].perform(
+                table.on_epoch_answers(questions, epoch_answers, now), now
+            )
+            self._note(f"ofle {node} {len(questions)}")
+        todo = table.offset_questions(now)
+        if not todo:
+            return
+        queries = {s.tp: s.leader_epoch for s in todo}
+        answers = {}
+        for latest in (False, True):
+            raw = cluster.list_offsets(node, queries, latest=latest)
+            if self.rng.random() < 0.05:
+                tp = self.rng.choice(sorted(raw))
+                raw[tp] = (self.rng.choice(UNDEFINED_ERRORS), -1)
+            answer, actions = table.offsets_answer(
+                OffsetAnswer(tp, code, offset) for tp, (code, offset) in raw.items()
+            )
+            follower.performers[node].perform(actions, now)
+            answers[latest] = answer
+        follower.performers[node].perform(
+            table.on_offsets(list(queries), answers[False], answers[True], now), now
+        )
+        self._note(f"list_offsets {node} {len(queries)}")
+
+    def _garble(self, response: FetchResponseView, fault: float) -> FetchResponseView:
+        """Faults in an answer: a top-level error, a partition's error code (any Fetch
+        code, or one no Kafka defines), records cut short, a flipped byte."""
+        rng = self.rng
+        if fault < 0.10:
+            return replace(response, error_code=rng.choice(FETCH_TOP_LEVEL_ERRORS), responses=())
+        topics = list(response.responses)
+        if not topics:
+            return response
+        t = rng.randrange(len(topics))
+        parts = list(topics[t].partitions)
+        if not parts:
+            return response
+        i = rng.randrange(len(parts))
+        p = parts[i]
+        records = bytes(p.records or b"")
+        if fault < 0.15:
+            code = rng.choice(FETCH_PARTITION_ERRORS + UNDEFINED_ERRORS)
+            p = _with(p, error_code=code, records=memoryview(b""))
+            what = f"error {code}"
+        elif fault < 0.19 and records:
+            p = _with(p, records=memoryview(records[: rng.randrange(len(records))]))
+            what = "records cut"
+        elif records:
+            # A flip where the CRC looks (attributes to the batch's end): the base offset,
+            # length, leader epoch and magic are outside it in Kafka's format too.
+            batches = scan_batches(memoryview(records)).batches
+            if not batches:
+                return response
+            batch = rng.choice(batches)
+            at = batch.position + CRC_START + rng.randrange(batch.size - CRC_START)
+            flipped = bytearray(records)
+            flipped[at] ^= 1 << rng.randrange(8)
+            p = _with(p, records=memoryview(bytes(flipped)))
+            what = "byte flipped"
+        else:
+            return response
+        parts[i] = p
+        topics[t] = FetchedTopic(topics[t].topic, topics[t].topic_id, tuple(parts))
+        self._note(f"garbled {what}")
+        return replace(response, responses=tuple(topics))
+
+    def _check_memory(self, response: FetchResponseView, fetch: NextFetch) -> None:
+        """A whole response must fit the memory pool (fetch.buffer_memory), unless it is
+        the one batch KIP-74 sends whatever the limit."""
+        parts = [p for t in response.responses for p in t.partitions]
+        sizes = [len(p.records or b"") for p in parts]
+        frame = (
+            RESPONSE_OVERHEAD_BYTES
+            + len(parts) * PARTITION_OVERHEAD_BYTES
+            + len(response.responses) * TOPIC_OVERHEAD_BYTES
+            + sum(sizes)
+        )
+        check_response_size(frame, sizes, self.settings.buffer_memory, fetch.spec.max_bytes)
+
+    # -- invariants ----------------------------------------------------------------------
+
+    def _check(self, event: str) -> None:
+        follower = self.follower
+        changed = {tp for tp, _, _ in follower.changes}
+        for tp, end, start in follower.changes:
+            self.watch.saw_end(tp, end, start)
+        follower.changes.clear()
+        partitions = follower.logs.partitions()
+        facts = {
+            tp: LogFacts(p.log_start_offset, p.log_end_offset, p.high_watermark)
+            for tp, p in partitions.items()
+        }
+        self.watch.check(facts, event)
+        check_all = event in ("restart", "crash")
+        for tp, plog in partitions.items():
+            if check_all or tp in changed:
+                check_lineage(tp, local_bytes(plog), plog.topic_id, self.cluster.history)
+
+    def _converge(self, rounds: int = 300) -> None:
+        """Faults off: every broker up, disk back; the follower must end up with each
+        leader's log (from its own start) and its high watermark."""
+        cluster, follower = self.cluster, self.follower
+        for node in cluster.brokers:
+            cluster.start_broker(node)
+        follower.disk.full = False
+        for table in follower.tables.values():
+            table.disk_back(self.clock.now_ms)
+        for _ in range(rounds):
+            for tp in sorted(cluster.partitions):
+                for node in sorted(cluster.partitions[tp].replicas):
+                    cluster.replicate(tp, node)
+            follower.apply_metadata(self._metadata(), self.clock.now_ms)
+            for node in sorted(follower.tables):
+                self._turn(node, faults=False)
+            self._check("converge")
+            self.clock.now_ms += 1_000
+            if not self._lagging():
+                return
+        raise InvariantError(f"did not converge: {self._lagging()[:3]}")
+
+    def _lagging(self) -> list[str]:
+        behind = []
+        partitions = self.follower.logs.partitions()
+        for tp, p in self.cluster.partitions.items():
+            state = self.follower.states.get(tp)
+            if state is None or state.phase is PartitionPhase.HALTED:
+                continue
+            plog = partitions.get(tp)
+            if plog is None:
+                behind.append(f"{tp}: no local log")
+                continue
+            # The replica keeps what the leader's retention deleted (log.retention -1: the
+            # copy outlives the source); from where both have data on, they are the same.
+            start = max(plog.log_start_offset, p.log_start)
+            mine = batches_from(local_bytes(plog), start)
+            theirs = b"".join(
+                b.data
+                for b in p.log.batches
+                if b.base >= start and b.next_offset <= p.high_watermark
+            )
+            if mine != theirs or plog.high_watermark != p.high_watermark:
+                behind.append(
+                    f"{tp}: local [{plog.log_start_offset}, {plog.log_end_offset}) hw "
+                    f"{plog.high_watermark}, leader [{p.log_start}, {p.log.end}) hw "
+                    f"{p.high_watermark}, phase {state.phase.value}, {state.last_error}"
+                )
+        return behind
+
+
+def _with(p: FetchedPartition, **changes: object) -> FetchedPartition:
+    return replace(p, **changes)
+
+
+# The log store's fsyncs cost most of a seed's time on a disk; the simulation decides
+# itself what a crash loses (recovery points), so memory-backed files change nothing.
+SCRATCH = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+
+
+def run_seed(
+    seed: int,
+    *,
+    events: int = 150,
+    checkpoint_hook: Callable[[SimFollower], None] | None = None,
+) -> SimResult:
+    with tempfile.TemporaryDirectory(prefix=f"replicad-sim-{seed}-", dir=SCRATCH) as tmp:
+        sim = Simulation(seed, Path(tmp) / "data", events=events)
+        if checkpoint_hook is not None:
+            sim.checkpoint_hook = checkpoint_hook
+        return sim.run()
+
+
+def run_seeds(
+    seeds: range,
+    *,
+    events: int = 150,
+    checkpoint_hook: Callable[[SimFollower], None] | None = None,
+    stop_at_first: bool = False,
+) -> tuple[list[SimResult], float]:
+    """The failed seeds, and how long the run took."""
+    started = time.perf_counter()
+    failed = []
+    for seed in seeds:
+        result = run_seed(seed, events=events, checkpoint_hook=checkpoint_hook)
+        if not result.ok:
+            failed.append(result)
+            if stop_at_first:
+                break
+    return failed, time.perf_counter() - started
