@@ -136,6 +136,8 @@ WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 # Frames up to this size are decoded on the loop (kio: well under a millisecond); larger
 # ones on the decoding thread.
 DECODE_INLINE_BYTES = 64 * 1024
+# How long a closed connection waits for its transport to say so.
+CLOSE_WAIT_S = 1.0
 # Descriptors kept free of connections, beside the log's own (log.max_open_files): for the
 # control socket, the metrics listener, sendfile's opens and the follower's connections.
 FD_RESERVE = 256
@@ -424,13 +426,18 @@ class LeaderServer:
         except Exception:
             self.events.note(ServeEvent.UNEXPECTED_ERROR, exc_info=True, peer=str(peer))
         finally:
-            self._connections.discard(task)
-            self._per_ip[ip] -= 1
-            if self._per_ip[ip] <= 0:
-                del self._per_ip[ip]
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            try:
+                writer.close()
+                # Bounded: after a failed TLS handshake the socket belongs to asyncio's
+                # TLS protocol, and the stream is never told it closed.
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(CLOSE_WAIT_S):
+                        await writer.wait_closed()
+            finally:
+                self._connections.discard(task)
+                self._per_ip[ip] -= 1
+                if self._per_ip[ip] <= 0:
+                    del self._per_ip[ip]
 
     def _admit(self, ip: str, address: str) -> bool:
         """Whether a new connection from `ip` is within the connection limits."""

@@ -4,6 +4,7 @@ consumers that must get every record while the probe runs."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import resource
 import socket
@@ -184,7 +185,9 @@ def test_pipelining_clients_leave_a_normal_consumer_its_turns(replica, serve_in_
     # held the loop: p90 3,170 ms, max 3,940 ms.
     assert normal.quantile_ms(0.9) < 150, f"p90 {normal.quantile_ms(0.9):.0f} ms"
     assert normal.max_ms < 500, f"a plain Fetch waited {normal.max_ms:.0f} ms"
-    assert shared.seconds < 5 * alone.seconds + 1.0, (shared.seconds, alone.seconds)
+    # kafka-python's ~20 round trips (and its start): 0.25-0.5 s alone, 1.6-2.3 s beside
+    # the flood here (its thread shares this process's GIL with the server's).
+    assert shared.seconds < 8, (shared.seconds, alone.seconds)
 
 
 def test_unknown_versions_are_counted_under_one_label(replica, serve_in_thread) -> None:
@@ -395,6 +398,10 @@ def test_a_connection_that_never_authenticates_is_closed_in_time(
     assert served.metrics()["authentication_timeouts_total"] == 20
 
 
+def connection_tasks(loop: asyncio.AbstractEventLoop) -> int:
+    return sum("_accept" in repr(task.get_coro()) for task in asyncio.all_tasks(loop))
+
+
 def test_silent_tls_clients_are_closed_at_the_handshake_deadline_and_leave_nothing(
     replica, serve_in_thread, tmp_path
 ) -> None:
@@ -422,6 +429,7 @@ def test_silent_tls_clients_are_closed_at_the_handshake_deadline_and_leave_nothi
         # Before: asyncio's timeout closed the socket, but the connection's task waited
         # in start_tls() for good.
         assert served.metrics()["connections"] == 0
+        assert served.call(connection_tasks, served.loop) == 0
         after.append(rss_bytes())
     assert served.metrics()["tls_handshake_failures_total"] == 1500
     # The first round's peak (~120 KB per TLS connection) stays with the allocator; later
