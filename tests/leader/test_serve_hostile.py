@@ -149,8 +149,9 @@ def test_a_huge_fetch_is_refused_before_it_is_read_and_others_stay_served(
     reader.assert_read_everything()
     assert not normal.failures, normal.failures
     assert len(normal.latencies_s) > 10
-    # Each of the two costs the loop at most the decoding of 1 MiB (~15-60 ms, measured).
-    assert normal.max_ms < 500, f"a plain Fetch waited {normal.max_ms:.0f} ms"
+    # Each of the two costs the loop at most the decoding of 1 MiB (~15-60 ms, measured);
+    # the bound leaves room for a loaded machine (the old server: 16 s).
+    assert normal.max_ms < 1000, f"a plain Fetch waited {normal.max_ms:.0f} ms"
     assert served.metrics()["implausible_requests_total"] == 2
 
 
@@ -183,8 +184,10 @@ def test_pipelining_clients_leave_a_normal_consumer_its_turns(replica, serve_in_
     # plain Fetch waits a few turns at most. Measured (everything in this process, two
     # shared cores): p90 50 ms, max 80-190 ms; before, each chunk of buffered requests
     # held the loop: p90 3,170 ms, max 3,940 ms.
-    assert normal.quantile_ms(0.9) < 150, f"p90 {normal.quantile_ms(0.9):.0f} ms"
-    assert normal.max_ms < 500, f"a plain Fetch waited {normal.max_ms:.0f} ms"
+    # The bounds leave room for a machine shared with other test runs (seen: p90 157 ms,
+    # max 552 ms under load); the old server is far outside them.
+    assert normal.quantile_ms(0.9) < 500, f"p90 {normal.quantile_ms(0.9):.0f} ms"
+    assert normal.max_ms < 1500, f"a plain Fetch waited {normal.max_ms:.0f} ms"
     # kafka-python's ~20 round trips (and its start): 0.25-0.5 s alone, 1.6-2.3 s beside
     # the flood here (its thread shares this process's GIL with the server's).
     assert shared.seconds < 8, (shared.seconds, alone.seconds)
