@@ -30,6 +30,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from replicad.leader.events import ServeEvent
+
 PREFIX = "replicad"
 SNAPSHOT_TIMEOUT_S = 5.0
 STOP_TIMEOUT_S = 5.0
@@ -305,6 +307,27 @@ SERVE_FAMILIES = (
         "serve_incremental_fetch_session_evictions",
         "Fetch sessions evicted from the session cache",
         "evictions_total",
+    ),
+    Family(GAUGE, "serve_connections", "Client connections open", "connections"),
+    Family(
+        GAUGE,
+        "serve_request_pool_used_bytes",
+        "Bytes of request frames held in the request memory pool (queued.max.request.bytes)",
+        "request_pool_used_bytes",
+    ),
+    Family(
+        COUNTER,
+        "serve_request_pool_waits",
+        "Request frames that waited for room in the request memory pool",
+        "request_pool_waits_total",
+    ),
+    # One family per kind of thing clients do wrong (leader/events.py): a fixed set, never
+    # a label per value a client chose.
+    *(
+        Family(
+            COUNTER, "serve_" + event.counter.removesuffix("_total"), event.message, event.counter
+        )
+        for event in ServeEvent
     ),
 )
 

@@ -184,3 +184,24 @@ def test_http_endpoint_without_a_loop_and_close_frees_the_port() -> None:
     server.close()
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(url, timeout=2)
+
+
+def test_serve_counts_what_clients_do_wrong_under_fixed_names() -> None:
+    samples = scrape(
+        snapshot(
+            serve={
+                "connections": 2,
+                "request_pool_used_bytes": 1048576,
+                "protocol_errors_total": 5,
+                "refused_connections_per_ip_total": 41,
+                "requests_total": {"unsupported": 32763},
+            }
+        )
+    )
+    assert samples[("replicad_serve_connections", ())] == 2
+    assert samples[("replicad_serve_request_pool_used_bytes", ())] == 1048576
+    assert samples[("replicad_serve_protocol_errors_total", ())] == 5
+    assert samples[("replicad_serve_refused_connections_per_ip_total", ())] == 41
+    assert samples[("replicad_serve_frame_timeouts_total", ())] == 0
+    # No serve sample carries a label: nothing a client sends becomes one.
+    assert all(labels == () for name, labels in samples if name.startswith("replicad_serve_"))
