@@ -25,11 +25,13 @@ from replicad.errors import ConfigError, ReplicadError
 from replicad.follower.fetcher import FetchSettings, monotonic_ms
 from replicad.follower.replicator import Replicator, ReplicatorSettings
 from replicad.follower.status import RateMeter, build_snapshot
+from replicad.mirror.shell import Mirror, MirrorSettings
 from replicad.protocol.client import ClientSettings
 from replicad.protocol.metadata import TopicSelection
 from replicad.protocol.security import connection_security
 from replicad.recent_warnings import RECENT
 from replicad.startup import early_stop_signal
+from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.daemon")
 
@@ -90,6 +92,32 @@ def settings_from_config(config: Config) -> ReplicatorSettings:
     )
 
 
+def mirror_settings_from_config(config: Config) -> MirrorSettings | None:
+    """The `mirror:` section as the mirror's settings (None: mirroring is off)."""
+    mirror = config.mirror
+    if mirror is None:
+        return None
+    return MirrorSettings(
+        bootstrap_servers=tuple(str(hp) for hp in mirror.bootstrap_servers),
+        client=ClientSettings(
+            client_id=mirror.client_id,
+            connect_timeout_s=mirror.connect_timeout_ms / 1000,
+            request_timeout_s=mirror.request_timeout_ms / 1000,
+            reconnect_backoff_ms=mirror.reconnect_backoff_ms,
+            reconnect_backoff_max_ms=mirror.reconnect_backoff_max_ms,
+            security=connection_security(mirror.security),
+        ),
+        data_dir=config.data_dir,
+        topics=tuple(mirror.topics),
+        replication_factor=mirror.replication_factor,
+        produce_timeout_ms=mirror.produce_timeout_ms,
+        progress_interval_ms=mirror.progress_interval_ms,
+        buffer_bytes=mirror.buffer_bytes,
+        retry_backoff_ms=mirror.reconnect_backoff_ms,
+        retry_backoff_max_ms=mirror.reconnect_backoff_max_ms,
+    )
+
+
 def selection_from_config(config: Config) -> TopicSelection:
     return TopicSelection(include=tuple(config.topics.include), regex=config.topics.regex)
 
@@ -108,6 +136,12 @@ class Daemon:
         self.overrides = dict(overrides or {})
         self._reconfigure_logging = reconfigure_logging
         self.replicator = Replicator(settings_from_config(config))
+        mirror = mirror_settings_from_config(config)
+        self.mirror = Mirror(mirror, self.replicator) if mirror is not None else None
+        # Who hears of a partition's appends: serve's reader wake-ups and the mirror's.
+        self._partition_listeners: list[Callable[[TopicPartition], None]] = []
+        if self.mirror is not None:
+            self._partition_listeners.append(self.mirror.partition_changed)
         self.notifier = SystemdNotifier.from_env()
         self.stop = asyncio.Event()
         # Non-zero when a part the config asks for could not start (the `serve:` listener):
@@ -134,6 +168,8 @@ class Daemon:
                 "listen": f"{server.advertised[0]}:{server.advertised[1]}",
                 **server.metrics(),
             }
+        if self.mirror is not None:
+            snap["mirror"] = self.mirror.snapshot()
         snap["recent_warnings"] = RECENT.latest()
         snap["health"] = assess(snap).as_dict()
         return snap
@@ -209,6 +245,9 @@ class Daemon:
         ]
         if self.config.serve is not None:
             tasks.append(asyncio.create_task(self._serve(), name="serve"))
+        self.replicator.partition_listener = self._partition_changed
+        if self.mirror is not None:
+            tasks.append(asyncio.create_task(self.mirror.run(self.stop), name="mirror"))
 
         def on_ready() -> None:
             self._sample_rates()
@@ -230,8 +269,8 @@ class Daemon:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            self.replicator.partition_listener = None
             if self.server is not None:
-                self.replicator.partition_listener = None
                 await self.server.close()
             if control is not None:
                 await control.close()
@@ -272,7 +311,11 @@ class Daemon:
             self.stop.set()
             return
         self.server = server
-        self.replicator.partition_listener = server.partition_changed
+        self._partition_listeners.append(server.partition_changed)
+
+    def _partition_changed(self, tp: TopicPartition) -> None:
+        for listener in self._partition_listeners:
+            listener(tp)
 
     def _on_stop_signal(self, signum: int) -> None:
         if not self.stop.is_set():
@@ -320,6 +363,7 @@ def _restart_needed(old: Config, new: Config) -> list[str]:
         "log": (old.log, new.log),
         "control": (old.control, new.control),
         "serve": (old.serve, new.serve),
+        "mirror": (old.mirror, new.mirror),
         "checkpoint_interval_ms": (old.checkpoint_interval_ms, new.checkpoint_interval_ms),
         "topics.start_from": (old.topics.start_from, new.topics.start_from),
         "topics.on_gap": (old.topics.on_gap, new.topics.on_gap),

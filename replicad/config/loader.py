@@ -28,6 +28,7 @@ from replicad.config.model import Config
 from replicad.config.rules import INVALID, Problems, describe
 from replicad.config.schema import (
     CROSS_CHECKS,
+    MIRROR_CHECKS,
     SCHEMA,
     SERVE_CHECKS,
     Section,
@@ -196,7 +197,11 @@ def _build(raw: object, source: str, overrides: Mapping[str, object]) -> Config:
         raise load.errors()
     _check_section(document, SCHEMA, "", load)
     values = Values(load.given)
-    checks = CROSS_CHECKS + (SERVE_CHECKS if "serve" in load.sections_on else ())
+    checks = (
+        CROSS_CHECKS
+        + (SERVE_CHECKS if "serve" in load.sections_on else ())
+        + (MIRROR_CHECKS if "mirror" in load.sections_on else ())
+    )
     for check in checks:
         if any(_has_failed(path, load.failed) for path in check.paths):
             continue

@@ -348,6 +348,30 @@ class ServeConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MirrorConfig:
+    """Mirroring the replicated topics into a destination Kafka cluster; present only
+    when turned on (replicad.mirror)."""
+
+    bootstrap_servers: tuple[HostPort, ...] = ()
+    client_id: str = "replicad-mirror"
+    connect_timeout_ms: int = 10_000
+    request_timeout_ms: int = 30_000
+    reconnect_backoff_ms: int = 100
+    reconnect_backoff_max_ms: int = 5_000
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    # Replicated topics to mirror; empty: all of them.
+    topics: tuple[str, ...] = ()
+    # Of the destination topics the mirror creates; -1: the destination's default.
+    replication_factor: int = -1
+    # How long the destination may hold a Produce (acks=all) before answering.
+    produce_timeout_ms: int = 30_000
+    # How often the mirrored position is saved (a restart reconciles the rest exactly).
+    progress_interval_ms: int = 1_000
+    # Batch bytes read ahead from the local log and held per partition.
+    buffer_bytes: int = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     source: SourceConfig = field(default_factory=SourceConfig)
     topics: TopicsConfig = field(default_factory=TopicsConfig)
@@ -359,3 +383,4 @@ class Config:
     control: ControlConfig = field(default_factory=ControlConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     serve: ServeConfig | None = None
+    mirror: MirrorConfig | None = None

@@ -38,6 +38,7 @@ from replicad.config.model import (
     LogFormat,
     LoggingConfig,
     LogLevel,
+    MirrorConfig,
     OnGap,
     SaslConfig,
     SaslMechanism,
@@ -92,6 +93,36 @@ class Section:
     nullable: bool = False
 
 
+# The `security:` keys of a client section (source:, mirror:).
+CLIENT_SECURITY = Section(
+    SecurityConfig,
+    {
+        "protocol": Choice(SecurityProtocol),
+        "tls": Section(
+            TlsConfig,
+            {
+                "ca_file": FilePath(nullable=True),
+                "cert_file": FilePath(nullable=True),
+                "key_file": FilePath(nullable=True),
+                "key_password_file": SecretFile(),
+                "key_password_env": SecretEnv(),
+                "verify": Bool(),
+                "check_hostname": Bool(),
+                "server_hostname": Str(non_empty=True, nullable=True),
+            },
+        ),
+        "sasl": Section(
+            SaslConfig,
+            {
+                "mechanism": Choice(SaslMechanism),
+                "username": Str(),
+                "password_file": SecretFile(),
+                "password_env": SecretEnv(),
+            },
+        ),
+    },
+)
+
 SCHEMA = Section(
     Config,
     {
@@ -106,34 +137,7 @@ SCHEMA = Section(
                 "reconnect_backoff_ms": Int(0, INT32_MAX),
                 "reconnect_backoff_max_ms": Int(0, INT32_MAX),
                 "metadata_max_age_ms": Int(1),
-                "security": Section(
-                    SecurityConfig,
-                    {
-                        "protocol": Choice(SecurityProtocol),
-                        "tls": Section(
-                            TlsConfig,
-                            {
-                                "ca_file": FilePath(nullable=True),
-                                "cert_file": FilePath(nullable=True),
-                                "key_file": FilePath(nullable=True),
-                                "key_password_file": SecretFile(),
-                                "key_password_env": SecretEnv(),
-                                "verify": Bool(),
-                                "check_hostname": Bool(),
-                                "server_hostname": Str(non_empty=True, nullable=True),
-                            },
-                        ),
-                        "sasl": Section(
-                            SaslConfig,
-                            {
-                                "mechanism": Choice(SaslMechanism),
-                                "username": Str(),
-                                "password_file": SecretFile(),
-                                "password_env": SecretEnv(),
-                            },
-                        ),
-                    },
-                ),
+                "security": CLIENT_SECURITY,
             },
         ),
         "topics": Section(
@@ -222,6 +226,25 @@ SCHEMA = Section(
                 "max_connections_per_ip": Int(1, INT32_MAX),
                 "failed_authentication_delay_ms": Int(0, INT32_MAX),
                 "authentication_timeout_ms": Int(1, INT32_MAX),
+            },
+            nullable=True,
+        ),
+        "mirror": Section(
+            MirrorConfig,
+            {
+                "bootstrap_servers": dataclasses.replace(ADDRESS_LIST, required=True),
+                "client_id": Str(),
+                "connect_timeout_ms": Int(1, INT32_MAX),
+                "request_timeout_ms": Int(1, INT32_MAX),
+                "reconnect_backoff_ms": Int(0, INT32_MAX),
+                "reconnect_backoff_max_ms": Int(0, INT32_MAX),
+                "security": CLIENT_SECURITY,
+                "topics": TOPIC_LIST,
+                # CreateTopics carries it as an int16.
+                "replication_factor": Int(-1, 32_767),
+                "produce_timeout_ms": Int(1, INT32_MAX),
+                "progress_interval_ms": Int(1),
+                "buffer_bytes": Int(1),
             },
             nullable=True,
         ),
@@ -445,17 +468,8 @@ def _one_topic_choice(values: Values) -> Problem | None:
     return None
 
 
-_PROTOCOL = "source.security.protocol"
 _TLS_KEYS = tuple(f.name for f in dataclasses.fields(TlsConfig))
 _SASL_KEYS = tuple(f.name for f in dataclasses.fields(SaslConfig))
-TLS_PATHS = tuple(f"source.security.tls.{key}" for key in _TLS_KEYS)
-SASL_PATHS = tuple(f"source.security.sasl.{key}" for key in _SASL_KEYS)
-
-
-def _protocol(values: Values) -> SecurityProtocol:
-    protocol = values[_PROTOCOL]
-    assert isinstance(protocol, SecurityProtocol)
-    return protocol
 
 
 def _changed(values: Values, paths: tuple[str, ...]) -> list[str]:
@@ -463,93 +477,102 @@ def _changed(values: Values, paths: tuple[str, ...]) -> list[str]:
     return [path for path in paths if values[path] != default_of(path)]
 
 
-def _needs_its_protocol(paths: tuple[str, ...], uses: str, what: str, fix: str) -> CrossCheck:
-    """Settings of `paths` given while the protocol does not use them (`uses`: "uses_tls")."""
+def client_security_checks(section: str) -> tuple[CrossCheck, ...]:
+    """Checks of a client's `security:` keys under `section` ("source.security" for the
+    source, "mirror.security" for the mirror's destination); each runs when none of its
+    keys failed its own rule."""
+    protocol_path = f"{section}.protocol"
+    tls, sasl = f"{section}.tls", f"{section}.sasl"
+    tls_paths = tuple(f"{tls}.{key}" for key in _TLS_KEYS)
+    sasl_paths = tuple(f"{sasl}.{key}" for key in _SASL_KEYS)
 
-    def check(values: Values) -> Problem | None:
-        protocol = _protocol(values)
-        changed = _changed(values, paths)
-        if getattr(protocol, uses) or not changed:
+    def protocol_of(values: Values) -> SecurityProtocol:
+        protocol = values[protocol_path]
+        assert isinstance(protocol, SecurityProtocol)
+        return protocol
+
+    def needs_its_protocol(paths: tuple[str, ...], uses: str, what: str, fix: str) -> CrossCheck:
+        """Settings of `paths` given while the protocol does not use them."""
+
+        def check(values: Values) -> Problem | None:
+            protocol = protocol_of(values)
+            changed = _changed(values, paths)
+            if getattr(protocol, uses) or not changed:
+                return None
+            return Problem(
+                changed[0],
+                f"is set, but {protocol_path} is {protocol}, which does not use {what}: "
+                f"set the protocol to {fix}, or remove the {what.lower()} settings",
+                (protocol_path,),
+            )
+
+        return CrossCheck((protocol_path, *paths), check)
+
+    def sasl_has_a_username(values: Values) -> Problem | None:
+        protocol = protocol_of(values)
+        if not protocol.uses_sasl or values[f"{sasl}.username"]:
             return None
         return Problem(
-            changed[0],
-            f"is set, but source.security.protocol is {protocol}, which does not use {what}: "
-            f"set the protocol to {fix}, or remove the {what.lower()} settings",
-            (_PROTOCOL,),
+            f"{sasl}.username", f"required when {protocol_path} is {protocol}", (protocol_path,)
         )
 
-    return CrossCheck((_PROTOCOL, *paths), check)
+    def sasl_has_one_password(values: Values) -> Problem | None:
+        protocol = protocol_of(values)
+        if not protocol.uses_sasl:
+            return None
+        from_file, from_env = f"{sasl}.password_file", f"{sasl}.password_env"
+        if values[from_file] is None and values[from_env] is None:
+            return Problem(
+                from_file,
+                f"give password_file or password_env when {protocol_path} is {protocol}",
+                (protocol_path, from_env),
+            )
+        return only_one(values, from_file, from_env)
 
+    def tls_key_goes_with_a_certificate(values: Values) -> Problem | None:
+        cert = values[f"{tls}.cert_file"]
+        if cert is None:
+            for key in ("key_file", "key_password_file", "key_password_env"):
+                path = f"{tls}.{key}"
+                if values[path] is not None:
+                    return Problem(
+                        path,
+                        f"needs {tls}.cert_file, the client certificate it belongs to",
+                        (f"{tls}.cert_file",),
+                    )
+        return only_one(values, f"{tls}.key_password_file", f"{tls}.key_password_env")
 
-def _sasl_has_a_username(values: Values) -> Problem | None:
-    protocol = _protocol(values)
-    if not protocol.uses_sasl or values["source.security.sasl.username"]:
+    def tls_files_load(values: Values) -> Problem | None:
+        """The CA, certificate and key files must load now, not at the first connection."""
+        if not protocol_of(values).uses_tls or tls_key_goes_with_a_certificate(values):
+            return None
+        # Imported here: the config loader should not pay for the ssl module otherwise.
+        from replicad.config.tls import TLS_KEYS, client_tls_context
+
+        config = TlsConfig(
+            **{key: values[path] for key, path in zip(_TLS_KEYS, tls_paths, strict=True)}
+        )
+        try:
+            client_tls_context(config)
+        except ConfigError as error:
+            # The TLS loader names the source's keys; this section's are named instead.
+            return Problem(error.path.replace(TLS_KEYS, tls, 1), error.message)
         return None
-    return Problem(
-        "source.security.sasl.username",
-        f"required when source.security.protocol is {protocol}",
-        (_PROTOCOL,),
+
+    return (
+        needs_its_protocol(sasl_paths, "uses_sasl", "SASL", "sasl_ssl (or sasl_plaintext)"),
+        needs_its_protocol(tls_paths, "uses_tls", "TLS", "ssl or sasl_ssl"),
+        CrossCheck((protocol_path, f"{sasl}.username"), sasl_has_a_username),
+        CrossCheck(
+            (protocol_path, f"{sasl}.password_file", f"{sasl}.password_env"),
+            sasl_has_one_password,
+        ),
+        CrossCheck(tls_paths, tls_key_goes_with_a_certificate),
+        CrossCheck((protocol_path, *tls_paths), tls_files_load),
     )
 
 
-def _sasl_has_one_password(values: Values) -> Problem | None:
-    protocol = _protocol(values)
-    if not protocol.uses_sasl:
-        return None
-    from_file, from_env = "source.security.sasl.password_file", "source.security.sasl.password_env"
-    if values[from_file] is None and values[from_env] is None:
-        return Problem(
-            from_file,
-            f"give password_file or password_env when source.security.protocol is {protocol}",
-            (_PROTOCOL, from_env),
-        )
-    return only_one(values, from_file, from_env)
-
-
-def _tls_key_goes_with_a_certificate(values: Values) -> Problem | None:
-    cert = values["source.security.tls.cert_file"]
-    key_bits = ("key_file", "key_password_file", "key_password_env")
-    if cert is None:
-        for key in key_bits:
-            path = f"source.security.tls.{key}"
-            if values[path] is not None:
-                return Problem(
-                    path,
-                    "needs source.security.tls.cert_file, the client certificate it belongs to",
-                    ("source.security.tls.cert_file",),
-                )
-    return only_one(
-        values, "source.security.tls.key_password_file", "source.security.tls.key_password_env"
-    )
-
-
-def _tls_files_load(values: Values) -> Problem | None:
-    """The CA, certificate and key files must load now, not at the first connection."""
-    if not _protocol(values).uses_tls or _tls_key_goes_with_a_certificate(values) is not None:
-        return None
-    # Imported here: the config loader should not pay for the ssl module otherwise.
-    from replicad.config.tls import client_tls_context
-
-    tls = TlsConfig(**{key: values[path] for key, path in zip(_TLS_KEYS, TLS_PATHS, strict=True)})
-    try:
-        client_tls_context(tls)
-    except ConfigError as error:
-        return Problem(error.path, error.message)
-    return None
-
-
-# Checks of source.security: each runs when none of its keys failed its own rule.
-SECURITY_CHECKS: tuple[CrossCheck, ...] = (
-    _needs_its_protocol(SASL_PATHS, "uses_sasl", "SASL", "sasl_ssl (or sasl_plaintext)"),
-    _needs_its_protocol(TLS_PATHS, "uses_tls", "TLS", "ssl or sasl_ssl"),
-    CrossCheck((_PROTOCOL, "source.security.sasl.username"), _sasl_has_a_username),
-    CrossCheck(
-        (_PROTOCOL, "source.security.sasl.password_file", "source.security.sasl.password_env"),
-        _sasl_has_one_password,
-    ),
-    CrossCheck(TLS_PATHS, _tls_key_goes_with_a_certificate),
-    CrossCheck((_PROTOCOL, *TLS_PATHS), _tls_files_load),
-)
+SECURITY_CHECKS = client_security_checks("source.security")
 
 
 CROSS_CHECKS: tuple[CrossCheck, ...] = (
@@ -744,4 +767,10 @@ SERVE_CHECKS: tuple[CrossCheck, ...] = (
         why=", so the largest request frame fits the request memory pool",
     ),
     above("serve.max_connections", "serve.max_connections_per_ip"),
+)
+
+# Checks of the optional mirror section, run only when it is turned on.
+MIRROR_CHECKS: tuple[CrossCheck, ...] = (
+    above("mirror.reconnect_backoff_max_ms", "mirror.reconnect_backoff_ms"),
+    *client_security_checks("mirror.security"),
 )

@@ -31,6 +31,8 @@ class ApiKey(IntEnum):
     LIST_GROUPS = 16
     SASL_HANDSHAKE = 17
     API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
     DESCRIBE_CONFIGS = 32
     SASL_AUTHENTICATE = 36
@@ -69,6 +71,12 @@ CLIENT_VERSIONS: Mapping[ApiKey, VersionRange] = {
     ApiKey.LIST_GROUPS: VersionRange(0, 5),
     ApiKey.DESCRIBE_GROUPS: VersionRange(0, 6),
     ApiKey.DESCRIBE_CONFIGS: VersionRange(1, 4),
+    # Mirroring into a destination cluster (replicad.mirror): an idempotent producer, and the
+    # destination's topics created like the source's. Produce stops at v12: v13 names topics
+    # by id only.
+    ApiKey.PRODUCE: VersionRange(3, 12),
+    ApiKey.INIT_PRODUCER_ID: VersionRange(0, 5),
+    ApiKey.CREATE_TOPICS: VersionRange(2, 7),
 }
 
 # APIs without which a source broker is useless to us.

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from replicad.config import Config, ServeConfig, load_config
-from replicad.config.model import HostPort
+from replicad.config.model import HostPort, MirrorConfig
 from replicad.config.schema import (
     KAFKA_NAMES,
     SCHEMA,
@@ -77,17 +77,20 @@ def test_unknown_keys_point_at_what_was_meant(section: str, key: object, message
 
 
 def example_block(text: str) -> str:
-    """The commented-out `serve:` block of the example, uncommented, in place of serve: null."""
+    """The commented-out `serve:` and `mirror:` blocks of the example, uncommented, in place
+    of serve: null and mirror: null."""
     lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("#   serve:"))
-    block = []
-    for line in lines[start:]:
-        if not line.startswith("#   "):
-            break
-        block.append(line[4:])
     body = "\n".join(lines)
-    assert "\nserve: null" in body
-    return body.replace("\nserve: null", "\n" + "\n".join(block))
+    for section in ("serve", "mirror"):
+        start = next(i for i, line in enumerate(lines) if line.startswith(f"#   {section}:"))
+        block = []
+        for line in lines[start:]:
+            if not line.startswith("#   "):
+                break
+            block.append(line[4:])
+        assert f"\n{section}: null" in body
+        body = body.replace(f"\n{section}: null", "\n" + "\n".join(block))
+    return body
 
 
 def keys_of(mapping: object, prefix: str = "") -> set[str]:
@@ -136,6 +139,8 @@ def test_example_config_documents_every_key(tmp_path: Path) -> None:
         node_id=0,
         allowed_followers=(7,),
     )
+    mirror = load_config(turned_on).mirror
+    assert mirror == MirrorConfig(bootstrap_servers=(HostPort("backup-kafka", 9092),))
 
 
 def test_example_config_explains_every_key() -> None:

@@ -1,0 +1,272 @@
+"""The destination cluster as the mirror talks to it: an idempotent producer's requests
+(InitProducerId, Produce with acks=all), topic creation (CreateTopics) and the partition
+log ends a restart reconciles against (ListOffsets). Each call returns a small named
+result; per-partition and per-topic failures are results (Kafka's error names), and only
+a cluster that cannot be reached raises (KafkaConnectionError / ProtocolError).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from kio.schema.errors import ErrorCode
+
+from replicad.errors import KafkaConnectionError, ProtocolError
+from replicad.mirror.restamp import ProducerStamp
+from replicad.protocol.apis import ApiKey
+from replicad.protocol.client import KafkaClient
+from replicad.protocol.codec import request_type
+from replicad.protocol.connection import BrokerConnection
+from replicad.protocol.error_codes import error_code_of, error_name
+from replicad.protocol.requests import (
+    CONSUMER_REPLICA_ID,
+    LATEST_TIMESTAMP,
+    OffsetQuery,
+    list_offsets_request,
+    make_entity,
+    nested_type,
+)
+from replicad.types import TopicPartition
+
+# Every in-sync replica must have the batch before it is acknowledged.
+ACKS_ALL = -1
+# ListOffsets from this replica id answers with the leader's log end offset rather than the
+# high watermark (Kafka's DEBUGGING_REPLICA_ID).
+DEBUGGING_REPLICA_ID = -2
+# CreateTopics: the destination's default.replication.factor.
+DEFAULT_REPLICATION_FACTOR = -1
+
+# Errors after which a resend of the same batch, same sequence, is right (the Java
+# producer's RetriableException subclasses that a Produce can carry).
+RETRIABLE_PRODUCE_ERRORS = frozenset(
+    {
+        ErrorCode.not_leader_or_follower,
+        ErrorCode.leader_not_available,
+        ErrorCode.unknown_topic_or_partition,
+        ErrorCode.request_timed_out,
+        ErrorCode.network_exception,
+        ErrorCode.not_enough_replicas,
+        ErrorCode.not_enough_replicas_after_append,
+        ErrorCode.kafka_storage_error,
+        ErrorCode.fenced_leader_epoch,
+        ErrorCode.unknown_leader_epoch,
+        ErrorCode.concurrent_transactions,
+        ErrorCode.throttling_quota_exceeded,
+        ErrorCode.corrupt_message,  # a bit flipped on the way; the broker checked our CRC
+    }
+)
+# Errors that say the destination has forgotten or fenced our producer session, or that
+# its sequence disagrees with ours: a new producer id and a reconcile set it right.
+SESSION_ERRORS = frozenset(
+    {
+        ErrorCode.out_of_order_sequence_number,
+        ErrorCode.unknown_producer_id,
+        ErrorCode.invalid_producer_epoch,
+        ErrorCode.producer_fenced,
+        ErrorCode.invalid_producer_id_mapping,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceAnswer:
+    """The destination's answer for one partition: `error` None means the batch is in
+    the log at `base_offset` (a duplicate of an earlier send counts as taken)."""
+
+    base_offset: int
+    error: ErrorCode | None = None
+    error_name: str | None = None
+    message: str | None = None
+
+    @property
+    def retriable(self) -> bool:
+        return self.error in RETRIABLE_PRODUCE_ERRORS
+
+    @property
+    def session_lost(self) -> bool:
+        return self.error in SESSION_ERRORS
+
+
+@dataclass(frozen=True, slots=True)
+class TopicToCreate:
+    name: str
+    partitions: int
+    configs: Mapping[str, str]
+    replication_factor: int = DEFAULT_REPLICATION_FACTOR
+
+
+@dataclass(frozen=True, slots=True)
+class LogEnd:
+    """A partition's log end and high watermark at the destination (error: Kafka's name)."""
+
+    log_end: int = -1
+    high_watermark: int = -1
+    error: str | None = None
+
+    @property
+    def settled(self) -> bool:
+        """No write of ours is between being appended and being acknowledged."""
+        return self.error is None and self.log_end == self.high_watermark
+
+
+class Destination:
+    def __init__(self, client: KafkaClient, *, produce_timeout_ms: int) -> None:
+        self.client = client
+        self.produce_timeout_ms = produce_timeout_ms
+
+    async def init_producer_id(self) -> ProducerStamp:
+        """A new idempotent producer session (no transactional id)."""
+        conn = await self._any()
+        version = conn.versions.require(ApiKey.INIT_PRODUCER_ID) if conn.versions else 0
+        body = await conn.request(
+            make_entity(
+                request_type(ApiKey.INIT_PRODUCER_ID, version),
+                transactional_id=None,
+                transaction_timeout=datetime.timedelta(milliseconds=60_000),
+                producer_id=-1,
+                producer_epoch=-1,
+            )
+        )
+        code = error_code_of(int(body.error_code))
+        if code != ErrorCode.none:
+            raise ProtocolError(f"InitProducerId failed at the destination: {code.name}")
+        return ProducerStamp(int(body.producer_id), int(body.producer_epoch))
+
+    async def create_topics(self, topics: Sequence[TopicToCreate]) -> dict[str, str | None]:
+        """topic -> None when created (or it already existed), else the error and message."""
+        if not topics:
+            return {}
+        conn = await self._any()
+        assert conn.versions is not None
+        version = conn.versions.require(ApiKey.CREATE_TOPICS)
+        cls = request_type(ApiKey.CREATE_TOPICS, version)
+        topic_cls = nested_type(cls, "CreatableTopic")
+        config_cls = nested_type(cls, "CreatableTopicConfig")
+        body = await conn.request(
+            make_entity(
+                cls,
+                topics=tuple(
+                    make_entity(
+                        topic_cls,
+                        name=t.name,
+                        num_partitions=t.partitions,
+                        replication_factor=t.replication_factor,
+                        assignments=(),
+                        configs=tuple(
+                            make_entity(config_cls, name=k, value=v)
+                            for k, v in sorted(t.configs.items())
+                        ),
+                    )
+                    for t in topics
+                ),
+                timeout=datetime.timedelta(seconds=30),
+                validate_only=False,
+            )
+        )
+        results: dict[str, str | None] = {}
+        for r in body.topics:
+            code = error_code_of(int(r.error_code))
+            if code in (ErrorCode.none, ErrorCode.topic_already_exists):
+                results[str(r.name)] = None
+            else:
+                message = getattr(r, "error_message", None)
+                results[str(r.name)] = code.name + (f": {message}" if message else "")
+        return results
+
+    async def log_ends(
+        self, leader_id: int, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, LogEnd]:
+        """Log end offset and high watermark of each partition, from its leader."""
+        conn = await self.client.connection(leader_id)
+        assert conn.versions is not None
+        version = conn.versions.require(ApiKey.LIST_OFFSETS)
+        queries = {tp: OffsetQuery(LATEST_TIMESTAMP) for tp in partitions}
+        ends = await conn.request(
+            list_offsets_request(version, queries, replica_id=DEBUGGING_REPLICA_ID)
+        )
+        marks = await conn.request(
+            list_offsets_request(version, queries, replica_id=CONSUMER_REPLICA_ID)
+        )
+        found_end = _offsets(ends)
+        found_mark = _offsets(marks)
+        out: dict[TopicPartition, LogEnd] = {}
+        for tp in partitions:
+            end, mark = found_end.get(tp), found_mark.get(tp)
+            if end is None or mark is None:
+                out[tp] = LogEnd(error="missing from the answer")
+            elif isinstance(end, str) or isinstance(mark, str):
+                out[tp] = LogEnd(error=end if isinstance(end, str) else str(mark))
+            else:
+                out[tp] = LogEnd(end, mark)
+        return out
+
+    def produce(
+        self, conn: BrokerConnection, tp: TopicPartition, batch: bytes | bytearray
+    ) -> _ProduceCall:
+        """Send one batch to `tp`'s leader (`conn`) now; await the result for its answer."""
+        assert conn.versions is not None
+        version = conn.versions.require(ApiKey.PRODUCE)
+        cls = request_type(ApiKey.PRODUCE, version)
+        topic_cls = nested_type(cls, "TopicProduceData")
+        part_cls = nested_type(cls, "PartitionProduceData")
+        request = make_entity(
+            cls,
+            transactional_id=None,
+            acks=ACKS_ALL,
+            timeout=datetime.timedelta(milliseconds=self.produce_timeout_ms),
+            topic_data=(
+                make_entity(
+                    topic_cls,
+                    name=tp.topic,
+                    partition_data=(make_entity(part_cls, index=tp.partition, records=batch),),
+                ),
+            ),
+        )
+        # The broker may hold an acks=all request up to its timeout; give the answer time.
+        timeout_s = conn.request_timeout_s + self.produce_timeout_ms / 1000
+        return _ProduceCall(conn.send(request, timeout_s=timeout_s), tp)
+
+    async def _any(self) -> BrokerConnection:
+        if not self.client.brokers:
+            await self.client.metadata(())
+        errors: list[str] = []
+        for node_id in sorted(self.client.brokers):
+            try:
+                return await self.client.connection(node_id)
+            except (KafkaConnectionError, ProtocolError) as exc:  # the next may answer
+                errors.append(str(exc))
+        raise ProtocolError(f"no destination broker reachable: {'; '.join(errors)}")
+
+
+class _ProduceCall:
+    """A Produce in flight; `await call.answer()` reads the one partition's answer."""
+
+    def __init__(self, future: object, tp: TopicPartition) -> None:
+        self.future = future
+        self.tp = tp
+
+    async def answer(self) -> ProduceAnswer:
+        body = await self.future  # type: ignore[misc]
+        for topic in body.responses:
+            for p in topic.partition_responses:
+                if int(p.index) != self.tp.partition:
+                    continue
+                code = error_code_of(int(p.error_code))
+                if code in (ErrorCode.none, ErrorCode.duplicate_sequence_number):
+                    return ProduceAnswer(int(p.base_offset))
+                return ProduceAnswer(
+                    -1, code, error_name(int(p.error_code)), getattr(p, "error_message", None)
+                )
+        return ProduceAnswer(-1, ErrorCode.unknown_server_error, "missing from the answer")
+
+
+def _offsets(body: object) -> dict[TopicPartition, int | str]:
+    out: dict[TopicPartition, int | str] = {}
+    for topic in body.topics:  # type: ignore[attr-defined]
+        for p in topic.partitions:
+            tp = TopicPartition(str(topic.name), int(p.partition_index))
+            code = int(p.error_code)
+            out[tp] = error_name(code) if code != ErrorCode.none else int(p.offset)
+    return out

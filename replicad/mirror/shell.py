@@ -1,0 +1,596 @@
+"""The mirror's asyncio shell: reads the local log, produces to the destination, persists
+progress. The decisions are the cores' (partition_mirror.py, restamp.py, topics.py); this
+module performs them.
+
+- Start: the destination's metadata, the stored progress (progress_store.py), destination
+  topics created like the source's (topics.py), one idempotent producer session
+  (InitProducerId), then one task per mirrored partition and one that saves progress.
+- A partition's task reads the local log below its high watermark on a worker thread
+  (never past what the source committed), feeds the core, and sends its one batch in
+  flight to the partition's leader; connections are shared per broker, so many partitions'
+  requests are in flight on one connection at once.
+- Before a partition's first send under a producer session it reconciles with the
+  destination's log end; the log end is taken when the leader's log end equals its high
+  watermark (no write of ours between append and acknowledgement), so a request of a killed
+  process that is still being replicated is neither counted early nor sent twice.
+- A new partition's first progress is saved before its first send: a crash right after
+  could otherwise not tell our records from what the destination held before.
+- Destination down: sends fail, are retried with backoff (same producer, same sequence),
+  while the follower keeps filling the local log; nothing here ever stops replication.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from replicad.errors import (
+    KafkaConnectionError,
+    LogError,
+    OffsetOutOfRangeError,
+    ProtocolError,
+    ReplicadError,
+)
+from replicad.follower.replicator import Replicator
+from replicad.groups.cluster_reader import ClusterGroupsReader
+from replicad.log.partition import PartitionLog
+from replicad.mirror import progress_store
+from replicad.mirror.destination import Destination, LogEnd
+from replicad.mirror.partition_mirror import LogEntry, PartitionMirror, Phase, Progress
+from replicad.mirror.restamp import ProducerStamp, restamp
+from replicad.mirror.topics import plan_topics
+from replicad.protocol.backoff import Backoff
+from replicad.protocol.client import ClientSettings, KafkaClient
+from replicad.protocol.metadata import ClusterMetadata
+from replicad.ratelimit import RateLimitedLog
+from replicad.records.batch import scan_batches
+from replicad.records.records import control_marker, decode_batch
+from replicad.types import TopicPartition
+
+log = structlog.get_logger("replicad.mirror")
+
+# How long a partition with nothing to send sleeps before looking again (a new batch
+# wakes it at once through partition_changed).
+IDLE_WAIT_S = 1.0
+# How long a reconcile waits for the leader's log end and high watermark to meet.
+SETTLE_POLL_S = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class MirrorSettings:
+    bootstrap_servers: tuple[str, ...]
+    client: ClientSettings
+    data_dir: Path
+    # Source topics to mirror; empty: every replicated topic.
+    topics: tuple[str, ...] = ()
+    replication_factor: int = -1
+    produce_timeout_ms: int = 30_000
+    progress_interval_ms: int = 1_000
+    read_bytes: int = 1 << 20
+    buffer_bytes: int = 4 << 20
+    retry_backoff_ms: int = 100
+    retry_backoff_max_ms: int = 5_000
+
+
+class Mirror:
+    def __init__(self, settings: MirrorSettings, replicator: Replicator) -> None:
+        self.settings = settings
+        self.replicator = replicator
+        self.client = KafkaClient(settings.bootstrap_servers, settings.client)
+        self.destination = Destination(self.client, produce_timeout_ms=settings.produce_timeout_ms)
+        self.cores: dict[TopicPartition, PartitionMirror] = {}
+        self.topic_errors: dict[str, str] = {}
+        self.problem: str | None = None
+        self.problem_since_ms: int | None = None
+        self.stamp: ProducerStamp | None = None
+        self.dest_cluster: ClusterMetadata | None = None
+        self.started = False
+        self.produce_requests = 0
+        self.produce_errors = 0
+        self.bytes_produced = 0
+        self.session_resets = 0
+        self._wake: dict[TopicPartition, asyncio.Event] = {}
+        self._logs: dict[TopicPartition, PartitionLog] = {}
+        self._saved: dict[TopicPartition, Progress] = {}
+        self._save_lock = asyncio.Lock()
+        self._stamp_lock = asyncio.Lock()
+        self._metadata_lock = asyncio.Lock()
+        self._metadata_at = 0.0
+        self._halt_logged: set[TopicPartition] = set()
+        self._said = RateLimitedLog(interval_ms=60_000)
+
+    # -- hooks ----------------------------------------------------------------------------
+
+    def partition_changed(self, tp: TopicPartition) -> None:
+        """The follower appended to `tp` or moved its high watermark."""
+        event = self._wake.get(tp)
+        if event is not None:
+            event.set()
+
+    # -- run ------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            if not await self._start(stop):
+                return
+            for tp, core in self.cores.items():
+                tasks.append(
+                    asyncio.create_task(self._partition(tp, core, stop), name=f"mirror-{tp}")
+                )
+            tasks.append(asyncio.create_task(self._save_loop(stop), name="mirror-progress"))
+            self.started = True
+            log.info(
+                "mirroring",
+                partitions=len(self.cores),
+                destination=",".join(self.settings.bootstrap_servers),
+                producer_id=self.stamp.producer_id if self.stamp else None,
+            )
+            await stop.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self.cores and self.dest_cluster is not None:
+                with contextlib.suppress(OSError, LogError):
+                    await self._save()
+            await self.client.close()
+
+    async def _start(self, stop: asyncio.Event) -> bool:
+        """Everything before the first send; False when stopped first or refused."""
+        replicator = self.replicator
+        await _until(stop, replicator.logs_ready.wait())
+        while not stop.is_set() and replicator.cluster is None:
+            await _until(stop, asyncio.sleep(0.1))
+        if stop.is_set():
+            return False
+        meta = await self.client.metadata_with_retry(None, stop=stop)
+        if meta is None:
+            return False
+        self.dest_cluster = meta
+        try:
+            stored = await asyncio.to_thread(progress_store.load, self.settings.data_dir)
+        except ReplicadError as exc:
+            self._set_problem(f"mirror progress unreadable, not mirroring: {exc}")
+            log.error("mirror progress unreadable; not mirroring", error=str(exc))
+            return False
+        progress: Mapping[TopicPartition, Progress] = {}
+        if stored is not None:
+            if stored.destination_cluster not in (None, meta.cluster_id):
+                log.warning(
+                    "mirror progress is for another destination cluster; starting afresh",
+                    stored=stored.destination_cluster,
+                    destination=meta.cluster_id,
+                )
+            else:
+                progress = stored.partitions
+        backoff = self._backoff()
+        while not stop.is_set():
+            try:
+                await self._prepare_topics()
+                async with self._stamp_lock:
+                    self.stamp = await self.destination.init_producer_id()
+                break
+            except (KafkaConnectionError, ProtocolError) as exc:
+                self._set_problem(str(exc))
+                await _until(stop, asyncio.sleep(backoff.next_delay_ms() / 1000))
+        if stop.is_set():
+            return False
+        self._clear_problem()
+        assert replicator.logs is not None
+        logs = replicator.logs.partitions()
+        for tp in sorted(self._mirrored_partitions()):
+            stored_p = progress.get(tp)
+            plog = logs.get(tp)
+            if stored_p is not None:
+                core = PartitionMirror(
+                    position=stored_p.position, dest_next=stored_p.dest_next, points=stored_p.points
+                )
+                self._saved[tp] = stored_p
+            else:
+                core = PartitionMirror(position=plog.log_start_offset if plog else 0)
+            self.cores[tp] = core
+            self._wake[tp] = asyncio.Event()
+        return True
+
+    def _mirrored_topics(self) -> dict[str, int]:
+        """Source topics to mirror -> their partition count at the source."""
+        cluster = self.replicator.cluster
+        assert cluster is not None
+        replicated = {tp.topic for tp in self.replicator.states}
+        wanted = set(self.settings.topics) or replicated
+        for topic in sorted(set(self.settings.topics) - replicated):
+            self.topic_errors[topic] = "not a replicated topic (see topics:)"
+        return {
+            t: len(cluster.topics[t].partitions)
+            for t in sorted(wanted & replicated)
+            if t in cluster.topics
+        }
+
+    def _mirrored_partitions(self) -> list[TopicPartition]:
+        assert self.dest_cluster is not None
+        out = []
+        for topic, count in self._mirrored_topics().items():
+            if topic in self.topic_errors:
+                continue
+            out.extend(TopicPartition(topic, p) for p in range(count))
+        return out
+
+    async def _prepare_topics(self) -> None:
+        source = self._mirrored_topics()
+        meta = await self.client.metadata(list(source))
+        have = {
+            name: len(t.partitions)
+            for name, t in meta.topics.items()
+            if t.partitions and t.error.name != "unknown_topic_or_partition"
+        }
+        missing = [t for t in source if t not in have]
+        configs = {}
+        if missing:
+            found = await ClusterGroupsReader(self.replicator.client).topic_configs(missing)
+            configs = {t: c.entries for t, c in found.items() if c.error is None}
+            for t, c in found.items():
+                if c.error is not None:
+                    log.warning(
+                        "source topic configs unreadable; created with defaults",
+                        topic=t,
+                        error=c.error,
+                    )
+        plan = plan_topics(
+            source, have, configs, replication_factor=self.settings.replication_factor
+        )
+        for topic, why in plan.errors.items():
+            self.topic_errors[topic] = why
+            log.error("destination topic not mirrored", topic=topic, reason=why)
+        results = await self.destination.create_topics(plan.create)
+        for topic, error in results.items():
+            if error is not None:
+                self.topic_errors[topic] = f"could not create the destination topic: {error}"
+                log.error("destination topic not created", topic=topic, error=error)
+            else:
+                log.info(
+                    "destination topic created",
+                    topic=topic,
+                    partitions=source.get(topic),
+                    configs=sorted(next(t.configs for t in plan.create if t.name == topic)),
+                )
+        await self._refresh_metadata(force=True)
+
+    # -- one partition ----------------------------------------------------------------------
+
+    async def _partition(
+        self, tp: TopicPartition, core: PartitionMirror, stop: asyncio.Event
+    ) -> None:
+        try:
+            await self._mirror_partition(tp, core, stop)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # A bug of ours or bytes the local log should not hold: this partition halts,
+            # named in status; the others and replication go on.
+            log.exception("mirror failed for partition", partition=str(tp))
+            core.halt(f"internal error: {type(exc).__name__}: {exc}")
+
+    async def _mirror_partition(
+        self, tp: TopicPartition, core: PartitionMirror, stop: asyncio.Event
+    ) -> None:
+        backoff = self._backoff()
+        while not stop.is_set():
+            if core.phase is Phase.HALTED:
+                if tp not in self._halt_logged:
+                    self._halt_logged.add(tp)
+                    log.error("mirror halted for partition", partition=str(tp), reason=core.error)
+                return
+            plog = self._log(tp)
+            try:
+                if plog is None:
+                    await self._idle(tp, stop)
+                    continue
+                await self._fill(tp, core, plog)
+                if core.phase is Phase.RECONCILING:
+                    if not await self._reconcile(tp, core, plog, stop):
+                        await self._idle(tp, stop)
+                    continue
+                if core.stamp != self.stamp:
+                    core.lost_session()
+                    continue
+                send = core.next_send()
+                if send is None:
+                    await self._idle(tp, stop)
+                    continue
+                if send.entry.data is None:
+                    data = await asyncio.to_thread(_read_batch, plog, send.entry.header.base_offset)
+                    send = core.with_data(send, data)
+                assert send.entry.data is not None
+                batch = restamp(send.entry.data, send.stamp, send.base_sequence)
+                conn = await self.client.connection(self._leader(tp))
+                self.produce_requests += 1
+                answer = await self.destination.produce(conn, tp, batch).answer()
+                if answer.error is None:
+                    base = answer.base_offset if answer.base_offset >= 0 else send.expected_dest
+                    core.acked(base)
+                    self.bytes_produced += len(batch)
+                    backoff.reset()
+                    self._clear_problem()
+                    continue
+                self.produce_errors += 1
+                if answer.session_lost:
+                    core.lost_session()
+                    await self._new_session(send.stamp, answer.error_name or "")
+                elif answer.retriable:
+                    core.retry()
+                    self._warn(
+                        f"produce-{answer.error_name}",
+                        "destination refused a batch, retrying",
+                        partition=str(tp),
+                        error=answer.error_name,
+                    )
+                    await self._refresh_metadata()
+                    await _until(stop, asyncio.sleep(backoff.next_delay_ms() / 1000))
+                else:
+                    core.halt(
+                        f"destination refused the batch of source offset "
+                        f"{send.entry.header.base_offset}: {answer.error_name}"
+                        + (f" ({answer.message})" if answer.message else "")
+                    )
+            except (KafkaConnectionError, ProtocolError, TimeoutError, OSError, LogError) as exc:
+                if isinstance(exc, OffsetOutOfRangeError):
+                    core.retry()
+                else:
+                    core.retry()
+                    self._set_problem(str(exc))
+                    self._warn("unreachable", "destination unreachable, retrying", error=str(exc))
+                with contextlib.suppress(KafkaConnectionError, ProtocolError, TimeoutError):
+                    await self._refresh_metadata()
+                await _until(stop, asyncio.sleep(backoff.next_delay_ms() / 1000))
+
+    async def _fill(
+        self, tp: TopicPartition, core: PartitionMirror, plog: PartitionLog, *, force: bool = False
+    ) -> None:
+        """Feed the core from the local log, below the high watermark."""
+        start = plog.log_start_offset
+        if core.scanned_to < start and core.in_flight is None:
+            with contextlib.suppress(ReplicadError):
+                lost = core.skip_to(start)
+                if lost:
+                    log.error(
+                        "local log deleted records not mirrored yet (retention): a gap",
+                        partition=str(tp),
+                        offsets_lost=lost,
+                        now_at=start,
+                    )
+        budget = self.settings.buffer_bytes
+        while core.scanned_to < plog.high_watermark and (force or core.wants_more(budget)):
+            keep = core.wants_more(budget)
+            entries = await asyncio.to_thread(
+                _read_entries,
+                plog,
+                core.scanned_to,
+                plog.high_watermark,
+                self.settings.read_bytes,
+                keep,
+            )
+            if not entries:
+                return
+            core.feed(entries)
+            if force:
+                return
+
+    async def _reconcile(
+        self, tp: TopicPartition, core: PartitionMirror, plog: PartitionLog, stop: asyncio.Event
+    ) -> bool:
+        stamp = self.stamp
+        assert stamp is not None
+        end = await self._settled_end(tp, stop)
+        if end is None:
+            return False
+        was_new = core.dest_next is None
+        while True:
+            result = core.reconcile(stamp, end.log_end)
+            if result.done:
+                if result.batches_found:
+                    log.info(
+                        "mirror reconciled with the destination",
+                        partition=str(tp),
+                        batches_already_there=result.batches_found,
+                        position=core.position,
+                    )
+                if was_new:
+                    await self._save()
+                return True
+            if not result.need_more:
+                return False
+            before = core.scanned_to
+            await self._fill(tp, core, plog, force=True)
+            if core.scanned_to == before:
+                return False  # the destination is ahead of the local log: wait for data
+
+    async def _settled_end(self, tp: TopicPartition, stop: asyncio.Event) -> LogEnd | None:
+        deadline = time.monotonic() + self.settings.produce_timeout_ms / 1000 + 5
+        while not stop.is_set():
+            ends = await self.destination.log_ends(self._leader(tp), [tp])
+            end = ends[tp]
+            if end.error is not None:
+                raise ProtocolError(f"{tp}: destination log end unavailable: {end.error}")
+            if end.settled or time.monotonic() > deadline:
+                return end
+            await _until(stop, asyncio.sleep(SETTLE_POLL_S))
+        return None
+
+    async def _new_session(self, old: ProducerStamp, why: str) -> None:
+        async with self._stamp_lock:
+            if self.stamp != old:
+                return  # another partition renewed it already
+            log.warning("destination producer session lost; starting a new one", error=why)
+            self.stamp = await self.destination.init_producer_id()
+            self.session_resets += 1
+
+    # -- destination metadata -------------------------------------------------------------
+
+    def _leader(self, tp: TopicPartition) -> int:
+        meta = self.dest_cluster
+        leader = meta.leader_of(tp) if meta is not None else None
+        if leader is None or leader.leader_id < 0:
+            raise KafkaConnectionError(f"{tp}: no leader known at the destination")
+        return leader.leader_id
+
+    async def _refresh_metadata(self, *, force: bool = False) -> None:
+        async with self._metadata_lock:
+            now = time.monotonic()
+            if not force and now - self._metadata_at < self.settings.retry_backoff_ms / 1000:
+                return
+            topics = sorted({tp.topic for tp in self.cores} or set(self._mirrored_topics()))
+            self.dest_cluster = await self.client.metadata(topics)
+            self._metadata_at = time.monotonic()
+
+    # -- progress ---------------------------------------------------------------------------
+
+    async def _save_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await _until(stop, asyncio.sleep(self.settings.progress_interval_ms / 1000))
+            try:
+                await self._save()
+            except (OSError, LogError) as exc:
+                self._warn("save", "mirror progress not saved", error=str(exc))
+
+    async def _save(self) -> None:
+        async with self._save_lock:
+            now = {tp: core.progress() for tp, core in self.cores.items()}
+            if now == self._saved:
+                return
+            cluster = self.dest_cluster.cluster_id if self.dest_cluster else None
+            await asyncio.to_thread(progress_store.save, self.settings.data_dir, cluster, now)
+            self._saved = now
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _log(self, tp: TopicPartition) -> PartitionLog | None:
+        plog = self._logs.get(tp)
+        if plog is None and self.replicator.logs is not None:
+            plog = self.replicator.logs.partitions().get(tp)
+            if plog is not None:
+                self._logs[tp] = plog
+        return plog
+
+    async def _idle(self, tp: TopicPartition, stop: asyncio.Event) -> None:
+        event = self._wake[tp]
+        event.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(_first(stop.wait(), event.wait()), IDLE_WAIT_S)
+
+    def _warn(self, key: str, event: str, **fields: Any) -> None:
+        said = self._said.should_emit(key, time.monotonic_ns() // 1_000_000)
+        if said.emit:
+            log.warning(
+                event, **fields, **({"repeated": said.suppressed} if said.suppressed else {})
+            )
+
+    def _backoff(self) -> Backoff:
+        return Backoff(self.settings.retry_backoff_ms, self.settings.retry_backoff_max_ms)
+
+    def _set_problem(self, text: str) -> None:
+        if self.problem_since_ms is None:
+            self.problem_since_ms = time.time_ns() // 1_000_000
+        self.problem = text
+
+    def _clear_problem(self) -> None:
+        self.problem = None
+        self.problem_since_ms = None
+
+    # -- status -----------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        partitions = []
+        for tp, core in sorted(self.cores.items()):
+            plog = self._logs.get(tp)
+            hw = plog.high_watermark if plog is not None else None
+            partitions.append(
+                {
+                    "topic": tp.topic,
+                    "partition": tp.partition,
+                    "local_log_end": plog.log_end_offset if plog is not None else None,
+                    "local_high_watermark": hw,
+                    "mirrored_offset": core.position,
+                    "destination_next_offset": core.dest_next,
+                    "lag": max(0, hw - core.position) if hw is not None else None,
+                    "state": core.phase.value,
+                    "offsets_kept": core.offset_map.offsets_kept,
+                    "records_mirrored": core.records_mirrored,
+                    "batches_skipped": core.batches_skipped,
+                    "held_transactions": core.held_transactions,
+                    "gap_offsets": core.gap_offsets,
+                    "error": core.error,
+                }
+            )
+        return {
+            "destination": ",".join(self.settings.bootstrap_servers),
+            "destination_cluster": self.dest_cluster.cluster_id if self.dest_cluster else None,
+            "running": self.started,
+            "producer_id": self.stamp.producer_id if self.stamp else None,
+            "problem": self.problem,
+            "problem_since_ms": self.problem_since_ms,
+            "topic_errors": dict(self.topic_errors),
+            "produce_requests": self.produce_requests,
+            "produce_errors": self.produce_errors,
+            "bytes_produced": self.bytes_produced,
+            "session_resets": self.session_resets,
+            "lag": sum(p["lag"] or 0 for p in partitions),
+            "partitions": partitions,
+        }
+
+
+def _read_entries(
+    plog: PartitionLog, offset: int, high_watermark: int, max_bytes: int, keep_data: bool
+) -> list[LogEntry]:
+    """Whole batches from `offset` up to the high watermark (blocking: a worker thread)."""
+    region = plog.read(offset, max_bytes).region
+    if region is None:
+        return []
+    data = region.read_bytes()
+    scan = scan_batches(data, verify_crc=False)
+    entries: list[LogEntry] = []
+    for h in scan.batches:
+        if h.base_offset < offset:
+            continue
+        if h.next_offset > high_watermark:
+            break
+        marker = None
+        if h.is_control:
+            records = decode_batch(data, h).records
+            marker = control_marker(records[0]).type if records else None
+        body = data[h.position : h.end_position] if keep_data else None
+        entries.append(LogEntry(h, marker, body))
+    return entries
+
+
+def _read_batch(plog: PartitionLog, base_offset: int) -> bytes:
+    region = plog.read(base_offset, 0).region
+    if region is None:
+        raise OffsetOutOfRangeError(f"batch at {base_offset} is no longer in the local log")
+    data = region.read_bytes()
+    scan = scan_batches(data, verify_crc=False)
+    for h in scan.batches:
+        if h.base_offset == base_offset:
+            return data[h.position : h.end_position]
+    raise OffsetOutOfRangeError(f"batch at {base_offset} not found in the local log")
+
+
+async def _first(*aws: Any) -> None:
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def _until(stop: asyncio.Event, aw: Any) -> None:
+    """Await `aw` unless `stop` is set first."""
+    await _first(stop.wait(), aw)

@@ -1,0 +1,79 @@
+"""Which destination topics to create, and with what (sans-I/O).
+
+Rules:
+- A mirrored topic keeps its name (identity naming) and gets the source's partition count.
+- Configs copied: those set on the source topic itself (DescribeConfigs source
+  DYNAMIC_TOPIC_CONFIG), less the ones that describe the source cluster's own replicas
+  (replication throttles) -- cleanup.policy, retention, compression.type,
+  max.message.bytes, min.insync.replicas, message.timestamp.type and the rest go along.
+- A destination topic that exists with another partition count is an error named for the
+  topic, never a silent remap: its partitions are not mirrored.
+- A destination topic that exists with the same count is used as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from replicad.groups.cluster_reader import ConfigEntry
+from replicad.mirror.destination import TopicToCreate
+
+# Kafka's ConfigSource numbering (DescribeConfigs v1+).
+DYNAMIC_TOPIC_CONFIG = 1
+# Configs about the source cluster's replicas, meaningless at the destination.
+NOT_COPIED = frozenset(
+    {"leader.replication.throttled.replicas", "follower.replication.throttled.replicas"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPlan:
+    create: tuple[TopicToCreate, ...] = ()
+    # Topics whose destination exists already as it should be.
+    ready: tuple[str, ...] = ()
+    # Topic -> why it is not mirrored.
+    errors: Mapping[str, str] = field(default_factory=dict)
+
+
+def copied_configs(entries: Iterable[ConfigEntry]) -> dict[str, str]:
+    return {
+        e.name: e.value
+        for e in entries
+        if e.source == DYNAMIC_TOPIC_CONFIG
+        and e.value is not None
+        and not e.sensitive
+        and e.name not in NOT_COPIED
+    }
+
+
+def plan_topics(
+    source_partitions: Mapping[str, int],
+    dest_partitions: Mapping[str, int],
+    source_configs: Mapping[str, Iterable[ConfigEntry]],
+    *,
+    replication_factor: int,
+) -> TopicPlan:
+    """`dest_partitions` holds the topics the destination has (name -> partition count)."""
+    create: list[TopicToCreate] = []
+    ready: list[str] = []
+    errors: dict[str, str] = {}
+    for topic, count in sorted(source_partitions.items()):
+        have = dest_partitions.get(topic)
+        if have is None:
+            create.append(
+                TopicToCreate(
+                    topic,
+                    count,
+                    copied_configs(source_configs.get(topic, ())),
+                    replication_factor,
+                )
+            )
+        elif have != count:
+            errors[topic] = (
+                f"destination topic {topic!r} has {have} partitions, the source {count}: "
+                "not mirrored (add partitions at the destination or delete the topic)"
+            )
+        else:
+            ready.append(topic)
+    return TopicPlan(tuple(create), tuple(ready), errors)

@@ -1,0 +1,74 @@
+"""Re-stamping: producer fields and CRC rewritten, the compressed records untouched."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from replicad.mirror.restamp import (
+    MAX_SEQUENCE,
+    ProducerStamp,
+    mirrorable,
+    next_sequence,
+    restamp,
+)
+from replicad.records.batch import RECORD_BATCH_OVERHEAD, Compression, scan_batches
+from replicad.records.records import decode_batch
+from tools.logdata.batches import producer_batch
+
+STAMP = ProducerStamp(producer_id=4242, producer_epoch=3)
+
+
+@pytest.mark.parametrize("codec", list(Compression))
+def test_restamped_batch_keeps_its_records_and_codec_and_passes_its_crc(codec) -> None:
+    source = producer_batch(
+        1234,
+        [b"value-%d" % i * 20 for i in range(50)],
+        codec=codec,
+        keys=[None if i % 7 == 0 else b"k%d" % i for i in range(50)],
+        headers=[("h", b"x"), ("n", None)],
+        leader_epoch=9,
+        producer_id=77,
+        producer_epoch=1,
+        base_sequence=500,
+    )
+    out = restamp(source, STAMP, 12)
+    scan = scan_batches(out, verify_crc=True)
+    assert scan.error is None and len(scan.batches) == 1
+    h = scan.batches[0]
+    assert (h.producer_id, h.producer_epoch, h.base_sequence) == (4242, 3, 12)
+    assert (h.base_offset, h.partition_leader_epoch) == (0, -1)
+    assert h.compression == codec
+    # The records section is byte for byte the stored one: nothing was re-compressed.
+    assert out[RECORD_BATCH_OVERHEAD:] == source[RECORD_BATCH_OVERHEAD:]
+    src_header = scan_batches(source).batches[0]
+    want = decode_batch(source, src_header).records
+    got = decode_batch(out, h).records
+    assert [(r.key, r.value, r.headers, r.timestamp) for r in got] == [
+        (r.key, r.value, r.headers, r.timestamp) for r in want
+    ]
+
+
+def test_transactional_flag_is_cleared() -> None:
+    source = bytearray(producer_batch(0, [b"a"], producer_id=5, producer_epoch=0, base_sequence=0))
+    source[22] |= 0x10  # attributes' low byte: transactional
+    out = restamp(bytes(source), STAMP, 0)
+    header = scan_batches(out, verify_crc=True).batches[0]
+    assert not header.is_transactional
+
+
+def test_what_cannot_be_produced_is_named() -> None:
+    header = scan_batches(producer_batch(10, [b"a", b"b", b"c"])).batches[0]
+    assert mirrorable(header) is None
+    thinned = dataclasses.replace(header, record_count=2)
+    assert "compaction" in mirrorable(thinned).reason
+    legacy = dataclasses.replace(header, magic=1)
+    assert "magic 1" in mirrorable(legacy).reason
+    control = dataclasses.replace(header, attributes=0x20)
+    assert "control" in mirrorable(control).reason
+
+
+def test_sequences_wrap_at_int32_max() -> None:
+    assert next_sequence(5, 10) == 15
+    assert next_sequence(MAX_SEQUENCE - 1, 3) == 1
