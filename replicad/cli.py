@@ -205,6 +205,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     from replicad.daemon import raise_open_file_limit
     from replicad.leader.server import serve_forever
+    from replicad.leader.settings import ServeSettings
     from replicad.logs import configure_logging
 
     try:
@@ -226,6 +227,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 node_id=args.node_id,
                 allowed_followers=frozenset(args.allow_follower or ()),
                 security=security,
+                settings=ServeSettings(downconversion_enable=args.message_downconversion),
             )
         )
     except ValueError as exc:
@@ -327,6 +329,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="PRINCIPAL",
         help='who may fetch as a follower, e.g. "User:replica"; repeatable',
+    )
+    serve.add_argument(
+        "--message-downconversion",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="convert records for consumers of the old protocol (Fetch v0-v3, KIP-283's "
+        "message.downconversion.enable); off, they get UNSUPPORTED_VERSION (default: on)",
     )
     serve.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
     serve.set_defaults(func=_cmd_serve)

@@ -92,6 +92,7 @@ class ServeSettings:
             max_connections_per_ip=config.max_connections_per_ip,
             failed_authentication_delay_ms=config.failed_authentication_delay_ms,
             authentication_timeout_ms=config.authentication_timeout_ms,
+            downconversion_enable=config.message_downconversion_enable,
             **overrides,
         )
 

@@ -342,6 +342,55 @@ def test_kafka_python_speaking_0_10_reads_down_converted_records(source, served)
     assert metrics["downconverted_records_total"] >= len(expected)
 
 
+def test_serve_without_downconversion_refuses_old_consumers_and_serves_new_ones(
+    source, tmp_path
+) -> None:
+    """`replicad serve --no-message-downconversion` (KIP-283's message.downconversion.enable
+    off): kafka-python speaking 0.10 (Fetch v2, magic 1) gets UNSUPPORTED_VERSION for the
+    partition, as Kafka answers it, while kafka-python speaking today's protocol reads every
+    record from the same server."""
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KTP
+    from kafka.errors import UnsupportedVersionError
+
+    port = free_port()
+    partitions = [KTP(source.legacy_topic, p) for p in range(PARTITIONS)]
+    common = {
+        "bootstrap_servers": f"127.0.0.1:{port}",
+        "group_id": None,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "fetch_max_wait_ms": 100,
+    }
+    expected = source.rows(legacy=True)
+    got: list[Row] = []
+    with replicad_serve(
+        source.data_dir,
+        port,
+        log_path=tmp_path / "serve.log",
+        flags=["--no-message-downconversion"],
+    ):
+        old = KafkaConsumer(api_version=(0, 10), **common)
+        try:
+            old.assign(partitions)
+            deadline = time.monotonic() + 30
+            with pytest.raises(UnsupportedVersionError):
+                while time.monotonic() < deadline:
+                    assert not old.poll(timeout_ms=500), "records reached the old protocol"
+        finally:
+            old.close()
+        new = KafkaConsumer(**common)
+        try:
+            new.assign(partitions)
+            deadline = time.monotonic() + 60
+            while len(got) < len(expected) and time.monotonic() < deadline:
+                for tp, messages in new.poll(timeout_ms=500).items():
+                    got += [(tp.partition, m.offset, m.key, m.value) for m in messages]
+        finally:
+            new.close()
+    assert sorted(got) == expected
+
+
 def test_librdkafka_without_api_versions_reads_down_converted_records(source, served) -> None:
     from confluent_kafka import OFFSET_BEGINNING, Consumer
     from confluent_kafka import TopicPartition as KTP

@@ -34,6 +34,22 @@ def test_the_config_files_serve_section_gives_the_addresses() -> None:
     assert settings.max_session_slots == 5
     plain = ServeSettings.from_config(ServeConfig(listen=HostPort("127.0.0.1", 0)))
     assert (plain.advertised_host, plain.advertised_port) == (None, None)
+    assert plain.downconversion_enabled("t")
+
+
+def test_message_downconversion_enable_is_read_from_the_config_file(tmp_path) -> None:
+    """KIP-283's switch under its Kafka names too; a value that is not a boolean is named."""
+    from replicad.config import load_config
+    from replicad.errors import ConfigErrors
+
+    base = "source: {bootstrap_servers: [k:9092]}\ntopics: {include: [t]}\n"
+    path = tmp_path / "replicad.yaml"
+    path.write_text(base + "serve: {listen: 127.0.0.1:0, message_downconversion_enable: false}\n")
+    settings = ServeSettings.from_config(load_config(path).serve)
+    assert not settings.downconversion_enabled("t")
+    path.write_text(base + "serve: {listen: 127.0.0.1:0, message_downconversion_enable: maybe}\n")
+    with pytest.raises(ConfigErrors, match=r"serve\.message_downconversion_enable"):
+        load_config(path)
 
 
 @pytest.mark.parametrize(
