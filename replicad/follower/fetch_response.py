@@ -48,7 +48,6 @@ TOPIC_ID_VERSION = 13
 DIVERGING_EPOCH_TAG = 0
 # EpochEndOffset: epoch int32, end_offset int64.
 _EPOCH_END_OFFSET = struct.Struct(">iq")
-EPOCH_END_OFFSET_SIZE = _EPOCH_END_OFFSET.size
 
 UUID_SIZE = 16
 # Smallest encodings, for holding array counts to the bytes left.

@@ -13,7 +13,7 @@ Rules:
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -36,11 +36,13 @@ class PartitionState:
     leader_epoch: int
     phase: PartitionPhase
     fetch_offset: int = 0
-    log_start_offset: int = 0  # ours (sent to the leader as the follower's log start)
+    # The leader's log start and last stable offset, as last reported (-1 until it answers).
     leader_log_start_offset: int = -1
     high_watermark: int = -1
     last_stable_offset: int = -1
     delayed_until_ms: int = 0
+    # Errors since start, and since the last successful append (status shows both: a
+    # partition failing now has consecutive_failures > 0).
     error_count: int = 0
     last_error: str | None = None
     corrupt_count: int = 0
@@ -61,7 +63,6 @@ class PartitionState:
     # When the local log last moved (monotonic ms; creation counts): with lag, a partition
     # idle for long is stalled (control/health.py).
     progress_ms: int = 0
-    extra: dict[str, object] = field(default_factory=dict)
 
     def fetchable(self, now_ms: int) -> bool:
         return (

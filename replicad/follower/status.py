@@ -91,13 +91,21 @@ def build_snapshot(
                 "log_start_offset": plog.log_start_offset if plog else None,
                 "log_end_offset": plog.log_end_offset if plog else st.fetch_offset,
                 "high_watermark": st.high_watermark,
+                # The leader's, as last reported: a fetch offset below its log start is
+                # out of range (retention upstream outran the replica).
+                "leader_log_start_offset": st.leader_log_start_offset,
+                "leader_last_stable_offset": st.last_stable_offset,
                 "lag": st.lag,
                 "state": st.phase.value,
                 "last_error": st.last_error,
                 # Since the local log last moved (with lag, a long idle is a stall).
                 "idle_ms": max(0, now_ms - st.progress_ms),
                 "bytes_replicated": st.bytes_replicated,
+                "records_replicated": st.records_replicated,
                 "crc_failures": st.corrupt_count,
+                "errors": st.error_count,
+                # Failures since the last successful append: > 0 while it keeps failing.
+                "consecutive_failures": st.consecutive_failures,
             }
         )
     leaders = [
