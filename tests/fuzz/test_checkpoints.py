@@ -3,13 +3,13 @@ LogError, and whatever parses round-trips through the formatter."""
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tools.chaos.fuzz_targets import checkpoints, seeds
-from tools.chaos.strategies import mutated
+from tools.chaos.strategies import bounded, mutated
 
-BOUNDED = settings(max_examples=400, derandomize=True, database=None, deadline=None)
+BOUNDED = bounded(400)
 
 LINES = st.lists(
     st.one_of(

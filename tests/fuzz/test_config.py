@@ -3,19 +3,13 @@ mutated YAML files: only ConfigError comes out."""
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tools.chaos.fuzz_targets import config, config_mapping, seeds
-from tools.chaos.strategies import CONFIG_KEY_PATHS, configs, mutated
+from tools.chaos.strategies import CONFIG_KEY_PATHS, bounded, configs, mutated
 
-BOUNDED = settings(
-    max_examples=300,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+BOUNDED = bounded(300)
 
 
 def test_the_structures_reach_every_key() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from replicad.control.protocol import (
@@ -18,9 +18,9 @@ from replicad.control.protocol import (
 )
 from replicad.errors import ControlError
 from tools.chaos.fuzz_targets import control_datagrams, seeds
-from tools.chaos.strategies import mutated
+from tools.chaos.strategies import bounded, mutated
 
-BOUNDED = settings(max_examples=400, derandomize=True, database=None, deadline=None)
+BOUNDED = bounded(400)
 JSONISH = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=10)),
     lambda inner: st.one_of(

@@ -14,21 +14,15 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tools.chaos.fuzz_targets import FETCH_VERSIONS, fetch_response, fuzz_inputs, seeds
-from tools.chaos.strategies import fetch_responses, mutated
+from tools.chaos.strategies import bounded, fetch_responses, mutated
 from tools.chaos.wire_data import PartitionAnswer, fetch_response_body, fetch_response_claiming
 
 TARGET = "fetch-response"
-BOUNDED = settings(
-    max_examples=8,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+BOUNDED = bounded(8)
 
 
 def check(inputs: list[bytes]) -> None:

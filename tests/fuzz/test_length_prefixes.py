@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from kafka.protocol.consumer.fetch import FetchRequest
 from kafka.protocol.consumer.offsets import ListOffsetsRequest, OffsetForLeaderEpochRequest
@@ -35,6 +35,7 @@ from replicad.protocol.codec import decode_request, decode_response, request_typ
 from replicad.protocol.frame_guard import check_message
 from tools.chaos.isolate import Outcome, run_batch
 from tools.chaos.scenarios import fill, new_topic
+from tools.chaos.strategies import bounded
 
 pytestmark = pytest.mark.kafka
 
@@ -253,17 +254,7 @@ def test_a_huge_length_written_at_every_offset_of_every_frame(samples) -> None:
     assert refused > len(samples) * 10, refused
 
 
-BOUNDED = settings(
-    max_examples=12,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.function_scoped_fixture,
-    ],
-)
+BOUNDED = bounded(12, HealthCheck.function_scoped_fixture)
 
 
 @BOUNDED

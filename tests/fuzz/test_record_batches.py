@@ -6,19 +6,13 @@ batches moving forward (tools.chaos.fuzz_targets.record_batches)."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tools.chaos.fuzz_targets import fuzz_inputs, seeds
-from tools.chaos.strategies import mutated
+from tools.chaos.strategies import bounded, mutated
 
-BOUNDED = settings(
-    max_examples=10,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+BOUNDED = bounded(10)
 
 
 def check(target: str, inputs: list[bytes]) -> None:

@@ -7,24 +7,18 @@ from __future__ import annotations
 import struct
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replicad.errors import RemoteProtocolError
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import decode_response, response_type
 from tools.chaos.fuzz_targets import RESPONSE_APIS, fuzz_inputs, responses, seeds
-from tools.chaos.strategies import mutated, other_responses
+from tools.chaos.strategies import bounded, mutated, other_responses
 from tools.chaos.wire_data import metadata_response_body, metadata_with_null_brokers
 
 TARGET = "responses"
-BOUNDED = settings(
-    max_examples=8,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+BOUNDED = bounded(8)
 
 
 def check(inputs: list[bytes]) -> None:

@@ -18,7 +18,7 @@ from functools import cache
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
@@ -47,6 +47,7 @@ from replicad.protocol.frame_guard import (
     reject_implausible_lengths,
 )
 from replicad.protocol.requests import make_entity, nested_type
+from tools.chaos.strategies import bounded
 from tools.chaos.wire_data import PartitionAnswer, fetch_response_body, fetch_response_claiming
 
 HUGE = 2**32 - 1
@@ -149,12 +150,7 @@ def entities(cls: type) -> st.SearchStrategy[Any]:
     return st.builds(cls, **values)
 
 
-BOUNDED = settings(
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+BOUNDED = bounded()
 
 
 @settings(BOUNDED, max_examples=400)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from kio.static.primitive import Records
 
@@ -32,6 +33,18 @@ records = st.one_of(
     st.binary(max_size=200),
 )
 st.register_type_strategy(Records, records.map(Records))
+
+
+def bounded(max_examples: int | None = None, *also: HealthCheck) -> settings:
+    """Hypothesis settings for a fuzz test in the suite: the same examples on every run
+    (derandomized, no example database, so a CI run never depends on an earlier one), no
+    per-example deadline (the machine is shared), and large or slowly drawn inputs allowed
+    (what fuzzing a protocol draws); `also` suppresses more health checks."""
+    checks = [HealthCheck.too_slow, HealthCheck.data_too_large, *also]
+    examples = {} if max_examples is None else {"max_examples": max_examples}
+    return settings(
+        derandomize=True, database=None, deadline=None, suppress_health_check=checks, **examples
+    )
 
 
 def mutated(target: str) -> st.SearchStrategy[bytes]:
