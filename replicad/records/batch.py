@@ -104,54 +104,28 @@ class ScanResult:
 
 
 def _v2_header(mv: memoryview, pos: int, end: int, verify_crc: bool) -> BatchHeader | str:
-    (
-        base_offset,
-        batch_length,
-        leader_epoch,
-        magic,
-        crc,
-        attributes,
-        last_offset_delta,
-        base_timestamp,
-        max_timestamp,
-        producer_id,
-        producer_epoch,
-        base_sequence,
-        record_count,
-    ) = V2_HEADER.unpack_from(mv, pos)
-    if (attributes & COMPRESSION_CODEC_MASK) > Compression.ZSTD:
+    # The struct's fields are BatchHeader's, in order, after the position.
+    header = BatchHeader(pos, *V2_HEADER.unpack_from(mv, pos))
+    codec = header.attributes & COMPRESSION_CODEC_MASK
+    if codec > Compression.ZSTD:
+        return f"unknown compression codec {codec} {_where(header)}"
+    if header.last_offset_delta < 0 or header.record_count < 0:
         return (
-            f"unknown compression codec {attributes & COMPRESSION_CODEC_MASK} in batch at "
-            f"position {pos} (base offset {base_offset})"
-        )
-    if last_offset_delta < 0 or record_count < 0:
-        return (
-            f"negative last offset delta {last_offset_delta} or record count {record_count} "
-            f"in batch at position {pos} (base offset {base_offset})"
+            f"negative last offset delta {header.last_offset_delta} or record count "
+            f"{header.record_count} {_where(header)}"
         )
     if verify_crc:
         computed = crc32c(mv[pos + V2_CRC_START : end])
-        if computed != crc:
+        if computed != header.crc:
             return (
-                f"CRC32C mismatch in batch at position {pos} (base offset {base_offset}): "
-                f"stored {crc:#010x}, computed {computed:#010x}"
+                f"CRC32C mismatch {_where(header)}: "
+                f"stored {header.crc:#010x}, computed {computed:#010x}"
             )
-    return BatchHeader(
-        pos,
-        base_offset,
-        batch_length,
-        leader_epoch,
-        magic,
-        crc,
-        attributes,
-        last_offset_delta,
-        base_timestamp,
-        max_timestamp,
-        producer_id,
-        producer_epoch,
-        base_sequence,
-        record_count,
-    )
+    return header
+
+
+def _where(header: BatchHeader) -> str:
+    return f"in batch at position {header.position} (base offset {header.base_offset})"
 
 
 class _EntryFormat(NamedTuple):
