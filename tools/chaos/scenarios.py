@@ -22,12 +22,13 @@ in `SCENARIOS` (`private_broker`); the others share one broker.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -388,6 +389,34 @@ def _cleanup(*things: Any) -> None:
             thing.stop()
 
 
+def _filled_topic(broker: KafkaBroker, label: str, size: Size, seed: int) -> dict[str, int]:
+    """A new topic of `size.partitions` partitions holding `size.initial_records` records."""
+    topics = {new_topic(broker, label, size.partitions): size.partitions}
+    fill(broker, topics, size.initial_records, seed=seed)
+    return topics
+
+
+@contextlib.contextmanager
+def _replicating(
+    out: _Outcome,
+    broker: KafkaBroker,
+    follower: Follower,
+    topics: Mapping[str, int],
+    *also: Any,
+) -> Iterator[SteadyLoad | None]:
+    """`follower` started and replicating `topics` while a producer keeps writing to them,
+    for the block: the load, or None when the follower did not start (its problem is
+    recorded; skip the run). After the block the load, the follower and `also` stop."""
+    load = None
+    try:
+        if _started(out, follower, partitions_of(topics)):
+            load = SteadyLoad(broker.bootstrap, topics, records_per_round=out.size.load_records)
+            load.start()
+        yield load
+    finally:
+        _cleanup(load, follower, *also)
+
+
 # -- the scenarios ----------------------------------------------------------------------
 
 
@@ -400,18 +429,14 @@ def network_faults(broker: KafkaBroker, workdir: Path, size: Size) -> ScenarioRe
     out = _Outcome("network", "proxy: cut, stall, truncate, delay, refuse", size)
     for run in range(size.runs):
         out.runs += 1
-        topics = {new_topic(broker, "net", size.partitions): size.partitions}
+        topics = _filled_topic(broker, "net", size, seed=100 + run)
         partitions = partitions_of(topics)
-        fill(broker, topics, size.initial_records, seed=100 + run)
         proxy = ChaosProxy(lambda: ("127.0.0.1", broker.port), seed=run).start()
         follower = _follower(out, workdir, proxy.address, topics, run)
-        load = None
-        try:
-            if not _started(out, follower, partitions):
+        with _replicating(out, broker, follower, topics, proxy) as load:
+            if load is None:
                 continue
             timeout_s = follower.config["source"]["request_timeout_ms"] / 1000
-            load = SteadyLoad(broker.bootstrap, topics, records_per_round=size.load_records)
-            load.start()
             for kind in itertools.islice(itertools.cycle(NETWORK_FAULTS), size.rounds * 6):
                 await_progress(out, follower, partitions, PROGRESS_OFFSETS)
                 _network_fault(out, proxy, kind, timeout_s)
@@ -422,8 +447,6 @@ def network_faults(broker: KafkaBroker, workdir: Path, size: Size) -> ScenarioRe
             finish(out, broker, follower, partitions, load)
             if out.counters.errors == 0:
                 out.problem("the daemon counted no connection error after network faults")
-        finally:
-            _cleanup(load, follower, proxy)
     return out.result()
 
 
@@ -458,17 +481,13 @@ def corrupt_batches(broker: KafkaBroker, workdir: Path, size: Size) -> ScenarioR
     flips_per_run = size.rounds * 6
     for run in range(size.runs):
         out.runs += 1
-        topics = {new_topic(broker, "crc", size.partitions): size.partitions}
+        topics = _filled_topic(broker, "crc", size, seed=200 + run)
         partitions = partitions_of(topics)
-        fill(broker, topics, size.initial_records, seed=200 + run)
         proxy = ChaosProxy(lambda: ("127.0.0.1", broker.port), seed=1000 + run).start()
         follower = _follower(out, workdir, proxy.address, topics, run)
-        load = None
-        try:
-            if not _started(out, follower, partitions):
+        with _replicating(out, broker, follower, topics, proxy) as load:
+            if load is None:
                 continue
-            load = SteadyLoad(broker.bootstrap, topics, records_per_round=size.load_records)
-            load.start()
             for _ in range(flips_per_run):
                 await_progress(out, follower, partitions, PROGRESS_OFFSETS // 5)
                 proxy.flip_batches(1)
@@ -483,8 +502,6 @@ def corrupt_batches(broker: KafkaBroker, workdir: Path, size: Size) -> ScenarioR
             seen = out.counters.crc_failures - before
             if seen != flipped:
                 out.problem(f"crc_failures {seen} != batches damaged {flipped}")
-        finally:
-            _cleanup(load, follower, proxy)
     return out.result()
 
 
@@ -496,16 +513,12 @@ def follower_sigkill(broker: KafkaBroker, workdir: Path, size: Size) -> Scenario
     kills = size.rounds * 3
     for run in range(size.runs):
         out.runs += 1
-        topics = {new_topic(broker, "fkill", size.partitions): size.partitions}
+        topics = _filled_topic(broker, "fkill", size, seed=300 + run)
         partitions = partitions_of(topics)
-        fill(broker, topics, size.initial_records, seed=300 + run)
         follower = _follower(out, workdir, broker.bootstrap, topics, run)
-        load = None
-        try:
-            if not _started(out, follower, partitions):
+        with _replicating(out, broker, follower, topics) as load:
+            if load is None:
                 continue
-            load = SteadyLoad(broker.bootstrap, topics, records_per_round=size.load_records)
-            load.start()
             for _ in range(kills):
                 await_progress(out, follower, partitions, PROGRESS_OFFSETS)
                 follower.status()
@@ -523,8 +536,6 @@ def follower_sigkill(broker: KafkaBroker, workdir: Path, size: Size) -> Scenario
                 follower.start()
                 await_recovery(out, broker, follower, partitions, "SIGKILL")
             finish(out, broker, follower, partitions, load)
-        finally:
-            _cleanup(load, follower)
     out.note("recovery includes the restart: log recovery, metadata, catch-up")
     return out.result()
 
@@ -552,16 +563,12 @@ def _leader_fault(broker: KafkaBroker, workdir: Path, size: Size, *, kill: bool)
     out = _Outcome(name, title, size)
     for run in range(size.runs):
         out.runs += 1
-        topics = {new_topic(broker, "leader", size.partitions): size.partitions}
+        topics = _filled_topic(broker, "leader", size, seed=400 + run)
         partitions = partitions_of(topics)
-        fill(broker, topics, size.initial_records, seed=400 + run)
         follower = _follower(out, workdir, broker.bootstrap, topics, run)
-        load = None
-        try:
-            if not _started(out, follower, partitions):
+        with _replicating(out, broker, follower, topics) as load:
+            if load is None:
                 continue
-            load = SteadyLoad(broker.bootstrap, topics, records_per_round=size.load_records)
-            load.start()
             for _ in range(leader_rounds(size)):
                 await_progress(out, follower, partitions, PROGRESS_OFFSETS)
                 load.pause()
@@ -581,8 +588,6 @@ def _leader_fault(broker: KafkaBroker, workdir: Path, size: Size, *, kill: bool)
                     f"{out.counters.session_recoveries} session recoveries for {restarts} "
                     "restarts that each lost the broker's session cache"
                 )
-        finally:
-            _cleanup(load, follower)
     out.note("recovery: from the broker serving again")
     return out.result()
 
@@ -751,9 +756,8 @@ def slow_disk(broker: KafkaBroker, workdir: Path, size: Size) -> ScenarioResult:
     out = _Outcome("slow-disk", "slow writes and fsyncs (LD_PRELOAD shim)", size)
     for run in range(size.runs):
         out.runs += 1
-        topics = {new_topic(broker, "slow", size.partitions): size.partitions}
+        topics = _filled_topic(broker, "slow", size, seed=700 + run)
         partitions = partitions_of(topics)
-        fill(broker, topics, size.initial_records, seed=700 + run)
         run_dir = workdir / f"slow-disk-{run}"
         run_dir.mkdir(parents=True, exist_ok=True)
         data_dir = run_dir / "data"
@@ -770,28 +774,25 @@ def slow_disk(broker: KafkaBroker, workdir: Path, size: Size) -> ScenarioResult:
             env=slow.env(),
             config={"log": {"flush_messages": 200}},
         )
-        load = None
         try:
-            if not _started(out, follower, partitions):
-                continue
-            load = SteadyLoad(broker.bootstrap, topics, records_per_round=size.load_records)
-            load.start()
-            deadline = time.monotonic() + size.pressure_s
-            slowest_status = 0.0
-            while time.monotonic() < deadline and follower.running:
-                asked = time.monotonic()
-                if follower.status() is None:
-                    out.problem("status did not answer on the slow disk")
-                slowest_status = max(slowest_status, time.monotonic() - asked)
-                time.sleep(1)
-            slow.off()
-            out.fault("delayed write or fsync", slow.delayed_calls())
-            out.note(f"slowest status answer on the slow disk: {slowest_status:.1f} s")
-            await_recovery(out, broker, follower, partitions, "slow disk")
-            finish(out, broker, follower, partitions, load)
+            with _replicating(out, broker, follower, topics) as load:
+                if load is None:
+                    continue
+                deadline = time.monotonic() + size.pressure_s
+                slowest_status = 0.0
+                while time.monotonic() < deadline and follower.running:
+                    asked = time.monotonic()
+                    if follower.status() is None:
+                        out.problem("status did not answer on the slow disk")
+                    slowest_status = max(slowest_status, time.monotonic() - asked)
+                    time.sleep(1)
+                slow.off()
+                out.fault("delayed write or fsync", slow.delayed_calls())
+                out.note(f"slowest status answer on the slow disk: {slowest_status:.1f} s")
+                await_recovery(out, broker, follower, partitions, "slow disk")
+                finish(out, broker, follower, partitions, load)
         finally:
             slow.off()
-            _cleanup(load, follower)
     return out.result()
 
 
