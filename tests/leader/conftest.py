@@ -134,19 +134,24 @@ _CRC_POSITION = 17
 _CRC_START = 21
 
 
-def transactional_batch(
-    base_offset: int, values: Sequence[bytes], *, producer_id: int, leader_epoch: int = 0
-) -> bytes:
-    """A transactional data batch of `producer_id` (kafka-python's builder, broker offsets)."""
-    builder = DefaultRecordBatchBuilder(
+def _transactional_builder(producer_id: int, *, base_sequence: int) -> DefaultRecordBatchBuilder:
+    # Epoch 0 of `producer_id`, uncompressed; markers carry no sequence (-1).
+    return DefaultRecordBatchBuilder(
         magic=2,
         compression_type=0,
         is_transactional=True,
         producer_id=producer_id,
         producer_epoch=0,
-        base_sequence=0,
+        base_sequence=base_sequence,
         batch_size=1 << 30,
     )
+
+
+def transactional_batch(
+    base_offset: int, values: Sequence[bytes], *, producer_id: int, leader_epoch: int = 0
+) -> bytes:
+    """A transactional data batch of `producer_id` (kafka-python's builder, broker offsets)."""
+    builder = _transactional_builder(producer_id, base_sequence=0)
     for i, value in enumerate(values):
         builder.append(i, 1_700_000_000_000 + i, None, value, [])
     return _placed(bytearray(builder.build()), base_offset, leader_epoch)
@@ -156,15 +161,7 @@ def control_batch(
     offset: int, *, producer_id: int, control_type: ControlType, leader_epoch: int = 0
 ) -> bytes:
     """The COMMIT/ABORT marker a transaction coordinator writes for `producer_id`."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=True,
-        producer_id=producer_id,
-        producer_epoch=0,
-        base_sequence=-1,
-        batch_size=1 << 30,
-    )
+    builder = _transactional_builder(producer_id, base_sequence=-1)
     builder.append(
         0, 1_700_000_000_000, struct.pack(">hh", 0, control_type), struct.pack(">hi", 0, 0), []
     )
