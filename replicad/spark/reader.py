@@ -68,14 +68,11 @@ def read_records(
         walk = Walk(fd, split.start_position, split.end_position, verify_crc=options.verify_crc)
         done = False
         for chunk in walk:
+            entries = _in_split(chunk, start, end)
+            done = entries.past_end
             # Consecutive magic 2 batches are decoded together; a legacy entry on its own.
             group: list[BatchHeader] = []
-            for header in chunk.batches:
-                if header.next_offset <= start:
-                    continue
-                if end is not None and header.magic >= MAGIC_V2 and header.base_offset >= end:
-                    done = True
-                    break
+            for header in entries.headers:
                 if _hidden(header, options, outcomes):
                     continue
                 if header.magic >= MAGIC_V2:
@@ -97,6 +94,28 @@ def read_records(
             _check_tail(split, walk.tail)
     if last := gathered.take():
         yield last
+
+
+@dataclass(frozen=True, slots=True)
+class SplitEntries:
+    """The entries of a chunk within a split's offsets; `past_end`: the split ends in it."""
+
+    headers: list[BatchHeader]
+    past_end: bool
+
+
+def _in_split(chunk: Chunk, start: int, end: int | None) -> SplitEntries:
+    """Entries wholly below `start` are skipped. Only a magic 2 batch ends the split by its
+    base offset: a legacy wrapper's offset is its *last* record's, so one that straddles
+    `end` still holds records before it (`Rows.past_end` tells, once decoded)."""
+    headers = []
+    for header in chunk.batches:
+        if header.next_offset <= start:
+            continue
+        if end is not None and header.magic >= MAGIC_V2 and header.base_offset >= end:
+            return SplitEntries(headers, past_end=True)
+        headers.append(header)
+    return SplitEntries(headers, past_end=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,12 +303,9 @@ def read_batches(
         walk = Walk(fd, split.start_position, split.end_position, verify_crc=options.verify_crc)
         done = False
         for chunk in walk:
-            for header in chunk.batches:
-                if header.next_offset <= start:
-                    continue
-                if end is not None and header.magic >= MAGIC_V2 and header.base_offset >= end:
-                    done = True
-                    break
+            entries = _in_split(chunk, start, end)
+            done = entries.past_end
+            for header in entries.headers:
                 columns.rows.append((*head, *_batch_fields(chunk.position, header), None, None))
                 if len(columns) >= ROWS_PER_BATCH:
                     yield columns.take()
