@@ -10,6 +10,13 @@ files).
 
 from __future__ import annotations
 
+import contextlib
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +36,9 @@ from tools.replica import ReplicadProcess, replicad_run
 pytestmark = pytest.mark.kafka
 
 PARTITIONS = 3
+# SIGKILLs of replicad run, at seeded random points while it mirrors.
+KILLS = 20
+KILL_SEED = 20261125
 
 
 def mirror_config(destination: str, data_dir: Path, **mirror: Any) -> dict[str, Any]:
@@ -140,3 +150,164 @@ def test_mirror_keeps_records_codecs_and_offsets(
         src = broker_batches(kafka_broker.log_dir, plain, p)
         assert [b.codec for b in dest] == [b.codec for b in src]
         assert {b.codec for b in src} == set(CODECS)
+
+
+class SourceWriter:
+    """Plain records into a source topic from a thread (an idempotent librdkafka producer,
+    lz4, small batches), until stopped: the source keeps changing while the mirror is
+    killed or its destination is down."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        from confluent_kafka import Producer
+
+        from tools.peers.admin import librdkafka_log
+
+        self.topic = topic
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "enable.idempotence": True,
+                "compression.type": "lz4",
+                "linger.ms": 5,
+                "logger": librdkafka_log,
+            }
+        )
+        self.sent = 0
+        self.failed: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="source-writer", daemon=True)
+
+    def _run(self) -> None:
+        def report(error: Any, _message: Any) -> None:
+            if error is not None:
+                self.failed.append(str(error))
+
+        while not self._stop.is_set():
+            for _ in range(20):
+                i = self.sent
+                self.producer.produce(
+                    self.topic,
+                    key=None if i % 11 == 0 else b"key-%d" % (i % 97),
+                    value=b"value-%d-" % i + b"x" * (i % 300),
+                    partition=i % PARTITIONS,
+                    headers=[("n", b"%d" % i)] if i % 3 == 0 else None,
+                    on_delivery=report,
+                )
+                self.sent += 1
+            self.producer.poll(0)
+            time.sleep(0.02)
+
+    def __enter__(self) -> SourceWriter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        assert self.producer.flush(30) == 0
+        assert not self.failed, self.failed[:3]
+
+
+def logged(proc: ReplicadProcess, event: str) -> list[dict[str, Any]]:
+    """Every JSON log line of `event`, of every run that wrote to this log."""
+    found = []
+    for line in proc.output().splitlines():
+        with contextlib.suppress(ValueError):
+            entry = json.loads(line)
+            if entry.get("event") == event:
+                found.append(entry)
+    return found
+
+
+def assert_same(source: Any, destination: Any, topic: str, *, offsets: bool) -> None:
+    want = consume_all(source.bootstrap, topic, isolation=READ_COMMITTED)
+    got = consume_all(destination.bootstrap, topic, isolation=READ_COMMITTED)
+    for p in range(PARTITIONS):
+        assert len(got[p]) == len(want[p]), f"{topic}-{p}: {len(got[p])} != {len(want[p])}"
+        if offsets:
+            assert got[p] == want[p], f"{topic}-{p}"
+        else:
+            assert without_offsets(got[p]) == without_offsets(want[p]), f"{topic}-{p}"
+
+
+def test_sigkill_at_seeded_points_loses_and_duplicates_nothing(
+    kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
+) -> None:
+    plain, mixed = unique_topic("kill"), unique_topic("kill-txn")
+    for topic in (plain, mixed):
+        kafka_broker.create_topic(topic, PARTITIONS)
+    produce_mixed(kafka_broker.bootstrap, mixed, partitions=PARTITIONS, records=1200, seed=5)
+    rng = random.Random(KILL_SEED)
+    with SourceWriter(kafka_broker.bootstrap, plain):
+        for run in range(KILLS):
+            proc = start(kafka_broker, kafka_cluster, [plain, mixed], tmp_path)
+            try:
+                proc.wait_for(
+                    lambda p=proc, n=run: len(logged(p, "mirroring")) > n,
+                    timeout_s=60,
+                    interval_s=0.05,
+                    what="mirroring",
+                )
+                time.sleep(rng.uniform(0.0, 0.5))
+            finally:
+                proc.kill()
+    # The kills hit a mirror with work in hand: restarts found batches the destination
+    # had taken after the last saved progress (without reconcile, each would be a duplicate).
+    found = [
+        e["batches_already_there"] for e in logged(proc, "mirror reconciled with the destination")
+    ]
+    assert sum(found) > 0
+    ends = {**source_ends(kafka_broker, plain), **source_ends(kafka_broker, mixed)}
+    with start(kafka_broker, kafka_cluster, [plain, mixed], tmp_path) as proc:
+        wait_mirrored(proc, ends)
+    assert_same(kafka_broker, kafka_cluster, plain, offsets=True)
+    assert_same(kafka_broker, kafka_cluster, mixed, offsets=False)
+
+
+@contextmanager
+def lag_watch(proc: ReplicadProcess, tp: TopicPartition) -> Iterator[list[int]]:
+    """The partition's destination lag, sampled from `replicad status` on a thread."""
+    seen: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            row = mirror_rows(proc).get(tp)
+            if row is not None and row["lag"] is not None:
+                seen.append(row["lag"])
+            done.wait(0.3)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        thread.join(10)
+
+
+def test_destination_outage_is_absorbed_by_the_local_log(
+    kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
+) -> None:
+    topic = unique_topic("outage")
+    kafka_broker.create_topic(topic, PARTITIONS)
+    tp = TopicPartition(topic, 0)
+    with start(kafka_broker, kafka_cluster, [topic], tmp_path) as proc:
+        with SourceWriter(kafka_broker.bootstrap, topic), lag_watch(proc, tp) as lags:
+            proc.wait_for(
+                lambda: mirror_rows(proc).get(tp, {}).get("mirrored_offset", 0) > 100,
+                what="mirroring under way",
+            )
+            node = kafka_cluster.leaders(topic)[0]
+            with kafka_cluster.stopped(node):
+                # The source goes on into the local log; the destination lag grows.
+                proc.wait_for(
+                    lambda: (mirror_rows(proc)[tp]["lag"] or 0) > 300,
+                    timeout_s=60,
+                    what="lag rising while the destination is down",
+                )
+            peak = max(lags)
+        wait_mirrored(proc, source_ends(kafka_broker, topic), timeout_s=120)
+        assert mirror_rows(proc)[tp]["lag"] == 0 < peak
+        assert (proc.status() or {})["mirror"]["problem"] is None
+    assert_same(kafka_broker, kafka_cluster, topic, offsets=True)
