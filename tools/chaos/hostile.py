@@ -25,10 +25,12 @@ import contextlib
 import json
 import socket
 import struct
+import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 FETCH, LIST_OFFSETS, SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE = 1, 2, 17, 18, 36
 NO_REPLICA = -1
@@ -376,20 +378,155 @@ class FetchLatency:
         return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+# -- the table: every probe against `replicad serve`, a plain Fetch timed beside it -----------
+
+
+@dataclass(frozen=True, slots=True)
+class TableRow:
+    probe: str
+    connections: int
+    bytes_sent: int
+    rss_before_mb: float
+    rss_after_mb: float
+    fetch_p50_ms: float
+    fetch_max_ms: float
+    fetches: int
+    lines_logged: int
+    outcome: str
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _probes(address: tuple[str, int]) -> list[tuple[str, Callable[[], ProbeResult]]]:
+    def flood() -> ProbeResult:
+        start = time.monotonic()
+        with connection_flood(address, 2000) as socks:
+            time.sleep(1.0)
+            left_open = sum(still_open(s) for s in socks)
+        return ProbeResult(
+            "connection_flood", len(socks), 0, f"{left_open} left open", time.monotonic() - start
+        )
+
+    def stalled() -> ProbeResult:
+        start = time.monotonic()
+        with stalled_frames(address, 40, 1 << 20, (1 << 20) - 1):
+            time.sleep(2.0)
+        return ProbeResult(
+            "stalled_frames", 40, 40 * ((1 << 20) - 1), "held", time.monotonic() - start
+        )
+
+    def pipelining() -> ProbeResult:
+        start = time.monotonic()
+        with Pipelining(address, 4) as flood:
+            time.sleep(3.0)
+        return ProbeResult(
+            "pipelining", 4, 20 * flood.requests, "answered", time.monotonic() - start
+        )
+
+    return [
+        ("huge_fetch 500k partitions (8 MiB)", lambda: huge_fetch(address, 500_000)),
+        ("huge_fetch 65k partitions (1 MiB)", lambda: huge_fetch(address, 65_000)),
+        ("stalled_frames 40 x 1 MiB", stalled),
+        ("connection_flood 2,000", flood),
+        ("pipelining 4 connections, 3 s", pipelining),
+        ("unknown_versions v5..v32767", lambda: unknown_versions(address, 32767)),
+        ("legacy_invalid_utf8 x 1,000", lambda: legacy_invalid_utf8(address, 1000)),
+    ]
+
+
+def run_table(work: Path, topic: str = "t") -> list[TableRow]:
+    """Every probe in turn against a `replicad serve` of a small replica (defaults), a
+    FetchLatency timing a plain Fetch beside each."""
+    from replicad.log.config import LogConfig
+    from replicad.log.manager import LogManager
+    from replicad.records.batch import scan_batches
+    from replicad.types import TopicPartition
+    from tools.logdata.batches import producer_batch
+    from tools.peers.process import free_port
+    from tools.replica import replicad_serve
+
+    data_dir = work / "data"
+    logs = LogManager.open(data_dir, LogConfig(), now_ms=int(time.time() * 1000))
+    try:
+        plog = logs.get_or_create(TopicPartition(topic, 0))
+        data = b"".join(producer_batch(i * 10, [b"v%d" % i] * 10) for i in range(200))
+        plog.append(data, scan_batches(data).batches, now_ms=int(time.time() * 1000))
+        logs.checkpoint({TopicPartition(topic, 0): plog.log_end_offset})
+    finally:
+        logs.close()
+    port = free_port()
+    log_path = work / "serve.log"
+    rows = []
+    with replicad_serve(data_dir, port, log_path=log_path) as served:
+        assert served.proc is not None
+        pid = served.proc.pid
+        address = ("127.0.0.1", port)
+        for name, probe in _probes(address):
+            lines_before = len(log_path.read_text().splitlines())
+            rss_before = rss_mb(pid)
+            with FetchLatency(address, topic) as normal:
+                time.sleep(0.2)
+                result = probe()
+                time.sleep(0.2)
+            time.sleep(0.5)
+            rows.append(
+                TableRow(
+                    name,
+                    result.connections,
+                    result.bytes_sent,
+                    rss_before,
+                    rss_mb(pid),
+                    normal.quantile_ms(0.5),
+                    normal.max_ms,
+                    len(normal.latencies_s),
+                    len(log_path.read_text().splitlines()) - lines_before,
+                    result.outcome,
+                )
+            )
+    return rows
+
+
+def render_table(rows: list[TableRow]) -> str:
+    head = (
+        "| probe | connections | bytes sent | RSS before MB | RSS after MB "
+        "| plain Fetch p50 / max ms (n) | lines logged | outcome |"
+    )
+    lines = [head, "|" + "---|" * 8]
+    for r in rows:
+        lines.append(
+            f"| {r.probe} | {r.connections:,} | {r.bytes_sent:,} | {r.rss_before_mb:.0f} "
+            f"| {r.rss_after_mb:.0f} | {r.fetch_p50_ms:.1f} / {r.fetch_max_ms:.0f} ({r.fetches}) "
+            f"| {r.lines_logged} | {r.outcome} |"
+        )
+    return "\n".join(lines)
+
+
 # -- from a process of its own ---------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m tools.chaos.hostile pipelining HOST:PORT --connections 4 --seconds 10`:
     a probe from a process of its own, so its threads do not share the GIL with whoever
-    measures the server (prints what it sent, as JSON, when it ends)."""
+    measures the server (prints what it sent, as JSON, when it ends).
+    `python -m tools.chaos.hostile table`: every probe against a `replicad serve` of its
+    own, as the Markdown table of docs/reliability.md."""
     parser = argparse.ArgumentParser(prog="tools.chaos.hostile")
-    parser.add_argument("probe", choices=["pipelining"])
-    parser.add_argument("address")
+    parser.add_argument("probe", choices=["pipelining", "table"])
+    parser.add_argument("address", nargs="?", help="HOST:PORT (pipelining)")
     parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--batch", type=int, default=200_000)
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args(argv)
+    if args.probe == "table":
+        with tempfile.TemporaryDirectory() as work:
+            print(render_table(run_table(Path(work))), flush=True)
+        return 0
     host, _, port = args.address.rpartition(":")
     with Pipelining((host, int(port)), args.connections, batch=args.batch) as flood:
         time.sleep(args.seconds)
