@@ -22,6 +22,10 @@ Rules:
   a crash at any point leaves the previous files or the new ones, each true.
 - A job that fails raises its error in the awaiting task (the caller counts and retries).
   A caller cancelled while its job runs does not stop the job: the next job starts after it.
+- `submit` is for work nobody awaits: the flushes `log.flush_messages` makes due while the
+  loop appends (log/partition.py). A failure there is counted and logged (once a minute
+  with a count); the data stays unsynced until the next flush or checkpoint, which claims
+  no more than it synced.
 """
 
 from __future__ import annotations
@@ -30,9 +34,15 @@ import asyncio
 import functools
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
+
+import structlog
+
+from replicad.ratelimit import RateLimitedLog
+
+log = structlog.get_logger("replicad.durability")
 
 T = TypeVar("T")
 
@@ -43,6 +53,8 @@ THREAD_NAME = "replicad-durability"
 class DurabilityStats:
     jobs: int
     running: bool
+    # Jobs handed over with `submit` that failed (their error was logged).
+    failed_unawaited: int
     # How long the last finished job took, and the longest one so far (thread time, ms).
     last_job_ms: int
     longest_job_ms: int
@@ -57,6 +69,27 @@ class DurabilityThread:
         self._running = False
         self._last_ms = 0
         self._longest_ms = 0
+        self._failed_unawaited = 0
+        self._say = RateLimitedLog(interval_ms=60_000)
+
+    def submit(self, job: Callable[[], object], what: str) -> None:
+        """`job()` on the durability thread, after every job asked before it; nobody waits."""
+        done = self._executor.submit(self._timed, job)
+        done.add_done_callback(functools.partial(self._unawaited_done, what))
+
+    def _unawaited_done(self, what: str, done: Future[object]) -> None:
+        error = None if done.cancelled() else done.exception()
+        if error is None:
+            return
+        self._failed_unawaited += 1
+        emit = self._say.should_emit("unawaited", int(time.monotonic() * 1000))
+        if emit.emit:
+            log.error(
+                "disk work off the event loop failed; the next checkpoint retries it",
+                job=what,
+                error=str(error),
+                failures_suppressed=emit.suppressed,
+            )
 
     async def run(self, job: Callable[..., T], *args: object) -> T:
         """`job(*args)` on the durability thread, after every job asked before it."""
@@ -78,7 +111,9 @@ class DurabilityThread:
             self._running = False
 
     def stats(self) -> DurabilityStats:
-        return DurabilityStats(self._jobs, self._running, self._last_ms, self._longest_ms)
+        return DurabilityStats(
+            self._jobs, self._running, self._failed_unawaited, self._last_ms, self._longest_ms
+        )
 
     def close(self) -> None:
         """No more jobs; returns once the thread is done with the ones it has."""

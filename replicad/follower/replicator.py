@@ -36,6 +36,7 @@ from replicad.follower.memory_pool import MemoryPool
 from replicad.follower.partition_state import PartitionPhase, PartitionState
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
+from replicad.log.partition import PartitionLog
 from replicad.protocol.backoff import Backoff
 from replicad.protocol.client import ClientSettings, KafkaClient
 from replicad.protocol.metadata import ClusterMetadata, TopicSelection
@@ -97,6 +98,8 @@ class Replicator:
         s = self.settings
         s.data_dir.mkdir(parents=True, exist_ok=True)
         self.logs = await asyncio.to_thread(LogManager.open, s.data_dir, s.log, now_ms=wall_ms())
+        # log.flush_messages' flushes: on the durability thread, not in the appending loop.
+        self.logs.flush_later = self._flush_later
         log.info(
             "local logs recovered", data_dir=str(s.data_dir), partitions=len(self.logs.partitions())
         )
@@ -349,6 +352,9 @@ class Replicator:
                             error=str(exc),
                             failures_suppressed=emit.suppressed,
                         )
+
+    def _flush_later(self, partition: PartitionLog) -> None:
+        self.durability.submit(partition.flush, what=f"flush of {partition.topic_partition}")
 
     async def _checkpoint(self) -> None:
         """One checkpoint, a time-based flush and a retention pass, on the durability

@@ -27,6 +27,8 @@ Rules:
   the same way, `maybeUpdateHighWatermark`).
 - `close` flushes, checkpoints, closes every partition (indexes trimmed), writes the
   clean-shutdown marker and unlocks.
+- `flush_later`, when set, is where every partition's `flush.messages` flushes go instead
+  of running on the appending thread (partition.py); set it before appending.
 - Open files: every partition's segment files share one FileHandles cache of at most
   `config.max_open_files` descriptors (handles.py), so 10,000 partitions fit any sane
   RLIMIT_NOFILE; idle partitions' files are closed and reopened on demand.
@@ -38,7 +40,7 @@ import fcntl
 import os
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import structlog
@@ -79,6 +81,7 @@ class LogManager:
         self._checkpoint_lock = threading.Lock()
         self._last_now_ms = 0
         self.recoveries: list[PartitionRecovery] = []
+        self._flush_later: Callable[[PartitionLog], None] | None = None
         self.checkpoint_problems: list[str] = []
 
     @classmethod
@@ -146,6 +149,16 @@ class LogManager:
             **({"first_start": True} if first_start else {"clean_shutdown": clean}),
         )
 
+    @property
+    def flush_later(self) -> Callable[[PartitionLog], None] | None:
+        return self._flush_later
+
+    @flush_later.setter
+    def flush_later(self, schedule: Callable[[PartitionLog], None] | None) -> None:
+        self._flush_later = schedule
+        for partition in self._partitions.values():
+            partition.flush_later = schedule
+
     def partitions(self) -> Mapping[TopicPartition, PartitionLog]:
         return dict(self._partitions)
 
@@ -162,6 +175,7 @@ class LogManager:
                 topic_id=topic_id,
                 handles=self.handles,
             )
+            partition.flush_later = self._flush_later
             self._partitions[tp] = partition
         elif topic_id is not None:
             partition.set_topic_id(topic_id)

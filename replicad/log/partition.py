@@ -17,6 +17,10 @@ Rules:
   whose index is missing or malformed, are scanned; the first invalid or torn entry ends the
   log there and every later segment is deleted. Stray files are removed. What was done is
   logged and returned as a PartitionRecovery.
+- `flush.messages`: an append that brings the unsynced records to `config.flush_messages`
+  flushes -- itself, or, when the log store has a `flush_later` (the follower's durability
+  thread), by handing the flush to it, once until that flush starts, so the appending
+  thread (the event loop) never waits on the fsyncs.
 - Thread use: every method takes the partition lock; `flush` holds it only to pick what to
   sync and fsyncs duplicated descriptors outside it, so a flush on a worker thread (the
   follower's durability thread) does not stall appends on the event loop.
@@ -40,7 +44,7 @@ import errno
 import os
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,6 +140,7 @@ class PartitionLog:
         "_bases",
         "_epochs",
         "_epochs_saved",
+        "_flush_queued",
         "_flushing",
         "_handles",
         "_last_now_ms",
@@ -145,6 +150,7 @@ class PartitionLog:
         "_truncations",
         "config",
         "directory",
+        "flush_later",
         "high_watermark",
         "last_recovery",
         "log_start_offset",
@@ -184,6 +190,9 @@ class PartitionLog:
         self.topic_id = topic_id
         self._lock = threading.RLock()
         self._flushing = _Flushing()
+        # Where a due flush goes instead of running here (see the module rules).
+        self.flush_later: Callable[[PartitionLog], None] | None = None
+        self._flush_queued = False
         # Truncations so far: a flush that saw another count when it started claims nothing.
         self._truncations = 0
         # The latest time a caller passed in; used where an API takes no time argument.
@@ -465,7 +474,11 @@ class PartitionLog:
                 self._append_failed(exc, first.base_offset)
             flush_now = should_flush_messages(self._flushing.unflushed_messages, self.config)
         if flush_now:
-            self.flush()
+            if self.flush_later is None:
+                self.flush()
+            elif not self._flush_queued:
+                self._flush_queued = True
+                self.flush_later(self)
         return AppendResult(
             first.base_offset, last.last_offset, self._log_end_offset, appended, tuple(rolled)
         )
@@ -661,6 +674,7 @@ class PartitionLog:
     def flush(self) -> None:
         """fsync everything appended so far and move the recovery point to the log end."""
         with self._lock:
+            self._flush_queued = False  # appends from now on may ask for another
             target = self._log_end_offset
             truncations = self._truncations
             files = [f for segment in self._segments for f in segment.files if f.dirty]

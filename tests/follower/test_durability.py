@@ -89,6 +89,38 @@ async def test_a_cancelled_caller_does_not_stop_its_job_and_the_next_waits_for_i
     durability.close()
 
 
+async def test_unawaited_jobs_run_in_turn_and_their_failures_are_counted() -> None:
+    durability = DurabilityThread()
+    ran: list[str] = []
+
+    def fails() -> None:
+        raise OSError(5, "Input/output error")
+
+    durability.submit(lambda: ran.append("first"), what="first")
+    durability.submit(fails, what="failing flush")
+    assert await durability.run(lambda: "after") == "after"
+    assert ran == ["first"]
+    assert durability.stats().failed_unawaited == 1
+    durability.close()
+
+
+async def test_the_replicator_hands_due_flushes_to_the_durability_thread(tmp_path: Path) -> None:
+    """log.flush_messages: the flush an append makes due runs on the durability thread."""
+    logs = LogManager.open(tmp_path / "data", LogConfig(flush_messages=3), now_ms=0)
+    replicator = Replicator(
+        ReplicatorSettings(("127.0.0.1:9",), tmp_path / "data", TopicSelection(("t",)))
+    )
+    logs.flush_later = replicator._flush_later
+    raw = producer_batch(0, [b"x" * 100] * 3)
+    plog = logs.get_or_create(TopicPartition("t", 0))
+    plog.append(raw, scan_batches(raw).batches, now_ms=0)
+    assert plog.recovery_point == 0
+    await replicator.durability.run(lambda: None)  # after the handed-over flush
+    assert plog.recovery_point == 3
+    replicator.durability.close()
+    logs.close()
+
+
 async def test_a_checkpoint_held_by_the_disk_leaves_the_loop_free_and_claims_what_it_synced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -366,3 +366,25 @@ def test_a_truncation_while_a_flush_syncs_leaves_the_recovery_point_to_the_next_
     assert log.recovery_point <= cut
     log.flush()
     assert log.recovery_point == log.log_end_offset
+
+
+def test_a_due_flush_goes_to_flush_later_once_until_it_starts(tmp_path: Path) -> None:
+    """With a flush_later (the follower's durability thread), an append that makes
+    flush.messages due hands the flush over instead of fsyncing itself -- once, however many
+    appends follow before that flush starts."""
+    config = LogConfig(flush_messages=50)
+    log = PartitionLog.create(tmp_path / "orders-3", TP, config, now_ms=0)
+    handed: list[PartitionLog] = []
+    log.flush_later = handed.append
+    batches = batch_stream(2, 40, max_records=10)
+    _append_all(log, batches[:30])
+    assert handed == [log]
+    assert log.recovery_point == 0  # nothing synced on the appending thread
+    handed.pop().flush()
+    assert log.recovery_point == log.log_end_offset
+    # The flush started: the next append that makes one due hands it over again.
+    for raw in batches[30:]:
+        _append_all(log, [raw])
+        if handed:
+            break
+    assert handed == [log] and log.log_end_offset - log.recovery_point >= 50
