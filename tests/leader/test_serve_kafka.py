@@ -314,6 +314,20 @@ def parse_console(out: bytes) -> list[Row]:
 # -- clients of the old protocol: down-converted records ---------------------------------------
 
 
+def kafka_python_rows(consumer: Any, want: int, timeout_s: float = 60) -> list[Row]:
+    """The rows an assigned kafka-python consumer reads, until it has `want` (sorted); the
+    consumer is closed."""
+    got: list[Row] = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        while len(got) < want and time.monotonic() < deadline:
+            for tp, messages in consumer.poll(timeout_ms=500).items():
+                got += [(tp.partition, m.offset, m.key, m.value) for m in messages]
+    finally:
+        consumer.close()
+    return sorted(got)
+
+
 def test_kafka_python_speaking_0_10_reads_down_converted_records(source, served) -> None:
     from kafka import KafkaConsumer
     from kafka import TopicPartition as KTP
@@ -327,16 +341,8 @@ def test_kafka_python_speaking_0_10_reads_down_converted_records(source, served)
         fetch_max_wait_ms=100,
     )
     expected = source.rows(legacy=True)
-    got: list[Row] = []
-    try:
-        consumer.assign([KTP(source.legacy_topic, p) for p in range(PARTITIONS)])
-        deadline = time.monotonic() + 60
-        while len(got) < len(expected) and time.monotonic() < deadline:
-            for tp, messages in consumer.poll(timeout_ms=500).items():
-                got += [(tp.partition, m.offset, m.key, m.value) for m in messages]
-    finally:
-        consumer.close()
-    assert sorted(got) == expected
+    consumer.assign([KTP(source.legacy_topic, p) for p in range(PARTITIONS)])
+    assert kafka_python_rows(consumer, len(expected)) == expected
     metrics = served.metrics()
     assert metrics["requests_total"].get("FETCH v2", 0) > 0
     assert metrics["downconverted_records_total"] >= len(expected)
@@ -363,7 +369,6 @@ def test_serve_without_downconversion_refuses_old_consumers_and_serves_new_ones(
         "fetch_max_wait_ms": 100,
     }
     expected = source.rows(legacy=True)
-    got: list[Row] = []
     with replicad_serve(
         source.data_dir,
         port,
@@ -380,15 +385,9 @@ def test_serve_without_downconversion_refuses_old_consumers_and_serves_new_ones(
         finally:
             old.close()
         new = KafkaConsumer(**common)
-        try:
-            new.assign(partitions)
-            deadline = time.monotonic() + 60
-            while len(got) < len(expected) and time.monotonic() < deadline:
-                for tp, messages in new.poll(timeout_ms=500).items():
-                    got += [(tp.partition, m.offset, m.key, m.value) for m in messages]
-        finally:
-            new.close()
-    assert sorted(got) == expected
+        new.assign(partitions)
+        got = kafka_python_rows(new, len(expected))
+    assert got == expected
 
 
 def test_librdkafka_without_api_versions_reads_down_converted_records(source, served) -> None:
