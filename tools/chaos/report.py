@@ -316,6 +316,15 @@ SERVE_BLOCK = (
     "added less than the pool plus 24 MiB to RSS and were all closed at the frame "
     "deadline, where the old code held every one with no deadline.",
     "",
+    "200 consumers (100 kafka-python, 100 librdkafka, a thread each, `python -m "
+    "tools.chaos.many_consumers`) reading all 2,000 records of a 4-partition topic from "
+    "one `replicad run` that serves while it replicates from Kafka 4 (a producer adding "
+    "20 records every half second throughout; 2026-11-25, 2 shared cores): none failed, "
+    "the slowest took 5.3 s, `replicad status --json` answered within 1.2 s (a CLI process "
+    "each time, its start-up included), replication lag sampled at 0, run's RSS 50 -> 53 "
+    "MB. The suite's short version (tests/faults/test_many_consumers.py, 40 consumers, "
+    "~10 s) holds status under 2 s, lag under 5,000 records and RSS under 400 MB.",
+    "",
     "## Security of `replicad serve`",
     "",
     "What was tried, against `replicad serve` in this process or as a process of its own "

@@ -1,0 +1,28 @@
+"""Many consumers on one `replicad run` serving while it replicates (the short version of
+`python -m tools.chaos.many_consumers`, against the session broker)."""
+
+from __future__ import annotations
+
+from tools.chaos.many_consumers import PARTITIONS, many_consumers
+
+
+def test_forty_consumers_read_everything_while_run_replicates_and_answers_status(
+    kafka_broker, unique_topic, tmp_path
+) -> None:
+    topic = unique_topic()
+    result = many_consumers(
+        kafka_broker.bootstrap,
+        topic,
+        tmp_path,
+        kafka_python=20,
+        librdkafka=20,
+        create_topic=kafka_broker.create_topic,
+    )
+    assert not result.failures, result.failures
+    assert result.consumers == 40 and result.records_each == PARTITIONS * 500
+    assert result.status_asked >= 1
+    # Bounds stated in docs/reliability.md: status within 2 s, the replica within 5,000
+    # records of the source, while 40 consumers read (2 shared cores).
+    assert result.status_max_ms < 2000, result
+    assert result.lag_max < 5000, result
+    assert result.rss_peak_mb < 400, result
