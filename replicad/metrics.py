@@ -62,6 +62,8 @@ class SnapshotCollector(Collector):
             yield from _memory_pool_metrics(snap["memory_pool"])
         if snap.get("serve"):
             yield from _serve_metrics(snap["serve"])
+        if snap.get("mirror"):
+            yield from _mirror_metrics(snap["mirror"], per_partition=not self.per_topic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +334,37 @@ SERVE_FAMILIES = (
 )
 
 
+# The `mirror:` section (replicad/mirror): the whole mirror, then per mirrored partition.
+MIRROR_FAMILIES = (
+    Family(COUNTER, "mirror_produce_requests", "Produce requests sent to the destination",
+           "produce_requests"),
+    Family(COUNTER, "mirror_produce_errors", "Produce answers with an error", "produce_errors"),
+    Family(COUNTER, "mirror_produced_bytes", "Batch bytes the destination took",
+           "bytes_produced"),
+    Family(COUNTER, "mirror_producer_sessions_renewed",
+           "New producer ids after the destination forgot or fenced ours", "session_resets"),
+    Family(GAUGE, "mirror_lag", "Offsets held locally and not mirrored yet, all partitions",
+           "lag"),
+    Family(GAUGE, "mirror_destination_unreachable",
+           "1 while the destination cluster cannot be reached", "unreachable"),
+)  # fmt: skip
+MIRROR_PARTITION_FAMILIES = (
+    Family(GAUGE, "mirror_partition_lag",
+           "Offsets below the local high watermark not mirrored yet", "lag", optional=True),
+    Family(GAUGE, "mirror_mirrored_offset",
+           "Source offset below which everything is mirrored (or skipped)", "mirrored_offset"),
+    Family(GAUGE, "mirror_destination_next_offset",
+           "Destination offset the next mirrored batch lands at", "destination_next_offset",
+           optional=True),
+    Family(COUNTER, "mirror_records", "Records mirrored since start", "records_mirrored"),
+    Family(COUNTER, "mirror_gap_offsets",
+           "Offsets deleted locally before they were mirrored", "gap_offsets"),
+    Family(GAUGE, "mirror_offsets_kept",
+           "1 while every mirrored record keeps its source offset", "offsets_kept"),
+    Family(GAUGE, "mirror_halted", "1 when mirroring this partition halted", "halted"),
+)  # fmt: skip
+
+
 def _labelled(
     families: tuple[Family, ...],
     rows: Iterable[Mapping[str, Any]],
@@ -402,3 +435,20 @@ def _memory_pool_metrics(pool: Mapping[str, Any]) -> Iterator[Metric]:
 
 def _serve_metrics(serve: Mapping[str, Any]) -> Iterator[Metric]:
     yield from (family.single(serve) for family in SERVE_FAMILIES)
+
+
+def _mirror_metrics(mirror: Mapping[str, Any], *, per_partition: bool) -> Iterator[Metric]:
+    totals = {**mirror, "unreachable": 1 if mirror.get("problem") else 0}
+    yield from (family.single(totals) for family in MIRROR_FAMILIES)
+    if not per_partition:
+        return
+    rows = [
+        {**p, "halted": p.get("state") == "halted", "offsets_kept": bool(p.get("offsets_kept"))}
+        for p in mirror.get("partitions") or ()
+    ]
+    yield from _labelled(
+        MIRROR_PARTITION_FAMILIES,
+        rows,
+        ["topic", "partition"],
+        lambda part: [str(part["topic"]), str(part["partition"])],
+    )

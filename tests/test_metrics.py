@@ -205,3 +205,33 @@ def test_serve_counts_what_clients_do_wrong_under_fixed_names() -> None:
     assert samples[("replicad_serve_frame_timeouts_total", ())] == 0
     # No serve sample carries a label: nothing a client sends becomes one.
     assert all(labels == () for name, labels in samples if name.startswith("replicad_serve_"))
+
+
+def test_mirror_metrics_only_when_mirroring() -> None:
+    assert not any(name.startswith("replicad_mirror") for name, _ in scrape(snapshot()))
+    mirror = {
+        "produce_requests": 7,
+        "produce_errors": 1,
+        "bytes_produced": 4096,
+        "session_resets": 0,
+        "lag": 40,
+        "problem": "no destination broker reachable",
+        "partitions": [
+            {"topic": "t", "partition": 0, "lag": 40, "mirrored_offset": 60,
+             "destination_next_offset": 58, "records_mirrored": 58, "gap_offsets": 0,
+             "offsets_kept": False, "state": "halted"},
+        ],
+    }  # fmt: skip
+    samples = scrape(snapshot(mirror=mirror))
+    t0 = (("partition", "0"), ("topic", "t"))
+    assert samples[("replicad_mirror_produce_requests_total", ())] == 7
+    assert samples[("replicad_mirror_lag", ())] == 40
+    assert samples[("replicad_mirror_destination_unreachable", ())] == 1
+    assert samples[("replicad_mirror_partition_lag", t0)] == 40
+    assert samples[("replicad_mirror_mirrored_offset", t0)] == 60
+    assert samples[("replicad_mirror_records_total", t0)] == 58
+    assert samples[("replicad_mirror_offsets_kept", t0)] == 0
+    assert samples[("replicad_mirror_halted", t0)] == 1
+    per_topic = scrape(snapshot(mirror=mirror), per_topic=True)
+    assert ("replicad_mirror_lag", ()) in per_topic
+    assert not any(name == "replicad_mirror_partition_lag" for name, _ in per_topic)

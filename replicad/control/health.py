@@ -13,6 +13,9 @@ Rules (the worst reason decides; every reason is listed):
   a recreated topic), reconciling a divergence, lagging with no progress for
   `STALL_AFTER_MS` (stalled); a leader the daemon cannot reach; fetch responses waiting
   for the memory pool (fetch.buffer_memory caps throughput); the daemon still starting.
+- DEGRADED too, with a `mirror:` section: the destination cluster unreachable (the local
+  log keeps the data meanwhile), mirrored partitions halted (named), destination topics
+  not mirrored (a different partition count, a refused creation).
 - HEALTHY: none of the above.
 Exit codes are a monitoring plugin's: 0 healthy, 1 degraded, 2 down, and 3 when the
 daemon cannot be asked at all (`replicad status` sets that one).
@@ -83,6 +86,7 @@ def assess(snapshot: Mapping[str, Any]) -> Assessment:
         *_partitions(snapshot.get("partitions") or ()),
         *_leaders(snapshot.get("leaders") or ()),
         *_pool(snapshot.get("memory_pool") or {}),
+        *_mirror(snapshot.get("mirror") or {}),
     ]
     if not snapshot.get("ready") and not any(r.health is Health.DOWN for r in reasons):
         reasons.append(
@@ -169,6 +173,39 @@ def _pool(pool: Mapping[str, Any]) -> list[Reason]:
         "(fetch.buffer_memory limits throughput)"
     )
     return [Reason(Health.DEGRADED, "pool_saturated", text)]
+
+
+def _mirror(mirror: Mapping[str, Any]) -> list[Reason]:
+    reasons = []
+    if mirror.get("problem"):
+        reasons.append(
+            Reason(
+                Health.DEGRADED,
+                "destination_unreachable",
+                f"mirror destination unreachable: {mirror['problem']}",
+            )
+        )
+    halted = [
+        f"{p.get('topic')}-{p.get('partition')}"
+        for p in mirror.get("partitions") or ()
+        if p.get("state") == "halted"
+    ]
+    if halted:
+        shown = ", ".join(halted[:NAMED_AT_MOST])
+        more = f" and {len(halted) - NAMED_AT_MOST} more" if len(halted) > NAMED_AT_MOST else ""
+        reasons.append(
+            Reason(
+                Health.DEGRADED,
+                "mirror_halted",
+                f"{len(halted)} mirrored partition(s) halted (see their error): {shown}{more}",
+            )
+        )
+    errors = mirror.get("topic_errors") or {}
+    if errors:
+        topic, why = next(iter(sorted(errors.items())))
+        more = f" (and {len(errors) - 1} more topics)" if len(errors) > 1 else ""
+        reasons.append(Reason(Health.DEGRADED, "mirror_topic", f"{topic}: {why}{more}"))
+    return reasons
 
 
 def _seconds(value: float) -> str:

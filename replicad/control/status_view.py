@@ -70,6 +70,7 @@ def render_table(
         _leaders_section(snapshot.get("leaders") or []),
         _partitions_section(snapshot.get("partitions") or [], all_partitions, max_rows),
         _totals_section(snapshot.get("totals") or {}),
+        _mirror_section(snapshot.get("mirror") or {}, all_partitions, max_rows),
     ]
     return "\n\n".join(section for section in sections if section)
 
@@ -259,6 +260,61 @@ def _header(snap: Snapshot) -> str:
             f"{serve.get('evictions_total', 0):,} evictions"
         )
     return "\n".join(lines)
+
+
+def _mirror_section(mirror: Mapping[str, Any], all_partitions: bool, max_rows: int) -> str:
+    """The `mirror:` section: per partition the local log end, the mirrored offset and the
+    destination lag; halted and lagging partitions first."""
+    if not mirror:
+        return ""
+    parts = [
+        f"MIRROR to {mirror.get('destination', '?')}",
+        "running" if mirror.get("running") else "starting",
+        f"lag {mirror.get('lag', 0):,}",
+        f"{mirror.get('produce_requests', 0):,} produce requests",
+        f"{mirror.get('produce_errors', 0):,} errors",
+    ]
+    lines = ["  ".join(parts)]
+    if mirror.get("problem"):
+        lines.append(f"problem: {mirror['problem']}")
+    for topic, why in sorted((mirror.get("topic_errors") or {}).items()):
+        lines.append(f"topic {topic}: {why}")
+    headers = (
+        "PARTITION",
+        "LOCAL END",
+        "MIRRORED",
+        "DEST NEXT",
+        "LAG",
+        "OFFSETS",
+        "STATE",
+        "ERROR",
+    )
+    partitions = sorted(
+        mirror.get("partitions") or (),
+        key=lambda p: (
+            p.get("state") != "halted",
+            -(p.get("lag") or 0),
+            p["topic"],
+            p["partition"],
+        ),
+    )
+    shown = partitions if all_partitions else partitions[:max_rows]
+    rows = [
+        (
+            f"{p['topic']}-{p['partition']}",
+            _or_none(p.get("local_log_end")),
+            _or_none(p.get("mirrored_offset")),
+            _or_none(p.get("destination_next_offset")),
+            _or_none(p.get("lag")),
+            "kept" if p.get("offsets_kept") else "mapped",
+            str(p.get("state", NONE_MARK)),
+            _short_error(p.get("error")),
+        )
+        for p in shown
+    ]
+    table = _table(headers, rows, right={1, 2, 3, 4}) if rows else ""
+    more = f"\n... {len(partitions) - len(shown):,} more" if len(shown) < len(partitions) else ""
+    return "\n".join(lines) + ("\n" + table if table else "") + more
 
 
 def _leaders_section(leaders: Sequence[Mapping[str, Any]]) -> str:

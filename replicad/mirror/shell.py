@@ -87,8 +87,11 @@ class Mirror:
         self.destination = Destination(self.client, produce_timeout_ms=settings.produce_timeout_ms)
         self.cores: dict[TopicPartition, PartitionMirror] = {}
         self.topic_errors: dict[str, str] = {}
+        # Start-up problems (the destination unreachable before any partition runs).
         self.problem: str | None = None
         self.problem_since_ms: int | None = None
+        # Partitions whose last send failed for want of the destination: error, since (ms).
+        self._failing: dict[TopicPartition, tuple[str, int]] = {}
         self.stamp: ProducerStamp | None = None
         self.dest_cluster: ClusterMetadata | None = None
         self.started = False
@@ -318,7 +321,7 @@ class Mirror:
                     core.acked(base)
                     self.bytes_produced += len(batch)
                     backoff.reset()
-                    self._clear_problem()
+                    self._failing.pop(tp, None)
                     continue
                 self.produce_errors += 1
                 if answer.session_lost:
@@ -345,7 +348,8 @@ class Mirror:
                     core.retry()
                 else:
                     core.retry()
-                    self._set_problem(str(exc))
+                    since = self._failing.get(tp, ("", _wall_ms()))[1]
+                    self._failing[tp] = (str(exc), since)
                     self._warn("unreachable", "destination unreachable, retrying", error=str(exc))
                 with contextlib.suppress(KafkaConnectionError, ProtocolError, TimeoutError):
                     await self._refresh_metadata()
@@ -497,8 +501,16 @@ class Mirror:
 
     def _set_problem(self, text: str) -> None:
         if self.problem_since_ms is None:
-            self.problem_since_ms = time.time_ns() // 1_000_000
+            self.problem_since_ms = _wall_ms()
         self.problem = text
+
+    def _current_problem(self) -> tuple[str | None, int | None]:
+        if self.problem is not None or not self._failing:
+            return self.problem, self.problem_since_ms
+        tp, (error, since) = min(self._failing.items(), key=lambda item: item[1][1])
+        others = len(self._failing) - 1
+        more = f" (and {others} more partition{'s' if others > 1 else ''})" if others else ""
+        return f"{tp}: {error}{more}", since
 
     def _clear_problem(self) -> None:
         self.problem = None
@@ -526,16 +538,17 @@ class Mirror:
                     "batches_skipped": core.batches_skipped,
                     "held_transactions": core.held_transactions,
                     "gap_offsets": core.gap_offsets,
-                    "error": core.error,
+                    "error": core.error or self._failing.get(tp, (None,))[0],
                 }
             )
+        problem, since = self._current_problem()
         return {
             "destination": ",".join(self.settings.bootstrap_servers),
             "destination_cluster": self.dest_cluster.cluster_id if self.dest_cluster else None,
             "running": self.started,
             "producer_id": self.stamp.producer_id if self.stamp else None,
-            "problem": self.problem,
-            "problem_since_ms": self.problem_since_ms,
+            "problem": problem,
+            "problem_since_ms": since,
             "topic_errors": dict(self.topic_errors),
             "produce_requests": self.produce_requests,
             "produce_errors": self.produce_errors,
@@ -544,6 +557,10 @@ class Mirror:
             "lag": sum(p["lag"] or 0 for p in partitions),
             "partitions": partitions,
         }
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def _read_entries(

@@ -134,3 +134,36 @@ def test_the_assessment_round_trips_through_json() -> None:
         "code": "topic_missing",
         "text": "topic 'x' not found on the source",
     }
+
+
+def mirror_snapshot(**fields: Any) -> dict[str, Any]:
+    mirror = {
+        "running": True,
+        "problem": None,
+        "topic_errors": {},
+        "partitions": [
+            {"topic": "orders", "partition": 0, "state": "mirroring", "lag": 0},
+            {"topic": "orders", "partition": 1, "state": "mirroring", "lag": 5},
+        ],
+    }
+    mirror.update(fields)
+    return snapshot(mirror=mirror)
+
+
+def test_a_mirror_keeping_up_is_healthy() -> None:
+    assert assess(mirror_snapshot()).health is Health.HEALTHY
+
+
+def test_an_unreachable_destination_halted_partitions_and_refused_topics_degrade() -> None:
+    halted = [{"topic": "orders", "partition": 1, "state": "halted", "error": "x"}]
+    verdict = assess(
+        mirror_snapshot(
+            problem="no destination broker reachable",
+            partitions=halted,
+            topic_errors={"pay": "destination topic 'pay' has 2 partitions, the source 4"},
+        )
+    )
+    assert verdict.health is Health.DEGRADED
+    codes = {r.code for r in verdict.reasons}
+    assert codes == {"destination_unreachable", "mirror_halted", "mirror_topic"}
+    assert "orders-1" in verdict.headline() and "pay" in verdict.headline()

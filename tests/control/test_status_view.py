@@ -282,3 +282,33 @@ def test_watch_stops_quietly_on_ctrl_c() -> None:
     assert watch(lead_snapshot, 1.0, out, sleep=interrupted) == 0
     assert CLEAR_SCREEN not in out.getvalue()  # not a terminal: plain frames
     assert "PARTITIONS (1;" in out.getvalue()
+
+
+def test_mirror_section_shows_local_end_mirrored_offset_and_lag_halted_first() -> None:
+    snap = lead_snapshot()
+    snap["mirror"] = {
+        "destination": "b:9092",
+        "running": True,
+        "lag": 40,
+        "produce_requests": 12,
+        "produce_errors": 1,
+        "problem": None,
+        "topic_errors": {"pay": "has 2 partitions, the source 4"},
+        "partitions": [
+            {"topic": "t", "partition": 0, "local_log_end": 100, "mirrored_offset": 60,
+             "destination_next_offset": 58, "lag": 40, "offsets_kept": False,
+             "state": "mirroring", "error": None},
+            {"topic": "t", "partition": 1, "local_log_end": 10, "mirrored_offset": 10,
+             "destination_next_offset": 10, "lag": 0, "offsets_kept": True,
+             "state": "halted", "error": "destination refused the batch"},
+        ],
+    }  # fmt: skip
+    table = render_table(snap)
+    section = table.split("\n\n")[-1]
+    assert section.startswith("MIRROR to b:9092  running  lag 40")
+    assert "topic pay: has 2 partitions" in section
+    rows = [line.split()[:7] for line in section.splitlines()[3:]]
+    assert rows == [
+        ["t-1", "10", "10", "10", "0", "kept", "halted"],
+        ["t-0", "100", "60", "58", "40", "mapped", "mirroring"],
+    ]

@@ -13,8 +13,11 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,13 +55,15 @@ def mirror_config(destination: str, data_dir: Path, **mirror: Any) -> dict[str, 
     }
 
 
-def start(source: Any, destination: Any, topics: list[str], work: Path) -> ReplicadProcess:
+def start(
+    source: Any, destination: Any, topics: list[str], work: Path, **config: Any
+) -> ReplicadProcess:
     data_dir = work / "data"
     return replicad_run(
         source.bootstrap,
         topics,
         data_dir,
-        config=mirror_config(destination.bootstrap, data_dir),
+        config={**mirror_config(destination.bootstrap, data_dir), **config},
         control_socket=work / "control.sock",
         start=True,
     )
@@ -81,9 +86,9 @@ def wait_mirrored(
         rows = mirror_rows(proc)
         for tp, end in ends.items():
             row = rows.get(tp)
-            if row is None or row["error"]:
-                assert row is None or not row["error"], f"{tp}: {row['error']}"
+            if row is None:
                 return False
+            assert row["state"] != "halted", f"{tp}: {row['error']}"
             if row["mirrored_offset"] < end:
                 return False
         return True
@@ -105,12 +110,24 @@ def source_ends(broker: Any, topic: str) -> dict[TopicPartition, int]:
         consumer.close()
 
 
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
 def without_offsets(records: list[ConsumedRecord]) -> list[tuple[Any, ...]]:
     return [(r.key, r.value, r.headers, r.timestamp) for r in records]
 
 
 def test_mirror_keeps_records_codecs_and_offsets(
-    kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
+    kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path, free_port: int
 ) -> None:
     plain, mixed = unique_topic("plain"), unique_topic("txn")
     for topic in (plain, mixed):
@@ -125,9 +142,20 @@ def test_mirror_keeps_records_codecs_and_offsets(
     )
     produce_mixed(kafka_broker.bootstrap, mixed, partitions=PARTITIONS, records=1500, seed=4)
     ends = {**source_ends(kafka_broker, plain), **source_ends(kafka_broker, mixed)}
-    with start(kafka_broker, kafka_cluster, [plain, mixed], tmp_path) as proc:
+    metrics = {"control": {"metrics_listen": f"127.0.0.1:{free_port}"}}
+    with start(kafka_broker, kafka_cluster, [plain, mixed], tmp_path, **metrics) as proc:
         wait_mirrored(proc, ends)
         rows = mirror_rows(proc)
+        # Prometheus: the mirrored records of each partition, and no lag left.
+        samples = scrape(f"http://127.0.0.1:{free_port}/metrics")
+        for tp in ends:
+            labels = (("partition", str(tp.partition)), ("topic", tp.topic))
+            assert (
+                samples[("replicad_mirror_records_total", labels)]
+                == rows[tp]["records_mirrored"]
+                > 0
+            )
+            assert samples[("replicad_mirror_partition_lag", labels)] == 0
     for topic in (plain, mixed):
         want = consume_all(kafka_broker.bootstrap, topic, isolation=READ_COMMITTED)
         got = consume_all(kafka_cluster.bootstrap, topic, isolation=READ_COMMITTED)
@@ -206,6 +234,11 @@ class SourceWriter:
         self._thread.join(10)
         assert self.producer.flush(30) == 0
         assert not self.failed, self.failed[:3]
+
+
+def health_codes(proc: ReplicadProcess) -> set[str]:
+    status = proc.status(timeout_s=10) or {}
+    return {r["code"] for r in (status.get("health") or {}).get("reasons", ())}
 
 
 def logged(proc: ReplicadProcess, event: str) -> list[dict[str, Any]]:
@@ -300,12 +333,25 @@ def test_destination_outage_is_absorbed_by_the_local_log(
             )
             node = kafka_cluster.leaders(topic)[0]
             with kafka_cluster.stopped(node):
-                # The source goes on into the local log; the destination lag grows.
+                # The source goes on into the local log; the destination lag grows, and
+                # status says why.
                 proc.wait_for(
                     lambda: (mirror_rows(proc)[tp]["lag"] or 0) > 300,
                     timeout_s=60,
                     what="lag rising while the destination is down",
                 )
+                proc.wait_for(
+                    lambda: "destination_unreachable" in health_codes(proc),
+                    timeout_s=30,
+                    what="status to name the destination",
+                )
+                table = subprocess.run(
+                    [sys.executable, "-m", "replicad.cli", "status", "--socket",
+                     str(proc.control_socket)],
+                    capture_output=True, text=True, timeout=60,
+                ).stdout  # fmt: skip
+                assert "mirror destination unreachable" in table
+                assert f"{tp.topic}-0" in table.split("MIRROR to")[1]
             peak = max(lags)
         wait_mirrored(proc, source_ends(kafka_broker, topic), timeout_s=120)
         assert mirror_rows(proc)[tp]["lag"] == 0 < peak
