@@ -23,9 +23,10 @@ import os
 import shutil
 import subprocess
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from tools.peers.admin import create_topic_and_wait
 from tools.peers.broker import BrokerProcess, tail
 from tools.peers.process import (
     LOOPBACK,
@@ -200,7 +201,50 @@ def topic_config(
     return settings
 
 
-class KafkaBroker(BrokerProcess):
+class KafkaTopics:
+    """Topics on an Apache Kafka peer, a broker or a cluster: replication factor 1, the
+    peer's `segment_bytes` unless `create_topic` is told another (`config` wins over both),
+    and back only once every partition is served. A peer says how it creates them
+    (`_create_topics`) and how long that may take (`CREATE_TIMEOUT_S`)."""
+
+    CREATE_TIMEOUT_S: float = 30
+    segment_bytes: int | None
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        config: Mapping[str, str] | None = None,
+        *,
+        segment_bytes: int | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Create a topic and wait until every partition is served."""
+        self.create_topics(
+            [name], partitions, config, segment_bytes=segment_bytes, timeout_s=timeout_s
+        )
+
+    def create_topics(
+        self,
+        names: Iterable[str],
+        partitions: int,
+        config: Mapping[str, str] | None = None,
+        *,
+        segment_bytes: int | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        """`create_topic` for several topics of `partitions` partitions each."""
+        size = segment_bytes if segment_bytes is not None else self.segment_bytes
+        wait_s = self.CREATE_TIMEOUT_S if timeout_s is None else timeout_s
+        self._create_topics(list(names), partitions, topic_config(size, config), wait_s)
+
+    def _create_topics(
+        self, names: list[str], partitions: int, settings: dict[str, str], timeout_s: float
+    ) -> None:
+        raise NotImplementedError
+
+
+class KafkaBroker(KafkaTopics, BrokerProcess):
     """One Apache Kafka broker (combined broker + controller) in `workdir`.
 
     `broker_config` entries override `harness_broker_config()`. `segment_bytes`
@@ -240,21 +284,11 @@ class KafkaBroker(BrokerProcess):
 
     # -- topics and tools ------------------------------------------------------------
 
-    def create_topic(
-        self,
-        name: str,
-        partitions: int,
-        config: Mapping[str, str] | None = None,
-        *,
-        segment_bytes: int | None = None,
-        timeout_s: float = 30,
+    def _create_topics(
+        self, names: list[str], partitions: int, settings: dict[str, str], timeout_s: float
     ) -> None:
-        """Create a topic (replication factor 1) and wait until every partition is served.
-
-        `segment_bytes` (or else the broker's) sets the segment size; `config` wins over both.
-        """
-        size = segment_bytes if segment_bytes is not None else self.segment_bytes
-        super().create_topic(name, partitions, topic_config(size, config), timeout_s=timeout_s)
+        for name in names:
+            create_topic_and_wait(self.bootstrap, name, partitions, settings, timeout_s=timeout_s)
 
     def partition_dir(self, topic: str, partition: int) -> Path:
         """The broker's own directory of one partition's segments."""

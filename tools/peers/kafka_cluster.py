@@ -41,7 +41,7 @@ from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from replicad.types import TopicPartition
 from tools.peers.admin import admin_client
 from tools.peers.broker import BIND_ATTEMPTS
-from tools.peers.kafka import KafkaBroker, _new_cluster_id, topic_config
+from tools.peers.kafka import KafkaBroker, KafkaTopics, _new_cluster_id
 from tools.peers.process import LOOPBACK, PeerError, free_port, wait_until
 from tools.peers.service import Service
 
@@ -100,7 +100,7 @@ class _ClusterNode(KafkaBroker):
         self._port, self._controller_port = ports
 
 
-class KafkaCluster(Service):
+class KafkaCluster(KafkaTopics, Service):
     """`nodes` Apache Kafka nodes (combined broker + controller), one quorum, in `workdir`.
 
     `broker_config` is given to every node on top of the harness's and the
@@ -109,6 +109,7 @@ class KafkaCluster(Service):
     """
 
     what = "Kafka cluster"
+    CREATE_TIMEOUT_S = 120
 
     def __init__(
         self,
@@ -214,39 +215,16 @@ class KafkaCluster(Service):
     def admin(self) -> AdminClient:
         return admin_client(self.bootstrap)
 
-    def create_topic(
-        self,
-        name: str,
-        partitions: int,
-        config: Mapping[str, str] | None = None,
-        *,
-        segment_bytes: int | None = None,
-        timeout_s: float = 120,
+    def _create_topics(
+        self, names: list[str], partitions: int, settings: dict[str, str], timeout_s: float
     ) -> None:
-        """Create a topic (replication factor 1, leaders spread over the nodes) and wait
-        until every partition has a leader and answers ListOffsets."""
-        self.create_topics(
-            [name], partitions, config, segment_bytes=segment_bytes, timeout_s=timeout_s
-        )
-
-    def create_topics(
-        self,
-        names: Iterable[str],
-        partitions: int,
-        config: Mapping[str, str] | None = None,
-        *,
-        segment_bytes: int | None = None,
-        timeout_s: float = 120,
-    ) -> None:
-        """`create_topic` for several topics of `partitions` partitions each."""
-        names = list(names)
+        # Leaders spread over the nodes; served means every partition has a leader that
+        # answers ListOffsets.
         if partitions > MAX_PARTITIONS_PER_TOPIC:
             raise ValueError(
                 f"{partitions:,} partitions in one topic exceeds what the controller accepts in "
                 f"one operation; use several topics of at most {MAX_PARTITIONS_PER_TOPIC:,}"
             )
-        size = segment_bytes if segment_bytes is not None else self.segment_bytes
-        settings = topic_config(size, config)
         admin = self.admin()
         for name in names:
             # One request per topic: the controller's cap applies to a whole request.
