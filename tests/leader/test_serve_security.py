@@ -23,6 +23,7 @@ import struct
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -614,6 +615,33 @@ def stopped_metrics(serve: ReplicadProcess) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
+@dataclass(frozen=True)
+class Followed:
+    """A follower that ran against a serve, both stopped: its process, serve's last metrics."""
+
+    follower: ReplicadProcess
+    metrics: dict[str, Any]
+
+
+def follow(
+    serve: ReplicadProcess,
+    tmp_path: Path,
+    port: int,
+    security_yaml: str,
+    until: Callable[[ReplicadProcess], bool],
+    what: str,
+) -> Followed:
+    """A replicad follower of `serve` (on `port`) until `until(follower)` holds; then both
+    stop, each cleanly."""
+    follower = start_follower(tmp_path, port, security_yaml)
+    try:
+        follower.wait_for(lambda: until(follower), timeout_s=60, what=what)
+    finally:
+        assert follower.stop() == 0, follower.output()[-3000:]
+        metrics = stopped_metrics(serve)
+    return Followed(follower, metrics)
+
+
 def assert_same_replica(served_dir: Path, follower_dir: Path) -> None:
     for p in range(PARTITIONS):
         name = f"{TOPIC}-{p}"
@@ -646,16 +674,15 @@ def test_a_replicad_follower_over_sasl_ssl_gets_a_privileged_session(
     port = free_port()
     serve = serve_process(data_dir, port, sasl_serve_flags(pki, users_file), tmp_path / "s.log")
     password = users_file.parent / "replica.password"
-    follower = start_follower(tmp_path, port, sasl_follower_yaml(pki, "replica", password))
-    try:
-        wait_until(
-            lambda: caught_up(tmp_path / "follower-data", rows),
-            timeout_s=60,
-            what="the follower to replicate from the secured serve",
-        )
-    finally:
-        assert follower.stop() == 0, follower.output()[-3000:]
-        metrics = stopped_metrics(serve)
+    followed = follow(
+        serve,
+        tmp_path,
+        port,
+        sasl_follower_yaml(pki, "replica", password),
+        lambda _: caught_up(tmp_path / "follower-data", rows),
+        "the follower to replicate from the secured serve",
+    )
+    follower, metrics = followed.follower, followed.metrics
     assert_same_replica(data_dir, tmp_path / "follower-data")
     assert metrics["privileged_sessions_created_total"] >= 1
     assert metrics["incremental_fetches_total"] >= 1
@@ -672,16 +699,14 @@ def test_a_replicad_follower_with_another_principal_is_not_a_follower(
     port = free_port()
     serve = serve_process(data_dir, port, sasl_serve_flags(pki, users_file), tmp_path / "s.log")
     password = users_file.parent / "reader.password"
-    follower = start_follower(tmp_path, port, sasl_follower_yaml(pki, "reader", password))
-    try:
-        wait_until(
-            lambda: "topic_authorization_failed" in follower.output(),
-            timeout_s=60,
-            what="the follower to be refused as a follower",
-        )
-    finally:
-        assert follower.stop() == 0, follower.output()[-3000:]
-        metrics = stopped_metrics(serve)
+    metrics = follow(
+        serve,
+        tmp_path,
+        port,
+        sasl_follower_yaml(pki, "reader", password),
+        lambda follower: "topic_authorization_failed" in follower.output(),
+        "the follower to be refused as a follower",
+    ).metrics
     assert metrics.get("privileged_sessions_created_total", 0) == 0
     assert metrics["unauthorized_follower_fetches_total"] >= 1
     assert metrics["authentications_total"] >= 1
@@ -709,16 +734,14 @@ def test_a_replicad_follower_over_mutual_tls_gets_a_privileged_session(
         f"      cert_file: {pki.client_cert}\n"
         f"      key_file: {pki.client_key}\n"
     )
-    follower = start_follower(tmp_path, port, tls_yaml)
-    try:
-        wait_until(
-            lambda: caught_up(tmp_path / "follower-data", rows),
-            timeout_s=60,
-            what="the follower to replicate over mutual TLS",
-        )
-    finally:
-        assert follower.stop() == 0, follower.output()[-3000:]
-        metrics = stopped_metrics(serve)
+    metrics = follow(
+        serve,
+        tmp_path,
+        port,
+        tls_yaml,
+        lambda _: caught_up(tmp_path / "follower-data", rows),
+        "the follower to replicate over mutual TLS",
+    ).metrics
     assert_same_replica(data_dir, tmp_path / "follower-data")
     assert metrics["privileged_sessions_created_total"] >= 1
 
