@@ -345,6 +345,10 @@ class ServeConfig:
     # How long a connection has for its TLS handshake (at most 60 s), and one to a SASL
     # listener to authenticate.
     authentication_timeout_ms: int = 10_000
+    # Kafka's request_percentage quota (KIP-124), for every client address: the share of
+    # the event loop's time one address may use; over it, answers carry throttle_time_ms
+    # and the connection is not read for that long. None = no quota (Kafka's default).
+    request_quota_percentage: int | None = None
     # message.downconversion.enable (KIP-283): whether consumers of the old protocol (Fetch
     # below v4: magic 0/1 messages) get records converted from the stored format; off, they
     # get UNSUPPORTED_VERSION, as from Kafka. Followers are never down-converted.

@@ -226,6 +226,7 @@ SCHEMA = Section(
                 "max_connections_per_ip": Int(1, INT32_MAX),
                 "failed_authentication_delay_ms": Int(0, INT32_MAX),
                 "authentication_timeout_ms": Int(1, INT32_MAX),
+                "request_quota_percentage": Int(1, 100, nullable=True),
                 "message_downconversion_enable": Bool(),
             },
             nullable=True,

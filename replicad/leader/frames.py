@@ -66,6 +66,16 @@ def encode_response(body: Any, correlation_id: int) -> ResponseFrame:
     return ResponseFrame((codec.encode_response(body, correlation_id),))
 
 
+def with_throttle_time(frame: ResponseFrame, position: int, throttle_ms: int) -> ResponseFrame:
+    """`frame` with its throttle_time_ms (an int32 at byte `position` of its first part,
+    where the response's first field is) set to `throttle_ms`."""
+    first = frame.parts[0]
+    if not isinstance(first, bytes) or len(first) < position + _I32.size:
+        raise LocalProtocolError("throttle_time_ms is not in the response's first part")
+    patched = first[:position] + _I32.pack(throttle_ms) + first[position + _I32.size :]
+    return ResponseFrame((patched, *frame.parts[1:]))
+
+
 def raw_response(header: bytes, body: bytes) -> ResponseFrame:
     return ResponseFrame((header + body,))
 

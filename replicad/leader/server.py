@@ -23,6 +23,10 @@ Rules:
 - Connections beyond `max_connections` (held below the open-file limit, with room for the
   log's files) or `max_connections_per_ip` are closed as soon as accepted; accept() failing
   for want of descriptors is one rate-limited line, never a traceback per attempt.
+- Quotas (off unless `request_quota_percentage` is set; quotas.py): the loop's CPU time a
+  request took to decode and answer (never its waits) is charged to its client address;
+  over the quota, the answer carries throttle_time_ms (where the response's first field
+  is throttle_time_ms) and the connection is not read again until it has passed.
 - Authentication: SASL steps run on a thread of their own (PLAIN hashes the password with
   PBKDF2), one at a time; a failed one is answered `failed_authentication_delay_ms` later.
 - What clients do wrong is a `ServeEvent` (events.py): counted, logged at a limited rate,
@@ -54,7 +58,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
+import functools
 import random
 import resource
 import signal
@@ -84,7 +90,14 @@ from replicad.leader.fetch import (
     view_of_legacy_request,
 )
 from replicad.leader.fetch_response import fetch_response_frame
-from replicad.leader.frames import ResponseFrame, encode_response, raw_response, response_header_v0
+from replicad.leader.frames import (
+    ResponseFrame,
+    encode_response,
+    raw_response,
+    response_header_v0,
+    with_throttle_time,
+)
+from replicad.leader.quotas import RequestQuota
 from replicad.leader.reads import TransactionTracker
 from replicad.leader.refusals import NO_COORDINATOR_MESSAGE, READ_ONLY_MESSAGE, error_response
 from replicad.leader.request_limits import (
@@ -114,6 +127,7 @@ from replicad.protocol.codec import (
     decode_request,
     peek_request_head,
     request_type,
+    response_header,
     response_type,
 )
 from replicad.records.downconvert import LazyDownConversion, overflow_entry
@@ -197,6 +211,8 @@ class _Peer:
     told_unauthorized: bool = False
     # Loop time by which a SASL listener's connection must have authenticated.
     authenticate_by: float = float("inf")
+    # The client's address without its port: what connection limits and quotas count by.
+    ip: str = ""
 
     @property
     def authenticating(self) -> bool:
@@ -254,6 +270,8 @@ class LeaderServer:
         # SASL steps (PLAIN's PBKDF2) on one thread: guessing costs a core at most.
         self._authenticator = ThreadPoolExecutor(max_workers=1, thread_name_prefix="serve-sasl")
         self.pool = RequestMemoryPool(settings.queued_max_request_bytes)
+        percentage = settings.request_quota_percentage
+        self.quota = RequestQuota(percentage) if percentage else None
         self.max_connections = settings.max_connections
         self._per_ip: Counter[str] = Counter()
         self._log_files = logs.config.max_open_files
@@ -410,7 +428,9 @@ class LeaderServer:
         try:
             if self.security is not None and self.security.tls is not None:
                 await self._start_tls(writer, str(peer))
-            await self._serve(reader, writer, self._new_peer(str(peer), writer))
+            client = self._new_peer(str(peer), writer)
+            client.ip = ip
+            await self._serve(reader, writer, client)
         except (asyncio.IncompleteReadError, ConnectionError, _Closed):
             pass
         except ssl.SSLError as exc:
@@ -438,6 +458,8 @@ class LeaderServer:
                 self._per_ip[ip] -= 1
                 if self._per_ip[ip] <= 0:
                     del self._per_ip[ip]
+                    if self.quota is not None:
+                        self.quota.forget(ip)
 
     def _admit(self, ip: str, address: str) -> bool:
         """Whether a new connection from `ip` is within the connection limits."""
@@ -471,6 +493,7 @@ class LeaderServer:
                 # An unauthenticated client may not make the server hold a large frame.
                 raise _Close(f"request frame of {size} bytes before SASL authentication")
             taken = 0
+            throttle_ms = 0
             try:
                 try:
                     async with asyncio.timeout(self._frame_time_s(peer)):
@@ -480,16 +503,37 @@ class LeaderServer:
                     raise self._timed_out(peer, ServeEvent.FRAME_TIMEOUT, frame_bytes=size) from exc
                 if peer.sasl is not None and await self._sasl_gate(frame, peer, writer):
                     continue
+                head = peek_request_head(frame)
+                uncharged = [0.0]
+                _UNCHARGED.set(uncharged)
+                cpu_before = time.thread_time()
                 response = await self._handle(frame, peer)
                 del frame  # its pool bytes are given back below: hold it no longer
+                used_ms = 1000 * (time.thread_time() - cpu_before - uncharged[0])
+                throttle_ms = self._charge(peer, used_ms)
                 if response is not None:
+                    position = _throttle_position(head.api_key, head.api_version)
+                    if throttle_ms and position is not None:
+                        response = with_throttle_time(response, position, throttle_ms)
                     await self._send(writer, response)
             finally:
                 self.pool.give_back(taken)
+            if throttle_ms:
+                # KIP-219: the client was told, and this connection is muted meanwhile.
+                await asyncio.sleep(throttle_ms / 1000)
             if loop.time() - turn_started >= TURN_S:
                 # The others' turn: with requests already buffered, nothing above waits.
                 await asyncio.sleep(0)
                 turn_started = loop.time()
+
+    def _charge(self, peer: _Peer, used_ms: float) -> int:
+        """Charge a request's loop time to its client; the throttle time it earned."""
+        if self.quota is None:
+            return 0
+        throttle_ms = self.quota.record(peer.ip, used_ms, self._now_ms())
+        if throttle_ms:
+            self.events.note(ServeEvent.THROTTLED, peer=peer.address, throttle_ms=throttle_ms)
+        return throttle_ms
 
     async def _next_frame_size(self, reader: asyncio.StreamReader, peer: _Peer) -> int:
         """The next request's size prefix, within the idle (or authentication) deadline."""
@@ -666,7 +710,8 @@ class LeaderServer:
             decoded = _decode_request(frame, head)
         else:
             loop = asyncio.get_running_loop()
-            decoded = await loop.run_in_executor(self._decoder, _decode_request, frame, head)
+            with _not_charged():
+                decoded = await loop.run_in_executor(self._decoder, _decode_request, frame, head)
         held = self.catalog.partition_count(now_ms=self._now_ms())
         counted = count_elements(decoded.body, plausible_elements(held))
         if not counted.plausible:
@@ -785,7 +830,8 @@ class LeaderServer:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
-            await self._wait_for_change(handling, last.answers.keys(), remaining)
+            with _not_charged():
+                await self._wait_for_change(handling, last.answers.keys(), remaining)
             last = handling.read(now_ms=self._now_ms())
         outcome = handling.finish(last, now_ms=self._now_ms())
         self._count_session_use(handling, outcome.session_id)
@@ -878,6 +924,38 @@ class LeaderServer:
                 writer.write(piece)
         self.counters["downconverted_bytes_total"] += sent
         self.counters["downconverted_records_total"] += conversion.stats.records_converted
+
+
+# Loop CPU seconds spent, during the request being charged, on awaits that are not its own
+# work (other connections run meanwhile); set per request, read by `_not_charged`.
+_UNCHARGED: contextvars.ContextVar[list[float]] = contextvars.ContextVar("uncharged")
+
+
+@contextlib.contextmanager
+def _not_charged() -> Iterator[None]:
+    start = time.thread_time()
+    try:
+        yield
+    finally:
+        box = _UNCHARGED.get(None)
+        if box is not None:
+            box[0] += time.thread_time() - start
+
+
+@functools.cache
+def _throttle_position(api_key: int, version: int) -> int | None:
+    """Where throttle_time_ms is in a response of this API and version, when it is the
+    response's first field (most APIs since their second version); else None."""
+    if api_key == ApiKey.FETCH and version in legacy_codec.LEGACY_FETCH_VERSIONS:
+        return SIZE.size if version >= legacy_codec.FETCH_THROTTLE_VERSION else None
+    try:
+        response_cls = response_type(api_key, version)
+    except (UnknownAPIKey, UnknownEntity):
+        return None
+    fields = dataclasses.fields(response_cls)
+    if not fields or fields[0].name != "throttle_time":
+        return None
+    return len(response_header(response_cls, 0))
 
 
 def _decode_request(frame: bytes, head: RequestHead) -> DecodedRequest:

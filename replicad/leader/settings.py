@@ -55,6 +55,7 @@ class ServeSettings:
     max_connections_per_ip: int = 1_000
     failed_authentication_delay_ms: int = 100
     authentication_timeout_ms: int = 10_000
+    request_quota_percentage: int | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -92,6 +93,7 @@ class ServeSettings:
             max_connections_per_ip=config.max_connections_per_ip,
             failed_authentication_delay_ms=config.failed_authentication_delay_ms,
             authentication_timeout_ms=config.authentication_timeout_ms,
+            request_quota_percentage=config.request_quota_percentage,
             downconversion_enable=config.message_downconversion_enable,
             **overrides,
         )

@@ -8,6 +8,7 @@ import asyncio
 import os
 import resource
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -30,6 +31,8 @@ from tools.chaos.hostile import (
     connection_flood,
     huge_fetch,
     legacy_invalid_utf8,
+    read_frame,
+    request_frame,
     sasl_plain_guesses,
     stalled_frames,
     still_open,
@@ -438,3 +441,44 @@ def test_silent_tls_clients_are_closed_at_the_handshake_deadline_and_leave_nothi
     # The first round's peak (~120 KB per TLS connection) stays with the allocator; later
     # rounds reuse it (measured: +60 MiB, then +12, -4). Before, every round added its own.
     assert after[-1] - after[0] < 24 * MIB, [round(a / MIB) for a in after]
+
+
+# -- quotas -----------------------------------------------------------------------------------
+
+
+def test_a_client_over_its_request_quota_is_told_to_wait_and_muted(
+    replica, serve_in_thread
+) -> None:
+    served = serve_in_thread(replica, ServeSettings(request_quota_percentage=1))
+    list_offsets_v2 = request_frame(2, 2, 1, struct.pack(">ibi", -1, 0, 0))  # no topics
+    throttles: list[int] = []
+    # The greedy client from another address of the loopback: quotas are per address.
+    with (
+        FetchLatency(address(served), TOPIC) as normal,
+        socket.create_connection(address(served), 5, ("127.0.0.2", 0)) as greedy,
+    ):
+        greedy.settimeout(10)
+        sender = threading.Thread(
+            target=greedy.sendall, args=(list_offsets_v2 * 50_000,), daemon=True
+        )
+        sender.start()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            answer = read_frame(greedy)
+            if answer is None:
+                break
+            (throttle,) = struct.unpack_from(">i", answer, 4)  # after the correlation id
+            throttles.append(throttle)
+            if throttle:
+                muted_from = time.monotonic()
+                greedy.settimeout(throttle / 1000 / 2)
+                with pytest.raises(TimeoutError):
+                    read_frame(greedy)  # nothing more while the throttle lasts
+                assert time.monotonic() - muted_from >= throttle / 1000 / 2
+                break
+    assert throttles and throttles[-1] > 0, f"never throttled in {len(throttles)} answers"
+    assert served.metrics()["throttled_responses_total"] >= 1
+    # 1% of the loop over at least 10 s is 100 ms, a few thousand of these requests.
+    assert len(throttles) < 50_000
+    # The plain Fetch, from its own address, is not held back by the greedy one's quota.
+    assert not normal.failures and normal.quantile_ms(0.9) < 500
