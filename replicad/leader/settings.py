@@ -3,6 +3,7 @@ knobs that shape a Fetch answer, under Kafka's names and with Kafka's defaults."
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -14,11 +15,10 @@ from replicad.session.cache import DEFAULT_EVICTION_MS, DEFAULT_MAX_SLOTS
 MIB = 1024 * 1024
 # Kafka's broker `fetch.max.bytes`: the most one Fetch response carries, whatever it asks.
 DEFAULT_FETCH_MAX_BYTES = 55 * MIB
-# Kafka's `socket.request.max.bytes`: a larger request frame closes the connection.
-DEFAULT_MAX_REQUEST_BYTES = 100 * MIB
-# Kafka's `queued.max.request.bytes` is unbounded by default; ours holds a few of the largest
-# frames (KIP-72).
-DEFAULT_QUEUED_MAX_REQUEST_BYTES = 128 * MIB
+# The defaults of the serve: keys ServeSettings shares with the config file (one place).
+_CONFIG_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {f.name: f.default for f in dataclasses.fields(ServeConfig)}
+)
 # KIP-283: how much on-disk data is down-converted at a time (Kafka's MAX_READ_SIZE).
 DEFAULT_DOWNCONVERSION_CHUNK_BYTES = 128 * 1024
 # Followers and consumers are told this node's id (Kafka's `node.id`).
@@ -39,7 +39,7 @@ class ServeSettings:
     max_session_slots: int = DEFAULT_MAX_SLOTS
     session_eviction_ms: int = DEFAULT_EVICTION_MS
     fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_request_bytes: int = _CONFIG_DEFAULTS["max_request_bytes"]
     # KIP-283: Kafka's broker `log.message.downconversion.enable` ...
     downconversion_enable: bool = True
     # ... and its per-topic `message.downconversion.enable`, which wins over the broker's.
@@ -47,15 +47,16 @@ class ServeSettings:
         default_factory=lambda: MappingProxyType({})
     )
     downconversion_chunk_bytes: int = DEFAULT_DOWNCONVERSION_CHUNK_BYTES
-    # What one client may ask (ServeConfig's keys of the same names say what each is).
-    queued_max_request_bytes: int = DEFAULT_QUEUED_MAX_REQUEST_BYTES
-    request_frame_timeout_ms: int = 30_000
-    connections_max_idle_ms: int = 600_000
-    max_connections: int = 10_000
-    max_connections_per_ip: int = 1_000
-    failed_authentication_delay_ms: int = 100
-    authentication_timeout_ms: int = 10_000
-    request_quota_percentage: int | None = None
+    # What one client may ask: ServeConfig's keys of the same names, with its defaults
+    # (its comments say what each is).
+    queued_max_request_bytes: int = _CONFIG_DEFAULTS["queued_max_request_bytes"]
+    request_frame_timeout_ms: int = _CONFIG_DEFAULTS["request_frame_timeout_ms"]
+    connections_max_idle_ms: int = _CONFIG_DEFAULTS["connections_max_idle_ms"]
+    max_connections: int = _CONFIG_DEFAULTS["max_connections"]
+    max_connections_per_ip: int = _CONFIG_DEFAULTS["max_connections_per_ip"]
+    failed_authentication_delay_ms: int = _CONFIG_DEFAULTS["failed_authentication_delay_ms"]
+    authentication_timeout_ms: int = _CONFIG_DEFAULTS["authentication_timeout_ms"]
+    request_quota_percentage: int | None = _CONFIG_DEFAULTS["request_quota_percentage"]
 
     def __post_init__(self) -> None:
         for name in (
