@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from replicad import __version__
-from replicad.errors import ConfigError, LogDirLockedError, ReplicadError
+from replicad.errors import ConfigError, ReplicadError
 from replicad.exits import (
     EX_CANTCREAT,
     EX_CONFIG,
@@ -88,10 +88,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 reconfigure_logging=relog,
             )
         )
-    except LogDirLockedError as exc:
-        print(f"replicad: {exc}", file=sys.stderr)
-        return EX_FAILURE
-    except ReplicadError as exc:
+    except ReplicadError as exc:  # another daemon holding the data dir among them
         print(f"replicad: {exc}", file=sys.stderr)
         return EX_FAILURE
     except OSError as exc:
@@ -233,11 +230,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"replicad serve: {exc}", file=sys.stderr)
         return EX_USAGE
-    except OSError as exc:
-        # The address is taken, or a TLS file changed since it was checked.
-        print(f"replicad serve: {exc}", file=sys.stderr)
-        return EX_FAILURE
-    except ReplicadError as exc:
+    except (OSError, ReplicadError) as exc:
+        # OSError: the address is taken, or a TLS file changed since it was checked.
         print(f"replicad serve: {exc}", file=sys.stderr)
         return EX_FAILURE
     except KeyboardInterrupt:

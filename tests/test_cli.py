@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from replicad.exits import EX_CANTCREAT, EX_CONFIG
+from replicad.exits import EX_CANTCREAT, EX_CONFIG, EX_FAILURE
 from tools.replica import ReplicadProcess, replicad_run, wait_until
 
 REPLICAD = [sys.executable, "-m", "replicad.cli"]
@@ -166,3 +166,18 @@ def test_status_without_a_daemon_exits_3(tmp_path: Path) -> None:
     result = status(tmp_path / "nothing.sock")
     assert result.returncode == 3
     assert "not running" in result.stderr
+
+
+def test_a_data_dir_another_daemon_holds_is_one_line_naming_its_pid(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    with replicad_run("127.0.0.1:9", "orders", data_dir) as first:
+        # The lock is taken when the logs are opened, before the (unreachable) source.
+        first.wait_for(lambda: (data_dir / ".lock").exists(), timeout_s=60, what="the lock")
+        second = replicad(
+            "run", "--bootstrap-servers", "127.0.0.1:9", "--topics", "orders",
+            "--data-dir", str(data_dir), "--control-socket", str(tmp_path / "second.sock"),
+        )  # fmt: skip
+    assert second.returncode == EX_FAILURE, second.stderr
+    assert "Traceback" not in second.stderr, second.stderr
+    line = second.stderr.strip().splitlines()[-1]
+    assert line.startswith("replicad: data directory ") and f"(pid {first.pid})" in line, line
