@@ -34,6 +34,7 @@ from tools.chaos.hostile import (
     read_frame,
     request_frame,
     sasl_plain_guesses,
+    scram_replay,
     stalled_frames,
     still_open,
     unknown_versions,
@@ -441,6 +442,22 @@ def test_silent_tls_clients_are_closed_at_the_handshake_deadline_and_leave_nothi
     # The first round's peak (~120 KB per TLS connection) stays with the allocator; later
     # rounds reuse it (measured: +60 MiB, then +12, -4). Before, every round added its own.
     assert after[-1] - after[0] < 24 * MIB, [round(a / MIB) for a in after]
+
+
+def test_a_replayed_scram_exchange_is_refused(replica, serve_in_thread, plain_users) -> None:
+    config = serve_security_from_options(
+        {
+            "serve.security.sasl.mechanisms": ["scram-sha-256"],
+            "serve.security.sasl.users_file": str(plain_users),
+        }
+    )
+    served = serve_in_thread(
+        replica, ServeSettings(), security=ServerSecurity.from_config(config, frozenset())
+    )
+    replay = scram_replay(address(served), "reader", "right-password")
+    assert replay.recorded_error == 0  # the honest exchange authenticated
+    assert replay.replayed_error != 0 and replay.closed_after_replay, replay
+    assert served.metrics()["authentication_failures_total"] == 1
 
 
 # -- quotas -----------------------------------------------------------------------------------

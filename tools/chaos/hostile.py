@@ -16,6 +16,7 @@ Probes:
 - `unknown_versions`: one connection asking ApiVersions v5 .. vN, and api keys no one has.
 - `legacy_invalid_utf8`: Fetch v0 requests whose client id is not UTF-8.
 - `sasl_plain_guesses`: SASL PLAIN attempts with a wrong password, one per connection.
+- `scram_replay`: a recorded SCRAM exchange sent again on a new connection.
 """
 
 from __future__ import annotations
@@ -324,6 +325,57 @@ def sasl_plain_guesses(
             if answer is not None and struct.unpack_from(">h", answer, 4)[0] != 0:
                 refused += 1
     return Guesses(attempts, refused, time.monotonic() - start, slowest)
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    recorded_error: int  # SaslAuthenticate's error code for the honest exchange (0 = ok)
+    replayed_error: int  # ... for the recorded client-final sent again on a new connection
+    closed_after_replay: bool
+
+
+def _sasl_step(sock: socket.socket, correlation_id: int, token: bytes) -> tuple[int, bytes]:
+    """One SaslAuthenticate v1 round trip: (error code, the server's auth bytes)."""
+    sock.sendall(request_frame(SASL_AUTHENTICATE, 1, correlation_id, _I32.pack(len(token)) + token))
+    answer = read_frame(sock)
+    if answer is None:
+        return -1, b""
+    (error,) = struct.unpack_from(">h", answer, 4)
+    (message_len,) = struct.unpack_from(">h", answer, 6)
+    at = 8 + max(message_len, 0)
+    (size,) = _I32.unpack_from(answer, at)
+    return error, answer[at + 4 : at + 4 + max(size, 0)]
+
+
+def _sasl_handshake(sock: socket.socket, mechanism: str) -> None:
+    name = mechanism.encode()
+    sock.sendall(request_frame(SASL_HANDSHAKE, 1, 1, struct.pack(">h", len(name)) + name))
+    read_frame(sock)
+
+
+def scram_replay(
+    address: tuple[str, int], user: str, password: str, mechanism: str = "SCRAM-SHA-256"
+) -> Replay:
+    """An honest SCRAM exchange, recorded; then its client-first and client-final sent
+    again on a new connection (the server's nonce differs there, so the proof must fail)."""
+    from scramp import ScramClient
+
+    client = ScramClient([mechanism], user, password)
+    with connect(address) as sock:
+        sock.settimeout(10)
+        _sasl_handshake(sock, mechanism)
+        first = client.get_client_first().encode()
+        _, server_first = _sasl_step(sock, 2, first)
+        client.set_server_first(server_first.decode())
+        final = client.get_client_final().encode()
+        recorded_error, _ = _sasl_step(sock, 3, final)
+    with connect(address) as sock:
+        sock.settimeout(10)
+        _sasl_handshake(sock, mechanism)
+        _sasl_step(sock, 2, first)
+        replayed_error, _ = _sasl_step(sock, 3, final)
+        closed = read_frame(sock) is None
+    return Replay(recorded_error, replayed_error, closed)
 
 
 # -- the client that must keep being served ----------------------------------------------------

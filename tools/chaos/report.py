@@ -308,7 +308,9 @@ SERVE_BLOCK = (
     "answered; a connection answers buffered requests for 5 ms before the others' turn; "
     "frames over 64 KiB share `serve.queued_max_request_bytes` (128 MiB), so what clients "
     "can make serve hold is that pool plus ~192 KiB per connection (`max_connections` "
-    "10,000, held below the open-file limit). In the suite "
+    "10,000, held below the open-file limit). `serve.request_quota_percentage` (off by "
+    "default, as in Kafka) adds Kafka's request quota per client address: over it, the "
+    "answer carries throttle_time_ms and the connection is muted that long. In the suite "
     "(`tests/leader/test_serve_hostile.py`, ~50 s), each finding of issue 22 has a test "
     "that failed on the old code, with kafka-python reading every record beside the probe. "
     "The stalled_frames row shows no memory either way (in 2 s serve had not read the 40 "
@@ -350,10 +352,12 @@ SERVE_BLOCK = (
     "- A principal not in `follower_principals` claiming a replica id gets "
     "TOPIC_AUTHORIZATION_FAILED (as from Kafka without ClusterAction), and no privileged "
     "session; consumers are not affected.",
-    "- Not yet tried here: a replay of a recorded SCRAM exchange (the server's nonce is "
-    "fresh for each connection, so a replayed client proof should fail; no test shows it), "
-    "and a scan of every log line of the suite for secrets (the config, the users file and "
-    "the SASL failure lines are checked for passwords by their own tests).",
+    "- A replayed SCRAM exchange (`scram_replay`: an honest SCRAM-SHA-256 login recorded, "
+    "its client-first and client-final sent again on a new connection): the server's "
+    "nonce differs, the proof fails, the answer is an authentication error and the "
+    "connection is closed; the honest exchange itself authenticated.",
+    "- Not tried here: a scan of every log line of the suite for secrets (the config, the "
+    "users file and the SASL failure lines are checked for passwords by their own tests).",
     "",
 )
 
