@@ -250,10 +250,15 @@ class SimCluster:
             return
         new_start = log.batches[batches].base
         for replica in p.replicas.values():
+            old_end = replica.end
             replica.batches = [b for b in replica.batches if b.base >= new_start]
             replica.log_start = max(replica.log_start, new_start)
             if not replica.batches:
-                replica.log_start = new_start  # it starts over where the leader's log starts
+                # It starts over where the leader's log starts (Kafka's follower truncates
+                # fully to the leader's log start); below it, nothing is known.
+                replica.log_start = new_start
+                if old_end != new_start:
+                    replica.last = b""
         p.high_watermark = max(p.high_watermark, new_start)
         self._changed(tp)
 
