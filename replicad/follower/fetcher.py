@@ -36,12 +36,13 @@ import structlog
 
 from replicad.errors import (
     KafkaConnectionError,
+    LogError,
     ProtocolError,
     RemoteProtocolError,
     ResponseTooLargeError,
 )
 from replicad.follower.fetch_response import scan_fetch_response
-from replicad.follower.partition_state import PartitionState
+from replicad.follower.partition_state import PartitionPhase, PartitionState
 from replicad.follower.partition_table import (
     FETCH_LAST_FETCHED_EPOCH_VERSION,
     PARTITION_OVERHEAD_BYTES,
@@ -269,7 +270,15 @@ class LeaderFetcher:
         request in flight, because creating thousands at once blocks the loop for the
         time of their fsyncs (a response waiting meanwhile could time out)."""
         for state in self.table.without_log():
-            state.log = self.logs.get_or_create(state.tp, topic_id=state.topic_id)
+            try:
+                state.log = self.logs.get_or_create(state.tp, topic_id=state.topic_id)
+            except LogError as exc:
+                # The directory holds another topic id (re-created upstream) or cannot be
+                # created: this partition stops, the others go on.
+                self.table.remove(state.tp)
+                state.phase = PartitionPhase.HALTED
+                state.last_error = f"opening the log failed: {exc}"
+                log.error("partition halted", tp=str(state.tp), error=str(exc))
 
     def _abandon(self, flight: _InFlight) -> None:
         """Give up a request (its connection is gone, or we stop): nothing stays held,

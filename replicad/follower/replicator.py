@@ -30,6 +30,7 @@ from pathlib import Path
 import structlog
 
 from replicad.errors import KafkaConnectionError, LogError, ProtocolError
+from replicad.follower.assignment import LeaderInfo, LocalFacts, assign
 from replicad.follower.durability import DurabilityThread
 from replicad.follower.fetcher import FetchSettings, LeaderFetcher, monotonic_ms, wall_ms
 from replicad.follower.memory_pool import MemoryPool
@@ -175,66 +176,42 @@ class Replicator:
             log.warning("topic not found on the source cluster", topic=name)
         for topic in {tp.topic for tp in chosen}:
             self._topic_ids[topic] = cluster.topic_id(topic)
-        local = self.logs.partitions()
-        for tp, leader in chosen.items():
-            state = self.states.get(tp)
-            if state is None:
-                existing = local.get(tp)
-                state = PartitionState(
-                    tp=tp,
-                    topic_id=cluster.topic_id(tp.topic),
-                    leader_id=leader.leader_id,
-                    leader_epoch=leader.leader_epoch,
-                    phase=PartitionPhase.FETCHING if existing else PartitionPhase.NEEDS_OFFSET,
-                    fetch_offset=existing.log_end_offset if existing else 0,
-                    # Data from an earlier run may have diverged from the leader's.
-                    epoch_check_pending=existing is not None,
-                    progress_ms=monotonic_ms(),
-                )
-                self.states[tp] = state
-                known = existing.topic_id if existing is not None else None
-                if known is not None and state.topic_id is not None and known != state.topic_id:
-                    log.error(
-                        "topic recreated upstream; partition halted, local data kept",
-                        tp=str(tp),
-                        local_topic_id=str(known),
-                        source_topic_id=str(state.topic_id),
-                    )
-                    state.phase = PartitionPhase.HALTED
-                    state.last_error = (
-                        "topic recreated upstream (topic id differs from the replica's)"
-                    )
-                    state.topic_id = known
-                self._assign(state)
-                continue
-            topic_id = cluster.topic_id(tp.topic)
-            if topic_id is not None and topic_id != state.topic_id:
-                # First id seen (old metadata version before), or the topic was recreated.
-                try:
-                    if state.log is not None:
-                        state.log.set_topic_id(topic_id)
-                    state.topic_id = topic_id
-                except LogError as exc:
-                    # The replica holds the old topic's data: keep it, stop, say why.
-                    if state.phase is not PartitionPhase.HALTED:
-                        log.error(
-                            "topic recreated upstream; partition halted, local data kept",
-                            tp=str(tp),
-                            error=str(exc),
-                        )
-                    state.phase = PartitionPhase.HALTED
-                    state.last_error = f"topic recreated upstream: {exc}"
-            if leader.leader_epoch != state.leader_epoch or leader.leader_id != state.leader_id:
-                state.epoch_check_pending = True
-            state.leader_epoch = leader.leader_epoch
-            if state.leader_id != leader.leader_id or not self._is_assigned(state):
-                self._unassign(state)
-                state.leader_id = leader.leader_id
-                self._assign(state)
-        for tp in [tp for tp in self.states if tp not in chosen]:
-            state = self.states.pop(tp)
+        plan = assign(
+            self.states,
+            {
+                tp: LeaderInfo(leader.leader_id, leader.leader_epoch, cluster.topic_id(tp.topic))
+                for tp, leader in chosen.items()
+            },
+            {
+                tp: LocalFacts(plog.topic_id, plog.log_end_offset)
+                for tp, plog in self.logs.partitions().items()
+            },
+            now_ms=monotonic_ms(),
+            is_placed=self._is_assigned,
+        )
+        for state in plan.halted:
+            log.error(
+                "topic recreated upstream; partition halted, local data kept",
+                tp=str(state.tp),
+                local_topic_id=str(state.topic_id),
+                source_topic_id=str(cluster.topic_id(state.tp.topic)),
+            )
+        for state, topic_id in plan.topic_ids:
+            try:
+                state.log.set_topic_id(topic_id)
+            except LogError as exc:  # assign() compared the ids: a failing disk
+                state.phase = PartitionPhase.HALTED
+                state.last_error = f"storing the topic id failed: {exc}"
+        for state in plan.added:
+            self.states[state.tp] = state
+            self._assign(state)
+        for state in plan.moved:
             self._unassign(state)
-            log.info("partition no longer replicated; local data kept", tp=str(tp))
+            self._assign(state)
+        for state in plan.removed:
+            del self.states[state.tp]
+            self._unassign(state)
+            log.info("partition no longer replicated; local data kept", tp=str(state.tp))
         return missing
 
     def _is_assigned(self, state: PartitionState) -> bool:

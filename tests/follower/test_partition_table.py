@@ -576,6 +576,7 @@ def test_scan_of_the_test_batches_is_sane():
 
 CORE_MODULES = (
     "partition_table",
+    "assignment",
     "perform",
     "partition_state",
     "truncation",

@@ -8,13 +8,12 @@ Fetch request of a turn, and a crash that loses what was not fsynced.
 
 from __future__ import annotations
 
-import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from replicad.errors import DiskFullError, LogError
-from replicad.follower.partition_state import PartitionPhase, PartitionState
+from replicad.errors import DiskFullError
+from replicad.follower.assignment import LeaderInfo, LocalFacts, assign
+from replicad.follower.partition_state import PartitionState
 from replicad.follower.partition_table import FetchSettings, PartitionTable
 from replicad.follower.perform import ActionPerformer
 from replicad.log.config import LogConfig
@@ -50,13 +49,6 @@ class DiskLog:
 
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self._log, name, value)
-
-
-@dataclass(frozen=True, slots=True)
-class LeaderInfo:
-    leader: int
-    epoch: int
-    topic_id: uuid.UUID
 
 
 class SimFollower:
@@ -129,46 +121,29 @@ class SimFollower:
     # -- metadata (Replicator._apply's rules) --------------------------------------------
 
     def apply_metadata(self, leaders: dict[TopicPartition, LeaderInfo], now_ms: int) -> None:
+        """What Replicator._apply does, through the same rules (follower/assignment.py)."""
         self.metadata_wanted = False
-        local = self.logs.partitions()
-        for tp, info in leaders.items():
-            state = self.states.get(tp)
-            if state is None:
-                existing = local.get(tp)
-                state = PartitionState(
-                    tp=tp,
-                    topic_id=info.topic_id,
-                    leader_id=info.leader,
-                    leader_epoch=info.epoch,
-                    phase=PartitionPhase.FETCHING if existing else PartitionPhase.NEEDS_OFFSET,
-                    fetch_offset=existing.log_end_offset if existing else 0,
-                    epoch_check_pending=existing is not None,
-                    progress_ms=now_ms,
-                )
-                self.states[tp] = state
-                known = existing.topic_id if existing is not None else None
-                if known is not None and known != info.topic_id:
-                    state.phase = PartitionPhase.HALTED
-                    state.last_error = "topic recreated upstream"
-                    state.topic_id = known
-                self._assign(state)
-                continue
-            if info.topic_id != state.topic_id and state.phase is not PartitionPhase.HALTED:
-                try:
-                    state.log.set_topic_id(info.topic_id)
-                    state.topic_id = info.topic_id
-                except LogError:
-                    state.phase = PartitionPhase.HALTED
-                    state.last_error = "topic recreated upstream"
-            if info.epoch != state.leader_epoch or info.leader != state.leader_id:
-                state.epoch_check_pending = True
-            state.leader_epoch = info.epoch
-            if state.leader_id != info.leader:
-                self._unassign(state)
-                state.leader_id = info.leader
-                self._assign(state)
-        for tp in [tp for tp in self.states if tp not in leaders]:
-            self._unassign(self.states.pop(tp))
+        plan = assign(
+            self.states,
+            leaders,
+            {
+                tp: LocalFacts(plog.topic_id, plog.log_end_offset)
+                for tp, plog in self.logs.partitions().items()
+            },
+            now_ms=now_ms,
+            is_placed=lambda s: any(s.tp in t.partitions for t in self.tables.values()),
+        )
+        for state, topic_id in plan.topic_ids:
+            state.log.set_topic_id(topic_id)
+        for state in plan.added:
+            self.states[state.tp] = state
+            self._assign(state)
+        for state in plan.moved:
+            self._unassign(state)
+            self._assign(state)
+        for state in plan.removed:
+            del self.states[state.tp]
+            self._unassign(state)
 
     def _assign(self, state: PartitionState) -> None:
         table = self.tables.get(state.leader_id)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from replicad.follower.assignment import LeaderInfo
 from replicad.follower.fetch_response import FetchedPartition, FetchedTopic, FetchResponseView
 from replicad.follower.partition_state import PartitionPhase
 from replicad.follower.partition_table import (
@@ -37,7 +38,7 @@ from replicad.follower.partition_table import (
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from tools.sim.cluster import SimCluster
-from tools.sim.follower import LeaderInfo, SimFollower
+from tools.sim.follower import SimFollower
 from tools.sim.invariants import (
     HighWatermarkWatch,
     InvariantError,

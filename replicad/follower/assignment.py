@@ -1,0 +1,124 @@
+"""Metadata answered: which partitions the follower tracks, and where (sans-I/O).
+
+`assign` compares the partitions the selection chose in the latest metadata with the
+follower's states and says what changes; the replicator (and tools/sim) performs it:
+tables gain, move or lose partitions, a log stores its first topic id.
+
+Rules:
+- A partition new to the follower starts from its local log if it has one (FETCHING at
+  its log end, and asks the leader about divergence first: the data may come from an
+  earlier leader), else it needs a start offset (NEEDS_OFFSET).
+- A topic id differing from the one the local log stores means the topic was deleted
+  and re-created upstream: the partition halts and its data is kept (an operator
+  decides). A log that stores none takes the first one seen.
+- A new leader or leader epoch: ask about divergence before fetching again (the shell's
+  table moves it to the new leader's fetcher).
+- A partition the selection no longer chooses is forgotten; its data is kept.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from replicad.follower.partition_state import PartitionPhase, PartitionState
+from replicad.types import TopicPartition
+
+RECREATED = "topic recreated upstream (topic id differs from the replica's)"
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderInfo:
+    """What metadata says of a chosen partition."""
+
+    leader_id: int
+    leader_epoch: int
+    topic_id: uuid.UUID | None
+
+
+@dataclass(frozen=True, slots=True)
+class LocalFacts:
+    """What the follower has of a partition on disk."""
+
+    topic_id: uuid.UUID | None
+    log_end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    # New states, to place with their leader (halted ones too: status shows them).
+    added: tuple[PartitionState, ...] = ()
+    # Leader changed, or not placed yet: take from wherever it is, place with its leader.
+    moved: tuple[PartitionState, ...] = ()
+    # No longer chosen: forget (the data stays).
+    removed: tuple[PartitionState, ...] = ()
+    # A log storing no topic id yet: store this one.
+    topic_ids: tuple[tuple[PartitionState, uuid.UUID], ...] = ()
+    # Halted now because the topic was re-created upstream.
+    halted: tuple[PartitionState, ...] = ()
+
+
+def assign(
+    states: Mapping[TopicPartition, PartitionState],
+    chosen: Mapping[TopicPartition, LeaderInfo],
+    local: Mapping[TopicPartition, LocalFacts],
+    *,
+    now_ms: int,
+    is_placed: Callable[[PartitionState], bool],
+) -> Assignment:
+    """What the latest metadata changes. Updates existing states in place (epochs, ids,
+    phases); the caller adds `added` to its states and drops `removed`."""
+    added: list[PartitionState] = []
+    moved: list[PartitionState] = []
+    topic_ids: list[tuple[PartitionState, uuid.UUID]] = []
+    halted: list[PartitionState] = []
+    for tp, info in chosen.items():
+        state = states.get(tp)
+        if state is None:
+            existing = local.get(tp)
+            state = PartitionState(
+                tp=tp,
+                topic_id=info.topic_id,
+                leader_id=info.leader_id,
+                leader_epoch=info.leader_epoch,
+                phase=PartitionPhase.FETCHING if existing else PartitionPhase.NEEDS_OFFSET,
+                fetch_offset=existing.log_end_offset if existing else 0,
+                # Data from an earlier run may have diverged from the leader's.
+                epoch_check_pending=existing is not None,
+                progress_ms=now_ms,
+            )
+            known = existing.topic_id if existing is not None else None
+            if known is not None and info.topic_id is not None and known != info.topic_id:
+                _halt(state, RECREATED)
+                state.topic_id = known
+                halted.append(state)
+            added.append(state)
+            continue
+        if info.topic_id is not None and info.topic_id != state.topic_id:
+            # First id seen (an old metadata version before), or the topic was re-created.
+            if state.log is not None:
+                stored = state.log.topic_id
+            else:  # not opened yet: what the disk holds, if anything
+                facts = local.get(tp)
+                stored = facts.topic_id if facts is not None else None
+            if stored is None or stored == info.topic_id:
+                if state.log is not None and stored is None:
+                    topic_ids.append((state, info.topic_id))
+                state.topic_id = info.topic_id
+            elif state.phase is not PartitionPhase.HALTED:
+                _halt(state, RECREATED)
+                halted.append(state)
+        if info.leader_epoch != state.leader_epoch or info.leader_id != state.leader_id:
+            state.epoch_check_pending = True
+        state.leader_epoch = info.leader_epoch
+        if state.leader_id != info.leader_id or not is_placed(state):
+            state.leader_id = info.leader_id
+            moved.append(state)
+    removed = tuple(s for tp, s in states.items() if tp not in chosen)
+    return Assignment(tuple(added), tuple(moved), removed, tuple(topic_ids), tuple(halted))
+
+
+def _halt(state: PartitionState, reason: str) -> None:
+    state.phase = PartitionPhase.HALTED
+    state.last_error = reason

@@ -1,0 +1,115 @@
+"""Metadata answered: every rule of follower/assignment.py, without a broker or a disk."""
+
+from __future__ import annotations
+
+import uuid
+from types import SimpleNamespace
+
+from replicad.follower.assignment import RECREATED, LeaderInfo, LocalFacts, assign
+from replicad.follower.partition_state import PartitionPhase, PartitionState
+from replicad.types import TopicPartition
+
+TP0, TP1 = TopicPartition("t", 0), TopicPartition("t", 1)
+OLD, NEW = uuid.UUID(int=1), uuid.UUID(int=2)
+
+
+def _state(tp=TP0, *, leader=1, epoch=3, topic_id=OLD, log_topic_id=OLD, with_log=True):
+    state = PartitionState(
+        tp=tp,
+        topic_id=topic_id,
+        leader_id=leader,
+        leader_epoch=epoch,
+        phase=PartitionPhase.FETCHING,
+    )
+    if with_log:
+        state.log = SimpleNamespace(topic_id=log_topic_id)
+    return state
+
+
+def _placed(_state) -> bool:
+    return True
+
+
+def test_a_new_partition_without_local_data_needs_a_start_offset():
+    plan = assign({}, {TP0: LeaderInfo(1, 3, OLD)}, {}, now_ms=7, is_placed=_placed)
+    (state,) = plan.added
+    assert state.phase is PartitionPhase.NEEDS_OFFSET and not state.epoch_check_pending
+    assert (state.leader_id, state.leader_epoch, state.topic_id, state.progress_ms) == (
+        1,
+        3,
+        OLD,
+        7,
+    )
+
+
+def test_a_new_partition_with_local_data_resumes_at_its_end_and_checks_divergence():
+    plan = assign(
+        {}, {TP0: LeaderInfo(1, 3, OLD)}, {TP0: LocalFacts(OLD, 42)}, now_ms=0, is_placed=_placed
+    )
+    (state,) = plan.added
+    assert state.phase is PartitionPhase.FETCHING and state.fetch_offset == 42
+    assert state.epoch_check_pending and plan.halted == ()
+
+
+def test_local_data_of_a_recreated_topic_halts_and_keeps_its_id():
+    plan = assign(
+        {}, {TP0: LeaderInfo(1, 0, NEW)}, {TP0: LocalFacts(OLD, 42)}, now_ms=0, is_placed=_placed
+    )
+    (state,) = plan.added
+    assert plan.halted == (state,) and state.phase is PartitionPhase.HALTED
+    assert state.topic_id == OLD and state.last_error == RECREATED
+
+
+def test_a_topic_recreated_while_replicating_halts_the_partition_once():
+    state = _state()
+    states = {TP0: state}
+    plan = assign(states, {TP0: LeaderInfo(1, 0, NEW)}, {}, now_ms=0, is_placed=_placed)
+    assert plan.halted == (state,) and state.phase is PartitionPhase.HALTED
+    assert state.topic_id == OLD
+    again = assign(states, {TP0: LeaderInfo(1, 0, NEW)}, {}, now_ms=0, is_placed=_placed)
+    assert again.halted == ()
+
+
+def test_the_first_topic_id_seen_is_stored_in_a_log_without_one():
+    state = _state(topic_id=None, log_topic_id=None)
+    plan = assign({TP0: state}, {TP0: LeaderInfo(1, 3, NEW)}, {}, now_ms=0, is_placed=_placed)
+    assert plan.topic_ids == ((state, NEW),) and state.topic_id == NEW
+    assert plan.halted == () and state.phase is PartitionPhase.FETCHING
+
+
+def test_a_log_not_opened_yet_is_judged_by_what_the_disk_holds():
+    waiting = _state(with_log=False)
+    plan = assign(
+        {TP0: waiting},
+        {TP0: LeaderInfo(1, 3, NEW)},
+        {TP0: LocalFacts(OLD, 5)},
+        now_ms=0,
+        is_placed=_placed,
+    )
+    assert plan.halted == (waiting,)
+    nothing_on_disk = _state(with_log=False)
+    plan = assign(
+        {TP0: nothing_on_disk}, {TP0: LeaderInfo(1, 3, NEW)}, {}, now_ms=0, is_placed=_placed
+    )
+    assert plan.halted == () and nothing_on_disk.topic_id == NEW and plan.topic_ids == ()
+
+
+def test_a_new_leader_or_epoch_asks_about_divergence_and_a_new_leader_moves_it():
+    state = _state()
+    plan = assign({TP0: state}, {TP0: LeaderInfo(1, 4, OLD)}, {}, now_ms=0, is_placed=_placed)
+    assert state.epoch_check_pending and state.leader_epoch == 4 and plan.moved == ()
+    state.epoch_check_pending = False
+    plan = assign({TP0: state}, {TP0: LeaderInfo(2, 4, OLD)}, {}, now_ms=0, is_placed=_placed)
+    assert state.epoch_check_pending and plan.moved == (state,) and state.leader_id == 2
+
+
+def test_an_unplaced_partition_is_placed_again_and_unchosen_ones_are_removed():
+    kept, gone = _state(TP0), _state(TP1)
+    plan = assign(
+        {TP0: kept, TP1: gone},
+        {TP0: LeaderInfo(1, 3, OLD)},
+        {},
+        now_ms=0,
+        is_placed=lambda s: False,
+    )
+    assert plan.moved == (kept,) and plan.removed == (gone,) and not kept.epoch_check_pending
