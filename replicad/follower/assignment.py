@@ -119,6 +119,26 @@ def assign(
     return Assignment(tuple(added), tuple(moved), removed, tuple(topic_ids), tuple(halted))
 
 
+def place_all(
+    plan: Assignment,
+    states: dict[TopicPartition, PartitionState],
+    *,
+    place: Callable[[PartitionState], None],
+    unplace: Callable[[PartitionState], None],
+) -> None:
+    """The shell's part, the same for every shell: `states` gains `added` and loses
+    `removed`; `place` puts a state with its leader, `unplace` takes it from wherever it is."""
+    for state in plan.added:
+        states[state.tp] = state
+        place(state)
+    for state in plan.moved:
+        unplace(state)
+        place(state)
+    for state in plan.removed:
+        del states[state.tp]
+        unplace(state)
+
+
 def _halt(state: PartitionState, reason: str) -> None:
     state.phase = PartitionPhase.HALTED
     state.last_error = reason

@@ -30,7 +30,7 @@ from pathlib import Path
 import structlog
 
 from replicad.errors import KafkaConnectionError, LogError, ProtocolError
-from replicad.follower.assignment import LeaderInfo, LocalFacts, assign
+from replicad.follower.assignment import LeaderInfo, LocalFacts, assign, place_all
 from replicad.follower.durability import DurabilityThread
 from replicad.follower.fetcher import FetchSettings, LeaderFetcher, monotonic_ms, wall_ms
 from replicad.follower.memory_pool import MemoryPool
@@ -202,15 +202,8 @@ class Replicator:
             except LogError as exc:  # assign() compared the ids: a failing disk
                 state.phase = PartitionPhase.HALTED
                 state.last_error = f"storing the topic id failed: {exc}"
-        for state in plan.added:
-            self.states[state.tp] = state
-            self._assign(state)
-        for state in plan.moved:
-            self._unassign(state)
-            self._assign(state)
+        place_all(plan, self.states, place=self._assign, unplace=self._unassign)
         for state in plan.removed:
-            del self.states[state.tp]
-            self._unassign(state)
             log.info("partition no longer replicated; local data kept", tp=str(state.tp))
         return missing
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from types import SimpleNamespace
 
-from replicad.follower.assignment import RECREATED, LeaderInfo, LocalFacts, assign
+from replicad.follower.assignment import RECREATED, LeaderInfo, LocalFacts, assign, place_all
 from replicad.follower.partition_state import PartitionPhase, PartitionState
 from replicad.types import TopicPartition
 
@@ -113,3 +113,25 @@ def test_an_unplaced_partition_is_placed_again_and_unchosen_ones_are_removed():
         is_placed=lambda s: False,
     )
     assert plan.moved == (kept,) and plan.removed == (gone,) and not kept.epoch_check_pending
+
+
+def test_place_all_adds_moves_and_removes():
+    kept, gone = _state(TP0), _state(TP1)
+    states = {TP0: kept, TP1: gone}
+    plan = assign(
+        states,
+        {TP0: LeaderInfo(2, 3, OLD), TopicPartition("t", 2): LeaderInfo(1, 0, OLD)},
+        {},
+        now_ms=0,
+        is_placed=_placed,
+    )
+    calls: list[tuple[str, TopicPartition]] = []
+    place_all(
+        plan,
+        states,
+        place=lambda s: calls.append(("place", s.tp)),
+        unplace=lambda s: calls.append(("unplace", s.tp)),
+    )
+    new = TopicPartition("t", 2)
+    assert set(states) == {TP0, new}
+    assert calls == [("place", new), ("unplace", TP0), ("place", TP0), ("unplace", TP1)]

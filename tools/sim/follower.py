@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from replicad.errors import DiskFullError
-from replicad.follower.assignment import LeaderInfo, LocalFacts, assign
+from replicad.follower.assignment import LeaderInfo, LocalFacts, assign, place_all
 from replicad.follower.partition_state import PartitionState
 from replicad.follower.partition_table import FetchSettings, PartitionTable
 from replicad.follower.perform import ActionPerformer
@@ -135,15 +135,7 @@ class SimFollower:
         )
         for state, topic_id in plan.topic_ids:
             state.log.set_topic_id(topic_id)
-        for state in plan.added:
-            self.states[state.tp] = state
-            self._assign(state)
-        for state in plan.moved:
-            self._unassign(state)
-            self._assign(state)
-        for state in plan.removed:
-            del self.states[state.tp]
-            self._unassign(state)
+        place_all(plan, self.states, place=self._assign, unplace=self._unassign)
 
     def _assign(self, state: PartitionState) -> None:
         table = self.tables.get(state.leader_id)
