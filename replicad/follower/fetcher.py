@@ -60,7 +60,6 @@ from replicad.follower.partition_table import (
 from replicad.follower.perform import ActionPerformer
 from replicad.log.manager import LogManager
 from replicad.protocol.apis import ApiKey
-from replicad.protocol.backoff import Backoff
 from replicad.protocol.client import KafkaClient
 from replicad.protocol.connection import BrokerAddress, BrokerConnection
 from replicad.protocol.requests import (
@@ -144,7 +143,6 @@ class LeaderFetcher:
         self._conn: BrokerConnection | None = None
         self._wakeup = asyncio.Event()
         self._stopping = False
-        self._backoff = Backoff(settings.reconnect_backoff_ms, settings.reconnect_backoff_max_ms)
         self._say = RateLimitedLog(interval_ms=60_000)
 
     # -- views kept for status, metrics and the replicator ------------------------------
@@ -193,10 +191,9 @@ class LeaderFetcher:
                 except Exception as exc:
                     # A bug or an unforeseen local failure must not silently end
                     # replication from this leader: say it loudly, back off, go on.
-                    self.stats.loop_errors += 1
-                    self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                    delay = self.table.loop_failed(f"{type(exc).__name__}: {exc}")
                     log.exception("fetch loop failed; retrying", leader=str(self.address))
-                    await self._sleep(self._backoff.next_delay_ms())
+                    await self._sleep(delay)
         finally:
             await self._close_session()
 
@@ -241,11 +238,8 @@ class LeaderFetcher:
             # The response's bytes are on disk (or dropped): its memory goes back.
             held.release()
             del held
-        if outcome.accepted:
-            self._backoff.reset()
-        else:
-            # A leader that keeps refusing must not be hammered: back off, growing.
-            await self._sleep(self._backoff.next_delay_ms())
+        if not outcome.accepted:
+            await self._sleep(outcome.retry_in_ms)
 
     def _send(self, conn: BrokerConnection, now_ms: int) -> _InFlight | None:
         """Write the table's next request to the socket; None if nothing is wanted."""
@@ -380,11 +374,10 @@ class LeaderFetcher:
         return self._conn
 
     async def _connection_failed(self, exc: Exception) -> None:
-        self.table.connection_failed(str(exc), monotonic_ms())
+        delay = self.table.connection_failed(str(exc), monotonic_ms())
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
-        delay = self._backoff.next_delay_ms()
         if isinstance(exc, ResponseTooLargeError):
             emit = self._say.should_emit("too-large", monotonic_ms())
             if emit.emit:

@@ -7,14 +7,16 @@ cluster) do what it decides. It imports no asyncio, socket or clock: every handl
 Events in: a partition added (its state loaded from disk) or removed (metadata
 answered), a parsed Fetch response, OffsetForLeaderEpoch and ListOffsets answers, a
 send or connection failure, disk full / disk back, and the outcome of each action the
-shell performed (`truncated`, `started`, `appended`, `append_failed`).
+shell performed (`truncated`, `appended`, `append_failed`).
 
 Actions out (`Action`): truncate P to N, truncate P fully and start at N, append these
 validated batches, set P's high watermark, halt P with a reason, look the leaders up
-again. Back-offs are state (`PartitionState.delayed_until_ms`); `next_wakeup_ms` says
-when the shell should look again. What to fetch next is `next_fetch` (partitions,
-offsets and epochs, built through the KIP-227 session handler); what to ask first is
-`epoch_questions` and `offset_questions`.
+again. A partition's back-off is state (`PartitionState.delayed_until_ms`; `next_wakeup_ms`
+says when the shell should look again); the leader's -- after a connection failure, a
+refused response or a shell error -- is a delay returned to the shell (`connection_failed`,
+`ResponseOutcome.retry_in_ms`, `loop_failed`), growing with jitter. What to fetch next
+is `next_fetch` (partitions, offsets and epochs, built through the KIP-227 session
+handler); what to ask first is `epoch_questions` and `offset_questions`.
 
 Rules kept here (each repeated where it is kept):
 - R1 fetch offset: a partition's fetch offset is its local log end, except between a
@@ -40,6 +42,7 @@ Rules kept here (each repeated where it is kept):
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping
@@ -54,6 +57,7 @@ from replicad.follower.partition_state import PartitionPhase, PartitionState
 from replicad.follower.truncation import decide_truncation
 from replicad.follower.validate import FetchedData, validate_fetched
 from replicad.log.epoch import EpochEndOffset
+from replicad.protocol.backoff import Backoff
 from replicad.protocol.error_codes import error_code_of, error_name
 from replicad.protocol.requests import (
     FETCH_SESSION_VERSION,
@@ -195,7 +199,7 @@ class Truncate:
 
 @dataclass(frozen=True, slots=True)
 class StartAt:
-    """Empty P's log and start it at `offset`; then tell `started(P)`."""
+    """Empty P's log and start it at `offset`; then tell `truncated(P)`."""
 
     tp: TopicPartition
     offset: int
@@ -252,6 +256,8 @@ class ResponseOutcome:
     # Everything but appends, to perform first (truncations, high watermarks, metadata).
     actions: tuple[Action, ...] = ()
     appends: tuple[Append, ...] = ()
+    # Refused: wait this long before the next request (growing while refusals go on).
+    retry_in_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,10 +296,19 @@ class EpochQuestion:
 class PartitionTable:
     """The partitions one leader serves us, and what to do about each."""
 
-    def __init__(self, node_id: int, settings: FetchSettings) -> None:
+    def __init__(
+        self, node_id: int, settings: FetchSettings, *, rng: random.Random | None = None
+    ) -> None:
         self.node_id = node_id
         self.settings = settings
         self.stats = FetcherStats()
+        # The leader-wide back-off (connection failures, refused responses, loop errors);
+        # its jitter comes from `rng` (seeded by the simulation).
+        self._backoff = Backoff(
+            settings.reconnect_backoff_ms,
+            settings.reconnect_backoff_max_ms,
+            rng=rng or random.Random(),
+        )
         self.partitions: OrderedDict[TopicPartition, PartitionState] = OrderedDict()
         # Partitions per topic, for the bound on a response's size (response_max_bytes).
         self._topic_members: dict[str, int] = {}
@@ -667,7 +682,9 @@ class PartitionTable:
             self.stats.rejected_responses += 1
             if body.error_code != ErrorCode.none:
                 self.stats.last_error = error_name(body.error_code)
-            return ResponseOutcome(False)
+            # A leader that keeps refusing must not be hammered: back off, growing.
+            return ResponseOutcome(False, retry_in_ms=self._backoff.next_delay_ms())
+        self._backoff.reset()
         actions: list[Action] = []
         appends: list[Append] = []
         session = plan.session_partitions
@@ -884,12 +901,21 @@ class PartitionTable:
         if self.session.is_sessionful:
             self._note_recovery(self.session.handle_send_error(now_ms=now_ms), now_ms)
 
-    def connection_failed(self, error: str, now_ms: int) -> None:
-        """For the health model: since when this leader keeps failing."""
+    def connection_failed(self, error: str, now_ms: int) -> int:
+        """How long to wait before connecting again (growing, with jitter); for the health
+        model, since when this leader keeps failing."""
         self.stats.connection_errors += 1
         self.stats.last_error = error
         if self.stats.failing_since_ms is None:
             self.stats.failing_since_ms = now_ms
+        return self._backoff.next_delay_ms()
+
+    def loop_failed(self, error: str) -> int:
+        """A bug or an unforeseen local failure in the shell: how long to wait before the
+        next turn (replication from this leader must not end silently, nor spin)."""
+        self.stats.loop_errors += 1
+        self.stats.last_error = error
+        return self._backoff.next_delay_ms()
 
     def _note_recovery(self, verdict: ResponseVerdict, now_ms: int) -> None:
         reason = verdict.reason

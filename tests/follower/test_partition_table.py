@@ -384,6 +384,7 @@ def test_a_session_error_rejects_the_whole_response():
         incremental, _response(incremental, error=FETCH_SESSION_ID_NOT_FOUND, session_id=0), 0
     )
     assert not outcome.accepted and table.stats.rejected_responses == 1
+    assert 80 <= outcome.retry_in_ms <= 120  # back off before asking again
     assert table.stats.session_recoveries["fetch_session_id_not_found"] == 1
     assert table.next_fetch(0, max_version=13).plan.is_full
 
@@ -395,9 +396,11 @@ def test_a_failed_send_starts_the_session_over_and_failures_are_timed_for_health
     table.on_response(fetch, _response(fetch, _partition(TP0), session_id=5), 0)
     table.next_fetch(0, max_version=13)
     table.send_failed(10)
-    table.connection_failed("reset", 10)
-    table.connection_failed("reset", 20)
+    first = table.connection_failed("reset", 10)
+    second = table.connection_failed("reset", 20)
     assert table.stats.failing_since_ms == 10 and table.stats.connection_errors == 2
+    # reconnect_backoff_ms 100, doubling, +-20% jitter
+    assert 80 <= first <= 120 and 160 <= second <= 240
     fetch = table.next_fetch(30, max_version=13)
     assert fetch.plan.is_full
     table.on_response(fetch, _response(fetch, _partition(TP0)), 30)
@@ -621,3 +624,14 @@ def test_a_partition_waits_for_its_log_to_be_opened():
     table.add(waiting, MemoryLog())
     assert table.without_log() == []
     assert list(table.next_fetch(0, max_version=13).spec.partitions) == [TP1]
+
+
+def test_the_leader_backoff_grows_while_failures_go_on_and_resets_on_an_answer():
+    table = _table()
+    _add(table, TP0)
+    delays = [table.connection_failed("refused", 0) for _ in range(4)]
+    assert delays == sorted(delays) and delays[-1] >= 640  # 100, 200, 400, 800 (+-20%)
+    assert table.loop_failed("boom") >= 1280 and table.stats.loop_errors == 1
+    fetch = table.next_fetch(0, max_version=13)
+    table.on_response(fetch, _response(fetch, _partition(TP0)), 0)
+    assert table.connection_failed("refused", 0) <= 120

@@ -8,6 +8,7 @@ Fetch request of a turn, and a crash that loses what was not fsynced.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +53,11 @@ class DiskLog:
 
 
 class SimFollower:
-    def __init__(self, data_dir: Path, settings: FetchSettings, clock: Any) -> None:
+    def __init__(
+        self, data_dir: Path, settings: FetchSettings, clock: Any, rng: random.Random
+    ) -> None:
         self.data_dir = data_dir
+        self.rng = rng
         self.settings = settings
         self.clock = clock
         self.disk = SimDisk()
@@ -140,7 +144,9 @@ class SimFollower:
     def _assign(self, state: PartitionState) -> None:
         table = self.tables.get(state.leader_id)
         if table is None:
-            table = PartitionTable(state.leader_id, self.settings)
+            table = PartitionTable(
+                state.leader_id, self.settings, rng=random.Random(self.rng.random())
+            )
             self.tables[state.leader_id] = table
             self.performers[state.leader_id] = ActionPerformer(
                 table,

@@ -129,7 +129,11 @@ class Simulation:
         )
         for t in range(rng.randint(1, 2)):
             self.cluster.create_topic(f"t{t}", rng.randint(1, 3), rng.randint(1, 3))
-        self.follower = SimFollower(data_dir, self.settings, self.clock)
+        self.follower = SimFollower(
+            data_dir, self.settings, self.clock, random.Random(rng.random())
+        )
+        # Per leader: no request before this time (the table's leader-wide back-off).
+        self.leader_wait: dict[int, int] = {}
         self.watch = HighWatermarkWatch()
         self.checkpointed_hw: dict[TopicPartition, int] = {}
         # Per leader: a request sent before the last response's appends (pipelined).
@@ -292,8 +296,11 @@ class Simulation:
         table = follower.tables[node]
         performer = follower.performers[node]
         now = self.clock.now_ms
+        if now < self.leader_wait.get(node, 0):
+            self._note(f"turn {node}: backing off")
+            return
         if node not in cluster.online:
-            table.connection_failed("connection refused", now)
+            self.leader_wait[node] = now + table.connection_failed("connection refused", now)
             follower.metadata_wanted = True
             self.in_flight.pop(node, None)
             self._note(f"turn {node}: refused")
@@ -311,7 +318,7 @@ class Simulation:
         if fault < 0.03:
             cluster.fetch(node, fetch.version, fetch.spec, now)  # answered, never arrives
             table.send_failed(now)
-            table.connection_failed("connection reset", now)
+            self.leader_wait[node] = now + table.connection_failed("connection reset", now)
             self.disturbed.add(node)
             self._note(f"turn {node}: answer lost")
             return
@@ -337,6 +344,8 @@ class Simulation:
             response = self._garble(response, fault)
         self._check_memory(response, fetch)
         outcome = table.on_response(fetch, response, now)
+        if not outcome.accepted:
+            self.leader_wait[node] = now + outcome.retry_in_ms
         performer.perform(outcome.actions, now)
         if outcome.appends and table.may_pipeline(outcome, now) and rng.random() < 0.5:
             nxt = table.next_fetch(now, max_version=cluster.max_fetch_version)
