@@ -268,8 +268,7 @@ class LeaderFetcher:
                 state.log = self.logs.get_or_create(state.tp, topic_id=state.topic_id)
             except LogError as exc:
                 # The directory holds another topic id (re-created upstream) or cannot be
-                # created: this partition stops, the others go on.
-                self.table.remove(state.tp)
+                # created: this partition stops (status shows why), the others go on.
                 state.phase = PartitionPhase.HALTED
                 state.last_error = f"opening the log failed: {exc}"
                 log.error("partition halted", tp=str(state.tp), error=str(exc))

@@ -343,8 +343,13 @@ class PartitionTable:
         return state
 
     def without_log(self) -> list[PartitionState]:
-        """Partitions whose log the shell has to open before they take part."""
-        return [s for s in self.partitions.values() if s.log is None]
+        """Partitions whose log the shell has to open before they take part (a halted one
+        takes no part: its log stays as it is)."""
+        return [
+            s
+            for s in self.partitions.values()
+            if s.log is None and s.phase is not PartitionPhase.HALTED
+        ]
 
     def response_max_bytes(self) -> int:
         """This leader's max_bytes: see response_budget (every partition it leads may be in

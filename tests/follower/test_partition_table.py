@@ -621,6 +621,9 @@ def test_a_partition_waits_for_its_log_to_be_opened():
     assert [s.tp for s in table.offset_questions(0)] == [TP0]
     waiting.epoch_check_pending = False
     assert table.next_fetch(0, max_version=13) is None
+    halted, _ = _add(table, TopicPartition("t", 2))
+    halted.log, halted.phase = None, PartitionPhase.HALTED
+    assert table.without_log() == [waiting]  # a halted partition's log stays shut
     table.add(waiting, MemoryLog())
     assert table.without_log() == []
     assert list(table.next_fetch(0, max_version=13).spec.partitions) == [TP1]
