@@ -8,6 +8,7 @@ import argparse
 import logging
 import sys
 import time
+from collections import Counter
 
 import structlog
 
@@ -36,9 +37,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if result.ok else 1
     started = time.perf_counter()
     failed = 0
+    counts: Counter[str] = Counter()
     last = args.first + args.seeds - 1
     for seed in range(args.first, last + 1):
         result = run_seed(seed, events=args.events)
+        counts.update(result.counts)
         if not result.ok:
             failed += 1
             print(result.summary(), flush=True)
@@ -46,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.progress and done % args.progress == 0:
             rate = done / (time.perf_counter() - started)
             print(f"... {done} seeds, {failed} failed, {rate:.1f} seeds/s", flush=True)
+    print("what the seeds did:", ", ".join(f"{k} {n}" for k, n in sorted(counts.items())))
     print(
         f"{args.seeds} seeds ({args.first}..{last}), {args.events} events each: "
         f"{failed} failed, {time.perf_counter() - started:.1f} s"

@@ -227,9 +227,18 @@ class SimCluster:
         pool = [
             n for n in p.replicas if n in self.online and n != p.leader and (unclean or n in p.isr)
         ]
+        if unclean:
+            # Unclean elections happen because the in-sync replicas are gone: prefer one
+            # that is behind (its log may end below what the follower already has).
+            pool = [n for n in pool if n not in p.isr] or pool
         if not pool:
             return False
         new = self.rng.choice(sorted(pool))
+        if unclean and self.rng.random() < 0.5:
+            # Behind by more: its log ends earlier (it lost its tail, or never had it).
+            log = p.replicas[new]
+            del log.batches[self.rng.randint(0, len(log.batches)) :]
+            log.last = log.batches[-1].data if log.batches else b""
         p.leader = new
         p.leader_epoch += 1
         p.epoch_start = p.log.end

@@ -18,7 +18,7 @@ import random
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from replicad.follower.partition_table import (
     PARTITION_OVERHEAD_BYTES,
     RESPONSE_OVERHEAD_BYTES,
     TOPIC_OVERHEAD_BYTES,
+    Action,
     EpochAnswer,
     FetchSettings,
     NextFetch,
@@ -197,7 +198,8 @@ class Simulation:
             self._note(f"produce {tp}")
         elif kind == "replicate" and tp is not None:
             for node in sorted(cluster.partitions[tp].replicas):
-                cluster.replicate(tp, node)
+                if rng.random() < 0.7:  # some stay behind: an unclean election's candidates
+                    cluster.replicate(tp, node)
             self._note(f"replicate {tp}")
         elif kind == "lag" and tp is not None:
             node = rng.choice(sorted(cluster.partitions[tp].replicas))
@@ -294,7 +296,6 @@ class Simulation:
     def _turn(self, node: int, *, faults: bool) -> None:
         rng, cluster, follower = self.rng, self.cluster, self.follower
         table = follower.tables[node]
-        performer = follower.performers[node]
         now = self.clock.now_ms
         if now < self.leader_wait.get(node, 0):
             self._note(f"turn {node}: backing off")
@@ -346,20 +347,27 @@ class Simulation:
         outcome = table.on_response(fetch, response, now)
         if not outcome.accepted:
             self.leader_wait[node] = now + outcome.retry_in_ms
-        performer.perform(outcome.actions, now)
+        self._perform(node, outcome.actions)
         if outcome.appends and table.may_pipeline(outcome, now) and rng.random() < 0.5:
             nxt = table.next_fetch(now, max_version=cluster.max_fetch_version)
             if nxt is not None:
                 self.in_flight[node] = nxt
-        performer.perform(outcome.appends, now)
+        self._perform(node, outcome.appends)
         self._note(
             f"turn {node}: v{fetch.version} {'full' if fetch.plan.is_full else 'incr'} "
             f"{len(fetch.spec.partitions)} asked, {len(outcome.appends)} appended"
             + ("" if outcome.accepted else f", refused ({response.error_code})")
         )
 
+    def _perform(self, node: int, actions: Sequence[Action]) -> None:
+        """Perform the table's actions, counting their kinds (what a run exercised)."""
+        for action in actions:
+            kind = f"action:{type(action).__name__}"
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+        self.follower.performers[node].perform(actions, self.clock.now_ms)
+
     def _questions(self, node: int, table: PartitionTable) -> None:
-        cluster, follower, now = self.cluster, self.follower, self.clock.now_ms
+        cluster, now = self.cluster, self.clock.now_ms
         version = cluster.max_fetch_version
         questions = table.epoch_questions(now, fetch_version=version, ofle_version=3)
         if questions:
@@ -370,9 +378,7 @@ class Simulation:
                 EpochAnswer(tp, code, end.epoch, end.end_offset)
                 for tp, (code, end) in answers.items()
             ]
-            follower.performers[node].perform(
-                table.on_epoch_answers(questions, epoch_answers, now), now
-            )
+            self._perform(node, table.on_epoch_answers(questions, epoch_answers, now))
             self._note(f"ofle {node} {len(questions)}")
         todo = table.offset_questions(now)
         if not todo:
@@ -387,11 +393,9 @@ class Simulation:
             answer, actions = table.offsets_answer(
                 OffsetAnswer(tp, code, offset) for tp, (code, offset) in raw.items()
             )
-            follower.performers[node].perform(actions, now)
+            self._perform(node, actions)
             answers[latest] = answer
-        follower.performers[node].perform(
-            table.on_offsets(list(queries), answers[False], answers[True], now), now
-        )
+        self._perform(node, table.on_offsets(list(queries), answers[False], answers[True], now))
         self._note(f"list_offsets {node} {len(queries)}")
 
     def _garble(self, response: FetchResponseView, fault: float) -> FetchResponseView:
