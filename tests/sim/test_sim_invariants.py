@@ -99,3 +99,17 @@ def test_a_response_must_fit_the_pool_unless_it_is_one_batch():
     check_response_size(5_000, [4_900], 1_000, 1_000)  # KIP-74: one batch over the limit
     with pytest.raises(InvariantError, match="does not fit"):
         check_response_size(5_000, [2_000, 2_900], 1_000, 1_000)
+
+
+def test_below_what_retention_deleted_upstream_a_lineage_break_is_not_asked_of_the_follower():
+    """An unclean election, then retention past the divergence: the leader's epoch cache
+    starts at its new log start and cannot tell the follower that its older data came from
+    another lineage (Kafka's cannot either). The replica keeps it (log.retention -1)."""
+    b6 = _batch(3, 1, b"b3")
+    history = _history(
+        [A0, A1, A2], [_batch(0, 1, b"x0"), _batch(1, 1, b"x1"), _batch(2, 1, b"x2"), b6]
+    )
+    with pytest.raises(InvariantError, match="does not follow"):
+        check_lineage(TP, A0 + A1 + A2 + b6, TID, history)
+    history.retain(TID, 0, 3)
+    check_lineage(TP, A0 + A1 + A2 + b6, TID, history)

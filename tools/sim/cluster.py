@@ -104,12 +104,21 @@ class History:
     def __init__(self) -> None:
         # (topic id, partition) -> batch bytes -> bytes of the batch before it (b"" first)
         self.parents: dict[tuple[uuid.UUID, int], dict[bytes, bytes]] = {}
+        # (topic id, partition) -> the highest log start retention ever moved a leader to
+        self.retained: dict[tuple[uuid.UUID, int], int] = {}
 
     def record(self, topic_id: uuid.UUID, partition: int, batch: SimBatch, parent: bytes) -> None:
         self.parents.setdefault((topic_id, partition), {})[batch.data] = parent
 
     def parent_of(self, topic_id: uuid.UUID, partition: int, data: bytes) -> bytes | None:
         return self.parents.get((topic_id, partition), {}).get(data)
+
+    def retain(self, topic_id: uuid.UUID, partition: int, log_start: int) -> None:
+        key = (topic_id, partition)
+        self.retained[key] = max(self.retained.get(key, 0), log_start)
+
+    def retained_to(self, topic_id: uuid.UUID, partition: int) -> int:
+        return self.retained.get((topic_id, partition), -1)
 
 
 class SimCluster:
@@ -122,6 +131,10 @@ class SimCluster:
         self.partitions: dict[TopicPartition, SimPartition] = {}
         self.history = History()
         self.sessions = {b: self._new_cache() for b in self.brokers}
+        # Set: the next partition a Fetch reads is answered with this error code (any code
+        # Fetch may carry, or one no Kafka defines); the leader's session model sees it
+        # as sent, as it would from a real leader.
+        self.answer_error: int | None = None
         self._serial = 0
 
     def _new_cache(self) -> FetchSessionCache:
@@ -258,6 +271,7 @@ class SimCluster:
         if len(log.batches) <= batches:
             return
         new_start = log.batches[batches].base
+        self.history.retain(p.topic_id, tp.partition, new_start)
         for replica in p.replicas.values():
             old_end = replica.end
             replica.batches = [b for b in replica.batches if b.base >= new_start]
@@ -450,6 +464,10 @@ class SimCluster:
             )
             return fp, result
 
+        if self.answer_error is not None:
+            # The leader answers this partition with an error it chose (see answer_error).
+            error, self.answer_error = self.answer_error, None
+            return answer(error)
         p = self.partitions.get(tp)
         if p is None:
             return answer(UNKNOWN_TOPIC_ID if version >= FETCH_TOPIC_ID_VERSION else 3)

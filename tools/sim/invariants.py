@@ -64,7 +64,12 @@ def check_lineage(tp: TopicPartition, data: bytes, topic_id, history: History) -
             )
         # b"": the leader's log held nothing (known) before it: any predecessor that ends
         # where it starts is consistent with it.
-        if previous is not None and parent and parent != previous:
+        # Below the highest log start retention gave the leader, a replica keeps what it
+        # had (log.retention -1) and the leader no longer knows what preceded its start:
+        # its epoch cache begins there (as Kafka's does), so a divergence below it cannot
+        # be seen, and is not asked of the follower.
+        forgotten = batch.base_offset <= history.retained_to(topic_id, tp.partition)
+        if previous is not None and parent and parent != previous and not forgotten:
             raise InvariantError(
                 f"{tp}: batch at offset {batch.base_offset} does not follow the batch before "
                 "it in any leader's log (a divergent tail kept)"

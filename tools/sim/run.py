@@ -327,6 +327,9 @@ class Simulation:
             cluster.fetch(node, fetch.version, fetch.spec, now)  # a retransmitted request
             self.disturbed.add(node)
             self._note(f"turn {node}: request duplicated")
+        if faults and 0.10 <= fault < 0.15:
+            cluster.answer_error = rng.choice(FETCH_PARTITION_ERRORS + UNDEFINED_ERRORS)
+            self._note(f"garbled leader answers error {cluster.answer_error}")
         if fault < 0.08:
             # Delayed: the cluster moves on before the answer arrives.
             response = cluster.fetch(node, fetch.version, fetch.spec, now)
@@ -341,7 +344,8 @@ class Simulation:
                 f"(error {response.error_code}, session {fetch.spec.session_id} epoch "
                 f"{fetch.spec.session_epoch}) with no fault to explain it"
             )
-        if faults and 0.08 <= fault < 0.22:
+        cluster.answer_error = None  # not used when the request read no partition
+        if faults and (0.08 <= fault < 0.10 or 0.15 <= fault < 0.22):
             response = self._garble(response, fault)
         self._check_memory(response, fetch)
         outcome = table.on_response(fetch, response, now)
@@ -399,8 +403,8 @@ class Simulation:
         self._note(f"list_offsets {node} {len(queries)}")
 
     def _garble(self, response: FetchResponseView, fault: float) -> FetchResponseView:
-        """Faults in an answer: a top-level error, a partition's error code (any Fetch
-        code, or one no Kafka defines), records cut short, a flipped byte."""
+        """Faults in an answer on its way: a top-level error, records cut short, a flipped
+        byte. (A partition's error code comes from the leader itself: answer_error.)"""
         rng = self.rng
         if fault < 0.10:
             return replace(response, error_code=rng.choice(FETCH_TOP_LEVEL_ERRORS), responses=())
@@ -414,11 +418,7 @@ class Simulation:
         i = rng.randrange(len(parts))
         p = parts[i]
         records = bytes(p.records or b"")
-        if fault < 0.15:
-            code = rng.choice(FETCH_PARTITION_ERRORS + UNDEFINED_ERRORS)
-            p = _with(p, error_code=code, records=memoryview(b""))
-            what = f"error {code}"
-        elif fault < 0.19 and records:
+        if fault < 0.19 and records:
             p = _with(p, records=memoryview(records[: rng.randrange(len(records))]))
             what = "records cut"
         elif records:
