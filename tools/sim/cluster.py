@@ -274,8 +274,14 @@ class SimCluster:
         self.history.retain(p.topic_id, tp.partition, new_start)
         for replica in p.replicas.values():
             old_end = replica.end
-            replica.batches = [b for b in replica.batches if b.base >= new_start]
-            replica.log_start = max(replica.log_start, new_start)
+            # Whole batches below the new start go. A replica of another lineage may have a
+            # batch across it: it stays, and that replica's log starts at the batch (Kafka's
+            # would start inside it; a leader starting inside a batch of another lineage
+            # above the follower's end is a case the follower does not resolve -- see the
+            # report of issue 20 -- and is not generated).
+            replica.batches = [b for b in replica.batches if b.next_offset > new_start]
+            start = replica.batches[0].base if replica.batches else new_start
+            replica.log_start = max(replica.log_start, min(start, new_start))
             if not replica.batches:
                 # It starts over where the leader's log starts (Kafka's follower truncates
                 # fully to the leader's log start); below it, nothing is known.
