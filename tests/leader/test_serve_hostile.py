@@ -486,14 +486,16 @@ def test_a_client_over_its_request_quota_is_told_to_wait_and_muted(
                 break
             (throttle,) = struct.unpack_from(">i", answer, 4)  # after the correlation id
             throttles.append(throttle)
-            if throttle:
+            # A throttle of a few ms cannot be told from scheduling noise: wait for one
+            # long enough to see the mute (they grow while the client keeps asking).
+            if throttle >= 200:
                 muted_from = time.monotonic()
                 greedy.settimeout(throttle / 1000 / 2)
                 with pytest.raises(TimeoutError):
                     read_frame(greedy)  # nothing more while the throttle lasts
                 assert time.monotonic() - muted_from >= throttle / 1000 / 2
                 break
-    assert throttles and throttles[-1] > 0, f"never throttled in {len(throttles)} answers"
+    assert throttles and throttles[-1] >= 200, f"not throttled in {len(throttles)} answers"
     assert served.metrics()["throttled_responses_total"] >= 1
     # 1% of the loop over at least 10 s is 100 ms, a few thousand of these requests.
     assert len(throttles) < 50_000
