@@ -377,6 +377,9 @@ class MirrorConfig:
     progress_interval_ms: int = 1_000
     # Batch bytes read ahead from the local log and held per partition.
     buffer_bytes: int = 4 * 1024 * 1024
+    # Local retention (log.retention_*) keeps what is not mirrored yet; false: it deletes
+    # on schedule, and what the destination never got is a gap (counted and logged).
+    retention_waits: bool = True
 
 
 @dataclass(frozen=True, slots=True)

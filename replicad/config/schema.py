@@ -247,6 +247,7 @@ SCHEMA = Section(
                 "produce_timeout_ms": Int(1, INT32_MAX),
                 "progress_interval_ms": Int(1),
                 "buffer_bytes": Int(1),
+                "retention_waits": Bool(),
             },
             nullable=True,
         ),

@@ -155,6 +155,7 @@ class PartitionLog:
         "last_recovery",
         "log_start_offset",
         "recovery_point",
+        "retention_floor",
         "topic_id",
         "topic_partition",
     )
@@ -198,6 +199,9 @@ class PartitionLog:
         # The latest time a caller passed in; used where an API takes no time argument.
         self._last_now_ms = 0
         self.last_recovery: PartitionRecovery | None = None
+        # Retention deletes no segment holding this offset or a later one (None: no hold).
+        # The mirror sets it to what it has not mirrored yet (replicad/mirror/shell.py).
+        self.retention_floor: int | None = None
 
     # -- creation and loading --------------------------------------------------------------
 
@@ -617,16 +621,21 @@ class PartitionLog:
         return deleted
 
     def enforce_retention(self, now_ms: int) -> list[int]:
-        """Delete inactive segments past retention.ms / retention.bytes; their base offsets."""
+        """Delete inactive segments past retention.ms / retention.bytes; their base offsets.
+        A segment holding `retention_floor` or a later offset is kept (a hold)."""
         with self._lock:
             summaries = [
                 SegmentSummary(s.base_offset, s.size, s.max_timestamp.timestamp)
                 for s in self._segments
             ]
             plan = plan_retention(summaries, self.config, now_ms)
-            if not plan.delete:
+            delete = len(plan.delete)
+            floor = self.retention_floor
+            while floor is not None and delete > 0 and self._segments[delete].base_offset > floor:
+                delete -= 1  # that segment still holds offsets at or past the floor
+            if not delete:
                 return []
-            new_start = self._segments[len(plan.delete)].base_offset
+            new_start = self._segments[delete].base_offset
             self.log_start_offset = max(self.log_start_offset, new_start)
             self.high_watermark = max(self.high_watermark, self.log_start_offset)
             deleted = self._delete_below(new_start)

@@ -17,6 +17,9 @@ module performs them.
   could otherwise not tell our records from what the destination held before.
 - Destination down: sends fail, are retried with backoff (same producer, same sequence),
   while the follower keeps filling the local log; nothing here ever stops replication.
+- Local retention is held at each partition's mirrored position (PartitionLog's
+  retention_floor) from before the destination first answers, unless
+  `mirror.retention_waits` is false; then what retention deleted first is a counted gap.
 """
 
 from __future__ import annotations
@@ -77,6 +80,8 @@ class MirrorSettings:
     buffer_bytes: int = 4 << 20
     retry_backoff_ms: int = 100
     retry_backoff_max_ms: int = 5_000
+    # Hold local retention at what is not mirrored yet (PartitionLog.retention_floor).
+    retention_waits: bool = True
 
 
 class Mirror:
@@ -107,6 +112,8 @@ class Mirror:
         self._metadata_lock = asyncio.Lock()
         self._metadata_at = 0.0
         self._halt_logged: set[TopicPartition] = set()
+        # Partitions whose local retention is held for the mirror (see _hold).
+        self._held: set[TopicPartition] = set()
         self._said = RateLimitedLog(interval_ms=60_000)
 
     # -- hooks ----------------------------------------------------------------------------
@@ -116,6 +123,8 @@ class Mirror:
         event = self._wake.get(tp)
         if event is not None:
             event.set()
+        elif tp not in self._held:
+            self._hold(tp, None)
 
     # -- run ------------------------------------------------------------------------------
 
@@ -150,20 +159,28 @@ class Mirror:
         """Everything before the first send; False when stopped first or refused."""
         replicator = self.replicator
         await _until(stop, replicator.logs_ready.wait())
+        # At once (no await between): the replicator's housekeeping, which enforces
+        # retention, starts only after its first metadata answer.
+        if replicator.logs is not None:
+            for tp, plog in replicator.logs.partitions().items():
+                self._logs[tp] = plog
+                self._hold(tp, None)
         while not stop.is_set() and replicator.cluster is None:
             await _until(stop, asyncio.sleep(0.1))
         if stop.is_set():
             return False
-        meta = await self.client.metadata_with_retry(None, stop=stop)
-        if meta is None:
-            return False
-        self.dest_cluster = meta
         try:
             stored = await asyncio.to_thread(progress_store.load, self.settings.data_dir)
         except ReplicadError as exc:
             self._set_problem(f"mirror progress unreadable, not mirroring: {exc}")
             log.error("mirror progress unreadable; not mirroring", error=str(exc))
             return False
+        # Before the destination answers: retention must not delete what is not mirrored.
+        self._hold_retention(stored.partitions if stored is not None else {})
+        meta = await self.client.metadata_with_retry(None, stop=stop)
+        if meta is None:
+            return False
+        self.dest_cluster = meta
         progress: Mapping[TopicPartition, Progress] = {}
         if stored is not None:
             if stored.destination_cluster not in (None, meta.cluster_id):
@@ -201,7 +218,24 @@ class Mirror:
                 core = PartitionMirror(position=plog.log_start_offset if plog else 0)
             self.cores[tp] = core
             self._wake[tp] = asyncio.Event()
+            if plog is not None and self.settings.retention_waits:
+                plog.retention_floor = core.position
         return True
+
+    def _hold_retention(self, stored: Mapping[TopicPartition, Progress]) -> None:
+        for tp, progress in stored.items():
+            self._hold(tp, progress.position)
+
+    def _hold(self, tp: TopicPartition, position: int | None) -> None:
+        """Keep retention off `tp`'s records from `position` on (None: all it holds now)."""
+        self._held.add(tp)
+        wanted = set(self.settings.topics)
+        if not self.settings.retention_waits or (wanted and tp.topic not in wanted):
+            return
+        plog = self._log(tp)
+        if plog is not None:
+            floor = plog.log_start_offset if position is None else position
+            plog.retention_floor = floor
 
     def _mirrored_topics(self) -> dict[str, int]:
         """Source topics to mirror -> their partition count at the source."""
@@ -296,6 +330,8 @@ class Mirror:
                 if plog is None:
                     await self._idle(tp, stop)
                     continue
+                if self.settings.retention_waits:
+                    plog.retention_floor = core.position
                 await self._fill(tp, core, plog)
                 if core.phase is Phase.RECONCILING:
                     if not await self._reconcile(tp, core, plog, stop):
@@ -505,6 +541,9 @@ class Mirror:
         self.problem = text
 
     def _current_problem(self) -> tuple[str | None, int | None]:
+        unreachable = self.client.problem
+        if self.problem is None and not self.started and unreachable is not None:
+            return unreachable.error, unreachable.since_ms
         if self.problem is not None or not self._failing:
             return self.problem, self.problem_since_ms
         tp, (error, since) = min(self._failing.items(), key=lambda item: item[1][1])

@@ -183,6 +183,27 @@ def test_retention_by_bytes_moves_log_start(tmp_path: Path) -> None:
     assert log.log_start_offset == log.segments[0].base_offset
 
 
+def test_retention_keeps_what_is_at_or_past_the_floor(tmp_path: Path) -> None:
+    config = LogConfig(
+        segment_bytes=SMALL.segment_bytes,
+        index_interval_bytes=1024,
+        segment_index_bytes=2048,
+        retention_bytes=SMALL.segment_bytes,
+    )
+    log, _ = _partition(tmp_path, config=config)
+    assert len(log.segments) > 3
+    bases = [segment.base_offset for segment in log.segments]
+    floor = bases[1] + 1  # inside the second segment
+    log.retention_floor = floor
+    # Only the segment wholly below the floor goes, though retention wants more gone.
+    assert log.enforce_retention(now_ms=0) == [bases[0]]
+    assert log.log_start_offset == bases[1]
+    # Lifting the hold lets retention go on.
+    log.retention_floor = None
+    assert log.enforce_retention(now_ms=0)
+    assert log.log_start_offset > floor
+
+
 def test_flush_messages_moves_recovery_point(tmp_path: Path) -> None:
     config = LogConfig(flush_messages=50)
     log = PartitionLog.create(tmp_path / "orders-3", TP, config, now_ms=0)

@@ -96,7 +96,7 @@ def wait_mirrored(
     proc.wait_for(done, timeout_s=timeout_s, what=f"mirrored to {ends}")
 
 
-def source_ends(broker: Any, topic: str) -> dict[TopicPartition, int]:
+def source_ends(broker: Any, topic: str, partitions: int = PARTITIONS) -> dict[TopicPartition, int]:
     from confluent_kafka import Consumer
     from confluent_kafka import TopicPartition as KTP
 
@@ -104,7 +104,7 @@ def source_ends(broker: Any, topic: str) -> dict[TopicPartition, int]:
     try:
         return {
             TopicPartition(topic, p): consumer.get_watermark_offsets(KTP(topic, p), timeout=10)[1]
-            for p in range(PARTITIONS)
+            for p in range(partitions)
         }
     finally:
         consumer.close()
@@ -357,3 +357,45 @@ def test_destination_outage_is_absorbed_by_the_local_log(
         assert mirror_rows(proc)[tp]["lag"] == 0 < peak
         assert (proc.status() or {})["mirror"]["problem"] is None
     assert_same(kafka_broker, kafka_cluster, topic, offsets=True)
+
+
+@pytest.mark.parametrize("waits", [True, False])
+def test_local_retention_waits_for_the_mirror(
+    kafka_broker: Any, unique_topic: Any, tmp_path: Path, free_port: int, waits: bool
+) -> None:
+    """A destination that never answered: retention keeps every segment not mirrored yet
+    (the default), or deletes on schedule when told not to wait. Status names the
+    destination as unreachable either way."""
+    topic = unique_topic("retention")
+    kafka_broker.create_topic(topic, 1)
+    produce_mixed(
+        kafka_broker.bootstrap, topic, partitions=1, records=600, seed=8, transactional=False,
+        max_batch_bytes=4096,
+    )  # fmt: skip
+    data_dir = tmp_path / "data"
+    config = mirror_config(f"127.0.0.1:{free_port}", data_dir, retention_waits=waits)
+    config.update(
+        checkpoint_interval_ms=100,
+        log={"segment_bytes": 16384, "retention_bytes": 16384},
+    )
+    with replicad_run(
+        kafka_broker.bootstrap,
+        [topic],
+        data_dir,
+        config=config,
+        control_socket=tmp_path / "control.sock",
+    ) as proc:
+        proc.wait_caught_up(source_ends(kafka_broker, topic, partitions=1), timeout_s=60)
+        proc.wait_for(
+            lambda: "destination_unreachable" in health_codes(proc),
+            what="status to name the destination",
+        )
+        if waits:
+            time.sleep(1.0)  # ten housekeeping rounds
+            status = proc.status() or {}
+            assert [p["log_start_offset"] for p in status["partitions"]] == [0]
+        else:
+            proc.wait_for(
+                lambda: (proc.status() or {})["partitions"][0]["log_start_offset"] > 0,
+                what="retention to delete segments",
+            )
