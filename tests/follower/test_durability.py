@@ -156,7 +156,8 @@ async def test_a_checkpoint_held_by_the_disk_leaves_the_loop_free_and_claims_wha
     took = time.perf_counter() - started
     monkeypatch.undo()
     assert took > 1.5  # three files of every partition were synced, one by one
-    assert stall < 0.25
+    # On the loop it would be all of it; a loaded machine alone stalls a loop ~0.1-0.4 s.
+    assert stall < took / 4
     claims = (tmp_path / "data" / RECOVERY_POINT_CHECKPOINT).read_text().splitlines()[2:]
     assert claims[-1] in ("t 59 3", "t 59 6")  # the append may have made the flush or not
     assert {line.rsplit(" ", 1)[1] for line in claims[:-1]} == {"3"}

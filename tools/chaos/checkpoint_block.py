@@ -40,7 +40,9 @@ IDLE_MAX_S = 10.0
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _child(data_dir: Path, partitions: int, batch_file: Path, switch: Path) -> dict[str, float]:
+def _child(
+    data_dir: Path, partitions: int, batch_file: Path, switch: Path, idle_max_s: float
+) -> dict[str, float]:
     """Runs in the measured process (its PYTHONPATH picks the code tree)."""
     import gc
     import logging
@@ -114,7 +116,7 @@ def _child(data_dir: Path, partitions: int, batch_file: Path, switch: Path) -> d
         # The same ticker with nothing else to do, for as long (10 s at most): what this
         # machine's scheduler alone costs the loop now (other processes share the cores).
         longest = 0.0
-        await asyncio.sleep(min(took, IDLE_MAX_S))
+        await asyncio.sleep(min(took, idle_max_s))
         idle = longest
         done.set()
         await task
@@ -155,6 +157,7 @@ def _run(label: str, code: Path, args: argparse.Namespace, base: Path) -> dict[s
                 str(args.partitions),
                 str(batch_file),
                 str(slow.switch),
+                str(getattr(args, "idle_max_s", IDLE_MAX_S)),
             ],
             env=env,
             cwd=code,
@@ -211,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         sys.path.pop(0)  # this file's directory: its modules are not the code under test
-        data, count, batch, switch_file = sys.argv[2:6]
-        figures = _child(Path(data), int(count), Path(batch), Path(switch_file))
+        data, count, batch, switch_file, idle = sys.argv[2:7]
+        figures = _child(Path(data), int(count), Path(batch), Path(switch_file), float(idle))
         print(json.dumps(figures))
     else:
         raise SystemExit(main())
