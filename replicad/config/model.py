@@ -339,6 +339,8 @@ class ServeConfig:
     # at once (also held below the open-file limit, see leader/server.py).
     max_connections: int = 10_000
     max_connections_per_ip: int = 1_000
+    # max.connections.per.ip.overrides: "address:count" items, an IP address each.
+    max_connections_per_ip_overrides: tuple[str, ...] = ()
     # connection.failed.authentication.delay.ms: a failed SASL authentication is
     # answered (and the connection closed) this much later.
     failed_authentication_delay_ms: int = 100

@@ -333,6 +333,11 @@ ID_LIST = ListOf(
 PRINCIPAL_LIST = ListOf(
     PRINCIPAL, 'a list of principals like "User:replica", or null', commas=False
 )
+# Kafka's max.connections.per.ip.overrides: "address:count" items (IP addresses here).
+ADDRESS_COUNT_LIST = ListOf(
+    Matching(re.compile(r"[0-9A-Fa-f:.]+:[0-9]{1,9}"), '"address:count" like "10.0.0.5:200"'),
+    'a list of "address:count" like "10.0.0.5:200" (or "a:1,b:2"), or null',
+)
 
 
 @dataclass(frozen=True)

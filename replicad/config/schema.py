@@ -54,6 +54,7 @@ from replicad.config.model import (
     TopicsConfig,
 )
 from replicad.config.rules import (
+    ADDRESS_COUNT_LIST,
     ADDRESS_LIST,
     ID_LIST,
     INT32_MAX,
@@ -224,6 +225,7 @@ SCHEMA = Section(
                 "connections_max_idle_ms": Int(1, INT32_MAX),
                 "max_connections": Int(1, INT32_MAX),
                 "max_connections_per_ip": Int(1, INT32_MAX),
+                "max_connections_per_ip_overrides": ADDRESS_COUNT_LIST,
                 "failed_authentication_delay_ms": Int(0, INT32_MAX),
                 "authentication_timeout_ms": Int(1, INT32_MAX),
                 "request_quota_percentage": Int(1, 100, nullable=True),
@@ -286,6 +288,7 @@ KAFKA_NAMES: Mapping[str, str] = {
     "connections.max.idle.ms": "serve.connections_max_idle_ms",
     "max.connections": "serve.max_connections",
     "max.connections.per.ip": "serve.max_connections_per_ip",
+    "max.connections.per.ip.overrides": "serve.max_connections_per_ip_overrides",
     "connection.failed.authentication.delay.ms": "serve.failed_authentication_delay_ms",
     "message.downconversion.enable": "serve.message_downconversion_enable",
     "log.message.downconversion.enable": "serve.message_downconversion_enable",

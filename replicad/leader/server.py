@@ -468,11 +468,12 @@ class LeaderServer:
                 ServeEvent.CONNECTION_LIMIT, peer=address, max_connections=self.max_connections
             )
             return False
-        if self._per_ip[ip] >= self.settings.max_connections_per_ip:
+        limit = self.settings.max_connections_per_ip_overrides.get(
+            ip, self.settings.max_connections_per_ip
+        )
+        if self._per_ip[ip] >= limit:
             self.events.note(
-                ServeEvent.CONNECTION_LIMIT_PER_IP,
-                peer=address,
-                max_connections_per_ip=self.settings.max_connections_per_ip,
+                ServeEvent.CONNECTION_LIMIT_PER_IP, peer=address, max_connections_per_ip=limit
             )
             return False
         return True

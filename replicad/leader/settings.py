@@ -54,6 +54,10 @@ class ServeSettings:
     connections_max_idle_ms: int = _CONFIG_DEFAULTS["connections_max_idle_ms"]
     max_connections: int = _CONFIG_DEFAULTS["max_connections"]
     max_connections_per_ip: int = _CONFIG_DEFAULTS["max_connections_per_ip"]
+    # Address -> its own limit (Kafka's max.connections.per.ip.overrides).
+    max_connections_per_ip_overrides: Mapping[str, int] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
     failed_authentication_delay_ms: int = _CONFIG_DEFAULTS["failed_authentication_delay_ms"]
     authentication_timeout_ms: int = _CONFIG_DEFAULTS["authentication_timeout_ms"]
     request_quota_percentage: int | None = _CONFIG_DEFAULTS["request_quota_percentage"]
@@ -92,6 +96,9 @@ class ServeSettings:
             connections_max_idle_ms=config.connections_max_idle_ms,
             max_connections=config.max_connections,
             max_connections_per_ip=config.max_connections_per_ip,
+            max_connections_per_ip_overrides=MappingProxyType(
+                dict(_address_count(item) for item in config.max_connections_per_ip_overrides)
+            ),
             failed_authentication_delay_ms=config.failed_authentication_delay_ms,
             authentication_timeout_ms=config.authentication_timeout_ms,
             request_quota_percentage=config.request_quota_percentage,
@@ -101,6 +108,12 @@ class ServeSettings:
 
     def downconversion_enabled(self, topic: str) -> bool:
         return self.topic_downconversion_enable.get(topic, self.downconversion_enable)
+
+
+def _address_count(item: str) -> tuple[str, int]:
+    """("10.0.0.5", 200) of "10.0.0.5:200" (the config's rule has checked the form)."""
+    address, _, count = item.rpartition(":")
+    return address.strip("[]"), int(count)
 
 
 # Stand-ins for the keys a whole config requires but `replicad serve` has no use for; they

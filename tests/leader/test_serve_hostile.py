@@ -348,7 +348,11 @@ def test_a_connection_flood_past_the_open_file_limit_leaves_consumers_served(
 def test_per_ip_limit_closes_new_connections_and_keeps_the_established(
     replica, serve_in_thread
 ) -> None:
-    served = serve_in_thread(replica, ServeSettings(max_connections_per_ip=20))
+    # An override for this address, as Kafka's max.connections.per.ip.overrides.
+    limits = ServeSettings(
+        max_connections_per_ip=1000, max_connections_per_ip_overrides={"127.0.0.1": 20}
+    )
+    served = serve_in_thread(replica, limits)
     with FetchLatency(address(served), TOPIC) as normal:
         time.sleep(0.2)
         with connection_flood(address(served), 60) as socks:

@@ -52,6 +52,29 @@ def test_message_downconversion_enable_is_read_from_the_config_file(tmp_path) ->
         load_config(path)
 
 
+def test_the_limits_on_clients_are_read_from_the_config_file(tmp_path) -> None:
+    """Kafka's max.connections.per.ip.overrides as "address:count" items; a bad item is
+    named with its path; the other limits come through as given."""
+    from replicad.config import load_config
+    from replicad.errors import ConfigErrors
+
+    base = "source: {bootstrap_servers: [k:9092]}\ntopics: {include: [t]}\n"
+    path = tmp_path / "replicad.yaml"
+    path.write_text(
+        base + "serve: {listen: 127.0.0.1:0, max_connections_per_ip: 50, "
+        'max_connections_per_ip_overrides: "10.0.0.5:500,::1:7", request_quota_percentage: 20}\n'
+    )
+    settings = ServeSettings.from_config(load_config(path).serve)
+    assert settings.max_connections_per_ip == 50
+    assert dict(settings.max_connections_per_ip_overrides) == {"10.0.0.5": 500, "::1": 7}
+    assert settings.request_quota_percentage == 20
+    path.write_text(
+        base + "serve: {listen: 127.0.0.1:0, max_connections_per_ip_overrides: [lots]}\n"
+    )
+    with pytest.raises(ConfigErrors, match=r"serve\.max_connections_per_ip_overrides\[0\]"):
+        load_config(path)
+
+
 @pytest.mark.parametrize(
     "bad", [{"fetch_max_bytes": 0}, {"downconversion_chunk_bytes": -1}, {"max_session_slots": -1}]
 )
