@@ -109,6 +109,7 @@ def mirror_settings_from_config(config: Config) -> MirrorSettings | None:
         ),
         data_dir=config.data_dir,
         topics=tuple(mirror.topics),
+        topic_prefix=mirror.topic_prefix,
         replication_factor=mirror.replication_factor,
         produce_timeout_ms=mirror.produce_timeout_ms,
         progress_interval_ms=mirror.progress_interval_ms,

@@ -371,6 +371,8 @@ class MirrorConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     # Replicated topics to mirror; empty: all of them.
     topics: tuple[str, ...] = ()
+    # Destination topic name = topic_prefix + source topic name; "": the same name.
+    topic_prefix: str = ""
     # Of the destination topics the mirror creates; -1: the destination's default.
     replication_factor: int = -1
     # How long the destination may hold a Produce (acks=all) before answering.

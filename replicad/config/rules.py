@@ -274,6 +274,12 @@ class Matching(Rule):
 
 
 PRINCIPAL = Matching(_PRINCIPAL, 'a principal "Type:name" like "User:replica"')
+# The start of a topic name (mirror.topic_prefix), empty allowed; the whole name is checked
+# where the topic is known.
+TOPIC_PREFIX = Matching(
+    re.compile(r"[a-zA-Z0-9._-]{0,200}"),
+    "a topic name prefix: letters, digits, '.', '_' and '-' (at most 200), or \"\"",
+)
 
 
 def _items(value: object, commas: bool) -> list[object] | None:

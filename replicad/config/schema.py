@@ -60,6 +60,7 @@ from replicad.config.rules import (
     INT32_MAX,
     PRINCIPAL_LIST,
     TOPIC_LIST,
+    TOPIC_PREFIX,
     Address,
     Bool,
     Choice,
@@ -244,6 +245,7 @@ SCHEMA = Section(
                 "reconnect_backoff_max_ms": Int(0, INT32_MAX),
                 "security": CLIENT_SECURITY,
                 "topics": TOPIC_LIST,
+                "topic_prefix": TOPIC_PREFIX,
                 # CreateTopics carries it as an int16.
                 "replication_factor": Int(-1, 32_767),
                 "produce_timeout_ms": Int(1, INT32_MAX),

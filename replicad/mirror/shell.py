@@ -73,6 +73,9 @@ class MirrorSettings:
     data_dir: Path
     # Source topics to mirror; empty: every replicated topic.
     topics: tuple[str, ...] = ()
+    # Destination topic = prefix + source topic (MM2's DefaultReplicationPolicy uses
+    # "<source alias>."); empty: the same name.
+    topic_prefix: str = ""
     replication_factor: int = -1
     produce_timeout_ms: int = 30_000
     progress_interval_ms: int = 1_000
@@ -183,11 +186,12 @@ class Mirror:
         self.dest_cluster = meta
         progress: Mapping[TopicPartition, Progress] = {}
         if stored is not None:
-            if stored.destination_cluster not in (None, meta.cluster_id):
+            if stored.destination_cluster not in (None, self._identity()):
                 log.warning(
-                    "mirror progress is for another destination cluster; starting afresh",
+                    "mirror progress is for another destination (cluster or topic prefix); "
+                    "starting afresh",
                     stored=stored.destination_cluster,
-                    destination=meta.cluster_id,
+                    destination=self._identity(),
                 )
             else:
                 progress = stored.partitions
@@ -262,17 +266,20 @@ class Mirror:
 
     async def _prepare_topics(self) -> None:
         source = self._mirrored_topics()
-        meta = await self.client.metadata(list(source))
+        prefix = self.settings.topic_prefix
+        # Planned under destination names; errors are said under the source topic's.
+        source_of = {prefix + t: t for t in source}
+        meta = await self.client.metadata(list(source_of))
         have = {
             name: len(t.partitions)
             for name, t in meta.topics.items()
             if t.partitions and t.error.name != "unknown_topic_or_partition"
         }
-        missing = [t for t in source if t not in have]
+        missing = [t for t in source if prefix + t not in have]
         configs = {}
         if missing:
             found = await ClusterGroupsReader(self.replicator.client).topic_configs(missing)
-            configs = {t: c.entries for t, c in found.items() if c.error is None}
+            configs = {prefix + t: c.entries for t, c in found.items() if c.error is None}
             for t, c in found.items():
                 if c.error is not None:
                     log.warning(
@@ -281,22 +288,28 @@ class Mirror:
                         error=c.error,
                     )
         plan = plan_topics(
-            source, have, configs, replication_factor=self.settings.replication_factor
+            {prefix + t: n for t, n in source.items()},
+            have,
+            configs,
+            replication_factor=self.settings.replication_factor,
         )
-        for topic, why in plan.errors.items():
-            self.topic_errors[topic] = why
-            log.error("destination topic not mirrored", topic=topic, reason=why)
+        for dest, why in plan.errors.items():
+            self.topic_errors[source_of[dest]] = why
+            log.error("destination topic not mirrored", topic=dest, reason=why)
         results = await self.destination.create_topics(plan.create)
-        for topic, error in results.items():
+        for dest, error in results.items():
+            topic = source_of.get(dest, dest)
             if error is not None:
                 self.topic_errors[topic] = f"could not create the destination topic: {error}"
-                log.error("destination topic not created", topic=topic, error=error)
+                log.error("destination topic not created", topic=dest, error=error)
             else:
+                created = next(t for t in plan.create if t.name == dest)
                 log.info(
                     "destination topic created",
-                    topic=topic,
-                    partitions=source.get(topic),
-                    configs=sorted(next(t.configs for t in plan.create if t.name == topic)),
+                    topic=dest,
+                    source_topic=topic,
+                    partitions=created.partitions,
+                    configs=sorted(created.configs),
                 )
         await self._refresh_metadata(force=True)
 
@@ -351,7 +364,7 @@ class Mirror:
                 batch = restamp(send.entry.data, send.stamp, send.base_sequence)
                 conn = await self.client.connection(self._leader(tp))
                 self.produce_requests += 1
-                answer = await self.destination.produce(conn, tp, batch).answer()
+                answer = await self.destination.produce(conn, self._dest(tp), batch).answer()
                 if answer.error is None:
                     base = answer.base_offset if answer.base_offset >= 0 else send.expected_dest
                     core.acked(base)
@@ -455,8 +468,8 @@ class Mirror:
     async def _settled_end(self, tp: TopicPartition, stop: asyncio.Event) -> LogEnd | None:
         deadline = time.monotonic() + self.settings.produce_timeout_ms / 1000 + 5
         while not stop.is_set():
-            ends = await self.destination.log_ends(self._leader(tp), [tp])
-            end = ends[tp]
+            dest = self._dest(tp)
+            end = (await self.destination.log_ends(self._leader(tp), [dest]))[dest]
             if end.error is not None:
                 raise ProtocolError(f"{tp}: destination log end unavailable: {end.error}")
             if end.settled or time.monotonic() > deadline:
@@ -474,9 +487,21 @@ class Mirror:
 
     # -- destination metadata -------------------------------------------------------------
 
+    def _identity(self) -> str | None:
+        """What the saved progress is valid for: the destination cluster's id, and the
+        topic prefix when there is one (other names are other destination topics)."""
+        cluster = self.dest_cluster.cluster_id if self.dest_cluster else None
+        prefix = self.settings.topic_prefix
+        return f"{cluster} prefix={prefix}" if prefix and cluster else cluster
+
+    def _dest(self, tp: TopicPartition) -> TopicPartition:
+        """The destination partition of source partition `tp`."""
+        return TopicPartition(self.settings.topic_prefix + tp.topic, tp.partition)
+
     def _leader(self, tp: TopicPartition) -> int:
+        """The destination leader of source partition `tp`'s copy."""
         meta = self.dest_cluster
-        leader = meta.leader_of(tp) if meta is not None else None
+        leader = meta.leader_of(self._dest(tp)) if meta is not None else None
         if leader is None or leader.leader_id < 0:
             raise KafkaConnectionError(f"{tp}: no leader known at the destination")
         return leader.leader_id
@@ -486,8 +511,9 @@ class Mirror:
             now = time.monotonic()
             if not force and now - self._metadata_at < self.settings.retry_backoff_ms / 1000:
                 return
-            topics = sorted({tp.topic for tp in self.cores} or set(self._mirrored_topics()))
-            self.dest_cluster = await self.client.metadata(topics)
+            source = {tp.topic for tp in self.cores} or set(self._mirrored_topics())
+            prefix = self.settings.topic_prefix
+            self.dest_cluster = await self.client.metadata(sorted(prefix + t for t in source))
             self._metadata_at = time.monotonic()
 
     # -- progress ---------------------------------------------------------------------------
@@ -505,8 +531,9 @@ class Mirror:
             now = {tp: core.progress() for tp, core in self.cores.items()}
             if now == self._saved:
                 return
-            cluster = self.dest_cluster.cluster_id if self.dest_cluster else None
-            await asyncio.to_thread(progress_store.save, self.settings.data_dir, cluster, now)
+            await asyncio.to_thread(
+                progress_store.save, self.settings.data_dir, self._identity(), now
+            )
             self._saved = now
 
     # -- helpers ----------------------------------------------------------------------------
@@ -566,6 +593,7 @@ class Mirror:
                 {
                     "topic": tp.topic,
                     "partition": tp.partition,
+                    "destination_topic": self._dest(tp).topic,
                     "local_log_end": plog.log_end_offset if plog is not None else None,
                     "local_high_watermark": hw,
                     "mirrored_offset": core.position,

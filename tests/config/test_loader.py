@@ -569,3 +569,27 @@ serve:
     shown = repr(config) + str(config) + repr(users_file) + str(users_file)
     assert [secret for secret in secrets if secret in shown] == []
     assert f"file {key_secret}" in shown and f"file {sasl_secret}" in shown
+
+
+def test_mirror_section_is_checked_like_the_source(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        MINIMAL
+        + textwrap.dedent(
+            """\
+            mirror:
+              bootstrap_servers: ["b1:9092"]
+              topic_prefix: "east/"
+              security:
+                protocol: sasl_ssl
+            """
+        ),
+    )
+    problems = problems_of(path)
+    assert any("mirror.topic_prefix: expected a topic name prefix" in p for p in problems)
+    assert any("mirror.security.sasl.username: required when" in p for p in problems)
+    fixed = path.read_text().replace('"east/"', '"east."').replace("sasl_ssl", "plaintext")
+    path.write_text(fixed)
+    mirror = load_config(path).mirror
+    assert mirror is not None and mirror.topic_prefix == "east."
+    assert load_config(write(tmp_path, MINIMAL)).mirror is None

@@ -252,9 +252,11 @@ def logged(proc: ReplicadProcess, event: str) -> list[dict[str, Any]]:
     return found
 
 
-def assert_same(source: Any, destination: Any, topic: str, *, offsets: bool) -> None:
+def assert_same(
+    source: Any, destination: Any, topic: str, *, offsets: bool, prefix: str = ""
+) -> None:
     want = consume_all(source.bootstrap, topic, isolation=READ_COMMITTED)
-    got = consume_all(destination.bootstrap, topic, isolation=READ_COMMITTED)
+    got = consume_all(destination.bootstrap, prefix + topic, isolation=READ_COMMITTED)
     for p in range(PARTITIONS):
         assert len(got[p]) == len(want[p]), f"{topic}-{p}: {len(got[p])} != {len(want[p])}"
         if offsets:
@@ -325,13 +327,17 @@ def test_destination_outage_is_absorbed_by_the_local_log(
     topic = unique_topic("outage")
     kafka_broker.create_topic(topic, PARTITIONS)
     tp = TopicPartition(topic, 0)
-    with start(kafka_broker, kafka_cluster, [topic], tmp_path) as proc:
+    # Copies named as MirrorMaker 2's default policy names them.
+    prefix = "east."
+    config = mirror_config(kafka_cluster.bootstrap, tmp_path / "data", topic_prefix=prefix)
+    with start(kafka_broker, kafka_cluster, [topic], tmp_path, mirror=config["mirror"]) as proc:
         with SourceWriter(kafka_broker.bootstrap, topic), lag_watch(proc, tp) as lags:
             proc.wait_for(
                 lambda: mirror_rows(proc).get(tp, {}).get("mirrored_offset", 0) > 100,
                 what="mirroring under way",
             )
-            node = kafka_cluster.leaders(topic)[0]
+            assert mirror_rows(proc)[tp]["destination_topic"] == prefix + topic
+            node = kafka_cluster.leaders(prefix + topic)[0]
             with kafka_cluster.stopped(node):
                 # The source goes on into the local log; the destination lag grows, and
                 # status says why.
@@ -356,7 +362,7 @@ def test_destination_outage_is_absorbed_by_the_local_log(
         wait_mirrored(proc, source_ends(kafka_broker, topic), timeout_s=120)
         assert mirror_rows(proc)[tp]["lag"] == 0 < peak
         assert (proc.status() or {})["mirror"]["problem"] is None
-    assert_same(kafka_broker, kafka_cluster, topic, offsets=True)
+    assert_same(kafka_broker, kafka_cluster, topic, offsets=True, prefix=prefix)
 
 
 @pytest.mark.parametrize("waits", [True, False])
