@@ -251,6 +251,12 @@ PARTITION_FAMILIES = (
     Family(
         COUNTER, "partition_crc_failures", "Fetched batches that failed the CRC", "crc_failures"
     ),
+    Family(
+        COUNTER,
+        "partition_gap_offsets",
+        "Offsets skipped because the leader's log started above ours (on_gap=reset)",
+        "gap_offsets",
+    ),
 )
 TOPIC_FAMILIES = (
     Family(GAUGE, "topic_partitions", "Partitions replicated", "partitions"),
@@ -266,6 +272,18 @@ TOTALS_FAMILIES = (
     Family(COUNTER, "bytes_replicated", "Record bytes appended locally", "bytes_replicated"),
     Family(GAUGE, "bytes_per_second", "Record bytes replicated per second", "bytes_per_s"),
     Family(COUNTER, "crc_failures", "Fetched batches that failed the CRC", "crc_failures"),
+    Family(
+        COUNTER,
+        "gaps",
+        "Times a leader's log started above a partition's local end (retention outran us)",
+        "gaps",
+    ),
+    Family(
+        COUNTER,
+        "gap_offsets",
+        "Offsets skipped because the leader's log started above ours (on_gap=reset)",
+        "gap_offsets",
+    ),
 )
 MEMORY_POOL_FAMILIES = (
     Family(

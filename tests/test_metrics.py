@@ -31,6 +31,8 @@ def snapshot(partitions: int = 2, **extra: Any) -> dict[str, Any]:
             "bytes_per_s": 1.0e6,
             "crc_failures": 2,
             "session_recoveries": 3,
+            "gaps": 2,
+            "gap_offsets": 70,
             "partitions_by_state": {"fetching": partitions - 1, "halted": 1},
         },
         "leaders": [
@@ -65,6 +67,8 @@ def snapshot(partitions: int = 2, **extra: Any) -> dict[str, Any]:
                 "last_error": None,
                 "bytes_replicated": 100 * i,
                 "crc_failures": int(i % 3 == 0),
+                "gaps": int(i == 3),
+                "gap_offsets": 70 if i == 3 else 0,
             }
             for i in range(partitions)
         ],
@@ -106,6 +110,7 @@ def test_per_partition_series() -> None:
     assert samples[("replicad_partition_high_watermark", t1p1)] == 33
     assert samples[("replicad_partition_bytes_replicated_total", t1p1)] == 300
     assert samples[("replicad_partition_crc_failures_total", t1p1)] == 1
+    assert samples[("replicad_partition_gap_offsets_total", t1p1)] == 70
     assert not any(name.startswith("replicad_topic_") for name, _ in samples)
 
 
@@ -114,6 +119,8 @@ def test_totals_and_daemon_state() -> None:
     assert samples[("replicad_lag", ())] == 1000
     assert samples[("replicad_bytes_replicated_total", ())] == 123456
     assert samples[("replicad_crc_failures_total", ())] == 2
+    assert samples[("replicad_gaps_total", ())] == 2
+    assert samples[("replicad_gap_offsets_total", ())] == 70
     assert samples[("replicad_partitions", (("state", "halted"),))] == 1
     assert samples[("replicad_ready", ())] == 1
     assert samples[("replicad_build_info", (("version", "0.1.0"),))] == 1

@@ -63,6 +63,10 @@ class PartitionState:
     # When the local log last moved (monotonic ms; creation counts): with lag, a partition
     # idle for long is stalled (control/health.py).
     progress_ms: int = 0
+    # Gaps met (the leader's log starting above our end: retention or DeleteRecords
+    # upstream outran the replica), and the offsets skipped over them (on_gap=reset).
+    gaps: int = 0
+    gap_offsets: int = 0
 
     def fetchable(self, now_ms: int) -> bool:
         return (

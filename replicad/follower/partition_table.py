@@ -496,6 +496,7 @@ class PartitionTable:
             actions.append(Truncate(tp, hi, "leader's log ends below ours"))
             self.stats.truncations += 1
         elif lo > end:
+            state.gaps += 1
             if self.settings.on_gap == "halt":
                 state.phase = PartitionPhase.HALTED
                 state.last_error = f"gap: leader starts at {lo}, local log ends at {end}"
@@ -515,6 +516,7 @@ class PartitionTable:
                 skipped=lo - end,
             )
             actions.append(StartAt(tp, lo, "gap (on_gap=reset)"))
+            state.gap_offsets += lo - end
             state.fetch_offset = lo
         else:
             state.delay(now_ms, self.settings.backoff_ms, "offset out of range (transient)")

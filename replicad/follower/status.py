@@ -106,6 +106,9 @@ def build_snapshot(
                 "errors": st.error_count,
                 # Failures since the last successful append: > 0 while it keeps failing.
                 "consecutive_failures": st.consecutive_failures,
+                # Leader logs that started above ours, and the offsets skipped over them.
+                "gaps": st.gaps,
+                "gap_offsets": st.gap_offsets,
             }
         )
     leaders = [
@@ -131,6 +134,8 @@ def build_snapshot(
             "session_recoveries": sum(sum(s.session_recoveries.values()) for s in stats),
             "partitions_by_state": dict(states),
             "checkpoint_failures": replicator.checkpoint_failures,
+            "gaps": sum(p["gaps"] for p in partitions),
+            "gap_offsets": sum(p["gap_offsets"] for p in partitions),
         },
         "leaders": leaders,
         "partitions": partitions,

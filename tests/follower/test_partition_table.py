@@ -522,9 +522,13 @@ def test_a_leader_starting_above_our_end_is_a_gap(on_gap):
         assert actions == [StartAt(TP0, 80, "gap (on_gap=reset)")]
         _perform(table, actions, {TP0: local})
         assert state.fetch_offset == 80 and local.log_start_offset == 80
+        # The gap is counted with its size: offsets 50..79 were never replicated.
+        assert (state.gaps, state.gap_offsets) == (1, 30)
     else:
         assert [type(a) for a in actions] == [Halt] and state.phase is PartitionPhase.HALTED
         assert "gap" in state.last_error and table.next_fetch(0, max_version=13) is None
+        # Met, and nothing skipped: the partition waits for an operator.
+        assert (state.gaps, state.gap_offsets) == (1, 0)
 
 
 def test_an_out_of_range_that_no_longer_holds_is_transient():

@@ -101,13 +101,18 @@ def test_out_of_range_reset_skips_to_the_leaders_start(kafka_broker, unique_topi
         assert proc.stop() == 0
     produce(kafka_broker.bootstrap, topic, 1, 100)  # 100..199 while we are down
     _delete_records(kafka_broker, topic, 150)  # ...and the leader drops below 150
-    proc, data_dir, _ = start(tmp_path, kafka_broker.bootstrap, "--topics", topic)
+    proc, data_dir, sock = start(tmp_path, kafka_broker.bootstrap, "--topics", topic)
     try:
         wait_until(lambda: ends(data_dir, topic) == {0: 200}, timeout_s=60, what="catch-up")
+        snap = status(sock)
     finally:
         assert proc.stop() == 0
     out = proc.output()
     assert "skipping the gap (on_gap=reset)" in out
+    # Counted with its size, where an operator looks: offsets 100..149 were never copied.
+    (part,) = [p for p in snap["partitions"] if p["topic"] == topic]
+    assert (part["gaps"], part["gap_offsets"]) == (1, 50)
+    assert (snap["totals"]["gaps"], snap["totals"]["gap_offsets"]) == (1, 50)
     ours = segment_bytes(data_dir / f"{topic}-0")
     # Kafka's follower rule: everything before the leader's start is gone, and the
     # replica restarts at the batch holding the leader's log start.
@@ -143,6 +148,7 @@ def test_out_of_range_halt_stops_the_partition_and_says_why(kafka_broker, unique
         assert proc.stop() == 0
     halted = next(p for p in snap["partitions"] if p["topic"] == topic)
     assert halted["state"] == "halted"
+    assert (halted["gaps"], halted["gap_offsets"]) == (1, 0)
     assert "gap: leader starts at 150" in halted["last_error"]
     assert ends(data_dir, topic) == {0: 100}  # nothing skipped, nothing lost
     assert "partition halted (on_gap=halt)" in proc.output()
