@@ -63,7 +63,9 @@ class ElementCount:
 def count_elements(body: Any, limit: int) -> ElementCount:
     """Every element of every array (tuple) in `body` -- a kio entity or one of
     legacy_codec's dataclasses -- and in the entities and tuples inside them; the walk
-    stops once the count passes `limit`, so counting costs no more than answering would."""
+    stops once the count passes `limit`, so counting costs no more than answering would.
+    Only fields declared as tuples are walked into (kio and legacy_codec declare every
+    array so): a partition entry of scalars is counted, not opened."""
     count = 0
     stack: list[Any] = [body]
     while stack:
@@ -72,20 +74,18 @@ def count_elements(body: Any, limit: int) -> ElementCount:
             count += len(value)
             if count > limit:
                 break
-            stack.extend(v for v in value if isinstance(v, tuple) or _has_fields(type(v)))
-        elif _has_fields(type(value)):
-            for name in _field_names(type(value)):
+            stack.extend(v for v in value if isinstance(v, tuple) or _array_fields(type(v)))
+        else:
+            for name in _array_fields(type(value)):
                 inner = getattr(value, name)
-                if isinstance(inner, tuple) or _has_fields(type(inner)):
+                if inner is not None:
                     stack.append(inner)
     return ElementCount(count, limit)
 
 
 @cache
-def _has_fields(cls: type) -> bool:
-    return dataclasses.is_dataclass(cls)
-
-
-@cache
-def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
+def _array_fields(cls: type) -> tuple[str, ...]:
+    """The fields of a dataclass declared as tuples (annotations are strings here)."""
+    if not dataclasses.is_dataclass(cls):
+        return ()
+    return tuple(f.name for f in dataclasses.fields(cls) if "tuple" in str(f.type))
