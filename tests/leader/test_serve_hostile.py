@@ -34,6 +34,7 @@ from tools.chaos.hostile import (
     read_frame,
     request_frame,
     sasl_plain_guesses,
+    sasl_scram_guesses,
     scram_replay,
     stalled_frames,
     still_open,
@@ -377,20 +378,30 @@ def plain_users(tmp_path: Path) -> Path:
     return users
 
 
-def sasl_plain(users: Path) -> ServerSecurity:
+def sasl_listener(users: Path, mechanism: str = "plain") -> ServerSecurity:
     config = serve_security_from_options(
-        {"serve.security.sasl.mechanisms": ["plain"], "serve.security.sasl.users_file": str(users)}
+        {
+            "serve.security.sasl.mechanisms": [mechanism],
+            "serve.security.sasl.users_file": str(users),
+        }
     )
     return ServerSecurity.from_config(config, frozenset())
 
 
+@pytest.mark.parametrize(
+    ("mechanism", "guess"),
+    [
+        ("plain", sasl_plain_guesses),
+        ("scram-sha-512", sasl_scram_guesses),
+    ],
+)
 def test_failed_authentications_are_delayed_and_hashed_off_the_loop(
-    replica, serve_in_thread, plain_users
+    replica, serve_in_thread, plain_users, mechanism, guess
 ) -> None:
     settings = ServeSettings(failed_authentication_delay_ms=200)
-    served = serve_in_thread(replica, settings, security=sasl_plain(plain_users))
+    served = serve_in_thread(replica, settings, security=sasl_listener(plain_users, mechanism))
     with structlog.testing.capture_logs() as lines:
-        guesses = sasl_plain_guesses(address(served), "reader", 10)
+        guesses = guess(address(served), "reader", 10)
     assert guesses.refused == 10
     # Each answer waits out the delay: no more than 5 guesses a second per connection.
     assert guesses.seconds >= 10 * 0.2 and guesses.per_second <= 5, guesses
@@ -402,7 +413,7 @@ def test_a_connection_that_never_authenticates_is_closed_in_time(
     replica, serve_in_thread, plain_users
 ) -> None:
     settings = ServeSettings(authentication_timeout_ms=500)
-    served = serve_in_thread(replica, settings, security=sasl_plain(plain_users))
+    served = serve_in_thread(replica, settings, security=sasl_listener(plain_users))
     with connection_flood(address(served), 20) as socks:
         time.sleep(1.5)
         assert not any(still_open(s) for s in socks)

@@ -16,6 +16,7 @@ Probes:
 - `unknown_versions`: one connection asking ApiVersions v5 .. vN, and api keys no one has.
 - `legacy_invalid_utf8`: Fetch v0 requests whose client id is not UTF-8.
 - `sasl_plain_guesses`: SASL PLAIN attempts with a wrong password, one per connection.
+- `sasl_scram_guesses`: the same with SCRAM (a wrong proof).
 - `scram_replay`: a recorded SCRAM exchange sent again on a new connection.
 """
 
@@ -376,6 +377,38 @@ def scram_replay(
         replayed_error, _ = _sasl_step(sock, 3, final)
         closed = read_frame(sock) is None
     return Replay(recorded_error, replayed_error, closed)
+
+
+def sasl_scram_guesses(
+    address: tuple[str, int],
+    user: str,
+    attempts: int,
+    *,
+    password: str = "guess",
+    mechanism: str = "SCRAM-SHA-512",
+) -> Guesses:
+    """`attempts` SCRAM logins with a wrong password, one after the other, each on a
+    connection of its own (client-first, then a client-final whose proof is wrong)."""
+    from scramp import ScramClient
+
+    start = time.monotonic()
+    refused = 0
+    slowest = 0.0
+    for _ in range(attempts):
+        client = ScramClient([mechanism], user, password)
+        with connect(address) as sock:
+            sock.settimeout(30)
+            _sasl_handshake(sock, mechanism)
+            error, server_first = _sasl_step(sock, 2, client.get_client_first().encode())
+            if error:
+                refused += 1
+                continue
+            client.set_server_first(server_first.decode())
+            asked = time.monotonic()
+            error, _ = _sasl_step(sock, 3, client.get_client_final().encode())
+            slowest = max(slowest, time.monotonic() - asked)
+            refused += error != 0
+    return Guesses(attempts, refused, time.monotonic() - start, slowest)
 
 
 # -- the client that must keep being served ----------------------------------------------------
