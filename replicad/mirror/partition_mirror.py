@@ -21,7 +21,8 @@ Rules:
   record counts add up to `dest_end - dest_next`), then the new producer starts at sequence
   0. A destination end below `dest_next`, or one that falls inside a batch, means someone
   else changed the destination: the partition halts with the reason (nothing is guessed).
-- A batch that cannot be produced as stored (restamp.mirrorable) halts the partition.
+- A batch that cannot be produced (restamp.mirrorable: magic 0/1) halts the partition.
+  A batch thinned by compaction takes as many destination offsets as it has records.
 - Halted partitions stay halted until the daemon restarts; `error` says why.
 """
 

@@ -10,26 +10,37 @@ Rules this module keeps (sans-I/O: bytes in, bytes out):
   idempotent producer, see partition_mirror.py); the base offset is 0 and the partition
   leader epoch -1 (the broker assigns both, as it does for any producer); the CRC32C is
   recomputed over the new attributes-to-end bytes.
-- Kafka refuses a batch whose offset range does not match its record count (a batch thinned
-  by compaction keeps its last offset delta); such a batch is `NotMirrorable` too -- the
-  caller decides (the records would have to be re-encoded, which this module never does).
-- Control batches are never produced (a producer may not write them): `NotMirrorable`.
+- A batch thinned by compaction holds fewer records than offsets (its records keep their
+  offset deltas, its last offset delta stays). Kafka refuses such a batch from a producer
+  ("inconsistent batch offset range"), and for a compressed one whose inner offsets are not
+  consecutive it would rewrite the batch itself, which fails on a compacted topic
+  ("key is skipped in PartialDefaultRecord", seen on Kafka 4). So such a batch is re-encoded
+  here: each record's offset delta renumbered 0..n-1 (only that varint and the record's
+  length change), the last offset delta set to n-1, and a compressed one decompressed and
+  compressed again in its own codec -- the one case where the mirror re-compresses.
 """
 
 from __future__ import annotations
 
+import io
 import struct
 from dataclasses import dataclass
 
 from crc32c import crc32c
+from kio.serial.readers import read_signed_varint, read_signed_varlong
+from kio.serial.writers import write_signed_varint
 
 from replicad.records.batch import (
+    COMPRESSION_CODEC_MASK,
+    LOG_OVERHEAD,
     MAGIC_V2,
     RECORD_BATCH_OVERHEAD,
     TRANSACTIONAL_FLAG_MASK,
     V2_CRC_START,
     BatchHeader,
+    Compression,
 )
+from replicad.records.codecs import compress, decompress
 
 # Positions inside a magic 2 batch (DefaultRecordBatch's layout).
 _BASE_OFFSET = struct.Struct(">q")
@@ -43,6 +54,10 @@ _ATTRIBUTES_AT = 21
 # producer id (int64), producer epoch (int16), base sequence (int32).
 _PRODUCER = struct.Struct(">qhi")
 _PRODUCER_AT = 43
+_INT32 = struct.Struct(">i")
+_LENGTH_AT = 8
+_LAST_OFFSET_DELTA_AT = 23
+_RECORD_COUNT_AT = 57
 
 UNASSIGNED_LEADER_EPOCH = -1
 MAX_SEQUENCE = 2**31 - 1
@@ -78,12 +93,8 @@ def mirrorable(header: BatchHeader) -> NotMirrorable | None:
         )
     if header.is_control:
         return NotMirrorable(header.base_offset, "control batch: producers may not write one")
-    if header.record_count != header.last_offset_delta + 1:
-        return NotMirrorable(
-            header.base_offset,
-            f"batch holds {header.record_count} records over {header.last_offset_delta + 1} "
-            "offsets (thinned by compaction); Kafka refuses such a batch from a producer",
-        )
+    if header.record_count < 1:
+        return NotMirrorable(header.base_offset, "empty batch: nothing to produce")
     return None
 
 
@@ -99,6 +110,41 @@ def restamp(
     _LEADER_EPOCH.pack_into(out, _LEADER_EPOCH_AT, UNASSIGNED_LEADER_EPOCH)
     (attributes,) = _ATTRIBUTES.unpack_from(out, _ATTRIBUTES_AT)
     _ATTRIBUTES.pack_into(out, _ATTRIBUTES_AT, attributes & ~TRANSACTIONAL_FLAG_MASK)
+    (last_offset_delta,) = _INT32.unpack_from(out, _LAST_OFFSET_DELTA_AT)
+    (count,) = _INT32.unpack_from(out, _RECORD_COUNT_AT)
+    if last_offset_delta != count - 1:
+        _INT32.pack_into(out, _LAST_OFFSET_DELTA_AT, count - 1)
+        codec = Compression(attributes & COMPRESSION_CODEC_MASK)
+        plain = decompress(codec, memoryview(out)[RECORD_BATCH_OVERHEAD:])
+        records = compress(codec, renumbered(memoryview(plain), count))
+        del out[RECORD_BATCH_OVERHEAD:]
+        out += records
+        _INT32.pack_into(out, _LENGTH_AT, len(out) - LOG_OVERHEAD)
     _PRODUCER.pack_into(out, _PRODUCER_AT, stamp.producer_id, stamp.producer_epoch, base_sequence)
     _CRC.pack_into(out, _CRC_AT, crc32c(memoryview(out)[V2_CRC_START:]))
     return out
+
+
+def renumbered(records: memoryview, count: int) -> bytes:
+    """An uncompressed records section whose `count` records get offset deltas 0..count-1;
+    everything else of each record is copied (see the module rules)."""
+    out = io.BytesIO()
+    pos = 0
+    for index in range(count):
+        length, size = read_signed_varint(records, pos)
+        body = pos + size
+        end = body + length
+        if length < 0 or end > len(records):
+            raise ValueError(f"record {index} overruns the batch")
+        delta_at = body + 1 + read_signed_varlong(records, body + 1)[1]  # after attributes, ts
+        delta_size = read_signed_varint(records, delta_at)[1]
+        delta = io.BytesIO()
+        write_signed_varint(delta, index)
+        write_signed_varint(out, length - delta_size + len(delta.getvalue()))
+        out.write(records[body:delta_at])
+        out.write(delta.getvalue())
+        out.write(records[delta_at + delta_size : end])
+        pos = end
+    if pos != len(records):
+        raise ValueError(f"{len(records) - pos} bytes left after {count} records")
+    return out.getvalue()

@@ -1,4 +1,6 @@
-"""Decompression of record payloads with Kafka's four codecs (cramjam does the work).
+"""Decompression of record payloads with Kafka's four codecs (cramjam does the work), and
+compression for the one writer that must (the mirror re-encodes a batch thinned by
+compaction; replicad never re-compresses anything else).
 
 - GZIP: a gzip stream (possibly several members).
 - SNAPPY: Kafka's Java client writes xerial framing (`\\x82SNAPPY\\x00`, version, compat,
@@ -42,6 +44,36 @@ def decompress(codec: Compression, data: bytes | bytearray | memoryview) -> byte
             return bytes(cramjam.zstd.decompress(data))
     except cramjam.DecompressionError as exc:
         raise CorruptRecordError(f"{codec.name} payload does not decompress: {exc}") from exc
+    raise CorruptRecordError(f"unknown compression codec {int(codec)}")
+
+
+# Xerial framing as Kafka's Java client writes it: version 1, compatible version 1, blocks of
+# at most 32 KiB of input.
+XERIAL_VERSION = 1
+XERIAL_BLOCK = 32 * 1024
+
+
+def compress(codec: Compression, data: bytes | bytearray | memoryview) -> bytes:
+    """`data` compressed with `codec` in the framing Kafka's Java client writes."""
+    if codec == Compression.NONE:
+        return bytes(data)
+    if codec == Compression.GZIP:
+        return bytes(cramjam.gzip.compress(data))
+    if codec == Compression.SNAPPY:
+        mv = memoryview(data).cast("B")
+        out = bytearray(XERIAL_MAGIC + struct.pack(">ii", XERIAL_VERSION, XERIAL_VERSION))
+        for pos in range(0, len(mv), XERIAL_BLOCK):
+            block = bytes(cramjam.snappy.compress_raw(mv[pos : pos + XERIAL_BLOCK]))
+            out += _INT32.pack(len(block)) + block
+        return bytes(out)
+    if codec == Compression.LZ4:
+        # Kafka's LZ4 reader takes independent blocks only ("Dependent block stream is
+        # unsupported"), cramjam's default links them.
+        compressor = cramjam.lz4.Compressor(content_checksum=False, block_linked=False)
+        compressor.compress(data)
+        return bytes(compressor.finish())
+    if codec == Compression.ZSTD:
+        return bytes(cramjam.zstd.compress(data))
     raise CorruptRecordError(f"unknown compression codec {int(codec)}")
 
 

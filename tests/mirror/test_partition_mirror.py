@@ -3,6 +3,8 @@ marker, aborted data and markers skipped, reconcile after a crash, halts named."
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from replicad.errors import LocalProtocolError
@@ -142,11 +144,20 @@ def test_retry_resends_the_same_sequence_and_a_lost_session_reconciles() -> None
     assert core.position == 4 and core.sequence == 0
 
 
-def test_a_batch_thinned_by_compaction_halts_the_partition_with_its_offset() -> None:
+def test_a_batch_thinned_by_compaction_takes_as_many_offsets_as_it_has_records() -> None:
     core = started()
-    core.feed([entry(0, 2, gap=1)])
-    assert core.next_send() is None
-    assert core.phase is Phase.HALTED and "source offset 0" in (core.error or "")
+    core.feed([entry(0, 2, gap=1), data(3, 1)])  # records at 0 and 2 of 0..2
+    assert drain(core) == [(0, 0, 0), (3, 2, 2)]
+    assert core.position == 4 and core.dest_next == 3
+    assert core.offset_map.translate(3) == 2
+
+
+def test_an_unproducible_batch_halts_the_partition_with_its_offset() -> None:
+    core = started()
+    core.feed([entry(0, 2, attributes=0)])
+    core.feed([LogEntry(dataclasses.replace(entry(2).header, magic=1))])
+    drain(core)
+    assert core.phase is Phase.HALTED and "source offset 2" in (core.error or "")
 
 
 def test_skip_to_counts_a_gap_the_local_retention_made() -> None:

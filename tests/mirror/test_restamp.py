@@ -61,12 +61,39 @@ def test_transactional_flag_is_cleared() -> None:
 def test_what_cannot_be_produced_is_named() -> None:
     header = scan_batches(producer_batch(10, [b"a", b"b", b"c"])).batches[0]
     assert mirrorable(header) is None
-    thinned = dataclasses.replace(header, record_count=2)
-    assert "compaction" in mirrorable(thinned).reason
     legacy = dataclasses.replace(header, magic=1)
     assert "magic 1" in mirrorable(legacy).reason
     control = dataclasses.replace(header, attributes=0x20)
     assert "control" in mirrorable(control).reason
+
+
+def thinned_batch(codec: int) -> bytes:
+    """Three records at offset deltas 0, 2 and 5 of six, as compaction leaves a batch."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    builder = DefaultRecordBatchBuilder(
+        magic=2, compression_type=codec, is_transactional=False, producer_id=-1,
+        producer_epoch=-1, base_sequence=-1, batch_size=1 << 20,
+    )  # fmt: skip
+    for delta in (0, 2, 5):
+        builder.append(delta, 1_700_000_000_000 + delta, b"k%d" % delta, b"v%d" % delta * 50, [])
+    data = bytearray(builder.build())
+    header = scan_batches(data).batches[0]
+    assert header.last_offset_delta == 5 and header.compression == codec
+    return bytes(data)
+
+
+@pytest.mark.parametrize("codec", list(Compression))
+def test_a_batch_thinned_by_compaction_claims_as_many_offsets_as_records(codec) -> None:
+    source = thinned_batch(codec)
+    out = restamp(source, STAMP, 0)
+    header = scan_batches(out, verify_crc=True).batches[0]
+    assert (header.record_count, header.last_offset_delta) == (3, 2)
+    records = decode_batch(out, header).records
+    assert [(r.key, r.value) for r in records] == [(b"k%d" % d, b"v%d" % d * 50) for d in (0, 2, 5)]
+    # Renumbered: the records' offsets follow each other; the codec stays.
+    assert [r.offset for r in records] == [0, 1, 2]
+    assert header.compression == codec
 
 
 def test_sequences_wrap_at_int32_max() -> None:

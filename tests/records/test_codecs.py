@@ -8,7 +8,7 @@ from kafka import codec as kcodec
 
 from replicad.errors import CorruptRecordError
 from replicad.records.batch import Compression
-from replicad.records.codecs import decompress
+from replicad.records.codecs import XERIAL_MAGIC, compress, decompress
 
 PAYLOAD = b"".join(f"record {i} of a compressible payload; ".encode() for i in range(5000))
 
@@ -43,3 +43,15 @@ def test_xerial_with_several_blocks() -> None:
 def test_garbage_raises_corrupt_record_error(codec: Compression) -> None:
     with pytest.raises(CorruptRecordError, match=codec.name):
         decompress(codec, b"\x82SNAPPY\x00" + b"\x00" * 8 + b"\x00\x00\x00\x10garbage")
+
+
+@pytest.mark.parametrize("codec", list(Compression))
+def test_compress_round_trips_in_kafkas_framing(codec: Compression) -> None:
+    data = b"".join(b"record %d " % i for i in range(20_000))  # several snappy blocks
+    packed = compress(codec, data)
+    assert decompress(codec, packed) == data
+    if codec is Compression.SNAPPY:
+        assert packed.startswith(XERIAL_MAGIC)
+    if codec is Compression.LZ4:
+        flags = packed[4]
+        assert flags & 0x20  # independent blocks: all Kafka's reader takes
