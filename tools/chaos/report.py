@@ -26,9 +26,11 @@ from pathlib import Path
 
 from tools.chaos.fuzz import FuzzRun, run_hypothesis
 from tools.chaos.fuzz_targets import KNOWN_FINDINGS, TARGETS
+from tools.chaos.leadership import SCENARIOS as LEADERSHIP
 from tools.chaos.scenarios import SCENARIOS, SIZES, ScenarioResult, Size
 from tools.chaos.soak import SoakResult, soak
 from tools.peers.kafka import KafkaBroker, kafka_version
+from tools.peers.kafka_cluster import KafkaCluster
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reliability.md"
 SOAK_MINUTES = {"ci": 2.0, "full": 10.0}
@@ -45,6 +47,10 @@ TESTS = {
     "disk-full-tenant": "tests/faults/test_scenarios.py::test_disk_full_to_the_last_byte",
     "slow-disk": "tests/faults/test_scenarios.py::test_slow_disk",
     "soak": "tests/faults/test_soak.py::test_two_minute_soak",
+    **{
+        name: f"tests/faults/test_leadership.py::test_replicad_follows_the_move[{name}]"
+        for name in LEADERSHIP
+    },
 }
 
 
@@ -386,8 +392,9 @@ def _limits_section() -> list[str]:
         "dir (segments, index files, checkpoints); reads and the kernel's writeback are not "
         "slowed. A throttled block device was not feasible here: tmpfs has no block device "
         "and cgroup v1 blkio does not throttle buffered writes.",
-        "- One broker: every scenario runs against a single-node KRaft cluster, so leadership "
-        "never moves to another broker.",
+        "- Leadership moves (the `cluster-*` scenarios) run on three KRaft nodes on one "
+        "machine; a network partition between brokers (as opposed to a node that stops) is "
+        "not injected.",
         "",
     ]
 
@@ -412,6 +419,14 @@ def _run_scenarios(size: Size, only: set[str] | None, workdir: Path) -> list[Sce
                     result = scenario.run(broker, workdir / scenario.name, size)
             print(result.summary(), flush=True)
             results.append(result)
+        cluster_scenarios = [n for n in LEADERSHIP if only is None or n in only]
+        if cluster_scenarios:
+            cluster = stack.enter_context(KafkaCluster(workdir / "kafka-cluster"))
+            for name in cluster_scenarios:
+                print(f"== {name} ({size.name})", flush=True)
+                result = LEADERSHIP[name](cluster, workdir / name, size)
+                print(result.summary(), flush=True)
+                results.append(result)
     return results
 
 

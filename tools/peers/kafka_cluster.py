@@ -30,7 +30,7 @@ import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -41,7 +41,7 @@ from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from replicad.types import TopicPartition
 from tools.peers.admin import admin_client
 from tools.peers.broker import BIND_ATTEMPTS
-from tools.peers.kafka import KafkaBroker, KafkaTopics, _new_cluster_id
+from tools.peers.kafka import KafkaBroker, KafkaTopics, _new_cluster_id, topic_config
 from tools.peers.process import LOOPBACK, PeerError, free_port, wait_until
 from tools.peers.service import Service
 
@@ -215,6 +215,45 @@ class KafkaCluster(KafkaTopics, Service):
     def admin(self) -> AdminClient:
         return admin_client(self.bootstrap)
 
+    def create_replicated_topic(
+        self,
+        name: str,
+        config: Mapping[str, str] | None = None,
+        *,
+        partitions: int | None = None,
+        replication_factor: int = DEFAULT_NODES,
+        assignment: Sequence[Sequence[int]] | None = None,
+        segment_bytes: int | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        """A topic whose partitions have `replication_factor` replicas, or the replicas of an
+        explicit `assignment` (one list per partition, preferred leader first), back once
+        every partition is served. For tests where leadership moves between nodes."""
+        if (partitions is None) == (assignment is None):
+            raise ValueError("give either partitions or an assignment")
+        size = segment_bytes if segment_bytes is not None else self.segment_bytes
+        settings = topic_config(size, config)
+        if assignment is not None:
+            # librdkafka wants the partition count and no replication factor with an
+            # assignment (-1 partitions would mean "the broker's default").
+            new_topic = NewTopic(
+                name,
+                num_partitions=len(assignment),
+                replication_factor=-1,
+                replica_assignment=[list(r) for r in assignment],
+                config=settings,
+            )
+        else:
+            new_topic = NewTopic(
+                name,
+                num_partitions=partitions,
+                replication_factor=replication_factor,
+                config=settings,
+            )
+        self._create_and_wait(
+            [new_topic], self.CREATE_TIMEOUT_S if timeout_s is None else timeout_s
+        )
+
     def _create_topics(
         self, names: list[str], partitions: int, settings: dict[str, str], timeout_s: float
     ) -> None:
@@ -225,18 +264,30 @@ class KafkaCluster(KafkaTopics, Service):
                 f"{partitions:,} partitions in one topic exceeds what the controller accepts in "
                 f"one operation; use several topics of at most {MAX_PARTITIONS_PER_TOPIC:,}"
             )
+        self._create_and_wait(
+            [
+                NewTopic(name, num_partitions=partitions, replication_factor=1, config=settings)
+                for name in names
+            ],
+            timeout_s,
+        )
+
+    def _create_and_wait(self, topics: list[NewTopic], timeout_s: float) -> None:
         admin = self.admin()
-        for name in names:
+        names = [t.topic for t in topics]
+        for new_topic in topics:
             # One request per topic: the controller's cap applies to a whole request.
-            new_topic = NewTopic(
-                name, num_partitions=partitions, replication_factor=1, config=settings
-            )
+            name = new_topic.topic
             future = admin.create_topics([new_topic], operation_timeout=timeout_s)[name]
             try:
                 future.result(timeout=timeout_s)
             except Exception as exc:
                 raise PeerError(f"creating topic {name!r} on {self.bootstrap}: {exc}") from exc
-        wanted = [TopicPartition(n, p) for n in names for p in range(partitions)]
+        wanted = [
+            TopicPartition(t.topic, p)
+            for t in topics
+            for p in range(t.num_partitions if t.num_partitions > 0 else len(t.replica_assignment))
+        ]
 
         def all_served() -> bool | None:
             # A leader in metadata is not enough: the broker may not have opened the log
