@@ -115,6 +115,7 @@ def mirror_settings_from_config(config: Config) -> MirrorSettings | None:
         progress_interval_ms=mirror.progress_interval_ms,
         buffer_bytes=mirror.buffer_bytes,
         retention_waits=mirror.retention_waits,
+        topic_sync_interval_ms=mirror.topic_sync_interval_ms,
         retry_backoff_ms=mirror.reconnect_backoff_ms,
         retry_backoff_max_ms=mirror.reconnect_backoff_max_ms,
     )

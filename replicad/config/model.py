@@ -384,6 +384,8 @@ class MirrorConfig:
     # Local retention (log.retention_*) keeps what is not mirrored yet; false: it deletes
     # on schedule, and what the destination never got is a gap (counted and logged).
     retention_waits: bool = True
+    # How often topics and partitions new at the source get their destination and mirror.
+    topic_sync_interval_ms: int = 30_000
 
 
 @dataclass(frozen=True, slots=True)

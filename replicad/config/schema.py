@@ -252,6 +252,7 @@ SCHEMA = Section(
                 "progress_interval_ms": Int(1),
                 "buffer_bytes": Int(1),
                 "retention_waits": Bool(),
+                "topic_sync_interval_ms": Int(1),
             },
             nullable=True,
         ),

@@ -175,6 +175,35 @@ class Destination:
                 results[str(r.name)] = code.name + (f": {message}" if message else "")
         return results
 
+    async def create_partitions(self, counts: Mapping[str, int]) -> dict[str, str | None]:
+        """topic -> None when it has `count` partitions now, else the error and message."""
+        if not counts:
+            return {}
+        conn = await self._any()
+        assert conn.versions is not None
+        version = conn.versions.require(ApiKey.CREATE_PARTITIONS)
+        cls = request_type(ApiKey.CREATE_PARTITIONS, version)
+        topic_cls = nested_type(cls, "CreatePartitionsTopic")
+        body = await conn.request(
+            make_entity(
+                cls,
+                topics=tuple(
+                    make_entity(topic_cls, name=t, count=n, assignments=None)
+                    for t, n in sorted(counts.items())
+                ),
+                timeout=datetime.timedelta(seconds=30),
+                validate_only=False,
+            )
+        )
+        results: dict[str, str | None] = {}
+        for r in body.results:
+            code = error_code_of(int(r.error_code))
+            message = getattr(r, "error_message", None)
+            results[str(r.name)] = (
+                None if code == ErrorCode.none else code.name + (f": {message}" if message else "")
+            )
+        return results
+
     async def log_ends(
         self, leader_id: int, partitions: Sequence[TopicPartition]
     ) -> dict[TopicPartition, LogEnd]:

@@ -85,6 +85,8 @@ class MirrorSettings:
     retry_backoff_max_ms: int = 5_000
     # Hold local retention at what is not mirrored yet (PartitionLog.retention_floor).
     retention_waits: bool = True
+    # How often topics and partitions new at the source are looked for.
+    topic_sync_interval_ms: int = 30_000
 
 
 class Mirror:
@@ -141,6 +143,7 @@ class Mirror:
                     asyncio.create_task(self._partition(tp, core, stop), name=f"mirror-{tp}")
                 )
             tasks.append(asyncio.create_task(self._save_loop(stop), name="mirror-progress"))
+            tasks.append(asyncio.create_task(self._sync_loop(stop, tasks), name="mirror-sync"))
             self.started = True
             log.info(
                 "mirroring",
@@ -265,6 +268,9 @@ class Mirror:
         return out
 
     async def _prepare_topics(self) -> None:
+        """Destination topics as the source's: created, grown (CreatePartitions), or named
+        in topic_errors; recomputed on every call (at start, then every sync)."""
+        self.topic_errors.clear()
         source = self._mirrored_topics()
         prefix = self.settings.topic_prefix
         # Planned under destination names; errors are said under the source topic's.
@@ -295,7 +301,16 @@ class Mirror:
         )
         for dest, why in plan.errors.items():
             self.topic_errors[source_of[dest]] = why
-            log.error("destination topic not mirrored", topic=dest, reason=why)
+            self._said_once(
+                f"topic-{dest}", "destination topic not mirrored", topic=dest, reason=why
+            )
+        grown = await self.destination.create_partitions(plan.grow)
+        for dest, error in grown.items():
+            if error is not None:
+                self.topic_errors[source_of[dest]] = f"could not add partitions: {error}"
+                log.error("destination partitions not added", topic=dest, error=error)
+            else:
+                log.info("destination partitions added", topic=dest, partitions=plan.grow[dest])
         results = await self.destination.create_topics(plan.create)
         for dest, error in results.items():
             topic = source_of.get(dest, dest)
@@ -312,6 +327,43 @@ class Mirror:
                     configs=sorted(created.configs),
                 )
         await self._refresh_metadata(force=True)
+
+    async def _sync_loop(self, stop: asyncio.Event, tasks: list[asyncio.Task[None]]) -> None:
+        """Every topic_sync_interval_ms: topics and partitions new at the source get their
+        destination and their mirror (the follower replicates them first)."""
+        backoff = self._backoff()
+        while not stop.is_set():
+            await _until(stop, asyncio.sleep(self.settings.topic_sync_interval_ms / 1000))
+            if stop.is_set():
+                return
+            try:
+                await self._prepare_topics()
+            except (KafkaConnectionError, ProtocolError) as exc:
+                self._warn("sync", "destination topics not synced", error=str(exc))
+                await _until(stop, asyncio.sleep(backoff.next_delay_ms() / 1000))
+                continue
+            backoff.reset()
+            assert self.replicator.logs is not None
+            logs = self.replicator.logs.partitions()
+            for tp in self._mirrored_partitions():
+                plog = logs.get(tp)
+                if tp in self.cores or plog is None:
+                    continue  # mirrored already, or not replicated yet (next round)
+                self._logs[tp] = plog
+                core = PartitionMirror(position=plog.log_start_offset)
+                self.cores[tp] = core
+                self._wake[tp] = asyncio.Event()
+                self._hold(tp, core.position)
+                tasks.append(
+                    asyncio.create_task(self._partition(tp, core, stop), name=f"mirror-{tp}")
+                )
+                log.info("mirroring a new partition", partition=str(tp))
+
+    def _said_once(self, key: str, event: str, **fields: Any) -> None:
+        """An error said once a minute at most (a sync repeats it every round)."""
+        said = self._said.should_emit(key, time.monotonic_ns() // 1_000_000)
+        if said.emit:
+            log.error(event, **fields)
 
     # -- one partition ----------------------------------------------------------------------
 

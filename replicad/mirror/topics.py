@@ -6,7 +6,9 @@ Rules:
   DYNAMIC_TOPIC_CONFIG), less the ones that describe the source cluster's own replicas
   (replication throttles) -- cleanup.policy, retention, compression.type,
   max.message.bytes, min.insync.replicas, message.timestamp.type and the rest go along.
-- A destination topic that exists with another partition count is an error named for the
+- A destination topic with fewer partitions than the source gets the missing ones
+  (CreatePartitions: partitions added at the source are added at the destination).
+- A destination topic with more partitions than the source is an error named for the
   topic, never a silent remap: its partitions are not mirrored.
 - A destination topic that exists with the same count is used as it is.
 """
@@ -32,6 +34,8 @@ class TopicPlan:
     create: tuple[TopicToCreate, ...] = ()
     # Topics whose destination exists already as it should be.
     ready: tuple[str, ...] = ()
+    # Topic -> the partition count its destination must grow to.
+    grow: Mapping[str, int] = field(default_factory=dict)
     # Topic -> why it is not mirrored.
     errors: Mapping[str, str] = field(default_factory=dict)
 
@@ -58,6 +62,7 @@ def plan_topics(
     create: list[TopicToCreate] = []
     ready: list[str] = []
     errors: dict[str, str] = {}
+    grow: dict[str, int] = {}
     for topic, count in sorted(source_partitions.items()):
         have = dest_partitions.get(topic)
         if have is None:
@@ -69,11 +74,13 @@ def plan_topics(
                     replication_factor,
                 )
             )
-        elif have != count:
+        elif have > count:
             errors[topic] = (
                 f"destination topic {topic!r} has {have} partitions, the source {count}: "
-                "not mirrored (add partitions at the destination or delete the topic)"
+                "not mirrored (a partition cannot be removed; delete the destination topic)"
             )
         else:
+            if have < count:
+                grow[topic] = count
             ready.append(topic)
-    return TopicPlan(tuple(create), tuple(ready), errors)
+    return TopicPlan(tuple(create), tuple(ready), grow=grow, errors=errors)

@@ -36,6 +36,7 @@ class ApiKey(IntEnum):
     OFFSET_FOR_LEADER_EPOCH = 23
     DESCRIBE_CONFIGS = 32
     SASL_AUTHENTICATE = 36
+    CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
     OFFSET_DELETE = 47
     DESCRIBE_TOPIC_PARTITIONS = 75
@@ -77,6 +78,7 @@ CLIENT_VERSIONS: Mapping[ApiKey, VersionRange] = {
     ApiKey.PRODUCE: VersionRange(3, 12),
     ApiKey.INIT_PRODUCER_ID: VersionRange(0, 5),
     ApiKey.CREATE_TOPICS: VersionRange(2, 7),
+    ApiKey.CREATE_PARTITIONS: VersionRange(0, 3),
 }
 
 # APIs without which a source broker is useless to us.

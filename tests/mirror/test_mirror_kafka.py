@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -405,3 +406,55 @@ def test_local_retention_waits_for_the_mirror(
                 lambda: (proc.status() or {})["partitions"][0]["log_start_offset"] > 0,
                 what="retention to delete segments",
             )
+
+
+def produce_plain(bootstrap: str, topic: str, partition: int, count: int) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "compression.type": "zstd"})
+    for i in range(count):
+        producer.produce(topic, key=b"k%d" % i, value=b"v%d" % i, partition=partition)
+    assert producer.flush(30) == 0
+
+
+def test_topics_and_partitions_new_at_the_source_are_mirrored(
+    kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
+) -> None:
+    from confluent_kafka.admin import NewPartitions
+
+    first, second = unique_topic("first"), unique_topic("second")
+    kafka_broker.create_topic(first, PARTITIONS)
+    for p in range(PARTITIONS):
+        produce_plain(kafka_broker.bootstrap, first, p, 50)
+    data_dir = tmp_path / "data"
+    config = mirror_config(kafka_cluster.bootstrap, data_dir, topic_sync_interval_ms=300)
+    config["source"] = {
+        "bootstrap_servers": kafka_broker.bootstrap.split(","),
+        "metadata_max_age_ms": 500,
+    }
+    # Both topics (the second made later) match; no other test's do.
+    base = first.rsplit("-first-", 1)[0]
+    config["topics"] = {"regex": re.escape(base) + "-(first|second)-[0-9]+"}
+    with replicad_run(
+        kafka_broker.bootstrap, None, data_dir, config=config, control_socket=tmp_path / "c.sock"
+    ) as proc:
+        wait_mirrored(proc, source_ends(kafka_broker, first))
+        # A partition added to a mirrored topic, and a topic new at the source.
+        admin = kafka_broker.admin()  # held: futures fail once their client is gone
+        futures = admin.create_partitions([NewPartitions(first, PARTITIONS + 1)])
+        for future in futures.values():
+            future.result(30)
+        kafka_broker.create_topic(second, 2)
+        produce_plain(kafka_broker.bootstrap, first, PARTITIONS, 40)
+        produce_plain(kafka_broker.bootstrap, second, 1, 30)
+        ends = {
+            TopicPartition(first, PARTITIONS): 40,
+            TopicPartition(second, 0): 0,
+            TopicPartition(second, 1): 30,
+        }
+        wait_mirrored(proc, ends)
+    for topic, count in ((first, PARTITIONS + 1), (second, 2)):
+        want = consume_all(kafka_broker.bootstrap, topic, partitions=count)
+        got = consume_all(kafka_cluster.bootstrap, topic, partitions=count)
+        assert got == want and sum(len(r) for r in got.values()) > 0, topic
+        assert len(kafka_cluster.leaders(topic)) == count

@@ -26,13 +26,14 @@ def test_topic_level_configs_are_copied_but_not_throttles_or_defaults() -> None:
 
 def test_plan() -> None:
     plan = plan_topics(
-        {"new": 3, "same": 2, "other": 4},
-        {"same": 2, "other": 2},
+        {"new": 3, "same": 2, "other": 4, "fewer": 1},
+        {"same": 2, "other": 2, "fewer": 3},
         {"new": [ConfigEntry("cleanup.policy", "compact", source=DYNAMIC_TOPIC_CONFIG)]},
         replication_factor=-1,
     )
     assert [(t.name, t.partitions, dict(t.configs)) for t in plan.create] == [
         ("new", 3, {"cleanup.policy": "compact"})
     ]
-    assert plan.ready == ("same",)
-    assert "has 2 partitions, the source 4" in plan.errors["other"]
+    assert plan.ready == ("other", "same")
+    assert plan.grow == {"other": 4}
+    assert "has 3 partitions, the source 1" in plan.errors["fewer"]
