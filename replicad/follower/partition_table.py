@@ -190,16 +190,19 @@ class LocalLog(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Truncate:
-    """Remove P's records at and above `offset`; then tell `truncated(P)`."""
+    """Remove P's records at and above `offset`; then tell `truncated(this)`."""
 
     tp: TopicPartition
     offset: int
     reason: str
+    # The high watermark the answer that asked for this carried (R5): applied once the log
+    # is truncated. None: no fresh one (an older leader's must not be trusted here).
+    high_watermark: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class StartAt:
-    """Empty P's log and start it at `offset`; then tell `truncated(P)`."""
+    """Empty P's log and start it at `offset`; then tell `truncated(this)`."""
 
     tp: TopicPartition
     offset: int
@@ -726,20 +729,27 @@ class PartitionTable:
         error = error_code_of(pd.error_code)  # R6
         tp = state.tp
         if error is ErrorCode.none:
+            state.high_watermark = pd.high_watermark
+            state.last_stable_offset = pd.last_stable_offset
+            state.leader_log_start_offset = pd.log_start_offset
             diverging = pd.diverging_epoch
             if diverging.epoch >= 0 and diverging.end_offset >= 0:
-                # R3, Fetch v12+.
+                # R3, Fetch v12+. The answer's high watermark counts too (R5), once the log
+                # is truncated: in an incremental session the leader does not send an
+                # unchanged one again (found by tools/sim: after a crash the replica kept
+                # serving up to its checkpointed high watermark until new data came).
+                before = len(actions)
                 self._truncation(
                     state,
                     EpochEndOffset(diverging.epoch, diverging.end_offset),
                     "diverging epoch",
                     actions,
+                    high_watermark=pd.high_watermark,
                 )
+                if len(actions) == before:  # nothing to truncate: raise it now
+                    self._raise_high_watermark(state, actions)
                 self.stats.partition_errors["diverging_epoch"] += 1
                 return None
-            state.high_watermark = pd.high_watermark
-            state.last_stable_offset = pd.last_stable_offset
-            state.leader_log_start_offset = pd.log_start_offset
             append = self._validate(state, pd.records, now_ms)
             if append is None:
                 self._raise_high_watermark(state, actions)
@@ -801,7 +811,13 @@ class PartitionTable:
         return Append(tp, fetched)
 
     def _truncation(
-        self, state: PartitionState, leader: EpochEndOffset, why: str, actions: list[Action]
+        self,
+        state: PartitionState,
+        leader: EpochEndOffset,
+        why: str,
+        actions: list[Action],
+        *,
+        high_watermark: int | None = None,
     ) -> bool:
         """R3: truncate where the leader's epoch end says; True when no further question
         is needed (decide_truncation's rule 4 asks again)."""
@@ -823,7 +839,7 @@ class PartitionTable:
                 truncate_to=decision.offset,
                 rule=decision.rule,
             )
-            actions.append(Truncate(state.tp, decision.offset, why))
+            actions.append(Truncate(state.tp, decision.offset, why, high_watermark))
             self.stats.truncations += 1
         else:
             state.fetch_offset = local.log_end_offset
@@ -839,12 +855,18 @@ class PartitionTable:
 
     # -- outcomes of the shell's actions ------------------------------------------------
 
-    def truncated(self, tp: TopicPartition) -> None:
-        """A Truncate or StartAt was performed: R1, fetch from the log end."""
-        state = self.partitions.get(tp)
-        if state is not None:
-            state.fetch_offset = state.log.log_end_offset
-            state.fetched_epoch = None
+    def truncated(self, action: Truncate | StartAt) -> list[Action]:
+        """A Truncate or StartAt was performed: R1, fetch from the log end; R5, the high
+        watermark the answer carried may now rise up to the new log end."""
+        state = self.partitions.get(action.tp)
+        if state is None:
+            return []
+        state.fetch_offset = state.log.log_end_offset
+        state.fetched_epoch = None
+        actions: list[Action] = []
+        if isinstance(action, Truncate) and action.high_watermark is not None:
+            self._raise_high_watermark(state, actions)
+        return actions
 
     def appended(self, append: Append, now_ms: int) -> list[Action]:
         """The batches are in the log: progress, and the high watermark may rise (R5)."""

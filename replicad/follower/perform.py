@@ -60,7 +60,7 @@ class ActionPerformer:
                 continue  # moved to another leader since the decision
             local = state.log
             match action:
-                case Append(tp, fetched):
+                case Append(fetched=fetched):
                     try:
                         if fetched.restart_at is not None:
                             local.truncate_fully_and_start_at(fetched.restart_at)
@@ -72,13 +72,13 @@ class ActionPerformer:
                         table.append_failed(action, str(exc), now_ms, disk_full=False)
                         continue
                     todo.extendleft(reversed(table.appended(action, now_ms)))
-                case Truncate(tp, offset, _):
+                case Truncate(offset=offset):
                     local.truncate_to(offset)
-                    table.truncated(tp)
-                case StartAt(tp, offset, _):
+                    todo.extendleft(reversed(table.truncated(action)))
+                case StartAt(offset=offset):
                     local.truncate_fully_and_start_at(offset)
-                    table.truncated(tp)
-                case SetHighWatermark(tp, hw):
+                    todo.extendleft(reversed(table.truncated(action)))
+                case SetHighWatermark(high_watermark=hw):
                     local.high_watermark = hw
                 case Halt():
                     pass  # the table logged why; status shows it (changed below)

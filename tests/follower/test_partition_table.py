@@ -133,10 +133,10 @@ def _perform(table, actions, logs, now_ms=0):
             _perform(table, table.appended(action, now_ms), logs, now_ms)
         elif isinstance(action, Truncate):
             logs[action.tp].truncate_to(action.offset)
-            table.truncated(action.tp)
+            _perform(table, table.truncated(action), logs, now_ms)
         elif isinstance(action, StartAt):
             logs[action.tp].start_at(action.offset)
-            table.truncated(action.tp)
+            _perform(table, table.truncated(action), logs, now_ms)
         elif isinstance(action, SetHighWatermark):
             logs[action.tp].high_watermark = action.high_watermark
 
@@ -415,12 +415,49 @@ def test_a_diverging_epoch_truncates_and_fetches_from_the_new_end():
     state, local = _add(table, TP0, end=30, hw=10, epochs=[(1, 0), (2, 20)])
     fetch = table.next_fetch(0, max_version=13)
     outcome = table.on_response(
-        fetch, _response(fetch, _partition(TP0, diverging=EpochEndOffset(1, 25))), 0
+        fetch, _response(fetch, _partition(TP0, hw=15, diverging=EpochEndOffset(1, 25))), 0
     )
-    assert outcome.actions == (Truncate(TP0, 20, "diverging epoch"),)
+    assert outcome.actions == (Truncate(TP0, 20, "diverging epoch", 15),)
     _perform(table, outcome.actions, {TP0: local})
-    assert state.fetch_offset == 20 and local.high_watermark == 10
+    assert state.fetch_offset == 20
+    assert local.high_watermark == 15  # the answer's, applied once the log is cut
     assert table.stats.truncations == 1
+
+
+def test_the_high_watermark_of_a_diverging_answer_is_not_lost():
+    """Found by tools/sim (seed 3277 of the long run): after a crash the log kept data
+    past the new leader's end and its checkpointed high watermark (1); the diverging
+    answer said 8, and in an incremental session the leader never says an unchanged 8
+    again -- the replica served up to 1 until new data came."""
+    table = _table()
+    _, local = _add(table, TP0, end=10, hw=1, epochs=[(1, 1)], epoch=4)
+    local.log_start_offset = 1
+    fetch = table.next_fetch(0, max_version=13)
+    outcome = table.on_response(
+        fetch, _response(fetch, _partition(TP0, hw=8, diverging=EpochEndOffset(1, 8))), 0
+    )
+    _perform(table, outcome.actions, {TP0: local})
+    assert (local.log_end_offset, local.high_watermark) == (8, 8)
+    # Nothing to cut (the leader's epoch ends at our end): raised at once.
+    fetch = table.next_fetch(0, max_version=13)
+    local.high_watermark = 1
+    outcome = table.on_response(
+        fetch, _response(fetch, _partition(TP0, hw=8, diverging=EpochEndOffset(1, 8))), 0
+    )
+    assert outcome.actions == (SetHighWatermark(TP0, 8),)
+
+
+def test_a_truncation_without_a_fresh_high_watermark_does_not_raise_it():
+    """OffsetForLeaderEpoch answers carry no high watermark: the one kept from an older
+    leader must not be applied after the cut (it may not be committed on the new one)."""
+    table = _table()
+    state, local = _add(table, TP0, end=30, hw=5, epochs=[(1, 0), (2, 20)], epoch=3)
+    state.high_watermark = 30  # the old leader's
+    state.epoch_check_pending = True
+    questions = table.epoch_questions(0, fetch_version=11, ofle_version=3)
+    actions = table.on_epoch_answers(questions, [EpochAnswer(TP0, NONE, 2, 24)], 0)
+    _perform(table, actions, {TP0: local})
+    assert (local.log_end_offset, local.high_watermark) == (24, 5)
 
 
 def test_below_v12_a_leader_change_asks_offset_for_leader_epoch_first():
