@@ -18,8 +18,10 @@ import structlog
 
 from replicad.config import Config, load_config
 from replicad.control.health import assess
+from replicad.control.loop_watch import LoopWatch
 from replicad.control.notify import SystemdNotifier, watchdog_loop
 from replicad.control.server import ControlServer
+from replicad.control.stalls import StallChange, StallWatch
 from replicad.control.status_view import render_status_line
 from replicad.errors import ConfigError, ReplicadError
 from replicad.follower.fetcher import FetchSettings, monotonic_ms
@@ -155,6 +157,8 @@ class Daemon:
         self._leader_rates: dict[int, RateMeter] = {}
         self._rates: dict[int, float] = {}
         self._reloading = asyncio.Lock()
+        self.stalls = StallWatch(config.control.stall_after_ms)
+        self.loop_watch = LoopWatch()
 
     # -- state for status / metrics / STATUS= ---------------------------------
 
@@ -174,6 +178,14 @@ class Daemon:
         if self.mirror is not None:
             snap["mirror"] = self.mirror.snapshot()
         snap["recent_warnings"] = RECENT.latest()
+        # As of the last check (every STATUS_INTERVAL_S).
+        snap["stalls"] = self.stalls.status()
+        snap["event_loop"] = self.loop_watch.status()
+        totals = snap["totals"]
+        totals["partitions_stalled"] = snap["stalls"]["stalled"]
+        totals["stalls_total"] = snap["stalls"]["stalls_total"]
+        totals["event_loop_max_block_ms"] = snap["event_loop"]["max_block_ms"]
+        totals["event_loop_recent_max_block_ms"] = snap["event_loop"]["recent_max_block_ms"]
         snap["health"] = assess(snap).as_dict()
         return snap
 
@@ -189,10 +201,51 @@ class Daemon:
     async def _status_loop(self) -> None:
         while not self.stop.is_set():
             self._sample_rates()
+            snap = self.snapshot()
+            self._report_stalls(self.stalls.check(snap["partitions"], snap["leaders"]), snap)
             # Also before READY: a daemon whose source is down says so in STATUS=.
-            await self.notifier.status(render_status_line(self.snapshot()))
+            await self.notifier.status(render_status_line(snap))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), STATUS_INTERVAL_S)
+
+    def _report_stalls(self, change: StallChange, snap: dict[str, Any]) -> None:
+        """Once per stall, everything needed to debug it: the partition's phase and
+        counters, and its leader's last request and response."""
+        leaders = {int(leader["node_id"]): leader for leader in snap["leaders"]}
+        for p in change.began:
+            leader = leaders.get(int(p.get("leader", -1)), {})
+            log.warning(
+                "partition stalled: lagging, its leader connected, its log not moving",
+                tp=f"{p.get('topic')}-{p.get('partition')}",
+                stall_after_ms=self.stalls.stall_after_ms,
+                state=p.get("state"),
+                idle_ms=p.get("idle_ms"),
+                lag=p.get("lag"),
+                log_end_offset=p.get("log_end_offset"),
+                high_watermark=p.get("high_watermark"),
+                last_error=p.get("last_error"),
+                errors=p.get("errors"),
+                consecutive_failures=p.get("consecutive_failures"),
+                leader=p.get("leader"),
+                leader_address=leader.get("address"),
+                session_id=leader.get("session_id"),
+                session_epoch=leader.get("epoch"),
+                leader_requests=leader.get("requests"),
+                last_fetch_latency_ms=leader.get("last_fetch_latency_ms"),
+                last_request_bytes=leader.get("last_request_bytes"),
+                last_response_bytes=leader.get("last_response_bytes"),
+                leader_last_error=leader.get("last_error"),
+            )
+        for name in change.ended:
+            log.info("partition moving again after a stall", tp=name)
+
+    async def _watch_loop(self) -> None:
+        """Wakes every LoopWatch.interval_ms; waking late is the loop having been blocked."""
+        interval_s = self.loop_watch.interval_ms / 1000
+        while not self.stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), interval_s)
+            self.loop_watch.tick(monotonic_ms())
 
     # -- reload ---------------------------------------------------------------
 
@@ -245,6 +298,7 @@ class Daemon:
         tasks = [
             asyncio.create_task(watchdog_loop(self.notifier, self.stop), name="watchdog"),
             asyncio.create_task(self._status_loop(), name="status"),
+            asyncio.create_task(self._watch_loop(), name="loop-watch"),
         ]
         if self.config.serve is not None:
             tasks.append(asyncio.create_task(self._serve(), name="serve"))

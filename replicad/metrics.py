@@ -284,6 +284,22 @@ TOTALS_FAMILIES = (
         "Offsets skipped because the leader's log started above ours (on_gap=reset)",
         "gap_offsets",
     ),
+    Family(
+        GAUGE,
+        "partitions_stalled",
+        "Partitions lagging, their leader connected, their log not moving (stall_after_ms)",
+        "partitions_stalled",
+    ),
+    Family(COUNTER, "stalls", "Partition stalls that began since start", "stalls_total"),
+    # The watchdog of the loop (control/loop_watch.py): a block stops fetching, the
+    # control socket and serve alike.
+    Family(
+        GAUGE,
+        "event_loop_max_block_seconds",
+        "Longest time the event loop did not turn, in the last one to two minutes",
+        "event_loop_recent_max_block_ms",
+        per=MS_PER_S,
+    ),
 )
 MEMORY_POOL_FAMILIES = (
     Family(

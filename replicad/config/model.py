@@ -232,6 +232,9 @@ class ControlConfig:
     metrics_listen: HostPort | None = None
     # Lag and bytes per topic instead of per partition (for very many partitions).
     metrics_per_topic: bool = False
+    # A lagging partition whose leader is connected and whose log end has not moved for
+    # this long is stalled: logged once, counted, and the daemon is degraded.
+    stall_after_ms: int = 60_000
 
 
 @dataclass(frozen=True, slots=True)

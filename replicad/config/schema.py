@@ -189,6 +189,7 @@ SCHEMA = Section(
                 "socket": FilePath(unix_socket=True),
                 "metrics_listen": Address(listening=True, nullable=True),
                 "metrics_per_topic": Bool(),
+                "stall_after_ms": Int(1),
             },
         ),
         "logging": Section(LoggingConfig, {"level": Choice(LogLevel), "format": Choice(LogFormat)}),

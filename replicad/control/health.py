@@ -30,8 +30,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# A lagging partition whose log end has not moved for this long is stalled.
-STALL_AFTER_MS = 60_000
+from replicad.control.stalls import DEFAULT_STALL_AFTER_MS, is_stalled
+
+# A lagging partition whose log end has not moved for this long is stalled, unless the
+# snapshot says otherwise (control.stall_after_ms; the rule is control/stalls.py's).
+STALL_AFTER_MS = DEFAULT_STALL_AFTER_MS
 # Partitions named in one reason at most; the count says how many there are.
 NAMED_AT_MOST = 5
 
@@ -83,7 +86,11 @@ def assess(snapshot: Mapping[str, Any]) -> Assessment:
     reasons = [
         *_source(snapshot),
         *_topics(snapshot),
-        *_partitions(snapshot.get("partitions") or ()),
+        *_partitions(
+            snapshot.get("partitions") or (),
+            snapshot.get("leaders") or (),
+            int((snapshot.get("stalls") or {}).get("stall_after_ms", STALL_AFTER_MS)),
+        ),
         *_leaders(snapshot.get("leaders") or ()),
         *_pool(snapshot.get("memory_pool") or {}),
         *_mirror(snapshot.get("mirror") or {}),
@@ -125,7 +132,12 @@ def _topics(snap: Mapping[str, Any]) -> list[Reason]:
     return [Reason(health, "topic_missing", text)]
 
 
-def _partitions(partitions: Sequence[Mapping[str, Any]]) -> list[Reason]:
+def _partitions(
+    partitions: Sequence[Mapping[str, Any]],
+    leaders: Sequence[Mapping[str, Any]],
+    stall_after_ms: int,
+) -> list[Reason]:
+    connected = {int(leader["node_id"]): bool(leader.get("connected", True)) for leader in leaders}
     groups: dict[str, list[str]] = {"offline": [], "halted": [], "diverging": [], "stalled": []}
     for p in partitions:
         name = f"{p.get('topic')}-{p.get('partition')}"
@@ -136,13 +148,13 @@ def _partitions(partitions: Sequence[Mapping[str, Any]]) -> list[Reason]:
             groups["offline"].append(name)
         elif state == "truncating":
             groups["diverging"].append(name)
-        elif int(p.get("lag") or 0) > 0 and int(p.get("idle_ms") or 0) >= STALL_AFTER_MS:
+        elif is_stalled(p, connected, stall_after_ms):
             groups["stalled"].append(name)
     texts = {
         "offline": "without a leader on the source (offline)",
         "halted": "halted (see their last error)",
         "diverging": "reconciling with their leader (out of range or diverged)",
-        "stalled": f"lagging with no progress for {STALL_AFTER_MS // 1000} s or more (stalled)",
+        "stalled": f"lagging with no progress for {stall_after_ms / 1000:g} s or more (stalled)",
     }
     reasons = []
     for code, names in groups.items():

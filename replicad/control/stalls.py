@@ -1,0 +1,81 @@
+"""Stalled partitions: replicating, behind their leader, and not moving.
+
+A daemon that silently stops is worse than one that crashes (systemd restarts a crash).
+A partition is stalled when its leader is known and connected, it is fetching (not halted,
+not reconciling a divergence), it lags (the leader's high watermark is above its log end),
+and its log end has not moved for `stall_after_ms`. Each stall is reported once, when it
+begins, with what is needed to debug it; it ends when the partition moves again (or stops
+lagging), and a later stall of the same partition is a new one.
+
+Sans-I/O: `check` reads the status snapshot's partitions and leaders (plain mappings) and
+returns what began and ended; the daemon logs and counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_STALL_AFTER_MS = 60_000
+
+
+def partition_name(p: Mapping[str, Any]) -> str:
+    return f"{p.get('topic')}-{p.get('partition')}"
+
+
+def is_stalled(p: Mapping[str, Any], connected: Mapping[int, bool], stall_after_ms: int) -> bool:
+    """The rule, for one partition of the snapshot."""
+    leader = int(p.get("leader", -1))
+    return (
+        leader >= 0
+        and connected.get(leader, False)
+        and p.get("state") == "fetching"
+        and int(p.get("lag") or 0) > 0
+        and int(p.get("idle_ms") or 0) >= stall_after_ms
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StallChange:
+    """Partitions whose stall began (their snapshot rows) and ended (names), this check."""
+
+    began: tuple[Mapping[str, Any], ...] = ()
+    ended: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class StallWatch:
+    stall_after_ms: int = DEFAULT_STALL_AFTER_MS
+    # Stalled now: partition name -> its idle_ms when the stall was first seen.
+    stalled: dict[str, int] = field(default_factory=dict)
+    # Stalls that began since start.
+    total: int = 0
+
+    def check(
+        self, partitions: Sequence[Mapping[str, Any]], leaders: Sequence[Mapping[str, Any]]
+    ) -> StallChange:
+        connected = {
+            int(leader["node_id"]): bool(leader.get("connected", True)) for leader in leaders
+        }
+        now = {
+            partition_name(p): p
+            for p in partitions
+            if is_stalled(p, connected, self.stall_after_ms)
+        }
+        began = tuple(p for name, p in now.items() if name not in self.stalled)
+        ended = tuple(name for name in self.stalled if name not in now)
+        for name in ended:
+            del self.stalled[name]
+        for p in began:
+            self.stalled[partition_name(p)] = int(p.get("idle_ms") or 0)
+        self.total += len(began)
+        return StallChange(began, ended)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "stall_after_ms": self.stall_after_ms,
+            "stalled": len(self.stalled),
+            "stalls_total": self.total,
+            "partitions": sorted(self.stalled),
+        }
