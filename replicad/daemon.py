@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 
 from replicad.config import Config, load_config
+from replicad.config.model import MirrorConfig, SourceConfig
 from replicad.control.health import assess
 from replicad.control.loop_watch import LoopWatch
 from replicad.control.notify import SystemdNotifier, watchdog_loop
@@ -56,6 +57,18 @@ MALLOC_MMAP_THRESHOLD = 128 * 1024
 MALLOC_TRIM_THRESHOLD = 128 * 1024
 
 
+def client_settings(section: SourceConfig | MirrorConfig) -> ClientSettings:
+    """A client's connection settings from its config section (source: or mirror:)."""
+    return ClientSettings(
+        client_id=section.client_id,
+        connect_timeout_s=section.connect_timeout_ms / 1000,
+        request_timeout_s=section.request_timeout_ms / 1000,
+        reconnect_backoff_ms=section.reconnect_backoff_ms,
+        reconnect_backoff_max_ms=section.reconnect_backoff_max_ms,
+        security=connection_security(section.security),
+    )
+
+
 def settings_from_config(config: Config) -> ReplicatorSettings:
     """Translate the validated user config into the replicator's settings."""
     src, topics, fetch = config.source, config.topics, config.fetch
@@ -63,14 +76,7 @@ def settings_from_config(config: Config) -> ReplicatorSettings:
         bootstrap_servers=tuple(str(hp) for hp in src.bootstrap_servers),
         data_dir=config.data_dir,
         selection=selection_from_config(config),
-        client=ClientSettings(
-            client_id=src.client_id,
-            connect_timeout_s=src.connect_timeout_ms / 1000,
-            request_timeout_s=src.request_timeout_ms / 1000,
-            reconnect_backoff_ms=src.reconnect_backoff_ms,
-            reconnect_backoff_max_ms=src.reconnect_backoff_max_ms,
-            security=connection_security(src.security),
-        ),
+        client=client_settings(src),
         fetch=FetchSettings(
             response_max_bytes=fetch.response_max_bytes,
             partition_max_bytes=fetch.partition_max_bytes,
@@ -101,14 +107,7 @@ def mirror_settings_from_config(config: Config) -> MirrorSettings | None:
         return None
     return MirrorSettings(
         bootstrap_servers=tuple(str(hp) for hp in mirror.bootstrap_servers),
-        client=ClientSettings(
-            client_id=mirror.client_id,
-            connect_timeout_s=mirror.connect_timeout_ms / 1000,
-            request_timeout_s=mirror.request_timeout_ms / 1000,
-            reconnect_backoff_ms=mirror.reconnect_backoff_ms,
-            reconnect_backoff_max_ms=mirror.reconnect_backoff_max_ms,
-            security=connection_security(mirror.security),
-        ),
+        client=client_settings(mirror),
         data_dir=config.data_dir,
         topics=tuple(mirror.topics),
         topic_prefix=mirror.topic_prefix,

@@ -146,15 +146,7 @@ class ClusterGroupsReader:
 
     async def _some_connection(self) -> BrokerConnection:
         """A connection to any known broker (the brokers are learnt first if need be)."""
-        if not self.client.brokers:
-            await self.client.metadata(())
-        errors: list[str] = []
-        for node_id in sorted(self.client.brokers):
-            try:
-                return await self.client.connection(node_id)
-            except (KafkaConnectionError, ProtocolError) as exc:
-                errors.append(str(exc))
-        raise KafkaConnectionError(f"no broker reachable: {'; '.join(errors)}")
+        return await self.client.broker_connection()
 
     # -- ListGroups -----------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
-from replicad.errors import KafkaConnectionError, ProtocolError
+from replicad.errors import ProtocolError
 from replicad.mirror.restamp import ProducerStamp
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.client import KafkaClient
@@ -118,7 +118,7 @@ class Destination:
 
     async def init_producer_id(self) -> ProducerStamp:
         """A new idempotent producer session (no transactional id)."""
-        conn = await self._any()
+        conn = await self.client.broker_connection()
         version = conn.versions.require(ApiKey.INIT_PRODUCER_ID) if conn.versions else 0
         body = await conn.request(
             make_entity(
@@ -138,7 +138,7 @@ class Destination:
         """topic -> None when created (or it already existed), else the error and message."""
         if not topics:
             return {}
-        conn = await self._any()
+        conn = await self.client.broker_connection()
         assert conn.versions is not None
         version = conn.versions.require(ApiKey.CREATE_TOPICS)
         cls = request_type(ApiKey.CREATE_TOPICS, version)
@@ -168,18 +168,15 @@ class Destination:
         results: dict[str, str | None] = {}
         for r in body.topics:
             code = error_code_of(int(r.error_code))
-            if code in (ErrorCode.none, ErrorCode.topic_already_exists):
-                results[str(r.name)] = None
-            else:
-                message = getattr(r, "error_message", None)
-                results[str(r.name)] = code.name + (f": {message}" if message else "")
+            ok = code in (ErrorCode.none, ErrorCode.topic_already_exists)
+            results[str(r.name)] = None if ok else _error_text(code, r)
         return results
 
     async def create_partitions(self, counts: Mapping[str, int]) -> dict[str, str | None]:
         """topic -> None when it has `count` partitions now, else the error and message."""
         if not counts:
             return {}
-        conn = await self._any()
+        conn = await self.client.broker_connection()
         assert conn.versions is not None
         version = conn.versions.require(ApiKey.CREATE_PARTITIONS)
         cls = request_type(ApiKey.CREATE_PARTITIONS, version)
@@ -198,10 +195,7 @@ class Destination:
         results: dict[str, str | None] = {}
         for r in body.results:
             code = error_code_of(int(r.error_code))
-            message = getattr(r, "error_message", None)
-            results[str(r.name)] = (
-                None if code == ErrorCode.none else code.name + (f": {message}" if message else "")
-            )
+            results[str(r.name)] = None if code == ErrorCode.none else _error_text(code, r)
         return results
 
     async def log_ends(
@@ -257,17 +251,6 @@ class Destination:
         timeout_s = conn.request_timeout_s + self.produce_timeout_ms / 1000
         return _ProduceCall(conn.send(request, timeout_s=timeout_s), tp)
 
-    async def _any(self) -> BrokerConnection:
-        if not self.client.brokers:
-            await self.client.metadata(())
-        errors: list[str] = []
-        for node_id in sorted(self.client.brokers):
-            try:
-                return await self.client.connection(node_id)
-            except (KafkaConnectionError, ProtocolError) as exc:  # the next may answer
-                errors.append(str(exc))
-        raise ProtocolError(f"no destination broker reachable: {'; '.join(errors)}")
-
 
 class _ProduceCall:
     """A Produce in flight; `await call.answer()` reads the one partition's answer."""
@@ -299,3 +282,9 @@ def _offsets(body: object) -> dict[TopicPartition, int | str]:
             code = int(p.error_code)
             out[tp] = error_name(code) if code != ErrorCode.none else int(p.offset)
     return out
+
+
+def _error_text(code: ErrorCode, result: object) -> str:
+    """A per-topic failure: Kafka's error name, and its message when it sent one."""
+    message = getattr(result, "error_message", None)
+    return code.name + (f": {message}" if message else "")

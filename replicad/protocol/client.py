@@ -100,6 +100,19 @@ class KafkaClient:
             self._connections[node_id] = conn
             return conn
 
+    async def broker_connection(self) -> BrokerConnection:
+        """A connection to any known broker (the brokers are learnt first if need be), for
+        requests any broker answers (ListGroups, DescribeConfigs, CreateTopics, ...)."""
+        if not self.brokers:
+            await self.metadata(())
+        errors: list[str] = []
+        for node_id in sorted(self.brokers):
+            try:
+                return await self.connection(node_id)
+            except (KafkaConnectionError, ProtocolError) as exc:  # the next may answer
+                errors.append(str(exc))
+        raise KafkaConnectionError(f"no broker reachable: {'; '.join(errors)}")
+
     async def _any_connection(self) -> BrokerConnection:
         """A connection to some known broker, bootstrap servers last."""
         for node_id in list(self._connections):
