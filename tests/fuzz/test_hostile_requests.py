@@ -197,8 +197,10 @@ def test_hostile_requests_close_their_connection_and_the_server_serves_on(served
     assert body.responses[0].partitions[0].records == batch
     assert server.stop() == 0
     lines = server.output().splitlines()
+    # Logged at a bounded rate (leader/events.py: a client's faults never write a line
+    # each), counted every time.
     refused = [line for line in lines if "client broke the protocol" in line]
-    assert len(refused) == len(HOSTILE), lines[-20:]
+    assert 1 <= len(refused) <= len(HOSTILE), lines[-20:]
     assert all("implausible length" in line for line in refused), refused
     stopped = json.loads(next(line for line in lines if "serve stopped" in line))
     assert stopped["protocol_errors_total"] == len(HOSTILE), stopped
