@@ -18,6 +18,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -101,6 +102,10 @@ def build_shim(cache_dir: Path = SHIM_CACHE) -> Path:
     return target
 
 
+# A count read mid-rewrite is retried this often, 10 ms apart.
+COUNT_READ_ATTEMPTS = 50
+
+
 class SlowDisk:
     """Delays for one daemon's writes under `directory`, switched on and off by a file."""
 
@@ -132,8 +137,16 @@ class SlowDisk:
         self.switch.unlink(missing_ok=True)
 
     def delayed_calls(self) -> int:
-        """Calls delayed so far (by the last process that wrote the count)."""
-        try:
-            return int(self.count_file.read_text().strip() or 0)
-        except (FileNotFoundError, ValueError):
-            return 0
+        """Calls delayed so far (by the last process that wrote the count).
+
+        The shim rewrites the file in place (truncate, then write) after every delayed
+        call, from whichever thread made it (the daemon fsyncs on a thread of its own), so
+        a read can land between the two and see nothing: read again until it parses."""
+        for _ in range(COUNT_READ_ATTEMPTS):
+            try:
+                return int(self.count_file.read_text().strip())
+            except FileNotFoundError:
+                return 0
+            except ValueError:
+                time.sleep(0.01)
+        return 0
