@@ -43,6 +43,28 @@ _TOPIC_NAME_ROOM = 200  # Kafka allows 249; leave room for the suffixes
 _topic_counter = itertools.count(1)
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """No secret of the suite in any log it wrote: tools/chaos/secret_scan.py over the
+    session's temporary directory (every password file there is a secret, every .log file
+    is searched); a leak fails the run, named by file and line."""
+    from tools.chaos.secret_scan import describe, scan
+
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None:
+        return
+    try:
+        root = factory.getbasetemp()
+    except OSError:
+        return
+    result = scan(root)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        for line in describe(result):
+            reporter.write_line(line)
+    if result.leaks:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         used = set(getattr(item, "fixturenames", ()))

@@ -454,9 +454,10 @@ def test_silent_tls_clients_are_closed_at_the_handshake_deadline_and_leave_nothi
         assert served.call(connection_tasks, served.loop) == 0
         after.append(rss_bytes())
     assert served.metrics()["tls_handshake_failures_total"] == 1500
-    # The first round's peak (~120 KB per TLS connection) stays with the allocator; later
-    # rounds reuse it (measured: +60 MiB, then +12, -4). Before, every round added its own.
-    assert after[-1] - after[0] < 24 * MIB, [round(a / MIB) for a in after]
+    # The first rounds' peak (~120 KB per TLS connection) stays with the allocator; a
+    # later round reuses it (measured: +60 MiB, then +12 or +37 depending on what ran
+    # before in this process, then +1). Before, every round added its own.
+    assert after[-1] - after[-2] < 16 * MIB, [round(a / MIB) for a in after]
 
 
 def test_a_replayed_scram_exchange_is_refused(replica, serve_in_thread, plain_users) -> None:
