@@ -35,6 +35,9 @@ ACKS_ALL = -1
 # ListOffsets from this replica id answers with the leader's log end offset rather than the
 # high watermark (Kafka's DEBUGGING_REPLICA_ID).
 DEBUGGING_REPLICA_ID = -2
+# IncrementalAlterConfigs: a topic resource, and the SET operation.
+TOPIC_RESOURCE = 2
+SET_CONFIG = 0
 # CreateTopics: the destination's default.replication.factor.
 DEFAULT_REPLICATION_FACTOR = -1
 
@@ -196,6 +199,43 @@ class Destination:
         for r in body.results:
             code = error_code_of(int(r.error_code))
             results[str(r.name)] = None if code == ErrorCode.none else _error_text(code, r)
+        return results
+
+    async def alter_topic_configs(
+        self, changes: Mapping[str, Mapping[str, str]]
+    ) -> dict[str, str | None]:
+        """Set these configs on these topics (IncrementalAlterConfigs SET); topic -> None
+        when set, else the error and message."""
+        if not changes:
+            return {}
+        conn = await self.client.broker_connection()
+        assert conn.versions is not None
+        version = conn.versions.require(ApiKey.INCREMENTAL_ALTER_CONFIGS)
+        cls = request_type(ApiKey.INCREMENTAL_ALTER_CONFIGS, version)
+        resource_cls = nested_type(cls, "AlterConfigsResource")
+        config_cls = nested_type(cls, "AlterableConfig")
+        body = await conn.request(
+            make_entity(
+                cls,
+                resources=tuple(
+                    make_entity(
+                        resource_cls,
+                        resource_type=TOPIC_RESOURCE,
+                        resource_name=topic,
+                        configs=tuple(
+                            make_entity(config_cls, name=k, config_operation=SET_CONFIG, value=v)
+                            for k, v in sorted(configs.items())
+                        ),
+                    )
+                    for topic, configs in sorted(changes.items())
+                ),
+                validate_only=False,
+            )
+        )
+        results: dict[str, str | None] = {}
+        for r in body.responses:
+            code = error_code_of(int(r.error_code))
+            results[str(r.resource_name)] = None if code == ErrorCode.none else _error_text(code, r)
         return results
 
     async def log_ends(

@@ -48,7 +48,7 @@ from replicad.mirror import progress_store
 from replicad.mirror.destination import Destination, LogEnd
 from replicad.mirror.partition_mirror import LogEntry, PartitionMirror, Phase, Progress
 from replicad.mirror.restamp import ProducerStamp, restamp
-from replicad.mirror.topics import plan_topics
+from replicad.mirror.topics import config_changes, plan_topics
 from replicad.protocol.backoff import Backoff
 from replicad.protocol.client import ClientSettings, KafkaClient
 from replicad.protocol.metadata import ClusterMetadata
@@ -342,6 +342,10 @@ class Mirror:
                 self._warn("sync", "destination topics not synced", error=str(exc))
                 await _until(stop, asyncio.sleep(backoff.next_delay_ms() / 1000))
                 continue
+            try:
+                await self._sync_configs()
+            except (KafkaConnectionError, ProtocolError) as exc:
+                self._warn("configs", "destination topic configs not synced", error=str(exc))
             backoff.reset()
             assert self.replicator.logs is not None
             logs = self.replicator.logs.partitions()
@@ -358,6 +362,36 @@ class Mirror:
                     asyncio.create_task(self._partition(tp, core, stop), name=f"mirror-{tp}")
                 )
                 log.info("mirroring a new partition", partition=str(tp))
+
+    async def _sync_configs(self) -> None:
+        """Topic configs changed at the source are set at the destination (topics.py)."""
+        topics = sorted({tp.topic for tp in self.cores})
+        if not topics:
+            return
+        prefix = self.settings.topic_prefix
+        source = await ClusterGroupsReader(self.replicator.client).topic_configs(topics)
+        dest = await ClusterGroupsReader(self.client).topic_configs(prefix + t for t in topics)
+        changes = {}
+        for topic in topics:
+            theirs, ours = source[topic], dest[prefix + topic]
+            if theirs.error is None and ours.error is None:
+                changed = config_changes(theirs.entries, ours.entries)
+                if changed:
+                    changes[prefix + topic] = changed
+        for dest_topic, error in (await self.destination.alter_topic_configs(changes)).items():
+            if error is None:
+                log.info(
+                    "destination topic configs synced",
+                    topic=dest_topic,
+                    configs=changes[dest_topic],
+                )
+            else:
+                self._said_once(
+                    f"configs-{dest_topic}",
+                    "destination topic configs not set",
+                    topic=dest_topic,
+                    error=error,
+                )
 
     def _said_once(self, key: str, event: str, **fields: Any) -> None:
         """An error said once a minute at most (a sync repeats it every round)."""

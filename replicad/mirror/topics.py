@@ -1,7 +1,8 @@
 """Which destination topics to create, and with what (sans-I/O).
 
 Rules:
-- A mirrored topic keeps its name (identity naming) and gets the source's partition count.
+- A mirrored topic gets the source's partition count (its name is the shell's to choose:
+  the source's, or mirror.topic_prefix + it).
 - Configs copied: those set on the source topic itself (DescribeConfigs source
   DYNAMIC_TOPIC_CONFIG), less the ones that describe the source cluster's own replicas
   (replication throttles) -- cleanup.policy, retention, compression.type,
@@ -11,6 +12,9 @@ Rules:
 - A destination topic with more partitions than the source is an error named for the
   topic, never a silent remap: its partitions are not mirrored.
 - A destination topic that exists with the same count is used as it is.
+- Config sync (`config_changes`): a copied config whose destination value differs is set
+  at the destination (IncrementalAlterConfigs SET); a config removed at the source stays
+  at the destination (deleting would need to tell a removal from a default).
 """
 
 from __future__ import annotations
@@ -84,3 +88,11 @@ def plan_topics(
                 grow[topic] = count
             ready.append(topic)
     return TopicPlan(tuple(create), tuple(ready), grow=grow, errors=errors)
+
+
+def config_changes(
+    source: Iterable[ConfigEntry], destination: Iterable[ConfigEntry]
+) -> dict[str, str]:
+    """The copied configs of the source topic whose destination value differs."""
+    have = {e.name: e.value for e in destination}
+    return {k: v for k, v in copied_configs(source).items() if have.get(k) != v}

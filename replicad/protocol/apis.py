@@ -38,6 +38,7 @@ class ApiKey(IntEnum):
     SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
+    INCREMENTAL_ALTER_CONFIGS = 44
     OFFSET_DELETE = 47
     DESCRIBE_TOPIC_PARTITIONS = 75
 
@@ -79,6 +80,7 @@ CLIENT_VERSIONS: Mapping[ApiKey, VersionRange] = {
     ApiKey.INIT_PRODUCER_ID: VersionRange(0, 5),
     ApiKey.CREATE_TOPICS: VersionRange(2, 7),
     ApiKey.CREATE_PARTITIONS: VersionRange(0, 3),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: VersionRange(0, 1),
 }
 
 # APIs without which a source broker is useless to us.

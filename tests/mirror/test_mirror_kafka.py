@@ -417,10 +417,16 @@ def produce_plain(bootstrap: str, topic: str, partition: int, count: int) -> Non
     assert producer.flush(30) == 0
 
 
-def test_topics_and_partitions_new_at_the_source_are_mirrored(
+def test_topics_partitions_and_configs_new_at_the_source_are_mirrored(
     kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
 ) -> None:
-    from confluent_kafka.admin import NewPartitions
+    from confluent_kafka.admin import (
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        NewPartitions,
+        ResourceType,
+    )
 
     first, second = unique_topic("first"), unique_topic("second")
     kafka_broker.create_topic(first, PARTITIONS)
@@ -453,6 +459,19 @@ def test_topics_and_partitions_new_at_the_source_are_mirrored(
             TopicPartition(second, 1): 30,
         }
         wait_mirrored(proc, ends)
+        # A topic config changed at the source is set at the destination.
+        change = ConfigEntry("retention.ms", "7200000", incremental_operation=AlterConfigOpType.SET)
+        resource = ConfigResource(ResourceType.TOPIC, first, incremental_configs=[change])
+        for future in admin.incremental_alter_configs([resource]).values():
+            future.result(30)
+        dest_admin = kafka_cluster.admin()
+
+        def synced() -> bool:
+            found = dest_admin.describe_configs([ConfigResource(ResourceType.TOPIC, first)])
+            configs = next(iter(found.values())).result(30)
+            return configs["retention.ms"].value == "7200000"
+
+        proc.wait_for(synced, timeout_s=30, what="the config change at the destination")
     for topic, count in ((first, PARTITIONS + 1), (second, 2)):
         want = consume_all(kafka_broker.bootstrap, topic, partitions=count)
         got = consume_all(kafka_cluster.bootstrap, topic, partitions=count)

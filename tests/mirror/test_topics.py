@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from replicad.groups.cluster_reader import ConfigEntry
-from replicad.mirror.topics import DYNAMIC_TOPIC_CONFIG, copied_configs, plan_topics
+from replicad.mirror.topics import (
+    DYNAMIC_TOPIC_CONFIG,
+    config_changes,
+    copied_configs,
+    plan_topics,
+)
 
 DEFAULT_CONFIG = 5
 
@@ -37,3 +42,18 @@ def test_plan() -> None:
     assert plan.ready == ("other", "same")
     assert plan.grow == {"other": 4}
     assert "has 3 partitions, the source 1" in plan.errors["fewer"]
+
+
+def test_config_changes_are_the_copied_configs_the_destination_lacks() -> None:
+    source = [
+        ConfigEntry("retention.ms", "7200000", source=DYNAMIC_TOPIC_CONFIG),
+        ConfigEntry("cleanup.policy", "compact", source=DYNAMIC_TOPIC_CONFIG),
+        ConfigEntry("segment.ms", "1", source=DEFAULT_CONFIG),
+    ]
+    dest = [
+        ConfigEntry("retention.ms", "3600000", source=DYNAMIC_TOPIC_CONFIG),
+        ConfigEntry("cleanup.policy", "compact", source=DYNAMIC_TOPIC_CONFIG),
+        ConfigEntry("segment.ms", "604800000", source=DEFAULT_CONFIG),
+    ]
+    assert config_changes(source, dest) == {"retention.ms": "7200000"}
+    assert config_changes(source[1:], dest) == {}
