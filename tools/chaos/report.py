@@ -181,6 +181,11 @@ def _soak_section(s: SoakResult) -> list[str]:
     lines.append(
         "Counters at the end: " + ", ".join(f"{k} {v}" for k, v in s.counters.as_dict().items())
     )
+    lines.append("")
+    lines.append(
+        f"Partition stalls reported by replicad (`control.stall_after_ms` 30 s): {s.stalls}. "
+        f"Longest time its event loop did not turn: {s.max_loop_block_ms} ms."
+    )
     lines += [f"- problem: {p}" for p in s.problems]
     lines += [f"- {n}" for n in s.notes]
     lines.append("")

@@ -61,6 +61,10 @@ FAULTS = (
     "refuse",
 )
 
+# The soak's stall threshold (control.stall_after_ms): well above a fault's 2 s plus the
+# reconnect back-off, well below the default 60 s so that a short soak can see one.
+SOAK_STALL_AFTER_MS = 30_000
+
 
 @dataclass(frozen=True, slots=True)
 class FdCounts:
@@ -108,6 +112,11 @@ class SoakResult:
     counters: DaemonCounters
     problems: tuple[str, ...]
     notes: tuple[str, ...] = field(default=())
+    # Partition stalls the daemon reported (control/stalls.py; any fails the soak), and
+    # the longest time its event loop did not turn (control/loop_watch.py), None when
+    # the daemon never answered status.
+    stalls: int | None = None
+    max_loop_block_ms: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -121,7 +130,9 @@ class SoakResult:
         lines = [
             f"soak {self.duration_s:.0f} s: {sum(self.faults.values())} faults {self.faults}, "
             f"{len(self.samples)} samples, {trends}; {self.records_checked} records checked, "
-            f"{self.lost} lost, {self.duplicated} duplicated; counters {self.counters.as_dict()}",
+            f"{self.lost} lost, {self.duplicated} duplicated; stalls {self.stalls}, "
+            f"longest event-loop block {self.max_loop_block_ms} ms; "
+            f"counters {self.counters.as_dict()}",
             *(f"  problem: {p}" for p in self.problems),
             *(f"  note: {n}" for n in self.notes),
         ]
@@ -231,7 +242,15 @@ def soak(
     problems: list[str] = []
     notes: list[str] = []
     proxy = ChaosProxy(lambda: ("127.0.0.1", broker.port), seed=seed).start()
-    follower = Follower(workdir, proxy.address, [topic], name="soak")
+    # A partition lagging with no progress for this long, its leader connected, is a
+    # stall: far above what any injected fault holds a partition (2 s, plus reconnecting).
+    follower = Follower(
+        workdir,
+        proxy.address,
+        [topic],
+        name="soak",
+        config={"control": {"stall_after_ms": SOAK_STALL_AFTER_MS}},
+    )
     load = SteadyLoad(broker.bootstrap, topics, records_per_round=300, pause_s=0.5)
     started = time.monotonic()
     try:
@@ -297,13 +316,22 @@ def soak(
             f"proxy: {proxy.stats().faults} fault events delivered (a cut closes every open"
             " connection, a refusal turns away every reconnect)"
         )
+        final = follower.status() or {}
+        stalls = (final.get("stalls") or {}).get("stalls_total")
+        max_block = (final.get("event_loop") or {}).get("max_block_ms")
+        if stalls:
+            problems.append(
+                f"{stalls} partition stall(s) reported by replicad (its log: 'partition stalled')"
+            )
         code = follower.stop()
         if code != 0:
             problems.append(f"replicad exited {code} on SIGTERM")
         problems += [f"log: {line[:300]}" for line in follower.unexpected_lines()[:5]]
         report = check_replica(broker.log_dir, follower.data_dir, tps, caught_up=True)
         problems += [f"invariant: {p}" for p in report.problems]
-        return _result(started, faults, samples, problems, notes, follower, report)
+        return _result(
+            started, faults, samples, problems, notes, follower, report, stalls, max_block
+        )
     finally:
         load.stop()
         follower.kill()
@@ -318,6 +346,8 @@ def _result(
     notes: list[str],
     follower: Follower,
     report: object,
+    stalls: int | None = None,
+    max_loop_block_ms: float | None = None,
 ) -> SoakResult:
     found = trends(samples) if len(samples) >= 8 else ()
     if samples and len(samples) < 8:
@@ -338,6 +368,8 @@ def _result(
         counters=follower.counters(),
         problems=tuple(problems),
         notes=tuple(notes),
+        stalls=stalls,
+        max_loop_block_ms=max_loop_block_ms,
     )
 
 
