@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -454,3 +455,46 @@ async def test_a_wrong_password_is_refused_for_every_mechanism(
         )
         assert f"refused {mechanism.wire_name} authentication as 'replicad'" in text
         assert WRONG_PASSWORD not in text
+
+
+def test_mirror_into_a_sasl_ssl_destination(
+    kafka_broker: Any, secure_broker: SecureKafkaBroker, tmp_path: Path
+) -> None:
+    """The mirror's destination over SASL_SSL (SCRAM-SHA-512, the test CA), with the same
+    settings as the source's; the broker of this module is the destination, so no other
+    JVM is started (replicad/mirror; its own tests are under tests/mirror)."""
+    from tools.peers.produce import READ_COMMITTED, consume_all
+    from tools.replica import status_json
+
+    topic = f"to-secure-{os.getpid():x}-{time.monotonic_ns() % 100_000}"
+    kafka_broker.create_topic(topic, PARTITIONS)
+    produce_mixed(
+        kafka_broker.bootstrap, topic, partitions=PARTITIONS, records=400, seed=9,
+        transactional=False,
+    )  # fmt: skip
+    security = sasl_security(
+        secure_broker.pki, "sasl_ssl", "SCRAM-SHA-512", password_file(tmp_path)
+    )
+    config = tmp_path / "replicad.yaml"
+    config.write_text(
+        f"source:\n  bootstrap_servers: {kafka_broker.bootstrap}\n"
+        f"topics:\n  include: [{topic}]\n"
+        f"data_dir: {tmp_path / 'data'}\n"
+        f"control:\n  socket: {tmp_path / 'control.sock'}\n"
+        f"mirror:\n  bootstrap_servers: {secure_broker.sasl_ssl_bootstrap}\n"
+        f"  progress_interval_ms: 200\n"
+        f"  security:\n{security}"
+    )
+    want = consume_all(kafka_broker.bootstrap, topic, isolation=READ_COMMITTED)
+    with replicate(config, tmp_path) as proc:
+
+        def mirrored() -> bool:
+            status = status_json(tmp_path / "control.sock", 10) or {}
+            rows = (status.get("mirror") or {}).get("partitions", ())
+            done = {r["partition"]: r["mirrored_offset"] for r in rows}
+            return all(done.get(p, -1) >= len(want[p]) for p in range(PARTITIONS))
+
+        proc.wait_for(mirrored, timeout_s=90, what="mirrored over SASL_SSL")
+        assert PASSWORD not in proc.output()
+    got = consume_all(secure_broker.bootstrap, topic, isolation=READ_COMMITTED)
+    assert got == want
