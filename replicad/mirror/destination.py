@@ -119,6 +119,13 @@ class Destination:
         self.client = client
         self.produce_timeout_ms = produce_timeout_ms
 
+    async def _admin(self, api: ApiKey) -> tuple[BrokerConnection, type]:
+        """A connection to any destination broker, and `api`'s request class at the
+        version it speaks (for the topic administration requests below)."""
+        conn = await self.client.broker_connection()
+        assert conn.versions is not None
+        return conn, request_type(api, conn.versions.require(api))
+
     async def init_producer_id(self) -> ProducerStamp:
         """A new idempotent producer session (no transactional id)."""
         conn = await self.client.broker_connection()
@@ -141,10 +148,7 @@ class Destination:
         """topic -> None when created (or it already existed), else the error and message."""
         if not topics:
             return {}
-        conn = await self.client.broker_connection()
-        assert conn.versions is not None
-        version = conn.versions.require(ApiKey.CREATE_TOPICS)
-        cls = request_type(ApiKey.CREATE_TOPICS, version)
+        conn, cls = await self._admin(ApiKey.CREATE_TOPICS)
         topic_cls = nested_type(cls, "CreatableTopic")
         config_cls = nested_type(cls, "CreatableTopicConfig")
         body = await conn.request(
@@ -179,10 +183,7 @@ class Destination:
         """topic -> None when it has `count` partitions now, else the error and message."""
         if not counts:
             return {}
-        conn = await self.client.broker_connection()
-        assert conn.versions is not None
-        version = conn.versions.require(ApiKey.CREATE_PARTITIONS)
-        cls = request_type(ApiKey.CREATE_PARTITIONS, version)
+        conn, cls = await self._admin(ApiKey.CREATE_PARTITIONS)
         topic_cls = nested_type(cls, "CreatePartitionsTopic")
         body = await conn.request(
             make_entity(
@@ -208,10 +209,7 @@ class Destination:
         when set, else the error and message."""
         if not changes:
             return {}
-        conn = await self.client.broker_connection()
-        assert conn.versions is not None
-        version = conn.versions.require(ApiKey.INCREMENTAL_ALTER_CONFIGS)
-        cls = request_type(ApiKey.INCREMENTAL_ALTER_CONFIGS, version)
+        conn, cls = await self._admin(ApiKey.INCREMENTAL_ALTER_CONFIGS)
         resource_cls = nested_type(cls, "AlterConfigsResource")
         config_cls = nested_type(cls, "AlterableConfig")
         body = await conn.request(
