@@ -59,6 +59,7 @@ from replicad.follower.partition_table import (
 )
 from replicad.follower.perform import ActionPerformer
 from replicad.log.manager import LogManager
+from replicad.log.partition import PartitionLog
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.client import KafkaClient
 from replicad.protocol.connection import BrokerAddress, BrokerConnection
@@ -204,7 +205,7 @@ class LeaderFetcher:
             self._abandon(flight)
             flight = None
         if flight is None:
-            self._open_logs()
+            await self._open_logs()
             await self._ask_questions(conn)
             now = monotonic_ms()
             flight = self._send(conn, now)
@@ -259,19 +260,37 @@ class LeaderFetcher:
         )
         return _InFlight(conn, fetch, response, started, sent_before, received_before)
 
-    def _open_logs(self) -> None:
+    async def _open_logs(self) -> None:
         """Open (or create) the logs of partitions added since the last turn: here, with no
-        request in flight, because creating thousands at once blocks the loop for the
-        time of their fsyncs (a response waiting meanwhile could time out)."""
-        for state in self.table.without_log():
-            try:
-                state.log = self.logs.get_or_create(state.tp, topic_id=state.topic_id)
-            except LogError as exc:
+        request in flight, and on a worker thread: a new partition's directory and files
+        cost about six fsyncs, so a thousand new partitions kept the loop (and with it
+        every other leader, the control socket and serve) blocked for 1.2 to 6.7 s
+        (measured with control/loop_watch.py against Tansu; tools/sim opens them inline).
+        LogManager's map takes one insert at a time (the GIL), the file handle cache has
+        its own lock, and the table is touched here only, on the loop."""
+        pending = list(self.table.without_log())
+        if not pending:
+            return
+        opened = await asyncio.to_thread(self._open_many, pending)
+        for state, result in zip(pending, opened, strict=True):
+            if isinstance(result, LogError):
                 # The directory holds another topic id (re-created upstream) or cannot be
                 # created: this partition stops (status shows why), the others go on.
                 state.phase = PartitionPhase.HALTED
-                state.last_error = f"opening the log failed: {exc}"
-                log.error("partition halted", tp=str(state.tp), error=str(exc))
+                state.last_error = f"opening the log failed: {result}"
+                log.error("partition halted", tp=str(state.tp), error=str(result))
+            else:
+                state.log = result
+
+    def _open_many(self, states: list[PartitionState]) -> list[PartitionLog | LogError]:
+        """On a worker thread: each partition's log, or why it could not be opened."""
+        results: list[PartitionLog | LogError] = []
+        for state in states:
+            try:
+                results.append(self.logs.get_or_create(state.tp, topic_id=state.topic_id))
+            except LogError as exc:
+                results.append(exc)
+        return results
 
     def _abandon(self, flight: _InFlight) -> None:
         """Give up a request (its connection is gone, or we stop): nothing stays held,
