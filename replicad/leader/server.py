@@ -371,6 +371,12 @@ class LeaderServer:
                 connections=len(self._connections),
             )
             return
+        if isinstance(context.get("exception"), asyncio.CancelledError):
+            # A connection cancelled while it waited for its transport to close (serve
+            # stopping, seen under load in CI): a cancellation, not a failure, and asyncio
+            # would log it as an error with a traceback.
+            log.debug("callback cancelled", message=str(context.get("message", ""))[:200])
+            return
         if self._previous_exception_handler is not None:
             self._previous_exception_handler(loop, context)
         else:

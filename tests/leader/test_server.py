@@ -366,3 +366,19 @@ async def test_a_region_that_shrank_before_it_was_sent_is_padded_to_its_size(
     assert offset == -1 and length > 240 - 12
     assert struct.unpack_from(">q", data, 300)[0] == -1
     assert server.metrics()["short_regions_total"] == 2
+
+
+async def test_a_cancelled_callback_is_not_logged_as_an_error(server: LeaderServer) -> None:
+    """A connection cancelled while its transport closes (serve stopping under load) reaches
+    the loop's exception handler as a CancelledError: not passed on to asyncio's default
+    handler, which would log an error with a traceback. Other failures still are."""
+    loop = asyncio.get_running_loop()
+    seen: list[dict] = []
+    server._previous_exception_handler = lambda _loop, context: seen.append(context)
+    server._loop_exception(
+        loop, {"message": "Exception in callback", "exception": asyncio.CancelledError()}
+    )
+    assert seen == []
+    failure = {"message": "Exception in callback", "exception": RuntimeError("boom")}
+    server._loop_exception(loop, failure)
+    assert seen == [failure]
