@@ -62,6 +62,7 @@ MESSAGE_TIMEOUT_MS = 300_000
 STARTUP_TIMEOUT_S = 60
 IN_SYNC_TIMEOUT_S = 120
 ADMIN_TIMEOUT_S = 30
+ELECTION_TIMEOUT_S = 180
 
 
 class AckedLoad:
@@ -259,14 +260,31 @@ def wait_in_sync(cluster: KafkaCluster, topic: str, out: _Outcome) -> None:
 
 
 def elect(cluster: KafkaCluster, kind: ElectionType, partitions: Sequence[TopicPartition]) -> None:
-    """ElectLeaders for `partitions`; "already elected" answers are not failures."""
+    """ElectLeaders for `partitions`, asked again until it is answered (ELECTION_NOT_NEEDED
+    counts: the controller may have elected already). Right after a node is killed the
+    request can go unanswered for a while: when the killed node was the active
+    controller, the quorum elects another first (seen under load: 35 s and more)."""
     wanted = [KafkaTopicPartition(tp.topic, tp.partition) for tp in partitions]
-    admin = cluster.admin()  # kept until the answer is in: a dropped client fails it
-    # No request_timeout: confluent-kafka 2.16 rejects any keyword here (SystemError).
-    future = admin.elect_leaders(kind, wanted)
-    for where, error in future.result(timeout=ADMIN_TIMEOUT_S + 5).items():
-        if error is not None and "ELECTION_NOT_NEEDED" not in str(error):
-            raise RuntimeError(f"{kind.name} election of {where}: {error}")
+    deadline = time.monotonic() + ELECTION_TIMEOUT_S
+    while True:
+        admin = cluster.admin()  # kept until the answer is in: a dropped client fails it
+        # No request_timeout: confluent-kafka 2.16 rejects any keyword here (SystemError).
+        future = admin.elect_leaders(kind, wanted)
+        try:
+            answers = future.result(timeout=ADMIN_TIMEOUT_S + 5)
+        except (KafkaException, TimeoutError) as exc:
+            failed = [f"{kind.name} election: {exc!r}"]
+        else:
+            failed = [
+                f"{kind.name} election of {where}: {error}"
+                for where, error in answers.items()
+                if error is not None and "ELECTION_NOT_NEEDED" not in str(error)
+            ]
+        if not failed:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError("; ".join(failed))
+        time.sleep(1)
 
 
 def all_nodes_running(cluster: KafkaCluster) -> None:
@@ -460,7 +478,7 @@ def reassignment(cluster: KafkaCluster, workdir: Path, size: Size) -> ScenarioRe
             def moved() -> bool:
                 try:
                     described = replicas_and_isr(cluster, run.topic)
-                except KafkaException:
+                except (KafkaException, TimeoutError):
                     return False
                 return all(
                     replicas == [third, second] and set(isr) == {third, second}
