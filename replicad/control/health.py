@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from replicad.control.stalls import DEFAULT_STALL_AFTER_MS, is_stalled
+from replicad.control.stalls import DEFAULT_STALL_AFTER_MS, connected_leaders, is_stalled
 
 # A lagging partition whose log end has not moved for this long is stalled, unless the
 # snapshot says otherwise (control.stall_after_ms; the rule is control/stalls.py's).
@@ -137,7 +137,7 @@ def _partitions(
     leaders: Sequence[Mapping[str, Any]],
     stall_after_ms: int,
 ) -> list[Reason]:
-    connected = {int(leader["node_id"]): bool(leader.get("connected", True)) for leader in leaders}
+    connected = connected_leaders(leaders)
     groups: dict[str, list[str]] = {"offline": [], "halted": [], "diverging": [], "stalled": []}
     for p in partitions:
         name = f"{p.get('topic')}-{p.get('partition')}"

@@ -24,6 +24,11 @@ def partition_name(p: Mapping[str, Any]) -> str:
     return f"{p.get('topic')}-{p.get('partition')}"
 
 
+def connected_leaders(leaders: Sequence[Mapping[str, Any]]) -> dict[int, bool]:
+    """{node id: connected} from the snapshot's leaders (connected unless it says not)."""
+    return {int(leader["node_id"]): bool(leader.get("connected", True)) for leader in leaders}
+
+
 def is_stalled(p: Mapping[str, Any], connected: Mapping[int, bool], stall_after_ms: int) -> bool:
     """The rule, for one partition of the snapshot."""
     leader = int(p.get("leader", -1))
@@ -55,9 +60,7 @@ class StallWatch:
     def check(
         self, partitions: Sequence[Mapping[str, Any]], leaders: Sequence[Mapping[str, Any]]
     ) -> StallChange:
-        connected = {
-            int(leader["node_id"]): bool(leader.get("connected", True)) for leader in leaders
-        }
+        connected = connected_leaders(leaders)
         now = {
             partition_name(p): p
             for p in partitions

@@ -9,21 +9,12 @@ from pathlib import Path
 import pytest
 
 from tools.chaos import leadership
-from tools.chaos.scenarios import Size
+from tools.chaos.scenarios import CI
 from tools.peers.kafka_cluster import KafkaCluster
 
 # One run of each move, a few partitions: the moves themselves (node restarts) are
 # most of the time.
-SIZE = Size(
-    "ci",
-    runs=1,
-    rounds=1,
-    partitions=3,
-    initial_records=0,
-    load_records=0,
-    recovery_timeout_s=90,
-    pressure_s=0,
-)
+SIZE = CI
 
 
 @pytest.mark.parametrize("name", sorted(leadership.SCENARIOS))

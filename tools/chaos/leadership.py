@@ -47,7 +47,7 @@ from replicad.types import TopicPartition
 from tools.chaos.follower import Follower
 from tools.chaos.invariant import check_partition, covers, end_offsets
 from tools.chaos.load import wait_stable
-from tools.chaos.scenarios import ScenarioResult, Size, _Outcome, wait_for
+from tools.chaos.scenarios import ScenarioResult, Size, _Outcome, _started, wait_for
 from tools.peers.kafka import run_kafka_class
 from tools.peers.kafka_cluster import KafkaCluster
 from tools.peers.process import PeerError
@@ -59,7 +59,6 @@ RECORDS_PER_S = 400
 # librdkafka retries a produce across leader moves until this runs out; far above any
 # move here, so nothing acknowledged is ever a retry that gave up.
 MESSAGE_TIMEOUT_MS = 300_000
-STARTUP_TIMEOUT_S = 60
 IN_SYNC_TIMEOUT_S = 120
 ADMIN_TIMEOUT_S = 30
 ELECTION_TIMEOUT_S = 180
@@ -231,10 +230,6 @@ class _Run:
         return elapsed
 
 
-def leaders(cluster: KafkaCluster, topic: str) -> dict[int, int]:
-    return cluster.leaders(topic)
-
-
 def replicas_and_isr(cluster: KafkaCluster, topic: str) -> dict[int, tuple[list[int], list[int]]]:
     """{partition: (replicas, in-sync replicas)} from DescribeTopics."""
     admin = cluster.admin()  # kept until the answer is in: a dropped client fails it
@@ -322,13 +317,7 @@ def scenario_run(
     load = AckedLoad(cluster.bootstrap, topic, count).start()
     run = _Run(out, cluster, topic, partitions, follower, load)
     try:
-        follower.start()
-        started = wait_for(
-            lambda: sum(follower.ends(partitions).values()) > 0 or not follower.running,
-            STARTUP_TIMEOUT_S,
-        )
-        if started is None or not follower.running:
-            out.problem(f"replicad did not start replicating: {follower.output()[-1500:]}")
+        if not _started(out, follower, partitions):
             raise Abandoned
         yield run
         all_nodes_running(cluster)
@@ -360,7 +349,7 @@ def _finish(run: _Run) -> None:
     for line in follower.unexpected_lines()[:5]:
         out.problem(f"replicad log: {line[:500]}")
     out.counters = out.counters + follower.counters()
-    current = leaders(cluster, run.topic)
+    current = cluster.leaders(run.topic)
     replica_ends = follower.ends(run.partitions)
     for tp in run.partitions:
         source_dir = cluster.node(current[tp.partition]).partition_dir(tp.topic, tp.partition)
@@ -393,7 +382,7 @@ def _acknowledged_kept(run: _Run, replica_ends: dict[TopicPartition, int]) -> No
 
 def _most_leading(cluster: KafkaCluster, topic: str) -> int:
     counts: dict[int, int] = defaultdict(int)
-    for node in leaders(cluster, topic).values():
+    for node in cluster.leaders(topic).values():
         counts[node] += 1
     return max(counts, key=lambda node: counts[node])
 
@@ -432,10 +421,10 @@ def rolling_restart(cluster: KafkaCluster, workdir: Path, size: Size) -> Scenari
                 run.follow(f"controlled shutdown of node {node_id}")
                 cluster.node(node_id).start()
                 wait_in_sync(cluster, run.topic, out)
-            before = leaders(cluster, run.topic)
+            before = cluster.leaders(run.topic)
             elect(cluster, ElectionType.PREFERRED, run.partitions)
             out.fault("preferred-election")
-            after = leaders(cluster, run.topic)
+            after = cluster.leaders(run.topic)
             moved = sum(1 for p in before if before[p] != after[p])
             out.note(f"the preferred election moved {moved} of {len(before)} leaders")
             run.follow("the preferred-leader election")
@@ -488,7 +477,7 @@ def reassignment(cluster: KafkaCluster, workdir: Path, size: Size) -> ScenarioRe
             if wait_for(moved, IN_SYNC_TIMEOUT_S, interval_s=0.5) is None:
                 out.problem(f"the reassignment did not complete within {IN_SYNC_TIMEOUT_S} s")
             elect(cluster, ElectionType.PREFERRED, run.partitions)
-            now = leaders(cluster, run.topic)
+            now = cluster.leaders(run.topic)
             if set(now.values()) != {third}:
                 out.problem(f"leaders after the reassignment: {now}, expected node {third}")
             run.follow(f"the reassignment to node {third}")
