@@ -420,6 +420,7 @@ def _restart_needed(old: Config, new: Config) -> list[str]:
         "control": (old.control, new.control),
         "serve": (old.serve, new.serve),
         "mirror": (old.mirror, new.mirror),
+        "groups": (old.groups, new.groups),
         "checkpoint_interval_ms": (old.checkpoint_interval_ms, new.checkpoint_interval_ms),
         "topics.start_from": (old.topics.start_from, new.topics.start_from),
         "topics.on_gap": (old.topics.on_gap, new.topics.on_gap),

@@ -28,6 +28,7 @@ from replicad.config.model import Config
 from replicad.config.rules import INVALID, Problems, describe
 from replicad.config.schema import (
     CROSS_CHECKS,
+    GROUPS_WITHOUT_MIRROR_CHECKS,
     MIRROR_CHECKS,
     SCHEMA,
     SERVE_CHECKS,
@@ -200,7 +201,7 @@ def _build(raw: object, source: str, overrides: Mapping[str, object]) -> Config:
     checks = (
         CROSS_CHECKS
         + (SERVE_CHECKS if "serve" in load.sections_on else ())
-        + (MIRROR_CHECKS if "mirror" in load.sections_on else ())
+        + (MIRROR_CHECKS if "mirror" in load.sections_on else GROUPS_WITHOUT_MIRROR_CHECKS)
     )
     for check in checks:
         if any(_has_failed(path, load.failed) for path in check.paths):

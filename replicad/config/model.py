@@ -392,6 +392,36 @@ class MirrorConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupsConfig:
+    """Consumer groups of the source whose committed offsets follow the data: written into
+    the mirror's destination Kafka (replicad.mirror.group_sync) when `mirror:` is on. One
+    section for every place groups go (serve's own coordinator adds its keys here)."""
+
+    # Off by default, as MirrorMaker 2's sync.group.offsets.enabled: writing into the
+    # destination's groups is asked for, not assumed.
+    enabled: bool = False
+    # Group ids or regular expressions (matching the whole id); empty: every group with
+    # a committed offset on a mirrored topic.
+    include: tuple[str, ...] = ()
+    # Group ids or regular expressions never synced, even when included.
+    exclude: tuple[str, ...] = ()
+    # How often the chosen groups' offsets are read at the source and written.
+    sync_interval_ms: int = 5_000
+
+    def selects(self, group_id: str) -> bool:
+        """Whether `group_id` is synced: included (or no include list) and not excluded.
+        An item matches a group named exactly so, or whose whole id its regex matches."""
+        if self.include and not _any_matches(self.include, group_id):
+            return False
+        return not _any_matches(self.exclude, group_id)
+
+
+def _any_matches(items: tuple[str, ...], name: str) -> bool:
+    # The schema compiled every item at load time (GROUP_PATTERN_LIST).
+    return any(item == name or re.fullmatch(item, name) is not None for item in items)
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     source: SourceConfig = field(default_factory=SourceConfig)
     topics: TopicsConfig = field(default_factory=TopicsConfig)
@@ -404,3 +434,4 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     serve: ServeConfig | None = None
     mirror: MirrorConfig | None = None
+    groups: GroupsConfig = field(default_factory=GroupsConfig)

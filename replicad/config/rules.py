@@ -347,6 +347,32 @@ ADDRESS_COUNT_LIST = ListOf(
 
 
 @dataclass(frozen=True)
+class GroupPattern(Rule):
+    """A consumer group id, or a regular expression matching whole group ids (a plain id
+    is a pattern matching itself, so both are checked as patterns)."""
+
+    @property
+    def expected(self) -> str:
+        return "a group id or a regular expression"
+
+    def convert(self, value: object, path: str, problems: Problems) -> object:
+        if not isinstance(value, str) or not value:
+            return self._wrong(value, path, problems)
+        try:
+            re.compile(value)
+        except re.error as error:
+            problems.add(path, f"does not compile as a regular expression: {error}")
+            return INVALID
+        return value
+
+
+# Group ids may hold commas, so a string is not split.
+GROUP_PATTERN_LIST = ListOf(
+    GroupPattern(), "a list of group ids or regular expressions, or null", commas=False
+)
+
+
+@dataclass(frozen=True)
 class Regex(Rule):
     """A Python regular expression (it must match a whole topic name), or null."""
 

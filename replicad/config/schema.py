@@ -34,6 +34,7 @@ from replicad.config.model import (
     Config,
     ControlConfig,
     FetchConfig,
+    GroupsConfig,
     IsolationLevel,
     LogFormat,
     LoggingConfig,
@@ -56,6 +57,7 @@ from replicad.config.model import (
 from replicad.config.rules import (
     ADDRESS_COUNT_LIST,
     ADDRESS_LIST,
+    GROUP_PATTERN_LIST,
     ID_LIST,
     INT32_MAX,
     PRINCIPAL_LIST,
@@ -257,6 +259,15 @@ SCHEMA = Section(
             },
             nullable=True,
         ),
+        "groups": Section(
+            GroupsConfig,
+            {
+                "enabled": Bool(),
+                "include": GROUP_PATTERN_LIST,
+                "exclude": GROUP_PATTERN_LIST,
+                "sync_interval_ms": Int(1),
+            },
+        ),
     },
 )
 
@@ -320,6 +331,11 @@ KAFKA_NAMES: Mapping[str, str] = {
     "flush.ms": "log.flush_ms",
     "retention.bytes": "log.retention_bytes",
     "retention.ms": "log.retention_ms",
+    # MirrorMaker 2's and Cluster Linking's names for the group sync.
+    "sync.group.offsets.enabled": "groups.enabled",
+    "sync.group.offsets.interval.seconds": "groups.sync_interval_ms",
+    "consumer.offset.sync.enable": "groups.enabled",
+    "consumer.offset.sync.ms": "groups.sync_interval_ms",
 }
 
 
@@ -781,8 +797,34 @@ SERVE_CHECKS: tuple[CrossCheck, ...] = (
     above("serve.max_connections", "serve.max_connections_per_ip"),
 )
 
+
+def _groups_need_somewhere_to_go(values: Values) -> Problem | None:
+    if values["groups.enabled"]:
+        return Problem(
+            "groups.enabled",
+            "is true, but there is no mirror: section: group offsets are synced into the "
+            "mirror's destination cluster",
+        )
+    return None
+
+
+# Checks of the groups section run when the sections it serves are off (no mirror:).
+GROUPS_WITHOUT_MIRROR_CHECKS: tuple[CrossCheck, ...] = (
+    CrossCheck(("groups.enabled",), _groups_need_somewhere_to_go),
+)
+
+
+def _groups_sync_not_built_yet(values: Values) -> Problem | None:
+    # Refused until the sync is in (issue 28): a key accepted but doing nothing would let
+    # an operator believe offsets follow the data.
+    if values["groups.enabled"]:
+        return Problem("groups.enabled", "cannot be true yet: the group sync is not built")
+    return None
+
+
 # Checks of the optional mirror section, run only when it is turned on.
 MIRROR_CHECKS: tuple[CrossCheck, ...] = (
     above("mirror.reconnect_backoff_max_ms", "mirror.reconnect_backoff_ms"),
     *client_security_checks("mirror.security"),
+    CrossCheck(("groups.enabled",), _groups_sync_not_built_yet),
 )

@@ -111,7 +111,7 @@ def test_unknown_keys_at_every_depth_with_their_lines(tmp_path: Path) -> None:
         f"{path}:6: fetch.replica.fetch.max.bytes: unknown key "
         "(Kafka's replica.fetch.max.bytes is fetch.partition_max_bytes here)",
         f"{path}:7: nonsense: unknown key (keys here are: source, topics, fetch, data_dir, "
-        "checkpoint_interval_ms, log, control, logging, serve, mirror)",
+        "checkpoint_interval_ms, log, control, logging, serve, mirror, groups)",
         f"{path}:10: serve.advertise: unknown key (did you mean advertised?)",
     ]
 
@@ -290,7 +290,7 @@ fetch:
     # `defaults` itself is an unknown key; the merge inside fetch is fine.
     assert problems_of(path) == [
         f"{path}:5: defaults: unknown key (keys here are: source, topics, fetch, data_dir, "
-        "checkpoint_interval_ms, log, control, logging, serve, mirror)"
+        "checkpoint_interval_ms, log, control, logging, serve, mirror, groups)"
     ]
 
 
@@ -593,3 +593,55 @@ def test_mirror_section_is_checked_like_the_source(tmp_path: Path) -> None:
     mirror = load_config(path).mirror
     assert mirror is not None and mirror.topic_prefix == "east."
     assert load_config(write(tmp_path, MINIMAL)).mirror is None
+
+
+def test_groups_section_is_read_and_each_bad_key_named_with_its_line(tmp_path: Path) -> None:
+    good = write(
+        tmp_path,
+        MINIMAL
+        + "mirror:\n  bootstrap_servers: ['dest:9092']\n"
+        + "groups:\n  enabled: false\n  include: [billing, 'app-.*']\n"
+        + "  exclude: ['app-test']\n  sync_interval_ms: 1000\n",
+    )
+    groups = load_config(good).groups
+    assert (groups.enabled, groups.include, groups.exclude, groups.sync_interval_ms) == (
+        False,
+        ("billing", "app-.*"),
+        ("app-test",),
+        1000,
+    )
+    bad = write(
+        tmp_path,
+        MINIMAL
+        + "groups:\n  enabled: yes please\n  include: ['app-(']\n"
+        + "  sync_interval_ms: 0\n  sync.group.offsets.enabled: true\n",
+    )
+    problems = problems_of(bad)
+    assert problems[0] == f'{bad}:6: groups.enabled: expected true or false, got "yes please"'
+    assert problems[1].startswith(
+        f"{bad}:7: groups.include[0]: does not compile as a regular expression"
+    )
+    assert problems[2] == (f"{bad}:8: groups.sync_interval_ms: expected an integer >= 1, got 0")
+    assert problems[3] == (
+        f"{bad}:9: groups.sync.group.offsets.enabled: unknown key "
+        "(Kafka's sync.group.offsets.enabled is groups.enabled here)"
+    )
+    assert len(problems) == 4
+
+
+def test_groups_enabled_needs_the_mirror(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "groups:\n  enabled: true\n")
+    assert problems_of(path) == [
+        f"{path}:6: groups.enabled: is true, but there is no mirror: section: group offsets "
+        "are synced into the mirror's destination cluster"
+    ]
+
+
+def test_groups_enabled_is_refused_until_the_sync_is_built(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        MINIMAL + "mirror:\n  bootstrap_servers: ['dest:9092']\ngroups:\n  enabled: true\n",
+    )
+    assert problems_of(path) == [
+        f"{path}:8: groups.enabled: cannot be true yet: the group sync is not built"
+    ]

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from replicad.config.model import (
     Config,
     FetchConfig,
+    GroupsConfig,
     HostPort,
     IsolationLevel,
     LogFormat,
@@ -89,3 +90,29 @@ def test_isolation_level_wire_values() -> None:
 def test_enums_compare_as_their_config_text() -> None:
     assert LogLevel.WARNING == "warning"
     assert str(LogFormat.JSON) == "json"
+
+
+def test_groups_sync_is_off_unless_asked_for() -> None:
+    assert Config().groups == GroupsConfig(
+        enabled=False, include=(), exclude=(), sync_interval_ms=5_000
+    )
+
+
+@pytest.mark.parametrize(
+    ("include", "exclude", "group", "selected"),
+    [
+        ((), (), "billing", True),
+        (("billing",), (), "billing", True),
+        (("billing",), (), "billing-2", False),
+        (("billing.*",), (), "billing-2", True),
+        # A regex matches the whole id, as topics.regex does.
+        (("bill",), (), "billing", False),
+        ((), ("console-consumer-.*",), "console-consumer-4711", False),
+        (("app-.*",), ("app-test",), "app-test", False),
+        (("app-.*",), ("app-test",), "app-prod", True),
+    ],
+)  # fmt: skip
+def test_groups_are_chosen_by_name_or_whole_id_regex(
+    include: tuple[str, ...], exclude: tuple[str, ...], group: str, selected: bool
+) -> None:
+    assert GroupsConfig(include=include, exclude=exclude).selects(group) is selected
