@@ -12,7 +12,10 @@ Rules:
   the failure stay; the log end says up to where) and raises DiskFullError; a later append
   works once there is space.
 - Truncation removes whole batches: truncating to an offset inside a batch removes that
-  batch and the log end becomes its base offset.
+  batch and the log end becomes its base offset. When that batch held the log start too
+  (a log may start inside its first batch: a crash's log start checkpoint, DeleteRecords),
+  nothing at or above the log start is left: the log is emptied and starts at the offset
+  (as Kafka's log start never passes its end; found by tools/sim, seed 80478).
 - Recovery (at load): segments from the one holding the recovery point on, and any segment
   whose index is missing or malformed, are scanned; the first invalid or torn entry ends the
   log there and every later segment is deleted. Stray files are removed. What was done is
@@ -560,6 +563,10 @@ class PartitionLog:
                 new_end = min(new_end, truncation.first_removed_offset)
             active.make_active()
             new_end = max(new_end, active.next_offset)
+            if new_end < self.log_start_offset:
+                # The removed batch held the log start: see the module rules.
+                self.truncate_fully_and_start_at(offset)
+                return
             self._truncations += 1
             self._log_end_offset = new_end
             self.recovery_point = min(self.recovery_point, new_end)

@@ -125,6 +125,25 @@ def test_truncate_inside_a_batch_removes_it_whole(tmp_path: Path) -> None:
     assert log.log_end_offset == h.base_offset
 
 
+@pytest.mark.parametrize("to", [1, 2])
+def test_truncating_the_batch_that_holds_the_log_start_empties_the_log(
+    tmp_path: Path, to: int
+) -> None:
+    """A log may start inside its first batch; removing that batch leaves nothing at or
+    above the log start, so the log starts over at the truncation point (it used to end
+    below its start: found by tools/sim, seed 80478)."""
+    log = PartitionLog.create(tmp_path / "orders-3", TP, SMALL, now_ms=0)
+    _append_all(log, [producer_batch(0, [b"a", b"b", b"c"], leader_epoch=1)])
+    log.high_watermark = 3
+    log.maybe_increment_log_start_offset(1)
+    log.truncate_to(to)
+    assert (log.log_start_offset, log.log_end_offset, log.high_watermark) == (to, to, to)
+    assert log.latest_epoch() is None
+    after = producer_batch(to, [b"d"], leader_epoch=2)
+    _append_all(log, [after])
+    assert b"".join(s.log_path.read_bytes() for s in log.segments) == after
+
+
 def test_truncate_fully_and_start_at(tmp_path: Path) -> None:
     log, _ = _partition(tmp_path)
     log.truncate_fully_and_start_at(10_000)

@@ -31,6 +31,20 @@ def test_suite_seeds_hold_every_invariant():
     print(f"{len(SUITE_SEEDS)} seeds in {seconds:.1f} s")
 
 
+# Seeds the long runs (python -m tools.sim --seeds N) found failing, each fixed since; what
+# each found is in docs/reliability.md.
+FOUND_BY_LONG_RUNS = {
+    80478: "a truncation removing the batch that held the log start left the log ending "
+    "below its start (replicad/log/partition.py)",
+}
+
+
+@pytest.mark.parametrize("seed", sorted(FOUND_BY_LONG_RUNS))
+def test_seeds_the_long_runs_found_hold_every_invariant(seed):
+    result = run_seed(seed)
+    assert result.ok, f"{FOUND_BY_LONG_RUNS[seed]}:\n{result.summary()}"
+
+
 def test_a_seed_replays_exactly():
     first, second = run_seed(11), run_seed(11)
     assert first.ok and second.ok
