@@ -309,11 +309,15 @@ MEMORY_POOL_FAMILIES = (
         "capacity",
     ),
     Family(GAUGE, "memory_pool_used_bytes", "Fetch-response memory in use", "used"),
+    # Buffers kept for the next frames; counted within the bound with what is in use.
+    Family(
+        GAUGE, "memory_pool_idle_bytes", "Fetch-response buffers held idle for reuse", "idle"
+    ),
     # The high-water mark shows how close the bound came to binding; waits, that it did.
     Family(
         GAUGE,
         "memory_pool_peak_bytes",
-        "Most fetch-response memory ever in use at once since start",
+        "Most fetch-response memory ever held (in use and idle) at once since start",
         "peak",
     ),
     Family(

@@ -7,11 +7,13 @@ connection: later responses could no longer be trusted to line up.
 
 Reads: a buffered protocol, not a stream reader. Each frame's size prefix is read
 first; the frame's memory is reserved (`reserve`, the KIP-81 pool) and only then is the
-socket read again, straight into a buffer of exactly the frame's size -- the kernel's
+socket read again, straight into the buffer the pool lends for it (recv_into a buffer
+the pool owns and lends again once released: no allocation per frame) -- the kernel's
 copy is the only one, and while the reservation waits the socket is not read at all
-(TCP backpressure reaches the leader). A request may bring its own `decode` for the
-raw frame (the follower scans Fetch responses in place, as memoryviews of that
-buffer); every other response is decoded by kio (codec.decode_response).
+(TCP backpressure reaches the leader). Without a pool, each frame gets its own buffer.
+A request may bring its own `decode` for the raw frame (the follower scans Fetch
+responses in place, as memoryviews of that buffer); every other response is decoded by
+kio (codec.decode_response).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from kio.schema.api_versions.v0.request import ApiVersionsRequest as ApiVersionsRequestV0
@@ -79,9 +81,19 @@ def _release_if_held(future: asyncio.Future[Any]) -> None:
             result.release()
 
 
+class Lent(Protocol):
+    """A buffer lent for one frame (follower/memory_pool.Lease): `buffer` is exactly the
+    frame's size; calling it gives the buffer back."""
+
+    buffer: memoryview
+
+    def __call__(self) -> None: ...
+
+
 # Called with a response's size before its body is read; the returned awaitable
-# resolves when the bytes may be held (KIP-81 memory pool). Returns a release callback.
-Reserve = Callable[[int], Awaitable[Callable[[], None]]]
+# resolves when the bytes may be held (KIP-81 memory pool), with the buffer to read the
+# frame into and its release.
+Reserve = Callable[[int], Awaitable[Lent]]
 
 
 # Decodes a whole response frame (correlation id first, size prefix removed) into the
@@ -126,7 +138,7 @@ class _FrameReader(asyncio.BufferedProtocol):
     def __init__(
         self,
         *,
-        on_frame: Callable[[bytearray, Callable[[], None]], None],
+        on_frame: Callable[[memoryview, Callable[[], None]], None],
         reserve: Reserve | None,
         address: str,
     ) -> None:
@@ -135,7 +147,7 @@ class _FrameReader(asyncio.BufferedProtocol):
         self._address = address
         self._prefix = bytearray(SIZE.size)
         self._view = memoryview(self._prefix)
-        self._frame: bytearray | None = None
+        self._in_frame = False
         self._filled = 0
         self._release: Callable[[], None] = _no_release
         self._transport: asyncio.BaseTransport | None = None
@@ -160,7 +172,7 @@ class _FrameReader(asyncio.BufferedProtocol):
         if self._filled < len(self._view):
             return
         try:
-            if self._frame is None:
+            if not self._in_frame:
                 self._prefix_read()
             else:
                 self._frame_read()
@@ -196,7 +208,7 @@ class _FrameReader(asyncio.BufferedProtocol):
     def _prefix_read(self) -> None:
         size = frame_size(self._prefix)
         if self._reserve is None:
-            self._start_frame(size, _no_release)
+            self._start_frame(memoryview(bytearray(size)), _no_release)
             return
         assert self._transport is not None
         self._transport.pause_reading()  # type: ignore[attr-defined]
@@ -205,29 +217,28 @@ class _FrameReader(asyncio.BufferedProtocol):
     async def _reserve_then_read(self, size: int) -> None:
         assert self._reserve is not None and self._transport is not None
         try:
-            release = await self._reserve(size)
+            lease = await self._reserve(size)
         except PoolTooSmallError as exc:
             self.fail(ResponseTooLargeError(f"{self._address}: {exc}"))
             return
         finally:
             self._waiting = None
         if self.lost.done() or self._transport.is_closing():
-            release()
+            lease()
             return
-        self._start_frame(size, release)
+        self._start_frame(lease.buffer, lease)
         self._transport.resume_reading()  # type: ignore[attr-defined]
 
-    def _start_frame(self, size: int, release: Callable[[], None]) -> None:
-        self._frame = bytearray(size)
-        self._view = memoryview(self._frame)
+    def _start_frame(self, buffer: memoryview, release: Callable[[], None]) -> None:
+        self._in_frame = True
+        self._view = buffer
         self._filled = 0
         self._release = release
 
     def _frame_read(self) -> None:
-        frame, release = self._frame, self._release
-        assert frame is not None
+        frame, release = self._view, self._release
         self.bytes_received += len(frame) + SIZE.size
-        self._frame, self._release = None, _no_release
+        self._in_frame, self._release = False, _no_release
         self._view = memoryview(self._prefix)
         self._filled = 0
         self._on_frame(frame, release)
@@ -454,7 +465,7 @@ class BrokerConnection:
             return reset or KafkaConnectionError(f"read from {self.address} failed: {reason}")
         return KafkaConnectionError(f"read from {self.address} failed: {reason!r}")
 
-    def _dispatch(self, frame: bytearray, release: Callable[[], None]) -> None:
+    def _dispatch(self, frame: memoryview, release: Callable[[], None]) -> None:
         """Complete the waiting request; its caller owns `release` if it holds the response."""
         handed_over = False
         try:
@@ -463,8 +474,10 @@ class BrokerConnection:
             if not handed_over:
                 release()
 
-    def _deliver(self, frame: bytearray, release: Callable[[], None]) -> bool:
-        view = memoryview(frame).toreadonly()  # kio reads read-only buffers only
+    def _deliver(self, frame: memoryview, release: Callable[[], None]) -> bool:
+        # kio reads read-only buffers only, and copies what it keeps: a response not held
+        # is released (its pool buffer lent again) right after it is decoded.
+        view = frame.toreadonly()
         correlation_id = peek_correlation_id(view)
         pending = self._pending.pop(correlation_id, None)
         if pending is None:

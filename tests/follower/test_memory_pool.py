@@ -14,7 +14,7 @@ from kio.schema.response_header.v0.header import ResponseHeader
 from kio.serial import entity_writer
 
 from replicad.errors import KafkaConnectionError, PoolTooSmallError
-from replicad.follower.memory_pool import MemoryPool, PoolAccount
+from replicad.follower.memory_pool import MemoryPool, PoolAccount, size_class
 from replicad.protocol.connection import BrokerAddress, BrokerConnection, HeldResponse
 
 
@@ -83,6 +83,46 @@ async def test_random_concurrent_load_never_exceeds_the_bound():
     assert snap["waits"] > 0  # the load really contended
 
 
+async def test_buffers_are_lent_again_not_allocated_per_frame():
+    pool = MemoryPool(1 << 20)
+    first = await pool.reserve(100_000)
+    assert len(first.buffer) == 100_000
+    first.buffer[:3] = b"abc"
+    block = first.buffer.obj
+    first()
+    again = await pool.reserve(99_000)  # same size class: the same buffer
+    assert again.buffer.obj is block and len(again.buffer) == 99_000
+    snap = pool.snapshot()
+    assert snap["reused"] == 1 and snap["used"] == size_class(100_000, 1 << 20)
+    again()
+    small = await pool.reserve(1_000)  # far smaller: not given the large buffer
+    assert small.buffer.obj is not block
+    small()
+
+
+async def test_idle_buffers_count_and_are_freed_before_anyone_waits():
+    pool = MemoryPool(256 * 1024)
+    a = await pool.reserve(120_000)
+    b = await pool.reserve(120_000)
+    a()
+    b()
+    snap = pool.snapshot()
+    assert snap["used"] == 0 and snap["idle"] == 2 * size_class(120_000, 256 * 1024)
+    # Larger than either idle buffer may serve: they are freed to make room, no wait.
+    c = await pool.reserve(250_000)
+    snap = pool.snapshot()
+    assert snap["waits"] == 0 and snap["idle"] == 0 and snap["used"] <= 256 * 1024
+    assert snap["peak"] <= 256 * 1024
+    c()
+
+
+def test_size_classes_round_up_by_at_most_an_eighth_and_stay_within_capacity():
+    for size in (1, 4096, 4097, 65_537, 1_000_000, 33_554_432):
+        got = size_class(size, 1 << 30)
+        assert 0 <= got - size <= max(size // 8, 4095) and got % 4096 == 0
+    assert size_class(1_000_000, 1_000_001) == 1_000_001
+
+
 def api_versions_frame(correlation: bytes, padding_keys: int) -> bytes:
     """A real ApiVersions v3 response (size prefix included), padded with extra keys."""
     keys = [(1, 4, 17), (2, 1, 9), (3, 4, 12), (18, 0, 3)]
@@ -140,10 +180,13 @@ async def test_a_full_pool_stops_reading_the_socket():
         await conn.connect()  # the negotiation's response is released at once
         assert pool.account.used == 0
         first = await conn.request(request, hold=True)
-        assert isinstance(first, HeldResponse) and pool.account.used == size
+        # The pool counts the buffer it lent: the frame in whole pages, within the bound.
+        assert isinstance(first, HeldResponse)
+        assert size <= pool.account.used <= pool.account.capacity
+        held = pool.account.used
         second = asyncio.create_task(conn.request(request, hold=True))
         await asyncio.sleep(0.2)
-        assert not second.done() and pool.account.used == size
+        assert not second.done() and pool.account.used == held
         first.release()
         got = await asyncio.wait_for(second, 2)
         assert pool.account.peak <= pool.account.capacity
