@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from replicad import __version__
 from replicad.errors import ConfigError, ReplicadError
@@ -32,7 +32,9 @@ def _run_overrides(args: argparse.Namespace) -> dict[str, object]:
     if args.bootstrap_servers:
         overrides["source.bootstrap_servers"] = args.bootstrap_servers
     if args.topics:
-        overrides["topics.include"] = [t for t in args.topics.split(",") if t]
+        # --topic is repeatable and each may be a comma list, as Kafka's tools take them.
+        names = [t.strip() for given in args.topics for t in given.split(",")]
+        overrides["topics.include"] = [t for t in names if t]
         overrides["topics.regex"] = None
     if args.topics_regex:
         overrides["topics.regex"] = args.topics_regex
@@ -45,6 +47,16 @@ def _run_overrides(args: argparse.Namespace) -> dict[str, object]:
         overrides["topics.start_from"] = args.start_from
     if args.log_format:
         overrides["logging.format"] = args.log_format
+    if args.serve_listen:
+        overrides["serve.listen"] = args.serve_listen
+    if args.serve_advertised:
+        overrides["serve.advertised"] = args.serve_advertised
+    if args.serve_allow_follower:
+        overrides["serve.allowed_followers"] = list(args.serve_allow_follower)
+    for name, path in _SERVE_SECURITY_FLAGS.items():
+        value = getattr(args, "serve_" + name)
+        if value is not None:
+            overrides[path] = value
     return overrides
 
 
@@ -128,8 +140,12 @@ def _status_socket(args: argparse.Namespace) -> Path:
         try:
             return load_config(Path(args.config), {}).control.socket
         except ConfigError as exc:
+            from replicad.control.health import EXIT_UNREACHABLE
+
+            # status exits as a monitoring plugin does: a config it cannot read leaves the
+            # daemon's state unknown (3), whatever run would exit with.
             _print_config_error(exc)
-            raise SystemExit(EX_CONFIG) from exc
+            raise SystemExit(EXIT_UNREACHABLE) from exc
     from replicad.config.defaults import control_socket_candidates
 
     # This user's own daemon, else the service's (config/defaults.py).
@@ -250,44 +266,196 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return verify_data_dir(Path(args.data_dir), out=sys.stdout)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="replicad",
-        description="Replicate Kafka topics to local Kafka-format log segments.",
-    )
-    parser.add_argument("--version", action="version", version=f"replicad {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's default in its help, unless the help already says it or there is none
+    worth showing (None, False, an empty list)."""
 
-    run = sub.add_parser("run", help="run the replication daemon (foreground)")
-    run.add_argument("-c", "--config", help="YAML config file (flags below override it)")
-    run.add_argument("--bootstrap-servers", help="HOST:PORT[,HOST:PORT...] of the source")
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default is None
+            or default is False
+            or default == argparse.SUPPRESS
+            or default == []
+            or not action.option_strings
+        ):
+            return text
+        return f"{text} (default: {default})"
+
+
+class Parser(argparse.ArgumentParser):
+    """replicad's parsers: no abbreviated options (a typo is an error, not a guess at
+    another option), and defaults shown in the help. Nested subcommands get the same class."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def _command(
+    sub: argparse._SubParsersAction[Any], name: str, summary: str, description: str
+) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=summary, description=description)
+    return parser
+
+
+def _add_serve_security(group: argparse._ArgumentGroup, prefix: str = "") -> None:
+    """serve.security's flags, for `serve` and (prefixed "serve-") for `run`."""
+    flag = f"--{prefix}"
+    group.add_argument(
+        f"{flag}tls-cert-file", metavar="PATH", help="server certificate chain (PEM): turns TLS on"
+    )
+    group.add_argument(
+        f"{flag}tls-key-file", metavar="PATH", help="its private key (PEM), if not in the cert file"
+    )
+    group.add_argument(
+        f"{flag}tls-key-password-file", metavar="PATH", help="file holding the key's password"
+    )
+    group.add_argument(
+        f"{flag}tls-ca-file", metavar="PATH", help="CAs that sign client certificates (PEM)"
+    )
+    group.add_argument(
+        f"{flag}tls-client-auth",
+        choices=["none", "requested", "required"],
+        help="ask TLS clients for a certificate (mutual TLS); default: none",
+    )
+    group.add_argument(
+        f"{flag}sasl-mechanism",
+        action="append",
+        choices=["plain", "scram-sha-256", "scram-sha-512"],
+        help="a SASL mechanism to serve: turns SASL on; repeatable",
+    )
+    group.add_argument(
+        f"{flag}sasl-users-file",
+        metavar="PATH",
+        help="YAML file of users: name -> {password_file: PATH} or {password_env: NAME}",
+    )
+    group.add_argument(
+        f"{flag}follower-principal",
+        action="append",
+        metavar="PRINCIPAL",
+        help='who may fetch as a follower, e.g. "User:replica"; repeatable',
+    )
+
+
+LOG_FORMAT_HELP = (
+    "log lines as JSON (json), for a terminal (console), or json unless stderr is a terminal (auto)"
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="replicad",
+        description="Replicate Kafka topics to local Kafka-format log segments, serve them over "
+        "the Kafka protocol, mirror them into another Kafka.",
+    )
+    parser.add_argument(
+        "-V", "--version", action="version", version=f"replicad {__version__}",
+        help="print replicad's version and exit",
+    )  # fmt: skip
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = _command(
+        sub,
+        "run",
+        "run the replication daemon (foreground)",
+        "Replicate the source's topics into the data directory, in the foreground (systemd "
+        "runs it). Flags override the config file.",
+    )
+    run.add_argument(
+        "-c", "--config", metavar="PATH", help="YAML config file (flags below override it)"
+    )
+    run.add_argument(
+        "--bootstrap-server",
+        "--bootstrap-servers",
+        dest="bootstrap_servers",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="brokers of the source cluster (source.bootstrap_servers)",
+    )
     choice = run.add_mutually_exclusive_group()
-    choice.add_argument("--topics", help="comma-separated topic names to replicate")
-    choice.add_argument("--topics-regex", help="replicate every topic matching this regex")
+    choice.add_argument(
+        "--topic",
+        "--topics",
+        dest="topics",
+        action="append",
+        metavar="TOPIC[,TOPIC...]",
+        help="a topic to replicate; repeatable, or a comma-separated list (topics.include)",
+    )
+    choice.add_argument(
+        "--include",
+        "--topics-regex",
+        dest="topics_regex",
+        metavar="REGEX",
+        help="replicate every topic whose whole name matches this regex (topics.regex)",
+    )
     run.add_argument(
         "--data-dir",
+        metavar="DIR",
         help="where the replica's log segments go (default: $STATE_DIRECTORY/data under "
         "systemd, /var/lib/replicad/data as root, else ~/.local/state/replicad/data)",
     )
     run.add_argument(
         "--control-socket",
+        metavar="PATH",
         help="path of the control socket (default: $RUNTIME_DIRECTORY/control.sock under "
         "systemd, /run/replicad/control.sock as root, else "
         "$XDG_RUNTIME_DIR/replicad/control.sock)",
     )
-    run.add_argument("--start-from", choices=["earliest", "latest"])
-    run.add_argument("--log-format", choices=["auto", "json", "console"])
+    run.add_argument(
+        "--start-from",
+        choices=["earliest", "latest"],
+        help="where a partition with nothing on disk starts (topics.start_from; default: earliest)",
+    )
+    run.add_argument(
+        "--log-format",
+        choices=["auto", "json", "console"],
+        help=LOG_FORMAT_HELP + " (logging.format; default: auto)",
+    )
     run.add_argument(
         "--check-config",
         action="store_true",
         help="validate the config, check that its directories and files can be used, and exit",
     )
+    serving = run.add_argument_group(
+        "serving while replicating",
+        "serve the replica over the Kafka protocol from this process (the serve: section)",
+    )
+    serving.add_argument(
+        "--serve-listen", metavar="HOST:PORT", help="turns serving on: the address to listen on"
+    )
+    serving.add_argument(
+        "--serve-advertised", metavar="HOST:PORT", help="told to clients (default: the listen one)"
+    )
+    serving.add_argument(
+        "--serve-allow-follower",
+        type=int,
+        action="append",
+        metavar="ID",
+        help="a replica id allowed to fetch as a follower (privileged session); repeatable",
+    )
+    _add_serve_security(serving, prefix="serve-")
     run.set_defaults(func=_cmd_run)
 
-    serve = sub.add_parser("serve", help="serve a replica over the Kafka protocol (read-only)")
+    serve = _command(
+        sub,
+        "serve",
+        "serve a replica over the Kafka protocol (read-only)",
+        "Serve a data directory over the Kafka protocol, read-only: consumers and other "
+        "replicads read it as they would read a broker.",
+    )
     serve.add_argument("--data-dir", required=True, help="the replica's data directory")
-    serve.add_argument("--listen", default="127.0.0.1:9092", help="HOST:PORT to listen on")
-    serve.add_argument("--advertised", help="HOST:PORT told to clients (default: --listen)")
+    serve.add_argument(
+        "--listen",
+        default="127.0.0.1:9092",
+        metavar="HOST:PORT",
+        help="address to listen on (a local Kafka on 9092 needs another port)",
+    )
+    serve.add_argument(
+        "--advertised", metavar="HOST:PORT", help="told to clients (default: --listen)"
+    )
     serve.add_argument("--node-id", type=int, default=0, help="this node's broker id")
     serve.add_argument(
         "--allow-follower",
@@ -299,31 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     secured = serve.add_argument_group(
         "security", "TLS and SASL on the listener (the serve.security keys of the config file)"
     )
-    secured.add_argument("--tls-cert-file", help="server certificate chain (PEM): turns TLS on")
-    secured.add_argument("--tls-key-file", help="its private key (PEM), if not in the cert file")
-    secured.add_argument("--tls-key-password-file", help="file holding the key's password")
-    secured.add_argument("--tls-ca-file", help="CAs that sign client certificates (PEM)")
-    secured.add_argument(
-        "--tls-client-auth",
-        choices=["none", "requested", "required"],
-        help="ask TLS clients for a certificate (mutual TLS)",
-    )
-    secured.add_argument(
-        "--sasl-mechanism",
-        action="append",
-        choices=["plain", "scram-sha-256", "scram-sha-512"],
-        help="a SASL mechanism to serve: turns SASL on; repeatable",
-    )
-    secured.add_argument(
-        "--sasl-users-file",
-        help="YAML file of users: name -> {password_file: PATH} or {password_env: NAME}",
-    )
-    secured.add_argument(
-        "--follower-principal",
-        action="append",
-        metavar="PRINCIPAL",
-        help='who may fetch as a follower, e.g. "User:replica"; repeatable',
-    )
+    _add_serve_security(secured)
     serve.add_argument(
         "--message-downconversion",
         action=argparse.BooleanOptionalAction,
@@ -331,24 +475,37 @@ def build_parser() -> argparse.ArgumentParser:
         help="convert records for consumers of the old protocol (Fetch v0-v3, KIP-283's "
         "message.downconversion.enable); off, they get UNSUPPORTED_VERSION (default: on)",
     )
-    serve.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
+    serve.add_argument(
+        "--log-format", choices=["auto", "json", "console"], default="auto", help=LOG_FORMAT_HELP
+    )
     serve.set_defaults(func=_cmd_serve)
 
-    status = sub.add_parser(
+    status = _command(
+        sub,
         "status",
-        help="live state of a running daemon; exit 0 healthy, 1 degraded, 2 down, "
-        "3 daemon not reachable",
+        "live state of a running daemon; exit 0 healthy, 1 degraded, 2 down, 3 not reachable",
+        "Ask a running daemon for its state through its control socket. Exit codes as a "
+        "monitoring plugin's: 0 healthy, 1 degraded, 2 down, 3 the daemon cannot be asked "
+        "(not running, a stale socket, no permission, a config that does not load).",
     )
     status.add_argument("--socket", help="control socket (default: from -c, else the default)")
     status.add_argument("-c", "--config", help="read the control socket path from this config")
     status.add_argument("--json", action="store_true", help="the full snapshot as JSON")
     status.add_argument("--watch", action="store_true", help="refresh until interrupted")
-    status.add_argument("--interval", type=float, default=2.0, help="--watch refresh seconds")
+    status.add_argument(
+        "--interval", type=float, default=2.0, help="seconds between --watch refreshes"
+    )
     status.add_argument("--all", action="store_true", help="every partition, not the top 50")
     status.set_defaults(func=_cmd_status)
 
-    dump = sub.add_parser("dump-log", help="print the batches of a segment or partition dir")
-    dump.add_argument("path")
+    dump = _command(
+        sub,
+        "dump-log",
+        "print the batches of a segment or partition dir",
+        "Print each batch of a segment file, or of every segment of a partition directory: "
+        "offsets, epochs, codecs, CRCs, and how its index agrees.",
+    )
+    dump.add_argument("path", help="a .log segment file or a partition directory (topic-N)")
     dump.add_argument("--deep", action="store_true", help="decode every record too")
     dump.set_defaults(func=_cmd_dump_log)
 
@@ -356,11 +513,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_pipeline_parser(sub)
 
-    verify = sub.add_parser("verify", help="check a data dir: offsets, CRCs, indexes")
-    verify.add_argument("data_dir")
+    verify = _command(
+        sub,
+        "verify",
+        "check a data dir: offsets, CRCs, indexes",
+        "Check every partition of a data directory: offsets continuous, every batch's CRC, "
+        "indexes and checkpoints consistent. Exits non-zero on any problem.",
+    )
+    verify.add_argument("data_dir", help="replicad's data directory (the one `run` writes)")
     verify.set_defaults(func=_cmd_verify)
     return parser
 
+
+# argparse's exit code for a usage error.
+ARGPARSE_USAGE_EXIT = 2
 
 # Daemons: a stop signal during their start-up is a clean stop (replicad/startup.py).
 _DAEMON_COMMANDS = ("run", "serve")
@@ -370,8 +536,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Only as a process of its own (argv from the command line), never inside a caller's.
     if argv is None and sys.argv[1:2] and sys.argv[1] in _DAEMON_COMMANDS:
         catch_early_stop()
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(words)
+    except SystemExit as exc:
+        # A usage error of `status` is "unknown" to a monitoring plugin (3), never argparse's
+        # 2, which status means "down".
+        if exc.code == ARGPARSE_USAGE_EXIT and _command_of(words) == "status":
+            from replicad.control.health import EXIT_UNREACHABLE
+
+            raise SystemExit(EXIT_UNREACHABLE) from None
+        raise
     return int(args.func(args))
+
+
+def _command_of(words: Sequence[str]) -> str | None:
+    return next((word for word in words if not word.startswith("-")), None)
 
 
 if __name__ == "__main__":

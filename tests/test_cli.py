@@ -4,6 +4,7 @@ health and exits 0 healthy, 1 degraded, 2 down, 3 unreachable."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -11,12 +12,19 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from kafka import KafkaConsumer
+from kafka import TopicPartition as KafkaTopicPartition
 
+from replicad import __version__
+from replicad.cli import _run_overrides, build_parser
 from replicad.exits import EX_CANTCREAT, EX_CONFIG, EX_FAILURE
+from replicad.types import TopicPartition
 from tools.replica import ReplicadProcess, replicad_run, wait_until
 
 REPLICAD = [sys.executable, "-m", "replicad.cli"]
@@ -181,3 +189,127 @@ def test_a_data_dir_another_daemon_holds_is_one_line_naming_its_pid(tmp_path: Pa
     assert "Traceback" not in second.stderr, second.stderr
     line = second.stderr.strip().splitlines()[-1]
     assert line.startswith("replicad: data directory ") and f"(pid {first.pid})" in line, line
+
+
+# -- Kafka's spellings, help on everything, exit codes within status's 0-3 (issue 36) --------
+
+
+def _walk(parser: argparse.ArgumentParser, path: str = "replicad") -> Iterator[tuple[str, Any]]:
+    """(command path, parser or action) for every parser and argument under `parser`."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from _walk(child, f"{path} {name}")
+        else:
+            yield path, action
+
+
+def test_every_command_option_and_positional_has_help_and_commands_a_description() -> None:
+    missing = []
+    for path, item in _walk(build_parser()):
+        if isinstance(item, argparse.ArgumentParser):
+            if path != "replicad" and not item.description:
+                missing.append(f"{path}: no description")
+            continue
+        if not item.help or item.help == argparse.SUPPRESS:
+            name = "/".join(item.option_strings) or item.dest
+            missing.append(f"{path} {name}: no help")
+    assert missing == []
+
+
+def test_abbreviations_are_errors_not_guesses() -> None:
+    for path, item in _walk(build_parser()):
+        if isinstance(item, argparse.ArgumentParser):
+            assert item.allow_abbrev is False, path
+    result = replicad("run", "--bootstrap", "127.0.0.1:9", "--topic", "t", "--check-config")
+    assert result.returncode == 2
+    assert "unrecognized arguments: --bootstrap" in result.stderr
+
+
+def test_version_short_and_long() -> None:
+    for flag in ("-V", "--version"):
+        result = replicad(flag)
+        assert result.returncode == 0
+        assert result.stdout.strip() == f"replicad {__version__}"
+
+
+def test_defaults_are_shown_in_help() -> None:
+    text = replicad("serve", "--help").stdout
+    assert "(default: 127.0.0.1:9092)" in " ".join(text.split())
+    assert "(default: 0)" in text  # --node-id
+
+
+def test_kafkas_spellings_and_repeated_topics_are_the_same_config(tmp_path: Path) -> None:
+    base = ["--data-dir", str(tmp_path / "d"), "--control-socket", str(tmp_path / "c.sock")]
+    kafka_style = _run_overrides(
+        build_parser().parse_args(
+            ["run", "--bootstrap-server", "h:1", "--topic", "a", "--topic", "b,c", *base]
+        )
+    )
+    ours = _run_overrides(
+        build_parser().parse_args(["run", "--bootstrap-servers", "h:1", "--topics", "a,b,c", *base])
+    )
+    assert kafka_style == ours
+    assert ours["topics.include"] == ["a", "b", "c"]
+    regex = _run_overrides(build_parser().parse_args(["run", "--include", "orders\\..*", *base]))
+    assert regex["topics.regex"] == "orders\\..*" and regex["topics.include"] == []
+
+
+def test_status_usage_errors_and_unreadable_configs_exit_3_not_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("source: {bootstrap_servers: ['h:1']}\ntopics: {include: [t]}\nfetch: 7\n")
+    for args in (["--bogus"], ["--interval", "soon"], ["-c", str(bad)]):
+        result = replicad("status", *args)
+        assert result.returncode == 3, (args, result.stderr)
+        assert "Traceback" not in result.stderr
+    assert f"{bad}:3: fetch" in replicad("status", "-c", str(bad)).stderr
+
+
+def test_a_stale_socket_is_named_as_stale(tmp_path: Path) -> None:
+    path = tmp_path / "control.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as left_behind:
+        left_behind.bind(str(path))  # closed on exit, its file stays: a SIGKILLed daemon's
+    result = status(path)
+    assert result.returncode == 3
+    line = one_line_without_traceback(result.stderr)
+    assert "not running" in line and "stale control socket" in line and str(path) in line
+
+
+def test_kafka_spellings_replicate_and_run_serves_without_a_config_file(
+    kafka_broker, unique_topic, tmp_path: Path, free_port: int
+) -> None:
+    first, second = unique_topic("a"), unique_topic("b")
+    for topic in (first, second):
+        kafka_broker.create_topic(topic, 1)
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    for topic in (first, second):
+        for i in range(5):
+            producer.produce(topic, value=b"v%d" % i, partition=0)
+    assert producer.flush(30) == 0
+    sock = tmp_path / "control.sock"
+    listen = f"127.0.0.1:{free_port}"
+    proc = ReplicadProcess(
+        [
+            "run", "--bootstrap-server", kafka_broker.bootstrap,
+            "--topic", first, "--topic", second,
+            "--data-dir", str(tmp_path / "data"), "--control-socket", str(sock),
+            "--serve-listen", listen, "--log-format", "json",
+        ],
+        log_path=tmp_path / "replicad.log",
+        data_dir=tmp_path / "data",
+        control_socket=sock,
+    )  # fmt: skip
+    with proc:
+        proc.wait_caught_up({TopicPartition(first, 0): 5, TopicPartition(second, 0): 5})
+        proc.wait_serving()
+        wait_until(lambda: status(sock).returncode == 0, timeout_s=60, what="healthy")
+        table = status(sock).stdout
+        consumer = KafkaConsumer(
+            bootstrap_servers=listen, auto_offset_reset="earliest", consumer_timeout_ms=20_000
+        )
+        consumer.assign([KafkaTopicPartition(second, 0)])
+        values = [record.value for _, record in zip(range(5), consumer, strict=False)]
+        consumer.close()
+    assert f"serving on {listen}" in table
+    assert values == [b"v%d" % i for i in range(5)]

@@ -40,6 +40,7 @@ DEFAULT_TIMEOUT_S = 5.0
 # Request ids are random so a late reply to an earlier query is never taken for ours.
 REQUEST_ID_BITS = 31
 CLIENT_NAME_PREFIX = "replicad-ctl"
+STALE_SOCKET = "a stale control socket, left by a daemon that did not stop cleanly:"
 
 
 def query(
@@ -67,8 +68,12 @@ def query(
         sock.settimeout(timeout_s)
         try:
             sock.sendto(encode_request(cmd, request_id, args), str(path))
-        except (FileNotFoundError, ConnectionRefusedError):
+        except FileNotFoundError:
             raise DaemonNotRunning(path) from None
+        except ConnectionRefusedError:
+            # The file is there and nobody is bound to it: a daemon that was killed (SIGKILL,
+            # a crash) leaves its socket behind.
+            raise DaemonNotRunning(path, STALE_SOCKET) from None
         except PermissionError as exc:
             raise ControlError(f"cannot write to control socket {path}: {exc.strerror}") from None
         except TimeoutError:

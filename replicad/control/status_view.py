@@ -254,8 +254,9 @@ def _header(snap: Snapshot) -> str:
         )
     serve = snap.get("serve")
     if serve:
+        where = f" on {serve['listen']}" if serve.get("listen") else ""
         lines.append(
-            f"serving: {serve.get('sessions', 0):,} fetch sessions, "
+            f"serving{where}: {serve.get('sessions', 0):,} fetch sessions, "
             f"{serve.get('partitions_cached', 0):,} partitions cached, "
             f"{serve.get('evictions_total', 0):,} evictions"
         )
@@ -333,7 +334,9 @@ def _leaders_section(leaders: Sequence[Mapping[str, Any]]) -> str:
                 _or_none(leader.get("epoch") if sessionful else None),
                 "sessionful" if sessionful else "sessionless",
                 f"{leader.get('partitions', 0):,}",
-                _latency(leader.get("last_fetch_latency_ms")),
+                # Answers without records wait out the long poll (fetch.max_wait_ms): the
+                # latency shown is that of the last answer that carried records.
+                _latency(leader.get("last_data_latency_ms")),
                 format_bytes(leader.get("bytes_per_s", 0)) + "/s",
                 f"{leader.get('requests', 0):,}",
                 f"{leader.get('errors', 0):,}",

@@ -227,6 +227,8 @@ class LeaderFetcher:
         try:
             now = monotonic_ms()
             outcome = self.table.on_response(flight.fetch, held.body, now)
+            if outcome.appends:
+                self.stats.last_data_latency_ms = self.stats.last_latency_ms
             self._performer.perform(outcome.actions, now)
             if (
                 outcome.appends

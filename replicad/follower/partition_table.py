@@ -163,6 +163,9 @@ class FetcherStats:
     request_bytes_total: int = 0
     response_bytes_total: int = 0
     last_latency_ms: float = 0.0
+    # The round trip of the last answer that carried records: an idle leader's answers
+    # wait out the long poll (fetch.max_wait_ms), which is not latency.
+    last_data_latency_ms: float | None = None
     last_error: str | None = None
     # Since when (monotonic ms) the connection to this leader keeps failing; None while
     # responses come back (control/health.py reads it).

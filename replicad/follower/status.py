@@ -42,6 +42,9 @@ def _leader(fetcher: LeaderFetcher, rate: float) -> dict[str, Any]:
         "sessionful": session.is_sessionful,
         "partitions": len(fetcher.partitions),
         "last_fetch_latency_ms": round(s.last_latency_ms, 3),
+        "last_data_latency_ms": (
+            None if s.last_data_latency_ms is None else round(s.last_data_latency_ms, 3)
+        ),
         "bytes_per_s": rate,
         "requests": s.requests,
         "errors": s.connection_errors + sum(s.partition_errors.values()),

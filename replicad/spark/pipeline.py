@@ -411,7 +411,10 @@ def _common_flags(parser: argparse.ArgumentParser) -> None:
 def add_pipeline_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
     """Add `pipeline export|verify` to a command line's sub-commands; `args.func(args)` runs it."""
     pipeline = subparsers.add_parser(
-        "pipeline", help="Spark jobs over a data directory (needs replicad[spark])"
+        "pipeline",
+        help="Spark jobs over a data directory (needs replicad[spark])",
+        description="Spark jobs over a data directory, in Spark local mode unless --master "
+        "or spark-submit says otherwise (needs replicad[spark]).",
     )
     add_jobs(pipeline)
     return pipeline
@@ -419,16 +422,30 @@ def add_pipeline_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
 
 def add_jobs(parser: argparse.ArgumentParser) -> None:
     """The `export` and `verify` sub-commands, under `parser`."""
-    jobs = parser.add_subparsers(dest="pipeline_command", required=True)
+    jobs = parser.add_subparsers(dest="pipeline_command", required=True, metavar="JOB")
 
     export_parser = jobs.add_parser(
-        "export", help="write the records as parquet/orc/json by topic/partition/date"
+        "export",
+        help="write the records as parquet/orc/json by topic/partition/date",
+        description="Write the replica's records as parquet, orc or json files, partitioned "
+        "by topic, partition and date.",
     )
     _common_flags(export_parser)
-    export_parser.add_argument("--format", choices=EXPORT_FORMATS, default="parquet")
+    export_parser.add_argument(
+        "--format", choices=EXPORT_FORMATS, default="parquet", help="output file format"
+    )
     export_parser.add_argument("--out", required=True, help="output directory (any Spark path)")
-    export_parser.add_argument("--mode", choices=WRITE_MODES, default="errorifexists")
-    export_parser.add_argument("--isolation", choices=("read_uncommitted", "read_committed"))
+    export_parser.add_argument(
+        "--mode",
+        choices=WRITE_MODES,
+        default="errorifexists",
+        help="what to do when --out already holds data (Spark's save modes)",
+    )
+    export_parser.add_argument(
+        "--isolation",
+        choices=("read_uncommitted", "read_committed"),
+        help="read_committed drops aborted records (default: read_uncommitted)",
+    )
     export_parser.add_argument(
         "--include-control", action="store_true", help="export transaction markers too"
     )
@@ -439,7 +456,10 @@ def add_jobs(parser: argparse.ArgumentParser) -> None:
     export_parser.set_defaults(func=_cmd_export)
 
     verify_parser = jobs.add_parser(
-        "verify", help="CRCs and offset continuity of every partition, in parallel"
+        "verify",
+        help="CRCs and offset continuity of every partition, in parallel",
+        description="Check every batch's CRC and the offsets' continuity of every partition, "
+        "as a Spark job; prints a table.",
     )
     _common_flags(verify_parser)
     verify_parser.set_defaults(func=_cmd_verify)

@@ -51,7 +51,9 @@ def lead_snapshot() -> dict[str, Any]:
                 "epoch": 5,
                 "sessionful": True,
                 "partitions": 8,
-                "last_fetch_latency_ms": 2.1,
+                # the last answer waited out the long poll; the last one with records took 2.1
+                "last_fetch_latency_ms": 505.3,
+                "last_data_latency_ms": 2.1,
                 "bytes_per_s": 1.0e6,
                 "requests": 100,
                 "errors": 0,
@@ -139,10 +141,18 @@ def test_sessionless_leader_shows_no_session_and_the_last_error() -> None:
 def test_serve_and_memory_pool_lines_appear_when_present() -> None:
     snap = lead_snapshot()
     assert "serving" not in render_table(snap)
-    snap["serve"] = {"sessions": 4, "partitions_cached": 1200, "evictions_total": 9}
+    snap["serve"] = {
+        "listen": "127.0.0.1:9093",
+        "sessions": 4,
+        "partitions_cached": 1200,
+        "evictions_total": 9,
+    }
     snap["memory_pool"] = {"capacity": 100 << 20, "used": 25 << 20, "peak": 96 << 20, "waits": 1234}
     header = render_table(snap).split("\n\n")[1]
-    assert "serving: 4 fetch sessions, 1,200 partitions cached, 9 evictions" in header
+    assert (
+        "serving on 127.0.0.1:9093: 4 fetch sessions, 1,200 partitions cached, 9 evictions"
+        in header
+    )
     assert "memory pool 25.0 MiB of 100.0 MiB, peak 96.0 MiB, 1,234 waits" in header
 
 
@@ -312,3 +322,11 @@ def test_mirror_section_shows_local_end_mirrored_offset_and_lag_halted_first() -
         ["t-1", "10", "10", "10", "0", "kept", "halted"],
         ["t-0", "100", "60", "58", "40", "mapped", "mirroring"],
     ]
+
+
+def test_an_idle_leaders_long_poll_is_not_shown_as_latency() -> None:
+    snap = lead_snapshot()
+    leader = snap["leaders"][0]
+    leader["last_data_latency_ms"] = None  # only idle answers so far
+    (row,) = rows_of(render_table(snap), "LEADERS")
+    assert "505.3" not in row and row.split()[6] == "-"
