@@ -16,6 +16,7 @@ from typing import Any
 
 import structlog
 
+from replicad.clock import monotonic_ms
 from replicad.config import Config, load_config
 from replicad.config.model import MirrorConfig, SourceConfig
 from replicad.control.health import assess
@@ -25,7 +26,7 @@ from replicad.control.server import ControlServer
 from replicad.control.stalls import StallChange, StallWatch
 from replicad.control.status_view import render_status_line
 from replicad.errors import ConfigError, ReplicadError
-from replicad.follower.fetcher import FetchSettings, monotonic_ms
+from replicad.follower.fetcher import FetchSettings
 from replicad.follower.replicator import Replicator, ReplicatorSettings
 from replicad.follower.status import RateMeter, build_snapshot
 from replicad.mirror.shell import Mirror, MirrorSettings

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 from typing import TextIO
 
 import structlog
 from structlog.typing import Processor
 
+from replicad.clock import wall_ms
 from replicad.recent_warnings import LEVELS as LEVELS_REMEMBERED
 from replicad.recent_warnings import RECENT
 
@@ -66,7 +66,7 @@ def _remember_warnings(
             str(event_dict.get("logger", "")),
             str(event_dict.get("event", "")),
             event_dict,
-            time.time_ns() // 1_000_000,
+            wall_ms(),
         )
     return event_dict
 

@@ -31,8 +31,9 @@ PACKAGE = "replicad"
 
 # Lowest first; one row a layer, its entries siblings that may not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # Names everything may use ("replicad" is the package's own __init__: its version).
-    ("replicad", "replicad.types"),
+    # Names everything may use ("replicad" is the package's own __init__: its version);
+    # Kafka's shared wire constants; the clocks shells read.
+    ("replicad", "replicad.types", "replicad.wire", "replicad.clock"),
     ("replicad.errors", "replicad.exits"),
     # Small shared services: rate-limited logging, the recent-warnings ring, early signals.
     ("replicad.ratelimit", "replicad.recent_warnings", "replicad.startup"),

@@ -13,14 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from replicad import wire
 from replicad.config.defaults import default_control_socket, default_data_dir
 from replicad.log.config import LogConfig
 
 MIB = 1024 * 1024
-
-# Kafka's IsolationLevel as sent in Fetch v4+ and ListOffsets v2+.
-READ_UNCOMMITTED_WIRE = 0
-READ_COMMITTED_WIRE = 1
 
 # Addresses a server can bind to but no client can connect to.
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
@@ -50,8 +47,8 @@ class IsolationLevel(enum.StrEnum):
     def wire_value(self) -> int:
         """The int8 the Fetch request carries."""
         if self is IsolationLevel.READ_COMMITTED:
-            return READ_COMMITTED_WIRE
-        return READ_UNCOMMITTED_WIRE
+            return wire.READ_COMMITTED
+        return wire.READ_UNCOMMITTED
 
 
 class LogLevel(enum.StrEnum):

@@ -40,6 +40,7 @@ from typing import TypeVar
 
 import structlog
 
+from replicad.clock import monotonic_ms
 from replicad.ratelimit import RateLimitedLog
 
 log = structlog.get_logger("replicad.durability")
@@ -82,7 +83,7 @@ class DurabilityThread:
         if error is None:
             return
         self._failed_unawaited += 1
-        emit = self._say.should_emit("unawaited", int(time.monotonic() * 1000))
+        emit = self._say.should_emit("unawaited", monotonic_ms())
         if emit.emit:
             log.error(
                 "disk work off the event loop failed; the next checkpoint retries it",

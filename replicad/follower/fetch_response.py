@@ -31,6 +31,7 @@ import uuid
 from dataclasses import dataclass
 
 from replicad.errors import RemoteProtocolError
+from replicad.wire import FETCH_TOPIC_ID_VERSION
 
 MIN_VERSION = 4
 MAX_VERSION = 17
@@ -41,8 +42,6 @@ LOG_START_OFFSET_VERSION = 5
 PREFERRED_READ_REPLICA_VERSION = 11
 # v12: flexible encoding (compact arrays and strings, tagged fields, response header v1).
 FLEXIBLE_VERSION = 12
-# v13: topics by id (KIP-516).
-TOPIC_ID_VERSION = 13
 
 # PartitionData's tagged field holding the diverging epoch (v12+).
 DIVERGING_EPOCH_TAG = 0
@@ -205,7 +204,7 @@ def scan_fetch_response(frame: memoryview, version: int) -> FetchResponseView:
     else:
         throttle_ms, error_code, session_id = r.i32("throttle time"), 0, 0
     # A topic is at least its name or id, a partition count and (flexible) its tags.
-    min_topic = (UUID_SIZE if version >= TOPIC_ID_VERSION else 1) + (2 if flexible else 6)
+    min_topic = (UUID_SIZE if version >= FETCH_TOPIC_ID_VERSION else 1) + (2 if flexible else 6)
     n_topics = r.count(flexible, min_topic, "responses")
     if n_topics < 0:
         raise RemoteProtocolError("Fetch response: responses is null, which it may not be")
@@ -224,7 +223,7 @@ def scan_fetch_response(frame: memoryview, version: int) -> FetchResponseView:
 def _topic(r: _Reader, version: int, flexible: bool) -> FetchedTopic:
     name: str | None = None
     topic_id: uuid.UUID | None = None
-    if version >= TOPIC_ID_VERSION:
+    if version >= FETCH_TOPIC_ID_VERSION:
         topic_id = uuid.UUID(bytes=bytes(r.take(UUID_SIZE, "topic id")))
     else:
         name = r.string(flexible, "topic name")

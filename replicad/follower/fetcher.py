@@ -34,6 +34,7 @@ from typing import Any
 
 import structlog
 
+from replicad.clock import monotonic_ms, wall_ms
 from replicad.errors import (
     KafkaConnectionError,
     LogError,
@@ -44,7 +45,6 @@ from replicad.errors import (
 from replicad.follower.fetch_response import scan_fetch_response
 from replicad.follower.partition_state import PartitionPhase, PartitionState
 from replicad.follower.partition_table import (
-    FETCH_LAST_FETCHED_EPOCH_VERSION,
     PARTITION_OVERHEAD_BYTES,
     RESPONSE_OVERHEAD_BYTES,
     TOPIC_OVERHEAD_BYTES,
@@ -64,8 +64,6 @@ from replicad.protocol.apis import ApiKey
 from replicad.protocol.client import KafkaClient
 from replicad.protocol.connection import BrokerAddress, BrokerConnection
 from replicad.protocol.requests import (
-    EARLIEST_TIMESTAMP,
-    LATEST_TIMESTAMP,
     OffsetQuery,
     fetch_request,
     list_offsets_request,
@@ -74,6 +72,7 @@ from replicad.protocol.requests import (
 from replicad.ratelimit import RateLimitedLog
 from replicad.session.client import FetchSessionHandler
 from replicad.types import TopicPartition
+from replicad.wire import EARLIEST_TIMESTAMP, FETCH_LAST_FETCHED_EPOCH_VERSION, LATEST_TIMESTAMP
 
 __all__ = [
     "PARTITION_OVERHEAD_BYTES",
@@ -82,9 +81,7 @@ __all__ = [
     "FetchSettings",
     "FetcherStats",
     "LeaderFetcher",
-    "monotonic_ms",
     "response_budget",
-    "wall_ms",
 ]
 
 log = structlog.get_logger("replicad.fetcher")
@@ -100,14 +97,6 @@ class _InFlight:
     started: float
     sent_before: int
     received_before: int
-
-
-def monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class LeaderFetcher:

@@ -61,7 +61,6 @@ from replicad.protocol.backoff import Backoff
 from replicad.protocol.error_codes import error_code_of, error_name
 from replicad.protocol.requests import (
     FETCH_SESSION_VERSION,
-    FETCH_TOPIC_ID_VERSION,
     FetchPartitionSpec,
     FetchSpec,
 )
@@ -74,11 +73,10 @@ from replicad.session.client import (
     ResponseVerdict,
 )
 from replicad.types import TopicPartition
+from replicad.wire import FETCH_LAST_FETCHED_EPOCH_VERSION, FETCH_TOPIC_ID_VERSION
 
 log = structlog.get_logger("replicad.fetcher")
 
-# Fetch v12 added LastFetchedEpoch and DivergingEpoch.
-FETCH_LAST_FETCHED_EPOCH_VERSION = 12
 
 # A full disk is tried again this soon at the latest (sooner on `disk_back`).
 DISK_FULL_RETRY_MS = 5_000

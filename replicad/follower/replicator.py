@@ -29,10 +29,11 @@ from pathlib import Path
 
 import structlog
 
+from replicad.clock import monotonic_ms, wall_ms
 from replicad.errors import KafkaConnectionError, LogError, ProtocolError
 from replicad.follower.assignment import LeaderInfo, LocalFacts, assign, place_all
 from replicad.follower.durability import DurabilityThread
-from replicad.follower.fetcher import FetchSettings, LeaderFetcher, monotonic_ms, wall_ms
+from replicad.follower.fetcher import FetchSettings, LeaderFetcher
 from replicad.follower.memory_pool import MemoryPool
 from replicad.follower.partition_state import PartitionPhase, PartitionState
 from replicad.log.config import LogConfig

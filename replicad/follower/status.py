@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replicad import __version__
-from replicad.follower.fetcher import LeaderFetcher, monotonic_ms, wall_ms
+from replicad.clock import monotonic_ms, wall_ms
+from replicad.follower.fetcher import LeaderFetcher
 from replicad.follower.replicator import Replicator
 
 

@@ -44,11 +44,11 @@ from replicad.protocol.connection import BrokerAddress, BrokerConnection
 from replicad.protocol.error_codes import error_code_of, error_name
 from replicad.protocol.requests import make_entity, nested_type
 from replicad.types import TopicPartition
+from replicad.wire import TOPIC_RESOURCE
 
 log = structlog.get_logger("replicad.groups.reader")
 
 GROUP_KEY_TYPE = 0
-TOPIC_RESOURCE_TYPE = 2
 NO_OFFSET = -1
 # FindCoordinator v4 batched the keys; OffsetFetch v8 batched the groups.
 FIND_COORDINATOR_BATCHED_VERSION = 4
@@ -417,7 +417,7 @@ class ClusterGroupsReader:
                 resources=tuple(
                     make_entity(
                         resource_cls,
-                        resource_type=TOPIC_RESOURCE_TYPE,
+                        resource_type=TOPIC_RESOURCE,
                         resource_name=t,
                         configuration_keys=None,
                     )

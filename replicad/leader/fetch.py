@@ -63,15 +63,13 @@ from replicad.session.metadata import (
     TopicIdPartition,
 )
 from replicad.types import TopicPartition
+from replicad.wire import CONSUMER_REPLICA_ID, FETCH_TOPIC_ID_VERSION, READ_COMMITTED
 
-CONSUMER_REPLICA_ID = -1
-READ_COMMITTED = 1
-# Fetch v3 added max_bytes (KIP-74, soft limits); v4 isolation; v7 sessions; v13 topic ids;
-# v15 moved replica_id into replica_state.
+# Fetch v3 added max_bytes (KIP-74, soft limits); v4 isolation; v7 sessions; v15 moved
+# replica_id into replica_state.
 SOFT_LIMITS_VERSION = 3
 ISOLATION_VERSION = 4
 SESSIONS_VERSION = 7
-TOPIC_IDS_VERSION = 13
 REPLICA_STATE_VERSION = 15
 
 
@@ -130,7 +128,7 @@ def view_of_kio_request(version: int, body: Any) -> FetchRequestView:
         if version >= REPLICA_STATE_VERSION
         else int(getattr(body, "replica_id", CONSUMER_REPLICA_ID))
     )
-    by_id = version >= TOPIC_IDS_VERSION
+    by_id = version >= FETCH_TOPIC_ID_VERSION
     partitions = tuple(
         RequestedPartition(
             topic=None if by_id else topic.topic,
@@ -260,7 +258,7 @@ class FetchHandling:
                     epoch=view.session_epoch if view.version >= SESSIONS_VERSION else FINAL_EPOCH,
                     partitions=self.partitions,
                     forgotten=self._forgotten(view.forgotten, now_ms),
-                    uses_topic_ids=view.version >= TOPIC_IDS_VERSION,
+                    uses_topic_ids=view.version >= FETCH_TOPIC_ID_VERSION,
                     privileged=self.role is Role.FOLLOWER,
                 ),
                 now_ms=now_ms,

@@ -51,12 +51,11 @@ from replicad.records.downconvert import (
     prepare_down_conversion,
 )
 from replicad.types import TopicPartition
+from replicad.wire import FETCH_TOPIC_ID_VERSION, NO_PREFERRED_READ_REPLICA
 
 FLEXIBLE_VERSION = 12
-TOPIC_IDS_VERSION = 13
 # Fetch v0-v1 clients read magic 0, v2-v3 magic 1.
 MAGIC_0_MAX_VERSION = 1
-NO_PREFERRED_READ_REPLICA = -1
 
 Records = FileRegion | LazyDownConversion
 
@@ -79,7 +78,7 @@ def fetch_response_frame(
 def _kio_frame(outcome: FetchOutcome, version: int, correlation_id: int) -> ResponseFrame:
     cls = response_type(ApiKey.FETCH, version)
     module = sys.modules[cls.__module__]
-    by_id = version >= TOPIC_IDS_VERSION
+    by_id = version >= FETCH_TOPIC_ID_VERSION
     placements: list[tuple[bytes, Records]] = []
     topics = []
     for topic, topic_id, answers in _topic_runs(outcome.answers, outcome.topic_ids):

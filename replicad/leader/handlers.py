@@ -47,6 +47,14 @@ from replicad.protocol.apis import ApiKey, VersionRange
 from replicad.protocol.codec import response_type
 from replicad.protocol.requests import make_entity
 from replicad.types import TopicPartition
+from replicad.wire import (
+    CONSUMER_REPLICA_ID,
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    NO_EPOCH,
+    READ_COMMITTED,
+    UNKNOWN_OFFSET,
+)
 
 # What this server answers (min, max version per API key).
 SUPPORTED_VERSIONS: Mapping[int, VersionRange] = {
@@ -63,18 +71,11 @@ SASL_VERSIONS: Mapping[int, VersionRange] = {
     ApiKey.SASL_AUTHENTICATE: VersionRange(0, 2),
 }
 
-LATEST_TIMESTAMP = -1
-EARLIEST_TIMESTAMP = -2
 MAX_TIMESTAMP = -3
 EARLIEST_LOCAL_TIMESTAMP = -4
 LATEST_TIERED_TIMESTAMP = -5
 EARLIEST_PENDING_UPLOAD_TIMESTAMP = -6
-CONSUMER_REPLICA_ID = -1
-DEBUGGING_REPLICA_ID = -2
-READ_COMMITTED = 1
 NO_TIMESTAMP = -1
-UNKNOWN_OFFSET = -1
-NO_EPOCH = -1
 # Kafka's "authorized operations not asked for".
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})

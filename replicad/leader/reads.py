@@ -44,11 +44,10 @@ from replicad.records.batch import BatchHeader, header_at, scan_batches
 from replicad.records.records import control_marker, decode_batch
 from replicad.session.metadata import PartitionFetch
 from replicad.types import TopicPartition
+from replicad.wire import UNKNOWN_OFFSET
 
 log = structlog.get_logger("replicad.leader")
 
-UNKNOWN_OFFSET = -1
-NO_EPOCH = -1
 # How much of a partition the transaction fold reads at a time.
 FOLD_READ_BYTES = 1024 * 1024
 

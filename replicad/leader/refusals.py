@@ -33,9 +33,10 @@ from kio.serial._introspect import (
     classify_field,
 )
 
+from replicad.wire import UNKNOWN_OFFSET
+
 READ_ONLY_MESSAGE = "replicad serves a read-only replica: produce to the source cluster"
 NO_COORDINATOR_MESSAGE = "replicad serves a read-only replica: it has no group coordinator"
-UNKNOWN_OFFSET = -1
 # Response arrays that answer a request array of another name.
 MIRRORED_ARRAYS: Mapping[str, tuple[str, ...]] = {
     "responses": ("topic_data", "topics", "topic_names", "resources"),

@@ -78,6 +78,7 @@ from kio.index import UnknownAPIKey, UnknownEntity
 from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map
 
+from replicad.clock import monotonic_ms, wall_ms
 from replicad.config.model import SaslMechanism, ServeSecurityConfig
 from replicad.errors import RemoteProtocolError
 from replicad.leader import handlers, legacy_codec
@@ -163,10 +164,6 @@ ACCEPT_OUT_OF_RESOURCES = "socket.accept() out of system resource"
 TURN_S = 0.005
 # Requests counted under one label whatever API or version they claimed (see the rules).
 UNSUPPORTED_LABEL = "unsupported"
-
-
-def monotonic_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 class _Close(Exception):
@@ -1049,7 +1046,7 @@ async def serve_forever(
         LogManager.open,
         Path(data_dir),
         log_config or LogConfig(),
-        now_ms=int(time.time() * 1000),
+        now_ms=wall_ms(),
     )
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()

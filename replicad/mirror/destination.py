@@ -21,22 +21,22 @@ from replicad.protocol.codec import request_type
 from replicad.protocol.connection import BrokerConnection
 from replicad.protocol.error_codes import error_code_of, error_name
 from replicad.protocol.requests import (
-    CONSUMER_REPLICA_ID,
-    LATEST_TIMESTAMP,
     OffsetQuery,
     list_offsets_request,
     make_entity,
     nested_type,
 )
 from replicad.types import TopicPartition
+from replicad.wire import (
+    CONSUMER_REPLICA_ID,
+    DEBUGGING_REPLICA_ID,
+    LATEST_TIMESTAMP,
+    TOPIC_RESOURCE,
+)
 
 # Every in-sync replica must have the batch before it is acknowledged.
 ACKS_ALL = -1
-# ListOffsets from this replica id answers with the leader's log end offset rather than the
-# high watermark (Kafka's DEBUGGING_REPLICA_ID).
-DEBUGGING_REPLICA_ID = -2
-# IncrementalAlterConfigs: a topic resource, and the SET operation.
-TOPIC_RESOURCE = 2
+# IncrementalAlterConfigs: the SET operation.
 SET_CONFIG = 0
 # CreateTopics: the destination's default.replication.factor.
 DEFAULT_REPLICATION_FACTOR = -1

@@ -34,6 +34,7 @@ from typing import Any
 
 import structlog
 
+from replicad.clock import wall_ms as _wall_ms
 from replicad.errors import (
     KafkaConnectionError,
     LogError,
@@ -710,10 +711,6 @@ class Mirror:
             "lag": sum(p["lag"] or 0 for p in partitions),
             "partitions": partitions,
         }
-
-
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _read_entries(

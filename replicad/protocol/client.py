@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
+from replicad.clock import wall_ms
 from replicad.errors import AuthenticationError, KafkaConnectionError, ProtocolError
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.backoff import Backoff
@@ -56,10 +56,6 @@ class SourceProblem:
     kind: str  # "unreachable" (no answer), or "refused" (TLS or SASL said no)
     error: str
     since_ms: int
-
-
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class KafkaClient:
@@ -149,7 +145,7 @@ class KafkaClient:
                     await conn.close()
         except (KafkaConnectionError, ProtocolError) as exc:
             kind = "refused" if isinstance(exc, AuthenticationError) else "unreachable"
-            since = self.problem.since_ms if self.problem is not None else _wall_ms()
+            since = self.problem.since_ms if self.problem is not None else wall_ms()
             self.problem = SourceProblem(kind, str(exc), since)
             raise
         self.problem = None

@@ -35,6 +35,7 @@ from kio.schema.api_versions.v3.response import ApiVersionsResponse as ApiVersio
 from kio.schema.errors import ErrorCode
 
 from replicad import __version__
+from replicad.clock import monotonic_ms
 from replicad.errors import (
     KafkaConnectionError,
     PoolTooSmallError,
@@ -522,7 +523,7 @@ class BrokerConnection:
         stood, and is handled there (the partition or request it belongs to)."""
         self.unknown_error_codes += len(codes)
         name = f"{response_cls.__name__} v{response_cls.__version__}"
-        emit = _unknown_codes_said.should_emit(name, int(time.monotonic() * 1000))
+        emit = _unknown_codes_said.should_emit(name, monotonic_ms())
         if emit.emit:
             log.warning(
                 "error code unknown to this version, read as UNKNOWN_SERVER_ERROR",

@@ -20,14 +20,12 @@ from replicad.errors import LocalProtocolError
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import request_type
 from replicad.types import TopicPartition
+from replicad.wire import (
+    CONSUMER_REPLICA_ID,
+    FETCH_TOPIC_ID_VERSION,
+    READ_UNCOMMITTED,
+)
 
-EARLIEST_TIMESTAMP = -2
-LATEST_TIMESTAMP = -1
-CONSUMER_REPLICA_ID = -1
-READ_UNCOMMITTED = 0
-READ_COMMITTED = 1
-# Fetch v13 replaced topic names with topic ids (KIP-516).
-FETCH_TOPIC_ID_VERSION = 13
 # Fetch v7 introduced fetch sessions (KIP-227).
 FETCH_SESSION_VERSION = 7
 # Fetch v15 moved replica_id from the body into the tagged ReplicaState (KIP-903).

@@ -92,14 +92,12 @@ from replicad.session.metadata import (
     next_epoch,
 )
 from replicad.types import TopicPartition
+from replicad.wire import NO_PREFERRED_READ_REPLICA, UNKNOWN_OFFSET
 
 # Kafka's `max.incremental.fetch.session.cache.slots` default.
 DEFAULT_MAX_SLOTS = 1000
 # Kafka's minimum idle time / age before a session may be evicted.
 DEFAULT_EVICTION_MS = 120_000
-# High watermark / log start offset of a partition the session has not reported yet.
-UNKNOWN_OFFSET = -1
-NO_PREFERRED_READ_REPLICA = -1
 # Not a legal Kafka topic name character, so no real topic can collide.
 _UNRESOLVED_PREFIX = "?"
 

@@ -21,10 +21,10 @@ from replicad.follower.fetch_response import (
     FLEXIBLE_VERSION,
     MAX_VERSION,
     MIN_VERSION,
-    TOPIC_ID_VERSION,
     scan_fetch_response,
 )
 from replicad.protocol.codec import decode_response, response_type
+from replicad.wire import FETCH_TOPIC_ID_VERSION
 
 VERSIONS = range(MIN_VERSION, MAX_VERSION + 1)
 
@@ -68,7 +68,7 @@ def frame_of(version: int, spec: dict) -> bytes:
     topics = []
     for name, topic_id, parts in spec["topics"]:
         partitions = tuple(_partition(version, p) for p in parts)
-        if version >= TOPIC_ID_VERSION:
+        if version >= FETCH_TOPIC_ID_VERSION:
             topics.append(mod.FetchableTopicResponse(topic_id=topic_id, partitions=partitions))
         else:
             topics.append(mod.FetchableTopicResponse(topic=name, partitions=partitions))
@@ -134,7 +134,7 @@ def test_scanner_reads_what_kio_reads(version, spec):
     assert got.session_id == int(getattr(body, "session_id", 0))
     assert len(got.responses) == len(body.responses)
     for ours, theirs in zip(got.responses, body.responses, strict=True):
-        if version >= TOPIC_ID_VERSION:
+        if version >= FETCH_TOPIC_ID_VERSION:
             assert ours.topic_id == theirs.topic_id and ours.topic is None
         else:
             assert ours.topic == theirs.topic and ours.topic_id is None

@@ -16,7 +16,6 @@ import asyncio
 import random
 import struct
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
@@ -27,6 +26,7 @@ import pytest
 from crc32c import crc32c
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
+from replicad.clock import wall_ms
 from replicad.leader.security import ServerSecurity
 from replicad.leader.server import LeaderServer
 from replicad.leader.settings import ServeSettings
@@ -36,10 +36,6 @@ from replicad.log.partition import PartitionLog
 from replicad.records.batch import CONTROL_FLAG_MASK, scan_batches
 from replicad.records.records import ControlType
 from replicad.types import TopicPartition
-
-
-def wall_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @pytest.fixture

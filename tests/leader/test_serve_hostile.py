@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import structlog
 
+from replicad.clock import wall_ms
 from replicad.leader.security import ServerSecurity
 from replicad.leader.settings import ServeSettings, serve_security_from_options
 from replicad.log.config import LogConfig
@@ -272,7 +273,7 @@ def test_an_idle_connection_is_closed(replica, serve_in_thread) -> None:
 def closed_replica(tmp_path: Path, fill: Callable[..., Any]) -> Path:
     """The replica's data directory, closed, for a `replicad serve` of its own."""
     data_dir = tmp_path / "served"
-    logs = LogManager.open(data_dir, LogConfig(), now_ms=int(time.time() * 1000))
+    logs = LogManager.open(data_dir, LogConfig(), now_ms=wall_ms())
     try:
         fill(
             logs,

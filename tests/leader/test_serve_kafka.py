@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from replicad.clock import wall_ms
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
 from replicad.types import TopicPartition
@@ -155,7 +156,7 @@ def assert_same_as_kafka(broker: Any, topic: str, data_dir: Path) -> None:
 @pytest.fixture
 def served(source: Source, serve_in_thread: Callable[..., Any]) -> Iterator[Any]:
     """The replica served on a thread of this process (its metrics can be read directly)."""
-    logs = LogManager.open(source.data_dir, LogConfig(), now_ms=int(time.time() * 1000))
+    logs = LogManager.open(source.data_dir, LogConfig(), now_ms=wall_ms())
     try:
         yield serve_in_thread(logs)
     finally:
@@ -469,7 +470,7 @@ def test_max_timestamp_offsets_equal_what_kafka_answers(
     assert producer.flush(30) == 0
     data_dir = tmp_path / "data"
     replicate(kafka_broker.bootstrap, [topic], data_dir, tmp_path)
-    logs = LogManager.open(data_dir, LogConfig(), now_ms=int(time.time() * 1000))
+    logs = LogManager.open(data_dir, LogConfig(), now_ms=wall_ms())
 
     def answers(bootstrap: str) -> dict[int, tuple[int, int]]:
         admin = AdminClient({"bootstrap.servers": bootstrap})

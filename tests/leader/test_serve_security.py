@@ -31,6 +31,7 @@ import pytest
 import structlog
 from kio.schema.errors import ErrorCode
 
+from replicad.clock import wall_ms
 from replicad.config.model import SaslMechanism, Secret, ServeSecurityConfig
 from replicad.control.client import query
 from replicad.errors import ConfigError, KafkaConnectionError
@@ -117,7 +118,7 @@ def value(partition: int, offset: int) -> bytes:
 
 def write_replica(data_dir: Path) -> list[Row]:
     """Real producer batches on PARTITIONS partitions; the rows a consumer must read back."""
-    logs = LogManager.open(data_dir, LogConfig(), now_ms=int(time.time() * 1000))
+    logs = LogManager.open(data_dir, LogConfig(), now_ms=wall_ms())
     rows: list[Row] = []
     try:
         hws = {}
@@ -133,7 +134,7 @@ def write_replica(data_dir: Path) -> list[Row]:
             ]
             plog = logs.get_or_create(tp)
             data = b"".join(batches)
-            plog.append(data, scan_batches(data).batches, now_ms=int(time.time() * 1000))
+            plog.append(data, scan_batches(data).batches, now_ms=wall_ms())
             hws[tp] = plog.log_end_offset
             rows += [(p, o, f"k{o}".encode(), value(p, o)) for o in range(BATCHES * PER_BATCH)]
         logs.checkpoint(hws)
@@ -183,7 +184,7 @@ def secured(
     opened: list[LogManager] = []
 
     def start(options: dict[str, object]) -> Any:
-        logs = LogManager.open(replica[0], LogConfig(), now_ms=int(time.time() * 1000))
+        logs = LogManager.open(replica[0], LogConfig(), now_ms=wall_ms())
         opened.append(logs)
         config = security(options)
         return serve_in_thread(

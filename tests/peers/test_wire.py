@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from replicad.wire import READ_COMMITTED, READ_UNCOMMITTED
 from tools.peers.process import PeerError
 from tools.peers.produce import produce_mixed, read_broker_batches
-from tools.peers.wire import (
-    INITIAL_EPOCH,
-    READ_COMMITTED,
-    READ_UNCOMMITTED,
-    fetch_once,
-)
+from tools.peers.wire import INITIAL_EPOCH, fetch_once
 
 # Kafka's error codes that these tests expect by number.
 OFFSET_OUT_OF_RANGE = 1

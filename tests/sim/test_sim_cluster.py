@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import random
 
+from kio.schema.errors import ErrorCode
+
 from replicad.follower.fetch_response import NO_DIVERGING_EPOCH
 from replicad.protocol.requests import FetchPartitionSpec, FetchSpec
 from replicad.types import TopicPartition
-from tools.sim.cluster import (
-    FENCED_LEADER_EPOCH,
-    NOT_LEADER_OR_FOLLOWER,
-    OFFSET_OUT_OF_RANGE,
-    SimCluster,
-)
+from tools.sim.cluster import SimCluster
 
 TP = TopicPartition("t", 0)
 
@@ -85,9 +82,9 @@ def test_an_unclean_election_makes_the_leader_say_where_we_diverged():
     _, answer = _fetch(cluster, _spec(cluster, 4, epoch=1, last_epoch=0))
     assert answer.diverging_epoch.epoch == 0 and answer.diverging_epoch.end_offset == 2
     _, answer = _fetch(cluster, _spec(cluster, 4, epoch=0, last_epoch=0))
-    assert answer.error_code == FENCED_LEADER_EPOCH
+    assert answer.error_code == ErrorCode.fenced_leader_epoch
     response = cluster.fetch(old, 13, _spec(cluster, 0, epoch=1), 0)
-    assert response.responses[0].partitions[0].error_code == NOT_LEADER_OR_FOLLOWER
+    assert response.responses[0].partitions[0].error_code == ErrorCode.not_leader_or_follower
 
 
 def test_out_of_range_below_the_log_start_and_past_the_end():
@@ -97,7 +94,7 @@ def test_out_of_range_below_the_log_start_and_past_the_end():
     cluster.retain(TP, 2)
     for offset in (0, 99):
         _, answer = _fetch(cluster, _spec(cluster, offset))
-        assert answer.error_code == OFFSET_OUT_OF_RANGE
+        assert answer.error_code == ErrorCode.offset_out_of_range
     _, answer = _fetch(cluster, _spec(cluster, 4))
     assert answer.error_code == 0 and answer.diverging_epoch == NO_DIVERGING_EPOCH
 

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import structlog
 
+from replicad.clock import wall_ms
 from replicad.leader.legacy_codec import (
     LegacyFetchPartition,
     LegacyFetchRequest,
@@ -94,7 +95,7 @@ def fill_data_dir(directory: Path, partitions: int, total_bytes: int) -> int:
     template = producer_batch(0, [os.urandom(VALUE_BYTES) for _ in range(BATCH_RECORDS)])
     per_partition = max(total_bytes // partitions // len(template), 1)
     chunk_batches = max(4 * MIB // len(template), 1)
-    logs = LogManager.open(directory, LogConfig(), now_ms=int(time.time() * 1000))
+    logs = LogManager.open(directory, LogConfig(), now_ms=wall_ms())
     written = 0
     try:
         for p in range(partitions):

@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from replicad.clock import wall_ms
+
 FETCH, LIST_OFFSETS, SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE = 1, 2, 17, 18, 36
 NO_REPLICA = -1
 _HEAD = struct.Struct(">hhi")
@@ -537,11 +539,11 @@ def run_table(work: Path, topic: str = "t") -> list[TableRow]:
     from tools.replica import replicad_serve
 
     data_dir = work / "data"
-    logs = LogManager.open(data_dir, LogConfig(), now_ms=int(time.time() * 1000))
+    logs = LogManager.open(data_dir, LogConfig(), now_ms=wall_ms())
     try:
         plog = logs.get_or_create(TopicPartition(topic, 0))
         data = b"".join(producer_batch(i * 10, [b"v%d" % i] * 10) for i in range(200))
-        plog.append(data, scan_batches(data).batches, now_ms=int(time.time() * 1000))
+        plog.append(data, scan_batches(data).batches, now_ms=wall_ms())
         logs.checkpoint({TopicPartition(topic, 0): plog.log_end_offset})
     finally:
         logs.close()

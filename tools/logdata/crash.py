@@ -33,6 +33,7 @@ from typing import Any
 
 import structlog
 
+from replicad.clock import wall_ms
 from replicad.log.checkpoint import parse_offsets, read_text
 from replicad.log.config import LogConfig
 from replicad.log.layout import CLEAN_SHUTDOWN_FILE, RECOVERY_POINT_CHECKPOINT
@@ -58,7 +59,7 @@ def writer(data_dir: str, stream_dir: str, seed: int, ready: Any = None) -> None
     _quiet()
     rng = random.Random(seed)
     streams = {tp: _load_stream(Path(stream_dir), tp) for tp in PARTITIONS}
-    manager = LogManager.open(Path(data_dir), CONFIG, now_ms=int(time.time() * 1000))
+    manager = LogManager.open(Path(data_dir), CONFIG, now_ms=wall_ms())
     cursors = {}
     for tp, (_blob, headers) in streams.items():
         log = manager.get_or_create(tp)
@@ -78,7 +79,7 @@ def writer(data_dir: str, stream_dir: str, seed: int, ready: Any = None) -> None
         size = rng.randint(1, 8) if rng.random() < 0.9 else rng.randint(32, 128)
         group = headers[start : start + size]
         view = memoryview(blob)[group[0].position : group[-1].end_position]
-        manager.partitions()[tp].append(view, group, now_ms=int(time.time() * 1000))
+        manager.partitions()[tp].append(view, group, now_ms=wall_ms())
         cursors[tp] = start + len(group)
         appends += 1
         if rng.random() < 0.05:
@@ -118,7 +119,7 @@ def check(
     """Recover the directory and check every partition against its stream."""
     text = read_text(data_dir / RECOVERY_POINT_CHECKPOINT)
     recovery_points = parse_offsets(text, source="recovery points") if text else {}
-    manager = LogManager.open(data_dir, CONFIG, now_ms=int(time.time() * 1000))
+    manager = LogManager.open(data_dir, CONFIG, now_ms=wall_ms())
     try:
         for recovery in manager.recoveries:
             report.recovered_segments += len(recovery.recovered_segments)

@@ -23,13 +23,12 @@ from kio.schema.types import TopicName
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
+from replicad.wire import READ_UNCOMMITTED
 from tools.peers.process import PeerError
 from tools.peers.segments import BrokerBatch, iter_batches
 
 FETCH_API_KEY = 1
 FETCH_VERSION = 12
-READ_UNCOMMITTED = 0
-READ_COMMITTED = 1
 # KIP-227: session id 0 with epoch -1 asks for a sessionless full fetch, epoch 0 for a new session.
 NO_SESSION_ID = 0
 SESSIONLESS_EPOCH = -1

@@ -22,6 +22,8 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from kio.schema.errors import ErrorCode
+
 from replicad.follower.fetch_response import (
     NO_DIVERGING_EPOCH,
     EpochEndOffset,
@@ -39,17 +41,8 @@ from replicad.session.cache import (
 )
 from replicad.session.metadata import PartitionFetch, TopicIdPartition
 from replicad.types import TopicPartition
+from replicad.wire import FETCH_LAST_FETCHED_EPOCH_VERSION, FETCH_TOPIC_ID_VERSION
 from tools.logdata.batches import producer_batch
-
-NONE = 0
-OFFSET_OUT_OF_RANGE = 1
-UNKNOWN_TOPIC_OR_PARTITION = 3
-NOT_LEADER_OR_FOLLOWER = 6
-FENCED_LEADER_EPOCH = 74
-UNKNOWN_LEADER_EPOCH = 75
-UNKNOWN_TOPIC_ID = 100
-FETCH_TOPIC_ID_VERSION = 13
-DIVERGING_EPOCH_VERSION = 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,14 +325,14 @@ class SimCluster:
     def _leader_error(self, node: int, tp: TopicPartition, current_epoch: int) -> int:
         p = self.partitions.get(tp)
         if p is None:
-            return UNKNOWN_TOPIC_OR_PARTITION
+            return ErrorCode.unknown_topic_or_partition
         if p.leader != node or node not in self.online:
-            return NOT_LEADER_OR_FOLLOWER
+            return ErrorCode.not_leader_or_follower
         if current_epoch >= 0 and current_epoch < p.leader_epoch:
-            return FENCED_LEADER_EPOCH
+            return ErrorCode.fenced_leader_epoch
         if current_epoch > p.leader_epoch:
-            return UNKNOWN_LEADER_EPOCH
-        return NONE
+            return ErrorCode.unknown_leader_epoch
+        return ErrorCode.none
 
     def list_offsets(
         self, node: int, queries: Mapping[TopicPartition, int], *, latest: bool
@@ -352,7 +345,7 @@ class SimCluster:
                 answers[tp] = (error, -1)
                 continue
             p = self.partitions[tp]
-            answers[tp] = (NONE, p.high_watermark if latest else p.log_start)
+            answers[tp] = (ErrorCode.none, p.high_watermark if latest else p.log_start)
         return answers
 
     def offset_for_leader_epoch(
@@ -364,7 +357,7 @@ class SimCluster:
             if error:
                 answers[tp] = (error, EpochEndOffset(UNDEFINED_EPOCH, -1))
                 continue
-            answers[tp] = (NONE, self.end_offset_for(tp, epoch))
+            answers[tp] = (ErrorCode.none, self.end_offset_for(tp, epoch))
         return answers
 
     def fetch(self, node: int, version: int, spec: FetchSpec, now_ms: int) -> FetchResponseView:
@@ -476,18 +469,22 @@ class SimCluster:
             return answer(error)
         p = self.partitions.get(tp)
         if p is None:
-            return answer(UNKNOWN_TOPIC_ID if version >= FETCH_TOPIC_ID_VERSION else 3)
+            return answer(
+                ErrorCode.unknown_topic_id
+                if version >= FETCH_TOPIC_ID_VERSION
+                else ErrorCode.unknown_topic_or_partition
+            )
         error = self._leader_error(node, tp, fetch.current_leader_epoch)
         if error:
             return answer(error)
-        if version >= DIVERGING_EPOCH_VERSION and fetch.last_fetched_epoch >= 0:
+        if version >= FETCH_LAST_FETCHED_EPOCH_VERSION and fetch.last_fetched_epoch >= 0:
             end = self.end_offset_for(tp, fetch.last_fetched_epoch)
             if end.epoch == UNDEFINED_EPOCH or end.end_offset < 0:
-                return answer(OFFSET_OUT_OF_RANGE)
+                return answer(ErrorCode.offset_out_of_range)
             if end.epoch < fetch.last_fetched_epoch or end.end_offset < fetch.fetch_offset:
-                return answer(NONE, diverging=end)
+                return answer(ErrorCode.none, diverging=end)
         if not p.log_start <= fetch.fetch_offset <= p.log.end:
-            return answer(OFFSET_OUT_OF_RANGE)
+            return answer(ErrorCode.offset_out_of_range)
         limit = min(fetch.max_bytes, budget)
         out = bytearray()
         more = False
@@ -502,4 +499,4 @@ class SimCluster:
                 more = True
                 break
             out += batch.data
-        return answer(NONE, bytes(out), more=more)
+        return answer(ErrorCode.none, bytes(out), more=more)

@@ -1,0 +1,35 @@
+"""Kafka's wire constants that more than one part of replicad (and tools/sim) names.
+
+Rules:
+- A value the Kafka protocol gives a meaning to, and that two or more modules use, is
+  declared here once, under Kafka's own name where it has one; a constant only one module
+  uses stays in that module, beside its reason.
+- Plain ints, no imports: every layer may use this module, the configuration included.
+- Error codes are kio's `ErrorCode` (`kio.schema.errors`), never re-declared.
+"""
+
+from __future__ import annotations
+
+# ListOffsets: the special timestamps asking for the log's end (high watermark, or the last
+# stable offset under read_committed) and its start.
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+# A consumer's replica id in Fetch/ListOffsets; the debugging id reads to the log end offset
+# rather than the high watermark (Kafka's DEBUGGING_REPLICA_ID).
+CONSUMER_REPLICA_ID = -1
+DEBUGGING_REPLICA_ID = -2
+# Fetch/ListOffsets isolation_level.
+READ_UNCOMMITTED = 0
+READ_COMMITTED = 1
+# An offset (high watermark, log start, ListOffsets answer) not known or not found.
+UNKNOWN_OFFSET = -1
+# A leader epoch not known (OffsetForLeaderEpoch, ListOffsets answers).
+NO_EPOCH = -1
+# Fetch answers: no preferred read replica (KIP-392).
+NO_PREFERRED_READ_REPLICA = -1
+# DescribeConfigs / IncrementalAlterConfigs resource_type of a topic.
+TOPIC_RESOURCE = 2
+# Fetch v12 added last_fetched_epoch to the request, answered with a DivergingEpoch
+# (KIP-320, KIP-595); v13 replaced topic names with topic ids (KIP-516).
+FETCH_LAST_FETCHED_EPOCH_VERSION = 12
+FETCH_TOPIC_ID_VERSION = 13
