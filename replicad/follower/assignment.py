@@ -22,7 +22,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from replicad.follower.partition_state import PartitionPhase, PartitionState
+from replicad.follower.partition_phase import PartitionPhase, PhaseEvent, initial_phase
+from replicad.follower.partition_state import PartitionState
 from replicad.types import TopicPartition
 
 RECREATED = "topic recreated upstream (topic id differs from the replica's)"
@@ -82,7 +83,7 @@ def assign(
                 topic_id=info.topic_id,
                 leader_id=info.leader_id,
                 leader_epoch=info.leader_epoch,
-                phase=PartitionPhase.FETCHING if existing else PartitionPhase.NEEDS_OFFSET,
+                phase=initial_phase(has_local_data=existing is not None),
                 fetch_offset=existing.log_end_offset if existing else 0,
                 # Data from an earlier run may have diverged from the leader's.
                 epoch_check_pending=existing is not None,
@@ -90,7 +91,7 @@ def assign(
             )
             known = existing.topic_id if existing is not None else None
             if known is not None and info.topic_id is not None and known != info.topic_id:
-                _halt(state, RECREATED)
+                state.move(PhaseEvent.TOPIC_RECREATED, RECREATED)
                 state.topic_id = known
                 halted.append(state)
             added.append(state)
@@ -107,7 +108,7 @@ def assign(
                     topic_ids.append((state, info.topic_id))
                 state.topic_id = info.topic_id
             elif state.phase is not PartitionPhase.HALTED:
-                _halt(state, RECREATED)
+                state.move(PhaseEvent.TOPIC_RECREATED, RECREATED)
                 halted.append(state)
         if info.leader_epoch != state.leader_epoch or info.leader_id != state.leader_id:
             state.epoch_check_pending = True
@@ -137,8 +138,3 @@ def place_all(
     for state in plan.removed:
         del states[state.tp]
         unplace(state)
-
-
-def _halt(state: PartitionState, reason: str) -> None:
-    state.phase = PartitionPhase.HALTED
-    state.last_error = reason

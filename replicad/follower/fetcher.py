@@ -43,7 +43,8 @@ from replicad.errors import (
     ResponseTooLargeError,
 )
 from replicad.follower.fetch_response import scan_fetch_response
-from replicad.follower.partition_state import PartitionPhase, PartitionState
+from replicad.follower.partition_phase import PhaseEvent
+from replicad.follower.partition_state import PartitionState
 from replicad.follower.partition_table import (
     PARTITION_OVERHEAD_BYTES,
     RESPONSE_OVERHEAD_BYTES,
@@ -267,8 +268,7 @@ class LeaderFetcher:
             if isinstance(result, LogError):
                 # The directory holds another topic id (re-created upstream) or cannot be
                 # created: this partition stops (status shows why), the others go on.
-                state.phase = PartitionPhase.HALTED
-                state.last_error = f"opening the log failed: {result}"
+                state.move(PhaseEvent.LOG_UNUSABLE, f"opening the log failed: {result}")
                 log.error("partition halted", tp=str(state.tp), error=str(result))
             else:
                 state.log = result

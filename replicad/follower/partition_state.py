@@ -8,24 +8,17 @@ Rules:
   (log/manager.py).
 - A partition is fetchable only in FETCHING state and when its backoff (if
   any) has expired; every other state says why it is not.
+- Its phase moves only by `move(event)`, through partition_phase.py's table.
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
+from replicad.follower.partition_phase import PartitionPhase, PhaseEvent, next_phase
 from replicad.types import TopicPartition
-
-
-class PartitionPhase(Enum):
-    NEEDS_OFFSET = "needs-offset"  # no local data yet: ask the leader where to start
-    FETCHING = "fetching"
-    TRUNCATING = "truncating"  # out of range or diverged: reconcile with the leader first
-    HALTED = "halted"  # on_gap=halt hit a gap: an operator must decide
-    PAUSED_DISK_FULL = "paused-disk-full"
 
 
 @dataclass(slots=True)
@@ -67,6 +60,14 @@ class PartitionState:
     # upstream outran the replica), and the offsets skipped over them (on_gap=reset).
     gaps: int = 0
     gap_offsets: int = 0
+
+    def move(self, event: PhaseEvent, reason: str | None = None) -> PartitionPhase:
+        """The phase `event` leads to (LocalProtocolError if none); `reason`, when given,
+        is what status shows as the partition's last error."""
+        self.phase = next_phase(self.phase, event)
+        if reason is not None:
+            self.last_error = reason
+        return self.phase
 
     def fetchable(self, now_ms: int) -> bool:
         return (

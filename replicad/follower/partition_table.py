@@ -53,7 +53,8 @@ import structlog
 from kio.schema.errors import ErrorCode
 
 from replicad.follower.fetch_response import FetchedPartition, FetchResponseView
-from replicad.follower.partition_state import PartitionPhase, PartitionState
+from replicad.follower.partition_phase import ASKS_OFFSETS, PartitionPhase, PhaseEvent
+from replicad.follower.partition_state import PartitionState
 from replicad.follower.truncation import decide_truncation
 from replicad.follower.validate import FetchedData, validate_fetched
 from replicad.log.epoch import EpochEndOffset
@@ -428,9 +429,7 @@ class PartitionTable:
         return [
             s
             for s in self.partitions.values()
-            if s.phase in (PartitionPhase.NEEDS_OFFSET, PartitionPhase.TRUNCATING)
-            and now_ms >= s.delayed_until_ms
-            and s.log is not None
+            if s.phase in ASKS_OFFSETS and now_ms >= s.delayed_until_ms and s.log is not None
         ]
 
     def offsets_answer(self, answers: Iterable[OffsetAnswer]) -> tuple[OffsetsAnswer, list[Action]]:
@@ -462,6 +461,10 @@ class PartitionTable:
             state = self.partitions.get(tp)
             if state is None:
                 continue
+            if state.phase not in ASKS_OFFSETS:
+                # Halted since it was asked (its topic re-created upstream, its log
+                # unusable): the answer must not revive it (partition_phase.py).
+                continue
             lo, hi = earliest.offsets.get(tp), latest.offsets.get(tp)
             if lo is None or hi is None:
                 # This partition alone waits and asks again; the others go on.
@@ -475,7 +478,7 @@ class PartitionTable:
                 if local.log_end_offset != start or local.log_start_offset != start:
                     actions.append(StartAt(tp, start, f"start_from={self.settings.start_from}"))
                 state.fetch_offset = start
-                state.phase = PartitionPhase.FETCHING
+                state.move(PhaseEvent.START_FOUND)
                 log.info(
                     "starting partition",
                     tp=str(tp),
@@ -502,8 +505,9 @@ class PartitionTable:
         elif lo > end:
             state.gaps += 1
             if self.settings.on_gap == "halt":
-                state.phase = PartitionPhase.HALTED
-                state.last_error = f"gap: leader starts at {lo}, local log ends at {end}"
+                state.move(
+                    PhaseEvent.GAP_HALT, f"gap: leader starts at {lo}, local log ends at {end}"
+                )
                 log.error(
                     "leader's log starts above ours; partition halted (on_gap=halt)",
                     tp=str(tp),
@@ -525,7 +529,7 @@ class PartitionTable:
         else:
             state.delay(now_ms, self.settings.backoff_ms, "offset out of range (transient)")
             state.fetch_offset = end
-        state.phase = PartitionPhase.FETCHING
+        state.move(PhaseEvent.RECONCILED)
 
     # -- the next request ---------------------------------------------------------------
 
@@ -559,7 +563,7 @@ class PartitionTable:
         max_bytes = self.settings.partition_max_bytes
         for tp, state in self.partitions.items():
             if state.phase is PartitionPhase.PAUSED_DISK_FULL and now_ms >= state.delayed_until_ms:
-                state.phase = PartitionPhase.FETCHING  # try again: space may be back
+                state.move(PhaseEvent.DISK_RETRY)  # try again: space may be back
             if not state.fetchable(now_ms) or state.log is None:
                 continue
             local = state.log
@@ -640,10 +644,7 @@ class PartitionTable:
         return not any(
             s.epoch_check_pending
             or s.log is None
-            or (
-                s.phase in (PartitionPhase.NEEDS_OFFSET, PartitionPhase.TRUNCATING)
-                and now_ms >= s.delayed_until_ms
-            )
+            or (s.phase in ASKS_OFFSETS and now_ms >= s.delayed_until_ms)
             for s in self.partitions.values()
         )
 
@@ -757,7 +758,7 @@ class PartitionTable:
             return append
         self.stats.partition_errors[error.name] += 1
         if error is ErrorCode.offset_out_of_range:
-            state.phase = PartitionPhase.TRUNCATING  # R4: ListOffsets decides
+            state.move(PhaseEvent.OUT_OF_RANGE)  # R4: ListOffsets decides
             self._say_once(
                 f"oor:{tp}",
                 now_ms,
@@ -897,7 +898,7 @@ class PartitionTable:
         state.fetched_epoch = None
         state.fetch_offset = state.log.log_end_offset
         if disk_full:
-            state.phase = PartitionPhase.PAUSED_DISK_FULL
+            state.move(PhaseEvent.DISK_FULL)
             state.delay(now_ms, max(self.settings.backoff_ms, DISK_FULL_RETRY_MS), "disk full")
             self._say_once(
                 f"enospc:{append.tp}",
@@ -916,7 +917,7 @@ class PartitionTable:
         """Space is back: paused partitions fetch again at once."""
         for state in self.partitions.values():
             if state.phase is PartitionPhase.PAUSED_DISK_FULL:
-                state.phase = PartitionPhase.FETCHING
+                state.move(PhaseEvent.DISK_BACK)
                 state.delayed_until_ms = now_ms
 
     # -- failures -----------------------------------------------------------------------

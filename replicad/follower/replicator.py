@@ -35,7 +35,8 @@ from replicad.follower.assignment import LeaderInfo, LocalFacts, assign, place_a
 from replicad.follower.durability import DurabilityThread
 from replicad.follower.fetcher import FetchSettings, LeaderFetcher
 from replicad.follower.memory_pool import MemoryPool
-from replicad.follower.partition_state import PartitionPhase, PartitionState
+from replicad.follower.partition_phase import PhaseEvent
+from replicad.follower.partition_state import PartitionState
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
 from replicad.log.partition import PartitionLog
@@ -201,8 +202,7 @@ class Replicator:
             try:
                 state.log.set_topic_id(topic_id)
             except LogError as exc:  # assign() compared the ids: a failing disk
-                state.phase = PartitionPhase.HALTED
-                state.last_error = f"storing the topic id failed: {exc}"
+                state.move(PhaseEvent.LOG_UNUSABLE, f"storing the topic id failed: {exc}")
         place_all(plan, self.states, place=self._assign, unplace=self._unassign)
         for state in plan.removed:
             log.info("partition no longer replicated; local data kept", tp=str(state.tp))

@@ -6,7 +6,8 @@ import uuid
 from types import SimpleNamespace
 
 from replicad.follower.assignment import RECREATED, LeaderInfo, LocalFacts, assign, place_all
-from replicad.follower.partition_state import PartitionPhase, PartitionState
+from replicad.follower.partition_phase import PartitionPhase
+from replicad.follower.partition_state import PartitionState
 from replicad.types import TopicPartition
 
 TP0, TP1 = TopicPartition("t", 0), TopicPartition("t", 1)

@@ -1,4 +1,5 @@
-from replicad.follower.partition_state import PartitionPhase, PartitionState
+from replicad.follower.partition_phase import PartitionPhase
+from replicad.follower.partition_state import PartitionState
 from replicad.types import TopicPartition
 
 

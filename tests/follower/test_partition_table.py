@@ -18,7 +18,8 @@ from replicad.follower.fetch_response import (
     FetchedTopic,
     FetchResponseView,
 )
-from replicad.follower.partition_state import PartitionPhase, PartitionState
+from replicad.follower.partition_phase import PartitionPhase
+from replicad.follower.partition_state import PartitionState
 from replicad.follower.partition_table import (
     Append,
     EpochAnswer,

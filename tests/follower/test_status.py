@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from replicad.follower.partition_state import PartitionPhase, PartitionState
+from replicad.follower.partition_phase import PartitionPhase
+from replicad.follower.partition_state import PartitionState
 from replicad.follower.replicator import Replicator, ReplicatorSettings
 from replicad.follower.status import build_snapshot
 from replicad.protocol.metadata import TopicSelection

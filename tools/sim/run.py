@@ -24,7 +24,7 @@ from pathlib import Path
 
 from replicad.follower.assignment import LeaderInfo
 from replicad.follower.fetch_response import FetchedPartition, FetchedTopic, FetchResponseView
-from replicad.follower.partition_state import PartitionPhase
+from replicad.follower.partition_phase import PartitionPhase
 from replicad.follower.partition_table import (
     PARTITION_OVERHEAD_BYTES,
     RESPONSE_OVERHEAD_BYTES,
