@@ -26,7 +26,7 @@ from replicad.control.server import ControlServer
 from replicad.control.stalls import StallChange, StallWatch
 from replicad.control.status_view import render_status_line
 from replicad.errors import ConfigError, ReplicadError
-from replicad.follower.fetcher import FetchSettings
+from replicad.follower.fetch_settings import FetchSettings
 from replicad.follower.replicator import Replicator, ReplicatorSettings
 from replicad.follower.status import RateMeter, build_snapshot
 from replicad.mirror.shell import Mirror, MirrorSettings

@@ -42,22 +42,15 @@ from replicad.errors import (
     RemoteProtocolError,
     ResponseTooLargeError,
 )
+from replicad.follower.actions import EpochAnswer, NextFetch, OffsetAnswer, OffsetsAnswer
 from replicad.follower.fetch_response import scan_fetch_response
+from replicad.follower.fetch_settings import (
+    FetchSettings,
+)
+from replicad.follower.fetcher_stats import FetcherStats
 from replicad.follower.partition_phase import PhaseEvent
 from replicad.follower.partition_state import PartitionState
-from replicad.follower.partition_table import (
-    PARTITION_OVERHEAD_BYTES,
-    RESPONSE_OVERHEAD_BYTES,
-    TOPIC_OVERHEAD_BYTES,
-    EpochAnswer,
-    FetcherStats,
-    FetchSettings,
-    NextFetch,
-    OffsetAnswer,
-    OffsetsAnswer,
-    PartitionTable,
-    response_budget,
-)
+from replicad.follower.partition_table import PartitionTable
 from replicad.follower.perform import ActionPerformer
 from replicad.log.manager import LogManager
 from replicad.log.partition import PartitionLog
@@ -75,15 +68,7 @@ from replicad.session.client import FetchSessionHandler
 from replicad.types import TopicPartition
 from replicad.wire import EARLIEST_TIMESTAMP, FETCH_LAST_FETCHED_EPOCH_VERSION, LATEST_TIMESTAMP
 
-__all__ = [
-    "PARTITION_OVERHEAD_BYTES",
-    "RESPONSE_OVERHEAD_BYTES",
-    "TOPIC_OVERHEAD_BYTES",
-    "FetchSettings",
-    "FetcherStats",
-    "LeaderFetcher",
-    "response_budget",
-]
+__all__ = ["LeaderFetcher"]
 
 log = structlog.get_logger("replicad.fetcher")
 

@@ -9,10 +9,11 @@ answered), a parsed Fetch response, OffsetForLeaderEpoch and ListOffsets answers
 send or connection failure, disk full / disk back, and the outcome of each action the
 shell performed (`truncated`, `appended`, `append_failed`).
 
-Actions out (`Action`): truncate P to N, truncate P fully and start at N, append these
-validated batches, set P's high watermark, halt P with a reason, look the leaders up
-again. A partition's back-off is state (`PartitionState.delayed_until_ms`; `next_wakeup_ms`
-says when the shell should look again); the leader's -- after a connection failure, a
+Actions out (`Action`; actions.py holds them and the answers the table is given):
+truncate P to N, truncate P fully and start at N, append these validated batches, set
+P's high watermark, halt P with a reason, look the leaders up again. A partition's
+back-off is state (`PartitionState.delayed_until_ms`; `next_wakeup_ms` says when the
+shell should look again); the leader's -- after a connection failure, a
 refused response or a shell error -- is a delay returned to the shell (`connection_failed`,
 `ResponseOutcome.retry_in_ms`, `loop_failed`), growing with jitter. What to fetch next
 is `next_fetch` (partitions, offsets and epochs, built through the KIP-227 session
@@ -44,19 +45,36 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections import Counter, OrderedDict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
 
 import structlog
 from kio.schema.errors import ErrorCode
 
+from replicad.follower.actions import (
+    Action,
+    Append,
+    EpochAnswer,
+    EpochQuestion,
+    Halt,
+    LocalLog,
+    NextFetch,
+    OffsetAnswer,
+    OffsetsAnswer,
+    RequestMetadata,
+    ResponseOutcome,
+    SetHighWatermark,
+    StartAt,
+    Truncate,
+)
 from replicad.follower.fetch_response import FetchedPartition, FetchResponseView
+from replicad.follower.fetch_settings import FetchSettings, response_budget
+from replicad.follower.fetcher_stats import FetcherStats
 from replicad.follower.partition_phase import ASKS_OFFSETS, PartitionPhase, PhaseEvent
 from replicad.follower.partition_state import PartitionState
 from replicad.follower.truncation import decide_truncation
-from replicad.follower.validate import FetchedData, validate_fetched
+from replicad.follower.validate import validate_fetched
 from replicad.log.epoch import EpochEndOffset
 from replicad.protocol.backoff import Backoff
 from replicad.protocol.error_codes import error_code_of, error_name
@@ -96,206 +114,6 @@ METADATA_ERRORS = frozenset(
         ErrorCode.offline_replica if hasattr(ErrorCode, "offline_replica") else ErrorCode.none,
     }
 ) - {ErrorCode.none}
-
-
-# KIP-74's max_bytes counts record bytes only; a response also carries, per topic and per
-# partition, fields it does not count. Upper bounds of those fields over the versions we
-# speak (v4..v17; the flexible ones add tagged DivergingEpoch, CurrentLeader and
-# SnapshotId), so a whole response -- not just its records -- fits the memory pool.
-RESPONSE_OVERHEAD_BYTES = 64
-PARTITION_OVERHEAD_BYTES = 96
-TOPIC_OVERHEAD_BYTES = 16 + 2 + 249 + 8  # id or name (at most 249 characters), counts, tags
-
-
-def response_budget(
-    response_max_bytes: int, buffer_memory: int, *, partitions: int, topics: int
-) -> int:
-    """The max_bytes to ask for: fetch.response_max_bytes, lowered when the fields around
-    the records of this many partitions and topics would push a whole response past
-    fetch.buffer_memory (a response that cannot be reserved is never read: the fetch would
-    stall). At least 1: the leader still returns one whole batch (KIP-74)."""
-    overhead = (
-        RESPONSE_OVERHEAD_BYTES
-        + partitions * PARTITION_OVERHEAD_BYTES
-        + topics * TOPIC_OVERHEAD_BYTES
-    )
-    return max(1, min(response_max_bytes, buffer_memory - overhead))
-
-
-@dataclass(frozen=True, slots=True)
-class FetchSettings:
-    response_max_bytes: int = 10 * 1024 * 1024
-    partition_max_bytes: int = 1024 * 1024
-    wait_max_ms: int = 500
-    min_bytes: int = 1
-    backoff_ms: int = 1000
-    sessions: bool = True
-    replica_id: int = -1
-    isolation_level: int = 0
-    rack_id: str = ""
-    start_from: str = "earliest"  # or "latest"
-    on_gap: str = "reset"  # or "halt"
-    request_timeout_ms: int = 30_000
-    reconnect_backoff_ms: int = 100
-    reconnect_backoff_max_ms: int = 10_000
-    buffer_memory: int = 100 * 1024 * 1024  # KIP-81 pool, shared by all fetchers
-
-
-@dataclass(slots=True)
-class FetcherStats:
-    """What a fetcher has done, for `replicad status` and metrics."""
-
-    requests: int = 0
-    responses: int = 0
-    bytes_fetched: int = 0
-    bytes_appended: int = 0
-    batches_appended: int = 0
-    crc_failures: int = 0
-    partial_batches_dropped: int = 0
-    connection_errors: int = 0
-    rejected_responses: int = 0
-    truncations: int = 0
-    loop_errors: int = 0
-    # Fetch frames as written to and read from the socket (size prefix included).
-    last_request_bytes: int = 0
-    last_response_bytes: int = 0
-    request_bytes_total: int = 0
-    response_bytes_total: int = 0
-    last_latency_ms: float = 0.0
-    # The round trip of the last answer that carried records: an idle leader's answers
-    # wait out the long poll (fetch.max_wait_ms), which is not latency.
-    last_data_latency_ms: float | None = None
-    last_error: str | None = None
-    # Since when (monotonic ms) the connection to this leader keeps failing; None while
-    # responses come back (control/health.py reads it).
-    failing_since_ms: int | None = None
-    partition_errors: Counter[str] = field(default_factory=Counter)
-    session_recoveries: Counter[str] = field(default_factory=Counter)
-
-
-class LocalLog(Protocol):
-    """What the core reads of a partition's local log (in-memory facts, no I/O)."""
-
-    log_start_offset: int
-    high_watermark: int
-
-    @property
-    def log_end_offset(self) -> int: ...
-
-    def latest_epoch(self) -> int | None: ...
-
-    def end_offset_for_epoch(self, epoch: int) -> EpochEndOffset: ...
-
-
-# -- actions -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Truncate:
-    """Remove P's records at and above `offset`; then tell `truncated(this)`."""
-
-    tp: TopicPartition
-    offset: int
-    reason: str
-    # The high watermark the answer that asked for this carried (R5): applied once the log
-    # is truncated. None: no fresh one (an older leader's must not be trusted here).
-    high_watermark: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StartAt:
-    """Empty P's log and start it at `offset`; then tell `truncated(this)`."""
-
-    tp: TopicPartition
-    offset: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Append:
-    """Append validated batches to P; then tell `appended` or `append_failed`."""
-
-    tp: TopicPartition
-    fetched: FetchedData
-
-
-@dataclass(frozen=True, slots=True)
-class SetHighWatermark:
-    tp: TopicPartition
-    high_watermark: int
-
-
-@dataclass(frozen=True, slots=True)
-class Halt:
-    """P stopped for an operator to decide (it is HALTED already and logged why)."""
-
-    tp: TopicPartition
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class RequestMetadata:
-    reason: str
-
-
-Action = Truncate | StartAt | Append | SetHighWatermark | Halt | RequestMetadata
-
-
-# -- inputs ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class NextFetch:
-    """A Fetch request to send: the session plan, the version and what it says."""
-
-    plan: FetchRequestPlan
-    version: int
-    spec: FetchSpec
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseOutcome:
-    """A Fetch response judged. Not accepted: the session handler refused it (back off)."""
-
-    accepted: bool
-    # Everything but appends, to perform first (truncations, high watermarks, metadata).
-    actions: tuple[Action, ...] = ()
-    appends: tuple[Append, ...] = ()
-    # Refused: wait this long before the next request (growing while refusals go on).
-    retry_in_ms: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class EpochAnswer:
-    """One partition of an OffsetForLeaderEpoch answer (raw error code)."""
-
-    tp: TopicPartition
-    error_code: int
-    leader_epoch: int = -1
-    end_offset: int = -1
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetAnswer:
-    """One partition of a ListOffsets answer (raw error code)."""
-
-    tp: TopicPartition
-    error_code: int
-    offset: int = -1
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetsAnswer:
-    """A ListOffsets answer: the offsets found, and the partitions that got an error."""
-
-    offsets: Mapping[TopicPartition, int]
-    errors: Mapping[TopicPartition, ErrorCode]
-
-
-@dataclass(frozen=True, slots=True)
-class EpochQuestion:
-    current_leader_epoch: int
-    leader_epoch: int  # ours: the latest in the local log
 
 
 class PartitionTable:

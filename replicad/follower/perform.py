@@ -20,16 +20,16 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from replicad.errors import DiskFullError, LogError
-from replicad.follower.partition_table import (
+from replicad.follower.actions import (
     Action,
     Append,
     Halt,
-    PartitionTable,
     RequestMetadata,
     SetHighWatermark,
     StartAt,
     Truncate,
 )
+from replicad.follower.partition_table import PartitionTable
 from replicad.types import TopicPartition
 
 

@@ -33,7 +33,8 @@ from replicad.clock import monotonic_ms, wall_ms
 from replicad.errors import KafkaConnectionError, LogError, ProtocolError
 from replicad.follower.assignment import LeaderInfo, LocalFacts, assign, place_all
 from replicad.follower.durability import DurabilityThread
-from replicad.follower.fetcher import FetchSettings, LeaderFetcher
+from replicad.follower.fetch_settings import FetchSettings
+from replicad.follower.fetcher import LeaderFetcher
 from replicad.follower.memory_pool import MemoryPool
 from replicad.follower.partition_phase import PhaseEvent
 from replicad.follower.partition_state import PartitionState

@@ -9,7 +9,7 @@ import time
 from confluent_kafka import Producer
 
 from replicad.errors import LogError
-from replicad.follower.fetcher import (
+from replicad.follower.fetch_settings import (
     PARTITION_OVERHEAD_BYTES,
     RESPONSE_OVERHEAD_BYTES,
     TOPIC_OVERHEAD_BYTES,

@@ -11,6 +11,18 @@ from pathlib import Path
 import pytest
 
 import replicad.follower
+from replicad.follower.actions import (
+    Append,
+    EpochAnswer,
+    Halt,
+    NextFetch,
+    OffsetAnswer,
+    OffsetsAnswer,
+    RequestMetadata,
+    SetHighWatermark,
+    StartAt,
+    Truncate,
+)
 from replicad.follower.fetch_response import (
     NO_DIVERGING_EPOCH,
     EpochEndOffset,
@@ -18,22 +30,10 @@ from replicad.follower.fetch_response import (
     FetchedTopic,
     FetchResponseView,
 )
+from replicad.follower.fetch_settings import FetchSettings
 from replicad.follower.partition_phase import PartitionPhase
 from replicad.follower.partition_state import PartitionState
-from replicad.follower.partition_table import (
-    Append,
-    EpochAnswer,
-    FetchSettings,
-    Halt,
-    NextFetch,
-    OffsetAnswer,
-    OffsetsAnswer,
-    PartitionTable,
-    RequestMetadata,
-    SetHighWatermark,
-    StartAt,
-    Truncate,
-)
+from replicad.follower.partition_table import PartitionTable
 from replicad.log.epoch import EpochEndOffset as LogEpochEnd
 from replicad.log.epoch import LeaderEpochCache
 from replicad.records.batch import scan_batches
@@ -624,6 +624,10 @@ CORE_MODULES = (
     "assignment",
     "perform",
     "partition_state",
+    "partition_phase",
+    "actions",
+    "fetch_settings",
+    "fetcher_stats",
     "truncation",
     "validate",
     "fetch_response",

@@ -14,8 +14,9 @@ from typing import Any
 
 from replicad.errors import DiskFullError
 from replicad.follower.assignment import LeaderInfo, LocalFacts, assign, place_all
+from replicad.follower.fetch_settings import FetchSettings
 from replicad.follower.partition_state import PartitionState
-from replicad.follower.partition_table import FetchSettings, PartitionTable
+from replicad.follower.partition_table import PartitionTable
 from replicad.follower.perform import ActionPerformer
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager

@@ -22,20 +22,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from replicad.follower.actions import Action, EpochAnswer, NextFetch, OffsetAnswer
 from replicad.follower.assignment import LeaderInfo
 from replicad.follower.fetch_response import FetchedPartition, FetchedTopic, FetchResponseView
-from replicad.follower.partition_phase import PartitionPhase
-from replicad.follower.partition_table import (
+from replicad.follower.fetch_settings import (
     PARTITION_OVERHEAD_BYTES,
     RESPONSE_OVERHEAD_BYTES,
     TOPIC_OVERHEAD_BYTES,
-    Action,
-    EpochAnswer,
     FetchSettings,
-    NextFetch,
-    OffsetAnswer,
-    PartitionTable,
 )
+from replicad.follower.partition_phase import PartitionPhase
+from replicad.follower.partition_table import PartitionTable
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from tools.sim.cluster import SimCluster
