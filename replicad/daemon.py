@@ -18,7 +18,6 @@ import structlog
 
 from replicad.clock import monotonic_ms
 from replicad.config import Config, load_config
-from replicad.config.model import MirrorConfig, SourceConfig
 from replicad.control.health import assess
 from replicad.control.loop_watch import LoopWatch
 from replicad.control.notify import SystemdNotifier, watchdog_loop
@@ -26,13 +25,11 @@ from replicad.control.server import ControlServer
 from replicad.control.stalls import StallChange, StallWatch
 from replicad.control.status_view import render_status_line
 from replicad.errors import ConfigError, ReplicadError
-from replicad.follower.fetch_settings import FetchSettings
 from replicad.follower.replicator import Replicator, ReplicatorSettings
 from replicad.follower.status import RateMeter, build_snapshot
 from replicad.mirror.shell import Mirror, MirrorSettings
 from replicad.protocol.client import ClientSettings
 from replicad.protocol.metadata import TopicSelection
-from replicad.protocol.security import connection_security
 from replicad.recent_warnings import RECENT
 from replicad.startup import early_stop_signal
 from replicad.types import TopicPartition
@@ -58,49 +55,6 @@ MALLOC_MMAP_THRESHOLD = 128 * 1024
 MALLOC_TRIM_THRESHOLD = 128 * 1024
 
 
-def client_settings(section: SourceConfig | MirrorConfig) -> ClientSettings:
-    """A client's connection settings from its config section (source: or mirror:)."""
-    return ClientSettings(
-        client_id=section.client_id,
-        connect_timeout_s=section.connect_timeout_ms / 1000,
-        request_timeout_s=section.request_timeout_ms / 1000,
-        reconnect_backoff_ms=section.reconnect_backoff_ms,
-        reconnect_backoff_max_ms=section.reconnect_backoff_max_ms,
-        security=connection_security(section.security),
-    )
-
-
-def settings_from_config(config: Config) -> ReplicatorSettings:
-    """Translate the validated user config into the replicator's settings."""
-    src, topics, fetch = config.source, config.topics, config.fetch
-    return ReplicatorSettings(
-        bootstrap_servers=tuple(str(hp) for hp in src.bootstrap_servers),
-        data_dir=config.data_dir,
-        selection=selection_from_config(config),
-        client=client_settings(src),
-        fetch=FetchSettings(
-            response_max_bytes=fetch.response_max_bytes,
-            partition_max_bytes=fetch.partition_max_bytes,
-            wait_max_ms=fetch.wait_max_ms,
-            min_bytes=fetch.min_bytes,
-            backoff_ms=fetch.backoff_ms,
-            sessions=fetch.sessions,
-            replica_id=fetch.replica_id,
-            isolation_level=fetch.isolation_level.wire_value,
-            rack_id=src.rack_id,
-            start_from=str(topics.start_from),
-            on_gap=str(topics.on_gap),
-            request_timeout_ms=src.request_timeout_ms,
-            reconnect_backoff_ms=src.reconnect_backoff_ms,
-            reconnect_backoff_max_ms=src.reconnect_backoff_max_ms,
-            buffer_memory=fetch.buffer_memory,
-        ),
-        log=config.log,
-        metadata_max_age_ms=src.metadata_max_age_ms,
-        checkpoint_interval_ms=config.checkpoint_interval_ms,
-    )
-
-
 def mirror_settings_from_config(config: Config) -> MirrorSettings | None:
     """The `mirror:` section as the mirror's settings (None: mirroring is off)."""
     mirror = config.mirror
@@ -108,7 +62,7 @@ def mirror_settings_from_config(config: Config) -> MirrorSettings | None:
         return None
     return MirrorSettings(
         bootstrap_servers=tuple(str(hp) for hp in mirror.bootstrap_servers),
-        client=client_settings(mirror),
+        client=ClientSettings.from_config(mirror),
         data_dir=config.data_dir,
         topics=tuple(mirror.topics),
         topic_prefix=mirror.topic_prefix,
@@ -121,10 +75,6 @@ def mirror_settings_from_config(config: Config) -> MirrorSettings | None:
         retry_backoff_ms=mirror.reconnect_backoff_ms,
         retry_backoff_max_ms=mirror.reconnect_backoff_max_ms,
     )
-
-
-def selection_from_config(config: Config) -> TopicSelection:
-    return TopicSelection(include=tuple(config.topics.include), regex=config.topics.regex)
 
 
 class Daemon:
@@ -140,7 +90,7 @@ class Daemon:
         self.config_path = config_path
         self.overrides = dict(overrides or {})
         self._reconfigure_logging = reconfigure_logging
-        self.replicator = Replicator(settings_from_config(config))
+        self.replicator = Replicator(ReplicatorSettings.from_config(config))
         mirror = mirror_settings_from_config(config)
         self.mirror = Mirror(mirror, self.replicator) if mirror is not None else None
         # Who hears of a partition's appends: serve's reader wake-ups and the mirror's.
@@ -266,8 +216,8 @@ class Daemon:
             changed = _restart_needed(self.config, new)
             if changed:
                 log.warning("reload: these settings take effect only after a restart", keys=changed)
-            old_sel = selection_from_config(self.config)
-            new_sel = selection_from_config(new)
+            old_sel = TopicSelection.from_config(self.config.topics)
+            new_sel = TopicSelection.from_config(new.topics)
             self.config = new
             if self._reconfigure_logging is not None:
                 self._reconfigure_logging(new)

@@ -10,14 +10,26 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
 from replicad import wire
 from replicad.config.defaults import default_control_socket, default_data_dir
 from replicad.log.config import LogConfig
 
 MIB = 1024 * 1024
+
+
+def defaults_of(section: type) -> Mapping[str, Any]:
+    """The plain defaults of a config section's keys, by name: the one place a settings
+    class of the layers above takes its own defaults from (`ServeSettings`,
+    `FetchSettings`, `MirrorSettings`...), so no default is written twice."""
+    return MappingProxyType(
+        {f.name: f.default for f in fields(section) if f.default is not MISSING}
+    )
+
 
 # Addresses a server can bind to but no client can connect to.
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from replicad.config.model import Config, FetchConfig, SourceConfig, TopicsConfig, defaults_of
+
 # KIP-74's max_bytes counts record bytes only; a response also carries, per topic and per
 # partition, fields it does not count. Upper bounds of those fields over the versions we
 # speak (v4..v17; the flexible ones add tagged DivergingEpoch, CurrentLeader and
@@ -35,20 +37,49 @@ def response_budget(
     return max(1, min(response_max_bytes, buffer_memory - overhead))
 
 
+_FETCH = defaults_of(FetchConfig)
+_SOURCE = defaults_of(SourceConfig)
+_TOPICS = defaults_of(TopicsConfig)
+
+
 @dataclass(frozen=True, slots=True)
 class FetchSettings:
-    response_max_bytes: int = 10 * 1024 * 1024
-    partition_max_bytes: int = 1024 * 1024
-    wait_max_ms: int = 500
-    min_bytes: int = 1
-    backoff_ms: int = 1000
-    sessions: bool = True
-    replica_id: int = -1
-    isolation_level: int = 0
-    rack_id: str = ""
-    start_from: str = "earliest"  # or "latest"
-    on_gap: str = "reset"  # or "halt"
-    request_timeout_ms: int = 30_000
-    reconnect_backoff_ms: int = 100
-    reconnect_backoff_max_ms: int = 10_000
-    buffer_memory: int = 100 * 1024 * 1024  # KIP-81 pool, shared by all fetchers
+    """The fetch: keys, and what source: and topics: say about fetching, as the fetchers
+    use them (the config model's defaults)."""
+
+    response_max_bytes: int = _FETCH["response_max_bytes"]
+    partition_max_bytes: int = _FETCH["partition_max_bytes"]
+    wait_max_ms: int = _FETCH["wait_max_ms"]
+    min_bytes: int = _FETCH["min_bytes"]
+    backoff_ms: int = _FETCH["backoff_ms"]
+    sessions: bool = _FETCH["sessions"]
+    replica_id: int = _FETCH["replica_id"]
+    isolation_level: int = _FETCH["isolation_level"].wire_value
+    rack_id: str = _SOURCE["rack_id"]
+    start_from: str = str(_TOPICS["start_from"])  # "earliest" or "latest"
+    on_gap: str = str(_TOPICS["on_gap"])  # "reset" or "halt"
+    request_timeout_ms: int = _SOURCE["request_timeout_ms"]
+    reconnect_backoff_ms: int = _SOURCE["reconnect_backoff_ms"]
+    reconnect_backoff_max_ms: int = _SOURCE["reconnect_backoff_max_ms"]
+    buffer_memory: int = _FETCH["buffer_memory"]  # KIP-81 pool, shared by all fetchers
+
+    @classmethod
+    def from_config(cls, config: Config) -> FetchSettings:
+        fetch, source, topics = config.fetch, config.source, config.topics
+        return cls(
+            response_max_bytes=fetch.response_max_bytes,
+            partition_max_bytes=fetch.partition_max_bytes,
+            wait_max_ms=fetch.wait_max_ms,
+            min_bytes=fetch.min_bytes,
+            backoff_ms=fetch.backoff_ms,
+            sessions=fetch.sessions,
+            replica_id=fetch.replica_id,
+            isolation_level=fetch.isolation_level.wire_value,
+            rack_id=source.rack_id,
+            start_from=str(topics.start_from),
+            on_gap=str(topics.on_gap),
+            request_timeout_ms=source.request_timeout_ms,
+            reconnect_backoff_ms=source.reconnect_backoff_ms,
+            reconnect_backoff_max_ms=source.reconnect_backoff_max_ms,
+            buffer_memory=fetch.buffer_memory,
+        )

@@ -30,6 +30,7 @@ from pathlib import Path
 import structlog
 
 from replicad.clock import monotonic_ms, wall_ms
+from replicad.config.model import Config, SourceConfig, defaults_of
 from replicad.errors import KafkaConnectionError, LogError, ProtocolError
 from replicad.follower.assignment import LeaderInfo, LocalFacts, assign, place_all
 from replicad.follower.durability import DurabilityThread
@@ -61,11 +62,25 @@ class ReplicatorSettings:
     client: ClientSettings = field(default_factory=ClientSettings)
     fetch: FetchSettings = field(default_factory=FetchSettings)
     log: LogConfig = field(default_factory=LogConfig)
-    metadata_max_age_ms: int = 300_000
-    checkpoint_interval_ms: int = 5_000
+    metadata_max_age_ms: int = defaults_of(SourceConfig)["metadata_max_age_ms"]
+    checkpoint_interval_ms: int = defaults_of(Config)["checkpoint_interval_ms"]
     # Lower bound between two on-demand metadata refreshes, so an error storm
     # across many partitions costs one Metadata request, not thousands.
     metadata_min_interval_ms: int = 500
+
+    @classmethod
+    def from_config(cls, config: Config) -> ReplicatorSettings:
+        """The replicator's settings from the validated configuration."""
+        return cls(
+            bootstrap_servers=tuple(str(hp) for hp in config.source.bootstrap_servers),
+            data_dir=config.data_dir,
+            selection=TopicSelection.from_config(config.topics),
+            client=ClientSettings.from_config(config.source),
+            fetch=FetchSettings.from_config(config),
+            log=config.log,
+            metadata_max_age_ms=config.source.metadata_max_age_ms,
+            checkpoint_interval_ms=config.checkpoint_interval_ms,
+        )
 
 
 class Replicator:

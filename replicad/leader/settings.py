@@ -3,22 +3,19 @@ knobs that shape a Fetch answer, under Kafka's names and with Kafka's defaults."
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from replicad.config.model import ServeConfig, ServeSecurityConfig
+from replicad.config.model import ServeConfig, ServeSecurityConfig, defaults_of
 from replicad.session.cache import DEFAULT_EVICTION_MS, DEFAULT_MAX_SLOTS
 
 MIB = 1024 * 1024
 # Kafka's broker `fetch.max.bytes`: the most one Fetch response carries, whatever it asks.
 DEFAULT_FETCH_MAX_BYTES = 55 * MIB
 # The defaults of the serve: keys ServeSettings shares with the config file (one place).
-_CONFIG_DEFAULTS: Mapping[str, Any] = MappingProxyType(
-    {f.name: f.default for f in dataclasses.fields(ServeConfig)}
-)
+_CONFIG_DEFAULTS: Mapping[str, Any] = defaults_of(ServeConfig)
 # KIP-283: how much on-disk data is down-converted at a time (Kafka's MAX_READ_SIZE).
 DEFAULT_DOWNCONVERSION_CHUNK_BYTES = 128 * 1024
 # Followers and consumers are told this node's id (Kafka's `node.id`).

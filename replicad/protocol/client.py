@@ -17,28 +17,45 @@ from typing import Any
 import structlog
 
 from replicad.clock import wall_ms
+from replicad.config.model import MirrorConfig, SourceConfig, defaults_of
 from replicad.errors import AuthenticationError, KafkaConnectionError, ProtocolError
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.backoff import Backoff
 from replicad.protocol.connection import BrokerAddress, BrokerConnection
 from replicad.protocol.metadata import ClusterMetadata
 from replicad.protocol.requests import metadata_request
-from replicad.protocol.security import PLAINTEXT, ConnectionSecurity
+from replicad.protocol.security import PLAINTEXT, ConnectionSecurity, connection_security
 
 log = structlog.get_logger("replicad.client")
 
 BOOTSTRAP_NODE_ID = -1
+_SOURCE = defaults_of(SourceConfig)
 
 
 @dataclass(frozen=True, slots=True)
 class ClientSettings:
-    client_id: str = "replicad"
-    connect_timeout_s: float = 10.0
-    request_timeout_s: float = 30.0
-    reconnect_backoff_ms: int = 100
-    reconnect_backoff_max_ms: int = 10_000
+    """How a client connects (source: or mirror:); defaults are source:'s."""
+
+    client_id: str = _SOURCE["client_id"]
+    connect_timeout_s: float = _SOURCE["connect_timeout_ms"] / 1000
+    request_timeout_s: float = _SOURCE["request_timeout_ms"] / 1000
+    reconnect_backoff_ms: int = _SOURCE["reconnect_backoff_ms"]
+    reconnect_backoff_max_ms: int = _SOURCE["reconnect_backoff_max_ms"]
     # TLS and SASL for every broker connection (replicad.protocol.security).
     security: ConnectionSecurity = PLAINTEXT
+
+    @classmethod
+    def from_config(cls, section: SourceConfig | MirrorConfig) -> ClientSettings:
+        """A client's connection settings from its config section (source: or mirror:);
+        ConfigError if its TLS files no longer load."""
+        return cls(
+            client_id=section.client_id,
+            connect_timeout_s=section.connect_timeout_ms / 1000,
+            request_timeout_s=section.request_timeout_ms / 1000,
+            reconnect_backoff_ms=section.reconnect_backoff_ms,
+            reconnect_backoff_max_ms=section.reconnect_backoff_max_ms,
+            security=connection_security(section.security),
+        )
 
 
 def parse_host_port(text: str) -> tuple[str, int]:

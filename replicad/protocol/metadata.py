@@ -13,6 +13,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from replicad.config.model import TopicsConfig
 from replicad.protocol.connection import BrokerAddress
 from replicad.protocol.error_codes import error_code_of
 from replicad.types import TopicPartition
@@ -92,6 +93,10 @@ class TopicSelection:
 
     include: Sequence[str] = ()
     regex: str | None = None
+
+    @classmethod
+    def from_config(cls, topics: TopicsConfig) -> TopicSelection:
+        return cls(include=tuple(topics.include), regex=topics.regex)
 
     def metadata_topics(self) -> list[str] | None:
         """Topics to name in a Metadata request (None: all, needed for a regex)."""
