@@ -37,6 +37,7 @@ from kio.schema.errors import ErrorCode
 
 from replicad.errors import KafkaConnectionError, ProtocolError
 from replicad.groups.consumer_protocol import PROTOCOL_TYPE, assigned_partitions
+from replicad.protocol.admin import admin_version, describe_topic_configs_request
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.client import KafkaClient
 from replicad.protocol.codec import request_type
@@ -44,7 +45,6 @@ from replicad.protocol.connection import BrokerAddress, BrokerConnection
 from replicad.protocol.error_codes import error_code_of, error_name
 from replicad.protocol.requests import make_entity, nested_type
 from replicad.types import TopicPartition
-from replicad.wire import TOPIC_RESOURCE
 
 log = structlog.get_logger("replicad.groups.reader")
 
@@ -173,7 +173,7 @@ class ClusterGroupsReader:
 
     async def _list_groups_on(self, node_id: int) -> list[ListedGroup] | str:
         conn = await self.client.connection(node_id)
-        version = _version(conn, ApiKey.LIST_GROUPS)
+        version = admin_version(conn, ApiKey.LIST_GROUPS)
         if version is None:
             return UNSUPPORTED
         body = await conn.request(
@@ -209,7 +209,7 @@ class ClusterGroupsReader:
             conn = await self._some_connection()
         except (KafkaConnectionError, ProtocolError) as exc:
             return {**found, **{g: f"unreachable: {exc}" for g in missing}}
-        version = _version(conn, ApiKey.FIND_COORDINATOR)
+        version = admin_version(conn, ApiKey.FIND_COORDINATOR)
         if version is None:
             return {**found, **{g: UNSUPPORTED for g in missing}}
         try:
@@ -320,7 +320,7 @@ class ClusterGroupsReader:
         self, node_id: int, group_ids: list[str], require_stable: bool
     ) -> dict[str, GroupOffsets]:
         conn = await self.client.connection(node_id)
-        version = _version(conn, ApiKey.OFFSET_FETCH)
+        version = admin_version(conn, ApiKey.OFFSET_FETCH)
         if version is None:
             return {g: GroupOffsets(g, error=UNSUPPORTED) for g in group_ids}
         cls = request_type(ApiKey.OFFSET_FETCH, version)
@@ -360,7 +360,7 @@ class ClusterGroupsReader:
 
     async def _describe_on(self, node_id: int, group_ids: list[str]) -> dict[str, GroupDescription]:
         conn = await self.client.connection(node_id)
-        version = _version(conn, ApiKey.DESCRIBE_GROUPS)
+        version = admin_version(conn, ApiKey.DESCRIBE_GROUPS)
         if version is None:
             return {g: GroupDescription(g, error=UNSUPPORTED) for g in group_ids}
         body = await conn.request(
@@ -406,27 +406,10 @@ class ClusterGroupsReader:
         if not wanted:
             return {}
         conn = await self._some_connection()
-        version = _version(conn, ApiKey.DESCRIBE_CONFIGS)
+        version = admin_version(conn, ApiKey.DESCRIBE_CONFIGS)
         if version is None:
             return {t: TopicConfigs(t, error=UNSUPPORTED) for t in wanted}
-        cls = request_type(ApiKey.DESCRIBE_CONFIGS, version)
-        resource_cls = nested_type(cls, "DescribeConfigsResource")
-        body = await conn.request(
-            make_entity(
-                cls,
-                resources=tuple(
-                    make_entity(
-                        resource_cls,
-                        resource_type=TOPIC_RESOURCE,
-                        resource_name=t,
-                        configuration_keys=None,
-                    )
-                    for t in wanted
-                ),
-                include_synonyms=False,
-                include_documentation=False,
-            )
-        )
+        body = await conn.request(describe_topic_configs_request(version, wanted))
         results: dict[str, TopicConfigs] = {}
         for r in body.results:
             name = str(r.resource_name)
@@ -449,11 +432,6 @@ class ClusterGroupsReader:
                 ),
             )
         return {t: results.get(t, TopicConfigs(t, error="missing from the answer")) for t in wanted}
-
-
-def _version(conn: BrokerConnection, api: ApiKey) -> int | None:
-    assert conn.versions is not None
-    return conn.versions.get(api)
 
 
 def _code_named(name: str) -> ErrorCode | None:

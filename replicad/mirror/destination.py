@@ -15,6 +15,12 @@ from kio.schema.errors import ErrorCode
 
 from replicad.errors import ProtocolError
 from replicad.mirror.restamp import ProducerStamp
+from replicad.protocol.admin import (
+    TopicToCreate,
+    alter_topic_configs_request,
+    create_partitions_request,
+    create_topics_request,
+)
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.client import KafkaClient
 from replicad.protocol.codec import request_type
@@ -31,15 +37,10 @@ from replicad.wire import (
     CONSUMER_REPLICA_ID,
     DEBUGGING_REPLICA_ID,
     LATEST_TIMESTAMP,
-    TOPIC_RESOURCE,
 )
 
 # Every in-sync replica must have the batch before it is acknowledged.
 ACKS_ALL = -1
-# IncrementalAlterConfigs: the SET operation.
-SET_CONFIG = 0
-# CreateTopics: the destination's default.replication.factor.
-DEFAULT_REPLICATION_FACTOR = -1
 
 # Errors after which a resend of the same batch, same sequence, is right (the Java
 # producer's RetriableException subclasses that a Produce can carry).
@@ -93,14 +94,6 @@ class ProduceAnswer:
 
 
 @dataclass(frozen=True, slots=True)
-class TopicToCreate:
-    name: str
-    partitions: int
-    configs: Mapping[str, str]
-    replication_factor: int = DEFAULT_REPLICATION_FACTOR
-
-
-@dataclass(frozen=True, slots=True)
 class LogEnd:
     """A partition's log end and high watermark at the destination (error: Kafka's name)."""
 
@@ -119,12 +112,12 @@ class Destination:
         self.client = client
         self.produce_timeout_ms = produce_timeout_ms
 
-    async def _admin(self, api: ApiKey) -> tuple[BrokerConnection, type]:
-        """A connection to any destination broker, and `api`'s request class at the
-        version it speaks (for the topic administration requests below)."""
+    async def _admin(self, api: ApiKey) -> tuple[BrokerConnection, int]:
+        """A connection to any destination broker, and the version of `api` it speaks (for
+        the topic administration requests below)."""
         conn = await self.client.broker_connection()
         assert conn.versions is not None
-        return conn, request_type(api, conn.versions.require(api))
+        return conn, conn.versions.require(api)
 
     async def init_producer_id(self) -> ProducerStamp:
         """A new idempotent producer session (no transactional id)."""
@@ -148,30 +141,8 @@ class Destination:
         """topic -> None when created (or it already existed), else the error and message."""
         if not topics:
             return {}
-        conn, cls = await self._admin(ApiKey.CREATE_TOPICS)
-        topic_cls = nested_type(cls, "CreatableTopic")
-        config_cls = nested_type(cls, "CreatableTopicConfig")
-        body = await conn.request(
-            make_entity(
-                cls,
-                topics=tuple(
-                    make_entity(
-                        topic_cls,
-                        name=t.name,
-                        num_partitions=t.partitions,
-                        replication_factor=t.replication_factor,
-                        assignments=(),
-                        configs=tuple(
-                            make_entity(config_cls, name=k, value=v)
-                            for k, v in sorted(t.configs.items())
-                        ),
-                    )
-                    for t in topics
-                ),
-                timeout=datetime.timedelta(seconds=30),
-                validate_only=False,
-            )
-        )
+        conn, version = await self._admin(ApiKey.CREATE_TOPICS)
+        body = await conn.request(create_topics_request(version, topics))
         results: dict[str, str | None] = {}
         for r in body.topics:
             code = error_code_of(int(r.error_code))
@@ -183,19 +154,8 @@ class Destination:
         """topic -> None when it has `count` partitions now, else the error and message."""
         if not counts:
             return {}
-        conn, cls = await self._admin(ApiKey.CREATE_PARTITIONS)
-        topic_cls = nested_type(cls, "CreatePartitionsTopic")
-        body = await conn.request(
-            make_entity(
-                cls,
-                topics=tuple(
-                    make_entity(topic_cls, name=t, count=n, assignments=None)
-                    for t, n in sorted(counts.items())
-                ),
-                timeout=datetime.timedelta(seconds=30),
-                validate_only=False,
-            )
-        )
+        conn, version = await self._admin(ApiKey.CREATE_PARTITIONS)
+        body = await conn.request(create_partitions_request(version, counts))
         results: dict[str, str | None] = {}
         for r in body.results:
             code = error_code_of(int(r.error_code))
@@ -209,27 +169,8 @@ class Destination:
         when set, else the error and message."""
         if not changes:
             return {}
-        conn, cls = await self._admin(ApiKey.INCREMENTAL_ALTER_CONFIGS)
-        resource_cls = nested_type(cls, "AlterConfigsResource")
-        config_cls = nested_type(cls, "AlterableConfig")
-        body = await conn.request(
-            make_entity(
-                cls,
-                resources=tuple(
-                    make_entity(
-                        resource_cls,
-                        resource_type=TOPIC_RESOURCE,
-                        resource_name=topic,
-                        configs=tuple(
-                            make_entity(config_cls, name=k, config_operation=SET_CONFIG, value=v)
-                            for k, v in sorted(configs.items())
-                        ),
-                    )
-                    for topic, configs in sorted(changes.items())
-                ),
-                validate_only=False,
-            )
-        )
+        conn, version = await self._admin(ApiKey.INCREMENTAL_ALTER_CONFIGS)
+        body = await conn.request(alter_topic_configs_request(version, changes))
         results: dict[str, str | None] = {}
         for r in body.responses:
             code = error_code_of(int(r.error_code))

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from replicad.groups.cluster_reader import ConfigEntry
-from replicad.mirror.destination import TopicToCreate
+from replicad.protocol.admin import TopicToCreate
 
 # Kafka's ConfigSource numbering (DescribeConfigs v1+).
 DYNAMIC_TOPIC_CONFIG = 1

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from replicad.errors import ProtocolError
-from replicad.mirror.destination import Destination, TopicToCreate
+from replicad.mirror.destination import Destination
 from replicad.mirror.restamp import ProducerStamp, restamp
+from replicad.protocol.admin import TopicToCreate
 from replicad.protocol.client import ClientSettings, KafkaClient
 from replicad.records.batch import Compression
 from replicad.types import TopicPartition
