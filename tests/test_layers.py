@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from tools.layers import LAYERS, ROOT, Import, check, cycles, graph, layer_of
+from tools.layers import (
+    CORES,
+    LAYERS,
+    ROOT,
+    Import,
+    check,
+    core_violations,
+    cycles,
+    graph,
+    is_core,
+    layer_of,
+    module_name,
+)
 
 
 def test_replicad_keeps_its_layers() -> None:
@@ -90,3 +103,52 @@ def test_a_chain_is_no_cycle() -> None:
     assert cycles([Import("a", "b", 1), Import("b", "c", 1), Import("c", "a", 2)]) == [
         ("a", "b", "c", "a")
     ]
+
+
+def test_the_cores_import_no_io_and_read_no_clock() -> None:
+    violations = core_violations()
+    assert violations == [], "\n".join(v.text for v in violations)
+
+
+def test_a_planted_asyncio_import_in_the_mirror_core_fails_the_check(tmp_path: Path) -> None:
+    root = _copy_of_replicad(tmp_path)
+    core = root / "replicad" / "mirror" / "partition_mirror.py"
+    core.write_text(core.read_text() + "\n\ndef _planted():\n    import asyncio\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.layers", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stdout
+    assert "replicad.mirror.partition_mirror:" in done.stdout
+    assert "imports asyncio, a sans-I/O core" in done.stdout
+
+
+def test_a_planted_clock_in_a_core_fails_the_check(tmp_path: Path) -> None:
+    root = _copy_of_replicad(tmp_path)
+    for module, planted in [
+        ("log/policy.py", "from replicad.clock import monotonic_ms\n"),
+        ("session/cache.py", "import datetime\n\ndef _planted():\n    datetime.datetime.now()\n"),
+        ("leader/fetch.py", "from time import monotonic\n"),
+    ]:
+        path = root / "replicad" / module
+        path.write_text(path.read_text() + "\n" + planted)
+    texts = sorted(v.text.split(":")[0] for v in core_violations(root))
+    assert texts == ["replicad.leader.fetch", "replicad.log.policy", "replicad.session.cache"]
+
+
+def test_every_core_the_architecture_names_is_checked() -> None:
+    """docs/architecture.md's core column and CORES name the same modules."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    table = doc.split("### Sans-I/O cores and their shells", 1)[1].split("\n## ", 1)[0]
+    named = set()
+    for row in table.splitlines():
+        if row.startswith("| `replicad"):
+            for path in re.findall(r"`(replicad/[\w/]+\.py)", row.split("|")[1]):
+                named.add(module_name(ROOT / path, ROOT))
+    assert named, "no core named in docs/architecture.md"
+    assert sorted(m for m in named if not is_core(m)) == []
+    modules = {module_name(p, ROOT) for p in (ROOT / "replicad").rglob("*.py")}
+    assert [c for c in CORES if c not in modules] == []

@@ -13,6 +13,11 @@ Every import counts, also those inside functions and under TYPE_CHECKING: a depe
 a dependency wherever it is written. A module in no entry fails too, so a new package is
 placed on purpose.
 
+CORES names the sans-I/O cores (docs/architecture.md, "Sans-I/O cores and their shells",
+plus the mirror's core): each fails the check when it imports asyncio, socket, selectors,
+threading, time, replicad.clock or a connection or client module of replicad.protocol, or
+reads a clock through `.now()`, `.utcnow()` or `.today()`. Time is passed in (`now_ms`).
+
 The check reads the source with `ast` and imports nothing. Exit status 0 when the graph
 keeps the order, 1 otherwise, with one line per violation.
 """
@@ -60,6 +65,44 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("replicad.daemon",),
     ("replicad.cli", "replicad.__main__"),
 )
+
+# The sans-I/O cores: a package names every module below it. They decide; their shells
+# wait, read and write (docs/architecture.md keeps the same list, tested).
+CORES: tuple[str, ...] = (
+    "replicad.records.batch",
+    "replicad.log.policy",
+    "replicad.session",
+    "replicad.follower.actions",
+    "replicad.follower.assignment",
+    "replicad.follower.fetch_response",
+    "replicad.follower.fetch_settings",
+    "replicad.follower.fetcher_stats",
+    "replicad.follower.partition_phase",
+    "replicad.follower.partition_state",
+    "replicad.follower.partition_table",
+    "replicad.follower.perform",
+    "replicad.follower.truncation",
+    "replicad.follower.validate",
+    "replicad.leader.fetch",
+    "replicad.leader.security",
+    "replicad.protocol.security",
+    "replicad.groups.classic_group",
+    "replicad.groups.coordinator",
+    "replicad.mirror.partition_mirror",
+)
+# What a core may not import (a module or anything below it).
+CORE_FORBIDDEN = (
+    "asyncio",
+    "socket",
+    "selectors",
+    "threading",
+    "time",
+    "replicad.clock",
+    "replicad.protocol.connection",
+    "replicad.protocol.client",
+)
+# Calls that read a clock (datetime.now(), date.today(), ...).
+CLOCK_CALLS = frozenset({"now", "utcnow", "today"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +222,53 @@ def check(edges: Iterable[Import], layers: Sequence[tuple[str, ...]] = LAYERS) -
     return violations
 
 
+def is_core(module: str, cores: Sequence[str] = CORES) -> bool:
+    return any(module == c or module.startswith(f"{c}.") for c in cores)
+
+
+def core_violations(
+    root: Path = ROOT, package: str = PACKAGE, cores: Sequence[str] = CORES
+) -> list[Violation]:
+    """Every import of I/O or a clock, and every clock read, in a sans-I/O core."""
+    found: list[Violation] = []
+    for path in sorted((root / package).rglob("*.py")):
+        module = module_name(path, root)
+        if not is_core(module, cores):
+            continue
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(module, is_package, node.module, node.level)
+                names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in CLOCK_CALLS
+            ):
+                found.append(
+                    Violation(
+                        f"{module}:{node.lineno} reads a clock (.{node.func.attr}()), "
+                        "a sans-I/O core: take now_ms"
+                    )
+                )
+            for name in dict.fromkeys(names):
+                bad = next(
+                    (f for f in CORE_FORBIDDEN if name == f or name.startswith(f"{f}.")), None
+                )
+                if bad is not None:
+                    found.append(
+                        Violation(
+                            f"{module}:{node.lineno} imports {bad}, a sans-I/O core "
+                            "(no asyncio, socket, thread or clock: time is passed in)"
+                        )
+                    )
+                    break
+    return found
+
+
 def cycles(edges: Iterable[Import]) -> list[tuple[str, ...]]:
     """One cycle through each strongly connected group of modules (Tarjan's algorithm)."""
     succ: dict[str, set[str]] = {}
@@ -240,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=ROOT, help="the repository's root")
     args = parser.parse_args(argv)
     edges = graph(args.root)
-    violations = check(edges)
+    violations = check(edges) + core_violations(args.root)
     for violation in violations:
         print(violation.text)
     modules = len({e.importer for e in edges})

@@ -3,14 +3,11 @@ partition_table.py (R1..R7) and every event and action kind, without a socket or
 
 from __future__ import annotations
 
-import ast
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
-import replicad.follower
 from replicad.follower.actions import (
     Append,
     EpochAnswer,
@@ -617,39 +614,6 @@ def test_scan_of_the_test_batches_is_sane():
     # The helper batches are what the tests above assume: 2 records each, valid CRCs.
     scan = scan_batches(memoryview(_batches(0, 3)))
     assert [b.base_offset for b in scan.batches] == [0, 2, 4]
-
-
-CORE_MODULES = (
-    "partition_table",
-    "assignment",
-    "perform",
-    "partition_state",
-    "partition_phase",
-    "actions",
-    "fetch_settings",
-    "fetcher_stats",
-    "truncation",
-    "validate",
-    "fetch_response",
-)
-FORBIDDEN = {"asyncio", "socket", "time", "datetime", "selectors", "threading"}
-
-
-@pytest.mark.parametrize("module", CORE_MODULES)
-def test_the_core_imports_no_io_or_clock(module):
-    """The core is sans-I/O: time comes in as now_ms, answers come in parsed."""
-    path = Path(replicad.follower.__file__).with_name(f"{module}.py")
-    imported: set[str] = set()
-    modules: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            imported.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module is not None:
-            imported.add(node.module.split(".")[0])
-            modules.add(node.module)
-    assert imported, f"{module} imports nothing?"
-    assert not imported & FORBIDDEN, f"{module} imports {sorted(imported & FORBIDDEN)}"
-    assert not modules & {"replicad.protocol.connection", "replicad.protocol.client"}
 
 
 def test_a_partition_waits_for_its_log_to_be_opened():
