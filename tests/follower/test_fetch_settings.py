@@ -91,8 +91,12 @@ def test_the_defaults_of_a_minimal_config():
     assert settings.checkpoint_interval_ms == by_hand.checkpoint_interval_ms
     assert settings.client == ClientSettings()
 
-def test_the_budget_leaves_room_for_the_fields_around_the_records():
-    overhead = RESPONSE_OVERHEAD_BYTES + 3 * PARTITION_OVERHEAD_BYTES + TOPIC_OVERHEAD_BYTES
-    assert response_budget(1 << 30, 1 << 20, partitions=3, topics=1) == (1 << 20) - overhead
-    assert response_budget(1000, 1 << 20, partitions=3, topics=1) == 1000
-    assert response_budget(1 << 20, 10, partitions=3, topics=1) == 1
+
+def test_response_budget_leaves_room_for_the_fields_around_the_records():
+    # Room to spare: the configured max_bytes as it is.
+    assert response_budget(1 << 20, 100 << 20, partitions=10, topics=1) == 1 << 20
+    # No room: lowered by exactly the overhead of that many partitions and topics.
+    overhead = RESPONSE_OVERHEAD_BYTES + 3_334 * PARTITION_OVERHEAD_BYTES + 2 * TOPIC_OVERHEAD_BYTES
+    assert response_budget(32 << 20, 32 << 20, partitions=3_334, topics=2) == (32 << 20) - overhead
+    # A pool smaller than the overhead still asks for something: one batch comes anyway.
+    assert response_budget(1 << 20, 1_000, partitions=10_000, topics=4) == 1

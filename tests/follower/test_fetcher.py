@@ -10,11 +10,7 @@ from confluent_kafka import Producer
 
 from replicad.errors import LogError
 from replicad.follower.fetch_settings import (
-    PARTITION_OVERHEAD_BYTES,
-    RESPONSE_OVERHEAD_BYTES,
-    TOPIC_OVERHEAD_BYTES,
     FetchSettings,
-    response_budget,
 )
 from replicad.follower.replicator import Replicator, ReplicatorSettings
 from replicad.log.partition import PartitionLog
@@ -95,16 +91,6 @@ async def test_a_failed_append_after_the_next_request_went_out_leaves_no_gap(tmp
     assert failed_with_next_request_out >= 1
     assert segment_bytes(data_dir / f"{TOPIC}-0") == b"".join(batches)
     assert replicator.pool.account.used == 0
-
-
-def test_response_budget_leaves_room_for_the_fields_around_the_records():
-    # Room to spare: the configured max_bytes as it is.
-    assert response_budget(1 << 20, 100 << 20, partitions=10, topics=1) == 1 << 20
-    # No room: lowered by exactly the overhead of that many partitions and topics.
-    overhead = RESPONSE_OVERHEAD_BYTES + 3_334 * PARTITION_OVERHEAD_BYTES + 2 * TOPIC_OVERHEAD_BYTES
-    assert response_budget(32 << 20, 32 << 20, partitions=3_334, topics=2) == (32 << 20) - overhead
-    # A pool smaller than the overhead still asks for something: one batch comes anyway.
-    assert response_budget(1 << 20, 1_000, partitions=10_000, topics=4) == 1
 
 
 async def test_responses_as_large_as_the_pool_do_not_stall_replication(

@@ -1,0 +1,81 @@
+"""Replicator, the follower's shell over every leader: it asks the metadata, opens the
+logs, runs one fetcher per leader, halts a partition whose topic was re-created upstream
+(its local data kept), and stops cleanly with nothing held. Against the scripted leader
+(tools/peers), which a test can re-create."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from replicad.follower.fetch_settings import FetchSettings
+from replicad.follower.partition_phase import PartitionPhase
+from replicad.follower.replicator import Replicator, ReplicatorSettings
+from replicad.protocol.metadata import TopicSelection
+from replicad.types import TopicPartition
+from tools.logdata.batches import producer_batch
+from tools.peers.scripted_leader import ScriptedLeader
+from tools.replica import end_offsets, segment_bytes
+
+TOPIC = "replicated"
+TP = TopicPartition(TOPIC, 0)
+
+
+def _batches(count: int) -> list[bytes]:
+    return [
+        producer_batch(5 * i, [b"v%d" % j for j in range(5)], leader_epoch=1) for i in range(count)
+    ]
+
+
+async def _until(predicate, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def _replicator(port: int, data_dir) -> Replicator:
+    return Replicator(
+        ReplicatorSettings(
+            bootstrap_servers=(f"127.0.0.1:{port}",),
+            data_dir=data_dir,
+            selection=TopicSelection(include=(TOPIC,)),
+            fetch=FetchSettings(backoff_ms=20, wait_max_ms=50),
+        )
+    )
+
+
+async def test_replicates_halts_a_recreated_topic_and_stops_cleanly(tmp_path):
+    batches = _batches(8)
+    leader = ScriptedLeader(TOPIC)
+    leader.set_log(batches, leader_epoch=1)
+    port = await leader.start()
+    data_dir = tmp_path / "data"
+    try:
+        replicator = _replicator(port, data_dir)
+        stop = asyncio.Event()
+        task = asyncio.create_task(replicator.run(stop))
+        await _until(lambda: end_offsets(data_dir).get(TP) == 40)
+        assert set(replicator.fetchers) == {leader.node_id}
+        state = replicator.states[TP]
+        assert state.phase is PartitionPhase.FETCHING and state.topic_id == leader.topic_id
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        assert replicator.pool.account.used == 0
+        assert segment_bytes(data_dir / f"{TOPIC}-0") == b"".join(batches)
+
+        # The topic is deleted and created again upstream: a new id, another history.
+        leader.topic_id = uuid.uuid4()
+        leader.set_log(_batches(2), leader_epoch=2)
+        again = _replicator(port, data_dir)
+        stop = asyncio.Event()
+        task = asyncio.create_task(again.run(stop))
+        await _until(lambda: TP in again.states and again.states[TP].phase is PartitionPhase.HALTED)
+        assert "recreated" in (again.states[TP].last_error or "")
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    finally:
+        await leader.close()
+    # Halted, not truncated: the replica keeps what it had.
+    assert segment_bytes(data_dir / f"{TOPIC}-0") == b"".join(batches)
