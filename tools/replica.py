@@ -25,7 +25,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -35,6 +34,7 @@ import yaml
 
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
+from tools.wait import wait_until
 
 # `python -m replicad.cli` as installed for production: without the test extra's hypothesis,
 # which kio imports when present (8 MiB of RSS no production replicad has). Benchmarks use it.
@@ -397,17 +397,6 @@ def end_offsets(data_dir: Path) -> dict[TopicPartition, int]:
 def topic_ends(data_dir: Path, topic: str) -> dict[int, int]:
     """The log end of each of `topic`'s partitions in `data_dir`, by partition number."""
     return {tp.partition: end for tp, end in end_offsets(data_dir).items() if tp.topic == topic}
-
-
-def wait_until(
-    predicate: Callable[[], bool], *, timeout_s: float, interval_s: float = 0.25, what: str = ""
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval_s)
-    raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what or predicate}")
 
 
 # `replicad status` exits 0-2 with the daemon's health, 3 when it cannot ask the daemon.

@@ -1,10 +1,17 @@
 """`replicad serve` under hostile clients (tools/chaos/hostile.py's probes), with ordinary
-clients beside them: a raw Fetch loop whose every round trip is timed, and kafka-python
-consumers that must get every record while the probe runs."""
+clients beside them: a raw Fetch loop that must keep being answered, and kafka-python
+consumers that must get every record while the probe runs.
+
+The tests hold the server to behaviour (refused, closed, counted, served, memory bounded),
+never to how long anything took: how long a plain Fetch waits beside each probe is a figure
+of `python -m tools.chaos.hostile table` (docs/reliability.md), not an assertion a busy
+machine could fail."""
 
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
+import gc
 import os
 import resource
 import socket
@@ -43,8 +50,9 @@ from tools.chaos.hostile import (
 )
 from tools.logdata.batches import producer_batch
 from tools.peers.pki import make_test_pki
-from tools.peers.process import free_port
+from tools.peers.process import free_port, port_accepts
 from tools.replica import replicad_argv
+from tools.wait import wait_until
 
 TOPIC = "t"
 T0 = TopicPartition(TOPIC, 0)
@@ -52,6 +60,8 @@ BATCHES = 200
 PER_BATCH = 10
 RECORDS = BATCHES * PER_BATCH
 MIB = 1024 * 1024
+# A reader that has not read everything by then is starved, not slow: only a hang reaches it.
+READ_DEADLINE_S = 120
 
 
 def batches() -> list[bytes]:
@@ -77,7 +87,6 @@ class KafkaPythonReader:
     max_poll_records: int = 500
     pause_s: float = 0.0
     values: list[bytes] = field(default_factory=list)
-    seconds: float = 0.0
     error: BaseException | None = None
     _thread: threading.Thread | None = None
 
@@ -86,24 +95,20 @@ class KafkaPythonReader:
         self._thread.start()
         return self
 
-    def wait_reading(self, timeout_s: float = 30) -> KafkaPythonReader:
-        deadline = time.monotonic() + timeout_s
-        while not self.values:
-            assert self.error is None, self.error
-            assert time.monotonic() < deadline, "the reader read nothing"
-            time.sleep(0.02)
+    def wait_reading(self) -> KafkaPythonReader:
+        wait_until(lambda: self.values or self.error, what="the reader to read something")
+        assert self.error is None, self.error
         return self
 
-    def join(self, timeout_s: float = 60) -> KafkaPythonReader:
+    def join(self) -> KafkaPythonReader:
         assert self._thread is not None
-        self._thread.join(timeout_s)
+        self._thread.join(READ_DEADLINE_S + 60)
         return self
 
     def _run(self) -> None:
         from kafka import KafkaConsumer
         from kafka import TopicPartition as KTP
 
-        start = time.monotonic()
         try:
             consumer = KafkaConsumer(
                 bootstrap_servers=self.bootstrap,
@@ -116,16 +121,16 @@ class KafkaPythonReader:
             )
             try:
                 consumer.assign([KTP(TOPIC, 0)])
-                deadline = time.monotonic() + 50
+                deadline = time.monotonic() + READ_DEADLINE_S
                 while len(self.values) < RECORDS and time.monotonic() < deadline:
                     for messages in consumer.poll(timeout_ms=200).values():
                         self.values += [m.value for m in messages]
-                    time.sleep(self.pause_s)
+                    if self.pause_s:
+                        time.sleep(self.pause_s)  # timing-ok: a slow reader, still reading later
             finally:
                 consumer.close()
         except BaseException as exc:  # reported by the test
             self.error = exc
-        self.seconds = time.monotonic() - start
 
     def assert_read_everything(self) -> None:
         assert self.error is None, self.error
@@ -141,23 +146,22 @@ def test_a_huge_fetch_is_refused_before_it_is_read_and_others_stay_served(
 ) -> None:
     served = serve_in_thread(replica)
     with FetchLatency(address(served), TOPIC) as normal:
-        time.sleep(0.2)
+        normal.wait_answered()
         reader = KafkaPythonReader(served.bootstrap).start()
         # 8 MiB naming 500,000 partitions: legal by Kafka's 100 MiB request limit, about
         # 8 s of the loop to answer before; refused at its size prefix now.
-        big = huge_fetch(address(served), 500_000, timeout_s=30)
+        big = huge_fetch(address(served), 500_000, timeout_s=60)
         # 1 MiB naming 65,000: small enough to read, refused once decoded (~1 s before).
-        medium = huge_fetch(address(served), 65_000, timeout_s=30)
+        medium = huge_fetch(address(served), 65_000, timeout_s=60)
         reader.join()
-        time.sleep(0.2)
-    assert big.outcome == "closed" and big.seconds < 5, big
-    assert medium.outcome == "closed" and medium.seconds < 5, medium
+        normal.wait_answered(3)
+    # Refused, not answered: the server hung up on both (a timeout would say "open").
+    assert big.outcome == "closed", big
+    assert medium.outcome == "closed", medium
     reader.assert_read_everything()
     assert not normal.failures, normal.failures
-    assert len(normal.latencies_s) > 10
-    # Each of the two costs the loop at most the decoding of 1 MiB (~15-60 ms, measured);
-    # the bound leaves room for a loaded machine (the old server: 16 s).
-    assert normal.max_ms < 1000, f"a plain Fetch waited {normal.max_ms:.0f} ms"
+    # How long a plain Fetch waits meanwhile (~15-60 ms measured, 16 s before) is a
+    # figure of `python -m tools.chaos.hostile table`.
     assert served.metrics()["implausible_requests_total"] == 2
 
 
@@ -174,29 +178,26 @@ def test_pipelining_clients_leave_a_normal_consumer_its_turns(replica, serve_in_
     alone = KafkaPythonReader(served.bootstrap).start().join()
     alone.assert_read_everything()
     with FetchLatency(address(served), TOPIC) as normal:
-        time.sleep(0.2)
+        normal.wait_answered()
+
+        def pipelined() -> int:
+            return served.metrics()["requests_total"].get("LIST_OFFSETS v1", 0)
+
         # Two connections each sending 200,000 requests in one go (4 MB) and reading the
         # answers as fast as they come.
         with Pipelining(address(served), connections=2):
-            deadline = time.monotonic() + 10
-            while served.metrics()["requests_total"].get("LIST_OFFSETS v1", 0) < 1000:
-                assert time.monotonic() < deadline, "the pipelining clients did not get going"
-                time.sleep(0.05)
+            wait_until(lambda: pipelined() >= 1000, what="the pipelining clients to get going")
             shared = KafkaPythonReader(served.bootstrap).start().join()
-            time.sleep(1.0)
+            normal.wait_answered(3)
+            # Still flooding: the reader and the plain Fetch were served beside it, not
+            # after it.
+            after_reader = pipelined()
+            wait_until(lambda: pipelined() > after_reader, what="the flood to go on")
     shared.assert_read_everything()
     assert not normal.failures, normal.failures
     # Each connection answers for at most TURN_S (5 ms) before the others' turn, so a
-    # plain Fetch waits a few turns at most. Measured (everything in this process, two
-    # shared cores): p90 50 ms, max 80-190 ms; before, each chunk of buffered requests
-    # held the loop: p90 3,170 ms, max 3,940 ms.
-    # The bounds leave room for a machine shared with other test runs (seen: p90 157 ms,
-    # max 552 ms under load); the old server is far outside them.
-    assert normal.quantile_ms(0.9) < 500, f"p90 {normal.quantile_ms(0.9):.0f} ms"
-    assert normal.max_ms < 1500, f"a plain Fetch waited {normal.max_ms:.0f} ms"
-    # kafka-python's ~20 round trips (and its start): 0.25-0.5 s alone, 1.6-2.3 s beside
-    # the flood here (its thread shares this process's GIL with the server's).
-    assert shared.seconds < 8, (shared.seconds, alone.seconds)
+    # plain Fetch waits a few turns at most (measured: p90 50 ms, max 80-190 ms; before,
+    # p90 3,170 ms): figures of `python -m tools.chaos.hostile table`, not asserted here.
 
 
 def test_unknown_versions_are_counted_under_one_label(replica, serve_in_thread) -> None:
@@ -242,31 +243,34 @@ def test_stalled_near_limit_frames_stay_within_the_pool_and_are_closed_in_time(
     with FetchLatency(address(served), TOPIC) as normal:
         reader = KafkaPythonReader(served.bootstrap).start()
         with stalled_frames(address(served), 40, declared, declared - 1) as socks:
-            time.sleep(1.0)
+            # All 40 frames taken in: those past the pool's 8 MiB wait for it.
+            metrics = wait_until(
+                lambda: (m := served.metrics())["request_pool_waits_total"]
+                >= 40 - pool_bytes // declared
+                and m,
+                what="the stalled frames to fill the request pool",
+            )
             during = rss_bytes()
-            metrics = served.metrics()
             reader.join()
-            deadline = time.monotonic() + 10
-            while any(still_open(s) for s in socks) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            closed = sum(not still_open(s) for s in socks)
+            normal.wait_answered(3)
+            wait_until(
+                lambda: not any(still_open(s) for s in socks),
+                what="the stalled frames to be closed at request_frame_timeout_ms",
+            )
     reader.assert_read_everything()
-    assert not normal.failures and normal.max_ms < 500, normal.max_ms
+    assert not normal.failures, normal.failures
     assert metrics["request_pool_used_bytes"] <= pool_bytes
-    assert metrics["request_pool_waits_total"] >= 40 - pool_bytes // declared
     # Before: every frame held (40 MiB and growing with the count); now the pool and the
     # buffers of the connections waiting for it (~128 KiB each), plus allocator slack.
     assert during - before < pool_bytes + 24 * MIB, (during - before) / MIB
-    assert closed == 40, "stalled frames must be closed at request_frame_timeout_ms"
     assert served.metrics()["frame_timeouts_total"] == 40
 
 
 def test_an_idle_connection_is_closed(replica, serve_in_thread) -> None:
     served = serve_in_thread(replica, ServeSettings(connections_max_idle_ms=300))
     with connection_flood(address(served), 3) as socks:
-        time.sleep(1.5)
-        assert not any(still_open(s) for s in socks)
-    assert served.metrics()["idle_closed_total"] == 3
+        wait_until(lambda: not any(still_open(s) for s in socks), what="idle connections closed")
+    wait_until(lambda: served.metrics()["idle_closed_total"] == 3, what="3 idle closes counted")
 
 
 @pytest.fixture
@@ -290,17 +294,6 @@ def closed_replica(tmp_path: Path, fill: Callable[..., Any]) -> Path:
     return data_dir
 
 
-def wait_for_port(port: int, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            assert time.monotonic() < deadline, f"nothing listens on {port}"
-            time.sleep(0.1)
-
-
 def test_a_connection_flood_past_the_open_file_limit_leaves_consumers_served(
     closed_replica, tmp_path
 ) -> None:
@@ -322,7 +315,7 @@ def test_a_connection_flood_past_the_open_file_limit_leaves_consumers_served(
             preexec_fn=low_limit,
         )
     try:
-        wait_for_port(port)
+        wait_until(lambda: port_accepts(port), what=f"replicad serve to listen on {port}")
         bootstrap = f"127.0.0.1:{port}"
         with FetchLatency(("127.0.0.1", port), TOPIC) as normal:
             # An established consumer, still reading when the flood comes.
@@ -330,24 +323,21 @@ def test_a_connection_flood_past_the_open_file_limit_leaves_consumers_served(
             reader.start().wait_reading()
             with connection_flood(("127.0.0.1", port), 600) as socks:
                 # Connections still in the listen backlog look open from this side until
-                # serve accepts and refuses them: on a loaded machine that takes longer
-                # than a second (a fresh-clone CI run counted 214 open after 1 s).
-                deadline = time.monotonic() + 20
-                time.sleep(1.0)
-                open_now = sum(still_open(s) for s in socks)
-                while open_now > limit // 2 and time.monotonic() < deadline:
-                    time.sleep(0.25)
-                    open_now = sum(still_open(s) for s in socks)
+                # serve accepts and refuses them (a loaded machine takes seconds): wait
+                # for serve to drain its backlog down to what it keeps. Room for the log's
+                # files and 256 more, at least half the limit: 200 here.
+                wait_until(
+                    lambda: sum(still_open(s) for s in socks) <= limit // 2,
+                    what=f"serve to keep at most {limit // 2} of the flood open",
+                )
                 reader.join()
-            time.sleep(0.3)
+                normal.wait_answered(3)
     finally:
         proc.terminate()
         proc.wait(10)
     lines = log_path.read_text().splitlines()
     reader.assert_read_everything()
-    assert not normal.failures and len(normal.latencies_s) > 10
-    # Room for the log's files and 256 more, at least half the limit: 200 here.
-    assert open_now <= limit // 2, open_now
+    assert not normal.failures, normal.failures
     assert not any("Traceback" in line or "out of system resource" in line for line in lines)
     refused = [line for line in lines if "connection refused" in line]
     assert 1 <= len(refused) <= 2, refused
@@ -363,14 +353,20 @@ def test_per_ip_limit_closes_new_connections_and_keeps_the_established(
     )
     served = serve_in_thread(replica, limits)
     with FetchLatency(address(served), TOPIC) as normal:
-        time.sleep(0.2)
+        normal.wait_answered()
         with connection_flood(address(served), 60) as socks:
-            time.sleep(0.5)
-            open_now = sum(still_open(s) for s in socks)
-        time.sleep(0.2)
-    assert open_now == 19  # the 20th is the FetchLatency connection
+            wait_until(
+                lambda: served.metrics().get("refused_connections_per_ip_total") == 41,
+                what="41 connections refused",
+            )
+            # The 20th is the FetchLatency connection; the refused are closed by serve.
+            wait_until(
+                lambda: sum(still_open(s) for s in socks) == 19,
+                what="the 41 refused connections closed",
+            )
+            normal.wait_answered(3)
     assert served.metrics()["refused_connections_per_ip_total"] == 41
-    assert not normal.failures and len(normal.latencies_s) > 10
+    assert not normal.failures, normal.failures
 
 
 # -- authentication ---------------------------------------------------------------------------
@@ -411,8 +407,9 @@ def test_failed_authentications_are_delayed_and_hashed_off_the_loop(
     with structlog.testing.capture_logs() as lines:
         guesses = guess(address(served), "reader", 10)
     assert guesses.refused == 10
-    # Each answer waits out the delay: no more than 5 guesses a second per connection.
-    assert guesses.seconds >= 10 * 0.2 and guesses.per_second <= 5, guesses
+    # Each answer waits out the delay (an asyncio.sleep in the server's shell), so ten take
+    # at least ten delays. A lower bound: a busy machine only makes the guesses slower.
+    assert guesses.seconds >= 10 * 0.2, guesses  # timing-ok: the delay is the behaviour
     assert served.metrics()["authentication_failures_total"] == 10
     assert len([line for line in lines if line["event"].startswith("SASL")]) == 1
 
@@ -423,13 +420,24 @@ def test_a_connection_that_never_authenticates_is_closed_in_time(
     settings = ServeSettings(authentication_timeout_ms=500)
     served = serve_in_thread(replica, settings, security=sasl_listener(plain_users))
     with connection_flood(address(served), 20) as socks:
-        time.sleep(1.5)
-        assert not any(still_open(s) for s in socks)
-    assert served.metrics()["authentication_timeouts_total"] == 20
+        wait_until(
+            lambda: not any(still_open(s) for s in socks),
+            what="unauthenticated connections closed at authentication_timeout_ms",
+        )
+    wait_until(
+        lambda: served.metrics()["authentication_timeouts_total"] == 20,
+        what="20 authentication timeouts counted",
+    )
 
 
 def connection_tasks(loop: asyncio.AbstractEventLoop) -> int:
     return sum("_accept" in repr(task.get_coro()) for task in asyncio.all_tasks(loop))
+
+
+def tls_protocols_alive() -> int:
+    """asyncio's TLS connection objects still alive (after a full collection)."""
+    gc.collect()
+    return sum(isinstance(o, asyncio.sslproto.SSLProtocol) for o in gc.get_objects())
 
 
 def test_silent_tls_clients_are_closed_at_the_handshake_deadline_and_leave_nothing(
@@ -446,26 +454,25 @@ def test_silent_tls_clients_are_closed_at_the_handshake_deadline_and_leave_nothi
     served = serve_in_thread(
         replica, settings, security=ServerSecurity.from_config(config, frozenset())
     )
-    after: list[int] = []
     for _ in range(3):  # rounds: what one leaves behind would add up
         with connection_flood(address(served), 500) as socks:
-            deadline = time.monotonic() + 10
-            while any(still_open(s) for s in socks) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert not any(still_open(s) for s in socks)
-        deadline = time.monotonic() + 5
-        while served.metrics()["connections"] and time.monotonic() < deadline:
-            time.sleep(0.1)
+            wait_until(
+                lambda: not any(still_open(s) for s in socks),
+                what="silent TLS clients closed at the handshake deadline",
+            )
         # Before: asyncio's timeout closed the socket, but the connection's task waited
         # in start_tls() for good.
-        assert served.metrics()["connections"] == 0
-        assert served.call(connection_tasks, served.loop) == 0
-        after.append(rss_bytes())
+        wait_until(lambda: served.metrics()["connections"] == 0, what="no connection left")
+        wait_until(
+            lambda: served.call(connection_tasks, served.loop) == 0,
+            what="no connection task left",
+        )
+        # Nor a TLS connection's state (~120 KB each): what the allocator keeps of the
+        # round's peak is its own business (RSS after the rounds measured +60, +3..37 and
+        # +1..42 MiB, depending on what ran before in this process), so the test counts
+        # the objects themselves.
+        assert served.call(tls_protocols_alive) == 0
     assert served.metrics()["tls_handshake_failures_total"] == 1500
-    # The first rounds' peak (~120 KB per TLS connection) stays with the allocator; a
-    # later round reuses it (measured: +60 MiB, then +12 or +37 depending on what ran
-    # before in this process, then +1). Before, every round added its own.
-    assert after[-1] - after[-2] < 16 * MIB, [round(a / MIB) for a in after]
 
 
 def test_a_replayed_scram_exchange_is_refused(replica, serve_in_thread, plain_users) -> None:
@@ -498,12 +505,14 @@ def test_a_client_over_its_request_quota_is_told_to_wait_and_muted(
         FetchLatency(address(served), TOPIC) as normal,
         socket.create_connection(address(served), 5, ("127.0.0.2", 0)) as greedy,
     ):
-        greedy.settimeout(10)
+        greedy.settimeout(60)
         sender = threading.Thread(
             target=greedy.sendall, args=(list_offsets_v2 * 50_000,), daemon=True
         )
         sender.start()
-        deadline = time.monotonic() + 20
+        normal.wait_answered()
+        # Reads until a long throttle; the deadline only stops a server that never throttles.
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             answer = read_frame(greedy)
             if answer is None:
@@ -513,15 +522,14 @@ def test_a_client_over_its_request_quota_is_told_to_wait_and_muted(
             # A throttle of a few ms cannot be told from scheduling noise: wait for one
             # long enough to see the mute (they grow while the client keeps asking).
             if throttle >= 200:
-                muted_from = time.monotonic()
                 greedy.settimeout(throttle / 1000 / 2)
                 with pytest.raises(TimeoutError):
                     read_frame(greedy)  # nothing more while the throttle lasts
-                assert time.monotonic() - muted_from >= throttle / 1000 / 2
                 break
+        # The plain Fetch, from its own address, is not held back by the greedy one's quota.
+        normal.wait_answered(3)
     assert throttles and throttles[-1] >= 200, f"not throttled in {len(throttles)} answers"
     assert served.metrics()["throttled_responses_total"] >= 1
     # 1% of the loop over at least 10 s is 100 ms, a few thousand of these requests.
     assert len(throttles) < 50_000
-    # The plain Fetch, from its own address, is not held back by the greedy one's quota.
-    assert not normal.failures and normal.quantile_ms(0.9) < 500
+    assert not normal.failures, normal.failures

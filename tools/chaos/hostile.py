@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from replicad.clock import wall_ms
+from tools.wait import DEADLINE_S, wait_until
 
 FETCH, LIST_OFFSETS, SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE = 1, 2, 17, 18, 36
 NO_REPLICA = -1
@@ -453,6 +454,19 @@ class FetchLatency:
                     return
                 self.latencies_s.append(time.monotonic() - start)
                 time.sleep(self.pause_s)
+
+    def wait_answered(self, more: int = 1, *, timeout_s: float = DEADLINE_S) -> FetchLatency:
+        """Until `more` further round trips have been answered from now: the server still
+        serves this client. Raises at once when the server failed it."""
+        target = len(self.latencies_s) + more
+
+        def answered() -> bool:
+            if self.failures:
+                raise RuntimeError(f"the plain Fetch client failed: {self.failures}")
+            return len(self.latencies_s) >= target
+
+        wait_until(answered, timeout_s=timeout_s, what=f"{more} more plain Fetches answered")
+        return self
 
     @property
     def max_ms(self) -> float:

@@ -1,0 +1,271 @@
+"""`python -m tools.clockcheck [PATH ...]`: tests that wait by the clock, named by file and line.
+
+The suite's rule: a test waits for an event (a status field, an offset, a log line, a port)
+under a generous deadline that only a hang reaches, and asserts behaviour, never a
+duration. A test that sleeps to let something happen, or asserts how long something took,
+tests the machine: it fails when the machine is busy. This check reads the test sources
+with `ast` (imports nothing) and reports
+
+- an `assert` on the clock: a comparison that reads `time.monotonic()`,
+  `time.perf_counter()`, `time.time()` (and their `_ns` forms), an event loop's `.time()`,
+  or a name assigned from any of those in the same function, directly or through other
+  names (`started = time.monotonic()`, `took = time.monotonic() - started`,
+  `assert took < 2`); and a comparison by order (`<`, `<=`, `>`, `>=`) of a name that says
+  it is a duration (`elapsed`, `took`, `duration`, `latency`, `stall`, `steady_s`, ...);
+- a sleep: `time.sleep(...)`, `asyncio.sleep(...)` (or `sleep` imported from either), other
+  than `asyncio.sleep(0)`, which only lets the loop run its ready callbacks.
+
+A sleep or a clock assertion that *is* the behaviour under test (a slow peer the test
+plays, a request stretched out on purpose) carries the marker `# timing-ok: why` on its
+line or in the comment lines right above it; the reason is required. Keep them rare:
+`grep -rn "timing-ok" tests` lists them all.
+
+Exit status 0 when nothing is found, 1 otherwise, one line per finding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = re.compile(r"#\s*timing-ok:\s*\S")
+
+# module.function calls that read a clock.
+_CLOCK_CALLS = {
+    ("time", "monotonic"),
+    ("time", "monotonic_ns"),
+    ("time", "perf_counter"),
+    ("time", "perf_counter_ns"),
+    ("time", "time"),
+    ("time", "time_ns"),
+}
+_CLOCK_NAMES = {name for _, name in _CLOCK_CALLS}
+_SLEEPERS = {("time", "sleep"), ("asyncio", "sleep"), ("anyio", "sleep"), ("trio", "sleep")}
+# A name that says it holds a duration, compared by order, is a duration assertion
+# whatever it was computed from (a benchmark's result, a helper's return value).
+_DURATION_WORDS = re.compile(
+    r"(^|_)(elapsed|took|duration|durations|latency|latencies|stall|stalls|steady_s|wall_s|"
+    r"seconds_taken|time_taken|spent)($|_)"
+)
+_ORDER = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    path: Path
+    line: int
+    what: str
+
+    def text(self, root: Path) -> str:
+        try:
+            shown = self.path.relative_to(root)
+        except ValueError:
+            shown = self.path
+        return f"{shown}:{self.line}: {self.what}"
+
+
+def _dotted(node: ast.expr) -> tuple[str, ...] | None:
+    if isinstance(node, ast.Name):
+        return (node.id,)
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return None if inner is None else (*inner, node.attr)
+    return None
+
+
+class _Imports:
+    """Which bare names stand for a clock or a sleep (`from time import monotonic`)."""
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.clocks: set[str] = set()
+        self.sleeps: set[str] = set()
+        for node in tree.body:  # the module's own imports: a test file's are at the top
+            if isinstance(node, ast.ImportFrom) and node.module in {"time", "asyncio", "anyio"}:
+                for alias in node.names:
+                    local = alias.asname or alias.name
+                    if (node.module, alias.name) in _CLOCK_CALLS:
+                        self.clocks.add(local)
+                    if (node.module, alias.name) in _SLEEPERS:
+                        self.sleeps.add(local)
+
+    def is_clock(self, call: ast.Call) -> bool:
+        name = _dotted(call.func)
+        if name is None:
+            return False
+        if len(name) == 1:
+            return name[0] in self.clocks
+        # time.monotonic(), and an event loop's own clock: loop.time(),
+        # asyncio.get_running_loop().time() (its func is an Attribute on a Call).
+        return tuple(name[-2:]) in _CLOCK_CALLS or (name[-1] == "time" and name[-2] == "loop")
+
+    def is_loop_time(self, call: ast.Call) -> bool:
+        func = call.func
+        return (
+            isinstance(func, ast.Attribute)
+            and func.attr == "time"
+            and isinstance(func.value, ast.Call)
+            and (_dotted(func.value.func) or ("",))[-1] in {"get_running_loop", "get_event_loop"}
+        )
+
+    def is_sleep(self, call: ast.Call) -> bool:
+        name = _dotted(call.func)
+        if name is None:
+            return False
+        if len(name) == 1:
+            return name[0] in self.sleeps
+        return tuple(name[-2:]) in _SLEEPERS
+
+
+def _assigned_names(target: ast.expr) -> Iterator[str]:
+    if isinstance(target, ast.Name):
+        yield target.id
+    elif isinstance(target, ast.Tuple | ast.List):
+        for elt in target.elts:
+            yield from _assigned_names(elt)
+    elif isinstance(target, ast.Starred):
+        yield from _assigned_names(target.value)
+
+
+def _own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of one function (or module) body, not those of functions nested in it."""
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+class _Scope:
+    """One function: the names that hold a clock reading or something computed from one."""
+
+    def __init__(self, nodes: list[ast.AST], imports: _Imports, outer: frozenset[str]) -> None:
+        self.imports = imports
+        self.timed: set[str] = set(outer)
+        assignments: list[tuple[list[str], ast.expr]] = []
+        for node in nodes:
+            if isinstance(node, ast.Assign):
+                names = [n for t in node.targets for n in _assigned_names(t)]
+                assignments.append((names, node.value))
+            elif isinstance(node, ast.AnnAssign | ast.AugAssign) and node.value is not None:
+                assignments.append((list(_assigned_names(node.target)), node.value))
+            elif isinstance(node, ast.NamedExpr):
+                assignments.append(([node.target.id], node.value))
+        changed = True
+        while changed:
+            changed = False
+            for names, value in assignments:
+                if self.reads_clock(value):
+                    for name in names:
+                        if name not in self.timed:
+                            self.timed.add(name)
+                            changed = True
+
+    def reads_clock(self, expr: ast.AST) -> bool:
+        for node in ast.walk(expr):
+            if isinstance(node, ast.Call) and (
+                self.imports.is_clock(node) or self.imports.is_loop_time(node)
+            ):
+                return True
+            if isinstance(node, ast.Name) and node.id in self.timed:
+                return True
+        return False
+
+
+def _says_duration(expr: ast.expr) -> bool:
+    for node in ast.walk(expr):
+        if isinstance(node, ast.Name) and _DURATION_WORDS.search(node.id.lower()):
+            return True
+        if isinstance(node, ast.Attribute) and _DURATION_WORDS.search(node.attr.lower()):
+            return True
+    return False
+
+
+def _clock_assertion(test: ast.expr, scope: _Scope) -> bool:
+    for node in ast.walk(test):
+        if not isinstance(node, ast.Compare):
+            continue
+        if scope.reads_clock(node):
+            return True
+        if any(isinstance(op, _ORDER) for op in node.ops) and _says_duration(node):
+            return True
+    return False
+
+
+def _is_zero(call: ast.Call) -> bool:
+    args = [*call.args, *(k.value for k in call.keywords)]
+    return (
+        len(args) == 1
+        and isinstance(args[0], ast.Constant)
+        and args[0].value == 0
+        and not isinstance(args[0].value, bool)
+    )
+
+
+def _marked(lines: Sequence[str], line: int) -> bool:
+    """Whether `line` (1-based) carries the marker, or the comment block right above it does."""
+    if MARKER.search(lines[line - 1]):
+        return True
+    above = line - 2
+    while above >= 0 and lines[above].lstrip().startswith("#"):
+        if MARKER.search(lines[above]):
+            return True
+        above -= 1
+    return False
+
+
+def check_source(path: Path, source: str) -> list[Finding]:
+    tree = ast.parse(source, filename=str(path))
+    lines = source.splitlines()
+    imports = _Imports(tree)
+    findings: list[Finding] = []
+
+    def visit(scope: ast.AST, outer: frozenset[str]) -> None:
+        nodes = list(_own_nodes(scope))
+        names = _Scope(nodes, imports, outer)
+        for node in nodes:
+            what = ""
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                # A nested function sees its enclosing function's clock readings.
+                visit(node, frozenset(names.timed))
+            elif isinstance(node, ast.Assert) and _clock_assertion(node.test, names):
+                what = "asserts on elapsed time"
+            elif isinstance(node, ast.Call) and imports.is_sleep(node) and not _is_zero(node):
+                what = f"sleeps to wait ({ast.unparse(node)})"
+            if what and not _marked(lines, node.lineno):
+                findings.append(Finding(path, node.lineno, what))
+
+    visit(tree, frozenset())
+    return sorted(findings, key=lambda f: f.line)
+
+
+def python_files(paths: Iterable[Path]) -> Iterator[Path]:
+    for path in paths:
+        if path.is_dir():
+            yield from sorted(p for p in path.rglob("*.py") if "__pycache__" not in p.parts)
+        else:
+            yield path
+
+
+def check(paths: Iterable[Path]) -> list[Finding]:
+    return [f for p in python_files(paths) for f in check_source(p, p.read_text())]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.clockcheck", description=__doc__)
+    parser.add_argument("paths", nargs="*", type=Path, default=[ROOT / "tests"])
+    args = parser.parse_args(argv)
+    findings = check(args.paths)
+    for finding in findings:
+        print(finding.text(ROOT))
+    return 1 if findings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
