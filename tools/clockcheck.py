@@ -6,19 +6,21 @@ duration. A test that sleeps to let something happen, or asserts how long someth
 tests the machine: it fails when the machine is busy. This check reads the test sources
 with `ast` (imports nothing) and reports
 
-- an `assert` on the clock: a comparison that reads `time.monotonic()`,
-  `time.perf_counter()`, `time.time()` (and their `_ns` forms), an event loop's `.time()`,
-  or a name assigned from any of those in the same function, directly or through other
-  names (`started = time.monotonic()`, `took = time.monotonic() - started`,
-  `assert took < 2`); and a comparison by order (`<`, `<=`, `>`, `>=`) of a name that says
-  it is a duration (`elapsed`, `took`, `duration`, `latency`, `stall`, `steady_s`, ...);
+- an `assert` on the clock: an ordered comparison (`<`, `<=`, `>`, `>=`) that reads
+  `time.monotonic()`, `time.perf_counter()`, `time.time()` (and their `_ns` forms), an
+  event loop's `.time()`, or a name computed from one of those in the same function
+  (`started = time.monotonic()`, `took = time.monotonic() - started`, `assert took < 2`);
+  or that holds a name saying it is a duration (`elapsed`, `took`, `latency`, `stall`,
+  `_timed_write(...)`, a name in seconds or milliseconds such as `checkpoint_ms` or
+  `SOAK_S` that is not a setting), or a bare fraction (`median(gaps) < 0.2`);
 - a sleep: `time.sleep(...)`, `asyncio.sleep(...)` (or `sleep` imported from either), other
   than `asyncio.sleep(0)`, which only lets the loop run its ready callbacks.
 
-A sleep or a clock assertion that *is* the behaviour under test (a slow peer the test
-plays, a request stretched out on purpose) carries the marker `# timing-ok: why` on its
-line or in the comment lines right above it; the reason is required. Keep them rare:
-`grep -rn "timing-ok" tests` lists them all.
+A sleep that *is* the behaviour under test (a slow peer the test plays, a reader paced on
+purpose) carries the marker `# timing-ok: why` on its line or in the comment lines right
+above it; the reason is required. So does an assertion the check mistakes for a duration
+(a figure no clock gave), saying so. Keep them rare: `grep -rn "timing-ok" tests` lists
+them all.
 
 Exit status 0 when nothing is found, 1 otherwise, one line per finding.
 """
@@ -51,9 +53,18 @@ _SLEEPERS = {("time", "sleep"), ("asyncio", "sleep"), ("anyio", "sleep"), ("trio
 # whatever it was computed from (a benchmark's result, a helper's return value).
 _DURATION_WORDS = re.compile(
     r"(^|_)(elapsed|took|duration|durations|latency|latencies|stall|stalls|steady_s|wall_s|"
-    r"seconds_taken|time_taken|spent)($|_)"
+    r"seconds|seconds_taken|time_taken|spent|timed)($|_)"
+)
+# So does a name in seconds or milliseconds (`checkpoint_ms`, `row["longest_block_ms"]`,
+# `SOAK_S`), unless it names a setting or a figure no busy machine changes: a timeout, an
+# interval, a core's backoff computed from a fake clock, CPU seconds.
+_TIME_UNIT = re.compile(r"(_s|_ms|_us|_ns|_seconds|_secs)$")
+_NOT_ELAPSED = re.compile(
+    r"cpu|timeout|interval|backoff|retry|linger|wait|deadline|delay|lifetime|ttl|period"
 )
 _ORDER = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+# Builtins a clock reading goes through and stays a time.
+_NUMERIC = frozenset({"abs", "float", "int", "max", "min", "round", "sum"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,32 +179,69 @@ class _Scope:
                             changed = True
 
     def reads_clock(self, expr: ast.AST) -> bool:
-        for node in ast.walk(expr):
-            if isinstance(node, ast.Call) and (
-                self.imports.is_clock(node) or self.imports.is_loop_time(node)
-            ):
-                return True
+        """Whether `expr` computes with a clock reading. Through arithmetic and the numeric
+        builtins only: a reading passed to anything else (a unique name made of it, a
+        topic named after it) is not a time any more."""
+        todo = [expr]
+        while todo:
+            node = todo.pop()
+            if isinstance(node, ast.Call):
+                if self.imports.is_clock(node) or self.imports.is_loop_time(node):
+                    return True
+                if not (isinstance(node.func, ast.Name) and node.func.id in _NUMERIC):
+                    continue
+                todo.extend(node.args)
+                continue
+            if isinstance(node, ast.JoinedStr):
+                continue
             if isinstance(node, ast.Name) and node.id in self.timed:
                 return True
+            todo.extend(ast.iter_child_nodes(node))
         return False
+
+
+def _is_duration_name(name: str) -> bool:
+    name = name.lower()
+    if _DURATION_WORDS.search(name):
+        return True
+    return bool(_TIME_UNIT.search(name)) and not _NOT_ELAPSED.search(name)
 
 
 def _says_duration(expr: ast.expr) -> bool:
     for node in ast.walk(expr):
-        if isinstance(node, ast.Name) and _DURATION_WORDS.search(node.id.lower()):
-            return True
-        if isinstance(node, ast.Attribute) and _DURATION_WORDS.search(node.attr.lower()):
+        if isinstance(node, ast.Name):
+            name = node.id
+        elif isinstance(node, ast.Attribute):
+            name = node.attr
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            name = node.value  # a key: row["checkpoint_s"]
+        else:
+            continue
+        if _is_duration_name(name):
             return True
     return False
 
 
+def _fraction_bound(compare: ast.Compare) -> bool:
+    """Ordered against a bare fraction (`median(gaps) < 0.2`): seconds, in a test, unless a
+    name in it says otherwise (`cpu_s >= 0.3`)."""
+    operands = [compare.left, *compare.comparators]
+    if not any(
+        isinstance(o, ast.Constant) and isinstance(o.value, float) and not o.value.is_integer()
+        for o in operands
+    ):
+        return False
+    names = [n.id for n in ast.walk(compare) if isinstance(n, ast.Name)]
+    names += [n.attr for n in ast.walk(compare) if isinstance(n, ast.Attribute)]
+    return not any(_NOT_ELAPSED.search(name.lower()) for name in names)
+
+
 def _clock_assertion(test: ast.expr, scope: _Scope) -> bool:
     for node in ast.walk(test):
-        if not isinstance(node, ast.Compare):
+        # A bound is ordered: a timestamp compared for equality is data, not a duration.
+        if not isinstance(node, ast.Compare) or not any(isinstance(op, _ORDER) for op in node.ops):
             continue
-        if scope.reads_clock(node):
-            return True
-        if any(isinstance(op, _ORDER) for op in node.ops) and _says_duration(node):
+        if scope.reads_clock(node) or _says_duration(node) or _fraction_bound(node):
             return True
     return False
 

@@ -34,7 +34,7 @@ import yaml
 
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
-from tools.wait import wait_until
+from tools.wait import DEADLINE_S, wait_until
 
 # `python -m replicad.cli` as installed for production: without the test extra's hypothesis,
 # which kio imports when present (8 MiB of RSS no production replicad has). Benchmarks use it.
@@ -171,7 +171,7 @@ class ReplicadProcess:
         self,
         predicate: Callable[[], bool],
         *,
-        timeout_s: float = 60,
+        timeout_s: float = DEADLINE_S,
         interval_s: float = 0.25,
         what: str = "",
     ) -> None:
@@ -189,14 +189,14 @@ class ReplicadProcess:
 
         wait_until(while_running, timeout_s=timeout_s, interval_s=interval_s, what=what)
 
-    def wait_ready(self, timeout_s: float = 60) -> None:
+    def wait_ready(self, timeout_s: float = DEADLINE_S) -> None:
         """Until the daemon has its metadata and replicates (its log says "replicating";
         systemd's READY=1 comes at the same moment). Raises when it exits first."""
         self.wait_for(
             lambda: self.logged("replicating"), timeout_s=timeout_s, what="replicad to be ready"
         )
 
-    def wait_serving(self, timeout_s: float = 60) -> None:
+    def wait_serving(self, timeout_s: float = DEADLINE_S) -> None:
         """Until `replicad serve` (or a run's serve: section) listens. Raises when it exits."""
         self.wait_for(
             lambda: SERVING in self.output(), timeout_s=timeout_s, what="replicad serve to listen"

@@ -8,7 +8,9 @@ test that fails for that tests the machine). `tools/clockcheck.py` holds the sui
 
 `wait_until` is for threads, `until` for coroutines; both return the predicate's first
 true value (so a probe can hand back what it found) and raise `TimeoutError` naming
-what did not happen.
+what did not happen. (`tools.peers.process.wait_until` is the peers' own form: a probe
+that returns None until the peer answers, and a check that stops at once when the peer's
+process has exited.)
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from tools.bench.ceiling import main
+from tools.wait import wait_until
 
 
 def test_the_receiver_writes_every_file_in_order(tmp_path: Path):
@@ -23,9 +23,7 @@ def test_the_receiver_writes_every_file_in_order(tmp_path: Path):
         [sys.executable, "-m", "tools.bench.ceiling", "send", str(port_file), *map(str, files)]
     )
     try:
-        deadline = time.monotonic() + 30
-        while not port_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: port_file.exists() and port_file.read_text(), what="the port file")
         out = tmp_path / "out"
         expected = b"".join(f.read_bytes() for f in files)
         assert main(["receive", port_file.read_text(), str(out), str(len(expected))]) == 0
@@ -44,9 +42,7 @@ def test_a_short_stream_is_an_error(tmp_path: Path):
         [sys.executable, "-m", "tools.bench.ceiling", "send", str(port_file), str(f)]
     )
     try:
-        deadline = time.monotonic() + 30
-        while not port_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: port_file.exists() and port_file.read_text(), what="the port file")
         assert main(["receive", port_file.read_text(), str(tmp_path / "out"), "101"]) == 1
     finally:
         sender.kill()

@@ -7,6 +7,11 @@ replicad, kcat and the socket-to-file copy) or from the child itself (a marks fi
 `<percent> <time.monotonic()>` lines, for the Python consumers: nothing outside them
 counts records). CLOCK_MONOTONIC is one clock for every process of the machine, so the
 child's marks and the parent's start time compare.
+
+`python -m tools.bench.measure` checks the measure itself on children whose timing is known
+(a CPU burn then a sleep; ten writes 0.1 s apart, 0.8 s from the first to the ninth) and
+prints what it measured beside what the child did; the suite (tests/bench/test_measure.py)
+asserts only what a busy machine cannot change.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -78,14 +85,16 @@ def run_measured(
     marks_file: Path | None = None,
     env: Mapping[str, str] | None = None,
     stdout: IO[bytes] | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Measured:
     """Run a child to its end and measure it.
 
     `until`: the child is a daemon, SIGTERMed once this holds (its wall time ends there).
     Otherwise it must exit 0. `progress()` (0..1, polled) or the child's own `marks_file`
-    give the moments each tenth of the work was done.
+    give the moments each tenth of the work was done. `clock` is the wall clock (CLOCK_MONOTONIC;
+    the marks file's times must be of the same clock).
     """
-    started = time.monotonic()
+    started = clock()
     proc = subprocess.Popen(
         argv,
         env={**os.environ, **(env or {})},
@@ -96,19 +105,25 @@ def run_measured(
     elapsed = None
     marks: dict[int, float] = {}
     pending = list(MARK_PERCENTS)
-    while True:
-        # wait4, not Popen.poll: poll would reap the child and lose its rusage.
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        now = time.monotonic()
+
+    def poll_progress(now: float) -> None:
         if progress is not None and pending:
             done = progress()
             while pending and done * 100 >= pending[0]:
                 marks[pending.pop(0)] = now - started
+
+    while True:
+        # wait4, not Popen.poll: poll would reap the child and lose its rusage.
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            # What it did since the last poll was done by its exit (a busy machine may
+            # not have polled in between).
+            poll_progress(clock())
+            break
+        poll_progress(clock())
         peak = max(peak, hwm_mib(proc.pid) or 0.0)
         if until is not None and until():
-            elapsed = time.monotonic() - started
+            elapsed = clock() - started
             peak = max(peak, hwm_mib(proc.pid) or 0.0)
             proc.send_signal(signal.SIGTERM)
             _, status, usage = os.wait4(proc.pid, 0)
@@ -116,9 +131,61 @@ def run_measured(
         time.sleep(POLL_S)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if elapsed is None:
-        elapsed = time.monotonic() - started
+        elapsed = clock() - started
         if status != 0:
             raise RuntimeError(f"{argv[:4]} exited with status {proc.returncode}")
     if marks_file is not None:
         marks = read_marks(marks_file, started)
     return Measured(elapsed, usage.ru_utime + usage.ru_stime, peak, marks)
+
+
+# -- checking the measure on children of known timing ------------------------------------------
+
+# Burns `burn` s of CPU, then sleeps `sleep` s.
+BURN_THEN_SLEEP = (
+    "import sys, time\n"
+    "end = time.process_time() + float(sys.argv[1])\n"
+    "while time.process_time() < end: pass\n"
+    "time.sleep(float(sys.argv[2]))\n"
+)
+# Writes `chunks` chunks of 100 bytes to argv[1], `gap` s apart.
+CHUNKS = (
+    "import sys, time\n"
+    "f = open(sys.argv[1], 'wb', buffering=0)\n"
+    "for _ in range(int(sys.argv[2])):\n"
+    "    f.write(b'x' * 100)\n"
+    "    time.sleep(float(sys.argv[3]))\n"
+)
+
+
+def burn_then_sleep(
+    burn_s: float, sleep_s: float, *, clock: Callable[[], float] = time.monotonic
+) -> Measured:
+    argv = [sys.executable, "-c", BURN_THEN_SLEEP, str(burn_s), str(sleep_s)]
+    return run_measured(argv, clock=clock)
+
+
+def chunks_polled(out: Path, chunks: int = 10, gap_s: float = 0.1) -> Measured:
+    """A child writing `chunks` chunks `gap_s` apart, its progress polled from the file's size."""
+
+    def progress() -> float:
+        return out.stat().st_size / (100 * chunks) if out.exists() else 0.0
+
+    argv = [sys.executable, "-c", CHUNKS, str(out), str(chunks), str(gap_s)]
+    return run_measured(argv, progress=progress)
+
+
+def main() -> int:
+    burn, sleep = 0.3, 0.6
+    m = burn_then_sleep(burn, sleep)
+    print(f"burn {burn} s CPU then sleep {sleep} s: cpu {m.cpu_s:.3f} s, wall {m.wall_s:.3f} s")
+    with tempfile.TemporaryDirectory() as work:
+        m = chunks_polled(Path(work) / "out")
+    steady = "none" if m.steady_s is None else f"{m.steady_s:.3f} s"
+    print(f"10 writes 0.1 s apart (0.8 s from 10% to 90%): steady {steady}, wall {m.wall_s:.3f} s")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

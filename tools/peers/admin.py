@@ -17,6 +17,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tools.peers.process import PeerError, wait_until
+from tools.wait import DEADLINE_S
 
 # librdkafka reports every refused connection; send that to logging, not stderr.
 librdkafka_log = logging.getLogger("tools.peers.librdkafka")
@@ -45,7 +46,7 @@ def create_topic_and_wait(
     partitions: int,
     config: Mapping[str, str] | None = None,
     *,
-    timeout_s: float = 30,
+    timeout_s: float = DEADLINE_S,
 ) -> None:
     """CreateTopics (replication factor 1), then wait until every partition is served."""
     admin = admin_client(bootstrap)

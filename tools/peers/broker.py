@@ -32,6 +32,7 @@ from tools.peers.process import (
     wait_until,
 )
 from tools.peers.service import Service
+from tools.wait import DEADLINE_S
 
 # A port taken between free_port() and the broker's bind: start again on new ports.
 BIND_ATTEMPTS = 3
@@ -61,7 +62,9 @@ def text_since(path: Path, position: int) -> str:
 class BrokerProcess(Service):
     """One broker process in `workdir`; subclasses launch it (`_launch` sets `_proc`)."""
 
-    start_timeout_s = 60.0
+    # A JVM starting beside eight test runs and a CPU hog takes a minute or more; a broker
+    # that exits is reported at once (`alive`), so the deadline only bounds a hang.
+    start_timeout_s = 300.0
     stop_timeout_s = 30.0
     # The line a broker logs when its port is taken, and the file it logs it to.
     bind_failure_text = "Address already in use"
@@ -217,7 +220,7 @@ class BrokerProcess(Service):
         partitions: int,
         config: Mapping[str, str] | None = None,
         *,
-        timeout_s: float = 30,
+        timeout_s: float = DEADLINE_S,
     ) -> None:
         """Create a topic (replication factor 1) and wait until every partition is served."""
         create_topic_and_wait(self.bootstrap, name, partitions, config, timeout_s=timeout_s)

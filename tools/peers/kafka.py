@@ -35,6 +35,7 @@ from tools.peers.process import (
     free_port,
     spawn,
 )
+from tools.wait import DEADLINE_S
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where kafka.sh keeps the jars; the same override it honours.
@@ -207,7 +208,7 @@ class KafkaTopics:
     and back only once every partition is served. A peer says how it creates them
     (`_create_topics`) and how long that may take (`CREATE_TIMEOUT_S`)."""
 
-    CREATE_TIMEOUT_S: float = 30
+    CREATE_TIMEOUT_S: float = DEADLINE_S
     segment_bytes: int | None
 
     def create_topic(

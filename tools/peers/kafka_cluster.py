@@ -44,6 +44,7 @@ from tools.peers.broker import BIND_ATTEMPTS
 from tools.peers.kafka import KafkaBroker, KafkaTopics, _new_cluster_id, topic_config
 from tools.peers.process import LOOPBACK, PeerError, free_port, wait_until
 from tools.peers.service import Service
+from tools.wait import DEADLINE_S
 
 DEFAULT_NODES = 3
 # Small heaps: 10,000 partitions over 3 nodes cost a broker well under this, and
@@ -109,7 +110,7 @@ class KafkaCluster(KafkaTopics, Service):
     """
 
     what = "Kafka cluster"
-    CREATE_TIMEOUT_S = 120
+    CREATE_TIMEOUT_S = DEADLINE_S
 
     def __init__(
         self,
@@ -154,7 +155,7 @@ class KafkaCluster(KafkaTopics, Service):
 
     # -- life cycle ------------------------------------------------------------------
 
-    def start(self, timeout_s: float = 120) -> None:
+    def start(self, timeout_s: float = 300) -> None:
         """Format every node (in parallel), launch them all, wait until each serves metadata."""
         started = time.monotonic()
         for attempt in range(1, BIND_ATTEMPTS + 1):

@@ -61,7 +61,7 @@ class TansuBroker(BrokerProcess):
     """
 
     what = "Tansu broker"
-    start_timeout_s = 30.0
+    start_timeout_s = 300.0  # a hang only: a tansu that exits is reported at once
     stop_timeout_s = 10.0
     bind_failure_text = "in use"
 
