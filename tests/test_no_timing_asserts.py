@@ -26,6 +26,7 @@ PENDING: frozenset[str] = frozenset(
         "tests/follower/test_memory_pool.py",
         "tests/follower/test_replication_kafka.py",
         "tests/follower/test_replication_sasl.py",
+        "tests/follower/test_replicator.py",
         "tests/follower/test_sessions_kafka.py",
         "tests/mirror/test_destination.py",
         "tests/mirror/test_mirror_kafka.py",
