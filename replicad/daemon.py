@@ -31,7 +31,7 @@ from replicad.mirror.shell import Mirror, MirrorSettings
 from replicad.protocol.client import ClientSettings
 from replicad.protocol.metadata import TopicSelection
 from replicad.recent_warnings import RECENT
-from replicad.startup import early_stop_signal
+from replicad.startup import LoopSignals
 from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.daemon")
@@ -230,17 +230,17 @@ class Daemon:
     # -- run -------------------------------------------------------------------
 
     async def run(self) -> int:
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self._on_stop_signal, signum)
-        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
-        early = early_stop_signal()
+        signals = LoopSignals(
+            asyncio.get_running_loop(),
+            self._on_stop_signal,
+            on_reload=lambda: asyncio.ensure_future(self.reload()),
+        )
+        early = signals.install()
         if early is not None:
             # Stopped while starting up (before this loop took the signals over): nothing
             # has been opened yet, so there is nothing to flush.
             log.info("stopped before start", signal=early.name)
-            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                loop.remove_signal_handler(signum)
+            signals.remove()
             return 0
         control = await self._start_control()
         metrics = self._start_metrics()
@@ -284,8 +284,7 @@ class Daemon:
             if metrics is not None:
                 await asyncio.to_thread(metrics.close)
             self.notifier.close()
-            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                loop.remove_signal_handler(signum)
+            signals.remove()
         return self.exit_code
 
     async def _serve(self) -> None:
@@ -324,9 +323,9 @@ class Daemon:
         for listener in self._partition_listeners:
             listener(tp)
 
-    def _on_stop_signal(self, signum: int) -> None:
+    def _on_stop_signal(self, signum: signal.Signals) -> None:
         if not self.stop.is_set():
-            log.info("shutting down", signal=signal.Signals(signum).name)
+            log.info("shutting down", signal=signum.name)
             self.stop.set()
 
     async def _start_control(self) -> ControlServer | None:

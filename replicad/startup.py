@@ -1,4 +1,5 @@
-"""Stop signals that arrive before a daemon's event loop takes them over.
+"""The daemons' signals, in one place: those that arrive before a daemon's event loop takes
+them over, and the loop's own handlers after.
 
 `replicad run` and `replicad serve` spend their first second importing and setting up;
 Python's default SIGTERM disposition would kill them there (exit 143), so a
@@ -7,13 +8,23 @@ started, would see a failed stop. `catch_early_stop` is the first thing `main` d
 those commands: a SIGTERM or SIGINT from then on is only recorded, and the daemon, once its
 loop handles signals itself, asks `early_stop_signal` and shuts down cleanly (exit 0).
 
-Kept free of imports beyond `signal`, so installing it costs nothing.
+`LoopSignals` is the loop's part, the same for `replicad run` and `replicad serve`: SIGTERM
+and SIGINT call the daemon's stop, SIGHUP its reload (run only); `install` says whether a
+stop came early, `remove` gives the signals back when the daemon is done.
+
+Kept free of imports beyond `signal` and `contextlib`, so installing it costs nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from collections.abc import Callable
 from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import asyncio
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -35,3 +46,37 @@ def catch_early_stop() -> None:
 def early_stop_signal() -> signal.Signals | None:
     """The first stop signal caught by `catch_early_stop`, if any."""
     return None if _received is None else signal.Signals(_received)
+
+
+class LoopSignals:
+    """The running loop's signal handlers for one daemon run."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        on_stop: Callable[[signal.Signals], None],
+        *,
+        on_reload: Callable[[], None] | None = None,
+    ) -> None:
+        self._loop = loop
+        self._handlers: dict[signal.Signals, Callable[[], None]] = {
+            signum: (lambda signum=signum: on_stop(signum)) for signum in STOP_SIGNALS
+        }
+        if on_reload is not None:
+            self._handlers[signal.SIGHUP] = on_reload
+        self._installed: list[signal.Signals] = []
+
+    def install(self) -> signal.Signals | None:
+        """Handle the signals on the loop from now on; the stop signal caught before (the
+        daemon stops at once, cleanly), if any. Where the loop cannot handle signals (not
+        the main thread), the daemon runs without."""
+        for signum, handler in self._handlers.items():
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                self._loop.add_signal_handler(signum, handler)
+                self._installed.append(signum)
+        return early_stop_signal()
+
+    def remove(self) -> None:
+        for signum in self._installed:
+            self._loop.remove_signal_handler(signum)
+        self._installed.clear()

@@ -63,7 +63,6 @@ import dataclasses
 import functools
 import random
 import resource
-import signal
 import ssl
 import threading
 import time
@@ -134,7 +133,7 @@ from replicad.protocol.codec import (
 from replicad.records.downconvert import LazyDownConversion, overflow_entry
 from replicad.session.cache import ContextKind, FetchSessionCache
 from replicad.session.metadata import INVALID_SESSION_ID
-from replicad.startup import early_stop_signal
+from replicad.startup import LoopSignals
 from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.leader")
@@ -1049,13 +1048,8 @@ async def serve_forever(
         now_ms=wall_ms(),
     )
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    installed = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(sig, stop.set)
-            installed.append(sig)
-    if early_stop_signal() is not None:
+    signals = LoopSignals(asyncio.get_running_loop(), lambda _signum: stop.set())
+    if signals.install() is not None:
         stop.set()  # asked to stop while the logs were being opened
     server = LeaderServer(
         logs,
@@ -1072,7 +1066,6 @@ async def serve_forever(
     finally:
         await server.close()
         log.info("serve stopped", **server.metrics())
-        for sig in installed:
-            loop.remove_signal_handler(sig)
+        signals.remove()
         await asyncio.to_thread(logs.close)
     return 0

@@ -1,0 +1,64 @@
+"""replicad/startup.py: the daemons' signals in one place -- the loop's handlers call the
+daemon's stop and reload, say whether a stop came early, and give the signals back."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from replicad import startup
+from replicad.startup import LoopSignals
+
+
+async def _until(event: asyncio.Event) -> None:
+    await asyncio.wait_for(event.wait(), 30)  # a hang, not a duration, reaches this
+
+
+async def test_the_loop_stops_and_reloads_on_its_signals_and_gives_them_back():
+    # (SIGINT is left out: asyncio's runner has its own handler, which a loop's removal
+    # does not restore.)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    stopped: list[signal.Signals] = []
+    stop, reload = asyncio.Event(), asyncio.Event()
+
+    def on_stop(signum: signal.Signals) -> None:
+        stopped.append(signum)
+        stop.set()
+
+    signals = LoopSignals(asyncio.get_running_loop(), on_stop, on_reload=reload.set)
+    assert signals.install() is None
+    try:
+        os.kill(os.getpid(), signal.SIGHUP)
+        await _until(reload)
+        assert stopped == []
+        os.kill(os.getpid(), signal.SIGTERM)
+        await _until(stop)
+        assert stopped == [signal.SIGTERM]
+    finally:
+        signals.remove()
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+async def test_a_stop_before_the_loop_took_over_is_said(monkeypatch):
+    monkeypatch.setattr(startup, "_received", int(signal.SIGTERM))
+    signals = LoopSignals(asyncio.get_running_loop(), lambda _s: None)
+    try:
+        assert signals.install() is signal.SIGTERM
+    finally:
+        signals.remove()
+
+
+@pytest.mark.parametrize("reload", [False, True])
+async def test_without_a_reload_sighup_is_left_alone(reload):
+    before = signal.getsignal(signal.SIGHUP)
+    signals = LoopSignals(
+        asyncio.get_running_loop(), lambda _s: None, on_reload=(lambda: None) if reload else None
+    )
+    signals.install()
+    try:
+        assert (signal.getsignal(signal.SIGHUP) is before) is not reload
+    finally:
+        signals.remove()
