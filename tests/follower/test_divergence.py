@@ -8,7 +8,6 @@ DivergingEpoch; capped at v11 the follower must ask OffsetForLeaderEpoch.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -17,6 +16,7 @@ from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
 from tools.peers.scripted_leader import ScriptedLeader
 from tools.replica import end_offsets, replicad_run, segment_bytes
+from tools.wait import until
 
 
 def batches(first_offset: int, count: int, epoch: int, tag: bytes) -> list[bytes]:
@@ -30,13 +30,8 @@ def batches(first_offset: int, count: int, epoch: int, tag: bytes) -> list[bytes
     ]
 
 
-async def until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await asyncio.sleep(0.1)
-    raise TimeoutError(f"timed out waiting for {what}")
+def fetches(leader: ScriptedLeader) -> int:
+    return sum(api_key == ApiKey.FETCH for api_key, _ in leader.requests)
 
 
 @pytest.mark.parametrize("fetch_version", [12, 11])
@@ -52,8 +47,7 @@ async def test_follower_truncates_to_the_new_leaders_history(tmp_path, fetch_ver
     try:
         await until(
             lambda: end_offsets(data_dir).get(TopicPartition(topic, 0)) == 100,
-            60,
-            "the old history to be replicated",
+            what="the old history to be replicated",
         )
         assert segment_bytes(pdir) == b"".join(old)
 
@@ -63,10 +57,11 @@ async def test_follower_truncates_to_the_new_leaders_history(tmp_path, fetch_ver
         leader.set_log(new, leader_epoch=2)
         await until(
             lambda: segment_bytes(pdir) == b"".join(new),
-            60,
-            "the follower's log to equal the new leader's",
+            what="the follower's log to equal the new leader's",
         )
-        await asyncio.sleep(1)  # and it stays that way
+        # And it stays that way while the follower goes on fetching.
+        fetched = fetches(leader)
+        await until(lambda: fetches(leader) >= fetched + 3, what="three more fetches")
         assert segment_bytes(pdir) == b"".join(new)
     finally:
         rc = await asyncio.to_thread(proc.stop)

@@ -4,7 +4,6 @@ before the previous response is written) and what happens when that write fails.
 from __future__ import annotations
 
 import asyncio
-import time
 
 from confluent_kafka import Producer
 
@@ -19,6 +18,7 @@ from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
 from tools.peers.scripted_leader import ScriptedLeader
 from tools.replica import end_offsets, segment_bytes
+from tools.wait import until
 
 TOPIC = "pipelined"
 BATCHES = 40
@@ -32,13 +32,6 @@ def _batches() -> list[bytes]:
         )
         for i in range(BATCHES)
     ]
-
-
-async def _until(predicate, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.05)
 
 
 async def test_a_failed_append_after_the_next_request_went_out_leaves_no_gap(tmp_path, monkeypatch):
@@ -76,9 +69,9 @@ async def test_a_failed_append_after_the_next_request_went_out_leaves_no_gap(tmp
     stop = asyncio.Event()
     task = asyncio.create_task(replicator.run(stop))
     try:
-        await _until(
+        await until(
             lambda: end_offsets(data_dir).get(TopicPartition(TOPIC, 0)) == BATCHES * PER_BATCH,
-            60,
+            what="every batch replicated",
         )
         fetcher = next(iter(replicator.fetchers.values()))
         assert fetcher.stats.loop_errors == 0
@@ -129,12 +122,12 @@ async def test_responses_as_large_as_the_pool_do_not_stall_replication(
     stop = asyncio.Event()
     task = asyncio.create_task(replicator.run(stop))
     try:
-        await _until(
+        await until(
             lambda: (
                 sum(v for tp, v in end_offsets(data_dir).items() if tp.topic == topic)
                 == 16 * partitions
             ),
-            90,
+            what="every partition replicated",
         )
         fetcher = next(iter(replicator.fetchers.values()))
         assert fetcher.response_max_bytes() < pool_bytes

@@ -6,7 +6,6 @@ logs, runs one fetcher per leader, halts a partition whose topic was re-created 
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 
 from replicad.follower.fetch_settings import FetchSettings
@@ -17,6 +16,7 @@ from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
 from tools.peers.scripted_leader import ScriptedLeader
 from tools.replica import end_offsets, segment_bytes
+from tools.wait import until
 
 TOPIC = "replicated"
 TP = TopicPartition(TOPIC, 0)
@@ -26,13 +26,6 @@ def _batches(count: int) -> list[bytes]:
     return [
         producer_batch(5 * i, [b"v%d" % j for j in range(5)], leader_epoch=1) for i in range(count)
     ]
-
-
-async def _until(predicate, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.05)
 
 
 def _replicator(port: int, data_dir) -> Replicator:
@@ -56,7 +49,7 @@ async def test_replicates_halts_a_recreated_topic_and_stops_cleanly(tmp_path):
         replicator = _replicator(port, data_dir)
         stop = asyncio.Event()
         task = asyncio.create_task(replicator.run(stop))
-        await _until(lambda: end_offsets(data_dir).get(TP) == 40)
+        await until(lambda: end_offsets(data_dir).get(TP) == 40, what="40 offsets replicated")
         assert set(replicator.fetchers) == {leader.node_id}
         state = replicator.states[TP]
         assert state.phase is PartitionPhase.FETCHING and state.topic_id == leader.topic_id
@@ -71,7 +64,10 @@ async def test_replicates_halts_a_recreated_topic_and_stops_cleanly(tmp_path):
         again = _replicator(port, data_dir)
         stop = asyncio.Event()
         task = asyncio.create_task(again.run(stop))
-        await _until(lambda: TP in again.states and again.states[TP].phase is PartitionPhase.HALTED)
+        await until(
+            lambda: TP in again.states and again.states[TP].phase is PartitionPhase.HALTED,
+            what="the partition halted",
+        )
         assert "recreated" in (again.states[TP].last_error or "")
         stop.set()
         await asyncio.wait_for(task, 30)
