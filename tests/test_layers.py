@@ -35,6 +35,17 @@ def _copy_of_replicad(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def _layers_command(root: Path) -> subprocess.CompletedProcess[str]:
+    """`python -m tools.layers` over the tree at `root`."""
+    return subprocess.run(
+        [sys.executable, "-m", "tools.layers", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
 def test_a_planted_upward_import_fails_the_check(tmp_path: Path) -> None:
     root = _copy_of_replicad(tmp_path)
     batch = root / "replicad" / "records" / "batch.py"
@@ -42,19 +53,11 @@ def test_a_planted_upward_import_fails_the_check(tmp_path: Path) -> None:
     batch.write_text(
         batch.read_text() + "\n\ndef _planted():\n    from replicad.leader import server\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "tools.layers", "--root", str(root)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+    done = _layers_command(root)
     assert done.returncode == 1, done.stdout
     assert "replicad.records.batch:" in done.stdout
     assert "imports replicad.leader.server, a higher layer" in done.stdout
-    untouched = subprocess.run(
-        [sys.executable, "-m", "tools.layers"], capture_output=True, text=True, cwd=ROOT, timeout=60
-    )
+    untouched = _layers_command(ROOT)
     assert untouched.returncode == 0, untouched.stdout
 
 
@@ -114,13 +117,7 @@ def test_a_planted_asyncio_import_in_the_mirror_core_fails_the_check(tmp_path: P
     root = _copy_of_replicad(tmp_path)
     core = root / "replicad" / "mirror" / "partition_mirror.py"
     core.write_text(core.read_text() + "\n\ndef _planted():\n    import asyncio\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "tools.layers", "--root", str(root)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+    done = _layers_command(root)
     assert done.returncode == 1, done.stdout
     assert "replicad.mirror.partition_mirror:" in done.stdout
     assert "imports asyncio, a sans-I/O core" in done.stdout
