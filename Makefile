@@ -45,8 +45,13 @@ test: setup
 
 # An Apache Kafka broker on 127.0.0.1:9092 with a sample topic, in the foreground until
 # Ctrl-C, for trying `replicad run` by hand (state in ./var/kafka, fresh each time).
+# `make kafka PORT=9093 NAME=dest`: a second one, with no sample topic, in ./var/dest (the
+# mirror's destination). Set in the file (`:=`), so only the command line changes them, not
+# a PORT the environment happens to carry.
+PORT := 9092
+NAME := kafka
 kafka: $(DEMO_STAMP) kafka-jars
-	$(BIN)/python -m tools.localkafka
+	$(BIN)/python -m tools.localkafka --port $(PORT) --name $(NAME)
 
 # A wheel of replicad in ./dist (install it with pip; see the README's "Installing").
 DIST ?= dist

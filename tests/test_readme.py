@@ -50,6 +50,10 @@ RUN_BY = {
 # for the install, a broker of the test's own for `make kafka`), but those that need
 # systemd or a cluster.
 SECTIONS_RUN_BY = {
+    "Mirroring into a second Kafka, by hand": (
+        "tests/peers/test_localkafka.py",
+        "test_a_second_local_kafka_is_the_mirrors_destination_as_the_readme_says",
+    ),
     "Trying it by hand": (
         "tests/peers/test_localkafka.py",
         "test_a_sample_topic_the_readmes_commands_replicate_until_ctrl_c",

@@ -3,6 +3,7 @@ the README's "Trying it by hand" against it, as written (the port and the venv t
 
 from __future__ import annotations
 
+import json
 import shlex
 import signal
 import subprocess
@@ -10,9 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from tools.peers.process import free_port
-from tools.peers.produce import READ_UNCOMMITTED, consume_all
-from tools.readme import shell_commands
+from tools.peers.produce import READ_UNCOMMITTED, consume_all, produce_mixed
+from tools.readme import blocks, shell_commands
 from tools.replica import end_offsets, wait_until
 
 READY = "Kafka is up at"
@@ -92,3 +95,87 @@ def test_a_sample_topic_the_readmes_commands_replicate_until_ctrl_c(
             proc.wait()
     java = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
     assert java.stdout == "", "the broker outlived make kafka"
+
+
+MIRROR_SECTION = "Mirroring into a second Kafka, by hand"
+NO_TOPICS = "with no topics"
+
+
+def start_local_kafka(*args: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """`python -m tools.localkafka ARGS` until it says it is up (its lines so far)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tools.localkafka", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    for line in proc.stdout:  # ends at the broker's first line after READY, or its exit
+        lines.append(line)
+        if READY in line:
+            break
+    return proc, lines
+
+
+def test_a_second_local_kafka_is_the_mirrors_destination_as_the_readme_says(
+    kafka_broker, unique_topic, tmp_path: Path
+) -> None:
+    """`make kafka PORT=9093 NAME=dest` (the target's command line) and the README's mirror
+    section as written: its config (the session broker as the source, a topic of the test's
+    with transactions in place of `demo`) and its commands."""
+    make_kafka, run, status = [c.command for c in shell_commands() if c.section == MIRROR_SECTION]
+    assert make_kafka.startswith("make kafka PORT=9093 NAME=dest")
+    (config_block,) = [b for b in blocks() if b.section == MIRROR_SECTION and b.language == "yaml"]
+    topic = unique_topic()
+    kafka_broker.create_topic(topic, 2)
+    produce_mixed(kafka_broker.bootstrap, topic, partitions=2, records=400, seed=3)
+    port = free_port()
+    dest_proc, lines = start_local_kafka(
+        "--port", str(port), "--name", "dest", "--workdir", str(tmp_path / "dest")
+    )
+    dest = f"127.0.0.1:{port}"
+    try:
+        assert any(f"{READY} {dest}, {NO_TOPICS}" in line for line in lines), lines
+        assert not any("--topics demo" in line for line in lines), lines
+        config = yaml.safe_load(
+            config_block.text.replace("127.0.0.1:9092", kafka_broker.bootstrap)
+            .replace("127.0.0.1:9093", dest)
+            .replace("[demo]", f"[{topic}]")
+        )
+        (tmp_path / "var" / "try").mkdir(parents=True)
+        (tmp_path / "var" / "try" / "mirror.yaml").write_text(yaml.safe_dump(config))
+        venv = {".venv/bin/replicad": str(VENV_BIN / "replicad")}
+        run_argv = [venv.get(w, w) for w in shlex.split(run)]
+        status_argv = [venv.get(w, w) for w in shlex.split(status)]
+        daemon = subprocess.Popen(
+            run_argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        try:
+
+            def mirrored() -> bool:
+                shown = subprocess.run(
+                    [*status_argv, "--json"], cwd=tmp_path, capture_output=True, text=True
+                )
+                if shown.returncode != 0:
+                    return False
+                parts = json.loads(shown.stdout).get("mirror", {}).get("partitions", [])
+                return len(parts) == 2 and all(
+                    p["lag"] == 0 and (p["local_high_watermark"] or 0) > 0 for p in parts
+                )
+
+            wait_until(mirrored, timeout_s=120, what="the mirror to catch up, status healthy")
+            table = subprocess.run(status_argv, cwd=tmp_path, capture_output=True, text=True)
+        finally:
+            daemon.send_signal(signal.SIGINT)
+            output = daemon.communicate(timeout=60)[0].decode()
+        assert daemon.returncode == 0 and "Traceback" not in output, output
+        assert "MIRROR" in table.stdout, table.stdout
+        source = consume_all(kafka_broker.bootstrap, topic)
+        copied = consume_all(dest, topic)
+        assert {p: [(r.key, r.value) for r in rs] for p, rs in copied.items()} == {
+            p: [(r.key, r.value) for r in rs] for p, rs in source.items()
+        }
+    finally:
+        dest_proc.send_signal(signal.SIGINT)
+        assert dest_proc.wait(timeout=60) == 0
