@@ -211,6 +211,9 @@ def test_the_yaml_examples_are_valid_config(tmp_path: Path) -> None:
         example = yaml.safe_load(block.text)
         config = {"source": {"bootstrap_servers": ["127.0.0.1:9092"]}, "topics": {}}
         for section, keys in placed_files(example, "", pki).items():
-            config.setdefault(section, {}).update(keys)
+            if isinstance(keys, dict):
+                config.setdefault(section, {}).update(keys)
+            else:  # a top-level value (data_dir)
+                config[section] = keys
         config["topics"].setdefault("include", ["orders"])
         config_from_mapping(config, source=f"README.md:{block.line}")  # raises naming the key
