@@ -177,6 +177,83 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return health_of(snapshot).health.exit_code
 
 
+# `replicad mirror ...`: the daemon could not be asked (as `replicad status`'s 3), and how
+# much longer than the command's own wait the answer may take.
+EXIT_DAEMON_UNREACHABLE = 3
+MIRROR_COMMAND_MARGIN_S = 30.0
+
+
+def _mirror_command(args: argparse.Namespace, cmd: str, request: dict[str, object]) -> dict | None:
+    """Send a mirror command to the running daemon; None (after saying why) if it failed."""
+    from replicad.control.client import query
+    from replicad.errors import ControlError, DaemonNotRunning
+
+    timeout_s = float(request.get("timeout_s", 0) or 0) + MIRROR_COMMAND_MARGIN_S
+    try:
+        return query(_status_socket(args), cmd, timeout_s=timeout_s, args=request)
+    except DaemonNotRunning as exc:
+        print(str(exc), file=sys.stderr)
+    except ControlError as exc:
+        print(f"replicad: {exc}", file=sys.stderr)
+    return None
+
+
+def _cmd_mirror_groups_resume(args: argparse.Namespace) -> int:
+    result = _mirror_command(args, "mirror.groups.resume", {"group": args.group})
+    if result is None:
+        return EXIT_DAEMON_UNREACHABLE
+    if result.get("resumed"):
+        print(f"group {args.group}: synced again from the next round")
+        return 0
+    print(f"group {args.group}: not failed over (state {result.get('state')}); nothing to do")
+    return 0
+
+
+def _cmd_mirror_promote(args: argparse.Namespace) -> int:
+    import json
+
+    request: dict[str, object] = {"timeout_s": args.timeout, "force": args.force}
+    if args.topics:
+        request["topics"] = [t.strip() for t in args.topics.split(",") if t.strip()]
+    result = _mirror_command(args, "mirror.promote", request)
+    if result is None:
+        return EXIT_DAEMON_UNREACHABLE
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        print(_promotion_text(result))
+    return 0 if result.get("promoted") else 1
+
+
+def _promotion_text(result: dict) -> str:
+    topics = ", ".join(result.get("topics") or ())
+    if not result.get("promoted"):
+        lines = [f"not promoted ({topics}): timed out waiting for"]
+        lines += [f"  {tp}: {why}" for tp, why in sorted((result.get("waiting") or {}).items())]
+        lines.append("nothing changed; try again with a longer --timeout, or --force")
+        return "\n".join(lines)
+    how = "forced" if result.get("forced") else "complete"
+    lines = [f"promoted ({how}): {topics}", ""]
+    lines.append(
+        f"{'partition':<40} {'source hw':>10} {'mirrored':>10} {'dest end':>10} {'behind':>8}"
+    )
+    for p in result.get("partitions") or ():
+        name = f"{p['topic']}-{p['partition']} -> {p['destination_topic']}"
+        lines.append(
+            f"{name:<40} {p['source_high_watermark']:>10} {p['mirrored_offset']:>10} "
+            f"{p['destination_log_end']!s:>10} {p['left_behind']:>8}"
+        )
+    groups = result.get("groups") or {}
+    if groups:
+        lines += ["", "final group offsets at the destination:"]
+        for group, offsets in sorted(groups.items()):
+            shown = ", ".join(f"{tp}={o}" for tp, o in sorted(offsets.items()))
+            lines.append(f"  {group}: {shown}")
+    for tp, why in sorted((result.get("left_behind") or {}).items()):
+        lines.append(f"left behind: {tp}: {why}")
+    return "\n".join(lines)
+
+
 # `replicad serve`'s security flags and the config keys they set (serve.security.*).
 _SERVE_SECURITY_FLAGS = {
     "tls_cert_file": "serve.security.tls.cert_file",
@@ -497,6 +574,55 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--all", action="store_true", help="every partition, not the top 50")
     status.set_defaults(func=_cmd_status)
+
+    mirror = _command(
+        sub,
+        "mirror",
+        "operate a running daemon's mirror: group sync, cut-over",
+        "Commands to the mirror of a running daemon, through its control socket (docs/mirror.md).",
+    )
+    mirror_sub = mirror.add_subparsers(dest="mirror_command", required=True, metavar="COMMAND")
+
+    def daemon_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--socket", help="control socket (default: from -c, else the default)")
+        p.add_argument("-c", "--config", help="read the control socket path from this config")
+
+    groups = _command(
+        mirror_sub,
+        "groups",
+        "consumer groups synced to the destination",
+        "The consumer groups whose offsets the mirror commits at the destination.",
+    )
+    groups_sub = groups.add_subparsers(dest="groups_command", required=True, metavar="COMMAND")
+    resume = _command(
+        groups_sub,
+        "resume",
+        "sync a group that failed over at the destination again",
+        "A group that had members at the destination (or commits there) is no longer "
+        "synced; this syncs it again from the next round.",
+    )
+    resume.add_argument("group", help="the group id")
+    daemon_flags(resume)
+    resume.set_defaults(func=_cmd_mirror_groups_resume)
+    promote = _command(
+        mirror_sub,
+        "promote",
+        "cut over: wait for the last data, sync groups once more, stop mirroring",
+        "Hand mirrored topics over to the destination: wait until the replica holds the "
+        "source's high watermark and the mirror has produced it all, sync the groups a last "
+        "time, then stop mirroring those topics for good and report the final offsets. "
+        "Exit 0 promoted, 1 not (timed out: nothing changed), 3 the daemon cannot be asked.",
+    )
+    promote.add_argument("--topics", help="comma-separated source topics (default: all)")
+    promote.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds to wait for the last data (60)"
+    )
+    promote.add_argument(
+        "--force", action="store_true", help="stop at once with what is there; report the rest"
+    )
+    promote.add_argument("--json", action="store_true", help="the report as JSON")
+    daemon_flags(promote)
+    promote.set_defaults(func=_cmd_mirror_promote)
 
     dump = _command(
         sub,

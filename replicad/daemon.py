@@ -37,6 +37,8 @@ from replicad.types import TopicPartition
 log = structlog.get_logger("replicad.daemon")
 
 STATUS_INTERVAL_S = 2.0
+# How long `replicad mirror promote` waits for the last data by default.
+DEFAULT_PROMOTE_TIMEOUT_S = 60.0
 # Exit status when the `serve:` listener cannot start (address taken, TLS files gone).
 EXIT_SERVE_FAILED = 1
 
@@ -74,6 +76,7 @@ def mirror_settings_from_config(config: Config) -> MirrorSettings | None:
         topic_sync_interval_ms=mirror.topic_sync_interval_ms,
         retry_backoff_ms=mirror.reconnect_backoff_ms,
         retry_backoff_max_ms=mirror.reconnect_backoff_max_ms,
+        groups=config.groups,
     )
 
 
@@ -227,6 +230,34 @@ class Daemon:
             await self.notifier.ready()
             return {"reloaded": True, "restart_needed_for": changed}
 
+    # -- the mirror's operator commands (replicad mirror ...) -------------------
+
+    def _running_mirror(self) -> Mirror:
+        if self.mirror is None:
+            raise ReplicadError("this daemon has no mirror: section")
+        return self.mirror
+
+    async def mirror_groups_resume(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Sync a group that failed over at the destination again."""
+        group = request.get("group")
+        if not isinstance(group, str) or not group:
+            raise ReplicadError("give the group id to resume")
+        return await self._running_mirror().groups.resume(group)
+
+    async def mirror_promote(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Cut mirrored topics over to the destination (replicad/mirror/promotion.py)."""
+        topics = request.get("topics")
+        timeout_s = request.get("timeout_s", DEFAULT_PROMOTE_TIMEOUT_S)
+        if topics is not None and (
+            not isinstance(topics, list) or not all(isinstance(t, str) for t in topics)
+        ):
+            raise ReplicadError("topics must be a list of topic names")
+        if not isinstance(timeout_s, int | float) or timeout_s < 0:
+            raise ReplicadError("timeout_s must be a number of seconds >= 0")
+        return await self._running_mirror().promote(
+            topics or None, float(timeout_s), bool(request.get("force", False))
+        )
+
     # -- run -------------------------------------------------------------------
 
     async def run(self) -> int:
@@ -329,7 +360,12 @@ class Daemon:
             self.stop.set()
 
     async def _start_control(self) -> ControlServer | None:
-        server = ControlServer(self.config.control.socket, self.snapshot, {"reload": self.reload})
+        commands = {
+            "reload": self.reload,
+            "mirror.groups.resume": self.mirror_groups_resume,
+            "mirror.promote": self.mirror_promote,
+        }
+        server = ControlServer(self.config.control.socket, self.snapshot, commands)
         try:
             await server.start()
         except (ReplicadError, OSError) as exc:

@@ -310,9 +310,7 @@ MEMORY_POOL_FAMILIES = (
     ),
     Family(GAUGE, "memory_pool_used_bytes", "Fetch-response memory in use", "used"),
     # Buffers kept for the next frames; counted within the bound with what is in use.
-    Family(
-        GAUGE, "memory_pool_idle_bytes", "Fetch-response buffers held idle for reuse", "idle"
-    ),
+    Family(GAUGE, "memory_pool_idle_bytes", "Fetch-response buffers held idle for reuse", "idle"),
     # The high-water mark shows how close the bound came to binding; waits, that it did.
     Family(
         GAUGE,
@@ -385,6 +383,23 @@ MIRROR_FAMILIES = (
            "lag"),
     Family(GAUGE, "mirror_destination_unreachable",
            "1 while the destination cluster cannot be reached", "unreachable"),
+)  # fmt: skip
+# The group sync (replicad/mirror/group_sync.py), when groups.enabled.
+MIRROR_GROUP_FAMILIES = (
+    Family(GAUGE, "mirror_groups_synced", "Groups whose offsets the mirror commits",
+           "groups_synced"),
+    Family(GAUGE, "mirror_groups_failed_over",
+           "Groups no longer synced: they had members at the destination", "groups_failed_over"),
+    Family(GAUGE, "mirror_group_sync_lag_seconds",
+           "Longest wait of a source commit for its destination commit", "sync_lag_ms",
+           per=1000.0),
+    Family(GAUGE, "mirror_group_held_back_offsets",
+           "Source offsets committed beyond the mirrored data, held at its end",
+           "held_back_offsets"),
+    Family(COUNTER, "mirror_group_commits", "Partition offsets committed at the destination",
+           "commits_total"),
+    Family(COUNTER, "mirror_group_sync_errors",
+           "Group reads or commits that failed (tried again next round)", "sync_errors_total"),
 )  # fmt: skip
 MIRROR_PARTITION_FAMILIES = (
     Family(GAUGE, "mirror_partition_lag",
@@ -478,6 +493,9 @@ def _serve_metrics(serve: Mapping[str, Any]) -> Iterator[Metric]:
 def _mirror_metrics(mirror: Mapping[str, Any], *, per_partition: bool) -> Iterator[Metric]:
     totals = {**mirror, "unreachable": 1 if mirror.get("problem") else 0}
     yield from (family.single(totals) for family in MIRROR_FAMILIES)
+    groups = mirror.get("groups") or {}
+    if groups.get("enabled"):
+        yield from (family.single(groups) for family in MIRROR_GROUP_FAMILIES)
     if not per_partition:
         return
     rows = [

@@ -814,17 +814,8 @@ GROUPS_WITHOUT_MIRROR_CHECKS: tuple[CrossCheck, ...] = (
 )
 
 
-def _groups_sync_not_built_yet(values: Values) -> Problem | None:
-    # Refused until the sync is in (issue 28): a key accepted but doing nothing would let
-    # an operator believe offsets follow the data.
-    if values["groups.enabled"]:
-        return Problem("groups.enabled", "cannot be true yet: the group sync is not built")
-    return None
-
-
 # Checks of the optional mirror section, run only when it is turned on.
 MIRROR_CHECKS: tuple[CrossCheck, ...] = (
     above("mirror.reconnect_backoff_max_ms", "mirror.reconnect_backoff_ms"),
     *client_security_checks("mirror.security"),
-    CrossCheck(("groups.enabled",), _groups_sync_not_built_yet),
 )

@@ -315,7 +315,53 @@ def _mirror_section(mirror: Mapping[str, Any], all_partitions: bool, max_rows: i
     ]
     table = _table(headers, rows, right={1, 2, 3, 4}) if rows else ""
     more = f"\n... {len(partitions) - len(shown):,} more" if len(shown) < len(partitions) else ""
-    return "\n".join(lines) + ("\n" + table if table else "") + more
+    groups = _mirror_groups(mirror.get("groups") or {}, all_partitions, max_rows)
+    return "\n".join(lines) + ("\n" + table if table else "") + more + groups
+
+
+def _mirror_groups(groups: Mapping[str, Any], all_rows: bool, max_rows: int) -> str:
+    """The group sync under the mirror: per group its last sync, partitions, offsets held
+    back, and why it stopped (failed over); failed-over and erring groups first."""
+    promoted = groups.get("promoted_topics") or {}
+    lines = [f"promoted (no longer mirrored): {', '.join(sorted(promoted))}"] if promoted else []
+    if groups.get("enabled"):
+        lines.append(
+            f"GROUPS synced {groups.get('groups_synced', 0):,}  "
+            f"failed over {groups.get('groups_failed_over', 0):,}  "
+            f"held back {groups.get('held_back_offsets', 0):,} offsets  "
+            f"sync lag {groups.get('sync_lag_ms', 0) / 1000:.1f}s  "
+            f"errors {groups.get('sync_errors_total', 0):,}"
+            + (f"  problem: {groups['problem']}" if groups.get("problem") else "")
+        )
+    rows_in = sorted(
+        (groups.get("groups") or {}).items(),
+        key=lambda item: (item[1].get("state") != "failed_over", not item[1].get("error"), item[0]),
+    )
+    shown = rows_in if all_rows else rows_in[:max_rows]
+    rows = [
+        (
+            group,
+            str(g.get("state", NONE_MARK)),
+            _clock(g.get("last_sync_ms")),
+            _or_none(g.get("partitions")),
+            _or_none(g.get("held_back_offsets")),
+            _or_none(len(g.get("skipped") or {})),
+            _short_error(g.get("reason") or g.get("error")),
+        )
+        for group, g in shown
+    ]
+    if rows:
+        headers = ("GROUP", "STATE", "LAST SYNC", "PARTITIONS", "HELD BACK", "SKIPPED", "WHY")
+        lines.append(_table(headers, rows, right={3, 4, 5}))
+    if len(shown) < len(rows_in):
+        lines.append(f"... {len(rows_in) - len(shown):,} more groups")
+    return "\n" + "\n".join(lines) if lines else ""
+
+
+def _clock(ms: object) -> str:
+    if not isinstance(ms, int):
+        return NONE_MARK
+    return time.strftime("%H:%M:%S", time.gmtime(ms / 1000))
 
 
 def _leaders_section(leaders: Sequence[Mapping[str, Any]]) -> str:

@@ -257,6 +257,11 @@ class ClusterGroupsReader:
         if error is None or error in COORDINATOR_MOVED:
             self._coordinators.pop(group_id, None)
 
+    def forget(self, group_id: str) -> None:
+        """Ask FindCoordinator again next time (a writer using this cache learnt that the
+        coordinator moved or cannot be reached)."""
+        self._forget(group_id)
+
     async def _by_coordinator(
         self, group_ids: Iterable[str]
     ) -> tuple[dict[int, list[str]], dict[str, str]]:

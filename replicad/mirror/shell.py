@@ -28,13 +28,14 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from replicad.clock import wall_ms as _wall_ms
+from replicad.config.model import GroupsConfig
 from replicad.errors import (
     KafkaConnectionError,
     LogError,
@@ -45,8 +46,10 @@ from replicad.errors import (
 from replicad.follower.replicator import Replicator
 from replicad.groups.cluster_reader import ClusterGroupsReader
 from replicad.log.partition import PartitionLog
-from replicad.mirror import progress_store
+from replicad.mirror import progress_store, promotion
 from replicad.mirror.destination import Destination, LogEnd
+from replicad.mirror.group_sync import MirroredPartition
+from replicad.mirror.group_sync_shell import GroupSyncShell
 from replicad.mirror.partition_mirror import LogEntry, PartitionMirror, Phase, Progress
 from replicad.mirror.restamp import ProducerStamp, restamp
 from replicad.mirror.topics import config_changes, plan_topics
@@ -65,6 +68,8 @@ log = structlog.get_logger("replicad.mirror")
 IDLE_WAIT_S = 1.0
 # How long a reconcile waits for the leader's log end and high watermark to meet.
 SETTLE_POLL_S = 0.1
+# How often a promotion looks whether its partitions are done.
+PROMOTE_POLL_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +93,8 @@ class MirrorSettings:
     retention_waits: bool = True
     # How often topics and partitions new at the source are looked for.
     topic_sync_interval_ms: int = 30_000
+    # Consumer groups whose offsets follow the data (group_sync.py); off unless enabled.
+    groups: GroupsConfig = field(default_factory=GroupsConfig)
 
 
 class Mirror:
@@ -121,6 +128,15 @@ class Mirror:
         # Partitions whose local retention is held for the mirror (see _hold).
         self._held: set[TopicPartition] = set()
         self._said = RateLimitedLog(interval_ms=60_000)
+        self._tasks: dict[TopicPartition, asyncio.Task[None]] = {}
+        self.groups = GroupSyncShell(
+            settings.groups,
+            settings.data_dir,
+            replicator.client,
+            self.client,
+            self._mirrored_view,
+            self._identity,
+        )
 
     # -- hooks ----------------------------------------------------------------------------
 
@@ -140,11 +156,11 @@ class Mirror:
             if not await self._start(stop):
                 return
             for tp, core in self.cores.items():
-                tasks.append(
-                    asyncio.create_task(self._partition(tp, core, stop), name=f"mirror-{tp}")
-                )
+                tasks.append(self._spawn(tp, core, stop))
             tasks.append(asyncio.create_task(self._save_loop(stop), name="mirror-progress"))
             tasks.append(asyncio.create_task(self._sync_loop(stop, tasks), name="mirror-sync"))
+            if self.settings.groups.enabled:
+                tasks.append(asyncio.create_task(self.groups.run(stop), name="mirror-groups"))
             self.started = True
             log.info(
                 "mirroring",
@@ -188,6 +204,12 @@ class Mirror:
         if meta is None:
             return False
         self.dest_cluster = meta
+        try:
+            await self.groups.load()
+        except ReplicadError as exc:
+            self._set_problem(f"mirror groups state unreadable, not mirroring: {exc}")
+            log.error("mirror groups state unreadable; not mirroring", error=str(exc))
+            return False
         progress: Mapping[TopicPartition, Progress] = {}
         if stored is not None:
             if stored.destination_cluster not in (None, self._identity()):
@@ -240,6 +262,8 @@ class Mirror:
         wanted = set(self.settings.topics)
         if not self.settings.retention_waits or (wanted and tp.topic not in wanted):
             return
+        if tp.topic in self.groups.sync.promoted:
+            return  # cut over: the destination owns it, nothing waits for the mirror
         plog = self._log(tp)
         if plog is not None:
             floor = plog.log_start_offset if position is None else position
@@ -250,7 +274,7 @@ class Mirror:
         cluster = self.replicator.cluster
         assert cluster is not None
         replicated = {tp.topic for tp in self.replicator.states}
-        wanted = set(self.settings.topics) or replicated
+        wanted = (set(self.settings.topics) or replicated) - self.groups.sync.promoted
         for topic in sorted(set(self.settings.topics) - replicated):
             self.topic_errors[topic] = "not a replicated topic (see topics:)"
         return {
@@ -359,9 +383,7 @@ class Mirror:
                 self.cores[tp] = core
                 self._wake[tp] = asyncio.Event()
                 self._hold(tp, core.position)
-                tasks.append(
-                    asyncio.create_task(self._partition(tp, core, stop), name=f"mirror-{tp}")
-                )
+                tasks.append(self._spawn(tp, core, stop))
                 log.info("mirroring a new partition", partition=str(tp))
 
     async def _sync_configs(self) -> None:
@@ -669,6 +691,133 @@ class Mirror:
         self.problem = None
         self.problem_since_ms = None
 
+    def _spawn(
+        self, tp: TopicPartition, core: PartitionMirror, stop: asyncio.Event
+    ) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._partition(tp, core, stop), name=f"mirror-{tp}")
+        self._tasks[tp] = task
+        return task
+
+    # -- groups (group_sync_shell.py) ----------------------------------------------------
+
+    def _mirrored_view(self) -> dict[TopicPartition, MirroredPartition]:
+        """What the mirror has written of each partition, for the group sync."""
+        return {
+            tp: MirroredPartition(
+                self._dest(tp),
+                core.position,
+                core.dest_next,
+                core.offset_map,
+                core.error if core.phase is Phase.HALTED else None,
+            )
+            for tp, core in self.cores.items()
+        }
+
+    # -- cut-over (promotion.py) ---------------------------------------------------------
+
+    async def promote(
+        self, topics: list[str] | None, timeout_s: float, force: bool
+    ) -> dict[str, Any]:
+        """Cut `topics` (None: every mirrored topic) over to the destination; see
+        promotion.py for the rules. Raises ReplicadError for what cannot be promoted."""
+        if not self.started:
+            raise ReplicadError("the mirror has not started yet")
+        mirrored = sorted({tp.topic for tp in self.cores})
+        chosen = sorted(set(topics)) if topics else mirrored
+        unknown = [t for t in chosen if t not in mirrored]
+        if unknown:
+            raise ReplicadError(
+                f"not mirrored: {', '.join(unknown)} (mirrored: {', '.join(mirrored) or 'none'})"
+            )
+        tps = sorted(tp for tp in self.cores if tp.topic in chosen)
+        deadline = time.monotonic() + timeout_s
+        waiting = promotion.pending(self._figures(tps))
+        while waiting and not force and time.monotonic() < deadline:
+            for tp in tps:
+                self._wake[tp].set()
+            await asyncio.sleep(PROMOTE_POLL_S)
+            waiting = promotion.pending(self._figures(tps))
+        if waiting and not force:
+            log.warning("promotion timed out; nothing promoted", topics=chosen, waiting=waiting)
+            return {"promoted": False, "topics": chosen, "waiting": waiting}
+        if self.settings.groups.enabled:
+            try:
+                await self.groups.sync_once()
+            except (KafkaConnectionError, ProtocolError, TimeoutError) as exc:
+                log.warning("last group sync before promotion failed", error=str(exc))
+        at_ms = _wall_ms()
+        await self.groups.promote(chosen, at_ms)
+        figures = self._figures(tps)
+        stopped = [t for t in (self._tasks.pop(tp, None) for tp in tps) if t is not None]
+        for task in stopped:
+            task.cancel()
+        await asyncio.gather(*stopped, return_exceptions=True)
+        for tp in tps:
+            self.cores.pop(tp, None)
+            self._wake.pop(tp, None)
+            plog = self._log(tp)
+            if plog is not None:
+                plog.retention_floor = None
+        ends = await self._destination_ends([f.destination for f in figures])
+        report = {
+            "promoted": True,
+            "forced": force,
+            "topics": chosen,
+            "promoted_at_ms": at_ms,
+            "left_behind": waiting,
+            "partitions": [promotion.partition_report(f, ends.get(f.destination)) for f in figures],
+            "groups": self.groups.final_offsets({f.destination for f in figures}),
+        }
+        log.warning(
+            "topics promoted: no longer mirrored, their groups no longer synced",
+            topics=chosen,
+            forced=force,
+            left_behind=waiting or None,
+        )
+        return report
+
+    def _figures(self, tps: list[TopicPartition]) -> list[promotion.PartitionFigures]:
+        out = []
+        for tp in tps:
+            core = self.cores[tp]
+            state = self.replicator.states.get(tp)
+            plog = self._log(tp)
+            out.append(
+                promotion.PartitionFigures(
+                    source=tp,
+                    destination=self._dest(tp),
+                    source_high_watermark=state.high_watermark if state is not None else -1,
+                    local_high_watermark=plog.high_watermark if plog is not None else 0,
+                    mirrored_offset=core.position,
+                    in_flight=core.in_flight is not None,
+                    halted=core.error if core.phase is Phase.HALTED else None,
+                )
+            )
+        return out
+
+    async def _destination_ends(self, tps: list[TopicPartition]) -> dict[TopicPartition, Any]:
+        """Each destination partition's log end, or why it could not be read."""
+        out: dict[TopicPartition, Any] = {}
+        by_leader: dict[int, list[TopicPartition]] = {}
+        with contextlib.suppress(KafkaConnectionError, ProtocolError):
+            await self._refresh_metadata(force=True)
+        meta = self.dest_cluster
+        for tp in tps:
+            leader = meta.leader_of(tp) if meta is not None else None
+            if leader is None or leader.leader_id < 0:
+                out[tp] = "no leader known"
+            else:
+                by_leader.setdefault(leader.leader_id, []).append(tp)
+        for leader_id, group in by_leader.items():
+            try:
+                ends = await self.destination.log_ends(leader_id, group)
+            except (KafkaConnectionError, ProtocolError) as exc:
+                out.update(dict.fromkeys(group, f"unreachable: {exc}"))
+                continue
+            for tp, end in ends.items():
+                out[tp] = end.error if end.error is not None else end.log_end
+        return out
+
     # -- status -----------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
@@ -710,6 +859,7 @@ class Mirror:
             "session_resets": self.session_resets,
             "lag": sum(p["lag"] or 0 for p in partitions),
             "partitions": partitions,
+            "groups": self.groups.snapshot(),
         }
 
 

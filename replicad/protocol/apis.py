@@ -81,6 +81,9 @@ CLIENT_VERSIONS: Mapping[ApiKey, VersionRange] = {
     ApiKey.CREATE_TOPICS: VersionRange(2, 7),
     ApiKey.CREATE_PARTITIONS: VersionRange(0, 3),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: VersionRange(0, 1),
+    # Consumer-group offsets committed at the destination (replicad.mirror.group_writer):
+    # Kafka 4 takes v2 and up; v10 names topics by id only.
+    ApiKey.OFFSET_COMMIT: VersionRange(2, 9),
 }
 
 # APIs without which a source broker is useless to us.

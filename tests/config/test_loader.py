@@ -600,12 +600,12 @@ def test_groups_section_is_read_and_each_bad_key_named_with_its_line(tmp_path: P
         tmp_path,
         MINIMAL
         + "mirror:\n  bootstrap_servers: ['dest:9092']\n"
-        + "groups:\n  enabled: false\n  include: [billing, 'app-.*']\n"
+        + "groups:\n  enabled: true\n  include: [billing, 'app-.*']\n"
         + "  exclude: ['app-test']\n  sync_interval_ms: 1000\n",
     )
     groups = load_config(good).groups
     assert (groups.enabled, groups.include, groups.exclude, groups.sync_interval_ms) == (
-        False,
+        True,
         ("billing", "app-.*"),
         ("app-test",),
         1000,
@@ -634,14 +634,4 @@ def test_groups_enabled_needs_the_mirror(tmp_path: Path) -> None:
     assert problems_of(path) == [
         f"{path}:6: groups.enabled: is true, but there is no mirror: section: group offsets "
         "are synced into the mirror's destination cluster"
-    ]
-
-
-def test_groups_enabled_is_refused_until_the_sync_is_built(tmp_path: Path) -> None:
-    path = write(
-        tmp_path,
-        MINIMAL + "mirror:\n  bootstrap_servers: ['dest:9092']\ngroups:\n  enabled: true\n",
-    )
-    assert problems_of(path) == [
-        f"{path}:8: groups.enabled: cannot be true yet: the group sync is not built"
     ]

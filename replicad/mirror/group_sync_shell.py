@@ -1,0 +1,214 @@
+"""The asyncio shell of the group sync: every `groups.sync_interval_ms` it reads the source's
+groups and the destination's, asks group_sync.py what to commit, commits it
+(group_writer.py) and keeps what must survive a restart (group_store.py).
+
+One round:
+1. Source: ListGroups (every broker), the groups `groups.include`/`exclude` choose whose
+   protocol is a consumer's (or none: groups that only commit), then their committed
+   offsets (FindCoordinator, OffsetFetch batched) -- `ClusterGroupsReader`.
+2. Destination: the groups worth writing (not failed over, with an offset on a mirrored
+   topic): DescribeGroups (members) and OffsetFetch, through a second reader over the
+   mirror's own client.
+3. The mirror's partitions as they stand now (taken after the reads, so never older than
+   what the destination was asked about), the plan, then one OffsetCommit per group.
+A round that fails is logged (rate-limited) and tried again next interval; replication and
+mirroring never wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from replicad.clock import wall_ms as _wall_ms
+from replicad.config.model import GroupsConfig
+from replicad.errors import KafkaConnectionError, ProtocolError, ReplicadError
+from replicad.groups.cluster_reader import ClusterGroupsReader, CommittedOffset
+from replicad.groups.consumer_protocol import PROTOCOL_TYPE
+from replicad.mirror import group_store
+from replicad.mirror.group_store import StoredGroups
+from replicad.mirror.group_sync import DestinationGroup, GroupSync, MirroredPartition, Said
+from replicad.mirror.group_writer import GroupOffsetWriter
+from replicad.protocol.client import KafkaClient
+from replicad.ratelimit import RateLimitedLog
+from replicad.types import TopicPartition
+
+log = structlog.get_logger("replicad.mirror.groups")
+
+GROUP_ID_NOT_FOUND = "group_id_not_found"
+# A group that only commits offsets (assign() consumers, Spark, an admin) has no protocol.
+NO_PROTOCOL = ""
+
+
+class GroupSyncShell:
+    def __init__(
+        self,
+        config: GroupsConfig,
+        data_dir: Path,
+        source: KafkaClient,
+        destination: KafkaClient,
+        partitions: Callable[[], Mapping[TopicPartition, MirroredPartition]],
+        identity: Callable[[], str | None],
+    ) -> None:
+        self.config = config
+        self.data_dir = data_dir
+        self.source = ClusterGroupsReader(source)
+        self.destination = ClusterGroupsReader(destination)
+        self.writer = GroupOffsetWriter(destination, self.destination)
+        self.partitions = partitions
+        self.identity = identity
+        self.sync = GroupSync()
+        self.promoted_at: dict[str, int] = {}
+        self.rounds = 0
+        self.last_round_ms: int | None = None
+        self.problem: str | None = None
+        self._saved: StoredGroups | None = None
+        self._save_lock = asyncio.Lock()
+        self._round_lock = asyncio.Lock()
+        self._said = RateLimitedLog(interval_ms=60_000)
+
+    # -- state across restarts --------------------------------------------------------------
+
+    async def load(self) -> None:
+        """The failed-over groups and promoted topics saved for this destination."""
+        stored = await asyncio.to_thread(group_store.load, self.data_dir)
+        if stored is None:
+            return
+        if stored.destination_cluster not in (None, self.identity()):
+            log.warning(
+                "mirror groups state is for another destination; not used",
+                stored=stored.destination_cluster,
+                destination=self.identity(),
+            )
+            return
+        self.sync = GroupSync(stored.failed_over, stored.promoted)
+        self.promoted_at = dict(stored.promoted)
+        self._saved = stored
+        for group, why in sorted(stored.failed_over.items()):
+            log.info("group failed over earlier; not synced", group=group, reason=why.reason)
+
+    async def save(self) -> None:
+        async with self._save_lock:
+            now = StoredGroups(self.identity(), dict(self.sync.failed_over), dict(self.promoted_at))
+            if now == self._saved:
+                return
+            await asyncio.to_thread(group_store.save, self.data_dir, now)
+            self._saved = now
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.sync_once()
+                self.problem = None
+            except (KafkaConnectionError, ProtocolError, TimeoutError) as exc:
+                self.problem = str(exc)
+                self._warn("round", "group offsets not synced this round", error=str(exc))
+            except (OSError, ReplicadError) as exc:
+                self.problem = str(exc)
+                self._warn("save", "mirror groups state not saved", error=str(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.config.sync_interval_ms / 1000)
+
+    async def sync_once(self) -> None:
+        """One round (see the module docstring); also the promotion's last sync."""
+        async with self._round_lock:
+            await self._round()
+            self.rounds += 1
+            self.last_round_ms = _wall_ms()
+            await self.save()
+
+    async def _round(self) -> None:
+        listing = await self.source.list_groups()
+        if not listing.complete:
+            self._warn(
+                "listing",
+                "source brokers did not list their groups; those groups wait",
+                brokers=dict(listing.unreachable),
+            )
+        chosen = [
+            g.group_id
+            for g in listing.groups
+            if g.protocol_type in (PROTOCOL_TYPE, NO_PROTOCOL) and self.config.selects(g.group_id)
+        ]
+        source: dict[str, dict[TopicPartition, CommittedOffset]] = {}
+        for group_id, offsets in (await self.source.committed_offsets(chosen)).items():
+            if offsets.error is not None:
+                self.sync.failed(group_id, f"source: {offsets.error}")
+                continue
+            source[group_id] = dict(offsets.offsets)
+        mirrored = {tp.topic for tp in self.partitions()} | self.sync.promoted
+        wanted = self.sync.wanted(source, mirrored)
+        if not wanted:
+            return
+        described = await self.destination.describe(wanted)
+        committed = await self.destination.committed_offsets(wanted)
+        destination = {}
+        for g in wanted:
+            d, o = described[g], committed[g]
+            destination[g] = DestinationGroup(
+                members=len(d.members),
+                state=d.state,
+                offsets={tp: c.offset for tp, c in o.offsets.items()},
+                error=_unless_absent(d.error) or _unless_absent(o.error),
+            )
+        plan = self.sync.plan(_wall_ms(), source, destination, self.partitions())
+        self._say(plan.said)
+        for group, commits in plan.commits.items():
+            answers = await self.writer.commit(group, commits)
+            self._say(self.sync.committed(_wall_ms(), group, commits, answers))
+            taken = [tp for tp, error in answers.items() if error is None]
+            if taken:
+                log.debug("group offsets synced", group=group, partitions=len(taken))
+
+    # -- operators ----------------------------------------------------------------------------
+
+    async def resume(self, group: str) -> dict[str, Any]:
+        said = self.sync.resume(group, _wall_ms())
+        if said is None:
+            return {"group": group, "resumed": False, "state": self.sync.state(group).value}
+        self._say([said])
+        await self.save()
+        return {"group": group, "resumed": True, "state": self.sync.state(group).value}
+
+    async def promote(self, topics: list[str], at_ms: int) -> None:
+        self.sync.promote(topics)
+        for t in topics:
+            self.promoted_at.setdefault(t, at_ms)
+        await self.save()
+
+    def final_offsets(self, partitions: set[TopicPartition]) -> dict[str, dict[str, int]]:
+        return self.sync.written_on(partitions)
+
+    def snapshot(self) -> dict[str, Any]:
+        snap = self.sync.snapshot()
+        snap["enabled"] = self.config.enabled
+        snap["rounds"] = self.rounds
+        snap["last_round_ms"] = self.last_round_ms
+        snap["problem"] = self.problem
+        snap["promoted_topics"] = dict(sorted(self.promoted_at.items()))
+        return snap
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _say(self, said: list[Said] | tuple[Said, ...]) -> None:
+        for s in said:
+            getattr(log, s.level)(s.event, group=s.group, **s.fields)
+
+    def _warn(self, key: str, event: str, **fields: Any) -> None:
+        said = self._said.should_emit(key, time.monotonic_ns() // 1_000_000)
+        if said.emit:
+            log.warning(event, **fields)
+
+
+def _unless_absent(error: str | None) -> str | None:
+    # Kafka 4's coordinator answers GROUP_ID_NOT_FOUND for a group it never had (older
+    # ones describe it as Dead): no members and no offsets, free to write.
+    return None if error == GROUP_ID_NOT_FOUND else error

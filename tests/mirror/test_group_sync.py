@@ -1,0 +1,307 @@
+"""The group sync rules (replicad/mirror/group_sync.py), time passed in."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from replicad.errors import LocalProtocolError
+from replicad.groups.cluster_reader import CommittedOffset
+from replicad.mirror.group_sync import (
+    TRANSITIONS,
+    Commit,
+    DestinationGroup,
+    FailedOver,
+    GroupEvent,
+    GroupState,
+    GroupSync,
+    MirroredPartition,
+    translate,
+)
+from replicad.mirror.offset_map import OffsetMap, SyncPoint
+from replicad.types import TopicPartition
+
+T0 = TopicPartition("orders", 0)
+T1 = TopicPartition("orders", 1)
+D0 = TopicPartition("east.orders", 0)
+D1 = TopicPartition("east.orders", 1)
+
+
+def kept(position: int, dest: TopicPartition = D0) -> MirroredPartition:
+    return MirroredPartition(dest, position, position, OffsetMap.of([SyncPoint(0, 0)]))
+
+
+def mapped(position: int, dest_next: int, points: list[tuple[int, int]]) -> MirroredPartition:
+    return MirroredPartition(D0, position, dest_next, OffsetMap.of(SyncPoint(*p) for p in points))
+
+
+def src(**offsets: int) -> dict[str, dict[TopicPartition, CommittedOffset]]:
+    """Group g's offsets: src(p0=5, p1=7)."""
+    return {
+        "g": {
+            TopicPartition("orders", int(k[1:])): CommittedOffset(v, 3, "meta")
+            for k, v in offsets.items()
+        }
+    }
+
+
+def idle(offsets: Mapping[TopicPartition, int] | None = None) -> dict[str, DestinationGroup]:
+    return {"g": DestinationGroup(0, "Empty", dict(offsets or {}))}
+
+
+def apply(sync: GroupSync, now: int, plan_commits: Mapping[str, Mapping[TopicPartition, Commit]]):
+    """The destination takes every commit; returns what it now holds for g."""
+    for group, planned in plan_commits.items():
+        sync.committed(now, group, planned, {tp: None for tp in planned})
+    return {tp: c.offset for tp, c in plan_commits.get("g", {}).items()}
+
+
+def test_kept_offsets_are_committed_as_they_are_with_the_metadata_and_no_epoch() -> None:
+    sync = GroupSync()
+    plan = sync.plan(1_000, src(p0=40), idle(), {T0: kept(100)})
+    commit = plan.commits["g"][D0]
+    assert (commit.offset, commit.metadata, commit.held_back) == (40, "meta", False)
+    sync.committed(1_000, "g", plan.commits["g"], {D0: None})
+    status = sync.groups["g"]
+    assert (status.last_sync_ms, status.partitions, status.held_back_offsets) == (1_000, 1, 0)
+
+
+def test_mapped_offsets_translate_through_the_exact_map() -> None:
+    # A marker at source 10 was skipped: source 11 landed at 10, source 30 at 29.
+    partition = mapped(50, 49, [(0, 0), (11, 10)])
+    assert translate(5, partition).offset == 5
+    # The marker's own offset: where the next mirrored record landed.
+    assert translate(10, partition).offset == 10
+    assert translate(30, partition).offset == 29
+    assert translate(50, partition).offset == 49
+
+
+def test_an_offset_past_the_trailing_skipped_marker_stops_at_the_mirrored_end() -> None:
+    # Source 0..9 data, 10 a marker (skipped): position 11, mirrored end 10.
+    partition = mapped(11, 10, [(0, 0)])
+    assert translate(11, partition).offset == 10
+
+
+def test_an_offset_ahead_of_the_mirror_is_held_at_the_mirrored_end_then_caught_up() -> None:
+    sync = GroupSync()
+    plan = sync.plan(1_000, src(p0=90), idle(), {T0: kept(60)})
+    assert plan.commits["g"][D0].offset == 60 and plan.commits["g"][D0].held_back
+    held = apply(sync, 1_000, plan.commits)
+    status = sync.groups["g"]
+    assert (status.held_back_partitions, status.held_back_offsets) == (1, 30)
+    plan = sync.plan(6_000, src(p0=90), idle(held), {T0: kept(80)})
+    assert plan.commits["g"][D0].offset == 80
+    # Waiting since the sync that first saw 90.
+    assert sync.groups["g"].sync_lag_ms == 5_000
+    held = apply(sync, 6_000, plan.commits)
+    plan = sync.plan(11_000, src(p0=90), idle(held), {T0: kept(95)})
+    assert plan.commits["g"][D0].offset == 90 and not plan.commits["g"][D0].held_back
+    apply(sync, 11_000, plan.commits)
+    assert sync.groups["g"].held_back_offsets == 0
+    assert sync.snapshot()["held_back_offsets"] == 0
+
+
+def test_nothing_mirrored_yet_and_data_never_mirrored() -> None:
+    sync = GroupSync()
+    empty = MirroredPartition(D0, 0, None, OffsetMap())
+    plan = sync.plan(0, src(p0=5), idle(), {T0: empty})
+    assert plan.commits == {}
+    assert sync.groups["g"].skipped == {"orders-0": "nothing mirrored yet"}
+    # The mirror began at source 100 (local log start): 5 goes to the first mirrored record.
+    late = MirroredPartition(D0, 150, 50, OffsetMap.of([SyncPoint(100, 0)]))
+    assert sync.plan(0, src(p0=5), idle(), {T0: late}).commits["g"][D0].offset == 0
+
+
+def test_a_group_with_members_at_the_destination_is_never_written_again() -> None:
+    sync = GroupSync()
+    live = {"g": DestinationGroup(2, "Stable", {D0: 7})}
+    plan = sync.plan(1_000, src(p0=40), live, {T0: kept(100)})
+    assert plan.commits == {}
+    assert sync.state("g") is GroupState.FAILED_OVER
+    assert sync.failed_over["g"].since_ms == 1_000
+    assert "2 member(s)" in sync.failed_over["g"].reason
+    assert [s.event for s in plan.said] == [
+        "group failed over at the destination; no longer synced"
+    ]
+    # Its members left: it is still not synced, and not even asked about.
+    assert sync.wanted(src(p0=41), ["orders"]) == []
+    assert sync.plan(2_000, src(p0=41), idle({D0: 7}), {T0: kept(100)}).commits == {}
+
+
+def test_a_commit_made_at_the_destination_by_someone_else_fails_the_group_over() -> None:
+    sync = GroupSync()
+    held = apply(sync, 0, sync.plan(0, src(p0=40), idle(), {T0: kept(100)}).commits)
+    # A consumer joined, committed 45 and left between two syncs.
+    plan = sync.plan(5_000, src(p0=41), idle({**held, D0: 45}), {T0: kept(100)})
+    assert plan.commits == {}
+    assert sync.state("g") is GroupState.FAILED_OVER
+    assert "45" in sync.failed_over["g"].reason
+
+
+def test_a_commit_refused_as_for_a_live_group_fails_it_over() -> None:
+    sync = GroupSync()
+    plan = sync.plan(0, src(p0=40), idle(), {T0: kept(100)})
+    said = sync.committed(0, "g", plan.commits["g"], {D0: "unknown_member_id"})
+    assert sync.state("g") is GroupState.FAILED_OVER
+    assert said and "unknown_member_id" in said[0].fields["reason"]
+
+
+def test_other_commit_errors_are_counted_and_retried() -> None:
+    sync = GroupSync()
+    plan = sync.plan(0, src(p0=40), idle(), {T0: kept(100)})
+    sync.committed(0, "g", plan.commits["g"], {D0: "coordinator_load_in_progress"})
+    assert sync.state("g") is GroupState.SYNCING
+    assert sync.groups["g"].sync_errors == 1 and sync.sync_errors_total == 1
+    assert sync.plan(1, src(p0=40), idle(), {T0: kept(100)}).commits["g"][D0].offset == 40
+
+
+def test_resume_syncs_a_failed_over_group_again() -> None:
+    sync = GroupSync(failed_over={"g": FailedOver(5, "had members")})
+    assert sync.plan(10, src(p0=40), idle(), {T0: kept(100)}).commits == {}
+    said = sync.resume("g", 20)
+    assert said is not None and sync.state("g") is GroupState.SYNCING
+    assert "g" not in sync.failed_over
+    assert sync.plan(30, src(p0=40), idle(), {T0: kept(100)}).commits["g"][D0].offset == 40
+    assert sync.resume("g", 40) is None
+
+
+def test_a_source_offset_moving_backwards_is_followed_while_idle_and_said() -> None:
+    sync = GroupSync()
+    held = apply(sync, 0, sync.plan(0, src(p0=80), idle(), {T0: kept(100)}).commits)
+    plan = sync.plan(5_000, src(p0=20), idle(held), {T0: kept(100)})
+    assert plan.commits["g"][D0].offset == 20
+    assert [s.event for s in plan.said] == [
+        "source offset moved backwards; followed at the destination"
+    ]
+    assert plan.said[0].fields["from"] == 80 and sync.groups["g"].resets_followed == 1
+
+
+def test_halted_unmirrored_and_promoted_partitions_are_skipped_and_named() -> None:
+    sync = GroupSync(promoted=["payments"])
+    halted = MirroredPartition(D1, 10, 10, OffsetMap.of([SyncPoint(0, 0)]), halted="refused")
+    source = {
+        "g": {
+            T0: CommittedOffset(5),
+            T1: CommittedOffset(5),
+            TopicPartition("audit", 0): CommittedOffset(5),
+            TopicPartition("payments", 0): CommittedOffset(5),
+        }
+    }
+    plan = sync.plan(0, source, idle(), {T0: kept(100), T1: halted})
+    assert list(plan.commits["g"]) == [D0]
+    assert sync.groups["g"].skipped == {
+        "audit-0": "not mirrored",
+        "orders-1": "mirror halted: refused",
+        "payments-0": "promoted",
+    }
+
+
+def test_groups_without_offsets_on_mirrored_topics_are_not_synced() -> None:
+    sync = GroupSync()
+    source = {"other": {TopicPartition("audit", 0): CommittedOffset(5)}, **src(p0=1)}
+    assert sync.wanted(source, ["orders"]) == ["g"]
+
+
+def test_an_offset_already_at_the_destination_is_not_written_again() -> None:
+    sync = GroupSync()
+    held = apply(sync, 0, sync.plan(0, src(p0=40), idle(), {T0: kept(100)}).commits)
+    assert sync.plan(5_000, src(p0=40), idle(held), {T0: kept(100)}).commits == {}
+    # After a restart (nothing remembered) the same offset there is taken as ours.
+    again = GroupSync()
+    assert again.plan(0, src(p0=40), idle({D0: 40}), {T0: kept(100)}).commits == {}
+    assert again.plan(1, src(p0=41), idle({D0: 40}), {T0: kept(100)}).commits["g"][D0].offset == 41
+
+
+def test_a_group_the_destination_could_not_describe_is_not_written() -> None:
+    sync = GroupSync()
+    unknown = {"g": DestinationGroup(error="coordinator_not_available")}
+    assert sync.plan(0, src(p0=40), unknown, {T0: kept(100)}).commits == {}
+    assert sync.state("g") is GroupState.SYNCING
+    assert sync.groups["g"].error == "coordinator_not_available"
+
+
+def test_every_transition_is_in_the_table_and_others_are_errors() -> None:
+    assert set(TRANSITIONS.values()) == set(GroupState)
+    sync = GroupSync()
+    with pytest.raises(LocalProtocolError):
+        sync._event("g", GroupEvent.RESUME, 0, "")
+
+
+# -- the property: whatever happens, never ahead of the data, never into a live group ----
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> list[tuple[str, int]]:
+    steps = st.one_of(
+        st.tuples(st.just("commit"), st.integers(0, 40)),
+        st.tuples(st.just("reset"), st.integers(0, 40)),
+        st.tuples(st.just("mirror"), st.integers(0, 15)),
+        st.tuples(st.just("marker"), st.just(0)),
+        st.tuples(st.just("join"), st.integers(1, 3)),
+        st.tuples(st.just("leave"), st.just(0)),
+        st.tuples(st.just("sync"), st.just(0)),
+        st.tuples(st.just("resume"), st.just(0)),
+    )
+    return draw(st.lists(steps, max_size=60))
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenarios())
+def test_no_destination_offset_ahead_of_the_data_nor_a_write_to_a_live_group(
+    steps: list[tuple[str, int]],
+) -> None:
+    sync = GroupSync()
+    source_log: list[str] = []  # "d" a data record, "m" a transaction marker
+    committed = 0  # the group's committed offset at the source
+    position = dest_next = 0  # the mirror: source mirrored below position, dest end
+    points: list[SyncPoint] = []
+    records: dict[int, int] = {}  # source offset -> destination offset of mirrored records
+    members = 0
+    dest_offsets: dict[TopicPartition, int] = {}
+    had_members_since_resume = False
+    for now, (kind, n) in enumerate(steps):
+        if kind == "commit":
+            source_log.extend("d" * n)
+            committed = min(len(source_log), committed + n)
+        elif kind == "reset":
+            committed = min(committed, n)
+        elif kind == "marker":
+            source_log.append("m")
+        elif kind == "mirror":
+            for _ in range(min(n, len(source_log) - position)):
+                if source_log[position] == "d":
+                    if not points or dest_next - position != points[-1].shift:
+                        points.append(SyncPoint(position, dest_next))
+                    records[position] = dest_next
+                    dest_next += 1
+                position += 1
+        elif kind == "join":
+            members += n
+            had_members_since_resume = True
+        elif kind == "leave":
+            members = 0
+        elif kind == "resume" and sync.resume("g", now) is not None:
+            had_members_since_resume = members > 0
+        partition = MirroredPartition(
+            D0, position, dest_next if points else None, OffsetMap.of(points)
+        )
+        plan = sync.plan(
+            now,
+            {"g": {T0: CommittedOffset(committed)}},
+            {"g": DestinationGroup(members, "Stable" if members else "Empty", dest_offsets)},
+            {T0: partition},
+        )
+        planned = plan.commits.get("g", {})
+        if planned:
+            assert members == 0, "wrote into a live group"
+            assert not had_members_since_resume, "wrote into a group that failed over"
+            offset = planned[D0].offset
+            assert offset <= dest_next, "destination offset ahead of the mirrored data"
+            # Exact: every mirrored record the source group had not read is read, none before.
+            unread = [d for s, d in records.items() if s >= committed]
+            assert offset == (min(unread) if unread else dest_next)
+            sync.committed(now, "g", planned, {D0: None})
+            dest_offsets[D0] = offset
