@@ -89,6 +89,8 @@ CORES: tuple[str, ...] = (
     "replicad.groups.classic_group",
     "replicad.groups.coordinator",
     "replicad.mirror.partition_mirror",
+    "replicad.mirror.group_sync",
+    "replicad.mirror.promotion",
 )
 # What a core may not import (a module or anything below it).
 CORE_FORBIDDEN = (

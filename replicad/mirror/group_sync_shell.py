@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from replicad.clock import monotonic_ms
 from replicad.clock import wall_ms as _wall_ms
 from replicad.config.model import GroupsConfig
 from replicad.errors import KafkaConnectionError, ProtocolError, ReplicadError
@@ -203,7 +203,7 @@ class GroupSyncShell:
             getattr(log, s.level)(s.event, group=s.group, **s.fields)
 
     def _warn(self, key: str, event: str, **fields: Any) -> None:
-        said = self._said.should_emit(key, time.monotonic_ns() // 1_000_000)
+        said = self._said.should_emit(key, monotonic_ms())
         if said.emit:
             log.warning(event, **fields)
 
