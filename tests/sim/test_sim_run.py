@@ -119,10 +119,14 @@ def test_the_command_line_replays_a_seed_and_runs_many():
     assert one.stdout.strip().endswith("seed 3: ok (150 events)")
     assert "turn" in one.stdout  # -v printed the events
     many = subprocess.run(
-        [sys.executable, "-m", "tools.sim", "--seeds", "3", "--first", "5", "--events", "40"],
+        [
+            *(sys.executable, "-m", "tools.sim", "--seeds", "3", "--first", "5"),
+            *("--events", "40", "--workers", "2"),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert many.returncode == 0, many.stdout + many.stderr
     assert "3 seeds (5..7), 40 events each: 0 failed" in many.stdout
+    assert "2 workers" in many.stdout
