@@ -10,6 +10,8 @@ Rules:
   OUT_OF_RANGE: FETCHING -> TRUNCATING (the leader answered OFFSET_OUT_OF_RANGE).
   RECONCILED: TRUNCATING -> FETCHING (truncated, gap skipped, or transient: backed off).
   GAP_HALT: TRUNCATING -> HALTED (the leader starts above our end and on_gap=halt).
+  ANOTHER_LINEAGE: FETCHING -> HALTED (the leader's batch holding our log end starts below
+  it: its log is of another lineage; the partition table's R8).
   DISK_FULL: FETCHING -> PAUSED_DISK_FULL; PAUSED_DISK_FULL stays paused.
   DISK_RETRY (its pause is over) and DISK_BACK (space is back): PAUSED_DISK_FULL -> FETCHING.
   LOG_UNUSABLE (its log cannot be opened, or its topic id not stored) and TOPIC_RECREATED
@@ -34,7 +36,9 @@ class PartitionPhase(Enum):
     NEEDS_OFFSET = "needs-offset"  # no local data yet: ask the leader where to start
     FETCHING = "fetching"
     TRUNCATING = "truncating"  # out of range or diverged: reconcile with the leader first
-    HALTED = "halted"  # on_gap=halt hit a gap, or the log is unusable: an operator must decide
+    # on_gap=halt hit a gap, another lineage at our log end, or the log is unusable: an
+    # operator must decide.
+    HALTED = "halted"
     PAUSED_DISK_FULL = "paused-disk-full"
 
 
@@ -43,6 +47,7 @@ class PhaseEvent(Enum):
     OUT_OF_RANGE = "out-of-range"
     RECONCILED = "reconciled"
     GAP_HALT = "gap-halt"
+    ANOTHER_LINEAGE = "another-lineage"
     DISK_FULL = "disk-full"
     DISK_RETRY = "disk-retry"
     DISK_BACK = "disk-back"
@@ -56,6 +61,7 @@ TRANSITIONS: Mapping[tuple[PartitionPhase, PhaseEvent], PartitionPhase] = {
     (PartitionPhase.FETCHING, PhaseEvent.OUT_OF_RANGE): PartitionPhase.TRUNCATING,
     (PartitionPhase.TRUNCATING, PhaseEvent.RECONCILED): PartitionPhase.FETCHING,
     (PartitionPhase.TRUNCATING, PhaseEvent.GAP_HALT): PartitionPhase.HALTED,
+    (PartitionPhase.FETCHING, PhaseEvent.ANOTHER_LINEAGE): PartitionPhase.HALTED,
     (PartitionPhase.FETCHING, PhaseEvent.DISK_FULL): PartitionPhase.PAUSED_DISK_FULL,
     (PartitionPhase.PAUSED_DISK_FULL, PhaseEvent.DISK_FULL): PartitionPhase.PAUSED_DISK_FULL,
     (PartitionPhase.PAUSED_DISK_FULL, PhaseEvent.DISK_RETRY): PartitionPhase.FETCHING,

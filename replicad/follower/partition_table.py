@@ -39,6 +39,10 @@ Rules kept here (each repeated where it is kept):
 - R6 unknown error codes are UNKNOWN_SERVER_ERROR for their partition alone
   (`error_code_of`): counted, backed off, retried.
 - R7 corrupt data is never appended: counted, logged every time, refetched with backoff.
+- R8 another lineage: a leader's batch that starts below our log end and holds it, on a
+  non-empty log (validate.py rule 7: the leader's log starts inside a batch of another
+  lineage than ours), halts the partition with the reason, as Kafka fails it; refetching
+  would never get past it.
 """
 
 from __future__ import annotations
@@ -571,6 +575,9 @@ class PartitionTable:
                 self.stats.partition_errors["diverging_epoch"] += 1
                 return None
             append = self._validate(state, pd.records, now_ms)
+            if state.phase is PartitionPhase.HALTED:  # R8
+                actions.append(Halt(tp, state.last_error or "halted"))
+                return None
             if append is None:
                 self._raise_high_watermark(state, actions)
             return append
@@ -611,6 +618,9 @@ class PartitionTable:
         )
         if fetched.partial_dropped:
             self.stats.partial_batches_dropped += 1
+        if fetched.foreign is not None:
+            self._halt_foreign(state, fetched.foreign)
+            return None
         if fetched.corrupt is not None:
             state.corrupt_count += 1
             self.stats.crc_failures += 1
@@ -629,6 +639,26 @@ class PartitionTable:
         epochs = [b.partition_leader_epoch for b in fetched.batches if b.magic >= MAGIC_V2]
         state.fetched_epoch = max(epochs) if epochs else None
         return Append(tp, fetched)
+
+    def _halt_foreign(self, state: PartitionState, batch: tuple[int, int]) -> None:
+        """R8: the partition stops here; the caller's Halt action says why."""
+        end = state.log.log_end_offset
+        state.move(
+            PhaseEvent.ANOTHER_LINEAGE,
+            f"another lineage: the leader's batch at offsets {batch[0]}..{batch[1]} holds "
+            f"our log end {end} (its log starts at {state.leader_log_start_offset}, inside a "
+            "batch another leader wrote); delete the partition's local log to copy it anew",
+        )
+        self.stats.partition_errors["another_lineage"] += 1
+        log.error(
+            "leader's log is of another lineage at our log end; partition halted",
+            tp=str(state.tp),
+            local_end=end,
+            batch_base_offset=batch[0],
+            batch_last_offset=batch[1],
+            leader_log_start=state.leader_log_start_offset,
+            leader=self.node_id,
+        )
 
     def _truncation(
         self,

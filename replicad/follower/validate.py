@@ -15,6 +15,12 @@ Rules, in order:
    whole, and the log restarts at its base offset — as Kafka's follower does.
 6. Nothing of a corrupt batch is ever written; the caller counts, logs and
    refetches it with backoff.
+7. On a non-empty local log, a first batch that straddles the fetch offset is not
+   corruption: the leader's log holds another lineage than ours at our log end (its log
+   starts inside a batch another leader wrote, e.g. after an unclean election and
+   DeleteRecords). Our batches end where a batch of the same lineage ends, always;
+   nothing is written (`foreign` says which batch) and the caller halts the partition,
+   as Kafka's follower fails it (UnexpectedAppendOffsetException on a non-empty log).
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ class FetchedData:
     restart_at: int | None  # rule 5: truncate fully and start the log here first
     partial_dropped: bool  # rule 2
     corrupt: str | None  # rule 6: what was wrong (None if nothing)
+    # Rule 7: (base offset, last offset) of the leader's batch holding our log end.
+    foreign: tuple[int, int] | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -49,12 +57,16 @@ def validate_fetched(
     end_pos = 0
     expected = fetch_offset
     restart_at: int | None = None
+    foreign: tuple[int, int] | None = None
     for batch in scan.batches:
         if batch.last_offset < expected and not kept:
             continue  # rule 4
         if batch.base_offset < expected:
             if not kept and log_is_empty and restart_at is None:
                 restart_at = batch.base_offset  # rule 5
+            elif not kept and restart_at is None:
+                foreign = (batch.base_offset, batch.last_offset)  # rule 7
+                break
             else:
                 corrupt = (
                     f"batch at offset {batch.base_offset} overlaps the previous data "
@@ -83,4 +95,5 @@ def validate_fetched(
         restart_at=restart_at,
         partial_dropped=scan.stop is ScanStop.PARTIAL,
         corrupt=corrupt,
+        foreign=foreign,
     )

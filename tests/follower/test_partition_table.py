@@ -1,5 +1,5 @@
 """The follower's core, event by event, against an in-memory log: every rule of
-partition_table.py (R1..R7) and every event and action kind, without a socket or a clock."""
+partition_table.py (R1..R8) and every event and action kind, without a socket or a clock."""
 
 from __future__ import annotations
 
@@ -293,6 +293,25 @@ def test_a_corrupt_batch_is_never_appended_what_came_before_it_is():
     assert append.fetched.next_fetch_offset == 4 and bytes(append.fetched.data) == good
     assert table.stats.crc_failures == 1 and state.corrupt_count == 1
     assert state.delayed_until_ms == 105  # R7: refetched after the backoff
+
+
+def test_a_batch_of_another_lineage_holding_our_log_end_halts_the_partition():
+    """R8: the leader's log starts inside a batch our lineage does not have (an unclean
+    election, then DeleteRecords): it holds our log end, so no refetch would get past it.
+    The partition halts with the reason, as Kafka fails it; nothing is appended."""
+    table = _table()
+    state, local = _add(table, TP0, end=6, hw=6)
+    fetch = table.next_fetch(0, max_version=13)
+    foreign = producer_batch(4, [b"x"] * 5, leader_epoch=6)  # offsets 4..8
+    answer = _partition(TP0, hw=9, log_start=5, records=foreign + _batches(9, 1))
+    outcome = table.on_response(fetch, _response(fetch, answer), 0)
+    assert outcome.appends == ()
+    assert [type(a) for a in outcome.actions] == [Halt]
+    assert state.phase is PartitionPhase.HALTED and state.last_error == outcome.actions[0].reason
+    assert "another lineage" in state.last_error and "4..8" in state.last_error
+    assert "log end 6" in state.last_error and "starts at 5" in state.last_error
+    assert table.stats.crc_failures == 0 and table.stats.partition_errors["another_lineage"] == 1
+    assert local.log_end_offset == 6 and table.next_fetch(0, max_version=13) is None
 
 
 def test_a_trailing_partial_batch_is_dropped_and_counted():

@@ -67,9 +67,16 @@ def test_straddling_first_batch_restarts_an_empty_log():
     assert got.restart_at == 5 and got.next_fetch_offset == 10
 
 
-def test_straddling_first_batch_on_a_non_empty_log_is_corruption():
-    got = validate_fetched(_batches((5, 5)), fetch_offset=7, log_is_empty=False)
-    assert got.is_empty and got.corrupt is not None
+def test_straddling_first_batch_on_a_non_empty_log_is_another_lineage():
+    got = validate_fetched(_batches((5, 5), (10, 2)), fetch_offset=7, log_is_empty=False)
+    assert got.is_empty and got.foreign == (5, 9) and got.corrupt is None
+    assert got.next_fetch_offset == 7
+
+
+def test_an_overlap_after_a_kept_batch_is_still_corruption():
+    got = validate_fetched(_batches((7, 2), (8, 2)), fetch_offset=7, log_is_empty=False)
+    assert [b.base_offset for b in got.batches] == [7]
+    assert got.foreign is None and "overlaps" in got.corrupt
 
 
 def test_empty_and_null_records():

@@ -111,3 +111,18 @@ def test_sessions_follow_kip_227_and_an_eviction_loses_them():
     cluster.evict_sessions(cluster.partitions[TP].leader)
     response, _ = _fetch(cluster, _spec(cluster, 0, session=(session, 2)))
     assert response.error_code == 70  # FETCH_SESSION_ID_NOT_FOUND
+
+
+def test_delete_records_starts_every_replica_inside_a_batch_and_it_is_still_served():
+    cluster = _cluster(replication=2)
+    cluster.produce(TP, 4)  # offsets 0..3, one batch
+    for node in cluster.partitions[TP].replicas:
+        cluster.replicate(TP, node)
+    assert not cluster.delete_records(TP, 5)  # past the high watermark: refused
+    assert cluster.delete_records(TP, 2)
+    p = cluster.partitions[TP]
+    assert all(r.log_start == 2 and len(r.batches) == 1 for r in p.replicas.values())
+    _, answer = _fetch(cluster, _spec(cluster, 2))
+    assert answer.log_start_offset == 2 and bytes(answer.records) == p.log.batches[0].data
+    _, answer = _fetch(cluster, _spec(cluster, 1))
+    assert answer.error_code == ErrorCode.offset_out_of_range

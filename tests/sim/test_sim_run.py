@@ -1,18 +1,20 @@
 """The follower's deterministic simulation (tools/sim) in the suite: a few hundred seeds
-hold every invariant, a seed replays exactly, and the simulation finds issue 20's two
-defects when each is planted back."""
+hold every invariant, a seed replays exactly, and the simulation finds each defect it
+found or was made to find (issue 20's two, issue 29's) when it is planted back."""
 
 from __future__ import annotations
 
 import logging
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import structlog
 from kio.schema.errors import ErrorCode
 
 import replicad.follower.partition_table as partition_table
+from replicad.follower.validate import validate_fetched
 from tools.sim.follower import SimFollower
 from tools.sim.run import run_seed, run_seeds
 
@@ -62,6 +64,7 @@ def test_the_seeds_reach_every_fault():
         "elect_clean",
         "elect_unclean",
         "retain",
+        "delete_records",
         "add_partition",
         "recreate_topic",
         "evict_sessions",
@@ -106,6 +109,23 @@ def test_the_old_error_code_decoding_is_found_by_a_suite_seed(monkeypatch):
     assert failed, "no suite seed found the planted defect"
     print(f"planted defect 2 found by seed {failed[0].seed}: {failed[0].error}")
     assert "is not a valid ErrorCode" in failed[0].error
+
+
+def _validate_as_it_was(records, *, fetch_offset, log_is_empty):
+    """Defect 3 as it was: a first batch holding our log end on a non-empty log was called
+    corrupt, so the partition refetched it forever."""
+    fetched = validate_fetched(records, fetch_offset=fetch_offset, log_is_empty=log_is_empty)
+    if fetched.foreign is None:
+        return fetched
+    return replace(fetched, foreign=None, corrupt=f"batch at {fetched.foreign[0]} overlaps")
+
+
+def test_the_refetch_of_another_lineage_forever_is_found_by_a_suite_seed(monkeypatch):
+    monkeypatch.setattr(partition_table, "validate_fetched", _validate_as_it_was)
+    failed, _ = run_seeds(SUITE_SEEDS, stop_at_first=True)
+    assert failed, "no suite seed found the planted defect"
+    print(f"planted defect 3 found by seed {failed[0].seed}: {failed[0].error}")
+    assert "did not converge" in failed[0].error and "overlaps" in failed[0].error
 
 
 def test_the_command_line_replays_a_seed_and_runs_many():

@@ -268,13 +268,12 @@ class SimCluster:
         for replica in p.replicas.values():
             old_end = replica.end
             # Whole batches below the new start go. A replica of another lineage may have a
-            # batch across it: it stays, and that replica's log starts at the batch (Kafka's
-            # would start inside it; a leader starting inside a batch of another lineage
-            # above the follower's end is a case the follower does not resolve -- see the
-            # report of issue 20 -- and is not generated).
+            # batch across it: it stays, and that replica's log starts inside it, as Kafka's
+            # follower takes the leader's log start. Elected, it is a leader whose log starts
+            # inside a batch of another lineage than the follower's (R8 of the follower's
+            # partition table: the follower halts the partition, as Kafka fails it).
             replica.batches = [b for b in replica.batches if b.next_offset > new_start]
-            start = replica.batches[0].base if replica.batches else new_start
-            replica.log_start = max(replica.log_start, min(start, new_start))
+            replica.log_start = max(replica.log_start, new_start)
             if not replica.batches:
                 # It starts over where the leader's log starts (Kafka's follower truncates
                 # fully to the leader's log start); below it, nothing is known.
@@ -283,6 +282,26 @@ class SimCluster:
                     replica.last = b""
         p.high_watermark = max(p.high_watermark, new_start)
         self._changed(tp)
+
+    def delete_records(self, tp: TopicPartition, offset: int) -> bool:
+        """AdminClient.deleteRecords: the leader's log start moves to `offset` (at most the
+        high watermark; maybe inside a batch, which stays whole and is still served). Every
+        replica takes the new log start (Kafka's followers take it from the leader's
+        answers), inside a batch of its own lineage too."""
+        p = self.partitions[tp]
+        if p.leader not in self.online or not p.log_start < offset <= p.high_watermark:
+            return False
+        self.history.retain(p.topic_id, tp.partition, offset)
+        for replica in p.replicas.values():
+            if offset <= replica.log_start:
+                continue
+            old_end = replica.end
+            replica.batches = [b for b in replica.batches if b.next_offset > offset]
+            replica.log_start = offset
+            if not replica.batches and old_end != offset:
+                replica.last = b""  # it starts over at the new log start (see retain)
+        self._changed(tp)
+        return True
 
     def stop_broker(self, node: int) -> None:
         self.online.discard(node)

@@ -3,7 +3,9 @@
 A seed fixes everything: the cluster's shape and Fetch version, the follower's settings,
 and the sequence of events. Events are drawn with weights: follower turns (questions,
 then a Fetch, maybe pipelined), produce, in-cluster replication and lagging, clean and
-unclean elections, retention, brokers stopping and starting, new partitions, topic
+unclean elections, retention, DeleteRecords (a log start inside a batch, taken by every
+replica: a replica of another lineage elected then starts inside a batch the follower's
+lineage does not have), brokers stopping and starting, new partitions, topic
 re-creation (new topic id), session evictions, answers lost, duplicated, delayed, cut
 (KIP-74), corrupted, or carrying any Fetch error code (or one no Kafka defines), a full
 disk, checkpoints, clean restarts and crashes that lose what was not fsynced. After every
@@ -22,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from replicad.follower.actions import Action, EpochAnswer, NextFetch, OffsetAnswer
+from replicad.follower.actions import Action, EpochAnswer, Halt, NextFetch, OffsetAnswer
 from replicad.follower.assignment import LeaderInfo
 from replicad.follower.fetch_response import FetchedPartition, FetchedTopic, FetchResponseView
 from replicad.follower.fetch_settings import (
@@ -65,6 +67,7 @@ WEIGHTS: dict[str, int] = {
     "elect_clean": 2,
     "elect_unclean": 2,
     "retain": 2,
+    "delete_records": 2,
     "stop_broker": 1,
     "start_broker": 2,
     "add_partition": 1,
@@ -209,6 +212,12 @@ class Simulation:
         elif kind == "retain" and tp is not None:
             cluster.retain(tp, rng.randint(1, 3))
             self._note(f"retain {tp} start {cluster.partitions[tp].log_start}")
+        elif kind == "delete_records" and tp is not None:
+            p = cluster.partitions[tp]
+            if p.log_start < p.high_watermark:
+                offset = rng.randint(p.log_start + 1, p.high_watermark)
+                if cluster.delete_records(tp, offset):
+                    self._note(f"delete_records {tp} start {offset}")
         elif kind == "stop_broker":
             up = sorted(cluster.online)
             if len(up) > 1:
@@ -365,6 +374,9 @@ class Simulation:
         for action in actions:
             kind = f"action:{type(action).__name__}"
             self.counts[kind] = self.counts.get(kind, 0) + 1
+            if isinstance(action, Halt):  # why, by the reason's first words
+                why = "halt:" + "-".join(action.reason.split(":")[0].split()[:2])
+                self.counts[why] = self.counts.get(why, 0) + 1
         self.follower.performers[node].perform(actions, self.clock.now_ms)
 
     def _questions(self, node: int, table: PartitionTable) -> None:
