@@ -15,11 +15,6 @@ from tools.clockcheck import ROOT, Finding, check, check_source
 # so the list only shrinks.
 PENDING: frozenset[str] = frozenset(
     {
-        "tests/control/test_notify.py",
-        "tests/control/test_stalls.py",
-        "tests/faults/test_isolate.py",
-        "tests/faults/test_many_consumers.py",
-        "tests/faults/test_soak.py",
         "tests/follower/test_compaction_kafka.py",
         "tests/follower/test_memory_pool.py",
         "tests/follower/test_replication_kafka.py",
@@ -27,8 +22,6 @@ PENDING: frozenset[str] = frozenset(
         "tests/follower/test_sessions_kafka.py",
         "tests/mirror/test_destination.py",
         "tests/mirror/test_mirror_kafka.py",
-        "tests/peers/test_process.py",
-        "tests/peers/test_replica.py",
         "tests/test_daemon.py",
     }
 )

@@ -19,7 +19,7 @@ def target(data: bytes) -> None:
     if data == b"segv":
         ctypes.string_at(0)
     if data == b"hang":
-        time.sleep(60)
+        time.sleep(3600)  # timing-ok: a hanging input, what run_batch must give up on
 
 
 def test_each_failure_is_reported_by_index_and_the_rest_runs() -> None:
@@ -32,10 +32,11 @@ def test_each_failure_is_reported_by_index_and_the_rest_runs() -> None:
 
 
 def test_a_hang_is_a_timeout_and_later_inputs_still_run() -> None:
-    started = time.monotonic()
-    failures = run_batch(target, [b"hang", b"raise"], timeout_s=1)
+    # The input hangs for an hour: run_batch returns only because it gave up on it. The
+    # timeout is per input, from its start: 5 s, so that a loaded machine's slow fork does
+    # not make the next input look hung too.
+    failures = run_batch(target, [b"hang", b"raise"], timeout_s=5)
     assert [(f.index, f.kind) for f in failures] == [(0, "timeout"), (1, "exception")]
-    assert time.monotonic() - started < 30
 
 
 def test_a_clean_batch_has_no_outcomes() -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import yaml
 
@@ -60,13 +58,12 @@ def test_a_daemon_that_exits_fails_the_block_with_its_output(tmp_path) -> None:
     """A config mapping is written as YAML the daemon reads; a bad key makes it exit 78,
     which wait_for reports at once (not at its timeout) and the block reports again."""
     config = {"fetch": {"bogus_key": 1}}
-    started = time.monotonic()
+    # A wait that ran out would raise TimeoutError, not ReplicadExited with the output.
     with (
         pytest.raises(ReplicadExited, match=r"fetch\.bogus_key"),
         replicad_run("127.0.0.1:9", "t", tmp_path / "data", config=config) as proc,
     ):
-        proc.wait_for(lambda: False, timeout_s=60, what="never")
-    assert time.monotonic() - started < 30
+        proc.wait_for(lambda: False, what="never")
     assert yaml.safe_load((tmp_path / "data.yaml").read_text()) == config
     assert proc.proc is not None and proc.proc.returncode == 78
     with (
@@ -80,7 +77,7 @@ def test_a_daemon_that_exits_fails_the_block_with_its_output(tmp_path) -> None:
 def test_a_serve_that_cannot_start_fails_at_once_with_its_output(tmp_path) -> None:
     """replicad_serve waits until serve listens, and not a moment longer when it exits:
     here it refuses a follower principal without a certificate check to match it."""
-    started = time.monotonic()
+    # A wait that ran out would not carry serve's own words.
     with pytest.raises(ReplicadExited, match="follower-principal"):
         replicad_serve(
             tmp_path / "data",
@@ -88,7 +85,6 @@ def test_a_serve_that_cannot_start_fails_at_once_with_its_output(tmp_path) -> No
             log_path=tmp_path / "serve.log",
             flags=["--tls-client-auth", "required", "--follower-principal", "replica"],
         )
-    assert time.monotonic() - started < 30
 
 
 def test_the_cli_runs_to_its_end_and_a_config_alone_starts_run(tmp_path) -> None:
