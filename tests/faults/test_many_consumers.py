@@ -20,7 +20,7 @@ def test_forty_consumers_read_everything_while_run_replicates_and_answers_status
     )
     assert not result.failures, result.failures
     assert result.consumers == 40 and result.records_each == PARTITIONS * 500
-    assert result.status_asked >= 1  # and answered: one unanswered is in failures
+    assert result.status_asked >= 1
     # How fast status answers and how far the replica trails the source while 40 consumers
     # read are figures of `python -m tools.chaos.many_consumers` (docs/reliability.md: status
     # within 2 s, within 5,000 records, on 2 shared cores); a busy machine stretches both.
