@@ -20,7 +20,6 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 SHIM_SOURCE = Path(__file__).with_name("slowdisk.c")
@@ -66,12 +65,7 @@ class SmallFilesystem:
         if done.returncode != 0:
             raise DiskFaultUnavailable(f"cannot mount a tmpfs: {done.stderr.strip()}")
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self.mounted:
             # Lazy: a daemon still holding files there must not keep the mount alive.
             subprocess.run(["umount", "-l", str(self.path)], capture_output=True, check=False)

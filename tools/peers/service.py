@@ -8,7 +8,6 @@ memory and a port).
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import Self
 
 from tools.peers.process import LOOPBACK, PeerError
@@ -50,10 +49,5 @@ class Service:
             raise
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
