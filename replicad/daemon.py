@@ -72,6 +72,7 @@ def mirror_settings_from_config(config: Config) -> MirrorSettings | None:
         produce_timeout_ms=mirror.produce_timeout_ms,
         progress_interval_ms=mirror.progress_interval_ms,
         buffer_bytes=mirror.buffer_bytes,
+        max_in_flight=mirror.max_in_flight,
         retention_waits=mirror.retention_waits,
         topic_sync_interval_ms=mirror.topic_sync_interval_ms,
         retry_backoff_ms=mirror.reconnect_backoff_ms,

@@ -393,6 +393,8 @@ class MirrorConfig:
     progress_interval_ms: int = 1_000
     # Batch bytes read ahead from the local log and held per partition.
     buffer_bytes: int = 4 * 1024 * 1024
+    # Batches in flight per partition (Kafka allows an idempotent producer up to 5).
+    max_in_flight: int = 5
     # Local retention (log.retention_*) keeps what is not mirrored yet; false: it deletes
     # on schedule, and what the destination never got is a gap (counted and logged).
     retention_waits: bool = True

@@ -254,6 +254,8 @@ SCHEMA = Section(
                 "produce_timeout_ms": Int(1, INT32_MAX),
                 "progress_interval_ms": Int(1),
                 "buffer_bytes": Int(1),
+                # A broker remembers the last 5 batches per producer and partition.
+                "max_in_flight": Int(1, 5),
                 "retention_waits": Bool(),
                 "topic_sync_interval_ms": Int(1),
             },

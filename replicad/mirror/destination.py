@@ -7,13 +7,16 @@ a cluster that cannot be reached raises (KafkaConnectionError / ProtocolError).
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from replicad.errors import ProtocolError
+from replicad.mirror.partition_mirror import Failure
 from replicad.mirror.restamp import ProducerStamp
 from replicad.protocol.admin import (
     TopicToCreate,
@@ -91,6 +94,21 @@ class ProduceAnswer:
     @property
     def session_lost(self) -> bool:
         return self.error in SESSION_ERRORS
+
+    @property
+    def failure(self) -> Failure | None:
+        """The answer as the partition mirror's core takes a failure (None: taken)."""
+        if self.error is None:
+            return None
+        if self.error == ErrorCode.out_of_order_sequence_number:
+            return Failure.OUT_OF_ORDER
+        if self.session_lost:
+            return Failure.SESSION
+        return Failure.RETRY if self.retriable else Failure.FATAL
+
+    @property
+    def reason(self) -> str:
+        return (self.error_name or "") + (f" ({self.message})" if self.message else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,49 +226,76 @@ class Destination:
         self, conn: BrokerConnection, tp: TopicPartition, batch: bytes | bytearray
     ) -> _ProduceCall:
         """Send one batch to `tp`'s leader (`conn`) now; await the result for its answer."""
+        return self.produce_many(conn, {tp: batch})
+
+    def produce_many(
+        self, conn: BrokerConnection, batches: Mapping[TopicPartition, bytes | bytearray]
+    ) -> _ProduceCall:
+        """Send one Produce of one batch per partition (Kafka takes no more: exactly one
+        batch per partition per request) to their leader (`conn`) now; the result's
+        `answers()` reads every partition's answer, `answer()` the first's."""
         assert conn.versions is not None
         version = conn.versions.require(ApiKey.PRODUCE)
         cls = request_type(ApiKey.PRODUCE, version)
         topic_cls = nested_type(cls, "TopicProduceData")
         part_cls = nested_type(cls, "PartitionProduceData")
+        by_topic: dict[str, list[tuple[int, bytes | bytearray]]] = {}
+        for tp, batch in batches.items():
+            by_topic.setdefault(tp.topic, []).append((tp.partition, batch))
         request = make_entity(
             cls,
             transactional_id=None,
             acks=ACKS_ALL,
             timeout=datetime.timedelta(milliseconds=self.produce_timeout_ms),
-            topic_data=(
+            topic_data=tuple(
                 make_entity(
                     topic_cls,
-                    name=tp.topic,
-                    partition_data=(make_entity(part_cls, index=tp.partition, records=batch),),
-                ),
+                    name=topic,
+                    partition_data=tuple(
+                        make_entity(part_cls, index=p, records=batch) for p, batch in parts
+                    ),
+                )
+                for topic, parts in by_topic.items()
             ),
         )
         # The broker may hold an acks=all request up to its timeout; give the answer time.
         timeout_s = conn.request_timeout_s + self.produce_timeout_ms / 1000
-        return _ProduceCall(conn.send(request, timeout_s=timeout_s), tp)
+        return _ProduceCall(conn.send(request, timeout_s=timeout_s), tuple(batches))
 
 
 class _ProduceCall:
-    """A Produce in flight; `await call.answer()` reads the one partition's answer."""
+    """A Produce in flight; `await call.answers()` reads each partition's answer."""
 
-    def __init__(self, future: object, tp: TopicPartition) -> None:
+    def __init__(self, future: asyncio.Future[Any], partitions: tuple[TopicPartition, ...]) -> None:
         self.future = future
-        self.tp = tp
+        self.partitions = partitions
 
     async def answer(self) -> ProduceAnswer:
-        body = await self.future  # type: ignore[misc]
-        for topic in body.responses:
-            for p in topic.partition_responses:
-                if int(p.index) != self.tp.partition:
-                    continue
-                code = error_code_of(int(p.error_code))
-                if code in (ErrorCode.none, ErrorCode.duplicate_sequence_number):
-                    return ProduceAnswer(int(p.base_offset))
-                return ProduceAnswer(
+        return (await self.answers())[self.partitions[0]]
+
+    async def answers(self) -> dict[TopicPartition, ProduceAnswer]:
+        return produce_answers(await self.future, self.partitions)
+
+
+def produce_answers(
+    body: Any, partitions: Sequence[TopicPartition]
+) -> dict[TopicPartition, ProduceAnswer]:
+    """Each asked partition's answer in a Produce response body (a partition missing from
+    it is an unknown server error: resent)."""
+    out: dict[TopicPartition, ProduceAnswer] = {}
+    for topic in body.responses:
+        name = str(topic.name)
+        for p in topic.partition_responses:
+            tp = TopicPartition(name, int(p.index))
+            code = error_code_of(int(p.error_code))
+            if code in (ErrorCode.none, ErrorCode.duplicate_sequence_number):
+                out[tp] = ProduceAnswer(int(p.base_offset))
+            else:
+                out[tp] = ProduceAnswer(
                     -1, code, error_name(int(p.error_code)), getattr(p, "error_message", None)
                 )
-        return ProduceAnswer(-1, ErrorCode.unknown_server_error, "missing from the answer")
+    missing = ProduceAnswer(-1, ErrorCode.unknown_server_error, "missing from the answer")
+    return {tp: out.get(tp, missing) for tp in partitions}
 
 
 def _offsets(body: object) -> dict[TopicPartition, int | str]:

@@ -1,34 +1,64 @@
 """The mirror state machine of one partition: which stored batch goes to the destination
-next, with which sequence, and where the mirror stands (sans-I/O: the shell feeds log
-entries and destination answers in, and asks what to send).
+next, with which sequence, when, and what each answer means (sans-I/O: the shell feeds log
+entries, destination answers and the time, `now_ms`, in, and asks what to send and when
+to wake).
 
 Rules:
 - The source is the local log, read in offset order from `scanned_to`; `position` is the
   source offset below which everything is mirrored or deliberately skipped, `dest_next`
-  the destination offset the next produced batch lands at. Both move together, after a
-  batch is acknowledged, so (position, dest_next) is always a consistent pair to persist.
+  the destination offset the next acknowledged batch lands at. Both move together, when
+  the oldest batch sent is acknowledged, so (position, dest_next) is always a consistent
+  pair to persist: progress never names a batch the destination has not acknowledged.
 - Transactions: a consumer reading the destination with read_committed sees what one
   reading the source with read_committed sees, in the same order. A transactional batch
   is held until its producer's next COMMIT or ABORT marker is in the local log: committed
   data is produced (as plain idempotent data: the destination sees no transaction), aborted
   data and every control batch are skipped. A batch held blocks everything after it, as a
   source's last stable offset does for read_committed consumers.
-- One batch in flight at a time: its base sequence is `sequence`; a retried send carries
-  the same producer and sequence, so the destination drops a duplicate (idempotence).
-- Exactly once across restarts and lost producer sessions: the destination log is a prefix
-  of what was sent, in order. `reconcile(stamp, dest_end)` takes the destination's log end
-  and walks forward from `position` over the batches that must already be there (their
-  record counts add up to `dest_end - dest_next`), then the new producer starts at sequence
-  0. A destination end below `dest_next`, or one that falls inside a batch, means someone
-  else changed the destination: the partition halts with the reason (nothing is guessed).
-- A batch that cannot be produced (restamp.mirrorable: magic 0/1) halts the partition.
-  A batch thinned by compaction takes as many destination offsets as it has records.
+- Pipelining (Kafka's idempotent producer rules): up to `max_in_flight` batches (at most 5,
+  the number of batches a broker remembers per producer and partition) are sent and not
+  settled, counted from the oldest not acknowledged, with consecutive sequences. Answers
+  are taken in any order; the window advances from its oldest batch. A batch that failed
+  in a way a resend fixes (a retriable error, no answer by its deadline, a lost
+  connection) sends it and every batch after it again with the same producer and
+  sequences, after a back-off: the destination drops what it already
+  has (it answers a duplicate with success), and since it never accepts a sequence gap,
+  what it holds stays a prefix of what was sent. Answers of batches sent before such a
+  rewind are stale and ignored (their batches are sent again).
+- OUT_OF_ORDER_SEQUENCE_NUMBER for a batch with an older one still unresolved is the
+  destination refusing a gap the older one's failure made: the batch is resent. For the
+  oldest unresolved batch, and for UNKNOWN_PRODUCER_ID or a fenced producer, the
+  destination no longer agrees with our sequence: the producer session is lost.
+- Lost session: no new batch is sent; the answer of every batch written and not answered
+  yet, stale ones included, is waited for (or its deadline), so nothing of the old session
+  can land after the destination's log end is read (DRAINING); then a new producer session
+  reconciles (RECONCILING). The shell says which sends it never wrote (`unsent`).
+- Reconcile (at start, and under each new producer session): the destination's log end is
+  read once it is settled (the leader's log end equals its high watermark: no write between
+  append and acknowledgement; asked again every SETTLE_POLL_MS until it is). A tail not
+  replicated yet may still be acknowledged or lost with a leader change: counting it either
+  way could lose or duplicate it, so a reconcile waits. The destination log is a
+  prefix of what was sent, in order, so `dest_end - dest_next` records are there past
+  `dest_next`: walk forward from `position` over the batches whose record counts add up to
+  it, then the new producer starts at sequence 0. A destination end below `dest_next`, or
+  one that falls inside a batch, means someone else changed the destination: the partition
+  halts with the reason (nothing is guessed). A partition with no saved destination offset
+  yet takes the destination's end as it is, and sends nothing until the shell confirmed
+  that progress is saved (`first_progress_saved`): a crash right after could otherwise not
+  tell our records from what the destination held before.
+- A batch that cannot be produced (restamp.mirrorable: magic 0/1) halts the partition, and
+  so does an answer no resend can fix. A batch thinned by compaction takes as many
+  destination offsets as it has records.
 - Halted partitions stay halted until the daemon restarts; `error` says why.
+
+Phases and the events that move them are the table TRANSITIONS; any other is a bug of the
+caller and raises LocalProtocolError.
 """
 
 from __future__ import annotations
 
 import enum
+import random
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -36,21 +66,75 @@ from dataclasses import dataclass
 from replicad.errors import LocalProtocolError
 from replicad.mirror.offset_map import OffsetMap, SyncPoint
 from replicad.mirror.restamp import ProducerStamp, mirrorable, next_sequence
+from replicad.protocol.backoff import Backoff
 from replicad.records.batch import BatchHeader
 from replicad.records.records import ControlType
 
+# What a broker remembers per producer and partition to answer a resent batch as a
+# duplicate (Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN); more in flight would let a
+# resend past that memory be written twice.
+MAX_IN_FLIGHT = 5
+# How often a reconcile asks again for a destination log end that is not settled yet.
+SETTLE_POLL_MS = 100
+
 
 class Phase(enum.Enum):
-    # Waiting for the destination's log end under a (new) producer session.
+    # Waiting for the destination's log end under the current producer session.
     RECONCILING = "reconciling"
     MIRRORING = "mirroring"
+    # The producer session was lost: waiting for the answers still in flight.
+    DRAINING = "draining"
     HALTED = "halted"
+
+
+class Event(enum.Enum):
+    RECONCILED = "reconciled"
+    SESSION_LOST = "session lost"
+    DRAINED = "drained"
+    HALT = "halt"
+
+
+TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
+    (Phase.RECONCILING, Event.RECONCILED): Phase.MIRRORING,
+    # Renewed by another partition while this one reconciled: read the log end again.
+    (Phase.RECONCILING, Event.SESSION_LOST): Phase.RECONCILING,
+    (Phase.RECONCILING, Event.HALT): Phase.HALTED,
+    (Phase.MIRRORING, Event.SESSION_LOST): Phase.DRAINING,
+    (Phase.MIRRORING, Event.HALT): Phase.HALTED,
+    (Phase.DRAINING, Event.SESSION_LOST): Phase.DRAINING,
+    (Phase.DRAINING, Event.DRAINED): Phase.RECONCILING,
+    (Phase.DRAINING, Event.HALT): Phase.HALTED,
+    # A halted partition stays halted; a second reason does not replace the first.
+    (Phase.HALTED, Event.HALT): Phase.HALTED,
+    (Phase.HALTED, Event.SESSION_LOST): Phase.HALTED,
+}
+
+
+def next_phase(phase: Phase, event: Event) -> Phase:
+    try:
+        return TRANSITIONS[(phase, event)]
+    except KeyError:
+        raise LocalProtocolError(
+            f"mirror: no transition from {phase.value} on {event.value}"
+        ) from None
 
 
 class Decision(enum.Enum):
     PRODUCE = "produce"
     SKIP = "skip"
     HOLD = "hold"  # transactional, outcome not in the local log yet
+
+
+class Failure(enum.Enum):
+    """How a send failed, as the shell read the answer."""
+
+    # A retriable error, no answer, a lost connection: resend with the same sequence.
+    RETRY = "retry"
+    OUT_OF_ORDER = "out of order sequence"
+    # The destination forgot or fenced our producer.
+    SESSION = "session"
+    # Nothing a resend can fix.
+    FATAL = "fatal"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,38 +148,51 @@ class LogEntry:
 
 
 class _Pending:
-    __slots__ = ("decision", "entry")
+    __slots__ = ("acked_at", "decision", "entry", "send")
 
     def __init__(self, entry: LogEntry, decision: Decision) -> None:
         self.entry = entry
         self.decision = decision
+        # While in flight: the send; once acknowledged, the destination offset it landed at.
+        self.send: Send | None = None
+        self.acked_at: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Send:
-    """Produce `entry`'s batch stamped with `stamp` and `base_sequence`."""
+    """Produce `entry`'s batch stamped with `stamp` and `base_sequence`; expected to land at
+    `expected_dest`; given up as unanswered at `deadline_ms`. Compared by identity: an
+    answer counts only for the send still in the window."""
 
     entry: LogEntry
     stamp: ProducerStamp
     base_sequence: int
     expected_dest: int
+    deadline_ms: int
 
 
 @dataclass(frozen=True, slots=True)
-class Acked:
-    source_base: int
-    dest_base: int
-    new_sync_point: bool
+class Answered:
+    """What one answer did: `stale` (a send the window no longer holds: ignored),
+    `batches_done` (acknowledged batches the window settled), `new_session` (the
+    producer session is lost: the shell renews it), `halted`."""
+
+    stale: bool = False
+    batches_done: int = 0
+    new_session: bool = False
+    halted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Reconciled:
-    """`done`: mirroring may go on. Otherwise `need_more` (feed more of the log first) or
-    the partition halted (`error`)."""
+    """`done`: mirroring may go on. Otherwise `need_more` (feed more of the log first),
+    `wait` (the log end was not settled: asked again later), or the partition halted
+    (`error`)."""
 
     done: bool
     batches_found: int = 0
     need_more: bool = False
+    wait: bool = False
     error: str | None = None
 
 
@@ -108,6 +205,18 @@ class Progress:
     points: tuple[SyncPoint, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class MirrorTiming:
+    """The core's times, from the shell's settings."""
+
+    produce_timeout_ms: int = 30_000
+    # The connection's own timeout beyond the broker's: how long an answer may take.
+    request_timeout_ms: int = 30_000
+    retry_backoff_ms: int = 100
+    retry_backoff_max_ms: int = 5_000
+    max_in_flight: int = MAX_IN_FLIGHT
+
+
 class PartitionMirror:
     def __init__(
         self,
@@ -115,7 +224,12 @@ class PartitionMirror:
         position: int,
         dest_next: int | None = None,
         points: Iterable[SyncPoint] = (),
+        timing: MirrorTiming = MirrorTiming(),
+        rng: random.Random | None = None,
     ) -> None:
+        if not 1 <= timing.max_in_flight <= MAX_IN_FLIGHT:
+            raise LocalProtocolError(f"max_in_flight must be 1..{MAX_IN_FLIGHT}")
+        self.timing = timing
         self.position = position
         self.scanned_to = position
         # None until the first reconcile reads an empty-or-not destination.
@@ -124,15 +238,35 @@ class PartitionMirror:
         self.phase = Phase.RECONCILING
         self.error: str | None = None
         self.stamp: ProducerStamp | None = None
+        # The sequence and destination offset of the next batch sent.
         self.sequence = 0
-        self.in_flight: Send | None = None
+        self._send_dest = 0
         self.records_mirrored = 0
         self.batches_mirrored = 0
         self.batches_skipped = 0
+        self.batches_resent = 0
         self.gap_offsets = 0
+        # Decided entries the sender has passed (sent, acknowledged, or skipped), in order.
+        self._window: deque[_Pending] = deque()
+        self._in_flight = 0
+        # Every send handed out and not answered, failed or past its deadline, stale ones
+        # included: what could still land at the destination.
+        self._outstanding: set[Send] = set()
+        # Entries not passed yet, in order.
         self._pending: deque[_Pending] = deque()
         self._open: dict[int, list[_Pending]] = {}
         self._pending_bytes = 0
+        self._backoff = Backoff(
+            timing.retry_backoff_ms, timing.retry_backoff_max_ms, rng=rng or random.Random()
+        )
+        self._retry_at_ms = 0
+        # Reconcile: when to ask for the log end, whether an ask is out, and a log end
+        # that waits for more of the local log.
+        self._ask_at_ms = 0
+        self._asking = False
+        self._dest_end: int | None = None
+        self._stamp_for_end: ProducerStamp | None = None
+        self._first_save_wanted = False
 
     # -- the log, in ------------------------------------------------------------------
 
@@ -161,28 +295,237 @@ class PartitionMirror:
             if entry.data is not None:
                 self._pending_bytes += len(entry.data)
             self.scanned_to = h.next_offset
+        if self._dest_end is not None and self.phase is Phase.RECONCILING:
+            assert self._stamp_for_end is not None
+            self._reconcile(self._stamp_for_end, self._dest_end)
 
     def wants_more(self, budget_bytes: int) -> bool:
-        """Whether the shell should read further: below the memory budget, or when the
-        batch at the head waits for a marker that only further reading can find."""
-        if self._pending_bytes < budget_bytes:
+        """Whether the shell should read further: below the memory budget, when the batch
+        at the head waits for a marker that only further reading can find, or when a
+        reconcile waits for the batches the destination already holds."""
+        if self._pending_bytes < budget_bytes or self._dest_end is not None:
             return True
         return bool(self._pending) and self._pending[0].decision is Decision.HOLD
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Batch bytes read ahead and held, not sent yet."""
+        return self._pending_bytes
 
     @property
     def held_transactions(self) -> int:
         return len(self._open)
 
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight and nothing decided to send: mirrored up to what was fed, or
+        held by a transaction without its marker yet."""
+        return self._in_flight == 0 and not any(
+            p.decision is Decision.PRODUCE for p in self._pending
+        )
+
+    # -- time ---------------------------------------------------------------------------
+
+    def next_wakeup_ms(self, now_ms: int) -> int | None:
+        """The next time after `now_ms` the core has something to do without any input: a
+        back-off ending, a send's deadline, a log end to ask for again."""
+        times: list[int] = []
+        if self.phase is Phase.HALTED:
+            return None
+        if self._outstanding:
+            times.append(min(s.deadline_ms for s in self._outstanding))
+        if self.phase is Phase.MIRRORING and self._retry_at_ms:
+            times.append(self._retry_at_ms)
+        if self.phase is Phase.RECONCILING and not self._asking and self._dest_end is None:
+            times.append(self._ask_at_ms)
+        later = [t for t in times if t > now_ms]
+        return min(later) if later else None
+
+    def expire(self, now_ms: int) -> None:
+        """Sends unanswered past their deadline count as failed (resent)."""
+        for p in self._window:
+            if p.send is not None and p.send.deadline_ms <= now_ms:
+                self.failed(p.send, Failure.RETRY, now_ms)
+                break
+        for send in [s for s in self._outstanding if s.deadline_ms <= now_ms]:
+            self._outstanding.discard(send)
+        self._maybe_drained()
+
     # -- the destination, out and in --------------------------------------------------
 
-    def reconcile(self, stamp: ProducerStamp, dest_end: int) -> Reconciled:
-        """See the module rules; call again after feeding when it asks for more."""
-        if self.phase is Phase.HALTED:
+    def log_end_wanted(self, now_ms: int) -> bool:
+        """Whether the shell should read the destination's log end now (then call
+        `on_log_end` or `log_end_failed`)."""
+        if self.phase is not Phase.RECONCILING or self._asking or self._dest_end is not None:
+            return False
+        if now_ms < self._ask_at_ms:
+            return False
+        self._asking = True
+        return True
+
+    def log_end_failed(self, now_ms: int) -> None:
+        self._asking = False
+        self._ask_at_ms = now_ms + self._backoff.next_delay_ms()
+
+    def on_log_end(
+        self, stamp: ProducerStamp, log_end: int, high_watermark: int, now_ms: int
+    ) -> Reconciled:
+        """The destination partition's log end and high watermark, read under `stamp`."""
+        self._asking = False
+        if self.phase is not Phase.RECONCILING:
             return Reconciled(False, error=self.error)
-        if self.in_flight is not None:
-            raise LocalProtocolError("reconcile with a batch in flight")
+        if log_end != high_watermark:
+            self._ask_at_ms = now_ms + SETTLE_POLL_MS
+            return Reconciled(False, wait=True)
+        return self._reconcile(stamp, log_end)
+
+    def first_progress_saved(self) -> None:
+        """The shell saved progress after a partition's first reconcile."""
+        self._first_save_wanted = False
+
+    @property
+    def first_save_wanted(self) -> bool:
+        return self._first_save_wanted
+
+    def next_send(self, now_ms: int, stamp: ProducerStamp) -> Send | None:
+        """The next batch to produce now under the mirror's producer session `stamp`, or
+        None (window full, backing off, nothing decided, not mirroring)."""
+        if self.stamp is not None and stamp != self.stamp and self.phase is not Phase.HALTED:
+            self._lose_session()
+        if (
+            self.phase is not Phase.MIRRORING
+            or self._first_save_wanted
+            or now_ms < self._retry_at_ms
+            or self._window_batches() >= self.timing.max_in_flight
+        ):
+            return None
+        while self._pending and self._pending[0].decision is Decision.SKIP:
+            self._pass(self._pending.popleft())
+        self._settle()
+        if not self._pending or self._pending[0].decision is not Decision.PRODUCE:
+            return None
+        pending = self._pending[0]
+        refused = mirrorable(pending.entry.header)
+        if refused is not None:
+            self.halt(f"source offset {refused.base_offset}: {refused.reason}")
+            return None
+        self._pending.popleft()
+        timing = self.timing
+        deadline = now_ms + timing.produce_timeout_ms + timing.request_timeout_ms
+        send = Send(pending.entry, stamp, self.sequence, self._send_dest, deadline)
+        pending.send = send
+        self._pass(pending)
+        self._in_flight += 1
+        self._outstanding.add(send)
+        self.sequence = next_sequence(self.sequence, pending.entry.header.record_count)
+        self._send_dest += pending.entry.header.record_count
+        return send
+
+    def unsent(self, send: Send) -> None:
+        """The shell never wrote `send` (it was stale before it left)."""
+        self._outstanding.discard(send)
+        self._maybe_drained()
+
+    def current(self, send: Send) -> bool:
+        """Whether `send` is still in flight (not rewound, answered or halted)."""
+        return self._slot(send) is not None
+
+    def with_data(self, send: Send, data: bytes) -> Send | None:
+        """`send` with its batch bytes read again by the shell (the same send otherwise);
+        None when it is no longer in flight."""
+        entry = LogEntry(send.entry.header, send.entry.marker, data)
+        for p in self._window:
+            if p.send is send:
+                p.entry = entry
+                p.send = Send(
+                    entry, send.stamp, send.base_sequence, send.expected_dest, send.deadline_ms
+                )
+                self._outstanding.discard(send)
+                self._outstanding.add(p.send)
+                return p.send
+        return None
+
+    def acked(self, send: Send, dest_base: int, now_ms: int) -> Answered:
+        """The destination took `send`'s batch at `dest_base` (-1: where it was expected;
+        a duplicate is answered so)."""
+        self._outstanding.discard(send)
+        slot = self._slot(send)
+        if slot is None:
+            self._maybe_drained()
+            return Answered(stale=True)
+        slot.send = None
+        slot.acked_at = dest_base if dest_base >= 0 else send.expected_dest
+        self._in_flight -= 1
+        self._backoff.reset()
+        done = self._settle()
+        self._maybe_drained()
+        return Answered(batches_done=done)
+
+    def failed(self, send: Send, failure: Failure, now_ms: int, *, reason: str = "") -> Answered:
+        """`send` failed (see Failure); the window rewinds, the session is lost, or the
+        partition halts, by the module rules."""
+        self._outstanding.discard(send)
+        slot = self._slot(send)
+        if slot is None:
+            self._maybe_drained()
+            return Answered(stale=True)
+        if failure is Failure.FATAL:
+            self.halt(
+                f"destination refused the batch of source offset "
+                f"{send.entry.header.base_offset}: {reason}"
+            )
+            return Answered(halted=True)
+        if failure is Failure.OUT_OF_ORDER and self._unresolved_before(slot):
+            failure = Failure.RETRY
+        self._rewind(slot)
+        if failure is Failure.RETRY:
+            self.batches_resent += 1
+            self._retry_at_ms = now_ms + self._backoff.next_delay_ms()
+            self._maybe_drained()
+            return Answered()
+        lost_here = self.stamp == send.stamp
+        self._lose_session()
+        self._maybe_drained()
+        return Answered(new_session=lost_here)
+
+    def skip_to(self, offset: int) -> int:
+        """The local log no longer holds [position, offset) (its retention deleted records
+        not mirrored yet): go on from `offset`; returns how many offsets were lost. Only
+        when nothing is pending (the shell calls it when the log start passed scanned_to)."""
+        if self._pending or self._window:
+            raise LocalProtocolError("skip_to with batches pending")
+        lost = max(0, offset - self.position)
+        self.position = self.scanned_to = max(self.position, offset)
+        self.gap_offsets += lost
+        return lost
+
+    def halt(self, reason: str) -> None:
+        if self.phase is not Phase.HALTED:
+            self.error = reason
+        self.phase = next_phase(self.phase, Event.HALT)
+        for p in self._window:
+            p.send = None
+        self._in_flight = 0
+        self._outstanding.clear()
+        self._dest_end = None
+
+    def progress(self) -> Progress:
+        return Progress(self.position, self.dest_next, tuple(self.offset_map.points))
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _reconcile(self, stamp: ProducerStamp, dest_end: int) -> Reconciled:
+        """See the module rules."""
+        self._dest_end = None
+        if self._window:
+            raise LocalProtocolError("reconcile with batches in flight")
         if self.dest_next is None:
             self.dest_next = dest_end
+            self._first_save_wanted = True
         if dest_end < self.dest_next:
             return self._halt_result(
                 f"destination log end {dest_end} is below the mirrored end {self.dest_next}: "
@@ -192,6 +535,9 @@ class PartitionMirror:
         while dest_end > self.dest_next:
             self._drop_skipped()
             if not self._pending or self._pending[0].decision is Decision.HOLD:
+                # Wait for more of the log (feed resumes from here).
+                self._dest_end = dest_end
+                self._stamp_for_end = stamp
                 return Reconciled(False, found, need_more=True)
             head = self._pending[0].entry.header
             if self.dest_next + head.record_count > dest_end:
@@ -200,85 +546,99 @@ class PartitionMirror:
                     f"{head.base_offset} (expected at {self.dest_next}): something else "
                     "writes to the destination partition"
                 )
-            self._advance(self.dest_next)
+            pending = self._pending.popleft()
+            self._forget_bytes(pending)
+            self._advance(pending, self.dest_next)
             found += 1
         self._drop_skipped()
         self.stamp = stamp
         self.sequence = 0
-        self.phase = Phase.MIRRORING
+        self._send_dest = self.dest_next
+        self._retry_at_ms = 0
+        self._stamp_for_end = None
+        self.phase = next_phase(self.phase, Event.RECONCILED)
         return Reconciled(True, found)
 
-    def next_send(self) -> Send | None:
-        """The batch to produce now, or None (one in flight, none decided, or halted)."""
-        if self.phase is not Phase.MIRRORING or self.in_flight is not None:
-            return None
-        self._drop_skipped()
-        if not self._pending or self._pending[0].decision is not Decision.PRODUCE:
-            return None
-        entry = self._pending[0].entry
-        refused = mirrorable(entry.header)
-        if refused is not None:
-            self.halt(f"source offset {refused.base_offset}: {refused.reason}")
-            return None
-        assert self.stamp is not None and self.dest_next is not None
-        self.in_flight = Send(entry, self.stamp, self.sequence, self.dest_next)
-        return self.in_flight
+    def _window_batches(self) -> int:
+        """Batches sent since the oldest one not settled, acknowledged or not: a resend of
+        that oldest one must still be among the last five the broker remembers."""
+        return sum(1 for p in self._window if p.decision is Decision.PRODUCE)
 
-    def with_data(self, send: Send, data: bytes) -> Send:
-        """`send` with its batch bytes read again by the shell."""
-        entry = LogEntry(send.entry.header, send.entry.marker, data)
-        self.in_flight = Send(entry, send.stamp, send.base_sequence, send.expected_dest)
-        return self.in_flight
+    def _slot(self, send: Send) -> _Pending | None:
+        for p in self._window:
+            if p.send is send:
+                return p
+        return None
 
-    def acked(self, dest_base: int) -> Acked:
-        """The destination took the batch in flight at `dest_base`."""
-        send = self.in_flight
-        if send is None:
-            raise LocalProtocolError("acknowledgement without a batch in flight")
-        self.in_flight = None
-        source_base = send.entry.header.base_offset
-        new_point = self._advance(dest_base)
-        self.sequence = next_sequence(self.sequence, send.entry.header.record_count)
-        self._drop_skipped()
-        return Acked(source_base, dest_base, new_point)
+    def _unresolved_before(self, slot: _Pending) -> bool:
+        for p in self._window:
+            if p is slot:
+                return False
+            if p.send is not None:
+                return True
+        return False
 
-    def retry(self) -> None:
-        """The batch in flight failed in a way a resend with the same sequence fixes."""
-        self.in_flight = None
+    def _rewind(self, slot: _Pending) -> None:
+        """`slot` and everything the sender passed after it go back to be sent again."""
+        slot_send = slot.send
+        back: list[_Pending] = []
+        while self._window:
+            p = self._window.pop()
+            if p.send is not None:
+                self._in_flight -= 1
+            p.send = None
+            p.acked_at = None
+            back.append(p)
+            if p is slot:
+                break
+        for p in back:  # last popped first: the original order
+            self._pending.appendleft(p)
+        # The next send repeats `slot`'s sequence and expected destination offset.
+        assert slot_send is not None
+        self.sequence, self._send_dest = slot_send.base_sequence, slot_send.expected_dest
 
-    def lost_session(self) -> None:
-        """The destination no longer knows our producer's sequence (or fenced it): a new
-        producer must reconcile before anything more is sent."""
-        self.in_flight = None
-        if self.phase is Phase.MIRRORING:
-            self.phase = Phase.RECONCILING
+    def _lose_session(self) -> None:
+        self.phase = next_phase(self.phase, Event.SESSION_LOST)
+        self._dest_end = None
+        self._stamp_for_end = None
+        self._asking = False
+        self._ask_at_ms = 0
 
-    def skip_to(self, offset: int) -> int:
-        """The local log no longer holds [position, offset) (its retention deleted records
-        not mirrored yet): go on from `offset`; returns how many offsets were lost. Only
-        when nothing is pending (the shell calls it when the log start passed scanned_to)."""
-        if self._pending or self.in_flight is not None:
-            raise LocalProtocolError("skip_to with batches pending")
-        lost = max(0, offset - self.position)
-        self.position = self.scanned_to = max(self.position, offset)
-        self.gap_offsets += lost
-        return lost
+    def _maybe_drained(self) -> None:
+        if self.phase is Phase.DRAINING and self._in_flight == 0 and not self._outstanding:
+            # What was acknowledged is settled; the rest goes back to be reconciled.
+            self._settle()
+            while self._window:
+                p = self._window.pop()
+                p.acked_at = None
+                self._pending.appendleft(p)
+            self.phase = next_phase(self.phase, Event.DRAINED)
 
-    def halt(self, reason: str) -> None:
-        self.phase = Phase.HALTED
-        self.error = reason
-        self.in_flight = None
+    def _pass(self, pending: _Pending) -> None:
+        """The sender passed `pending` (sent or skipped): it joins the window."""
+        self._window.append(pending)
 
-    def progress(self) -> Progress:
-        return Progress(self.position, self.dest_next, tuple(self.offset_map.points))
+    def _settle(self) -> int:
+        """Acknowledged and skipped entries at the window's head become progress."""
+        done = 0
+        while self._window:
+            head = self._window[0]
+            if head.decision is Decision.SKIP:
+                self._window.popleft()
+                self._forget_bytes(head)
+                self.position = head.entry.header.next_offset
+                self.batches_skipped += 1
+                continue
+            if head.acked_at is None:
+                break
+            self._window.popleft()
+            self._forget_bytes(head)
+            self._advance(head, head.acked_at)
+            done += 1
+        return done
 
-    # -- internals ------------------------------------------------------------------------
-
-    def _advance(self, dest_base: int) -> bool:
-        pending = self._pending.popleft()
+    def _advance(self, pending: _Pending, dest_base: int) -> bool:
         h = pending.entry.header
-        if pending.entry.data is not None:
-            self._pending_bytes -= len(pending.entry.data)
         new_point = self.offset_map.record(h.base_offset, dest_base)
         self.position = h.next_offset
         self.dest_next = dest_base + h.record_count
@@ -289,10 +649,13 @@ class PartitionMirror:
     def _drop_skipped(self) -> None:
         while self._pending and self._pending[0].decision is Decision.SKIP:
             pending = self._pending.popleft()
-            if pending.entry.data is not None:
-                self._pending_bytes -= len(pending.entry.data)
+            self._forget_bytes(pending)
             self.position = pending.entry.header.next_offset
             self.batches_skipped += 1
+
+    def _forget_bytes(self, pending: _Pending) -> None:
+        if pending.entry.data is not None:
+            self._pending_bytes -= len(pending.entry.data)
 
     def _halt_result(self, reason: str) -> Reconciled:
         self.halt(reason)

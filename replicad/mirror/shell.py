@@ -26,14 +26,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from replicad.clock import monotonic_ms as _now_ms
 from replicad.clock import wall_ms as _wall_ms
 from replicad.config.model import GroupsConfig
 from replicad.errors import (
@@ -47,10 +49,19 @@ from replicad.follower.replicator import Replicator
 from replicad.groups.cluster_reader import ClusterGroupsReader
 from replicad.log.partition import PartitionLog
 from replicad.mirror import progress_store, promotion
-from replicad.mirror.destination import Destination, LogEnd
+from replicad.mirror.destination import Destination, produce_answers
 from replicad.mirror.group_sync import MirroredPartition
 from replicad.mirror.group_sync_shell import GroupSyncShell
-from replicad.mirror.partition_mirror import LogEntry, PartitionMirror, Phase, Progress
+from replicad.mirror.partition_mirror import (
+    MAX_IN_FLIGHT,
+    Failure,
+    LogEntry,
+    MirrorTiming,
+    PartitionMirror,
+    Phase,
+    Progress,
+    Send,
+)
 from replicad.mirror.restamp import ProducerStamp, restamp
 from replicad.mirror.topics import config_changes, plan_topics
 from replicad.protocol.backoff import Backoff
@@ -63,11 +74,6 @@ from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.mirror")
 
-# How long a partition with nothing to send sleeps before looking again (a new batch
-# wakes it at once through partition_changed).
-IDLE_WAIT_S = 1.0
-# How long a reconcile waits for the leader's log end and high watermark to meet.
-SETTLE_POLL_S = 0.1
 # How often a promotion looks whether its partitions are done.
 PROMOTE_POLL_S = 0.1
 
@@ -89,6 +95,10 @@ class MirrorSettings:
     buffer_bytes: int = 4 << 20
     retry_backoff_ms: int = 100
     retry_backoff_max_ms: int = 5_000
+    # Batches in flight per partition (Kafka's idempotent producer allows up to 5).
+    max_in_flight: int = MAX_IN_FLIGHT
+    # At most this many batch bytes in one Produce request (one batch at least).
+    request_bytes: int = 1 << 20
     # Hold local retention at what is not mirrored yet (PartitionLog.retention_floor).
     retention_waits: bool = True
     # How often topics and partitions new at the source are looked for.
@@ -117,7 +127,17 @@ class Mirror:
         self.produce_errors = 0
         self.bytes_produced = 0
         self.session_resets = 0
-        self._wake: dict[TopicPartition, asyncio.Event] = {}
+        # The driver: partitions that may have something to do, the times cores asked to
+        # be woken at, and the event that wakes the loop.
+        self._dirty: set[TopicPartition] = set()
+        self._timers: list[tuple[int, TopicPartition]] = []
+        self._wakeup = asyncio.Event()
+        self._reading: set[TopicPartition] = set()
+        self._first_saves: set[TopicPartition] = set()
+        self._senders: dict[int, asyncio.Queue[list[tuple[TopicPartition, Send]]]] = {}
+        self._renewing = False
+        self._refreshing = False
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._logs: dict[TopicPartition, PartitionLog] = {}
         self._saved: dict[TopicPartition, Progress] = {}
         self._save_lock = asyncio.Lock()
@@ -128,7 +148,6 @@ class Mirror:
         # Partitions whose local retention is held for the mirror (see _hold).
         self._held: set[TopicPartition] = set()
         self._said = RateLimitedLog(interval_ms=60_000)
-        self._tasks: dict[TopicPartition, asyncio.Task[None]] = {}
         self.groups = GroupSyncShell(
             settings.groups,
             settings.data_dir,
@@ -142,9 +161,8 @@ class Mirror:
 
     def partition_changed(self, tp: TopicPartition) -> None:
         """The follower appended to `tp` or moved its high watermark."""
-        event = self._wake.get(tp)
-        if event is not None:
-            event.set()
+        if tp in self.cores:
+            self._mark(tp)
         elif tp not in self._held:
             self._hold(tp, None)
 
@@ -155,8 +173,9 @@ class Mirror:
         try:
             if not await self._start(stop):
                 return
-            for tp, core in self.cores.items():
-                tasks.append(self._spawn(tp, core, stop))
+            tasks.append(asyncio.create_task(self._drive(stop), name="mirror"))
+            for tp in self.cores:
+                self._mark(tp)
             tasks.append(asyncio.create_task(self._save_loop(stop), name="mirror-progress"))
             tasks.append(asyncio.create_task(self._sync_loop(stop, tasks), name="mirror-sync"))
             if self.settings.groups.enabled:
@@ -170,9 +189,9 @@ class Mirror:
             )
             await stop.wait()
         finally:
-            for task in tasks:
+            for task in [*tasks, *self._tasks]:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, *self._tasks, return_exceptions=True)
             if self.cores and self.dest_cluster is not None:
                 with contextlib.suppress(OSError, LogError):
                     await self._save()
@@ -241,13 +260,17 @@ class Mirror:
             plog = logs.get(tp)
             if stored_p is not None:
                 core = PartitionMirror(
-                    position=stored_p.position, dest_next=stored_p.dest_next, points=stored_p.points
+                    position=stored_p.position,
+                    dest_next=stored_p.dest_next,
+                    points=stored_p.points,
+                    timing=self._timing(),
                 )
                 self._saved[tp] = stored_p
             else:
-                core = PartitionMirror(position=plog.log_start_offset if plog else 0)
+                core = PartitionMirror(
+                    position=plog.log_start_offset if plog else 0, timing=self._timing()
+                )
             self.cores[tp] = core
-            self._wake[tp] = asyncio.Event()
             if plog is not None and self.settings.retention_waits:
                 plog.retention_floor = core.position
         return True
@@ -379,11 +402,10 @@ class Mirror:
                 if tp in self.cores or plog is None:
                     continue  # mirrored already, or not replicated yet (next round)
                 self._logs[tp] = plog
-                core = PartitionMirror(position=plog.log_start_offset)
+                core = PartitionMirror(position=plog.log_start_offset, timing=self._timing())
                 self.cores[tp] = core
-                self._wake[tp] = asyncio.Event()
                 self._hold(tp, core.position)
-                tasks.append(self._spawn(tp, core, stop))
+                self._mark(tp)
                 log.info("mirroring a new partition", partition=str(tp))
 
     async def _sync_configs(self) -> None:
@@ -422,103 +444,82 @@ class Mirror:
         if said.emit:
             log.error(event, **fields)
 
-    # -- one partition ----------------------------------------------------------------------
+    # -- the driver: every partition's core, one loop ------------------------------------
 
-    async def _partition(
-        self, tp: TopicPartition, core: PartitionMirror, stop: asyncio.Event
-    ) -> None:
-        try:
-            await self._mirror_partition(tp, core, stop)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            # A bug of ours or bytes the local log should not hold: this partition halts,
-            # named in status; the others and replication go on.
-            log.exception("mirror failed for partition", partition=str(tp))
-            core.halt(f"internal error: {type(exc).__name__}: {exc}")
-
-    async def _mirror_partition(
-        self, tp: TopicPartition, core: PartitionMirror, stop: asyncio.Event
-    ) -> None:
-        backoff = self._backoff()
+    async def _drive(self, stop: asyncio.Event) -> None:
+        """One loop for every partition: it wakes on an event (an append, an answer, a
+        read done) or at the earliest time a core asked for, lets each partition that may
+        have something to do step (`_step`), then hands the batches ready for each
+        destination leader to that leader's sender. It waits on nothing else: reads,
+        answers, log ends and saves are tasks that mark their partition and wake it."""
         while not stop.is_set():
-            if core.phase is Phase.HALTED:
-                if tp not in self._halt_logged:
-                    self._halt_logged.add(tp)
-                    log.error("mirror halted for partition", partition=str(tp), reason=core.error)
-                return
-            plog = self._log(tp)
-            try:
-                if plog is None:
-                    await self._idle(tp, stop)
-                    continue
-                if self.settings.retention_waits:
-                    plog.retention_floor = core.position
-                await self._fill(tp, core, plog)
-                if core.phase is Phase.RECONCILING:
-                    if not await self._reconcile(tp, core, plog, stop):
-                        await self._idle(tp, stop)
-                    continue
-                if core.stamp != self.stamp:
-                    core.lost_session()
-                    continue
-                send = core.next_send()
-                if send is None:
-                    await self._idle(tp, stop)
-                    continue
-                if send.entry.data is None:
-                    data = await asyncio.to_thread(_read_batch, plog, send.entry.header.base_offset)
-                    send = core.with_data(send, data)
-                assert send.entry.data is not None
-                batch = restamp(send.entry.data, send.stamp, send.base_sequence)
-                conn = await self.client.connection(self._leader(tp))
-                self.produce_requests += 1
-                answer = await self.destination.produce(conn, self._dest(tp), batch).answer()
-                if answer.error is None:
-                    base = answer.base_offset if answer.base_offset >= 0 else send.expected_dest
-                    core.acked(base)
-                    self.bytes_produced += len(batch)
-                    backoff.reset()
-                    self._failing.pop(tp, None)
-                    continue
-                self.produce_errors += 1
-                if answer.session_lost:
-                    core.lost_session()
-                    await self._new_session(send.stamp, answer.error_name or "")
-                elif answer.retriable:
-                    core.retry()
-                    self._warn(
-                        f"produce-{answer.error_name}",
-                        "destination refused a batch, retrying",
-                        partition=str(tp),
-                        error=answer.error_name,
-                    )
-                    await self._refresh_metadata()
-                    await _until(stop, asyncio.sleep(backoff.next_delay_ms() / 1000))
-                else:
-                    core.halt(
-                        f"destination refused the batch of source offset "
-                        f"{send.entry.header.base_offset}: {answer.error_name}"
-                        + (f" ({answer.message})" if answer.message else "")
-                    )
-            except (KafkaConnectionError, ProtocolError, TimeoutError, OSError, LogError) as exc:
-                if isinstance(exc, OffsetOutOfRangeError):
-                    core.retry()
-                else:
-                    core.retry()
-                    since = self._failing.get(tp, ("", _wall_ms()))[1]
-                    self._failing[tp] = (str(exc), since)
-                    self._warn("unreachable", "destination unreachable, retrying", error=str(exc))
-                with contextlib.suppress(KafkaConnectionError, ProtocolError, TimeoutError):
-                    await self._refresh_metadata()
-                await _until(stop, asyncio.sleep(backoff.next_delay_ms() / 1000))
+            now = _now_ms()
+            while self._timers and self._timers[0][0] <= now:
+                self._dirty.add(heapq.heappop(self._timers)[1])
+            dirty, self._dirty = self._dirty, set()
+            ready: dict[int, list[tuple[TopicPartition, Send]]] = {}
+            for tp in sorted(dirty):
+                core = self.cores.get(tp)
+                if core is not None:
+                    self._step(tp, core, now, ready)
+            for leader, sends in ready.items():
+                self._sender(leader).put_nowait(sends)
+            self._wakeup.clear()
+            if self._dirty:
+                continue
+            timeout = (self._timers[0][0] - _now_ms()) / 1000 if self._timers else None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_first(stop.wait(), self._wakeup.wait()), timeout)
 
-    async def _fill(
-        self, tp: TopicPartition, core: PartitionMirror, plog: PartitionLog, *, force: bool = False
+    def _mark(self, tp: TopicPartition) -> None:
+        self._dirty.add(tp)
+        self._wakeup.set()
+
+    def _step(
+        self,
+        tp: TopicPartition,
+        core: PartitionMirror,
+        now: int,
+        ready: dict[int, list[tuple[TopicPartition, Send]]],
     ) -> None:
-        """Feed the core from the local log, below the high watermark."""
+        """Perform what `tp`'s core decides now; nothing here decides."""
+        if core.phase is Phase.HALTED:
+            if tp not in self._halt_logged:
+                self._halt_logged.add(tp)
+                log.error("mirror halted for partition", partition=str(tp), reason=core.error)
+            return
+        plog = self._log(tp)
+        if plog is None:
+            return
+        if self.settings.retention_waits:
+            plog.retention_floor = core.position
+        core.expire(now)
+        self._read(tp, core, plog)
+        if core.first_save_wanted and tp not in self._first_saves:
+            self._first_saves.add(tp)
+            self._spawn(self._save_first(tp, core))
+        stamp = self.stamp
+        if stamp is not None and not self._renewing:
+            if core.log_end_wanted(now):
+                self._spawn(self._log_end(tp, core, stamp))
+            while (send := core.next_send(now, stamp)) is not None:
+                try:
+                    leader = self._leader(tp)
+                except KafkaConnectionError as exc:
+                    self._failed_send(tp, core, send, exc)
+                    break
+                ready.setdefault(leader, []).append((tp, send))
+        wake = core.next_wakeup_ms(now)
+        if wake is not None:
+            heapq.heappush(self._timers, (wake, tp))
+
+    def _read(self, tp: TopicPartition, core: PartitionMirror, plog: PartitionLog) -> None:
+        """Read ahead of the sends: the next stored batches below the high watermark, on a
+        worker thread, while the core wants more."""
+        if tp in self._reading:
+            return
         start = plog.log_start_offset
-        if core.scanned_to < start and core.in_flight is None:
+        if core.scanned_to < start and core.in_flight == 0:
             with contextlib.suppress(ReplicadError):
                 lost = core.skip_to(start)
                 if lost:
@@ -529,70 +530,260 @@ class Mirror:
                         now_at=start,
                     )
         budget = self.settings.buffer_bytes
-        while core.scanned_to < plog.high_watermark and (force or core.wants_more(budget)):
-            keep = core.wants_more(budget)
+        if core.scanned_to < plog.high_watermark and core.wants_more(budget):
+            self._reading.add(tp)
+            self._spawn(self._read_more(tp, core, plog))
+
+    async def _read_more(
+        self, tp: TopicPartition, core: PartitionMirror, plog: PartitionLog
+    ) -> None:
+        try:
+            offset = core.scanned_to
+            # Beyond the budget (a transaction waiting for its marker, a reconcile walking
+            # the log) only headers are kept; their bytes are read again when sent.
+            keep = core.buffered_bytes < self.settings.buffer_bytes
             entries = await asyncio.to_thread(
-                _read_entries,
-                plog,
-                core.scanned_to,
-                plog.high_watermark,
-                self.settings.read_bytes,
-                keep,
+                read_entries, plog, offset, plog.high_watermark, self.settings.read_bytes, keep
             )
-            if not entries:
-                return
-            core.feed(entries)
-            if force:
-                return
+            if entries and core.scanned_to == offset and self.cores.get(tp) is core:
+                core.feed(entries)
+        except (OSError, LogError) as exc:
+            self._warn(
+                "read", "local log unreadable, trying again", partition=str(tp), error=str(exc)
+            )
+        finally:
+            self._reading.discard(tp)
+            self._mark(tp)
 
-    async def _reconcile(
-        self, tp: TopicPartition, core: PartitionMirror, plog: PartitionLog, stop: asyncio.Event
-    ) -> bool:
-        stamp = self.stamp
-        assert stamp is not None
-        end = await self._settled_end(tp, stop)
-        if end is None:
-            return False
-        was_new = core.dest_next is None
-        while True:
-            result = core.reconcile(stamp, end.log_end)
-            if result.done:
-                if result.batches_found:
-                    log.info(
-                        "mirror reconciled with the destination",
-                        partition=str(tp),
-                        batches_already_there=result.batches_found,
-                        position=core.position,
-                    )
-                if was_new:
-                    await self._save()
-                return True
-            if not result.need_more:
-                return False
-            before = core.scanned_to
-            await self._fill(tp, core, plog, force=True)
-            if core.scanned_to == before:
-                return False  # the destination is ahead of the local log: wait for data
+    async def _save_first(self, tp: TopicPartition, core: PartitionMirror) -> None:
+        """A new partition's first progress, saved before its first send."""
+        try:
+            await self._save()
+            core.first_progress_saved()
+        except (OSError, LogError) as exc:
+            self._warn("save", "mirror progress not saved", error=str(exc))
+            await asyncio.sleep(self.settings.retry_backoff_ms / 1000)
+        finally:
+            self._first_saves.discard(tp)
+            self._mark(tp)
 
-    async def _settled_end(self, tp: TopicPartition, stop: asyncio.Event) -> LogEnd | None:
-        deadline = time.monotonic() + self.settings.produce_timeout_ms / 1000 + 5
-        while not stop.is_set():
+    async def _log_end(
+        self, tp: TopicPartition, core: PartitionMirror, stamp: ProducerStamp
+    ) -> None:
+        try:
             dest = self._dest(tp)
             end = (await self.destination.log_ends(self._leader(tp), [dest]))[dest]
             if end.error is not None:
                 raise ProtocolError(f"{tp}: destination log end unavailable: {end.error}")
-            if end.settled or time.monotonic() > deadline:
-                return end
-            await _until(stop, asyncio.sleep(SETTLE_POLL_S))
-        return None
+        except (KafkaConnectionError, ProtocolError, TimeoutError, OSError) as exc:
+            core.log_end_failed(_now_ms())
+            self._note_failing(tp, exc)
+            self._refresh_soon()
+            self._mark(tp)
+            return
+        result = core.on_log_end(stamp, end.log_end, end.high_watermark, _now_ms())
+        if result.done and result.batches_found:
+            log.info(
+                "mirror reconciled with the destination",
+                partition=str(tp),
+                batches_already_there=result.batches_found,
+                position=core.position,
+            )
+        self._mark(tp)
+
+    # -- sending: one sender per destination leader ----------------------------------
+
+    def _sender(self, leader: int) -> asyncio.Queue[list[tuple[TopicPartition, Send]]]:
+        queue = self._senders.get(leader)
+        if queue is None:
+            queue = self._senders[leader] = asyncio.Queue()
+            self._spawn(self._send_loop(leader, queue))
+        return queue
+
+    async def _send_loop(
+        self, leader: int, queue: asyncio.Queue[list[tuple[TopicPartition, Send]]]
+    ) -> None:
+        """Sends to one leader, in the order the cores gave them (a partition's sequences
+        must reach the broker in order): as few Produce requests as Kafka allows, one
+        batch per partition per request, each at most `request_bytes` (one batch at least);
+        the answers are taken by `_answered` when they come."""
+        while True:
+            sends = await queue.get()
+            while not queue.empty():
+                sends += queue.get_nowait()
+            try:
+                # Sends rewound before they left (an older batch failed) are not sent.
+                sends = [
+                    (tp, s) for tp, s in sends if tp in self.cores and self.cores[tp].current(s)
+                ]
+                if any(s.entry.data is None for _, s in sends):
+                    sends = await self._with_data(sends)
+                if not sends:
+                    continue
+                conn = await self.client.connection(leader)
+            except (KafkaConnectionError, ProtocolError, TimeoutError, OSError, LogError) as exc:
+                for tp, send in sends:
+                    self._failed_send(tp, self.cores.get(tp), send, exc)
+                continue
+            # Checked again with no await before the writes: a send rewound meanwhile is
+            # not written (the core counts on it).
+            for request in pack_requests(self._current(sends), self.settings.request_bytes):
+                batches = {
+                    self._dest(tp): restamp(s.entry.data or b"", s.stamp, s.base_sequence)
+                    for tp, s in request
+                }
+                call = self.destination.produce_many(conn, batches)
+                self.produce_requests += 1
+                call.future.add_done_callback(
+                    lambda future, request=request: self._answered(request, future)
+                )
+
+    def _current(
+        self, sends: list[tuple[TopicPartition, Send]]
+    ) -> list[tuple[TopicPartition, Send]]:
+        """Sends rewound before they left (an older batch failed) are not sent."""
+        out = []
+        for tp, send in sends:
+            core = self.cores.get(tp)
+            if core is not None and core.current(send):
+                out.append((tp, send))
+            elif core is not None:
+                core.unsent(send)
+                self._mark(tp)
+        return out
+
+    async def _with_data(
+        self, sends: list[tuple[TopicPartition, Send]]
+    ) -> list[tuple[TopicPartition, Send]]:
+        """Batches whose bytes were not kept, read again from the local log."""
+        out = []
+        for tp, send in sends:
+            core = self.cores.get(tp)
+            plog = self._log(tp)
+            if core is None or not core.current(send):
+                if core is not None:
+                    core.unsent(send)
+                continue
+            if send.entry.data is None and plog is not None:
+                data = await asyncio.to_thread(read_batch, plog, send.entry.header.base_offset)
+                again = core.with_data(send, data)
+                if again is None:
+                    core.unsent(send)
+                    continue
+                send = again
+            out.append((tp, send))
+        return out
+
+    def _answered(
+        self, request: list[tuple[TopicPartition, Send]], future: asyncio.Future[Any]
+    ) -> None:
+        """A Produce's answer (or its failure), partition by partition, to the cores."""
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if exc is not None:
+            for tp, send in request:
+                self._failed_send(tp, self.cores.get(tp), send, exc)
+            return
+        answers = produce_answers(future.result(), [self._dest(tp) for tp, _ in request])
+        now = _now_ms()
+        for tp, send in request:
+            core = self.cores.get(tp)
+            answer = answers[self._dest(tp)]
+            if core is None:
+                continue
+            failure = answer.failure
+            if failure is None:
+                if not core.acked(send, answer.base_offset, now).stale:
+                    self.bytes_produced += len(send.entry.data or b"")
+                self._failing.pop(tp, None)
+            else:
+                self.produce_errors += 1
+                result = core.failed(send, failure, now, reason=answer.reason)
+                if result.new_session:
+                    self._renew(send.stamp, answer.error_name or "")
+                elif failure is Failure.RETRY and not result.stale:
+                    self._warn(
+                        f"produce-{answer.error_name}",
+                        "destination refused a batch, retrying",
+                        partition=str(tp),
+                        error=answer.error_name,
+                    )
+                    self._refresh_soon()
+            self._mark(tp)
+
+    def _failed_send(
+        self, tp: TopicPartition, core: PartitionMirror | None, send: Send, exc: BaseException
+    ) -> None:
+        """No answer for `send` (connection lost, timed out, no leader known): resent."""
+        if core is None:
+            return
+        result = core.failed(send, Failure.RETRY, _now_ms())
+        if not result.stale:
+            self._note_failing(tp, exc)
+            self._refresh_soon()
+        self._mark(tp)
+
+    def _note_failing(self, tp: TopicPartition, exc: BaseException) -> None:
+        since = self._failing.get(tp, ("", _wall_ms()))[1]
+        self._failing[tp] = (str(exc), since)
+        self._warn("unreachable", "destination unreachable, retrying", error=str(exc))
+
+    def _renew(self, old: ProducerStamp, why: str) -> None:
+        """A new producer session for the whole mirror (once, whoever lost it first)."""
+        if self._renewing or self.stamp != old:
+            return
+        self._renewing = True
+        self._spawn(self._new_session(old, why))
 
     async def _new_session(self, old: ProducerStamp, why: str) -> None:
-        async with self._stamp_lock:
-            if self.stamp != old:
-                return  # another partition renewed it already
-            log.warning("destination producer session lost; starting a new one", error=why)
-            self.stamp = await self.destination.init_producer_id()
-            self.session_resets += 1
+        log.warning("destination producer session lost; starting a new one", error=why)
+        backoff = self._backoff()
+        try:
+            while True:
+                try:
+                    async with self._stamp_lock:
+                        self.stamp = await self.destination.init_producer_id()
+                    self.session_resets += 1
+                    return
+                except (KafkaConnectionError, ProtocolError, TimeoutError, OSError) as exc:
+                    self._warn("session", "new producer session refused, retrying", error=str(exc))
+                    await asyncio.sleep(backoff.next_delay_ms() / 1000)
+        finally:
+            self._renewing = False
+            for tp in self.cores:
+                self._mark(tp)
+
+    def _refresh_soon(self) -> None:
+        """Destination metadata again (a leader may have moved), at most once a back-off."""
+        if self._refreshing:
+            return
+        self._refreshing = True
+
+        async def refresh() -> None:
+            try:
+                with contextlib.suppress(
+                    KafkaConnectionError, ProtocolError, TimeoutError, OSError
+                ):
+                    await asyncio.sleep(self.settings.retry_backoff_ms / 1000)
+                    await self._refresh_metadata(force=True)
+            finally:
+                self._refreshing = False
+                for tp in self.cores:
+                    self._mark(tp)
+
+        self._spawn(refresh())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            log.error("mirror task failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
 
     # -- destination metadata -------------------------------------------------------------
 
@@ -655,18 +846,22 @@ class Mirror:
                 self._logs[tp] = plog
         return plog
 
-    async def _idle(self, tp: TopicPartition, stop: asyncio.Event) -> None:
-        event = self._wake[tp]
-        event.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(_first(stop.wait(), event.wait()), IDLE_WAIT_S)
-
     def _warn(self, key: str, event: str, **fields: Any) -> None:
         said = self._said.should_emit(key, time.monotonic_ns() // 1_000_000)
         if said.emit:
             log.warning(
                 event, **fields, **({"repeated": said.suppressed} if said.suppressed else {})
             )
+
+    def _timing(self) -> MirrorTiming:
+        settings = self.settings
+        return MirrorTiming(
+            produce_timeout_ms=settings.produce_timeout_ms,
+            request_timeout_ms=int(settings.client.request_timeout_s * 1000),
+            retry_backoff_ms=settings.retry_backoff_ms,
+            retry_backoff_max_ms=settings.retry_backoff_max_ms,
+            max_in_flight=settings.max_in_flight,
+        )
 
     def _backoff(self) -> Backoff:
         return Backoff(self.settings.retry_backoff_ms, self.settings.retry_backoff_max_ms)
@@ -690,13 +885,6 @@ class Mirror:
     def _clear_problem(self) -> None:
         self.problem = None
         self.problem_since_ms = None
-
-    def _spawn(
-        self, tp: TopicPartition, core: PartitionMirror, stop: asyncio.Event
-    ) -> asyncio.Task[None]:
-        task = asyncio.create_task(self._partition(tp, core, stop), name=f"mirror-{tp}")
-        self._tasks[tp] = task
-        return task
 
     # -- groups (group_sync_shell.py) ----------------------------------------------------
 
@@ -734,7 +922,7 @@ class Mirror:
         waiting = promotion.pending(self._figures(tps))
         while waiting and not force and time.monotonic() < deadline:
             for tp in tps:
-                self._wake[tp].set()
+                self._mark(tp)
             await asyncio.sleep(PROMOTE_POLL_S)
             waiting = promotion.pending(self._figures(tps))
         if waiting and not force:
@@ -748,13 +936,10 @@ class Mirror:
         at_ms = _wall_ms()
         await self.groups.promote(chosen, at_ms)
         figures = self._figures(tps)
-        stopped = [t for t in (self._tasks.pop(tp, None) for tp in tps) if t is not None]
-        for task in stopped:
-            task.cancel()
-        await asyncio.gather(*stopped, return_exceptions=True)
+        # The driver steps only the partitions in self.cores; answers still out for
+        # these (only with --force) are ignored.
         for tp in tps:
             self.cores.pop(tp, None)
-            self._wake.pop(tp, None)
             plog = self._log(tp)
             if plog is not None:
                 plog.retention_floor = None
@@ -789,7 +974,7 @@ class Mirror:
                     source_high_watermark=state.high_watermark if state is not None else -1,
                     local_high_watermark=plog.high_watermark if plog is not None else 0,
                     mirrored_offset=core.position,
-                    in_flight=core.in_flight is not None,
+                    in_flight=core.in_flight > 0,
                     halted=core.error if core.phase is Phase.HALTED else None,
                 )
             )
@@ -863,7 +1048,34 @@ class Mirror:
         }
 
 
-def _read_entries(
+def pack_requests(
+    sends: Sequence[tuple[TopicPartition, Send]], request_bytes: int
+) -> list[list[tuple[TopicPartition, Send]]]:
+    """`sends` as Produce requests: one batch per partition per request (Kafka's rule), a
+    partition's batches in order across requests, each request at most `request_bytes`
+    of batches (one at least)."""
+    queues: dict[TopicPartition, list[Send]] = {}
+    for tp, send in sends:
+        queues.setdefault(tp, []).append(send)
+    out = []
+    while queues:
+        request: list[tuple[TopicPartition, Send]] = []
+        size = 0
+        for tp in list(queues):
+            send = queues[tp][0]
+            length = len(send.entry.data or b"")
+            if request and size + length > request_bytes:
+                continue
+            request.append((tp, send))
+            size += length
+            queues[tp].pop(0)
+            if not queues[tp]:
+                del queues[tp]
+        out.append(request)
+    return out
+
+
+def read_entries(
     plog: PartitionLog, offset: int, high_watermark: int, max_bytes: int, keep_data: bool
 ) -> list[LogEntry]:
     """Whole batches from `offset` up to the high watermark (blocking: a worker thread)."""
@@ -887,7 +1099,7 @@ def _read_entries(
     return entries
 
 
-def _read_batch(plog: PartitionLog, base_offset: int) -> bytes:
+def read_batch(plog: PartitionLog, base_offset: int) -> bytes:
     region = plog.read(base_offset, 0).region
     if region is None:
         raise OffsetOutOfRangeError(f"batch at {base_offset} is no longer in the local log")

@@ -4,12 +4,24 @@ marker, aborted data and markers skipped, reconcile after a crash, halts named."
 from __future__ import annotations
 
 import dataclasses
+import random
+from typing import Any
 
 import pytest
 
 from replicad.errors import LocalProtocolError
 from replicad.mirror.offset_map import SyncPoint
-from replicad.mirror.partition_mirror import LogEntry, PartitionMirror, Phase
+from replicad.mirror.partition_mirror import (
+    TRANSITIONS,
+    Event,
+    Failure,
+    LogEntry,
+    MirrorTiming,
+    PartitionMirror,
+    Phase,
+    Reconciled,
+    next_phase,
+)
 from replicad.mirror.restamp import ProducerStamp
 from replicad.records.batch import BatchHeader
 from replicad.records.records import ControlType
@@ -43,18 +55,31 @@ def marker(offset: int, pid: int, kind: ControlType) -> LogEntry:
     return entry(offset, pid=pid, attributes=TXN | CONTROL, marker=kind)
 
 
-def started(position: int = 0, dest_end: int = 0) -> PartitionMirror:
-    core = PartitionMirror(position=position)
-    assert core.reconcile(STAMP, dest_end).done
+NOW = 1_000_000
+TIMING = MirrorTiming(produce_timeout_ms=1_000, request_timeout_ms=1_000, max_in_flight=1)
+
+
+def started(
+    position: int = 0, dest_end: int = 0, timing: MirrorTiming = TIMING, **kwargs: Any
+) -> PartitionMirror:
+    core = PartitionMirror(position=position, timing=timing, rng=random.Random(1), **kwargs)
+    assert core.log_end_wanted(NOW)
+    assert core.on_log_end(STAMP, dest_end, dest_end, NOW).done
+    core.first_progress_saved()
     return core
 
 
-def drain(core: PartitionMirror) -> list[tuple[int, int, int]]:
+def reconcile(core: PartitionMirror, dest_end: int, stamp: ProducerStamp = STAMP) -> Reconciled:
+    assert core.log_end_wanted(NOW)
+    return core.on_log_end(stamp, dest_end, dest_end, NOW)
+
+
+def drain(core: PartitionMirror, stamp: ProducerStamp = STAMP) -> list[tuple[int, int, int]]:
     """Send and acknowledge everything sendable; (source base, dest base, sequence) each."""
     out = []
-    while (send := core.next_send()) is not None:
+    while (send := core.next_send(NOW, stamp)) is not None:
         out.append((send.entry.header.base_offset, send.expected_dest, send.base_sequence))
-        core.acked(send.expected_dest)
+        core.acked(send, send.expected_dest, NOW)
     return out
 
 
@@ -70,7 +95,7 @@ def test_committed_transaction_waits_for_its_marker_and_blocks_what_follows() ->
     core = started()
     core.feed([data(0, 2), txn(2, pid=7, count=2), data(4, 1)])
     assert drain(core) == [(0, 0, 0)]  # the transaction holds everything after it
-    assert core.next_send() is None and core.held_transactions == 1
+    assert core.next_send(NOW, STAMP) is None and core.held_transactions == 1
     core.feed([marker(5, 7, ControlType.COMMIT), data(6, 1)])
     assert drain(core) == [(2, 2, 2), (4, 4, 4), (6, 5, 5)]
     assert core.position == 7
@@ -90,21 +115,22 @@ def test_aborted_transaction_and_markers_are_skipped() -> None:
 
 def test_reconcile_after_a_crash_finds_what_reached_the_destination() -> None:
     # Progress saved at source 2 / dest 2, but the destination took two more batches.
-    core = PartitionMirror(position=2, dest_next=2, points=[SyncPoint(0, 0)])
+    core = PartitionMirror(position=2, dest_next=2, points=[SyncPoint(0, 0)], timing=TIMING)
     core.feed([data(2, 3), marker(5, 1, ControlType.ABORT), data(6, 2), data(8, 1)])
-    result = core.reconcile(STAMP, 7)
+    result = reconcile(core, 7)
     assert result.done and result.batches_found == 2
     assert (core.position, core.dest_next, core.sequence) == (8, 7, 0)
     assert drain(core) == [(8, 7, 0)]
 
 
 def test_reconcile_asks_for_more_of_the_log() -> None:
-    core = PartitionMirror(position=0, dest_next=0)
+    core = PartitionMirror(position=0, dest_next=0, timing=TIMING)
     core.feed([data(0, 2)])
-    result = core.reconcile(STAMP, 4)
+    result = reconcile(core, 4)
     assert not result.done and result.need_more
-    core.feed([data(2, 2)])
-    assert core.reconcile(STAMP, 4).done
+    assert core.wants_more(budget_bytes=0)
+    core.feed([data(2, 2)])  # the reconcile goes on with what was fed
+    assert core.phase is Phase.MIRRORING
     assert core.position == 4
 
 
@@ -112,12 +138,12 @@ def test_reconcile_asks_for_more_of_the_log() -> None:
     ("dest_end", "reason"), [(1, "below the mirrored end"), (3, "inside the batch")]
 )
 def test_reconcile_refuses_a_destination_it_cannot_explain(dest_end: int, reason: str) -> None:
-    core = PartitionMirror(position=0, dest_next=2, points=[SyncPoint(0, 0)])
+    core = PartitionMirror(position=0, dest_next=2, points=[SyncPoint(0, 0)], timing=TIMING)
     core.feed([data(0, 2), data(2, 2)])
-    result = core.reconcile(STAMP, dest_end)
+    result = reconcile(core, dest_end)
     assert not result.done
     assert core.phase is Phase.HALTED and reason in (core.error or "")
-    assert core.next_send() is None
+    assert core.next_send(NOW, STAMP) is None
 
 
 def test_first_start_on_a_non_empty_destination_maps_offsets() -> None:
@@ -130,17 +156,23 @@ def test_first_start_on_a_non_empty_destination_maps_offsets() -> None:
 def test_retry_resends_the_same_sequence_and_a_lost_session_reconciles() -> None:
     core = started()
     core.feed([data(0, 2), data(2, 2)])
-    first = core.next_send()
+    first = core.next_send(NOW, STAMP)
     assert first is not None
-    core.retry()
-    again = core.next_send()
+    assert not core.failed(first, Failure.RETRY, NOW).stale
+    # Backing off: nothing until the back-off ends, and the core says when that is.
+    assert core.next_send(NOW, STAMP) is None
+    wake = core.next_wakeup_ms(NOW)
+    assert wake is not None and NOW < wake <= NOW + 200
+    again = core.next_send(wake, STAMP)
     assert again is not None and again.base_sequence == first.base_sequence
-    core.acked(0)
-    core.next_send()
-    core.lost_session()
-    assert core.phase is Phase.RECONCILING and core.next_send() is None
+    assert core.acked(again, 0, wake).batches_done == 1
+    lost = core.next_send(wake, STAMP)
+    assert lost is not None
+    assert core.failed(lost, Failure.SESSION, wake).new_session
+    # Nothing in flight any more: the partition reconciles at once under a new session.
+    assert core.phase is Phase.RECONCILING and core.next_send(wake, STAMP) is None
     # The lost send did land: the new session finds it and starts at sequence 0.
-    assert core.reconcile(ProducerStamp(10, 0), 4).done
+    assert reconcile(core, 4, ProducerStamp(10, 0)).done
     assert core.position == 4 and core.sequence == 0
 
 
@@ -157,6 +189,7 @@ def test_an_unproducible_batch_halts_the_partition_with_its_offset() -> None:
     core.feed([entry(0, 2, attributes=0)])
     core.feed([LogEntry(dataclasses.replace(entry(2).header, magic=1))])
     drain(core)
+    assert core.next_send(NOW, STAMP) is None
     assert core.phase is Phase.HALTED and "source offset 2" in (core.error or "")
 
 
@@ -180,3 +213,196 @@ def test_read_ahead_stops_at_the_budget_unless_a_transaction_waits() -> None:
     core = started()
     core.feed([txn(0, pid=3)])
     assert core.wants_more(budget_bytes=10)
+
+
+# -- the phase table -----------------------------------------------------------------------
+
+
+def test_every_phase_has_a_way_to_halt_and_an_illegal_transition_raises() -> None:
+    for phase in Phase:
+        assert next_phase(phase, Event.HALT) is Phase.HALTED
+    assert (Phase.MIRRORING, Event.DRAINED) not in TRANSITIONS
+    with pytest.raises(LocalProtocolError, match="no transition from mirroring on drained"):
+        next_phase(Phase.MIRRORING, Event.DRAINED)
+    with pytest.raises(LocalProtocolError):
+        next_phase(Phase.HALTED, Event.RECONCILED)
+
+
+def test_a_halted_partition_keeps_its_first_reason() -> None:
+    core = started()
+    core.halt("first")
+    core.halt("second")
+    assert core.phase is Phase.HALTED and core.error == "first"
+
+
+# -- time -----------------------------------------------------------------------------------
+
+
+def test_a_new_partition_sends_nothing_until_its_first_progress_is_saved() -> None:
+    core = PartitionMirror(position=0, timing=TIMING)
+    core.feed([data(0, 1)])
+    assert reconcile(core, 7).done and core.dest_next == 7
+    assert core.first_save_wanted and core.next_send(NOW, STAMP) is None
+    core.first_progress_saved()
+    assert drain(core) == [(0, 7, 0)]
+
+
+def test_an_unsettled_log_end_is_asked_again_until_it_settles() -> None:
+    core = PartitionMirror(position=0, dest_next=0, timing=TIMING)
+    core.feed([data(0, 2), data(2, 2)])
+    assert core.log_end_wanted(NOW)
+    assert not core.log_end_wanted(NOW)  # one question at a time
+    waiting = core.on_log_end(STAMP, 4, 2, NOW)  # a write between append and acknowledgement
+    assert waiting.wait and core.phase is Phase.RECONCILING
+    again = core.next_wakeup_ms(NOW)
+    assert again is not None and again > NOW
+    assert not core.log_end_wanted(again - 1)
+    assert core.log_end_wanted(again)
+    assert core.on_log_end(STAMP, 4, 2, again).wait
+    # However long it takes: a tail not replicated yet is neither counted nor sent again.
+    late = NOW + 3_600_000
+    assert core.log_end_wanted(late)
+    assert core.on_log_end(STAMP, 4, 2, late).wait
+    # Replicated at last: the batches are there and are not sent again.
+    assert core.log_end_wanted(late + 100)
+    assert core.on_log_end(STAMP, 4, 4, late + 100).done and core.position == 4
+
+
+def test_a_failed_log_end_is_asked_again_after_a_back_off() -> None:
+    core = PartitionMirror(position=0, timing=TIMING)
+    assert core.log_end_wanted(NOW)
+    core.log_end_failed(NOW)
+    wake = core.next_wakeup_ms(NOW)
+    assert wake is not None and wake > NOW
+    assert not core.log_end_wanted(wake - 1) and core.log_end_wanted(wake)
+
+
+def test_an_unanswered_send_is_resent_after_its_deadline() -> None:
+    core = started()
+    core.feed([data(0, 1)])
+    send = core.next_send(NOW, STAMP)
+    assert send is not None and core.next_wakeup_ms(NOW) == send.deadline_ms
+    core.expire(send.deadline_ms - 1)
+    assert core.current(send)
+    core.expire(send.deadline_ms)
+    assert not core.current(send) and core.batches_resent == 1
+    later = send.deadline_ms + 10_000
+    again = core.next_send(later, STAMP)
+    assert again is not None and again.base_sequence == send.base_sequence
+    # The first send's answer comes after all: stale, ignored; the resend counts.
+    assert core.acked(send, 0, later).stale
+    assert core.acked(again, 0, later).batches_done == 1 and core.position == 1
+
+
+# -- pipelining -----------------------------------------------------------------------------
+
+PIPELINED = dataclasses.replace(TIMING, max_in_flight=5)
+
+
+def sends(core: PartitionMirror, now: int = NOW, stamp: ProducerStamp = STAMP) -> list[Any]:
+    out = []
+    while (send := core.next_send(now, stamp)) is not None:
+        out.append(send)
+    return out
+
+
+def test_up_to_five_batches_in_flight_with_consecutive_sequences() -> None:
+    core = started(timing=PIPELINED)
+    core.feed([data(i * 2, 2) for i in range(7)])
+    window = sends(core)
+    assert [s.base_sequence for s in window] == [0, 2, 4, 6, 8]
+    assert [s.expected_dest for s in window] == [0, 2, 4, 6, 8]
+    assert core.in_flight == 5
+    # Answers out of order: progress moves only from the oldest batch.
+    assert core.acked(window[1], 2, NOW).batches_done == 0 and core.position == 0
+    assert core.acked(window[0], 0, NOW).batches_done == 2 and core.position == 4
+    more = sends(core)
+    assert [s.base_sequence for s in more] == [10, 12]
+
+
+def test_a_retriable_failure_resends_it_and_everything_after_it() -> None:
+    core = started(timing=PIPELINED)
+    core.feed([data(i, 1) for i in range(4)])
+    window = sends(core)
+    core.acked(window[0], 0, NOW)
+    assert not core.failed(window[1], Failure.RETRY, NOW).stale
+    # The batches after it got OUT_OF_ORDER_SEQUENCE_NUMBER (a gap): stale, ignored.
+    for later in window[2:]:
+        assert core.failed(later, Failure.OUT_OF_ORDER, NOW).stale
+    assert core.phase is Phase.MIRRORING
+    wake = core.next_wakeup_ms(NOW)
+    assert wake is not None
+    again = sends(core, wake)
+    assert [(s.entry.header.base_offset, s.base_sequence) for s in again] == [
+        (1, 1),
+        (2, 2),
+        (3, 3),
+    ]
+    for s in again:
+        core.acked(s, s.expected_dest, wake)
+    assert core.position == core.dest_next == 4 and core.batches_mirrored == 4
+
+
+def test_out_of_order_behind_an_unresolved_batch_is_a_resend_not_a_lost_session() -> None:
+    core = started(timing=PIPELINED)
+    core.feed([data(i, 1) for i in range(3)])
+    window = sends(core)
+    # Batch 1's answer comes first (another connection after a leader change).
+    assert not core.failed(window[1], Failure.OUT_OF_ORDER, NOW).new_session
+    assert core.phase is Phase.MIRRORING
+    # The oldest batch refused as out of order: the destination disagrees, a new session.
+    assert core.failed(window[0], Failure.OUT_OF_ORDER, NOW).new_session
+    # Batch 2 was written and is not answered yet: it could still land.
+    assert core.phase is Phase.DRAINING
+    assert core.failed(window[2], Failure.OUT_OF_ORDER, NOW).stale
+    assert core.phase is Phase.RECONCILING
+
+
+def test_a_lost_session_waits_for_every_answer_before_reconciling() -> None:
+    core = started(timing=PIPELINED)
+    core.feed([data(i, 1) for i in range(3)])
+    window = sends(core)
+    assert core.failed(window[0], Failure.SESSION, NOW).new_session
+    # Batches 1 and 2 were written under the old session and may still land.
+    assert core.phase is Phase.DRAINING and not core.log_end_wanted(NOW)
+    core.failed(window[1], Failure.OUT_OF_ORDER, NOW)
+    assert core.phase is Phase.DRAINING
+    core.expire(window[2].deadline_ms)
+    assert core.phase is Phase.RECONCILING
+    assert reconcile(core, 0, ProducerStamp(10, 0)).done
+    resent = sends(core, stamp=ProducerStamp(10, 0))
+    assert [(s.base_sequence, s.stamp.producer_id) for s in resent] == [(0, 10), (1, 10), (2, 10)]
+
+
+def test_a_session_renewed_elsewhere_drains_and_reconciles_this_partition() -> None:
+    core = started(timing=PIPELINED)
+    core.feed([data(i, 1) for i in range(2)])
+    window = sends(core)
+    renewed = ProducerStamp(11, 0)
+    assert core.next_send(NOW, renewed) is None and core.phase is Phase.DRAINING
+    # An answer under the old session still counts: the batch is at the destination.
+    core.acked(window[0], 0, NOW)
+    core.acked(window[1], 1, NOW)
+    assert core.phase is Phase.RECONCILING and core.position == 2
+    assert reconcile(core, 2, renewed).done and core.sequence == 0
+
+
+def test_a_send_never_written_is_not_waited_for() -> None:
+    core = started(timing=PIPELINED)
+    core.feed([data(i, 1) for i in range(2)])
+    window = sends(core)
+    core.failed(window[0], Failure.RETRY, NOW)
+    assert not core.current(window[1])
+    core.failed(window[0], Failure.SESSION, NOW)  # stale: changes nothing
+    assert core.phase is Phase.MIRRORING
+    core.unsent(window[1])
+    assert core.next_wakeup_ms(NOW) is not None  # only the back-off is left
+    assert all(core.next_wakeup_ms(NOW) != s.deadline_ms for s in window)
+
+
+def test_a_fatal_answer_halts_with_its_reason() -> None:
+    core = started(timing=PIPELINED)
+    core.feed([data(0, 1)])
+    (send,) = sends(core)
+    assert core.failed(send, Failure.FATAL, NOW, reason="RECORD_LIST_TOO_LARGE").halted
+    assert core.phase is Phase.HALTED and "RECORD_LIST_TOO_LARGE" in (core.error or "")

@@ -1,0 +1,35 @@
+"""The mirror shell's own parts that need no destination: how the sends the cores hand
+out become Produce requests (the shell as a whole runs against Kafka in
+test_mirror_kafka.py, its decisions in test_partition_mirror.py and tools/sim)."""
+
+from __future__ import annotations
+
+from replicad.mirror.partition_mirror import LogEntry, Send
+from replicad.mirror.restamp import ProducerStamp
+from replicad.mirror.shell import pack_requests
+from replicad.records.batch import BatchHeader
+from replicad.types import TopicPartition
+
+A, B = TopicPartition("a", 0), TopicPartition("b", 1)
+
+
+def send(base: int, size: int = 100) -> Send:
+    header = BatchHeader(0, base, 100, 0, 2, 0, 0, 0, 0, 0, -1, 0, 0, 1)
+    return Send(LogEntry(header, None, b"x" * size), ProducerStamp(1, 0), base, base, 0)
+
+
+def test_one_batch_per_partition_per_request_in_order() -> None:
+    sends = [(A, send(0)), (A, send(1)), (B, send(0)), (A, send(2)), (B, send(1))]
+    requests = pack_requests(sends, request_bytes=1 << 20)
+    assert [[(tp, s.base_sequence) for tp, s in r] for r in requests] == [
+        [(A, 0), (B, 0)],
+        [(A, 1), (B, 1)],
+        [(A, 2)],
+    ]
+
+
+def test_a_request_holds_at_most_its_bytes_but_always_one_batch() -> None:
+    sends = [(A, send(0, 700)), (B, send(0, 700)), (TopicPartition("c", 0), send(0, 2000))]
+    requests = pack_requests(sends, request_bytes=1000)
+    assert [len(r) for r in requests] == [1, 1, 1]
+    assert sum(len(r) for r in pack_requests(sends, request_bytes=1400)) == 3
