@@ -1,0 +1,129 @@
+"""A simulated destination partition for the mirror's simulation (tools/sim/mirror_run.py):
+the leader of one Kafka partition as an idempotent producer meets it.
+
+Rules it keeps (Kafka's ProducerStateManager, simplified to what the mirror relies on):
+- Per producer id, the epoch and the last five batches' sequence ranges and offsets. A
+  batch whose sequence follows the last one is appended; a batch equal to one of the last
+  five is a duplicate, answered with the offset it was written at; anything else is
+  OUT_OF_ORDER_SEQUENCE_NUMBER. A producer with no state may only start at sequence 0
+  (else UNKNOWN_PRODUCER_ID); an older epoch is INVALID_PRODUCER_EPOCH. A producer's state
+  expires only after PRODUCER_EXPIRATION_MS without a write (Kafka's
+  producer.id.expiration.ms, a day by default; far longer than any resend waits).
+- acks=all: an appended batch is answered only once it is replicated (the high
+  watermark passed it); until then the log end is ahead of the high watermark.
+- A leader change loses what was not replicated (the new leader truncates to the high
+  watermark, its producer state with it) and fails the requests waiting for replication
+  with NOT_LEADER_OR_FOLLOWER.
+- `records` is what a consumer reads: the source offset of each record, in log order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+NONE = 0
+NOT_LEADER_OR_FOLLOWER = 6
+OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+INVALID_PRODUCER_EPOCH = 47
+UNKNOWN_PRODUCER_ID = 59
+# What a broker remembers per producer (ProducerStateEntry.NUM_BATCHES_TO_RETAIN).
+BATCHES_RETAINED = 5
+# Shorter than Kafka's day, still far above the simulated request timeouts.
+PRODUCER_EXPIRATION_MS = 60_000
+
+
+@dataclass(slots=True)
+class _Batch:
+    first_seq: int
+    last_seq: int
+    offset: int
+    # The source offsets of its records (what the simulation checks).
+    sources: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class _Producer:
+    epoch: int
+    last_write_ms: int = 0
+    batches: deque[_Batch] = field(default_factory=lambda: deque(maxlen=BATCHES_RETAINED))
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    error: int
+    base_offset: int = -1
+
+
+class SimDestination:
+    def __init__(self) -> None:
+        self.records: list[int] = []
+        self.high_watermark = 0
+        self._producers: dict[int, _Producer] = {}
+        # Requests waiting for replication: (their answer's key, the batch's offset).
+        self._waiting: list[tuple[object, int]] = []
+        self.answers_ready: list[tuple[object, Answer]] = []
+
+    @property
+    def log_end(self) -> int:
+        return len(self.records)
+
+    def produce(
+        self, key: object, pid: int, epoch: int, seq: int, sources: tuple[int, ...], now_ms: int
+    ) -> Answer | None:
+        """One batch; the answer now (an error, a duplicate), or None: it comes with
+        `replicate` as (key, answer) in `answers_ready`."""
+        count = len(sources)
+        producer = self._producers.get(pid)
+        if producer is not None and epoch < producer.epoch:
+            return Answer(INVALID_PRODUCER_EPOCH)
+        if producer is None or epoch > producer.epoch:
+            if seq != 0:
+                return Answer(UNKNOWN_PRODUCER_ID)
+            producer = self._producers[pid] = _Producer(epoch)
+        producer.last_write_ms = now_ms
+        for b in producer.batches:
+            if b.first_seq == seq and b.last_seq == seq + count - 1:
+                if b.sources != sources:
+                    raise AssertionError(f"sequence {seq} of producer {pid} reused for other data")
+                if b.offset + count > self.high_watermark:
+                    # Still being replicated: answered with the original once it is.
+                    self._waiting.append((key, b.offset))
+                    return None
+                return Answer(NONE, b.offset)
+        last = producer.batches[-1].last_seq if producer.batches else -1
+        if seq != last + 1:
+            return Answer(OUT_OF_ORDER_SEQUENCE_NUMBER)
+        base = self.log_end
+        producer.batches.append(_Batch(seq, seq + count - 1, base, sources))
+        self.records.extend(sources)
+        self._waiting.append((key, base))
+        return None
+
+    def replicate(self) -> None:
+        """The followers caught up: the high watermark is the log end; waiting answers go."""
+        self.high_watermark = self.log_end
+        for key, base in self._waiting:
+            self.answers_ready.append((key, Answer(NONE, base)))
+        self._waiting.clear()
+
+    def leader_change(self) -> list[object]:
+        """A new leader: the unreplicated tail is gone; returns the keys now failed."""
+        del self.records[self.high_watermark :]
+        for producer in self._producers.values():
+            while producer.batches and producer.batches[-1].offset >= self.high_watermark:
+                producer.batches.pop()
+        failed = [key for key, _base in self._waiting]
+        self._waiting.clear()
+        return failed
+
+    def expire_producers(self, now_ms: int) -> int:
+        """Producer state idle for PRODUCER_EXPIRATION_MS is dropped; returns how many."""
+        idle = [
+            pid
+            for pid, p in self._producers.items()
+            if now_ms - p.last_write_ms >= PRODUCER_EXPIRATION_MS
+        ]
+        for pid in idle:
+            del self._producers[pid]
+        return len(idle)
