@@ -423,7 +423,9 @@ LOG_FORMAT_HELP = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; `command`: the sub-command about to run, when known (a
+    daemon's parser leaves out what only other commands import)."""
     parser = Parser(
         prog="replicad",
         description="Replicate Kafka topics to local Kafka-format log segments, serve them over "
@@ -635,9 +637,11 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument("--deep", action="store_true", help="decode every record too")
     dump.set_defaults(func=_cmd_dump_log)
 
-    from replicad.spark.pipeline import add_pipeline_parser  # no pyspark import until run
+    if command not in _DAEMON_COMMANDS:
+        # No pyspark import until a job runs; the daemons do not load the module at all.
+        from replicad.spark.pipeline import add_pipeline_parser
 
-    add_pipeline_parser(sub)
+        add_pipeline_parser(sub)
 
     verify = _command(
         sub,
@@ -664,7 +668,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         catch_early_stop()
     words = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(words)
+        args = build_parser(_command_of(words)).parse_args(words)
     except SystemExit as exc:
         # A usage error of `status` is "unknown" to a monitoring plugin (3), never argparse's
         # 2, which status means "down".

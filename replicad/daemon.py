@@ -12,7 +12,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -27,12 +27,16 @@ from replicad.control.status_view import render_status_line
 from replicad.errors import ConfigError, ReplicadError
 from replicad.follower.replicator import Replicator, ReplicatorSettings
 from replicad.follower.status import RateMeter, build_snapshot
-from replicad.mirror.shell import Mirror, MirrorSettings
 from replicad.protocol.client import ClientSettings
 from replicad.protocol.metadata import TopicSelection
 from replicad.recent_warnings import RECENT
 from replicad.startup import LoopSignals
 from replicad.types import TopicPartition
+
+if TYPE_CHECKING:
+    # Imported when `mirror:` is on (mirror_settings_from_config): a follower without a
+    # mirror does not load the mirror, its Kafka producer schemas or the groups reader.
+    from replicad.mirror.shell import Mirror, MirrorSettings
 
 log = structlog.get_logger("replicad.daemon")
 
@@ -62,6 +66,8 @@ def mirror_settings_from_config(config: Config) -> MirrorSettings | None:
     mirror = config.mirror
     if mirror is None:
         return None
+    from replicad.mirror.shell import MirrorSettings
+
     return MirrorSettings(
         bootstrap_servers=tuple(str(hp) for hp in mirror.bootstrap_servers),
         client=ClientSettings.from_config(mirror),
@@ -96,7 +102,11 @@ class Daemon:
         self._reconfigure_logging = reconfigure_logging
         self.replicator = Replicator(ReplicatorSettings.from_config(config))
         mirror = mirror_settings_from_config(config)
-        self.mirror = Mirror(mirror, self.replicator) if mirror is not None else None
+        self.mirror: Mirror | None = None
+        if mirror is not None:
+            from replicad.mirror.shell import Mirror
+
+            self.mirror = Mirror(mirror, self.replicator)
         # Who hears of a partition's appends: serve's reader wake-ups and the mirror's.
         self._partition_listeners: list[Callable[[TopicPartition], None]] = []
         if self.mirror is not None:

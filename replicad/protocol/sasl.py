@@ -15,9 +15,6 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
-from scramp import ScramException
-from scramp.utils import saslprep
-
 from replicad.config.model import SaslMechanism
 
 PLAIN_SEPARATOR = "\0"
@@ -30,6 +27,10 @@ SCRAM_HASHES: dict[SaslMechanism, Callable[..., Any]] = {
 def refuse_saslprep_changes(**texts: str) -> None:
     """ScramException naming the first of `texts` (e.g. username=..., password=...) that
     SASLprep changes: Kafka would hash it unchanged and the proof could never match."""
+    # scramp (with asn1crypto, ~6 MiB) is loaded only where SCRAM is used.
+    from scramp import ScramException
+    from scramp.utils import saslprep
+
     for what, text in texts.items():
         if saslprep(text) != text:
             raise ScramException(

@@ -41,7 +41,6 @@ from kio.schema.sasl_authenticate.v2.request import (
     SaslAuthenticateRequest as SaslAuthenticateRequestV2,
 )
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
-from scramp import ScramClient, ScramException
 
 from replicad.config.model import (
     SaslConfig,
@@ -259,6 +258,11 @@ class _Plain:
         return None
 
 
+class ScramRefused(Exception):
+    """scramp refused a credential or a broker's message (its ScramException, said in our
+    own type so that scramp is loaded only by connections that use SCRAM)."""
+
+
 class _Scram:
     """RFC 5802 without channel binding (Kafka offers none): client-first, client-final,
     then the broker's signature must verify."""
@@ -266,11 +270,17 @@ class _Scram:
     def __init__(
         self, mechanism: SaslMechanism, username: str, password: Secret, nonce: str | None
     ) -> None:
-        # scramp applies SASLprep (RFC 4013) as RFC 5802 asks; Kafka does not.
-        refuse_saslprep_changes(username=username, password=password.reveal())
-        self._client = ScramClient(
-            [mechanism.wire_name], username, password.reveal(), c_nonce=nonce
-        )
+        from scramp import ScramClient, ScramException
+
+        self._refused = ScramException
+        try:
+            # scramp applies SASLprep (RFC 4013) as RFC 5802 asks; Kafka does not.
+            refuse_saslprep_changes(username=username, password=password.reveal())
+            self._client = ScramClient(
+                [mechanism.wire_name], username, password.reveal(), c_nonce=nonce
+            )
+        except ScramException as error:
+            raise ScramRefused(str(error)) from None
         self._sent_final = False
 
     def first_message(self) -> bytes:
@@ -278,11 +288,14 @@ class _Scram:
 
     def next_message(self, challenge: bytes) -> bytes | None:
         text = challenge.decode("utf-8")
-        if not self._sent_final:
-            self._client.set_server_first(text)
-            self._sent_final = True
-            return self._client.get_client_final().encode()
-        self._client.set_server_final(text)
+        try:
+            if not self._sent_final:
+                self._client.set_server_first(text)
+                self._sent_final = True
+                return self._client.get_client_final().encode()
+            self._client.set_server_final(text)
+        except self._refused as error:
+            raise ScramRefused(str(error)) from None
         return None
 
 
@@ -335,7 +348,7 @@ class SaslClient:
                 self._mechanism = _Scram(
                     mechanism, credentials.username, credentials.password, nonce
                 )
-            except ScramException as error:
+            except ScramRefused as error:
                 # saslprep (RFC 4013) refuses some characters in names and passwords.
                 raise self._fail(f"cannot use these SCRAM credentials: {error}") from None
 
@@ -393,7 +406,7 @@ class SaslClient:
         """Run a mechanism step; a broker message it rejects ends the exchange."""
         try:
             return step()
-        except (ScramException, UnicodeDecodeError) as error:
+        except (ScramRefused, UnicodeDecodeError) as error:
             raise self._fail(
                 f"{self.broker}'s {self.credentials.mechanism.wire_name} answer is refused: "
                 f"{error} (not the broker holding our credential, or not Kafka's SCRAM)"
