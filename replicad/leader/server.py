@@ -35,14 +35,20 @@ Rules:
 - Writing a response: its size prefix, then its parts in order on the connection's
   transport. A file region goes out by `loop.sendfile`, which first waits for the
   transport's buffer to drain and pauses reading while the kernel copies the file, so it
-  never interleaves with buffered writes. A lazy down-conversion is converted a chunk at a
-  time off the event loop and written with flow control (drain), so at most a chunk and the
-  transport's buffer are held. If a segment shrank or vanished before it was sent, the
-  bytes still owed are an overflow entry (KIP-283's trailing partial message): the frame
-  stays the size it announced and the client drops the partial entry.
+  never interleaves with buffered writes; file regions up to `SMALL_REGION_BYTES` are read
+  instead (on a worker thread, many in one hop) and written with the bytes around them. A
+  lazy down-conversion is converted a chunk at a time off the event loop and written with
+  flow control (drain), so at most a chunk and the transport's buffer are held. If a
+  segment shrank or vanished before it was sent, the bytes still owed are an overflow
+  entry (KIP-283's trailing partial message): the frame stays the size it announced and
+  the client drops the partial entry.
 - Security (`ServerSecurity`, see leader/security.py for its rules): with TLS the listener
   speaks TLS only, started per connection so that a failed handshake is logged (info, as
-  Kafka does) and counted. A connection's principal is its verified client certificate's
+  Kafka does) and counted. A connection holds no TLS state until its client has sent
+  something (its ClientHello), and at most `TLS_HANDSHAKES_AT_ONCE` handshakes run at once
+  (each holds asyncio's 256 KiB read buffer and OpenSSL's state); the others wait, paused,
+  within the same handshake deadline. So clients that never finish a handshake cost their
+  sockets, not 300 KB each. A connection's principal is its verified client certificate's
   DN, or ANONYMOUS, until SASL names it. On a SASL listener the connection answers ApiVersions,
   SaslHandshake and SaslAuthenticate through its `SaslServer` until it has authenticated;
   any other request before that, and a failed authentication (after its answer), close the
@@ -61,13 +67,14 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import os
 import random
 import resource
 import ssl
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -91,6 +98,7 @@ from replicad.leader.fetch import (
 )
 from replicad.leader.fetch_response import fetch_response_frame
 from replicad.leader.frames import (
+    Part,
     ResponseFrame,
     encode_response,
     raw_response,
@@ -144,12 +152,22 @@ ACKS_NONE = 0
 STREAM_LIMIT = 64 * 1024
 # How long a client has for its TLS handshake (asyncio's default).
 TLS_HANDSHAKE_S = 60.0
+# TLS handshakes in progress at once (see the rules): a handshake holds ~300 KB (asyncio's
+# read buffer, OpenSSL's state) until it ends; a real client's takes milliseconds.
+TLS_HANDSHAKES_AT_ONCE = 64
 # Kafka's sasl.server.max.receive.size: the largest frame read before authentication.
 SASL_MAX_RECEIVE_BYTES = 512 * 1024
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 # Frames up to this size are decoded on the loop (kio: well under a millisecond); larger
 # ones on the decoding thread.
 DECODE_INLINE_BYTES = 64 * 1024
+# File regions (a partition's records) up to this size are read on a worker thread, several
+# in one hop, and written with the response's other bytes; larger ones go by sendfile. A
+# sendfile costs a drain, an open and a few turns of the loop each: for a Fetch of many
+# small partitions that was most of the response's time.
+SMALL_REGION_BYTES = 64 * 1024
+# The most region bytes one hop reads (each batch is written before the next is read).
+READ_AHEAD_BYTES = 1024 * 1024
 # How long a closed connection waits for its transport to say so.
 CLOSE_WAIT_S = 1.0
 # Descriptors kept free of connections, beside the log's own (log.max_open_files): for the
@@ -180,6 +198,35 @@ class _Refused(Exception):
         super().__init__(event.message)
         self.event = event
         self.fields = fields
+
+
+async def _readable(writer: asyncio.StreamWriter) -> None:
+    """Wait until the client has sent something (or closed), reading nothing: its paused
+    transport has left the selector, so a duplicate of its descriptor is watched (the
+    transport's own cannot be registered twice). Without a spare descriptor, return at
+    once: the handshake then starts as it would have."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return
+    loop = asyncio.get_running_loop()
+    try:
+        fd = os.dup(sock.fileno())
+    except OSError:
+        return
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    try:
+        loop.add_reader(fd, wake)
+        try:
+            await ready
+        finally:
+            loop.remove_reader(fd)
+    finally:
+        os.close(fd)
 
 
 class _PausedUntilTls(asyncio.StreamReaderProtocol):
@@ -272,6 +319,8 @@ class LeaderServer:
         self._per_ip: Counter[str] = Counter()
         self._log_files = logs.config.max_open_files
         self._previous_exception_handler: Any = None
+        self._handshakes = asyncio.Semaphore(TLS_HANDSHAKES_AT_ONCE)
+        self._handshaking = 0  # connections holding TLS state before their handshake ended
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -412,6 +461,7 @@ class LeaderServer:
             "requests_total": dict(self.requests),
             "request_pool_used_bytes": self.pool.used,
             "request_pool_waits_total": self.pool.waits_total,
+            "tls_handshakes_in_progress": self._handshaking,
             **dict(self.counters),
         }
 
@@ -588,7 +638,17 @@ class LeaderServer:
         handshake_s = min(TLS_HANDSHAKE_S, self.settings.authentication_timeout_ms / 1000)
         try:
             async with asyncio.timeout(handshake_s):
-                await writer.start_tls(self.security.tls, ssl_handshake_timeout=TLS_HANDSHAKE_S)
+                # No TLS state (asyncio's 256 KiB buffer, OpenSSL's) before the client
+                # speaks, and a bounded number of handshakes at once: see the rules.
+                await _readable(writer)
+                async with self._handshakes:
+                    self._handshaking += 1
+                    try:
+                        await writer.start_tls(
+                            self.security.tls, ssl_handshake_timeout=TLS_HANDSHAKE_S
+                        )
+                    finally:
+                        self._handshaking -= 1
         except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
             writer.transport.abort()
             # Info, as Kafka logs it: port checks and scanners fail handshakes all day.
@@ -879,15 +939,58 @@ class LeaderServer:
     # -- writing ---------------------------------------------------------------------------
 
     async def _send(self, writer: asyncio.StreamWriter, response: ResponseFrame) -> None:
-        for part in response.with_size_prefix():
-            if isinstance(part, bytes):
-                writer.write(part)
-            elif isinstance(part, FileRegion):
+        parts = response.with_size_prefix()
+        i = 0
+        while i < len(parts):
+            part = parts[i]
+            if isinstance(part, FileRegion) and part.size > SMALL_REGION_BYTES:
                 await self._send_region(writer, part)
+                i += 1
+            elif isinstance(part, (bytes, FileRegion)):
+                i = await self._send_small(writer, parts, i)
             else:
                 await self._send_converted(writer, part)
+                i += 1
         await writer.drain()
         self.counters["responses_total"] += 1
+
+    async def _send_small(
+        self, writer: asyncio.StreamWriter, parts: tuple[Part, ...], start: int
+    ) -> int:
+        """Write parts from `start` on while they are bytes or small file regions (up to
+        READ_AHEAD_BYTES of regions), the regions read in one hop to a worker thread;
+        returns the index of the first part not written."""
+        end = start
+        regions: list[FileRegion] = []
+        region_bytes = 0
+        while end < len(parts):
+            part = parts[end]
+            if isinstance(part, FileRegion):
+                if part.size > SMALL_REGION_BYTES or (
+                    regions and region_bytes + part.size > READ_AHEAD_BYTES
+                ):
+                    break
+                regions.append(part)
+                region_bytes += part.size
+            elif not isinstance(part, bytes):
+                break
+            end += 1
+        read = await asyncio.to_thread(_read_regions, regions) if regions else []
+        contents = iter(read)
+        for part in parts[start:end]:
+            if isinstance(part, bytes):
+                writer.write(part)
+                continue
+            data = next(contents)
+            writer.write(data)
+            self.counters["copied_region_bytes_total"] += len(data)
+            if len(data) < part.size:
+                # The segment shrank (truncation) or vanished (retention) since it was read.
+                self.counters["short_regions_total"] += 1
+                for piece in overflow_entry(part.size - len(data)):
+                    writer.write(piece)
+        await writer.drain()
+        return end
 
     async def _send_region(self, writer: asyncio.StreamWriter, region: FileRegion) -> None:
         await writer.drain()
@@ -927,6 +1030,27 @@ class LeaderServer:
                 writer.write(piece)
         self.counters["downconverted_bytes_total"] += sent
         self.counters["downconverted_records_total"] += conversion.stats.records_converted
+
+
+def _read_regions(regions: Sequence[FileRegion]) -> list[bytes]:
+    """On a worker thread: each region's bytes (fewer when its file shrank, none when it
+    is gone), each file opened once."""
+    fds: dict[Path, int | None] = {}
+    read: list[bytes] = []
+    try:
+        for region in regions:
+            if region.path not in fds:
+                try:
+                    fds[region.path] = os.open(region.path, os.O_RDONLY)
+                except FileNotFoundError:
+                    fds[region.path] = None
+            fd = fds[region.path]
+            read.append(b"" if fd is None else os.pread(fd, region.size, region.position))
+    finally:
+        for fd in fds.values():
+            if fd is not None:
+                os.close(fd)
+    return read
 
 
 # Loop CPU seconds spent, during the request being charged, on awaits that are not its own

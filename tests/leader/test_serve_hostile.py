@@ -15,6 +15,7 @@ import gc
 import os
 import resource
 import socket
+import ssl
 import struct
 import subprocess
 import threading
@@ -29,6 +30,7 @@ import structlog
 
 from replicad.clock import wall_ms
 from replicad.leader.security import ServerSecurity
+from replicad.leader.server import TLS_HANDSHAKES_AT_ONCE
 from replicad.leader.settings import ServeSettings, serve_security_from_options
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
@@ -505,6 +507,55 @@ def test_silent_tls_clients_are_closed_at_the_handshake_deadline_and_leave_nothi
         # the objects themselves.
         assert served.call(tls_protocols_alive) == 0
     assert served.metrics()["tls_handshake_failures_total"] == 1500
+
+
+def test_tls_state_is_held_only_by_clients_that_spoke_and_by_a_bounded_number(
+    replica, serve_in_thread, tmp_path
+) -> None:
+    """Silent clients hold no TLS state; clients that send the start of a ClientHello and
+    stall hold it, at most TLS_HANDSHAKES_AT_ONCE at a time; a real client still gets
+    through once the stalled ones reach their deadline."""
+    pki = make_test_pki(tmp_path / "pki")
+    config = serve_security_from_options(
+        {
+            "serve.security.tls.cert_file": str(pki.broker_cert),
+            "serve.security.tls.key_file": str(pki.broker_key),
+        }
+    )
+    served = serve_in_thread(
+        replica,
+        ServeSettings(authentication_timeout_ms=2000),
+        security=ServerSecurity.from_config(config, frozenset()),
+    )
+
+    def wait_for(what: str, check: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 20
+        while not check() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert check(), what
+
+    metrics = served.metrics
+    with connection_flood(address(served), 100):
+        wait_for("100 silent connections", lambda: metrics()["connections"] == 100)
+        assert metrics()["tls_handshakes_in_progress"] == 0
+    wait_for("silent ones closed", lambda: metrics()["connections"] == 0)
+    with connection_flood(address(served), TLS_HANDSHAKES_AT_ONCE + 36) as socks:
+        for sock in socks:
+            sock.sendall(bytes.fromhex("160301020001"))  # a ClientHello begun, never ended
+        wait_for(
+            "the bound reached",
+            lambda: metrics()["tls_handshakes_in_progress"] == TLS_HANDSHAKES_AT_ONCE,
+        )
+        time.sleep(0.3)
+        assert metrics()["tls_handshakes_in_progress"] == TLS_HANDSHAKES_AT_ONCE
+        context = ssl.create_default_context(cafile=str(pki.ca))
+        with (
+            socket.create_connection(address(served), timeout=30) as raw,
+            context.wrap_socket(raw, server_hostname="localhost") as tls,
+        ):
+            assert tls.version() is not None
+    wait_for("all closed", lambda: metrics()["connections"] == 0)
+    assert metrics()["tls_handshakes_in_progress"] == 0
 
 
 def test_a_replayed_scram_exchange_is_refused(replica, serve_in_thread, plain_users) -> None:

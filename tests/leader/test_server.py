@@ -18,6 +18,7 @@ from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersio
 from kio.schema.errors import ErrorCode
 
 from replicad.errors import KafkaConnectionError
+from replicad.leader.frames import ResponseFrame
 from replicad.leader.server import LeaderServer
 from replicad.leader.settings import ServeSettings
 from replicad.log.manager import LogManager
@@ -138,7 +139,8 @@ async def test_a_replicad_connection_negotiates_and_reads_the_segment_bytes(serv
         assert records_of(body) == on_disk
     finally:
         await conn.close()
-    assert server.metrics()["sendfile_bytes_total"] == len(on_disk)
+    # A small segment is read and written with the response, not sent by sendfile.
+    assert server.metrics()["copied_region_bytes_total"] == len(on_disk)
 
 
 async def test_api_versions_newer_than_ours_is_answered_in_v0_with_the_list(server) -> None:
@@ -374,6 +376,47 @@ async def test_a_region_that_shrank_before_it_was_sent_is_padded_to_its_size(
     assert offset == -1 and length > 240 - 12
     assert struct.unpack_from(">q", data, 300)[0] == -1
     assert server.metrics()["short_regions_total"] == 2
+
+
+async def test_small_regions_are_read_with_the_response_and_padded_when_they_shrank(
+    server, tmp_path
+) -> None:
+    """Regions under SMALL_REGION_BYTES are read (not sent by sendfile), in order with the
+    bytes around them; one that shrank or vanished is padded as _send_region pads it."""
+    segment = tmp_path / "small.log"
+    segment.write_bytes(bytes(range(100)))
+    received = asyncio.get_running_loop().create_future()
+
+    async def sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.set_result(await reader.read())
+        writer.close()
+
+    sink_server = await asyncio.start_server(sink, "127.0.0.1", 0)
+    port = sink_server.sockets[0].getsockname()[1]
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    frame = ResponseFrame(
+        (
+            b"head",
+            FileRegion(segment, 10, 20),
+            b"mid",
+            FileRegion(segment, 90, 40),  # 10 bytes left on disk
+            FileRegion(tmp_path / "missing.log", 0, 30),
+            b"tail",
+        )
+    )
+    await server._send(writer, frame)
+    writer.close()
+    data = await asyncio.wait_for(received, 5)
+    sink_server.close()
+    assert len(data) == 4 + frame.size
+    body = data[4:]
+    assert body[:4] == b"head" and body[4:24] == bytes(range(10, 30)) and body[24:27] == b"mid"
+    assert body[27:37] == bytes(range(90, 100))
+    assert struct.unpack_from(">q", body, 37)[0] == -1  # the overflow entry's offset
+    assert struct.unpack_from(">q", body, 67)[0] == -1
+    assert body[-4:] == b"tail"
+    assert server.metrics()["short_regions_total"] == 2
+    assert server.metrics()["copied_region_bytes_total"] == 30
 
 
 async def test_a_cancelled_callback_is_not_logged_as_an_error(server: LeaderServer) -> None:
