@@ -27,6 +27,7 @@ the replicad processes (about half a second of CPU at start-up, nothing after).
 
     .venv/bin/python -m tools.bench.replicate [--gib 2] [--partitions 8] [--repeat 3]
         [--only replicad,serve,ceiling,confluent-kafka,...] [--with-memory]
+        [--baseline DIR]   # also the replicad of another checkout, in the same run
 
 Prints markdown tables (docs/benchmarks.md holds one run's output).
 """
@@ -50,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.bench import consumers
-from tools.bench.measure import STEADY_FROM, STEADY_TO, Measured, run_measured
+from tools.bench.measure import STEADY_FROM, STEADY_TO, Measured, installed_env, run_measured
 from tools.peers.kafka import KafkaBroker
 from tools.peers.kcat import kcat_binary
 from tools.replica import end_offsets, replicad_argv, run_args
@@ -63,6 +64,8 @@ FOLLOWER_ID = 7
 IDLE_SHARE = 0.5
 REPLICAD = "replicad"
 SERVE_READER = "replicad from replicad serve"
+# `--baseline DIR`: replicad as another checkout has it, a reader in the same run.
+BASELINE = "baseline"
 CEILING = "Python socket->file copy"
 # What --only names.
 CHOICES = ("replicad", "serve", "ceiling", *dict.fromkeys(s.client for s in consumers.SETUPS))
@@ -206,9 +209,22 @@ class Topic:
     segments: tuple[Path, ...]  # the broker's .log files, in partition order
 
 
-def run_replicad(work: Path, topic: Topic) -> tuple[Run, Path]:
-    """`replicad run` from the broker into a new data dir; returns the run and the dir."""
-    data_dir = work / "replica"
+def child_env(work: Path, baseline: Path | None = None) -> dict[str, str]:
+    """A replicad child's environment: compiled as installed (measure.installed_env), from
+    this checkout or `baseline`'s."""
+    import replicad
+
+    root = baseline or Path(replicad.__file__).resolve().parent.parent
+    env = installed_env(work / "pycache", root)
+    if baseline is not None:
+        env["PYTHONPATH"] = str(baseline)
+    return env
+
+
+def run_replicad(work: Path, topic: Topic, *, baseline: Path | None = None) -> tuple[Run, Path]:
+    """`replicad run` from the broker into a new data dir; returns the run and the dir.
+    `baseline`: the replicad of another checkout (its directory first on PYTHONPATH)."""
+    data_dir = work / ("replica-baseline" if baseline else "replica")
     # Without the test-only hypothesis (see the module docstring).
     argv = replicad_argv(
         *run_args(topic.bootstrap, topic.name, data_dir, control_socket=work / "c.sock"),
@@ -219,11 +235,13 @@ def run_replicad(work: Path, topic: Topic) -> tuple[Run, Path]:
         # Byte-identical replica: done when it holds as many bytes as the broker's segments.
         until=lambda: log_bytes(data_dir) >= topic.stored,
         progress=lambda: log_bytes(data_dir) / topic.stored,
+        env=child_env(work, baseline),
     )
     got = sum(end_offsets(data_dir).values())
     if got != topic.records:
         raise RuntimeError(f"replica holds {got:,} records, expected {topic.records:,}")
-    return Run(REPLICAD, topic.records, topic.stored, measured), data_dir
+    name = f"{REPLICAD} ({BASELINE})" if baseline else REPLICAD
+    return Run(name, topic.records, topic.stored, measured), data_dir
 
 
 def run_from_serve(work: Path, source: Path, topic: Topic) -> Run:
@@ -257,6 +275,7 @@ def run_from_serve(work: Path, source: Path, topic: Topic) -> Run:
         ),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, **child_env(work)},
     )
     try:
         deadline = time.monotonic() + 120
@@ -268,6 +287,7 @@ def run_from_serve(work: Path, source: Path, topic: Topic) -> Run:
             replicad_argv("run", "-c", str(config), as_installed=True),
             until=lambda: log_bytes(target) >= topic.stored,
             progress=lambda: log_bytes(target) / topic.stored,
+            env=child_env(work),
         )
     finally:
         serve.terminate()
@@ -348,9 +368,19 @@ def run_kcat(work: Path, topic: Topic, setup: consumers.PeerSetup) -> Run:
     return Run(setup.name, topic.records, topic.stored, measured)
 
 
-def readers(work: Path, topic: Topic, wanted: set[str]) -> list[Callable[[], list[Run]]]:
+def readers(
+    work: Path, topic: Topic, wanted: set[str], baseline: Path | None = None
+) -> list[Callable[[], list[Run]]]:
     """One callable per reader (replicad and its chained copy share one), in table order."""
     found: list[Callable[[], list[Run]]] = []
+    if baseline is not None:
+
+        def replicad_baseline() -> list[Run]:
+            run, data_dir = run_replicad(work, topic, baseline=baseline)
+            shutil.rmtree(data_dir)
+            return [run]
+
+        found.append(replicad_baseline)
     if "replicad" in wanted:
 
         def replicad_then_serve() -> list[Run]:
@@ -428,7 +458,8 @@ class Limits:
 
 
 def fastest_consumer(summaries: Sequence[Summary]) -> Summary | None:
-    peers = [s for s in summaries if s.name not in (REPLICAD, SERVE_READER, CEILING)]
+    ours = (REPLICAD, f"{REPLICAD} ({BASELINE})", SERVE_READER, CEILING)
+    peers = [s for s in summaries if s.name not in ours]
     return max(peers, key=lambda s: s.median.records_per_s, default=None)
 
 
@@ -617,6 +648,11 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1, help="passes per reader")
     parser.add_argument("--only", help=f"comma-separated subset of: {', '.join(CHOICES)}")
     parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="also run the replicad of this checkout (e.g. `git archive main`), same run",
+    )
+    parser.add_argument(
         "--with-memory",
         action="store_true",
         help="also run tools/bench/memory's 10,000-partition scenario (for the targets)",
@@ -634,7 +670,7 @@ def main() -> int:
         broker.start()
         try:
             topic = prepare_topic(broker, "bench", args.partitions, records)
-            runs = measure(work, topic, wanted, args.repeat)
+            runs = measure(work, topic, wanted, args.repeat, args.baseline)
         finally:
             broker.stop()
         limits = Limits(loopback_mb_per_s(), disk_mb_per_s(work))
@@ -672,11 +708,13 @@ def prepare_topic(broker: KafkaBroker, name: str, partitions: int, records: int)
     return Topic(broker.bootstrap, name, partitions, records, stored, segments)
 
 
-def measure(work: Path, topic: Topic, wanted: set[str], repeat: int) -> list[Run]:
+def measure(
+    work: Path, topic: Topic, wanted: set[str], repeat: int, baseline: Path | None = None
+) -> list[Run]:
     """Every reader `repeat` times, taking turns (so a noisy minute spreads over all)."""
     runs: list[Run] = []
     for i in range(repeat):
-        for reader in readers(work, topic, wanted):
+        for reader in readers(work, topic, wanted, baseline):
             for run in reader():
                 runs.append(run)
                 print(

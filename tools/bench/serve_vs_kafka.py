@@ -17,6 +17,7 @@ but for the single-node replication factors and a 2 GiB heap); replicad serve wi
 defaults. The machine's other load is printed with the table.
 
     .venv/bin/python -m tools.bench.serve_vs_kafka [--mib 1024] [--fetches 200] [--repeat 2]
+        [--baseline DIR]   # also replicad serve as another checkout has it, same run
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,7 +43,7 @@ from replicad.protocol.requests import (
 )
 from replicad.types import TopicPartition
 from tools.bench import consumers
-from tools.bench.replicate import RECORD, log_bytes, produce
+from tools.bench.replicate import RECORD, child_env, log_bytes, produce
 from tools.peers.kafka import KafkaBroker, kafka_version
 from tools.peers.kcat import kcat_binary
 from tools.peers.process import free_port, port_accepts
@@ -149,16 +151,21 @@ def replicate(work: Path, bootstrap: str, stored: int) -> Path:
     return data_dir
 
 
-def start_serve(work: Path, data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_serve(
+    work: Path, data_dir: Path, baseline: Path | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`replicad serve` over `data_dir`; `baseline`: the replicad of that checkout."""
     port = free_port()
+    log = work / ("serve-baseline.log" if baseline else "serve.log")
     proc = subprocess.Popen(
         replicad_argv("serve", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}"),
-        stdout=(work / "serve.log").open("wb"),
+        stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
+        env={**os.environ, **child_env(work, baseline)},
     )
     wait_until(lambda: port_accepts(port) or proc.poll() is not None, timeout_s=120)
     if proc.poll() is not None:
-        raise RuntimeError(f"replicad serve exited: {(work / 'serve.log').read_text()[-2000:]}")
+        raise RuntimeError(f"replicad serve exited: {log.read_text()[-2000:]}")
     return proc, f"127.0.0.1:{port}"
 
 
@@ -175,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mib", type=int, default=1024, help="size of the bulk topic")
     parser.add_argument("--fetches", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="also serve a copy of the data with the replicad of this checkout, same run",
+    )
     args = parser.parse_args(argv)
     bulk_records = args.mib * MIB // RECORD
     load = os.getloadavg()[0]
@@ -184,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         broker = KafkaBroker(work / "kafka", heap="2g")
         broker.start()
-        serve = None
+        serves: list[subprocess.Popen[bytes]] = []
         try:
             broker.create_topic(BULK, BULK_PARTITIONS)
             broker.create_topic(WIDE, WIDE_PARTITIONS)
@@ -194,10 +206,17 @@ def main(argv: list[str] | None = None) -> int:
             stored = bulk_stored + stored_bytes(broker, WIDE, WIDE_PARTITIONS)
             data_dir = replicate(work, broker.bootstrap, stored)
             serve, serve_bootstrap = start_serve(work, data_dir)
+            serves.append(serve)
             servers = [
                 (f"Apache Kafka {kafka_version()}", broker.bootstrap, broker.pid),
                 ("replicad serve", serve_bootstrap, serve.pid),
             ]
+            if args.baseline is not None:
+                copy = work / "replica-copy"
+                shutil.copytree(data_dir, copy, ignore=shutil.ignore_patterns(".lock"))
+                old, old_bootstrap = start_serve(work, copy, args.baseline)
+                serves.append(old)
+                servers.append(("replicad serve (baseline)", old_bootstrap, old.pid))
             for _ in range(args.repeat):
                 for name, bootstrap, pid in servers:
                     assert pid is not None
@@ -206,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {name}: {kcat_runs[-1]}, {fetch_runs[-1]}", file=sys.stderr)
             kafka_settings = (work / "kafka" / "server.properties").read_text()
         finally:
-            if serve is not None:
+            for serve in serves:
                 serve.terminate()
                 serve.wait(60)
             broker.stop()
