@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,6 +101,10 @@ class _Entries:
             else:
                 hi = mid - 1
         return found
+
+    def extend_raw(self, raw: bytes | bytearray) -> None:
+        """Add entries already checked and encoded (IndexBuilder.index_run)."""
+        self._data += raw
 
     def cut(self, entries: int) -> None:
         """Keep the first `entries` entries."""
@@ -240,6 +245,61 @@ class IndexBuilder:
             self.bytes_since_last_entry = 0
         self.bytes_since_last_entry += batch.batch_length + LOG_OVERHEAD
         return entries
+
+    def index_run(
+        self,
+        batches: Sequence[BatchHeader],
+        start: int,
+        offset_index: OffsetIndex,
+        time_index: TimeIndex,
+    ) -> tuple[bytes, bytes]:
+        """`observe` and the indexes' appends for a run of batches written at file position
+        `start` (batches[0] there, the others at their distance from it), in one pass with
+        no object per batch: the same entries, checked by the same rules. Returns the bytes
+        added to the offset index and to the time index (for their files, one write each)."""
+        interval = self.index_interval_bytes
+        since = self.bytes_since_last_entry
+        ts, ts_offset = self.max_timestamp.timestamp, self.max_timestamp.offset
+        base = offset_index.base_offset
+        time_base = time_index.base_offset
+        n_offsets, n_times = offset_index.entries, time_index.entries
+        last_offset = offset_index.last_entry().offset if n_offsets else None
+        last_time = time_index.last_entry()
+        last_ts, last_ts_offset = last_time.timestamp, last_time.offset
+        offset_raw = bytearray()
+        time_raw = bytearray()
+        pack_offset, pack_time = OFFSET_ENTRY.pack, TIME_ENTRY.pack
+        shift = start - batches[0].position if batches else start
+        for batch in batches:
+            if batch.max_timestamp > ts:
+                ts, ts_offset = batch.max_timestamp, batch.last_offset
+            if since > interval:
+                offset = batch.last_offset
+                if n_offsets >= offset_index.max_entries:
+                    raise ValueError(f"offset index of segment {base} is full")
+                if last_offset is not None and offset <= last_offset:
+                    raise ValueError(f"index offset {offset} not above {last_offset}")
+                if not fits_relative(base, offset):
+                    raise ValueError(f"offset {offset} does not fit segment {base}")
+                offset_raw += pack_offset(offset - base, batch.position + shift)
+                n_offsets += 1
+                last_offset = offset
+                if n_times >= time_index.max_entries:
+                    raise ValueError(f"time index of segment {time_base} is full")
+                if n_times and ts_offset < last_ts_offset:
+                    raise ValueError(f"time index offset {ts_offset} below {last_ts_offset}")
+                if ts > last_ts:
+                    time_raw += pack_time(ts, ts_offset - time_base)
+                    n_times += 1
+                    last_ts, last_ts_offset = ts, ts_offset
+                since = 0
+            since += batch.batch_length + LOG_OVERHEAD
+        if ts != self.max_timestamp.timestamp:
+            self.max_timestamp = TimestampOffset(ts, ts_offset)
+        self.bytes_since_last_entry = since
+        offset_index.extend_raw(offset_raw)
+        time_index.extend_raw(time_raw)
+        return bytes(offset_raw), bytes(time_raw)
 
 
 class IndexFile:

@@ -376,21 +376,13 @@ class LogSegment:
         saved = (offset_index.entries, time_index.entries, self._builder_state())
         try:
             self._log.write_all(data, start)
-            builder = self.builder
-            # One write per index file per append: the new entries are contiguous, and
-            # write_entry puts bytes where the index's valid part now ends.
-            offset_raw: list[bytes] = []
-            time_raw: list[bytes] = []
-            for header in batches:
-                position = start + header.position - first.position
-                entries = builder.observe(header, position)
-                if entries is not None:
-                    offset_raw.append(offset_index.append(entries.offset_entry.offset, position))
-                    ts = entries.time_entry
-                    time_raw.append(time_index.maybe_append(ts.timestamp, ts.offset))
+            # One pass over the run for both indexes, one write per index file: the new
+            # entries are contiguous, and write_entry puts bytes where the index's valid
+            # part now ends.
+            offset_raw, time_raw = self.builder.index_run(batches, start, offset_index, time_index)
             if offset_raw:
-                self._offset_file.write_entry(b"".join(offset_raw))
-                self._time_file.write_entry(b"".join(time_raw))
+                self._offset_file.write_entry(offset_raw)
+                self._time_file.write_entry(time_raw)
         except OSError:
             self._log.truncate(start)
             offset_index.cut(saved[0])

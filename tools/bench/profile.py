@@ -34,6 +34,7 @@ from pathlib import Path
 from tools.bench.replicate import (
     FOLLOWER_ID,
     RECORD,
+    child_env,
     log_bytes,
     prepare_topic,
     run_replicad,
@@ -114,14 +115,20 @@ def _child_of(pid: int) -> int | None:
     return int(children[0]) if children else None
 
 
-def sampled(argv: list[str], out: Path, *, native: bool, done) -> None:
-    """Run `argv` under py-spy until `done()`, then SIGTERM it; py-spy writes `out`."""
+def sampled(
+    argv: list[str], out: Path, *, native: bool, done, env: dict[str, str] | None = None
+) -> None:
+    """Run `argv` under py-spy until `done()`, then SIGTERM it; py-spy writes `out`.
+    `env`: added to the child's environment (replicate.child_env: compiled as installed)."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     command = [spy, "record", "--format", "raw", "-o", str(out), "-r", str(SAMPLES_PER_S)]
     if native:
         command.append("--native")
     proc = subprocess.Popen(
-        [*command, "--", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [*command, "--", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
     )
     try:
         while not done():
@@ -188,7 +195,11 @@ def main() -> int:
                     as_installed=True,
                 )
                 sampled(
-                    argv, out, native=args.native, done=lambda: log_bytes(data_dir) >= topic.stored
+                    argv,
+                    out,
+                    native=args.native,
+                    done=lambda: log_bytes(data_dir) >= topic.stored,
+                    env=child_env(work),
                 )
             else:
                 _, source = run_replicad(work, topic)

@@ -163,9 +163,15 @@ def start_serve(
         stderr=subprocess.STDOUT,
         env={**os.environ, **child_env(work, baseline)},
     )
-    wait_until(lambda: port_accepts(port) or proc.poll() is not None, timeout_s=120)
-    if proc.poll() is not None:
-        raise RuntimeError(f"replicad serve exited: {log.read_text()[-2000:]}")
+    try:
+        # Generous: on a loaded machine a niced serve took minutes to open 208 partitions.
+        wait_until(lambda: port_accepts(port) or proc.poll() is not None, timeout_s=900)
+        if proc.poll() is not None:
+            raise RuntimeError(f"replicad serve exited: {log.read_text()[-2000:]}")
+    except BaseException:
+        proc.terminate()
+        proc.wait(60)
+        raise
     return proc, f"127.0.0.1:{port}"
 
 
