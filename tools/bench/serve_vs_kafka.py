@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -219,7 +218,10 @@ def main(argv: list[str] | None = None) -> int:
             ]
             if args.baseline is not None:
                 copy = work / "replica-copy"
-                shutil.copytree(data_dir, copy, ignore=shutil.ignore_patterns(".lock"))
+                # cp keeps the preallocated (sparse) index files sparse; copytree does not.
+                subprocess.run(
+                    ["cp", "-r", "--sparse=always", str(data_dir), str(copy)], check=True
+                )
                 old, old_bootstrap = start_serve(work, copy, args.baseline)
                 serves.append(old)
                 servers.append(("replicad serve (baseline)", old_bootstrap, old.pid))
