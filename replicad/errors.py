@@ -65,6 +65,11 @@ class KafkaConnectionError(ReplicadError):
     """A connection to a broker failed, timed out or was closed."""
 
 
+class LeaderNotKnownError(KafkaConnectionError):
+    """Metadata names no leader for a partition yet (just created, or being elected): the
+    broker may be up; a metadata refresh is what is waited for."""
+
+
 class ResponseTooLargeError(KafkaConnectionError):
     """A fetch response cannot fit the memory pool at all (a record batch larger than
     fetch.buffer_memory): replication from that leader cannot progress until the

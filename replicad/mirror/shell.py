@@ -40,6 +40,7 @@ from replicad.clock import wall_ms as _wall_ms
 from replicad.config.model import GroupsConfig
 from replicad.errors import (
     KafkaConnectionError,
+    LeaderNotKnownError,
     LogError,
     OffsetOutOfRangeError,
     ProtocolError,
@@ -727,7 +728,8 @@ class Mirror:
     def _note_failing(self, tp: TopicPartition, exc: BaseException) -> None:
         since = self._failing.get(tp, ("", _wall_ms()))[1]
         self._failing[tp] = (str(exc), since)
-        self._warn("unreachable", "destination unreachable, retrying", error=str(exc))
+        key, event = failure_event(exc)
+        self._warn(key, event, error=str(exc))
 
     def _renew(self, old: ProducerStamp, why: str) -> None:
         """A new producer session for the whole mirror (once, whoever lost it first)."""
@@ -803,7 +805,9 @@ class Mirror:
         meta = self.dest_cluster
         leader = meta.leader_of(self._dest(tp)) if meta is not None else None
         if leader is None or leader.leader_id < 0:
-            raise KafkaConnectionError(f"{tp}: no leader known at the destination")
+            raise LeaderNotKnownError(
+                f"no leader known yet for {self._dest(tp)} at the destination (metadata refresh)"
+            )
         return leader.leader_id
 
     async def _refresh_metadata(self, *, force: bool = False) -> None:
@@ -1046,6 +1050,14 @@ class Mirror:
             "partitions": partitions,
             "groups": self.groups.snapshot(),
         }
+
+
+def failure_event(exc: BaseException) -> tuple[str, str]:
+    """The warning (its rate-limit key and text) for a send that got no answer: what is
+    true, a leader not known yet is not an unreachable destination."""
+    if isinstance(exc, LeaderNotKnownError):
+        return "no-leader", "no leader known yet at the destination, refreshing metadata"
+    return "unreachable", "destination unreachable, retrying"
 
 
 def pack_requests(

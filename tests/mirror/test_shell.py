@@ -4,9 +4,10 @@ test_mirror_kafka.py, its decisions in test_partition_mirror.py and tools/sim)."
 
 from __future__ import annotations
 
+from replicad.errors import KafkaConnectionError, LeaderNotKnownError
 from replicad.mirror.partition_mirror import LogEntry, Send
 from replicad.mirror.restamp import ProducerStamp
-from replicad.mirror.shell import pack_requests
+from replicad.mirror.shell import failure_event, pack_requests
 from replicad.records.batch import BatchHeader
 from replicad.types import TopicPartition
 
@@ -33,3 +34,13 @@ def test_a_request_holds_at_most_its_bytes_but_always_one_batch() -> None:
     requests = pack_requests(sends, request_bytes=1000)
     assert [len(r) for r in requests] == [1, 1, 1]
     assert sum(len(r) for r in pack_requests(sends, request_bytes=1400)) == 3
+
+
+def test_a_leader_not_known_yet_is_not_called_an_unreachable_destination() -> None:
+    key, event = failure_event(LeaderNotKnownError("no leader known yet for plain-1"))
+    assert key == "no-leader"
+    assert "unreachable" not in event and "no leader known yet" in event
+    assert failure_event(KafkaConnectionError("connection refused")) == (
+        "unreachable",
+        "destination unreachable, retrying",
+    )
