@@ -827,6 +827,18 @@ class GroupCoordinator:
             group.transition(S.DEAD, now_ms)
             self.groups.pop(group.group_id, None)
 
+    def restore(
+        self, offsets: Mapping[str, Mapping[TopicPartition, CommittedOffset]], *, now_ms: int
+    ) -> None:
+        """Groups as a restart finds them: Empty, with their committed offsets and no
+        protocol type (members join again; until one does, each offset expires by its own
+        commit time)."""
+        for group_id, committed in offsets.items():
+            if committed and group_id not in self.groups:
+                group = ClassicGroup(group_id, state_since_ms=now_ms)
+                group.offsets.update(committed)
+                self.groups[group_id] = group
+
     # -- administration ----------------------------------------------------------------------
 
     def list_groups(

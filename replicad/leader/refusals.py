@@ -8,7 +8,8 @@ Rules:
   TOPIC_AUTHORIZATION_FAILED for every partition named, with an error message (v8+) saying
   that this is a read-only replica. acks=0 expects no answer: Kafka closes the connection
   so the producer notices, and so does replicad.
-- FindCoordinator: COORDINATOR_NOT_AVAILABLE for every key (no group coordinator here).
+- FindCoordinator in a version serve does not answer (group_wire.py answers the others):
+  COORDINATOR_NOT_AVAILABLE for every key.
 - Any other API kio can encode: UNSUPPORTED_VERSION (the API is not in our ApiVersions
   answer) as the response's top-level error code; responses without one get it in every
   entry that mirrors an entry of the request (same field name, or a known pairing such as

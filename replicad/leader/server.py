@@ -105,6 +105,8 @@ from replicad.leader.frames import (
     response_header_v0,
     with_throttle_time,
 )
+from replicad.leader.group_wire import GROUP_VERSIONS, Node
+from replicad.leader.groups import GroupService
 from replicad.leader.quotas import RequestQuota
 from replicad.leader.reads import TransactionTracker
 from replicad.leader.refusals import NO_COORDINATOR_MESSAGE, READ_ONLY_MESSAGE, error_response
@@ -280,11 +282,12 @@ class LeaderServer:
         self.node_id = node_id
         self.allowed_followers = frozenset(allowed_followers)
         self.security = security
-        # ApiVersions answers these; a SASL listener adds the SASL APIs.
+        # What is served, and what ApiVersions answers: a SASL listener adds the SASL APIs.
+        self._served = {**handlers.SUPPORTED_VERSIONS, **GROUP_VERSIONS}
         self._supported = (
-            {**handlers.SUPPORTED_VERSIONS, **handlers.SASL_VERSIONS}
+            {**self._served, **handlers.SASL_VERSIONS}
             if security is not None and security.mechanisms
-            else handlers.SUPPORTED_VERSIONS
+            else self._served
         )
         self._now_ms = now_ms
         rng = rng if rng is not None else random.Random()
@@ -295,6 +298,7 @@ class LeaderServer:
             eviction_ms=settings.session_eviction_ms,
         )
         self.transactions = TransactionTracker()
+        self.groups = GroupService(self.catalog, self._coordinator_node, store_dir=logs.data_dir)
         self._cluster_id = handlers.cluster_id_for(logs.data_dir.resolve())
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -344,6 +348,7 @@ class LeaderServer:
             )
         sockname = self._server.sockets[0].getsockname()
         self._host, self.port = sockname[0], sockname[1]
+        await self.groups.start()
         security: dict[str, Any] = {}
         if self.security is not None:
             security = {
@@ -375,6 +380,7 @@ class LeaderServer:
         )
 
     async def close(self) -> None:
+        await self.groups.close()
         if self._server is not None:
             self._server.close()
         for task in list(self._connections):
@@ -427,6 +433,11 @@ class LeaderServer:
         else:
             loop.default_exception_handler(context)
 
+    def _coordinator_node(self) -> Node:
+        """Where FindCoordinator sends every group: this node."""
+        host, port = self.advertised
+        return Node(self.node_id, host, port)
+
     @property
     def advertised(self) -> tuple[str, int]:
         host = self.settings.advertised_host or self._host
@@ -462,6 +473,7 @@ class LeaderServer:
             "request_pool_used_bytes": self.pool.used,
             "request_pool_waits_total": self.pool.waits_total,
             "tls_handshakes_in_progress": self._handshaking,
+            **self.groups.metrics(),
             **dict(self.counters),
         }
 
@@ -730,7 +742,7 @@ class LeaderServer:
         head = peek_request_head(frame)
         api = head.api_key
         self._count_request(head)
-        supported = handlers.SUPPORTED_VERSIONS.get(api)
+        supported = self._served.get(api)
         if api == ApiKey.API_VERSIONS and (supported is None or head.api_version > supported.max):
             # KIP-511: answer in v0's layout, naming what we support.
             body = handlers.api_versions_response(
@@ -744,6 +756,11 @@ class LeaderServer:
             return await self._fetch(decoded, peer)
         if api == ApiKey.PRODUCE:
             return self._produce(decoded)
+        if api in GROUP_VERSIONS:
+            # A JoinGroup or SyncGroup waits for the other members: not this request's work.
+            with _not_charged():
+                body = await self.groups.answer(decoded, peer.ip)
+            return encode_response(body, head.correlation_id)
         now_ms = self._now_ms()
         if isinstance(decoded.body, legacy_codec.LegacyListOffsetsRequest):
             answers = handlers.legacy_list_offsets(

@@ -18,8 +18,11 @@ import pytest
 from kafka.protocol.consumer.fetch import FetchRequest
 from kafka.protocol.consumer.offsets import ListOffsetsRequest
 from kafka.protocol.metadata.metadata import MetadataRequest
-from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
-from kio.schema.find_coordinator.v4.response import FindCoordinatorResponse
+from kio.schema.describe_configs.v4.request import (
+    DescribeConfigsRequest,
+    DescribeConfigsResource,
+)
+from kio.schema.describe_configs.v4.response import DescribeConfigsResponse
 from kio.static.primitive import i8
 
 from replicad.log.config import LogConfig
@@ -213,14 +216,22 @@ def test_a_hostile_request_to_an_api_serve_refuses_is_answered_with_the_refusal(
     """An API `replicad serve` does not serve is answered with its own error, from the
     request if it decodes; a hostile one does not, and is answered all the same."""
     server, port, _ = served
-    request = FindCoordinatorRequest(key_type=i8(0), coordinator_keys=("group",))
+    request = DescribeConfigsRequest(
+        resources=(
+            DescribeConfigsResource(
+                resource_type=i8(2), resource_name="t", configuration_keys=None
+            ),
+        ),
+        include_synonyms=False,
+        include_documentation=False,
+    )
     frame = encode_request(request, correlation_id=5, client_id=CLIENT_ID)[SIZE.size :]
-    hostile = claiming_huge(frame, 1)  # key type (i8), then coordinator_keys
+    hostile = claiming_huge(frame, 0)  # resources first
     with connect(port) as sock:
         send(sock, hostile)
         answer = receive(sock)
     assert answer is not None and server.running
-    decoded = decode_response(answer, FindCoordinatorResponse)
+    decoded = decode_response(answer, DescribeConfigsResponse)
     assert decoded.correlation_id == 5
-    assert decoded.body.coordinators == ()  # nothing of the request could be read
+    assert decoded.body.results == ()  # nothing of the request could be read
     assert server.stop() == 0

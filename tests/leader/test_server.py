@@ -276,7 +276,8 @@ async def test_a_flood_of_consumers_cannot_evict_a_followers_session(server, log
 async def test_unserved_apis_get_their_own_errors_and_the_connection_stays_up(server) -> None:
     conn = await connect(server)
     try:
-        find = make_entity(request_type(10, 4), key_type=0, coordinator_keys=("g",))
+        # Groups are served (leader/groups.py); a transaction coordinator is not.
+        find = make_entity(request_type(10, 4), key_type=1, coordinator_keys=("txn",))
         body = await conn.request(find)
         assert [c.error_code for c in body.coordinators] == [ErrorCode.coordinator_not_available]
         configs = make_entity(

@@ -1,0 +1,463 @@
+"""The group APIs on the wire: kio requests to the coordinator's requests, its answers to kio
+responses, in each version Kafka 4 answers (pure; the shell is groups.py).
+
+Rules (Kafka's KafkaApis and the request schemas):
+- FindCoordinator: this node coordinates every group (key type 0); v0-v3 name one key,
+  v4+ a batch. Transaction coordinators (key type 1) are COORDINATOR_NOT_AVAILABLE (a
+  read-only replica has none); any other key type INVALID_REQUEST.
+- JoinGroup v2-v3 take a new member at once; v4+ ask for its member id first (KIP-394).
+  Up to v6 the protocol name is not nullable (an error answers ""), from v7 it is null.
+  A member's client host is written as Kafka writes it, "/" and the address.
+- LeaveGroup v0-v2 name one member and answer its error at the top; v3+ a batch.
+- OffsetCommit: a partition of a topic this node does not hold is
+  UNKNOWN_TOPIC_OR_PARTITION (the others are committed). v2-v4's retention time is
+  ignored, as Kafka 4 ignores it. No leader epoch before v6 (-1).
+- OffsetFetch v1-v7 ask for one group (v2+: null topics means all); v8+ for several. A
+  partition without a committed offset is -1 with no error.
+- DescribeGroups: an unknown group is Dead with no error, before v6; from v6
+  GROUP_ID_NOT_FOUND with a message (KIP-1043).
+- ListGroups filters by state (v4+) and by type (v5+).
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from replicad.groups.coordinator import (
+    CommitResult,
+    DescribedGroup,
+    FetchedOffsets,
+    JoinRequest,
+    JoinResult,
+    LeaveResult,
+    ListedGroup,
+    MemberRef,
+    OffsetDeleteResult,
+    OffsetToCommit,
+    SyncRequest,
+    SyncResult,
+)
+from replicad.protocol.apis import ApiKey, VersionRange
+from replicad.protocol.codec import response_type
+from replicad.protocol.requests import make_entity
+from replicad.types import TopicPartition
+
+# What serve answers of the group APIs: every version kio types that Kafka 4.0 answers.
+GROUP_VERSIONS: Mapping[int, VersionRange] = {
+    ApiKey.OFFSET_COMMIT: VersionRange(2, 9),
+    ApiKey.OFFSET_FETCH: VersionRange(1, 9),
+    ApiKey.FIND_COORDINATOR: VersionRange(0, 6),
+    ApiKey.JOIN_GROUP: VersionRange(2, 9),
+    ApiKey.HEARTBEAT: VersionRange(0, 4),
+    ApiKey.LEAVE_GROUP: VersionRange(0, 5),
+    ApiKey.SYNC_GROUP: VersionRange(0, 5),
+    ApiKey.DESCRIBE_GROUPS: VersionRange(0, 6),
+    ApiKey.LIST_GROUPS: VersionRange(0, 5),
+    ApiKey.DELETE_GROUPS: VersionRange(0, 2),
+    ApiKey.OFFSET_DELETE: VersionRange(0, 0),
+}
+
+GROUP_KEY_TYPE = 0
+TRANSACTION_KEY_TYPE = 1
+JOIN_REQUIRES_MEMBER_ID_VERSION = 4
+JOIN_NULLABLE_PROTOCOL_VERSION = 7
+LEAVE_BATCHED_VERSION = 3
+FIND_COORDINATOR_BATCHED_VERSION = 4
+OFFSET_FETCH_BATCHED_VERSION = 8
+DESCRIBE_NOT_FOUND_VERSION = 6
+NO_OFFSET = -1
+NO_EPOCH = -1
+AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
+NO_TRANSACTIONS_MESSAGE = "replicad serves a read-only replica: it has no transaction coordinator"
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    node_id: int
+    host: str
+    port: int
+
+
+def _module(api: ApiKey, version: int) -> tuple[type, Any]:
+    cls = response_type(api, version)
+    return cls, sys.modules[cls.__module__]
+
+
+def _ms(value: Any) -> int:
+    if isinstance(value, datetime.timedelta):
+        return int(value.total_seconds() * 1000)
+    return int(value)
+
+
+def _no_throttle() -> datetime.timedelta:
+    return datetime.timedelta(0)
+
+
+# -- FindCoordinator --------------------------------------------------------------------------
+
+
+def find_coordinator_response(version: int, body: Any, node: Node) -> Any:
+    cls, module = _module(ApiKey.FIND_COORDINATOR, version)
+    key_type = int(getattr(body, "key_type", GROUP_KEY_TYPE))
+    if key_type == GROUP_KEY_TYPE:
+        error, message = ErrorCode.none, None
+    elif key_type == TRANSACTION_KEY_TYPE:
+        error, message = ErrorCode.coordinator_not_available, NO_TRANSACTIONS_MESSAGE
+    else:
+        error, message = ErrorCode.invalid_request, f"unknown key type {key_type}"
+    found = error == ErrorCode.none
+    where = {
+        "node_id": node.node_id if found else -1,
+        "host": node.host if found else "",
+        "port": node.port if found else -1,
+        "error_code": error,
+        "error_message": message,
+    }
+    if version < FIND_COORDINATOR_BATCHED_VERSION:
+        return make_entity(cls, throttle_time=_no_throttle(), **where)
+    coordinators = tuple(
+        make_entity(module.Coordinator, key=key, **where) for key in body.coordinator_keys
+    )
+    return make_entity(cls, throttle_time=_no_throttle(), coordinators=coordinators)
+
+
+# -- JoinGroup, SyncGroup, Heartbeat, LeaveGroup ----------------------------------------------
+
+
+def join_request(version: int, body: Any, client_id: str | None, client_host: str) -> JoinRequest:
+    return JoinRequest(
+        group_id=str(body.group_id),
+        member_id=body.member_id,
+        session_timeout_ms=_ms(body.session_timeout),
+        rebalance_timeout_ms=_ms(body.rebalance_timeout),
+        protocol_type=body.protocol_type,
+        protocols=tuple((p.name, bytes(p.metadata)) for p in body.protocols),
+        group_instance_id=getattr(body, "group_instance_id", None),
+        client_id=client_id or "",
+        client_host=f"/{client_host}",
+        require_known_member_id=version >= JOIN_REQUIRES_MEMBER_ID_VERSION,
+    )
+
+
+def join_response(version: int, result: JoinResult) -> Any:
+    cls, module = _module(ApiKey.JOIN_GROUP, version)
+    nullable = version >= JOIN_NULLABLE_PROTOCOL_VERSION
+    members = tuple(
+        make_entity(
+            module.JoinGroupResponseMember,
+            member_id=m.member_id,
+            group_instance_id=m.group_instance_id,
+            metadata=m.metadata,
+        )
+        for m in result.members
+    )
+    return make_entity(
+        cls,
+        throttle_time=_no_throttle(),
+        error_code=result.error,
+        generation_id=result.generation_id,
+        protocol_type=result.protocol_type,
+        protocol_name=result.protocol_name if nullable else result.protocol_name or "",
+        leader=result.leader_id,
+        skip_assignment=result.skip_assignment,
+        member_id=result.member_id,
+        members=members,
+    )
+
+
+def sync_request(body: Any) -> SyncRequest:
+    return SyncRequest(
+        group_id=str(body.group_id),
+        generation_id=int(body.generation_id),
+        member_id=body.member_id,
+        assignments={a.member_id: bytes(a.assignment) for a in body.assignments},
+        group_instance_id=getattr(body, "group_instance_id", None),
+        protocol_type=getattr(body, "protocol_type", None),
+        protocol_name=getattr(body, "protocol_name", None),
+    )
+
+
+def sync_response(version: int, result: SyncResult) -> Any:
+    cls, _ = _module(ApiKey.SYNC_GROUP, version)
+    return make_entity(
+        cls,
+        throttle_time=_no_throttle(),
+        error_code=result.error,
+        protocol_type=result.protocol_type,
+        protocol_name=result.protocol_name,
+        assignment=result.assignment,
+    )
+
+
+def heartbeat_response(version: int, error: ErrorCode) -> Any:
+    cls, _ = _module(ApiKey.HEARTBEAT, version)
+    return make_entity(cls, throttle_time=_no_throttle(), error_code=error)
+
+
+def leaving_members(version: int, body: Any) -> tuple[MemberRef, ...]:
+    if version < LEAVE_BATCHED_VERSION:
+        return (MemberRef(body.member_id),)
+    return tuple(MemberRef(m.member_id, m.group_instance_id) for m in body.members)
+
+
+def leave_response(version: int, result: LeaveResult) -> Any:
+    cls, module = _module(ApiKey.LEAVE_GROUP, version)
+    if version < LEAVE_BATCHED_VERSION:
+        error = result.error
+        if error == ErrorCode.none and result.members:
+            error = result.members[0].error
+        return make_entity(cls, throttle_time=_no_throttle(), error_code=error)
+    members = tuple(
+        make_entity(
+            module.MemberResponse,
+            member_id=m.member_id,
+            group_instance_id=m.group_instance_id,
+            error_code=m.error,
+        )
+        for m in result.members
+    )
+    return make_entity(cls, throttle_time=_no_throttle(), error_code=result.error, members=members)
+
+
+# -- OffsetCommit, OffsetFetch, OffsetDelete ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CommitAsk:
+    group_id: str
+    generation_id: int
+    member: MemberRef
+    offsets: Mapping[TopicPartition, OffsetToCommit]
+    # Partitions refused before the coordinator is asked (a topic not held here).
+    refused: Mapping[TopicPartition, ErrorCode]
+
+
+def commit_request(body: Any, holds: Callable[[TopicPartition], bool]) -> CommitAsk:
+    offsets: dict[TopicPartition, OffsetToCommit] = {}
+    refused: dict[TopicPartition, ErrorCode] = {}
+    for topic in body.topics:
+        for p in topic.partitions:
+            tp = TopicPartition(topic.name, int(p.partition_index))
+            if not holds(tp):
+                refused[tp] = ErrorCode.unknown_topic_or_partition
+                continue
+            offsets[tp] = OffsetToCommit(
+                int(p.committed_offset),
+                int(getattr(p, "committed_leader_epoch", NO_EPOCH)),
+                p.committed_metadata,
+            )
+    return CommitAsk(
+        str(body.group_id),
+        int(body.generation_id_or_member_epoch),
+        MemberRef(body.member_id, getattr(body, "group_instance_id", None)),
+        offsets,
+        refused,
+    )
+
+
+def commit_response(version: int, body: Any, ask: CommitAsk, result: CommitResult) -> Any:
+    """Every partition the request named, in its order, with its error."""
+    cls, module = _module(ApiKey.OFFSET_COMMIT, version)
+    errors = {**result.errors, **ask.refused}
+    topics = tuple(
+        make_entity(
+            module.OffsetCommitResponseTopic,
+            name=topic.name,
+            partitions=tuple(
+                make_entity(
+                    module.OffsetCommitResponsePartition,
+                    partition_index=p.partition_index,
+                    error_code=errors[TopicPartition(topic.name, int(p.partition_index))],
+                )
+                for p in topic.partitions
+            ),
+        )
+        for topic in body.topics
+    )
+    return make_entity(cls, throttle_time=_no_throttle(), topics=topics)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchAsk:
+    group_id: str
+    # None: every partition with a committed offset.
+    partitions: tuple[TopicPartition, ...] | None
+
+
+def fetch_requests(version: int, body: Any) -> tuple[FetchAsk, ...]:
+    groups = (body,) if version < OFFSET_FETCH_BATCHED_VERSION else body.groups
+    return tuple(
+        FetchAsk(
+            str(g.group_id),
+            None
+            if g.topics is None
+            else tuple(
+                TopicPartition(t.name, int(i)) for t in g.topics for i in t.partition_indexes
+            ),
+        )
+        for g in groups
+    )
+
+
+def fetch_response(version: int, answers: tuple[tuple[FetchAsk, FetchedOffsets], ...]) -> Any:
+    cls, module = _module(ApiKey.OFFSET_FETCH, version)
+    batched = version >= OFFSET_FETCH_BATCHED_VERSION
+    names = (
+        ("OffsetFetchResponseTopics", "OffsetFetchResponsePartitions")
+        if batched
+        else ("OffsetFetchResponseTopic", "OffsetFetchResponsePartition")
+    )
+    topic_cls, partition_cls = (getattr(module, n) for n in names)
+
+    def topics_of(fetched: FetchedOffsets) -> tuple[Any, ...]:
+        by_topic: dict[str, list[Any]] = {}
+        for tp, entry in fetched.offsets.items():
+            by_topic.setdefault(tp.topic, []).append(
+                make_entity(
+                    partition_cls,
+                    partition_index=tp.partition,
+                    committed_offset=NO_OFFSET if entry is None else entry.offset,
+                    committed_leader_epoch=NO_EPOCH if entry is None else entry.leader_epoch,
+                    metadata="" if entry is None else entry.metadata,
+                    error_code=ErrorCode.none,
+                )
+            )
+        return tuple(
+            make_entity(topic_cls, name=name, partitions=tuple(parts))
+            for name, parts in by_topic.items()
+        )
+
+    if not batched:
+        ((_, fetched),) = answers
+        return make_entity(
+            cls,
+            throttle_time=_no_throttle(),
+            topics=topics_of(fetched),
+            error_code=fetched.error,
+        )
+    groups = tuple(
+        make_entity(
+            module.OffsetFetchResponseGroup,
+            group_id=ask.group_id,
+            topics=topics_of(fetched),
+            error_code=fetched.error,
+        )
+        for ask, fetched in answers
+    )
+    return make_entity(cls, throttle_time=_no_throttle(), groups=groups)
+
+
+def offset_delete_partitions(body: Any) -> tuple[TopicPartition, ...]:
+    return tuple(
+        TopicPartition(t.name, int(p.partition_index)) for t in body.topics for p in t.partitions
+    )
+
+
+def offset_delete_response(
+    body: Any, result: OffsetDeleteResult, refused: Mapping[TopicPartition, ErrorCode]
+) -> Any:
+    cls, module = _module(ApiKey.OFFSET_DELETE, 0)
+    if result.error != ErrorCode.none:
+        return make_entity(cls, error_code=result.error, throttle_time=_no_throttle(), topics=())
+    errors = {**result.errors, **refused}
+    topics = tuple(
+        make_entity(
+            module.OffsetDeleteResponseTopic,
+            name=t.name,
+            partitions=tuple(
+                make_entity(
+                    module.OffsetDeleteResponsePartition,
+                    partition_index=p.partition_index,
+                    error_code=errors.get(
+                        TopicPartition(t.name, int(p.partition_index)), ErrorCode.none
+                    ),
+                )
+                for p in t.partitions
+            ),
+        )
+        for t in body.topics
+    )
+    return make_entity(cls, error_code=ErrorCode.none, throttle_time=_no_throttle(), topics=topics)
+
+
+# -- ListGroups, DescribeGroups, DeleteGroups -------------------------------------------------
+
+
+def list_groups_response(version: int, groups: tuple[ListedGroup, ...]) -> Any:
+    cls, module = _module(ApiKey.LIST_GROUPS, version)
+    listed = tuple(
+        make_entity(
+            module.ListedGroup,
+            group_id=g.group_id,
+            protocol_type=g.protocol_type,
+            group_state=g.state,
+            group_type=g.group_type,
+        )
+        for g in groups
+    )
+    return make_entity(cls, throttle_time=_no_throttle(), error_code=ErrorCode.none, groups=listed)
+
+
+def describe_groups_response(
+    version: int, answers: tuple[tuple[str, DescribedGroup | None], ...]
+) -> Any:
+    cls, module = _module(ApiKey.DESCRIBE_GROUPS, version)
+    described = []
+    for group_id, group in answers:
+        if group is None:
+            not_found = version >= DESCRIBE_NOT_FOUND_VERSION
+            described.append(
+                make_entity(
+                    module.DescribedGroup,
+                    error_code=ErrorCode.group_id_not_found if not_found else ErrorCode.none,
+                    error_message=f"Group {group_id} not found." if not_found else None,
+                    group_id=group_id,
+                    group_state="Dead",
+                    protocol_type="",
+                    protocol_data="",
+                    members=(),
+                    authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+                )
+            )
+            continue
+        members = tuple(
+            make_entity(
+                module.DescribedGroupMember,
+                member_id=m.member_id,
+                group_instance_id=m.group_instance_id,
+                client_id=m.client_id,
+                client_host=m.client_host,
+                member_metadata=m.metadata,
+                member_assignment=m.assignment,
+            )
+            for m in group.members
+        )
+        described.append(
+            make_entity(
+                module.DescribedGroup,
+                error_code=ErrorCode.none,
+                error_message=None,
+                group_id=group.group_id,
+                group_state=group.state,
+                protocol_type=group.protocol_type,
+                protocol_data=group.protocol_name,
+                members=members,
+                authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+            )
+        )
+    return make_entity(cls, throttle_time=_no_throttle(), groups=tuple(described))
+
+
+def delete_groups_response(version: int, errors: Mapping[str, ErrorCode]) -> Any:
+    cls, module = _module(ApiKey.DELETE_GROUPS, version)
+    results = tuple(
+        make_entity(module.DeletableGroupResult, group_id=group_id, error_code=error)
+        for group_id, error in errors.items()
+    )
+    return make_entity(cls, throttle_time=_no_throttle(), results=results)

@@ -1,0 +1,415 @@
+"""The group APIs on the wire: every version serve advertises turns its kio request into the
+coordinator's and the coordinator's answer into a response kio encodes and reads back."""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from typing import Any
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from replicad.groups.coordinator import (
+    CoordinatorConfig,
+    GroupCoordinator,
+    JoinResult,
+    MemberRef,
+    OffsetToCommit,
+    SyncResult,
+)
+from replicad.leader import group_wire
+from replicad.leader.group_wire import GROUP_VERSIONS, Node
+from replicad.protocol.apis import ApiKey
+from replicad.protocol.codec import (
+    decode_response,
+    encode_entities,
+    request_type,
+    response_header,
+    response_type,
+)
+from replicad.protocol.requests import make_entity
+from replicad.types import TopicPartition
+from tests.groups.test_consumer_protocol import encoded
+
+NODE = Node(3, "replica.example", 9092)
+TP = TopicPartition("t", 0)
+
+
+def versions(api: ApiKey) -> list[int]:
+    r = GROUP_VERSIONS[api]
+    return list(range(r.min, r.max + 1))
+
+
+def roundtrip(api: ApiKey, version: int, body: Any) -> Any:
+    """`body` encoded as kio encodes it and read back."""
+    cls = response_type(api, version)
+    frame = response_header(cls, 7) + encode_entities(body)
+    return decode_response(frame, cls).body
+
+
+def request(api: ApiKey, version: int, **values: Any) -> Any:
+    return make_entity(request_type(api, version), **values)
+
+
+def nested(api: ApiKey, version: int, name: str) -> type:
+    return getattr(sys.modules[request_type(api, version).__module__], name)
+
+
+def test_every_group_api_is_served_in_the_versions_kafka_4_answers() -> None:
+    assert GROUP_VERSIONS[ApiKey.JOIN_GROUP].min == 2  # KIP-896 removed v0-v1
+    assert GROUP_VERSIONS[ApiKey.OFFSET_COMMIT].min == 2
+    assert GROUP_VERSIONS[ApiKey.OFFSET_FETCH].min == 1
+    for api, served in GROUP_VERSIONS.items():
+        for version in range(served.min, served.max + 1):
+            assert request_type(api, version) and response_type(api, version)
+
+
+@pytest.mark.parametrize("version", versions(ApiKey.FIND_COORDINATOR))
+def test_find_coordinator_names_this_node_for_groups_only(version: int) -> None:
+    batched = version >= group_wire.FIND_COORDINATOR_BATCHED_VERSION
+    keys = {"coordinator_keys": ("a", "b")} if batched else {"key": "a"}
+    body = roundtrip(
+        ApiKey.FIND_COORDINATOR,
+        version,
+        group_wire.find_coordinator_response(
+            version, request(ApiKey.FIND_COORDINATOR, version, key_type=0, **keys), NODE
+        ),
+    )
+    found = body.coordinators if batched else (body,)
+    assert [(c.node_id, c.host, c.port, c.error_code) for c in found] == [
+        (3, "replica.example", 9092, ErrorCode.none)
+    ] * len(found)
+    if batched:
+        assert [c.key for c in found] == ["a", "b"]
+    if version >= 1:
+        txn = group_wire.find_coordinator_response(
+            version, request(ApiKey.FIND_COORDINATOR, version, key_type=1, **keys), NODE
+        )
+        first = txn.coordinators[0] if batched else txn
+        assert first.error_code == ErrorCode.coordinator_not_available
+
+
+def join_request(version: int, member_id: str = "", instance: str | None = None) -> Any:
+    protocol = nested(ApiKey.JOIN_GROUP, version, "JoinGroupRequestProtocol")
+    return request(
+        ApiKey.JOIN_GROUP,
+        version,
+        group_id="g",
+        session_timeout=datetime.timedelta(seconds=10),
+        rebalance_timeout=datetime.timedelta(seconds=30),
+        member_id=member_id,
+        group_instance_id=instance,
+        protocol_type="consumer",
+        protocols=(
+            protocol(
+                name="range",
+                metadata=encoded(
+                    "consumer_protocol_subscription", 0, topics=("t",), user_data=None
+                ),
+            ),
+        ),
+        reason=None,
+    )
+
+
+@pytest.mark.parametrize("version", versions(ApiKey.JOIN_GROUP))
+def test_join_and_sync_in_every_version(version: int) -> None:
+    coordinator = GroupCoordinator(CoordinatorConfig(initial_rebalance_delay_ms=0))
+    answers: dict[object, JoinResult | SyncResult] = {}
+
+    def take(step: Any) -> None:
+        answers.update({r.token: r.result for r in step.replies})
+
+    join = group_wire.join_request(version, join_request(version), "client", "10.0.0.1")
+    assert join.client_host == "/10.0.0.1"
+    assert join.require_known_member_id is (version >= 4)
+    take(coordinator.join(join, "j1", now_ms=0))
+    if version >= 4:
+        required = roundtrip(
+            ApiKey.JOIN_GROUP, version, group_wire.join_response(version, answers["j1"])
+        )
+        assert required.error_code == ErrorCode.member_id_required
+        again = group_wire.join_request(
+            version, join_request(version, required.member_id), "client", "10.0.0.1"
+        )
+        take(coordinator.join(again, "j2", now_ms=0))
+        answers["j1"] = answers["j2"]
+    joined = roundtrip(ApiKey.JOIN_GROUP, version, group_wire.join_response(version, answers["j1"]))
+    assert (joined.error_code, joined.generation_id, joined.protocol_name) == (
+        ErrorCode.none,
+        1,
+        "range",
+    )
+    assert joined.leader == joined.member_id and len(joined.members) == 1
+
+    sync_version = min(version, GROUP_VERSIONS[ApiKey.SYNC_GROUP].max)
+    assignment = nested(ApiKey.SYNC_GROUP, sync_version, "SyncGroupRequestAssignment")
+    sync = group_wire.sync_request(
+        request(
+            ApiKey.SYNC_GROUP,
+            sync_version,
+            group_id="g",
+            generation_id=1,
+            member_id=joined.member_id,
+            group_instance_id=None,
+            protocol_type="consumer",
+            protocol_name="range",
+            assignments=(assignment(member_id=joined.member_id, assignment=b"A"),),
+        )
+    )
+    take(coordinator.sync(sync, "s", now_ms=0))
+    synced = roundtrip(
+        ApiKey.SYNC_GROUP, sync_version, group_wire.sync_response(sync_version, answers["s"])
+    )
+    assert (synced.error_code, synced.assignment) == (ErrorCode.none, b"A")
+
+
+@pytest.mark.parametrize("version", [2, 6, 7])
+def test_a_join_error_answers_a_protocol_name_each_version_can_carry(version: int) -> None:
+    body = roundtrip(
+        ApiKey.JOIN_GROUP,
+        version,
+        group_wire.join_response(version, JoinResult(ErrorCode.unknown_member_id, "m")),
+    )
+    assert body.error_code == ErrorCode.unknown_member_id
+    assert body.protocol_name == ("" if version < 7 else None)
+
+
+@pytest.mark.parametrize("version", versions(ApiKey.LEAVE_GROUP))
+def test_leave_group_single_and_batched(version: int) -> None:
+    coordinator = GroupCoordinator()
+    if version < group_wire.LEAVE_BATCHED_VERSION:
+        body = request(ApiKey.LEAVE_GROUP, version, group_id="g", member_id="m")
+    else:
+        identity = nested(ApiKey.LEAVE_GROUP, version, "MemberIdentity")
+        body = request(
+            ApiKey.LEAVE_GROUP,
+            version,
+            group_id="g",
+            members=(
+                identity(member_id="m", group_instance_id=None, reason=None)
+                if version >= 5
+                else identity(member_id="m", group_instance_id=None),
+            ),
+        )
+    leaving = group_wire.leaving_members(version, body)
+    result = coordinator.leave("g", leaving, now_ms=0).result
+    answer = roundtrip(ApiKey.LEAVE_GROUP, version, group_wire.leave_response(version, result))
+    if version < group_wire.LEAVE_BATCHED_VERSION:
+        assert answer.error_code == ErrorCode.unknown_member_id
+    else:
+        assert answer.error_code == ErrorCode.none
+        assert [m.error_code for m in answer.members] == [ErrorCode.unknown_member_id]
+
+
+@pytest.mark.parametrize("version", versions(ApiKey.HEARTBEAT))
+def test_heartbeat_in_every_version(version: int) -> None:
+    body = roundtrip(
+        ApiKey.HEARTBEAT,
+        version,
+        group_wire.heartbeat_response(version, ErrorCode.rebalance_in_progress),
+    )
+    assert body.error_code == ErrorCode.rebalance_in_progress
+
+
+def commit_body(version: int) -> Any:
+    topic = nested(ApiKey.OFFSET_COMMIT, version, "OffsetCommitRequestTopic")
+    partition = nested(ApiKey.OFFSET_COMMIT, version, "OffsetCommitRequestPartition")
+    return request(
+        ApiKey.OFFSET_COMMIT,
+        version,
+        group_id="g",
+        generation_id_or_member_epoch=-1,
+        member_id="",
+        group_instance_id=None,
+        retention_time=-1,
+        topics=(
+            topic(
+                name="t",
+                partitions=tuple(
+                    make_entity(
+                        partition,
+                        partition_index=i,
+                        committed_offset=40 + i,
+                        committed_leader_epoch=5,
+                        committed_metadata="m",
+                    )
+                    for i in (0, 1)
+                ),
+            ),
+            topic(
+                name="absent",
+                partitions=(
+                    make_entity(
+                        partition,
+                        partition_index=0,
+                        committed_offset=1,
+                        committed_leader_epoch=-1,
+                        committed_metadata=None,
+                    ),
+                ),
+            ),
+        ),
+    )
+
+
+@pytest.mark.parametrize("version", versions(ApiKey.OFFSET_COMMIT))
+def test_commit_and_fetch_offsets_in_every_version(version: int) -> None:
+    coordinator = GroupCoordinator()
+    body = commit_body(version)
+    ask = group_wire.commit_request(body, lambda tp: tp.topic == "t")
+    assert ask.refused == {TopicPartition("absent", 0): ErrorCode.unknown_topic_or_partition}
+    result = coordinator.commit(
+        ask.group_id, ask.generation_id, ask.member, ask.offsets, now_ms=0
+    ).result
+    answer = roundtrip(
+        ApiKey.OFFSET_COMMIT, version, group_wire.commit_response(version, body, ask, result)
+    )
+    assert [[(p.partition_index, p.error_code) for p in t.partitions] for t in answer.topics] == [
+        [(0, ErrorCode.none), (1, ErrorCode.none)],
+        [(0, ErrorCode.unknown_topic_or_partition)],
+    ]
+    assert coordinator.fetch_offsets("g", [TP]).offsets[TP].leader_epoch == (
+        5 if version >= 6 else -1
+    )
+
+
+@pytest.mark.parametrize("version", versions(ApiKey.OFFSET_FETCH))
+def test_offset_fetch_single_group_and_batched(version: int) -> None:
+    coordinator = GroupCoordinator()
+    coordinator.commit(
+        "g",
+        -1,
+        MemberRef(""),
+        {TP: OffsetToCommit(42, 7, "meta")},
+        now_ms=0,
+    )
+    batched = version >= group_wire.OFFSET_FETCH_BATCHED_VERSION
+    topics_cls = nested(
+        ApiKey.OFFSET_FETCH,
+        version,
+        "OffsetFetchRequestTopics" if batched else "OffsetFetchRequestTopic",
+    )
+    asked = (topics_cls(name="t", partition_indexes=(0, 1)),)
+    if batched:
+        group_cls = nested(ApiKey.OFFSET_FETCH, version, "OffsetFetchRequestGroup")
+        groups = tuple(
+            make_entity(group_cls, group_id=g, member_id=None, member_epoch=-1, topics=asked)
+            for g in ("g", "other")
+        )
+        body = request(ApiKey.OFFSET_FETCH, version, groups=groups, require_stable=False)
+    else:
+        body = request(
+            ApiKey.OFFSET_FETCH, version, group_id="g", topics=asked, require_stable=False
+        )
+    asks = group_wire.fetch_requests(version, body)
+    answers = tuple((a, coordinator.fetch_offsets(a.group_id, a.partitions)) for a in asks)
+    answer = roundtrip(ApiKey.OFFSET_FETCH, version, group_wire.fetch_response(version, answers))
+    groups_answered = answer.groups if batched else (answer,)
+    first = groups_answered[0].topics[0].partitions
+    assert [(p.partition_index, p.committed_offset) for p in first] == [(0, 42), (1, -1)]
+    if version >= 5:
+        assert first[0].committed_leader_epoch == 7
+    if batched:
+        other = groups_answered[1].topics[0].partitions
+        assert [p.committed_offset for p in other] == [-1, -1]
+
+
+@pytest.mark.parametrize("version", versions(ApiKey.OFFSET_FETCH)[1:])
+def test_offset_fetch_of_all_partitions(version: int) -> None:
+    coordinator = GroupCoordinator()
+    coordinator.commit("g", -1, MemberRef(""), {TP: OffsetToCommit(42)}, now_ms=0)
+    if version >= group_wire.OFFSET_FETCH_BATCHED_VERSION:
+        group_cls = nested(ApiKey.OFFSET_FETCH, version, "OffsetFetchRequestGroup")
+        body = request(
+            ApiKey.OFFSET_FETCH,
+            version,
+            groups=(
+                make_entity(group_cls, group_id="g", member_id=None, member_epoch=-1, topics=None),
+            ),
+            require_stable=False,
+        )
+    else:
+        body = request(
+            ApiKey.OFFSET_FETCH, version, group_id="g", topics=None, require_stable=False
+        )
+    (ask,) = group_wire.fetch_requests(version, body)
+    assert ask.partitions is None
+    fetched = coordinator.fetch_offsets(ask.group_id, ask.partitions)
+    assert roundtrip(
+        ApiKey.OFFSET_FETCH, version, group_wire.fetch_response(version, ((ask, fetched),))
+    )
+
+
+@pytest.mark.parametrize("version", versions(ApiKey.LIST_GROUPS))
+def test_list_describe_and_delete_in_every_version(version: int) -> None:
+    coordinator = GroupCoordinator()
+    coordinator.commit("g", -1, MemberRef(""), {TP: OffsetToCommit(1)}, now_ms=0)
+    listed = roundtrip(
+        ApiKey.LIST_GROUPS,
+        version,
+        group_wire.list_groups_response(version, coordinator.list_groups()),
+    )
+    assert [g.group_id for g in listed.groups] == ["g"]
+    if version >= 4:
+        assert listed.groups[0].group_state == "Empty"
+    for describe_version in versions(ApiKey.DESCRIBE_GROUPS):
+        described = roundtrip(
+            ApiKey.DESCRIBE_GROUPS,
+            describe_version,
+            group_wire.describe_groups_response(
+                describe_version, (("g", coordinator.describe("g")), ("x", None))
+            ),
+        )
+        found, missing = described.groups
+        assert (found.group_id, found.group_state, found.error_code) == (
+            "g",
+            "Empty",
+            ErrorCode.none,
+        )
+        assert missing.group_state == "Dead"
+        assert missing.error_code == (
+            ErrorCode.group_id_not_found if describe_version >= 6 else ErrorCode.none
+        )
+    delete_version = min(version, GROUP_VERSIONS[ApiKey.DELETE_GROUPS].max)
+    errors = coordinator.delete_groups(["g", "x"], now_ms=0)
+    deleted = roundtrip(
+        ApiKey.DELETE_GROUPS,
+        delete_version,
+        group_wire.delete_groups_response(delete_version, errors),
+    )
+    assert [(r.group_id, r.error_code) for r in deleted.results] == [
+        ("g", ErrorCode.none),
+        ("x", ErrorCode.group_id_not_found),
+    ]
+
+
+def test_offset_delete_answers_each_partition_and_refuses_topics_not_held() -> None:
+    coordinator = GroupCoordinator()
+    coordinator.commit("g", -1, MemberRef(""), {TP: OffsetToCommit(1)}, now_ms=0)
+    topic = nested(ApiKey.OFFSET_DELETE, 0, "OffsetDeleteRequestTopic")
+    partition = nested(ApiKey.OFFSET_DELETE, 0, "OffsetDeleteRequestPartition")
+    body = request(
+        ApiKey.OFFSET_DELETE,
+        0,
+        group_id="g",
+        topics=(
+            topic(name="t", partitions=(partition(partition_index=0),)),
+            topic(name="absent", partitions=(partition(partition_index=0),)),
+        ),
+    )
+    wanted = [tp for tp in group_wire.offset_delete_partitions(body) if tp.topic == "t"]
+    result = coordinator.delete_offsets("g", wanted, now_ms=0)
+    refused = {TopicPartition("absent", 0): ErrorCode.unknown_topic_or_partition}
+    answer = roundtrip(
+        ApiKey.OFFSET_DELETE, 0, group_wire.offset_delete_response(body, result, refused)
+    )
+    assert answer.error_code == ErrorCode.none
+    assert [(t.name, t.partitions[0].error_code) for t in answer.topics] == [
+        ("t", ErrorCode.none),
+        ("absent", ErrorCode.unknown_topic_or_partition),
+    ]
+    gone = coordinator.delete_offsets("g", wanted, now_ms=0)
+    answer = roundtrip(ApiKey.OFFSET_DELETE, 0, group_wire.offset_delete_response(body, gone, {}))
+    assert answer.error_code == ErrorCode.group_id_not_found
