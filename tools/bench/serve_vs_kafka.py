@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.repeat} run(s) per server, the median shown (range in brackets)\n"
     )
     print(report(kcat_runs, fetch_runs, bulk_stored))
-    print("\nkcat's settings:", KCAT_TUNED.settings, "|", KCAT_TUNED.note)
+    print(f"\nkcat's settings: {KCAT_TUNED.settings()}")
     print("Kafka's server.properties (the test harness's):")
     for line in kafka_settings.splitlines():
         if line and not line.startswith("#"):
