@@ -88,6 +88,7 @@ CORES: tuple[str, ...] = (
     "replicad.protocol.security",
     "replicad.groups.classic_group",
     "replicad.groups.coordinator",
+    "replicad.groups.offset_sync",
     "replicad.mirror.partition_mirror",
     "replicad.mirror.group_sync",
     "replicad.mirror.promotion",

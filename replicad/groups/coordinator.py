@@ -59,6 +59,11 @@ Rules:
   and its offsets are gone (Dead). OffsetDelete: unknown GROUP_ID_NOT_FOUND; a group with
   members: NON_EMPTY_GROUP unless it speaks the consumer protocol, then per partition
   GROUP_SUBSCRIBED_TO_TOPIC for subscribed topics.
+- Offsets synced from the source (`sync_offsets`, `replicad run` with serve and groups):
+  taken only while the group is not the replica's own -- no member ever joined it here and
+  no client committed to it here (then the group is `owned`, and its own commits win); an
+  offset the group already has is not taken again. The offsets come planned by
+  offset_sync.py (replicated partitions only, held at the replica's end).
 - Offsets expire (KIP-211, `expire_offsets`): all of an Empty group's once it has been Empty
   for offsets_retention_ms; in a group without protocol type, each by its commit time; in
   a Stable consumer group, those of topics no member subscribes to, by commit time. An Empty
@@ -246,6 +251,14 @@ class OffsetDeleteResult:
 
 
 @dataclass(frozen=True, slots=True)
+class SyncOutcome:
+    # What was taken (to be made durable); empty when nothing changed or sync stopped.
+    applied: Mapping[TopicPartition, CommittedOffset] = field(default_factory=dict)
+    # The group is the replica's own: sync is over for it.
+    stopped: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
     """What a call decided: its own answer (None for a JoinGroup or SyncGroup still
     waiting; its Reply comes later) and the replies now owed to others."""
@@ -374,6 +387,7 @@ class GroupCoordinator:
             is_new=True,
         )
         group.add(member)
+        group.owned = True
         if group.in_initial_delay and group.generation_id == 0:
             # Kafka extends the delay only for a new group's first members.
             group.new_member_added = True
@@ -725,6 +739,7 @@ class GroupCoordinator:
         member = group.members.get(who.member_id)
         if member is not None:
             member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms
+        group.owned = True
         errors: dict[TopicPartition, ErrorCode] = {}
         committed: dict[TopicPartition, CommittedOffset] = {}
         for tp, value in offsets.items():
@@ -755,6 +770,29 @@ class GroupCoordinator:
         if generation_id != group.generation_id:
             return E.illegal_generation
         return None
+
+    def sync_offsets(
+        self, group_id: str, offsets: Mapping[TopicPartition, OffsetToCommit], *, now_ms: int
+    ) -> SyncOutcome:
+        """Take a source group's offsets, unless the group is the replica's own (rules)."""
+        group = self.groups.get(group_id)
+        if group is not None and (group.owned or group.members or group.is_in(S.DEAD)):
+            return SyncOutcome(stopped=True)
+        applied: dict[TopicPartition, CommittedOffset] = {}
+        for tp, value in offsets.items():
+            current = group.offsets.get(tp) if group is not None else None
+            metadata = value.metadata or ""
+            same = current is not None and (current.offset, current.leader_epoch) == (
+                value.offset,
+                value.leader_epoch,
+            )
+            if not same:
+                applied[tp] = CommittedOffset(value.offset, value.leader_epoch, metadata, now_ms)
+        if applied:
+            if group is None:
+                group = self.groups[group_id] = ClassicGroup(group_id, state_since_ms=now_ms)
+            group.offsets.update(applied)
+        return SyncOutcome(applied)
 
     def fetch_offsets(
         self, group_id: str, partitions: Iterable[TopicPartition] | None

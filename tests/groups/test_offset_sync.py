@@ -1,0 +1,68 @@
+"""Source offsets into serve's coordinator: replicated partitions only, held at the replica's
+end, and never into a group that is the replica's own."""
+
+from __future__ import annotations
+
+from kio.schema.errors import ErrorCode
+
+from replicad.groups.coordinator import (
+    CoordinatorConfig,
+    GroupCoordinator,
+    JoinRequest,
+    MemberRef,
+    OffsetToCommit,
+)
+from replicad.groups.offset_sync import SourceOffset, plan_group_sync
+from replicad.types import TopicPartition
+
+T0, T1, OTHER = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("x", 0)
+
+
+def test_only_replicated_partitions_and_offsets_beyond_the_end_are_held_there() -> None:
+    plan = plan_group_sync(
+        {T0: SourceOffset(40, 3, "m"), T1: SourceOffset(90, 3, "m"), OTHER: SourceOffset(5)},
+        {T0: 50, T1: 60},
+    )
+    assert plan.offsets == {T0: OffsetToCommit(40, 3, "m"), T1: OffsetToCommit(60, -1, "m")}
+    assert plan.held == (T1,)
+    assert plan.not_replicated == (OTHER,)
+
+
+def test_offsets_are_taken_into_a_new_group_and_not_again_when_unchanged() -> None:
+    coordinator = GroupCoordinator()
+    first = coordinator.sync_offsets("g", {T0: OffsetToCommit(4, 1)}, now_ms=10)
+    assert set(first.applied) == {T0} and not first.stopped
+    assert coordinator.fetch_offsets("g", [T0]).offsets[T0].offset == 4
+    again = coordinator.sync_offsets("g", {T0: OffsetToCommit(4, 1)}, now_ms=20)
+    assert again.applied == {} and not again.stopped
+    moved = coordinator.sync_offsets("g", {T0: OffsetToCommit(9, 1)}, now_ms=30)
+    assert moved.applied[T0].offset == 9
+
+
+def test_a_group_a_client_committed_to_here_is_no_longer_synced() -> None:
+    coordinator = GroupCoordinator()
+    coordinator.sync_offsets("g", {T0: OffsetToCommit(4)}, now_ms=0)
+    errors = coordinator.commit("g", -1, MemberRef(""), {T0: OffsetToCommit(7)}, now_ms=1)
+    assert errors.result.errors == {T0: ErrorCode.none}
+    stopped = coordinator.sync_offsets("g", {T0: OffsetToCommit(5)}, now_ms=2)
+    assert stopped.stopped and stopped.applied == {}
+    assert coordinator.fetch_offsets("g", [T0]).offsets[T0].offset == 7
+
+
+def test_a_group_a_member_joined_here_is_no_longer_synced_even_once_it_is_empty() -> None:
+    coordinator = GroupCoordinator(CoordinatorConfig(initial_rebalance_delay_ms=0))
+    coordinator.sync_offsets("g", {T0: OffsetToCommit(4)}, now_ms=0)
+    join = JoinRequest("g", "", 10_000, 10_000, "consumer", (("range", b""),))
+    coordinator.join(join, "token", now_ms=0)  # KIP-394: a member id first
+    assert coordinator.sync_offsets("g", {T0: OffsetToCommit(5)}, now_ms=1).applied == {
+        T0: coordinator.groups["g"].offsets[T0]
+    }  # only asked for an id: not a member yet
+    member_id = next(iter(coordinator.groups["g"].pending_members))
+    coordinator.join(
+        JoinRequest("g", member_id, 10_000, 10_000, "consumer", (("range", b""),)), "t2", now_ms=1
+    )
+    assert coordinator.sync_offsets("g", {T0: OffsetToCommit(6)}, now_ms=2).stopped
+    coordinator.leave("g", [MemberRef(member_id)], now_ms=3)
+    assert coordinator.groups["g"].state.value == "Empty"
+    assert coordinator.sync_offsets("g", {T0: OffsetToCommit(6)}, now_ms=4).stopped
+    assert coordinator.fetch_offsets("g", [T0]).offsets[T0].offset == 5
