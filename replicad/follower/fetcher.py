@@ -27,12 +27,14 @@ import asyncio
 import contextlib
 import functools
 import time
+import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
+from kio.schema.errors import ErrorCode
 
 from replicad.clock import monotonic_ms, wall_ms
 from replicad.errors import (
@@ -42,7 +44,13 @@ from replicad.errors import (
     RemoteProtocolError,
     ResponseTooLargeError,
 )
-from replicad.follower.actions import EpochAnswer, NextFetch, OffsetAnswer, OffsetsAnswer
+from replicad.follower.actions import (
+    Action,
+    EpochAnswer,
+    NextFetch,
+    OffsetAnswer,
+    OffsetsAnswer,
+)
 from replicad.follower.fetch_response import scan_fetch_response
 from replicad.follower.fetch_settings import (
     FetchSettings,
@@ -57,16 +65,23 @@ from replicad.log.partition import PartitionLog
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.client import KafkaClient
 from replicad.protocol.connection import BrokerAddress, BrokerConnection
+from replicad.protocol.metadata import ClusterMetadata
 from replicad.protocol.requests import (
     OffsetQuery,
     fetch_request,
     list_offsets_request,
+    metadata_request,
     offset_for_leader_epoch_request,
 )
 from replicad.ratelimit import RateLimitedLog
 from replicad.session.client import FetchSessionHandler
 from replicad.types import TopicPartition
-from replicad.wire import EARLIEST_TIMESTAMP, FETCH_LAST_FETCHED_EPOCH_VERSION, LATEST_TIMESTAMP
+from replicad.wire import (
+    EARLIEST_TIMESTAMP,
+    FETCH_LAST_FETCHED_EPOCH_VERSION,
+    FETCH_TOPIC_ID_VERSION,
+    LATEST_TIMESTAMP,
+)
 
 __all__ = ["LeaderFetcher"]
 
@@ -202,6 +217,12 @@ class LeaderFetcher:
         try:
             now = monotonic_ms()
             outcome = self.table.on_response(flight.fetch, held.body, now)
+            if flight.fetch.version < FETCH_TOPIC_ID_VERSION:
+                # R9: an answer by name may be a re-created topic's.
+                ids = await self._confirming_ids([*outcome.actions, *outcome.appends])
+                if ids is not None:
+                    outcome = self.table.confirm_outcome(outcome, ids)
+                now = monotonic_ms()
             if outcome.appends:
                 self.stats.last_data_latency_ms = self.stats.last_latency_ms
             self._performer.perform(outcome.actions, now)
@@ -289,7 +310,30 @@ class LeaderFetcher:
         earliest = await self._list_offsets(control, todo, EARLIEST_TIMESTAMP)
         now = monotonic_ms()
         actions = self.table.on_offsets([s.tp for s in todo], earliest, latest, now)
-        self._performer.perform(actions, now)
+        ids = await self._confirming_ids(actions)  # R9: ListOffsets names topics
+        if ids is not None:
+            actions = self.table.confirm_topic_ids(actions, ids)
+        self._performer.perform(actions, monotonic_ms())
+
+    async def _confirming_ids(
+        self, actions: Sequence[Action]
+    ) -> dict[str, uuid.UUID | None] | None:
+        """The partition table's R9: the ids of the topics `actions` (from answers by name)
+        change, from a Metadata answer asked now; None if none needs confirming."""
+        topics = self.table.topics_to_confirm(actions)
+        if not topics:
+            return None
+        control = await self.client.connection(self.address.node_id)
+        assert control.versions is not None
+        version = control.versions.require(ApiKey.METADATA)
+        cluster = ClusterMetadata.from_response(
+            await control.request(metadata_request(version, topics))
+        )
+        return {
+            name: meta.topic_id
+            for name, meta in cluster.topics.items()
+            if meta.error is ErrorCode.none
+        }
 
     async def _check_epochs(self, conn: BrokerConnection) -> None:
         """OffsetForLeaderEpoch for the partitions the table asks about."""
@@ -327,8 +371,11 @@ class LeaderFetcher:
             for topic in body.topics
             for p in topic.partitions
         ]
-        now = monotonic_ms()
-        self._performer.perform(self.table.on_epoch_answers(questions, answers, now), now)
+        actions = self.table.on_epoch_answers(questions, answers, monotonic_ms())
+        ids = await self._confirming_ids(actions)  # R9: OffsetForLeaderEpoch names topics
+        if ids is not None:
+            actions = self.table.confirm_topic_ids(actions, ids)
+        self._performer.perform(actions, monotonic_ms())
 
     async def _list_offsets(
         self, conn: BrokerConnection, states: list[PartitionState], timestamp: int

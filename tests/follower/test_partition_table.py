@@ -1,10 +1,10 @@
 """The follower's core, event by event, against an in-memory log: every rule of
-partition_table.py (R1..R8) and every event and action kind, without a socket or a clock."""
+partition_table.py (R1..R9) and every event and action kind, without a socket or a clock."""
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -312,6 +312,41 @@ def test_a_batch_of_another_lineage_holding_our_log_end_halts_the_partition():
     assert "log end 6" in state.last_error and "starts at 5" in state.last_error
     assert table.stats.crc_failures == 0 and table.stats.partition_errors["another_lineage"] == 1
     assert local.log_end_offset == 6 and table.next_fetch(0, max_version=13) is None
+
+
+def test_an_answer_by_name_is_kept_only_while_metadata_names_the_logs_topic_id():
+    """R9: below Fetch v13 the answer may be a re-created topic's. A Metadata answer after
+    it decides: the same id keeps the actions, another id halts the partition (its data
+    kept), a topic not listed drops them and asks for metadata."""
+    for ids, kept in [({"t": TOPIC_ID}, True), ({"t": uuid.UUID(int=8)}, False), ({}, False)]:
+        table = _table()
+        state, local = _add(table, TP0)
+        fetch = table.next_fetch(0, max_version=12)
+        answer = _partition(TP0, records=_batches(0, 2), hw=4)
+        by_name = FetchedTopic("t", None, (answer,))  # v12: topics by name
+        outcome = table.on_response(fetch, replace(_response(fetch), responses=(by_name,)), 0)
+        assert len(outcome.appends) == 1
+        assert table.topics_to_confirm([*outcome.actions, *outcome.appends]) == ["t"]
+        confirmed = table.confirm_outcome(outcome, ids)
+        if kept:
+            assert confirmed == outcome
+            continue
+        assert confirmed.appends == () and state.fetch_offset == local.log_end_offset == 0
+        if ids:
+            assert [type(a) for a in confirmed.actions] == [Halt]
+            assert state.phase is PartitionPhase.HALTED and "re-created" in state.last_error
+        else:
+            assert [type(a) for a in confirmed.actions] == [RequestMetadata]
+            assert state.phase is PartitionPhase.FETCHING
+
+
+def test_a_leader_below_fetch_v7_is_asked_without_a_session_from_the_first_request():
+    table = _table()
+    _add(table, TP0)
+    fetch = table.next_fetch(0, max_version=4)
+    assert fetch.version == 4 and not table.session.sessions_enabled
+    outcome = table.on_response(fetch, _response(fetch, _partition(TP0), session_id=0), 0)
+    assert outcome.accepted
 
 
 def test_a_trailing_partial_batch_is_dropped_and_counted():

@@ -128,6 +128,21 @@ def test_the_refetch_of_another_lineage_forever_is_found_by_a_suite_seed(monkeyp
     assert "did not converge" in failed[0].error and "overlaps" in failed[0].error
 
 
+def test_a_recreated_topic_fetched_by_name_into_the_old_replica_is_found_by_a_suite_seed(
+    monkeypatch,
+):
+    """Defect 4 as it was: answers by name (Fetch below v13, ListOffsets) were acted on
+    without a Metadata answer confirming the topic id, so a re-created topic's data went
+    into the old topic's replica (R9 of the partition table)."""
+    monkeypatch.setattr(
+        partition_table.PartitionTable, "topics_to_confirm", lambda self, actions: []
+    )
+    failed, _ = run_seeds(SUITE_SEEDS, stop_at_first=True)
+    assert failed, "no suite seed found the planted defect"
+    print(f"planted defect 4 found by seed {failed[0].seed}: {failed[0].error}")
+    assert "was never written by a leader of topic id" in failed[0].error
+
+
 def test_the_command_line_replays_a_seed_and_runs_many():
     one = subprocess.run(
         [sys.executable, "-m", "tools.sim", "--seed", "3", "-v"],

@@ -44,6 +44,9 @@ from replicad.types import TopicPartition
 from replicad.wire import FETCH_LAST_FETCHED_EPOCH_VERSION, FETCH_TOPIC_ID_VERSION
 from tools.logdata.batches import producer_batch
 
+# Fetch v9 added the current leader epoch (KIP-320) to each partition of a request.
+CURRENT_EPOCH_VERSION = 9
+
 
 @dataclass(frozen=True, slots=True)
 class SimBatch:
@@ -493,7 +496,9 @@ class SimCluster:
                 if version >= FETCH_TOPIC_ID_VERSION
                 else ErrorCode.unknown_topic_or_partition
             )
-        error = self._leader_error(node, tp, fetch.current_leader_epoch)
+        # Below v9 the request carries no current leader epoch: nothing to fence with.
+        current_epoch = fetch.current_leader_epoch if version >= CURRENT_EPOCH_VERSION else -1
+        error = self._leader_error(node, tp, current_epoch)
         if error:
             return answer(error)
         if version >= FETCH_LAST_FETCHED_EPOCH_VERSION and fetch.last_fetched_epoch >= 0:

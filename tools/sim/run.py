@@ -20,6 +20,7 @@ import random
 import tempfile
 import time
 import traceback
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -37,6 +38,7 @@ from replicad.follower.partition_phase import PartitionPhase
 from replicad.follower.partition_table import PartitionTable
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
+from replicad.wire import FETCH_TOPIC_ID_VERSION
 from tools.sim.cluster import SimCluster
 from tools.sim.follower import SimFollower
 from tools.sim.invariants import (
@@ -117,7 +119,10 @@ class Simulation:
         self.rng = random.Random(seed)
         rng = self.rng
         self.events = events
-        self.version = rng.choice((11, 12, 13, 13))
+        # Every Fetch version where the follower changes what it does: v4 (no sessions, no
+        # leader epoch for the leader to check), v7 (sessions), v9 (current leader epoch),
+        # v12 (DivergingEpoch), v13 (topic ids).
+        self.version = rng.choice((4, 7, 9, 11, 12, 13, 13, 13))
         self.cluster = SimCluster(random.Random(rng.random()), max_fetch_version=self.version)
         self.clock = SimClock()
         self.settings = FetchSettings(
@@ -234,9 +239,7 @@ class Simulation:
         elif kind == "add_partition" and cluster.topics:
             name = rng.choice(sorted(cluster.topics))
             self._note(f"add_partition {cluster.add_partition(name, rng.randint(1, 3))}")
-        elif kind == "recreate_topic" and cluster.topics and self.version >= 13:
-            # Below v13 the follower fetches by name: a re-created topic is noticed only by
-            # its id in metadata (see the report: not simulated there).
+        elif kind == "recreate_topic" and cluster.topics:
             name = rng.choice(sorted(cluster.topics))
             count = sum(1 for tp in cluster.partitions if tp.topic == name)
             cluster.delete_topic(name)
@@ -355,6 +358,11 @@ class Simulation:
             response = self._garble(response, fault)
         self._check_memory(response, fetch)
         outcome = table.on_response(fetch, response, now)
+        if fetch.version < FETCH_TOPIC_ID_VERSION:
+            # R9, as the shell does: an answer by name is confirmed by a Metadata answer.
+            ids = self._topic_ids(table, [*outcome.actions, *outcome.appends])
+            if ids is not None:
+                outcome = table.confirm_outcome(outcome, ids)
         if not outcome.accepted:
             self.leader_wait[node] = now + outcome.retry_in_ms
         self._perform(node, outcome.actions)
@@ -391,7 +399,9 @@ class Simulation:
                 EpochAnswer(tp, code, end.epoch, end.end_offset)
                 for tp, (code, end) in answers.items()
             ]
-            self._perform(node, table.on_epoch_answers(questions, epoch_answers, now))
+            actions = table.on_epoch_answers(questions, epoch_answers, now)
+            ids = self._topic_ids(table, actions)
+            self._perform(node, actions if ids is None else table.confirm_topic_ids(actions, ids))
             self._note(f"ofle {node} {len(questions)}")
         todo = table.offset_questions(now)
         if not todo:
@@ -408,8 +418,20 @@ class Simulation:
             )
             self._perform(node, actions)
             answers[latest] = answer
-        self._perform(node, table.on_offsets(list(queries), answers[False], answers[True], now))
+        actions = table.on_offsets(list(queries), answers[False], answers[True], now)
+        ids = self._topic_ids(table, actions)
+        self._perform(node, actions if ids is None else table.confirm_topic_ids(actions, ids))
         self._note(f"list_offsets {node} {len(queries)}")
+
+    def _topic_ids(
+        self, table: PartitionTable, actions: Sequence[Action]
+    ) -> dict[str, uuid.UUID | None] | None:
+        """A Metadata answer asked now for the topics the actions change (R9)."""
+        topics = table.topics_to_confirm(actions)
+        if not topics:
+            return None
+        self.counts["confirm_topic_ids"] = self.counts.get("confirm_topic_ids", 0) + 1
+        return {t: self.cluster.topics[t] for t in topics if t in self.cluster.topics}
 
     def _garble(self, response: FetchResponseView, fault: float) -> FetchResponseView:
         """Faults in an answer on its way: a top-level error, records cut short, a flipped
