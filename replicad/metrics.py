@@ -359,6 +359,25 @@ SERVE_FAMILIES = (
         "Request frames that waited for room in the request memory pool",
         "request_pool_waits_total",
     ),
+    # serve's group coordinator (leader/groups.py).
+    Family(
+        COUNTER,
+        "serve_group_rebalances",
+        "Rebalances the group coordinator began",
+        "group_rebalances_total",
+    ),
+    Family(
+        COUNTER,
+        "serve_offset_commits",
+        "Partition offsets committed to serve's groups",
+        "offset_commits_total",
+    ),
+    Family(
+        COUNTER,
+        "serve_offset_store_write_failures",
+        "Writes of committed offsets that failed (the commits were answered with an error)",
+        "offset_store_write_failures_total",
+    ),
     # One family per kind of thing clients do wrong (leader/events.py): a fixed set, never
     # a label per value a client chose.
     *(
@@ -488,6 +507,12 @@ def _memory_pool_metrics(pool: Mapping[str, Any]) -> Iterator[Metric]:
 
 def _serve_metrics(serve: Mapping[str, Any]) -> Iterator[Metric]:
     yield from (family.single(serve) for family in SERVE_FAMILIES)
+    by_state = GaugeMetricFamily(
+        _name("serve_groups"), "Consumer groups on serve, by state", labels=["state"]
+    )
+    for state, count in sorted((serve.get("groups") or {}).items()):
+        by_state.add_metric([str(state)], float(count))
+    yield by_state
 
 
 def _mirror_metrics(mirror: Mapping[str, Any], *, per_partition: bool) -> Iterator[Metric]:

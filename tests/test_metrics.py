@@ -143,9 +143,20 @@ def test_memory_pool_and_serve_metrics_only_when_present() -> None:
     samples = scrape(
         snapshot(
             memory_pool={"capacity": 104857600, "used": 5242880, "peak": 73400320, "waits": 4},
-            serve={"sessions": 3, "partitions_cached": 120, "evictions_total": 7},
+            serve={
+                "sessions": 3,
+                "partitions_cached": 120,
+                "evictions_total": 7,
+                "groups": {"Empty": 2, "Stable": 1},
+                "group_rebalances_total": 4,
+                "offset_commits_total": 30,
+            },
         )
     )
+    assert samples[("replicad_serve_groups", (("state", "Stable"),))] == 1
+    assert samples[("replicad_serve_groups", (("state", "Empty"),))] == 2
+    assert samples[("replicad_serve_group_rebalances_total", ())] == 4
+    assert samples[("replicad_serve_offset_commits_total", ())] == 30
     assert samples[("replicad_memory_pool_capacity_bytes", ())] == 104857600
     assert samples[("replicad_memory_pool_used_bytes", ())] == 5242880
     assert samples[("replicad_memory_pool_peak_bytes", ())] == 73400320

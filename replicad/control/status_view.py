@@ -260,6 +260,13 @@ def _header(snap: Snapshot) -> str:
             f"{serve.get('partitions_cached', 0):,} partitions cached, "
             f"{serve.get('evictions_total', 0):,} evictions"
         )
+        groups = serve.get("groups") or {}
+        if any(groups.values()):
+            states = ", ".join(f"{n:,} {state}" for state, n in groups.items() if n)
+            lines.append(
+                f"consumer groups: {states}; {serve.get('group_rebalances_total', 0):,} "
+                f"rebalances, {serve.get('offset_commits_total', 0):,} offsets committed"
+            )
     return "\n".join(lines)
 
 

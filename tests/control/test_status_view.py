@@ -154,6 +154,15 @@ def test_serve_and_memory_pool_lines_appear_when_present() -> None:
         in header
     )
     assert "memory pool 25.0 MiB of 100.0 MiB, peak 96.0 MiB, 1,234 waits" in header
+    assert "consumer groups" not in header  # none yet
+    snap["serve"]["groups"] = {"Empty": 0, "Stable": 2, "PreparingRebalance": 1}
+    snap["serve"]["group_rebalances_total"] = 5
+    snap["serve"]["offset_commits_total"] = 1500
+    header = render_table(snap).split("\n\n")[1]
+    assert (
+        "consumer groups: 2 Stable, 1 PreparingRebalance; 5 rebalances, "
+        "1,500 offsets committed" in header
+    )
 
 
 def test_10000_partitions_are_capped_largest_lag_first() -> None:
