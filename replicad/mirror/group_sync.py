@@ -247,7 +247,7 @@ class GroupSync:
             return Said(
                 "group failed over at the destination; no longer synced",
                 group,
-                {"reason": reason, "event": event.value},
+                {"reason": reason, "cause": event.value},
                 level="warning",
             )
         self.failed_over.pop(group, None)

@@ -114,6 +114,11 @@ class GroupSyncShell:
             except (OSError, ReplicadError) as exc:
                 self.problem = str(exc)
                 self._warn("save", "mirror groups state not saved", error=str(exc))
+            except Exception as exc:
+                # A bug of ours: said with its traceback, named in status, tried again next
+                # round; mirroring and replication go on.
+                self.problem = f"internal error: {type(exc).__name__}: {exc}"
+                log.exception("group sync round failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.config.sync_interval_ms / 1000)
 

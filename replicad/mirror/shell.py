@@ -988,11 +988,12 @@ class Mirror:
         """Each destination partition's log end, or why it could not be read."""
         out: dict[TopicPartition, Any] = {}
         by_leader: dict[int, list[TopicPartition]] = {}
-        with contextlib.suppress(KafkaConnectionError, ProtocolError):
-            await self._refresh_metadata(force=True)
-        meta = self.dest_cluster
+        try:
+            meta = await self.client.metadata(sorted({tp.topic for tp in tps}))
+        except (KafkaConnectionError, ProtocolError) as exc:
+            return dict.fromkeys(tps, f"unreachable: {exc}")
         for tp in tps:
-            leader = meta.leader_of(tp) if meta is not None else None
+            leader = meta.leader_of(tp)
             if leader is None or leader.leader_id < 0:
                 out[tp] = "no leader known"
             else:

@@ -7,6 +7,9 @@ record after their last commit exactly once, none before it.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -220,3 +223,167 @@ def test_kafka_python_group_fails_over_exactly(
     )
     assert sorted(rest) == sorted(expected)
     assert len(rest) == len(set(rest))
+
+
+def mirror_cli(proc: ReplicadProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "replicad.cli", "mirror", *args,
+         "--socket", str(proc.control_socket)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def groups_of(proc: ReplicadProcess) -> dict[str, Any]:
+    return ((proc.status() or {}).get("mirror") or {}).get("groups") or {}
+
+
+def wait_running(proc: ReplicadProcess) -> None:
+    proc.wait_for(
+        lambda: ((proc.status() or {}).get("mirror") or {}).get("running") is True,
+        timeout_s=90,
+        what="the mirror running",
+    )
+
+
+def wait_rounds(proc: ReplicadProcess, more: int) -> None:
+    """Until the group sync has run `more` more rounds."""
+    start_round = groups_of(proc).get("rounds", 0)
+    try:
+        proc.wait_for(
+            lambda: groups_of(proc).get("rounds", 0) >= start_round + more,
+            timeout_s=120,
+            what=f"{more} more group sync rounds",
+        )
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc} (from {start_round}): {groups_of(proc)}") from None
+
+
+def dest_offset(bootstrap: str, topic: str, group: str, partition: int = 0) -> int | None:
+    committed = destination_committed(bootstrap, topic, group)[partition]
+    return None if committed is None else committed.offset
+
+
+def commit_at(bootstrap: str, topic: str, group: str, offsets: dict[int, int]) -> None:
+    """Commit `offsets` for `group` without joining it (assign, as an admin would)."""
+    from kafka import KafkaConsumer, OffsetAndMetadata
+    from kafka import TopicPartition as KTP
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    consumer.assign([KTP(topic, p) for p in offsets])
+    consumer.commit({KTP(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})
+    consumer.close()
+
+
+def test_a_live_group_is_never_written_and_a_failed_over_one_only_after_resume(
+    kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
+) -> None:
+    from kafka import KafkaConsumer
+
+    topic = unique_topic("live")
+    group = f"app-{topic}"
+    kafka_broker.create_topic(topic, PARTITIONS)
+    produce_numbered(kafka_broker.bootstrap, topic, PARTITIONS, PER_PARTITION)
+    commit_at(kafka_broker.bootstrap, topic, group, dict.fromkeys(range(PARTITIONS), 10))
+    with start(kafka_broker, kafka_cluster, [topic], tmp_path) as proc:
+        wait_synced(proc, group)
+        dest_topic = PREFIX + topic
+        assert dest_offset(kafka_cluster.bootstrap, dest_topic, group) == 10
+        # The application moves: it joins at the destination and stays.
+        member = KafkaConsumer(
+            bootstrap_servers=kafka_cluster.bootstrap,
+            group_id=group,
+            enable_auto_commit=False,
+        )
+        member.subscribe([dest_topic])
+        try:
+            proc.wait_for(
+                lambda: member.poll(timeout_ms=200) is not None and bool(member.assignment()),
+                timeout_s=60,
+                what="the member's assignment",
+            )
+            member.commit()  # its own position: 10 on every partition
+            # The source group goes on meanwhile; the destination's must not follow.
+            commit_at(kafka_broker.bootstrap, topic, group, dict.fromkeys(range(PARTITIONS), 30))
+            wait_rounds(proc, 10)
+            row = group_row(proc, group)
+            assert row["state"] == "failed_over", row
+            assert "member" in row["reason"]
+            assert dest_offset(kafka_cluster.bootstrap, dest_topic, group) == 10
+        finally:
+            member.close()
+        # Its members left: still never written.
+        commit_at(kafka_broker.bootstrap, topic, group, dict.fromkeys(range(PARTITIONS), 40))
+        wait_rounds(proc, 3)
+        assert dest_offset(kafka_cluster.bootstrap, dest_topic, group) == 10
+        assert "group failed over at the destination" in proc.output()
+        # The operator resumes it: the next rounds sync the source's offsets again.
+        resumed = mirror_cli(proc, "groups", "resume", group)
+        assert resumed.returncode == 0, resumed.stderr
+        assert "synced again" in resumed.stdout
+        proc.wait_for(
+            lambda: dest_offset(kafka_cluster.bootstrap, dest_topic, group) == 40,
+            timeout_s=60,
+            what="the resumed group synced",
+        )
+        assert group_row(proc, group)["state"] == "syncing"
+
+
+def test_promote_hands_the_topic_over_with_every_record_and_the_final_offsets(
+    kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
+) -> None:
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import TopicPartition as KTP
+
+    topic = unique_topic("promote")
+    group = f"app-{topic}"
+    dest_topic = PREFIX + topic
+    kafka_broker.create_topic(topic, PARTITIONS)
+    transactional_topic(kafka_broker.bootstrap, topic)
+    commit_at(kafka_broker.bootstrap, topic, group, dict.fromkeys(range(PARTITIONS), 15))
+    with start(kafka_broker, kafka_cluster, [topic], tmp_path) as proc:
+        wait_running(proc)
+        # The producers stop (transactional_topic returned); promote waits for the rest.
+        result = mirror_cli(proc, "promote", "--topics", topic, "--timeout", "120", "--json")
+        assert result.returncode == 0, result.stdout + result.stderr
+        report = json.loads(result.stdout)
+        assert report["promoted"] is True and report["left_behind"] == {}
+        probe = Consumer({"bootstrap.servers": kafka_cluster.bootstrap, "group.id": "probe"})
+        try:
+            ends = {
+                p: probe.get_watermark_offsets(KTP(dest_topic, p), timeout=10)[1]
+                for p in range(PARTITIONS)
+            }
+        finally:
+            probe.close()
+        source = all_values(kafka_broker.bootstrap, topic)
+        for row in report["partitions"]:
+            p = row["partition"]
+            assert row["destination_log_end"] == ends[p], row
+            assert row["mirrored_offset"] == row["source_high_watermark"], row
+            assert row["left_behind"] == 0
+            # Every committed source record is there; aborted ones and markers are not.
+            assert ends[p] == sum(1 for q, _, _ in source if q == p)
+        assert set(report["groups"][group].values()) < set(range(15))  # translated below 15
+        # Producing to the promoted topic at the destination is not disturbed by replicad.
+        producer = Producer({"bootstrap.servers": kafka_cluster.bootstrap})
+        for p in range(PARTITIONS):
+            producer.produce(dest_topic, value=b"after-promotion", partition=p)
+        assert producer.flush(30) == 0
+        wait_rounds(proc, 3)
+        status = proc.status()["mirror"]
+        assert topic in status["groups"]["promoted_topics"]
+        assert all(r["topic"] != topic for r in status["partitions"])
+        assert all(r["state"] != "halted" for r in status["partitions"])
+    # A restart does not resume the promoted topic.
+    with start(kafka_broker, kafka_cluster, [topic], tmp_path) as proc:
+        wait_running(proc)
+        assert all(r["topic"] != topic for r in proc.status()["mirror"]["partitions"])
+    probe = Consumer({"bootstrap.servers": kafka_cluster.bootstrap, "group.id": "probe"})
+    try:
+        after = {
+            p: probe.get_watermark_offsets(KTP(dest_topic, p), timeout=10)[1]
+            for p in range(PARTITIONS)
+        }
+    finally:
+        probe.close()
+    assert after == {p: ends[p] + 1 for p in range(PARTITIONS)}
