@@ -27,7 +27,6 @@ from replicad.control.status_view import render_status_line
 from replicad.errors import ConfigError, ReplicadError
 from replicad.follower.replicator import Replicator, ReplicatorSettings
 from replicad.follower.status import RateMeter, build_snapshot
-from replicad.protocol.client import ClientSettings
 from replicad.protocol.metadata import TopicSelection
 from replicad.recent_warnings import RECENT
 from replicad.startup import LoopSignals
@@ -68,23 +67,7 @@ def mirror_settings_from_config(config: Config) -> MirrorSettings | None:
         return None
     from replicad.mirror.shell import MirrorSettings
 
-    return MirrorSettings(
-        bootstrap_servers=tuple(str(hp) for hp in mirror.bootstrap_servers),
-        client=ClientSettings.from_config(mirror),
-        data_dir=config.data_dir,
-        topics=tuple(mirror.topics),
-        topic_prefix=mirror.topic_prefix,
-        replication_factor=mirror.replication_factor,
-        produce_timeout_ms=mirror.produce_timeout_ms,
-        progress_interval_ms=mirror.progress_interval_ms,
-        buffer_bytes=mirror.buffer_bytes,
-        max_in_flight=mirror.max_in_flight,
-        retention_waits=mirror.retention_waits,
-        topic_sync_interval_ms=mirror.topic_sync_interval_ms,
-        retry_backoff_ms=mirror.reconnect_backoff_ms,
-        retry_backoff_max_ms=mirror.reconnect_backoff_max_ms,
-        groups=config.groups,
-    )
+    return MirrorSettings.from_config(config)
 
 
 class Daemon:

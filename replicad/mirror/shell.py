@@ -37,7 +37,7 @@ import structlog
 
 from replicad.clock import monotonic_ms as _now_ms
 from replicad.clock import wall_ms as _wall_ms
-from replicad.config.model import GroupsConfig
+from replicad.config.model import Config, GroupsConfig, MirrorConfig, defaults_of
 from replicad.errors import (
     KafkaConnectionError,
     LeaderNotKnownError,
@@ -54,7 +54,6 @@ from replicad.mirror.destination import Destination, produce_answers
 from replicad.mirror.group_sync import MirroredPartition
 from replicad.mirror.group_sync_shell import GroupSyncShell
 from replicad.mirror.partition_mirror import (
-    MAX_IN_FLIGHT,
     Failure,
     LogEntry,
     MirrorTiming,
@@ -79,8 +78,14 @@ log = structlog.get_logger("replicad.mirror")
 PROMOTE_POLL_S = 0.1
 
 
+_MIRROR = defaults_of(MirrorConfig)
+
+
 @dataclass(frozen=True, slots=True)
 class MirrorSettings:
+    """The mirror: section as the mirror uses it (`from_config`); its defaults are the
+    config model's."""
+
     bootstrap_servers: tuple[str, ...]
     client: ClientSettings
     data_dir: Path
@@ -88,24 +93,48 @@ class MirrorSettings:
     topics: tuple[str, ...] = ()
     # Destination topic = prefix + source topic (MM2's DefaultReplicationPolicy uses
     # "<source alias>."); empty: the same name.
-    topic_prefix: str = ""
-    replication_factor: int = -1
-    produce_timeout_ms: int = 30_000
-    progress_interval_ms: int = 1_000
+    topic_prefix: str = _MIRROR["topic_prefix"]
+    replication_factor: int = _MIRROR["replication_factor"]
+    produce_timeout_ms: int = _MIRROR["produce_timeout_ms"]
+    progress_interval_ms: int = _MIRROR["progress_interval_ms"]
     read_bytes: int = 1 << 20
-    buffer_bytes: int = 4 << 20
-    retry_backoff_ms: int = 100
-    retry_backoff_max_ms: int = 5_000
+    buffer_bytes: int = _MIRROR["buffer_bytes"]
+    retry_backoff_ms: int = _MIRROR["reconnect_backoff_ms"]
+    retry_backoff_max_ms: int = _MIRROR["reconnect_backoff_max_ms"]
     # Batches in flight per partition (Kafka's idempotent producer allows up to 5).
-    max_in_flight: int = MAX_IN_FLIGHT
+    max_in_flight: int = _MIRROR["max_in_flight"]
     # At most this many batch bytes in one Produce request (one batch at least).
     request_bytes: int = 1 << 20
     # Hold local retention at what is not mirrored yet (PartitionLog.retention_floor).
-    retention_waits: bool = True
+    retention_waits: bool = _MIRROR["retention_waits"]
     # How often topics and partitions new at the source are looked for.
-    topic_sync_interval_ms: int = 30_000
+    topic_sync_interval_ms: int = _MIRROR["topic_sync_interval_ms"]
     # Consumer groups whose offsets follow the data (group_sync.py); off unless enabled.
     groups: GroupsConfig = field(default_factory=GroupsConfig)
+
+    @classmethod
+    def from_config(cls, config: Config) -> MirrorSettings:
+        """The settings of `config`'s mirror: section (ValueError if it has none)."""
+        mirror = config.mirror
+        if mirror is None:
+            raise ValueError("the configuration has no mirror: section")
+        return cls(
+            bootstrap_servers=tuple(str(hp) for hp in mirror.bootstrap_servers),
+            client=ClientSettings.from_config(mirror),
+            data_dir=config.data_dir,
+            topics=tuple(mirror.topics),
+            topic_prefix=mirror.topic_prefix,
+            replication_factor=mirror.replication_factor,
+            produce_timeout_ms=mirror.produce_timeout_ms,
+            progress_interval_ms=mirror.progress_interval_ms,
+            buffer_bytes=mirror.buffer_bytes,
+            max_in_flight=mirror.max_in_flight,
+            retention_waits=mirror.retention_waits,
+            topic_sync_interval_ms=mirror.topic_sync_interval_ms,
+            retry_backoff_ms=mirror.reconnect_backoff_ms,
+            retry_backoff_max_ms=mirror.reconnect_backoff_max_ms,
+            groups=config.groups,
+        )
 
 
 class Mirror:

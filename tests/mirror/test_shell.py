@@ -44,3 +44,34 @@ def test_a_leader_not_known_yet_is_not_called_an_unreachable_destination() -> No
         "unreachable",
         "destination unreachable, retrying",
     )
+
+
+def test_the_settings_come_from_the_mirror_section_with_the_config_models_defaults():
+    from replicad.config import config_from_mapping
+    from replicad.mirror.shell import MirrorSettings
+    from replicad.protocol.client import ClientSettings
+
+    required = {"source": {"bootstrap_servers": ["k:9092"]}, "topics": {"include": ["t"]}}
+    plain = config_from_mapping({**required, "mirror": {"bootstrap_servers": ["d:9092"]}})
+    settings = MirrorSettings.from_config(plain)
+    by_hand = MirrorSettings(("d:9092",), settings.client, plain.data_dir)
+    assert settings == by_hand
+    tuned = config_from_mapping(
+        {
+            **required,
+            "mirror": {
+                "bootstrap_servers": ["d:9092"],
+                "topic_prefix": "src.",
+                "produce_timeout_ms": 7_000,
+                "reconnect_backoff_ms": 7,
+                "reconnect_backoff_max_ms": 700,
+                "max_in_flight": 2,
+                "retention_waits": False,
+            },
+        }
+    )
+    settings = MirrorSettings.from_config(tuned)
+    assert (settings.topic_prefix, settings.produce_timeout_ms) == ("src.", 7_000)
+    assert (settings.retry_backoff_ms, settings.retry_backoff_max_ms) == (7, 700)
+    assert (settings.max_in_flight, settings.retention_waits) == (2, False)
+    assert settings.client == ClientSettings.from_config(tuned.mirror)
