@@ -27,6 +27,7 @@ from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import DecodedRequest, RequestHead, request_type
 from replicad.protocol.requests import make_entity
 from tests.groups.test_consumer_protocol import encoded
+from tools.wait import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -135,9 +136,7 @@ async def test_the_timer_removes_a_member_whose_session_ran_out(service) -> None
     await answered(groups, join(member_id))
     clock.ms += 10_000
     groups.poke()
-    async with asyncio.timeout(WAIT_S):
-        while groups.coordinator.groups["g"].members:
-            await asyncio.sleep(0.01)
+    await until(lambda: not groups.coordinator.groups["g"].members, timeout_s=WAIT_S)
     assert groups.coordinator.groups["g"].state.value == "Empty"
 
 

@@ -23,6 +23,7 @@ from replicad.types import TopicPartition
 from tools.peers.kafka import run_kafka_class
 from tools.peers.process import free_port
 from tools.replica import ReplicadProcess, replicad_run, replicad_serve
+from tools.wait import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
@@ -246,10 +247,11 @@ def committed_offsets(replica: Replica, group: str) -> dict[int, int]:
 
 def gone(serve: ReplicadProcess) -> bool:
     """Whether `serve` has exited (given a moment to be reaped after its kill)."""
-    deadline = time.monotonic() + 10
-    while serve.running and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not serve.running
+    try:
+        wait_until(lambda: not serve.running, timeout_s=10, what="serve to exit")
+    except TimeoutError:
+        return False
+    return True
 
 
 def listed_groups(replica: Replica) -> list[str]:
@@ -300,3 +302,68 @@ def test_serve_killed_while_committing_keeps_every_acknowledged_commit(replica, 
     )
     kept = committed_offsets(replica, group)[tp.partition]
     assert kept in (acknowledged, attempted), (kept, acknowledged, attempted)
+
+
+class Member(threading.Thread):
+    """A kafka-python consumer of a group in a thread of its own, polling until told to
+    stop (or to leave: it closes, which sends LeaveGroup)."""
+
+    def __init__(self, replica: Replica, group: str, read: set[tuple[int, int]]) -> None:
+        super().__init__(daemon=True)
+        self.replica = replica
+        self.group = group
+        self.read = read
+        self.assigned: frozenset[int] = frozenset()
+        self.leave = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from kafka import KafkaConsumer
+
+        try:
+            consumer = KafkaConsumer(
+                bootstrap_servers=self.replica.bootstrap,
+                group_id=self.group,
+                auto_offset_reset="earliest",
+                fetch_max_wait_ms=100,
+                max_poll_records=20,
+                session_timeout_ms=10_000,
+                heartbeat_interval_ms=500,
+            )
+            consumer.subscribe([self.replica.topic])
+            try:
+                while not self.leave.is_set():
+                    for tp, messages in consumer.poll(timeout_ms=200).items():
+                        self.read.update((tp.partition, m.offset) for m in messages)
+                    self.assigned = frozenset(tp.partition for tp in consumer.assignment())
+            finally:
+                consumer.close()
+        except BaseException as exc:
+            self.error = exc
+
+
+def test_three_members_share_the_partitions_and_one_leaving_hands_its_own_over(replica) -> None:
+    read: set[tuple[int, int]] = set()
+    members = [Member(replica, "three", read) for _ in range(3)]
+    everything = {(p, o) for p in range(PARTITIONS) for o in range(PER_PARTITION)}
+    try:
+        for member in members:
+            member.start()
+
+        def shared_by(group: list[Member]) -> bool:
+            sets = [m.assigned for m in group]
+            union = frozenset().union(*sets)
+            disjoint = sum(len(s) for s in sets) == len(union)
+            return all(sets) and disjoint and union == frozenset(range(PARTITIONS))
+
+        wait_until(lambda: shared_by(members), what="each of 3 members owning one partition")
+        members[2].leave.set()
+        members[2].join(30)
+        wait_until(lambda: shared_by(members[:2]), what="the 2 left owning every partition")
+        wait_until(lambda: everything <= read, what="every record read")
+    finally:
+        for member in members:
+            member.leave.set()
+        for member in members:
+            member.join(30)
+    assert all(m.error is None for m in members), [m.error for m in members]
