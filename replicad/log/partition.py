@@ -24,6 +24,10 @@ Rules:
   flushes -- itself, or, when the log store has a `flush_later` (the follower's durability
   thread), by handing the flush to it, once until that flush starts, so the appending
   thread (the event loop) never waits on the fsyncs.
+- Retention deletes in two phases, as Kafka does: under the partition lock (the append
+  path) it only renames the segments' files to `*.deleted`; it unlinks them after releasing
+  it, so appends never wait on the unlinks of large files. A crash in between leaves
+  `*.deleted` files: loading removes them.
 - Thread use: every method takes the partition lock; `flush` holds it only to pick what to
   sync and fsyncs duplicated descriptors outside it, so a flush on a worker thread (the
   follower's durability thread) does not stall appends on the event loop.
@@ -616,20 +620,37 @@ class PartitionLog:
             self._epochs.truncate_from_start(offset)
             self._persist_epochs()
 
-    def _delete_below(self, offset: int) -> list[int]:
+    def _delete_below(self, offset: int, *, unlink_later: list[Path] | None = None) -> list[int]:
+        """Remove the segments wholly below `offset`. With `unlink_later`, only rename them
+        to `.deleted` (under the lock) and add their paths there for the caller to unlink
+        after releasing it (Kafka's two-phase delete)."""
         deleted = []
         while len(self._segments) > 1 and self._segments[1].base_offset <= offset:
             segment = self._segments.pop(0)
             self._bases.pop(0)
             deleted.append(segment.base_offset)
-            segment.delete()
-        if deleted:
+            if unlink_later is None:
+                segment.delete()
+            else:
+                unlink_later.extend(segment.rename_for_deletion())
+        if deleted and unlink_later is None:
             fsync_dir(self.directory)
         return deleted
 
     def enforce_retention(self, now_ms: int) -> list[int]:
         """Delete inactive segments past retention.ms / retention.bytes; their base offsets.
-        A segment holding `retention_floor` or a later offset is kept (a hold)."""
+        A segment holding `retention_floor` or a later offset is kept (a hold). The
+        partition's lock (its append path) is held only to choose and rename the segments;
+        their files are unlinked after (see the module rules)."""
+        unlink: list[Path] = []
+        deleted = self._retain(now_ms, unlink)
+        if unlink:
+            for path in unlink:
+                path.unlink(missing_ok=True)
+            fsync_dir(self.directory)
+        return deleted
+
+    def _retain(self, now_ms: int, unlink: list[Path]) -> list[int]:
         with self._lock:
             summaries = [
                 SegmentSummary(s.base_offset, s.size, s.max_timestamp.timestamp)
@@ -645,7 +666,7 @@ class PartitionLog:
             new_start = self._segments[delete].base_offset
             self.log_start_offset = max(self.log_start_offset, new_start)
             self.high_watermark = max(self.high_watermark, self.log_start_offset)
-            deleted = self._delete_below(new_start)
+            deleted = self._delete_below(new_start, unlink_later=unlink)
             self._epochs.truncate_from_start(self.log_start_offset)
             self._persist_epochs()
             log.info(

@@ -40,7 +40,13 @@ from replicad.log.index import (
     TimestampOffset,
     fits_relative,
 )
-from replicad.log.layout import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_file_name
+from replicad.log.layout import (
+    DELETED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    segment_file_name,
+)
 from replicad.records.batch import (
     MAGIC_V2,
     RECORD_BATCH_OVERHEAD,
@@ -523,3 +529,19 @@ class LogSegment:
         self.close()
         for path in (self.log_path, self.index_path, self.time_index_path):
             path.unlink(missing_ok=True)
+
+    def rename_for_deletion(self) -> list[Path]:
+        """The first step of Kafka's two-phase delete: close, and rename each file to
+        `<name>.deleted` (a cheap step, taken under the partition lock); the caller unlinks
+        the returned paths later, outside it. A crash in between leaves `.deleted` files,
+        which loading removes (layout.py's strays)."""
+        self.close()
+        renamed = []
+        for path in (self.log_path, self.index_path, self.time_index_path):
+            target = path.with_name(path.name + DELETED_SUFFIX)
+            try:
+                path.rename(target)
+            except FileNotFoundError:
+                continue
+            renamed.append(target)
+        return renamed

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -200,6 +201,64 @@ def test_retention_by_bytes_moves_log_start(tmp_path: Path) -> None:
     assert deleted
     assert log.size_in_bytes >= config.retention_bytes - SMALL.segment_bytes
     assert log.log_start_offset == log.segments[0].base_offset
+
+
+def test_retention_unlinks_segments_without_holding_the_append_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two-phase delete: under the partition lock the segments are only renamed to
+    `.deleted`; each unlink happens with the lock free (another thread takes it then), and
+    a crash between the phases leaves `.deleted` files that loading removes."""
+    config = LogConfig(
+        segment_bytes=SMALL.segment_bytes,
+        index_interval_bytes=1024,
+        segment_index_bytes=2048,
+        retention_bytes=3 * SMALL.segment_bytes,
+    )
+    log, _ = _partition(tmp_path, config=config)
+    real_unlink = Path.unlink
+    lock_free_at_unlink: list[bool] = []
+
+    def unlink(path: Path, missing_ok: bool = False) -> None:
+        if path.name.endswith(".deleted"):
+            taken: list[bool] = []
+
+            def other_thread() -> None:  # an append on the event loop, say
+                got = log._lock.acquire(blocking=False)
+                taken.append(got)
+                if got:
+                    log._lock.release()
+
+            thread = threading.Thread(target=other_thread)
+            thread.start()
+            thread.join()
+            lock_free_at_unlink.append(taken == [True])
+        real_unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    deleted = log.enforce_retention(now_ms=0)
+    assert deleted and len(lock_free_at_unlink) == 3 * len(deleted)
+    assert all(lock_free_at_unlink)
+    assert not list(log.directory.glob("*.deleted"))
+    monkeypatch.setattr(Path, "unlink", real_unlink)
+    # A crash after the renames: the .deleted files are removed when the log is loaded.
+    base = log.segments[0].base_offset
+    log.close()
+    stale = log.directory / f"{0:020d}.log.deleted"
+    stale.write_bytes(b"old segment")
+    loaded = PartitionLog.load(
+        log.directory,
+        TP,
+        config,
+        now_ms=0,
+        recovery_point=0,
+        log_start_offset=base,
+        high_watermark=base,
+        clean_shutdown=False,
+    )
+    assert not stale.exists() and loaded.log_start_offset == base
+    assert stale.name in loaded.last_recovery.removed_files
+    loaded.close()
 
 
 def test_retention_keeps_what_is_at_or_past_the_floor(tmp_path: Path) -> None:
