@@ -16,7 +16,10 @@ activating the venv) cannot import replicad. The modules:
 - decode: record batches to Arrow columns, many batches at once (the reader's hot path);
 - files: every file open, observable (`traceFileOpens`);
 - schema / columns: the tables, and Arrow batches for Spark;
-- source: the DataSource classes; pipeline: `replicad pipeline export|verify`;
+- source: the DataSource classes; stream: `spark.readStream` over the replica (admission:
+  how far each micro-batch reads; stable: the last stable offset for read_committed);
+- pipeline: `replicad pipeline export|verify|offsets-from-checkpoint` (follow: the export
+  as a streaming query; handover: offsets out of a Spark checkpoint, for a failover);
   submit: spark-submit's program file for those jobs.
 
 Importing this package does not import pyspark; `register` does.

@@ -37,6 +37,8 @@ from replicad.spark.plan import (
     PartitionFiles,
     SegmentFile,
     Split,
+    byte_range,
+    offset_after_position,
     plan_partition,
     usable_offset_index,
     usable_time_index,
@@ -124,6 +126,37 @@ class Planner:
             return self.offset_for_timestamp(files, self.options.ending_timestamp, log_start)
         wanted = self.options.ending_offsets.for_partition(files.topic_partition)
         return None if wanted == LATEST else wanted
+
+    def splits(self, files: PartitionFiles, start: int, end: int | None) -> list[Split]:
+        """The splits of offsets [start, end) of one partition."""
+        return plan_partition(
+            files,
+            start,
+            end,
+            self.options.max_split_bytes,
+            lambda segment: self.offset_index(files, segment),
+        )
+
+    def bytes_between(self, files: PartitionFiles, start: int, end: int) -> int:
+        """About how many bytes of the log hold offsets [start, end) (index granularity)."""
+        return sum(split.size for split in self.splits(files, start, end))
+
+    def offset_after_bytes(self, files: PartitionFiles, start: int, budget: int) -> int | None:
+        """An offset above `start` about `budget` bytes of the log further, at a batch start
+        (at least one batch further); None when the log ends before the budget does."""
+        remaining = budget
+        for i, segment in enumerate(files.segments):
+            next_base = files.next_base(i)
+            if (next_base is not None and next_base <= start) or segment.size == 0:
+                continue
+            index = self.offset_index(files, segment)
+            first, last = byte_range(index, segment, start, None)
+            if last - first <= remaining:
+                remaining -= last - first
+                continue
+            found = offset_after_position(index, segment, first + remaining, start)
+            return found if found is not None else next_base
+        return None
 
     def offset_index(self, files: PartitionFiles, segment: SegmentFile) -> OffsetIndex:
         path = Path(files.directory) / segment_file_name(segment.base_offset, INDEX_SUFFIX)

@@ -13,6 +13,13 @@ Rules:
 - Every option name is checked: a misspelt filter would otherwise read everything.
   Names are case-insensitive, as Spark's are.
 - Problems raise ConfigError naming the option.
+- Streaming (`spark.readStream`, stream.py) takes the same names plus the limits of Spark's
+  Kafka source (`maxOffsetsPerTrigger`, `minOffsetsPerTrigger` with `maxTriggerDelay`,
+  `failOnDataLoss`) and `maxBytesPerTrigger`; those are refused by a batch read, and
+  `endingOffsets` / `endingTimestamp` by a stream (it has no end), as Spark's Kafka source
+  does. A stream may start at "latest".
+- `includeHeaders` (Spark's Kafka source has it, default false there): the `headers` column
+  is in the table unless it is false -- our batch table has always had it.
 """
 
 from __future__ import annotations
@@ -78,6 +85,7 @@ class ReadOptions:
     include_control: bool = False
     verify_crc: bool = True
     max_split_bytes: int = DEFAULT_MAX_SPLIT_BYTES
+    include_headers: bool = True
     # Diagnostics: append "<purpose>\t<path>" for every file the source opens.
     trace_file_opens: str | None = None
 
@@ -105,23 +113,106 @@ OPTION_NAMES = (
     "verifyCrc",
     "maxSplitBytes",
     "traceFileOpens",
+    "includeHeaders",
 )
-_CANONICAL = {name.lower(): name for name in OPTION_NAMES}
+# Only for spark.readStream.
+STREAM_OPTION_NAMES = (
+    "maxOffsetsPerTrigger",
+    "minOffsetsPerTrigger",
+    "maxTriggerDelay",
+    "maxBytesPerTrigger",
+    "failOnDataLoss",
+)
+BATCH_ONLY_OPTION_NAMES = ("endingOffsets", "endingTimestamp")
+_CANONICAL = {name.lower(): name for name in (*OPTION_NAMES, *STREAM_OPTION_NAMES)}
+DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000  # Spark's Kafka source: 15m
+_DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOptions:
+    """A stream's options: what each micro-batch reads (`read`, its offsets set per batch)
+    and how much it may take (admission.py)."""
+
+    read: ReadOptions
+    max_offsets_per_trigger: int | None = None
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
+    max_bytes_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
 
 
 def _error(name: str, message: str) -> ConfigError:
     return ConfigError(name, message, location=OPTION_LOCATION)
 
 
-def parse_options(raw: Mapping[str, str]) -> ReadOptions:
-    """ReadOptions from Spark's option map (`path` is what `load(PATH)` sets)."""
+def _given(
+    raw: Mapping[str, str], known: tuple[str, ...], refused: tuple[str, ...], kind: str
+) -> dict[str, str]:
     given: dict[str, str] = {}
     for key, value in raw.items():
         name = _CANONICAL.get(key.lower())
         if name is None:
-            known = ", ".join(OPTION_NAMES)
-            raise _error(key, f"unknown option (known: {known})")
+            raise _error(key, f"unknown option (known: {', '.join(known)})")
+        if name in refused:
+            raise _error(name, f"not an option of a {kind}")
         given[name] = str(value)
+    return given
+
+
+def parse_options(raw: Mapping[str, str]) -> ReadOptions:
+    """ReadOptions from Spark's option map (`path` is what `load(PATH)` sets)."""
+    given = _given(raw, OPTION_NAMES, STREAM_OPTION_NAMES, "batch read (only of readStream)")
+    return _read_options(given, stream=False)
+
+
+def table_options(raw: Mapping[str, str]) -> tuple[View, bool]:
+    """The view and includeHeaders, which decide the table's schema (the rest is the
+    reader's to check)."""
+    every = (*OPTION_NAMES, *STREAM_OPTION_NAMES)
+    given = _given(raw, every, (), "read")  # a misspelt name fails at analysis already
+    return _enum(given, "view", View, View.RECORDS), _bool(given, "includeHeaders", True)
+
+
+def parse_stream_options(raw: Mapping[str, str]) -> StreamOptions:
+    """StreamOptions from the option map of `spark.readStream`."""
+    every = (*OPTION_NAMES, *STREAM_OPTION_NAMES)
+    names = tuple(n for n in every if n not in BATCH_ONLY_OPTION_NAMES)
+    given = _given(raw, names, BATCH_ONLY_OPTION_NAMES, "stream (a stream has no end)")
+    minimum = _optional_int(given, "minOffsetsPerTrigger")
+    maximum = _optional_int(given, "maxOffsetsPerTrigger")
+    if minimum is not None and maximum is not None and minimum > maximum:
+        raise _error("minOffsetsPerTrigger", f"{minimum} is above maxOffsetsPerTrigger {maximum}")
+    read = _read_options(given, stream=True)
+    if read.view is not View.RECORDS:
+        raise _error("view", "a stream reads the records view only")
+    return StreamOptions(
+        read=read,
+        max_offsets_per_trigger=maximum,
+        min_offsets_per_trigger=minimum,
+        max_trigger_delay_ms=_duration_ms(given, "maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY_MS),
+        max_bytes_per_trigger=_optional_int(given, "maxBytesPerTrigger"),
+        fail_on_data_loss=_bool(given, "failOnDataLoss", True),
+    )
+
+
+def _optional_int(given: dict[str, str], name: str) -> int | None:
+    return _int(given, name, 0, 1) if name in given else None
+
+
+def _duration_ms(given: dict[str, str], name: str, default: int) -> int:
+    """Spark's duration strings: "15m", "30s", "500ms", "1h"; a bare number is milliseconds."""
+    if name not in given:
+        return default
+    text = given[name].strip().lower()
+    match = re.fullmatch(r"(\d+)\s*([a-z]*)", text)
+    unit = match.group(2) if match else None
+    if match is None or (unit and unit not in _DURATION_UNITS_MS):
+        raise _error(name, f"{given[name]!r} is not a duration such as 500ms, 30s, 15m or 1h")
+    return int(match.group(1)) * _DURATION_UNITS_MS.get(unit or "ms", 1)
+
+
+def _read_options(given: dict[str, str], *, stream: bool) -> ReadOptions:
     data_dir = given.get("path", "")
     if not data_dir:
         raise _error("path", 'no data directory: use .load("/path/to/replicad/data")')
@@ -135,7 +226,7 @@ def parse_options(raw: Mapping[str, str]) -> ReadOptions:
     ending_offsets = _offsets(given, "endingOffsets", LATEST)
     # A batch read has a fixed range: as in Spark's Kafka source, it cannot start at the
     # end nor end at the start.
-    if LATEST in _values(starting_offsets):
+    if not stream and LATEST in _values(starting_offsets):
         raise _error("startingOffsets", "latest (-1) is no start for a batch read")
     if EARLIEST in _values(ending_offsets):
         raise _error("endingOffsets", "earliest (-2) is no end for a batch read")
@@ -159,6 +250,7 @@ def parse_options(raw: Mapping[str, str]) -> ReadOptions:
         include_control=_bool(given, "includeControl", False),
         verify_crc=_bool(given, "verifyCrc", True),
         max_split_bytes=_int(given, "maxSplitBytes", DEFAULT_MAX_SPLIT_BYTES, MIN_SPLIT_BYTES),
+        include_headers=_bool(given, "includeHeaders", True),
         trace_file_opens=given.get("traceFileOpens") or None,
     )
 

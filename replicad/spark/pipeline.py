@@ -1,7 +1,14 @@
-"""`replicad pipeline export|verify`: Spark jobs over a data directory.
+"""`replicad pipeline export|verify|offsets-from-checkpoint`: Spark jobs over a data directory.
 
 - export: the records view, partitioned by topic / partition / date (UTC day of the record
   timestamp, independent of the session's time zone) and written as parquet, orc or json.
+  With `--follow` or `--available-now`, a streaming query that adds only new records on
+  each run (follow.py).
+- offsets-from-checkpoint: the startingOffsets JSON that continues a Spark query on the
+  replica where its checkpoint stopped (handover.py).
+- A local run binds Spark to 127.0.0.1 (SPARK_LOCAL_IP, unless set), keeps Spark's console
+  to errors unless `--verbose`, and ends an error with one line and an exit code (64 a bad
+  flag, 1 anything else, 130 interrupted); `--verbose` adds the traceback.
 - verify: the batches view (every CRC checked, in parallel over the splits), then per
   partition: offset continuity along the file order (a step back or an overlap is a
   problem, a gap is counted as `replicad verify` does), batches below their segment's base,
@@ -20,8 +27,11 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import json
 import os
+import re
 import sys
+import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +39,8 @@ from typing import TYPE_CHECKING, TextIO
 
 from replicad.errors import ConfigError, ReplicadError
 from replicad.log.layout import LOCK_FILE, segment_file_name
-from replicad.spark.options import ReadOptions, View, parse_options
+from replicad.spark.export_layout import PARTITION_COLUMNS, dated
+from replicad.spark.options import ReadOptions, View, parse_options, parse_stream_options
 
 # Nothing here imports pyspark or pyarrow when loaded: `replicad --help` must work without
 # the spark extra.
@@ -39,11 +50,10 @@ if TYPE_CHECKING:
 DEFAULT_MASTER = "local[*]"
 EXPORT_FORMATS = ("parquet", "orc", "json")
 WRITE_MODES = ("errorifexists", "overwrite", "append", "ignore")
-PARTITION_COLUMNS = ("topic", "partition", "date")
-MICROS_PER_DAY = 86_400_000_000
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
 EX_USAGE = 64
+EXIT_INTERRUPTED = 130
 # Set by spark-submit (PythonRunner) for the driver program it starts.
 SUBMIT_ENV = "PYSPARK_GATEWAY_PORT"
 
@@ -64,6 +74,9 @@ def spark_session(
         master = master or DEFAULT_MASTER
         builder = builder.master(master)
         if master.startswith("local"):
+            # A local run binds to loopback: otherwise Spark picks the first interface's
+            # address and warns that the host name resolves to a loopback address.
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
             # The workers are this machine's: the interpreter that has replicad installed.
             # (The environment, read when the JVM starts, reaches every kind of Python
             # worker; the setting alone does not reach the data source planner's.)
@@ -100,8 +113,6 @@ def export(
 ) -> int:
     """Write the records view to `out` as `fmt`, partitioned by topic, partition and date."""
     stdout = stdout or sys.stdout
-    from pyspark.sql import functions as F
-
     if fmt not in EXPORT_FORMATS:
         raise ConfigError("format", f"{fmt!r} is not one of {', '.join(EXPORT_FORMATS)}")
     if mode not in WRITE_MODES:
@@ -110,10 +121,7 @@ def export(
     parsed = parse_options(raw)
     spark = spark or spark_session()
     records = read(spark, parsed, raw)
-    # The UTC day from the epoch, so that the layout does not depend on the session's zone.
-    day = F.floor(F.unix_micros(F.col("timestamp")) / MICROS_PER_DAY).cast("int")
-    dated = records.withColumn("date", F.date_from_unix_date(day))
-    dated.write.format(fmt).mode(mode).partitionBy(*PARTITION_COLUMNS).save(out)
+    dated(records).write.format(fmt).mode(mode).partitionBy(*PARTITION_COLUMNS).save(out)
     print(f"exported {data_dir} to {out} ({fmt}, by {'/'.join(PARTITION_COLUMNS)})", file=stdout)
     return EXIT_OK
 
@@ -343,40 +351,138 @@ def _export_options(args: argparse.Namespace) -> dict[str, str]:
     return options
 
 
+# Spark's console when `--verbose` is not given: errors only, and no start-up banner.
+QUIET_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+"""
+JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+
+
+def quiet_log4j2_file() -> str:
+    """QUIET_LOG4J2 in a file of its own (removed when this process exits)."""
+    import atexit
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="replicad-log4j2-", suffix=".properties")
+    with os.fdopen(fd, "w") as f:
+        f.write(QUIET_LOG4J2)
+    atexit.register(lambda: Path(path).unlink(missing_ok=True))
+    return path
+
+
 def _session_from(args: argparse.Namespace) -> SparkSession:
-    return spark_session(args.master, dict(args.conf or []))
+    conf = dict(args.conf or [])
+    verbose = getattr(args, "verbose", False)
+    if not verbose:
+        quiet = f"-Dlog4j2.configurationFile={quiet_log4j2_file()}"
+        conf[JAVA_OPTIONS] = f"{conf[JAVA_OPTIONS]} {quiet}" if JAVA_OPTIONS in conf else quiet
+    spark = spark_session(args.master, conf)
+    if not verbose:
+        spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+# Our errors as they reach the driver inside Spark's (a Python worker's traceback).
+_OUR_ERROR = re.compile(
+    r"(?:DataLossError|LogError|ConfigError|CorruptRecordError|CheckpointError"
+    r"|OffsetOutOfRangeError): (.+)"
+)
+
+
+def one_line(exc: BaseException) -> str:
+    """What went wrong, in one line: ours when Spark carried it, else Spark's first line."""
+    text = str(exc)
+    ours = _OUR_ERROR.findall(text)
+    if ours:
+        return ours[-1].strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return first or type(exc).__name__
 
 
 def _run(args: argparse.Namespace, job: str) -> int:
+    """Run a job; an error is one line on stderr and an exit code (and the traceback with
+    --verbose)."""
     try:
-        from pyspark.errors import PySparkException
+        import pyspark  # noqa: F401
     except ImportError:
         print("replicad pipeline needs pyspark: pip install 'replicad[spark]'", file=sys.stderr)
         return EXIT_PROBLEMS
     try:
-        if job == "export":
-            options = _export_options(args)
+        return _job(args, job)
+    except ConfigError as exc:
+        code, line = EX_USAGE, str(exc)
+    except ReplicadError as exc:
+        code, line = EXIT_PROBLEMS, str(exc)
+    except KeyboardInterrupt:
+        code, line = EXIT_INTERRUPTED, "interrupted"
+    except Exception as exc:  # Spark's: the output exists, a path it cannot reach, ...
+        code, line = EXIT_PROBLEMS, one_line(exc)
+    if getattr(args, "verbose", False):
+        traceback.print_exc()
+    print(f"replicad pipeline {job}: {line} (exit {code})", file=sys.stderr)
+    return code
+
+
+def _job(args: argparse.Namespace, job: str) -> int:
+    if job == "offsets-from-checkpoint":
+        from replicad.spark.handover import offsets_from_checkpoint
+
+        sink = Path(args.sink) if args.sink else None
+        offsets = offsets_from_checkpoint(Path(args.checkpoint), sink=sink, source=args.source)
+        print(json.dumps(offsets, separators=(",", ":")))
+        return EXIT_OK
+    if job == "export":
+        options = _export_options(args)
+        streaming = args.follow or args.available_now
+        if not streaming:
             parse_options({**options, "path": args.data_dir})  # bad flags fail before Spark
             return export(
                 args.data_dir,
                 args.format,
                 args.out,
                 options=options,
-                mode=args.mode,
+                mode=args.mode or "errorifexists",
                 spark=_session_from(args),
             )
-        options = _selection(args)
-        parse_options({**options, "path": args.data_dir})
-        return verify(args.data_dir, options=options, spark=_session_from(args))
-    except ConfigError as exc:
-        print(f"replicad pipeline {job}: {exc}", file=sys.stderr)
-        return EX_USAGE
-    except ReplicadError as exc:
-        print(f"replicad pipeline {job}: {exc}", file=sys.stderr)
-        return EXIT_PROBLEMS
-    except PySparkException as exc:  # e.g. the output exists, a path Spark cannot reach
-        print(f"replicad pipeline {job}: {exc}", file=sys.stderr)
-        return EXIT_PROBLEMS
+        if args.mode is not None:
+            raise ConfigError("mode", "a streaming export appends; --mode is for a batch export")
+        options.update(_stream_options(args))
+        parse_stream_options({**options, "path": args.data_dir})
+        from replicad.spark.follow import export_stream
+
+        return export_stream(
+            _session_from(args),
+            args.data_dir,
+            args.format,
+            args.out,
+            options=options,
+            checkpoint=args.checkpoint,
+            available_now=args.available_now,
+            trigger_interval=args.trigger_interval,
+        )
+    options = _selection(args)
+    parse_options({**options, "path": args.data_dir})
+    return verify(args.data_dir, options=options, spark=_session_from(args))
+
+
+def _stream_options(args: argparse.Namespace) -> dict[str, str]:
+    options = {}
+    for flag, option in (
+        ("max_offsets_per_trigger", "maxOffsetsPerTrigger"),
+        ("max_bytes_per_trigger", "maxBytesPerTrigger"),
+    ):
+        value = getattr(args, flag, None)
+        if value is not None:
+            options[option] = str(value)
+    if args.no_fail_on_data_loss:
+        options["failOnDataLoss"] = "false"
+    return options
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -385,6 +491,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     return _run(args, "verify")
+
+
+def _cmd_offsets(args: argparse.Namespace) -> int:
+    return _run(args, "offsets-from-checkpoint")
 
 
 def _common_flags(parser: argparse.ArgumentParser) -> None:
@@ -399,6 +509,9 @@ def _common_flags(parser: argparse.ArgumentParser) -> None:
         type=_key_value,
         metavar="KEY=VALUE",
         help="a Spark setting (repeatable)",
+    )
+    parser.add_argument(
+        "--verbose", action="store_true", help="Spark's console and full tracebacks"
     )
     parser.add_argument("--topics", help="comma-separated topics (default: all)")
     parser.add_argument("--topic-pattern", help="regex the topic names must match")
@@ -438,8 +551,8 @@ def add_jobs(parser: argparse.ArgumentParser) -> None:
     export_parser.add_argument(
         "--mode",
         choices=WRITE_MODES,
-        default="errorifexists",
-        help="what to do when --out already holds data (Spark's save modes)",
+        help="batch export: what to do when --out already holds data (Spark's save modes; "
+        "default errorifexists)",
     )
     export_parser.add_argument(
         "--isolation",
@@ -453,7 +566,44 @@ def add_jobs(parser: argparse.ArgumentParser) -> None:
     export_parser.add_argument("--ending-offsets", help='"latest", N or JSON (exclusive)')
     export_parser.add_argument("--starting-timestamp", help="epoch ms or ISO 8601")
     export_parser.add_argument("--ending-timestamp", help="epoch ms or ISO 8601 (exclusive)")
+    streaming = export_parser.add_argument_group(
+        "streaming",
+        "a streaming query, checkpointed in OUT.checkpoint: each run adds only new records, "
+        "exactly once",
+    )
+    how = streaming.add_mutually_exclusive_group()
+    how.add_argument("--follow", action="store_true", help="keep exporting until SIGTERM or Ctrl-C")
+    how.add_argument(
+        "--available-now",
+        action="store_true",
+        help="export what the replica holds now, in micro-batches, then stop",
+    )
+    streaming.add_argument("--checkpoint", help="the query's checkpoint (default OUT.checkpoint)")
+    streaming.add_argument(
+        "--trigger-interval", default="1 second", help="--follow: how often (default 1 second)"
+    )
+    streaming.add_argument("--max-offsets-per-trigger", type=int)
+    streaming.add_argument("--max-bytes-per-trigger", type=int)
+    streaming.add_argument(
+        "--no-fail-on-data-loss",
+        action="store_true",
+        help="skip (and log) records retention deleted before they were read",
+    )
     export_parser.set_defaults(func=_cmd_export)
+
+    offsets_parser = jobs.add_parser(
+        "offsets-from-checkpoint",
+        help="startingOffsets JSON from a Spark query's checkpoint (to continue on the replica)",
+    )
+    offsets_parser.add_argument("checkpoint", help="the query's checkpoint directory")
+    offsets_parser.add_argument(
+        "--sink", help="its file sink's output directory: a batch already written counts"
+    )
+    offsets_parser.add_argument(
+        "--source", type=int, default=0, help="which of the query's sources (default 0)"
+    )
+    offsets_parser.add_argument("--verbose", action="store_true", help="full tracebacks")
+    offsets_parser.set_defaults(func=_cmd_offsets)
 
     verify_parser = jobs.add_parser(
         "verify",

@@ -179,6 +179,26 @@ def byte_range(
     return first, last
 
 
+def offset_after_position(
+    index: OffsetIndex, segment: SegmentFile, position: int, after: int
+) -> int | None:
+    """An indexed batch start above offset `after`, the last one at or before byte
+    `position` if there is one, else the first one past it; None when the index has no
+    batch start above `after` (the segment's end is the caller's)."""
+    entries = _Entries(index)
+    chosen = None
+    slot = bisect.bisect_right(entries, position, key=lambda e: e.position)
+    if slot > 0 and entries[slot - 1].offset > after:
+        chosen = entries[slot - 1].offset
+    else:
+        first_above = bisect.bisect_right(entries, after, key=lambda e: e.offset)
+        if first_above < len(entries):
+            chosen = entries[first_above].offset
+    if chosen is None and segment.base_offset > after:
+        return segment.base_offset
+    return chosen
+
+
 def cut_points(index: OffsetIndex | None, first: int, last: int, max_split_bytes: int) -> list[int]:
     """Positions strictly inside (first, last) where the range is cut into splits."""
     if index is None or last - first <= max_split_bytes:

@@ -25,6 +25,14 @@ RECORDS_DDL = (
     "leader_epoch int, producer_id bigint, is_transactional boolean, is_control boolean"
 )
 
+
+def records_ddl(include_headers: bool = True) -> str:
+    """The records table; without `headers` when includeHeaders is false."""
+    if include_headers:
+        return RECORDS_DDL
+    return RECORDS_DDL.replace(", headers array<struct<key:string,value:binary>>", "")
+
+
 BATCHES_DDL = (
     "topic string, partition int, segment bigint, position bigint, base_offset bigint, "
     "last_offset bigint, record_count int, size int, magic int, codec string, "

@@ -13,15 +13,26 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 from pyspark.sql.types import StructType
 
 from replicad.spark.catalog import Planner
 from replicad.spark.files import FileOpener
-from replicad.spark.options import ReadOptions, View, parse_options
+from replicad.spark.options import (
+    ReadOptions,
+    View,
+    parse_options,
+    parse_stream_options,
+    table_options,
+)
 from replicad.spark.plan import Split
 from replicad.spark.reader import read_batches, read_records
-from replicad.spark.schema import BATCHES_DDL, RECORDS_DDL
+from replicad.spark.schema import BATCHES_DDL, records_ddl
 
 FORMAT_NAME = "replicad"
 
@@ -40,11 +51,17 @@ class ReplicadDataSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> str:
-        view = parse_options(self.options).view
-        return BATCHES_DDL if view is View.BATCHES else RECORDS_DDL
+        # Called for batch reads and streams alike: each reader checks its own options.
+        view, include_headers = table_options(self.options)
+        return BATCHES_DDL if view is View.BATCHES else records_ddl(include_headers)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return ReplicadReader(parse_options(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from replicad.spark.stream import ReplicadStreamReader
+
+        return ReplicadStreamReader(parse_stream_options(self.options))
 
 
 class ReplicadReader(DataSourceReader):
@@ -65,4 +82,7 @@ class ReplicadReader(DataSourceReader):
         if self.read_options.view is View.BATCHES:
             yield from read_batches(partition.split, self.read_options, self._opener())
         else:
-            yield from read_records(partition.split, self.read_options, self._opener())
+            for batch in read_records(partition.split, self.read_options, self._opener()):
+                if not self.read_options.include_headers:
+                    batch = batch.drop_columns(["headers"])
+                yield batch

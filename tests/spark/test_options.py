@@ -157,3 +157,49 @@ def test_flags_and_sizes():
         parse(maxSplitBytes="0")
     with pytest.raises(ConfigError, match="integer"):
         parse(maxSplitBytes="1MB")
+
+
+def test_stream_options_are_spark_kafka_names_and_refused_by_a_batch_read():
+    from replicad.spark.options import parse_stream_options
+
+    options = parse_stream_options(
+        {
+            "path": "/data",
+            "maxOffsetsPerTrigger": "100",
+            "minOffsetsPerTrigger": "10",
+            "maxTriggerDelay": "30s",
+            "maxBytesPerTrigger": "1048576",
+            "failOnDataLoss": "false",
+            "startingOffsets": "latest",
+            "includeHeaders": "false",
+        }
+    )
+    assert options.max_offsets_per_trigger == 100
+    assert options.min_offsets_per_trigger == 10
+    assert options.max_trigger_delay_ms == 30_000
+    assert options.max_bytes_per_trigger == 1_048_576
+    assert not options.fail_on_data_loss
+    assert options.read.starting_offsets.default == LATEST
+    assert not options.read.include_headers
+    with pytest.raises(ConfigError) as error:
+        parse(maxOffsetsPerTrigger="5")
+    assert error.value.path == "maxOffsetsPerTrigger"
+
+
+def test_a_stream_has_no_end_and_sane_limits():
+    from replicad.spark.options import parse_stream_options
+
+    def stream(**options: str):
+        return parse_stream_options({"path": "/data", **options})
+
+    for name in ("endingOffsets", "endingTimestamp"):
+        with pytest.raises(ConfigError) as error:
+            stream(**{name: "5"})
+        assert error.value.path == name
+    with pytest.raises(ConfigError, match="above maxOffsetsPerTrigger"):
+        stream(minOffsetsPerTrigger="10", maxOffsetsPerTrigger="5")
+    with pytest.raises(ConfigError, match="duration"):
+        stream(maxTriggerDelay="soon")
+    with pytest.raises(ConfigError, match="records view"):
+        stream(view="batches")
+    assert stream().max_trigger_delay_ms == 15 * 60 * 1000

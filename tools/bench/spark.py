@@ -1,4 +1,4 @@
-"""Reading a topic with Spark three ways, as a markdown table: rows/s and MB/s.
+"""Reading a topic with Spark, batch and streaming, as a markdown table: rows/s and MB/s.
 
     .venv/bin/python -m tools.bench.spark [--gb 2] [--partitions 4] [--value-bytes 1000]
         [--codec none] [--master local[2]] [--repeat 1] [--work-dir DIR] [--keep]
@@ -13,7 +13,10 @@ One run, the same data for all three:
    - Spark's own Kafka source (spark-sql-kafka-0-10 for the installed Spark and Scala,
      from Maven Central through spark.jars.packages) reading the topic from the broker;
    - `spark.read.parquet` of the same records, exported first with `replicad pipeline
-     export` (its time is shown too): the ceiling of a columnar file format.
+     export` (its time is shown too): the ceiling of a columnar file format;
+   - streaming, Trigger.AvailableNow into Spark's `noop` sink (a fresh checkpoint each
+     time): `spark.readStream` of the `replicad` source, and of Spark's Kafka source from
+     the broker (its defaults: no maxOffsetsPerTrigger, so one micro-batch each).
    A small read first warms the Python workers and the JVM, so no row pays for start-up.
 MB/s is given over each source's own input and over the log bytes (the same volume for
 all three). Everything sits in the page cache (the data was just written): this measures
@@ -120,13 +123,24 @@ def kafka_package() -> str:
     names another, and the table says which one ran."""
     import pyspark
 
-    jars = Path(pyspark.__file__).parent / "jars"
-    scala_jar = next(jars.glob("scala-library-*.jar")).name
-    scala = ".".join(scala_jar.removeprefix("scala-library-").split(".")[:2])
+    scala = scala_version()
     for version in (pyspark.__version__, FALLBACK_CONNECTOR_VERSION):
         if all(_resolves(f"org.apache.spark:{a}_{scala}:{version}") for a in CONNECTOR_ARTIFACTS):
             break
-    return f"org.apache.spark:spark-sql-kafka-0-10_{scala}:{version}"
+    return connector_package(version)
+
+
+def scala_version() -> str:
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    scala_jar = next(jars.glob("scala-library-*.jar")).name
+    return ".".join(scala_jar.removeprefix("scala-library-").split(".")[:2])
+
+
+def connector_package(version: str = FALLBACK_CONNECTOR_VERSION) -> str:
+    """Maven coordinates of spark-sql-kafka-0-10 `version` for the installed Scala."""
+    return f"org.apache.spark:spark-sql-kafka-0-10_{scala_version()}:{version}"
 
 
 def _resolves(coordinates: str) -> bool:
@@ -270,6 +284,45 @@ def read_three_ways(
         timed("spark.read.parquet (ceiling)", rows, parquet_bytes, lambda: noop(parquet_df), repeat)
     )
     timings.append(exported)
+    checkpoints = iter(range(1_000_000))
+
+    def stream_noop(df: DataFrame) -> None:
+        checkpoint = work / "checkpoints" / str(next(checkpoints))
+        query = (
+            df.writeStream.format("noop")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+
+    replicad_stream = spark.readStream.format("replicad").load(str(data_dir))
+    kafka_stream = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("includeHeaders", "true")
+        .option("startingOffsets", "earliest")
+        .load()
+    )
+    timings.append(
+        timed(
+            "replicad stream, AvailableNow (segments)",
+            rows,
+            log_bytes,
+            lambda: stream_noop(replicad_stream),
+            repeat,
+        )
+    )
+    timings.append(
+        timed(
+            "Spark Kafka source stream, AvailableNow (broker)",
+            rows,
+            log_bytes,
+            lambda: stream_noop(kafka_stream),
+            repeat,
+        )
+    )
     counted = replicad_df.count()
     if counted != rows:
         raise RuntimeError(f"replicad source counted {counted:,} rows, {rows:,} were produced")

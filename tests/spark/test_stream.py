@@ -1,0 +1,179 @@
+"""`spark.readStream.format("replicad")` in Spark local mode over a replica that a real
+`replicad run` is writing from a real Kafka broker: Trigger.AvailableNow into Spark's
+parquet sink, checkpointed offsets, new partitions and topics joining, read_committed
+before an open transaction, data lost to retention."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from replicad.spark.follow import START_ATTEMPTS, worker_start_failed
+from replicad.spark.stream import high_watermarks
+from replicad.types import TopicPartition
+from tools.peers.produce import produce_numbered
+from tools.replica import replicad_run
+
+# Checkpoints (and so high watermarks on disk) and retention often; new topics seen soon.
+REPLICA_CONFIG = {
+    "checkpoint_interval_ms": 200,
+    "source": {"metadata_max_age_ms": 1000},
+    "log": {"segment_bytes": 16 * 1024, "index_interval_bytes": 512},
+}
+QUERY_TIMEOUT_S = 600
+
+
+def wait_replicated(proc, data_dir: Path, want: dict[TopicPartition, int]) -> None:
+    """Until the replica holds `want` and its high watermark checkpoint says so."""
+    proc.wait_caught_up(want)
+
+    def checkpointed() -> bool:
+        try:
+            hws = high_watermarks(str(data_dir))
+        except Exception:
+            return False
+        return {tp: hws.get(tp) for tp in want} == want
+
+    proc.wait_for(checkpointed, timeout_s=60, what="high watermarks checkpointed")
+
+
+def available_now(spark, data_dir: Path, root: Path, **options: str) -> list[dict]:
+    """One Trigger.AvailableNow run into root/out with root/checkpoint; the progress of its
+    micro-batches that read rows."""
+    reader = spark.readStream.format("replicad")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    writer = (
+        reader.load(str(data_dir))
+        .writeStream.format("parquet")
+        .option("checkpointLocation", str(root / "checkpoint"))
+        .option("path", str(root / "out"))
+        .trigger(availableNow=True)
+    )
+    for attempt in range(1, START_ATTEMPTS + 1):
+        query = writer.start()
+        try:
+            assert query.awaitTermination(QUERY_TIMEOUT_S), "the AvailableNow run did not end"
+            break
+        except Exception as exc:  # as `replicad pipeline` does (follow.py says why)
+            if attempt == START_ATTEMPTS or not worker_start_failed(exc):
+                raise
+        finally:
+            query.stop()
+    return [p for p in query.recentProgress if p["numInputRows"] > 0]
+
+
+def sink_offsets(spark, out: Path) -> tuple[int, set[tuple[str, int, int]]]:
+    """Rows in the sink at `out` and its distinct (topic, partition, offset)."""
+    rows = spark.read.parquet(str(out)).select("topic", "partition", "offset").collect()
+    return len(rows), {(r.topic, r.partition, r.offset) for r in rows}
+
+
+def every_offset(ends: dict[TopicPartition, int]) -> set[tuple[str, int, int]]:
+    return {(tp.topic, tp.partition, o) for tp, end in ends.items() for o in range(end)}
+
+
+def test_available_now_over_a_running_replica_adds_only_new_records(
+    spark, kafka_broker, unique_topic, tmp_path
+):
+    from confluent_kafka.admin import NewPartitions
+
+    first = unique_topic()
+    prefix = re.escape(first.rsplit("-", 1)[0])
+    kafka_broker.create_topic(first, 2)
+    produce_numbered(kafka_broker.bootstrap, first, 2, 150)
+    data_dir = tmp_path / "data"
+    regex = ["--topics-regex", f"{prefix}-.*"]
+    with replicad_run(
+        kafka_broker.bootstrap, None, data_dir, config=REPLICA_CONFIG, extra=regex
+    ) as proc:
+        want = {TopicPartition(first, p): 150 for p in range(2)}
+        wait_replicated(proc, data_dir, want)
+        progress = available_now(spark, data_dir, tmp_path, topicPattern=f"{prefix}-.*")
+        assert sum(p["numInputRows"] for p in progress) == 300
+        rows, offsets = sink_offsets(spark, tmp_path / "out")
+        assert rows == len(offsets) == 300
+        assert offsets == every_offset(want)
+        # Offsets read as Spark's Kafka source writes them.
+        assert progress[-1]["sources"][0]["endOffset"] == f'{{"{first}": {{"0": 150, "1": 150}}}}'
+
+        # More records, a partition added to the topic, a new topic matching the pattern.
+        admin = kafka_broker.admin()  # held: a collected client cancels its futures
+        admin.create_partitions([NewPartitions(first, 3)])[first].result(30)
+        second = unique_topic()
+        kafka_broker.create_topic(second, 1)
+        produce_numbered(kafka_broker.bootstrap, first, 3, 40, b"w")
+        produce_numbered(kafka_broker.bootstrap, second, 1, 40)
+        want = {
+            **{TopicPartition(first, p): 190 for p in range(2)},
+            TopicPartition(first, 2): 40,
+            TopicPartition(second, 0): 40,
+        }
+        wait_replicated(proc, data_dir, want)
+        limit = 50
+        progress = available_now(
+            spark,
+            data_dir,
+            tmp_path,
+            topicPattern=f"{prefix}-.*",
+            maxOffsetsPerTrigger=str(limit),
+        )
+    added = sum(p["numInputRows"] for p in progress)
+    assert added == 160
+    assert len(progress) >= math.ceil(added / limit)
+    # A share below one offset rounds up: at most one more per partition.
+    assert all(p["numInputRows"] <= limit + len(want) for p in progress)
+    rows, offsets = sink_offsets(spark, tmp_path / "out")
+    assert rows == len(offsets) == 460
+    assert offsets == every_offset(want)
+
+
+def test_a_stream_refuses_a_directory_without_high_watermarks(spark, tmp_path):
+    (tmp_path / "data").mkdir()
+    with pytest.raises(Exception, match="replication-offset-checkpoint"):
+        available_now(spark, tmp_path / "data", tmp_path)
+
+
+def produce_sized(bootstrap: str, topic: str, count: int, value_bytes: int, first: int = 0) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for i in range(first, first + count):
+        producer.produce(topic, value=(b"%d-" % i).ljust(value_bytes, b"x"), partition=0)
+    assert producer.flush(30) == 0
+
+
+def test_read_committed_stops_before_an_open_transaction(
+    spark, kafka_broker, unique_topic, tmp_path
+):
+    from confluent_kafka import Producer
+
+    topic = unique_topic()
+    tp = TopicPartition(topic, 0)
+    kafka_broker.create_topic(topic, 1)
+    produce_numbered(kafka_broker.bootstrap, topic, 1, 10)
+    transactional = Producer(
+        {"bootstrap.servers": kafka_broker.bootstrap, "transactional.id": f"{topic}-txn"}
+    )
+    transactional.init_transactions(30)
+    transactional.begin_transaction()
+    for i in range(5):
+        transactional.produce(topic, value=b"t%d" % i, partition=0)
+    assert transactional.flush(30) == 0
+    produce_numbered(kafka_broker.bootstrap, topic, 1, 10, b"after")  # offsets 15..24
+    data_dir = tmp_path / "data"
+    with replicad_run(kafka_broker.bootstrap, [topic], data_dir, config=REPLICA_CONFIG) as proc:
+        wait_replicated(proc, data_dir, {tp: 25})
+        available_now(spark, data_dir, tmp_path, isolation="read_committed")
+        rows, offsets = sink_offsets(spark, tmp_path / "out")
+        assert rows == len(offsets) == 10  # the open transaction begins at offset 10
+        assert offsets == every_offset({tp: 10})
+        transactional.commit_transaction(30)  # its marker is offset 25
+        wait_replicated(proc, data_dir, {tp: 26})
+        available_now(spark, data_dir, tmp_path, isolation="read_committed")
+    rows, offsets = sink_offsets(spark, tmp_path / "out")
+    assert rows == len(offsets) == 25
+    assert offsets == every_offset({tp: 25})
