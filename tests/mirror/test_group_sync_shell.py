@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tools.peers.kafka import CONSOLE_CONSUMER, run_kafka_class
 from tools.peers.produce import produce_numbered
 from tools.replica import ReplicadProcess, replicad_run
 
@@ -215,6 +218,10 @@ def test_kafka_python_group_fails_over_exactly(
     assert {p: c.metadata for p, c in there.items()} == dict.fromkeys(range(PARTITIONS), METADATA)
     if kind == "kept":
         assert {p: c.offset for p, c in there.items()} == committed
+        # kafka-consumer-groups --describe shows the same offsets and lag on both sides.
+        assert describe_offsets(kafka_cluster, PREFIX + topic, group) == describe_offsets(
+            kafka_broker, topic, group
+        )
     else:
         assert {p: c.offset for p, c in there.items()} != committed  # translated
     expected = [(p, v) for p, o, v in everything if o >= committed[p]]
@@ -387,3 +394,120 @@ def test_promote_hands_the_topic_over_with_every_record_and_the_final_offsets(
     finally:
         probe.close()
     assert after == {p: ends[p] + 1 for p in range(PARTITIONS)}
+
+
+CONSUMER_GROUP_COMMAND = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"
+
+
+def describe_offsets(broker: Any, topic: str, group: str) -> dict[int, tuple[int, int]]:
+    """kafka-consumer-groups --describe: partition -> (CURRENT-OFFSET, LAG)."""
+    out = run_kafka_class(
+        CONSUMER_GROUP_COMMAND, "--bootstrap-server", broker.bootstrap, "--describe",
+        "--group", group, timeout_s=120,
+    ).stdout  # fmt: skip
+    rows = {}
+    for line in out.splitlines():
+        cells = line.split()
+        if len(cells) >= 6 and cells[1] == topic:
+            rows[int(cells[2])] = (int(cells[3]), int(cells[5]))
+    return rows
+
+
+def source_committed(bootstrap: str, topic: str, group: str) -> dict[int, int]:
+    committed = destination_committed(bootstrap, topic, group)
+    return {p: (0 if c is None else c.offset) for p, c in committed.items()}
+
+
+def confluent_members(bootstrap: str, group: str, count: int) -> list[Any]:
+    from confluent_kafka import Consumer
+
+    return [
+        Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed",
+            }
+        )
+        for _ in range(count)
+    ]
+
+
+def read_with_members(members: list[Any], topic: str, until: Callable[[list], bool]) -> list:
+    """Members poll in turn (each its own librdkafka threads) until `until(read)`."""
+    for m in members:
+        m.subscribe([topic])
+    read: list[tuple[int, bytes]] = []
+    deadline = time.monotonic() + 120
+    while not until(read):
+        assert time.monotonic() < deadline, f"read {len(read)} records only"
+        for m in members:
+            message = m.poll(0.1)
+            if message is not None and message.error() is None:
+                read.append((message.partition(), message.value()))
+    return read
+
+
+def test_confluent_java_and_a_three_member_group_fail_over_exactly(
+    kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
+) -> None:
+
+    topic = unique_topic("clients")
+    dest_topic = PREFIX + topic
+    kafka_broker.create_topic(topic, PARTITIONS)
+    transactional_topic(kafka_broker.bootstrap, topic)
+    everything = all_values(kafka_broker.bootstrap, topic)
+    single, trio, java = f"cf-{topic}", f"trio-{topic}", f"java-{topic}"
+    # confluent-kafka, one member (subscribe, manual commit); then three members.
+    for group, count in ((single, 1), (trio, 3)):
+        members = confluent_members(kafka_broker.bootstrap, group, count)
+        read_with_members(
+            members,
+            topic,
+            lambda read, count=count, members=members: (
+                len(read) >= 25 * count and all(m.assignment() for m in members)
+            ),
+        )
+        for m in members:
+            m.commit(asynchronous=False)
+            m.close()
+    # Kafka's console consumer: --group, commits what it consumed when it stops.
+    run_kafka_class(
+        CONSOLE_CONSUMER, "--bootstrap-server", kafka_broker.bootstrap, "--topic", topic,
+        "--group", java, "--from-beginning", "--max-messages", "40",
+        "--consumer-property", "isolation.level=read_committed", timeout_s=120,
+    )  # fmt: skip
+    groups = (single, trio, java)
+    committed = {g: source_committed(kafka_broker.bootstrap, topic, g) for g in groups}
+    # A member commits only the partitions it read (librdkafka); the others start at the
+    # earliest at the destination as at the source.
+    with_commits = {
+        g: sum(1 for c in destination_committed(kafka_broker.bootstrap, topic, g).values() if c)
+        for g in groups
+    }
+    expected = {
+        g: sorted((p, v) for p, o, v in everything if o >= c[p]) for g, c in committed.items()
+    }
+    with start(kafka_broker, kafka_cluster, [topic], tmp_path) as proc:
+        for group in groups:
+            wait_synced(proc, group, with_commits[group])
+    for group, count in ((single, 1), (trio, 3)):
+        members = confluent_members(kafka_cluster.bootstrap, group, count)
+        want = len(expected[group])
+        rest = read_with_members(members, dest_topic, lambda read, want=want: len(read) >= want)
+        for m in members:
+            m.close()
+        assert sorted(rest) == expected[group], group
+    printed = run_kafka_class(
+        CONSOLE_CONSUMER, "--bootstrap-server", kafka_cluster.bootstrap, "--topic", dest_topic,
+        "--group", java, "--max-messages", str(len(expected[java])),
+        "--property", "print.partition=true", "--timeout-ms", "60000", timeout_s=120,
+    ).stdout  # fmt: skip
+    rest = []
+    for line in printed.splitlines():
+        if line.startswith("Partition:"):
+            head, _, value = line.partition("\t")
+            rest.append((int(head.split(":")[1]), value.encode()))
+    assert sorted(rest) == expected[java]
