@@ -253,3 +253,19 @@ def test_mirror_metrics_only_when_mirroring() -> None:
     per_topic = scrape(snapshot(mirror=mirror), per_topic=True)
     assert ("replicad_mirror_lag", ()) in per_topic
     assert not any(name == "replicad_mirror_partition_lag" for name, _ in per_topic)
+
+
+def test_group_sync_metrics_only_when_groups_are_synced() -> None:
+    mirror = {"produce_requests": 0, "partitions": [], "groups": {"enabled": False}}
+    assert not any("group" in name for name, _ in scrape(snapshot(mirror=mirror)))
+    mirror["groups"] = {
+        "enabled": True, "groups_synced": 2, "groups_failed_over": 1, "sync_lag_ms": 2_500,
+        "held_back_offsets": 30, "commits_total": 12, "sync_errors_total": 1,
+    }  # fmt: skip
+    samples = scrape(snapshot(mirror=mirror))
+    assert samples[("replicad_mirror_groups_synced", ())] == 2
+    assert samples[("replicad_mirror_groups_failed_over", ())] == 1
+    assert samples[("replicad_mirror_group_sync_lag_seconds", ())] == 2.5
+    assert samples[("replicad_mirror_group_held_back_offsets", ())] == 30
+    assert samples[("replicad_mirror_group_commits_total", ())] == 12
+    assert samples[("replicad_mirror_group_sync_errors_total", ())] == 1

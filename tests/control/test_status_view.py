@@ -339,3 +339,30 @@ def test_an_idle_leaders_long_poll_is_not_shown_as_latency() -> None:
     leader["last_data_latency_ms"] = None  # only idle answers so far
     (row,) = rows_of(render_table(snap), "LEADERS")
     assert "505.3" not in row and row.split()[6] == "-"
+
+
+def test_synced_groups_are_shown_under_the_mirror_failed_over_first() -> None:
+    snap = lead_snapshot()
+    snap["mirror"] = {
+        "destination": "b:9092", "running": True, "partitions": [],
+        "groups": {
+            "enabled": True, "groups_synced": 1, "groups_failed_over": 1,
+            "held_back_offsets": 30, "sync_lag_ms": 5_000, "sync_errors_total": 0,
+            "promoted_topics": {"orders": 1_700_000_000_000},
+            "groups": {
+                "billing": {"state": "syncing", "last_sync_ms": 1_700_000_000_000,
+                            "partitions": 3, "held_back_offsets": 30, "skipped": {}},
+                "shop": {"state": "failed_over", "partitions": 0, "held_back_offsets": 0,
+                         "skipped": {"audit-0": "not mirrored"},
+                         "reason": "2 member(s) at the destination"},
+            },
+        },
+    }  # fmt: skip
+    section = render_table(snap).split("\n\n")[-1]
+    assert "promoted (no longer mirrored): orders" in section
+    assert "GROUPS synced 1  failed over 1  held back 30 offsets  sync lag 5.0s" in section
+    rows = [line.split()[:6] for line in section.splitlines() if line.startswith(("b", "s"))]
+    assert rows == [
+        ["shop", "failed_over", "-", "0", "0", "1"],
+        ["billing", "syncing", "22:13:20", "3", "30", "0"],
+    ]
