@@ -382,6 +382,11 @@ def catches_sigterm(pid: int) -> bool:
     return bool(caught & (1 << (signal.SIGTERM - 1)))
 
 
+# A stop held for a connect or request timeout would be held an hour, far past stop()'s
+# own deadline, which kills and so fails the test: no stop is timed.
+NEVER_TIMES_OUT = {"source": {"connect_timeout_ms": 3_600_000, "request_timeout_ms": 3_600_000}}
+
+
 def test_sigterm_at_any_point_of_start_up_is_a_clean_stop(kafka_broker, unique_topic, tmp_path):
     """`systemctl stop` during a slow start: a SIGTERM at any point of start-up (imports,
     config, opening the logs, asking the source for metadata, the first fetches) ends the
@@ -402,7 +407,11 @@ def test_sigterm_at_any_point_of_start_up_is_a_clean_stop(kafka_broker, unique_t
             for delay_s in (0.3, 0.6, 1.0, 1.5, 3.0):
                 run = tmp_path / f"{name}-{delay_s}"
                 proc = replicad_run(
-                    bootstrap, topic, run / "data", control_socket=run / "replicad.sock"
+                    bootstrap,
+                    topic,
+                    run / "data",
+                    control_socket=run / "replicad.sock",
+                    config=NEVER_TIMES_OUT,
                 )
                 spawned = time.monotonic()
                 assert proc.proc is not None
@@ -412,20 +421,20 @@ def test_sigterm_at_any_point_of_start_up_is_a_clean_stop(kafka_broker, unique_t
                         with contextlib.suppress(OSError, StopIteration):
                             if catches_sigterm(pid):
                                 handler_after.append(((name, delay_s), time.monotonic() - spawned))
+                    # timing-ok: the SIGTERM comes at a chosen moment of start-up; this paces
+                    # the look at the handler until then
                     time.sleep(0.002)
                 # Before the interpreter has run replicad's first line there is no handler
                 # to have: on a loaded machine that moment can come later than 0.3 s (seen in
                 # CI). The stop is sent once the handler exists, never before.
-                handler_deadline = time.monotonic() + 30
-                while not catches_sigterm(pid):
-                    assert time.monotonic() < handler_deadline, "no SIGTERM handler after 30 s"
-                    time.sleep(0.002)
-                stopping = time.monotonic()
-                code = proc.stop(timeout_s=30)
-                took = time.monotonic() - stopping
+                wait_until(
+                    lambda pid=pid: catches_sigterm(pid),
+                    interval_s=0.002,
+                    what="replicad's SIGTERM handler",
+                )
+                # A stop held until stop() gives up and kills would exit -9, not 0.
+                code = proc.stop(timeout_s=60)
                 assert code == 0, f"{name}, SIGTERM {delay_s} s in: exit {code}\n{proc.output()}"
-                # An unreachable source must not hold a stop for its connect timeout.
-                assert took < 10, f"{name}, SIGTERM {delay_s} s in: stop took {took:.1f} s"
     finally:
         unreachable.close()
     print("handler in place after (s):", [round(t, 3) for _, t in handler_after])

@@ -16,6 +16,7 @@ from kio.serial import entity_writer
 from replicad.errors import KafkaConnectionError, PoolTooSmallError
 from replicad.follower.memory_pool import MemoryPool, PoolAccount, size_class
 from replicad.protocol.connection import BrokerAddress, BrokerConnection, HeldResponse
+from tools.wait import DEADLINE_S, until
 
 
 def test_account_tracks_use_and_peak():
@@ -37,11 +38,11 @@ async def test_waiters_are_served_in_order_and_never_beyond_capacity():
     async def want(name: str, size: int) -> None:
         release = await pool.reserve(size)
         order.append(name)
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # held across a turn of the loop
         release()
 
     tasks = [asyncio.create_task(want("a", 50)), asyncio.create_task(want("b", 10))]
-    await asyncio.sleep(0.05)
+    await until(lambda: pool.snapshot()["waiting"] == 2, what="both to wait")
     # "b" would fit now, but "a" came first: no overtaking, no starvation of big asks.
     assert order == [] and pool.snapshot()["waiting"] == 2
     first()
@@ -54,7 +55,7 @@ async def test_cancelled_waiter_leaves_no_trace():
     pool = MemoryPool(10)
     held = await pool.reserve(10)
     waiter = asyncio.create_task(pool.reserve(5))
-    await asyncio.sleep(0.01)
+    await until(lambda: pool.snapshot()["waiting"] == 1, what="the waiter to wait")
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter
@@ -74,7 +75,8 @@ async def test_random_concurrent_load_never_exceeds_the_bound():
         for _ in range(30):
             release = await pool.reserve(rng.randint(1, 400))
             assert pool.account.used <= 1_000
-            await asyncio.sleep(rng.random() / 1000)
+            for _ in range(rng.randint(0, 3)):  # held for a few turns: a seeded interleaving
+                await asyncio.sleep(0)
             release()
 
     await asyncio.gather(*(client(i) for i in range(12)))
@@ -185,10 +187,10 @@ async def test_a_full_pool_stops_reading_the_socket():
         assert size <= pool.account.used <= pool.account.capacity
         held = pool.account.used
         second = asyncio.create_task(conn.request(request, hold=True))
-        await asyncio.sleep(0.2)
+        await until(lambda: pool.snapshot()["waiting"] == 1, what="the second to wait for room")
         assert not second.done() and pool.account.used == held
         first.release()
-        got = await asyncio.wait_for(second, 2)
+        got = await asyncio.wait_for(second, DEADLINE_S)
         assert pool.account.peak <= pool.account.capacity
         got.release()
         await conn.close()

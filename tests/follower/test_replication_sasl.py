@@ -246,8 +246,11 @@ def test_expiring_sasl_sessions_are_renewed_between_requests(
     proc = replicate(config, tmp_path)
     try:
         wait_until(lambda: caught_up(secure_broker, topic, data_dir), timeout_s=60, what="catch-up")
-        # Idle long polls go on past the session's end ...
-        time.sleep(SESSION_LIFETIME_MS * 1.3 / 1000)
+        # Idle long polls go on past the session's end: a fresh connection before it ...
+        wait_until(
+            lambda: proc.output().count('"connected to leader"') >= 2,
+            what="a fresh connection before the SASL session's end",
+        )
         # ... and what is produced then still arrives.
         produce_mixed(secure_broker.bootstrap, topic, partitions=PARTITIONS, records=300, seed=2)
         wait_until(lambda: caught_up(secure_broker, topic, data_dir), timeout_s=60, what="more")

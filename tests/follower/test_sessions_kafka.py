@@ -7,7 +7,6 @@ recoveries by reason.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from confluent_kafka import TopicPartition as KafkaTopicPartition
@@ -68,8 +67,14 @@ def test_broker_restart_recovers_within_one_round_trip(make_kafka_broker, tmp_pa
             timeout_s=90,
             what="data produced after the restart",
         )
-        time.sleep(2)  # a few idle round trips on the new session
-        after = status(sock)["leaders"][0]
+
+        def new_session_in_use() -> dict | None:
+            now = status(sock)["leaders"][0]
+            moved_on = now["session_id"] != before["session_id"]
+            round_trips = now["incremental_requests"] - before["incremental_requests"]
+            return now if now["sessionful"] and moved_on and round_trips >= 3 else None
+
+        after = wait_until(new_session_in_use, what="a few idle round trips on the new session")
     finally:
         assert proc.stop() == 0, proc.output()
     # One recovery for the lost connection; the first response afterwards was good:
@@ -170,11 +175,16 @@ def _idle_request_bytes(sock: Path, partitions: int) -> tuple[int, dict]:
         )
 
     wait_until(steady, timeout_s=180, what=f"{partitions} partitions fetching with no lag")
-    time.sleep(1.5)  # a few more round trips: the session has caught up with the wants
-    samples = []
-    for _ in range(3):
-        samples.append(status(sock)["leaders"][0]["last_request_bytes"])
-        time.sleep(0.6)
+
+    def after_round_trips(count: int) -> dict:
+        start = status(sock)["leaders"][0]["requests"]
+        return wait_until(
+            lambda: (now := status(sock)["leaders"][0])["requests"] >= start + count and now,
+            what=f"{count} more round trips",
+        )
+
+    after_round_trips(3)  # the session has caught up with the wants
+    samples = [after_round_trips(1)["last_request_bytes"] for _ in range(3)]
     return max(samples), status(sock)["leaders"][0]
 
 

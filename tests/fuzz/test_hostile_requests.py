@@ -34,6 +34,7 @@ from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
 from tools.peers.process import free_port
 from tools.replica import replicad_serve
+from tools.wait import DEADLINE_S
 
 HUGE_VARINT = b"\xff\xff\xff\xff\x0f"  # a compact array of 2^32 - 1 elements
 SIZE = struct.Struct(">i")
@@ -42,7 +43,8 @@ TOPIC = "orders"
 # Bytes of a flexible request header: api key, version, correlation id (8), client id
 # (i16 length + text), the tagged-field count.
 HEADER_BYTES = 8 + 2 + len(CLIENT_ID) + 1
-RECEIVE_TIMEOUT_S = 20
+# An answer or a close is waited for; only a hung server reaches this.
+RECEIVE_TIMEOUT_S = DEADLINE_S
 
 
 def data_dir_with_records(path: Path) -> bytes:

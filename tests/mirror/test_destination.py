@@ -4,8 +4,6 @@ consecutive offsets (their codec kept), topics created with configs, log ends.""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any
 
 import pytest
@@ -21,6 +19,7 @@ from tests.mirror.test_restamp import thinned_batch
 from tools.logdata.batches import producer_batch
 from tools.peers.produce import READ_UNCOMMITTED, consume_all
 from tools.peers.segments import broker_batches
+from tools.wait import until
 
 pytestmark = pytest.mark.kafka
 
@@ -28,14 +27,14 @@ pytestmark = pytest.mark.kafka
 async def new_producer(destination: Destination) -> ProducerStamp:
     """InitProducerId until the broker's coordinator has loaded (a fresh broker answers
     COORDINATOR_LOAD_IN_PROGRESS for a while; the shell retries the same way)."""
-    deadline = time.monotonic() + 60
-    while True:
+
+    async def stamp() -> ProducerStamp | None:
         try:
             return await destination.init_producer_id()
         except ProtocolError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
+            return None
+
+    return await until(stamp, interval_s=0.2, what="the coordinator to hand out a producer id")
 
 
 async def test_produce_idempotently_and_thinned_batches(

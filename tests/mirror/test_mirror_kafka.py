@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from replicad.log.layout import RECOVERY_POINT_CHECKPOINT
 from replicad.types import TopicPartition
 from tools.peers.produce import (
     CODECS,
@@ -36,6 +37,7 @@ from tools.peers.produce import (
 )
 from tools.peers.segments import broker_batches
 from tools.replica import ReplicadProcess, replicad_run
+from tools.wait import wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -224,7 +226,7 @@ class SourceWriter:
                 )
                 self.sent += 1
             self.producer.poll(0)
-            time.sleep(0.02)
+            time.sleep(0.02)  # timing-ok: a steady source, written to while the mirror runs
 
     def __enter__(self) -> SourceWriter:
         self._thread.start()
@@ -294,7 +296,7 @@ def test_sigkill_at_seeded_points_loses_and_duplicates_nothing(
                     interval_s=0.05,
                     what="the first Produce of this run",
                 )
-                time.sleep(rng.uniform(0.0, 0.5))
+                time.sleep(rng.uniform(0.0, 0.5))  # timing-ok: the kill's moment, seeded
             finally:
                 proc.kill()
     # The kills hit a mirror with work in hand: restarts found batches the destination
@@ -410,7 +412,19 @@ def test_local_retention_waits_for_the_mirror(
             what="status to name the destination",
         )
         if waits:
-            time.sleep(1.0)  # ten housekeeping rounds
+            # Three checkpoints later (each rewrites the file, and retention runs with it),
+            # nothing was deleted.
+            checkpoint = data_dir / RECOVERY_POINT_CHECKPOINT
+            files = [0]  # the inode of each checkpoint file seen in turn (0: none yet)
+
+            def rounds() -> int:
+                with contextlib.suppress(FileNotFoundError):
+                    inode = checkpoint.stat().st_ino
+                    if inode != files[-1]:
+                        files.append(inode)
+                return len(files) - 1
+
+            wait_until(lambda: rounds() >= 4, interval_s=0.01, what="three checkpoint rounds")
             status = proc.status() or {}
             assert [p["log_start_offset"] for p in status["partitions"]] == [0]
         else:
