@@ -57,7 +57,7 @@ from tools.logdata.batches import producer_batch
 from tools.peers.pki import make_test_pki
 from tools.peers.process import free_port, port_accepts
 from tools.replica import replicad_argv
-from tools.wait import wait_until
+from tools.wait import DEADLINE_S, wait_until
 
 TOPIC = "t"
 T0 = TopicPartition(TOPIC, 0)
@@ -529,10 +529,7 @@ def test_tls_state_is_held_only_by_clients_that_spoke_and_by_a_bounded_number(
     )
 
     def wait_for(what: str, check: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + 20
-        while not check() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert check(), what
+        wait_until(check, what=what)
 
     metrics = served.metrics
     with connection_flood(address(served), 100):
@@ -546,11 +543,15 @@ def test_tls_state_is_held_only_by_clients_that_spoke_and_by_a_bounded_number(
             "the bound reached",
             lambda: metrics()["tls_handshakes_in_progress"] == TLS_HANDSHAKES_AT_ONCE,
         )
-        time.sleep(0.3)
+        # Every one of them accepted, and still no more handshakes than the bound.
+        wait_for(
+            "every stalled client accepted",
+            lambda: metrics()["connections"] == TLS_HANDSHAKES_AT_ONCE + 36,
+        )
         assert metrics()["tls_handshakes_in_progress"] == TLS_HANDSHAKES_AT_ONCE
         context = ssl.create_default_context(cafile=str(pki.ca))
         with (
-            socket.create_connection(address(served), timeout=30) as raw,
+            socket.create_connection(address(served), timeout=DEADLINE_S) as raw,
             context.wrap_socket(raw, server_hostname="localhost") as tls,
         ):
             assert tls.version() is not None
