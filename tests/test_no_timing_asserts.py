@@ -115,6 +115,8 @@ def test_waiting_on_a_deadline_is_not_flagged() -> None:
             while len(got) < 10 and time.monotonic() < deadline:
                 got += consumer.poll(timeout_ms=200)
             assert len(got) == 10
+            while not done():
+                assert time.monotonic() < deadline, "a hang"
     """
     assert _lines(source) == []
 

@@ -16,6 +16,9 @@ with `ast` (imports nothing) and reports
 - a sleep: `time.sleep(...)`, `asyncio.sleep(...)` (or `sleep` imported from either), other
   than `asyncio.sleep(0)`, which only lets the loop run its ready callbacks.
 
+A loop's `assert time.monotonic() < deadline` is a wait's bound, not a duration, and is
+not reported (prefer tools/wait.py, whose deadline only a hang reaches).
+
 A sleep that *is* the behaviour under test (a slow peer the test plays, a reader paced on
 purpose) carries the marker `# timing-ok: why` on its line or in the comment lines right
 above it; the reason is required. So does an assertion the check mistakes for a duration
@@ -236,10 +239,23 @@ def _fraction_bound(compare: ast.Compare) -> bool:
     return not any(_NOT_ELAPSED.search(name.lower()) for name in names)
 
 
+def _against_a_deadline(compare: ast.Compare) -> bool:
+    """`assert time.monotonic() < deadline` in a polling loop: a wait's bound (a hang's
+    report), not a duration the test holds the machine to."""
+    operands = [compare.left, *compare.comparators]
+    return any(
+        isinstance(o, ast.Name | ast.Attribute)
+        and "deadline" in (o.id if isinstance(o, ast.Name) else o.attr).lower()
+        for o in operands
+    )
+
+
 def _clock_assertion(test: ast.expr, scope: _Scope) -> bool:
     for node in ast.walk(test):
         # A bound is ordered: a timestamp compared for equality is data, not a duration.
         if not isinstance(node, ast.Compare) or not any(isinstance(op, _ORDER) for op in node.ops):
+            continue
+        if _against_a_deadline(node):
             continue
         if scope.reads_clock(node) or _says_duration(node) or _fraction_bound(node):
             return True
