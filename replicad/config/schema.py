@@ -256,6 +256,7 @@ SCHEMA = Section(
                 "buffer_bytes": Int(1),
                 # A broker remembers the last 5 batches per producer and partition.
                 "max_in_flight": Int(1, 5),
+                "coalesce_bytes": Int(0, INT32_MAX),
                 "retention_waits": Bool(),
                 "topic_sync_interval_ms": Int(1),
             },

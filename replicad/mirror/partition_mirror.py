@@ -58,12 +58,14 @@ caller and raises LocalProtocolError.
 from __future__ import annotations
 
 import enum
+import itertools
 import random
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from replicad.errors import LocalProtocolError
+from replicad.mirror.coalesce import can_join
 from replicad.mirror.offset_map import OffsetMap, SyncPoint
 from replicad.mirror.restamp import ProducerStamp, mirrorable, next_sequence
 from replicad.protocol.backoff import Backoff
@@ -148,7 +150,7 @@ class LogEntry:
 
 
 class _Pending:
-    __slots__ = ("acked_at", "decision", "entry", "send")
+    __slots__ = ("acked_at", "decision", "entry", "run", "send")
 
     def __init__(self, entry: LogEntry, decision: Decision) -> None:
         self.entry = entry
@@ -156,11 +158,15 @@ class _Pending:
         # While in flight: the send; once acknowledged, the destination offset it landed at.
         self.send: Send | None = None
         self.acked_at: int | None = None
+        # On the first entry of a coalesced run once sent: how many entries the run holds
+        # (a resend repeats the same batch: the broker knows it by its sequence range).
+        self.run = 0
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Send:
-    """Produce `entry`'s batch stamped with `stamp` and `base_sequence`; expected to land at
+    """Produce `entry`'s batch (with `more`: the run `entry` opens, coalesced into one
+    batch, see coalesce.py) stamped with `stamp` and `base_sequence`; expected to land at
     `expected_dest`; given up as unanswered at `deadline_ms`. Compared by identity: an
     answer counts only for the send still in the window."""
 
@@ -169,6 +175,15 @@ class Send:
     base_sequence: int
     expected_dest: int
     deadline_ms: int
+    more: tuple[LogEntry, ...] = ()
+
+    @property
+    def entries(self) -> tuple[LogEntry, ...]:
+        return (self.entry, *self.more)
+
+    @property
+    def record_count(self) -> int:
+        return sum(e.header.record_count for e in self.entries)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +230,9 @@ class MirrorTiming:
     retry_backoff_ms: int = 100
     retry_backoff_max_ms: int = 5_000
     max_in_flight: int = MAX_IN_FLIGHT
+    # Coalesce runs of consecutive small batches up to this many bytes into one batch
+    # (coalesce.py); 0: every batch is produced as stored.
+    coalesce_bytes: int = 0
 
 
 class PartitionMirror:
@@ -408,22 +426,51 @@ class PartitionMirror:
         self._settle()
         if not self._pending or self._pending[0].decision is not Decision.PRODUCE:
             return None
-        pending = self._pending[0]
-        refused = mirrorable(pending.entry.header)
-        if refused is not None:
-            self.halt(f"source offset {refused.base_offset}: {refused.reason}")
-            return None
-        self._pending.popleft()
+        run = self._run()
+        for pending in run:
+            refused = mirrorable(pending.entry.header)
+            if refused is not None:
+                self.halt(f"source offset {refused.base_offset}: {refused.reason}")
+                return None
         timing = self.timing
         deadline = now_ms + timing.produce_timeout_ms + timing.request_timeout_ms
-        send = Send(pending.entry, stamp, self.sequence, self._send_dest, deadline)
-        pending.send = send
-        self._pass(pending)
+        entries = tuple(p.entry for p in run)
+        send = Send(entries[0], stamp, self.sequence, self._send_dest, deadline, entries[1:])
+        run[0].run = len(run)
+        for pending in run:
+            self._pending.popleft()
+            pending.send = send
+            self._pass(pending)
         self._in_flight += 1
         self._outstanding.add(send)
-        self.sequence = next_sequence(self.sequence, pending.entry.header.record_count)
-        self._send_dest += pending.entry.header.record_count
+        count = send.record_count
+        self.sequence = next_sequence(self.sequence, count)
+        self._send_dest += count
         return send
+
+    def _run(self) -> list[_Pending]:
+        """The entries the next send takes: the head alone, the run it opened before (a
+        resend), or with `coalesce_bytes` the consecutive small batches that can join it."""
+        head = self._pending[0]
+        if head.run:
+            return [self._pending[i] for i in range(head.run)]
+        limit = self.timing.coalesce_bytes
+        run = [head]
+        if not limit or head.entry.data is None:
+            return run
+        size = len(head.entry.data)
+        for pending in itertools.islice(self._pending, 1, None):
+            data = pending.entry.data
+            if (
+                pending.decision is not Decision.PRODUCE
+                or data is None
+                or size + len(data) > limit
+                or not can_join(head.entry.header, pending.entry.header)
+            ):
+                break
+            run.append(pending)
+            size += len(data)
+        return run
 
     def unsent(self, send: Send) -> None:
         """The shell never wrote `send` (it was stale before it left)."""
@@ -457,8 +504,12 @@ class PartitionMirror:
         if slot is None:
             self._maybe_drained()
             return Answered(stale=True)
-        slot.send = None
-        slot.acked_at = dest_base if dest_base >= 0 else send.expected_dest
+        landed = dest_base if dest_base >= 0 else send.expected_dest
+        for p in self._window:
+            if p.send is send:
+                p.send = None
+                p.acked_at = landed
+                landed += p.entry.header.record_count
         self._in_flight -= 1
         self._backoff.reset()
         done = self._settle()
@@ -562,7 +613,7 @@ class PartitionMirror:
     def _window_batches(self) -> int:
         """Batches sent since the oldest one not settled, acknowledged or not: a resend of
         that oldest one must still be among the last five the broker remembers."""
-        return sum(1 for p in self._window if p.decision is Decision.PRODUCE)
+        return sum(1 for p in self._window if p.run)
 
     def _slot(self, send: Send) -> _Pending | None:
         for p in self._window:
@@ -584,7 +635,7 @@ class PartitionMirror:
         back: list[_Pending] = []
         while self._window:
             p = self._window.pop()
-            if p.send is not None:
+            if p.send is not None and p.run:  # a run's first entry counts its send
                 self._in_flight -= 1
             p.send = None
             p.acked_at = None
@@ -612,6 +663,9 @@ class PartitionMirror:
                 p = self._window.pop()
                 p.acked_at = None
                 self._pending.appendleft(p)
+            # A new producer starts its sequences afresh: runs may be formed anew.
+            for p in self._pending:
+                p.run = 0
             self.phase = next_phase(self.phase, Event.DRAINED)
 
     def _pass(self, pending: _Pending) -> None:

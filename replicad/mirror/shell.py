@@ -50,6 +50,7 @@ from replicad.follower.replicator import Replicator
 from replicad.groups.cluster_reader import ClusterGroupsReader
 from replicad.log.partition import PartitionLog
 from replicad.mirror import progress_store, promotion
+from replicad.mirror.coalesce import coalesce
 from replicad.mirror.destination import Destination, produce_answers
 from replicad.mirror.group_sync import MirroredPartition
 from replicad.mirror.group_sync_shell import GroupSyncShell
@@ -105,6 +106,8 @@ class MirrorSettings:
     max_in_flight: int = _MIRROR["max_in_flight"]
     # At most this many batch bytes in one Produce request (one batch at least).
     request_bytes: int = 1 << 20
+    # Runs of small batches coalesced into one batch up to this size; 0: off.
+    coalesce_bytes: int = 0
     # Hold local retention at what is not mirrored yet (PartitionLog.retention_floor).
     retention_waits: bool = _MIRROR["retention_waits"]
     # How often topics and partitions new at the source are looked for.
@@ -129,6 +132,7 @@ class MirrorSettings:
             progress_interval_ms=mirror.progress_interval_ms,
             buffer_bytes=mirror.buffer_bytes,
             max_in_flight=mirror.max_in_flight,
+            coalesce_bytes=mirror.coalesce_bytes,
             retention_waits=mirror.retention_waits,
             topic_sync_interval_ms=mirror.topic_sync_interval_ms,
             retry_backoff_ms=mirror.reconnect_backoff_ms,
@@ -658,10 +662,7 @@ class Mirror:
             # Checked again with no await before the writes: a send rewound meanwhile is
             # not written (the core counts on it).
             for request in pack_requests(self._current(sends), self.settings.request_bytes):
-                batches = {
-                    self._dest(tp): restamp(s.entry.data or b"", s.stamp, s.base_sequence)
-                    for tp, s in request
-                }
+                batches = {self._dest(tp): produced_batch(s) for tp, s in request}
                 call = self.destination.produce_many(conn, batches)
                 self.produce_requests += 1
                 call.future.add_done_callback(
@@ -725,7 +726,7 @@ class Mirror:
             failure = answer.failure
             if failure is None:
                 if not core.acked(send, answer.base_offset, now).stale:
-                    self.bytes_produced += len(send.entry.data or b"")
+                    self.bytes_produced += sum(len(e.data or b"") for e in send.entries)
                 self._failing.pop(tp, None)
             else:
                 self.produce_errors += 1
@@ -894,6 +895,7 @@ class Mirror:
             retry_backoff_ms=settings.retry_backoff_ms,
             retry_backoff_max_ms=settings.retry_backoff_max_ms,
             max_in_flight=settings.max_in_flight,
+            coalesce_bytes=settings.coalesce_bytes,
         )
 
     def _backoff(self) -> Backoff:
@@ -1088,6 +1090,17 @@ def failure_event(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, LeaderNotKnownError):
         return "no-leader", "no leader known yet at the destination, refreshing metadata"
     return "unreachable", "destination unreachable, retrying"
+
+
+def produced_batch(send: Send) -> bytearray:
+    """What goes to the destination for `send`: its batch (or its run, coalesced),
+    restamped with our producer and sequence."""
+    entries = send.entries
+    if len(entries) == 1:
+        data: bytes = entries[0].data or b""
+    else:
+        data = coalesce([e.data or b"" for e in entries], [e.header for e in entries])
+    return restamp(data, send.stamp, send.base_sequence)
 
 
 def pack_requests(

@@ -406,3 +406,46 @@ def test_a_fatal_answer_halts_with_its_reason() -> None:
     (send,) = sends(core)
     assert core.failed(send, Failure.FATAL, NOW, reason="RECORD_LIST_TOO_LARGE").halted
     assert core.phase is Phase.HALTED and "RECORD_LIST_TOO_LARGE" in (core.error or "")
+
+
+# -- coalescing ---------------------------------------------------------------------------
+
+COALESCING = dataclasses.replace(TIMING, max_in_flight=5, coalesce_bytes=25)
+
+
+def test_small_batches_are_sent_as_one_run_and_map_each_to_its_offsets() -> None:
+    core = started(timing=COALESCING)
+    core.feed([data(0, 1), data(1, 2), data(3, 1), data(4, 1)])  # 10 bytes each
+    first = core.next_send(NOW, STAMP)
+    assert first is not None and [e.header.base_offset for e in first.entries] == [0, 1]
+    assert first.record_count == 3 and first.base_sequence == 0
+    second = core.next_send(NOW, STAMP)
+    assert second is not None and [e.header.base_offset for e in second.entries] == [3, 4]
+    assert (second.base_sequence, second.expected_dest) == (3, 3)
+    core.acked(first, 100, NOW)
+    core.acked(second, 103, NOW)
+    assert core.position == 5 and core.dest_next == 105
+    assert core.offset_map.translate(1) == 101 and core.offset_map.translate(4) == 104
+
+
+def test_a_resent_run_is_the_same_batch() -> None:
+    core = started(timing=COALESCING)
+    core.feed([data(0, 1), data(1, 1)])
+    first = core.next_send(NOW, STAMP)
+    assert first is not None and len(first.entries) == 2
+    core.failed(first, Failure.RETRY, NOW)
+    core.feed([data(2, 1)])  # a third batch now fits, but the resend repeats the run
+    wake = core.next_wakeup_ms(NOW)
+    assert wake is not None
+    again = core.next_send(wake, STAMP)
+    assert again is not None and [e.header.base_offset for e in again.entries] == [0, 1]
+    assert again.base_sequence == first.base_sequence
+    third = core.next_send(wake, STAMP)
+    assert third is not None and third.base_sequence == 2
+
+
+def test_a_transaction_or_a_marker_ends_a_run() -> None:
+    core = started(timing=COALESCING)
+    core.feed([data(0, 1), marker(1, 5, ControlType.ABORT), data(2, 1)])
+    first = core.next_send(NOW, STAMP)
+    assert first is not None and len(first.entries) == 1

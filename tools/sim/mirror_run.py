@@ -7,7 +7,8 @@ shell reads it) against a simulated destination (mirror_destination.py) in simul
 What stands in for the asyncio shell (replicad/mirror/shell.py) is small and synchronous:
 a step per partition reads the local log ahead, saves a new partition's first progress,
 answers the core's log-end questions, and writes the sends it gets to one simulated
-connection, restamped as the shell restamps them; answers go back through the same
+connection, restamped (and runs coalesced, when the seed turns coalesce_bytes on) as the
+shell does; answers go back through the same
 ProduceAnswer classification the shell uses.
 
 Events, drawn with weights from the seed: source appends (plain batches, transactional
@@ -56,8 +57,8 @@ from replicad.mirror.partition_mirror import (
     Progress,
     Send,
 )
-from replicad.mirror.restamp import ProducerStamp, restamp
-from replicad.mirror.shell import read_batch, read_entries
+from replicad.mirror.restamp import ProducerStamp
+from replicad.mirror.shell import produced_batch, read_batch, read_entries
 from replicad.protocol.error_codes import error_code_of
 from replicad.records.batch import (
     CONTROL_FLAG_MASK,
@@ -200,6 +201,7 @@ class MirrorSimulation:
             retry_backoff_ms=50,
             retry_backoff_max_ms=1_000,
             max_in_flight=rng.choice((1, 2, 5, 5)),
+            coalesce_bytes=rng.choice((0, 0, 200, 4_096)),
         )
         self.budget = rng.choice((300, 2_000, 1 << 20))
         self.read_bytes = rng.choice((1_024, 65_536))
@@ -285,15 +287,22 @@ class MirrorSimulation:
                 assert again is not None
                 send = again
             assert send.entry.data is not None
-            batch = bytes(restamp(send.entry.data, send.stamp, send.base_sequence))
+            batch = bytes(produced_batch(send))
             h = scan_batches(batch).batches[0]
             base = send.entry.header.base_offset
+            sources = tuple(
+                o for e in send.entries for o in range(e.header.base_offset, e.header.next_offset)
+            )
+            if len(send.entries) > 1:
+                self.counts["coalesced"] += 1
+            if len(sources) != h.record_count:
+                raise InvariantError(f"p{p}: a batch of {h.record_count} records for {sources}")
             request = _Request(
                 p,
                 send,
                 self.incarnation,
                 self.connection,
-                tuple(range(base, base + h.record_count)),
+                sources,
                 h.producer_id,
                 h.producer_epoch,
                 h.base_sequence,

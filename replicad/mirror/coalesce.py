@@ -1,0 +1,123 @@
+"""Coalescing a run of small stored batches into one batch for the destination (the
+mirror's `coalesce_bytes` option; sans-I/O: bytes in, bytes out).
+
+Why: a source producer with `linger.ms` 0 stores one record a batch, and the mirror
+produces batches as stored, at most five in flight per partition: a partition then moves
+five records per destination round trip. MirrorMaker 2 re-batches (its producer batches
+what its consumer read); this is the same, for runs of consecutive small batches.
+
+Rules:
+- Only batches that can be merged as they are: magic 2, not control, not thinned by
+  compaction (consecutive offsets), the same codec and timestamp type (`can_join`).
+- The merged batch holds every record of the run, in order, each with its own key, value,
+  headers and timestamp: offset deltas are renumbered 0..n-1 across the run, timestamp
+  deltas are taken against the first batch's base timestamp; the max timestamp is the
+  run's. Its records are compressed again in their codec -- the one cost of the option.
+- What the batch's producer fields and CRC become is restamp.py's (`restamp` is applied to
+  the merged batch as to any other).
+- A run takes as many destination offsets as it has records, so every source batch in it
+  still maps to its own destination offsets (the offset map records each).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+
+from kio.serial.readers import read_signed_varint, read_signed_varlong
+from kio.serial.writers import write_signed_varint, write_signed_varlong
+
+from replicad.records.batch import (
+    COMPRESSION_CODEC_MASK,
+    LOG_OVERHEAD,
+    MAGIC_V2,
+    RECORD_BATCH_OVERHEAD,
+    TIMESTAMP_TYPE_MASK,
+    V2_HEADER,
+    BatchHeader,
+    Compression,
+)
+from replicad.records.codecs import compress, decompress
+
+_ATTRIBUTES_KEPT = COMPRESSION_CODEC_MASK | TIMESTAMP_TYPE_MASK
+
+
+def can_join(first: BatchHeader, other: BatchHeader) -> bool:
+    """Whether `other` may be merged into a run that `first` opened."""
+    return (
+        _mergeable(first)
+        and _mergeable(other)
+        and (first.attributes & _ATTRIBUTES_KEPT) == (other.attributes & _ATTRIBUTES_KEPT)
+    )
+
+
+def _mergeable(h: BatchHeader) -> bool:
+    return h.magic == MAGIC_V2 and not h.is_control and h.last_offset_delta == h.record_count - 1
+
+
+def coalesce(
+    batches: Sequence[bytes | bytearray | memoryview], headers: Sequence[BatchHeader]
+) -> bytes:
+    """One magic 2 batch holding every record of `batches` (their headers: `headers`), as
+    the module rules say; base offset 0, producer fields none (restamp sets them)."""
+    if len(batches) == 1:
+        return bytes(batches[0])
+    first = headers[0]
+    codec = Compression(first.attributes & COMPRESSION_CODEC_MASK)
+    base_ts = first.base_timestamp
+    out = io.BytesIO()
+    index = 0
+    for data, h in zip(batches, headers, strict=True):
+        plain = decompress(codec, memoryview(data)[RECORD_BATCH_OVERHEAD:])
+        index = _rewrite(memoryview(plain), h.record_count, index, h.base_timestamp - base_ts, out)
+    records = compress(codec, out.getvalue())
+    count = index
+    body = bytearray(RECORD_BATCH_OVERHEAD) + records
+    V2_HEADER.pack_into(
+        body,
+        0,
+        0,  # base offset: the broker assigns it
+        len(body) - LOG_OVERHEAD,
+        -1,  # partition leader epoch
+        MAGIC_V2,
+        0,  # crc: restamp computes it
+        first.attributes & _ATTRIBUTES_KEPT,
+        count - 1,
+        base_ts,
+        max(h.max_timestamp for h in headers),
+        -1,
+        -1,
+        -1,
+        count,
+    )
+    return bytes(body)
+
+
+def _rewrite(records: memoryview, count: int, first_index: int, shift: int, out: io.BytesIO) -> int:
+    """Append `count` records to `out`, offset deltas from `first_index`, timestamp deltas
+    moved by `shift`; returns the next index."""
+    pos = 0
+    index = first_index
+    for n in range(count):
+        length, size = read_signed_varint(records, pos)
+        body = pos + size
+        end = body + length
+        if length < 0 or end > len(records):
+            raise ValueError(f"record {n} overruns the batch")
+        ts_at = body + 1  # after the attributes byte
+        ts_delta, ts_size = read_signed_varlong(records, ts_at)
+        delta_at = ts_at + ts_size
+        delta_size = read_signed_varint(records, delta_at)[1]
+        head = io.BytesIO()
+        head.write(records[body:ts_at])
+        write_signed_varlong(head, ts_delta + shift)
+        write_signed_varint(head, index)
+        rest = records[delta_at + delta_size : end]
+        write_signed_varint(out, len(head.getvalue()) + len(rest))
+        out.write(head.getvalue())
+        out.write(rest)
+        pos = end
+        index += 1
+    if pos != len(records):
+        raise ValueError(f"{len(records) - pos} bytes left after {count} records")
+    return index
