@@ -1,0 +1,355 @@
+"""Mirroring throughput: replicad's mirror next to MirrorMaker 2, same topic, same run.
+
+A local Apache Kafka broker is the source; for each workload a topic is produced there,
+then each mirror copies it into a fresh destination broker of its own (the same broker
+config), from the start of the topic to its end:
+
+- replicad: `replicad run` with a `mirror:` section (the follower replicates into the
+  local log, the mirror produces from it; one process);
+- MirrorMaker 2 in dedicated mode (org.apache.kafka.connect.mirror.MirrorMaker, the jars
+  fetched by tools/kafka/mirrormaker.sh), tasks.max = partitions, its producer tuned for
+  throughput as its documentation recommends (batch.size, linger.ms, compression.type as
+  the source, the source consumer's fetch sizes); its settings and its defaults are printed
+  under the table.
+
+Both name the copy `source.<topic>` (MirrorMaker 2's default replication policy; replicad's
+`mirror.topic_prefix`). Workloads:
+- `batched`: 1 KiB records (lz4, about 2:1), produced in large batches (linger.ms 20,
+  batch.size 256 KiB), over 6 partitions;
+- `tiny`: the same records, one record a batch (a producer with linger.ms 0 and
+  batch.num.messages 1): MirrorMaker 2's best case, since its producer batches again;
+  replicad runs it twice, as stored and with `mirror.coalesce_bytes` (runs coalesced).
+
+For each: records/s from the process's start to the last record at the destination, the
+same between 10% and 90% of the records (steady), and CPU seconds of the process (from the
+kernel). Progress is the destination's end offsets, polled.
+
+    .venv/bin/python -m tools.bench.mirror [--records 1000000] [--tiny-records 200000]
+        [--partitions 6] [--only replicad,mirrormaker2] [--workloads batched,tiny]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from tools.bench.measure import Measured, run_measured
+from tools.peers.kafka import KafkaBroker
+from tools.replica import replicad_argv
+
+ROOT = Path(__file__).resolve().parents[2]
+MIRRORMAKER_SH = ROOT / "tools" / "kafka" / "mirrormaker.sh"
+RECORD = 1024
+PREFIX = "source."
+REPLICAD, MIRRORMAKER2 = "replicad mirror", "MirrorMaker 2"
+COALESCING = "replicad mirror, coalesce_bytes 256 KiB"
+CHOICES = {"replicad": REPLICAD, "coalescing": COALESCING, "mirrormaker2": MIRRORMAKER2}
+COALESCE_BYTES = 256 * 1024
+# How often the destination's end offsets are asked (each ask is a request per partition).
+PROGRESS_EVERY_S = 0.25
+
+# MirrorMaker 2's producer and consumer as tuned for throughput (Red Hat's "Handling high
+# volumes of messages", Kafka's producer docs: larger batches, some linger, the source's
+# codec), next to Kafka's defaults for the same keys.
+MM2_TUNED: dict[str, str] = {
+    "target.producer.batch.size": "327680",
+    "target.producer.linger.ms": "100",
+    "target.producer.compression.type": "lz4",
+    "source.consumer.fetch.max.bytes": "52428800",
+    "source.consumer.max.partition.fetch.bytes": "1048576",
+    "source.consumer.max.poll.records": "500",
+}
+MM2_DEFAULTS: dict[str, str] = {
+    "target.producer.batch.size": "16384",
+    "target.producer.linger.ms": "5 (Kafka 4)",
+    "target.producer.compression.type": "none",
+    "source.consumer.fetch.max.bytes": "52428800",
+    "source.consumer.max.partition.fetch.bytes": "1048576",
+    "source.consumer.max.poll.records": "500",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    name: str
+    topic: str
+    records: int
+    partitions: int
+    one_per_batch: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    mirror: str
+    workload: Workload
+    measured: Measured
+
+    @property
+    def records_per_s(self) -> float:
+        return self.workload.records / self.measured.wall_s
+
+    @property
+    def steady_records_per_s(self) -> float | None:
+        steady = self.measured.steady_s
+        return None if steady is None else self.workload.records * 0.8 / steady
+
+
+def produce(bootstrap: str, workload: Workload) -> None:
+    from confluent_kafka import Producer
+
+    rng = random.Random(9)
+    pool = [rng.randbytes(RECORD // 2) + bytes(RECORD // 2) for _ in range(4096)]
+    settings: dict[str, object] = {
+        "bootstrap.servers": bootstrap,
+        "compression.type": "lz4",
+        "queue.buffering.max.kbytes": 512 * 1024,
+    }
+    if workload.one_per_batch:
+        settings.update({"linger.ms": 0, "batch.num.messages": 1})
+    else:
+        settings.update({"linger.ms": 20, "batch.size": 256 * 1024})
+    producer = Producer(settings)
+    for i in range(workload.records):
+        while True:
+            try:
+                producer.produce(
+                    workload.topic, value=pool[i % len(pool)], partition=i % workload.partitions
+                )
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    assert producer.flush(600) == 0
+
+
+class DestinationProgress:
+    """The destination copy's records (its end offsets), asked at most every
+    PROGRESS_EVERY_S."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+        from confluent_kafka import Consumer
+
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-progress"})
+        self.topic = topic
+        self.partitions = partitions
+        self.count = 0
+        self._at = 0.0
+
+    def records(self) -> int:
+        from confluent_kafka import KafkaException
+        from confluent_kafka import TopicPartition as KTP
+
+        if time.monotonic() - self._at >= PROGRESS_EVERY_S:
+            self._at = time.monotonic()
+            # Not created yet: still no records.
+            with contextlib.suppress(KafkaException):
+                self.count = sum(
+                    self.consumer.get_watermark_offsets(KTP(self.topic, p), timeout=5)[1]
+                    for p in range(self.partitions)
+                )
+        return self.count
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def run_replicad(
+    work: Path, source: str, dest: str, workload: Workload, *, coalesce_bytes: int = 0
+) -> Measured:
+    data_dir = work / "replicad-data"
+    config = {
+        "source": {"bootstrap_servers": [source]},
+        "topics": {"include": [workload.topic]},
+        "data_dir": str(data_dir),
+        "mirror": {
+            "bootstrap_servers": [dest],
+            "topic_prefix": PREFIX,
+            "coalesce_bytes": coalesce_bytes,
+        },
+    }
+    path = work / "replicad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    argv = replicad_argv("run", "-c", str(path), "--log-format", "json", as_installed=True)
+    return _measure(argv, dest, workload)
+
+
+def mm2_properties(source: str, dest: str, workload: Workload) -> dict[str, str]:
+    return {
+        "clusters": "source, target",
+        "source.bootstrap.servers": source,
+        "target.bootstrap.servers": dest,
+        "source->target.enabled": "true",
+        "target->source.enabled": "false",
+        "source->target.topics": workload.topic,
+        "tasks.max": str(workload.partitions),
+        "replication.factor": "1",
+        "checkpoints.topic.replication.factor": "1",
+        "heartbeats.topic.replication.factor": "1",
+        "offset-syncs.topic.replication.factor": "1",
+        "offset.storage.replication.factor": "1",
+        "status.storage.replication.factor": "1",
+        "config.storage.replication.factor": "1",
+        "sync.topic.acls.enabled": "false",
+        **MM2_TUNED,
+    }
+
+
+def run_mirrormaker2(work: Path, source: str, dest: str, workload: Workload) -> Measured:
+    path = work / "mm2.properties"
+    props = mm2_properties(source, dest, workload)
+    path.write_text("".join(f"{k} = {v}\n" for k, v in props.items()))
+    return _measure([str(MIRRORMAKER_SH), "run", str(path)], dest, workload, work / "mm2.log")
+
+
+def _measure(
+    argv: list[str], dest: str, workload: Workload, output: Path | None = None
+) -> Measured:
+    progress = DestinationProgress(dest, PREFIX + workload.topic, workload.partitions)
+    with open(output or os.devnull, "wb") as out:
+        try:
+            return run_measured(
+                argv,
+                until=lambda: progress.records() >= workload.records,
+                progress=lambda: progress.records() / workload.records,
+                stdout=out,
+            )
+        finally:
+            progress.close()
+
+
+RUNNERS: dict[str, Callable[[Path, str, str, Workload], Measured]] = {
+    REPLICAD: run_replicad,
+    COALESCING: lambda *args: run_replicad(*args, coalesce_bytes=COALESCE_BYTES),
+    MIRRORMAKER2: run_mirrormaker2,
+}
+
+
+def table(runs: list[Run]) -> str:
+    lines = [
+        "| workload | mirror | records/s start to end | records/s steady (10-90%) | CPU s | "
+        "wall s | vs MirrorMaker 2 (start to end / steady / CPU) |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for run in runs:
+        peer = next(
+            (r for r in runs if r.workload == run.workload and r.mirror == MIRRORMAKER2), None
+        )
+        versus = ""
+        if peer is not None and run.mirror != MIRRORMAKER2:
+            steady, peer_steady = run.steady_records_per_s, peer.steady_records_per_s
+            versus = (
+                f"{run.records_per_s / peer.records_per_s:.2f}x / "
+                + (f"{steady / peer_steady:.2f}x" if steady and peer_steady else "-")
+                + f" / {run.measured.cpu_s / peer.measured.cpu_s:.2f}"
+            )
+        steady = run.steady_records_per_s
+        lines.append(
+            f"| {run.workload.name} | {run.mirror} | {run.records_per_s:,.0f} | "
+            f"{f'{steady:,.0f}' if steady else '-'} | {run.measured.cpu_s:.1f} | "
+            f"{run.measured.wall_s:.1f} | {versus} |"
+        )
+    return "\n".join(lines)
+
+
+def settings_notes() -> str:
+    lines = ["MirrorMaker 2's settings (dedicated mode, tasks.max = partitions):", ""]
+    lines.append("| key | set here | Kafka's default |")
+    lines.append("|---|---|---|")
+    for key, value in MM2_TUNED.items():
+        lines.append(f"| {key} | {value} | {MM2_DEFAULTS[key]} |")
+    lines.append("")
+    lines.append(
+        "replicad's mirror: its defaults (mirror.buffer_bytes 4 MiB read ahead per "
+        "partition, 5 batches in flight per partition, many partitions per Produce, batches "
+        "produced as stored: never decompressed nor re-batched); on the tiny workload also "
+        f"with mirror.coalesce_bytes {COALESCE_BYTES} (runs of small batches produced as "
+        "one, re-compressed)."
+    )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--tiny-records", type=int, default=200_000)
+    parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--only", help=f"comma-separated subset of: {','.join(CHOICES)}")
+    parser.add_argument("--workloads", default="batched,tiny")
+    args = parser.parse_args()
+    mirrors = [CHOICES[m] for m in (args.only.split(",") if args.only else CHOICES)]
+    if MIRRORMAKER2 in mirrors:
+        subprocess.run([str(MIRRORMAKER_SH), "fetch"], check=True)
+    wanted = args.workloads.split(",")
+    workloads = [
+        w
+        for w in (
+            Workload("batched", "bench-batched", args.records, args.partitions, False),
+            Workload("tiny", "bench-tiny", args.tiny_records, args.partitions, True),
+        )
+        if w.name in wanted
+    ]
+    load = os.getloadavg()[0]
+    runs: list[Run] = []
+    with tempfile.TemporaryDirectory(prefix="replicad-bench-mirror-", dir=os.getcwd()) as tmp:
+        work = Path(tmp)
+        source = KafkaBroker(work / "source", heap="1g")
+        source.start()
+        try:
+            for workload in workloads:
+                source.create_topic(workload.topic, workload.partitions)
+                started = time.monotonic()
+                produce(source.bootstrap, workload)
+                print(
+                    f"  {workload.name}: produced {workload.records:,} records in "
+                    f"{time.monotonic() - started:.0f}s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                for mirror in mirrors:
+                    if mirror == COALESCING and not workload.one_per_batch:
+                        continue  # the option is for runs of small batches
+                    run_dir = work / f"{workload.name}-{list(CHOICES.values()).index(mirror)}"
+                    run_dir.mkdir()
+                    dest = KafkaBroker(run_dir / "destination", heap="1g")
+                    dest.start()
+                    try:
+                        measured = RUNNERS[mirror](
+                            run_dir, source.bootstrap, dest.bootstrap, workload
+                        )
+                    finally:
+                        dest.stop()
+                    runs.append(Run(mirror, workload, measured))
+                    print(
+                        f"  {workload.name}: {mirror}: {measured.wall_s:.1f}s, "
+                        f"{measured.cpu_s:.1f} CPU s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+        finally:
+            source.stop()
+    print(
+        f"{', '.join(f'{w.name}: {w.records:,} records' for w in workloads)} of 1 KiB (lz4), "
+        f"{args.partitions} partitions; {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores; load average {load:.2f} at the start\n"
+    )
+    print(table(runs))
+    print()
+    print(settings_notes())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
