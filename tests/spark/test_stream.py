@@ -5,6 +5,7 @@ before an open transaction, data lost to retention."""
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from pathlib import Path
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from replicad.spark.follow import START_ATTEMPTS, worker_start_failed
-from replicad.spark.stream import high_watermarks
+from replicad.spark.options import parse_stream_options
+from replicad.spark.stream import ReplicadStreamReader, high_watermarks
 from replicad.types import TopicPartition
 from tools.peers.produce import produce_numbered
 from tools.replica import replicad_run
@@ -140,10 +142,58 @@ def test_a_stream_refuses_a_directory_without_high_watermarks(spark, tmp_path):
 def produce_sized(bootstrap: str, topic: str, count: int, value_bytes: int, first: int = 0) -> None:
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    # Small batches, so that the replica's small segments roll often.
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.size": 4096})
     for i in range(first, first + count):
         producer.produce(topic, value=(b"%d-" % i).ljust(value_bytes, b"x"), partition=0)
     assert producer.flush(30) == 0
+
+
+def test_retention_past_the_stream_fails_it_or_is_skipped(
+    spark, kafka_broker, unique_topic, tmp_path, caplog
+):
+    import shutil
+
+    from replicad.spark.catalog import log_start_offsets
+
+    topic = unique_topic()
+    tp = TopicPartition(topic, 0)
+    kafka_broker.create_topic(topic, 1)
+    produce_sized(kafka_broker.bootstrap, topic, 20, 500)
+    data_dir = tmp_path / "data"
+    config = {**REPLICA_CONFIG, "log": {**REPLICA_CONFIG["log"], "retention_bytes": 40 * 1024}}
+    strict, lenient = tmp_path / "strict", tmp_path / "lenient"
+    with replicad_run(kafka_broker.bootstrap, [topic], data_dir, config=config) as proc:
+        wait_replicated(proc, data_dir, {tp: 20})
+        assert len(available_now(spark, data_dir, strict)) >= 1
+        shutil.copytree(strict, lenient)
+        # Retention deletes segments the stream has not read yet.
+        produce_sized(kafka_broker.bootstrap, topic, 300, 500, first=20)
+        wait_replicated(proc, data_dir, {tp: 320})
+        proc.wait_for(
+            lambda: log_start_offsets(str(data_dir)).get(tp, 0) > 20,
+            what="retention to delete unread segments",
+        )
+    log_start = log_start_offsets(str(data_dir))[tp]
+    line = f"data lost in {topic}-0: offsets 20..{log_start - 1}"
+    with pytest.raises(Exception, match=re.escape(line)):
+        available_now(spark, data_dir, strict)
+    progress = available_now(spark, data_dir, lenient, failOnDataLoss="false")
+    assert sum(p["numInputRows"] for p in progress) == 320 - log_start
+    # Read back from the copied sink: the records this run added, each once (the first
+    # run's are in strict/).
+    rows, offsets = sink_offsets(spark, lenient / "out")
+    assert rows == len(offsets) == 320 - log_start
+    assert offsets == {(topic, 0, o) for o in range(log_start, 320)}
+    # Counted and logged by the stream reader (on the driver: asked here directly).
+    reader = ReplicadStreamReader(
+        parse_stream_options({"path": str(data_dir), "failOnDataLoss": "false"})
+    )
+    with caplog.at_level(logging.WARNING, logger="replicad.spark.stream"):
+        splits = reader.partitions({topic: {"0": 20}}, {topic: {"0": 320}})
+    assert reader.lost_offsets == log_start - 20
+    assert any(line in message for message in caplog.messages)
+    assert min(s.split.start_offset for s in splits) == log_start
 
 
 def test_read_committed_stops_before_an_open_transaction(
