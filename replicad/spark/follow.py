@@ -56,6 +56,8 @@ def offsets_behind(progress: Mapping) -> int | None:
         return None
     latest = json.loads(sources[0]["latestOffset"])
     end = json.loads(sources[0]["endOffset"])
+    if not isinstance(latest, dict) or not isinstance(end, dict):
+        return None  # a batch replayed after a restart has no latest offset ("null")
     behind = 0
     for topic, partitions in latest.items():
         for partition, offset in partitions.items():

@@ -69,6 +69,9 @@ def test_progress_lines_say_records_rate_and_lag():
     assert offsets_behind(progress) == 57
     assert progress_line(progress) == "batch 4: 1,200 records, 850 records/s, 57 offsets behind"
     assert offsets_behind({"sources": []}) is None
+    # A batch replayed after a restart (the SIGKILL case): Spark reports no latest offset.
+    replayed = {"sources": [{"endOffset": '{"t": {"0": 1}}', "latestOffset": "null"}]}
+    assert offsets_behind(replayed) is None
 
 
 def test_bad_stream_flags_are_one_line_usage_errors(tmp_path, capsys):
