@@ -582,8 +582,16 @@ def add_jobs(parser: argparse.ArgumentParser) -> None:
     streaming.add_argument(
         "--trigger-interval", default="1 second", help="--follow: how often (default 1 second)"
     )
-    streaming.add_argument("--max-offsets-per-trigger", type=int)
-    streaming.add_argument("--max-bytes-per-trigger", type=int)
+    streaming.add_argument(
+        "--max-offsets-per-trigger",
+        type=int,
+        help="at most about this many offsets a micro-batch (maxOffsetsPerTrigger)",
+    )
+    streaming.add_argument(
+        "--max-bytes-per-trigger",
+        type=int,
+        help="at most about this many bytes of batches a micro-batch (maxBytesPerTrigger)",
+    )
     streaming.add_argument(
         "--no-fail-on-data-loss",
         action="store_true",
@@ -594,6 +602,8 @@ def add_jobs(parser: argparse.ArgumentParser) -> None:
     offsets_parser = jobs.add_parser(
         "offsets-from-checkpoint",
         help="startingOffsets JSON from a Spark query's checkpoint (to continue on the replica)",
+        description="Print the startingOffsets JSON that continues a Spark query on the "
+        "replica where its checkpoint (and, with --sink, its file sink) stopped.",
     )
     offsets_parser.add_argument("checkpoint", help="the query's checkpoint directory")
     offsets_parser.add_argument(
