@@ -1,5 +1,7 @@
-"""Consumer groups: the classic group coordinator `replicad serve` runs (coordinator.py, the
-sans-I/O core; service.py, its asyncio shell; wire.py, the APIs on the wire), the durable
-committed-offset store (store.py), and what `replicad run` reads from the source to keep
-synced groups' offsets (cluster_reader.py, sync_plan.py, sync_loop.py).
+"""Consumer groups: the classic group coordinator `replicad serve` runs (classic_group.py, one
+group's states and transitions; coordinator.py, the sans-I/O core over all groups; its asyncio
+shell and wire handlers are replicad/leader/groups.py and group_wire.py), the durable
+committed-offset store (offset_store.py), the rules for syncing a source group's offsets into
+it (offset_sync.py), reading any cluster's groups and offsets (cluster_reader.py, which the
+mirror's group sync shares), and the consumer protocol's payloads (consumer_protocol.py).
 """
