@@ -285,6 +285,8 @@ def test_a_live_group_is_never_written_and_a_failed_over_one_only_after_resume(
     kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
 ) -> None:
     from kafka import KafkaConsumer
+    from kafka import TopicPartition as KafkaTopicPartition
+    from kafka.structs import OffsetAndMetadata
 
     topic = unique_topic("live")
     group = f"app-{topic}"
@@ -308,7 +310,14 @@ def test_a_live_group_is_never_written_and_a_failed_over_one_only_after_resume(
                 timeout_s=60,
                 what="the member's assignment",
             )
-            member.commit()  # its own position: 10 on every partition
+            # Its own commit, 10 on every partition: named, because a poll that fetched
+            # records has moved the consumer's position past them (up to 60).
+            member.commit(
+                {
+                    KafkaTopicPartition(dest_topic, p): OffsetAndMetadata(10, "", -1)
+                    for p in range(PARTITIONS)
+                }
+            )
             # The source group goes on meanwhile; the destination's must not follow.
             commit_at(kafka_broker.bootstrap, topic, group, dict.fromkeys(range(PARTITIONS), 30))
             wait_rounds(proc, 10)
