@@ -505,10 +505,16 @@ def test_confluent_java_and_a_three_member_group_fail_over_exactly(
     for group, count in ((single, 1), (trio, 3)):
         members = confluent_members(kafka_cluster.bootstrap, group, count)
         want = len(expected[group])
-        rest = read_with_members(members, dest_topic, lambda read, want=want: len(read) >= want)
+        # Three members that join one by one rebalance while they read and commit nothing
+        # meanwhile, so a record may come twice (Kafka's at-least-once between commits):
+        # what failover decides is where each partition starts, so the records read, once
+        # each, are exactly those after the group's commit, none before.
+        rest = read_with_members(
+            members, dest_topic, lambda read, want=want: len(set(read)) >= want
+        )
         for m in members:
             m.close()
-        assert sorted(rest) == expected[group], group
+        assert sorted(set(rest)) == expected[group], group
     printed = run_kafka_class(
         CONSOLE_CONSUMER, "--bootstrap-server", kafka_cluster.bootstrap, "--topic", dest_topic,
         "--group", java, "--max-messages", str(len(expected[java])),
