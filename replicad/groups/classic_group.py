@@ -133,9 +133,6 @@ class ClassicGroup:
     initial_delay_left_ms: int = 0
     new_member_added: bool = False
     offsets: dict[TopicPartition, CommittedOffset] = field(default_factory=dict)
-    # A member joined or a client committed here: the group's own commits win over the
-    # source's from now on (offset_sync.py's rule; Kafka has no such notion).
-    owned: bool = False
 
     # -- state -------------------------------------------------------------------------------
 

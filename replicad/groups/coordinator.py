@@ -60,9 +60,11 @@ Rules:
   members: NON_EMPTY_GROUP unless it speaks the consumer protocol, then per partition
   GROUP_SUBSCRIBED_TO_TOPIC for subscribed topics.
 - Offsets synced from the source (`sync_offsets`, `replicad run` with serve and groups):
-  taken only while the group is not the replica's own -- no member ever joined it here and
-  no client committed to it here (then the group is `owned`, and its own commits win); an
-  offset the group already has is not taken again. The offsets come planned by
+  taken only while the group is not the replica's own and has no members here. A group
+  becomes the replica's own (`owned`) when a member joins it here or a client commits to it
+  here, and stays so for good: its own commits win, even once it is Empty, Dead, deleted or
+  restarted (the shell makes the mark durable: `take_newly_owned`, restored by `restore`).
+  An offset the group already has is not taken again. The offsets come planned by
   offset_sync.py (replicated partitions only, held at the replica's end).
 - Offsets expire (KIP-211, `expire_offsets`): all of an Empty group's once it has been Empty
   for offsets_retention_ms; in a group without protocol type, each by its commit time; in
@@ -284,6 +286,10 @@ class GroupCoordinator:
         self.config = config or CoordinatorConfig()
         self._new_member_id = new_member_id
         self.groups: dict[str, ClassicGroup] = {}
+        # Groups that are the replica's own (see the rules): kept apart from `groups`, which
+        # forgets a group once it is Dead.
+        self.owned: set[str] = set()
+        self._newly_owned: list[str] = []
         self.rebalances_total = 0
         self.commits_total = 0
 
@@ -387,7 +393,7 @@ class GroupCoordinator:
             is_new=True,
         )
         group.add(member)
-        group.owned = True
+        self._own(group.group_id)
         if group.in_initial_delay and group.generation_id == 0:
             # Kafka extends the delay only for a new group's first members.
             group.new_member_added = True
@@ -739,7 +745,7 @@ class GroupCoordinator:
         member = group.members.get(who.member_id)
         if member is not None:
             member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms
-        group.owned = True
+        self._own(group_id)
         errors: dict[TopicPartition, ErrorCode] = {}
         committed: dict[TopicPartition, CommittedOffset] = {}
         for tp, value in offsets.items():
@@ -776,7 +782,7 @@ class GroupCoordinator:
     ) -> SyncOutcome:
         """Take a source group's offsets, unless the group is the replica's own (rules)."""
         group = self.groups.get(group_id)
-        if group is not None and (group.owned or group.members or group.is_in(S.DEAD)):
+        if group_id in self.owned or (group is not None and (group.members or group.is_in(S.DEAD))):
             return SyncOutcome(stopped=True)
         applied: dict[TopicPartition, CommittedOffset] = {}
         for tp, value in offsets.items():
@@ -793,6 +799,17 @@ class GroupCoordinator:
                 group = self.groups[group_id] = ClassicGroup(group_id, state_since_ms=now_ms)
             group.offsets.update(applied)
         return SyncOutcome(applied)
+
+    def _own(self, group_id: str) -> None:
+        if group_id not in self.owned:
+            self.owned.add(group_id)
+            self._newly_owned.append(group_id)
+
+    def take_newly_owned(self) -> tuple[str, ...]:
+        """The groups that became the replica's own since the last call (to be made durable:
+        a restart that forgot one would sync the source's offsets over its own)."""
+        taken, self._newly_owned = tuple(self._newly_owned), []
+        return taken
 
     def fetch_offsets(
         self, group_id: str, partitions: Iterable[TopicPartition] | None
@@ -866,11 +883,16 @@ class GroupCoordinator:
             self.groups.pop(group.group_id, None)
 
     def restore(
-        self, offsets: Mapping[str, Mapping[TopicPartition, CommittedOffset]], *, now_ms: int
+        self,
+        offsets: Mapping[str, Mapping[TopicPartition, CommittedOffset]],
+        *,
+        now_ms: int,
+        owned: Iterable[str] = (),
     ) -> None:
         """Groups as a restart finds them: Empty, with their committed offsets and no
         protocol type (members join again; until one does, each offset expires by its own
-        commit time)."""
+        commit time); `owned`, the groups that were the replica's own."""
+        self.owned.update(owned)
         for group_id, committed in offsets.items():
             if committed and group_id not in self.groups:
                 group = ClassicGroup(group_id, state_since_ms=now_ms)

@@ -10,7 +10,11 @@ a library to a daemon that otherwise writes only Kafka's own files.
 Rules:
 - A record is `length (4) | crc32c of the payload (4) | payload (JSON)`. The payload is a
   commit (group, topic, partition, offset, leader epoch, metadata, commit time), an offset
-  removal (offset null) or a group removal. Replaying the file in order gives the state.
+  removal (offset null), a group removal, or a group's mark as the replica's own (`owned`:
+  offsets synced from the source never go into it again, coordinator.py's rule). Replaying
+  the file in order gives the state.
+- The owned mark outlives the group's offsets and the group's removal: a group an
+  application failed over to stays the replica's own, whatever happens to it here.
 - `append` returns only once the records are fsynced: then the commits they hold would
   survive kill -9 and a power cut. Nothing is acknowledged before that (the caller's rule).
   An append that fails (a full disk) cuts the file back to where it began, so a torn
@@ -73,7 +77,13 @@ class GroupRemoval:
     group_id: str
 
 
-Change = Commit | OffsetRemoval | GroupRemoval
+@dataclass(frozen=True, slots=True)
+class GroupOwned:
+    group_id: str
+
+
+Change = Commit | OffsetRemoval | GroupRemoval | GroupOwned
+State = dict[str, dict[TopicPartition, CommittedOffset]]
 
 
 def encode(change: Change) -> bytes:
@@ -90,6 +100,8 @@ def encode(change: Change) -> bytes:
         }
     elif isinstance(change, OffsetRemoval):
         payload = {"g": change.group_id, "t": change.tp.topic, "p": change.tp.partition, "o": None}
+    elif isinstance(change, GroupOwned):
+        payload = {"g": change.group_id, "owned": True}
     else:
         payload = {"g": change.group_id, "deleted": True}
     data = json.dumps(payload, separators=(",", ":")).encode()
@@ -101,6 +113,8 @@ def decode(payload: bytes) -> Change:
     group_id = str(value["g"])
     if value.get("deleted"):
         return GroupRemoval(group_id)
+    if value.get("owned"):
+        return GroupOwned(group_id)
     tp = TopicPartition(str(value["t"]), int(value["p"]))
     if value["o"] is None:
         return OffsetRemoval(group_id, tp)
@@ -108,8 +122,10 @@ def decode(payload: bytes) -> Change:
     return Commit(group_id, tp, offset)
 
 
-def apply(state: dict[str, dict[TopicPartition, CommittedOffset]], change: Change) -> None:
-    if isinstance(change, Commit):
+def apply(state: State, owned: set[str], change: Change) -> None:
+    if isinstance(change, GroupOwned):
+        owned.add(change.group_id)
+    elif isinstance(change, Commit):
         state.setdefault(change.group_id, {})[change.tp] = change.offset
     elif isinstance(change, OffsetRemoval):
         offsets = state.get(change.group_id)
@@ -129,8 +145,8 @@ class Replayed:
     cut_bytes: int
 
 
-def replay(data: bytes, state: dict[str, dict[TopicPartition, CommittedOffset]]) -> Replayed:
-    """Apply every whole, valid record of `data` to `state`, in order (pure)."""
+def replay(data: bytes, state: State, owned: set[str]) -> Replayed:
+    """Apply every whole, valid record of `data` to `state` and `owned`, in order (pure)."""
     position = records = 0
     while position + HEADER.size <= len(data):
         length, crc = HEADER.unpack_from(data, position)
@@ -144,7 +160,7 @@ def replay(data: bytes, state: dict[str, dict[TopicPartition, CommittedOffset]])
             change = decode(payload)
         except (ValueError, KeyError, TypeError):
             break
-        apply(state, change)
+        apply(state, owned, change)
         position = start + length
         records += 1
     return Replayed(records, position, len(data) - position)
@@ -156,7 +172,8 @@ class OffsetStore:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.path = directory / FILE
-        self.state: dict[str, dict[TopicPartition, CommittedOffset]] = {}
+        self.state: State = {}
+        self.owned: set[str] = set()
         self.records = 0
         self.compactions = 0
         self._fd: int | None = None
@@ -173,7 +190,7 @@ class OffsetStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / f"{FILE}.tmp").unlink(missing_ok=True)  # a compaction cut short
         data = self.path.read_bytes() if self.path.exists() else b""
-        replayed = replay(data, self.state)
+        replayed = replay(data, self.state, self.owned)
         self.records = replayed.records
         if replayed.cut_bytes:
             log.warning(
@@ -221,17 +238,18 @@ class OffsetStore:
             raise exc from None
         self._size += len(data)
         for change in batch:
-            apply(self.state, change)
+            apply(self.state, self.owned, change)
         self.records += len(batch)
-        if self.records >= COMPACT_MIN_RECORDS and self.records > COMPACT_RATIO * max(
-            self.live_offsets, 1
-        ):
+        live = self.live_offsets + len(self.owned)
+        if self.records >= COMPACT_MIN_RECORDS and self.records > COMPACT_RATIO * max(live, 1):
             self.compact()
 
     def compact(self) -> None:
-        """Rewrite the file with the live offsets only (atomically, see the rules)."""
+        """Rewrite the file with the live offsets and the owned marks only (atomically, see
+        the rules)."""
         assert self._fd is not None, "store is closed"
-        live = [
+        live: list[Change] = [GroupOwned(group_id) for group_id in sorted(self.owned)]
+        live += [
             Commit(group_id, tp, offset)
             for group_id, offsets in self.state.items()
             for tp, offset in offsets.items()
@@ -254,6 +272,9 @@ class OffsetStore:
 
     def offsets(self) -> Mapping[str, Mapping[TopicPartition, CommittedOffset]]:
         return self.state
+
+    def owned_groups(self) -> frozenset[str]:
+        return frozenset(self.owned)
 
 
 def _fsync_dir(directory: Path) -> None:

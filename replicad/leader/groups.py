@@ -16,7 +16,11 @@ Rules:
   the next one (one fsync for all). Deleted groups, deleted and expired offsets are written
   as removals. A write that fails answers the commit COORDINATOR_NOT_AVAILABLE (the client
   retries); the offsets stay in memory meanwhile. At start the store's offsets are restored
-  as Empty groups.
+  as Empty groups, and the groups that are the replica's own as such.
+- A group that becomes the replica's own (a member joined, a client committed) is marked so
+  on disk before the request that made it so is answered -- with the commit's own offsets,
+  in the same fsync: a restart never syncs the source's offsets into a group an application
+  failed over to. A mark whose write failed is written with the next write.
 - Nothing here blocks the loop: the coordinator is in memory and answers at once, the
   disk is the store thread's.
 """
@@ -46,6 +50,7 @@ from replicad.groups.coordinator import (
 from replicad.groups.offset_store import (
     Change,
     Commit,
+    GroupOwned,
     GroupRemoval,
     OffsetRemoval,
     OffsetStore,
@@ -90,12 +95,16 @@ class GroupService:
         self._store_dir = store_dir
         self.store: OffsetStore | None = None
         self._writer: _DurableWriter | None = None
+        # Owned marks not on disk yet (see the rules).
+        self._owned_unsaved: set[str] = set()
         self.write_failures_total = 0
 
     async def start(self) -> None:
         if self._store_dir is not None:
             self.store = await asyncio.to_thread(OffsetStore.open, self._store_dir)
-            self.coordinator.restore(self.store.offsets(), now_ms=self._now_ms())
+            self.coordinator.restore(
+                self.store.offsets(), now_ms=self._now_ms(), owned=self.store.owned_groups()
+            )
             self._writer = _DurableWriter(self.store)
             log.info(
                 "committed offsets restored",
@@ -130,7 +139,11 @@ class GroupService:
         body = request.body
         now_ms = self._now_ms()
         try:
-            return await self._answer(api, version, body, request.client_id, client_host, now_ms)
+            response = await self._answer(
+                api, version, body, request.client_id, client_host, now_ms
+            )
+            await self._write([])  # an owned mark this request made, if any
+            return response
         finally:
             self._wake.set()
 
@@ -213,12 +226,17 @@ class GroupService:
         return CommitResult(errors)
 
     async def _write(self, changes: Sequence[Change]) -> bool:
-        """Whether `changes` are durable (True without a store: nothing to make durable)."""
-        if self._writer is None or not changes:
+        """Whether `changes` are durable (True without a store: nothing to make durable),
+        written with the owned marks not yet on disk."""
+        self._owned_unsaved.update(self.coordinator.take_newly_owned())
+        if self._writer is None or not (changes or self._owned_unsaved):
             return True
+        marks = sorted(self._owned_unsaved)
+        self._owned_unsaved.clear()
         try:
-            await self._writer.write(changes)
+            await self._writer.write([*(GroupOwned(g) for g in marks), *changes])
         except OSError as exc:
+            self._owned_unsaved.update(marks)
             self.write_failures_total += 1
             log.error("committed offsets could not be written", error=str(exc))
             return False

@@ -15,6 +15,7 @@ from replicad.groups.offset_store import (
     DIRECTORY,
     FILE,
     Commit,
+    GroupOwned,
     GroupRemoval,
     OffsetRemoval,
     OffsetStore,
@@ -52,6 +53,26 @@ def test_removals_of_offsets_and_groups_are_replayed(tmp_path: Path) -> None:
     assert OffsetStore.open(tmp_path).offsets() == {"g": {T1: committed(6)}}
 
 
+def test_an_owned_mark_outlives_the_groups_offsets_its_removal_and_compaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(offset_store, "COMPACT_MIN_RECORDS", 10)
+    store = OffsetStore.open(tmp_path)
+    store.append([GroupOwned("g"), Commit("g", T0, committed(5)), Commit("h", T0, committed(1))])
+    store.append([GroupRemoval("g"), GroupOwned("never-committed")])
+    store.close()
+    again = OffsetStore.open(tmp_path)
+    assert again.owned_groups() == {"g", "never-committed"}
+    assert again.offsets() == {"h": {T0: committed(1)}}
+    for i in range(20):
+        again.append([Commit("h", T0, committed(i))])
+    assert again.compactions >= 1
+    again.close()
+    compacted = OffsetStore.open(tmp_path)
+    assert compacted.owned_groups() == {"g", "never-committed"}
+    assert compacted.offsets() == {"h": {T0: committed(19)}}
+
+
 @pytest.mark.parametrize("cut", [1, 5, 9])
 def test_a_torn_last_record_is_cut_and_the_rest_kept(tmp_path: Path, cut: int) -> None:
     store = OffsetStore.open(tmp_path)
@@ -74,7 +95,7 @@ def test_a_record_failing_its_crc_ends_the_replay() -> None:
     bad = bytearray(encode(Commit("g", T0, committed(2))))
     bad[-2] ^= 0xFF
     state: dict = {}
-    replayed = replay(good + bytes(bad) + good, state)
+    replayed = replay(good + bytes(bad) + good, state, set())
     assert (replayed.records, replayed.valid_bytes) == (1, len(good))
     assert state == {"g": {T0: committed(1)}}
 

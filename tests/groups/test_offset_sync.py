@@ -66,3 +66,31 @@ def test_a_group_a_member_joined_here_is_no_longer_synced_even_once_it_is_empty(
     assert coordinator.groups["g"].state.value == "Empty"
     assert coordinator.sync_offsets("g", {T0: OffsetToCommit(6)}, now_ms=4).stopped
     assert coordinator.fetch_offsets("g", [T0]).offsets[T0].offset == 5
+
+
+def test_a_group_owned_here_stays_owned_once_deleted_and_after_a_restore() -> None:
+    coordinator = GroupCoordinator(CoordinatorConfig(initial_rebalance_delay_ms=0))
+    join = JoinRequest("g", "", 10_000, 10_000, "consumer", (("range", b""),), client_id="c")
+    member_id = coordinator.join(join, "t1", now_ms=0).replies[0].result.member_id
+    coordinator.join(
+        JoinRequest("g", member_id, 10_000, 10_000, "consumer", (("range", b""),)), "t2", now_ms=0
+    )
+    assert coordinator.take_newly_owned() == ("g",)
+    assert coordinator.take_newly_owned() == ()  # each mark is handed out once
+    coordinator.leave("g", [MemberRef(member_id)], now_ms=1)
+    assert coordinator.delete_groups(["g"], now_ms=1) == {"g": ErrorCode.none}
+    assert "g" not in coordinator.groups
+    assert coordinator.sync_offsets("g", {T0: OffsetToCommit(6)}, now_ms=2).stopped
+
+    restarted = GroupCoordinator()
+    restarted.restore({}, now_ms=3, owned={"g"})
+    assert restarted.sync_offsets("g", {T0: OffsetToCommit(6)}, now_ms=4).stopped
+    assert restarted.fetch_offsets("g", [T0]).offsets[T0] is None
+    assert restarted.take_newly_owned() == ()  # restored marks are on disk already
+
+
+def test_an_admin_commit_makes_the_group_owned_once() -> None:
+    coordinator = GroupCoordinator()
+    coordinator.commit("g", -1, MemberRef(""), {T0: OffsetToCommit(7)}, now_ms=1)
+    coordinator.commit("g", -1, MemberRef(""), {T0: OffsetToCommit(8)}, now_ms=2)
+    assert coordinator.take_newly_owned() == ("g",)

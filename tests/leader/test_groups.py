@@ -18,6 +18,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from replicad.groups.coordinator import CoordinatorConfig
+from replicad.groups.offset_store import OffsetStore
 from replicad.leader.catalog import Catalog
 from replicad.leader.group_wire import Node
 from replicad.leader.groups import GroupService
@@ -51,6 +52,7 @@ async def service(tmp_path: Path) -> AsyncIterator[tuple[GroupService, Clock]]:
         lambda: Node(1, "127.0.0.1", 9092),
         config=CoordinatorConfig(initial_rebalance_delay_ms=0),
         now_ms=clock,
+        store_dir=tmp_path / "data",
     )
     await groups.start()
     try:
@@ -146,3 +148,18 @@ async def test_find_coordinator_answers_this_node(service) -> None:
         groups, decoded(ApiKey.FIND_COORDINATOR, 4, key_type=0, coordinator_keys=("g",))
     )
     assert [(c.key, c.node_id, c.port) for c in body.coordinators] == [("g", 1, 9092)]
+
+
+async def test_a_joined_group_is_owned_on_disk_before_the_join_is_answered(
+    service, tmp_path: Path
+) -> None:
+    groups, _ = service
+    member_id = (await answered(groups, join())).member_id
+    assert groups.store is not None and groups.store.owned_groups() == frozenset()
+    await answered(groups, join(member_id))
+    # Read back from the file, as a restart would: the mark is there already.
+    reread = OffsetStore.open(tmp_path / "data")
+    try:
+        assert reread.owned_groups() == {"g"}
+    finally:
+        reread.close()
