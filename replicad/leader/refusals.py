@@ -8,8 +8,6 @@ Rules:
   TOPIC_AUTHORIZATION_FAILED for every partition named, with an error message (v8+) saying
   that this is a read-only replica. acks=0 expects no answer: Kafka closes the connection
   so the producer notices, and so does replicad.
-- FindCoordinator in a version serve does not answer (group_wire.py answers the others):
-  COORDINATOR_NOT_AVAILABLE for every key.
 - Any other API kio can encode: UNSUPPORTED_VERSION (the API is not in our ApiVersions
   answer) as the response's top-level error code; responses without one get it in every
   entry that mirrors an entry of the request (same field name, or a known pairing such as
@@ -37,7 +35,6 @@ from kio.serial._introspect import (
 from replicad.wire import UNKNOWN_OFFSET
 
 READ_ONLY_MESSAGE = "replicad serves a read-only replica: produce to the source cluster"
-NO_COORDINATOR_MESSAGE = "replicad serves a read-only replica: it has no group coordinator"
 # Response arrays that answer a request array of another name.
 MIRRORED_ARRAYS: Mapping[str, tuple[str, ...]] = {
     "responses": ("topic_data", "topics", "topic_names", "resources"),

@@ -109,7 +109,7 @@ from replicad.leader.group_wire import GROUP_VERSIONS, Node
 from replicad.leader.groups import GroupService
 from replicad.leader.quotas import RequestQuota
 from replicad.leader.reads import TransactionTracker
-from replicad.leader.refusals import NO_COORDINATOR_MESSAGE, READ_ONLY_MESSAGE, error_response
+from replicad.leader.refusals import READ_ONLY_MESSAGE, error_response
 from replicad.leader.request_limits import (
     count_elements,
     plausible_elements,
@@ -148,7 +148,6 @@ from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.leader")
 
-FIND_COORDINATOR = 10
 ACKS_NONE = 0
 # asyncio's own StreamReader buffer limit (start_server's default).
 STREAM_LIMIT = 64 * 1024
@@ -835,15 +834,7 @@ class LeaderServer:
         with contextlib.suppress(RemoteProtocolError, UnknownAPIKey, UnknownEntity):
             request = (await self._decode(frame, head)).body
         self.counters["refused_requests_total"] += 1
-        if head.api_key == FIND_COORDINATOR:
-            body = error_response(
-                response_cls,
-                ErrorCode.coordinator_not_available,
-                request,
-                message=NO_COORDINATOR_MESSAGE,
-            )
-        else:
-            body = error_response(response_cls, ErrorCode.unsupported_version, request)
+        body = error_response(response_cls, ErrorCode.unsupported_version, request)
         return encode_response(body, head.correlation_id)
 
     def _produce(self, decoded: DecodedRequest) -> ResponseFrame:

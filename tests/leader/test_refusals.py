@@ -79,7 +79,9 @@ def test_produce_is_refused_for_every_partition_it_names(version: int) -> None:
         assert {p.error_message for p in topic.partition_responses} == {READ_ONLY_MESSAGE}
 
 
-def test_find_coordinator_answers_each_key_it_was_asked_about() -> None:
+def test_a_batched_request_gets_an_error_for_each_key_it_named() -> None:
+    # FindCoordinator v4 batches its keys (serve answers it in group_wire.py; this is the
+    # builder's rule for any request that names entries as plain values).
     request_cls = load_request_schema(10, 4)
     request = make_entity(request_cls, key_type=0, coordinator_keys=("group-a", "group-b"))
     body = error_response(load_response_schema(10, 4), ErrorCode.coordinator_not_available, request)
