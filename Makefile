@@ -59,11 +59,13 @@ dist: $(DEMO_STAMP)
 	rm -rf $(DIST)
 	$(BIN)/pip wheel --quiet --no-deps --wheel-dir $(DIST) .
 
-# The layer check also runs in the suite (tests/test_layers.py).
+# The layer and log-field checks also run in the suite (tests/test_layers.py,
+# tests/test_logcheck.py).
 lint: $(STAMP)
 	$(BIN)/ruff check replicad tests tools
 	$(BIN)/ruff format --check replicad tests tools
 	$(BIN)/python -m tools.layers
+	$(BIN)/python -m tools.logcheck
 
 clean:
 	rm -rf $(VENV) var dist build .pytest_cache

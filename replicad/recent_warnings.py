@@ -38,6 +38,7 @@ class SeenWarning:
     fields: str
 
     def as_dict(self) -> dict[str, Any]:
+        # log-fields-ok: the status view of a warning, never logged
         return {
             "level": self.level,
             "logger": self.logger,
