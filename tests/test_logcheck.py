@@ -3,15 +3,13 @@ so such a field raises TypeError, and inside an asyncio task that kills the task
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import structlog
 
-from tools.logcheck import DEFAULT_PATHS, ROOT, check, check_source
+from tools.logcheck import DEFAULT_PATHS, ROOT, check, check_source, main
 
 
 def _lines(source: str) -> list[str]:
@@ -20,7 +18,7 @@ def _lines(source: str) -> list[str]:
 
 
 def test_no_log_field_is_named_event() -> None:
-    findings = check([ROOT / p for p in DEFAULT_PATHS])
+    findings = check(DEFAULT_PATHS)
     assert findings == [], (
         "\n"
         + "\n".join(f.text(ROOT) for f in findings)
@@ -75,15 +73,11 @@ def test_other_names_and_marked_dicts_pass() -> None:
     assert _lines(source) == []
 
 
-def test_the_command_names_file_and_line_and_fails(tmp_path: Path) -> None:
+def test_the_command_names_file_and_line_and_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text('log.info("x", event=1)\n')
-    run = subprocess.run(
-        [sys.executable, "-m", "tools.logcheck", str(bad)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert run.returncode == 1
-    assert f"{bad}:1: a call given the keyword 'event'" in run.stdout
+    assert main([str(bad)]) == 1
+    assert capsys.readouterr().out == f"{bad}:1: a call given the keyword 'event'\n"
+    assert main([str(ROOT / "tools" / "logcheck.py")]) == 0

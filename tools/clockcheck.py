@@ -30,15 +30,14 @@ Exit status 0 when nothing is found, 1 otherwise, one line per finding.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tools.sourcecheck import ROOT, Finding, check_files, marked, run_command
+
 MARKER = re.compile(r"#\s*timing-ok:\s*\S")
 
 # module.function calls that read a clock.
@@ -68,20 +67,6 @@ _NOT_ELAPSED = re.compile(
 _ORDER = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 # Builtins a clock reading goes through and stays a time.
 _NUMERIC = frozenset({"abs", "float", "int", "max", "min", "round", "sum"})
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    path: Path
-    line: int
-    what: str
-
-    def text(self, root: Path) -> str:
-        try:
-            shown = self.path.relative_to(root)
-        except ValueError:
-            shown = self.path
-        return f"{shown}:{self.line}: {self.what}"
 
 
 def _dotted(node: ast.expr) -> tuple[str, ...] | None:
@@ -272,18 +257,6 @@ def _is_zero(call: ast.Call) -> bool:
     )
 
 
-def _marked(lines: Sequence[str], line: int) -> bool:
-    """Whether `line` (1-based) carries the marker, or the comment block right above it does."""
-    if MARKER.search(lines[line - 1]):
-        return True
-    above = line - 2
-    while above >= 0 and lines[above].lstrip().startswith("#"):
-        if MARKER.search(lines[above]):
-            return True
-        above -= 1
-    return False
-
-
 def check_source(path: Path, source: str) -> list[Finding]:
     tree = ast.parse(source, filename=str(path))
     lines = source.splitlines()
@@ -302,33 +275,19 @@ def check_source(path: Path, source: str) -> list[Finding]:
                 what = "asserts on elapsed time"
             elif isinstance(node, ast.Call) and imports.is_sleep(node) and not _is_zero(node):
                 what = f"sleeps to wait ({ast.unparse(node)})"
-            if what and not _marked(lines, node.lineno):
+            if what and not marked(lines, node.lineno, MARKER):
                 findings.append(Finding(path, node.lineno, what))
 
     visit(tree, frozenset())
     return sorted(findings, key=lambda f: f.line)
 
 
-def python_files(paths: Iterable[Path]) -> Iterator[Path]:
-    for path in paths:
-        if path.is_dir():
-            yield from sorted(p for p in path.rglob("*.py") if "__pycache__" not in p.parts)
-        else:
-            yield path
-
-
 def check(paths: Iterable[Path]) -> list[Finding]:
-    return [f for p in python_files(paths) for f in check_source(p, p.read_text())]
+    return check_files(paths, check_source)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.clockcheck", description=__doc__)
-    parser.add_argument("paths", nargs="*", type=Path, default=[ROOT / "tests"])
-    args = parser.parse_args(argv)
-    findings = check(args.paths)
-    for finding in findings:
-        print(finding.text(ROOT))
-    return 1 if findings else 0
+    return run_command(argv, "python -m tools.clockcheck", __doc__, [ROOT / "tests"], check_source)
 
 
 if __name__ == "__main__":

@@ -22,32 +22,17 @@ Exit status 0 when nothing is found, 1 otherwise, one line per finding.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_PATHS = ("replicad", "tools", "tests")
+from tools.sourcecheck import ROOT, Finding, check_files, marked, run_command
+
+DEFAULT_PATHS = tuple(ROOT / p for p in ("replicad", "tools", "tests"))
 MARKER = re.compile(r"#\s*log-fields-ok:\s*\S")
 FIELD = "event"
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    path: Path
-    line: int
-    what: str
-
-    def text(self, root: Path) -> str:
-        try:
-            shown = self.path.relative_to(root)
-        except ValueError:
-            shown = self.path
-        return f"{shown}:{self.line}: {self.what}"
 
 
 def _is_dict_call(node: ast.expr) -> bool:
@@ -79,50 +64,17 @@ def check_source(path: Path, source: str) -> list[Finding]:
     lines = source.splitlines()
     found: dict[int, str] = {}
     for line, what in _findings(tree):
-        if not _marked(lines, line):
+        if not marked(lines, line, MARKER):
             found.setdefault(line, what)
     return [Finding(path, line, what) for line, what in sorted(found.items())]
 
 
-def _marked(lines: Sequence[str], line: int) -> bool:
-    """The marker on the line itself or in the comment lines right above it."""
-    index = line - 1
-    if MARKER.search(lines[index]):
-        return True
-    index -= 1
-    while index >= 0 and lines[index].lstrip().startswith("#"):
-        if MARKER.search(lines[index]):
-            return True
-        index -= 1
-    return False
-
-
-def _sources(paths: Iterable[Path]) -> Iterator[Path]:
-    for path in paths:
-        if path.is_dir():
-            yield from sorted(p for p in path.rglob("*.py") if "__pycache__" not in p.parts)
-        else:
-            yield path
-
-
 def check(paths: Iterable[Path]) -> list[Finding]:
-    findings: list[Finding] = []
-    for path in _sources(paths):
-        findings.extend(check_source(path, path.read_text(encoding="utf-8")))
-    return findings
+    return check_files(paths, check_source)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.logcheck", description=__doc__)
-    parser.add_argument(
-        "paths", nargs="*", type=Path, help="files or folders (replicad, tools, tests)"
-    )
-    args = parser.parse_args(argv)
-    paths = args.paths or [ROOT / p for p in DEFAULT_PATHS]
-    findings = check(paths)
-    for finding in findings:
-        print(finding.text(ROOT))
-    return 1 if findings else 0
+    return run_command(argv, "python -m tools.logcheck", __doc__, DEFAULT_PATHS, check_source)
 
 
 if __name__ == "__main__":
