@@ -13,55 +13,15 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 cache="${REPLICAD_MIRRORMAKER_CACHE:-$root/.cache/mirrormaker}"
-lib="$cache/lib"
-stamp="$lib/.fetched"
 pom="$here/mirrormaker-pom.xml"
-dependency_plugin="org.apache.maven.plugins:maven-dependency-plugin:3.6.1"
-
-pom_digest() {
-    sha256sum "$pom" | cut -d' ' -f1
-}
-
-is_cached() {
-    [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(pom_digest)" ]
-}
-
-fetch() {
-    if is_cached; then
-        return 0
-    fi
-    command -v mvn >/dev/null 2>&1 || {
-        echo "mirrormaker.sh: mvn not found (Debian package 'maven')" >&2
-        exit 1
-    }
-    echo "mirrormaker.sh: resolving MirrorMaker 2 into $lib" >&2
-    local staging="$cache/lib.partial.$$"
-    rm -rf "$staging"
-    mkdir -p "$cache"
-    # Kafka's own local repository (.cache/kafka/m2) is shared: the jars both need are
-    # downloaded once.
-    if ! mvn --batch-mode --quiet --file "$pom" \
-        -Dmaven.repo.local="$root/.cache/kafka/m2" \
-        "$dependency_plugin:copy-dependencies" \
-        -DincludeScope=runtime \
-        -DoutputDirectory="$staging" >"$cache/mvn.log" 2>&1; then
-        cat "$cache/mvn.log" >&2
-        echo "mirrormaker.sh: resolving the MirrorMaker 2 jars failed (Maven's output above)" >&2
-        exit 1
-    fi
-    rm -rf "$lib"
-    mv "$staging" "$lib"
-    pom_digest >"$stamp"
-    echo "mirrormaker.sh: $(find "$lib" -name '*.jar' | wc -l) jars in $lib" >&2
-}
-
-classpath() {
-    if ! is_cached; then
-        echo "mirrormaker.sh: jars not fetched; run tools/kafka/mirrormaker.sh fetch" >&2
-        exit 1
-    fi
-    find "$lib/" -maxdepth 1 -name '*.jar' | LC_ALL=C sort | paste -sd: -
-}
+tool=mirrormaker.sh
+# Kafka's own local repository (.cache/kafka/m2) is shared: the jars both need are
+# downloaded once.
+m2="$root/.cache/kafka/m2"
+what="MirrorMaker 2"
+hint="tools/kafka/mirrormaker.sh fetch"
+# shellcheck source=tools/kafka/maven-jars.sh
+source "$here/maven-jars.sh"
 
 run() {
     exec java ${MIRRORMAKER_HEAP:--Xmx1g} \
