@@ -8,7 +8,6 @@ another order); the report is the same."""
 from __future__ import annotations
 
 import argparse
-import logging
 import multiprocessing
 import os
 import sys
@@ -16,9 +15,8 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 
-import structlog
-
-from tools.sim.run import SimResult, run_seed
+from tools.sim.run import run_seed
+from tools.sim.seeds import SimResult, quiet_logs, report_one, seed_arguments
 
 
 def _run(seed_and_events: tuple[int, int]) -> SimResult:
@@ -39,11 +37,7 @@ def _results(seeds: range, events: int, workers: int) -> Iterator[SimResult]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.sim", description=__doc__)
-    which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--seed", type=int, help="replay one seed, printing its events")
-    which.add_argument("--seeds", type=int, help="run this many seeds")
-    parser.add_argument("--first", type=int, default=0, help="first seed of --seeds")
-    parser.add_argument("--events", type=int, default=150, help="events per seed")
+    seed_arguments(parser, events=150)
     parser.add_argument(
         "--workers",
         type=int,
@@ -51,19 +45,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="W",
         help=f"processes for --seeds (this machine has {os.cpu_count()} CPUs)",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="print every event")
     parser.add_argument(
         "--progress", type=int, default=0, metavar="K", help="a progress line every K seeds"
     )
     args = parser.parse_args(argv)
-    # The daemon's own logs would drown the report (and cost time): errors only.
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
+    quiet_logs()
     if args.seed is not None:
-        result = run_seed(args.seed, events=args.events)
-        if args.verbose:
-            print("\n".join(result.event_log))
-        print(result.summary())
-        return 0 if result.ok else 1
+        return report_one(run_seed(args.seed, events=args.events), verbose=args.verbose)
     started = time.perf_counter()
     failed = 0
     counts: Counter[str] = Counter()

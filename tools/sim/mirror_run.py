@@ -30,19 +30,17 @@ every record.
 from __future__ import annotations
 
 import argparse
-import logging
 import random
 import struct
 import sys
 import tempfile
-import time
 import traceback
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
-import structlog
 from crc32c import crc32c
 from kio.schema.errors import ErrorCode
 
@@ -68,8 +66,10 @@ from replicad.records.batch import (
 )
 from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
+from tools.sim.invariants import InvariantError
 from tools.sim.mirror_destination import SimDestination
-from tools.sim.run import SCRATCH
+from tools.sim.seeds import SCRATCH, SimResult, quiet_logs, report_one, seed_arguments
+from tools.sim.seeds import run_seeds as seeds_run
 
 WEIGHTS: dict[str, int] = {
     "append": 10,
@@ -96,12 +96,9 @@ _CRC_AT = 17
 _CONTROL_KEY = struct.Struct(">hh")
 _END_TXN_VALUE = struct.Struct(">hi")
 COMMIT, ABORT = 1, 0
+REPLAY = "python -m tools.sim.mirror_run --seed {seed} -v"
 
 CoreFactory = Callable[..., PartitionMirror]
-
-
-class InvariantError(AssertionError):
-    pass
 
 
 def _flagged(batch: bytes, flags: int) -> bytes:
@@ -159,26 +156,6 @@ class _Request:
     pid: int
     epoch: int
     seq: int
-
-
-@dataclass
-class MirrorSimResult:
-    seed: int
-    events: int
-    ok: bool
-    error: str | None = None
-    event_log: list[str] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=dict)
-
-    def summary(self) -> str:
-        if self.ok:
-            return f"seed {self.seed}: ok ({self.events} events)"
-        tail = "\n  ".join(self.event_log[-15:])
-        return (
-            f"seed {self.seed}: FAILED after {self.events} events: {self.error}\n"
-            f"  last events:\n  {tail}\n"
-            f"  replay: python -m tools.sim.mirror_run --seed {self.seed} -v"
-        )
 
 
 class MirrorSimulation:
@@ -554,7 +531,7 @@ def _produce_answer(code: int, base_offset: int) -> ProduceAnswer:
 
 def run_seed(
     seed: int, *, events: int = 200, core_factory: CoreFactory = PartitionMirror
-) -> MirrorSimResult:
+) -> SimResult:
     with tempfile.TemporaryDirectory(prefix=f"mirror-sim-{seed}-", dir=SCRATCH) as tmp:
         sim = MirrorSimulation(seed, Path(tmp), events=events, core_factory=core_factory)
         try:
@@ -563,48 +540,30 @@ def run_seed(
             error = f"{type(exc).__name__}: {exc}"
             if not isinstance(exc, InvariantError):
                 error += "\n" + traceback.format_exc(limit=4)
-            return MirrorSimResult(seed, len(sim.log), False, error, sim.log, dict(sim.counts))
+            return _result(sim, False, error)
         finally:
             for source in sim.sources:
                 source.log.close()
-        return MirrorSimResult(seed, len(sim.log), True, None, sim.log, dict(sim.counts))
+        return _result(sim, True, None)
 
 
-def run_seeds(
-    seeds: Sequence[int] | range,
-    *,
-    events: int = 200,
-    core_factory: CoreFactory = PartitionMirror,
-    stop_at_first: bool = False,
-) -> tuple[list[MirrorSimResult], float]:
-    """The failed seeds, and how long the run took."""
-    started = time.perf_counter()
-    failed = []
-    for seed in seeds:
-        result = run_seed(seed, events=events, core_factory=core_factory)
-        if not result.ok:
-            failed.append(result)
-            if stop_at_first:
-                break
-    return failed, time.perf_counter() - started
+def _result(sim: MirrorSimulation, ok: bool, error: str | None) -> SimResult:
+    return SimResult(
+        sim.seed, len(sim.log), ok, error, sim.log, dict(sim.counts), replay=REPLAY, tail=15
+    )
+
+
+# run_seeds(seeds, *, stop_at_first=False, **run_seed's options)
+run_seeds = partial(seeds_run, run_seed)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.sim.mirror_run", description=__doc__)
-    which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--seed", type=int, help="replay one seed")
-    which.add_argument("--seeds", type=int, help="run this many seeds")
-    parser.add_argument("--first", type=int, default=0, help="first seed of --seeds")
-    parser.add_argument("--events", type=int, default=200, help="events per seed")
-    parser.add_argument("-v", "--verbose", action="store_true", help="print every event")
+    seed_arguments(parser, events=200)
     args = parser.parse_args(argv)
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
+    quiet_logs()
     if args.seed is not None:
-        result = run_seed(args.seed, events=args.events)
-        if args.verbose:
-            print("\n".join(result.event_log))
-        print(result.summary())
-        return 0 if result.ok else 1
+        return report_one(run_seed(args.seed, events=args.events), verbose=args.verbose)
     seeds = range(args.first, args.first + args.seeds)
     failed, seconds = run_seeds(seeds, events=args.events)
     for result in failed:

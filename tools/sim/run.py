@@ -15,14 +15,13 @@ follower must converge to the leaders' logs.
 
 from __future__ import annotations
 
-import os
 import random
 import tempfile
-import time
 import traceback
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from replicad.follower.actions import Action, EpochAnswer, Halt, NextFetch, OffsetAnswer
@@ -50,6 +49,8 @@ from tools.sim.invariants import (
     check_response_size,
     local_bytes,
 )
+from tools.sim.seeds import SCRATCH, SimResult
+from tools.sim.seeds import run_seeds as seeds_run
 
 # Every error code a Fetch response may carry per partition (Kafka's FetchResponse
 # schema and the broker's code), and some no Kafka defines.
@@ -92,25 +93,6 @@ class SimClock:
     @property
     def wall_ms(self) -> int:
         return 1_700_000_000_000 + self.now_ms
-
-
-@dataclass
-class SimResult:
-    seed: int
-    events: int
-    ok: bool
-    error: str | None = None
-    event_log: list[str] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=dict)
-
-    def summary(self) -> str:
-        if self.ok:
-            return f"seed {self.seed}: ok ({self.events} events)"
-        tail = "\n  ".join(self.event_log[-12:])
-        return (
-            f"seed {self.seed}: FAILED after {self.events} events: {self.error}\n"
-            f"  last events:\n  {tail}\n  replay: python -m tools.sim --seed {self.seed}"
-        )
 
 
 class Simulation:
@@ -558,11 +540,6 @@ def _with(p: FetchedPartition, **changes: object) -> FetchedPartition:
     return replace(p, **changes)
 
 
-# The log store's fsyncs cost most of a seed's time on a disk; the simulation decides
-# itself what a crash loses (recovery points), so memory-backed files change nothing.
-SCRATCH = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-
-
 def run_seed(
     seed: int,
     *,
@@ -576,20 +553,5 @@ def run_seed(
         return sim.run()
 
 
-def run_seeds(
-    seeds: range,
-    *,
-    events: int = 150,
-    checkpoint_hook: Callable[[SimFollower], None] | None = None,
-    stop_at_first: bool = False,
-) -> tuple[list[SimResult], float]:
-    """The failed seeds, and how long the run took."""
-    started = time.perf_counter()
-    failed = []
-    for seed in seeds:
-        result = run_seed(seed, events=events, checkpoint_hook=checkpoint_hook)
-        if not result.ok:
-            failed.append(result)
-            if stop_at_first:
-                break
-    return failed, time.perf_counter() - started
+# run_seeds(seeds, *, stop_at_first=False, **run_seed's options)
+run_seeds = partial(seeds_run, run_seed)
