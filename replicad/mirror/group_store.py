@@ -14,14 +14,14 @@ Rules:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from replicad.log.checkpoint import read_text, write_atomically
 from replicad.mirror.group_sync import FailedOver
-from replicad.mirror.progress_store import MirrorProgressError
+from replicad.mirror.progress_store import decode_document, encode_document
 
 GROUPS_FILE = "mirror-groups.json"
 FORMAT_VERSION = 1
@@ -40,34 +40,35 @@ def groups_path(data_dir: Path) -> Path:
 
 
 def encode(stored: StoredGroups) -> str:
-    body = {
-        "version": FORMAT_VERSION,
-        "destination_cluster": stored.destination_cluster,
-        "failed_over": {
-            g: {"since_ms": f.since_ms, "reason": f.reason}
-            for g, f in sorted(stored.failed_over.items())
+    return encode_document(
+        {
+            "destination_cluster": stored.destination_cluster,
+            "failed_over": {
+                g: {"since_ms": f.since_ms, "reason": f.reason}
+                for g, f in sorted(stored.failed_over.items())
+            },
+            "promoted": dict(sorted(stored.promoted.items())),
         },
-        "promoted": dict(sorted(stored.promoted.items())),
-    }
-    return json.dumps(body, separators=(",", ":")) + "\n"
+        version=FORMAT_VERSION,
+    )
 
 
 def decode(text: str, *, source: str) -> StoredGroups:
-    try:
-        body = json.loads(text)
-        if body.get("version") != FORMAT_VERSION:
-            raise ValueError(f"unknown format version {body.get('version')!r}")
-        cluster = body.get("destination_cluster")
-        return StoredGroups(
-            None if cluster is None else str(cluster),
-            {
-                str(g): FailedOver(int(f["since_ms"]), str(f["reason"]))
-                for g, f in body["failed_over"].items()
-            },
-            {str(t): int(at) for t, at in body["promoted"].items()},
-        )
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise MirrorProgressError(f"{source}: mirror groups state unreadable: {exc}") from None
+    return decode_document(
+        text, version=FORMAT_VERSION, source=source, what="mirror groups state", parse=_parse
+    )
+
+
+def _parse(body: Any) -> StoredGroups:
+    cluster = body.get("destination_cluster")
+    return StoredGroups(
+        None if cluster is None else str(cluster),
+        {
+            str(g): FailedOver(int(f["since_ms"]), str(f["reason"]))
+            for g, f in body["failed_over"].items()
+        },
+        {str(t): int(at) for t, at in body["promoted"].items()},
+    )
 
 
 def load(data_dir: Path) -> StoredGroups | None:

@@ -16,9 +16,10 @@ Rules:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from replicad.errors import ReplicadError
 from replicad.log.checkpoint import read_text, write_atomically
@@ -28,6 +29,8 @@ from replicad.types import TopicPartition
 
 PROGRESS_FILE = "mirror-progress.json"
 FORMAT_VERSION = 1
+
+T = TypeVar("T")
 
 
 class MirrorProgressError(ReplicadError):
@@ -44,42 +47,63 @@ def progress_path(data_dir: Path) -> Path:
     return Path(data_dir) / PROGRESS_FILE
 
 
+def encode_document(body: Mapping[str, Any], *, version: int) -> str:
+    """A state file's text (this one's and group_store's): compact JSON, its format version
+    first, one line."""
+    return json.dumps({"version": version, **body}, separators=(",", ":")) + "\n"
+
+
+def decode_document(
+    text: str, *, version: int, source: str, what: str, parse: Callable[[Any], T]
+) -> T:
+    """`parse` of the document; anything missing, mistyped or of another format version is a
+    `MirrorProgressError` naming `source`: state is never guessed."""
+    try:
+        body = json.loads(text)
+        if body.get("version") != version:
+            raise ValueError(f"unknown format version {body.get('version')!r}")
+        return parse(body)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise MirrorProgressError(f"{source}: {what} unreadable: {exc}") from None
+
+
 def encode(destination_cluster: str | None, partitions: Mapping[TopicPartition, Progress]) -> str:
-    body = {
-        "version": FORMAT_VERSION,
-        "destination_cluster": destination_cluster,
-        "partitions": [
-            {
-                "topic": tp.topic,
-                "partition": tp.partition,
-                "position": p.position,
-                "dest_next": p.dest_next,
-                "sync_points": [[s.source, s.dest] for s in p.points],
-            }
-            for tp, p in sorted(partitions.items())
-        ],
-    }
-    return json.dumps(body, separators=(",", ":")) + "\n"
+    return encode_document(
+        {
+            "destination_cluster": destination_cluster,
+            "partitions": [
+                {
+                    "topic": tp.topic,
+                    "partition": tp.partition,
+                    "position": p.position,
+                    "dest_next": p.dest_next,
+                    "sync_points": [[s.source, s.dest] for s in p.points],
+                }
+                for tp, p in sorted(partitions.items())
+            ],
+        },
+        version=FORMAT_VERSION,
+    )
 
 
 def decode(text: str, *, source: str) -> StoredProgress:
-    try:
-        body = json.loads(text)
-        if body.get("version") != FORMAT_VERSION:
-            raise ValueError(f"unknown format version {body.get('version')!r}")
-        partitions: dict[TopicPartition, Progress] = {}
-        for item in body["partitions"]:
-            tp = TopicPartition(str(item["topic"]), int(item["partition"]))
-            dest_next = item["dest_next"]
-            partitions[tp] = Progress(
-                position=int(item["position"]),
-                dest_next=None if dest_next is None else int(dest_next),
-                points=tuple(SyncPoint(int(s), int(d)) for s, d in item["sync_points"]),
-            )
-        cluster = body.get("destination_cluster")
-        return StoredProgress(None if cluster is None else str(cluster), partitions)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise MirrorProgressError(f"{source}: mirror progress unreadable: {exc}") from None
+    return decode_document(
+        text, version=FORMAT_VERSION, source=source, what="mirror progress", parse=_parse
+    )
+
+
+def _parse(body: Any) -> StoredProgress:
+    partitions: dict[TopicPartition, Progress] = {}
+    for item in body["partitions"]:
+        tp = TopicPartition(str(item["topic"]), int(item["partition"]))
+        dest_next = item["dest_next"]
+        partitions[tp] = Progress(
+            position=int(item["position"]),
+            dest_next=None if dest_next is None else int(dest_next),
+            points=tuple(SyncPoint(int(s), int(d)) for s, d in item["sync_points"]),
+        )
+    cluster = body.get("destination_cluster")
+    return StoredProgress(None if cluster is None else str(cluster), partitions)
 
 
 def load(data_dir: Path) -> StoredProgress | None:
