@@ -26,11 +26,24 @@ if TYPE_CHECKING:
     from replicad.config.model import ServeSecurityConfig
 
 
+# Flags of `run` that set one config path as given (when given).
+_RUN_FLAGS = {
+    "bootstrap_servers": "source.bootstrap_servers",
+    "data_dir": "data_dir",
+    "control_socket": "control.socket",
+    "start_from": "topics.start_from",
+    "log_format": "logging.format",
+    "serve_listen": "serve.listen",
+    "serve_advertised": "serve.advertised",
+}
+
+
 def _run_overrides(args: argparse.Namespace) -> dict[str, object]:
     """Flags that override the config file, as dotted config paths."""
     overrides: dict[str, object] = {}
-    if args.bootstrap_servers:
-        overrides["source.bootstrap_servers"] = args.bootstrap_servers
+    for name, path in _RUN_FLAGS.items():
+        if getattr(args, name):
+            overrides[path] = getattr(args, name)
     if args.topics:
         # --topic is repeatable and each may be a comma list, as Kafka's tools take them.
         names = [t.strip() for given in args.topics for t in given.split(",")]
@@ -39,18 +52,6 @@ def _run_overrides(args: argparse.Namespace) -> dict[str, object]:
     if args.topics_regex:
         overrides["topics.regex"] = args.topics_regex
         overrides["topics.include"] = []
-    if args.data_dir:
-        overrides["data_dir"] = args.data_dir
-    if args.control_socket:
-        overrides["control.socket"] = args.control_socket
-    if args.start_from:
-        overrides["topics.start_from"] = args.start_from
-    if args.log_format:
-        overrides["logging.format"] = args.log_format
-    if args.serve_listen:
-        overrides["serve.listen"] = args.serve_listen
-    if args.serve_advertised:
-        overrides["serve.advertised"] = args.serve_advertised
     if args.serve_allow_follower:
         overrides["serve.allowed_followers"] = list(args.serve_allow_follower)
     for name, path in _SERVE_SECURITY_FLAGS.items():
