@@ -35,6 +35,7 @@ from replicad.types import TopicPartition
 if TYPE_CHECKING:
     # Imported when `mirror:` is on (mirror_settings_from_config): a follower without a
     # mirror does not load the mirror, its Kafka producer schemas or the groups reader.
+    from replicad.leader.source_group_sync import SourceGroupSync
     from replicad.mirror.shell import Mirror, MirrorSettings
 
 log = structlog.get_logger("replicad.daemon")
@@ -94,6 +95,8 @@ class Daemon:
         self._partition_listeners: list[Callable[[TopicPartition], None]] = []
         if self.mirror is not None:
             self._partition_listeners.append(self.mirror.partition_changed)
+        # serve's sync of the source's group offsets (`serve:` with groups.enabled).
+        self.serve_sync: SourceGroupSync | None = None
         self.notifier = SystemdNotifier.from_env()
         self.stop = asyncio.Event()
         # Non-zero when a part the config asks for could not start (the `serve:` listener):
@@ -121,6 +124,7 @@ class Daemon:
             snap["serve"] = {
                 "listen": f"{server.advertised[0]}:{server.advertised[1]}",
                 **server.metrics(),
+                **({"group_sync": self.serve_sync.snapshot()} if self.serve_sync else {}),
             }
         if self.mirror is not None:
             snap["mirror"] = self.mirror.snapshot()
@@ -343,6 +347,14 @@ class Daemon:
             return
         self.server = server
         self._partition_listeners.append(server.partition_changed)
+        if self.config.groups.enabled:
+            from replicad.leader.source_group_sync import SourceGroupSync
+
+            # In this process, beside serve's coordinator: why, in that module's docstring.
+            self.serve_sync = SourceGroupSync(
+                self.config.groups, self.replicator.client, server.groups
+            )
+            await self.serve_sync.run(self.stop)
 
     def _partition_changed(self, tp: TopicPartition) -> None:
         for listener in self._partition_listeners:

@@ -403,6 +403,20 @@ MIRROR_FAMILIES = (
     Family(GAUGE, "mirror_destination_unreachable",
            "1 while the destination cluster cannot be reached", "unreachable"),
 )  # fmt: skip
+# serve's sync of the source's group offsets (replicad/leader/source_group_sync.py), when
+# `serve:` and groups.enabled.
+SERVE_GROUP_SYNC_FAMILIES = (
+    Family(GAUGE, "serve_groups_synced", "Source groups whose offsets serve takes",
+           "groups_synced"),
+    Family(GAUGE, "serve_groups_failed_over",
+           "Source groups no longer synced: they are the replica's own", "groups_failed_over"),
+    Family(COUNTER, "serve_group_sync_offsets", "Partition offsets synced into serve's groups",
+           "offsets_synced_total"),
+    Family(GAUGE, "serve_group_held_back_offsets",
+           "Source offsets beyond the replica's high watermark, held there", "held_offsets"),
+    Family(COUNTER, "serve_group_sync_errors",
+           "Sync rounds or source groups that could not be read", "errors_total"),
+)  # fmt: skip
 # The group sync (replicad/mirror/group_sync.py), when groups.enabled.
 MIRROR_GROUP_FAMILIES = (
     Family(GAUGE, "mirror_groups_synced", "Groups whose offsets the mirror commits",
@@ -513,6 +527,9 @@ def _serve_metrics(serve: Mapping[str, Any]) -> Iterator[Metric]:
     for state, count in sorted((serve.get("groups") or {}).items()):
         by_state.add_metric([str(state)], float(count))
     yield by_state
+    sync = serve.get("group_sync")
+    if sync:
+        yield from (family.single(sync) for family in SERVE_GROUP_SYNC_FAMILIES)
 
 
 def _mirror_metrics(mirror: Mapping[str, Any], *, per_partition: bool) -> Iterator[Metric]:

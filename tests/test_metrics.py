@@ -164,6 +164,23 @@ def test_memory_pool_and_serve_metrics_only_when_present() -> None:
     assert samples[("replicad_serve_incremental_fetch_sessions", ())] == 3
     assert samples[("replicad_serve_incremental_fetch_partitions_cached", ())] == 120
     assert samples[("replicad_serve_incremental_fetch_session_evictions_total", ())] == 7
+    assert not any("group_sync" in name or "groups_synced" in name for name, _ in samples)
+
+
+def test_serves_group_sync_metrics_when_it_runs() -> None:
+    sync = {
+        "groups_synced": 3,
+        "groups_failed_over": 1,
+        "offsets_synced_total": 40,
+        "held_offsets": 2,
+        "errors_total": 5,
+    }
+    samples = scrape(snapshot(serve={"sessions": 0, "group_sync": sync}))
+    assert samples[("replicad_serve_groups_synced", ())] == 3
+    assert samples[("replicad_serve_groups_failed_over", ())] == 1
+    assert samples[("replicad_serve_group_sync_offsets_total", ())] == 40
+    assert samples[("replicad_serve_group_held_back_offsets", ())] == 2
+    assert samples[("replicad_serve_group_sync_errors_total", ())] == 5
 
 
 async def test_http_endpoint_reads_the_snapshot_on_the_event_loop() -> None:

@@ -28,7 +28,7 @@ from replicad.config.model import Config
 from replicad.config.rules import INVALID, Problems, describe
 from replicad.config.schema import (
     CROSS_CHECKS,
-    GROUPS_WITHOUT_MIRROR_CHECKS,
+    GROUPS_WITHOUT_DESTINATION_CHECKS,
     MIRROR_CHECKS,
     SCHEMA,
     SERVE_CHECKS,
@@ -201,7 +201,8 @@ def _build(raw: object, source: str, overrides: Mapping[str, object]) -> Config:
     checks = (
         CROSS_CHECKS
         + (SERVE_CHECKS if "serve" in load.sections_on else ())
-        + (MIRROR_CHECKS if "mirror" in load.sections_on else GROUPS_WITHOUT_MIRROR_CHECKS)
+        + (MIRROR_CHECKS if "mirror" in load.sections_on else ())
+        + (GROUPS_WITHOUT_DESTINATION_CHECKS if not {"mirror", "serve"} & load.sections_on else ())
     )
     for check in checks:
         if any(_has_failed(path, load.failed) for path in check.paths):

@@ -805,14 +805,14 @@ def _groups_need_somewhere_to_go(values: Values) -> Problem | None:
     if values["groups.enabled"]:
         return Problem(
             "groups.enabled",
-            "is true, but there is no mirror: section: group offsets are synced into the "
-            "mirror's destination cluster",
+            "is true, but there is neither a mirror: nor a serve: section: group offsets are "
+            "synced into the mirror's destination cluster and into serve's own coordinator",
         )
     return None
 
 
-# Checks of the groups section run when the sections it serves are off (no mirror:).
-GROUPS_WITHOUT_MIRROR_CHECKS: tuple[CrossCheck, ...] = (
+# Checks of the groups section run when the sections it serves are off (no mirror:, no serve:).
+GROUPS_WITHOUT_DESTINATION_CHECKS: tuple[CrossCheck, ...] = (
     CrossCheck(("groups.enabled",), _groups_need_somewhere_to_go),
 )
 

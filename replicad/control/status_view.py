@@ -267,6 +267,14 @@ def _header(snap: Snapshot) -> str:
                 f"consumer groups: {states}; {serve.get('group_rebalances_total', 0):,} "
                 f"rebalances, {serve.get('offset_commits_total', 0):,} offsets committed"
             )
+        sync = serve.get("group_sync")
+        if sync:
+            problem = f"; problem: {sync['problem']}" if sync.get("problem") else ""
+            lines.append(
+                f"group offsets from the source: {sync.get('groups_synced', 0):,} groups synced, "
+                f"{sync.get('groups_failed_over', 0):,} failed over here, "
+                f"{sync.get('held_offsets', 0):,} held at the high watermark{problem}"
+            )
     return "\n".join(lines)
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -44,8 +44,10 @@ from replicad.groups.coordinator import (
     CoordinatorConfig,
     GroupCoordinator,
     MemberRef,
+    OffsetToCommit,
     Reply,
     Step,
+    SyncOutcome,
 )
 from replicad.groups.offset_store import (
     Change,
@@ -59,6 +61,7 @@ from replicad.leader import group_wire
 from replicad.leader.catalog import Catalog
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import DecodedRequest
+from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.leader.groups")
 
@@ -203,6 +206,30 @@ class GroupService:
         if api == ApiKey.OFFSET_DELETE:
             return await self._offset_delete(body, now_ms)
         raise AssertionError(f"not a group api: {api}")
+
+    # -- offsets synced from the source (leader/source_group_sync.py) ------------------------
+
+    def readable_ends(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The high watermark of each of `partitions` this node holds (what a consumer
+        can read here); the others are left out."""
+        now_ms = self._now_ms()
+        ends = {}
+        for tp in partitions:
+            partition = self.catalog.partition(tp, now_ms=now_ms)
+            if partition is not None:
+                ends[tp] = partition.high_watermark
+        return ends
+
+    async def take_synced(
+        self, group_id: str, offsets: Mapping[TopicPartition, OffsetToCommit]
+    ) -> SyncOutcome:
+        """A source group's planned offsets, taken by the coordinator's rule and written to
+        the store. A failed write leaves them in memory only (logged, counted); after a
+        restart a round brings them again, unless the group became the replica's own."""
+        outcome = self.coordinator.sync_offsets(group_id, offsets, now_ms=self._now_ms())
+        if outcome.applied:
+            await self._write([Commit(group_id, tp, o) for tp, o in outcome.applied.items()])
+        return outcome
 
     async def _offset_delete(self, body: Any, now_ms: int) -> Any:
         holds = self._holds(now_ms)

@@ -629,9 +629,15 @@ def test_groups_section_is_read_and_each_bad_key_named_with_its_line(tmp_path: P
     assert len(problems) == 4
 
 
-def test_groups_enabled_needs_the_mirror(tmp_path: Path) -> None:
+def test_groups_enabled_needs_the_mirror_or_serve(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL + "groups:\n  enabled: true\n")
     assert problems_of(path) == [
-        f"{path}:6: groups.enabled: is true, but there is no mirror: section: group offsets "
-        "are synced into the mirror's destination cluster"
+        f"{path}:6: groups.enabled: is true, but there is neither a mirror: nor a serve: "
+        "section: group offsets are synced into the mirror's destination cluster and into "
+        "serve's own coordinator"
     ]
+    served = write(
+        tmp_path, MINIMAL + "groups:\n  enabled: true\nserve:\n  listen: 127.0.0.1:9999\n"
+    )
+    config = load_config(served)
+    assert config.groups.enabled and config.serve is not None

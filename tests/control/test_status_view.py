@@ -163,6 +163,18 @@ def test_serve_and_memory_pool_lines_appear_when_present() -> None:
         "consumer groups: 2 Stable, 1 PreparingRebalance; 5 rebalances, "
         "1,500 offsets committed" in header
     )
+    assert "group offsets from the source" not in header  # groups.enabled is off
+    snap["serve"]["group_sync"] = {
+        "groups_synced": 4,
+        "groups_failed_over": 1,
+        "held_offsets": 2,
+        "problem": "source unreachable",
+    }
+    header = render_table(snap).split("\n\n")[1]
+    assert (
+        "group offsets from the source: 4 groups synced, 1 failed over here, "
+        "2 held at the high watermark; problem: source unreachable" in header
+    )
 
 
 def test_10000_partitions_are_capped_largest_lag_first() -> None:

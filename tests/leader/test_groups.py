@@ -67,7 +67,7 @@ def decoded(api: ApiKey, version: int, **values: Any) -> DecodedRequest:
     return DecodedRequest(RequestHead(api, version, 1), "client", body)
 
 
-def join(member_id: str = "") -> DecodedRequest:
+def join(member_id: str = "", group_id: str = "g") -> DecodedRequest:
     cls = request_type(ApiKey.JOIN_GROUP, 9)
     protocol: Callable[..., Any] = __import__(
         cls.__module__, fromlist=["x"]
@@ -75,7 +75,7 @@ def join(member_id: str = "") -> DecodedRequest:
     return decoded(
         ApiKey.JOIN_GROUP,
         9,
-        group_id="g",
+        group_id=group_id,
         session_timeout=datetime.timedelta(seconds=10),
         rebalance_timeout=datetime.timedelta(seconds=30),
         member_id=member_id,

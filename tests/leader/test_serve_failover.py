@@ -1,0 +1,322 @@
+"""Failover to `replicad serve`, end to end, with clients nobody here wrote: an application
+consumes part of a topic from Apache Kafka in a group and commits; `replicad run` (with a
+`serve:` section and groups.enabled) replicates the topic and syncs the group's committed
+offsets into serve's coordinator as they are; the application is pointed at serve with the
+same group id and reads every record after its last commit exactly once, none before it.
+kafka-python (`group_id`), confluent-kafka (`subscribe`), Kafka's Java console consumer
+(`--group`), and a group of three kafka-python members. And Kafka's `kafka-consumer-groups
+--describe` shows the same offsets, log ends and lag against serve as against the source
+for a synced group.
+
+One `replicad run` (one topic, produced before it starts) serves every test of the module;
+each test has its own group. What the application committed at the source is read back
+from the source (an auto-committing client commits what it fetched, not what it printed),
+and that is what the records after the failover are held to.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from replicad.types import TopicPartition
+from tools.peers.kafka import CONSOLE_CONSUMER, run_kafka_class
+from tools.peers.process import free_port
+from tools.replica import ReplicadProcess, replicad_run
+from tools.wait import wait_until
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
+
+PARTITIONS = 3
+PER_PARTITION = 100
+CONSUMER_GROUPS = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"
+DEADLINE_S = 90
+Read = list[tuple[int, int]]  # (partition, offset) of each record read, in order
+
+
+@dataclass
+class Failover:
+    topic: str
+    source: str
+    serve: str
+    run: ReplicadProcess
+
+    def group(self, name: str) -> str:
+        return f"{self.topic}-{name}"
+
+
+@pytest.fixture(scope="module")
+def failover(kafka_broker, tmp_path_factory) -> Iterator[Failover]:
+    """PARTITIONS x PER_PARTITION records on Kafka, replicated by `replicad run`, which
+    serves them and syncs every group named `<topic>-*` every 200 ms."""
+    from kafka import KafkaProducer
+
+    topic = f"failover-{os.getpid():x}-{int(time.time() * 1000) % 100000}"
+    kafka_broker.create_topic(topic, PARTITIONS)
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=5)
+    for p in range(PARTITIONS):
+        for i in range(PER_PARTITION):
+            producer.send(topic, value=f"{p}-{i}".encode(), partition=p)
+    producer.flush()
+    producer.close()
+    work = tmp_path_factory.mktemp("failover")
+    port = free_port()
+    config = {
+        "serve": {"listen": f"127.0.0.1:{port}"},
+        "groups": {
+            "enabled": True,
+            "include": [f"{re.escape(topic)}-.*"],
+            "sync_interval_ms": 200,
+        },
+    }
+    want = {TopicPartition(topic, p): PER_PARTITION for p in range(PARTITIONS)}
+    with replicad_run(
+        kafka_broker.bootstrap,
+        [topic],
+        work / "data",
+        log_path=work / "run.log",
+        config=config,
+        control_socket=work / "control.sock",
+    ) as proc:
+        proc.wait_serving()
+        proc.wait_caught_up(want, timeout_s=DEADLINE_S)
+        yield Failover(topic, kafka_broker.bootstrap, f"127.0.0.1:{port}", proc)
+
+
+def committed(bootstrap: str, topic: str, group: str) -> dict[int, int]:
+    """The group's committed offsets of `topic` there, as kafka-python's admin reads them."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        offsets = admin.list_group_offsets({group: None})[group]
+    finally:
+        admin.close()
+    return {tp.partition: o.offset for tp, o in offsets.items() if tp.topic == topic}
+
+
+def synced(f: Failover, group: str) -> dict[int, int]:
+    """The group's offsets at the source, once serve has the same (the sync ran)."""
+    at_source = committed(f.source, f.topic, group)
+    assert at_source, f"{group} committed nothing at the source"
+    wait_until(
+        lambda: committed(f.serve, f.topic, group) == at_source,
+        timeout_s=DEADLINE_S,
+        what=f"{group}'s offsets synced into serve",
+    )
+    return at_source
+
+
+def after(commits: dict[int, int]) -> Read:
+    """Every record after the commits (from the start where a partition has none)."""
+    return [(p, o) for p in range(PARTITIONS) for o in range(commits.get(p, 0), PER_PARTITION)]
+
+
+def kafka_python_consume(bootstrap: str, topic: str, group: str, *, stop_after: int) -> Read:
+    """A kafka-python application: subscribes with `group_id`, reads until it has
+    `stop_after` records, commits what it read, leaves."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=100,
+        max_poll_records=25,
+    )
+    consumer.subscribe([topic])
+    read: Read = []
+    deadline = time.monotonic() + DEADLINE_S
+    try:
+        while len(read) < stop_after:
+            assert time.monotonic() < deadline, f"read {len(read)} of {stop_after} only"
+            for tp, messages in consumer.poll(timeout_ms=500).items():
+                read += [(tp.partition, m.offset) for m in messages]
+        consumer.commit()  # the positions: everything poll returned
+    finally:
+        consumer.close(autocommit=False)
+    return read
+
+
+def test_kafka_python_application_fails_over_and_resumes_after_its_last_commit(
+    failover,
+) -> None:
+    f, group = failover, failover.group("kafka-python")
+    first = kafka_python_consume(f.source, f.topic, group, stop_after=120)
+    commits = synced(f, group)
+    assert sum(commits.values()) == len(first)  # the application's own commit, synced
+    rest = after(commits)
+    again = kafka_python_consume(f.serve, f.topic, group, stop_after=len(rest))
+    assert sorted(again) == rest
+
+
+def confluent_consume(bootstrap: str, topic: str, group: str, *, stop_after: int) -> Read:
+    """A confluent-kafka application: `subscribe`, manual commit of what it read."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 100,
+        }
+    )
+    consumer.subscribe([topic])
+    read: Read = []
+    deadline = time.monotonic() + DEADLINE_S
+    try:
+        while len(read) < stop_after:
+            assert time.monotonic() < deadline, f"read {len(read)} of {stop_after} only"
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                read.append((message.partition(), message.offset()))
+        consumer.commit(asynchronous=False)  # the positions of what was read
+    finally:
+        consumer.close()
+    return read
+
+
+def test_confluent_kafka_application_fails_over_and_resumes_after_its_last_commit(
+    failover,
+) -> None:
+    f, group = failover, failover.group("confluent")
+    first = confluent_consume(f.source, f.topic, group, stop_after=90)
+    commits = synced(f, group)
+    assert sum(commits.values()) == len(first)
+    rest = after(commits)
+    again = confluent_consume(f.serve, f.topic, group, stop_after=len(rest))
+    assert sorted(again) == rest
+
+
+def test_the_java_console_consumer_fails_over_and_resumes_after_its_last_commit(
+    failover,
+) -> None:
+    f, group = failover, failover.group("java")
+    # --group: it commits when it stops (what it fetched, which may be more than it printed).
+    run_kafka_class(
+        CONSOLE_CONSUMER, "--bootstrap-server", f.source, "--topic", f.topic,
+        "--group", group, "--from-beginning", "--max-messages", "70", timeout_s=120,
+    )  # fmt: skip
+    rest = after(synced(f, group))
+    printed = run_kafka_class(
+        CONSOLE_CONSUMER, "--bootstrap-server", f.serve, "--topic", f.topic,
+        "--group", group, "--max-messages", str(len(rest)), "--timeout-ms", "60000",
+        "--property", "print.partition=true", "--property", "print.offset=true",
+        timeout_s=120,
+    ).stdout  # fmt: skip
+    again = []
+    for line in printed.splitlines():
+        fields = dict(
+            item.split(":", 1) for item in line.split("\t") if item.split(":", 1)[0] in FIELDS
+        )
+        if fields.keys() == FIELDS:
+            again.append((int(fields["Partition"]), int(fields["Offset"])))
+    assert sorted(again) == rest
+
+
+FIELDS = {"Partition", "Offset"}
+
+
+class Member(threading.Thread):
+    """One kafka-python member of a group, in a thread of its own: auto-commit, so what it
+    read is committed before its partitions move (on every rebalance) and when it leaves."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str, read: Read) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic, self.group = bootstrap, topic, group
+        self.read = read
+        self.assigned = False
+        self.leave = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from kafka import KafkaConsumer
+
+        try:
+            consumer = KafkaConsumer(
+                bootstrap_servers=self.bootstrap,
+                group_id=self.group,
+                auto_offset_reset="earliest",
+                fetch_max_wait_ms=100,
+                max_poll_records=10,
+                session_timeout_ms=10_000,
+                heartbeat_interval_ms=500,
+            )
+            consumer.subscribe([self.topic])
+            try:
+                while not self.leave.is_set():
+                    for tp, messages in consumer.poll(timeout_ms=200).items():
+                        self.read.extend((tp.partition, m.offset) for m in messages)
+                    self.assigned = bool(consumer.assignment())
+            finally:
+                consumer.close()  # commits what was read
+        except BaseException as exc:
+            self.error = exc
+
+
+def three_members_read(
+    f: Failover, bootstrap: str, group: str, done: Callable[[Read], bool]
+) -> Read:
+    read: Read = []
+    members = [Member(bootstrap, f.topic, group, read) for _ in range(3)]
+    try:
+        for member in members:
+            member.start()
+        wait_until(
+            lambda: done(read) and all(m.assigned for m in members),
+            timeout_s=DEADLINE_S,
+            what=f"3 members of {group} reading",
+        )
+    finally:
+        for member in members:
+            member.leave.set()
+        for member in members:
+            member.join(30)
+    assert all(m.error is None for m in members), [m.error for m in members]
+    return read
+
+
+def test_a_group_of_three_fails_over_and_resumes_after_its_last_commits(failover) -> None:
+    f, group = failover, failover.group("three")
+    three_members_read(f, f.source, group, lambda read: len(read) >= 60)
+    rest = after(synced(f, group))
+    again = three_members_read(f, f.serve, group, lambda read: len(read) >= len(rest))
+    assert sorted(again) == rest
+
+
+def describe_rows(output: str, topic: str) -> dict[int, tuple[str, str, str]]:
+    """`--describe`'s rows of `topic`: partition -> (current offset, log end, lag)."""
+    rows = {}
+    for line in output.splitlines():
+        cols = line.split()
+        if len(cols) >= 6 and cols[1] == topic:
+            rows[int(cols[2])] = (cols[3], cols[4], cols[5])
+    return rows
+
+
+def test_kafka_consumer_groups_describes_a_synced_group_on_serve_as_on_the_source(
+    failover,
+) -> None:
+    f, group = failover, failover.group("described")
+    kafka_python_consume(f.source, f.topic, group, stop_after=150)
+    synced(f, group)
+
+    def describe(bootstrap: str) -> dict[int, tuple[str, str, str]]:
+        output = run_kafka_class(
+            CONSUMER_GROUPS, "--bootstrap-server", bootstrap, "--describe", "--group", group,
+            timeout_s=120,
+        ).stdout  # fmt: skip
+        return describe_rows(output, f.topic)
+
+    at_source = describe(f.source)
+    assert at_source, "the source describes no committed partition"
+    assert describe(f.serve) == at_source
