@@ -4,6 +4,7 @@ sendfile, refusals that never drop a connection, and the session cache under a f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import random
 import struct
@@ -352,25 +353,35 @@ async def test_bytes_no_codec_can_answer_close_that_connection_only(server, fram
         await conn.close()
 
 
-async def test_a_region_that_shrank_before_it_was_sent_is_padded_to_its_size(
-    server, tmp_path
-) -> None:
-    segment = tmp_path / "gone.log"
-    segment.write_bytes(b"R" * 100)
-    received = asyncio.get_running_loop().create_future()
+@contextlib.asynccontextmanager
+async def sink_connection() -> AsyncIterator[tuple[asyncio.StreamWriter, asyncio.Future[bytes]]]:
+    """A connection whose far end collects every byte written until it is closed: the
+    writer, and the bytes once the writer closed."""
+    received: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
 
     async def sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         received.set_result(await reader.read())
         writer.close()
 
     sink_server = await asyncio.start_server(sink, "127.0.0.1", 0)
-    port = sink_server.sockets[0].getsockname()[1]
-    _, writer = await asyncio.open_connection("127.0.0.1", port)
-    await server._send_region(writer, FileRegion(segment, 40, 300))  # 60 bytes left on disk
-    await server._send_region(writer, FileRegion(tmp_path / "missing.log", 0, 20))
-    writer.close()
-    data = await asyncio.wait_for(received, DEADLINE_S)
-    sink_server.close()
+    try:
+        port = sink_server.sockets[0].getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        yield writer, received
+    finally:
+        sink_server.close()
+
+
+async def test_a_region_that_shrank_before_it_was_sent_is_padded_to_its_size(
+    server, tmp_path
+) -> None:
+    segment = tmp_path / "gone.log"
+    segment.write_bytes(b"R" * 100)
+    async with sink_connection() as (writer, received):
+        await server._send_region(writer, FileRegion(segment, 40, 300))  # 60 bytes left on disk
+        await server._send_region(writer, FileRegion(tmp_path / "missing.log", 0, 20))
+        writer.close()
+        data = await asyncio.wait_for(received, DEADLINE_S)
     assert len(data) == 320
     assert data[:60] == b"R" * 60
     offset, length = struct.unpack_from(">qi", data, 60)
@@ -386,15 +397,6 @@ async def test_small_regions_are_read_with_the_response_and_padded_when_they_shr
     bytes around them; one that shrank or vanished is padded as _send_region pads it."""
     segment = tmp_path / "small.log"
     segment.write_bytes(bytes(range(100)))
-    received = asyncio.get_running_loop().create_future()
-
-    async def sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        received.set_result(await reader.read())
-        writer.close()
-
-    sink_server = await asyncio.start_server(sink, "127.0.0.1", 0)
-    port = sink_server.sockets[0].getsockname()[1]
-    _, writer = await asyncio.open_connection("127.0.0.1", port)
     frame = ResponseFrame(
         (
             b"head",
@@ -405,10 +407,10 @@ async def test_small_regions_are_read_with_the_response_and_padded_when_they_shr
             b"tail",
         )
     )
-    await server._send(writer, frame)
-    writer.close()
-    data = await asyncio.wait_for(received, 5)
-    sink_server.close()
+    async with sink_connection() as (writer, received):
+        await server._send(writer, frame)
+        writer.close()
+        data = await asyncio.wait_for(received, DEADLINE_S)
     assert len(data) == 4 + frame.size
     body = data[4:]
     assert body[:4] == b"head" and body[4:24] == bytes(range(10, 30)) and body[24:27] == b"mid"
