@@ -49,6 +49,7 @@ from replicad.protocol.requests import (
 from replicad.protocol.security import ConnectionSecurity, SaslCredentials
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
+from tests.leader.test_serve_kafka import Row, kafka_python_rows
 from tools.logdata.batches import producer_batch
 from tools.peers.kcat import run_kcat
 from tools.peers.pki import Pki, make_test_pki
@@ -71,8 +72,6 @@ FOLLOWER_ID = 7
 PASSWORDS = {"replica": "Replica-Pw-8271", "reader": "Reader-Pw-5519"}
 WRONG_PASSWORD = "Wrong-Pw-3307"
 FOLLOWER_PRINCIPAL = "User:replica"
-
-Row = tuple[int, int, bytes | None, bytes | None]  # partition, offset, key, value
 
 
 # -- fixtures ---------------------------------------------------------------------------------
@@ -218,16 +217,8 @@ def read_with_kafka_python(bootstrap: str, want: int, **options: Any) -> list[Ro
         max_partition_fetch_bytes=2048,  # several fetches: the session's incremental path
         **options,
     )
-    got: list[Row] = []
-    try:
-        consumer.assign([KTP(TOPIC, p) for p in range(PARTITIONS)])
-        deadline = time.monotonic() + 60
-        while len(got) < want and time.monotonic() < deadline:
-            for tp, messages in consumer.poll(timeout_ms=500).items():
-                got += [(tp.partition, m.offset, m.key, m.value) for m in messages]
-    finally:
-        consumer.close()
-    return sorted(got)
+    consumer.assign([KTP(TOPIC, p) for p in range(PARTITIONS)])
+    return kafka_python_rows(consumer, want)
 
 
 def librdkafka_consumer(bootstrap: str, conf: dict[str, Any]) -> Any:
