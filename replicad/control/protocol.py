@@ -75,14 +75,20 @@ def encode_request(cmd: str, request_id: int, args: dict[str, Any] | None = None
     return datagram
 
 
+def _json_object(data: bytes, what: str) -> dict[str, Any]:
+    """`data` as a JSON object; `ControlError` says what it is instead."""
+    try:
+        value = json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ControlError(f"{what} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ControlError(f"{what} is not a JSON object")
+    return value
+
+
 def decode_request(datagram: bytes) -> Request:
     """Parse a request; `ControlError` names what is wrong with it."""
-    try:
-        message = json.loads(datagram)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ControlError(f"request is not JSON: {exc}") from None
-    if not isinstance(message, dict):
-        raise ControlError("request is not a JSON object")
+    message = _json_object(datagram, "request")
     cmd, request_id, args = message.get("cmd"), message.get("id", 0), message.get("args", {})
     if not isinstance(cmd, str) or not cmd:
         raise ControlError("request has no `cmd` string")
@@ -151,13 +157,7 @@ class ReplyAssembler:
         if len(self._chunks) < total:
             return ReplyPending(received=len(self._chunks), total=total)
         body = b"".join(self._chunks[i] for i in range(total))
-        try:
-            reply = json.loads(body)
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise ControlError(f"reassembled reply is not JSON: {exc}") from None
-        if not isinstance(reply, dict):
-            raise ControlError("reply is not a JSON object")
-        return ReplyComplete(reply=reply)
+        return ReplyComplete(reply=_json_object(body, "reassembled reply"))
 
 
 @dataclass(frozen=True, slots=True)
