@@ -60,21 +60,12 @@ def _check(config: Config, problems: list[Problem]) -> None:
     if size > UNIX_SOCKET_PATH_MAX:  # a default under a deep home: bind() would refuse it
         reason = f"a Unix socket path has at most {UNIX_SOCKET_PATH_MAX} bytes, this one {size}"
         problems.append(Problem("control.socket", socket, reason, socket_fix, EX_CONFIG))
-    tls = config.source.security.tls
-    for key, path in (
-        ("source.security.tls.ca_file", tls.ca_file),
-        ("source.security.tls.cert_file", tls.cert_file),
-        ("source.security.tls.key_file", tls.key_file),
-    ):
-        _readable_file(problems, key, path)
+    tls_files = [("source", config.source.security.tls, ("ca_file", "cert_file", "key_file"))]
     if config.serve is not None:
-        serve_tls = config.serve.security.tls
-        for key, path in (
-            ("serve.security.tls.cert_file", serve_tls.cert_file),
-            ("serve.security.tls.key_file", serve_tls.key_file),
-            ("serve.security.tls.ca_file", serve_tls.ca_file),
-        ):
-            _readable_file(problems, key, path)
+        tls_files.append(("serve", config.serve.security.tls, ("cert_file", "key_file", "ca_file")))
+    for section, tls, names in tls_files:
+        for name in names:
+            _readable_file(problems, f"{section}.security.tls.{name}", getattr(tls, name))
 
 
 def _who() -> str:
