@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import datetime
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,9 +84,9 @@ class Node:
     port: int
 
 
-def _module(api: ApiKey, version: int) -> tuple[type, Any]:
-    cls = response_type(api, version)
-    return cls, sys.modules[cls.__module__]
+def _module(api: ApiKey, version: int) -> Any:
+    """The kio module of `api`'s response in `version` (its nested entity types)."""
+    return sys.modules[response_type(api, version).__module__]
 
 
 def _ms(value: Any) -> int:
@@ -99,11 +99,55 @@ def _no_throttle() -> datetime.timedelta:
     return datetime.timedelta(0)
 
 
+def _answer(api: ApiKey, version: int, **fields: Any) -> Any:
+    """A top-level response of `api` in `version`, never throttled."""
+    return make_entity(response_type(api, version), throttle_time=_no_throttle(), **fields)
+
+
+def _members(cls: type, members: Iterable[Any], **fields: Callable[[Any], Any]) -> tuple[Any, ...]:
+    """One `cls` per member: its member id and instance id, and each of `fields` read from
+    it (JoinGroup's members, LeaveGroup's answers)."""
+    return tuple(
+        make_entity(
+            cls,
+            member_id=m.member_id,
+            group_instance_id=m.group_instance_id,
+            **{name: value(m) for name, value in fields.items()},
+        )
+        for m in members
+    )
+
+
+def _partition_errors(
+    module: Any, prefix: str, topics: Iterable[Any], error_of: Callable[[TopicPartition], ErrorCode]
+) -> tuple[Any, ...]:
+    """Every partition a request named, in its order, with its error (OffsetCommit's and
+    OffsetDelete's answers: `<prefix>Topic` of `<prefix>Partition`s)."""
+    topic_cls, partition_cls = (
+        getattr(module, f"{prefix}{kind}") for kind in ("Topic", "Partition")
+    )
+    return tuple(
+        make_entity(
+            topic_cls,
+            name=topic.name,
+            partitions=tuple(
+                make_entity(
+                    partition_cls,
+                    partition_index=p.partition_index,
+                    error_code=error_of(TopicPartition(topic.name, int(p.partition_index))),
+                )
+                for p in topic.partitions
+            ),
+        )
+        for topic in topics
+    )
+
+
 # -- FindCoordinator --------------------------------------------------------------------------
 
 
 def find_coordinator_response(version: int, body: Any, node: Node) -> Any:
-    cls, module = _module(ApiKey.FIND_COORDINATOR, version)
+    module = _module(ApiKey.FIND_COORDINATOR, version)
     key_type = int(getattr(body, "key_type", GROUP_KEY_TYPE))
     if key_type == GROUP_KEY_TYPE:
         error, message = ErrorCode.none, None
@@ -120,11 +164,11 @@ def find_coordinator_response(version: int, body: Any, node: Node) -> Any:
         "error_message": message,
     }
     if version < FIND_COORDINATOR_BATCHED_VERSION:
-        return make_entity(cls, throttle_time=_no_throttle(), **where)
+        return _answer(ApiKey.FIND_COORDINATOR, version, **where)
     coordinators = tuple(
         make_entity(module.Coordinator, key=key, **where) for key in body.coordinator_keys
     )
-    return make_entity(cls, throttle_time=_no_throttle(), coordinators=coordinators)
+    return _answer(ApiKey.FIND_COORDINATOR, version, coordinators=coordinators)
 
 
 # -- JoinGroup, SyncGroup, Heartbeat, LeaveGroup ----------------------------------------------
@@ -146,20 +190,14 @@ def join_request(version: int, body: Any, client_id: str | None, client_host: st
 
 
 def join_response(version: int, result: JoinResult) -> Any:
-    cls, module = _module(ApiKey.JOIN_GROUP, version)
+    module = _module(ApiKey.JOIN_GROUP, version)
     nullable = version >= JOIN_NULLABLE_PROTOCOL_VERSION
-    members = tuple(
-        make_entity(
-            module.JoinGroupResponseMember,
-            member_id=m.member_id,
-            group_instance_id=m.group_instance_id,
-            metadata=m.metadata,
-        )
-        for m in result.members
+    members = _members(
+        module.JoinGroupResponseMember, result.members, metadata=lambda m: m.metadata
     )
-    return make_entity(
-        cls,
-        throttle_time=_no_throttle(),
+    return _answer(
+        ApiKey.JOIN_GROUP,
+        version,
         error_code=result.error,
         generation_id=result.generation_id,
         protocol_type=result.protocol_type,
@@ -184,10 +222,9 @@ def sync_request(body: Any) -> SyncRequest:
 
 
 def sync_response(version: int, result: SyncResult) -> Any:
-    cls, _ = _module(ApiKey.SYNC_GROUP, version)
-    return make_entity(
-        cls,
-        throttle_time=_no_throttle(),
+    return _answer(
+        ApiKey.SYNC_GROUP,
+        version,
         error_code=result.error,
         protocol_type=result.protocol_type,
         protocol_name=result.protocol_name,
@@ -196,8 +233,7 @@ def sync_response(version: int, result: SyncResult) -> Any:
 
 
 def heartbeat_response(version: int, error: ErrorCode) -> Any:
-    cls, _ = _module(ApiKey.HEARTBEAT, version)
-    return make_entity(cls, throttle_time=_no_throttle(), error_code=error)
+    return _answer(ApiKey.HEARTBEAT, version, error_code=error)
 
 
 def leaving_members(version: int, body: Any) -> tuple[MemberRef, ...]:
@@ -207,22 +243,14 @@ def leaving_members(version: int, body: Any) -> tuple[MemberRef, ...]:
 
 
 def leave_response(version: int, result: LeaveResult) -> Any:
-    cls, module = _module(ApiKey.LEAVE_GROUP, version)
+    module = _module(ApiKey.LEAVE_GROUP, version)
     if version < LEAVE_BATCHED_VERSION:
         error = result.error
         if error == ErrorCode.none and result.members:
             error = result.members[0].error
-        return make_entity(cls, throttle_time=_no_throttle(), error_code=error)
-    members = tuple(
-        make_entity(
-            module.MemberResponse,
-            member_id=m.member_id,
-            group_instance_id=m.group_instance_id,
-            error_code=m.error,
-        )
-        for m in result.members
-    )
-    return make_entity(cls, throttle_time=_no_throttle(), error_code=result.error, members=members)
+        return _answer(ApiKey.LEAVE_GROUP, version, error_code=error)
+    members = _members(module.MemberResponse, result.members, error_code=lambda m: m.error)
+    return _answer(ApiKey.LEAVE_GROUP, version, error_code=result.error, members=members)
 
 
 # -- OffsetCommit, OffsetFetch, OffsetDelete ---------------------------------------------------
@@ -263,24 +291,10 @@ def commit_request(body: Any, holds: Callable[[TopicPartition], bool]) -> Commit
 
 def commit_response(version: int, body: Any, ask: CommitAsk, result: CommitResult) -> Any:
     """Every partition the request named, in its order, with its error."""
-    cls, module = _module(ApiKey.OFFSET_COMMIT, version)
+    module = _module(ApiKey.OFFSET_COMMIT, version)
     errors = {**result.errors, **ask.refused}
-    topics = tuple(
-        make_entity(
-            module.OffsetCommitResponseTopic,
-            name=topic.name,
-            partitions=tuple(
-                make_entity(
-                    module.OffsetCommitResponsePartition,
-                    partition_index=p.partition_index,
-                    error_code=errors[TopicPartition(topic.name, int(p.partition_index))],
-                )
-                for p in topic.partitions
-            ),
-        )
-        for topic in body.topics
-    )
-    return make_entity(cls, throttle_time=_no_throttle(), topics=topics)
+    topics = _partition_errors(module, "OffsetCommitResponse", body.topics, errors.__getitem__)
+    return _answer(ApiKey.OFFSET_COMMIT, version, topics=topics)
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,7 +320,7 @@ def fetch_requests(version: int, body: Any) -> tuple[FetchAsk, ...]:
 
 
 def fetch_response(version: int, answers: tuple[tuple[FetchAsk, FetchedOffsets], ...]) -> Any:
-    cls, module = _module(ApiKey.OFFSET_FETCH, version)
+    module = _module(ApiKey.OFFSET_FETCH, version)
     batched = version >= OFFSET_FETCH_BATCHED_VERSION
     names = (
         ("OffsetFetchResponseTopics", "OffsetFetchResponsePartitions")
@@ -335,11 +349,8 @@ def fetch_response(version: int, answers: tuple[tuple[FetchAsk, FetchedOffsets],
 
     if not batched:
         ((_, fetched),) = answers
-        return make_entity(
-            cls,
-            throttle_time=_no_throttle(),
-            topics=topics_of(fetched),
-            error_code=fetched.error,
+        return _answer(
+            ApiKey.OFFSET_FETCH, version, topics=topics_of(fetched), error_code=fetched.error
         )
     groups = tuple(
         make_entity(
@@ -350,7 +361,7 @@ def fetch_response(version: int, answers: tuple[tuple[FetchAsk, FetchedOffsets],
         )
         for ask, fetched in answers
     )
-    return make_entity(cls, throttle_time=_no_throttle(), groups=groups)
+    return _answer(ApiKey.OFFSET_FETCH, version, groups=groups)
 
 
 def offset_delete_partitions(body: Any) -> tuple[TopicPartition, ...]:
@@ -362,35 +373,21 @@ def offset_delete_partitions(body: Any) -> tuple[TopicPartition, ...]:
 def offset_delete_response(
     body: Any, result: OffsetDeleteResult, refused: Mapping[TopicPartition, ErrorCode]
 ) -> Any:
-    cls, module = _module(ApiKey.OFFSET_DELETE, 0)
+    module = _module(ApiKey.OFFSET_DELETE, 0)
     if result.error != ErrorCode.none:
-        return make_entity(cls, error_code=result.error, throttle_time=_no_throttle(), topics=())
+        return _answer(ApiKey.OFFSET_DELETE, 0, error_code=result.error, topics=())
     errors = {**result.errors, **refused}
-    topics = tuple(
-        make_entity(
-            module.OffsetDeleteResponseTopic,
-            name=t.name,
-            partitions=tuple(
-                make_entity(
-                    module.OffsetDeleteResponsePartition,
-                    partition_index=p.partition_index,
-                    error_code=errors.get(
-                        TopicPartition(t.name, int(p.partition_index)), ErrorCode.none
-                    ),
-                )
-                for p in t.partitions
-            ),
-        )
-        for t in body.topics
+    topics = _partition_errors(
+        module, "OffsetDeleteResponse", body.topics, lambda tp: errors.get(tp, ErrorCode.none)
     )
-    return make_entity(cls, error_code=ErrorCode.none, throttle_time=_no_throttle(), topics=topics)
+    return _answer(ApiKey.OFFSET_DELETE, 0, error_code=ErrorCode.none, topics=topics)
 
 
 # -- ListGroups, DescribeGroups, DeleteGroups -------------------------------------------------
 
 
 def list_groups_response(version: int, groups: tuple[ListedGroup, ...]) -> Any:
-    cls, module = _module(ApiKey.LIST_GROUPS, version)
+    module = _module(ApiKey.LIST_GROUPS, version)
     listed = tuple(
         make_entity(
             module.ListedGroup,
@@ -401,31 +398,19 @@ def list_groups_response(version: int, groups: tuple[ListedGroup, ...]) -> Any:
         )
         for g in groups
     )
-    return make_entity(cls, throttle_time=_no_throttle(), error_code=ErrorCode.none, groups=listed)
+    return _answer(ApiKey.LIST_GROUPS, version, error_code=ErrorCode.none, groups=listed)
 
 
 def describe_groups_response(
     version: int, answers: tuple[tuple[str, DescribedGroup | None], ...]
 ) -> Any:
-    cls, module = _module(ApiKey.DESCRIBE_GROUPS, version)
+    module = _module(ApiKey.DESCRIBE_GROUPS, version)
+    not_found = version >= DESCRIBE_NOT_FOUND_VERSION
     described = []
     for group_id, group in answers:
-        if group is None:
-            not_found = version >= DESCRIBE_NOT_FOUND_VERSION
-            described.append(
-                make_entity(
-                    module.DescribedGroup,
-                    error_code=ErrorCode.group_id_not_found if not_found else ErrorCode.none,
-                    error_message=f"Group {group_id} not found." if not_found else None,
-                    group_id=group_id,
-                    group_state="Dead",
-                    protocol_type="",
-                    protocol_data="",
-                    members=(),
-                    authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
-                )
-            )
-            continue
+        # A group that does not exist is described as Dead (from v6 with an error, KIP-1043).
+        found = group or DescribedGroup(group_id, "Dead", "", "", ())
+        missing = group is None and not_found
         members = tuple(
             make_entity(
                 module.DescribedGroupMember,
@@ -436,28 +421,28 @@ def describe_groups_response(
                 member_metadata=m.metadata,
                 member_assignment=m.assignment,
             )
-            for m in group.members
+            for m in found.members
         )
         described.append(
             make_entity(
                 module.DescribedGroup,
-                error_code=ErrorCode.none,
-                error_message=None,
-                group_id=group.group_id,
-                group_state=group.state,
-                protocol_type=group.protocol_type,
-                protocol_data=group.protocol_name,
+                error_code=ErrorCode.group_id_not_found if missing else ErrorCode.none,
+                error_message=f"Group {group_id} not found." if missing else None,
+                group_id=found.group_id,
+                group_state=found.state,
+                protocol_type=found.protocol_type,
+                protocol_data=found.protocol_name,
                 members=members,
                 authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
             )
         )
-    return make_entity(cls, throttle_time=_no_throttle(), groups=tuple(described))
+    return _answer(ApiKey.DESCRIBE_GROUPS, version, groups=tuple(described))
 
 
 def delete_groups_response(version: int, errors: Mapping[str, ErrorCode]) -> Any:
-    cls, module = _module(ApiKey.DELETE_GROUPS, version)
+    module = _module(ApiKey.DELETE_GROUPS, version)
     results = tuple(
         make_entity(module.DeletableGroupResult, group_id=group_id, error_code=error)
         for group_id, error in errors.items()
     )
-    return make_entity(cls, throttle_time=_no_throttle(), results=results)
+    return _answer(ApiKey.DELETE_GROUPS, version, results=results)
