@@ -56,6 +56,8 @@ OFFSET_FETCH_BATCHED_VERSION = 8
 # Errors meaning "ask FindCoordinator again".
 COORDINATOR_MOVED = frozenset({ErrorCode.not_coordinator, ErrorCode.coordinator_not_available})
 UNSUPPORTED = "unsupported_version"
+# The protocol type of a group that only commits offsets.
+NO_PROTOCOL = ""
 R = TypeVar("R")
 
 
@@ -78,6 +80,16 @@ class GroupListing:
     @property
     def complete(self) -> bool:
         return not self.unreachable
+
+    def consumer_groups(self, selects: Callable[[str], bool]) -> list[str]:
+        """The ids of the listed groups `selects` chooses whose protocol is a consumer's or
+        none (a group that only commits offsets: assign() consumers, Spark, an admin) --
+        the groups whose offsets a sync may carry."""
+        return [
+            g.group_id
+            for g in self.groups
+            if g.protocol_type in (PROTOCOL_TYPE, NO_PROTOCOL) and selects(g.group_id)
+        ]
 
 
 @dataclass(frozen=True, slots=True)

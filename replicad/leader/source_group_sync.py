@@ -44,16 +44,12 @@ from replicad.clock import monotonic_ms, wall_ms
 from replicad.config.model import GroupsConfig
 from replicad.errors import KafkaConnectionError, ProtocolError
 from replicad.groups.cluster_reader import ClusterGroupsReader
-from replicad.groups.consumer_protocol import PROTOCOL_TYPE
 from replicad.groups.offset_sync import SourceOffset, plan_group_sync
 from replicad.leader.groups import GroupService
 from replicad.protocol.client import KafkaClient
 from replicad.ratelimit import RateLimitedLog
 
 log = structlog.get_logger("replicad.leader.group_sync")
-
-# A group that only commits offsets (assign() consumers, Spark, an admin) has no protocol.
-NO_PROTOCOL = ""
 
 
 class SourceGroupSync:
@@ -101,11 +97,7 @@ class SourceGroupSync:
                 "source brokers did not list their groups; those groups wait",
                 brokers=dict(listing.unreachable),
             )
-        chosen = [
-            g.group_id
-            for g in listing.groups
-            if g.protocol_type in (PROTOCOL_TYPE, NO_PROTOCOL) and self.config.selects(g.group_id)
-        ]
+        chosen = listing.consumer_groups(self.config.selects)
         coordinator = self.groups.coordinator
         for group_id in chosen:
             if group_id in coordinator.owned:

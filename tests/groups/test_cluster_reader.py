@@ -147,3 +147,18 @@ def test_an_unreachable_cluster_is_reported_per_group_not_raised(free_port) -> N
     results = asyncio.run(ask())
     assert set(results) == {"a", "b"}
     assert all(r.error is not None and r.error.startswith("unreachable") for r in results.values())
+
+
+def test_the_groups_a_sync_may_carry_are_consumer_or_offset_only_groups_it_selects() -> None:
+    from replicad.groups.cluster_reader import GroupListing, ListedGroup
+
+    listing = GroupListing(
+        (
+            ListedGroup("app", "consumer"),
+            ListedGroup("spark-job", ""),
+            ListedGroup("connect-cluster", "connect"),
+            ListedGroup("app-test", "consumer"),
+        )
+    )
+    chosen = listing.consumer_groups(lambda group_id: not group_id.endswith("-test"))
+    assert chosen == ["app", "spark-job"]

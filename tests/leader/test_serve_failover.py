@@ -16,9 +16,7 @@ and that is what the records after the failover are held to.
 
 from __future__ import annotations
 
-import os
 import re
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,6 +24,13 @@ from dataclasses import dataclass
 import pytest
 
 from replicad.types import TopicPartition
+from tests.leader.test_serve_groups import (
+    CONSUMER_GROUPS,
+    Member,
+    committed_offsets,
+    describe_rows,
+    produced_topic,
+)
 from tools.peers.kafka import CONSOLE_CONSUMER, run_kafka_class
 from tools.peers.process import free_port
 from tools.replica import ReplicadProcess, replicad_run
@@ -35,7 +40,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
 PARTITIONS = 3
 PER_PARTITION = 100
-CONSUMER_GROUPS = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"
 DEADLINE_S = 90
 Read = list[tuple[int, int]]  # (partition, offset) of each record read, in order
 
@@ -55,16 +59,7 @@ class Failover:
 def failover(kafka_broker, tmp_path_factory) -> Iterator[Failover]:
     """PARTITIONS x PER_PARTITION records on Kafka, replicated by `replicad run`, which
     serves them and syncs every group named `<topic>-*` every 200 ms."""
-    from kafka import KafkaProducer
-
-    topic = f"failover-{os.getpid():x}-{int(time.time() * 1000) % 100000}"
-    kafka_broker.create_topic(topic, PARTITIONS)
-    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=5)
-    for p in range(PARTITIONS):
-        for i in range(PER_PARTITION):
-            producer.send(topic, value=f"{p}-{i}".encode(), partition=p)
-    producer.flush()
-    producer.close()
+    topic = produced_topic(kafka_broker, "failover", PARTITIONS, PER_PARTITION)
     work = tmp_path_factory.mktemp("failover")
     port = free_port()
     config = {
@@ -89,24 +84,12 @@ def failover(kafka_broker, tmp_path_factory) -> Iterator[Failover]:
         yield Failover(topic, kafka_broker.bootstrap, f"127.0.0.1:{port}", proc)
 
 
-def committed(bootstrap: str, topic: str, group: str) -> dict[int, int]:
-    """The group's committed offsets of `topic` there, as kafka-python's admin reads them."""
-    from kafka import KafkaAdminClient
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        offsets = admin.list_group_offsets({group: None})[group]
-    finally:
-        admin.close()
-    return {tp.partition: o.offset for tp, o in offsets.items() if tp.topic == topic}
-
-
 def synced(f: Failover, group: str) -> dict[int, int]:
     """The group's offsets at the source, once serve has the same (the sync ran)."""
-    at_source = committed(f.source, f.topic, group)
+    at_source = committed_offsets(f.source, f.topic, group)
     assert at_source, f"{group} committed nothing at the source"
     wait_until(
-        lambda: committed(f.serve, f.topic, group) == at_source,
+        lambda: committed_offsets(f.serve, f.topic, group) == at_source,
         timeout_s=DEADLINE_S,
         what=f"{group}'s offsets synced into serve",
     )
@@ -132,16 +115,25 @@ def kafka_python_consume(bootstrap: str, topic: str, group: str, *, stop_after: 
         max_poll_records=25,
     )
     consumer.subscribe([topic])
-    read: Read = []
-    deadline = time.monotonic() + DEADLINE_S
+
+    def poll() -> Read:
+        return [(tp.partition, m.offset) for tp, ms in consumer.poll(500).items() for m in ms]
+
     try:
-        while len(read) < stop_after:
-            assert time.monotonic() < deadline, f"read {len(read)} of {stop_after} only"
-            for tp, messages in consumer.poll(timeout_ms=500).items():
-                read += [(tp.partition, m.offset) for m in messages]
+        read = read_until(poll, stop_after)
         consumer.commit()  # the positions: everything poll returned
     finally:
         consumer.close(autocommit=False)
+    return read
+
+
+def read_until(poll: Callable[[], Read], stop_after: int) -> Read:
+    """What `poll` returns, call after call, until there are `stop_after` records."""
+    read: Read = []
+    deadline = time.monotonic() + DEADLINE_S
+    while len(read) < stop_after:
+        assert time.monotonic() < deadline, f"read {len(read)} of {stop_after} only"
+        read += poll()
     return read
 
 
@@ -171,14 +163,15 @@ def confluent_consume(bootstrap: str, topic: str, group: str, *, stop_after: int
         }
     )
     consumer.subscribe([topic])
-    read: Read = []
-    deadline = time.monotonic() + DEADLINE_S
+
+    def poll() -> Read:
+        message = consumer.poll(0.5)
+        if message is None or message.error() is not None:
+            return []
+        return [(message.partition(), message.offset())]
+
     try:
-        while len(read) < stop_after:
-            assert time.monotonic() < deadline, f"read {len(read)} of {stop_after} only"
-            message = consumer.poll(0.5)
-            if message is not None and message.error() is None:
-                read.append((message.partition(), message.offset()))
+        read = read_until(poll, stop_after)
         consumer.commit(asynchronous=False)  # the positions of what was read
     finally:
         consumer.close()
@@ -226,48 +219,13 @@ def test_the_java_console_consumer_fails_over_and_resumes_after_its_last_commit(
 FIELDS = {"Partition", "Offset"}
 
 
-class Member(threading.Thread):
-    """One kafka-python member of a group, in a thread of its own: auto-commit, so what it
-    read is committed before its partitions move (on every rebalance) and when it leaves."""
-
-    def __init__(self, bootstrap: str, topic: str, group: str, read: Read) -> None:
-        super().__init__(daemon=True)
-        self.bootstrap, self.topic, self.group = bootstrap, topic, group
-        self.read = read
-        self.assigned = False
-        self.leave = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        from kafka import KafkaConsumer
-
-        try:
-            consumer = KafkaConsumer(
-                bootstrap_servers=self.bootstrap,
-                group_id=self.group,
-                auto_offset_reset="earliest",
-                fetch_max_wait_ms=100,
-                max_poll_records=10,
-                session_timeout_ms=10_000,
-                heartbeat_interval_ms=500,
-            )
-            consumer.subscribe([self.topic])
-            try:
-                while not self.leave.is_set():
-                    for tp, messages in consumer.poll(timeout_ms=200).items():
-                        self.read.extend((tp.partition, m.offset) for m in messages)
-                    self.assigned = bool(consumer.assignment())
-            finally:
-                consumer.close()  # commits what was read
-        except BaseException as exc:
-            self.error = exc
-
-
 def three_members_read(
     f: Failover, bootstrap: str, group: str, done: Callable[[Read], bool]
 ) -> Read:
+    # Auto-commit: what a member read is committed before its partitions move (on every
+    # rebalance) and when it leaves.
     read: Read = []
-    members = [Member(bootstrap, f.topic, group, read) for _ in range(3)]
+    members = [Member(bootstrap, f.topic, group, read, max_poll_records=10) for _ in range(3)]
     try:
         for member in members:
             member.start()
@@ -291,16 +249,6 @@ def test_a_group_of_three_fails_over_and_resumes_after_its_last_commits(failover
     rest = after(synced(f, group))
     again = three_members_read(f, f.serve, group, lambda read: len(read) >= len(rest))
     assert sorted(again) == rest
-
-
-def describe_rows(output: str, topic: str) -> dict[int, tuple[str, str, str]]:
-    """`--describe`'s rows of `topic`: partition -> (current offset, log end, lag)."""
-    rows = {}
-    for line in output.splitlines():
-        cols = line.split()
-        if len(cols) >= 6 and cols[1] == topic:
-            rows[int(cols[2])] = (cols[3], cols[4], cols[5])
-    return rows
 
 
 def test_kafka_consumer_groups_describes_a_synced_group_on_serve_as_on_the_source(

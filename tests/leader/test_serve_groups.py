@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,20 +46,27 @@ class Replica:
         return f"127.0.0.1:{self.port}"
 
 
+def produced_topic(kafka_broker, name: str, partitions: int, per_partition: int) -> str:
+    """A new topic `<name>-<pid>-<ms>` on Kafka with `per_partition` records in each of its
+    `partitions` (values "p-i")."""
+    from kafka import KafkaProducer
+
+    topic = f"{name}-{os.getpid():x}-{int(time.time() * 1000) % 100000}"
+    kafka_broker.create_topic(topic, partitions)
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=5)
+    for p in range(partitions):
+        for i in range(per_partition):
+            producer.send(topic, value=f"{p}-{i}".encode(), partition=p)
+    producer.flush()
+    producer.close()
+    return topic
+
+
 @pytest.fixture(scope="module")
 def replica(kafka_broker, tmp_path_factory) -> Iterator[Replica]:
     """A topic of PARTITIONS x PER_PARTITION records on Kafka, replicated by `replicad run`,
     served by `replicad serve`."""
-    from kafka import KafkaProducer
-
-    topic = f"groups-{os.getpid():x}-{int(time.time() * 1000) % 100000}"
-    kafka_broker.create_topic(topic, PARTITIONS)
-    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=5)
-    for p in range(PARTITIONS):
-        for i in range(PER_PARTITION):
-            producer.send(topic, value=f"{p}-{i}".encode(), partition=p)
-    producer.flush()
-    producer.close()
+    topic = produced_topic(kafka_broker, "groups", PARTITIONS, PER_PARTITION)
     work = tmp_path_factory.mktemp("groups")
     data_dir = work / "data"
     want = {TopicPartition(topic, p): PER_PARTITION for p in range(PARTITIONS)}
@@ -225,24 +233,26 @@ def test_kafka_consumer_groups_lists_describes_resets_and_deletes(replica) -> No
         "--execute",
     )
     assert replica.topic in reset
-    assert committed_offsets(replica, group) == {p: 17 for p in range(PARTITIONS)}
+    assert committed_offsets(replica.bootstrap, replica.topic, group) == {
+        p: 17 for p in range(PARTITIONS)
+    }
 
     deleted = consumer_groups(replica, "--delete", "--group", group)
     assert "was successful" in deleted, deleted
-    assert committed_offsets(replica, group) == {}
+    assert committed_offsets(replica.bootstrap, replica.topic, group) == {}
     assert group not in listed_groups(replica)
 
 
-def committed_offsets(replica: Replica, group: str) -> dict[int, int]:
-    """The group's committed offsets of the topic, as kafka-python's admin reads them."""
+def committed_offsets(bootstrap: str, topic: str, group: str) -> dict[int, int]:
+    """The group's committed offsets of `topic` there, as kafka-python's admin reads them."""
     from kafka import KafkaAdminClient
 
-    admin = KafkaAdminClient(bootstrap_servers=replica.bootstrap)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
         offsets = admin.list_group_offsets({group: None})[group]
     finally:
         admin.close()
-    return {tp.partition: o.offset for tp, o in offsets.items() if tp.topic == replica.topic}
+    return {tp.partition: o.offset for tp, o in offsets.items() if tp.topic == topic}
 
 
 def gone(serve: ReplicadProcess) -> bool:
@@ -300,19 +310,23 @@ def test_serve_killed_while_committing_keeps_every_acknowledged_commit(replica, 
     replica.serve = replicad_serve(
         replica.data_dir, replica.port, log_path=tmp_path / "serve-again.log"
     )
-    kept = committed_offsets(replica, group)[tp.partition]
+    kept = committed_offsets(replica.bootstrap, replica.topic, group)[tp.partition]
     assert kept in (acknowledged, attempted), (kept, acknowledged, attempted)
 
 
 class Member(threading.Thread):
     """A kafka-python consumer of a group in a thread of its own, polling until told to
-    stop (or to leave: it closes, which sends LeaveGroup)."""
+    stop (or to leave: it closes, which sends LeaveGroup and, with auto-commit, commits
+    what it read first). `read` gets (partition, offset) of every record it reads;
+    `settings` are more KafkaConsumer settings."""
 
-    def __init__(self, replica: Replica, group: str, read: set[tuple[int, int]]) -> None:
+    def __init__(
+        self, bootstrap: str, topic: str, group: str, read: list[tuple[int, int]], **settings: Any
+    ) -> None:
         super().__init__(daemon=True)
-        self.replica = replica
-        self.group = group
+        self.bootstrap, self.topic, self.group = bootstrap, topic, group
         self.read = read
+        self.settings = settings
         self.assigned: frozenset[int] = frozenset()
         self.leave = threading.Event()
         self.error: BaseException | None = None
@@ -322,19 +336,22 @@ class Member(threading.Thread):
 
         try:
             consumer = KafkaConsumer(
-                bootstrap_servers=self.replica.bootstrap,
+                bootstrap_servers=self.bootstrap,
                 group_id=self.group,
-                auto_offset_reset="earliest",
-                fetch_max_wait_ms=100,
-                max_poll_records=20,
-                session_timeout_ms=10_000,
-                heartbeat_interval_ms=500,
+                **{
+                    "auto_offset_reset": "earliest",
+                    "fetch_max_wait_ms": 100,
+                    "max_poll_records": 20,
+                    "session_timeout_ms": 10_000,
+                    "heartbeat_interval_ms": 500,
+                    **self.settings,
+                },
             )
-            consumer.subscribe([self.replica.topic])
+            consumer.subscribe([self.topic])
             try:
                 while not self.leave.is_set():
                     for tp, messages in consumer.poll(timeout_ms=200).items():
-                        self.read.update((tp.partition, m.offset) for m in messages)
+                        self.read.extend((tp.partition, m.offset) for m in messages)
                     self.assigned = frozenset(tp.partition for tp in consumer.assignment())
             finally:
                 consumer.close()
@@ -343,8 +360,8 @@ class Member(threading.Thread):
 
 
 def test_three_members_share_the_partitions_and_one_leaving_hands_its_own_over(replica) -> None:
-    read: set[tuple[int, int]] = set()
-    members = [Member(replica, "three", read) for _ in range(3)]
+    read: list[tuple[int, int]] = []
+    members = [Member(replica.bootstrap, replica.topic, "three", read) for _ in range(3)]
     everything = {(p, o) for p in range(PARTITIONS) for o in range(PER_PARTITION)}
     try:
         for member in members:
@@ -360,7 +377,7 @@ def test_three_members_share_the_partitions_and_one_leaving_hands_its_own_over(r
         members[2].leave.set()
         members[2].join(30)
         wait_until(lambda: shared_by(members[:2]), what="the 2 left owning every partition")
-        wait_until(lambda: everything <= read, what="every record read")
+        wait_until(lambda: everything <= set(read), what="every record read")
     finally:
         for member in members:
             member.leave.set()

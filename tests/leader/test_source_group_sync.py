@@ -45,14 +45,17 @@ def test_source_offsets_are_taken_as_they_are_and_never_once_a_member_joined_her
         enabled=True, include=(f"{unique_topic}-.*",), exclude=(excluded,), sync_interval_ms=100
     )
 
-    async def scenario() -> None:
-        client = KafkaClient([kafka_broker.bootstrap], ClientSettings())
-        groups = GroupService(
+    def service() -> GroupService:
+        return GroupService(
             Catalog(logs, rng=random.Random(0)),
             lambda: Node(0, "127.0.0.1", 9092),
             config=CoordinatorConfig(initial_rebalance_delay_ms=0),
             store_dir=logs.data_dir,
         )
+
+    async def scenario() -> None:
+        client = KafkaClient([kafka_broker.bootstrap], ClientSettings())
+        groups = service()
         await groups.start()
         try:
             sync = SourceGroupSync(config, client, groups)
@@ -88,11 +91,7 @@ def test_source_offsets_are_taken_as_they_are_and_never_once_a_member_joined_her
             await groups.close()
 
         # serve restarted on the same store: the group is still the replica's own.
-        again = GroupService(
-            Catalog(logs, rng=random.Random(0)),
-            lambda: Node(0, "127.0.0.1", 9092),
-            store_dir=logs.data_dir,
-        )
+        again = service()
         await again.start()
         try:
             sync = SourceGroupSync(config, client, again)
