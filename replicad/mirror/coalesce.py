@@ -24,9 +24,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 
-from kio.serial.readers import read_signed_varint, read_signed_varlong
-from kio.serial.writers import write_signed_varint, write_signed_varlong
-
+from replicad.mirror.restamp import rewrite_records
 from replicad.records.batch import (
     COMPRESSION_CODEC_MASK,
     LOG_OVERHEAD,
@@ -69,7 +67,13 @@ def coalesce(
     index = 0
     for data, h in zip(batches, headers, strict=True):
         plain = decompress(codec, memoryview(data)[RECORD_BATCH_OVERHEAD:])
-        index = _rewrite(memoryview(plain), h.record_count, index, h.base_timestamp - base_ts, out)
+        index = rewrite_records(
+            memoryview(plain),
+            h.record_count,
+            out,
+            first_index=index,
+            shift_ms=h.base_timestamp - base_ts,
+        )
     records = compress(codec, out.getvalue())
     count = index
     body = bytearray(RECORD_BATCH_OVERHEAD) + records
@@ -91,33 +95,3 @@ def coalesce(
         count,
     )
     return bytes(body)
-
-
-def _rewrite(records: memoryview, count: int, first_index: int, shift: int, out: io.BytesIO) -> int:
-    """Append `count` records to `out`, offset deltas from `first_index`, timestamp deltas
-    moved by `shift`; returns the next index."""
-    pos = 0
-    index = first_index
-    for n in range(count):
-        length, size = read_signed_varint(records, pos)
-        body = pos + size
-        end = body + length
-        if length < 0 or end > len(records):
-            raise ValueError(f"record {n} overruns the batch")
-        ts_at = body + 1  # after the attributes byte
-        ts_delta, ts_size = read_signed_varlong(records, ts_at)
-        delta_at = ts_at + ts_size
-        delta_size = read_signed_varint(records, delta_at)[1]
-        head = io.BytesIO()
-        head.write(records[body:ts_at])
-        write_signed_varlong(head, ts_delta + shift)
-        write_signed_varint(head, index)
-        rest = records[delta_at + delta_size : end]
-        write_signed_varint(out, len(head.getvalue()) + len(rest))
-        out.write(head.getvalue())
-        out.write(rest)
-        pos = end
-        index += 1
-    if pos != len(records):
-        raise ValueError(f"{len(records) - pos} bytes left after {count} records")
-    return index

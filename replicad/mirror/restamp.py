@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 from kio.serial.readers import read_signed_varint, read_signed_varlong
-from kio.serial.writers import write_signed_varint
+from kio.serial.writers import write_signed_varint, write_signed_varlong
 
 from replicad.records.batch import (
     COMPRESSION_CODEC_MASK,
@@ -129,22 +129,43 @@ def renumbered(records: memoryview, count: int) -> bytes:
     """An uncompressed records section whose `count` records get offset deltas 0..count-1;
     everything else of each record is copied (see the module rules)."""
     out = io.BytesIO()
+    rewrite_records(records, count, out)
+    return out.getvalue()
+
+
+def rewrite_records(
+    records: memoryview, count: int, out: io.BytesIO, *, first_index: int = 0, shift_ms: int = 0
+) -> int:
+    """Append the `count` records of an uncompressed records section to `out` with offset
+    deltas first_index, first_index + 1, ... and timestamp deltas moved by `shift_ms`;
+    everything else of each record is copied. Returns the next offset delta. ValueError
+    when the records do not fill the section exactly."""
     pos = 0
-    for index in range(count):
+    index = first_index
+    for n in range(count):
         length, size = read_signed_varint(records, pos)
         body = pos + size
         end = body + length
         if length < 0 or end > len(records):
-            raise ValueError(f"record {index} overruns the batch")
-        delta_at = body + 1 + read_signed_varlong(records, body + 1)[1]  # after attributes, ts
+            raise ValueError(f"record {n} overruns the batch")
+        ts_at = body + 1  # after the attributes byte
+        ts_delta, ts_size = read_signed_varlong(records, ts_at)
+        delta_at = ts_at + ts_size
         delta_size = read_signed_varint(records, delta_at)[1]
-        delta = io.BytesIO()
-        write_signed_varint(delta, index)
-        write_signed_varint(out, length - delta_size + len(delta.getvalue()))
-        out.write(records[body:delta_at])
-        out.write(delta.getvalue())
-        out.write(records[delta_at + delta_size : end])
+        fields = io.BytesIO()
+        if shift_ms:
+            write_signed_varlong(fields, ts_delta + shift_ms)
+        else:
+            fields.write(records[ts_at:delta_at])
+        write_signed_varint(fields, index)
+        new_fields = fields.getvalue()
+        rest = records[delta_at + delta_size : end]
+        write_signed_varint(out, (ts_at - body) + len(new_fields) + len(rest))
+        out.write(records[body:ts_at])
+        out.write(new_fields)
+        out.write(rest)
         pos = end
+        index += 1
     if pos != len(records):
         raise ValueError(f"{len(records) - pos} bytes left after {count} records")
-    return out.getvalue()
+    return index
