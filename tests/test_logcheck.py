@@ -49,6 +49,7 @@ def test_keywords_splats_and_field_dicts_are_named_by_line() -> None:
 
         def core():
             fields = dict(reason="live", event="joined")
+            fields["event"] = "joined"
             return fields
     """
     assert _lines(source) == [
@@ -57,6 +58,7 @@ def test_keywords_splats_and_field_dicts_are_named_by_line() -> None:
         "9: a call given the keyword 'event' through **",
         "10: a dict with the key 'event' (fields reach a log call)",
         "13: a dict with the key 'event' (fields reach a log call)",
+        "14: the key 'event' set in a dict (fields reach a log call)",
     ]
 
 

@@ -10,8 +10,9 @@ failed-over line given {"reason": ..., "event": ...}). This check reads the sour
 
 - a call given a keyword argument `event` (`log.warning("x", event=e)`,
   `self._warn(key, "x", event=e)`), also through `**{"event": e}` or `**dict(event=e)`;
-- a dict display with the key "event", or `dict(event=...)`: fields are built in a core
-  (a `Said`, a note) and splatted into a log call in the shell, far from here.
+- a dict display with the key "event", `dict(event=...)`, or `fields["event"] = ...`:
+  fields are built in a core (a `Said`, a note) and splatted into a log call in the
+  shell, far from here.
 
 Name the field for what it is (`cause`, `step`, `kind`). A dict that never reaches a log
 call (a status snapshot of a warning, a JSON document) carries the marker
@@ -57,6 +58,13 @@ def _findings(tree: ast.Module) -> Iterator[tuple[int, str]]:
                     yield kw.value.lineno, "a call given the keyword 'event' through **"
         if _has_event_key(node):
             yield node.lineno, "a dict with the key 'event' (fields reach a log call)"
+        if (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.slice, ast.Constant)
+            and node.slice.value == FIELD
+        ):
+            yield node.lineno, "the key 'event' set in a dict (fields reach a log call)"
 
 
 def check_source(path: Path, source: str) -> list[Finding]:
