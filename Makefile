@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.demo-installed
 STAMP      := $(VENV)/.installed
 
-.PHONY: setup demo test lint kafka kafka-jars test-peers dist clean
+.PHONY: setup demo test lint kafka kafka-jars spark-kafka-jars test-peers dist clean
 
 $(DEMO_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,12 +25,17 @@ $(STAMP): $(DEMO_STAMP)
 kafka-jars:
 	tools/kafka/kafka.sh fetch
 
+# Spark's Kafka source (spark-sql-kafka-0-10 and its dependencies) from Maven Central, into
+# .cache/spark-kafka: the peer of the Spark tests' failover and of tools/bench/spark.
+spark-kafka-jars:
+	tools/kafka/jars.sh fetch tools/kafka/spark-kafka-pom.xml .cache/spark-kafka
+
 # kcat, a test peer from Debian's packages: installed when root, else unpacked into
 # .cache/kcat without root (tools/kcat.sh).
 test-peers:
 	tools/kcat.sh fetch
 
-setup: $(STAMP) kafka-jars test-peers
+setup: $(STAMP) kafka-jars spark-kafka-jars test-peers
 
 # Local Kafka with a sample topic, replicated by replicad into ./var/data, then shown.
 demo: $(DEMO_STAMP) kafka-jars

@@ -7,7 +7,8 @@
   (tools.peers.produce_mixed: every codec, headers, null keys/values, committed and aborted
   transactions) on the Kafka broker, replicated by a real `replicad run` with small
   segments, and read back by a real consumer under both isolation levels.
-- `spark`: one local[2] SparkSession for the session's Spark tests.
+- `spark`: one local[2] SparkSession for the session's Spark tests, with Spark's Kafka
+  source on its classpath (`make spark-kafka-jars`), the peer of the failover test.
 """
 
 from __future__ import annotations
@@ -233,9 +234,20 @@ QUICK_JVM = "-XX:TieredStopAtLevel=1"
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
-    """One local[2] session for all Spark tests, the `replicad` format registered."""
+    """One local[2] session for all Spark tests, the `replicad` format registered and
+    Spark's Kafka source on the classpath (jars are fixed when a session starts, and a
+    session of its own would cost the failover test a JVM's start)."""
     from replicad.spark.pipeline import spark_session
+    from tools.bench.spark_kafka import connector_jars
 
+    try:
+        jars = connector_jars()
+    except Exception as error:
+        from tools.peers.process import PeerNotInstalledError
+
+        if isinstance(error, PeerNotInstalledError):
+            pytest.fail(f"real peer not installed: {error}", pytrace=False)
+        raise
     session = spark_session(
         "local[2]",
         {
@@ -245,6 +257,7 @@ def spark() -> Iterator[object]:
             "spark.pyspark.python": sys.executable,
             "spark.driver.memory": "1g",
             "spark.driver.extraJavaOptions": QUICK_JVM,
+            "spark.jars": jars,
         },
         app_name="replicad tests",
     )

@@ -4,13 +4,20 @@ stop on SIGTERM, and exactly once across a driver SIGKILLed in the middle of a m
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from replicad.spark.follow import offsets_behind, progress_line
-from tools.replica import replicad_argv
+from replicad.spark.handover import offsets_from_checkpoint
+from replicad.types import TopicPartition
+from tests.spark.test_stream import REPLICA_CONFIG, every_offset, sink_offsets, wait_replicated
+from tools.peers.produce import produce_numbered
+from tools.replica import replicad_argv, replicad_run
+from tools.wait import wait_until
 
 RUN_TIMEOUT_S = 600
 
@@ -33,17 +40,26 @@ def pipeline(data_dir: Path, out: Path, *flags: str, log: Path) -> subprocess.Po
         *flags,
     )
     with open(log, "w") as f:
-        return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env)
+        # A session of its own: the driver is the Python process, its JVM and the Python
+        # workers, killed together as a machine's crash would.
+        return subprocess.Popen(
+            argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
 
 
 def finish(proc: subprocess.Popen, log: Path) -> str:
     try:
         proc.wait(RUN_TIMEOUT_S)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_driver(proc)
     return log.read_text()
+
+
+def kill_driver(proc: subprocess.Popen) -> None:
+    """SIGKILL to the driver's whole process group (its JVM and workers too), then reaped."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def batch_in_flight(checkpoint: Path) -> int | None:
@@ -52,6 +68,72 @@ def batch_in_flight(checkpoint: Path) -> int | None:
     committed = {int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")}
     waiting = sorted(planned - committed)
     return waiting[-1] if waiting and waiting[-1] > 0 else None
+
+
+def test_export_is_exactly_once_across_a_sigkill_mid_batch_and_stops_on_sigterm(
+    kafka_broker, unique_topic, tmp_path, spark
+):
+    topic = unique_topic()
+    kafka_broker.create_topic(topic, 2)
+    produce_numbered(kafka_broker.bootstrap, topic, 2, 150)
+    data_dir, out = tmp_path / "data", tmp_path / "export"
+    checkpoint = Path(f"{out}.checkpoint")
+    with replicad_run(kafka_broker.bootstrap, [topic], data_dir, config=REPLICA_CONFIG) as proc:
+        wait_replicated(proc, data_dir, {TopicPartition(topic, p): 150 for p in range(2)})
+
+        # --available-now in micro-batches of 30; killed once a batch after the first is
+        # planned (offsets/N) and not committed (no commits/N): its files may be in the sink.
+        log = tmp_path / "killed.log"
+        limit = ["--max-offsets-per-trigger", "30"]
+        driver = pipeline(data_dir, out, "--available-now", *limit, log=log)
+        try:
+            wait_until(
+                lambda: batch_in_flight(checkpoint) is not None or driver.poll() is not None,
+                timeout_s=RUN_TIMEOUT_S,
+                interval_s=0.05,
+                what="a micro-batch in flight",
+            )
+            killed_in = batch_in_flight(checkpoint)
+        finally:
+            kill_driver(driver)
+        assert killed_in is not None, log.read_text()[-3000:]
+
+        # More records while no driver runs; then --follow from the same checkpoint: the
+        # batch cut short is replayed, the sink keeps one copy, the rest follows.
+        produce_numbered(kafka_broker.bootstrap, topic, 2, 50, b"w")
+        want = {TopicPartition(topic, p): 200 for p in range(2)}
+        wait_replicated(proc, data_dir, want)
+        log = tmp_path / "follow.log"
+        driver = pipeline(data_dir, out, "--follow", "--trigger-interval", "1 second", log=log)
+        try:
+            wait_until(
+                lambda: (
+                    committed_to(checkpoint) == {topic: {"0": 200, "1": 200}}
+                    or driver.poll() is not None
+                ),
+                timeout_s=RUN_TIMEOUT_S,
+                what="the followed export to commit every record",
+            )
+            driver.send_signal(signal.SIGTERM)
+            driver.wait(RUN_TIMEOUT_S)
+        finally:
+            text = finish(driver, log)
+    assert driver.returncode == 0, text[-3000:]
+    assert "SIGTERM: stopping the query" in text and "stopped: " in text
+    assert " offsets behind" in text  # the progress lines
+    # Spark's console kept quiet: no log4j banner, no loopback warning.
+    assert "default log4j profile" not in text and "loopback address" not in text
+    rows, offsets = sink_offsets(spark, out)
+    assert rows == len(offsets) == 400
+    assert offsets == every_offset(want)
+
+
+def committed_to(checkpoint: Path) -> dict | None:
+    """The offsets of the checkpoint's last committed micro-batch, None before the first."""
+    try:
+        return offsets_from_checkpoint(checkpoint)
+    except Exception:
+        return None
 
 
 def test_progress_lines_say_records_rate_and_lag():

@@ -10,8 +10,9 @@ One run, the same data for all three:
 2. In one Spark session (`--master`, default local[2]), each read is forced in full with
    Spark's `noop` sink (every row and column materialised, nothing written), timed:
    - `replicad` source over the replicated segments (no broker involved);
-   - Spark's own Kafka source (spark-sql-kafka-0-10 for the installed Spark and Scala,
-     from Maven Central through spark.jars.packages) reading the topic from the broker;
+   - Spark's own Kafka source (spark-sql-kafka-0-10, `make spark-kafka-jars`: the version
+     tools/kafka/spark-kafka-pom.xml names, given as spark.jars) reading the topic from the
+     broker;
    - `spark.read.parquet` of the same records, exported first with `replicad pipeline
      export` (its time is shown too): the ceiling of a columnar file format;
    - streaming, Trigger.AvailableNow into Spark's `noop` sink (a fresh checkpoint each
@@ -29,13 +30,14 @@ import argparse
 import os
 import random
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from tools.bench.spark_kafka import connector_jars, connector_name
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -109,68 +111,6 @@ def replicate(bootstrap: str, topic: str, data_dir: Path, work: Path, expected: 
         )
 
 
-# The newest connector whose own dependencies (spark-token-provider-kafka-0-10) resolve from
-# Maven Central here as of 2026-11: 4.1 to 4.3 lack the token provider. It reads from a
-# newer Spark's session just the same.
-FALLBACK_CONNECTOR_VERSION = "4.0.0"
-CONNECTOR_ARTIFACTS = ("spark-sql-kafka-0-10", "spark-token-provider-kafka-0-10")
-
-
-def kafka_package() -> str:
-    """spark-sql-kafka-0-10 for the installed Spark and its Scala version, if it and its
-    token provider resolve from Maven Central; otherwise FALLBACK_CONNECTOR_VERSION. A Spark
-    release may reach PyPI before its connector's jars reach a repository: `--kafka-package`
-    names another, and the table says which one ran."""
-    import pyspark
-
-    scala = scala_version()
-    for version in (pyspark.__version__, FALLBACK_CONNECTOR_VERSION):
-        if all(_resolves(f"org.apache.spark:{a}_{scala}:{version}") for a in CONNECTOR_ARTIFACTS):
-            break
-    return connector_package(version)
-
-
-def scala_version() -> str:
-    import pyspark
-
-    jars = Path(pyspark.__file__).parent / "jars"
-    scala_jar = next(jars.glob("scala-library-*.jar")).name
-    return ".".join(scala_jar.removeprefix("scala-library-").split(".")[:2])
-
-
-def connector_package(version: str = FALLBACK_CONNECTOR_VERSION) -> str:
-    """Maven coordinates of spark-sql-kafka-0-10 `version` for the installed Scala."""
-    return f"org.apache.spark:spark-sql-kafka-0-10_{scala_version()}:{version}"
-
-
-def _resolves(coordinates: str) -> bool:
-    """Whether Maven can fetch this artifact (Java and Maven are part of the set-up)."""
-    result = subprocess.run(
-        ["mvn", "-q", "dependency:get", f"-Dartifact={coordinates}", "-Dtransitive=false"],
-        capture_output=True,
-        timeout=300,
-    )
-    return result.returncode == 0
-
-
-IVY_CACHE = Path(__file__).resolve().parents[2] / ".cache" / "ivy"
-# Maven Central only (Ivy's ibiblio resolver defaults to it), with a cache of its own:
-# Spark's default chain also looks in ~/.m2, where a pom without its jar (left by some
-# Maven build) makes the resolution fail.
-IVY_SETTINGS = """<ivysettings>
-  <settings defaultResolver="central"/>
-  <caches defaultCacheDir="{cache}"/>
-  <resolvers><ibiblio name="central" m2compatible="true"/></resolvers>
-</ivysettings>
-"""
-
-
-def ivy_settings(work: Path) -> Path:
-    path = work / "ivysettings.xml"
-    path.write_text(IVY_SETTINGS.format(cache=IVY_CACHE))
-    return path
-
-
 def spark_version() -> str:
     import pyspark
 
@@ -240,8 +180,7 @@ def read_three_ways(
     spark = spark_session(
         args.master,
         {
-            "spark.jars.packages": args.kafka_package,
-            "spark.jars.ivySettings": str(ivy_settings(work)),
+            "spark.jars": args.kafka_jars,
             "spark.driver.memory": "4g",
             "spark.ui.enabled": "false",
             "spark.sql.shuffle.partitions": "4",
@@ -358,13 +297,8 @@ def main() -> int:
     )
     parser.add_argument("--work-dir", help="where the broker, replica and parquet go")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    parser.add_argument(
-        "--kafka-package",
-        help="Maven coordinates of Spark's Kafka connector (default: the installed Spark's, "
-        f"or {FALLBACK_CONNECTOR_VERSION} when that does not resolve)",
-    )
     args = parser.parse_args()
-    args.kafka_package = args.kafka_package or kafka_package()
+    args.kafka_jars = connector_jars()
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-spark-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -376,7 +310,7 @@ def main() -> int:
             f"best of {args.repeat}, "
             f"{args.value_bytes}-byte values, codec {args.codec}, "
             f"{log_bytes / GB:.2f} GB of segments; Spark {spark_version()}, "
-            f"Kafka source {args.kafka_package}"
+            f"Kafka source {connector_name(args.kafka_jars)}"
         )
         print()
         print(table(timings, log_bytes))

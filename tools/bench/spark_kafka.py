@@ -6,35 +6,66 @@ tools/bench/spark.py.
     .venv/bin/python -m tools.bench.spark_kafka --bootstrap HOST:PORT --topic T \
         --out DIR --checkpoint DIR [--max-offsets-per-trigger N]
 
-Spark's Kafka connector comes from Maven Central through spark.jars.packages, as the bench
-gets it (tools/bench/spark.py: kafka_package, ivy_settings).
+Spark's Kafka connector comes from Maven Central through the project's files: `make
+spark-kafka-jars` (tools/kafka/jars.sh with tools/kafka/spark-kafka-pom.xml) puts it in
+.cache/spark-kafka/lib, and a session gets those jars as `spark.jars` (`connector_jars`), so
+no session start resolves anything.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+ROOT = Path(__file__).resolve().parents[2]
+JARS_SH = ROOT / "tools" / "kafka" / "jars.sh"
+CONNECTOR_POM = ROOT / "tools" / "kafka" / "spark-kafka-pom.xml"
+CONNECTOR_CACHE = ROOT / ".cache" / "spark-kafka"
+
+
+def connector_jars() -> str:
+    """The jars of Spark's Kafka source as `spark.jars` takes them (comma-separated);
+    PeerNotInstalledError, naming the make target, when they were not fetched."""
+    from tools.peers.process import PeerNotInstalledError
+
+    result = subprocess.run(
+        [str(JARS_SH), "classpath", str(CONNECTOR_POM), str(CONNECTOR_CACHE)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0 or not result.stdout.strip():
+        raise PeerNotInstalledError(
+            "Spark's Kafka source is not in .cache/spark-kafka/lib: run `make spark-kafka-jars`"
+            f" (jars.sh said: {result.stderr.strip()})"
+        )
+    return result.stdout.strip().replace(":", ",")
+
+
+def connector_name(jars: str) -> str:
+    """Which connector a run used, for its report: the spark-sql-kafka jar's file name."""
+    names = [Path(j).name for j in jars.split(",")]
+    return next((n.removesuffix(".jar") for n in names if n.startswith("spark-sql-kafka")), jars)
+
+
 # The columns both sinks of the failover test hold.
 COLUMNS = ("topic", "partition", "offset", "key", "value")
 
 
-def kafka_session(package: str, work: Path, master: str = "local[1]") -> SparkSession:
+def kafka_session(jars: str, master: str = "local[1]") -> SparkSession:
     from replicad.spark.pipeline import spark_session
-    from tools.bench.spark import ivy_settings
 
     spark = spark_session(
         master,
         {
-            "spark.jars.packages": package,
-            "spark.jars.ivySettings": str(ivy_settings(work)),
+            "spark.jars": jars,
             "spark.ui.enabled": "false",
             "spark.sql.shuffle.partitions": "2",
             "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
@@ -79,25 +110,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--max-offsets-per-trigger")
-    parser.add_argument("--kafka-package", help="default: tools.bench.spark.kafka_package()")
     args = parser.parse_args(argv)
-    from tools.bench.spark import kafka_package
-
-    package = args.kafka_package or kafka_package()
+    jars = connector_jars()
     options = {}
     if args.max_offsets_per_trigger:
         options["maxOffsetsPerTrigger"] = args.max_offsets_per_trigger
-    with tempfile.TemporaryDirectory(prefix="spark-kafka-") as work:
-        spark = kafka_session(package, Path(work))
-        try:
-            rows = available_now(
-                kafka_stream(spark, args.bootstrap, args.topic, **options),
-                args.out,
-                args.checkpoint,
-            )
-        finally:
-            spark.stop()
-    print(f"read {rows} records from {args.topic} with {package}", flush=True)
+    spark = kafka_session(jars)
+    try:
+        rows = available_now(
+            kafka_stream(spark, args.bootstrap, args.topic, **options), args.out, args.checkpoint
+        )
+    finally:
+        spark.stop()
+    print(f"read {rows} records from {args.topic} with {connector_name(jars)}", flush=True)
     return 0
 
 
