@@ -71,6 +71,24 @@ def replicad(bootstrap: str, topic: str, tmp_path: Path, name: str) -> ReplicadP
     )
 
 
+def others_replicate_while_0_fails(
+    proc: ReplicadProcess, tmp_path: Path, topic: str, end: int, api: str
+) -> None:
+    """Partitions 1 and 2 replicate up to `end` while partition 0 reports that `api` answered
+    it UNKNOWN_SERVER_ERROR."""
+    data_dir, sock = tmp_path / "data", tmp_path / "replicad.sock"
+    proc.wait_for(
+        lambda: {p: e for p, e in topic_ends(data_dir, topic).items() if p} == {1: end, 2: end},
+        timeout_s=60,
+        what=f"partitions 1 and 2 to replicate up to {end}",
+    )
+    proc.wait_for(
+        lambda: partition_status(sock, topic, 0)["last_error"] == f"{api} unknown_server_error",
+        timeout_s=30,
+        what="partition 0 to report the error",
+    )
+
+
 def test_list_offsets(kafka_broker, unique_topic, tmp_path):
     topic = unique_topic()
     kafka_broker.create_topic(topic, PARTITIONS)
@@ -79,21 +97,7 @@ def test_list_offsets(kafka_broker, unique_topic, tmp_path):
     with ChaosProxy(lambda: ("127.0.0.1", kafka_broker.port)) as proxy:
         proxy.rewrite_responses(ApiKey.LIST_OFFSETS, newer_code_in_partition_0(ApiKey.LIST_OFFSETS))
         with replicad(proxy.address, topic, tmp_path, "run") as proc:
-            proc.wait_for(
-                lambda: (
-                    {p: e for p, e in topic_ends(data_dir, topic).items() if p} == {1: 50, 2: 50}
-                ),
-                timeout_s=60,
-                what="partitions 1 and 2 to replicate",
-            )
-            proc.wait_for(
-                lambda: (
-                    partition_status(sock, topic, 0)["last_error"]
-                    == "ListOffsets unknown_server_error"
-                ),
-                timeout_s=30,
-                what="partition 0 to report the error",
-            )
+            others_replicate_while_0_fails(proc, tmp_path, topic, 50, "ListOffsets")
             assert partition_status(sock, topic, 0)["state"] == "needs-offset"
             assert topic_ends(data_dir, topic).get(0, 0) == 0
             assert proc.logged(UNKNOWN_LOGGED)
@@ -110,7 +114,7 @@ def test_offset_for_leader_epoch(kafka_broker, unique_topic, tmp_path):
     topic = unique_topic()
     kafka_broker.create_topic(topic, PARTITIONS)
     produce(kafka_broker.bootstrap, topic, 50)
-    data_dir, sock = tmp_path / "data", tmp_path / "replicad.sock"
+    data_dir = tmp_path / "data"
     with replicad(kafka_broker.bootstrap, topic, tmp_path, "first") as first:
         first.wait_for(
             lambda: topic_ends(data_dir, topic) == dict.fromkeys(range(PARTITIONS), 50),
@@ -126,21 +130,7 @@ def test_offset_for_leader_epoch(kafka_broker, unique_topic, tmp_path):
             newer_code_in_partition_0(ApiKey.OFFSET_FOR_LEADER_EPOCH),
         )
         with replicad(proxy.address, topic, tmp_path, "second") as proc:
-            proc.wait_for(
-                lambda: (
-                    {p: e for p, e in topic_ends(data_dir, topic).items() if p} == {1: 70, 2: 70}
-                ),
-                timeout_s=60,
-                what="partitions 1 and 2 to replicate what is new",
-            )
-            proc.wait_for(
-                lambda: (
-                    partition_status(sock, topic, 0)["last_error"]
-                    == "OffsetForLeaderEpoch unknown_server_error"
-                ),
-                timeout_s=30,
-                what="partition 0 to report the error",
-            )
+            others_replicate_while_0_fails(proc, tmp_path, topic, 70, "OffsetForLeaderEpoch")
             assert topic_ends(data_dir, topic)[0] == 50
             assert proc.logged(UNKNOWN_LOGGED)
             proxy.heal()  # connections made since keep Fetch v11: asked again, answered
