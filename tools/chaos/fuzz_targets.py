@@ -27,6 +27,7 @@ forward -- a corrupt byte is never kept.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import struct
@@ -395,55 +396,50 @@ def _minimal_response(api: ApiKey, version: int) -> bytes:
                 make_entity(key_cls, api_key=int(k), min_version=0, max_version=17)
                 for k in (ApiKey.FETCH, ApiKey.LIST_OFFSETS, ApiKey.METADATA)
             ),
-            throttle_time=__import__("datetime").timedelta(0),
+            throttle_time=datetime.timedelta(0),
         )
     elif api is ApiKey.LIST_OFFSETS:
-        topic_cls = nested_type(cls, "ListOffsetsTopicResponse")
-        part_cls = nested_type(cls, "ListOffsetsPartitionResponse")
-        body = make_entity(
+        body = _one_partition_response(
             cls,
-            throttle_time=__import__("datetime").timedelta(0),
-            topics=(
-                make_entity(
-                    topic_cls,
-                    name="orders",
-                    partitions=(
-                        make_entity(
-                            part_cls,
-                            partition_index=0,
-                            error_code=ErrorCode.none,
-                            timestamp=-1,
-                            offset=42,
-                            leader_epoch=0,
-                            old_style_offsets=(42,),
-                        ),
-                    ),
-                ),
-            ),
+            ("ListOffsetsTopicResponse", "name"),
+            "ListOffsetsPartitionResponse",
+            partition_index=0,
+            error_code=ErrorCode.none,
+            timestamp=-1,
+            offset=42,
+            leader_epoch=0,
+            old_style_offsets=(42,),
         )
     else:
-        topic_cls = nested_type(cls, "OffsetForLeaderTopicResult")
-        part_cls = nested_type(cls, "EpochEndOffset")
-        body = make_entity(
+        body = _one_partition_response(
             cls,
-            throttle_time=__import__("datetime").timedelta(0),
-            topics=(
-                make_entity(
-                    topic_cls,
-                    topic="orders",
-                    partitions=(
-                        make_entity(
-                            part_cls,
-                            error_code=ErrorCode.none,
-                            partition=0,
-                            leader_epoch=3,
-                            end_offset=99,
-                        ),
-                    ),
-                ),
-            ),
+            ("OffsetForLeaderTopicResult", "topic"),
+            "EpochEndOffset",
+            error_code=ErrorCode.none,
+            partition=0,
+            leader_epoch=3,
+            end_offset=99,
         )
     return encode_entities(cls.__header_schema__(correlation_id=1), body)
+
+
+def _one_partition_response(
+    cls: type, topic: tuple[str, str], partition_type: str, **partition: Any
+) -> Any:
+    """A response of one topic, "orders" (`topic`: its entity's name and the field that
+    names it), holding one partition entity with the fields given."""
+    topic_type, name_field = topic
+    return make_entity(
+        cls,
+        throttle_time=datetime.timedelta(0),
+        topics=(
+            make_entity(
+                nested_type(cls, topic_type),
+                **{name_field: "orders"},
+                partitions=(make_entity(nested_type(cls, partition_type), **partition),),
+            ),
+        ),
+    )
 
 
 def control_batch(offset: int, *, commit: bool, coordinator_epoch: int = 5) -> bytes:
