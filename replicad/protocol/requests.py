@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 import sys
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import cache
 from typing import Any
@@ -81,24 +81,24 @@ def list_offsets_request(
     cls = request_type(ApiKey.LIST_OFFSETS, version)
     topic_cls = nested_type(cls, "ListOffsetsTopic")
     part_cls = nested_type(cls, "ListOffsetsPartition")
-    by_topic: dict[str, list[Any]] = {}
-    for tp, q in queries.items():
-        by_topic.setdefault(tp.topic, []).append(
+    partitions = (
+        (
+            tp.topic,
             make_entity(
                 part_cls,
                 partition_index=tp.partition,
                 current_leader_epoch=q.current_leader_epoch,
                 timestamp=q.timestamp,
                 max_num_offsets=1,
-            )
+            ),
         )
+        for tp, q in queries.items()
+    )
     return make_entity(
         cls,
         replica_id=replica_id,
         isolation_level=isolation_level,
-        topics=tuple(
-            make_entity(topic_cls, name=t, partitions=tuple(p)) for t, p in by_topic.items()
-        ),
+        topics=_by_topic(topic_cls, "name", partitions),
         timeout=datetime.timedelta(seconds=30),
     )
 
@@ -113,19 +113,28 @@ def offset_for_leader_epoch_request(
     cls = request_type(ApiKey.OFFSET_FOR_LEADER_EPOCH, version)
     topic_cls = nested_type(cls, "OffsetForLeaderTopic")
     part_cls = nested_type(cls, "OffsetForLeaderPartition")
-    by_topic: dict[str, list[Any]] = {}
-    for tp, (current, epoch) in queries.items():
-        by_topic.setdefault(tp.topic, []).append(
+    partitions = (
+        (
+            tp.topic,
             make_entity(
                 part_cls, partition=tp.partition, current_leader_epoch=current, leader_epoch=epoch
-            )
+            ),
         )
-    return make_entity(
-        cls,
-        replica_id=replica_id,
-        topics=tuple(
-            make_entity(topic_cls, topic=t, partitions=tuple(p)) for t, p in by_topic.items()
-        ),
+        for tp, (current, epoch) in queries.items()
+    )
+    return make_entity(cls, replica_id=replica_id, topics=_by_topic(topic_cls, "topic", partitions))
+
+
+def _by_topic(
+    topic_cls: type, name_field: str, partitions: Iterable[tuple[str, Any]]
+) -> tuple[Any, ...]:
+    """One `topic_cls` entity per topic (its name in `name_field`) holding that topic's
+    partition entities, topics in the order they first appear."""
+    by_topic: dict[str, list[Any]] = {}
+    for topic, entity in partitions:
+        by_topic.setdefault(topic, []).append(entity)
+    return tuple(
+        make_entity(topic_cls, **{name_field: t}, partitions=tuple(p)) for t, p in by_topic.items()
     )
 
 
