@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The runtime jars a Maven pom names, resolved from Maven Central into a cache directory of
-# their own: the shape kafka.sh and mirrormaker.sh keep for their peers, for any pom.
+# their own, for any pom: the fetch kafka.sh and mirrormaker.sh use (maven-jars.sh).
 #
 #   jars.sh fetch POM CACHE       resolve POM's runtime dependencies into CACHE/lib (a quick
 #                                 no-op when CACHE/lib was fetched for this very pom)
@@ -12,7 +12,6 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-dependency_plugin="org.apache.maven.plugins:maven-dependency-plugin:3.6.1"
 
 usage() {
     echo "usage: jars.sh fetch|classpath POM CACHE" >&2
@@ -25,53 +24,12 @@ command="$1"
 # Absolute: Maven resolves a relative output directory against the pom's own.
 pom="$(realpath "$2")"
 cache="$(realpath -m "$3")"
-lib="$cache/lib"
-stamp="$lib/.fetched"
-
-# The cache is valid for exactly one pom: any edit of the pom refetches.
-pom_digest() {
-    sha256sum "$pom" | cut -d' ' -f1
-}
-
-is_cached() {
-    [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(pom_digest)" ]
-}
-
-fetch() {
-    if is_cached; then
-        return 0
-    fi
-    command -v mvn >/dev/null 2>&1 || {
-        echo "jars.sh: mvn not found (Debian package 'maven')" >&2
-        exit 1
-    }
-    echo "jars.sh: resolving $(basename "$pom") into $lib" >&2
-    local staging="$cache/lib.partial.$$"
-    rm -rf "$staging"
-    mkdir -p "$cache"
-    if ! mvn --batch-mode --quiet --file "$pom" \
-        -Dmaven.repo.local="${REPLICAD_KAFKA_CACHE:-$root/.cache/kafka}/m2" \
-        "$dependency_plugin:copy-dependencies" \
-        -DincludeScope=runtime \
-        -DoutputDirectory="$staging" >"$cache/mvn.log" 2>&1; then
-        cat "$cache/mvn.log" >&2
-        echo "jars.sh: resolving $(basename "$pom") failed (Maven's output above)" >&2
-        exit 1
-    fi
-    # Swapped in whole, so an interrupted fetch never leaves a half-filled lib/.
-    rm -rf "$lib"
-    mv "$staging" "$lib"
-    pom_digest >"$stamp"
-    echo "jars.sh: $(find "$lib" -name '*.jar' | wc -l) jars in $lib" >&2
-}
-
-classpath() {
-    if ! is_cached; then
-        echo "jars.sh: $(basename "$pom")'s jars are not in $lib (or are stale for the pom): run tools/kafka/jars.sh fetch $pom $cache" >&2
-        exit 1
-    fi
-    find "$lib/" -maxdepth 1 -name '*.jar' | LC_ALL=C sort | paste -sd: -
-}
+tool=jars.sh
+m2="${REPLICAD_KAFKA_CACHE:-$root/.cache/kafka}/m2"
+what="$(basename "$pom")"
+hint="tools/kafka/jars.sh fetch $pom $cache"
+# shellcheck source=tools/kafka/maven-jars.sh
+source "$here/maven-jars.sh"
 
 case "$command" in
 fetch) fetch ;;

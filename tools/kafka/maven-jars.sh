@@ -1,5 +1,5 @@
-# Resolving a pom's runtime jars from Maven Central into a cache, for kafka.sh and
-# mirrormaker.sh (sourced, not run). The caller sets, before sourcing:
+# Resolving a pom's runtime jars from Maven Central into a cache, for kafka.sh,
+# mirrormaker.sh and jars.sh (sourced, not run). The caller sets, before sourcing:
 #   tool     its own name, for messages           pom    the pom whose jars it needs
 #   cache    its cache directory (lib/ below it)  m2     Maven's local repository
 #   what     what it resolves, for the log line   hint   how to fetch, for classpath's error
@@ -55,7 +55,7 @@ fetch() {
 
 classpath() {
     if ! is_cached; then
-        echo "$tool: jars not fetched; run $hint" >&2
+        echo "$tool: the jars of $(basename "$pom") are not in $lib (or are stale for the pom): run $hint" >&2
         exit 1
     fi
     find "$lib/" -maxdepth 1 -name '*.jar' | LC_ALL=C sort | paste -sd: -
