@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import subprocess
@@ -26,6 +27,8 @@ from tools.logdata.batches import batch_stream, producer_batch
 
 TP = TopicPartition("orders", 3)
 SMALL = LogConfig(segment_bytes=16 * 1024, index_interval_bytes=1024, segment_index_bytes=2048)
+# SMALL, keeping three segments' bytes.
+RETAINS_THREE = dataclasses.replace(SMALL, retention_bytes=3 * SMALL.segment_bytes)
 
 
 def _append_all(log: PartitionLog, batches: list[bytes], now_ms: int = 0) -> None:
@@ -190,12 +193,7 @@ def test_offset_for_timestamp_across_segments(tmp_path: Path) -> None:
 
 
 def test_retention_by_bytes_moves_log_start(tmp_path: Path) -> None:
-    config = LogConfig(
-        segment_bytes=SMALL.segment_bytes,
-        index_interval_bytes=1024,
-        segment_index_bytes=2048,
-        retention_bytes=3 * SMALL.segment_bytes,
-    )
+    config = RETAINS_THREE
     log, _ = _partition(tmp_path, config=config)
     deleted = log.enforce_retention(now_ms=0)
     assert deleted
@@ -209,12 +207,7 @@ def test_retention_unlinks_segments_without_holding_the_append_path(
     """Two-phase delete: under the partition lock the segments are only renamed to
     `.deleted`; each unlink happens with the lock free (another thread takes it then), and
     a crash between the phases leaves `.deleted` files that loading removes."""
-    config = LogConfig(
-        segment_bytes=SMALL.segment_bytes,
-        index_interval_bytes=1024,
-        segment_index_bytes=2048,
-        retention_bytes=3 * SMALL.segment_bytes,
-    )
+    config = RETAINS_THREE
     log, _ = _partition(tmp_path, config=config)
     real_unlink = Path.unlink
     lock_free_at_unlink: list[bool] = []
