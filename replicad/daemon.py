@@ -326,6 +326,8 @@ class Daemon:
         assert serve is not None
         await self.replicator.logs_ready.wait()
         assert self.replicator.logs is not None
+        from replicad.leader.source_group_sync import SourceGroupSync, read_only_groups
+
         settings = ServeSettings.from_config(serve)
         server = LeaderServer(
             self.replicator.logs,
@@ -333,6 +335,7 @@ class Daemon:
             node_id=serve.node_id,
             allowed_followers=frozenset(serve.allowed_followers),
             security=server_security(serve.security, frozenset(serve.allowed_followers)),
+            read_only_groups=read_only_groups(self.config.groups),
         )
         try:
             await server.start()
@@ -348,8 +351,6 @@ class Daemon:
         self.server = server
         self._partition_listeners.append(server.partition_changed)
         if self.config.groups.enabled:
-            from replicad.leader.source_group_sync import SourceGroupSync
-
             # In this process, beside serve's coordinator: why, in that module's docstring.
             self.serve_sync = SourceGroupSync(
                 self.config.groups, self.replicator.client, server.groups

@@ -29,6 +29,7 @@ from replicad.config.rules import INVALID, Problems, describe
 from replicad.config.schema import (
     CROSS_CHECKS,
     GROUPS_WITHOUT_DESTINATION_CHECKS,
+    GROUPS_WITHOUT_SERVE_CHECKS,
     MIRROR_CHECKS,
     SCHEMA,
     SERVE_CHECKS,
@@ -200,7 +201,7 @@ def _build(raw: object, source: str, overrides: Mapping[str, object]) -> Config:
     values = Values(load.given)
     checks = (
         CROSS_CHECKS
-        + (SERVE_CHECKS if "serve" in load.sections_on else ())
+        + (SERVE_CHECKS if "serve" in load.sections_on else GROUPS_WITHOUT_SERVE_CHECKS)
         + (MIRROR_CHECKS if "mirror" in load.sections_on else ())
         + (GROUPS_WITHOUT_DESTINATION_CHECKS if not {"mirror", "serve"} & load.sections_on else ())
     )

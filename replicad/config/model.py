@@ -408,8 +408,8 @@ class MirrorConfig:
 @dataclass(frozen=True, slots=True)
 class GroupsConfig:
     """Consumer groups of the source whose committed offsets follow the data: written into
-    the mirror's destination Kafka (replicad.mirror.group_sync) when `mirror:` is on. One
-    section for every place groups go (serve's own coordinator adds its keys here)."""
+    the mirror's destination Kafka (replicad.mirror.group_sync) when `mirror:` is on, and
+    into serve's own coordinator (replicad.leader.source_group_sync) when `serve:` is on."""
 
     # Off by default, as MirrorMaker 2's sync.group.offsets.enabled: writing into the
     # destination's groups is asked for, not assumed.
@@ -421,6 +421,9 @@ class GroupsConfig:
     exclude: tuple[str, ...] = ()
     # How often the chosen groups' offsets are read at the source and written.
     sync_interval_ms: int = 5_000
+    # serve's coordinator refuses OffsetCommit from clients for the groups chosen here
+    # (sync-only groups: their offsets are the source's, and stay so once members leave).
+    read_only: bool = False
 
     def selects(self, group_id: str) -> bool:
         """Whether `group_id` is synced: included (or no include list) and not excluded.

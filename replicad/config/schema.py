@@ -269,6 +269,7 @@ SCHEMA = Section(
                 "include": GROUP_PATTERN_LIST,
                 "exclude": GROUP_PATTERN_LIST,
                 "sync_interval_ms": Int(1),
+                "read_only": Bool(),
             },
         ),
     },
@@ -606,6 +607,17 @@ def client_security_checks(section: str) -> tuple[CrossCheck, ...]:
 SECURITY_CHECKS = client_security_checks("source.security")
 
 
+def _read_only_needs_the_sync(values: Values) -> Problem | None:
+    if values["groups.read_only"] and not values["groups.enabled"]:
+        return Problem(
+            "groups.read_only",
+            "is true, but groups.enabled is false: read-only groups are the groups whose "
+            "offsets serve takes from the source",
+            ("groups.enabled",),
+        )
+    return None
+
+
 CROSS_CHECKS: tuple[CrossCheck, ...] = (
     CrossCheck(("topics.include", "topics.regex"), _one_topic_choice),
     above(
@@ -621,6 +633,7 @@ CROSS_CHECKS: tuple[CrossCheck, ...] = (
         why=", or a fetch the leader holds back that long times out",
     ),
     *SECURITY_CHECKS,
+    CrossCheck(("groups.read_only", "groups.enabled"), _read_only_needs_the_sync),
 )
 
 
@@ -809,6 +822,22 @@ def _groups_need_somewhere_to_go(values: Values) -> Problem | None:
             "synced into the mirror's destination cluster and into serve's own coordinator",
         )
     return None
+
+
+def _read_only_is_for_serve(values: Values) -> Problem | None:
+    if values["groups.read_only"]:
+        return Problem(
+            "groups.read_only",
+            "is true, but there is no serve: section: it makes serve refuse OffsetCommit "
+            "for the synced groups",
+        )
+    return None
+
+
+# Checks of the groups section run when serve: is off.
+GROUPS_WITHOUT_SERVE_CHECKS: tuple[CrossCheck, ...] = (
+    CrossCheck(("groups.read_only",), _read_only_is_for_serve),
+)
 
 
 # Checks of the groups section run when the sections it serves are off (no mirror:, no serve:).

@@ -66,6 +66,10 @@ Rules:
   restarted (the shell makes the mark durable: `take_newly_owned`, restored by `restore`).
   An offset the group already has is not taken again. The offsets come planned by
   offset_sync.py (replicated partitions only, held at the replica's end).
+- Read-only groups (`read_only`, groups.read_only: the groups whose offsets come from the
+  source only): OffsetCommit is GROUP_AUTHORIZATION_FAILED for every partition, from members
+  and admins alike; a member joining does not make the group the replica's own, so the
+  source's offsets are synced again once its members have left.
 - Offsets expire (KIP-211, `expire_offsets`): all of an Empty group's once it has been Empty
   for offsets_retention_ms; in a group without protocol type, each by its commit time; in
   a Stable consumer group, those of topics no member subscribes to, by commit time. An Empty
@@ -282,9 +286,11 @@ class GroupCoordinator:
         config: CoordinatorConfig | None = None,
         *,
         new_member_id: Callable[[str], str] = random_member_id,
+        read_only: Callable[[str], bool] | None = None,
     ) -> None:
         self.config = config or CoordinatorConfig()
         self._new_member_id = new_member_id
+        self.read_only = read_only or _never
         self.groups: dict[str, ClassicGroup] = {}
         # Groups that are the replica's own (see the rules): kept apart from `groups`, which
         # forgets a group once it is Dead.
@@ -393,7 +399,8 @@ class GroupCoordinator:
             is_new=True,
         )
         group.add(member)
-        self._own(group.group_id)
+        if not self.read_only(group.group_id):
+            self._own(group.group_id)
         if group.in_initial_delay and group.generation_id == 0:
             # Kafka extends the delay only for a new group's first members.
             group.new_member_added = True
@@ -731,6 +738,8 @@ class GroupCoordinator:
         *,
         now_ms: int,
     ) -> Step:
+        if self.read_only(group_id):
+            return Step(CommitResult({tp: E.group_authorization_failed for tp in offsets}))
         group = self.groups.get(group_id)
         error: ErrorCode | None = None
         if group is None:
@@ -964,6 +973,10 @@ class GroupCoordinator:
             if not group.is_in(S.DEAD):
                 counts[group.state.value] += 1
         return counts
+
+
+def _never(_group_id: str) -> bool:
+    return False
 
 
 def _member_error(group: ClassicGroup, who: MemberRef) -> ErrorCode | None:

@@ -17,6 +17,10 @@ Rules (Kafka's KafkaApis and the request schemas):
 - DescribeGroups: an unknown group is Dead with no error, before v6; from v6
   GROUP_ID_NOT_FOUND with a message (KIP-1043).
 - ListGroups filters by state (v4+) and by type (v5+).
+- Refused (`refused_response`: a connection without an authenticated principal when
+  serve.security is on): every group, key, member or partition the request names gets the
+  error (GROUP_AUTHORIZATION_FAILED), as Kafka answers without the group ACL; ListGroups
+  lists no group, as Kafka lists only the groups the principal may describe.
 """
 
 from __future__ import annotations
@@ -146,10 +150,14 @@ def _partition_errors(
 # -- FindCoordinator --------------------------------------------------------------------------
 
 
-def find_coordinator_response(version: int, body: Any, node: Node) -> Any:
+def find_coordinator_response(
+    version: int, body: Any, node: Node, refused: ErrorCode | None = None
+) -> Any:
     module = _module(ApiKey.FIND_COORDINATOR, version)
     key_type = int(getattr(body, "key_type", GROUP_KEY_TYPE))
-    if key_type == GROUP_KEY_TYPE:
+    if refused is not None:
+        error, message = refused, None
+    elif key_type == GROUP_KEY_TYPE:
         error, message = ErrorCode.none, None
     elif key_type == TRANSACTION_KEY_TYPE:
         error, message = ErrorCode.coordinator_not_available, NO_TRANSACTIONS_MESSAGE
@@ -402,7 +410,9 @@ def list_groups_response(version: int, groups: tuple[ListedGroup, ...]) -> Any:
 
 
 def describe_groups_response(
-    version: int, answers: tuple[tuple[str, DescribedGroup | None], ...]
+    version: int,
+    answers: tuple[tuple[str, DescribedGroup | None], ...],
+    refused: ErrorCode | None = None,
 ) -> Any:
     module = _module(ApiKey.DESCRIBE_GROUPS, version)
     not_found = version >= DESCRIBE_NOT_FOUND_VERSION
@@ -411,6 +421,7 @@ def describe_groups_response(
         # A group that does not exist is described as Dead (from v6 with an error, KIP-1043).
         found = group or DescribedGroup(group_id, "Dead", "", "", ())
         missing = group is None and not_found
+        error = ErrorCode.group_id_not_found if missing else ErrorCode.none
         members = tuple(
             make_entity(
                 module.DescribedGroupMember,
@@ -426,8 +437,8 @@ def describe_groups_response(
         described.append(
             make_entity(
                 module.DescribedGroup,
-                error_code=ErrorCode.group_id_not_found if missing else ErrorCode.none,
-                error_message=f"Group {group_id} not found." if missing else None,
+                error_code=refused if refused is not None else error,
+                error_message=f"Group {group_id} not found." if missing and not refused else None,
                 group_id=found.group_id,
                 group_state=found.state,
                 protocol_type=found.protocol_type,
@@ -446,3 +457,36 @@ def delete_groups_response(version: int, errors: Mapping[str, ErrorCode]) -> Any
         for group_id, error in errors.items()
     )
     return _answer(ApiKey.DELETE_GROUPS, version, results=results)
+
+
+# -- refused ----------------------------------------------------------------------------------
+
+
+def refused_response(api: int, version: int, body: Any, error: ErrorCode) -> Any:
+    """The answer to a group API request refused as a whole with `error` (see the rules)."""
+    if api == ApiKey.FIND_COORDINATOR:
+        return find_coordinator_response(version, body, Node(-1, "", -1), refused=error)
+    if api == ApiKey.JOIN_GROUP:
+        return join_response(version, JoinResult(error, body.member_id))
+    if api == ApiKey.SYNC_GROUP:
+        return sync_response(version, SyncResult(error))
+    if api == ApiKey.HEARTBEAT:
+        return heartbeat_response(version, error)
+    if api == ApiKey.LEAVE_GROUP:
+        return leave_response(version, LeaveResult(error))
+    if api == ApiKey.OFFSET_COMMIT:
+        ask = commit_request(body, lambda _tp: True)
+        return commit_response(version, body, ask, CommitResult(dict.fromkeys(ask.offsets, error)))
+    if api == ApiKey.OFFSET_FETCH:
+        asks = fetch_requests(version, body)
+        return fetch_response(version, tuple((a, FetchedOffsets(error)) for a in asks))
+    if api == ApiKey.LIST_GROUPS:
+        return list_groups_response(version, ())
+    if api == ApiKey.DESCRIBE_GROUPS:
+        answers = tuple((str(g), None) for g in body.groups)
+        return describe_groups_response(version, answers, refused=error)
+    if api == ApiKey.DELETE_GROUPS:
+        return delete_groups_response(version, dict.fromkeys(map(str, body.groups_names), error))
+    if api == ApiKey.OFFSET_DELETE:
+        return offset_delete_response(body, OffsetDeleteResult(error), {})
+    raise AssertionError(f"not a group api: {api}")

@@ -21,6 +21,8 @@ Rules:
   on disk before the request that made it so is answered -- with the commit's own offsets,
   in the same fsync: a restart never syncs the source's offsets into a group an application
   failed over to. A mark whose write failed is written with the next write.
+- A read-only group's OffsetCommit (the coordinator refuses it) is logged, once a minute
+  per group at most, and counted.
 - Nothing here blocks the loop: the coordinator is in memory and answers at once, the
   disk is the store thread's.
 """
@@ -61,6 +63,7 @@ from replicad.leader import group_wire
 from replicad.leader.catalog import Catalog
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import DecodedRequest
+from replicad.ratelimit import RateLimitedLog
 from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.leader.groups")
@@ -87,11 +90,12 @@ class GroupService:
         now_ms: Callable[[], int] = wall_ms,
         coordinator: GroupCoordinator | None = None,
         store_dir: Path | None = None,
+        read_only: Callable[[str], bool] | None = None,
     ) -> None:
         self.catalog = catalog
         self._node = node
         self._now_ms = now_ms
-        self.coordinator = coordinator or GroupCoordinator(config)
+        self.coordinator = coordinator or GroupCoordinator(config, read_only=read_only)
         self._timer: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._next_retention_check_ms = 0
@@ -101,6 +105,8 @@ class GroupService:
         # Owned marks not on disk yet (see the rules).
         self._owned_unsaved: set[str] = set()
         self.write_failures_total = 0
+        self.read_only_refusals_total = 0
+        self._said = RateLimitedLog(interval_ms=60_000)
 
     async def start(self) -> None:
         if self._store_dir is not None:
@@ -186,6 +192,8 @@ class GroupService:
                 ask.group_id, ask.generation_id, ask.member, ask.offsets, now_ms=now_ms
             )
             result = await self._made_durable(ask.group_id, self._deliver(step))
+            if coordinator.read_only(ask.group_id):
+                self._refused_read_only(ask.group_id, client_host)
             return group_wire.commit_response(version, body, ask, result)
         if api == ApiKey.OFFSET_FETCH:
             asks = group_wire.fetch_requests(version, body)
@@ -230,6 +238,16 @@ class GroupService:
         if outcome.applied:
             await self._write([Commit(group_id, tp, o) for tp, o in outcome.applied.items()])
         return outcome
+
+    def _refused_read_only(self, group_id: str, client_host: str) -> None:
+        self.read_only_refusals_total += 1
+        if self._said.should_emit(group_id, self._now_ms()).emit:
+            log.warning(
+                "OffsetCommit refused: the group is read-only on this replica "
+                "(groups.read_only); its offsets come from the source",
+                group=group_id,
+                client=client_host,
+            )
 
     async def _offset_delete(self, body: Any, now_ms: int) -> Any:
         holds = self._holds(now_ms)
@@ -325,6 +343,7 @@ class GroupService:
             "group_rebalances_total": self.coordinator.rebalances_total,
             "offset_commits_total": self.coordinator.commits_total,
             "offset_store_write_failures_total": self.write_failures_total,
+            "read_only_commit_refusals_total": self.read_only_refusals_total,
             "offset_store_records": store.records if store is not None else 0,
             "offset_store_compactions_total": store.compactions if store is not None else 0,
         }

@@ -87,7 +87,7 @@ from kio.schema.index import api_key_map
 from replicad.clock import monotonic_ms, wall_ms
 from replicad.config.model import SaslMechanism, ServeSecurityConfig
 from replicad.errors import RemoteProtocolError
-from replicad.leader import handlers, legacy_codec
+from replicad.leader import group_wire, handlers, legacy_codec
 from replicad.leader.catalog import Catalog
 from replicad.leader.events import ServeEvent, ServeEvents
 from replicad.leader.fetch import (
@@ -276,6 +276,7 @@ class LeaderServer:
         security: ServerSecurity | None = None,
         now_ms: Callable[[], int] = monotonic_ms,
         rng: random.Random | None = None,
+        read_only_groups: Callable[[str], bool] | None = None,
     ) -> None:
         self.settings = settings
         self.node_id = node_id
@@ -297,7 +298,12 @@ class LeaderServer:
             eviction_ms=settings.session_eviction_ms,
         )
         self.transactions = TransactionTracker()
-        self.groups = GroupService(self.catalog, self._coordinator_node, store_dir=logs.data_dir)
+        self.groups = GroupService(
+            self.catalog,
+            self._coordinator_node,
+            store_dir=logs.data_dir,
+            read_only=read_only_groups,
+        )
         self._cluster_id = handlers.cluster_id_for(logs.data_dir.resolve())
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -756,6 +762,13 @@ class LeaderServer:
         if api == ApiKey.PRODUCE:
             return self._produce(decoded)
         if api in GROUP_VERSIONS:
+            if self.security is not None and peer.principal == ANONYMOUS:
+                # serve.security is on: groups are for authenticated principals only.
+                self.counters["anonymous_group_requests_total"] += 1
+                body = group_wire.refused_response(
+                    api, head.api_version, decoded.body, ErrorCode.group_authorization_failed
+                )
+                return encode_response(body, head.correlation_id)
             # A JoinGroup or SyncGroup waits for the other members: not this request's work.
             with _not_charged():
                 body = await self.groups.answer(decoded, peer.ip)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -50,6 +51,14 @@ from replicad.protocol.client import KafkaClient
 from replicad.ratelimit import RateLimitedLog
 
 log = structlog.get_logger("replicad.leader.group_sync")
+
+
+def read_only_groups(config: GroupsConfig) -> Callable[[str], bool] | None:
+    """groups.read_only: which groups serve refuses OffsetCommit for -- those the sync
+    chooses (include/exclude); None when no group is read-only."""
+    if not (config.enabled and config.read_only):
+        return None
+    return config.selects
 
 
 class SourceGroupSync:
@@ -124,7 +133,10 @@ class SourceGroupSync:
             plan = plan_group_sync(source, self.groups.readable_ends(source))
             outcome = await self.groups.take_synced(group_id, plan.offsets)
             if outcome.stopped:
-                self._stop(group_id)
+                # A member joined while the source was read: over for good if that made the
+                # group the replica's own (a read-only group waits for its members to leave).
+                if group_id in coordinator.owned:
+                    self._stop(group_id)
                 continue
             self.offsets_synced_total += len(outcome.applied)
             held += len(plan.held)

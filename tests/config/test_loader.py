@@ -641,3 +641,30 @@ def test_groups_enabled_needs_the_mirror_or_serve(tmp_path: Path) -> None:
     )
     config = load_config(served)
     assert config.groups.enabled and config.serve is not None
+
+
+def test_groups_read_only_needs_the_sync_and_serve(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, MINIMAL + "groups:\n  read_only: true\nserve:\n  listen: 127.0.0.1:9999\n"
+    )
+    assert problems_of(path) == [
+        f"{path}:6: groups.read_only: is true, but groups.enabled is false: read-only groups "
+        "are the groups whose offsets serve takes from the source"
+    ]
+    mirrored = write(
+        tmp_path,
+        MINIMAL
+        + "groups:\n  enabled: true\n  read_only: true\n"
+        + "mirror:\n  bootstrap_servers: ['dest:9092']\n",
+    )
+    assert problems_of(mirrored) == [
+        f"{mirrored}:7: groups.read_only: is true, but there is no serve: section: it makes "
+        "serve refuse OffsetCommit for the synced groups"
+    ]
+    served = write(
+        tmp_path,
+        MINIMAL
+        + "groups:\n  enabled: true\n  read_only: true\n"
+        + "serve:\n  listen: 127.0.0.1:9999\n",
+    )
+    assert load_config(served).groups.read_only

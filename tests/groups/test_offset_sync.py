@@ -94,3 +94,27 @@ def test_an_admin_commit_makes_the_group_owned_once() -> None:
     coordinator.commit("g", -1, MemberRef(""), {T0: OffsetToCommit(7)}, now_ms=1)
     coordinator.commit("g", -1, MemberRef(""), {T0: OffsetToCommit(8)}, now_ms=2)
     assert coordinator.take_newly_owned() == ("g",)
+
+
+def test_a_read_only_group_refuses_commits_and_stays_synced_once_its_members_leave() -> None:
+    coordinator = GroupCoordinator(
+        CoordinatorConfig(initial_rebalance_delay_ms=0), read_only=lambda g: g == "synced"
+    )
+    coordinator.sync_offsets("synced", {T0: OffsetToCommit(4)}, now_ms=0)
+    refused = coordinator.commit("synced", -1, MemberRef(""), {T0: OffsetToCommit(9)}, now_ms=1)
+    assert refused.result.errors == {T0: ErrorCode.group_authorization_failed}
+    assert coordinator.fetch_offsets("synced", [T0]).offsets[T0].offset == 4
+    join = JoinRequest("synced", "", 10_000, 10_000, "consumer", (("range", b""),))
+    member_id = coordinator.join(join, "t1", now_ms=1).replies[0].result.member_id
+    coordinator.join(
+        JoinRequest("synced", member_id, 10_000, 10_000, "consumer", (("range", b""),)),
+        "t2",
+        now_ms=1,
+    )
+    assert coordinator.sync_offsets("synced", {T0: OffsetToCommit(5)}, now_ms=2).stopped
+    coordinator.leave("synced", [MemberRef(member_id)], now_ms=3)
+    assert coordinator.take_newly_owned() == ()
+    assert coordinator.sync_offsets("synced", {T0: OffsetToCommit(6)}, now_ms=4).applied
+    # Other groups commit as ever.
+    other = coordinator.commit("other", -1, MemberRef(""), {T0: OffsetToCommit(3)}, now_ms=5)
+    assert other.result.errors == {T0: ErrorCode.none}

@@ -81,6 +81,7 @@ class ServedInThread:
         allowed_followers: frozenset[int] = frozenset(),
         security: ServerSecurity | None = None,
         seed: int = 1,
+        read_only_groups: Callable[[str], bool] | None = None,
     ) -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -91,6 +92,7 @@ class ServedInThread:
             allowed_followers=allowed_followers,
             security=security,
             rng=random.Random(seed),
+            read_only_groups=read_only_groups,
         )
         self.run(self.server.start())
 

@@ -413,3 +413,84 @@ def test_offset_delete_answers_each_partition_and_refuses_topics_not_held() -> N
     gone = coordinator.delete_offsets("g", wanted, now_ms=0)
     answer = roundtrip(ApiKey.OFFSET_DELETE, 0, group_wire.offset_delete_response(body, gone, {}))
     assert answer.error_code == ErrorCode.group_id_not_found
+
+
+REFUSED = ErrorCode.group_authorization_failed
+
+
+@pytest.mark.parametrize("version", versions(ApiKey.FIND_COORDINATOR))
+def test_a_refused_find_coordinator_names_no_coordinator(version: int) -> None:
+    batched = version >= group_wire.FIND_COORDINATOR_BATCHED_VERSION
+    keys = {"coordinator_keys": ("a", "b")} if batched else {"key": "a"}
+    asked = request(ApiKey.FIND_COORDINATOR, version, key_type=0, **keys)
+    body = roundtrip(
+        ApiKey.FIND_COORDINATOR,
+        version,
+        group_wire.refused_response(ApiKey.FIND_COORDINATOR, version, asked, REFUSED),
+    )
+    found = body.coordinators if batched else (body,)
+    assert [(c.node_id, c.error_code) for c in found] == [(-1, REFUSED)] * len(found)
+
+
+@pytest.mark.parametrize("version", versions(ApiKey.OFFSET_COMMIT))
+def test_refused_joins_heartbeats_and_commits_carry_the_error(version: int) -> None:
+    join_version = min(version, GROUP_VERSIONS[ApiKey.JOIN_GROUP].max)
+    joined = roundtrip(
+        ApiKey.JOIN_GROUP,
+        join_version,
+        group_wire.refused_response(
+            ApiKey.JOIN_GROUP, join_version, join_request(join_version, "m-1"), REFUSED
+        ),
+    )
+    assert (joined.error_code, joined.member_id) == (REFUSED, "m-1")
+    beat_version = min(version, GROUP_VERSIONS[ApiKey.HEARTBEAT].max)
+    beat = roundtrip(
+        ApiKey.HEARTBEAT,
+        beat_version,
+        group_wire.refused_response(ApiKey.HEARTBEAT, beat_version, None, REFUSED),
+    )
+    assert beat.error_code == REFUSED
+    committed = roundtrip(
+        ApiKey.OFFSET_COMMIT,
+        version,
+        group_wire.refused_response(ApiKey.OFFSET_COMMIT, version, commit_body(version), REFUSED),
+    )
+    assert [(t.name, [p.error_code for p in t.partitions]) for t in committed.topics] == [
+        ("t", [REFUSED, REFUSED]),
+        ("absent", [REFUSED]),
+    ]
+
+
+@pytest.mark.parametrize("version", versions(ApiKey.DESCRIBE_GROUPS))
+def test_refused_admin_requests_list_nothing_and_refuse_each_group(version: int) -> None:
+    list_version = min(version, GROUP_VERSIONS[ApiKey.LIST_GROUPS].max)
+    listed = roundtrip(
+        ApiKey.LIST_GROUPS,
+        list_version,
+        group_wire.refused_response(ApiKey.LIST_GROUPS, list_version, None, REFUSED),
+    )
+    assert (listed.error_code, listed.groups) == (ErrorCode.none, ())
+    asked = request(
+        ApiKey.DESCRIBE_GROUPS, version, groups=("g", "h"), include_authorized_operations=False
+    )
+    described = roundtrip(
+        ApiKey.DESCRIBE_GROUPS,
+        version,
+        group_wire.refused_response(ApiKey.DESCRIBE_GROUPS, version, asked, REFUSED),
+    )
+    assert [(g.group_id, g.error_code) for g in described.groups] == [
+        ("g", REFUSED),
+        ("h", REFUSED),
+    ]
+    delete_version = min(version, GROUP_VERSIONS[ApiKey.DELETE_GROUPS].max)
+    deleted = roundtrip(
+        ApiKey.DELETE_GROUPS,
+        delete_version,
+        group_wire.refused_response(
+            ApiKey.DELETE_GROUPS,
+            delete_version,
+            request(ApiKey.DELETE_GROUPS, delete_version, groups_names=("g",)),
+            REFUSED,
+        ),
+    )
+    assert [(r.group_id, r.error_code) for r in deleted.results] == [("g", REFUSED)]

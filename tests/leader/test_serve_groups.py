@@ -384,3 +384,28 @@ def test_three_members_share_the_partitions_and_one_leaving_hands_its_own_over(r
         for member in members:
             member.join(30)
     assert all(m.error is None for m in members), [m.error for m in members]
+
+
+def test_a_read_only_group_refuses_a_clients_commit_and_its_members_still_read(
+    logs, fill, serve_in_thread
+) -> None:
+    """groups.read_only (serve inside `replicad run`, here on a thread): kafka-python, a
+    member of a sync-only group, reads and is refused its commit with
+    GROUP_AUTHORIZATION_FAILED ("not authorized to access group"); another group commits."""
+    from kafka.errors import GroupAuthorizationFailedError
+
+    from tools.logdata.batches import producer_batch
+
+    topic = "read-only"
+    for p in range(PARTITIONS):
+        fill(logs, TopicPartition(topic, p), [producer_batch(i, [b"v"]) for i in range(10)])
+    served = serve_in_thread(logs, read_only_groups=lambda group: group.startswith("synced-"))
+    replica = Replica(topic, logs.data_dir, None, served.server.port)  # type: ignore[arg-type]
+    with pytest.raises(GroupAuthorizationFailedError):
+        consume_kafka_python(replica, "synced-app", stop_after=PARTITIONS * 10)
+    assert served.metrics()["read_only_commit_refusals_total"] >= 1
+    assert committed_offsets(replica.bootstrap, topic, "synced-app") == {}
+    own = consume_kafka_python(replica, "own-app", stop_after=PARTITIONS * 10)
+    assert committed_offsets(replica.bootstrap, topic, "own-app") == {
+        p: offsets[-1] + 1 for p, offsets in own.items() if offsets
+    }

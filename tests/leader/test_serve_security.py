@@ -792,6 +792,56 @@ def test_requested_client_certificates_are_optional(secured, replica, pki, clien
     assert got == rows
 
 
+def group_read(bootstrap: str, group: str, want: int, **options: Any) -> list[tuple[int, int]]:
+    """A kafka-python consumer of `group` subscribed to the topic: reads `want` records,
+    commits, leaves; what it read, as (partition, offset)."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=100,
+        **options,
+    )
+    consumer.subscribe([TOPIC])
+    read: list[tuple[int, int]] = []
+    deadline = time.monotonic() + 60
+    try:
+        while len(read) < want:
+            assert time.monotonic() < deadline, f"read {len(read)} of {want} only"
+            for tp, messages in consumer.poll(timeout_ms=500).items():
+                read += [(tp.partition, m.offset) for m in messages]
+        consumer.commit()
+    finally:
+        consumer.close(autocommit=False)
+    return read
+
+
+def test_consumer_groups_need_an_authenticated_principal(secured, replica, pki, client_cas) -> None:
+    """serve.security on: over TLS without a client certificate (User:ANONYMOUS) a group
+    consumer is refused with GROUP_AUTHORIZATION_FAILED, while reading without a group still
+    works; with a certificate (mutual TLS) the same consumer joins, reads and commits."""
+    from kafka.errors import GroupAuthorizationFailedError
+
+    options = {**mtls(pki, client_cas), "serve.security.tls.client_auth": "requested"}
+    served = secured(options)
+    rows = replica[1]
+    tls = {"security_protocol": "SSL", "ssl_cafile": str(pki.ca)}
+    with pytest.raises(GroupAuthorizationFailedError):
+        group_read(served.bootstrap, "anonymous-app", len(rows), **tls)
+    assert served.metrics()["anonymous_group_requests_total"] >= 1
+    assert read_with_kafka_python(served.bootstrap, len(rows), **tls) == rows
+    certified = {
+        **tls,
+        "ssl_certfile": str(pki.client_cert),
+        "ssl_keyfile": str(pki.client_key),
+    }
+    read = group_read(served.bootstrap, "certified-app", len(rows), **certified)
+    assert len(read) == len(rows) == len(set(read))
+
+
 def test_sasl_plaintext_with_plain_warns_and_still_authenticates(
     secured, replica, users_file
 ) -> None:

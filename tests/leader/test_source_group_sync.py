@@ -17,7 +17,7 @@ from replicad.groups.coordinator import CoordinatorConfig
 from replicad.leader.catalog import Catalog
 from replicad.leader.group_wire import Node
 from replicad.leader.groups import GroupService
-from replicad.leader.source_group_sync import SourceGroupSync
+from replicad.leader.source_group_sync import SourceGroupSync, read_only_groups
 from replicad.protocol.client import ClientSettings, KafkaClient
 from replicad.types import TopicPartition
 from tests.groups.test_cluster_reader import commit
@@ -104,3 +104,13 @@ def test_source_offsets_are_taken_as_they_are_and_never_once_a_member_joined_her
             await client.close()
 
     asyncio.run(scenario())
+
+
+def test_read_only_groups_are_those_the_sync_chooses_and_only_when_asked() -> None:
+    assert read_only_groups(GroupsConfig(enabled=True)) is None
+    assert read_only_groups(GroupsConfig(enabled=False, read_only=True)) is None
+    read_only = read_only_groups(
+        GroupsConfig(enabled=True, read_only=True, include=("app-.*",), exclude=("app-own",))
+    )
+    assert read_only is not None
+    assert [read_only(g) for g in ("app-1", "app-own", "other")] == [True, False, False]
