@@ -74,6 +74,7 @@ CORES: tuple[str, ...] = (
     "replicad.session",
     "replicad.follower.actions",
     "replicad.follower.assignment",
+    "replicad.follower.disk_queue",
     "replicad.follower.fetch_response",
     "replicad.follower.fetch_settings",
     "replicad.follower.fetcher_stats",

@@ -23,17 +23,24 @@ Rules:
 - A job that fails raises its error in the awaiting task (the caller counts and retries).
   A caller cancelled while its job runs does not stop the job: the next job starts after it.
 - `submit` is for work nobody awaits: the flushes `log.flush_messages` makes due while the
-  loop appends (log/partition.py). A failure there is counted and logged (once a minute
-  with a count); the data stays unsynced until the next flush or checkpoint, which claims
-  no more than it synced.
+  loop appends, the leader-epoch files of partitions whose epoch changed and the unlinks
+  of a moved log start (log/partition.py). A failure there is counted and logged (once a
+  minute with a count); the data stays unsynced until the next flush or checkpoint, which
+  claims no more than it synced (and writes the epoch file first).
+- Which job runs next is decided by a sans-I/O queue (disk_queue.py): first asked, first
+  run; a keyed job asked again while it waits is merged into the waiting one, so a
+  failover that changes a partition's epoch many times writes its epoch file once. Each
+  ask that queues a job hands the thread one turn, and each turn runs the queue's next
+  job: the thread's order is the queue's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -41,6 +48,7 @@ from typing import TypeVar
 import structlog
 
 from replicad.clock import monotonic_ms
+from replicad.follower.disk_queue import DiskQueue
 from replicad.ratelimit import RateLimitedLog
 
 log = structlog.get_logger("replicad.durability")
@@ -59,6 +67,8 @@ class DurabilityStats:
     # How long the last finished job took, and the longest one so far (thread time, ms).
     last_job_ms: int
     longest_job_ms: int
+    # Asks merged into a job already waiting (disk_queue.py).
+    merged: int = 0
 
 
 class DurabilityThread:
@@ -72,11 +82,26 @@ class DurabilityThread:
         self._longest_ms = 0
         self._failed_unawaited = 0
         self._say = RateLimitedLog(interval_ms=60_000)
+        self._queue = DiskQueue()
+        # The loop asks, the thread takes: the queue is shared between them.
+        self._queue_lock = threading.Lock()
 
-    def submit(self, job: Callable[[], object], what: str) -> None:
-        """`job()` on the durability thread, after every job asked before it; nobody waits."""
-        done = self._executor.submit(self._timed, job)
+    def submit(self, job: Callable[[], object], what: str, key: Hashable | None = None) -> None:
+        """`job()` on the durability thread, after every job asked before it; nobody waits.
+        With a `key`, merged into a job of that key still waiting (disk_queue.py)."""
+        # Ask and hand the turn under one lock: turns reach the thread in the queue's order.
+        with self._queue_lock:
+            if not self._queue.ask(job, what, key).queued:
+                return
+            done = self._executor.submit(self._turn)
         done.add_done_callback(functools.partial(self._unawaited_done, what))
+
+    def _turn(self) -> object:
+        """One turn of the thread: the queue's next job (there is one per turn asked)."""
+        with self._queue_lock:
+            job = self._queue.next()
+        assert job is not None, "a turn with no job: every queued job hands one turn"
+        return self._timed(job.run)
 
     def _unawaited_done(self, what: str, done: Future[object]) -> None:
         error = None if done.cancelled() else done.exception()
@@ -95,9 +120,10 @@ class DurabilityThread:
     async def run(self, job: Callable[..., T], *args: object) -> T:
         """`job(*args)` on the durability thread, after every job asked before it."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._executor, functools.partial(self._timed, job, *args)
-        )
+        with self._queue_lock:
+            self._queue.ask(functools.partial(job, *args), getattr(job, "__name__", "job"))
+            turn = loop.run_in_executor(self._executor, self._turn)
+        return await turn  # type: ignore[no-any-return]
 
     def _timed(self, job: Callable[..., T], *args: object) -> T:
         self._running = True
@@ -113,7 +139,12 @@ class DurabilityThread:
 
     def stats(self) -> DurabilityStats:
         return DurabilityStats(
-            self._jobs, self._running, self._failed_unawaited, self._last_ms, self._longest_ms
+            self._jobs,
+            self._running,
+            self._failed_unawaited,
+            self._last_ms,
+            self._longest_ms,
+            self._queue.merged,
         )
 
     def close(self) -> None:

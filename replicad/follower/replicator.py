@@ -119,6 +119,8 @@ class Replicator:
         self.logs = await asyncio.to_thread(LogManager.open, s.data_dir, s.log, now_ms=wall_ms())
         # log.flush_messages' flushes: on the durability thread, not in the appending loop.
         self.logs.flush_later = self._flush_later
+        # Their leader-epoch files and unlinks too (log/partition.py's epoch-file rules).
+        self.logs.disk_later = self.durability.submit
         log.info(
             "local logs recovered", data_dir=str(s.data_dir), partitions=len(self.logs.partitions())
         )

@@ -150,7 +150,15 @@ def fsync_dir(path: Path) -> None:
 
 def write_atomically(path: Path, text: str) -> None:
     """Replace `path` with `text` so that a crash leaves the old or the new file whole."""
-    tmp = path.with_name(path.name + TEMP_SUFFIX)
+    os.replace(stage_file(path, text), path)
+    fsync_dir(path.parent)
+
+
+def stage_file(path: Path, text: str, *, tag: str = "") -> Path:
+    """`text` written and fsynced beside `path` under a temporary name (`tag` makes it
+    unique when two threads may stage the same file); the caller renames it over `path`
+    and fsyncs the directory (the second half of write_atomically)."""
+    tmp = path.with_name(f"{path.name}{tag}{TEMP_SUFFIX}")
     data = text.encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -160,8 +168,7 @@ def write_atomically(path: Path, text: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    return tmp
 
 
 def read_text(path: Path) -> str | None:

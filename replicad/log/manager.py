@@ -28,7 +28,12 @@ Rules:
 - `close` flushes, checkpoints, closes every partition (indexes trimmed), writes the
   clean-shutdown marker and unlocks.
 - `flush_later`, when set, is where every partition's `flush.messages` flushes go instead
-  of running on the appending thread (partition.py); set it before appending.
+  of running on the appending thread (partition.py); `disk_later`, where their
+  leader-epoch files and unlinks go (partition.py's epoch-file rules); set both before
+  appending.
+- A checkpoint marks each partition's recovery point as about to be named before writing
+  the file (`recovery_point_to_checkpoint`), and as named after: from the first mark on,
+  an epoch entry below it is written at once (partition.py, epoch rule 3).
 - Open files: every partition's segment files share one FileHandles cache of at most
   `config.max_open_files` descriptors (handles.py), so 10,000 partitions fit any sane
   RLIMIT_NOFILE; idle partitions' files are closed and reopened on demand.
@@ -82,6 +87,10 @@ class LogManager:
         self._last_now_ms = 0
         self.recoveries: list[PartitionRecovery] = []
         self._flush_later: Callable[[PartitionLog], None] | None = None
+        self._disk_later: Callable[[Callable[[], object], str, object], None] | None = None
+        # The recovery points the checkpoint file on disk names (a partition created again
+        # under a name it names starts with that one: partition.py, epoch rule 3).
+        self._checkpointed: dict[TopicPartition, int] = {}
         self.checkpoint_problems: list[str] = []
 
     @classmethod
@@ -119,6 +128,7 @@ class LogManager:
             clean = False  # without recovery points, every partition is scanned
         log_starts = self._read_checkpoint(LOG_START_OFFSET_CHECKPOINT) or {}
         high_watermarks = self._read_checkpoint(REPLICATION_OFFSET_CHECKPOINT) or {}
+        self._checkpointed = dict(recovery_points or {})
         if clean:
             marker.unlink()
             fsync_dir(self.data_dir)
@@ -159,6 +169,18 @@ class LogManager:
         for partition in self._partitions.values():
             partition.flush_later = schedule
 
+    @property
+    def disk_later(self) -> Callable[[Callable[[], object], str, object], None] | None:
+        return self._disk_later
+
+    @disk_later.setter
+    def disk_later(
+        self, schedule: Callable[[Callable[[], object], str, object], None] | None
+    ) -> None:
+        self._disk_later = schedule
+        for partition in self._partitions.values():
+            partition.disk_later = schedule
+
     def partitions(self) -> Mapping[TopicPartition, PartitionLog]:
         return dict(self._partitions)
 
@@ -176,6 +198,8 @@ class LogManager:
                 handles=self.handles,
             )
             partition.flush_later = self._flush_later
+            partition.disk_later = self._disk_later
+            partition.checkpointed_recovery_point = self._checkpointed.get(tp, 0)
             self._partitions[tp] = partition
         elif topic_id is not None:
             partition.set_topic_id(topic_id)
@@ -207,10 +231,13 @@ class LogManager:
         with self._checkpoint_lock:
             for partition in partitions.values():
                 partition.flush()
+            recovery_points = {tp: p.recovery_point_to_checkpoint() for tp, p in partitions.items()}
             write_atomically(
-                self.data_dir / RECOVERY_POINT_CHECKPOINT,
-                format_offsets({tp: p.recovery_point for tp, p in partitions.items()}),
+                self.data_dir / RECOVERY_POINT_CHECKPOINT, format_offsets(recovery_points)
             )
+            self._checkpointed = recovery_points
+            for tp, point in recovery_points.items():
+                partitions[tp].recovery_point_checkpointed(point)
             write_atomically(
                 self.data_dir / LOG_START_OFFSET_CHECKPOINT,
                 format_offsets({tp: p.log_start_offset for tp, p in partitions.items()}),

@@ -26,8 +26,32 @@ Rules:
   thread (the event loop) never waits on the fsyncs.
 - Retention deletes in two phases, as Kafka does: under the partition lock (the append
   path) it only renames the segments' files to `*.deleted`; it unlinks them after releasing
-  it, so appends never wait on the unlinks of large files. A crash in between leaves
+  it, so appends never wait on the unlinks of large files, nor on the leader-epoch file,
+  which it writes after the lock too. A log start moved by the leader
+  (`maybe_increment_log_start_offset`, on the event loop) renames the same way and hands
+  the unlinks to `disk_later` when the log store has one. A crash in between leaves
   `*.deleted` files: loading removes them.
+- The leader-epoch file (`leader-epoch-checkpoint`). The cache changes in memory under the
+  lock; `save_epochs` writes the file from any thread: it stages and fsyncs the new text
+  outside the lock, renames it under the lock only if no newer text was renamed meanwhile
+  (so an older cache never replaces a newer one), then fsyncs the directory. An append that
+  starts a new epoch and a move of the log start do not write it themselves when the log
+  store has a `disk_later` (the follower's durability thread): they hand the write there,
+  so the event loop waits on no fsync when thousands of partitions change leader at once,
+  and many changes before the write starts are one write (the thread's queue coalesces
+  them, follower/disk_queue.py). Why writing it late is safe:
+    1. `flush` writes the file before it raises the recovery point, and a checkpoint file
+       names only recovery points raised by flushes (manager.py): every epoch of the data
+       below a checkpointed recovery point is in the file on disk before the checkpoint
+       names that data.
+    2. Above the checkpointed recovery point, loading after a crash rescans the batches
+       and adds their epochs (recovery): an entry the file lacks there is rebuilt.
+    3. What a rescan cannot repair is written at once: an entry starting below the
+       recovery point the last checkpoint file named (`checkpointed_recovery_point`: only
+       after a truncation below it), and every truncation (a file that kept entries of
+       removed batches would outlive them: a rescan only adds epochs above the latest).
+    4. A late file whose first entry starts below the log start is harmless: loading
+       moves it up to the log start.
 - Thread use: every method takes the partition lock; `flush` holds it only to pick what to
   sync and fsyncs duplicated descriptors outside it, so a flush on a worker thread (the
   follower's durability thread) does not stall appends on the event loop.
@@ -66,6 +90,7 @@ from replicad.log.checkpoint import (
     parse_epochs,
     parse_partition_metadata,
     read_text,
+    stage_file,
     write_atomically,
 )
 from replicad.log.config import LogConfig
@@ -145,6 +170,7 @@ class PartitionLog:
     # Thousands of these live at once (one per replicated partition): no __dict__.
     __slots__ = (
         "_bases",
+        "_epoch_writes",
         "_epochs",
         "_epochs_saved",
         "_flush_queued",
@@ -155,8 +181,10 @@ class PartitionLog:
         "_log_end_offset",
         "_segments",
         "_truncations",
+        "checkpointed_recovery_point",
         "config",
         "directory",
+        "disk_later",
         "flush_later",
         "high_watermark",
         "last_recovery",
@@ -201,6 +229,12 @@ class PartitionLog:
         # Where a due flush goes instead of running here (see the module rules).
         self.flush_later: Callable[[PartitionLog], None] | None = None
         self._flush_queued = False
+        # Where disk work goes that the appending thread need not wait for (the
+        # leader-epoch file, unlinks): `disk_later(job, what, key)`; see the module rules.
+        self.disk_later: Callable[[Callable[[], object], str, object], None] | None = None
+        self._epoch_writes = 0
+        # The recovery point the last checkpoint file named (rule 3 of the epoch file).
+        self.checkpointed_recovery_point = recovery_point
         # Truncations so far: a flush that saw another count when it started claims nothing.
         self._truncations = 0
         # The latest time a caller passed in; used where an API takes no time argument.
@@ -282,6 +316,7 @@ class PartitionLog:
                     segment.mark_unsynced()
         loaded = _load_epochs(directory)
         epochs, epoch_problem = loaded.cache, loaded.problem
+        in_file = epochs.entries
         rebuild_epochs = loaded.missing or epoch_problem is not None
         if epoch_problem:
             problems.append(epoch_problem)
@@ -353,7 +388,9 @@ class PartitionLog:
         )
         partition._epochs.truncate_from_end(partition.log_end_offset)
         partition._epochs.truncate_from_start(partition.log_start_offset)
-        partition._persist_epochs(force=bool(epoch_problem))
+        # Recovery may have added epochs the file lacked (written late, then a crash: epoch
+        # rule 2): the file catches up now, before a checkpoint names their data.
+        partition._persist_epochs(force=bool(epoch_problem) or epochs.entries != in_file)
         report = PartitionRecovery(
             tp,
             len(segments),
@@ -480,7 +517,7 @@ class PartitionLog:
             if self._flushing.first_unflushed_ms is None:
                 self._flushing.first_unflushed_ms = now_ms
             try:
-                self._persist_epochs()
+                self._epochs_changed(first.base_offset)
             except OSError as exc:
                 self._append_failed(exc, first.base_offset)
             flush_now = should_flush_messages(self._flushing.unflushed_messages, self.config)
@@ -501,7 +538,7 @@ class PartitionLog:
         self._log_end_offset = max(self._log_end_offset, active.next_offset)
         # If this fails too, the cache stays unsaved and its next change writes it.
         with contextlib.suppress(OSError):
-            self._persist_epochs()
+            self._epochs_changed(offset)
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DiskFullError(
                 f"{self.topic_partition}: no space left appending at offset {offset}; the log "
@@ -606,6 +643,7 @@ class PartitionLog:
 
     def maybe_increment_log_start_offset(self, offset: int) -> None:
         """Move the log start up (never down) and delete the segments wholly below it."""
+        unlink: list[Path] = []
         with self._lock:
             if offset <= self.log_start_offset:
                 return
@@ -616,9 +654,16 @@ class PartitionLog:
                 )
             self.log_start_offset = offset
             self.high_watermark = max(self.high_watermark, offset)
-            self._delete_below(offset)
+            self._delete_below(offset, unlink_later=unlink)
             self._epochs.truncate_from_start(offset)
-            self._persist_epochs()
+            self._epochs_changed(None)
+        if unlink:
+            if self.disk_later is None:
+                self._unlink(unlink)
+            else:
+                self.disk_later(
+                    lambda: self._unlink(unlink), f"unlinks in {self.topic_partition}", None
+                )
 
     def _delete_below(self, offset: int, *, unlink_later: list[Path] | None = None) -> list[int]:
         """Remove the segments wholly below `offset`. With `unlink_later`, only rename them
@@ -645,10 +690,15 @@ class PartitionLog:
         unlink: list[Path] = []
         deleted = self._retain(now_ms, unlink)
         if unlink:
-            for path in unlink:
-                path.unlink(missing_ok=True)
-            fsync_dir(self.directory)
+            self._unlink(unlink)
+            self.save_epochs()
         return deleted
+
+    def _unlink(self, paths: list[Path]) -> None:
+        """The second phase of a delete: outside the partition lock."""
+        for path in paths:
+            path.unlink(missing_ok=True)
+        fsync_dir(self.directory)
 
     def _retain(self, now_ms: int, unlink: list[Path]) -> list[int]:
         with self._lock:
@@ -667,8 +717,8 @@ class PartitionLog:
             self.log_start_offset = max(self.log_start_offset, new_start)
             self.high_watermark = max(self.high_watermark, self.log_start_offset)
             deleted = self._delete_below(new_start, unlink_later=unlink)
+            # Written by enforce_retention once the lock is released (module rules, 4).
             self._epochs.truncate_from_start(self.log_start_offset)
-            self._persist_epochs()
             log.info(
                 "retention deleted segments",
                 partition=str(self.topic_partition),
@@ -727,6 +777,8 @@ class PartitionLog:
             finally:
                 os.close(ticket.fd)
             self._handles.synced(handle, ticket.generation)
+        # Before the recovery point moves: a checkpoint may name it next (epoch rule 1).
+        self.save_epochs()
         with self._lock:
             if self._truncations != truncations:
                 return  # see the module rules: the next flush covers what was rewritten
@@ -734,6 +786,20 @@ class PartitionLog:
             if self._log_end_offset == target:
                 self._flushing.unflushed_messages -= messages
                 self._flushing.first_unflushed_ms = None
+
+    def recovery_point_to_checkpoint(self) -> int:
+        """The recovery point a checkpoint file is about to name. From now on, an epoch
+        entry starting below it is written at once (epoch rule 3), even before the file
+        lands: an entry handed to the durability thread might be written after it."""
+        with self._lock:
+            point = self.recovery_point
+            self.checkpointed_recovery_point = max(self.checkpointed_recovery_point, point)
+            return point
+
+    def recovery_point_checkpointed(self, point: int) -> None:
+        """The checkpoint file naming `point` is on disk."""
+        with self._lock:
+            self.checkpointed_recovery_point = point
 
     def maybe_flush(self, now_ms: int) -> None:
         with self._lock:
@@ -755,11 +821,46 @@ class PartitionLog:
                 self.topic_id = topic_id
 
     def _persist_epochs(self, *, force: bool = False) -> None:
-        if force or self._epochs.version != self._epochs_saved:
-            write_atomically(
-                self.directory / LEADER_EPOCH_CHECKPOINT, format_epochs(self._epochs.entries)
-            )
-            self._epochs_saved = self._epochs.version
+        """The leader-epoch file written now, on the calling thread."""
+        with self._lock:
+            if force:
+                self._epochs_saved = min(self._epochs_saved, self._epochs.version - 1)
+            self.save_epochs()
+
+    def _epochs_changed(self, start: int | None) -> None:
+        """Under the lock, after the cache changed at offset `start` or above (None: the log
+        start moved): the file is written now, or later through `disk_later` (the epoch
+        file's rules 1-4)."""
+        if self._epochs.version == self._epochs_saved:
+            return
+        at_once = start is not None and start < self.checkpointed_recovery_point
+        if self.disk_later is None or at_once:
+            self.save_epochs()
+        else:
+            # One key per partition: the durability thread's queue makes many asks one write.
+            self.disk_later(self.save_epochs, f"epochs of {self.topic_partition}", self)
+
+    def save_epochs(self) -> None:
+        """Write the leader-epoch file if the cache changed since it was last written; from
+        any thread (see the module rules: staged outside the lock, never older text over
+        newer)."""
+        with self._lock:
+            version = self._epochs.version
+            if version <= self._epochs_saved:
+                return
+            text = format_epochs(self._epochs.entries)
+            self._epoch_writes += 1
+            tag = f".{self._epoch_writes}"
+        path = self.directory / LEADER_EPOCH_CHECKPOINT
+        staged = stage_file(path, text, tag=tag)
+        with self._lock:
+            if version > self._epochs_saved:
+                os.replace(staged, path)
+                self._epochs_saved = version
+            else:
+                staged.unlink()  # a newer cache was written meanwhile
+        # Even when another thread renamed: it may not have synced the directory yet.
+        fsync_dir(self.directory)
 
     def close(self) -> None:
         """Final time index entry and trimmed indexes for the active segment, synced; close."""

@@ -17,7 +17,7 @@ from replicad.control.client import query
 from replicad.follower.durability import THREAD_NAME, DurabilityThread
 from replicad.follower.replicator import Replicator, ReplicatorSettings
 from replicad.log.config import LogConfig
-from replicad.log.layout import RECOVERY_POINT_CHECKPOINT
+from replicad.log.layout import LEADER_EPOCH_CHECKPOINT, RECOVERY_POINT_CHECKPOINT
 from replicad.log.manager import LogManager
 from replicad.protocol.metadata import TopicSelection
 from replicad.records.batch import scan_batches
@@ -105,6 +105,66 @@ async def test_the_replicator_hands_due_flushes_to_the_durability_thread(tmp_pat
     assert plog.recovery_point == 0
     await replicator.durability.run(lambda: None)  # after the handed-over flush
     assert plog.recovery_point == 3
+    replicator.durability.close()
+    logs.close()
+
+
+async def test_keyed_jobs_asked_while_one_waits_run_once(tmp_path: Path) -> None:
+    durability = DurabilityThread()
+    release = threading.Event()
+    ran: list[str] = []
+    durability.submit(lambda: release.wait(DEADLINE_S), what="a slow job")
+    for n in range(5):
+        durability.submit(lambda n=n: ran.append(f"epochs {n}"), what="epochs", key="p1")
+    durability.submit(lambda: ran.append("other"), what="other", key="p2")
+    release.set()
+    await durability.run(lambda: None)
+    assert ran == ["epochs 0", "other"]
+    assert durability.stats().merged == 4
+    durability.close()
+
+
+async def test_a_failover_writes_the_epoch_files_on_the_durability_thread_once_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thousands of partitions changing leader epoch at once cost the loop no fsync: the
+    appends (here, on the test's loop thread) hand each partition's leader-epoch file to
+    the durability thread, and epochs that change again while that write waits are one
+    write (the thread is held busy meanwhile). The order against checkpoints is
+    tests/log/test_partition.py's."""
+    import replicad.log.partition as partition_module
+
+    logs = LogManager.open(tmp_path / "data", LogConfig(), now_ms=0)
+    replicator = Replicator(
+        ReplicatorSettings(("127.0.0.1:9",), tmp_path / "data", TopicSelection(("t",)))
+    )
+    logs.disk_later = replicator.durability.submit
+    tps = [TopicPartition("t", p) for p in range(50)]
+    plogs = [logs.get_or_create(tp) for tp in tps]
+    real_stage = partition_module.stage_file
+    staged_on: list[str] = []
+
+    def stage(path: Path, text: str, *, tag: str = "") -> Path:
+        staged_on.append(threading.current_thread().name)
+        return real_stage(path, text, tag=tag)
+
+    monkeypatch.setattr(partition_module, "stage_file", stage)
+    release = threading.Event()
+    replicator.durability.submit(lambda: release.wait(DEADLINE_S), what="a busy disk")
+    for epoch in (3, 4, 5):  # three elections in a row
+        for plog in plogs:
+            raw = producer_batch(plog.log_end_offset, [b"x"], leader_epoch=epoch)
+            plog.append(raw, scan_batches(raw).batches, now_ms=0)
+    assert staged_on == []  # nothing written by the appending thread
+    release.set()
+    await replicator.durability.run(lambda: None)  # after every handed-over write
+    assert staged_on == [f"{THREAD_NAME}_0"] * len(tps)  # one write a partition
+    assert replicator.durability.stats().merged == 2 * len(tps)
+    for plog in plogs:
+        entries = [(e.epoch, e.start_offset) for e in plog.epoch_entries()]
+        assert entries == [(3, 0), (4, 1), (5, 2)]
+        text = (plog.directory / LEADER_EPOCH_CHECKPOINT).read_text()
+        assert text == "0\n3\n3 0\n4 1\n5 2\n"
     replicator.durability.close()
     logs.close()
 

@@ -265,10 +265,14 @@ CHECKPOINT_BLOCK = (
     "The last column is the same ticker right after, with nothing else running: what the "
     "machine's other processes cost the loop at that moment, so an after-figure at that "
     "level is noise, not the checkpoint. What still runs on the loop and can wait on the "
-    "disk: appends (one pwrite per fetched partition, plus the leader-epoch file on a new "
-    "epoch and the fsync of a segment left behind at a roll, which the recovery rules rely "
-    "on), truncations, and creating a partition's files; `serve` reads headers and indexes "
-    "with pread and sends with sendfile on the loop (down-conversion runs on threads).",
+    "disk: appends (one pwrite per fetched partition, plus the fsync of a segment left "
+    "behind at a roll, which the recovery rules rely on), truncations (with the leader-epoch "
+    "file they change), and creating a partition's files; `serve` reads headers and indexes "
+    "with pread and sends with sendfile on the loop (down-conversion runs on threads). Since "
+    "2026-11-26 a new leader epoch's file is written on the durability thread, once per "
+    "partition however many epochs changed before the write (a failover of thousands of "
+    "partitions costs the loop no fsync), and a log start moved by the leader unlinks its "
+    "segments there too (log/partition.py's epoch-file rules say why the order is safe).",
     "",
 )
 
