@@ -71,6 +71,15 @@ def replicad(bootstrap: str, topic: str, tmp_path: Path, name: str) -> ReplicadP
     )
 
 
+def all_replicated(proc: ReplicadProcess, data_dir: Path, topic: str, end: int, what: str) -> None:
+    """Wait for every partition of `topic` to be replicated up to `end`."""
+    proc.wait_for(
+        lambda: topic_ends(data_dir, topic) == dict.fromkeys(range(PARTITIONS), end),
+        timeout_s=60,
+        what=what,
+    )
+
+
 def others_replicate_while_0_fails(
     proc: ReplicadProcess, tmp_path: Path, topic: str, end: int, api: str
 ) -> None:
@@ -103,11 +112,7 @@ def test_list_offsets(kafka_broker, unique_topic, tmp_path):
             assert proc.logged(UNKNOWN_LOGGED)
             assert proxy.stats().rewritten >= 2  # asked more than once: retried
             proxy.heal()
-            proc.wait_for(
-                lambda: topic_ends(data_dir, topic) == dict.fromkeys(range(PARTITIONS), 50),
-                timeout_s=60,
-                what="partition 0 to replicate once the broker answers it",
-            )
+            all_replicated(proc, data_dir, topic, 50, "partition 0 once the broker answers it")
 
 
 def test_offset_for_leader_epoch(kafka_broker, unique_topic, tmp_path):
@@ -116,11 +121,7 @@ def test_offset_for_leader_epoch(kafka_broker, unique_topic, tmp_path):
     produce(kafka_broker.bootstrap, topic, 50)
     data_dir = tmp_path / "data"
     with replicad(kafka_broker.bootstrap, topic, tmp_path, "first") as first:
-        first.wait_for(
-            lambda: topic_ends(data_dir, topic) == dict.fromkeys(range(PARTITIONS), 50),
-            timeout_s=60,
-            what="the first run to replicate",
-        )
+        all_replicated(first, data_dir, topic, 50, "the first run to replicate")
     produce(kafka_broker.bootstrap, topic, 20)
     with ChaosProxy(lambda: ("127.0.0.1", kafka_broker.port)) as proxy:
         # Below Fetch v12 a restarted follower checks its data with OffsetForLeaderEpoch.
@@ -134,11 +135,7 @@ def test_offset_for_leader_epoch(kafka_broker, unique_topic, tmp_path):
             assert topic_ends(data_dir, topic)[0] == 50
             assert proc.logged(UNKNOWN_LOGGED)
             proxy.heal()  # connections made since keep Fetch v11: asked again, answered
-            proc.wait_for(
-                lambda: topic_ends(data_dir, topic) == dict.fromkeys(range(PARTITIONS), 70),
-                timeout_s=60,
-                what="partition 0 to replicate once the broker answers it",
-            )
+            all_replicated(proc, data_dir, topic, 70, "partition 0 once the broker answers it")
 
 
 def test_metadata(kafka_broker, unique_topic, tmp_path):
@@ -150,10 +147,6 @@ def test_metadata(kafka_broker, unique_topic, tmp_path):
         proxy.rewrite_responses(ApiKey.METADATA, newer_code_in_partition_0(ApiKey.METADATA))
         with replicad(proxy.address, topic, tmp_path, "run") as proc:
             # The partition's leader is in the answer: its error alone does not stop it.
-            proc.wait_for(
-                lambda: topic_ends(data_dir, topic) == dict.fromkeys(range(PARTITIONS), 30),
-                timeout_s=60,
-                what="every partition to replicate",
-            )
+            all_replicated(proc, data_dir, topic, 30, "every partition to replicate")
             assert proc.logged(UNKNOWN_LOGGED)
             assert proxy.stats().rewritten >= 1
