@@ -17,30 +17,26 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 cache="${REPLICAD_KAFKA_CACHE:-$root/.cache/kafka}"
 pom="$here/pom.xml"
-tool=kafka.sh
-# A private local repository keeps everything this project downloads under .cache/.
-m2="$cache/m2"
+
+jars() {
+    "$here/jars.sh" "$1" "$pom" "$cache"
+}
 
 version() {
     sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$pom"
 }
-
-what="Apache Kafka $(version)"
-hint="'make kafka-jars' (or tools/kafka/kafka.sh fetch)"
-# shellcheck source=tools/kafka/maven-jars.sh
-source "$here/maven-jars.sh"
 
 run() {
     local main_class="$1"
     shift
     exec java -Xmx512m \
         -Dlog4j2.configurationFile="$here/log4j2-tools.properties" \
-        -cp "$(classpath)" "$main_class" "$@"
+        -cp "$(jars classpath)" "$main_class" "$@"
 }
 
 case "${1:-}" in
-fetch) fetch ;;
-classpath) classpath ;;
+fetch) jars fetch ;;
+classpath) jars classpath ;;
 version) version ;;
 run)
     [ $# -ge 2 ] || { echo "usage: kafka.sh run CLASS [ARGS...]" >&2; exit 2; }

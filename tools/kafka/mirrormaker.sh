@@ -14,24 +14,20 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 cache="${REPLICAD_MIRRORMAKER_CACHE:-$root/.cache/mirrormaker}"
 pom="$here/mirrormaker-pom.xml"
-tool=mirrormaker.sh
-# Kafka's own local repository (.cache/kafka/m2) is shared: the jars both need are
-# downloaded once.
-m2="$root/.cache/kafka/m2"
-what="MirrorMaker 2"
-hint="tools/kafka/mirrormaker.sh fetch"
-# shellcheck source=tools/kafka/maven-jars.sh
-source "$here/maven-jars.sh"
+
+jars() {
+    "$here/jars.sh" "$1" "$pom" "$cache"
+}
 
 run() {
     exec java ${MIRRORMAKER_HEAP:--Xmx1g} \
         -Dlog4j2.configurationFile="$here/log4j2-tools.properties" \
-        -cp "$(classpath)" org.apache.kafka.connect.mirror.MirrorMaker "$@" 2>&1
+        -cp "$(jars classpath)" org.apache.kafka.connect.mirror.MirrorMaker "$@" 2>&1
 }
 
 case "${1:-}" in
-fetch) fetch ;;
-classpath) classpath ;;
+fetch) jars fetch ;;
+classpath) jars classpath ;;
 run)
     [ $# -ge 2 ] || { echo "usage: mirrormaker.sh run MM2.PROPERTIES" >&2; exit 2; }
     shift
