@@ -201,6 +201,23 @@ def test_retention_by_bytes_moves_log_start(tmp_path: Path) -> None:
     assert log.log_start_offset == log.segments[0].base_offset
 
 
+def _lock_free(log: PartitionLog) -> bool:
+    """Whether another thread (an append on the event loop, say) can take the partition's
+    lock right now."""
+    taken: list[bool] = []
+
+    def other_thread() -> None:
+        got = log._lock.acquire(blocking=False)
+        taken.append(got)
+        if got:
+            log._lock.release()
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+    return taken == [True]
+
+
 def test_retention_unlinks_segments_without_holding_the_append_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -214,18 +231,7 @@ def test_retention_unlinks_segments_without_holding_the_append_path(
 
     def unlink(path: Path, missing_ok: bool = False) -> None:
         if path.name.endswith(".deleted"):
-            taken: list[bool] = []
-
-            def other_thread() -> None:  # an append on the event loop, say
-                got = log._lock.acquire(blocking=False)
-                taken.append(got)
-                if got:
-                    log._lock.release()
-
-            thread = threading.Thread(target=other_thread)
-            thread.start()
-            thread.join()
-            lock_free_at_unlink.append(taken == [True])
+            lock_free_at_unlink.append(_lock_free(log))
         real_unlink(path, missing_ok=missing_ok)
 
     monkeypatch.setattr(Path, "unlink", unlink)
@@ -264,18 +270,7 @@ def test_retention_fsyncs_nothing_while_it_holds_the_append_path(
     lock_free_at_fsync: list[bool] = []
 
     def fsync(fd: int) -> None:
-        taken: list[bool] = []
-
-        def other_thread() -> None:  # an append on the event loop, say
-            got = log._lock.acquire(blocking=False)
-            taken.append(got)
-            if got:
-                log._lock.release()
-
-        thread = threading.Thread(target=other_thread)
-        thread.start()
-        thread.join()
-        lock_free_at_fsync.append(taken == [True])
+        lock_free_at_fsync.append(_lock_free(log))
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
