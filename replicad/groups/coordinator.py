@@ -19,7 +19,10 @@ Rules:
   - A new static member (`group.instance.id`, KIP-345) joins at once. If its instance id
     is known, it takes the place of the old member id, whose owed answers are
     FENCED_INSTANCE_ID; in a Stable group whose protocol would stay the same this is no
-    rebalance (the leader is told so with skip_assignment), otherwise it is one.
+    rebalance (the leader is told so with skip_assignment; a leader whose JoinGroup is
+    older than v9 cannot be, and is answered as a follower -- the old member id named as
+    leader, no members -- so it asks SyncGroup for its assignment, as Kafka answers it),
+    otherwise it is one.
   - A known member joining again: during PreparingRebalance it is awaited; during
     CompletingRebalance with the same protocols, or in Stable as a follower with the same
     protocols, it gets the current generation back; otherwise a rebalance starts.
@@ -128,6 +131,8 @@ class JoinRequest:
     client_host: str = ""
     # JoinGroup v4+ (KIP-394): a new dynamic member must ask again with its member id.
     require_known_member_id: bool = True
+    # JoinGroup v9+ (KIP-814): the client can be told to skip the assignment.
+    supports_skip_assignment: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -452,13 +457,19 @@ class GroupCoordinator:
             # Same protocol: the new id takes the old one's place and assignment.
             member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms
             leader = group.is_leader(new_id)
+            if leader and not req.supports_skip_assignment:
+                # Told it leads, a client before KIP-814 would assign and then rejoin: a
+                # rebalance after all. As a follower it just syncs.
+                leader_id, leader = old_id, False
+            else:
+                leader_id = group.leader_id or ""
             return JoinResult(
                 NO_ERROR,
                 new_id,
                 group.generation_id,
                 group.protocol_type,
                 group.protocol_name,
-                group.leader_id or "",
+                leader_id,
                 _member_list(group) if leader else (),
                 skip_assignment=leader,
             )

@@ -5,7 +5,8 @@ Rules (Kafka's KafkaApis and the request schemas):
 - FindCoordinator: this node coordinates every group (key type 0); v0-v3 name one key,
   v4+ a batch. Transaction coordinators (key type 1) are COORDINATOR_NOT_AVAILABLE (a
   read-only replica has none); any other key type INVALID_REQUEST.
-- JoinGroup v2-v3 take a new member at once; v4+ ask for its member id first (KIP-394).
+- JoinGroup v2-v3 take a new member at once; v4+ ask for its member id first (KIP-394);
+  v9+ can tell a returning static leader to skip the assignment (KIP-814).
   Up to v6 the protocol name is not nullable (an error answers ""), from v7 it is null.
   A member's client host is written as Kafka writes it, "/" and the address.
 - LeaveGroup v0-v2 name one member and answer its error at the top; v3+ a batch.
@@ -71,6 +72,7 @@ GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
 JOIN_REQUIRES_MEMBER_ID_VERSION = 4
 JOIN_NULLABLE_PROTOCOL_VERSION = 7
+JOIN_SKIP_ASSIGNMENT_VERSION = 9
 LEAVE_BATCHED_VERSION = 3
 FIND_COORDINATOR_BATCHED_VERSION = 4
 OFFSET_FETCH_BATCHED_VERSION = 8
@@ -194,6 +196,7 @@ def join_request(version: int, body: Any, client_id: str | None, client_host: st
         client_id=client_id or "",
         client_host=f"/{client_host}",
         require_known_member_id=version >= JOIN_REQUIRES_MEMBER_ID_VERSION,
+        supports_skip_assignment=version >= JOIN_SKIP_ASSIGNMENT_VERSION,
     )
 
 

@@ -68,6 +68,7 @@ class Harness:
         session: int = SESSION,
         rebalance: int = REBALANCE,
         v4: bool = True,
+        v9: bool = True,
         client: str = "c",
     ) -> int:
         token = next(self._tokens)
@@ -81,6 +82,7 @@ class Harness:
             group_instance_id=instance,
             client_id=client,
             require_known_member_id=v4,
+            supports_skip_assignment=v9,
         )
         self._take(self.coordinator.join(request, token, now_ms=self.now))
         return token
@@ -524,6 +526,22 @@ def test_the_static_leader_restarting_is_told_to_skip_the_assignment() -> None:
     h.sync(h.answer(token).member_id, 1, {})
     back = h.answer(h.join(instance="i1"))
     assert back.skip_assignment and back.members and back.leader_id == back.member_id
+
+
+def test_the_static_leader_restarting_before_join_v9_is_answered_as_a_follower() -> None:
+    h = Harness()
+    tokens = [h.join(instance="i1"), h.join(instance="i2")]
+    h.settle(tokens)
+    leader, follower = (h.answer(t) for t in tokens)
+    h.sync(leader.member_id, 1, {leader.member_id: b"A1", follower.member_id: b"A2"})
+    h.sync(follower.member_id, 1)
+    back = h.answer(h.join(instance="i1", v9=False))
+    # Kafka's answer to a client that cannot skip the assignment: the old id leads, no
+    # members; it syncs as a follower and the group does not rebalance.
+    assert (back.leader_id, back.members, back.skip_assignment) == (leader.member_id, (), False)
+    assert back.generation_id == 1 and h.state() is GroupState.STABLE
+    assert h.answer(h.sync(back.member_id, 1, instance="i1")).assignment == b"A1"
+    assert h.coordinator.groups["g"].leader_id == back.member_id
 
 
 def test_a_static_member_replaced_while_it_waits_is_fenced_there() -> None:

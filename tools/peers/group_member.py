@@ -1,0 +1,104 @@
+"""One kafka-python consumer-group member as a process of its own, for tests that SIGKILL a
+member or stop it (SIGTERM: it closes its consumer, so a dynamic member leaves its group):
+
+    python -m tools.peers.group_member --bootstrap HOST:PORT --topic T --group G \\
+        [--instance-id ID] [--session-timeout-ms MS] [--per-record-ms MS]
+
+It subscribes, polls, and commits synchronously after every poll that returned records.
+Each record takes --per-record-ms of "processing" (default 0), so that a test's joins, kills
+and restarts happen while there is still something to read. One JSON object per line on
+stdout, flushed at once:
+- {"assigned": [partitions]} each time the group assigns it partitions (every rebalance it
+  takes part in, even one that gives it the same partitions);
+- {"read": [[partition, offset], ...]} per poll that returned records;
+- {"error": "<exception class>", "while": "poll" | "commit"} when the client raises. A
+  commit refused during a rebalance is said and reading goes on (the next owner reads
+  those records again: at least once). A commit refused because the member is fenced
+  (another process took its group.instance.id) ends it with status 3; so does an error in
+  poll, after one more try to commit what it read (refused too when fenced: said).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+EXIT_CLIENT_ERROR = 3
+FENCED = "FencedInstanceIdError"
+
+
+def say(**event: Any) -> None:
+    print(json.dumps(event), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kafka import ConsumerRebalanceListener, KafkaConsumer
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--group", required=True)
+    parser.add_argument("--instance-id")
+    parser.add_argument("--session-timeout-ms", type=int, default=6_000)
+    parser.add_argument("--per-record-ms", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    class Listener(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, revoked: Any) -> None:
+            pass
+
+        def on_partitions_assigned(self, assigned: Any) -> None:
+            say(assigned=sorted(tp.partition for tp in assigned))
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=args.bootstrap,
+        group_id=args.group,
+        group_instance_id=args.instance_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=100,
+        max_poll_records=5,
+        session_timeout_ms=args.session_timeout_ms,
+        heartbeat_interval_ms=max(100, args.session_timeout_ms // 10),
+    )
+    consumer.subscribe([args.topic], listener=Listener())
+    try:
+        while not stop.is_set():
+            try:
+                polled = consumer.poll(timeout_ms=200)
+            except Exception as exc:
+                say(error=type(exc).__name__, detail=str(exc), **{"while": "poll"})
+                commit(consumer)
+                return EXIT_CLIENT_ERROR
+            read = [[tp.partition, m.offset] for tp, ms in polled.items() for m in ms]
+            if not read:
+                continue
+            time.sleep(len(read) * args.per_record_ms / 1000)  # the records' processing
+            say(read=read)
+            if commit(consumer) == FENCED:
+                return EXIT_CLIENT_ERROR
+    finally:
+        consumer.close(autocommit=False)
+    return 0
+
+
+def commit(consumer: Any) -> str | None:
+    """Commit what was read; the error's class name (said) when it is refused."""
+    try:
+        consumer.commit()
+    except Exception as exc:
+        say(error=type(exc).__name__, detail=str(exc), **{"while": "commit"})
+        return type(exc).__name__
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
