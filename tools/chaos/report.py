@@ -46,7 +46,7 @@ TESTS = {
     "disk-full": "tests/faults/test_scenarios.py::test_disk_full",
     "disk-full-tenant": "tests/faults/test_scenarios.py::test_disk_full_to_the_last_byte",
     "slow-disk": "tests/faults/test_scenarios.py::test_slow_disk",
-    "soak": "tests/faults/test_soak.py::test_two_minute_soak",
+    "soak": "tests/faults/test_soak.py::test_short_seeded_soak",
     **{
         name: f"tests/faults/test_leadership.py::test_replicad_follows_the_move[{name}]"
         for name in LEADERSHIP
