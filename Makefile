@@ -45,7 +45,7 @@ demo: $(DEMO_STAMP) kafka-jars
 test: setup
 	$(BIN)/ruff check replicad tests tools
 # pytest exits 5 when it collected nothing: a broken suite, said so and failed.
-	$(BIN)/python -m pytest -q; rc=$$?; \
+	$(BIN)/python -m pytest -q --durations=30; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo 'make test: pytest collected no tests' >&2; exit 1; fi; exit $$rc
 
 # An Apache Kafka broker on 127.0.0.1:9092 with a sample topic, in the foreground until
