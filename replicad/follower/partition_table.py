@@ -94,7 +94,6 @@ from replicad.protocol.requests import (
     FetchSpec,
 )
 from replicad.ratelimit import RateLimitedLog
-from replicad.records.batch import MAGIC_V2
 from replicad.session.client import (
     FetchRequestPlan,
     FetchSessionHandler,
@@ -718,8 +717,7 @@ class PartitionTable:
         if not fetched.batches:
             return None
         state.fetch_offset = fetched.next_fetch_offset
-        epochs = [b.partition_leader_epoch for b in fetched.batches if b.magic >= MAGIC_V2]
-        state.fetched_epoch = max(epochs) if epochs else None
+        state.fetched_epoch = fetched.batches.max_leader_epoch()
         return Append(tp, fetched)
 
     def _halt_foreign(self, state: PartitionState, batch: tuple[int, int]) -> None:
@@ -810,7 +808,7 @@ class PartitionTable:
         state.fetch_offset = state.log.log_end_offset
         state.progress_ms = now_ms
         state.bytes_replicated += len(fetched.data)
-        state.records_replicated += sum(b.record_count for b in fetched.batches)
+        state.records_replicated += fetched.batches.record_count
         self.stats.bytes_appended += len(fetched.data)
         self.stats.batches_appended += len(fetched.batches)
         if fetched.corrupt is None:

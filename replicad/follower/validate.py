@@ -25,15 +25,16 @@ Rules, in order:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from replicad.records.batch import BatchHeader, ScanStop, scan_batches
+from replicad.records.batch import ScanStop, scan_batches
+from replicad.records.run import BASE_OFFSET, LAST_OFFSET_DELTA, BatchRun
 
 
 @dataclass(frozen=True, slots=True)
 class FetchedData:
     data: memoryview  # whole, valid batches to append, in order
-    batches: list[BatchHeader]  # their headers, positions relative to `data`
+    batches: BatchRun  # their headers, positions relative to `data`
     next_fetch_offset: int  # where the next fetch starts if `data` is appended
     restart_at: int | None  # rule 5: truncate fully and start the log here first
     partial_dropped: bool  # rule 2
@@ -49,49 +50,55 @@ class FetchedData:
 def validate_fetched(
     records: bytes | memoryview | None, *, fetch_offset: int, log_is_empty: bool
 ) -> FetchedData:
+    """Rules 1-7 over one partition's records. Per batch, only the scan runs (one unpack,
+    one CRC, one compare of offsets); no object is made per batch. The batches kept are
+    known to rise (`BatchRun.rising`), so the log does not check them again."""
     view = memoryview(records if records is not None else b"")
     scan = scan_batches(view)
     corrupt = scan.error if scan.stop is ScanStop.CORRUPT else None
-    kept: list[BatchHeader] = []
-    start_pos: int | None = None
-    end_pos = 0
-    expected = fetch_offset
+    run = scan.run
+    fields = run.fields
+    n = len(fields)
+    first = 0
+    while first < n and fields[first][BASE_OFFSET] + fields[first][LAST_OFFSET_DELTA] < (
+        fetch_offset
+    ):
+        first += 1  # rule 4
     restart_at: int | None = None
     foreign: tuple[int, int] | None = None
-    for batch in scan.batches:
-        if batch.last_offset < expected and not kept:
-            continue  # rule 4
-        if batch.base_offset < expected:
-            if not kept and log_is_empty and restart_at is None:
-                restart_at = batch.base_offset  # rule 5
-            elif not kept and restart_at is None:
-                foreign = (batch.base_offset, batch.last_offset)  # rule 7
-                break
-            else:
-                corrupt = (
-                    f"batch at offset {batch.base_offset} overlaps the previous data "
-                    f"(expected offset >= {expected})"
-                )
-                break
-        if start_pos is None:
-            start_pos = batch.position
-        elif batch.position != end_pos:
-            # Defensive: skipped bytes inside the kept run would misalign positions.
-            corrupt = f"non-contiguous batches at position {batch.position}"
-            break
-        kept.append(batch)
-        end_pos = batch.position + batch.size
-        expected = batch.next_offset
-    if start_pos is None:
-        data = view[0:0]
-        rebased: list[BatchHeader] = []
-    else:
-        data = view[start_pos:end_pos]
-        rebased = [replace(b, position=b.position - start_pos) for b in kept] if start_pos else kept
+    stop = n
+    if first < n and fields[first][BASE_OFFSET] < fetch_offset:
+        base = fields[first][BASE_OFFSET]
+        if log_is_empty:
+            restart_at = base  # rule 5
+        else:
+            foreign = (base, base + fields[first][LAST_OFFSET_DELTA])  # rule 7
+            stop = first
+    if stop > first:
+        overlap = run.first_overlap(first)  # rule 3 within the response
+        if overlap is not None:
+            previous = fields[overlap - 1]
+            corrupt = (
+                f"batch at offset {fields[overlap][BASE_OFFSET]} overlaps the previous data "
+                f"(expected offset >= "
+                f"{previous[BASE_OFFSET] + previous[LAST_OFFSET_DELTA] + 1})"
+            )
+            stop = overlap
+    if stop <= first:
+        return FetchedData(
+            data=view[0:0],
+            batches=BatchRun([], 0, 0),
+            next_fetch_offset=fetch_offset,
+            restart_at=None,
+            partial_dropped=scan.stop is ScanStop.PARTIAL,
+            corrupt=corrupt,
+            foreign=foreign,
+        )
+    kept = run[first:stop] if first or stop < n else run
     return FetchedData(
-        data=data,
-        batches=rebased,
-        next_fetch_offset=expected,
+        data=view[kept.start : kept.end],
+        batches=BatchRun(kept.fields, 0, kept.size, rising=True),
+        next_fetch_offset=kept.next_offset,
         restart_at=restart_at,
         partial_dropped=scan.stop is ScanStop.PARTIAL,
         corrupt=corrupt,

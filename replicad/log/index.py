@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from replicad.log.handles import FileHandle, FileHandles, StrPath
-from replicad.records.batch import LOG_OVERHEAD, NO_TIMESTAMP, BatchHeader
+from replicad.records.batch import LOG_OVERHEAD, NO_TIMESTAMP, BatchHeader, BatchRun
 
 OFFSET_ENTRY = struct.Struct(">ii")
 TIME_ENTRY = struct.Struct(">qi")
@@ -248,15 +248,17 @@ class IndexBuilder:
 
     def index_run(
         self,
-        batches: Sequence[BatchHeader],
+        batches: BatchRun | Sequence[BatchHeader],
         start: int,
         offset_index: OffsetIndex,
         time_index: TimeIndex,
     ) -> tuple[bytes, bytes]:
         """`observe` and the indexes' appends for a run of batches written at file position
-        `start` (batches[0] there, the others at their distance from it), in one pass with
-        no object per batch: the same entries, checked by the same rules. Returns the bytes
-        added to the offset index and to the time index (for their files, one write each)."""
+        `start` (the run's first batch there, the others at their distance from it), in one
+        pass over the run's tuples with no object per batch: the same entries, checked by
+        the same rules. Returns the bytes added to the offset index and to the time index
+        (for their files, one write each)."""
+        run = BatchRun.of(batches)
         interval = self.index_interval_bytes
         since = self.bytes_since_last_entry
         ts, ts_offset = self.max_timestamp.timestamp, self.max_timestamp.offset
@@ -269,19 +271,21 @@ class IndexBuilder:
         offset_raw = bytearray()
         time_raw = bytearray()
         pack_offset, pack_time = OFFSET_ENTRY.pack, TIME_ENTRY.pack
-        shift = start - batches[0].position if batches else start
-        for batch in batches:
-            if batch.max_timestamp > ts:
-                ts, ts_offset = batch.max_timestamp, batch.last_offset
+        position = start
+        overhead = LOG_OVERHEAD
+        # The fields of each entry, as run.py orders them (BatchHeader's, after position).
+        for base_offset, length, _, _, _, _, delta, _, max_ts, _, _, _, _ in run.fields:
+            if max_ts > ts:
+                ts, ts_offset = max_ts, base_offset + delta
             if since > interval:
-                offset = batch.last_offset
+                offset = base_offset + delta
                 if n_offsets >= offset_index.max_entries:
                     raise ValueError(f"offset index of segment {base} is full")
                 if last_offset is not None and offset <= last_offset:
                     raise ValueError(f"index offset {offset} not above {last_offset}")
                 if not fits_relative(base, offset):
                     raise ValueError(f"offset {offset} does not fit segment {base}")
-                offset_raw += pack_offset(offset - base, batch.position + shift)
+                offset_raw += pack_offset(offset - base, position)
                 n_offsets += 1
                 last_offset = offset
                 if n_times >= time_index.max_entries:
@@ -293,7 +297,9 @@ class IndexBuilder:
                     n_times += 1
                     last_ts, last_ts_offset = ts, ts_offset
                 since = 0
-            since += batch.batch_length + LOG_OVERHEAD
+            size = length + overhead
+            since += size
+            position += size
         if ts != self.max_timestamp.timestamp:
             self.max_timestamp = TimestampOffset(ts, ts_offset)
         self.bytes_since_last_entry = since

@@ -112,7 +112,7 @@ from replicad.log.policy import (
     should_flush_time,
 )
 from replicad.log.segment import FileRegion, LogSegment
-from replicad.records.batch import MAGIC_V2, BatchHeader
+from replicad.records.batch import MAGIC_V2, BatchHeader, BatchRun
 from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.log")
@@ -456,70 +456,72 @@ class PartitionLog:
     # -- append ----------------------------------------------------------------------------
 
     def append(
-        self, data: bytes | bytearray | memoryview, batches: Sequence[BatchHeader], *, now_ms: int
+        self,
+        data: bytes | bytearray | memoryview,
+        batches: BatchRun | Sequence[BatchHeader],
+        *,
+        now_ms: int,
     ) -> AppendResult:
+        """Write whole `batches`, whose bytes are `data` (exactly theirs, or a buffer their
+        positions index). A `BatchRun` (the follower's) is written with no object made per
+        batch; a list of headers is made one first."""
         if not batches:
             raise LogError(f"{self.topic_partition}: append of no batches")
         mv = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
-        first, last = batches[0], batches[-1]
-        span = last.end_position - first.position
-        if len(mv) == span:
-            shift = first.position
-        elif len(mv) >= last.end_position:
+        try:
+            run = BatchRun.of(batches)
+        except ValueError as exc:
+            raise LogError(f"{self.topic_partition}: {exc}") from None
+        if len(mv) == run.size:
+            shift = run.start
+        elif len(mv) >= run.end:
             shift = 0
         else:
             raise LogError(
                 f"{self.topic_partition}: {len(mv)} bytes of data do not hold the batches "
-                f"({span} bytes from position {first.position})"
+                f"({run.size} bytes from position {run.start})"
             )
+        first_offset = run.base_offset
         with self._lock:
-            if first.base_offset < self._log_end_offset:
+            if first_offset < self._log_end_offset:
                 raise LogError(
-                    f"{self.topic_partition}: batch at offset {first.base_offset} overlaps the "
+                    f"{self.topic_partition}: batch at offset {first_offset} overlaps the "
                     f"log ending at {self._log_end_offset}"
                 )
-            previous = first
-            for header in batches[1:]:
-                if header.base_offset < previous.next_offset:
-                    raise LogError(
-                        f"{self.topic_partition}: offsets go back from {previous.last_offset} "
-                        f"to {header.base_offset} within one append"
-                    )
-                previous = header
+            overlap = run.first_overlap()
+            if overlap is not None:
+                raise LogError(
+                    f"{self.topic_partition}: offsets go back from "
+                    f"{run[overlap - 1].last_offset} to {run[overlap].base_offset} within one "
+                    "append"
+                )
             self._last_now_ms = now_ms
-            runs = plan_append(self._active_state(), batches, self.config, now_ms)
+            runs = plan_append(self._active_state(), run, self.config, now_ms)
             rolled: list[int] = []
             appended = 0
-            for run in runs:
-                run_batches = batches[run.start : run.end]
-                lo = run_batches[0].position - shift
-                hi = run_batches[-1].end_position - shift
+            for segment_run in runs:
+                part = run[segment_run.start : segment_run.end] if len(runs) > 1 else run
+                lo = part.start - shift
+                hi = part.end - shift
                 try:
-                    if run.roll is not None:
-                        self._roll(run_batches[0].base_offset, run.roll, now_ms)
-                        rolled.append(run_batches[0].base_offset)
-                    self.active_segment.append(mv[lo:hi], run_batches)
+                    if segment_run.roll is not None:
+                        self._roll(part.base_offset, segment_run.roll, now_ms)
+                        rolled.append(part.base_offset)
+                    self.active_segment.append(mv[lo:hi], part)
                 except OSError as exc:
-                    self._append_failed(exc, run_batches[0].base_offset)
+                    self._append_failed(exc, part.base_offset)
                 appended += hi - lo
                 latest = self._epochs.latest_epoch()
-                latest = -1 if latest is None else latest
-                records = 0
-                for header in run_batches:
-                    if header.partition_leader_epoch > latest and header.magic >= MAGIC_V2:
-                        self._epochs.maybe_assign_from_batch(
-                            header.partition_leader_epoch, header.base_offset
-                        )
-                        latest = header.partition_leader_epoch
-                    records += header.record_count if header.record_count > 0 else 1
-                self._flushing.unflushed_messages += records
-                self._log_end_offset = run_batches[-1].next_offset
+                for epoch, offset in part.epoch_starts(-1 if latest is None else latest):
+                    self._epochs.maybe_assign_from_batch(epoch, offset)
+                self._flushing.unflushed_messages += part.record_count
+                self._log_end_offset = part.next_offset
             if self._flushing.first_unflushed_ms is None:
                 self._flushing.first_unflushed_ms = now_ms
             try:
-                self._epochs_changed(first.base_offset)
+                self._epochs_changed(first_offset)
             except OSError as exc:
-                self._append_failed(exc, first.base_offset)
+                self._append_failed(exc, first_offset)
             flush_now = should_flush_messages(self._flushing.unflushed_messages, self.config)
         if flush_now:
             if self.flush_later is None:
@@ -528,7 +530,7 @@ class PartitionLog:
                 self._flush_queued = True
                 self.flush_later(self)
         return AppendResult(
-            first.base_offset, last.last_offset, self._log_end_offset, appended, tuple(rolled)
+            first_offset, run.last_offset, self._log_end_offset, appended, tuple(rolled)
         )
 
     def _append_failed(self, exc: OSError, offset: int) -> None:

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 from replicad.log.config import LogConfig
 from replicad.log.index import OFFSET_ENTRY_SIZE, TIME_ENTRY_SIZE, fits_relative
-from replicad.records.batch import BatchHeader
+from replicad.records.batch import BatchHeader, BatchRun
+from replicad.records.run import MAX_TIMESTAMP
 
 
 class RollReason(enum.Enum):
@@ -84,13 +85,11 @@ def _roll_reason(
     return None
 
 
-def _fits_whole(
-    state: ActiveSegmentState, batches: Sequence[BatchHeader], config: LogConfig, now_ms: int
-) -> bool:
+def _fits_whole(state: ActiveSegmentState, run: BatchRun, config: LogConfig, now_ms: int) -> bool:
     """Whether no batch of the append can trigger a roll (the common case, decided in O(1)
-    for size, index and offsets, one pass over timestamps)."""
-    total = batches[-1].end_position - batches[0].position
-    if state.size + total > config.segment_bytes and (state.size > 0 or len(batches) > 1):
+    for size, index and offsets, one pass in C over timestamps)."""
+    total = run.size
+    if state.size + total > config.segment_bytes and (state.size > 0 or len(run) > 1):
         return False
     # At most one index entry per index_interval_bytes + 1 bytes, plus one for the carry-over.
     new_entries = (state.bytes_since_last_index_entry + total) // (config.index_interval_bytes + 1)
@@ -100,20 +99,26 @@ def _fits_whole(
         config.segment_index_bytes // OFFSET_ENTRY_SIZE,
     ):
         return False
-    if not fits_relative(state.base_offset, batches[-1].last_offset):
+    if not fits_relative(state.base_offset, run.last_offset):
         return False
-    rolling = batches[0].max_timestamp if state.size == 0 else state.rolling_timestamp
+    rolling = run.fields[0][MAX_TIMESTAMP] if state.size == 0 else state.rolling_timestamp
     if rolling is None or rolling < 0:
         return state.size == 0 or now_ms - state.created_ms <= config.segment_ms
-    return max(b.max_timestamp for b in batches) - rolling <= config.segment_ms
+    return run.max_timestamp - rolling <= config.segment_ms
 
 
 def plan_append(
-    state: ActiveSegmentState, batches: Sequence[BatchHeader], config: LogConfig, now_ms: int
+    state: ActiveSegmentState,
+    batches: BatchRun | Sequence[BatchHeader],
+    config: LogConfig,
+    now_ms: int,
 ) -> list[AppendRun]:
     """Split an append into runs of batches, one per segment (see the roll rule)."""
-    if batches and _fits_whole(state, batches, config, now_ms):
-        return [AppendRun(0, len(batches), None)]
+    run = BatchRun.of(batches)
+    if run.fields and _fits_whole(state, run, config, now_ms):
+        return [AppendRun(0, len(run), None)]
+    # A roll falls inside this append: decided batch by batch, with a header each (rare:
+    # once per segment).
     runs: list[AppendRun] = []
     size = state.size
     # Index entries counted conservatively: the larger of the two indexes, and one entry
@@ -123,7 +128,7 @@ def plan_append(
     rolling_ts = state.rolling_timestamp
     start = 0
     reason: RollReason | None = None
-    for i, batch in enumerate(batches):
+    for i, batch in enumerate(run):
         why = _roll_reason(state, size, entries, rolling_ts, batch, config, now_ms)
         if why is not None:
             if i > start or reason is not None:
@@ -138,8 +143,8 @@ def plan_append(
             since = 0
         since += batch.size
         size += batch.size
-    if len(batches) > start or reason is not None:
-        runs.append(AppendRun(start, len(batches), reason))
+    if len(run) > start or reason is not None:
+        runs.append(AppendRun(start, len(run), reason))
     return runs
 
 

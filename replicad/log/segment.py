@@ -51,11 +51,13 @@ from replicad.records.batch import (
     MAGIC_V2,
     RECORD_BATCH_OVERHEAD,
     BatchHeader,
+    BatchRun,
     ScanStop,
     header_at,
     scan_batches,
 )
 from replicad.records.records import decode_batch
+from replicad.records.run import MAX_TIMESTAMP
 
 log = structlog.get_logger("replicad.log.segment")
 
@@ -367,14 +369,15 @@ class LogSegment:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def append(self, data: memoryview, batches: Sequence[BatchHeader]) -> None:
+    def append(self, data: memoryview, batches: BatchRun | Sequence[BatchHeader]) -> None:
         """Write whole `batches` (their bytes are `data`, positions relative to batches[0])."""
-        if not batches:
+        run = BatchRun.of(batches)
+        if not run.fields:
             return
-        first = batches[0]
-        if first.base_offset < self.next_offset and not self.is_empty:
+        first_offset = run.base_offset
+        if first_offset < self.next_offset and not self.is_empty:
             raise LogError(
-                f"batch at offset {first.base_offset} overlaps segment {self.base_offset} "
+                f"batch at offset {first_offset} overlaps segment {self.base_offset} "
                 f"ending at {self.next_offset}"
             )
         start = self.size
@@ -385,7 +388,7 @@ class LogSegment:
             # One pass over the run for both indexes, one write per index file: the new
             # entries are contiguous, and write_entry puts bytes where the index's valid
             # part now ends.
-            offset_raw, time_raw = self.builder.index_run(batches, start, offset_index, time_index)
+            offset_raw, time_raw = self.builder.index_run(run, start, offset_index, time_index)
             if offset_raw:
                 self._offset_file.write_entry(offset_raw)
                 self._time_file.write_entry(time_raw)
@@ -396,9 +399,9 @@ class LogSegment:
             self._restore_builder_state(saved[2])
             raise
         if self.size == 0:
-            self.rolling_timestamp = first.max_timestamp
+            self.rolling_timestamp = run.fields[0][MAX_TIMESTAMP]
         self.size = start + len(data)
-        self._next_offset = batches[-1].next_offset
+        self._next_offset = run.next_offset
 
     def _builder_state(self) -> tuple[TimestampOffset, int]:
         return self.builder.max_timestamp, self.builder.bytes_since_last_entry
