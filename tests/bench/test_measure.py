@@ -45,6 +45,11 @@ def test_progress_polled_by_the_parent_marks_every_tenth_in_order(tmp_path: Path
     window = m.marks[90] - m.marks[10]
     long_enough = window >= MIN_STEADY_S
     assert m.steady_s == (window if long_enough else None)
+    # The child's CPU at each mark it was polled alive for, never going back.
+    assert set(m.cpu_marks) <= set(m.marks)
+    assert 10 in m.cpu_marks
+    cpu = [m.cpu_marks[p] for p in sorted(m.cpu_marks)]
+    assert cpu == sorted(cpu) and cpu[-1] <= m.cpu_s
 
 
 def test_a_daemon_is_stopped_when_until_holds(tmp_path: Path):

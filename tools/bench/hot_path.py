@@ -10,9 +10,11 @@ included), so the figure holds on a shared machine where wall time does not. Res
 the offsets between rounds (a new response brings new offsets) is not timed.
 
     .venv/bin/python -m tools.bench.hot_path [--total-mib 512] [--batch-kib 16]
-        [--partitions 8] [--partition-kib 1024] [--dir DIR]
+        [--partitions 8] [--partition-kib 1024] [--dir DIR] [--repeat 3] [--baseline DIR]
 
-Run it from two checkouts (PYTHONPATH) for a before/after of the same machine minute.
+`--baseline DIR` runs another checkout's path (its own copy of this module, with its
+replicad) in turn with this one, pass after pass, each in a fresh process: a before/after
+from the same minutes of a shared machine. The table gives every pass and the medians.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -130,6 +134,38 @@ def run(
     return cpu, appended, wall
 
 
+def one_pass(args: argparse.Namespace) -> tuple[float, int, float]:
+    """This checkout's path, in this process: (CPU seconds, bytes appended, wall seconds)."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
+    work = Path(tempfile.mkdtemp(prefix="replicad-hot-path-", dir=args.dir))
+    try:
+        return run(work, args.total_mib * MIB, args.batch_kib, args.partitions, args.partition_kib)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def child_pass(args: argparse.Namespace, checkout: Path | None) -> tuple[float, int, float]:
+    """One pass in a fresh process, of this checkout or of `checkout` (its own hot_path
+    module and replicad). Reads the row every version of this module prints."""
+    argv = [
+        sys.executable,
+        "-m",
+        "tools.bench.hot_path",
+        f"--total-mib={args.total_mib}",
+        f"--batch-kib={args.batch_kib}",
+        f"--partitions={args.partitions}",
+        f"--partition-kib={args.partition_kib}",
+    ]
+    if args.dir is not None:
+        argv.append(f"--dir={args.dir}")
+    root = checkout or Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    out = subprocess.run(argv, env=env, cwd=root, capture_output=True, text=True, check=True)
+    row = out.stdout.strip().splitlines()[-1].strip("|").split("|")
+    mb, cpu, _, wall = (cell.strip() for cell in row[1:5])
+    return float(cpu), int(float(mb.split()[0].replace(",", "")) * MB), float(wall)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--total-mib", type=int, default=512)
@@ -137,20 +173,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--partition-kib", type=int, default=1024)
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--repeat", type=int, default=1, help="passes of each checkout")
+    parser.add_argument("--baseline", type=Path, help="another checkout, run in turn")
     args = parser.parse_args(argv)
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
-    work = Path(tempfile.mkdtemp(prefix="replicad-hot-path-", dir=args.dir))
-    try:
-        cpu, appended, wall = run(
-            work, args.total_mib * MIB, args.batch_kib, args.partitions, args.partition_kib
+    shape = f"{args.batch_kib} KiB batches, {args.partitions} x {args.partition_kib} KiB a response"
+    if args.repeat == 1 and args.baseline is None:
+        cpu, appended, wall = one_pass(args)
+        print(
+            f"| {shape} | {appended / MB:,.0f} MB | {cpu:.2f} | {cpu / (appended / GB):.2f} "
+            f"| {wall:.2f} |"
         )
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    print(
-        f"| {args.batch_kib} KiB batches, {args.partitions} x {args.partition_kib} KiB a "
-        f"response | {appended / MB:,.0f} MB | {cpu:.2f} | {cpu / (appended / GB):.2f} "
-        f"| {wall:.2f} |"
-    )
+        return 0
+    checkouts: list[tuple[str, Path | None]] = [("this checkout", None)]
+    if args.baseline is not None:
+        checkouts.append((f"baseline ({args.baseline})", args.baseline.resolve()))
+    load = os.getloadavg()[0]
+    print(f"{shape}; load average {load:.1f} at the start; {args.repeat} pass(es) each\n")
+    print("| checkout | pass | MB | CPU s | CPU s per GB | wall s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    per_gb: dict[str, list[float]] = {label: [] for label, _ in checkouts}
+    for i in range(args.repeat):
+        for label, checkout in checkouts:
+            cpu, appended, wall = child_pass(args, checkout)
+            per_gb[label].append(cpu / (appended / GB))
+            print(
+                f"| {label} | {i + 1} | {appended / MB:,.0f} | {cpu:.2f} "
+                f"| {per_gb[label][-1]:.2f} | {wall:.2f} |",
+                flush=True,
+            )
+    print()
+    for label, values in per_gb.items():
+        print(
+            f"{label}: median {statistics.median(values):.2f} CPU s per GB "
+            f"(range {min(values):.2f}-{max(values):.2f})"
+        )
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     return 0
 
 

@@ -44,6 +44,9 @@ class Measured:
     peak_rss_mib: float
     # percent of the work -> seconds since the start, for the tenths that were seen
     marks: Mapping[int, float] = field(default_factory=dict)
+    # percent of the work -> the child's CPU seconds by then (from /proc, polled children
+    # only): what the work costs once start-up is behind it
+    cpu_marks: Mapping[int, float] = field(default_factory=dict)
 
     @property
     def steady_s(self) -> float | None:
@@ -52,6 +55,16 @@ class Measured:
         if STEADY_FROM in self.marks and STEADY_TO in self.marks:
             window = self.marks[STEADY_TO] - self.marks[STEADY_FROM]
             return window if window >= MIN_STEADY_S else None
+        return None
+
+    @property
+    def steady_cpu_s(self) -> float | None:
+        """CPU seconds between 10% and 90% of the work (start-up and the end left out),
+        when both were polled and the window is a rate (`steady_s`)."""
+        if self.steady_s is None:
+            return None
+        if STEADY_FROM in self.cpu_marks and STEADY_TO in self.cpu_marks:
+            return self.cpu_marks[STEADY_TO] - self.cpu_marks[STEADY_FROM]
         return None
 
 
@@ -83,6 +96,21 @@ def hwm_mib(pid: int) -> float | None:
     except OSError:
         return None
     return None
+
+
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """A live process's user and system CPU seconds so far (all its threads; its children
+    not), in the kernel's ticks (10 ms)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name may hold spaces: the fields are counted after its closing ")".
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
 
 
 def read_marks(path: Path, started: float) -> dict[int, float]:
@@ -122,21 +150,26 @@ def run_measured(
     peak = 0.0
     elapsed = None
     marks: dict[int, float] = {}
+    cpu_marks: dict[int, float] = {}
     pending = list(MARK_PERCENTS)
 
-    def poll_progress(now: float) -> None:
+    def poll_progress(now: float, *, alive: bool = True) -> None:
         if progress is not None and pending:
             done = progress()
+            cpu = cpu_seconds(proc.pid) if alive else None
             while pending and done * 100 >= pending[0]:
-                marks[pending.pop(0)] = now - started
+                percent = pending.pop(0)
+                marks[percent] = now - started
+                if cpu is not None:
+                    cpu_marks[percent] = cpu
 
     while True:
         # wait4, not Popen.poll: poll would reap the child and lose its rusage.
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             # What it did since the last poll was done by its exit (a busy machine may
-            # not have polled in between).
-            poll_progress(clock())
+            # not have polled in between). Its CPU is no longer in /proc.
+            poll_progress(clock(), alive=False)
             break
         poll_progress(clock())
         peak = max(peak, hwm_mib(proc.pid) or 0.0)
@@ -154,7 +187,7 @@ def run_measured(
             raise RuntimeError(f"{argv[:4]} exited with status {proc.returncode}")
     if marks_file is not None:
         marks = read_marks(marks_file, started)
-    return Measured(elapsed, usage.ru_utime + usage.ru_stime, peak, marks)
+    return Measured(elapsed, usage.ru_utime + usage.ru_stime, peak, marks, cpu_marks)
 
 
 # -- checking the measure on children of known timing ------------------------------------------
