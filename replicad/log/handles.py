@@ -224,12 +224,15 @@ class FileHandle:
     """One file of a segment; its descriptor, when it has one, belongs to `FileHandles`."""
 
     # One per segment file of every partition, tens of thousands at once: the path is
-    # kept as a str (a pathlib.Path costs several objects) and made a Path when asked for.
-    __slots__ = ("_cache", "_flags", "_path", "closed", "fd", "synced", "written")
+    # kept as a str (a pathlib.Path costs several objects) and made a Path when first asked
+    # for, then kept (serve asks on every read of a segment: a Path each time was a fifth
+    # of a 200-partition Fetch's reads; the follower hardly ever asks).
+    __slots__ = ("_cache", "_flags", "_path", "_path_object", "closed", "fd", "synced", "written")
 
     def __init__(self, cache: FileHandles, path: StrPath, flags: int) -> None:
         self._cache = cache
         self._path = os.fspath(path)
+        self._path_object: Path | None = None
         self._flags = flags  # for the next open; REOPEN_FLAGS once it has been opened
         self.fd = -1
         self.written = 0  # write generation
@@ -241,7 +244,9 @@ class FileHandle:
 
     @property
     def path(self) -> Path:
-        return Path(self._path)
+        if self._path_object is None:
+            self._path_object = Path(self._path)
+        return self._path_object
 
     @property
     def dirty(self) -> bool:

@@ -5,7 +5,9 @@ kafka-python's decoders."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import random
+import sys
 import uuid
 
 import pytest
@@ -35,7 +37,8 @@ from replicad.leader.settings import ServeSettings
 from replicad.leader.transactions import AbortedTransaction
 from replicad.log.segment import FileRegion
 from replicad.protocol.apis import ApiKey
-from replicad.protocol.codec import decode_response, response_type
+from replicad.protocol.codec import decode_response, encode_response, response_type
+from replicad.protocol.requests import make_entity
 from replicad.records.batch import Compression
 from replicad.records.downconvert import LazyDownConversion
 from replicad.session.cache import FetchSessionCache
@@ -135,6 +138,113 @@ def test_kio_reads_back_every_version_with_the_records_from_disk(answers, versio
         assert (flat[4].diverging_epoch.epoch, flat[4].diverging_epoch.end_offset) == (3, 17)
     if version >= 4:
         assert [(t.producer_id, t.first_offset) for t in flat[5].aborted_transactions] == [(44, 5)]
+
+
+def kio_encoding(outcome: FetchOutcome, version: int, correlation_id: int) -> bytes:
+    """The same answer as kio entities, encoded by kio (records read from disk): the
+    reference fetch_response_frame writes without making the entities."""
+    cls = response_type(ApiKey.FETCH, version)
+    module = sys.modules[cls.__module__]
+    by_id = version >= 13
+    topics = []
+    for a in outcome.answers:
+        aborted = (
+            None
+            if a.aborted is None
+            else tuple(
+                make_entity(
+                    module.AbortedTransaction,
+                    producer_id=t.producer_id,
+                    first_offset=t.first_offset,
+                )
+                for t in a.aborted
+            )
+        )
+        values = dict(
+            partition_index=a.partition.partition,
+            error_code=ErrorCode(a.error_code),
+            high_watermark=a.high_watermark,
+            last_stable_offset=a.last_stable_offset,
+            log_start_offset=a.log_start_offset,
+            aborted_transactions=aborted,
+            preferred_read_replica=-1,
+            records=a.records.read_bytes() if a.records is not None else b"",
+        )
+        if a.diverging is not None and hasattr(module, "EpochEndOffset"):
+            values["diverging_epoch"] = make_entity(
+                module.EpochEndOffset, epoch=a.diverging.epoch, end_offset=a.diverging.end_offset
+            )
+        partition = make_entity(module.PartitionData, **values)
+        if topics and topics[-1][0] == a.partition.topic:
+            topics[-1][1].append(partition)
+        else:
+            topics.append((a.partition.topic, [partition]))
+    body = make_entity(
+        cls,
+        throttle_time=datetime.timedelta(0),
+        error_code=ErrorCode(outcome.error_code),
+        session_id=outcome.session_id,
+        responses=tuple(
+            make_entity(
+                module.FetchableTopicResponse,
+                topic=None if by_id else name,
+                topic_id=outcome.topic_ids[partitions_of[0]] if by_id else None,
+                partitions=tuple(parts),
+            )
+            for (name, parts), partitions_of in zip(topics, _topic_partitions(outcome), strict=True)
+        ),
+        node_endpoints=(),
+    )
+    return encode_response(body, correlation_id)
+
+
+def _topic_partitions(outcome: FetchOutcome) -> list[list[TopicPartition]]:
+    runs: list[list[TopicPartition]] = []
+    for a in outcome.answers:
+        if runs and runs[-1][0].topic == a.partition.topic:
+            runs[-1].append(a.partition)
+        else:
+            runs.append([a.partition])
+    return runs
+
+
+@pytest.mark.parametrize("version", range(4, 18))
+def test_the_frame_is_kios_encoding_byte_for_byte(answers, version) -> None:
+    """Written field by field with kio's writers, the answer is what kio's entities encode,
+    for every version: errors, a diverging epoch (v12+: a tagged field), aborted
+    transactions (none, an empty list and a list), no records, and topics that come back."""
+    extra = [
+        PartitionAnswer(TopicPartition("t", 9), 0, error_code=ErrorCode.unknown_topic_or_partition),
+        dataclasses.replace(
+            answers[2],
+            partition=TopicPartition("t", 2),
+            records=None,
+            diverging=DivergingEpoch(3, 17),
+        ),
+        dataclasses.replace(
+            answers[2],
+            partition=TopicPartition("t", 3),
+            records=None,
+            aborted=(AbortedTransaction(5, 44, 9), AbortedTransaction(8, 2, 1)),
+        ),
+        dataclasses.replace(answers[0], partition=TopicPartition("t", 4), aborted=()),
+        # A diverging epoch with kio's default values is no tagged field, as kio rules.
+        dataclasses.replace(
+            answers[2],
+            partition=TopicPartition("t", 5),
+            records=None,
+            diverging=DivergingEpoch(-1, -1),
+        ),
+        dataclasses.replace(answers[1], partition=TopicPartition("u", 7)),
+    ]
+    outcome = dataclasses.replace(
+        outcome_of(answers + extra), error_code=ErrorCode.fetch_session_id_not_found
+    )
+    frame = fetch_response_frame(
+        outcome, version=version, correlation_id=-5, settings=ServeSettings()
+    )
+    assert materialize(frame) == kio_encoding(outcome, version, -5)
+    assert frame.parts[1:] and not any(isinstance(p, bytes) and not p for p in frame.parts)
 
 
 def test_records_longer_than_a_one_byte_varint_get_a_longer_length_prefix(logs, fill) -> None:
