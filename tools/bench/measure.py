@@ -132,13 +132,15 @@ def run_measured(
     env: Mapping[str, str] | None = None,
     stdout: IO[bytes] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    cwd: Path | None = None,
 ) -> Measured:
     """Run a child to its end and measure it.
 
     `until`: the child is a daemon, SIGTERMed once this holds (its wall time ends there).
     Otherwise it must exit 0. `progress()` (0..1, polled) or the child's own `marks_file`
     give the moments each tenth of the work was done. `clock` is the wall clock (CLOCK_MONOTONIC;
-    the marks file's times must be of the same clock).
+    the marks file's times must be of the same clock). `cwd`: where the child runs (a
+    Python child imports from its current directory first).
     """
     started = clock()
     proc = subprocess.Popen(
@@ -146,6 +148,7 @@ def run_measured(
         env={**os.environ, **(env or {})},
         stdout=stdout or subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        cwd=cwd,
     )
     peak = 0.0
     elapsed = None

@@ -224,13 +224,17 @@ class Topic:
 
 def child_env(work: Path, baseline: Path | None = None) -> dict[str, str]:
     """A replicad child's environment: compiled as installed (measure.installed_env), from
-    this checkout or `baseline`'s."""
+    this checkout or `baseline`'s, first on its path.
+
+    Run such a child with `cwd=work` (no checkout there): `python -c` and `python -m` put
+    the current directory before PYTHONPATH, so a child started from a checkout imports
+    that checkout's replicad whatever PYTHONPATH says. Until issue 32 found it, every
+    `--baseline` row had run the current checkout's code."""
     import replicad
 
     root = baseline or Path(replicad.__file__).resolve().parent.parent
     env = installed_env(work / "pycache", root)
-    if baseline is not None:
-        env["PYTHONPATH"] = str(baseline)
+    env["PYTHONPATH"] = str(root)
     return env
 
 
@@ -249,6 +253,7 @@ def run_replicad(work: Path, topic: Topic, *, baseline: Path | None = None) -> t
         until=lambda: log_bytes(data_dir) >= topic.stored,
         progress=lambda: log_bytes(data_dir) / topic.stored,
         env=child_env(work, baseline),
+        cwd=work,
     )
     got = sum(end_offsets(data_dir).values())
     if got != topic.records:
@@ -289,6 +294,7 @@ def run_from_serve(work: Path, source: Path, topic: Topic) -> Run:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ, **child_env(work)},
+        cwd=work,
     )
     try:
         deadline = time.monotonic() + 120
@@ -301,6 +307,7 @@ def run_from_serve(work: Path, source: Path, topic: Topic) -> Run:
             until=lambda: log_bytes(target) >= topic.stored,
             progress=lambda: log_bytes(target) / topic.stored,
             env=child_env(work),
+            cwd=work,
         )
     finally:
         serve.terminate()

@@ -157,10 +157,13 @@ def start_serve(
     port = free_port()
     log = work / ("serve-baseline.log" if baseline else "serve.log")
     proc = subprocess.Popen(
-        replicad_argv("serve", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}"),
+        replicad_argv(
+            "serve", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}", as_installed=True
+        ),
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         env={**os.environ, **child_env(work, baseline)},
+        cwd=work,  # not a checkout: the child imports the replicad child_env names
     )
     try:
         # Generous: on a loaded machine a niced serve took minutes to open 208 partitions.
