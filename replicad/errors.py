@@ -70,12 +70,6 @@ class LeaderNotKnownError(KafkaConnectionError):
     broker may be up; a metadata refresh is what is waited for."""
 
 
-class ResponseTooLargeError(KafkaConnectionError):
-    """A fetch response cannot fit the memory pool at all (a record batch larger than
-    fetch.buffer_memory): replication from that leader cannot progress until the
-    pool is raised."""
-
-
 class RequestTimeoutError(KafkaConnectionError):
     """A request got no response within its timeout."""
 
@@ -116,7 +110,3 @@ class DaemonNotRunning(ControlError):
 
 class OffsetOutOfRangeError(LogError):
     """A read asked for an offset below the log start or above the log end."""
-
-
-class PoolTooSmallError(ReplicadError):
-    """A single fetch response is larger than the whole memory pool (buffer_memory)."""

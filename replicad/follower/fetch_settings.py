@@ -27,8 +27,9 @@ def response_budget(
 ) -> int:
     """The max_bytes to ask for: fetch.response_max_bytes, lowered when the fields around
     the records of this many partitions and topics would push a whole response past
-    fetch.buffer_memory (a response that cannot be reserved is never read: the fetch would
-    stall). At least 1: the leader still returns one whole batch (KIP-74)."""
+    fetch.buffer_memory (a response larger than the pool waits for it to empty and is read
+    alone, holding up every other leader: replicad/byte_pool.py). At least 1: the leader
+    still returns one whole batch (KIP-74)."""
     overhead = (
         RESPONSE_OVERHEAD_BYTES
         + partitions * PARTITION_OVERHEAD_BYTES

@@ -42,7 +42,6 @@ from replicad.errors import (
     LogError,
     ProtocolError,
     RemoteProtocolError,
-    ResponseTooLargeError,
 )
 from replicad.follower.actions import (
     Action,
@@ -419,18 +418,6 @@ class LeaderFetcher:
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
-        if isinstance(exc, ResponseTooLargeError):
-            emit = self._say.should_emit("too-large", monotonic_ms())
-            if emit.emit:
-                log.error(
-                    "a fetch response does not fit fetch.buffer_memory; raise it above the "
-                    "largest record batch of the source (its message.max.bytes)",
-                    leader=str(self.address),
-                    error=str(exc),
-                    repeats_suppressed=emit.suppressed,
-                )
-            await self._sleep(delay)
-            return
         self._say_once(
             f"conn:{type(exc).__name__}",
             "leader connection failed, retrying",

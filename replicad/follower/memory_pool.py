@@ -1,49 +1,60 @@
 """One bound on all fetch-response memory across every leader connection (KIP-81).
 
 Rules:
-- A fetch response's bytes are reserved before its body is read from the socket;
-  while the pool cannot hold it, that socket is simply not read (TCP backpressure
-  reaches the leader). Metadata, ApiVersions and ListOffsets use other
+- Who is granted memory, and when, is replicad/byte_pool.py's (the one pool's rules, also
+  serve's): a fetch response's bytes are asked for before its body is read from the
+  socket; while the pool cannot hold it, that socket is simply not read (TCP backpressure
+  reaches the leader). Waiters are served first come, first served, so one busy leader
+  cannot starve the others of memory. Metadata, ApiVersions and ListOffsets use other
   connections and never wait here: the control plane is never starved.
+- A response larger than the whole pool (a record batch larger than `fetch.buffer_memory`:
+  KIP-74 sends the first batch whole) is read alone, once nothing else is held, and the
+  pool is exceeded by it for as long as it is held (byte_pool.py's oversize rule says why:
+  refusing it stopped that leader's partitions for good). It is said loudly, with the fix --
+  raising `fetch.buffer_memory` above the source's largest batch -- and counted
+  (`oversize`). Its buffer is anonymous memory the kernel fills page by page as bytes
+  arrive, and it is never kept idle: a size prefix alone holds nothing.
 - The pool owns the buffers. A reservation is a `Lease` of a buffer of at least the
   frame's size; the connection reads the frame straight into it (recv_into) and the
   buffer goes back to the pool's idle list when the lease is released, to be lent
   again: no allocation, page faults or unmapping per frame once the pool is warm.
 - The bound counts real bytes: every buffer the pool owns, lent or idle, is counted
-  at its full size (`used` + `idle` <= `capacity`). When a reservation does not fit,
-  idle buffers are freed first (largest first); only then does it wait.
-- The bound is hard, and so is the oversize rule: a single response larger than the
-  whole pool can never be held; it is refused (the caller treats it as a failed
-  request), not let through. (Kafka's own pool may lend one oversized buffer; here
-  `fetch.buffer_memory` is what sizes the daemon's memory, and the fix -- raising it
-  above the source's largest batch -- is named in the error.)
+  at its full size (`used` + `idle` <= `capacity`, but for one oversize response). When a
+  buffer does not fit beside the idle ones, idle buffers are freed first (largest first);
+  the pool waits only when the bytes lent leave no room.
 - Buffers come in size classes (a multiple of an eighth of the size's power of two,
   pages at least), so a frame a little larger than the last one reuses its buffer or a
-  slightly larger one; when the class does not fit the bound, the frame's own size in
-  whole pages is tried before waiting. An idle buffer is lent for a frame only when it
+  slightly larger one; when the class does not fit the room left, the frame's own size in
+  whole pages (or else its size) is lent. An idle buffer is lent for a frame only when it
   is at most twice the frame's class, so small frames do not tie up large buffers.
-- Waiters are served first come, first served, so one busy leader cannot starve
-  the others of memory.
 - Memory goes back as soon as the response's data is on disk (the caller
   releases its lease after appending). Views of a released buffer must no longer be
   read: the buffer is lent again.
 
-`PoolAccount` is the sans-I/O bookkeeping; `MemoryPool` adds the buffers and asyncio
-waiting.
+`BytePool` (replicad/byte_pool.py) decides; `MemoryPool` lends the buffers and waits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import mmap
 from collections import deque
-from dataclasses import dataclass
 
-from replicad.errors import PoolTooSmallError
+import structlog
+
+from replicad.byte_pool import Asked, BytePool, Grant
+from replicad.clock import monotonic_ms
+from replicad.ratelimit import RateLimitedLog
+
+log = structlog.get_logger(__name__)
 
 PAGE = 4096
 # A lent buffer is at most this many times the size class of the frame it holds.
 MAX_REUSE_RATIO = 2
+OVERSIZE_LOG_INTERVAL_MS = 60_000
+
+Block = bytearray | mmap.mmap
 
 
 def size_class(size: int, capacity: int) -> int:
@@ -53,45 +64,13 @@ def size_class(size: int, capacity: int) -> int:
     return min(-(-size // step) * step, max(capacity, size))
 
 
-@dataclass(slots=True)
-class PoolAccount:
-    """Bytes lent (`used`) and held idle (`idle`); the two together stay within capacity."""
-
-    capacity: int
-    used: int = 0
-    idle: int = 0
-    peak: int = 0
-    reservations: int = 0
-    waits: int = 0
-    reused: int = 0
-
-    def can_hold(self, size: int) -> bool:
-        return self.used + size <= self.capacity
-
-    def take(self, size: int) -> None:
-        if size > self.capacity:
-            raise PoolTooSmallError(
-                f"a fetch response of {size:,} bytes exceeds buffer_memory ({self.capacity:,})"
-            )
-        if not self.can_hold(size):
-            raise AssertionError("take() without room: the caller must wait first")
-        self.used += size
-        self.reservations += 1
-        self.peak = max(self.peak, self.used + self.idle)
-
-    def give_back(self, size: int) -> None:
-        if size > self.used:
-            raise AssertionError(f"releasing {size} bytes with only {self.used} in use")
-        self.used -= size
-
-
 class Lease:
     """A pool buffer lent for one frame: `buffer` is exactly the frame's size. Calling the
     lease (or `release()`) gives the buffer back; a second call does nothing."""
 
     __slots__ = ("_block", "_pool", "buffer", "size")
 
-    def __init__(self, pool: MemoryPool | None, block: bytearray, size: int) -> None:
+    def __init__(self, pool: MemoryPool | None, block: Block, size: int) -> None:
         self._pool = pool
         self._block = block
         self.size = size
@@ -107,106 +86,131 @@ class Lease:
 
 class MemoryPool:
     def __init__(self, capacity: int) -> None:
-        self.account = PoolAccount(capacity)
-        self._waiters: deque[tuple[int, asyncio.Future[bytearray]]] = deque()
+        self.account = BytePool(capacity, self._charge)
+        self.idle = 0
+        self.peak = 0
+        self.reused = 0
+        self._waiters: dict[int, asyncio.Future[Block]] = {}
         # Idle buffers, sorted by size (parallel lists: sizes for bisect, the buffers).
         self._idle_sizes: list[int] = []
         self._idle: list[bytearray] = []
+        self._say = RateLimitedLog(OVERSIZE_LOG_INTERVAL_MS)
+
+    @property
+    def capacity(self) -> int:
+        return self.account.capacity
+
+    @property
+    def used(self) -> int:
+        """Bytes lent (idle buffers not counted)."""
+        return self.account.used
 
     async def reserve(self, size: int) -> Lease:
-        """Wait until a buffer for `size` bytes fits, and lend it."""
-        account = self.account
-        if size > account.capacity:
-            account.take(size)  # raises PoolTooSmallError with the figures
-        if not self._waiters:
-            block = self._grant(size)
-            if block is not None:
-                return Lease(self, block, size)
-        account.waits += 1
-        future: asyncio.Future[bytearray] = asyncio.get_running_loop().create_future()
-        self._waiters.append((size, future))
+        """Wait until a buffer for `size` bytes may be lent (byte_pool.py's rules), and lend it."""
+        asked = self.account.ask(size)
+        if asked.grant is not None:
+            return Lease(self, self._lend(asked.grant), size)
+        return Lease(self, await self._wait(asked), size)
+
+    async def _wait(self, asked: Asked) -> Block:
+        future: asyncio.Future[Block] = asyncio.get_running_loop().create_future()
+        self._waiters[asked.ticket] = future
         try:
-            block = await future
+            return await future
         except BaseException:
             if future.done() and not future.cancelled():
                 # Granted while we were being cancelled: hand the buffer back.
                 self._give_back(future.result())
             else:
-                self._waiters = deque(w for w in self._waiters if w[1] is not future)
-                self._wake()
+                self._waiters.pop(asked.ticket, None)
+                self._hand_out(self.account.withdraw(asked.ticket))
             raise
-        return Lease(self, block, size)
 
-    def _grant(self, size: int) -> bytearray | None:
-        """A buffer for `size` bytes taken from the bound (an idle one if one fits), or
-        None when the bound has no room even with every idle buffer freed."""
-        block = self._take_idle(size)
-        if block is not None:
-            self.account.take(len(block))
-            self.account.reused += 1
-            return block
-        capacity = self.account.capacity
-        # The size class when it fits; else only whole pages, so a tight pool holds as
-        # many frames as their own sizes allow.
-        for want in (size_class(size, capacity), min(-(-size // PAGE) * PAGE, capacity)):
-            if self._make_room(want):
-                self.account.take(want)
-                return bytearray(want)
-        return None
-
-    def _take_idle(self, size: int) -> bytearray | None:
-        """The smallest idle buffer that holds `size` and is not too large for it."""
+    def _charge(self, size: int, room: int) -> int:
+        """What to lend a frame of `size` that fits the `room` left (idle buffers are
+        freeable, so they count as room): an idle buffer not too large for it, else its size
+        class, else whole pages, else its size."""
         i = bisect.bisect_left(self._idle_sizes, size)
-        if i == len(self._idle_sizes):
-            return None
-        if self._idle_sizes[i] > MAX_REUSE_RATIO * size_class(size, self.account.capacity):
-            return None
-        del self._idle_sizes[i]
-        block = self._idle.pop(i)
-        self.account.idle -= len(block)
+        capacity = self.account.capacity
+        if i < len(self._idle_sizes) and self._idle_sizes[i] <= MAX_REUSE_RATIO * size_class(
+            size, capacity
+        ):
+            return self._idle_sizes[i]
+        for want in (size_class(size, capacity), -(-size // PAGE) * PAGE):
+            if want <= room:
+                return want
+        return size
+
+    def _lend(self, grant: Grant) -> Block:
+        """The buffer for a grant: the idle one `_charge` chose, or a new one once enough
+        idle buffers are freed to keep the bound."""
+        if grant.oversize:
+            self._free_idle(0)
+            self.peak = max(self.peak, self.account.used)
+            self._say_oversize(grant)
+            return mmap.mmap(-1, grant.charged)
+        i = bisect.bisect_left(self._idle_sizes, grant.charged)
+        if i < len(self._idle_sizes) and self._idle_sizes[i] == grant.charged:
+            del self._idle_sizes[i]
+            block = self._idle.pop(i)
+            self.idle -= len(block)
+            self.reused += 1
+        else:
+            self._free_idle(self.account.capacity - self.account.used)
+            block = bytearray(grant.charged)
+        self.peak = max(self.peak, self.account.used + self.idle)
         return block
 
-    def _put_idle(self, block: bytearray) -> None:
-        i = bisect.bisect_right(self._idle_sizes, len(block))
-        self._idle_sizes.insert(i, len(block))
-        self._idle.insert(i, block)
-        self.account.idle += len(block)
-
-    def _make_room(self, size: int) -> bool:
-        """Free idle buffers (largest first) until `size` more bytes fit within the bound."""
-        account = self.account
-        while account.used + account.idle + size > account.capacity and self._idle:
+    def _free_idle(self, keep: int) -> None:
+        """Free idle buffers, largest first, until at most `keep` bytes are idle."""
+        while self.idle > keep:
             self._idle_sizes.pop()
-            account.idle -= len(self._idle.pop())
-        return account.used + account.idle + size <= account.capacity
+            self.idle -= len(self._idle.pop())
 
-    def _give_back(self, block: bytearray) -> None:
-        self.account.give_back(len(block))
-        self._put_idle(block)
-        self._wake()
+    def _say_oversize(self, grant: Grant) -> None:
+        emit = self._say.should_emit("oversize", monotonic_ms())
+        if emit.emit:
+            log.warning(
+                "a fetch response larger than fetch.buffer_memory is read alone, past the "
+                "bound; raise fetch.buffer_memory above the largest record batch of the "
+                "source (its message.max.bytes)",
+                response_bytes=grant.size,
+                buffer_memory=self.account.capacity,
+                repeats_suppressed=emit.suppressed,
+            )
 
-    def _wake(self) -> None:
-        # First come, first served: stop at the first waiter that does not fit.
-        while self._waiters:
-            size, future = self._waiters[0]
+    def _give_back(self, block: Block) -> None:
+        grants = self.account.give_back(len(block))
+        if isinstance(block, bytearray):
+            i = bisect.bisect_right(self._idle_sizes, len(block))
+            self._idle_sizes.insert(i, len(block))
+            self._idle.insert(i, block)
+            self.idle += len(block)
+        # else: an oversize buffer, never kept (it alone would break the bound)
+        self._hand_out(grants)
+
+    def _hand_out(self, grants: list[Grant]) -> None:
+        pending = deque(grants)
+        while pending:
+            grant = pending.popleft()
+            future = self._waiters.pop(grant.ticket)
             if future.done():
-                self._waiters.popleft()
+                # Cancelled, and its task not yet run to withdraw: nothing was lent, so the
+                # grant goes straight back, and may let the next waiters in.
+                pending.extend(self.account.give_back(grant.charged))
                 continue
-            block = self._grant(size)
-            if block is None:
-                return
-            self._waiters.popleft()
-            future.set_result(block)
+            future.set_result(self._lend(grant))
 
     def snapshot(self) -> dict[str, int]:
         a = self.account
         return {
             "capacity": a.capacity,
             "used": a.used,
-            "idle": a.idle,
-            "peak": a.peak,
-            "reservations": a.reservations,
-            "reused": a.reused,
+            "idle": self.idle,
+            "peak": self.peak,
+            "reservations": a.grants,
+            "reused": self.reused,
             "waits": a.waits,
-            "waiting": len(self._waiters),
+            "waiting": a.waiting,
+            "oversize": a.oversize_grants,
         }

@@ -38,10 +38,8 @@ from replicad import __version__
 from replicad.clock import monotonic_ms
 from replicad.errors import (
     KafkaConnectionError,
-    PoolTooSmallError,
     RemoteProtocolError,
     RequestTimeoutError,
-    ResponseTooLargeError,
 )
 from replicad.protocol.apis import NegotiatedVersions, VersionRange, negotiate
 from replicad.protocol.codec import (
@@ -219,9 +217,6 @@ class _FrameReader(asyncio.BufferedProtocol):
         assert self._reserve is not None and self._transport is not None
         try:
             lease = await self._reserve(size)
-        except PoolTooSmallError as exc:
-            self.fail(ResponseTooLargeError(f"{self._address}: {exc}"))
-            return
         finally:
             self._waiting = None
         if self.lost.done() or self._transport.is_closing():
@@ -453,8 +448,6 @@ class BrokerConnection:
             return KafkaConnectionError(f"{self.address} closed the connection")
         if isinstance(reason, ssl.SSLError):
             return self.security.read_failure(str(self.address), reason)
-        if isinstance(reason, PoolTooSmallError):
-            return ResponseTooLargeError(f"{self.address}: {reason}")
         if isinstance(reason, (KafkaConnectionError, RemoteProtocolError)):
             return reason
         if isinstance(reason, OSError):
