@@ -19,6 +19,14 @@ Rules:
   as from a non-member (it became live between our look and our commit), has FAILED OVER:
   it is never synced again (`failed_over` is persisted with the mirror's progress), its own
   commits win. `resume(group)` is the one way back.
+- What this mirror wrote is remembered across restarts (`written`, persisted by the shell
+  after every round), so a group that failed over while replicad was stopped, and has no
+  members when it starts again, is still recognised by its own commits. A commit is
+  remembered as `sent` from the plan on (the shell persists it before sending), with what
+  the destination held before it, until its answer: until then either offset found there
+  is ours (its answer was lost, or the process stopped before saving it), any other is
+  someone else's. A group this mirror never sent a commit has no offset of ours to
+  compare: what is there is overwritten.
 - A source offset that moves backwards (an operator's reset at the source) is followed
   while the group is idle at the destination: it is written like any other, and said.
 - Skipped and named, per group: partitions the mirror halted, topics not mirrored, topics
@@ -72,6 +80,9 @@ TRANSITIONS: Mapping[tuple[GroupState, GroupEvent], GroupState] = {
     (GroupState.FAILED_OVER, GroupEvent.RESUME): GroupState.SYNCING,
 }
 
+# A partition the destination's answer left out: whether it was written is not known.
+MISSING_ANSWER = "missing from the answer"
+
 # Destination answers to an admin commit that mean "the group is live there".
 LIVE_GROUP_ERRORS = frozenset(
     {
@@ -119,6 +130,31 @@ class Commit:
     source: TopicPartition
     source_offset: int
     held_back: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """Persisted: a destination offset this mirror wrote to a group's partition (or found
+    there as its own), with the source offset it stood for."""
+
+    offset: int
+    source_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """Persisted before sending: a commit whose answer is not in, with the offset the
+    destination held before it (None: none). Either may be found there next."""
+
+    offset: int
+    source_offset: int
+    before: int | None
+
+
+# group -> destination partition -> what was written there.
+WrittenOffsets = Mapping[str, Mapping[TopicPartition, Written]]
+# group -> destination partition -> the commit sent there, answer unknown.
+SentOffsets = Mapping[str, Mapping[TopicPartition, Sent]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +242,8 @@ class GroupSync:
         self,
         failed_over: Mapping[str, FailedOver] | None = None,
         promoted: Iterable[str] = (),
+        written: WrittenOffsets | None = None,
+        sent: SentOffsets | None = None,
     ) -> None:
         self.failed_over: dict[str, FailedOver] = dict(failed_over or {})
         self.promoted: set[str] = set(promoted)
@@ -217,9 +255,14 @@ class GroupSync:
                 reason=why.reason,
             )
         # What this mirror last wrote (or found already there), per group and destination
-        # partition, with the source offset it stood for: a different destination offset
-        # is someone else's commit.
-        self._written: dict[str, dict[TopicPartition, tuple[int, int]]] = {}
+        # partition: a different destination offset is someone else's commit.
+        self._written: dict[str, dict[TopicPartition, Written]] = {
+            g: dict(w) for g, w in (written or {}).items() if g not in self.failed_over
+        }
+        # Commits planned whose answer has not come (lost, or not yet): also ours if found.
+        self._sent: dict[str, dict[TopicPartition, Sent]] = {
+            g: dict(w) for g, w in (sent or {}).items() if g not in self.failed_over
+        }
         # Source offsets seen but not yet at the destination: when first seen (sync lag).
         self._waiting: dict[tuple[str, TopicPartition, int], int] = {}
         self.commits_total = 0
@@ -243,6 +286,7 @@ class GroupSync:
             status.failed_over_since_ms = now_ms
             status.reason = reason
             self._written.pop(group, None)
+            self._sent.pop(group, None)
             self._forget_waiting(group)
             return Said(
                 "group failed over at the destination; no longer synced",
@@ -324,12 +368,27 @@ class GroupSync:
         return SyncPlan(commits, tuple(said))
 
     def _foreign_commit(self, group: str, dest: DestinationGroup) -> str | None:
-        for tp, (offset, _source) in self._written.get(group, {}).items():
+        """Why the destination's offsets are someone else's, or None. Ours: what we wrote,
+        and while a commit's answer is unknown, either it or what was there before it."""
+        written = self._written.setdefault(group, {})
+        sent = self._sent.pop(group, {})
+        for tp in sorted(set(written) | set(sent)):
             there = dest.offsets.get(tp)
-            if there is not None and there != offset:
+            if there is None:
+                continue
+            maybe = sent.get(tp)
+            if maybe is not None and there == maybe.offset:
+                # Our commit whose answer was lost (or not saved before a stop).
+                written[tp] = Written(maybe.offset, maybe.source_offset)
+                continue
+            expected = maybe.before if maybe is not None else written[tp].offset
+            if maybe is not None and expected is None and tp in written:
+                expected = written[tp].offset
+            if there != expected:
+                left = "nothing" if expected is None else expected
                 return (
-                    f"{tp} committed at the destination at {there}, not at {offset} as "
-                    "synced: the group commits there itself"
+                    f"{tp} committed at the destination at {there} where the sync left "
+                    f"{left}: the group commits there itself"
                 )
         return None
 
@@ -370,7 +429,7 @@ class GroupSync:
                 key = (group, tp, committed.offset)
                 oldest_wait = min(oldest_wait, self._waiting.setdefault(key, now_ms))
             before = written.get(partition.dest)
-            if before is not None and committed.offset < before[1]:
+            if before is not None and committed.offset < before.source_offset:
                 status.resets_followed += 1
                 said.append(
                     Said(
@@ -378,7 +437,7 @@ class GroupSync:
                         group,
                         {
                             "partition": str(tp),
-                            "from": before[1],
+                            "from": before.source_offset,
                             "to": committed.offset,
                             "destination_offset": target.offset,
                         },
@@ -386,7 +445,7 @@ class GroupSync:
                 )
             if dest.offsets.get(partition.dest) == target.offset:
                 # Already there (ours from before a restart, or unchanged): not written.
-                written[partition.dest] = (target.offset, committed.offset)
+                written[partition.dest] = Written(target.offset, committed.offset)
                 if not target.held_back:
                     self._done_waiting(group, tp)
                 continue
@@ -401,6 +460,11 @@ class GroupSync:
         status.held_back_partitions = held_partitions
         status.held_back_offsets = held_offsets
         status.sync_lag_ms = now_ms - oldest_wait
+        if planned:
+            self._sent[group] = {
+                tp: Sent(c.offset, c.source_offset, dest.offsets.get(tp))
+                for tp, c in planned.items()
+            }
         return planned, said
 
     def committed(
@@ -415,11 +479,16 @@ class GroupSync:
         status = self.groups.setdefault(group, GroupStatus())
         said: list[Said] = []
         written = self._written.setdefault(group, {})
+        sent = self._sent.get(group, {})
         failed: dict[TopicPartition, str] = {}
         for dest_tp, commit in planned.items():
-            error = errors.get(dest_tp, "missing from the answer")
+            error = errors.get(dest_tp, MISSING_ANSWER)
+            if error is not None and error != MISSING_ANSWER:
+                # A definite refusal: not written, so not ours if found.
+                sent.pop(dest_tp, None)
             if error is None:
-                written[dest_tp] = (commit.offset, commit.source_offset)
+                sent.pop(dest_tp, None)
+                written[dest_tp] = Written(commit.offset, commit.source_offset)
                 self.commits_total += 1
                 if not commit.held_back:
                     self._done_waiting(group, commit.source)
@@ -442,6 +511,8 @@ class GroupSync:
             status.error = f"{tp}: {error}" + (
                 f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
             )
+        if not sent:
+            self._sent.pop(group, None)
         status.last_sync_ms = now_ms
         return said
 
@@ -457,10 +528,20 @@ class GroupSync:
         """Per group, the destination offsets last written (or found) on `partitions`."""
         out = {}
         for group, written in sorted(self._written.items()):
-            mine = {str(tp): o for tp, (o, _src) in sorted(written.items()) if tp in partitions}
+            mine = {str(tp): w.offset for tp, w in sorted(written.items()) if tp in partitions}
             if mine:
                 out[group] = mine
         return out
+
+    @property
+    def written(self) -> dict[str, dict[TopicPartition, Written]]:
+        """What to persist: per group, the destination offsets this mirror wrote."""
+        return {g: dict(w) for g, w in self._written.items() if w}
+
+    @property
+    def sent(self) -> dict[str, dict[TopicPartition, Sent]]:
+        """What to persist before sending: commits planned, their answer not yet in."""
+        return {g: dict(w) for g, w in self._sent.items() if w}
 
     # -- internals ------------------------------------------------------------------------
 

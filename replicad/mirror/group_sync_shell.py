@@ -10,7 +10,8 @@ One round:
    topic): DescribeGroups (members) and OffsetFetch, through a second reader over the
    mirror's own client.
 3. The mirror's partitions as they stand now (taken after the reads, so never older than
-   what the destination was asked about), the plan, then one OffsetCommit per group.
+   what the destination was asked about), the plan, the state saved (the commits about
+   to be sent included), then one OffsetCommit per group; the state saved again.
 A round that fails is logged (rate-limited) and tried again next interval; replication and
 mirroring never wait for it.
 """
@@ -87,7 +88,7 @@ class GroupSyncShell:
                 destination=self.identity(),
             )
             return
-        self.sync = GroupSync(stored.failed_over, stored.promoted)
+        self.sync = GroupSync(stored.failed_over, stored.promoted, stored.written, stored.sent)
         self.promoted_at = dict(stored.promoted)
         self._saved = stored
         for group, why in sorted(stored.failed_over.items()):
@@ -95,7 +96,13 @@ class GroupSyncShell:
 
     async def save(self) -> None:
         async with self._save_lock:
-            now = StoredGroups(self.identity(), dict(self.sync.failed_over), dict(self.promoted_at))
+            now = StoredGroups(
+                self.identity(),
+                dict(self.sync.failed_over),
+                dict(self.promoted_at),
+                self.sync.written,
+                self.sync.sent,
+            )
             if now == self._saved:
                 return
             await asyncio.to_thread(group_store.save, self.data_dir, now)
@@ -166,6 +173,10 @@ class GroupSyncShell:
             )
         plan = self.sync.plan(_wall_ms(), source, destination, self.partitions())
         self._say(plan.said)
+        if plan.commits:
+            # Saved before they are sent: after a stop, what we sent is not taken for
+            # someone else's commit (group_sync.py).
+            await self.save()
         for group, commits in plan.commits.items():
             answers = await self.writer.commit(group, commits)
             self._say(self.sync.committed(_wall_ms(), group, commits, answers))

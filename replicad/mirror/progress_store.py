@@ -16,7 +16,7 @@ Rules:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -54,16 +54,23 @@ def encode_document(body: Mapping[str, Any], *, version: int) -> str:
 
 
 def decode_document(
-    text: str, *, version: int, source: str, what: str, parse: Callable[[Any], T]
+    text: str,
+    *,
+    version: int,
+    source: str,
+    what: str,
+    parse: Callable[[Any], T],
+    older: Sequence[int] = (),
 ) -> T:
-    """`parse` of the document; anything missing, mistyped or of another format version is a
+    """`parse` of the document; anything missing, mistyped or of another format version
+    (than `version`, or one of the `older` ones `parse` still reads) is a
     `MirrorProgressError` naming `source`: state is never guessed."""
     try:
         body = json.loads(text)
-        if body.get("version") != version:
+        if body.get("version") != version and body.get("version") not in older:
             raise ValueError(f"unknown format version {body.get('version')!r}")
         return parse(body)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
         raise MirrorProgressError(f"{source}: {what} unreadable: {exc}") from None
 
 

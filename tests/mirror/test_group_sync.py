@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from replicad.errors import LocalProtocolError
@@ -19,6 +19,8 @@ from replicad.mirror.group_sync import (
     GroupState,
     GroupSync,
     MirroredPartition,
+    Sent,
+    Written,
     translate,
 )
 from replicad.mirror.offset_map import OffsetMap, SyncPoint
@@ -215,6 +217,49 @@ def test_an_offset_already_at_the_destination_is_not_written_again() -> None:
     assert again.plan(1, src(p0=41), idle({D0: 40}), {T0: kept(100)}).commits["g"][D0].offset == 41
 
 
+def restarted(sync: GroupSync) -> GroupSync:
+    """The sync as a restart finds it: only what the shell persists."""
+    return GroupSync(sync.failed_over, sync.promoted, sync.written, sync.sent)
+
+
+def test_a_group_that_failed_over_while_stopped_is_recognised_at_the_restart() -> None:
+    sync = GroupSync()
+    held = apply(sync, 0, sync.plan(0, src(p0=40), idle(), {T0: kept(100)}).commits)
+    assert sync.written == {"g": {D0: Written(40, 40)}} and sync.sent == {}
+    # Stopped; the application joins at the destination, commits 45 and leaves.
+    again = restarted(sync)
+    plan = again.plan(9_000, src(p0=50), idle({**held, D0: 45}), {T0: kept(100)})
+    assert plan.commits == {}
+    assert again.state("g") is GroupState.FAILED_OVER
+    assert "at 45 where the sync left 40" in again.failed_over["g"].reason
+    assert again.written == {} and restarted(again).state("g") is GroupState.FAILED_OVER
+
+
+def test_our_own_commit_whose_answer_was_not_kept_is_not_taken_for_someone_elses() -> None:
+    sync = GroupSync()
+    apply(sync, 0, sync.plan(0, src(p0=40), idle(), {T0: kept(100)}).commits)
+    plan = sync.plan(5_000, src(p0=60), idle({D0: 40}), {T0: kept(100)})
+    assert sync.sent == {"g": {D0: Sent(60, 60, 40)}}
+    # The destination took 60; replicad stopped before the answer was saved.
+    again = restarted(sync)
+    assert again.plan(9_000, src(p0=60), idle({D0: 60}), {T0: kept(100)}).commits == {}
+    assert again.state("g") is GroupState.SYNCING
+    assert again.written == {"g": {D0: Written(60, 60)}} and again.sent == {}
+    # The same when the answer was lost while running, and when it never arrived at all.
+    sync.failed("g", "connection lost")
+    assert (
+        sync.plan(10_000, src(p0=70), idle({D0: 60}), {T0: kept(100)}).commits["g"][D0].offset == 70
+    )
+    sync.failed("g", "connection lost")
+    plan = sync.plan(15_000, src(p0=70), idle({D0: 60}), {T0: kept(100)})
+    assert plan.commits["g"][D0].offset == 70 and sync.state("g") is GroupState.SYNCING
+    # A commit the destination refused is not ours if found later.
+    sync.committed(15_000, "g", plan.commits["g"], {D0: "coordinator_load_in_progress"})
+    assert sync.sent == {}
+    sync.plan(20_000, src(p0=70), idle({D0: 70}), {T0: kept(100)})
+    assert sync.state("g") is GroupState.FAILED_OVER
+
+
 def test_a_group_the_destination_could_not_describe_is_not_written() -> None:
     sync = GroupSync()
     unknown = {"g": DestinationGroup(error="coordinator_not_available")}
@@ -232,6 +277,11 @@ def test_every_transition_is_in_the_table_and_others_are_errors() -> None:
 
 # -- the property: whatever happens, never ahead of the data, never into a live group ----
 
+# What becomes of the next commit: taken; written but its answer lost; lost before the
+# destination; written, then replicad stopped before the answer (restarted from what was
+# saved before sending).
+TAKEN, ANSWER_LOST, REQUEST_LOST, STOPPED = range(4)
+
 
 @st.composite
 def scenarios(draw: st.DrawFn) -> list[tuple[str, int]]:
@@ -244,14 +294,22 @@ def scenarios(draw: st.DrawFn) -> list[tuple[str, int]]:
         st.tuples(st.just("leave"), st.just(0)),
         st.tuples(st.just("sync"), st.just(0)),
         st.tuples(st.just("resume"), st.just(0)),
+        # Someone commits at the destination without staying a member: an application
+        # that ran and stopped while replicad was stopped (restarted after it).
+        st.tuples(st.just("app_commit"), st.integers(0, 60)),
+        st.tuples(st.just("restart"), st.just(0)),
     )
     return draw(st.lists(steps, max_size=60))
 
 
-@settings(max_examples=150, deadline=None)
-@given(scenarios())
+@settings(max_examples=200, deadline=None)
+@given(scenarios(), st.lists(st.integers(TAKEN, STOPPED), max_size=20))
+# The two ways a restart goes wrong, always tried: an application commits while replicad
+# is stopped; replicad stops after a commit was taken and before its answer was saved.
+@example([("commit", 9), ("mirror", 9), ("app_commit", 4), ("commit", 1), ("mirror", 1)], [])
+@example([("commit", 1), ("mirror", 1), ("commit", 1), ("mirror", 1), ("sync", 0)], [0, 3])
 def test_no_destination_offset_ahead_of_the_data_nor_a_write_to_a_live_group(
-    steps: list[tuple[str, int]],
+    steps: list[tuple[str, int]], outcomes: list[int]
 ) -> None:
     sync = GroupSync()
     source_log: list[str] = []  # "d" a data record, "m" a transaction marker
@@ -261,7 +319,12 @@ def test_no_destination_offset_ahead_of_the_data_nor_a_write_to_a_live_group(
     records: dict[int, int] = {}  # source offset -> destination offset of mirrored records
     members = 0
     dest_offsets: dict[TopicPartition, int] = {}
-    had_members_since_resume = False
+    # Since the last resume: had members, or someone else committed over what we wrote.
+    had_members_since_resume = owned_since_resume = False
+    # The destination offsets the sync can take for its own (None: it has none there yet):
+    # what it wrote or found there, and while a commit's fate is unknown, the one before.
+    ours: set[int] | None = None
+    fates = iter(outcomes)  # of the commits in turn; taken once they run out
     for now, (kind, n) in enumerate(steps):
         if kind == "commit":
             source_log.extend("d" * n)
@@ -283,8 +346,16 @@ def test_no_destination_offset_ahead_of_the_data_nor_a_write_to_a_live_group(
             had_members_since_resume = True
         elif kind == "leave":
             members = 0
+        elif kind == "app_commit":
+            if ours is not None and n not in ours:
+                owned_since_resume = True
+            dest_offsets[D0] = n
+            sync = restarted(sync)
+        elif kind == "restart":
+            sync = restarted(sync)
         elif kind == "resume" and sync.resume("g", now) is not None:
             had_members_since_resume = members > 0
+            owned_since_resume, ours = False, None
         partition = MirroredPartition(
             D0, position, dest_next if points else None, OffsetMap.of(points)
         )
@@ -294,14 +365,30 @@ def test_no_destination_offset_ahead_of_the_data_nor_a_write_to_a_live_group(
             {"g": DestinationGroup(members, "Stable" if members else "Empty", dest_offsets)},
             {T0: partition},
         )
+        # A group fails over only when it was live or written by someone else.
+        if sync.state("g") is GroupState.FAILED_OVER:
+            assert had_members_since_resume or owned_since_resume, "failed over for nothing"
         planned = plan.commits.get("g", {})
+        if sync.state("g") is GroupState.SYNCING and points and not members and not planned:
+            ours = {dest_offsets[D0]}  # what it wants is there: its own from now on
         if planned:
             assert members == 0, "wrote into a live group"
             assert not had_members_since_resume, "wrote into a group that failed over"
+            assert not owned_since_resume, "wrote over someone else's commit"
             offset = planned[D0].offset
             assert offset <= dest_next, "destination offset ahead of the mirrored data"
             # Exact: every mirrored record the source group had not read is read, none before.
             unread = [d for s, d in records.items() if s >= committed]
             assert offset == (min(unread) if unread else dest_next)
-            sync.committed(now, "g", planned, {D0: None})
-            dest_offsets[D0] = offset
+            saved = restarted(sync)  # the shell saves before sending
+            outcome = next(fates, TAKEN)
+            before = dest_offsets.get(D0)
+            ours = {offset} if outcome == TAKEN or before is None else {offset, before}
+            if outcome in (TAKEN, ANSWER_LOST, STOPPED):
+                dest_offsets[D0] = offset
+            if outcome == TAKEN:
+                sync.committed(now, "g", planned, {D0: None})
+            elif outcome in (ANSWER_LOST, REQUEST_LOST):
+                sync.failed("g", "no answer")
+            else:
+                sync = saved
