@@ -17,9 +17,11 @@ from typing import Any
 
 import pytest
 
+from replicad.types import TopicPartition
 from tools.peers.kafka import CONSOLE_CONSUMER, run_kafka_class
 from tools.peers.produce import produce_numbered
 from tools.replica import ReplicadProcess, replicad_run
+from tools.wait import wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -195,43 +197,6 @@ def destination_committed(bootstrap: str, topic: str, group: str) -> dict[int, A
         consumer.close()
 
 
-@pytest.mark.parametrize("kind", ["kept", "mapped"])
-def test_kafka_python_group_fails_over_exactly(
-    kind: str, kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
-) -> None:
-    topic = unique_topic(kind)
-    group = f"app-{topic}"
-    kafka_broker.create_topic(topic, PARTITIONS)
-    if kind == "kept":
-        produce_numbered(kafka_broker.bootstrap, topic, PARTITIONS, PER_PARTITION)
-    else:
-        transactional_topic(kafka_broker.bootstrap, topic)
-    everything = all_values(kafka_broker.bootstrap, topic)
-    assert b"aborted" not in {v for _, _, v in everything}
-    committed = read_part_with_kafka_python(kafka_broker.bootstrap, topic, group)
-    assert sorted(committed) == list(range(PARTITIONS))
-    with start(kafka_broker, kafka_cluster, [topic], tmp_path) as proc:
-        wait_synced(proc, group)
-        rows = proc.status()["mirror"]["partitions"]
-        assert all(r["offsets_kept"] is (kind == "kept") for r in rows), rows
-    there = destination_committed(kafka_cluster.bootstrap, PREFIX + topic, group)
-    assert {p: c.metadata for p, c in there.items()} == dict.fromkeys(range(PARTITIONS), METADATA)
-    if kind == "kept":
-        assert {p: c.offset for p, c in there.items()} == committed
-        # kafka-consumer-groups --describe shows the same offsets and lag on both sides.
-        assert describe_offsets(kafka_cluster, PREFIX + topic, group) == describe_offsets(
-            kafka_broker, topic, group
-        )
-    else:
-        assert {p: c.offset for p, c in there.items()} != committed  # translated
-    expected = [(p, v) for p, o, v in everything if o >= committed[p]]
-    rest = consume_rest_with_kafka_python(
-        kafka_cluster.bootstrap, PREFIX + topic, group, len(expected)
-    )
-    assert sorted(rest) == sorted(expected)
-    assert len(rest) == len(set(rest))
-
-
 def mirror_cli(proc: ReplicadProcess, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "replicad.cli", "mirror", *args,
@@ -302,6 +267,9 @@ def test_a_live_group_is_never_written_and_a_failed_over_one_only_after_resume(
             bootstrap_servers=kafka_cluster.bootstrap,
             group_id=group,
             enable_auto_commit=False,
+            # A join whose metadata lacked the new topic is assigned nothing until the
+            # metadata is refreshed (seen: "No partition metadata" and no assignment).
+            metadata_max_age_ms=1_000,
         )
         member.subscribe([dest_topic])
         try:
@@ -459,16 +427,27 @@ def read_with_members(members: list[Any], topic: str, until: Callable[[list], bo
     return read
 
 
-def test_confluent_java_and_a_three_member_group_fail_over_exactly(
-    kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
+@pytest.mark.parametrize("kind", ["kept", "mapped"])
+def test_every_client_and_a_three_member_group_fail_over_exactly(
+    kind: str, kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
 ) -> None:
-
-    topic = unique_topic("clients")
+    """One mirror, one topic, four groups: kafka-python, confluent-kafka with one member
+    and with three, Kafka's console consumer. `kept`: plain records, the same offsets at
+    the destination; `mapped`: committed and aborted transactions, offsets translated."""
+    topic = unique_topic(kind)
     dest_topic = PREFIX + topic
     kafka_broker.create_topic(topic, PARTITIONS)
-    transactional_topic(kafka_broker.bootstrap, topic)
+    if kind == "kept":
+        produce_numbered(kafka_broker.bootstrap, topic, PARTITIONS, PER_PARTITION)
+    else:
+        transactional_topic(kafka_broker.bootstrap, topic)
     everything = all_values(kafka_broker.bootstrap, topic)
-    single, trio, java = f"cf-{topic}", f"trio-{topic}", f"java-{topic}"
+    assert b"aborted" not in {v for _, _, v in everything}
+    kp, single, trio, java = f"kp-{topic}", f"cf-{topic}", f"trio-{topic}", f"java-{topic}"
+    # kafka-python (subscribe, read_committed) commits what it read, with metadata.
+    assert sorted(read_part_with_kafka_python(kafka_broker.bootstrap, topic, kp)) == list(
+        range(PARTITIONS)
+    )
     # confluent-kafka, one member (subscribe, manual commit); then three members.
     for group, count in ((single, 1), (trio, 3)):
         members = confluent_members(kafka_broker.bootstrap, group, count)
@@ -488,7 +467,7 @@ def test_confluent_java_and_a_three_member_group_fail_over_exactly(
         "--group", java, "--from-beginning", "--max-messages", "40",
         "--consumer-property", "isolation.level=read_committed", timeout_s=120,
     )  # fmt: skip
-    groups = (single, trio, java)
+    groups = (kp, single, trio, java)
     committed = {g: source_committed(kafka_broker.bootstrap, topic, g) for g in groups}
     # A member commits only the partitions it read (librdkafka); the others start at the
     # earliest at the destination as at the source.
@@ -502,6 +481,22 @@ def test_confluent_java_and_a_three_member_group_fail_over_exactly(
     with start(kafka_broker, kafka_cluster, [topic], tmp_path) as proc:
         for group in groups:
             wait_synced(proc, group, with_commits[group])
+        rows = proc.status()["mirror"]["partitions"]
+        assert all(r["offsets_kept"] is (kind == "kept") for r in rows), rows
+    there = destination_committed(kafka_cluster.bootstrap, dest_topic, kp)
+    assert {p: c.metadata for p, c in there.items()} == dict.fromkeys(range(PARTITIONS), METADATA)
+    if kind == "kept":
+        assert {p: c.offset for p, c in there.items()} == committed[kp]
+        # kafka-consumer-groups --describe shows the same offsets and lag on both sides.
+        assert describe_offsets(kafka_cluster, dest_topic, kp) == describe_offsets(
+            kafka_broker, topic, kp
+        )
+    else:
+        assert {p: c.offset for p, c in there.items()} != committed[kp]  # translated
+    rest = consume_rest_with_kafka_python(
+        kafka_cluster.bootstrap, dest_topic, kp, len(expected[kp])
+    )
+    assert sorted(rest) == expected[kp]
     for group, count in ((single, 1), (trio, 3)):
         members = confluent_members(kafka_cluster.bootstrap, group, count)
         want = len(expected[group])
@@ -526,3 +521,152 @@ def test_confluent_java_and_a_three_member_group_fail_over_exactly(
             head, _, value = line.partition("\t")
             rest.append((int(head.split(":")[1]), value.encode()))
     assert sorted(rest) == expected[java]
+
+
+def test_a_group_that_fails_over_while_replicad_is_stopped_is_left_alone_at_restart(
+    kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
+) -> None:
+    from kafka import KafkaConsumer, OffsetAndMetadata
+    from kafka import TopicPartition as KTP
+
+    topic = unique_topic("stopped")
+    dest_topic = PREFIX + topic
+    group = f"app-{topic}"
+    kafka_broker.create_topic(topic, PARTITIONS)
+    produce_numbered(kafka_broker.bootstrap, topic, PARTITIONS, PER_PARTITION)
+    commit_at(kafka_broker.bootstrap, topic, group, dict.fromkeys(range(PARTITIONS), 10))
+    with start(kafka_broker, kafka_cluster, [topic], tmp_path) as proc:
+        wait_synced(proc, group)
+        assert dest_offset(kafka_cluster.bootstrap, dest_topic, group) == 10
+    # replicad is stopped. The application moves: it joins at the destination, reads,
+    # commits 25 and stops; its group has no members when replicad starts again.
+    app = KafkaConsumer(
+        bootstrap_servers=kafka_cluster.bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        metadata_max_age_ms=1_000,  # as the live group's member above
+    )
+    app.subscribe([dest_topic])
+    try:
+        kafka_wait_assigned(app)
+        app.commit({KTP(dest_topic, p): OffsetAndMetadata(25, "", -1) for p in range(PARTITIONS)})
+    finally:
+        app.close()
+    # The source group goes on meanwhile: a sync that forgot what it wrote would follow it.
+    commit_at(kafka_broker.bootstrap, topic, group, dict.fromkeys(range(PARTITIONS), 40))
+    with start(kafka_broker, kafka_cluster, [topic], tmp_path) as proc:
+        proc.wait_for(
+            lambda: group_row(proc, group).get("state") == "failed_over",
+            timeout_s=90,
+            what="the group recognised as failed over",
+        )
+        assert "commits there itself" in group_row(proc, group)["reason"]
+        wait_rounds(proc, 3)
+        assert {
+            p: dest_offset(kafka_cluster.bootstrap, dest_topic, group, p) for p in range(PARTITIONS)
+        } == dict.fromkeys(range(PARTITIONS), 25)
+
+
+def kafka_wait_assigned(consumer: Any) -> None:
+    """Poll until the group gave `consumer` its partitions."""
+    wait_until(
+        lambda: consumer.poll(timeout_ms=200) is not None and bool(consumer.assignment()),
+        timeout_s=60,
+        what="the member's assignment",
+    )
+
+
+def open_transaction(producer: Any, topic: str, records: int) -> None:
+    """`records` records in a transaction left open: the mirror holds at its first one."""
+    producer.begin_transaction()
+    for i in range(records):
+        producer.produce(topic, value=b"t%d" % i, partition=0)
+    assert producer.flush(30) == 0
+
+
+def dest_end(bootstrap: str, topic: str) -> int:
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KTP
+
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
+    try:
+        return probe.get_watermark_offsets(KTP(topic, 0), timeout=10)[1]
+    finally:
+        probe.close()
+
+
+def wait_held(proc: ReplicadProcess, group: str, offsets: int) -> None:
+    """Until the sync has held `group`'s one partition back by `offsets` source offsets."""
+    proc.wait_for(
+        lambda: (
+            group_row(proc, group).get("held_back_offsets") == offsets
+            and group_row(proc, group).get("last_sync_ms") is not None
+        ),
+        timeout_s=90,
+        what=f"group {group} held back by {offsets}",
+    )
+
+
+def test_offsets_wait_at_the_mirrored_end_while_the_mirror_lags_and_promote_force_stops_there(
+    kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
+) -> None:
+    from confluent_kafka import Producer
+
+    topic = unique_topic("lag")
+    dest_topic = PREFIX + topic
+    group = f"app-{topic}"
+    source = kafka_broker.bootstrap
+    kafka_broker.create_topic(topic, 1)
+    txn = Producer(
+        {
+            "bootstrap.servers": source,
+            "transactional.id": f"{topic}-txn",
+            "transaction.timeout.ms": 600_000,
+        }
+    )
+    txn.init_transactions(30)
+    # Source offsets: 0-19 plain, 20-29 an open transaction, 30-59 plain. The mirror
+    # produces 0-19 and holds at 20 (docs/mirror.md, transactions); the group read to 50.
+    produce_numbered(source, topic, 1, 20)
+    open_transaction(txn, topic, 10)
+    produce_numbered(source, topic, 1, 30, b"w")
+    commit_at(source, topic, group, {0: 50})
+    with start(kafka_broker, kafka_cluster, [topic], tmp_path) as proc:
+        # The mirror lags: the group's offset waits at the mirrored end, never ahead of it.
+        wait_held(proc, group, 50 - 20)
+        assert dest_offset(kafka_cluster.bootstrap, dest_topic, group) == 20
+        assert dest_end(kafka_cluster.bootstrap, dest_topic) == 20
+        # Promotion without --force waits for the held records; on timeout nothing changes.
+        waited = mirror_cli(proc, "promote", "--topics", topic, "--timeout", "1", "--json")
+        assert waited.returncode == 1, waited.stdout + waited.stderr
+        assert "mirrored to 20 of 60" in json.loads(waited.stdout)["waiting"][f"{topic}-0"]
+        # The transaction commits (its marker at 60): mirror and group catch up exactly.
+        txn.commit_transaction(30)
+        wait_synced(proc, group, 1)
+        assert dest_offset(kafka_cluster.bootstrap, dest_topic, group) == 50
+        # It lags again: 61-70 an open transaction, 71-80 plain; the group read to 75.
+        open_transaction(txn, topic, 10)
+        produce_numbered(source, topic, 1, 10, b"x")
+        commit_at(source, topic, group, {0: 75})
+        wait_held(proc, group, 75 - 61)
+        # The marker took no destination offset: the mirrored end is 60 there.
+        assert dest_offset(kafka_cluster.bootstrap, dest_topic, group) == 60
+        assert dest_end(kafka_cluster.bootstrap, dest_topic) == 60
+        # --force: stop at once with what is there, and say what was left behind.
+        forced = mirror_cli(proc, "promote", "--topics", topic, "--force", "--json")
+        assert forced.returncode == 0, forced.stdout + forced.stderr
+        report = json.loads(forced.stdout)
+        assert report["promoted"] is True and report["forced"] is True
+        assert f"{topic}-0" in report["left_behind"]
+        (row,) = report["partitions"]
+        assert (row["mirrored_offset"], row["destination_log_end"]) == (61, 60), row
+        assert row["left_behind"] == 81 - 61, row
+        assert report["groups"] == {group: {f"{dest_topic}-0": 60}}
+        # The transaction commits at the source after the cut-over: replicated locally,
+        # never mirrored, and the group is not synced any more.
+        txn.commit_transaction(30)
+        proc.wait_caught_up({TopicPartition(topic, 0): 82})
+        commit_at(source, topic, group, {0: 80})
+        wait_rounds(proc, 3)
+        assert dest_end(kafka_cluster.bootstrap, dest_topic) == 60
+        assert dest_offset(kafka_cluster.bootstrap, dest_topic, group) == 60
