@@ -636,6 +636,9 @@ def test_offsets_wait_at_the_mirrored_end_while_the_mirror_lags_and_promote_forc
         wait_held(proc, group, 50 - 20)
         assert dest_offset(kafka_cluster.bootstrap, dest_topic, group) == 20
         assert dest_end(kafka_cluster.bootstrap, dest_topic) == 20
+        # Held only by the mirror: the local replica has everything (a replica behind the
+        # source is another reason promotion names).
+        proc.wait_caught_up({TopicPartition(topic, 0): 60})
         # Promotion without --force waits for the held records; on timeout nothing changes.
         waited = mirror_cli(proc, "promote", "--topics", topic, "--timeout", "1", "--json")
         assert waited.returncode == 1, waited.stdout + waited.stderr
@@ -652,6 +655,7 @@ def test_offsets_wait_at_the_mirrored_end_while_the_mirror_lags_and_promote_forc
         # The marker took no destination offset: the mirrored end is 60 there.
         assert dest_offset(kafka_cluster.bootstrap, dest_topic, group) == 60
         assert dest_end(kafka_cluster.bootstrap, dest_topic) == 60
+        proc.wait_caught_up({TopicPartition(topic, 0): 81})
         # --force: stop at once with what is there, and say what was left behind.
         forced = mirror_cli(proc, "promote", "--topics", topic, "--force", "--json")
         assert forced.returncode == 0, forced.stdout + forced.stderr
