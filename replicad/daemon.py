@@ -327,6 +327,7 @@ class Daemon:
         await self.replicator.logs_ready.wait()
         assert self.replicator.logs is not None
         from replicad.leader.source_group_sync import SourceGroupSync, read_only_groups
+        from replicad.leader.topic_configs import TopicConfigSync
 
         settings = ServeSettings.from_config(serve)
         server = LeaderServer(
@@ -350,12 +351,20 @@ class Daemon:
             return
         self.server = server
         self._partition_listeners.append(server.partition_changed)
+        # DescribeConfigs on serve answers with the source's topic configs.
+        configs = TopicConfigSync(
+            self.replicator.client,
+            server.topic_configs,
+            lambda: sorted({tp.topic for tp in self.replicator.states}),
+        )
+        loops = [configs.run(self.stop)]
         if self.config.groups.enabled:
             # In this process, beside serve's coordinator: why, in that module's docstring.
             self.serve_sync = SourceGroupSync(
                 self.config.groups, self.replicator.client, server.groups
             )
-            await self.serve_sync.run(self.stop)
+            loops.append(self.serve_sync.run(self.stop))
+        await asyncio.gather(*loops)  # cancelled with this task at shutdown
 
     def _partition_changed(self, tp: TopicPartition) -> None:
         for listener in self._partition_listeners:

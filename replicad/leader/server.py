@@ -126,10 +126,11 @@ from replicad.leader.security import (
     tls_principal,
 )
 from replicad.leader.settings import ServeSettings
+from replicad.leader.topic_configs import TopicConfigs, describe_configs_response
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
 from replicad.log.segment import FileRegion
-from replicad.protocol.apis import ApiKey
+from replicad.protocol.apis import ApiKey, VersionRange
 from replicad.protocol.codec import (
     SIZE,
     DecodedRequest,
@@ -156,6 +157,8 @@ TLS_HANDSHAKE_S = 60.0
 # TLS handshakes in progress at once (see the rules): a handshake holds ~300 KB (asyncio's
 # read buffer, OpenSSL's state) until it ends; a real client's takes milliseconds.
 TLS_HANDSHAKES_AT_ONCE = 64
+# DescribeConfigs for topics, with the source's configs (Kafka 4 answers v1 and up).
+DESCRIBE_CONFIGS_VERSIONS = VersionRange(1, 4)
 # Kafka's sasl.server.max.receive.size: the largest frame read before authentication.
 SASL_MAX_RECEIVE_BYTES = 512 * 1024
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
@@ -283,7 +286,11 @@ class LeaderServer:
         self.allowed_followers = frozenset(allowed_followers)
         self.security = security
         # What is served, and what ApiVersions answers: a SASL listener adds the SASL APIs.
-        self._served = {**handlers.SUPPORTED_VERSIONS, **GROUP_VERSIONS}
+        self._served = {
+            **handlers.SUPPORTED_VERSIONS,
+            **GROUP_VERSIONS,
+            ApiKey.DESCRIBE_CONFIGS: DESCRIBE_CONFIGS_VERSIONS,
+        }
         self._supported = (
             {**self._served, **handlers.SASL_VERSIONS}
             if security is not None and security.mechanisms
@@ -305,6 +312,8 @@ class LeaderServer:
             read_only=read_only_groups,
         )
         self._cluster_id = handlers.cluster_id_for(logs.data_dir.resolve())
+        # The source's topic configs, for DescribeConfigs (leader/topic_configs.py).
+        self.topic_configs = TopicConfigs(logs.data_dir)
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
@@ -354,6 +363,7 @@ class LeaderServer:
         sockname = self._server.sockets[0].getsockname()
         self._host, self.port = sockname[0], sockname[1]
         await self.groups.start()
+        await asyncio.to_thread(self.topic_configs.load)
         security: dict[str, Any] = {}
         if self.security is not None:
             security = {
@@ -832,6 +842,13 @@ class LeaderServer:
         if api == ApiKey.OFFSET_FOR_LEADER_EPOCH:
             return handlers.offset_for_leader_epoch_response(
                 version, request.body, self.catalog, now_ms=now_ms
+            )
+        if api == ApiKey.DESCRIBE_CONFIGS:
+            return describe_configs_response(
+                version,
+                request.body,
+                self.topic_configs,
+                lambda topic: self.catalog.topic(topic, now_ms=now_ms) is not None,
             )
         raise AssertionError(f"no handler for api {api}")
 

@@ -7,6 +7,7 @@ other client -- one connected before, one after -- is served as before.
 
 from __future__ import annotations
 
+import datetime
 import json
 import socket
 import struct
@@ -18,12 +19,9 @@ import pytest
 from kafka.protocol.consumer.fetch import FetchRequest
 from kafka.protocol.consumer.offsets import ListOffsetsRequest
 from kafka.protocol.metadata.metadata import MetadataRequest
-from kio.schema.describe_configs.v4.request import (
-    DescribeConfigsRequest,
-    DescribeConfigsResource,
-)
-from kio.schema.describe_configs.v4.response import DescribeConfigsResponse
-from kio.static.primitive import i8
+from kio.schema.create_topics.v7.request import CreatableTopic, CreateTopicsRequest
+from kio.schema.create_topics.v7.response import CreateTopicsResponse
+from kio.static.primitive import i16, i32
 
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
@@ -218,22 +216,25 @@ def test_a_hostile_request_to_an_api_serve_refuses_is_answered_with_the_refusal(
     """An API `replicad serve` does not serve is answered with its own error, from the
     request if it decodes; a hostile one does not, and is answered all the same."""
     server, port, _ = served
-    request = DescribeConfigsRequest(
-        resources=(
-            DescribeConfigsResource(
-                resource_type=i8(2), resource_name="t", configuration_keys=None
+    request = CreateTopicsRequest(
+        topics=(
+            CreatableTopic(
+                name="t",
+                num_partitions=i32(1),
+                replication_factor=i16(1),
+                assignments=(),
+                configs=(),
             ),
         ),
-        include_synonyms=False,
-        include_documentation=False,
+        timeout=datetime.timedelta(seconds=1),
     )
     frame = encode_request(request, correlation_id=5, client_id=CLIENT_ID)[SIZE.size :]
-    hostile = claiming_huge(frame, 0)  # resources first
+    hostile = claiming_huge(frame, 0)  # topics first
     with connect(port) as sock:
         send(sock, hostile)
         answer = receive(sock)
     assert answer is not None and server.running
-    decoded = decode_response(answer, DescribeConfigsResponse)
+    decoded = decode_response(answer, CreateTopicsResponse)
     assert decoded.correlation_id == 5
-    assert decoded.body.results == ()  # nothing of the request could be read
+    assert decoded.body.topics == ()  # nothing of the request could be read
     assert server.stop() == 0

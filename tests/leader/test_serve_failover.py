@@ -41,6 +41,8 @@ pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 PARTITIONS = 3
 PER_PARTITION = 100
 DEADLINE_S = 90
+TOPIC_CONFIGS = {"retention.ms": "123456789", "cleanup.policy": "delete"}
+TOPIC_COMMAND = "org.apache.kafka.tools.TopicCommand"
 Read = list[tuple[int, int]]  # (partition, offset) of each record read, in order
 
 
@@ -59,7 +61,7 @@ class Failover:
 def failover(kafka_broker, tmp_path_factory) -> Iterator[Failover]:
     """PARTITIONS x PER_PARTITION records on Kafka, replicated by `replicad run`, which
     serves them and syncs every group named `<topic>-*` every 200 ms."""
-    topic = produced_topic(kafka_broker, "failover", PARTITIONS, PER_PARTITION)
+    topic = produced_topic(kafka_broker, "failover", PARTITIONS, PER_PARTITION, TOPIC_CONFIGS)
     work = tmp_path_factory.mktemp("failover")
     port = free_port()
     config = {
@@ -268,3 +270,32 @@ def test_kafka_consumer_groups_describes_a_synced_group_on_serve_as_on_the_sourc
     at_source = describe(f.source)
     assert at_source, "the source describes no committed partition"
     assert describe(f.serve) == at_source
+
+
+def test_kafka_topics_describes_the_sources_topic_configs_on_serve(failover) -> None:
+    """serve answers DescribeConfigs with the configs run read from the source, so Kafka's
+    kafka-topics --describe shows the real retention (it lists non-default configs)."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    f = failover
+
+    def retention_on_serve() -> str | None:
+        admin = KafkaAdminClient(bootstrap_servers=f.serve)
+        try:
+            answer = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, f.topic)])
+        finally:
+            admin.close()
+        entry = answer.get("topic", {}).get(f.topic, {}).get("retention.ms") or {}
+        return entry.get("value")
+
+    wait_until(
+        lambda: retention_on_serve() == TOPIC_CONFIGS["retention.ms"],
+        timeout_s=DEADLINE_S,
+        what="the source's topic configs on serve",
+    )
+    described = run_kafka_class(
+        TOPIC_COMMAND, "--bootstrap-server", f.serve, "--describe", "--topic", f.topic,
+        timeout_s=120,
+    ).stdout  # fmt: skip
+    assert "retention.ms=123456789" in described, described

@@ -46,13 +46,18 @@ class Replica:
         return f"127.0.0.1:{self.port}"
 
 
-def produced_topic(kafka_broker, name: str, partitions: int, per_partition: int) -> str:
-    """A new topic `<name>-<pid>-<ms>` on Kafka with `per_partition` records in each of its
-    `partitions` (values "p-i")."""
+def produced_topic(
+    kafka_broker, name: str, partitions: int, per_partition: int, configs: Any = None
+) -> str:
+    """A new topic `<name>-<pid>-<ms>` on Kafka (with `configs`, if given) with
+    `per_partition` records in each of its `partitions` (values "p-i")."""
     from kafka import KafkaProducer
 
     topic = f"{name}-{os.getpid():x}-{int(time.time() * 1000) % 100000}"
-    kafka_broker.create_topic(topic, partitions)
+    if configs:
+        kafka_broker.create_topic(topic, partitions, configs)
+    else:
+        kafka_broker.create_topic(topic, partitions)
     producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=5)
     for p in range(partitions):
         for i in range(per_partition):
