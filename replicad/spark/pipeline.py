@@ -77,11 +77,14 @@ def spark_session(
             # A local run binds to loopback: otherwise Spark picks the first interface's
             # address and warns that the host name resolves to a loopback address.
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-            # The workers are this machine's: the interpreter that has replicad installed.
+            # The workers are this machine's: the interpreter that has replicad installed,
+            # importing PySpark with its bytecode cache (worker_python.py says why).
             # (The environment, read when the JVM starts, reaches every kind of Python
             # worker; the setting alone does not reach the data source planner's.)
-            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-            builder = builder.config("spark.pyspark.python", sys.executable)
+            from replicad.spark.worker_python import worker_python
+
+            python = os.environ.setdefault("PYSPARK_PYTHON", worker_python())
+            builder = builder.config("spark.pyspark.python", python)
     builder = builder.config("spark.ui.showConsoleProgress", "false")
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import struct
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -254,7 +253,6 @@ def spark() -> Iterator[object]:
             "spark.sql.shuffle.partitions": "2",
             "spark.ui.enabled": "false",
             "spark.sql.session.timeZone": "UTC",
-            "spark.pyspark.python": sys.executable,
             "spark.driver.memory": "1g",
             "spark.driver.extraJavaOptions": QUICK_JVM,
             "spark.jars": jars,

@@ -12,9 +12,14 @@ import sys
 from pathlib import Path
 
 from replicad.spark.follow import offsets_behind, progress_line
-from replicad.spark.handover import offsets_from_checkpoint
 from replicad.types import TopicPartition
-from tests.spark.test_stream import REPLICA_CONFIG, every_offset, sink_offsets, wait_replicated
+from tests.spark.test_stream import (
+    REPLICA_CONFIG,
+    committed,
+    every_offset,
+    sink_offsets,
+    wait_replicated,
+)
 from tools.peers.produce import produce_numbered
 from tools.replica import replicad_argv, replicad_run
 from tools.wait import wait_until
@@ -108,7 +113,7 @@ def test_export_is_exactly_once_across_a_sigkill_mid_batch_and_stops_on_sigterm(
         try:
             wait_until(
                 lambda: (
-                    committed_to(checkpoint) == {topic: {"0": 200, "1": 200}}
+                    committed(checkpoint) == {topic: {"0": 200, "1": 200}}
                     or driver.poll() is not None
                 ),
                 timeout_s=RUN_TIMEOUT_S,
@@ -126,14 +131,6 @@ def test_export_is_exactly_once_across_a_sigkill_mid_batch_and_stops_on_sigterm(
     rows, offsets = sink_offsets(spark, out)
     assert rows == len(offsets) == 400
     assert offsets == every_offset(want)
-
-
-def committed_to(checkpoint: Path) -> dict | None:
-    """The offsets of the checkpoint's last committed micro-batch, None before the first."""
-    try:
-        return offsets_from_checkpoint(checkpoint)
-    except Exception:
-        return None
 
 
 def test_progress_lines_say_records_rate_and_lag():

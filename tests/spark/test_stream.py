@@ -1,23 +1,33 @@
 """`spark.readStream.format("replicad")` in Spark local mode over a replica that a real
 `replicad run` is writing from a real Kafka broker: Trigger.AvailableNow into Spark's
 parquet sink, checkpointed offsets, new partitions and topics joining, read_committed
-before an open transaction, data lost to retention."""
+before an open transaction, data lost to retention; and running queries over a replica the
+follower truncates under them (a scripted leader's unclean change: no real broker rewrites
+its history on cue)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import re
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from replicad.spark.follow import START_ATTEMPTS, worker_start_failed
+from replicad.spark.handover import offsets_from_checkpoint
 from replicad.spark.options import parse_stream_options
 from replicad.spark.stream import ReplicadStreamReader, high_watermarks
 from replicad.types import TopicPartition
+from tools.logdata.batches import producer_batch
 from tools.peers.produce import produce_numbered
+from tools.peers.scripted_leader import ScriptedLeader
 from tools.replica import replicad_run
+from tools.wait import wait_until
 
 # Checkpoints (and so high watermarks on disk) and retention often; new topics seen soon.
 REPLICA_CONFIG = {
@@ -227,3 +237,123 @@ def test_read_committed_stops_before_an_open_transaction(
     rows, offsets = sink_offsets(spark, tmp_path / "out")
     assert rows == len(offsets) == 25
     assert offsets == every_offset({tp: 25})
+
+
+def committed(checkpoint: Path) -> dict | None:
+    """The offsets of a checkpoint's last committed micro-batch, None before the first."""
+    try:
+        return offsets_from_checkpoint(checkpoint)
+    except Exception:
+        return None
+
+
+def running_query(spark, data_dir: Path, root: Path, want: dict, **options: str):
+    """A query with a 200 ms processing-time trigger into root/out, once it has committed
+    `want` (Spark's Kafka source JSON); started again if the driver's Python source process
+    could not connect back in time (follow.py)."""
+    reader = spark.readStream.format("replicad")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    writer = (
+        reader.load(str(data_dir))
+        .writeStream.format("parquet")
+        .option("checkpointLocation", str(root / "checkpoint"))
+        .option("path", str(root / "out"))
+        .trigger(processingTime="200 milliseconds")
+    )
+    for attempt in range(1, START_ATTEMPTS + 1):
+        query = writer.start()
+        wait_until(
+            lambda q=query: committed(root / "checkpoint") == want or not q.isActive,
+            timeout_s=QUERY_TIMEOUT_S,
+            what=f"the query to commit {want}",
+        )
+        if query.isActive:
+            return query
+        if attempt == START_ATTEMPTS or not worker_start_failed(query.exception()):
+            raise AssertionError(f"the query ended: {query.exception()}")
+    raise AssertionError("unreachable")
+
+
+def history(first: int, batches: int, epoch: int, tag: bytes) -> list[bytes]:
+    """Batches of 10 records from offset `first`, written in leader epoch `epoch`."""
+    return [
+        producer_batch(
+            first + 10 * i,
+            [tag + b"-%d" % (first + 10 * i + j) for j in range(10)],
+            leader_epoch=epoch,
+        )
+        for i in range(batches)
+    ]
+
+
+@contextlib.contextmanager
+def scripted_leader(topic: str, batches: list[bytes], epoch: int) -> Iterator[ScriptedLeader]:
+    """A ScriptedLeader on an event loop of its own thread (Spark's calls block this one)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="scripted-leader", daemon=True)
+    thread.start()
+    leader = ScriptedLeader(topic)
+    leader.set_log(batches, leader_epoch=epoch)
+    try:
+        asyncio.run_coroutine_threadsafe(leader.start(), loop).result(30)
+        yield leader
+    finally:
+        asyncio.run_coroutine_threadsafe(leader.close(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
+
+
+def test_a_truncation_under_running_streams_fails_one_and_is_skipped_by_the_other(spark, tmp_path):
+    topic = "truncated"
+    tp = TopicPartition(topic, 0)
+    old = history(0, 10, epoch=1, tag=b"old")  # offsets 0..99, epoch 1
+    strict, lenient = tmp_path / "strict", tmp_path / "lenient"
+    data_dir = tmp_path / "data"
+    with scripted_leader(topic, old, epoch=1) as leader:
+        bootstrap = f"127.0.0.1:{leader.port}"
+        with replicad_run(bootstrap, [topic], data_dir, config=REPLICA_CONFIG) as proc:
+            wait_replicated(proc, data_dir, {tp: 100})
+            read_all = {topic: {"0": 100}}
+            queries = [
+                running_query(spark, data_dir, strict, read_all),
+                running_query(spark, data_dir, lenient, read_all, failOnDataLoss="false"),
+            ]
+            try:
+                # An unclean leader change: the new leader (epoch 2) has only 0..49 of the
+                # history both streams read to 100. The follower truncates to 50.
+                leader.set_log(old[:5], leader_epoch=2)
+                proc.wait_for(
+                    lambda: high_watermarks(str(data_dir)).get(tp) == 50,
+                    what="the replica truncated to 50",
+                )
+                line = (
+                    f"data lost in {topic}-0: offsets 50..99 "
+                    "(the replica's log was truncated below the stream's position)"
+                )
+                with pytest.raises(Exception, match=re.escape(line)):
+                    queries[0].awaitTermination(QUERY_TIMEOUT_S)
+                # failOnDataLoss=false goes on from the new end, then reads the new history.
+                wait_until(
+                    lambda: committed(lenient / "checkpoint") == {topic: {"0": 50}},
+                    timeout_s=QUERY_TIMEOUT_S,
+                    what="the lenient stream to move to the new end",
+                )
+                leader.set_log(old[:5] + history(50, 3, epoch=2, tag=b"new"), leader_epoch=2)
+                wait_until(
+                    lambda: committed(lenient / "checkpoint") == {topic: {"0": 80}},
+                    timeout_s=QUERY_TIMEOUT_S,
+                    what="the lenient stream to read the new history",
+                )
+            finally:
+                for query in queries:
+                    query.stop()
+    rows = spark.read.parquet(str(lenient / "out")).select("offset", "value").collect()
+    values = sorted((r.offset, bytes(r.value)) for r in rows)
+    # What it read of the old history stays in its sink; of the new, what lies past 50.
+    assert values == sorted(
+        [(o, b"old-%d" % o) for o in range(100)] + [(o, b"new-%d" % o) for o in range(50, 80)]
+    )
+    strict_rows, strict_offsets = sink_offsets(spark, strict / "out")
+    assert strict_rows == len(strict_offsets) == 100
