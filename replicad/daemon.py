@@ -424,6 +424,10 @@ def _restart_needed(old: Config, new: Config) -> list[str]:
         "mirror": (old.mirror, new.mirror),
         "groups": (old.groups, new.groups),
         "checkpoint_interval_ms": (old.checkpoint_interval_ms, new.checkpoint_interval_ms),
+        "high_watermark_interval_ms": (
+            old.high_watermark_interval_ms,
+            new.high_watermark_interval_ms,
+        ),
         "topics.start_from": (old.topics.start_from, new.topics.start_from),
         "topics.on_gap": (old.topics.on_gap, new.topics.on_gap),
     }

@@ -446,6 +446,8 @@ class Config:
     # See config/defaults.py: systemd's StateDirectory, /var/lib/replicad as root, else XDG.
     data_dir: Path = field(default_factory=default_data_dir)
     checkpoint_interval_ms: int = 5000
+    # None: replication-offset-checkpoint is written with the checkpoint only.
+    high_watermark_interval_ms: int | None = None
     log: LogConfig = field(default_factory=LogConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

@@ -170,6 +170,7 @@ SCHEMA = Section(
         ),
         "data_dir": FilePath(),
         "checkpoint_interval_ms": Int(1),
+        "high_watermark_interval_ms": Int(1, nullable=True),
         "log": Section(
             LogConfig,
             {

@@ -16,6 +16,9 @@ Rules:
   lowered only by truncation -- never reset by a partition whose leader has not answered
   yet (after a restart with part of the source down, that partition keeps serving what it
   had).
+- With `high_watermark_interval_ms`, the high watermarks alone are written that often in
+  between, unflushed and only when one moved (LogManager.write_high_watermarks), also on
+  the durability thread: a Spark stream over the replica reads no further than that file.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class ReplicatorSettings:
     log: LogConfig = field(default_factory=LogConfig)
     metadata_max_age_ms: int = defaults_of(SourceConfig)["metadata_max_age_ms"]
     checkpoint_interval_ms: int = defaults_of(Config)["checkpoint_interval_ms"]
+    high_watermark_interval_ms: int | None = defaults_of(Config)["high_watermark_interval_ms"]
     # Lower bound between two on-demand metadata refreshes, so an error storm
     # across many partitions costs one Metadata request, not thousands.
     metadata_min_interval_ms: int = 500
@@ -80,6 +84,7 @@ class ReplicatorSettings:
             log=config.log,
             metadata_max_age_ms=config.source.metadata_max_age_ms,
             checkpoint_interval_ms=config.checkpoint_interval_ms,
+            high_watermark_interval_ms=config.high_watermark_interval_ms,
         )
 
 
@@ -279,6 +284,7 @@ class Replicator:
         s = self.settings
         next_metadata = monotonic_ms() + s.metadata_max_age_ms
         next_checkpoint = monotonic_ms() + s.checkpoint_interval_ms
+        next_high_watermarks = _next_high_watermarks(monotonic_ms(), s)
         last_refresh = -s.metadata_min_interval_ms
         # Failed refreshes back off like reconnects; logged once a minute with a count.
         retry = Backoff(s.client.reconnect_backoff_ms, s.client.reconnect_backoff_max_ms)
@@ -286,7 +292,7 @@ class Replicator:
         say = RateLimitedLog(interval_ms=60_000)
         while not stop.is_set():
             now = monotonic_ms()
-            deadline = min(next_metadata, next_checkpoint)
+            deadline = min(next_metadata, next_checkpoint, next_high_watermarks)
             if self._refresh.is_set():
                 deadline = min(
                     deadline, max(now, last_refresh + s.metadata_min_interval_ms, retry_at)
@@ -326,7 +332,17 @@ class Replicator:
                             failures_suppressed=emit.suppressed,
                         )
                     self._refresh.set()
-            if now >= next_checkpoint:
+            due_checkpoint = now >= next_checkpoint
+            if now >= next_high_watermarks:
+                next_high_watermarks = _next_high_watermarks(now, s)
+                if not due_checkpoint:
+                    try:
+                        await self.durability.run(_high_watermarks_job, self.logs)
+                    except (OSError, LogError) as exc:
+                        self.checkpoint_failures += 1
+                        if say.should_emit("checkpoint", now).emit:
+                            log.error("high watermarks not written; retrying", error=str(exc))
+            if due_checkpoint:
                 next_checkpoint = now + s.checkpoint_interval_ms
                 try:
                     await self._checkpoint()
@@ -355,6 +371,18 @@ class Replicator:
 
     def lag(self) -> int:
         return sum(s.lag for s in self.states.values())
+
+
+def _next_high_watermarks(now: int, s: ReplicatorSettings) -> float:
+    """When the high watermarks alone are next written (never without the setting)."""
+    if s.high_watermark_interval_ms is None:
+        return float("inf")
+    return now + s.high_watermark_interval_ms
+
+
+def _high_watermarks_job(logs: LogManager | None) -> None:
+    if logs is not None:
+        logs.write_high_watermarks()
 
 
 def _checkpoint_job(logs: LogManager) -> None:

@@ -12,6 +12,14 @@ Rules:
   overrides it on the next fetch) -- each costs time, never data.
 - `checkpoint(high_watermarks)` flushes every partition, then writes the three files
   atomically (checkpoint.write_atomically), so a recovery point never names unsynced data.
+- `write_high_watermarks()` writes `replication-offset-checkpoint` alone, without a flush,
+  and only when a high watermark moved since the file was last written: a reader that
+  streams from the replica (Spark) sees new records without waiting for the next full
+  checkpoint. Kafka's broker writes its own high-watermark file this way, apart from its
+  flushes. Records below such a high watermark may not be fsynced yet: after a machine
+  crash, loading clamps each high watermark to the recovered log end and the follower
+  fetches the lost tail again -- the same records at the same offsets, committed at the
+  source -- so a reader only ever waits, it never sees other records at those offsets.
 - Threads: `checkpoint`, `maybe_flush`, `enforce_retention` and `close` may run on another
   thread than the one appending (the follower runs them on its durability thread while the
   event loop appends and truncates). Each works on a snapshot of the partitions taken when
@@ -84,6 +92,7 @@ class LogManager:
         self.handles = FileHandles(config.max_open_files)
         self._partitions: dict[TopicPartition, PartitionLog] = {}
         self._checkpoint_lock = threading.Lock()
+        self._written_high_watermarks: dict[TopicPartition, int] | None = None
         self._last_now_ms = 0
         self.recoveries: list[PartitionRecovery] = []
         self._flush_later: Callable[[PartitionLog], None] | None = None
@@ -242,10 +251,26 @@ class LogManager:
                 self.data_dir / LOG_START_OFFSET_CHECKPOINT,
                 format_offsets({tp: p.log_start_offset for tp, p in partitions.items()}),
             )
-            write_atomically(
-                self.data_dir / REPLICATION_OFFSET_CHECKPOINT,
-                format_offsets({tp: p.high_watermark for tp, p in partitions.items()}),
-            )
+            self._write_high_watermarks(partitions)
+
+    def write_high_watermarks(self) -> bool:
+        """`replication-offset-checkpoint` alone, unflushed (see the rules above), if a high
+        watermark moved since it was last written; whether it was written."""
+        partitions = self._partitions.copy()
+        with self._checkpoint_lock:
+            return self._write_high_watermarks(partitions, only_if_moved=True)
+
+    def _write_high_watermarks(
+        self, partitions: Mapping[TopicPartition, PartitionLog], *, only_if_moved: bool = False
+    ) -> bool:
+        high_watermarks = {tp: p.high_watermark for tp, p in partitions.items()}
+        if only_if_moved and high_watermarks == self._written_high_watermarks:
+            return False
+        write_atomically(
+            self.data_dir / REPLICATION_OFFSET_CHECKPOINT, format_offsets(high_watermarks)
+        )
+        self._written_high_watermarks = high_watermarks
+        return True
 
     def maybe_flush(self, now_ms: int) -> None:
         self._last_now_ms = now_ms

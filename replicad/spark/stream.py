@@ -6,9 +6,12 @@
 What it does where:
 - The driver's stream reader (one Python process for the query's lifetime) looks at the
   data directory for every micro-batch: the high watermarks from
-  `replication-offset-checkpoint` (written by `replicad run` every `checkpoint_interval_ms`
-  after a flush, so everything below it is on disk and committed at the source), the log
-  starts, the segment listing, and with read_committed the last stable offset (stable.py).
+  `replication-offset-checkpoint` (written by `replicad run` with every checkpoint, and every
+  `high_watermark_interval_ms` between them when set: everything below is in the segment
+  files and committed at the source; after a machine crash the follower fetches an unflushed
+  tail again, the same records at the same offsets), the log starts, the segment listing,
+  and with read_committed the last stable offset (stable.py). How soon a record reaches the
+  stream is bounded by how often that file is written.
   admission.py decides the batch's end offsets; the batch planner (catalog.py, plan.py)
   turns [start, end) of each partition into splits, as for a batch read.
 - The executors read the splits with the batch reader (reader.py): same decoding, pruning

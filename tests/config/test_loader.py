@@ -111,7 +111,8 @@ def test_unknown_keys_at_every_depth_with_their_lines(tmp_path: Path) -> None:
         f"{path}:6: fetch.replica.fetch.max.bytes: unknown key "
         "(Kafka's replica.fetch.max.bytes is fetch.partition_max_bytes here)",
         f"{path}:7: nonsense: unknown key (keys here are: source, topics, fetch, data_dir, "
-        "checkpoint_interval_ms, log, control, logging, serve, mirror, groups)",
+        "checkpoint_interval_ms, high_watermark_interval_ms, log, control, logging, serve, "
+        "mirror, groups)",
         f"{path}:10: serve.advertise: unknown key (did you mean advertised?)",
     ]
 
@@ -290,7 +291,8 @@ fetch:
     # `defaults` itself is an unknown key; the merge inside fetch is fine.
     assert problems_of(path) == [
         f"{path}:5: defaults: unknown key (keys here are: source, topics, fetch, data_dir, "
-        "checkpoint_interval_ms, log, control, logging, serve, mirror, groups)"
+        "checkpoint_interval_ms, high_watermark_interval_ms, log, control, logging, serve, "
+        "mirror, groups)"
     ]
 
 

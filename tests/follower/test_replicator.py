@@ -75,3 +75,44 @@ async def test_replicates_halts_a_recreated_topic_and_stops_cleanly(tmp_path):
         await leader.close()
     # Halted, not truncated: the replica keeps what it had.
     assert segment_bytes(data_dir / f"{TOPIC}-0") == b"".join(batches)
+
+
+async def test_high_watermarks_are_written_between_checkpoints_when_asked(tmp_path):
+    from replicad.log.checkpoint import parse_offsets
+    from replicad.log.layout import RECOVERY_POINT_CHECKPOINT, REPLICATION_OFFSET_CHECKPOINT
+
+    leader = ScriptedLeader(TOPIC)
+    leader.set_log(_batches(8), leader_epoch=1)
+    port = await leader.start()
+    data_dir = tmp_path / "data"
+
+    def written(name: str) -> int | None:
+        try:
+            return parse_offsets((data_dir / name).read_text(), source=name).get(TP)
+        except FileNotFoundError:
+            return None
+
+    try:
+        replicator = Replicator(
+            ReplicatorSettings(
+                bootstrap_servers=(f"127.0.0.1:{port}",),
+                data_dir=data_dir,
+                selection=TopicSelection(include=(TOPIC,)),
+                fetch=FetchSettings(backoff_ms=20, wait_max_ms=50),
+                checkpoint_interval_ms=3_600_000,  # no checkpoint while the test runs
+                high_watermark_interval_ms=50,
+            )
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(replicator.run(stop))
+        await until(
+            lambda: written(REPLICATION_OFFSET_CHECKPOINT) == 40,
+            what="the high watermark 40 in replication-offset-checkpoint",
+        )
+        # Written alone: no checkpoint ran, so no recovery point names the records.
+        assert (written(RECOVERY_POINT_CHECKPOINT) or 0) < 40
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    finally:
+        await leader.close()
+    assert written(RECOVERY_POINT_CHECKPOINT) == 40  # the checkpoint at shutdown

@@ -103,6 +103,36 @@ def test_checkpoint_files_and_clean_reopen(filled: tuple[Path, dict]) -> None:
     manager.close()
 
 
+def test_high_watermarks_alone_unflushed_and_only_when_one_moved(
+    filled: tuple[Path, dict],
+) -> None:
+    """write_high_watermarks: for a stream over the replica, between two checkpoints."""
+    data_dir, _ = filled
+    hw_file = data_dir / REPLICATION_OFFSET_CHECKPOINT
+    recovery = (data_dir / RECOVERY_POINT_CHECKPOINT).read_text()
+    manager = LogManager.open(data_dir, CONFIG, now_ms=0)
+    a = manager.partitions()[A]
+    end = a.log_end_offset
+    a.append(
+        producer_batch(end, [b"late"]),
+        scan_batches(producer_batch(end, [b"late"])).batches,
+        now_ms=0,
+    )
+    a.high_watermark = end + 1  # as the follower raises it from a fetch response
+    assert a.recovery_point <= end  # the new record is not fsynced
+    assert manager.write_high_watermarks()
+    assert hw_file.read_text().splitlines()[2] == f"orders 0 {end + 1}"
+    # Nothing flushed: the recovery points say what they said.
+    assert (data_dir / RECOVERY_POINT_CHECKPOINT).read_text() == recovery
+    assert a.recovery_point <= end
+    before = hw_file.stat().st_mtime_ns, hw_file.stat().st_ino
+    assert not manager.write_high_watermarks()  # none moved: the file is left alone
+    assert (hw_file.stat().st_mtime_ns, hw_file.stat().st_ino) == before
+    manager.checkpoint()
+    assert not manager.write_high_watermarks()  # the checkpoint wrote the same
+    manager.close()
+
+
 def test_high_watermark_never_moves_back_through_checkpoints_or_restarts(
     filled: tuple[Path, dict],
 ) -> None:
