@@ -225,15 +225,31 @@ def read_three_ways(
     timings.append(exported)
     checkpoints = iter(range(1_000_000))
 
-    def stream_noop(df: DataFrame) -> None:
-        checkpoint = work / "checkpoints" / str(next(checkpoints))
-        query = (
-            df.writeStream.format("noop")
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination()
+    def stream_noop(source: str, df: DataFrame) -> Timing:
+        """One Trigger.AvailableNow run into `noop`, timed from its start to its end; a start
+        whose Python source process did not connect back in time (follow.py) is started
+        again and its lost seconds not counted."""
+        from replicad.spark.follow import START_ATTEMPTS, worker_start_failed
+
+        best = float("inf")
+        for _ in range(repeat):
+            for attempt in range(1, START_ATTEMPTS + 1):
+                checkpoint = work / "checkpoints" / str(next(checkpoints))
+                started = time.perf_counter()
+                query = (
+                    df.writeStream.format("noop")
+                    .option("checkpointLocation", str(checkpoint))
+                    .trigger(availableNow=True)
+                    .start()
+                )
+                try:
+                    query.awaitTermination()
+                    break
+                except Exception as exc:
+                    if attempt == START_ATTEMPTS or not worker_start_failed(exc):
+                        raise
+            best = min(best, time.perf_counter() - started)
+        return Timing(source, rows, log_bytes, best)
 
     replicad_stream = spark.readStream.format("replicad").load(str(data_dir))
     kafka_stream = (
@@ -244,24 +260,8 @@ def read_three_ways(
         .option("startingOffsets", "earliest")
         .load()
     )
-    timings.append(
-        timed(
-            "replicad stream, AvailableNow (segments)",
-            rows,
-            log_bytes,
-            lambda: stream_noop(replicad_stream),
-            repeat,
-        )
-    )
-    timings.append(
-        timed(
-            "Spark Kafka source stream, AvailableNow (broker)",
-            rows,
-            log_bytes,
-            lambda: stream_noop(kafka_stream),
-            repeat,
-        )
-    )
+    timings.append(stream_noop("replicad stream, AvailableNow (segments)", replicad_stream))
+    timings.append(stream_noop("Spark Kafka source stream, AvailableNow (broker)", kafka_stream))
     counted = replicad_df.count()
     if counted != rows:
         raise RuntimeError(f"replicad source counted {counted:,} rows, {rows:,} were produced")
