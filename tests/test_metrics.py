@@ -174,8 +174,10 @@ def test_serves_group_sync_metrics_when_it_runs() -> None:
         "offsets_synced_total": 40,
         "held_offsets": 2,
         "errors_total": 5,
+        "sync_lag_ms": 2500,
     }
     samples = scrape(snapshot(serve={"sessions": 0, "group_sync": sync}))
+    assert samples[("replicad_serve_group_sync_lag_seconds", ())] == 2.5
     assert samples[("replicad_serve_groups_synced", ())] == 3
     assert samples[("replicad_serve_groups_failed_over", ())] == 1
     assert samples[("replicad_serve_group_sync_offsets_total", ())] == 40

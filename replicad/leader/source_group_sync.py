@@ -176,6 +176,8 @@ class SourceGroupSync:
         return {
             "rounds_total": self.rounds,
             "last_round_ms": self.last_round_ms,
+            # How old serve's copy of the source's offsets may be: since the last round ended.
+            "sync_lag_ms": None if self.last_round_ms is None else wall_ms() - self.last_round_ms,
             "problem": self.problem,
             "errors_total": self.errors_total,
             "groups_synced": len(self.synced),
