@@ -41,8 +41,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("replicad", "replicad.types", "replicad.wire", "replicad.clock"),
     ("replicad.errors", "replicad.exits"),
     # Small shared services: rate-limited logging, the recent-warnings ring, early signals,
-    # the rules of the one memory pool (the follower's and serve's shells lend from it).
-    ("replicad.ratelimit", "replicad.recent_warnings", "replicad.startup", "replicad.byte_pool"),
+    # the one memory pool (its rules and the queue the follower's and serve's shells wait in).
+    ("replicad.ratelimit", "replicad.recent_warnings", "replicad.startup", "replicad.pool"),
     # Record batches and message sets: bytes in, views out (sans-I/O).
     ("replicad.records",),
     # The local log store: segments, indexes, checkpoints.
@@ -70,7 +70,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 # The sans-I/O cores: a package names every module below it. They decide; their shells
 # wait, read and write (docs/architecture.md keeps the same list, tested).
 CORES: tuple[str, ...] = (
-    "replicad.byte_pool",
+    "replicad.pool.rules",
     "replicad.records.batch",
     "replicad.log.policy",
     "replicad.session",

@@ -28,7 +28,7 @@ def response_budget(
     """The max_bytes to ask for: fetch.response_max_bytes, lowered when the fields around
     the records of this many partitions and topics would push a whole response past
     fetch.buffer_memory (a response larger than the pool waits for it to empty and is read
-    alone, holding up every other leader: replicad/byte_pool.py). At least 1: the leader
+    alone, holding up every other leader: replicad/pool/rules.py). At least 1: the leader
     still returns one whole batch (KIP-74)."""
     overhead = (
         RESPONSE_OVERHEAD_BYTES

@@ -1,7 +1,7 @@
 """One bound on all fetch-response memory across every leader connection (KIP-81).
 
 Rules:
-- Who is granted memory, and when, is replicad/byte_pool.py's (the one pool's rules, also
+- Who is granted memory, and when, is replicad/pool/rules.py's (the one pool's rules, also
   serve's): a fetch response's bytes are asked for before its body is read from the
   socket; while the pool cannot hold it, that socket is simply not read (TCP backpressure
   reaches the leader). Waiters are served first come, first served, so one busy leader
@@ -9,7 +9,7 @@ Rules:
   connections and never wait here: the control plane is never starved.
 - A response larger than the whole pool (a record batch larger than `fetch.buffer_memory`:
   KIP-74 sends the first batch whole) is read alone, once nothing else is held, and the
-  pool is exceeded by it for as long as it is held (byte_pool.py's oversize rule says why:
+  pool is exceeded by it for as long as it is held (pool/rules.py's oversize rule says why:
   refusing it stopped that leader's partitions for good). It is said loudly, with the fix --
   raising `fetch.buffer_memory` above the source's largest batch -- and counted
   (`oversize`). Its buffer is anonymous memory the kernel fills page by page as bytes
@@ -31,20 +31,19 @@ Rules:
   releases its lease after appending). Views of a released buffer must no longer be
   read: the buffer is lent again.
 
-`BytePool` (replicad/byte_pool.py) decides; `MemoryPool` lends the buffers and waits.
+`BytePool` (replicad/pool/rules.py) decides; `MemoryPool` lends the buffers and waits.
 """
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import mmap
-from collections import deque
 
 import structlog
 
-from replicad.byte_pool import Asked, BytePool, Grant
 from replicad.clock import monotonic_ms
+from replicad.pool.rules import BytePool, Grant
+from replicad.pool.waiting import WaitingPool
 from replicad.ratelimit import RateLimitedLog
 
 log = structlog.get_logger(__name__)
@@ -87,44 +86,18 @@ class Lease:
 class MemoryPool:
     def __init__(self, capacity: int) -> None:
         self.account = BytePool(capacity, self._charge)
+        self._waiting = WaitingPool(self.account, self._lend, self._give_back)
         self.idle = 0
         self.peak = 0
         self.reused = 0
-        self._waiters: dict[int, asyncio.Future[Block]] = {}
         # Idle buffers, sorted by size (parallel lists: sizes for bisect, the buffers).
         self._idle_sizes: list[int] = []
         self._idle: list[bytearray] = []
         self._say = RateLimitedLog(OVERSIZE_LOG_INTERVAL_MS)
 
-    @property
-    def capacity(self) -> int:
-        return self.account.capacity
-
-    @property
-    def used(self) -> int:
-        """Bytes lent (idle buffers not counted)."""
-        return self.account.used
-
     async def reserve(self, size: int) -> Lease:
-        """Wait until a buffer for `size` bytes may be lent (byte_pool.py's rules), and lend it."""
-        asked = self.account.ask(size)
-        if asked.grant is not None:
-            return Lease(self, self._lend(asked.grant), size)
-        return Lease(self, await self._wait(asked), size)
-
-    async def _wait(self, asked: Asked) -> Block:
-        future: asyncio.Future[Block] = asyncio.get_running_loop().create_future()
-        self._waiters[asked.ticket] = future
-        try:
-            return await future
-        except BaseException:
-            if future.done() and not future.cancelled():
-                # Granted while we were being cancelled: hand the buffer back.
-                self._give_back(future.result())
-            else:
-                self._waiters.pop(asked.ticket, None)
-                self._hand_out(self.account.withdraw(asked.ticket))
-            raise
+        """Wait until a buffer for `size` bytes may be lent (pool/rules.py), and lend it."""
+        return Lease(self, await self._waiting.take(size), size)
 
     def _charge(self, size: int, room: int) -> int:
         """What to lend a frame of `size` that fits the `room` left (idle buffers are
@@ -180,26 +153,14 @@ class MemoryPool:
             )
 
     def _give_back(self, block: Block) -> None:
-        grants = self.account.give_back(len(block))
+        # Idle first, so the waiters granted by its bytes may be lent this very buffer.
         if isinstance(block, bytearray):
             i = bisect.bisect_right(self._idle_sizes, len(block))
             self._idle_sizes.insert(i, len(block))
             self._idle.insert(i, block)
             self.idle += len(block)
         # else: an oversize buffer, never kept (it alone would break the bound)
-        self._hand_out(grants)
-
-    def _hand_out(self, grants: list[Grant]) -> None:
-        pending = deque(grants)
-        while pending:
-            grant = pending.popleft()
-            future = self._waiters.pop(grant.ticket)
-            if future.done():
-                # Cancelled, and its task not yet run to withdraw: nothing was lent, so the
-                # grant goes straight back, and may let the next waiters in.
-                pending.extend(self.account.give_back(grant.charged))
-                continue
-            future.set_result(self._lend(grant))
+        self._waiting.give_back(len(block))
 
     def snapshot(self) -> dict[str, int]:
         a = self.account

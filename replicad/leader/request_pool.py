@@ -1,5 +1,5 @@
 """The request memory pool of `replicad serve` (Kafka's `queued.max.request.bytes`, KIP-72):
-the shell of the one pool whose rules are replicad/byte_pool.py's (the follower's
+the shell of the one pool whose rules are replicad/pool/rules.py's (the follower's
 fetch-response pool, KIP-81, is its other shell).
 
 Rules:
@@ -13,7 +13,7 @@ Rules:
   Waiters are served first come, first served, so a stream of small grants cannot starve
   a large one; a frame larger than the whole pool (config keeps the pool >= the largest
   frame allowed, so only a guard) is granted alone once nothing else is held, and counted
-  at its size (byte_pool.py's oversize rule).
+  at its size (pool/rules.py's oversize rule).
 - A waiter given up (its deadline passed, its connection closed) takes nothing with it.
 - Memory held by clients is then at most the pool (or one frame larger than it), plus each
   connection's buffers.
@@ -21,11 +21,10 @@ Rules:
 
 from __future__ import annotations
 
-import asyncio
-from collections import deque
 from dataclasses import dataclass
 
-from replicad.byte_pool import BytePool, Grant
+from replicad.pool.rules import BytePool
+from replicad.pool.waiting import WaitingPool
 
 # asyncio's StreamReader limit: frames up to it bypass the pool (see the rules).
 SMALL_FRAME_BYTES = 64 * 1024
@@ -42,7 +41,7 @@ class PoolStats:
 class RequestMemoryPool:
     def __init__(self, capacity: int) -> None:
         self.account = BytePool(capacity)
-        self._waiters: dict[int, asyncio.Future[None]] = {}
+        self._waiting = WaitingPool(self.account, lambda grant: grant.charged, self.give_back)
 
     @property
     def capacity(self) -> int:
@@ -64,37 +63,11 @@ class RequestMemoryPool:
         """Take what a frame of `size` needs, waiting for room; returns what was taken
         (give it back with `give_back`)."""
         need = self.needs(size)
-        if need == 0:
-            return 0
-        asked = self.account.ask(need)
-        if asked.grant is not None:
-            return need
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters[asked.ticket] = waiter
-        try:
-            await waiter
-        except BaseException:
-            if waiter.done() and not waiter.cancelled():
-                self.give_back(need)  # granted just as it was given up
-            else:
-                self._waiters.pop(asked.ticket, None)
-                self._hand_out(self.account.withdraw(asked.ticket))
-            raise
-        return need
+        return await self._waiting.take(need) if need else 0
 
     def give_back(self, taken: int) -> None:
         if taken:
-            self._hand_out(self.account.give_back(taken))
-
-    def _hand_out(self, grants: list[Grant]) -> None:
-        pending = deque(grants)
-        while pending:
-            grant = pending.popleft()
-            waiter = self._waiters.pop(grant.ticket)
-            if waiter.done():  # cancelled; its task has not withdrawn yet: nothing held
-                pending.extend(self.account.give_back(grant.charged))
-                continue
-            waiter.set_result(None)
+            self._waiting.give_back(taken)
 
     def stats(self) -> PoolStats:
         return PoolStats(self.capacity, self.used, self.account.waiting, self.waits_total)

@@ -201,7 +201,7 @@ async def test_a_full_pool_stops_reading_the_socket():
 
 
 async def test_a_response_larger_than_the_pool_is_read_alone_once_the_pool_is_empty():
-    """The oversize rule (replicad/byte_pool.py): the response is not refused; it waits
+    """The oversize rule (replicad/pool/rules.py): the response is not refused; it waits
     until nothing else is lent, then is read alone, and nothing else is lent beside it."""
     size = len(api_versions_frame(b"\0\0\0\0", 3000)) - 4
     server, port = await _leader_answering(2, 3000)

@@ -60,7 +60,7 @@ async def test_a_waiter_given_up_takes_nothing_and_lets_the_next_in() -> None:
 
 
 async def test_a_frame_larger_than_the_pool_waits_for_it_to_empty_and_is_held_alone() -> None:
-    """The oversize rule (replicad/byte_pool.py). It used to take only the pool's capacity
+    """The oversize rule (replicad/pool/rules.py). It used to take only the pool's capacity
     for such a frame: the count now says what is really held (5 MiB), and what comes
     after it waits until it is given back."""
     pool = RequestMemoryPool(MIB)

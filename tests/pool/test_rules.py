@@ -1,4 +1,4 @@
-"""BytePool, the one memory pool's rules (replicad/byte_pool.py): first come first served,
+"""BytePool, the one memory pool's rules (replicad/pool/rules.py): first come first served,
 never past capacity but for one oversize request held alone, a waiter given up takes
 nothing, and a charge may round up within the room left."""
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replicad.byte_pool import BytePool, Grant
 from replicad.errors import LocalProtocolError
+from replicad.pool.rules import BytePool, Grant
 
 
 def test_a_request_that_fits_is_granted_at_once_and_counted() -> None:

@@ -4,7 +4,7 @@ Both daemons hold what peers send them to one bound each: the follower every fet
 response of every leader (`fetch.buffer_memory`, KIP-81; replicad/follower/memory_pool.py
 lends the buffers), `serve` every large request frame (`serve.queued_max_request_bytes`,
 Kafka's `queued.max.request.bytes`; replicad/leader/request_pool.py). This module decides
-for both; their shells wait (asyncio), read and hold the bytes.
+for both; they wait in waiting.py's queue (asyncio), read and hold the bytes.
 
 Rules:
 - A request asks for a size when its size prefix is read, before a byte of it is held. It
