@@ -1,17 +1,21 @@
-"""`replicad pipeline export --follow / --available-now` as a user runs it (a subprocess
-driver of its own) over a replica a real `replicad run` is writing: progress lines, a clean
-stop on SIGTERM, and exactly once across a driver SIGKILLed in the middle of a micro-batch."""
+"""`replicad pipeline export --follow / --available-now` over a replica a real `replicad run`
+is writing: exactly once across a driver (a subprocess of its own, as a user runs it)
+SIGKILLed in the middle of a micro-batch, then the export followed from the same checkpoint
+with progress lines until a real SIGTERM stops it cleanly."""
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from replicad.spark.follow import offsets_behind, progress_line
+from replicad.spark.follow import export_stream, offsets_behind, progress_line
 from replicad.types import TopicPartition
 from tests.spark.test_stream import (
     REPLICA_CONFIG,
@@ -103,34 +107,53 @@ def test_export_is_exactly_once_across_a_sigkill_mid_batch_and_stops_on_sigterm(
             kill_driver(driver)
         assert killed_in is not None, log.read_text()[-3000:]
 
-        # More records while no driver runs; then --follow from the same checkpoint: the
-        # batch cut short is replayed, the sink keeps one copy, the rest follows.
+        # Spark's console kept quiet: no log4j banner, no loopback warning.
+        text = log.read_text()
+        assert "default log4j profile" not in text and "loopback address" not in text
+
+        # More records while no driver runs; then --follow from the same checkpoint, in this
+        # process's session (a JVM start fewer): the batch cut short is replayed, the sink
+        # keeps one copy, the rest follows; a real SIGTERM to this process stops it cleanly.
         produce_numbered(kafka_broker.bootstrap, topic, 2, 50, b"w")
         want = {TopicPartition(topic, p): 200 for p in range(2)}
         wait_replicated(proc, data_dir, want)
-        log = tmp_path / "follow.log"
-        driver = pipeline(data_dir, out, "--follow", "--trigger-interval", "1 second", log=log)
-        try:
-            wait_until(
-                lambda: (
-                    committed(checkpoint) == {topic: {"0": 200, "1": 200}}
-                    or driver.poll() is not None
-                ),
-                timeout_s=RUN_TIMEOUT_S,
-                what="the followed export to commit every record",
+        stdout = io.StringIO()
+        with sigterm_once(lambda: committed(checkpoint) == {topic: {"0": 200, "1": 200}}):
+            code = export_stream(
+                spark, str(data_dir), "parquet", str(out), options={}, stdout=stdout
             )
-            driver.send_signal(signal.SIGTERM)
-            driver.wait(RUN_TIMEOUT_S)
-        finally:
-            text = finish(driver, log)
-    assert driver.returncode == 0, text[-3000:]
+    text = stdout.getvalue()
+    assert code == 0, text
     assert "SIGTERM: stopping the query" in text and "stopped: " in text
     assert " offsets behind" in text  # the progress lines
-    # Spark's console kept quiet: no log4j banner, no loopback warning.
-    assert "default log4j profile" not in text and "loopback address" not in text
     rows, offsets = sink_offsets(spark, out)
     assert rows == len(offsets) == 400
     assert offsets == every_offset(want)
+
+
+@contextlib.contextmanager
+def sigterm_once(when: Callable[[], bool]) -> Iterator[None]:
+    """SIGTERM to this process once `when()` holds (or a hang's deadline passed), from a
+    thread; this process ignores SIGTERM meanwhile unless a handler of the code under test
+    (follow.StopSignal) is in place, so a stray one never ends the test run."""
+    assert threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    done = threading.Event()
+
+    def send() -> None:
+        with contextlib.suppress(TimeoutError):
+            wait_until(lambda: when() or done.is_set(), timeout_s=RUN_TIMEOUT_S, what="when")
+        if not done.is_set():
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    sender = threading.Thread(target=send, name="sigterm", daemon=True)
+    sender.start()
+    try:
+        yield
+    finally:
+        done.set()
+        sender.join(RUN_TIMEOUT_S)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_progress_lines_say_records_rate_and_lag():

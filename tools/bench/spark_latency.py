@@ -79,12 +79,25 @@ def produce_steadily(bootstrap: str, topic: str, partitions: int, rate: int, sec
 
 
 def start_query(df: DataFrame, sink: Sink, checkpoint: Path, trigger: str):
-    return (
-        df.writeStream.foreachBatch(sink.batch)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime=trigger)
-        .start()
-    )
+    """The query, once its first (empty) micro-batch ran; started again when its Python
+    source process did not connect back in time (follow.py's rule)."""
+    from replicad.spark.follow import START_ATTEMPTS, worker_start_failed
+
+    for attempt in range(1, START_ATTEMPTS + 1):
+        query = (
+            df.writeStream.foreachBatch(sink.batch)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime=trigger)
+            .start()
+        )
+        deadline = time.monotonic() + 600
+        while query.isActive and query.lastProgress is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if query.isActive:
+            return query
+        if attempt == START_ATTEMPTS or not worker_start_failed(query.exception()):
+            raise RuntimeError(f"{sink.name}: {query.exception()}")
+    raise AssertionError("unreachable")
 
 
 def session(master: str, jars: str) -> SparkSession:
@@ -146,11 +159,6 @@ def run(args: argparse.Namespace, work: Path) -> tuple[list[Sink], int]:
             queries.append(start_query(kafka_df, kafka, work / "kafka-checkpoint", args.trigger))
             sinks.append(kafka)
             # Each query has run a first (empty) micro-batch before a record is produced.
-            deadline = time.monotonic() + 600
-            while any(q.lastProgress is None for q in queries):
-                if time.monotonic() > deadline or any(not q.isActive for q in queries):
-                    raise RuntimeError([str(q.exception()) for q in queries])
-                time.sleep(0.5)
             sent = produce_steadily(broker.bootstrap, topic, partitions, args.rate, args.seconds)
             deadline = time.monotonic() + 120
             while any(s.count() < sent for s in sinks) and time.monotonic() < deadline:
