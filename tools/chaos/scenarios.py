@@ -419,6 +419,43 @@ def _replicating(
         _cleanup(load, follower, *also)
 
 
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """One run of a one-topic scenario: replicad replicating while a producer writes on."""
+
+    partitions: list[TopicPartition]
+    follower: Follower
+    load: SteadyLoad
+    proxy: ChaosProxy | None
+
+
+@contextlib.contextmanager
+def _one_topic_run(
+    out: _Outcome,
+    broker: KafkaBroker,
+    workdir: Path,
+    run: int,
+    *,
+    label: str,
+    seed: int,
+    proxy_seed: int | None = None,
+) -> Iterator[_Run | None]:
+    """Run `run` of a scenario on a new topic (`label`, filled from `seed`), replicated
+    through a ChaosProxy seeded `proxy_seed` when one is given: the run, or None when
+    replicad did not start (its problem is recorded; skip the run). After the block the
+    load, replicad and the proxy stop."""
+    out.runs += 1
+    topics = _filled_topic(broker, label, out.size, seed=seed)
+    proxy = None
+    if proxy_seed is not None:
+        proxy = ChaosProxy(lambda: ("127.0.0.1", broker.port), seed=proxy_seed).start()
+    follower = _follower(
+        out, workdir, broker.bootstrap if proxy is None else proxy.address, topics, run
+    )
+    with _replicating(out, broker, follower, topics, *([] if proxy is None else [proxy])) as load:
+        yield None if load is None else _Run(partitions_of(topics), follower, load, proxy)
+
+
 # -- the scenarios ----------------------------------------------------------------------
 
 
@@ -430,14 +467,13 @@ def network_faults(broker: KafkaBroker, workdir: Path, size: Size) -> ScenarioRe
     (cut mid-frame, or whole but short), delays every response, refuses connections."""
     out = _Outcome("network", "proxy: cut, stall, truncate, delay, refuse", size)
     for run in range(size.runs):
-        out.runs += 1
-        topics = _filled_topic(broker, "net", size, seed=100 + run)
-        partitions = partitions_of(topics)
-        proxy = ChaosProxy(lambda: ("127.0.0.1", broker.port), seed=run).start()
-        follower = _follower(out, workdir, proxy.address, topics, run)
-        with _replicating(out, broker, follower, topics, proxy) as load:
-            if load is None:
+        with _one_topic_run(
+            out, broker, workdir, run, label="net", seed=100 + run, proxy_seed=run
+        ) as r:
+            if r is None:
                 continue
+            assert r.proxy is not None  # asked for one
+            follower, partitions, proxy, load = r.follower, r.partitions, r.proxy, r.load
             timeout_s = follower.config["source"]["request_timeout_ms"] / 1000
             for kind in itertools.islice(itertools.cycle(NETWORK_FAULTS), size.rounds * 6):
                 await_progress(out, follower, partitions, PROGRESS_OFFSETS)
@@ -482,14 +518,13 @@ def corrupt_batches(broker: KafkaBroker, workdir: Path, size: Size) -> ScenarioR
     out = _Outcome("corrupt", "proxy: flipped bytes inside record batches", size)
     flips_per_run = size.rounds * 6
     for run in range(size.runs):
-        out.runs += 1
-        topics = _filled_topic(broker, "crc", size, seed=200 + run)
-        partitions = partitions_of(topics)
-        proxy = ChaosProxy(lambda: ("127.0.0.1", broker.port), seed=1000 + run).start()
-        follower = _follower(out, workdir, proxy.address, topics, run)
-        with _replicating(out, broker, follower, topics, proxy) as load:
-            if load is None:
+        with _one_topic_run(
+            out, broker, workdir, run, label="crc", seed=200 + run, proxy_seed=1000 + run
+        ) as r:
+            if r is None:
                 continue
+            assert r.proxy is not None  # asked for one
+            follower, partitions, proxy, load = r.follower, r.partitions, r.proxy, r.load
             for _ in range(flips_per_run):
                 await_progress(out, follower, partitions, PROGRESS_OFFSETS // 5)
                 proxy.flip_batches(1)
@@ -514,13 +549,10 @@ def follower_sigkill(broker: KafkaBroker, workdir: Path, size: Size) -> Scenario
     out = _Outcome("follower-sigkill", "SIGKILL of replicad, restart", size)
     kills = size.rounds * 3
     for run in range(size.runs):
-        out.runs += 1
-        topics = _filled_topic(broker, "fkill", size, seed=300 + run)
-        partitions = partitions_of(topics)
-        follower = _follower(out, workdir, broker.bootstrap, topics, run)
-        with _replicating(out, broker, follower, topics) as load:
-            if load is None:
+        with _one_topic_run(out, broker, workdir, run, label="fkill", seed=300 + run) as r:
+            if r is None:
                 continue
+            follower, partitions, load = r.follower, r.partitions, r.load
             for _ in range(kills):
                 await_progress(out, follower, partitions, PROGRESS_OFFSETS)
                 follower.status()
@@ -564,13 +596,10 @@ def _leader_fault(broker: KafkaBroker, workdir: Path, size: Size, *, kill: bool)
     title = "SIGKILL of the broker, restart" if kill else "clean broker restart (sessions lost)"
     out = _Outcome(name, title, size)
     for run in range(size.runs):
-        out.runs += 1
-        topics = _filled_topic(broker, "leader", size, seed=400 + run)
-        partitions = partitions_of(topics)
-        follower = _follower(out, workdir, broker.bootstrap, topics, run)
-        with _replicating(out, broker, follower, topics) as load:
-            if load is None:
+        with _one_topic_run(out, broker, workdir, run, label="leader", seed=400 + run) as r:
+            if r is None:
                 continue
+            follower, partitions, load = r.follower, r.partitions, r.load
             for _ in range(leader_rounds(size)):
                 await_progress(out, follower, partitions, PROGRESS_OFFSETS)
                 load.pause()
