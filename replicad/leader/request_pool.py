@@ -43,18 +43,6 @@ class RequestMemoryPool:
         self.account = BytePool(capacity)
         self._waiting = WaitingPool(self.account, lambda grant: grant.charged, self.give_back)
 
-    @property
-    def capacity(self) -> int:
-        return self.account.capacity
-
-    @property
-    def used(self) -> int:
-        return self.account.used
-
-    @property
-    def waits_total(self) -> int:
-        return self.account.waits
-
     def needs(self, size: int) -> int:
         """What a frame of `size` bytes takes from the pool (0 for a small one)."""
         return 0 if size <= SMALL_FRAME_BYTES else size
@@ -70,4 +58,5 @@ class RequestMemoryPool:
             self._waiting.give_back(taken)
 
     def stats(self) -> PoolStats:
-        return PoolStats(self.capacity, self.used, self.account.waiting, self.waits_total)
+        a = self.account
+        return PoolStats(a.capacity, a.used, a.waiting, a.waits)

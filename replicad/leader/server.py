@@ -485,8 +485,8 @@ class LeaderServer:
             "waiting_fetches": sum(len(w) for w in self._partition_waiters.values())
             + sum(len(w) for w in self._session_waiters.values()),
             "requests_total": dict(self.requests),
-            "request_pool_used_bytes": self.pool.used,
-            "request_pool_waits_total": self.pool.waits_total,
+            "request_pool_used_bytes": self.pool.account.used,
+            "request_pool_waits_total": self.pool.account.waits,
             "tls_handshakes_in_progress": self._handshaking,
             **self.groups.metrics(),
             **dict(self.counters),

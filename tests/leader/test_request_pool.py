@@ -16,7 +16,7 @@ async def test_small_frames_never_wait_and_take_nothing() -> None:
     pool = RequestMemoryPool(MIB)
     assert await pool.take(MIB) == MIB  # full
     assert await pool.take(SMALL_FRAME_BYTES) == 0
-    assert pool.used == MIB
+    assert pool.stats().used == MIB
 
 
 async def test_a_frame_waits_for_room_and_gets_it_when_one_is_given_back() -> None:
@@ -27,7 +27,7 @@ async def test_a_frame_waits_for_room_and_gets_it_when_one_is_given_back() -> No
     assert not waiting.done() and pool.stats().waiting == 1
     pool.give_back(first)
     assert await asyncio.wait_for(waiting, 1) == 2 * MIB
-    assert pool.used == 2 * MIB and pool.waits_total == 1
+    assert pool.stats().used == 2 * MIB and pool.stats().waits_total == 1
 
 
 async def test_waiters_are_served_in_order_so_a_large_one_is_not_starved() -> None:
@@ -41,7 +41,7 @@ async def test_waiters_are_served_in_order_so_a_large_one_is_not_starved() -> No
     pool.give_back(held)
     await asyncio.wait_for(large, 1)
     await asyncio.wait_for(small, 1)
-    assert pool.used == 4 * MIB
+    assert pool.stats().used == 4 * MIB
 
 
 async def test_a_waiter_given_up_takes_nothing_and_lets_the_next_in() -> None:
@@ -56,7 +56,7 @@ async def test_a_waiter_given_up_takes_nothing_and_lets_the_next_in() -> None:
         await gone
     pool.give_back(held)
     await asyncio.wait_for(nxt, 1)
-    assert pool.used == MIB and pool.stats().waiting == 0
+    assert pool.stats().used == MIB and pool.stats().waiting == 0
 
 
 async def test_a_frame_larger_than_the_pool_waits_for_it_to_empty_and_is_held_alone() -> None:
@@ -72,10 +72,10 @@ async def test_a_frame_larger_than_the_pool_waits_for_it_to_empty_and_is_held_al
     assert not large.done() and not small.done() and pool.stats().waiting == 2
     pool.give_back(held)
     assert await asyncio.wait_for(large, 1) == 5 * MIB
-    assert pool.used == 5 * MIB and not small.done()
+    assert pool.stats().used == 5 * MIB and not small.done()
     pool.give_back(5 * MIB)
     await asyncio.wait_for(small, 1)
-    assert pool.used == MIB // 4 and pool.account.oversize_grants == 1
+    assert pool.stats().used == MIB // 4 and pool.account.oversize_grants == 1
 
 
 async def test_a_waiter_cancelled_as_it_is_granted_passes_its_turn_on() -> None:
@@ -90,4 +90,4 @@ async def test_a_waiter_cancelled_as_it_is_granted_passes_its_turn_on() -> None:
     with pytest.raises(asyncio.CancelledError):
         await gone
     assert await asyncio.wait_for(nxt, 1) == 2 * MIB
-    assert pool.used == 2 * MIB and pool.stats().waiting == 0
+    assert pool.stats().used == 2 * MIB and pool.stats().waiting == 0
