@@ -27,7 +27,12 @@ from replicad.follower.fetch_response import (
     FetchedTopic,
     FetchResponseView,
 )
-from replicad.follower.fetch_settings import FetchSettings
+from replicad.follower.fetch_settings import (
+    PARTITION_OVERHEAD_BYTES,
+    RESPONSE_OVERHEAD_BYTES,
+    TOPIC_OVERHEAD_BYTES,
+    FetchSettings,
+)
 from replicad.follower.partition_phase import PartitionPhase
 from replicad.follower.partition_state import PartitionState
 from replicad.follower.partition_table import PartitionTable
@@ -205,6 +210,20 @@ def test_response_budget_counts_partitions_and_topics():
     table.remove(TP1)
     assert table.response_max_bytes() == before
     assert table.remove(TP0) is None
+
+
+def test_response_budget_counts_a_topic_entry_per_partition_once_topics_interleave():
+    """Rotation interleaves topics, and a response names a topic again for each run of its
+    partitions: with two topics, three partitions may come as three topic entries."""
+    table = _table(response_max_bytes=100_000, buffer_memory=10_000)
+    other = TopicPartition("other", 0)
+    for tp in (TP0, TP1, other):
+        _add(table, tp)
+    overhead = RESPONSE_OVERHEAD_BYTES + 3 * PARTITION_OVERHEAD_BYTES + 3 * TOPIC_OVERHEAD_BYTES
+    assert table.response_max_bytes() == 10_000 - overhead
+    table.remove(other)  # one topic: its partitions are one entry
+    overhead = RESPONSE_OVERHEAD_BYTES + 2 * PARTITION_OVERHEAD_BYTES + TOPIC_OVERHEAD_BYTES
+    assert table.response_max_bytes() == 10_000 - overhead
 
 
 # -- data, high watermarks, rotation (R1, R5, R7) ----------------------------------------
