@@ -113,3 +113,48 @@ def test_below_what_retention_deleted_upstream_a_lineage_break_is_not_asked_of_t
         check_lineage(TP, A0 + A1 + A2 + b6, TID, history)
     history.retain(TID, 0, 3)
     check_lineage(TP, A0 + A1 + A2 + b6, TID, history)
+
+
+# -- rules 7 and 8: what a checkpoint may name -------------------------------------------
+
+
+def _log(tmp_path, *epochs: int):
+    from replicad.log.config import LogConfig
+    from replicad.log.partition import PartitionLog
+    from replicad.records.batch import scan_batches
+
+    plog = PartitionLog.create(tmp_path / "t-0", TP, LogConfig(), now_ms=0)
+    plog.disk_later = lambda job, what, key: None  # epoch files written late, never here
+    for offset, epoch in enumerate(epochs):
+        raw = _batch(offset, epoch, b"x%d" % offset)
+        plog.append(raw, scan_batches(raw).batches, now_ms=0)
+    return plog
+
+
+def test_the_fsync_witness_sees_only_what_was_synced_and_a_rewrite_as_new(tmp_path):
+    from tools.sim.invariants import FsyncWitness
+
+    witness = FsyncWitness()
+    with witness:
+        plog = _log(tmp_path, 0, 0)
+        assert witness.durable_end(plog) == 0
+        plog.flush()
+        assert witness.durable_end(plog) == 2
+        plog.truncate_to(1)
+        raw = _batch(1, 1, b"other")  # offset 1 written again, not synced
+        from replicad.records.batch import scan_batches
+
+        plog.append(raw, scan_batches(raw).batches, now_ms=0)
+        assert witness.durable_end(plog) == 1
+    assert witness._depth == 0
+
+
+def test_an_epoch_file_behind_the_checkpointed_recovery_point_is_caught(tmp_path):
+    from tools.sim.invariants import check_epoch_file
+
+    plog = _log(tmp_path, 0, 3)  # the file is still empty: both entries are late
+    check_epoch_file(TP, plog, 0)  # nothing below a checkpointed recovery point
+    with pytest.raises(InvariantError, match="batch at 0 is of leader epoch 0"):
+        check_epoch_file(TP, plog, 2)
+    plog.save_epochs()
+    check_epoch_file(TP, plog, 2)

@@ -118,8 +118,16 @@ class History:
 
 
 class SimCluster:
-    def __init__(self, rng: random.Random, *, brokers: int = 3, max_fetch_version: int = 13):
+    def __init__(
+        self,
+        rng: random.Random,
+        *,
+        brokers: int = 3,
+        max_fetch_version: int = 13,
+        large_records: bool = True,
+    ):
         self.rng = rng
+        self.large_records = large_records
         self.brokers = list(range(1, brokers + 1))
         self.online: set[int] = set(self.brokers)
         self.max_fetch_version = max_fetch_version
@@ -180,6 +188,10 @@ class SimCluster:
         log = p.log
         self._serial += 1
         values = [b"%d-%d-%d" % (self._serial, i, self.rng.getrandbits(32)) for i in range(records)]
+        if self.large_records and self.rng.random() < 0.15:
+            # A large record now and then: responses of several sizes, so leaders sharing the
+            # memory pool wait for buffers of different sizes (tools/sim/memory.py).
+            values[0] += b"." * self.rng.randint(500, 3_000)
         data = producer_batch(log.end, values, leader_epoch=p.leader_epoch)
         batch = SimBatch(log.end, records, p.leader_epoch, data)
         self.history.record(p.topic_id, tp.partition, batch, log.last)

@@ -4,6 +4,13 @@
 What stands in for the asyncio shell is small and synchronous: routing partitions to
 their leader's table from metadata (as `Replicator._apply` does), the questions and the
 Fetch request of a turn, and a crash that loses what was not fsynced.
+
+The durability thread is its real queue (replicad/follower/disk_queue.py) without the
+thread: the log store hands it flushes, leader-epoch files and unlinks as it does in the
+daemon, checkpoints are asked there, and the simulation runs the next job when it draws a
+`disk` event. A crash loses the jobs not run: the leader-epoch files are what the jobs
+(or the appends that write them at once) last wrote. What was fsynced is watched on its
+own (`FsyncWitness`): a checkpoint may never name a recovery point past it.
 """
 
 from __future__ import annotations
@@ -14,14 +21,18 @@ from typing import Any
 
 from replicad.errors import DiskFullError
 from replicad.follower.assignment import LeaderInfo, LocalFacts, assign, place_all
+from replicad.follower.disk_queue import DiskQueue
 from replicad.follower.fetch_settings import FetchSettings
 from replicad.follower.partition_state import PartitionState
 from replicad.follower.partition_table import PartitionTable
 from replicad.follower.perform import ActionPerformer
+from replicad.log.checkpoint import parse_offsets
 from replicad.log.config import LogConfig
+from replicad.log.layout import LEADER_EPOCH_CHECKPOINT, RECOVERY_POINT_CHECKPOINT
 from replicad.log.manager import LogManager
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
+from tools.sim.invariants import FsyncWitness, InvariantError
 
 
 class SimDisk:
@@ -55,8 +66,16 @@ class DiskLog:
 
 class SimFollower:
     def __init__(
-        self, data_dir: Path, settings: FetchSettings, clock: Any, rng: random.Random
+        self,
+        data_dir: Path,
+        settings: FetchSettings,
+        clock: Any,
+        rng: random.Random,
+        *,
+        durability_queue: bool = True,
     ) -> None:
+        # False: disk work runs where it is asked, as without a durability thread.
+        self.durability_queue = durability_queue
         self.data_dir = data_dir
         self.rng = rng
         self.settings = settings
@@ -74,12 +93,20 @@ class SimFollower:
         self.changes: list[tuple[TopicPartition, int, int]] = []
         # The checkpoint files as of the last checkpoint: what a crash leaves.
         self._checkpoint_files: dict[str, bytes] = {}
+        # The durability thread's queue (its jobs run at the simulation's `disk` events).
+        self.jobs = DiskQueue()
+        self.witness = FsyncWitness()
         self.open()
 
     # -- life ----------------------------------------------------------------------------
 
     def open(self) -> None:
         self.logs = LogManager.open(self.data_dir, self.log_config, now_ms=self.clock.wall_ms)
+        if self.durability_queue:  # as Replicator.run hands them to its durability thread
+            self.logs.flush_later = lambda p: self.jobs.ask(
+                p.flush, f"flush of {p.topic_partition}"
+            )
+            self.logs.disk_later = self.jobs.ask
         # A clean stop wrote checkpoint files too: they are what a later crash leaves.
         self._checkpoint_files = self._top_files()
         self.tables, self.performers, self.states = {}, {}, {}
@@ -89,6 +116,40 @@ class SimFollower:
         """What the replicator's housekeeping does every checkpoint interval."""
         self.logs.checkpoint()
         self._checkpoint_files = self._top_files()
+
+    def run_disk_job(self) -> str | None:
+        """The durability thread's next job, run now; what it was (None: nothing queued)."""
+        job = self.jobs.next()
+        if job is None:
+            return None
+        job.run()
+        return job.what
+
+    def drain_disk_jobs(self) -> None:
+        while self.run_disk_job() is not None:
+            pass
+
+    def checkpointed_recovery_points(self) -> dict[TopicPartition, int]:
+        """The recovery points of the checkpoint file a crash would leave."""
+        data = self._checkpoint_files.get(RECOVERY_POINT_CHECKPOINT)
+        if data is None:
+            return {}
+        return parse_offsets(data.decode(), source=RECOVERY_POINT_CHECKPOINT)
+
+    def check_checkpoint(self) -> None:
+        """Rule 7: the checkpoint just written names no recovery point past what was
+        fsynced (the witness saw the bytes of every batch below it on disk)."""
+        for tp, point in self.checkpointed_recovery_points().items():
+            plog = self.logs.partitions().get(tp)
+            if plog is None:
+                continue
+            durable = self.witness.durable_end(plog)
+            if min(point, plog.log_end_offset) > durable:
+                raise InvariantError(
+                    f"{tp}: the checkpoint names recovery point {point}, but only the data "
+                    f"below {durable} was fsynced (log [{plog.log_start_offset}, "
+                    f"{plog.log_end_offset}))"
+                )
 
     def _top_files(self) -> dict[str, bytes]:
         return {
@@ -102,10 +163,19 @@ class SimFollower:
         its log up to somewhere between its recovery point and its end (`cut` chooses,
         maybe inside a batch: a torn write), and the checkpoint files are the last ones."""
         cuts = {}
+        epoch_files: dict[Path, bytes | None] = {}
         if crash:
+            self.jobs.discard()  # the thread's jobs not run die with the process
             for plog in self.logs.partitions().values():
                 cuts[plog.directory] = cut(plog.recovery_point, plog.log_end_offset)
+                path = plog.directory / LEADER_EPOCH_CHECKPOINT
+                epoch_files[path] = path.read_bytes() if path.exists() else None
+        else:
+            self.drain_disk_jobs()
         self.logs.close()
+        for path, text in epoch_files.items():  # what close wrote was never durable
+            if text is not None and path.parent.exists():
+                path.write_bytes(text)
         if crash:
             for path in self.data_dir.iterdir():
                 if (
@@ -118,6 +188,7 @@ class SimFollower:
                 (self.data_dir / name).write_bytes(data)
             for directory, (offset, torn) in cuts.items():
                 _cut_partition(directory, offset, torn)
+        self.witness.settle_on_disk(self.data_dir)
         self.open()
 
     def close(self) -> None:

@@ -10,14 +10,27 @@
    itself went below it (truncation, a crash losing unsynced data) or was started over.
 4. The memory bound: no Fetch response is larger than fetch.buffer_memory unless a
    single batch is (KIP-74 gives one whole batch whatever the limit).
+5. The memory pool shared by every leader is never overdrawn, and
+6. grants in the order asked, so no leader is starved (tools/sim/memory.py).
+7. A checkpoint never names a recovery point past what was fsynced (`FsyncWitness`
+   watches every fsync of a segment file on its own).
+8. The leader-epoch file on disk holds the epoch of every batch below the recovery point
+   the checkpoint file on disk names: after a crash, loading reads those epochs from the
+   file and rescans only what lies above (log/partition.py's epoch-file rules).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from replicad.records.batch import ScanStop, scan_batches
+from replicad.errors import LogError
+from replicad.log.checkpoint import parse_epochs
+from replicad.log.layout import LEADER_EPOCH_CHECKPOINT
+from replicad.records.batch import MAGIC_V2, ScanStop, scan_batches
 from replicad.types import TopicPartition
 from tools.sim.cluster import History
 
@@ -138,3 +151,83 @@ def check_response_size(frame: int, sizes: list[int], buffer_memory: int, asked:
         f"a Fetch response of about {frame} bytes ({sum(sizes)} of records, {asked} asked) "
         f"does not fit fetch.buffer_memory {buffer_memory}"
     )
+
+
+class FsyncWitness:
+    """Rule 7's witness: while installed (`with`), every os.fsync of a segment's .log file
+    records the file's bytes as durable. A batch is durable when the bytes at its place in
+    the file are those of the last fsync (a truncation and a rewrite are not durable until
+    synced again). After a restart, what the disk holds is durable (the simulated crash
+    already dropped what was not)."""
+
+    def __init__(self) -> None:
+        self.synced: dict[str, bytes] = {}
+        self._real_fsync: Any = None
+        self._depth = 0
+
+    def __enter__(self) -> FsyncWitness:
+        self._depth += 1
+        if self._depth == 1:
+            self._real_fsync = os.fsync
+            os.fsync = self._fsync  # type: ignore[assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            os.fsync = self._real_fsync
+
+    def _fsync(self, fd: int) -> None:
+        self._real_fsync(fd)
+        try:
+            path = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            return
+        if path.endswith(".log"):
+            with open(path, "rb") as f:
+                self.synced[path] = f.read()
+
+    def settle_on_disk(self, data_dir: Path) -> None:
+        self.synced = {str(p): p.read_bytes() for p in data_dir.glob("*/*.log")}
+
+    def durable_end(self, plog: Any) -> int:
+        """The offset below which every batch of the log is durable."""
+        end = plog.log_start_offset
+        for segment in plog.segments:
+            path = str(segment.log_path)
+            data = Path(path).read_bytes()
+            synced = self.synced.get(path, b"")
+            for batch in scan_batches(memoryview(data)).batches:
+                at, to = batch.position, batch.position + batch.size
+                if synced[at:to] != data[at:to]:
+                    return end
+                end = max(end, batch.next_offset)
+        return end
+
+
+def check_epoch_file(tp: TopicPartition, plog: Any, checkpointed: int) -> None:
+    """Rule 8, for one partition: the file on disk against the batches below the
+    recovery point the checkpoint file on disk names."""
+    below = min(checkpointed, plog.log_end_offset)
+    if below <= plog.log_start_offset:
+        return
+    path = plog.directory / LEADER_EPOCH_CHECKPOINT
+    try:
+        entries = parse_epochs(path.read_text(), source=str(path))
+    except (OSError, LogError) as exc:
+        raise InvariantError(f"{tp}: leader-epoch file unreadable: {exc}") from None
+    data = local_bytes(plog)
+    for batch in scan_batches(memoryview(data)).batches:
+        if batch.base_offset >= below:
+            break
+        if batch.base_offset < plog.log_start_offset or batch.magic < MAGIC_V2:
+            continue
+        covering = [e for e in entries if e.start_offset <= batch.base_offset]
+        epoch = covering[-1].epoch if covering else None
+        if epoch != batch.partition_leader_epoch:
+            raise InvariantError(
+                f"{tp}: the batch at {batch.base_offset} is of leader epoch "
+                f"{batch.partition_leader_epoch}, the leader-epoch file on disk says {epoch} "
+                f"({[(e.epoch, e.start_offset) for e in entries]}), and the checkpoint file "
+                f"names recovery point {checkpointed}: a crash now loses that epoch"
+            )

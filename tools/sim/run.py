@@ -8,9 +8,13 @@ replica: a replica of another lineage elected then starts inside a batch the fol
 lineage does not have), brokers stopping and starting, new partitions, topic
 re-creation (new topic id), session evictions, answers lost, duplicated, delayed, cut
 (KIP-74), corrupted, or carrying any Fetch error code (or one no Kafka defines), a full
-disk, checkpoints, clean restarts and crashes that lose what was not fsynced. After every
-event the invariants (invariants.py) are checked; at the end the faults stop and the
-follower must converge to the leaders' logs.
+disk, checkpoints, clean restarts and crashes that lose what was not fsynced. Every
+leader's responses are reserved from one real memory pool (memory.py) and may be held
+before they are appended; checkpoints, flushes, leader-epoch files and unlinks go through
+the real durability queue (replicad/follower/disk_queue.py), whose jobs run at `disk`
+events in between the others (a crash loses the jobs not run). After every event the
+invariants (invariants.py) are checked; at the end the faults stop and the follower must
+converge to the leaders' logs.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import tempfile
 import traceback
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -45,10 +49,12 @@ from tools.sim.invariants import (
     InvariantError,
     LogFacts,
     batches_from,
+    check_epoch_file,
     check_lineage,
     check_response_size,
     local_bytes,
 )
+from tools.sim.memory import Reservation, SimMemory
 from tools.sim.seeds import SCRATCH, SimResult
 from tools.sim.seeds import run_seeds as seeds_run
 
@@ -79,6 +85,7 @@ WEIGHTS: dict[str, int] = {
     "disk_full": 1,
     "disk_back": 2,
     "checkpoint": 4,
+    "disk": 8,
     "restart": 1,
     "crash": 1,
     "metadata": 5,
@@ -96,7 +103,9 @@ class SimClock:
 
 
 class Simulation:
-    def __init__(self, seed: int, data_dir: Path, *, events: int = 150) -> None:
+    def __init__(
+        self, seed: int, data_dir: Path, *, events: int = 150, pool_and_disk: bool = True
+    ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         rng = self.rng
@@ -105,12 +114,22 @@ class Simulation:
         # leader epoch for the leader to check), v7 (sessions), v9 (current leader epoch),
         # v12 (DivergingEpoch), v13 (topic ids).
         self.version = rng.choice((4, 7, 9, 11, 12, 13, 13, 13))
-        self.cluster = SimCluster(random.Random(rng.random()), max_fetch_version=self.version)
+        # pool_and_disk=False: the simulation as it was before the shared memory pool, the
+        # durability queue and large records (issue 29) -- the same seed, the same events.
+        self.pool_and_disk = pool_and_disk
+        self.cluster = SimCluster(
+            random.Random(rng.random()),
+            max_fetch_version=self.version,
+            large_records=pool_and_disk,
+        )
         self.clock = SimClock()
         self.settings = FetchSettings(
             response_max_bytes=rng.choice((2_000, 8_000, 64_000)),
             partition_max_bytes=rng.choice((500, 3_000, 32_000)),
-            buffer_memory=rng.choice((16_000, 128_000)),
+            # Small pools make the leaders wait for each other (memory.py).
+            buffer_memory=rng.choice(
+                (8_000, 12_000, 16_000, 128_000) if pool_and_disk else (16_000, 128_000)
+            ),
             backoff_ms=rng.choice((10, 100, 1_000)),
             start_from=rng.choice(("earliest", "earliest", "latest")),
             on_gap=rng.choice(("reset", "reset", "halt")),
@@ -118,7 +137,11 @@ class Simulation:
         for t in range(rng.randint(1, 2)):
             self.cluster.create_topic(f"t{t}", rng.randint(1, 3), rng.randint(1, 3))
         self.follower = SimFollower(
-            data_dir, self.settings, self.clock, random.Random(rng.random())
+            data_dir,
+            self.settings,
+            self.clock,
+            random.Random(rng.random()),
+            durability_queue=pool_and_disk,
         )
         # Per leader: no request before this time (the table's leader-wide back-off).
         self.leader_wait: dict[int, int] = {}
@@ -132,15 +155,22 @@ class Simulation:
         self.log: list[str] = []
         self.counts: dict[str, int] = {}
         self.checkpoint_hook: Callable[[SimFollower], None] = SimFollower.checkpoint
+        # KIP-81: one pool for every leader's responses (memory.py).
+        self.memory = SimMemory(self.settings.buffer_memory)
+        # Per leader: a response read into (or waiting for) pool memory, not yet appended.
+        self.pooled: dict[int, _Pooled] = {}
 
     # -- running -------------------------------------------------------------------------
 
     def run(self) -> SimResult:
         done = 0
         try:
+            self.follower.witness.__enter__()
             self.follower.apply_metadata(self._metadata(), self.clock.now_ms)
             kinds = list(WEIGHTS)
-            weights = [WEIGHTS[k] for k in kinds]
+            # A kind of weight 0 is never drawn, and draws no number: the other kinds come
+            # as they did.
+            weights = [WEIGHTS[k] if self.pool_and_disk or k != "disk" else 0 for k in kinds]
             while done < self.events:
                 done += 1
                 kind = self.rng.choices(kinds, weights)[0]
@@ -159,6 +189,8 @@ class Simulation:
             return SimResult(self.seed, done, False, error, self.log, self.counts)
         finally:
             self.follower.close()
+            self.follower.witness.__exit__()
+            self.memory.close()
 
     def _note(self, what: str) -> None:
         self.log.append(f"t={self.clock.now_ms} {what}")
@@ -243,6 +275,11 @@ class Simulation:
                 self._note("disk_back")
         elif kind == "checkpoint":
             self._checkpoint()
+        elif kind == "disk":
+            for _ in range(rng.randint(1, 3)):
+                what = follower.run_disk_job()
+                if what is not None:
+                    self._note(f"disk ran {what}")
         elif kind in ("restart", "crash"):
             self._restart(crash=kind == "crash")
         elif kind == "metadata":
@@ -254,11 +291,22 @@ class Simulation:
             self._note("tick")
 
     def _checkpoint(self) -> None:
-        self.checkpoint_hook(self.follower)
-        self.checkpointed_hw = {
-            tp: plog.high_watermark for tp, plog in self.follower.logs.partitions().items()
-        }
-        self._note("checkpoint")
+        """Asked as the replicator asks it: a job on the durability queue, run at a later
+        `disk` event, while turns go on appending."""
+
+        def job() -> None:
+            self.checkpoint_hook(self.follower)
+            self.checkpointed_hw = {
+                tp: plog.high_watermark for tp, plog in self.follower.logs.partitions().items()
+            }
+            self.follower.check_checkpoint()
+
+        if not self.pool_and_disk:
+            job()
+            self._note("checkpoint")
+            return
+        self.follower.jobs.ask(job, "checkpoint")
+        self._note("checkpoint asked")
 
     def _restart(self, *, crash: bool) -> None:
         rng = self.rng
@@ -267,11 +315,14 @@ class Simulation:
             return rng.randint(recovery_point, log_end), rng.choice((0, 0, rng.randint(1, 99)))
 
         if not crash:
+            self.follower.drain_disk_jobs()  # a clean stop waits for them (durability.py)
             self.checkpointed_hw = {
                 tp: plog.high_watermark for tp, plog in self.follower.logs.partitions().items()
             }
         self.follower.restart(crash=crash, cut=cut)
         self.in_flight.clear()
+        self.pooled.clear()
+        self.memory.restart()
         # What survived is the new baseline, floored by what was checkpointed.
         for tp, plog in self.follower.logs.partitions().items():
             self.watch.saw_end(tp, plog.log_end_offset, plog.log_start_offset)
@@ -288,6 +339,16 @@ class Simulation:
         rng, cluster, follower = self.rng, self.cluster, self.follower
         table = follower.tables[node]
         now = self.clock.now_ms
+        pooled = self.pooled.get(node)
+        if pooled is not None:
+            # This leader's loop is in the middle of a response: waiting for pool memory,
+            # or holding it until the append.
+            if not pooled.reservation.granted:
+                self._note(f"turn {node}: waiting for memory")
+                return
+            del self.pooled[node]
+            self._answer(node, pooled.fetch, pooled.response, pooled.reservation)
+            return
         if now < self.leader_wait.get(node, 0):
             self._note(f"turn {node}: backing off")
             return
@@ -338,7 +399,46 @@ class Simulation:
         cluster.answer_error = None  # not used when the request read no partition
         if faults and (0.08 <= fault < 0.10 or 0.15 <= fault < 0.22):
             response = self._garble(response, fault)
-        self._check_memory(response, fetch)
+        frame = self._check_memory(response, fetch)
+        if not self.pool_and_disk:
+            self._respond(node, table, fetch, response, now)
+            return
+        reservation = self.memory.reserve(node, frame)
+        if not reservation.granted or (faults and rng.random() < 0.5):
+            self.pooled[node] = _Pooled(fetch, response, reservation)
+            kind = "memory_held" if reservation.granted else "memory_wait"
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+            self._note(
+                f"turn {node}: {frame} bytes "
+                + ("held until a later turn" if reservation.granted else "wait for memory")
+            )
+            return
+        self._answer(node, fetch, response, reservation)
+
+    def _answer(
+        self,
+        node: int,
+        fetch: NextFetch,
+        response: FetchResponseView,
+        reservation: Reservation,
+    ) -> None:
+        """The response read into pool memory: what the table makes of it, performed; the
+        memory goes back once its appends are done (as LeaderFetcher does)."""
+        table = self.follower.tables[node]
+        try:
+            self._respond(node, table, fetch, response, self.clock.now_ms)
+        finally:
+            self.memory.release(reservation)
+
+    def _respond(
+        self,
+        node: int,
+        table: PartitionTable,
+        fetch: NextFetch,
+        response: FetchResponseView,
+        now: int,
+    ) -> None:
+        rng, cluster = self.rng, self.cluster
         outcome = table.on_response(fetch, response, now)
         if fetch.version < FETCH_TOPIC_ID_VERSION:
             # R9, as the shell does: an answer by name is confirmed by a Metadata answer.
@@ -453,7 +553,7 @@ class Simulation:
         self._note(f"garbled {what}")
         return replace(response, responses=tuple(topics))
 
-    def _check_memory(self, response: FetchResponseView, fetch: NextFetch) -> None:
+    def _check_memory(self, response: FetchResponseView, fetch: NextFetch) -> int:
         """A whole response must fit the memory pool (fetch.buffer_memory), unless it is
         the one batch KIP-74 sends whatever the limit."""
         parts = [p for t in response.responses for p in t.partitions]
@@ -465,11 +565,13 @@ class Simulation:
             + sum(sizes)
         )
         check_response_size(frame, sizes, self.settings.buffer_memory, fetch.spec.max_bytes)
+        return frame
 
     # -- invariants ----------------------------------------------------------------------
 
     def _check(self, event: str) -> None:
         follower = self.follower
+        self.memory.check_bound()
         changed = {tp for tp, _, _ in follower.changes}
         for tp, end, start in follower.changes:
             self.watch.saw_end(tp, end, start)
@@ -481,9 +583,13 @@ class Simulation:
         }
         self.watch.check(facts, event)
         check_all = event in ("restart", "crash")
+        checkpointed = follower.checkpointed_recovery_points()
         for tp, plog in partitions.items():
             if check_all or tp in changed:
-                check_lineage(tp, local_bytes(plog), plog.topic_id, self.cluster.history)
+                data = local_bytes(plog)
+                check_lineage(tp, data, plog.topic_id, self.cluster.history)
+            if check_all or tp in changed or event == "disk":
+                check_epoch_file(tp, plog, checkpointed.get(tp, 0))
 
     def _converge(self, rounds: int = 300) -> None:
         """Faults off: every broker up, disk back; the follower must end up with each
@@ -501,9 +607,22 @@ class Simulation:
             follower.apply_metadata(self._metadata(), self.clock.now_ms)
             for node in sorted(follower.tables):
                 self._turn(node, faults=False)
+            # Responses read into (or waiting for) pool memory are appended, each giving its
+            # memory to the next waiter: none may wait forever.
+            while self.pooled:
+                granted = [n for n, p in sorted(self.pooled.items()) if p.reservation.granted]
+                if not granted:
+                    raise InvariantError(
+                        f"leaders {sorted(self.pooled)} wait for pool memory nobody holds"
+                    )
+                for node in granted:
+                    self._turn(node, faults=False)
+            while follower.run_disk_job() is not None:
+                pass
             self._check("converge")
             self.clock.now_ms += 1_000
-            if not self._lagging():
+            if not self._lagging() and not self.pooled:
+                self.memory.check_done()
                 return
         raise InvariantError(f"did not converge: {self._lagging()[:3]}")
 
@@ -536,6 +655,13 @@ class Simulation:
         return behind
 
 
+@dataclass
+class _Pooled:
+    fetch: NextFetch
+    response: FetchResponseView
+    reservation: Reservation
+
+
 def _with(p: FetchedPartition, **changes: object) -> FetchedPartition:
     return replace(p, **changes)
 
@@ -545,9 +671,10 @@ def run_seed(
     *,
     events: int = 150,
     checkpoint_hook: Callable[[SimFollower], None] | None = None,
+    pool_and_disk: bool = True,
 ) -> SimResult:
     with tempfile.TemporaryDirectory(prefix=f"replicad-sim-{seed}-", dir=SCRATCH) as tmp:
-        sim = Simulation(seed, Path(tmp) / "data", events=events)
+        sim = Simulation(seed, Path(tmp) / "data", events=events, pool_and_disk=pool_and_disk)
         if checkpoint_hook is not None:
             sim.checkpoint_hook = checkpoint_hook
         return sim.run()
