@@ -302,3 +302,21 @@ def test_a_batch_larger_than_the_pool_is_replicated_alone_and_said(
     assert pool["oversize"] >= 1 and pool["peak"] > 131072
     ours = segment_bytes(data_dir / f"{topic}-0")
     assert ours == batches_from(segment_bytes(kafka_broker.partition_dir(topic, 0)))
+
+
+async def test_grants_of_one_give_back_never_charge_an_idle_buffer_beyond_the_room() -> None:
+    """Two waiters granted by one give-back are both charged before either is lent: the
+    idle buffer charged to the first must not be charged to the second past the room left
+    (found by tools/sim's memory pool: 8 KiB charged for 100 bytes with 4 KiB left)."""
+    pool = MemoryPool(3 * PAGE)
+    first = await pool.reserve(2 * PAGE)
+    second = asyncio.ensure_future(pool.reserve(2 * PAGE))
+    third = asyncio.ensure_future(pool.reserve(100))
+    await asyncio.sleep(0)
+    assert not second.done() and not third.done()
+    first.release()
+    leases = [await second, await third]
+    assert pool.account.used + pool.idle <= 3 * PAGE
+    assert sorted(len(lease.buffer.obj) for lease in leases) == [PAGE, 2 * PAGE]
+    for lease in leases:
+        lease.release()

@@ -9,8 +9,8 @@ import logging
 import pytest
 import structlog
 
-from replicad.byte_pool import BytePool, Grant
 from replicad.follower.memory_pool import PAGE, MemoryPool
+from replicad.pool.rules import BytePool, Grant
 from tools.sim.invariants import InvariantError
 from tools.sim.memory import SimMemory
 from tools.sim.run import run_seeds
@@ -68,7 +68,7 @@ def test_a_pool_that_serves_its_newest_waiter_first_is_caught(
     """Planted: memory given back goes to the newest waiter first; while others keep
     asking, the oldest can wait forever (a leader starved). Rule 6 judges the order the
     pool grants in. (Driven here step by step: since the pool's rules moved to
-    replicad/byte_pool.py, no seed of 0..199 has two leaders waiting at once.)"""
+    replicad/pool/rules.py, no seed of 0..199 has two leaders waiting at once.)"""
 
     def newest_first(self: BytePool) -> list[Grant]:
         granted = []

@@ -95,7 +95,7 @@ class SimMemory:
 
     def check_bound(self) -> None:
         """Lent and idle within the capacity, but for one response larger than the whole
-        pool, held alone (replicad/byte_pool.py's oversize rule)."""
+        pool, held alone (replicad/pool/rules.py's oversize rule)."""
         used, idle = self.pool.account.used, self.pool.idle
         held = sum(len(r.lease.buffer.obj) for r in self.lent if r.lease is not None)
         alone = len(self.lent) == 1 and self.lent[0].size > self.capacity and idle == 0
