@@ -135,4 +135,4 @@ async def test_responses_as_large_as_the_pool_do_not_stall_replication(
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
-    assert replicator.pool.account.peak <= pool_bytes
+    assert replicator.pool.peak <= pool_bytes
