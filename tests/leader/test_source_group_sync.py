@@ -68,7 +68,9 @@ def test_source_offsets_are_taken_as_they_are_and_never_once_a_member_joined_her
             }
             assert excluded not in groups.coordinator.groups
             snap = sync.snapshot()
-            assert snap["sync_lag_ms"] is not None and snap["sync_lag_ms"] >= 0
+            # A round ran, so the lag is measured (None before the first round); its value
+            # is a wall-clock difference, not asserted.
+            assert isinstance(snap["sync_lag_ms"], int)
             assert (
                 snap["groups_synced"],
                 snap["held_offsets"],
