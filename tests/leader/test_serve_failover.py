@@ -17,7 +17,6 @@ and that is what the records after the failover are held to.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -132,10 +131,13 @@ def kafka_python_consume(bootstrap: str, topic: str, group: str, *, stop_after: 
 def read_until(poll: Callable[[], Read], stop_after: int) -> Read:
     """What `poll` returns, call after call, until there are `stop_after` records."""
     read: Read = []
-    deadline = time.monotonic() + DEADLINE_S
-    while len(read) < stop_after:
-        assert time.monotonic() < deadline, f"read {len(read)} of {stop_after} only"
-        read += poll()
+
+    def enough() -> bool:
+        read.extend(poll())
+        return len(read) >= stop_after
+
+    if len(read) < stop_after:
+        wait_until(enough, interval_s=0, what=f"{stop_after} records")
     return read
 
 

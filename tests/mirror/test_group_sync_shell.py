@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -417,13 +416,17 @@ def read_with_members(members: list[Any], topic: str, until: Callable[[list], bo
     for m in members:
         m.subscribe([topic])
     read: list[tuple[int, bytes]] = []
-    deadline = time.monotonic() + 120
-    while not until(read):
-        assert time.monotonic() < deadline, f"read {len(read)} records only"
+
+    def done() -> bool:
+        if until(read):
+            return True
         for m in members:
             message = m.poll(0.1)
             if message is not None and message.error() is None:
                 read.append((message.partition(), message.value()))
+        return False
+
+    wait_until(done, interval_s=0, what="the members to read what the test waits for")
     return read
 
 
