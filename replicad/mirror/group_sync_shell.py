@@ -31,7 +31,6 @@ from replicad.clock import wall_ms as _wall_ms
 from replicad.config.model import GroupsConfig
 from replicad.errors import KafkaConnectionError, ProtocolError, ReplicadError
 from replicad.groups.cluster_reader import ClusterGroupsReader, CommittedOffset
-from replicad.groups.consumer_protocol import PROTOCOL_TYPE
 from replicad.mirror import group_store
 from replicad.mirror.group_store import StoredGroups
 from replicad.mirror.group_sync import DestinationGroup, GroupSync, MirroredPartition, Said
@@ -43,8 +42,6 @@ from replicad.types import TopicPartition
 log = structlog.get_logger("replicad.mirror.groups")
 
 GROUP_ID_NOT_FOUND = "group_id_not_found"
-# A group that only commits offsets (assign() consumers, Spark, an admin) has no protocol.
-NO_PROTOCOL = ""
 
 
 class GroupSyncShell:
@@ -145,11 +142,7 @@ class GroupSyncShell:
                 "source brokers did not list their groups; those groups wait",
                 brokers=dict(listing.unreachable),
             )
-        chosen = [
-            g.group_id
-            for g in listing.groups
-            if g.protocol_type in (PROTOCOL_TYPE, NO_PROTOCOL) and self.config.selects(g.group_id)
-        ]
+        chosen = listing.consumer_groups(self.config.selects)
         source: dict[str, dict[TopicPartition, CommittedOffset]] = {}
         for group_id, offsets in (await self.source.committed_offsets(chosen)).items():
             if offsets.error is not None:
