@@ -73,6 +73,17 @@ Rules:
   source only): OffsetCommit is GROUP_AUTHORIZATION_FAILED for every partition, from members
   and admins alike; a member joining does not make the group the replica's own, so the
   source's offsets are synced again once its members have left.
+- Consumer groups (KIP-848, ConsumerGroupHeartbeat; their rules are consumer_group.py's)
+  share the group ids, the offsets and the rules above for offsets with classic groups: a
+  group id is one or the other. A heartbeat joining a classic group with no members (and
+  no pending member) makes it a consumer group with its offsets, a JoinGroup into a
+  consumer group with no members makes it classic again; with members, the other protocol
+  is GROUP_ID_NOT_FOUND (a heartbeat) or INCONSISTENT_GROUP_PROTOCOL (a JoinGroup). A
+  heartbeat of epoch > 0 for a group this node does not know is UNKNOWN_MEMBER_ID (the
+  member joins again: a restart of serve forgets members, not offsets). The request's
+  fields are checked first (INVALID_REQUEST, UNSUPPORTED_ASSIGNOR,
+  INVALID_REGULAR_EXPRESSION). DescribeGroups does not describe them (Dead before v6,
+  GROUP_ID_NOT_FOUND after, as Kafka); ConsumerGroupDescribe describes only them.
 - Offsets expire (KIP-211, `expire_offsets`): all of an Empty group's once it has been Empty
   for offsets_retention_ms; in a group without protocol type, each by its commit time; in
   a Stable consumer group, those of topics no member subscribes to, by commit time. An Empty
@@ -81,6 +92,7 @@ Rules:
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -88,6 +100,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from replicad.groups.assignors import ASSIGNORS
 from replicad.groups.classic_group import (
     NO_DEADLINE,
     NO_GENERATION,
@@ -96,6 +109,17 @@ from replicad.groups.classic_group import (
     GroupState,
     Member,
 )
+from replicad.groups.consumer_group import (
+    JOIN_EPOCH,
+    LEAVE_EPOCH,
+    STATIC_LEAVE_EPOCH,
+    UNCHANGED_TIMEOUT,
+    ConsumerGroup,
+    ConsumerHeartbeat,
+    ConsumerMember,
+    HeartbeatResult,
+)
+from replicad.groups.consumer_protocol import PROTOCOL_TYPE
 from replicad.types import TopicPartition
 
 S = GroupState
@@ -113,6 +137,9 @@ class CoordinatorConfig:
     max_group_size: int = 2**31 - 1
     offset_metadata_max_bytes: int = 4096
     offsets_retention_ms: int = 7 * 24 * 3600 * 1000
+    # KIP-848's group.consumer.session.timeout.ms and group.consumer.heartbeat.interval.ms.
+    consumer_session_timeout_ms: int = 45_000
+    consumer_heartbeat_interval_ms: int = 5_000
 
 
 # -- requests ---------------------------------------------------------------------------------
@@ -255,6 +282,34 @@ class DescribedGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class DescribedConsumerMember:
+    member_id: str
+    instance_id: str | None
+    rack_id: str | None
+    member_epoch: int
+    client_id: str
+    client_host: str
+    subscribed_topic_names: tuple[str, ...]
+    subscribed_topic_regex: str | None
+    assignment: frozenset[TopicPartition]
+    target_assignment: frozenset[TopicPartition]
+
+
+@dataclass(frozen=True, slots=True)
+class DescribedConsumerGroup:
+    """ConsumerGroupDescribe's view; error GROUP_ID_NOT_FOUND: no such consumer group."""
+
+    group_id: str
+    error: ErrorCode
+    message: str | None = None
+    state: str = ""
+    group_epoch: int = 0
+    assignment_epoch: int = 0
+    assignor_name: str = ""
+    members: tuple[DescribedConsumerMember, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class OffsetDeleteResult:
     error: ErrorCode
     errors: Mapping[TopicPartition, ErrorCode] = field(default_factory=dict)
@@ -297,6 +352,8 @@ class GroupCoordinator:
         self._new_member_id = new_member_id
         self.read_only = read_only or _never
         self.groups: dict[str, ClassicGroup] = {}
+        # KIP-848 groups; a group id is in one of the two at most.
+        self.consumer_groups: dict[str, ConsumerGroup] = {}
         # Groups that are the replica's own (see the rules): kept apart from `groups`, which
         # forgets a group once it is Dead.
         self.owned: set[str] = set()
@@ -321,6 +378,11 @@ class GroupCoordinator:
             return JoinResult(E.invalid_group_id, req.member_id)
         if not cfg.min_session_timeout_ms <= req.session_timeout_ms <= cfg.max_session_timeout_ms:
             return JoinResult(E.invalid_session_timeout, req.member_id)
+        consumer = self.consumer_groups.get(req.group_id)
+        if consumer is not None:
+            if consumer.members:
+                return JoinResult(E.inconsistent_group_protocol, req.member_id)
+            self._to_classic(consumer, now_ms)
         group = self.groups.get(req.group_id)
         if req.member_id:
             if group is None:
@@ -684,17 +746,89 @@ class GroupCoordinator:
             answers.append(LeftMember(who.member_id, who.group_instance_id, error or NO_ERROR))
         return Step(LeaveResult(NO_ERROR, tuple(answers)), tuple(out))
 
+    # -- consumer groups (KIP-848) -----------------------------------------------------------
+
+    def consumer_heartbeat(
+        self, req: ConsumerHeartbeat, topics: Mapping[str, int], *, now_ms: int
+    ) -> HeartbeatResult:
+        """A ConsumerGroupHeartbeat; `topics`: every topic this node holds, with its
+        partition count (what the assignor may give out)."""
+        invalid = _heartbeat_error(req)
+        if invalid is not None:
+            return invalid
+        if req.member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
+            consumer = self.consumer_groups.get(req.group_id)
+            if consumer is None:
+                return HeartbeatResult(E.unknown_member_id, "no such member")
+            return consumer.leave(req.member_id, req.member_epoch, now_ms=now_ms)
+        consumer = self.consumer_groups.get(req.group_id)
+        if consumer is None:
+            classic = self.groups.get(req.group_id)
+            if classic is not None and (classic.members or classic.pending_members):
+                return HeartbeatResult(
+                    E.group_id_not_found, f"group {req.group_id} is not a consumer group"
+                )
+            if req.member_epoch != JOIN_EPOCH:
+                return HeartbeatResult(E.unknown_member_id, "no such member: join again")
+            consumer = self.consumer_groups[req.group_id] = ConsumerGroup(
+                req.group_id, state_since_ms=now_ms
+            )
+            if classic is not None:
+                consumer.offsets.update(classic.offsets)
+                del self.groups[req.group_id]
+        if req.member_epoch == JOIN_EPOCH:
+            self.rebalances_total += 1
+            if not self.read_only(req.group_id):
+                self._own(req.group_id)
+        return consumer.heartbeat(
+            req,
+            topics,
+            session_timeout_ms=self.config.consumer_session_timeout_ms,
+            heartbeat_interval_ms=self.config.consumer_heartbeat_interval_ms,
+            now_ms=now_ms,
+        )
+
+    def describe_consumer_group(self, group_id: str) -> DescribedConsumerGroup:
+        group = self.consumer_groups.get(group_id)
+        if group is None:
+            return DescribedConsumerGroup(
+                group_id, E.group_id_not_found, f"group {group_id} is not a consumer group"
+            )
+        return DescribedConsumerGroup(
+            group_id,
+            NO_ERROR,
+            None,
+            group.state.value,
+            group.group_epoch,
+            group.assignment_epoch,
+            group.assignor_name(),
+            tuple(_described_member(group, m) for m in group.members.values()),
+        )
+
+    def _to_classic(self, consumer: ConsumerGroup, now_ms: int) -> None:
+        """A consumer group with no members becomes a classic group, offsets and all."""
+        del self.consumer_groups[consumer.group_id]
+        group = self.groups[consumer.group_id] = ClassicGroup(
+            consumer.group_id, state_since_ms=now_ms
+        )
+        group.offsets.update(consumer.offsets)
+
     # -- time --------------------------------------------------------------------------------
 
     def next_deadline_ms(self) -> int:
         """When `poll` next has something to do (NO_DEADLINE: nothing is timed)."""
-        return min((g.next_deadline_ms() for g in self.groups.values()), default=NO_DEADLINE)
+        return min(
+            (g.next_deadline_ms() for g in (*self.groups.values(), *self.consumer_groups.values())),
+            default=NO_DEADLINE,
+        )
 
     def poll(self, *, now_ms: int) -> Step:
         """Whatever timed out by `now_ms`: pending members, sessions, rebalances, syncs."""
         out: list[Reply] = []
         for group in list(self.groups.values()):
             self._poll_group(group, now_ms, out)
+        for consumer in self.consumer_groups.values():
+            consumer.expire_members(now_ms)
         return Step(None, tuple(out))
 
     def _poll_group(self, group: ClassicGroup, now_ms: int, out: list[Reply]) -> None:
@@ -748,9 +882,25 @@ class GroupCoordinator:
         offsets: Mapping[TopicPartition, OffsetToCommit],
         *,
         now_ms: int,
+        version: int | None = None,
     ) -> Step:
+        """`version`: the OffsetCommit's (None: not checked), for a consumer group's rule."""
         if self.read_only(group_id):
             return Step(CommitResult({tp: E.group_authorization_failed for tp in offsets}))
+        consumer = self.consumer_groups.get(group_id)
+        if consumer is not None:
+            refused = consumer.offset_request_error(
+                who.member_id, generation_id, commit_version=version
+            )
+            if refused is not None:
+                return Step(CommitResult({tp: refused[0] for tp in offsets}))
+            member = consumer.members.get(who.member_id)
+            if member is not None:
+                member.session_deadline_ms = max(
+                    member.session_deadline_ms, now_ms + self.config.consumer_session_timeout_ms
+                )
+            self._own(group_id)
+            return Step(self._store_offsets(consumer.offsets, offsets, now_ms))
         group = self.groups.get(group_id)
         error: ErrorCode | None = None
         if group is None:
@@ -766,6 +916,14 @@ class GroupCoordinator:
         if member is not None:
             member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms
         self._own(group_id)
+        return Step(self._store_offsets(group.offsets, offsets, now_ms))
+
+    def _store_offsets(
+        self,
+        stored: dict[TopicPartition, CommittedOffset],
+        offsets: Mapping[TopicPartition, OffsetToCommit],
+        now_ms: int,
+    ) -> CommitResult:
         errors: dict[TopicPartition, ErrorCode] = {}
         committed: dict[TopicPartition, CommittedOffset] = {}
         for tp, value in offsets.items():
@@ -774,10 +932,10 @@ class GroupCoordinator:
                 errors[tp] = E.offset_metadata_too_large
                 continue
             entry = CommittedOffset(value.offset, value.leader_epoch, metadata, now_ms)
-            group.offsets[tp] = committed[tp] = entry
+            stored[tp] = committed[tp] = entry
             errors[tp] = NO_ERROR
         self.commits_total += len(committed)
-        return Step(CommitResult(errors, committed))
+        return CommitResult(errors, committed)
 
     @staticmethod
     def _commit_error(group: ClassicGroup, generation_id: int, who: MemberRef) -> ErrorCode | None:
@@ -801,6 +959,11 @@ class GroupCoordinator:
         self, group_id: str, offsets: Mapping[TopicPartition, OffsetToCommit], *, now_ms: int
     ) -> SyncOutcome:
         """Take a source group's offsets, unless the group is the replica's own (rules)."""
+        consumer = self.consumer_groups.get(group_id)
+        if consumer is not None:
+            if group_id in self.owned or consumer.members:
+                return SyncOutcome(stopped=True)
+            self._to_classic(consumer, now_ms)
         group = self.groups.get(group_id)
         if group_id in self.owned or (group is not None and (group.members or group.is_in(S.DEAD))):
             return SyncOutcome(stopped=True)
@@ -832,11 +995,26 @@ class GroupCoordinator:
         return taken
 
     def fetch_offsets(
-        self, group_id: str, partitions: Iterable[TopicPartition] | None
+        self,
+        group_id: str,
+        partitions: Iterable[TopicPartition] | None,
+        *,
+        member_id: str | None = None,
+        member_epoch: int = -1,
     ) -> FetchedOffsets:
-        """The committed offsets of `partitions` (None: every partition with one)."""
-        group = self.groups.get(group_id)
-        stored = group.offsets if group is not None else {}
+        """The committed offsets of `partitions` (None: every partition with one); a
+        member of a consumer group (OffsetFetch v9+) is checked as for a commit."""
+        consumer = self.consumer_groups.get(group_id)
+        stored: Mapping[TopicPartition, CommittedOffset]
+        if consumer is not None:
+            if member_id or member_epoch >= 0:
+                refused = consumer.offset_request_error(member_id, member_epoch)
+                if refused is not None:
+                    return FetchedOffsets(refused[0])
+            stored = consumer.offsets
+        else:
+            group = self.groups.get(group_id)
+            stored = group.offsets if group is not None else {}
         if partitions is None:
             return FetchedOffsets(NO_ERROR, dict(stored))
         return FetchedOffsets(NO_ERROR, {tp: stored.get(tp) for tp in partitions})
@@ -844,6 +1022,9 @@ class GroupCoordinator:
     def delete_offsets(
         self, group_id: str, partitions: Sequence[TopicPartition], *, now_ms: int
     ) -> OffsetDeleteResult:
+        consumer = self.consumer_groups.get(group_id)
+        if consumer is not None:
+            return self._delete_consumer_offsets(consumer, partitions)
         group = self.groups.get(group_id)
         if group is None or group.is_in(S.DEAD):
             return OffsetDeleteResult(E.group_id_not_found)
@@ -864,10 +1045,42 @@ class GroupCoordinator:
         self._drop_if_unused(group, now_ms)
         return OffsetDeleteResult(NO_ERROR, errors, tuple(deleted))
 
+    def _delete_consumer_offsets(
+        self, group: ConsumerGroup, partitions: Sequence[TopicPartition]
+    ) -> OffsetDeleteResult:
+        subscribed = group.subscribed_topics(group.topic_partitions)
+        errors: dict[TopicPartition, ErrorCode] = {}
+        deleted = []
+        for tp in partitions:
+            if tp.topic in subscribed:
+                errors[tp] = E.group_subscribed_to_topic
+                continue
+            errors[tp] = NO_ERROR
+            if group.offsets.pop(tp, None) is not None:
+                deleted.append(tp)
+        return OffsetDeleteResult(NO_ERROR, errors, tuple(deleted))
+
     def expire_offsets(self, *, now_ms: int) -> dict[str, tuple[TopicPartition, ...]]:
         """Offsets past retention, removed (see the rules); per group, what went."""
         retention = self.config.offsets_retention_ms
         removed: dict[str, tuple[TopicPartition, ...]] = {}
+        for consumer in list(self.consumer_groups.values()):
+            if not consumer.members:
+                old = now_ms - consumer.state_since_ms >= retention
+                gone = list(consumer.offsets) if old else []
+            else:
+                used = consumer.subscribed_topics(consumer.topic_partitions)
+                gone = [
+                    tp
+                    for tp, entry in consumer.offsets.items()
+                    if tp.topic not in used and now_ms - entry.commit_timestamp_ms >= retention
+                ]
+            for tp in gone:
+                del consumer.offsets[tp]
+            if gone:
+                removed[consumer.group_id] = tuple(gone)
+            if not consumer.members and not consumer.offsets:
+                del self.consumer_groups[consumer.group_id]
         for group in list(self.groups.values()):
             if group.is_in(S.EMPTY) and group.protocol_type:
                 expired = list(group.offsets) if now_ms - group.state_since_ms >= retention else []
@@ -927,13 +1140,21 @@ class GroupCoordinator:
         """Every live group; `states` / `types` (case-insensitive) narrow it when given."""
         wanted_states = {s.lower() for s in states}
         wanted_types = {t.lower() for t in types}
-        if wanted_types and "classic" not in wanted_types:
-            return ()
-        return tuple(
-            ListedGroup(g.group_id, g.protocol_type or "", g.state.value)
-            for g in self.groups.values()
-            if not g.is_in(S.DEAD) and (not wanted_states or g.state.value.lower() in wanted_states)
-        )
+        listed: list[ListedGroup] = []
+        if not wanted_types or "classic" in wanted_types:
+            listed.extend(
+                ListedGroup(g.group_id, g.protocol_type or "", g.state.value)
+                for g in self.groups.values()
+                if not g.is_in(S.DEAD)
+                and (not wanted_states or g.state.value.lower() in wanted_states)
+            )
+        if not wanted_types or "consumer" in wanted_types:
+            listed.extend(
+                ListedGroup(c.group_id, PROTOCOL_TYPE, c.state.value, "consumer")
+                for c in self.consumer_groups.values()
+                if not wanted_states or c.state.value.lower() in wanted_states
+            )
+        return tuple(listed)
 
     def describe(self, group_id: str) -> DescribedGroup | None:
         """A group as DescribeGroups shows it; None if there is no such group."""
@@ -964,6 +1185,14 @@ class GroupCoordinator:
         """Delete Empty groups and their offsets; per group, the error (NONE: deleted)."""
         errors: dict[str, ErrorCode] = {}
         for group_id in group_ids:
+            consumer = self.consumer_groups.get(group_id)
+            if consumer is not None:
+                if consumer.members:
+                    errors[group_id] = E.non_empty_group
+                else:
+                    del self.consumer_groups[group_id]
+                    errors[group_id] = NO_ERROR
+                continue
             group = self.groups.get(group_id)
             if group is None or group.is_in(S.DEAD):
                 errors[group_id] = E.group_id_not_found
@@ -983,11 +1212,63 @@ class GroupCoordinator:
         for group in self.groups.values():
             if not group.is_in(S.DEAD):
                 counts[group.state.value] += 1
+        for consumer in self.consumer_groups.values():
+            state = consumer.state.value
+            counts[state] = counts.get(state, 0) + 1
         return counts
 
 
 def _never(_group_id: str) -> bool:
     return False
+
+
+def _heartbeat_error(req: ConsumerHeartbeat) -> HeartbeatResult | None:
+    """Kafka's checks of a ConsumerGroupHeartbeat's fields, before any group is looked at."""
+    problem: str | None = None
+    if not req.group_id:
+        problem = "GroupId can't be empty."
+    elif not req.member_id:
+        problem = "MemberId can't be empty."
+    elif req.instance_id == "" or req.rack_id == "":
+        problem = "InstanceId and RackId can't be empty."
+    elif req.member_epoch == JOIN_EPOCH:
+        if req.rebalance_timeout_ms == UNCHANGED_TIMEOUT:
+            problem = "RebalanceTimeoutMs must be provided in first request."
+        elif req.owned is None or req.owned:
+            problem = "TopicPartitions must be empty when (re-)joining."
+        elif req.subscribed_topic_names is None and req.subscribed_topic_regex is None:
+            problem = "SubscribedTopicNames or SubscribedTopicRegex must be set in first request."
+    if problem is not None:
+        return HeartbeatResult(E.invalid_request, problem)
+    if req.server_assignor is not None and req.server_assignor not in ASSIGNORS:
+        return HeartbeatResult(
+            E.unsupported_assignor,
+            f"assignor {req.server_assignor!r} is not one of {', '.join(ASSIGNORS)}",
+        )
+    if req.subscribed_topic_regex:
+        try:
+            re.compile(req.subscribed_topic_regex)
+        except re.error as exc:
+            return HeartbeatResult(
+                E.invalid_regular_expression,
+                f"SubscribedTopicRegex {req.subscribed_topic_regex!r} is not valid: {exc}",
+            )
+    return None
+
+
+def _described_member(group: ConsumerGroup, m: ConsumerMember) -> DescribedConsumerMember:
+    return DescribedConsumerMember(
+        m.member_id,
+        m.instance_id,
+        m.rack_id,
+        m.epoch,
+        m.client_id,
+        m.client_host,
+        tuple(sorted(m.subscribed_names)),
+        m.subscribed_regex,
+        m.assigned,
+        group.target.get(m.member_id, frozenset()),
+    )
 
 
 def _member_error(group: ClassicGroup, who: MemberRef) -> ErrorCode | None:
