@@ -20,7 +20,7 @@ from replicad.exits import (
     EX_OSERR,
     EX_USAGE,
 )
-from replicad.startup import catch_early_stop, early_stop_signal
+from replicad.startup import catch_early_stop, early_stop_signal, keep_test_libraries_out
 
 if TYPE_CHECKING:
     from replicad.config.model import ServeSecurityConfig
@@ -667,6 +667,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Only as a process of its own (argv from the command line), never inside a caller's.
     if argv is None and sys.argv[1:2] and sys.argv[1] in _DAEMON_COMMANDS:
         catch_early_stop()
+        keep_test_libraries_out()
     words = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser(_command_of(words)).parse_args(words)

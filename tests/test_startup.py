@@ -62,3 +62,35 @@ async def test_without_a_reload_sighup_is_left_alone(reload):
         assert (signal.getsignal(signal.SIGHUP) is before) is not reload
     finally:
         signals.remove()
+
+
+# A daemon's first steps, in a process of its own: `replicad run --help` goes through
+# main's start (the early-stop catch, the test libraries kept out) and exits in argparse.
+_DAEMON_IMPORTS = """
+import sys
+sys.argv = ["replicad", {command!r}, "--help"]
+from replicad import cli
+try:
+    cli.main()
+except SystemExit:
+    pass
+import kio.static.primitive  # what imports hypothesis.strategies where it can
+print("hypothesis" in sys.modules and sys.modules["hypothesis"] is not None)
+"""
+
+
+@pytest.mark.parametrize("command", ["run", "serve", "status"])
+def test_a_daemon_never_imports_the_test_libraries_kio_would(command):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _DAEMON_IMPORTS.format(command=command)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.split()
+    # Only the daemons keep it out; any other command leaves the import as kio does it
+    # (the venv has hypothesis: that is what makes the daemons' line fail if it is gone).
+    assert out[-1] == ("False" if command in ("run", "serve") else "True")
