@@ -29,6 +29,9 @@ NO_EPOCH = -1
 NO_PREFERRED_READ_REPLICA = -1
 # DescribeConfigs / IncrementalAlterConfigs resource_type of a topic.
 TOPIC_RESOURCE = 2
+# Fetch v9 added current_leader_epoch to each partition (KIP-320): the leader fences a
+# request of an epoch not its own.
+FETCH_CURRENT_LEADER_EPOCH_VERSION = 9
 # Fetch v12 added last_fetched_epoch to the request, answered with a DivergingEpoch
 # (KIP-320, KIP-595); v13 replaced topic names with topic ids (KIP-516).
 FETCH_LAST_FETCHED_EPOCH_VERSION = 12

@@ -45,6 +45,11 @@ class PartitionState:
     # Leaders below Fetch v12 cannot report divergence in Fetch: after a leader or
     # epoch change, ask OffsetForLeaderEpoch before fetching again.
     epoch_check_pending: bool = False
+    # (log end, latest epoch) an OffsetForLeaderEpoch check last found to be the leader's
+    # too: below Fetch v9 the leader checks nothing, and a batch of a new epoch may follow
+    # our log end only right after such a check (the partition table's R10); the next
+    # answer uses it up.
+    join_checked: tuple[int, int] | None = None
     # Caches for the fetch loop's hot path: the partition's log, and the last
     # PartitionFetch built with the inputs (key) it was built from.
     log: Any = None

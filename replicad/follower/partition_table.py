@@ -48,6 +48,19 @@ Rules kept here (each repeated where it is kept):
   Metadata answer received after them must name the same id (`confirm_topic_ids`); a
   new id halts the partition (topic re-created), a missing topic drops the actions and
   asks for metadata. Fetch v13+ names the topic by id: the leader refuses an old one.
+- R10 epochs of fetched batches (validate.py rule 8; found by tools/sim, seed 8667 at
+  Fetch v4: two unclean elections metadata never showed, then the same leader served a
+  batch of epoch 3 at our log end, and the follower kept a divergent tail of epoch 1).
+  A batch whose leader epoch is above the one we know is not appended, nor anything
+  after it (Kafka's follower keeps nothing above the epoch it fetched with,
+  KAFKA-18723). Where the leader checked nothing (below Fetch v9 it is not fenced by our
+  epoch, below v12 it sends no DivergingEpoch), the batch at our log end must carry the
+  epoch our log ends with, unless an OffsetForLeaderEpoch check just found that join to
+  be the leader's (`join_checked`, used up by the next answer): a new epoch there is a
+  leader change we have not checked. Either way the partition asks for metadata, backs
+  off and checks divergence (R3) before it fetches again; an answer that arrives while
+  that check is pending was asked before it and is dropped unread (as Kafka's fetcher
+  drops data for a partition that is truncating).
 """
 
 from __future__ import annotations
@@ -101,7 +114,11 @@ from replicad.session.client import (
     ResponseVerdict,
 )
 from replicad.types import TopicPartition
-from replicad.wire import FETCH_LAST_FETCHED_EPOCH_VERSION, FETCH_TOPIC_ID_VERSION
+from replicad.wire import (
+    FETCH_CURRENT_LEADER_EPOCH_VERSION,
+    FETCH_LAST_FETCHED_EPOCH_VERSION,
+    FETCH_TOPIC_ID_VERSION,
+)
 
 log = structlog.get_logger("replicad.fetcher")
 
@@ -218,6 +235,8 @@ class PartitionTable:
                 state.epoch_check_pending = False  # Fetch itself will tell, or nothing to check
             elif ofle_version is None:
                 state.epoch_check_pending = False
+                # Nothing can check a new epoch at our end (R10): take it as it comes.
+                state.join_checked = (state.log.log_end_offset, latest)
                 self._say_once(
                     "no-ofle",
                     now_ms,
@@ -624,7 +643,16 @@ class PartitionTable:
                 # R1: asked before an append failed or a truncation: not for where the log
                 # ends now; dropped unread, fetched again.
                 continue
-            append = self._partition_answer(state, pd, now_ms, actions)
+            if state.epoch_check_pending:
+                # R10: asked before a leader change or an epoch we must check first.
+                continue
+            # R10: did the leader check where our log ends (fenced by our epoch, or
+            # DivergingEpoch)?
+            leader_checked = fetch.version >= FETCH_LAST_FETCHED_EPOCH_VERSION or (
+                fetch.version >= FETCH_CURRENT_LEADER_EPOCH_VERSION
+                and asked.current_leader_epoch >= 0
+            )
+            append = self._partition_answer(state, pd, now_ms, actions, leader_checked)
             if append is not None:
                 appends.append(append)
         for append in appends:
@@ -633,7 +661,12 @@ class PartitionTable:
         return ResponseOutcome(True, tuple(actions), tuple(appends))
 
     def _partition_answer(
-        self, state: PartitionState, pd: FetchedPartition, now_ms: int, actions: list[Action]
+        self,
+        state: PartitionState,
+        pd: FetchedPartition,
+        now_ms: int,
+        actions: list[Action],
+        leader_checked: bool,
     ) -> Append | None:
         """Apply one partition's answer; the batches to append if it returned any."""
         error = error_code_of(pd.error_code)  # R6
@@ -660,7 +693,7 @@ class PartitionTable:
                     self._raise_high_watermark(state, actions)
                 self.stats.partition_errors["diverging_epoch"] += 1
                 return None
-            append = self._validate(state, pd.records, now_ms)
+            append = self._validate(state, pd.records, now_ms, actions, leader_checked)
             if state.phase is PartitionPhase.HALTED:  # R8
                 actions.append(Halt(tp, state.last_error or "halted"))
                 return None
@@ -692,18 +725,38 @@ class PartitionTable:
         return None
 
     def _validate(
-        self, state: PartitionState, records: memoryview | None, now_ms: int
+        self,
+        state: PartitionState,
+        records: memoryview | None,
+        now_ms: int,
+        actions: list[Action],
+        leader_checked: bool,
     ) -> Append | None:
-        """What of the records may be written (R7); the fetch offset moves past it (R1)."""
+        """What of the records may be written (R7, R10); the fetch offset moves past it
+        (R1)."""
         tp = state.tp
         local = state.log
+        empty = local.log_end_offset == local.log_start_offset
+        latest = local.latest_epoch()
+        if state.fetched_epoch is not None and (latest is None or state.fetched_epoch > latest):
+            latest = state.fetched_epoch  # validated, not yet appended (as in _wanted)
+        join, state.join_checked = state.join_checked, None  # used up by this answer
+        end_epoch = (
+            None
+            if leader_checked or empty or latest is None or join == (state.fetch_offset, latest)
+            else latest
+        )
         fetched = validate_fetched(
             records,
             fetch_offset=state.fetch_offset,
-            log_is_empty=local.log_end_offset == local.log_start_offset,
+            log_is_empty=empty,
+            max_epoch=state.leader_epoch,
+            end_epoch=end_epoch,
         )
         if fetched.partial_dropped:
             self.stats.partial_batches_dropped += 1
+        if fetched.epoch_stop is not None:
+            self._unchecked_epoch(state, fetched.epoch_stop, latest, now_ms, actions)
         if fetched.foreign is not None:
             self._halt_foreign(state, fetched.foreign)
             return None
@@ -724,6 +777,42 @@ class PartitionTable:
         state.fetch_offset = fetched.next_fetch_offset
         state.fetched_epoch = fetched.batches.max_leader_epoch()
         return Append(tp, fetched)
+
+    def _unchecked_epoch(
+        self,
+        state: PartitionState,
+        stop: tuple[int, int],
+        latest: int | None,
+        now_ms: int,
+        actions: list[Action],
+    ) -> None:
+        """R10: a batch of an epoch our log was not checked against: metadata, then the
+        divergence check (R3), before the partition fetches again."""
+        base, epoch = stop
+        if epoch > state.leader_epoch >= 0:
+            why = (
+                f"batch at offset {base} has leader epoch {epoch}, above the epoch "
+                f"{state.leader_epoch} we know"
+            )
+        else:
+            why = (
+                f"batch at offset {base} starts leader epoch {epoch} at our log end (ours "
+                f"ends with epoch {latest}) and the leader did not check our log"
+            )
+        state.epoch_check_pending = True
+        state.delay(now_ms, self.settings.backoff_ms, why)
+        actions.append(RequestMetadata(f"{state.tp}: {why}"))
+        self.stats.partition_errors["unchecked_epoch"] += 1
+        self._say_once(
+            f"epoch:{state.tp}",
+            now_ms,
+            "batch of an unchecked leader epoch not appended; checking divergence first",
+            tp=str(state.tp),
+            offset=base,
+            batch_epoch=epoch,
+            known_epoch=state.leader_epoch,
+            leader=self.node_id,
+        )
 
     def _halt_foreign(self, state: PartitionState, batch: tuple[int, int]) -> None:
         """R8: the partition stops here; the caller's Halt action says why."""
@@ -778,6 +867,9 @@ class PartitionTable:
             self.stats.truncations += 1
         else:
             state.fetch_offset = local.log_end_offset
+            latest = local.latest_epoch()
+            if decision.complete and latest is not None:
+                state.join_checked = (local.log_end_offset, latest)  # R10
         return decision.complete
 
     def _raise_high_watermark(self, state: PartitionState, actions: list[Action]) -> None:

@@ -157,6 +157,17 @@ class BatchRun(Sequence[BatchHeader]):
                 starts.append((latest, f[BASE_OFFSET]))
         return starts
 
+    def first_epoch_above(self, epoch: int, begin: int = 0) -> int | None:
+        """The index of the first magic 2 entry from `begin` on whose partition leader
+        epoch is above `epoch`, or None (magic 0/1 entries hold -1: never above)."""
+        fields = self.fields
+        if begin >= len(fields) or max(map(_epoch, islice(fields, begin, None))) <= epoch:
+            return None  # the common case: one pass in C
+        for k in range(begin, len(fields)):
+            if fields[k][MAGIC] >= MAGIC_V2 and fields[k][LEADER_EPOCH] > epoch:
+                return k
+        return None
+
     def first_overlap(self, begin: int = 0) -> int | None:
         """The index of the first entry after `begin` that starts at or below the last
         offset of the entry before it (offsets must rise), or None."""

@@ -11,6 +11,7 @@ import pytest
 from replicad.follower.actions import (
     Append,
     EpochAnswer,
+    EpochQuestion,
     Halt,
     NextFetch,
     OffsetAnswer,
@@ -118,13 +119,16 @@ def _partition(tp, *, error=NONE, hw=-1, records=b"", log_start=0, diverging=Non
 def _response(fetch: NextFetch, *partitions, error=NONE, session_id=None):
     if session_id is None:
         session_id = fetch.plan.session_id or 99
+    # Below v13 an answer names its topics (every test partition is of topic "t").
+    by_id = fetch.version >= 13
+    topic = FetchedTopic(None if by_id else "t", TOPIC_ID if by_id else None, tuple(partitions))
     return FetchResponseView(
         version=fetch.version,
         correlation_id=1,
         throttle_time_ms=0,
         error_code=error,
         session_id=session_id,
-        responses=(FetchedTopic(None, TOPIC_ID, tuple(partitions)),) if partitions else (),
+        responses=(topic,) if partitions else (),
     )
 
 
@@ -319,7 +323,7 @@ def test_a_batch_of_another_lineage_holding_our_log_end_halts_the_partition():
     election, then DeleteRecords): it holds our log end, so no refetch would get past it.
     The partition halts with the reason, as Kafka fails it; nothing is appended."""
     table = _table()
-    state, local = _add(table, TP0, end=6, hw=6)
+    state, local = _add(table, TP0, end=6, hw=6, epoch=6)  # the leader of epoch 6
     fetch = table.next_fetch(0, max_version=13)
     foreign = producer_batch(4, [b"x"] * 5, leader_epoch=6)  # offsets 4..8
     answer = _partition(TP0, hw=9, log_start=5, records=foreign + _batches(9, 1))
@@ -585,6 +589,107 @@ def test_an_epoch_answer_error_backs_off_that_partition(code, metadata):
     assert state.delayed_until_ms == 100
     # Not asked: an answer for it is ignored.
     assert table.on_epoch_answers([], [EpochAnswer(TP0, NONE, 0, 0)], 0) == []
+
+
+# -- epochs of fetched batches (R10) -----------------------------------------------------
+
+
+def _metadata_says(state, epoch):
+    """What assignment.py does when metadata shows a new epoch."""
+    state.leader_epoch, state.epoch_check_pending = epoch, True
+
+
+def test_below_v9_a_batch_above_the_known_epoch_waits_for_the_divergence_check():
+    """tools/sim seed 8667: at Fetch v4 the leader fences nothing. Two unclean elections the
+    follower never saw made the same node leader at epoch 3, its log of epoch 1 ending at
+    4; it serves epoch 3 at our log end 12. Appended, our epoch-1 tail 4..12 would stay."""
+    table = _table()
+    state, local = _add(table, TP0, end=12, hw=12, epochs=[(1, 0)], epoch=1)
+    fetch = table.next_fetch(0, max_version=4)
+    answer = _partition(TP0, hw=20, records=_batches(12, 4, epoch=3))
+    outcome = table.on_response(fetch, _response(fetch, answer, session_id=0), 0)
+    assert outcome.accepted and outcome.appends == ()
+    assert [type(a) for a in outcome.actions] == [RequestMetadata]
+    assert state.epoch_check_pending and state.delayed_until_ms == 100
+    assert "above the epoch 1 we know" in state.last_error
+    assert table.stats.partition_errors["unchecked_epoch"] == 1
+    assert state.fetch_offset == 12 and table.next_fetch(100, max_version=4) is None
+    # Metadata shows epoch 3; the check truncates to where the leader's epoch 1 ended.
+    _metadata_says(state, 3)
+    questions = table.epoch_questions(100, fetch_version=4, ofle_version=1)
+    assert questions[TP0] == EpochQuestion(3, 1)
+    actions = table.on_epoch_answers(questions, [EpochAnswer(TP0, NONE, 1, 4)], 100)
+    assert actions == [Truncate(TP0, 4, "leader epoch")]
+    _perform(table, actions, {TP0: local}, 100)
+    assert local.log_end_offset == 4 and not state.epoch_check_pending
+
+
+def test_below_v9_the_first_batch_of_a_new_epoch_at_our_end_needs_a_check_first():
+    """R10: the epoch is one metadata showed (not above it), but a leader that checks
+    nothing may not be the one we checked our log against: a new epoch at our log end
+    is appended only right after a check found that join to be the leader's."""
+    table = _table()
+    state, local = _add(table, TP0, end=12, hw=12, epochs=[(1, 0)], epoch=3)
+    fetch = table.next_fetch(0, max_version=8)
+    answer = _partition(TP0, hw=20, records=_batches(12, 2, epoch=2))
+    outcome = table.on_response(fetch, _response(fetch, answer, session_id=0), 0)
+    assert outcome.appends == () and state.epoch_check_pending
+    assert "starts leader epoch 2 at our log end" in state.last_error
+    questions = table.epoch_questions(100, fetch_version=8, ofle_version=1)
+    # The leader's epoch 1 ends at our end: nothing to truncate, the join is checked.
+    assert table.on_epoch_answers(questions, [EpochAnswer(TP0, NONE, 1, 12)], 100) == []
+    fetch = table.next_fetch(100, max_version=8)
+    outcome = table.on_response(fetch, _response(fetch, answer, session_id=0), 100)
+    assert [a.tp for a in outcome.appends] == [TP0] and not state.epoch_check_pending
+    _perform(table, outcome.appends, {TP0: local}, 100)
+    assert local.log_end_offset == 16 and local.latest_epoch() == 2
+
+
+def test_a_checked_join_is_used_up_by_the_next_answer():
+    table = _table()
+    state, _ = _add(table, TP0, end=12, hw=12, epochs=[(1, 0)], epoch=3)
+    state.epoch_check_pending = True
+    questions = table.epoch_questions(0, fetch_version=8, ofle_version=1)
+    table.on_epoch_answers(questions, [EpochAnswer(TP0, NONE, 1, 12)], 0)
+    assert state.join_checked == (12, 1)
+    fetch = table.next_fetch(0, max_version=8)
+    table.on_response(fetch, _response(fetch, _partition(TP0, hw=12), session_id=0), 0)
+    assert state.join_checked is None  # nothing came: a later epoch change is checked again
+    fetch = table.next_fetch(0, max_version=8)
+    late = _partition(TP0, hw=20, records=_batches(12, 1, epoch=3))
+    outcome = table.on_response(fetch, _response(fetch, late, session_id=0), 0)
+    assert outcome.appends == () and state.epoch_check_pending
+
+
+def test_from_v9_a_leader_fenced_by_our_epoch_starts_its_epoch_at_our_end_at_once():
+    """R10 asks nothing of a leader that checked our log: fenced by our current epoch
+    (v9+), its log is the one the check at the leader change found ours to prefix."""
+    table = _table()
+    state, _ = _add(table, TP0, end=12, hw=12, epochs=[(1, 0)], epoch=3)
+    for version in (9, 11, 13):
+        fetch = table.next_fetch(0, max_version=version)
+        answer = _partition(TP0, hw=20, records=_batches(12, 1, epoch=3))
+        outcome = table.on_response(fetch, _response(fetch, answer), 0)
+        assert [a.tp for a in outcome.appends] == [TP0], version
+        table.append_failed(outcome.appends[0], "not this time", 0, disk_full=False)
+        state.delayed_until_ms = 0
+    # Above our epoch is refused at every version (a leader fenced at 3 cannot send 4).
+    fetch = table.next_fetch(0, max_version=13)
+    answer = _partition(TP0, hw=20, records=_batches(12, 1, epoch=3) + _batches(14, 1, epoch=4))
+    outcome = table.on_response(fetch, _response(fetch, answer), 0)
+    assert outcome.appends[0].fetched.next_fetch_offset == 14 and state.epoch_check_pending
+
+
+def test_an_answer_arriving_while_a_divergence_check_waits_is_dropped_unread():
+    """R10: asked before metadata showed a new epoch (a held or pipelined response)."""
+    table = _table()
+    state, _ = _add(table, TP0, end=12, hw=12, epochs=[(1, 0)], epoch=1)
+    fetch = table.next_fetch(0, max_version=4)
+    _metadata_says(state, 3)
+    answer = _partition(TP0, hw=20, records=_batches(12, 2, epoch=3))
+    outcome = table.on_response(fetch, _response(fetch, answer, session_id=0), 0)
+    assert outcome.accepted and outcome.appends == () and outcome.actions == ()
+    assert state.fetch_offset == 12 and state.epoch_check_pending
 
 
 # -- offsets: start and out of range (R4) ------------------------------------------------

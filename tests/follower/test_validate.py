@@ -1,6 +1,6 @@
 from replicad.follower.validate import validate_fetched
 from replicad.records.batch import Compression, scan_batches
-from tools.logdata.batches import producer_batch
+from tools.logdata.batches import legacy_message_set, producer_batch
 
 
 def _batches(*specs):
@@ -83,3 +83,52 @@ def test_empty_and_null_records():
     for records in (None, b""):
         got = validate_fetched(records, fetch_offset=4, log_is_empty=False)
         assert got.is_empty and got.next_fetch_offset == 4 and got.corrupt is None
+
+
+# -- rule 8: epochs ----------------------------------------------------------------------
+
+
+def _epoch_batches(*specs):
+    """(base offset, record count, partition leader epoch) each."""
+    return b"".join(
+        producer_batch(base, [b"v%d" % i for i in range(n)], leader_epoch=epoch)
+        for base, n, epoch in specs
+    )
+
+
+def test_nothing_from_a_batch_above_the_known_leader_epoch_on_is_kept():
+    data = _epoch_batches((10, 2, 3), (12, 2, 3), (14, 2, 4), (16, 2, 3))
+    got = validate_fetched(data, fetch_offset=10, log_is_empty=False, max_epoch=3)
+    assert [b.base_offset for b in got.batches] == [10, 12]
+    assert got.epoch_stop == (14, 4) and got.next_fetch_offset == 14
+    everything = validate_fetched(data, fetch_offset=10, log_is_empty=False, max_epoch=4)
+    assert len(everything.batches) == 4 and everything.epoch_stop is None
+    # No known epoch (old metadata): nothing to compare with.
+    unknown = validate_fetched(data, fetch_offset=10, log_is_empty=False, max_epoch=-1)
+    assert len(unknown.batches) == 4 and unknown.epoch_stop is None
+
+
+def test_a_new_epoch_at_our_log_end_is_kept_only_when_not_asked_to_match():
+    data = _epoch_batches((12, 2, 3), (14, 2, 3))
+    got = validate_fetched(data, fetch_offset=12, log_is_empty=False, max_epoch=5, end_epoch=1)
+    assert got.is_empty and got.epoch_stop == (12, 3) and got.next_fetch_offset == 12
+    same = validate_fetched(data, fetch_offset=12, log_is_empty=False, max_epoch=5, end_epoch=3)
+    assert len(same.batches) == 2 and same.epoch_stop is None
+    # Only the batch at our end must match: a later epoch change is the leader's own log.
+    mixed = _epoch_batches((12, 2, 3), (14, 2, 4))
+    later = validate_fetched(mixed, fetch_offset=12, log_is_empty=False, max_epoch=5, end_epoch=3)
+    assert len(later.batches) == 2 and later.epoch_stop is None
+
+
+def test_a_batch_of_another_epoch_holding_our_log_end_is_checked_before_it_is_another_lineage():
+    data = _epoch_batches((5, 5, 3))
+    got = validate_fetched(data, fetch_offset=7, log_is_empty=False, end_epoch=1)
+    assert got.is_empty and got.epoch_stop == (5, 3) and got.foreign is None
+    same_epoch = validate_fetched(data, fetch_offset=7, log_is_empty=False, end_epoch=3)
+    assert same_epoch.foreign == (5, 9) and same_epoch.epoch_stop is None
+
+
+def test_batches_without_a_leader_epoch_pass_rule_8():
+    legacy = legacy_message_set(7, [b"a", b"b"], magic=1)
+    got = validate_fetched(legacy, fetch_offset=7, log_is_empty=False, max_epoch=0, end_epoch=2)
+    assert len(got.batches) == 2 and got.epoch_stop is None

@@ -335,11 +335,17 @@ SIMULATION_BLOCK = (
     "",
     "Found this round:",
     "",
-    "- Seed 8667 (run 3, code 9444a8b), not fixed yet: at Fetch v4, after two unclean "
-    "elections of the same partition and a delayed answer, the follower kept a divergent "
-    "tail (invariant 1: a batch that follows no leader's batch). Replay it on that code "
-    "(`git worktree add /tmp/s 9444a8b`, then `python -m tools.sim --seed 8667 -v` "
-    "there).",
+    "- Seed 8667 (run 3, code 9444a8b; today `run_seed(8667, pool_and_disk=False)`), "
+    "fixed: at Fetch v4 the leader fences nothing, and two unclean elections metadata "
+    "never showed made the same node leader at epoch 3 with its epoch 1 ending at offset "
+    "4; it served a batch of epoch 3 at the follower's log end 12, which was appended "
+    "after the follower's epoch-1 tail 4..12 (invariant 1). The partition table's R10 now"
+    " appends no batch above the leader epoch the follower knows (as Kafka's follower "
+    "keeps nothing above the epoch it fetched with, KAFKA-18723) and, where the leader "
+    "checked nothing (below Fetch v9, and no DivergingEpoch below v12), no new epoch at "
+    "the log end unless an OffsetForLeaderEpoch check just found that join to be the "
+    "leader's: the partition asks for metadata and checks divergence first (here: "
+    "truncated to 4). The seed is in the suite (tests/sim/test_sim_run.py).",
     "- Invariant 8 found a bug in this round's move of the leader-epoch file off the "
     "event loop before it landed: the entries loading rebuilt from the batches (above the"
     " recovery point) were taken as written, so the next checkpoint named data whose "
