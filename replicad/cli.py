@@ -339,9 +339,74 @@ def _cmd_dump_log(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    if args.against_source:
+        return _cmd_verify_against_source(args)
     from replicad.log.verify import verify_data_dir
 
     return verify_data_dir(Path(args.data_dir), out=sys.stdout)
+
+
+def _cmd_verify_against_source(args: argparse.Namespace) -> int:
+    import asyncio
+    import random
+
+    from replicad.protocol.client import ClientSettings
+    from replicad.verify.report import dumps, exit_code, partition_line, summary_line
+    from replicad.verify.source import SourceVerifier, VerifyOptions
+
+    bootstrap: list[str] = []
+    settings = ClientSettings()
+    try:
+        if args.config:
+            from replicad.config import load_config
+
+            config = load_config(Path(args.config), {})
+            bootstrap = list(config.source.bootstrap_servers)
+            settings = ClientSettings.from_config(config.source)
+        if args.bootstrap_servers:
+            bootstrap = [s for s in args.bootstrap_servers.split(",") if s.strip()]
+    except ConfigError as exc:
+        _print_config_error(exc)
+        return EX_CONFIG
+    if not bootstrap:
+        print(
+            "replicad verify: --against-source needs --bootstrap-servers or -c CONFIG",
+            file=sys.stderr,
+        )
+        return EX_USAGE
+    if not Path(args.data_dir).is_dir():
+        print(f"replicad verify: {args.data_dir}: not a directory", file=sys.stderr)
+        return EX_USAGE
+    seed = None
+    if args.sample is not None:
+        seed = args.seed if args.seed is not None else random.randrange(1 << 31)
+    topics = [t.strip() for given in args.topics or () for t in given.split(",") if t.strip()]
+    options = VerifyOptions(
+        topics=tuple(topics),
+        sample=args.sample,
+        seed=seed or 0,
+        fetch_max_bytes=args.fetch_max_bytes,
+        max_bytes_per_second=args.max_bytes_per_second,
+        resume=Path(args.resume) if args.resume else None,
+    )
+
+    def show(result: object) -> None:
+        if not args.json:
+            print(partition_line(result), flush=True)  # type: ignore[arg-type]
+
+    verifier = SourceVerifier(Path(args.data_dir), bootstrap, settings, options, on_result=show)
+    try:
+        results = asyncio.run(verifier.run())
+    except (OSError, ReplicadError) as exc:
+        print(f"replicad verify: {exc}", file=sys.stderr)
+        return EX_FAILURE
+    except KeyboardInterrupt:
+        return EX_INTERRUPTED
+    if args.json:
+        print(dumps(results, seed=seed))
+    else:
+        print(summary_line(results, seed=seed))
+    return exit_code(results)
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -652,6 +717,42 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "indexes and checkpoints consistent. Exits non-zero on any problem.",
     )
     verify.add_argument("data_dir", help="replicad's data directory (the one `run` writes)")
+    proof = verify.add_argument_group(
+        "against the source",
+        "--against-source fetches every replicated partition from the source at the "
+        "replica's offsets and compares them batch by batch, byte for byte. Exit 0 identical "
+        "where both have the data, 1 a mismatch, 3 some partition not compared to its end.",
+    )
+    proof.add_argument(
+        "--against-source", action="store_true", help="compare with the source cluster"
+    )
+    proof.add_argument(
+        "--bootstrap-servers", "--bootstrap-server", help="the source, HOST:PORT[,...]"
+    )
+    proof.add_argument(
+        "-c", "--config", help="take the source (and its TLS/SASL settings) from this file"
+    )
+    proof.add_argument(
+        "--topics",
+        "--topic",
+        action="append",
+        help="only these topics (comma-separated, repeatable)",
+    )
+    proof.add_argument(
+        "--sample", type=int, help="compare N batches a partition, drawn at random (seeded)"
+    )
+    proof.add_argument("--seed", type=int, help="the sample's seed (printed; default random)")
+    proof.add_argument(
+        "--fetch-max-bytes", type=int, default=1 << 20, help="bytes asked of the source a fetch"
+    )
+    proof.add_argument(
+        "--max-bytes-per-second", type=int, help="bound the load on the source (default none)"
+    )
+    proof.add_argument(
+        "--resume",
+        help="a JSON file keeping each partition's verified offset: a later run goes on from it",
+    )
+    proof.add_argument("--json", action="store_true", help="the report as JSON")
     verify.set_defaults(func=_cmd_verify)
     return parser
 

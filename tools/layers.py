@@ -56,8 +56,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # Consumer groups: reading a cluster's groups, the group protocol, the coordinator.
     ("replicad.groups",),
     # What uses the layers below, each on its own: the follower (`replicad run`), the
-    # leader (`replicad serve`), Spark's data source over the segments.
-    ("replicad.follower", "replicad.leader", "replicad.spark"),
+    # leader (`replicad serve`), Spark's data source over the segments, the replica
+    # compared with its source (`replicad verify --against-source`).
+    ("replicad.follower", "replicad.leader", "replicad.spark", "replicad.verify"),
     # Mirroring a cluster: topics through the follower, groups through replicad.groups.
     ("replicad.mirror",),
     # Operators' view: health, status, the control socket; metrics; logging.
@@ -97,6 +98,7 @@ CORES: tuple[str, ...] = (
     "replicad.mirror.partition_mirror",
     "replicad.mirror.group_sync",
     "replicad.mirror.promotion",
+    "replicad.verify.compare",
 )
 # What a core may not import (a module or anything below it).
 CORE_FORBIDDEN = (

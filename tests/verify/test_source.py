@@ -1,0 +1,147 @@
+"""`replicad verify --against-source` (replicad/verify/source.py) on a real Kafka replica.
+
+One replica of a transactional, mixed-codec topic is made once (the session broker); each
+test verifies it, or a copy of it with one byte flipped, through the command line as an
+operator runs it. Retention is DeleteRecords at the source, on a topic of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka.admin import AdminClient
+
+from replicad.records.batch import scan_batches
+from replicad.types import TopicPartition
+from replicad.verify.source import pace_delay_s
+from tools.peers.produce import produce_mixed, produce_numbered
+from tools.replica import replicad_cli, replicad_run
+
+PARTITIONS = 2
+RECORDS = 3_000
+
+
+def _replicate(broker, topic: str, ends: dict[int, int], data_dir: Path) -> None:
+    with replicad_run(broker.bootstrap, [topic], data_dir) as proc:
+        proc.wait_caught_up({TopicPartition(topic, p): end for p, end in ends.items()})
+
+
+def _verify(data_dir: Path, bootstrap: str, *extra: str):
+    return replicad_cli(
+        "verify", str(data_dir), "--against-source", "--bootstrap-servers", bootstrap, *extra
+    )
+
+
+@pytest.fixture(scope="module")
+def replica(kafka_broker, tmp_path_factory):
+    """(topic, data dir) of a caught-up replica; tests that change it work on a copy."""
+    topic = f"verify-mixed-{id(tmp_path_factory):x}"
+    kafka_broker.create_topic(topic, PARTITIONS)
+    summary = produce_mixed(
+        kafka_broker.bootstrap, topic, partitions=PARTITIONS, records=RECORDS, seed=34
+    )
+    data_dir = tmp_path_factory.mktemp("verify") / "data"
+    _replicate(kafka_broker, topic, summary.log_end_offsets, data_dir)
+    return topic, data_dir, summary.log_end_offsets
+
+
+def test_an_identical_replica_is_verified_to_its_end(kafka_broker, replica):
+    _, data_dir, ends = replica
+    done = _verify(data_dir, kafka_broker.bootstrap, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["exit_code"] == 0
+    by_partition = {p["partition"]: p for p in report["partitions"]}
+    assert set(by_partition) == set(range(PARTITIONS))
+    for partition, end in ends.items():
+        entry = by_partition[partition]
+        assert entry["clean"], entry
+        assert entry["verified_to"] == end
+        assert entry["replica"] == {"start": 0, "end": end}
+        assert entry["batches_compared"] > 0
+        assert entry["mismatches"] == [] and entry["gone_at_source"] == []
+
+
+def test_one_flipped_byte_is_named_with_its_partition_and_offset(kafka_broker, replica, tmp_path):
+    topic, data_dir, _ = replica
+    copy = tmp_path / "copy"
+    shutil.copytree(data_dir, copy)
+    segment = sorted((copy / f"{topic}-1").glob("*.log"))[0]
+    data = bytearray(segment.read_bytes())
+    batches = scan_batches(memoryview(bytes(data))).batches
+    victim = batches[len(batches) // 2]
+    # A byte of the records, past the header: the batch still scans, only its bytes differ.
+    at = victim.position + victim.size - 3
+    data[at] ^= 0x01
+    segment.write_bytes(bytes(data))
+
+    done = _verify(copy, kafka_broker.bootstrap)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"{topic}-1: MISMATCH" in done.stdout
+    assert f"offset {victim.base_offset}" in done.stdout
+    assert "fails its CRC" in done.stdout
+    assert f"{topic}-0: ok" in done.stdout
+
+    report = json.loads(_verify(copy, kafka_broker.bootstrap, "--json").stdout)
+    (bad,) = [p for p in report["partitions"] if not p["clean"]]
+    assert bad["partition"] == 1
+    assert [(m["offset"], m["kind"]) for m in bad["mismatches"]] == [
+        (victim.base_offset, "different_bytes")
+    ]
+
+
+def test_a_sample_is_seeded_and_compares_that_many_batches(kafka_broker, replica):
+    _, data_dir, _ = replica
+    runs = [
+        json.loads(
+            _verify(
+                data_dir, kafka_broker.bootstrap, "--sample", "4", "--seed", "11", "--json"
+            ).stdout
+        )
+        for _ in range(2)
+    ]
+    assert runs[0]["sample_seed"] == 11
+    for entry in runs[0]["partitions"]:
+        assert entry["clean"] and len(entry["sample"]) == 4 and entry["batches_compared"] == 4
+    assert [p["sample"] for p in runs[0]["partitions"]] == [
+        p["sample"] for p in runs[1]["partitions"]
+    ]
+
+
+def test_what_retention_removed_at_the_source_is_reported_not_failed(
+    kafka_broker, unique_topic, tmp_path
+):
+    kafka_broker.create_topic(unique_topic, 1)
+    produce_numbered(kafka_broker.bootstrap, unique_topic, 1, 500)
+    data_dir = tmp_path / "data"
+    _replicate(kafka_broker, unique_topic, {0: 500}, data_dir)
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    (future,) = admin.delete_records([KafkaTopicPartition(unique_topic, 0, 200)]).values()
+    assert future.result(timeout=60).low_watermark == 200
+
+    done = _verify(data_dir, kafka_broker.bootstrap, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (entry,) = json.loads(done.stdout)["partitions"]
+    assert entry["mismatches"] == []
+    # Kafka still serves the batch that holds the new log start, whole: what is gone ends
+    # at the log start, and everything from it on is compared.
+    assert entry["gone_at_source"] == [{"start": 0, "end": 200}]
+    assert entry["verified_to"] == 500 and entry["batches_compared"] > 0
+    text = _verify(data_dir, kafka_broker.bootstrap).stdout
+    assert "no longer at the source (retention): 0..199" in text
+
+
+def test_the_pace_waits_only_for_bytes_above_the_rate():
+    assert pace_delay_s(10_000, 1.0, None) == 0.0
+    assert pace_delay_s(10_000, 1.0, 20_000) == 0.0
+    assert pace_delay_s(30_000, 1.0, 10_000) == 2.0
+
+
+def test_without_a_source_the_command_says_what_it_needs(tmp_path):
+    done = replicad_cli("verify", str(tmp_path), "--against-source")
+    assert done.returncode == 64
+    assert "--bootstrap-servers or -c CONFIG" in done.stderr
