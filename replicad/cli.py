@@ -295,6 +295,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
 
     from replicad.daemon import raise_open_file_limit
+    from replicad.groups.coordinator import CoordinatorConfig
     from replicad.leader.server import serve_forever
     from replicad.leader.settings import ServeSettings
     from replicad.logs import configure_logging
@@ -319,6 +320,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 allowed_followers=frozenset(args.allow_follower or ()),
                 security=security,
                 settings=ServeSettings(downconversion_enable=args.message_downconversion),
+                group_config=CoordinatorConfig(
+                    min_session_timeout_ms=args.group_min_session_timeout_ms,
+                    max_session_timeout_ms=args.group_max_session_timeout_ms,
+                    consumer_session_timeout_ms=args.group_consumer_session_timeout_ms,
+                    consumer_heartbeat_interval_ms=args.group_consumer_heartbeat_interval_ms,
+                ),
+                consumer_group_protocol=args.group_consumer_protocol,
             )
         )
     except ValueError as exc:
@@ -620,6 +628,29 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="convert records for consumers of the old protocol (Fetch v0-v3, KIP-283's "
         "message.downconversion.enable); off, they get UNSUPPORTED_VERSION (default: on)",
     )
+    coordinating = serve.add_argument_group(
+        "groups", "the group coordinator (the groups.* keys of the config file of the same names)"
+    )
+    coordinating.add_argument(
+        "--group-consumer-protocol",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also answer the consumer group protocol (KIP-848: Java clients with "
+        "group.protocol=consumer) (default: off, the classic protocol only)",
+    )
+    for flag, default in (
+        ("min-session-timeout-ms", 6_000),
+        ("max-session-timeout-ms", 1_800_000),
+        ("consumer-session-timeout-ms", 45_000),
+        ("consumer-heartbeat-interval-ms", 5_000),
+    ):
+        coordinating.add_argument(
+            f"--group-{flag}",
+            type=int,
+            default=default,
+            metavar="MS",
+            help=f"groups.{flag.replace('-', '_')} (default: {default})",
+        )
     serve.add_argument(
         "--log-format", choices=["auto", "json", "console"], default="auto", help=LOG_FORMAT_HELP
     )

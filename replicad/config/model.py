@@ -424,6 +424,16 @@ class GroupsConfig:
     # serve's coordinator refuses OffsetCommit from clients for the groups chosen here
     # (sync-only groups: their offsets are the source's, and stay so once members leave).
     read_only: bool = False
+    # serve's coordinator (Kafka's broker settings of the same meaning): the session
+    # timeouts a classic member may ask for (group.min/max.session.timeout.ms) ...
+    min_session_timeout_ms: int = 6_000
+    max_session_timeout_ms: int = 1_800_000
+    # ... and the consumer group protocol (KIP-848, group.coordinator.rebalance.protocols
+    # with "consumer"): off, serve answers only the classic protocol. Its members' session
+    # timeout and heartbeat interval are the coordinator's (group.consumer.*).
+    consumer_protocol: bool = False
+    consumer_session_timeout_ms: int = 45_000
+    consumer_heartbeat_interval_ms: int = 5_000
 
     def selects(self, group_id: str) -> bool:
         """Whether `group_id` is synced: included (or no include list) and not excluded.

@@ -271,6 +271,11 @@ SCHEMA = Section(
                 "exclude": GROUP_PATTERN_LIST,
                 "sync_interval_ms": Int(1),
                 "read_only": Bool(),
+                "min_session_timeout_ms": Int(1, INT32_MAX),
+                "max_session_timeout_ms": Int(1, INT32_MAX),
+                "consumer_protocol": Bool(),
+                "consumer_session_timeout_ms": Int(1, INT32_MAX),
+                "consumer_heartbeat_interval_ms": Int(1, INT32_MAX),
             },
         ),
     },
@@ -341,6 +346,11 @@ KAFKA_NAMES: Mapping[str, str] = {
     "sync.group.offsets.interval.seconds": "groups.sync_interval_ms",
     "consumer.offset.sync.enable": "groups.enabled",
     "consumer.offset.sync.ms": "groups.sync_interval_ms",
+    "group.min.session.timeout.ms": "groups.min_session_timeout_ms",
+    "group.max.session.timeout.ms": "groups.max_session_timeout_ms",
+    "group.coordinator.rebalance.protocols": "groups.consumer_protocol",
+    "group.consumer.session.timeout.ms": "groups.consumer_session_timeout_ms",
+    "group.consumer.heartbeat.interval.ms": "groups.consumer_heartbeat_interval_ms",
 }
 
 
@@ -635,6 +645,13 @@ CROSS_CHECKS: tuple[CrossCheck, ...] = (
     ),
     *SECURITY_CHECKS,
     CrossCheck(("groups.read_only", "groups.enabled"), _read_only_needs_the_sync),
+    above("groups.max_session_timeout_ms", "groups.min_session_timeout_ms"),
+    above(
+        "groups.consumer_session_timeout_ms",
+        "groups.consumer_heartbeat_interval_ms",
+        strictly=True,
+        why=", or members time out between two heartbeats",
+    ),
 )
 
 

@@ -18,6 +18,11 @@ Rules (Kafka's KafkaApis and the request schemas):
 - DescribeGroups: an unknown group is Dead with no error, before v6; from v6
   GROUP_ID_NOT_FOUND with a message (KIP-1043).
 - ListGroups filters by state (v4+) and by type (v5+).
+- ConsumerGroupHeartbeat and ConsumerGroupDescribe (KIP-848, `CONSUMER_PROTOCOL_VERSIONS`,
+  answered only when groups.consumer_protocol is on) name topics by id: an owned topic id
+  this node does not know is left out (the member is told its assignment, which does not
+  name it); assignments go out by this node's topic ids. The member id of v0 may be
+  empty on a join: the coordinator's own then (v1+ clients make their own).
 - Refused (`refused_response`: a connection without an authenticated principal when
   serve.security is on): every group, key, member or partition the request names gets the
   error (GROUP_AUTHORIZATION_FAILED), as Kafka answers without the group ACL; ListGroups
@@ -28,14 +33,17 @@ from __future__ import annotations
 
 import datetime
 import sys
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from replicad.groups.consumer_group import ConsumerHeartbeat, HeartbeatResult
 from replicad.groups.coordinator import (
     CommitResult,
+    DescribedConsumerGroup,
     DescribedGroup,
     FetchedOffsets,
     JoinRequest,
@@ -67,6 +75,11 @@ GROUP_VERSIONS: Mapping[int, VersionRange] = {
     ApiKey.DELETE_GROUPS: VersionRange(0, 2),
     ApiKey.OFFSET_DELETE: VersionRange(0, 0),
 }
+# KIP-848's, served beside GROUP_VERSIONS when the consumer protocol is on.
+CONSUMER_PROTOCOL_VERSIONS: Mapping[int, VersionRange] = {
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: VersionRange(0, 1),
+    ApiKey.CONSUMER_GROUP_DESCRIBE: VersionRange(0, 1),
+}
 
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
@@ -80,6 +93,8 @@ DESCRIBE_NOT_FOUND_VERSION = 6
 NO_OFFSET = -1
 NO_EPOCH = -1
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
+# ConsumerGroupDescribe v1's member type: a member of the consumer protocol.
+CONSUMER_MEMBER_TYPE = 1
 NO_TRANSACTIONS_MESSAGE = "replicad serves a read-only replica: it has no transaction coordinator"
 
 
@@ -313,6 +328,9 @@ class FetchAsk:
     group_id: str
     # None: every partition with a committed offset.
     partitions: tuple[TopicPartition, ...] | None
+    # v9+: the consumer group member asking (KIP-848), checked by the coordinator.
+    member_id: str | None = None
+    member_epoch: int = -1
 
 
 def fetch_requests(version: int, body: Any) -> tuple[FetchAsk, ...]:
@@ -325,6 +343,8 @@ def fetch_requests(version: int, body: Any) -> tuple[FetchAsk, ...]:
             else tuple(
                 TopicPartition(t.name, int(i)) for t in g.topics for i in t.partition_indexes
             ),
+            getattr(g, "member_id", None),
+            int(getattr(g, "member_epoch", -1)),
         )
         for g in groups
     )
@@ -492,4 +512,141 @@ def refused_response(api: int, version: int, body: Any, error: ErrorCode) -> Any
         return delete_groups_response(version, dict.fromkeys(map(str, body.groups_names), error))
     if api == ApiKey.OFFSET_DELETE:
         return offset_delete_response(body, OffsetDeleteResult(error), {})
+    if api == ApiKey.CONSUMER_GROUP_HEARTBEAT:
+        return consumer_heartbeat_response(version, HeartbeatResult(error), _no_ids)
+    if api == ApiKey.CONSUMER_GROUP_DESCRIBE:
+        refused = tuple(DescribedConsumerGroup(str(g), error) for g in body.group_ids)
+        return consumer_describe_response(version, refused, _no_ids)
     raise AssertionError(f"not a group api: {api}")
+
+
+def _no_ids(_name: str) -> uuid.UUID | None:
+    return None
+
+
+# -- ConsumerGroupHeartbeat, ConsumerGroupDescribe (KIP-848) ---------------------------------
+
+
+def consumer_heartbeat_request(
+    body: Any,
+    client_id: str | None,
+    client_host: str,
+    name_of: Callable[[uuid.UUID], str | None],
+    new_member_id: Callable[[], str],
+) -> ConsumerHeartbeat:
+    owned: frozenset[TopicPartition] | None = None
+    if body.topic_partitions is not None:
+        owned = frozenset(
+            TopicPartition(name, int(p))
+            for t in body.topic_partitions
+            if t.topic_id is not None and (name := name_of(t.topic_id)) is not None
+            for p in t.partitions
+        )
+    member_id = body.member_id
+    if not member_id and int(body.member_epoch) == 0:
+        member_id = new_member_id()  # v0: the coordinator names a joining member
+    names = body.subscribed_topic_names
+    return ConsumerHeartbeat(
+        group_id=str(body.group_id),
+        member_id=member_id,
+        member_epoch=int(body.member_epoch),
+        instance_id=body.instance_id,
+        rack_id=body.rack_id,
+        rebalance_timeout_ms=_ms(body.rebalance_timeout),
+        subscribed_topic_names=None if names is None else tuple(str(n) for n in names),
+        subscribed_topic_regex=getattr(body, "subscribed_topic_regex", None),
+        server_assignor=body.server_assignor,
+        owned=owned,
+        client_id=client_id or "",
+        client_host=f"/{client_host}",
+    )
+
+
+def _by_topic_id(
+    module: Any,
+    cls_name: str,
+    partitions: Iterable[TopicPartition],
+    id_of: Callable[[str], uuid.UUID | None],
+    **extra: Callable[[str], Any],
+) -> tuple[Any, ...]:
+    by_topic: dict[str, list[int]] = {}
+    for tp in sorted(partitions):
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    cls = getattr(module, cls_name)
+    return tuple(
+        make_entity(
+            cls,
+            topic_id=id_of(topic),
+            partitions=tuple(parts),
+            **{name: value(topic) for name, value in extra.items()},
+        )
+        for topic, parts in by_topic.items()
+        if id_of(topic) is not None
+    )
+
+
+def consumer_heartbeat_response(
+    version: int, result: HeartbeatResult, id_of: Callable[[str], uuid.UUID | None]
+) -> Any:
+    module = _module(ApiKey.CONSUMER_GROUP_HEARTBEAT, version)
+    assignment = None
+    if result.assignment is not None:
+        assignment = make_entity(
+            module.Assignment,
+            topic_partitions=_by_topic_id(module, "TopicPartitions", result.assignment, id_of),
+        )
+    return _answer(
+        ApiKey.CONSUMER_GROUP_HEARTBEAT,
+        version,
+        error_code=result.error,
+        error_message=result.message,
+        member_id=result.member_id or None,
+        member_epoch=result.member_epoch,
+        heartbeat_interval=datetime.timedelta(milliseconds=result.heartbeat_interval_ms),
+        assignment=assignment,
+    )
+
+
+def consumer_describe_response(
+    version: int,
+    groups: Iterable[DescribedConsumerGroup],
+    id_of: Callable[[str], uuid.UUID | None],
+) -> Any:
+    module = _module(ApiKey.CONSUMER_GROUP_DESCRIBE, version)
+
+    def assignment(partitions: frozenset[TopicPartition]) -> Any:
+        topics = _by_topic_id(module, "TopicPartitions", partitions, id_of, topic_name=str)
+        return make_entity(module.Assignment, topic_partitions=topics)
+
+    described = tuple(
+        make_entity(
+            module.DescribedGroup,
+            error_code=g.error,
+            error_message=g.message,
+            group_id=g.group_id,
+            group_state=g.state,
+            group_epoch=g.group_epoch,
+            assignment_epoch=g.assignment_epoch,
+            assignor_name=g.assignor_name,
+            members=tuple(
+                make_entity(
+                    module.Member,
+                    member_id=m.member_id,
+                    instance_id=m.instance_id,
+                    rack_id=m.rack_id,
+                    member_epoch=m.member_epoch,
+                    client_id=m.client_id,
+                    client_host=m.client_host,
+                    subscribed_topic_names=m.subscribed_topic_names,
+                    subscribed_topic_regex=m.subscribed_topic_regex,
+                    assignment=assignment(m.assignment),
+                    target_assignment=assignment(m.target_assignment),
+                    member_type=CONSUMER_MEMBER_TYPE,
+                )
+                for m in g.members
+            ),
+            authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+        )
+        for g in groups
+    )
+    return _answer(ApiKey.CONSUMER_GROUP_DESCRIBE, version, groups=described)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -40,6 +41,7 @@ from typing import Any
 import structlog
 from kio.schema.errors import ErrorCode
 
+from replicad.config.model import GroupsConfig
 from replicad.groups.classic_group import NO_DEADLINE
 from replicad.groups.coordinator import (
     CommitResult,
@@ -76,6 +78,16 @@ RETENTION_CHECK_INTERVAL_MS = 600_000
 
 def wall_ms() -> int:
     return int(time.time() * 1000)
+
+
+def coordinator_config(groups: GroupsConfig) -> CoordinatorConfig:
+    """The coordinator's settings from the `groups:` section (Kafka's defaults otherwise)."""
+    return CoordinatorConfig(
+        min_session_timeout_ms=groups.min_session_timeout_ms,
+        max_session_timeout_ms=groups.max_session_timeout_ms,
+        consumer_session_timeout_ms=groups.consumer_session_timeout_ms,
+        consumer_heartbeat_interval_ms=groups.consumer_heartbeat_interval_ms,
+    )
 
 
 class GroupService:
@@ -189,7 +201,12 @@ class GroupService:
         if api == ApiKey.OFFSET_COMMIT:
             ask = group_wire.commit_request(body, self._holds(now_ms))
             step = coordinator.commit(
-                ask.group_id, ask.generation_id, ask.member, ask.offsets, now_ms=now_ms
+                ask.group_id,
+                ask.generation_id,
+                ask.member,
+                ask.offsets,
+                now_ms=now_ms,
+                version=version,
             )
             result = await self._made_durable(ask.group_id, self._deliver(step))
             if coordinator.read_only(ask.group_id):
@@ -197,7 +214,18 @@ class GroupService:
             return group_wire.commit_response(version, body, ask, result)
         if api == ApiKey.OFFSET_FETCH:
             asks = group_wire.fetch_requests(version, body)
-            answers = tuple((a, coordinator.fetch_offsets(a.group_id, a.partitions)) for a in asks)
+            answers = tuple(
+                (
+                    a,
+                    coordinator.fetch_offsets(
+                        a.group_id,
+                        a.partitions,
+                        member_id=a.member_id,
+                        member_epoch=a.member_epoch,
+                    ),
+                )
+                for a in asks
+            )
             return group_wire.fetch_response(version, answers)
         if api == ApiKey.LIST_GROUPS:
             groups = coordinator.list_groups(
@@ -213,7 +241,35 @@ class GroupService:
             return group_wire.delete_groups_response(version, errors)
         if api == ApiKey.OFFSET_DELETE:
             return await self._offset_delete(body, now_ms)
+        if api == ApiKey.CONSUMER_GROUP_HEARTBEAT:
+            beat = group_wire.consumer_heartbeat_request(
+                body,
+                client_id,
+                client_host,
+                lambda topic_id: self.catalog.topic_name(topic_id, now_ms=now_ms),
+                lambda: str(uuid.uuid4()),
+            )
+            result = coordinator.consumer_heartbeat(beat, self.topic_sizes(now_ms), now_ms=now_ms)
+            return group_wire.consumer_heartbeat_response(version, result, self._topic_id(now_ms))
+        if api == ApiKey.CONSUMER_GROUP_DESCRIBE:
+            described = tuple(coordinator.describe_consumer_group(str(g)) for g in body.group_ids)
+            return group_wire.consumer_describe_response(version, described, self._topic_id(now_ms))
         raise AssertionError(f"not a group api: {api}")
+
+    def topic_sizes(self, now_ms: int) -> dict[str, int]:
+        """Each topic this node holds and how many of its partitions, from 0 on without a
+        gap, it holds (what a consumer group's assignor may give out)."""
+        sizes = {}
+        for name, entry in self.catalog.topics(now_ms=now_ms).items():
+            count = 0
+            while count in entry.partitions:
+                count += 1
+            if count:
+                sizes[name] = count
+        return sizes
+
+    def _topic_id(self, now_ms: int) -> Callable[[str], uuid.UUID | None]:
+        return lambda name: self.catalog.topic_id(name, now_ms=now_ms)
 
     # -- offsets synced from the source (leader/source_group_sync.py) ------------------------
 

@@ -87,6 +87,7 @@ from kio.schema.index import api_key_map
 from replicad.clock import monotonic_ms, wall_ms
 from replicad.config.model import SaslMechanism, ServeSecurityConfig
 from replicad.errors import RemoteProtocolError
+from replicad.groups.coordinator import CoordinatorConfig
 from replicad.leader import group_wire, handlers, legacy_codec
 from replicad.leader.catalog import Catalog
 from replicad.leader.events import ServeEvent, ServeEvents
@@ -105,7 +106,7 @@ from replicad.leader.frames import (
     response_header_v0,
     with_throttle_time,
 )
-from replicad.leader.group_wire import GROUP_VERSIONS, Node
+from replicad.leader.group_wire import CONSUMER_PROTOCOL_VERSIONS, GROUP_VERSIONS, Node
 from replicad.leader.groups import GroupService
 from replicad.leader.quotas import RequestQuota
 from replicad.leader.reads import TransactionTracker
@@ -280,6 +281,8 @@ class LeaderServer:
         now_ms: Callable[[], int] = monotonic_ms,
         rng: random.Random | None = None,
         read_only_groups: Callable[[str], bool] | None = None,
+        group_config: CoordinatorConfig | None = None,
+        consumer_group_protocol: bool = False,
     ) -> None:
         self.settings = settings
         self.node_id = node_id
@@ -289,6 +292,9 @@ class LeaderServer:
         self._served = {
             **handlers.SUPPORTED_VERSIONS,
             **GROUP_VERSIONS,
+            # KIP-848: ConsumerGroupHeartbeat and ConsumerGroupDescribe only when asked for
+            # (groups.consumer_protocol; ApiVersions names only what is answered).
+            **(CONSUMER_PROTOCOL_VERSIONS if consumer_group_protocol else {}),
             ApiKey.DESCRIBE_CONFIGS: DESCRIBE_CONFIGS_VERSIONS,
         }
         self._supported = (
@@ -310,6 +316,7 @@ class LeaderServer:
             self._coordinator_node,
             store_dir=logs.data_dir,
             read_only=read_only_groups,
+            config=group_config,
         )
         self._cluster_id = handlers.cluster_id_for(logs.data_dir.resolve())
         # The source's topic configs, for DescribeConfigs (leader/topic_configs.py).
@@ -771,7 +778,7 @@ class LeaderServer:
             return await self._fetch(decoded, peer)
         if api == ApiKey.PRODUCE:
             return self._produce(decoded)
-        if api in GROUP_VERSIONS:
+        if api in GROUP_VERSIONS or api in CONSUMER_PROTOCOL_VERSIONS:
             if self.security is not None and peer.principal == ANONYMOUS:
                 # serve.security is on: groups are for authenticated principals only.
                 self.counters["anonymous_group_requests_total"] += 1
@@ -1194,6 +1201,8 @@ async def serve_forever(
     log_config: LogConfig | None = None,
     stop: asyncio.Event | None = None,
     on_ready: Callable[[LeaderServer], None] | None = None,
+    group_config: CoordinatorConfig | None = None,
+    consumer_group_protocol: bool = False,
 ) -> int:
     """`replicad serve`: open the data directory (taking its lock), serve it until SIGTERM,
     SIGINT or `stop`, then close everything. Returns the process exit code."""
@@ -1219,6 +1228,8 @@ async def serve_forever(
         node_id=node_id,
         allowed_followers=allowed_followers,
         security=server_security(security, allowed_followers),
+        group_config=group_config,
+        consumer_group_protocol=consumer_group_protocol,
     )
     try:
         await server.start()

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import datetime
 import sys
+import uuid
 from typing import Any
 
 import pytest
 from kio.schema.errors import ErrorCode
 
+from replicad.groups.consumer_group import ConsumerHeartbeat, HeartbeatResult
 from replicad.groups.coordinator import (
     CoordinatorConfig,
     GroupCoordinator,
@@ -494,3 +496,91 @@ def test_refused_admin_requests_list_nothing_and_refuse_each_group(version: int)
         ),
     )
     assert [(r.group_id, r.error_code) for r in deleted.results] == [("g", REFUSED)]
+
+
+# -- ConsumerGroupHeartbeat, ConsumerGroupDescribe (KIP-848) -----------------------------------
+
+TOPIC_ID = uuid.UUID(int=0xBEEF)
+NAMES = {TOPIC_ID: "t"}
+
+
+def consumer_versions(api: ApiKey) -> list[int]:
+    r = group_wire.CONSUMER_PROTOCOL_VERSIONS[api]
+    return list(range(r.min, r.max + 1))
+
+
+@pytest.mark.parametrize("version", consumer_versions(ApiKey.CONSUMER_GROUP_HEARTBEAT))
+def test_a_consumer_heartbeat_names_topics_by_id_both_ways(version: int) -> None:
+    api = ApiKey.CONSUMER_GROUP_HEARTBEAT
+    owned_cls = nested(api, version, "TopicPartitions")
+    body = request(
+        api,
+        version,
+        group_id="g",
+        member_id="" if version == 0 else "m",
+        member_epoch=0,
+        rebalance_timeout=datetime.timedelta(seconds=30),
+        subscribed_topic_names=("t",),
+        topic_partitions=(
+            make_entity(owned_cls, topic_id=TOPIC_ID, partitions=(1,)),
+            make_entity(owned_cls, topic_id=uuid.UUID(int=9), partitions=(0,)),  # unknown here
+        ),
+    )
+    beat = group_wire.consumer_heartbeat_request(body, "cid", "10.0.0.1", NAMES.get, lambda: "new")
+    # v0: a joining member without an id is given one.
+    assert beat.member_id == ("new" if version == 0 else "m")
+    assert beat.owned == frozenset({TopicPartition("t", 1)})
+    assert (beat.client_id, beat.client_host, beat.rebalance_timeout_ms) == (
+        "cid",
+        "/10.0.0.1",
+        30_000,
+    )
+    result = HeartbeatResult(ErrorCode.none, None, "m", 3, 500, frozenset({TP}))
+    back = roundtrip(api, version, group_wire.consumer_heartbeat_response(version, result, ids))
+    assert (back.member_epoch, back.heartbeat_interval) == (3, datetime.timedelta(milliseconds=500))
+    [assigned] = back.assignment.topic_partitions
+    assert (assigned.topic_id, tuple(assigned.partitions)) == (TOPIC_ID, (0,))
+    unchanged = HeartbeatResult(ErrorCode.none, None, "m", 3, 500, None)
+    none = roundtrip(api, version, group_wire.consumer_heartbeat_response(version, unchanged, ids))
+    assert none.assignment is None
+
+
+def ids(name: str) -> uuid.UUID | None:
+    return {v: k for k, v in NAMES.items()}.get(name)
+
+
+@pytest.mark.parametrize("version", consumer_versions(ApiKey.CONSUMER_GROUP_DESCRIBE))
+def test_consumer_group_describe_shows_members_and_refuses_other_groups(version: int) -> None:
+    api = ApiKey.CONSUMER_GROUP_DESCRIBE
+    coordinator = GroupCoordinator()
+    beat = ConsumerHeartbeat(
+        "g", "m", 0, rebalance_timeout_ms=30_000, subscribed_topic_names=("t",), owned=frozenset()
+    )
+    coordinator.consumer_heartbeat(beat, {"t": 1}, now_ms=1)
+    described = (coordinator.describe_consumer_group("g"), coordinator.describe_consumer_group("x"))
+    back = roundtrip(api, version, group_wire.consumer_describe_response(version, described, ids))
+    found, missing = back.groups
+    assert (found.error_code, found.group_state, found.assignor_name) == (
+        ErrorCode.none,
+        "Stable",
+        "uniform",
+    )
+    [member] = found.members
+    [topic] = member.assignment.topic_partitions
+    assert (member.member_epoch, topic.topic_name, tuple(topic.partitions)) == (1, "t", (0,))
+    assert missing.error_code == ErrorCode.group_id_not_found
+
+
+def test_refused_consumer_protocol_requests_carry_the_error() -> None:
+    beat = request(
+        ApiKey.CONSUMER_GROUP_HEARTBEAT, 1, group_id="g", member_id="m", member_epoch=1,
+        topic_partitions=None,
+    )  # fmt: skip
+    answer = group_wire.refused_response(ApiKey.CONSUMER_GROUP_HEARTBEAT, 1, beat, REFUSED)
+    assert roundtrip(ApiKey.CONSUMER_GROUP_HEARTBEAT, 1, answer).error_code == REFUSED
+    asked = request(
+        ApiKey.CONSUMER_GROUP_DESCRIBE, 1, group_ids=("a", "b"), include_authorized_operations=False
+    )
+    answer = group_wire.refused_response(ApiKey.CONSUMER_GROUP_DESCRIBE, 1, asked, REFUSED)
+    back = roundtrip(ApiKey.CONSUMER_GROUP_DESCRIBE, 1, answer)
+    assert [(g.group_id, g.error_code) for g in back.groups] == [("a", REFUSED), ("b", REFUSED)]

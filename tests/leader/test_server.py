@@ -436,3 +436,58 @@ async def test_a_cancelled_callback_is_not_logged_as_an_error(server: LeaderServ
     failure = {"message": "Exception in callback", "exception": RuntimeError("boom")}
     server._loop_exception(loop, failure)
     assert seen == [failure]
+
+
+# -- the consumer group protocol (KIP-848) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("on", [False, True])
+async def test_apiversions_names_the_consumer_group_apis_only_when_they_are_on(
+    logs, fill, on
+) -> None:
+    from kio.schema.api_versions.v3.request import ApiVersionsRequest
+
+    srv = LeaderServer(logs, ServeSettings(), rng=random.Random(4), consumer_group_protocol=on)
+    await srv.start()
+    try:
+        conn = await connect(srv)
+        try:
+            body = await conn.request(
+                ApiVersionsRequest(client_software_name="t", client_software_version="1")
+            )
+        finally:
+            await conn.close()
+    finally:
+        await srv.close()
+    served = {int(k.api_key) for k in body.api_keys}
+    assert ({68, 69} <= served) is on
+    assert not ({68, 69} & served) or on
+
+
+async def test_a_consumer_group_heartbeat_joins_and_is_assigned_by_topic_id(logs, fill) -> None:
+    from kio.schema.consumer_group_heartbeat.v1.request import ConsumerGroupHeartbeatRequest
+
+    fill(logs, T0, [producer_batch(0, [b"v"])], topic_id=TID)
+    srv = LeaderServer(logs, ServeSettings(), rng=random.Random(4), consumer_group_protocol=True)
+    await srv.start()
+    try:
+        conn = await connect(srv)
+        try:
+            joined = await conn.request(
+                make_entity(
+                    ConsumerGroupHeartbeatRequest,
+                    group_id="g",
+                    member_id="m-1",
+                    member_epoch=0,
+                    rebalance_timeout=datetime.timedelta(seconds=30),
+                    subscribed_topic_names=("t",),
+                    topic_partitions=(),
+                )
+            )
+        finally:
+            await conn.close()
+    finally:
+        await srv.close()
+    assert (joined.error_code, joined.member_id, joined.member_epoch) == (ErrorCode.none, "m-1", 1)
+    [assigned] = joined.assignment.topic_partitions
+    assert (assigned.topic_id, tuple(assigned.partitions)) == (TID, (0,))
