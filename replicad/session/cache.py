@@ -38,7 +38,9 @@ Rules (Kafka's, unless marked "beyond Kafka"):
   and the answer is sessionless. Else the session is touched and its epoch advances.
   A partition sent with another topic id than the cached one is a recreated topic: it
   replaces the cached one (moved to the end, cached high watermark reset); a forget
-  naming the old id does not remove the new one.
+  naming the old id does not remove the new one. A forget naming an id the leader no
+  longer resolves to the cached name (the topic deleted or re-created) removes the
+  partition cached with that id (Kafka keys a session's partitions by topic id).
 - Ids: random, positive, non-zero 31-bit, unique, from the injected `random.Random`.
 - Evictability is refreshed whenever a session is touched (created or used): an
   unprivileged session is evictable by a privileged newcomer at once, and by anyone
@@ -360,6 +362,14 @@ class FetchSessionCache:
         for forgotten in request.forgotten:
             tp = forgotten.partition
             cached = session.partitions.get(tp)
+            if cached is None and forgotten.topic_id is not None:
+                # An id the leader no longer resolves to this name (its topic deleted or
+                # re-created since): the partition cached with that id, as Kafka keys a
+                # session's partitions by topic id and partition (found by tools/sim, seed
+                # 490: the session kept answering a forgotten partition of a re-created
+                # topic, past the follower's response budget).
+                tp = _cached_with_id(session, forgotten.topic_id, tp.partition) or tp
+                cached = session.partitions.get(tp)
             if cached is None or _replaced(forgotten.topic_id, cached.fetch.topic_id):
                 continue
             self._drop_partition(session, tp)
@@ -483,6 +493,17 @@ class FetchSessionCache:
 
     def _count_visits(self, n: int) -> None:
         self._visits += n
+
+
+def _cached_with_id(
+    session: _Session, topic_id: uuid.UUID, partition: int
+) -> TopicPartition | None:
+    """The session's partition `partition` cached with `topic_id`, whatever its name (a scan:
+    only for a forget whose id no longer resolves to the cached name, which is rare)."""
+    for tp, cached in session.partitions.items():
+        if tp.partition == partition and cached.fetch.topic_id == topic_id:
+            return tp
+    return None
 
 
 def _replaced(old: uuid.UUID | None, new: uuid.UUID | None) -> bool:

@@ -663,6 +663,22 @@ def test_a_recreated_topic_replaces_the_partition_in_the_session() -> None:
     assert view.partitions[tp("a")].topic_id == T_A2
 
 
+def test_a_forget_by_an_id_the_leader_no_longer_knows_removes_the_partition() -> None:
+    """tools/sim seed 490: t1 was re-created; the follower forgets t1-0 by the old id, which
+    the leader resolves to no name now. The session must not keep answering t1-0."""
+    cache, leader = new_cache()
+    request = full({tp("a"): pf(topic_id=T_A), tp("b"): pf(topic_id=T_B)}, uses_topic_ids=True)
+    sid = leader.fetch(request, now_ms=0).session_id
+    gone = TopicIdPartition(T_A, tp(unresolved_topic_name(T_A)))  # as the shell resolves it
+    leader.fetch(incremental(sid, 1, forgotten=[gone], uses_topic_ids=True), now_ms=1)
+    view = cache.session(sid)
+    assert view is not None and list(view.partitions) == [tp("b")]
+    # A forget by an id the partition was never cached with removes nothing.
+    other = TopicIdPartition(T_A2, tp(unresolved_topic_name(T_A2)))
+    leader.fetch(incremental(sid, 2, forgotten=[other], uses_topic_ids=True), now_ms=2)
+    assert list(cache.session(sid).partitions) == [tp("b")]
+
+
 def test_unresolved_topic_ids_get_a_name_no_real_topic_can_have() -> None:
     name = unresolved_topic_name(T_A)
     assert str(T_A) in name

@@ -46,6 +46,9 @@ FOUND_BY_LONG_RUNS = {
     (8667, (("pool_and_disk", False),)): "at Fetch v4 the follower appended a batch of epoch "
     "3 at its log end after two unclean elections it never saw, keeping a divergent tail "
     "of epoch 1 (the partition table's R10)",
+    (490, ()): "after a topic was re-created, the leader's session kept a partition the "
+    "follower forgot by its old topic id, answering it past the follower's response "
+    "budget (replicad/session/cache.py)",
 }
 
 
