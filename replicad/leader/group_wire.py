@@ -15,6 +15,10 @@ Rules (Kafka's KafkaApis and the request schemas):
   ignored, as Kafka 4 ignores it. No leader epoch before v6 (-1).
 - OffsetFetch v1-v7 ask for one group (v2+: null topics means all); v8+ for several. A
   partition without a committed offset is -1 with no error.
+- OffsetCommit v10 and OffsetFetch v10 name topics by id only (served with the consumer
+  protocol, `CONSUMER_PROTOCOL_VERSIONS`): a topic id this node does not know is
+  UNKNOWN_TOPIC_ID for each of its partitions; fetching all of a group's offsets leaves out
+  the topics this node has no id for.
 - DescribeGroups: an unknown group is Dead with no error, before v6; from v6
   GROUP_ID_NOT_FOUND with a message (KIP-1043).
 - ListGroups filters by state (v4+) and by type (v5+).
@@ -31,6 +35,7 @@ Rules (Kafka's KafkaApis and the request schemas):
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import sys
 import uuid
@@ -79,6 +84,9 @@ GROUP_VERSIONS: Mapping[int, VersionRange] = {
 CONSUMER_PROTOCOL_VERSIONS: Mapping[int, VersionRange] = {
     ApiKey.CONSUMER_GROUP_HEARTBEAT: VersionRange(0, 1),
     ApiKey.CONSUMER_GROUP_DESCRIBE: VersionRange(0, 1),
+    # v10: topics by id (KIP-848's clients ask for it once topic ids are known).
+    ApiKey.OFFSET_COMMIT: VersionRange(2, 10),
+    ApiKey.OFFSET_FETCH: VersionRange(1, 10),
 }
 
 GROUP_KEY_TYPE = 0
@@ -89,6 +97,7 @@ JOIN_SKIP_ASSIGNMENT_VERSION = 9
 LEAVE_BATCHED_VERSION = 3
 FIND_COORDINATOR_BATCHED_VERSION = 4
 OFFSET_FETCH_BATCHED_VERSION = 8
+OFFSET_BY_TOPIC_ID_VERSION = 10
 DESCRIBE_NOT_FOUND_VERSION = 6
 NO_OFFSET = -1
 NO_EPOCH = -1
@@ -96,6 +105,54 @@ AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 # ConsumerGroupDescribe v1's member type: a member of the consumer protocol.
 CONSUMER_MEMBER_TYPE = 1
 NO_TRANSACTIONS_MESSAGE = "replicad serves a read-only replica: it has no transaction coordinator"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicIds:
+    """This node's topic ids, both ways (the catalog's), for the APIs that name topics by id."""
+
+    name_of: Callable[[uuid.UUID], str | None]
+    id_of: Callable[[str], uuid.UUID | None]
+
+
+# A name no topic can have (Kafka's names are [a-zA-Z0-9._-]): a topic id not known here.
+_UNKNOWN_ID_MARK = "?"
+
+
+def _unknown_id_name(topic_id: uuid.UUID | None) -> str:
+    return f"{_UNKNOWN_ID_MARK}{topic_id}"
+
+
+def _is_unknown_id(name: str) -> bool:
+    return name.startswith(_UNKNOWN_ID_MARK)
+
+
+def _no_name(_topic_id: uuid.UUID) -> str | None:
+    return None
+
+
+def _no_id(_name: str) -> uuid.UUID | None:
+    return None
+
+
+NO_TOPIC_IDS = TopicIds(_no_name, _no_id)
+
+
+def _topic_name(topic: Any, ids: TopicIds) -> str:
+    """A request topic's name: its own, or its id's here (by id from OffsetCommit and
+    OffsetFetch v10), or a name no topic has when the id is not known here."""
+    name = getattr(topic, "name", None)
+    if name is not None:
+        return str(name)
+    topic_id = topic.topic_id
+    known = ids.name_of(topic_id) if topic_id is not None else None
+    return known if known is not None else _unknown_id_name(topic_id)
+
+
+def _topic_id(name: str, ids: TopicIds) -> uuid.UUID | None:
+    if _is_unknown_id(name):
+        return uuid.UUID(name[len(_UNKNOWN_ID_MARK) :])
+    return ids.id_of(name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,22 +197,30 @@ def _members(cls: type, members: Iterable[Any], **fields: Callable[[Any], Any]) 
 
 
 def _partition_errors(
-    module: Any, prefix: str, topics: Iterable[Any], error_of: Callable[[TopicPartition], ErrorCode]
+    module: Any,
+    prefix: str,
+    topics: Iterable[Any],
+    error_of: Callable[[TopicPartition], ErrorCode],
+    ids: TopicIds = NO_TOPIC_IDS,
 ) -> tuple[Any, ...]:
     """Every partition a request named, in its order, with its error (OffsetCommit's and
-    OffsetDelete's answers: `<prefix>Topic` of `<prefix>Partition`s)."""
+    OffsetDelete's answers: `<prefix>Topic` of `<prefix>Partition`s), by name or by id as
+    the request named it."""
     topic_cls, partition_cls = (
         getattr(module, f"{prefix}{kind}") for kind in ("Topic", "Partition")
     )
     return tuple(
         make_entity(
             topic_cls,
-            name=topic.name,
+            name=getattr(topic, "name", None),
+            topic_id=getattr(topic, "topic_id", None),
             partitions=tuple(
                 make_entity(
                     partition_cls,
                     partition_index=p.partition_index,
-                    error_code=error_of(TopicPartition(topic.name, int(p.partition_index))),
+                    error_code=error_of(
+                        TopicPartition(_topic_name(topic, ids), int(p.partition_index))
+                    ),
                 )
                 for p in topic.partitions
             ),
@@ -292,12 +357,18 @@ class CommitAsk:
     refused: Mapping[TopicPartition, ErrorCode]
 
 
-def commit_request(body: Any, holds: Callable[[TopicPartition], bool]) -> CommitAsk:
+def commit_request(
+    body: Any, holds: Callable[[TopicPartition], bool], ids: TopicIds = NO_TOPIC_IDS
+) -> CommitAsk:
     offsets: dict[TopicPartition, OffsetToCommit] = {}
     refused: dict[TopicPartition, ErrorCode] = {}
     for topic in body.topics:
+        name = _topic_name(topic, ids)
         for p in topic.partitions:
-            tp = TopicPartition(topic.name, int(p.partition_index))
+            tp = TopicPartition(name, int(p.partition_index))
+            if _is_unknown_id(name):
+                refused[tp] = ErrorCode.unknown_topic_id
+                continue
             if not holds(tp):
                 refused[tp] = ErrorCode.unknown_topic_or_partition
                 continue
@@ -315,11 +386,13 @@ def commit_request(body: Any, holds: Callable[[TopicPartition], bool]) -> Commit
     )
 
 
-def commit_response(version: int, body: Any, ask: CommitAsk, result: CommitResult) -> Any:
+def commit_response(
+    version: int, body: Any, ask: CommitAsk, result: CommitResult, ids: TopicIds = NO_TOPIC_IDS
+) -> Any:
     """Every partition the request named, in its order, with its error."""
     module = _module(ApiKey.OFFSET_COMMIT, version)
     errors = {**result.errors, **ask.refused}
-    topics = _partition_errors(module, "OffsetCommitResponse", body.topics, errors.__getitem__)
+    topics = _partition_errors(module, "OffsetCommitResponse", body.topics, errors.__getitem__, ids)
     return _answer(ApiKey.OFFSET_COMMIT, version, topics=topics)
 
 
@@ -333,7 +406,7 @@ class FetchAsk:
     member_epoch: int = -1
 
 
-def fetch_requests(version: int, body: Any) -> tuple[FetchAsk, ...]:
+def fetch_requests(version: int, body: Any, ids: TopicIds = NO_TOPIC_IDS) -> tuple[FetchAsk, ...]:
     groups = (body,) if version < OFFSET_FETCH_BATCHED_VERSION else body.groups
     return tuple(
         FetchAsk(
@@ -341,7 +414,9 @@ def fetch_requests(version: int, body: Any) -> tuple[FetchAsk, ...]:
             None
             if g.topics is None
             else tuple(
-                TopicPartition(t.name, int(i)) for t in g.topics for i in t.partition_indexes
+                TopicPartition(_topic_name(t, ids), int(i))
+                for t in g.topics
+                for i in t.partition_indexes
             ),
             getattr(g, "member_id", None),
             int(getattr(g, "member_epoch", -1)),
@@ -350,8 +425,13 @@ def fetch_requests(version: int, body: Any) -> tuple[FetchAsk, ...]:
     )
 
 
-def fetch_response(version: int, answers: tuple[tuple[FetchAsk, FetchedOffsets], ...]) -> Any:
+def fetch_response(
+    version: int,
+    answers: tuple[tuple[FetchAsk, FetchedOffsets], ...],
+    ids: TopicIds = NO_TOPIC_IDS,
+) -> Any:
     module = _module(ApiKey.OFFSET_FETCH, version)
+    by_id = version >= OFFSET_BY_TOPIC_ID_VERSION
     batched = version >= OFFSET_FETCH_BATCHED_VERSION
     names = (
         ("OffsetFetchResponseTopics", "OffsetFetchResponsePartitions")
@@ -363,6 +443,9 @@ def fetch_response(version: int, answers: tuple[tuple[FetchAsk, FetchedOffsets],
     def topics_of(fetched: FetchedOffsets) -> tuple[Any, ...]:
         by_topic: dict[str, list[Any]] = {}
         for tp, entry in fetched.offsets.items():
+            if by_id and _topic_id(tp.topic, ids) is None:
+                continue  # no id to name it by: a topic this node does not hold
+            unknown = _is_unknown_id(tp.topic)
             by_topic.setdefault(tp.topic, []).append(
                 make_entity(
                     partition_cls,
@@ -370,11 +453,13 @@ def fetch_response(version: int, answers: tuple[tuple[FetchAsk, FetchedOffsets],
                     committed_offset=NO_OFFSET if entry is None else entry.offset,
                     committed_leader_epoch=NO_EPOCH if entry is None else entry.leader_epoch,
                     metadata="" if entry is None else entry.metadata,
-                    error_code=ErrorCode.none,
+                    error_code=ErrorCode.unknown_topic_id if unknown else ErrorCode.none,
                 )
             )
         return tuple(
-            make_entity(topic_cls, name=name, partitions=tuple(parts))
+            make_entity(
+                topic_cls, name=name, topic_id=_topic_id(name, ids), partitions=tuple(parts)
+            )
             for name, parts in by_topic.items()
         )
 
@@ -499,7 +584,9 @@ def refused_response(api: int, version: int, body: Any, error: ErrorCode) -> Any
         return leave_response(version, LeaveResult(error))
     if api == ApiKey.OFFSET_COMMIT:
         ask = commit_request(body, lambda _tp: True)
-        return commit_response(version, body, ask, CommitResult(dict.fromkeys(ask.offsets, error)))
+        every = dict.fromkeys([*ask.offsets, *ask.refused], error)
+        refused = dataclasses.replace(ask, refused={})
+        return commit_response(version, body, refused, CommitResult(every))
     if api == ApiKey.OFFSET_FETCH:
         asks = fetch_requests(version, body)
         return fetch_response(version, tuple((a, FetchedOffsets(error)) for a in asks))

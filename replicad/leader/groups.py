@@ -199,7 +199,8 @@ class GroupService:
             step = coordinator.leave(str(body.group_id), leaving, now_ms=now_ms)
             return group_wire.leave_response(version, self._deliver(step))
         if api == ApiKey.OFFSET_COMMIT:
-            ask = group_wire.commit_request(body, self._holds(now_ms))
+            ids = self._topic_ids(now_ms)
+            ask = group_wire.commit_request(body, self._holds(now_ms), ids)
             step = coordinator.commit(
                 ask.group_id,
                 ask.generation_id,
@@ -211,9 +212,10 @@ class GroupService:
             result = await self._made_durable(ask.group_id, self._deliver(step))
             if coordinator.read_only(ask.group_id):
                 self._refused_read_only(ask.group_id, client_host)
-            return group_wire.commit_response(version, body, ask, result)
+            return group_wire.commit_response(version, body, ask, result, ids)
         if api == ApiKey.OFFSET_FETCH:
-            asks = group_wire.fetch_requests(version, body)
+            ids = self._topic_ids(now_ms)
+            asks = group_wire.fetch_requests(version, body, ids)
             answers = tuple(
                 (
                     a,
@@ -226,7 +228,7 @@ class GroupService:
                 )
                 for a in asks
             )
-            return group_wire.fetch_response(version, answers)
+            return group_wire.fetch_response(version, answers, ids)
         if api == ApiKey.LIST_GROUPS:
             groups = coordinator.list_groups(
                 getattr(body, "states_filter", ()) or (), getattr(body, "types_filter", ()) or ()
@@ -270,6 +272,12 @@ class GroupService:
 
     def _topic_id(self, now_ms: int) -> Callable[[str], uuid.UUID | None]:
         return lambda name: self.catalog.topic_id(name, now_ms=now_ms)
+
+    def _topic_ids(self, now_ms: int) -> group_wire.TopicIds:
+        return group_wire.TopicIds(
+            lambda topic_id: self.catalog.topic_name(topic_id, now_ms=now_ms),
+            self._topic_id(now_ms),
+        )
 
     # -- offsets synced from the source (leader/source_group_sync.py) ------------------------
 

@@ -584,3 +584,77 @@ def test_refused_consumer_protocol_requests_carry_the_error() -> None:
     answer = group_wire.refused_response(ApiKey.CONSUMER_GROUP_DESCRIBE, 1, asked, REFUSED)
     back = roundtrip(ApiKey.CONSUMER_GROUP_DESCRIBE, 1, answer)
     assert [(g.group_id, g.error_code) for g in back.groups] == [("a", REFUSED), ("b", REFUSED)]
+
+
+TOPIC_IDS = group_wire.TopicIds(NAMES.get, ids)
+UNKNOWN_ID = uuid.UUID(int=9)
+
+
+def test_offset_commit_v10_names_topics_by_id_and_refuses_unknown_ids() -> None:
+    api, version = ApiKey.OFFSET_COMMIT, 10
+    topic_cls = nested(api, version, "OffsetCommitRequestTopic")
+    partition_cls = nested(api, version, "OffsetCommitRequestPartition")
+    one = (
+        make_entity(
+            partition_cls,
+            partition_index=0,
+            committed_offset=12,
+            committed_leader_epoch=3,
+            committed_metadata="",
+        ),
+    )
+    body = request(
+        api,
+        version,
+        group_id="g",
+        generation_id_or_member_epoch=-1,
+        member_id="",
+        group_instance_id=None,
+        topics=(
+            make_entity(topic_cls, topic_id=TOPIC_ID, partitions=one),
+            make_entity(topic_cls, topic_id=UNKNOWN_ID, partitions=one),
+        ),
+    )
+    coordinator = GroupCoordinator()
+    ask = group_wire.commit_request(body, lambda tp: tp.topic == "t", TOPIC_IDS)
+    assert set(ask.offsets) == {TP}
+    result = coordinator.commit("g", -1, MemberRef(""), ask.offsets, now_ms=0, version=10).result
+    answer = roundtrip(
+        api, version, group_wire.commit_response(version, body, ask, result, TOPIC_IDS)
+    )
+    assert [(t.topic_id, t.partitions[0].error_code) for t in answer.topics] == [
+        (TOPIC_ID, ErrorCode.none),
+        (UNKNOWN_ID, ErrorCode.unknown_topic_id),
+    ]
+    refused = roundtrip(api, version, group_wire.refused_response(api, version, body, REFUSED))
+    assert {t.partitions[0].error_code for t in refused.topics} == {REFUSED}
+
+    # OffsetFetch v10: the same topics by id, and all of a group's offsets by id.
+    fetch_group = nested(ApiKey.OFFSET_FETCH, 10, "OffsetFetchRequestGroup")
+    fetch_topic = nested(ApiKey.OFFSET_FETCH, 10, "OffsetFetchRequestTopics")
+    coordinator.commit(
+        "g", -1, MemberRef(""), {TopicPartition("gone", 0): OffsetToCommit(1)}, now_ms=0
+    )
+    for topics in (
+        (
+            make_entity(fetch_topic, topic_id=TOPIC_ID, partition_indexes=(0,)),
+            make_entity(fetch_topic, topic_id=UNKNOWN_ID, partition_indexes=(0,)),
+        ),
+        None,
+    ):
+        group = make_entity(
+            fetch_group, group_id="g", member_id=None, member_epoch=-1, topics=topics
+        )
+        fetch = request(ApiKey.OFFSET_FETCH, 10, groups=(group,), require_stable=False)
+        asks = group_wire.fetch_requests(10, fetch, TOPIC_IDS)
+        answers = tuple((a, coordinator.fetch_offsets(a.group_id, a.partitions)) for a in asks)
+        back = roundtrip(ApiKey.OFFSET_FETCH, 10, group_wire.fetch_response(10, answers, TOPIC_IDS))
+        shown = {
+            t.topic_id: (t.partitions[0].committed_offset, t.partitions[0].error_code)
+            for t in back.groups[0].topics
+        }
+        want = {TOPIC_ID: (12, ErrorCode.none)}
+        if topics is not None:
+            want[UNKNOWN_ID] = (-1, ErrorCode.unknown_topic_id)
+        # "gone" has no id here: an all-offsets fetch by id leaves it out.
+        assert shown == want
