@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.demo-installed
 STAMP      := $(VENV)/.installed
 
-.PHONY: setup demo test lint kafka kafka-jars spark-kafka-jars test-peers dist clean
+.PHONY: setup demo test lint kafka kafka-jars spark-kafka-jars test-peers dist clean chaos-leadership
 
 $(DEMO_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,13 @@ test: setup
 # pytest exits 5 when it collected nothing: a broken suite, said so and failed.
 	$(BIN)/python -m pytest -q --durations=30; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo 'make test: pytest collected no tests' >&2; exit 1; fi; exit $$rc
+
+# Every leadership move (rolling restart, SIGKILL of the busiest leader, reassignment,
+# unclean election) on a three-node cluster of its own, while replicad follows: minutes
+# each, so the suite runs only the reassignment. `make chaos-leadership SEED=7`.
+SEED := 0
+chaos-leadership: setup
+	$(BIN)/python -m tools.chaos.leadership --seed $(SEED)
 
 # An Apache Kafka broker on 127.0.0.1:9092 with a sample topic, in the foreground until
 # Ctrl-C, for trying `replicad run` by hand (state in ./var/kafka, fresh each time).

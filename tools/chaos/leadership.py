@@ -25,12 +25,29 @@ must truncate to the new leader's log through a real broker's DivergingEpoch. It
 is that the replica equals the new leader's log and that replicad truncated.
 
 Nodes are always started again before a scenario returns: the cluster is shared.
+
+Each scenario takes a seed: it orders the nodes the scenario picks from (the node a
+partition moves to, the order of a rolling restart, which node an unclean election
+elects), so a failing run can be repeated exactly.
+
+The suite runs one short seeded move (`tests/faults/test_leadership.py`: the
+reassignment, no node restarted); every scenario, at any size, runs from here:
+
+    python -m tools.chaos.leadership                      # all four, size ci
+    python -m tools.chaos.leadership cluster-rolling-restart --seed 7 --size full
+    make chaos-leadership                                 # all four, size ci
+
+on a three-node cluster of its own (`KafkaCluster` in a temporary directory).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
+import random
+import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -47,7 +64,7 @@ from replicad.types import TopicPartition
 from tools.chaos.follower import Follower
 from tools.chaos.invariant import check_partition, covers, end_offsets
 from tools.chaos.load import wait_stable
-from tools.chaos.scenarios import ScenarioResult, Size, _Outcome, _started, wait_for
+from tools.chaos.scenarios import SIZES, ScenarioResult, Size, _Outcome, _started, wait_for
 from tools.peers.kafka import run_kafka_class
 from tools.peers.kafka_cluster import KafkaCluster
 from tools.peers.process import PeerError
@@ -380,23 +397,33 @@ def _acknowledged_kept(run: _Run, replica_ends: dict[TopicPartition, int]) -> No
             run.out.problem(f"{tp}: the producer was acknowledged twice at one offset")
 
 
-def _most_leading(cluster: KafkaCluster, topic: str) -> int:
+def _most_leading(cluster: KafkaCluster, topic: str, seed: int) -> int:
+    """The node leading most of `topic`'s partitions; the seed breaks a tie."""
     counts: dict[int, int] = defaultdict(int)
     for node in cluster.leaders(topic).values():
         counts[node] += 1
-    return max(counts, key=lambda node: counts[node])
+    return max(_seeded_nodes(cluster, seed), key=lambda node: counts[node])
+
+
+def _seeded_nodes(cluster: KafkaCluster, seed: int) -> list[int]:
+    """The cluster's node ids in the order `seed` gives them."""
+    nodes = list(cluster.node_ids)
+    random.Random(seed).shuffle(nodes)
+    return nodes
 
 
 # -- the scenarios ------------------------------------------------------------------------
 
 
-def leader_node_sigkill(cluster: KafkaCluster, workdir: Path, size: Size) -> ScenarioResult:
+def leader_node_sigkill(
+    cluster: KafkaCluster, workdir: Path, size: Size, seed: int = 0
+) -> ScenarioResult:
     """SIGKILL of the node leading most partitions; replicad follows the new leaders, then
     the node's restart (it rejoins as a follower)."""
     out = _Outcome("cluster-leader-sigkill", "SIGKILL of the busiest leader, then restart", size)
     for _ in range(size.runs):
         with contextlib.suppress(Abandoned), scenario_run(out, cluster, workdir) as run:
-            victim = _most_leading(cluster, run.topic)
+            victim = _most_leading(cluster, run.topic, seed)
             cluster.node(victim).kill()
             out.fault("sigkill")
             run.follow(f"SIGKILL of node {victim}")
@@ -407,7 +434,9 @@ def leader_node_sigkill(cluster: KafkaCluster, workdir: Path, size: Size) -> Sce
     return out.result()
 
 
-def rolling_restart(cluster: KafkaCluster, workdir: Path, size: Size) -> ScenarioResult:
+def rolling_restart(
+    cluster: KafkaCluster, workdir: Path, size: Size, seed: int = 0
+) -> ScenarioResult:
     """Controlled shutdown and restart of each node in turn (a rolling restart), then a
     preferred-leader election that moves leadership back to the node that lost it."""
     out = _Outcome(
@@ -415,7 +444,7 @@ def rolling_restart(cluster: KafkaCluster, workdir: Path, size: Size) -> Scenari
     )
     for _ in range(size.runs):
         with contextlib.suppress(Abandoned), scenario_run(out, cluster, workdir) as run:
-            for node_id in cluster.node_ids:
+            for node_id in _seeded_nodes(cluster, seed):
                 cluster.node(node_id).stop()
                 out.fault("controlled-shutdown")
                 run.follow(f"controlled shutdown of node {node_id}")
@@ -431,11 +460,12 @@ def rolling_restart(cluster: KafkaCluster, workdir: Path, size: Size) -> Scenari
     return out.result()
 
 
-def reassignment(cluster: KafkaCluster, workdir: Path, size: Size) -> ScenarioResult:
+def reassignment(cluster: KafkaCluster, workdir: Path, size: Size, seed: int = 0) -> ScenarioResult:
     """A partition reassignment (Kafka's ReassignPartitionsCommand, AlterPartitionReassignments)
-    that moves each partition's leader to a node that held no replica of it."""
+    that moves each partition's leader to a node that held no replica of it (the seed picks
+    the nodes), then a preferred-leader election onto it. No node stops."""
     out = _Outcome("cluster-reassignment", "leader moved to a node with no replica", size)
-    first, second, third = cluster.node_ids[:3]
+    first, second, third = _seeded_nodes(cluster, seed)[:3]
     for _ in range(size.runs):
         assignment = [[first, second]] * size.partitions
         with (
@@ -484,13 +514,15 @@ def reassignment(cluster: KafkaCluster, workdir: Path, size: Size) -> ScenarioRe
     return out.result()
 
 
-def unclean_election(cluster: KafkaCluster, workdir: Path, size: Size) -> ScenarioResult:
+def unclean_election(
+    cluster: KafkaCluster, workdir: Path, size: Size, seed: int = 0
+) -> ScenarioResult:
     """Unclean leader election: RF 2, the in-sync follower stopped first, records acked by
     the leader alone and copied by replicad, the leader killed, the stale follower elected
     (ElectLeaders UNCLEAN). The new leader holds less than replicad: replicad must truncate
     to its log (DivergingEpoch from a real broker) and follow it."""
     out = _Outcome("cluster-unclean-election", "stale follower elected uncleanly", size)
-    first, second = cluster.node_ids[:2]
+    first, second = _seeded_nodes(cluster, seed)[:2]
     for _ in range(size.runs):
         assignment = [[first, second]] * size.partitions
         config = {"min.insync.replicas": "1", "unclean.leader.election.enable": "true"}
@@ -539,9 +571,49 @@ def unclean_election(cluster: KafkaCluster, workdir: Path, size: Size) -> Scenar
     return out.result()
 
 
-SCENARIOS: dict[str, Callable[[KafkaCluster, Path, Size], ScenarioResult]] = {
+SCENARIOS: dict[str, Callable[[KafkaCluster, Path, Size, int], ScenarioResult]] = {
     "cluster-leader-sigkill": leader_node_sigkill,
     "cluster-rolling-restart": rolling_restart,
     "cluster-reassignment": reassignment,
     "cluster-unclean-election": unclean_election,
 }
+# The one the suite runs: a real leader move with no node stopped (about 20 s).
+SUITE_SCENARIO = "cluster-reassignment"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tools.chaos.leadership",
+        description="Leadership moves on a three-node Apache Kafka cluster of its own while "
+        "replicad follows; exit 1 if any scenario found a problem.",
+    )
+    parser.add_argument(
+        "scenarios", nargs="*", metavar="SCENARIO", help=f"any of {', '.join(SCENARIOS)} (all)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--size", choices=sorted(SIZES), default="ci")
+    parser.add_argument("--workdir", type=Path, help="keep the cluster's and replicad's files")
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.scenarios if name not in SCENARIOS]
+    if unknown:
+        parser.error(f"no scenario {', '.join(unknown)}; there are {', '.join(SCENARIOS)}")
+    names = args.scenarios or list(SCENARIOS)
+    failed = []
+    with contextlib.ExitStack() as stack:
+        workdir = args.workdir or Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="replicad-leadership-"))
+        )
+        cluster = stack.enter_context(KafkaCluster(workdir / "kafka-cluster"))
+        for name in names:
+            print(f"== {name} (size {args.size}, seed {args.seed})", flush=True)
+            result = SCENARIOS[name](cluster, workdir / name, SIZES[args.size], args.seed)
+            print(result.summary(), flush=True)
+            if not result.ok:
+                failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
