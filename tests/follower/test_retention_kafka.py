@@ -1,0 +1,207 @@
+"""The source's retention, by size and by time, racing `replicad run` on real Kafka.
+
+Kafka checks retention every `log.retention.check.interval.ms` (5 minutes by default, a
+broker setting no topic can lower), so these tests share one broker of their own that checks
+every half second, from the start. Topics roll small segments; size retention is
+`retention.bytes`, time retention `retention.ms` over records stamped older than now, so
+that each expires a few seconds after it was produced, while the follower has long copied it.
+
+- Following: while the follower keeps up, the source's log start moves forward under it
+  segment by segment; the follower never meets a gap (on_gap=halt would stop it), keeps every
+  offset it copied (our own retention is separate and off), and `verify --against-source`
+  reports what the source dropped as no longer there, the rest identical.
+- Down while retention passes its end: the restarted follower meets the gap; on_gap=reset
+  counts it with its size and starts again at the source's log start, in order; on_gap=halt
+  stops the partition, says why, and leaves the replica as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from replicad.types import TopicPartition
+from tools.peers.admin import probe_consumer
+from tools.peers.kafka import KafkaBroker
+from tools.replica import replicad_cli, replicad_run, segment_bytes, status_json, topic_ends
+from tools.wait import wait_until
+
+pytestmark = pytest.mark.kafka
+
+CHECK_INTERVAL = {"log.retention.check.interval.ms": "500", "log.initial.task.delay.ms": "0"}
+SEGMENT_BYTES = 8 * 1024
+ROUND_RECORDS = 40
+VALUE = b"x" * 200
+# Size: keep about four segments. Time: 30 s, over records stamped 10 s in the past, so a
+# segment expires 20 s after its last record (the follower copies each round at once).
+RETENTION_MS = 30_000
+AGE_MS = 10_000
+POLICIES = {
+    "bytes": {"retention.bytes": str(4 * SEGMENT_BYTES)},
+    "ms": {"retention.ms": str(RETENTION_MS)},
+}
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    peer = KafkaBroker(tmp_path_factory.mktemp("kafka-retention"), broker_config=CHECK_INTERVAL)
+    peer.start()
+    try:
+        yield peer
+    finally:
+        peer.stop()
+
+
+def produce_round(bootstrap: str, topic: str, first: int, *, old: bool) -> int:
+    """ROUND_RECORDS records into partition 0 (stamped AGE_MS in the past when `old`); the
+    next record's number."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2, "batch.size": 2048})
+    stamp = int(time.time() * 1000) - AGE_MS if old else 0
+    for i in range(first, first + ROUND_RECORDS):
+        producer.produce(topic, value=b"%08d" % i + VALUE, partition=0, timestamp=stamp)
+    assert producer.flush(60) == 0
+    return first + ROUND_RECORDS
+
+
+def source_bounds(bootstrap: str, topic: str) -> tuple[int, int]:
+    """The source's (log start, high watermark) of partition 0."""
+    consumer = probe_consumer(bootstrap)
+    try:
+        return consumer.get_watermark_offsets(KafkaTopicPartition(topic, 0), timeout=30)
+    finally:
+        consumer.close()
+
+
+def partition_status(sock: Path, topic: str) -> dict | None:
+    snapshot = status_json(sock)
+    if snapshot is None:
+        return None
+    return next((p for p in snapshot["partitions"] if p["topic"] == topic), None)
+
+
+def config_file(tmp_path: Path, on_gap: str) -> Path:
+    path = tmp_path / "replicad.yaml"
+    path.write_text(f"topics:\n  on_gap: {on_gap}\n")
+    return path
+
+
+def verify_against_source(data_dir: Path, bootstrap: str) -> dict:
+    done = replicad_cli(
+        "verify", str(data_dir), "--against-source", "--bootstrap-servers", bootstrap, "--json"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)["partitions"][0]
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_the_follower_keeps_up_while_retention_moves_the_source_start(
+    broker, unique_topic, tmp_path, policy
+):
+    topic = unique_topic(policy)
+    broker.create_topic(topic, 1, POLICIES[policy], segment_bytes=SEGMENT_BYTES)
+    data_dir, sock = tmp_path / "data", tmp_path / "c.sock"
+    proc = replicad_run(
+        broker.bootstrap,
+        [topic],
+        data_dir,
+        config=config_file(tmp_path, "halt"),
+        control_socket=sock,
+    )
+    produced = 0
+    rounds_after_start_moved = 0
+    with proc:
+        proc.wait_ready()
+
+        def one_round() -> bool:
+            """A round produced and copied; done once retention moved the source's start
+            several times under the follower."""
+            nonlocal produced, rounds_after_start_moved
+            produced = produce_round(broker.bootstrap, topic, produced, old=policy == "ms")
+            proc.wait_caught_up({TopicPartition(topic, 0): produced})
+            if source_bounds(broker.bootstrap, topic)[0] > 0:
+                rounds_after_start_moved += 1
+            return rounds_after_start_moved >= 3
+
+        wait_until(one_round, interval_s=0, what="retention to move the source's log start")
+        part = partition_status(sock, topic)
+    log_start, high_watermark = source_bounds(broker.bootstrap, topic)
+    assert 0 < log_start <= high_watermark == produced
+    assert part is not None
+    assert part["state"] == "fetching" and part["last_error"] is None
+    assert (part["gaps"], part["gap_offsets"]) == (0, 0)
+    assert part["leader_log_start_offset"] > 0
+    # Everything copied is kept: the replica still starts at 0.
+    assert part["log_start_offset"] == 0 and topic_ends(data_dir, topic) == {0: produced}
+    assert replicad_cli("verify", str(data_dir)).returncode == 0
+
+    entry = verify_against_source(data_dir, broker.bootstrap)
+    # Time retention goes on while nothing is produced: the start verify met lies between.
+    start_after = source_bounds(broker.bootstrap, topic)[0]
+    assert entry["mismatches"] == [] and entry["clean"]
+    ((gone),) = entry["gone_at_source"]
+    assert gone["start"] == 0 and log_start <= gone["end"] <= start_after
+    assert entry["verified_to"] == produced
+
+
+@pytest.mark.parametrize(("on_gap", "policy"), [("reset", "bytes"), ("halt", "ms")])
+def test_retention_past_a_stopped_followers_end_is_a_gap_by_on_gap(
+    broker, unique_topic, tmp_path, on_gap, policy
+):
+    topic = unique_topic(on_gap)
+    broker.create_topic(topic, 1, POLICIES[policy], segment_bytes=SEGMENT_BYTES)
+    data_dir, sock = tmp_path / "data", tmp_path / "c.sock"
+    config = config_file(tmp_path, on_gap)
+    with replicad_run(broker.bootstrap, [topic], data_dir, config=config) as proc:
+        proc.wait_ready()
+        produced = produce_round(broker.bootstrap, topic, 0, old=policy == "ms")
+        proc.wait_caught_up({TopicPartition(topic, 0): produced})
+    copied = produced
+    before = segment_bytes(data_dir / f"{topic}-0")
+
+    def retention_passed_our_end() -> bool:
+        nonlocal produced
+        if source_bounds(broker.bootstrap, topic)[0] > copied:
+            return True
+        produced = produce_round(broker.bootstrap, topic, produced, old=policy == "ms")
+        return False
+
+    wait_until(retention_passed_our_end, interval_s=0.5, what="retention past the replica's end")
+    log_start = source_bounds(broker.bootstrap, topic)[0]
+
+    proc = replicad_run(broker.bootstrap, [topic], data_dir, config=config, control_socket=sock)
+    with proc:
+        if on_gap == "reset":
+            proc.wait_caught_up({TopicPartition(topic, 0): produced})
+        else:
+            proc.wait_for(
+                lambda: (partition_status(sock, topic) or {}).get("state") == "halted",
+                what="the partition to halt",
+            )
+        part = partition_status(sock, topic)
+        totals = (status_json(sock) or {}).get("totals", {})
+    assert part is not None
+    assert replicad_cli("verify", str(data_dir)).returncode == 0  # nothing out of order
+    if on_gap == "reset":
+        assert (part["gaps"], part["gap_offsets"]) == (1, log_start - copied)
+        assert (totals["gaps"], totals["gap_offsets"]) == (1, log_start - copied)
+        assert part["log_start_offset"] == log_start and part["state"] == "fetching"
+        assert "skipping the gap (on_gap=reset)" in proc.output()
+        entry = verify_against_source(data_dir, broker.bootstrap)
+        assert entry["clean"] and entry["verified_to"] == produced
+        assert entry["replica"]["start"] >= log_start
+    else:
+        assert (part["gaps"], part["gap_offsets"]) == (1, 0)
+        # (Time retention may have moved the start further by the time it was asked.)
+        said = re.search(
+            r"gap: leader starts at (\d+), local log ends at (\d+)", part["last_error"]
+        )
+        assert said is not None, part["last_error"]
+        assert int(said[1]) >= log_start and int(said[2]) == copied
+        assert segment_bytes(data_dir / f"{topic}-0") == before  # kept as it was
+        assert topic_ends(data_dir, topic) == {0: copied}
