@@ -291,6 +291,17 @@ def _serve_security(args: argparse.Namespace) -> ServeSecurityConfig:
         raise ConfigError("", "\n".join(lines)) from None
 
 
+def _milliseconds(text: str) -> int:
+    """A flag's count of milliseconds: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of ms") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is below 0")
+    return value
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -323,6 +334,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 group_config=CoordinatorConfig(
                     min_session_timeout_ms=args.group_min_session_timeout_ms,
                     max_session_timeout_ms=args.group_max_session_timeout_ms,
+                    initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
                     consumer_session_timeout_ms=args.group_consumer_session_timeout_ms,
                     consumer_heartbeat_interval_ms=args.group_consumer_heartbeat_interval_ms,
                 ),
@@ -641,12 +653,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     for flag, default in (
         ("min-session-timeout-ms", 6_000),
         ("max-session-timeout-ms", 1_800_000),
+        ("initial-rebalance-delay-ms", 3_000),
         ("consumer-session-timeout-ms", 45_000),
         ("consumer-heartbeat-interval-ms", 5_000),
     ):
         coordinating.add_argument(
             f"--group-{flag}",
-            type=int,
+            type=_milliseconds,
             default=default,
             metavar="MS",
             help=f"groups.{flag.replace('-', '_')} (default: {default})",

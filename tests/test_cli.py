@@ -330,3 +330,17 @@ def test_kafka_spellings_replicate_and_run_serves_without_a_config_file(
         consumer.close()
     assert f"serving on {listen}" in table
     assert values == [b"v%d" % i for i in range(5)]
+
+
+def test_serves_group_flags_take_whole_milliseconds_from_0(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    serve = ["serve", "--data-dir", "d"]
+    flag = "--group-initial-rebalance-delay-ms"
+    assert build_parser().parse_args(serve).group_initial_rebalance_delay_ms == 3_000
+    assert build_parser().parse_args([*serve, flag, "0"]).group_initial_rebalance_delay_ms == 0
+    for bad, said in (("-5", "-5 is below 0"), ("3s", "'3s' is not a whole number of ms")):
+        with pytest.raises(SystemExit) as exited:
+            build_parser().parse_args([*serve, flag, bad])
+        assert exited.value.code == 2
+        assert f"argument {flag}: {said}" in capsys.readouterr().err

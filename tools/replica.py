@@ -321,8 +321,12 @@ def replicad_serve(
 ) -> ReplicadProcess:
     """`replicad serve` of `data_dir` on 127.0.0.1:`port`, started and (unless `wait` is
     False) listening; ReplicadExited with its output when it exits first. Stop it with
-    `with` or `stop()`."""
+    `with` or `stop()`. Groups start their first rebalance at the first join
+    (`--group-initial-rebalance-delay-ms 0`, as on the harness's Kafka brokers and in
+    Kafka's own tests) unless `flags` says otherwise."""
     args = ["serve", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}"]
+    if not any(flag.startswith("--group-initial-rebalance-delay-ms") for flag in flags):
+        args += ["--group-initial-rebalance-delay-ms", "0"]
     for follower in allow_followers:
         args += ["--allow-follower", str(follower)]
     if log_format is not None:

@@ -428,6 +428,9 @@ class GroupsConfig:
     # timeouts a classic member may ask for (group.min/max.session.timeout.ms) ...
     min_session_timeout_ms: int = 6_000
     max_session_timeout_ms: int = 1_800_000
+    # ... how long an empty group's first rebalance waits for more members to join
+    # (group.initial.rebalance.delay.ms; 0 starts it at the first join) ...
+    initial_rebalance_delay_ms: int = 3_000
     # ... and the consumer group protocol (KIP-848, group.coordinator.rebalance.protocols
     # with "consumer"): off, serve answers only the classic protocol. Its members' session
     # timeout and heartbeat interval are the coordinator's (group.consumer.*).

@@ -85,6 +85,7 @@ def coordinator_config(groups: GroupsConfig) -> CoordinatorConfig:
     return CoordinatorConfig(
         min_session_timeout_ms=groups.min_session_timeout_ms,
         max_session_timeout_ms=groups.max_session_timeout_ms,
+        initial_rebalance_delay_ms=groups.initial_rebalance_delay_ms,
         consumer_session_timeout_ms=groups.consumer_session_timeout_ms,
         consumer_heartbeat_interval_ms=groups.consumer_heartbeat_interval_ms,
     )

@@ -27,6 +27,7 @@ from crc32c import crc32c
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from replicad.clock import wall_ms
+from replicad.groups.coordinator import CoordinatorConfig
 from replicad.leader.security import ServerSecurity
 from replicad.leader.server import LeaderServer
 from replicad.leader.settings import ServeSettings
@@ -70,6 +71,11 @@ def fill() -> Callable[..., PartitionLog]:
     return fill_partition
 
 
+# Groups start their first rebalance at the first join, as on the harness's Kafka brokers
+# (group.initial.rebalance.delay.ms 0, as in Kafka's own tests).
+NO_GROUP_DELAY = CoordinatorConfig(initial_rebalance_delay_ms=0)
+
+
 class ServedInThread:
     """A LeaderServer on an event loop of its own thread."""
 
@@ -82,6 +88,7 @@ class ServedInThread:
         security: ServerSecurity | None = None,
         seed: int = 1,
         read_only_groups: Callable[[str], bool] | None = None,
+        group_config: CoordinatorConfig = NO_GROUP_DELAY,
     ) -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -93,6 +100,7 @@ class ServedInThread:
             security=security,
             rng=random.Random(seed),
             read_only_groups=read_only_groups,
+            group_config=group_config,
         )
         self.run(self.server.start())
 

@@ -163,3 +163,25 @@ async def test_a_joined_group_is_owned_on_disk_before_the_join_is_answered(
         assert reread.owned_groups() == {"g"}
     finally:
         reread.close()
+
+
+def test_the_initial_rebalance_delay_comes_from_the_groups_section(tmp_path: Path) -> None:
+    """Kafka's group.initial.rebalance.delay.ms (default 3 s) as groups.initial_rebalance_
+    delay_ms; a bad value is named with its path, and Kafka's name points to ours."""
+    from replicad.config import load_config
+    from replicad.errors import ConfigErrors
+    from replicad.leader.groups import coordinator_config
+
+    base = "source: {bootstrap_servers: [k:9092]}\ntopics: {include: [t]}\n"
+    path = tmp_path / "replicad.yaml"
+    path.write_text(base)
+    assert coordinator_config(load_config(path).groups).initial_rebalance_delay_ms == 3_000
+    path.write_text(base + "groups: {initial_rebalance_delay_ms: 0}\n")
+    assert coordinator_config(load_config(path).groups).initial_rebalance_delay_ms == 0
+    for bad in ("-1", "soon"):
+        path.write_text(base + f"groups: {{initial_rebalance_delay_ms: {bad}}}\n")
+        with pytest.raises(ConfigErrors, match=r"groups\.initial_rebalance_delay_ms"):
+            load_config(path)
+    path.write_text(base + "group.initial.rebalance.delay.ms: 0\n")
+    with pytest.raises(ConfigErrors, match=r"groups\.initial_rebalance_delay_ms"):
+        load_config(path)

@@ -69,6 +69,8 @@ def failover(kafka_broker, tmp_path_factory) -> Iterator[Failover]:
             "enabled": True,
             "include": [f"{re.escape(topic)}-.*"],
             "sync_interval_ms": 200,
+            # A group's first rebalance at the first join, as on the harness's brokers.
+            "initial_rebalance_delay_ms": 0,
         },
     }
     want = {TopicPartition(topic, p): PER_PARTITION for p in range(PARTITIONS)}
