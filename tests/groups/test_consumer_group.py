@@ -7,6 +7,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode as E
 
+from replicad.groups.classic_group import CommittedOffset
 from replicad.groups.consumer_group import ConsumerHeartbeat, HeartbeatResult, MemberState
 from replicad.groups.coordinator import (
     CoordinatorConfig,
@@ -283,3 +284,15 @@ def test_describe_list_and_delete() -> None:
     h.beat("a", -1)
     assert c.delete_groups([G], now_ms=h.now) == {G: E.none}
     assert G not in c.consumer_groups
+
+
+def test_after_a_restart_members_are_told_to_join_again_and_find_their_offsets() -> None:
+    h = Harness()
+    c = h.coordinator
+    # What a restart of serve finds: the group's offsets, no members.
+    c.restore({G: {TopicPartition("t", 0): CommittedOffset(11, -1, "", 0)}}, now_ms=h.now)
+    assert h.beat("a", 4, owned=tps(0)).error == E.unknown_member_id
+    h.join("a")
+    assert c.fetch_offsets(G, None, member_id="a", member_epoch=h.epoch["a"]).offsets[
+        TopicPartition("t", 0)
+    ] == CommittedOffset(11, -1, "", 0)
