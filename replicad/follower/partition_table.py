@@ -162,7 +162,8 @@ class PartitionTable:
         # Partitions per topic, for the bound on a response's size (response_max_bytes).
         self._topic_members: dict[str, int] = {}
         self.session = FetchSessionHandler(node_id, sessions_enabled=settings.sessions)
-        # The last build's partitions, and what changed since the one before (see _wanted).
+        # The last build's partitions, and what changed since the last request was built
+        # (see _wanted).
         self._last_wanted: dict[TopicPartition, PartitionFetch] = {}
         self._wanted_changes: list[TopicPartition] = []
         self._say = RateLimitedLog(interval_ms=60_000)
@@ -395,6 +396,7 @@ class PartitionTable:
             # leader below v7 failed as replicad's own bug).
             self.session = FetchSessionHandler(self.node_id, sessions_enabled=False)
         plan = self.session.build_request(wanted, changed=self._wanted_changes)
+        self._wanted_changes = []
         version = self.usable_fetch_version(max_version, plan)
         self.stats.requests += 1
         return NextFetch(plan, version, self.spec(plan, version))
@@ -456,7 +458,11 @@ class PartitionTable:
         if kept != len(last):
             changed.extend(tp for tp in last if tp not in wanted)
         self._last_wanted = wanted
-        self._wanted_changes = changed
+        # Kept until a request is built: a build that wants nothing builds no request, and
+        # the partitions it dropped must still be forgotten by the next one (found by
+        # tools/sim, seed 2292: dropped while nothing was fetchable, they stayed in the
+        # leader's session and came back in its answers, past the response budget).
+        self._wanted_changes.extend(changed)
         return wanted
 
     def spec(self, plan: FetchRequestPlan, version: int) -> FetchSpec:

@@ -195,6 +195,21 @@ def test_nothing_fetchable_means_no_request_and_a_wakeup_at_the_first_backoff_en
     assert table.next_fetch(1_250, max_version=13) is not None
 
 
+def test_partitions_dropped_while_nothing_is_fetchable_are_forgotten_by_the_next_request():
+    """tools/sim seed 2292: TP1 moved to another leader while TP0 backed off, so no request
+    was built; the next one must still tell the leader's session to forget TP1."""
+    table = _table()
+    state0, _ = _add(table, TP0)
+    _add(table, TP1)
+    fetch = table.next_fetch(0, max_version=13)
+    assert table.on_response(fetch, _response(fetch, _partition(TP0), _partition(TP1)), 0).accepted
+    table.remove(TP1)
+    state0.delay(0, 100, "backing off")
+    assert table.next_fetch(0, max_version=13) is None
+    fetch = table.next_fetch(100, max_version=13)
+    assert not fetch.plan.is_full and list(fetch.plan.to_forget) == [TP1]
+
+
 def test_partitions_needing_offsets_or_a_question_are_not_fetched():
     table = _table()
     _add(table, TP0, phase=PartitionPhase.NEEDS_OFFSET)
