@@ -96,6 +96,8 @@ class SimFollower:
         # The durability thread's queue (its jobs run at the simulation's `disk` events).
         self.jobs = DiskQueue()
         self.witness = FsyncWitness()
+        # Crashes that found a partition truncated below its checkpointed recovery point.
+        self.stale_recovery_points = 0
         self.open()
 
     # -- life ----------------------------------------------------------------------------
@@ -158,18 +160,30 @@ class SimFollower:
             if p.is_file() and not p.name.startswith(".lock")
         }
 
-    def restart(self, *, crash: bool, cut: Any) -> None:
+    def restart(self, *, crash: bool, cut: Any, lose_write: Any = None) -> None:
         """Stop and start again. A crash loses what was not fsynced: each partition keeps
         its log up to somewhere between its recovery point and its end (`cut` chooses,
-        maybe inside a batch: a torn write), and the checkpoint files are the last ones."""
+        maybe inside a batch: a torn write), and the checkpoint files are the last ones.
+        `lose_write`, given a partition's batches not yet fsynced ((file, position, size),
+        in any segment), names those whose write the disk lost while later ones were kept
+        (unsynced pages reach the disk in any order): their bytes read back as zeros."""
         cuts = {}
+        lost: list[tuple[Path, int, int]] = []
         epoch_files: dict[Path, bytes | None] = {}
         if crash:
             self.jobs.discard()  # the thread's jobs not run die with the process
-            for plog in self.logs.partitions().values():
+            checkpointed = self.checkpointed_recovery_points()
+            for tp, plog in self.logs.partitions().items():
                 cuts[plog.directory] = cut(plog.recovery_point, plog.log_end_offset)
                 path = plog.directory / LEADER_EPOCH_CHECKPOINT
                 epoch_files[path] = path.read_bytes() if path.exists() else None
+                if checkpointed.get(tp, 0) > plog.recovery_point:
+                    # Truncated below what the checkpoint file names since it was written:
+                    # loading trusts that stale recovery point (log/partition.py says why
+                    # that is safe).
+                    self.stale_recovery_points += 1
+                if lose_write is not None:
+                    lost.extend(lose_write(self._unsynced_batches(plog)))
         else:
             self.drain_disk_jobs()
         self.logs.close()
@@ -186,10 +200,25 @@ class SimFollower:
                     path.unlink()
             for name, data in self._checkpoint_files.items():
                 (self.data_dir / name).write_bytes(data)
+            for path, position, size in lost:  # before the cuts: positions of now
+                _lose_write(path, position, size)
             for directory, (offset, torn) in cuts.items():
                 _cut_partition(directory, offset, torn)
         self.witness.settle_on_disk(self.data_dir)
         self.open()
+
+    def _unsynced_batches(self, plog: Any) -> list[tuple[Path, int, int]]:
+        """The batches of `plog` whose bytes the witness never saw fsynced."""
+        out = []
+        for segment in plog.segments:
+            path = Path(segment.log_path)
+            data = path.read_bytes()
+            synced = self.witness.synced.get(str(path), b"")
+            for batch in scan_batches(memoryview(data)).batches:
+                at, to = batch.position, batch.position + batch.size
+                if synced[at:to] != data[at:to]:
+                    out.append((path, at, batch.size))
+        return out
 
     def close(self) -> None:
         self.logs.close()
@@ -242,6 +271,13 @@ class SimFollower:
 
     def _want_metadata(self, reason: str) -> None:
         self.metadata_wanted = True
+
+
+def _lose_write(path: Path, position: int, size: int) -> None:
+    """A write the disk lost: its bytes read back as zeros (the file keeps its length)."""
+    with path.open("r+b") as f:
+        f.seek(position)
+        f.write(bytes(size))
 
 
 def _cut_partition(directory: Path, offset: int, torn: int) -> None:

@@ -117,6 +117,8 @@ class Simulation:
         # pool_and_disk=False: the simulation as it was before the shared memory pool, the
         # durability queue and large records (issue 29) -- the same seed, the same events.
         self.pool_and_disk = pool_and_disk
+        # Which unsynced writes a crash loses (lose_write): drawn apart from `rng`.
+        self.lost_rng = random.Random(f"lost-writes-{seed}")
         self.cluster = SimCluster(
             random.Random(rng.random()),
             max_fetch_version=self.version,
@@ -314,12 +316,24 @@ class Simulation:
         def cut(recovery_point: int, log_end: int) -> tuple[int, int]:
             return rng.randint(recovery_point, log_end), rng.choice((0, 0, rng.randint(1, 99)))
 
+        def lose_write(unsynced: list[tuple[Path, int, int]]) -> list[tuple[Path, int, int]]:
+            # Its own random source: the seeds' streams stay what they were.
+            if not unsynced or self.lost_rng.random() < 0.5:
+                return []
+            self.counts["lost_write"] = self.counts.get("lost_write", 0) + 1
+            return [self.lost_rng.choice(unsynced)]
+
         if not crash:
             self.follower.drain_disk_jobs()  # a clean stop waits for them (durability.py)
             self.checkpointed_hw = {
                 tp: plog.high_watermark for tp, plog in self.follower.logs.partitions().items()
             }
-        self.follower.restart(crash=crash, cut=cut)
+        stale = self.follower.stale_recovery_points
+        self.follower.restart(
+            crash=crash, cut=cut, lose_write=lose_write if self.pool_and_disk else None
+        )
+        if self.follower.stale_recovery_points > stale:
+            self.counts["stale_recovery_point"] = self.counts.get("stale_recovery_point", 0) + 1
         self.in_flight.clear()
         self.pooled.clear()
         self.memory.restart()
