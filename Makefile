@@ -21,9 +21,11 @@ $(STAMP): $(DEMO_STAMP)
 	touch $@
 
 # Apache Kafka's jars from Maven Central, into .cache/kafka (the broker the demo and the
-# integration tests run).
+# integration tests run); and the storage module's test jar, into .cache/kafka-tiered (Kafka's
+# LocalTieredStorage, the remote storage of the tiered-storage source test).
 kafka-jars:
 	tools/kafka/kafka.sh fetch
+	tools/kafka/jars.sh fetch tools/kafka/tiered-pom.xml .cache/kafka-tiered
 
 # Spark's Kafka source (spark-sql-kafka-0-10 and its dependencies) from Maven Central, into
 # .cache/spark-kafka: the peer of the Spark tests' failover and of tools/bench/spark.
