@@ -62,22 +62,33 @@ def test_an_overdrawn_pool_is_found_by_a_suite_seed(monkeypatch: pytest.MonkeyPa
     assert "memory pool overdrawn" in failed[0].error
 
 
+def _newest_first(self: BytePool) -> list[Grant]:
+    """Planted: memory given back goes to the newest waiter first; while others keep
+    asking, the oldest can wait forever (a leader starved)."""
+    granted = []
+    while self._queue and self.fits(self._queue[-1][1]):
+        ticket, size = self._queue.pop()
+        granted.append(self._take(ticket, size))
+    return granted
+
+
+def test_a_pool_that_serves_its_newest_waiter_first_is_found_by_a_suite_seed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rule 6 judges the order the pool grants in; seeds with a pool smaller than a page
+    (tools/sim/run.py) have several leaders waiting at once."""
+    monkeypatch.setattr(BytePool, "_grant_waiters", _newest_first)
+    failed, _ = run_seeds(SEEDS, stop_at_first=True)
+    assert failed, "no suite seed found the planted defect"
+    print(f"starvation found by seed {failed[0].seed}: {failed[0].error}")
+    assert "overtaken: a leader can be starved" in failed[0].error
+
+
 def test_a_pool_that_serves_its_newest_waiter_first_is_caught(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Planted: memory given back goes to the newest waiter first; while others keep
-    asking, the oldest can wait forever (a leader starved). Rule 6 judges the order the
-    pool grants in. (Driven here step by step: since the pool's rules moved to
-    replicad/pool/rules.py, no seed of 0..199 has two leaders waiting at once.)"""
-
-    def newest_first(self: BytePool) -> list[Grant]:
-        granted = []
-        while self._queue and self.fits(self._queue[-1][1]):
-            ticket, size = self._queue.pop()
-            granted.append(self._take(ticket, size))
-        return granted
-
-    monkeypatch.setattr(BytePool, "_grant_waiters", newest_first)
+    """The same defect, driven step by step."""
+    monkeypatch.setattr(BytePool, "_grant_waiters", _newest_first)
     memory = SimMemory(3 * PAGE)
     first = memory.reserve(1, 3 * PAGE)
     memory.reserve(2, PAGE)
