@@ -6,12 +6,17 @@ read_committed on both sides, the same records (keys, values, headers, timestamp
 same order per partition; for topics without transactions the same offsets too; and the
 destination's batches keep the source's codecs (read from the destination's own segment
 files).
+
+The SIGKILL test kills `replicad run` at 5 seeded moments in the suite; more is
+`REPLICAD_MIRROR_KILLS=20 pytest tests/mirror/test_mirror_kafka.py -k sigkill` (the same
+seed: the suite's 5 moments first).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import re
 import subprocess
@@ -42,8 +47,10 @@ from tools.wait import wait_until
 pytestmark = pytest.mark.kafka
 
 PARTITIONS = 3
-# SIGKILLs of replicad run, at seeded random points while it mirrors.
-KILLS = 20
+# SIGKILLs of replicad run, at seeded random points while it mirrors. In a 20-kill run
+# every reconcile logged found batches the destination already held (57 of 57, 2 to 26
+# each, 2026-11-26), so 5 kills show the rule as well; each costs a daemon start.
+KILLS = int(os.environ.get("REPLICAD_MIRROR_KILLS", "5"))
 KILL_SEED = 20261125
 
 
