@@ -1,5 +1,6 @@
 # Everything a fresh clone needs is installed by these targets; nothing by hand, and nothing
-# needs root: Python 3.11+, Java 17 and Maven are all a machine must have.
+# needs root: Python 3.11+, Java 17, Maven and Go (for the S3 test server) are all a machine
+# must have.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -8,7 +9,7 @@ BIN    := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.demo-installed
 STAMP      := $(VENV)/.installed
 
-.PHONY: setup demo test lint kafka kafka-jars spark-kafka-jars test-peers dist clean chaos-leadership
+.PHONY: setup demo test lint kafka kafka-jars spark-kafka-jars test-peers s3-server dist clean chaos-leadership
 
 $(DEMO_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +38,12 @@ spark-kafka-jars:
 test-peers:
 	tools/kcat.sh fetch
 
-setup: $(STAMP) kafka-jars spark-kafka-jars test-peers
+# versitygw, the S3-compatible server (Apache-2.0) the archive tests run, built from source
+# by Go into .cache/versitygw (tools/s3/versitygw.sh says why this one).
+s3-server:
+	tools/s3/versitygw.sh fetch
+
+setup: $(STAMP) kafka-jars spark-kafka-jars test-peers s3-server
 
 # Local Kafka with a sample topic, replicated by replicad into ./var/data, then shown.
 demo: $(DEMO_STAMP) kafka-jars

@@ -35,6 +35,7 @@ from replicad.types import TopicPartition
 if TYPE_CHECKING:
     # Imported when `mirror:` is on (mirror_settings_from_config): a follower without a
     # mirror does not load the mirror, its Kafka producer schemas or the groups reader.
+    from replicad.archive.uploader import Archiver
     from replicad.leader.source_group_sync import SourceGroupSync
     from replicad.mirror.shell import Mirror, MirrorSettings
 
@@ -91,6 +92,12 @@ class Daemon:
             from replicad.mirror.shell import Mirror
 
             self.mirror = Mirror(mirror, self.replicator)
+        # Rolled segments uploaded to the bucket (`archive:`); boto3 is imported only then.
+        self.archiver: Archiver | None = None
+        if config.archive is not None:
+            from replicad.archive.uploader import Archiver, ArchiverSettings
+
+            self.archiver = Archiver(ArchiverSettings.from_config(config.archive))
         # Who hears of a partition's appends: serve's reader wake-ups and the mirror's.
         self._partition_listeners: list[Callable[[TopicPartition], None]] = []
         if self.mirror is not None:
@@ -128,6 +135,8 @@ class Daemon:
             }
         if self.mirror is not None:
             snap["mirror"] = self.mirror.snapshot()
+        if self.archiver is not None:
+            snap["archive"] = self.archiver.snapshot()
         snap["recent_warnings"] = RECENT.latest()
         # As of the last check (every STATUS_INTERVAL_S).
         snap["stalls"] = self.stalls.status()
@@ -284,6 +293,9 @@ class Daemon:
         self.replicator.partition_listener = self._partition_changed
         if self.mirror is not None:
             tasks.append(asyncio.create_task(self.mirror.run(self.stop), name="mirror"))
+        if self.archiver is not None:
+            archiver = self.archiver.run(lambda: self.replicator.logs, self.stop)
+            tasks.append(asyncio.create_task(archiver, name="archive"))
 
         def on_ready() -> None:
             self._sample_rates()
@@ -426,6 +438,7 @@ def _restart_needed(old: Config, new: Config) -> list[str]:
         "serve": (old.serve, new.serve),
         "mirror": (old.mirror, new.mirror),
         "groups": (old.groups, new.groups),
+        "archive": (old.archive, new.archive),
         "checkpoint_interval_ms": (old.checkpoint_interval_ms, new.checkpoint_interval_ms),
         "high_watermark_interval_ms": (
             old.high_watermark_interval_ms,

@@ -8,6 +8,8 @@
   (partitions it leads go offline) but must start it again before it ends:
   `with kafka_cluster.stopped(node_id): ...`.
 - `tansu_broker`: one Tansu broker (memory storage) for the whole session.
+- `s3_server`: one S3-compatible server (versitygw, tools/peers/s3.py) for the whole session;
+  `s3_bucket`: a new bucket of it for one test (its name).
 - `unique_topic`: a topic name no other test uses; call it for more names.
 - `free_port`: a TCP port on 127.0.0.1 that was free a moment ago.
 
@@ -30,6 +32,7 @@ import pytest
 if TYPE_CHECKING:  # the peers import confluent_kafka; unit tests should not pay for that
     from tools.peers.kafka import KafkaBroker
     from tools.peers.kafka_cluster import KafkaCluster
+    from tools.peers.s3 import S3Server
     from tools.peers.service import Service
     from tools.peers.tansu import TansuBroker
 
@@ -141,6 +144,23 @@ def tansu_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBrok
     from tools.peers.tansu import TansuBroker
 
     yield from _running(TansuBroker(tmp_path_factory.mktemp("tansu")))
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """The session's S3 server: `endpoint`, `client()`, `create_bucket`, `environ()`."""
+    from tools.peers.s3 import S3Server
+
+    yield from _running(S3Server(tmp_path_factory.mktemp("s3")))
+
+
+_bucket_counter = itertools.count(1)
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server) -> str:
+    """A bucket of the session's S3 server that no other test uses."""
+    return s3_server.create_bucket(f"t-{os.getpid():x}-{next(_bucket_counter)}")
 
 
 class TopicNames(str):

@@ -49,6 +49,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("replicad.log",),
     # The configuration: read once, typed; the TLS files it names.
     ("replicad.config",),
+    # The archive: rolled segments uploaded to an S3-compatible bucket (its settings are
+    # the config's `archive:`); Spark and serve read the bucket through it.
+    ("replicad.archive",),
     # Kafka's wire protocol: framing for both sides, the client, connections, metadata.
     ("replicad.protocol",),
     # Fetch sessions (KIP-227), client and server (sans-I/O).
@@ -74,6 +77,8 @@ CORES: tuple[str, ...] = (
     "replicad.pool.rules",
     "replicad.records.batch",
     "replicad.log.policy",
+    "replicad.archive.uploads",
+    "replicad.archive.manifest",
     "replicad.session",
     "replicad.follower.actions",
     "replicad.follower.assignment",

@@ -406,6 +406,36 @@ class MirrorConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ArchiveConfig:
+    """Rolled segments uploaded to an S3-compatible bucket; present only when turned on
+    (replicad.archive)."""
+
+    bucket: str = ""
+    # Keys start with it ("replicas/east" -> replicas/east/<topic>-<partition>/...).
+    prefix: str = ""
+    # The S3 endpoint (http(s)://host:port); None: AWS's own for the region.
+    endpoint: str | None = None
+    region: str | None = None
+    # None: boto3's credential chain (AWS_ACCESS_KEY_ID..., ~/.aws/credentials, a role).
+    access_key_id: str | None = None
+    secret_access_key_file: Secret | None = None
+    secret_access_key_env: Secret | None = None
+    # http://host/bucket/key (every S3-compatible server); false: http://bucket.host/key.
+    path_style: bool = True
+    # How often the logs are looked at for rolled segments not uploaded yet.
+    interval_ms: int = 1_000
+    # A failed upload is tried again after this, doubling up to the max.
+    retry_backoff_ms: int = 500
+    retry_backoff_max_ms: int = 30_000
+    # Connecting to, and waiting for an answer from, the bucket.
+    request_timeout_ms: int = 30_000
+
+    @property
+    def secret_access_key(self) -> Secret | None:
+        return self.secret_access_key_file or self.secret_access_key_env
+
+
+@dataclass(frozen=True, slots=True)
 class GroupsConfig:
     """Consumer groups of the source whose committed offsets follow the data: written into
     the mirror's destination Kafka (replicad.mirror.group_sync) when `mirror:` is on, and
@@ -467,3 +497,4 @@ class Config:
     serve: ServeConfig | None = None
     mirror: MirrorConfig | None = None
     groups: GroupsConfig = field(default_factory=GroupsConfig)
+    archive: ArchiveConfig | None = None

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from replicad.config.model import (
+    ArchiveConfig,
     ClientAuth,
     Config,
     ControlConfig,
@@ -278,6 +279,24 @@ SCHEMA = Section(
                 "consumer_session_timeout_ms": Int(1, INT32_MAX),
                 "consumer_heartbeat_interval_ms": Int(1, INT32_MAX),
             },
+        ),
+        "archive": Section(
+            ArchiveConfig,
+            {
+                "bucket": Str(non_empty=True),
+                "prefix": Str(),
+                "endpoint": Str(non_empty=True, nullable=True),
+                "region": Str(non_empty=True, nullable=True),
+                "access_key_id": Str(non_empty=True, nullable=True),
+                "secret_access_key_file": SecretFile(),
+                "secret_access_key_env": SecretEnv(),
+                "path_style": Bool(),
+                "interval_ms": Int(1),
+                "retry_backoff_ms": Int(1),
+                "retry_backoff_max_ms": Int(1),
+                "request_timeout_ms": Int(1, INT32_MAX),
+            },
+            nullable=True,
         ),
     },
 )
@@ -631,6 +650,29 @@ def _read_only_needs_the_sync(values: Values) -> Problem | None:
     return None
 
 
+def _archive_key_and_secret(values: Values) -> Problem | None:
+    """An access key id goes with exactly one secret, and a secret with a key id."""
+    key = values["archive.access_key_id"]
+    from_file, from_env = "archive.secret_access_key_file", "archive.secret_access_key_env"
+    if key is None:
+        for path in (from_file, from_env):
+            if values[path] is not None:
+                return Problem(
+                    path,
+                    "is set, but archive.access_key_id is not: give both, or neither for "
+                    "the AWS credential chain (AWS_ACCESS_KEY_ID..., a credentials file)",
+                    ("archive.access_key_id",),
+                )
+        return None
+    if values[from_file] is None and values[from_env] is None:
+        return Problem(
+            from_file,
+            "give secret_access_key_file or secret_access_key_env with archive.access_key_id",
+            ("archive.access_key_id", from_env),
+        )
+    return only_one(values, from_file, from_env)
+
+
 CROSS_CHECKS: tuple[CrossCheck, ...] = (
     CrossCheck(("topics.include", "topics.regex"), _one_topic_choice),
     above(
@@ -653,6 +695,15 @@ CROSS_CHECKS: tuple[CrossCheck, ...] = (
         "groups.consumer_heartbeat_interval_ms",
         strictly=True,
         why=", or members time out between two heartbeats",
+    ),
+    above("archive.retry_backoff_max_ms", "archive.retry_backoff_ms"),
+    CrossCheck(
+        (
+            "archive.access_key_id",
+            "archive.secret_access_key_file",
+            "archive.secret_access_key_env",
+        ),
+        _archive_key_and_secret,
     ),
 )
 

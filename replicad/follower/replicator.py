@@ -71,6 +71,8 @@ class ReplicatorSettings:
     # Lower bound between two on-demand metadata refreshes, so an error storm
     # across many partitions costs one Metadata request, not thousands.
     metadata_min_interval_ms: int = 500
+    # `archive:` is on: local retention waits for the uploads (LogManager.hold_for_archive).
+    hold_for_archive: bool = False
 
     @classmethod
     def from_config(cls, config: Config) -> ReplicatorSettings:
@@ -85,6 +87,7 @@ class ReplicatorSettings:
             metadata_max_age_ms=config.source.metadata_max_age_ms,
             checkpoint_interval_ms=config.checkpoint_interval_ms,
             high_watermark_interval_ms=config.high_watermark_interval_ms,
+            hold_for_archive=config.archive is not None,
         )
 
 
@@ -122,6 +125,8 @@ class Replicator:
         s = self.settings
         s.data_dir.mkdir(parents=True, exist_ok=True)
         self.logs = await asyncio.to_thread(LogManager.open, s.data_dir, s.log, now_ms=wall_ms())
+        if s.hold_for_archive:
+            self.logs.hold_for_archive()
         # log.flush_messages' flushes: on the durability thread, not in the appending loop.
         self.logs.flush_later = self._flush_later
         # Their leader-epoch files and unlinks too (log/partition.py's epoch-file rules).

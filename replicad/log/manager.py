@@ -101,6 +101,9 @@ class LogManager:
         # under a name it names starts with that one: partition.py, epoch rule 3).
         self._checkpointed: dict[TopicPartition, int] = {}
         self.checkpoint_problems: list[str] = []
+        # Set by `hold_for_archive`: every partition, new ones too, starts with a retention
+        # hold at 0 until the archive's uploader moves it (nothing unarchived is deleted).
+        self.archive_holds = False
 
     @classmethod
     def open(cls, data_dir: Path, config: LogConfig, *, now_ms: int) -> LogManager:
@@ -190,6 +193,14 @@ class LogManager:
         for partition in self._partitions.values():
             partition.disk_later = schedule
 
+    def hold_for_archive(self) -> None:
+        """Local retention deletes nothing the archive has not uploaded: every partition
+        holds from offset 0 until its uploader raises the hold (`archive_floor`)."""
+        self.archive_holds = True
+        for partition in self._partitions.values():
+            if partition.archive_floor is None:
+                partition.archive_floor = 0
+
     def partitions(self) -> Mapping[TopicPartition, PartitionLog]:
         return dict(self._partitions)
 
@@ -209,6 +220,8 @@ class LogManager:
             partition.flush_later = self._flush_later
             partition.disk_later = self._disk_later
             partition.checkpointed_recovery_point = self._checkpointed.get(tp, 0)
+            if self.archive_holds:
+                partition.archive_floor = 0
             self._partitions[tp] = partition
         elif topic_id is not None:
             partition.set_topic_id(topic_id)

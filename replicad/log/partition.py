@@ -181,6 +181,7 @@ class PartitionLog:
         "_log_end_offset",
         "_segments",
         "_truncations",
+        "archive_floor",
         "checkpointed_recovery_point",
         "config",
         "directory",
@@ -243,6 +244,8 @@ class PartitionLog:
         # Retention deletes no segment holding this offset or a later one (None: no hold).
         # The mirror sets it to what it has not mirrored yet (replicad/mirror/shell.py).
         self.retention_floor: int | None = None
+        # The same for the archive: what is not uploaded yet (replicad/archive/uploader.py).
+        self.archive_floor: int | None = None
 
     # -- creation and loading --------------------------------------------------------------
 
@@ -560,6 +563,18 @@ class PartitionLog:
             active.created_ms,
         )
 
+    def roll_if_idle(self, now_ms: int) -> bool:
+        """Roll a non-empty active segment created more than `segment_ms` ago, though
+        nothing is being appended. Kafka rolls only on an append, so a quiet partition's
+        last records would stay in the active segment forever; the archive uploads closed
+        segments only, and calls this so that it trails the log by about `segment_ms`."""
+        with self._lock:
+            active = self.active_segment
+            if active.is_empty or now_ms - active.created_ms <= self.config.segment_ms:
+                return False
+            self._roll(self._log_end_offset, RollReason.SEGMENT_MS, now_ms)
+            return True
+
     def _roll(self, base_offset: int, reason: RollReason, now_ms: int) -> None:
         old = self.active_segment
         if old.is_empty:
@@ -686,7 +701,8 @@ class PartitionLog:
 
     def enforce_retention(self, now_ms: int) -> list[int]:
         """Delete inactive segments past retention.ms / retention.bytes; their base offsets.
-        A segment holding `retention_floor` or a later offset is kept (a hold). The
+        A segment holding `retention_floor` or `archive_floor` or a later offset is kept
+        (a hold). The
         partition's lock (its append path) is held only to choose and rename the segments;
         their files are unlinked after (see the module rules)."""
         unlink: list[Path] = []
@@ -710,7 +726,8 @@ class PartitionLog:
             ]
             plan = plan_retention(summaries, self.config, now_ms)
             delete = len(plan.delete)
-            floor = self.retention_floor
+            holds = [f for f in (self.retention_floor, self.archive_floor) if f is not None]
+            floor = min(holds) if holds else None
             while floor is not None and delete > 0 and self._segments[delete].base_offset > floor:
                 delete -= 1  # that segment still holds offsets at or past the floor
             if not delete:

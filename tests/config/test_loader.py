@@ -112,7 +112,7 @@ def test_unknown_keys_at_every_depth_with_their_lines(tmp_path: Path) -> None:
         "(Kafka's replica.fetch.max.bytes is fetch.partition_max_bytes here)",
         f"{path}:7: nonsense: unknown key (keys here are: source, topics, fetch, data_dir, "
         "checkpoint_interval_ms, high_watermark_interval_ms, log, control, logging, serve, "
-        "mirror, groups)",
+        "mirror, groups, archive)",
         f"{path}:10: serve.advertise: unknown key (did you mean advertised?)",
     ]
 
@@ -292,7 +292,7 @@ fetch:
     assert problems_of(path) == [
         f"{path}:5: defaults: unknown key (keys here are: source, topics, fetch, data_dir, "
         "checkpoint_interval_ms, high_watermark_interval_ms, log, control, logging, serve, "
-        "mirror, groups)"
+        "mirror, groups, archive)"
     ]
 
 

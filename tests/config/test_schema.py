@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from replicad.config import Config, ServeConfig, load_config
-from replicad.config.model import HostPort, MirrorConfig
+from replicad.config.model import ArchiveConfig, HostPort, MirrorConfig
 from replicad.config.schema import (
     KAFKA_NAMES,
     SCHEMA,
@@ -77,11 +77,11 @@ def test_unknown_keys_point_at_what_was_meant(section: str, key: object, message
 
 
 def example_block(text: str) -> str:
-    """The commented-out `serve:` and `mirror:` blocks of the example, uncommented, in place
-    of serve: null and mirror: null."""
+    """The commented-out `serve:`, `mirror:` and `archive:` blocks of the example,
+    uncommented, in place of serve: null, mirror: null and archive: null."""
     lines = text.splitlines()
     body = "\n".join(lines)
-    for section in ("serve", "mirror"):
+    for section in ("serve", "mirror", "archive"):
         start = next(i for i, line in enumerate(lines) if line.startswith(f"#   {section}:"))
         block = []
         for line in lines[start:]:
@@ -141,6 +141,7 @@ def test_example_config_documents_every_key(tmp_path: Path) -> None:
     )
     mirror = load_config(turned_on).mirror
     assert mirror == MirrorConfig(bootstrap_servers=(HostPort("backup-kafka", 9092),))
+    assert load_config(turned_on).archive == ArchiveConfig(bucket="replica")
 
 
 def test_example_config_explains_every_key() -> None:

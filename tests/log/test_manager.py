@@ -82,6 +82,31 @@ def test_second_open_is_refused_with_a_clear_error(tmp_path: Path) -> None:
     LogManager.open(tmp_path, CONFIG, now_ms=0).close()
 
 
+def test_hold_for_archive_holds_every_partition_new_ones_too(
+    filled: tuple[Path, dict],
+) -> None:
+    data_dir, _ = filled
+    config = LogConfig(
+        segment_bytes=CONFIG.segment_bytes,
+        index_interval_bytes=1024,
+        segment_index_bytes=2048,
+        retention_bytes=CONFIG.segment_bytes,
+    )
+    manager = LogManager.open(data_dir, config, now_ms=0)
+    manager.hold_for_archive()
+    new = TopicPartition("new", 0)
+    _fill(manager, new, batch_stream(3, 100))
+    logs = manager.partitions()
+    assert {tp: log.archive_floor for tp, log in logs.items()} == {A: 0, B: 0, new: 0}
+    before = {tp: len(log.segments) for tp, log in logs.items()}
+    manager.enforce_retention(now_ms=0)
+    assert {tp: len(log.segments) for tp, log in logs.items()} == before
+    logs[A].archive_floor = logs[A].segments[2].base_offset  # two segments archived
+    manager.enforce_retention(now_ms=0)
+    assert len(logs[A].segments) == before[A] - 2
+    manager.close()
+
+
 def test_checkpoint_files_and_clean_reopen(filled: tuple[Path, dict]) -> None:
     data_dir, streams = filled
     leo_a = scan_batches(streams[A][-1]).batches[0].next_offset

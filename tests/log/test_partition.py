@@ -305,6 +305,36 @@ def test_retention_keeps_what_is_at_or_past_the_floor(tmp_path: Path) -> None:
     assert log.log_start_offset > floor
 
 
+def test_the_lower_of_the_mirror_and_archive_floors_holds(tmp_path: Path) -> None:
+    config = LogConfig(
+        segment_bytes=SMALL.segment_bytes,
+        index_interval_bytes=1024,
+        segment_index_bytes=2048,
+        retention_bytes=SMALL.segment_bytes,
+    )
+    log, _ = _partition(tmp_path, config=config)
+    bases = [segment.base_offset for segment in log.segments]
+    assert len(bases) > 4
+    log.retention_floor = bases[3]
+    log.archive_floor = bases[1]  # the archive has uploaded less than the mirror produced
+    assert log.enforce_retention(now_ms=0) == [bases[0]]
+    log.archive_floor = bases[4]
+    assert log.enforce_retention(now_ms=0) == bases[1:3]
+
+
+def test_an_idle_active_segment_rolls_after_segment_ms(tmp_path: Path) -> None:
+    config = LogConfig(segment_ms=1_000)
+    log = PartitionLog.create(tmp_path / "orders-3", TP, config, now_ms=0)
+    assert not log.roll_if_idle(now_ms=10_000)  # empty: nothing to close
+    _append_all(log, batch_stream(2, 3, max_records=10))
+    created = log.active_segment.created_ms
+    assert not log.roll_if_idle(now_ms=created + 1_000)
+    end = log.log_end_offset
+    assert log.roll_if_idle(now_ms=created + 1_001)
+    assert [s.base_offset for s in log.segments] == [0, end]
+    assert log.active_segment.is_empty and log.log_end_offset == end
+
+
 def test_flush_messages_moves_recovery_point(tmp_path: Path) -> None:
     config = LogConfig(flush_messages=50)
     log = PartitionLog.create(tmp_path / "orders-3", TP, config, now_ms=0)

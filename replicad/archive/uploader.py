@@ -1,0 +1,268 @@
+"""The uploader: rolled segments of the local log copied to the bucket, off the event loop.
+
+Rules (the decisions are uploads.py's; this shell reads files and talks to the bucket):
+- One thread of its own does every request (bounded concurrency: one upload at a time;
+  bounded memory: a segment is streamed from its file). The event loop only schedules a
+  round every `interval_ms` and never waits on the bucket; replication never waits for it.
+- A partition's manifest is read from the bucket once (first round), then kept: this
+  uploader is its only writer. A segment goes up as .log, .index, .timeindex, then the new
+  manifest naming it; a crash anywhere in between leaves objects no manifest names yet,
+  which the next run writes again under the same keys (manifest.py's rules).
+- The partition's `archive_floor` (local retention's hold) follows the manifest: it rises
+  only after the manifest naming a segment is written, so a segment is deleted locally
+  only once the bucket has it.
+- A partition whose records are all committed but whose active segment is older than
+  `log.segment_ms` is rolled (PartitionLog.roll_if_idle): Kafka rolls only on an append,
+  and the bucket should trail the log by a bounded time even when the source goes quiet.
+- A failure (bucket down, 503 SlowDown, a timeout, a file changed under us) is counted,
+  logged (rate-limited by the backoff), kept in the status, and the partition is tried
+  again after its backoff; nothing is skipped.
+- Credentials are never logged: errors name the bucket, key and the server's error code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from replicad.archive.manifest import (
+    ArchivedSegment,
+    Manifest,
+    decode_manifest,
+    manifest_key,
+    segment_key,
+)
+from replicad.archive.store import ArchiveError, BucketSettings, ObjectStore
+from replicad.archive.uploads import Backoff, LocalSegment, retention_floor, to_upload
+from replicad.clock import wall_ms
+from replicad.config.model import ArchiveConfig
+from replicad.log.checkpoint import kafka_uuid
+from replicad.log.layout import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
+from replicad.log.manager import LogManager
+from replicad.log.partition import PartitionLog
+from replicad.log.segment import LogSegment
+from replicad.types import TopicPartition
+
+log = structlog.get_logger("replicad.archive")
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiverSettings:
+    bucket: BucketSettings
+    interval_ms: int = 1_000
+    retry_backoff_ms: int = 500
+    retry_backoff_max_ms: int = 30_000
+
+    @classmethod
+    def from_config(cls, archive: ArchiveConfig) -> ArchiverSettings:
+        secret = archive.secret_access_key
+        timeout_s = archive.request_timeout_ms / 1000
+        return cls(
+            BucketSettings(
+                bucket=archive.bucket,
+                prefix=archive.prefix,
+                endpoint=archive.endpoint,
+                region=archive.region,
+                access_key_id=archive.access_key_id,
+                secret_access_key=secret.reveal() if secret is not None else None,
+                path_style=archive.path_style,
+                connect_timeout_s=timeout_s,
+                read_timeout_s=timeout_s,
+            ),
+            interval_ms=archive.interval_ms,
+            retry_backoff_ms=archive.retry_backoff_ms,
+            retry_backoff_max_ms=archive.retry_backoff_max_ms,
+        )
+
+
+@dataclass(slots=True)
+class _Partition:
+    backoff: Backoff
+    manifest: Manifest | None = None  # None: not read from the bucket yet
+    pending: int = 0
+    last_error: str | None = None
+
+
+@dataclass(slots=True)
+class _Totals:
+    uploaded_segments: int = 0
+    uploaded_bytes: int = 0
+    failures: int = 0
+    rounds: int = 0
+    last_error: str | None = None
+    last_error_ms: int | None = None
+    last_upload_ms: int | None = None
+
+
+@dataclass
+class Archiver:
+    settings: ArchiverSettings
+    store: ObjectStore | None = None  # made on the uploader's thread at first use
+    _partitions: dict[TopicPartition, _Partition] = field(default_factory=dict)
+    _totals: _Totals = field(default_factory=_Totals)
+    _stopping: threading.Event = field(default_factory=threading.Event)
+
+    # -- the round (runs on the uploader's thread) -----------------------------------------
+
+    def round(self, logs: LogManager, now_ms: int | None = None) -> int:
+        """Uploads what is due in every partition; the number of segments uploaded."""
+        if self.store is None:
+            self.store = ObjectStore(self.settings.bucket)
+        self._totals.rounds += 1
+        uploaded = 0
+        for plog in logs.partitions().values():
+            if self._stopping.is_set():
+                break
+            uploaded += self._partition_round(plog, wall_ms() if now_ms is None else now_ms)
+        return uploaded
+
+    def _partition_round(self, plog: PartitionLog, now_ms: int) -> int:
+        tp = plog.topic_partition
+        state = self._partitions.get(tp)
+        if state is None:
+            s = self.settings
+            state = self._partitions[tp] = _Partition(
+                Backoff(s.retry_backoff_ms, s.retry_backoff_max_ms)
+            )
+        if plog.topic_id is None or not state.backoff.ready(now_ms):
+            return 0
+        uploaded = 0
+        try:
+            topic_id = kafka_uuid(plog.topic_id)
+            if state.manifest is None or state.manifest.topic_id != topic_id:
+                state.manifest = self._read_manifest(tp, topic_id)
+            plog.archive_floor = retention_floor(state.manifest.end_offset)
+            if plog.high_watermark >= plog.log_end_offset:
+                # Everything is committed: a quiet partition's last records go up too.
+                plog.roll_if_idle(now_ms)
+            segments = plog.segments
+            local = [
+                LocalSegment(
+                    s.base_offset,
+                    segments[i + 1].base_offset if i + 1 < len(segments) else s.base_offset,
+                    s.size,
+                    -1,
+                )
+                for i, s in enumerate(segments)
+            ]
+            due = to_upload(state.manifest.end_offset, local, plog.high_watermark)
+            state.pending = len(due)
+            by_base = {s.base_offset: s for s in segments}
+            for segment in due:
+                if self._stopping.is_set():
+                    break
+                segment_files = by_base[segment.base_offset]
+                state.manifest = self._upload(plog, state.manifest, segment_files, segment)
+                plog.archive_floor = retention_floor(state.manifest.end_offset)
+                state.pending -= 1
+                uploaded += 1
+            state.backoff.succeeded()
+            state.last_error = None
+        except (ArchiveError, OSError) as error:
+            retry_at = state.backoff.failed(now_ms)
+            state.last_error = str(error)
+            self._totals.failures += 1
+            self._totals.last_error = str(error)
+            self._totals.last_error_ms = now_ms
+            log.warning(
+                "archive upload failed, will retry",
+                partition=str(tp),
+                error=str(error),
+                failures=state.backoff.failures,
+                retry_in_ms=retry_at - now_ms,
+            )
+        return uploaded
+
+    def _read_manifest(self, tp: TopicPartition, topic_id: str) -> Manifest:
+        assert self.store is not None
+        key = manifest_key(self.settings.bucket.prefix, tp)
+        data = self.store.get(key)
+        if data is None:
+            return Manifest(tp.topic, tp.partition, topic_id)
+        manifest = decode_manifest(data, source=f"s3://{self.settings.bucket.bucket}/{key}")
+        if manifest.topic_id != topic_id:
+            raise ArchiveError(
+                f"s3://{self.settings.bucket.bucket}/{key}: archives topic id "
+                f"{manifest.topic_id}, but the local {tp} is topic id {topic_id} (the topic "
+                "was deleted and created again): move the old archive away to archive the new one"
+            )
+        return manifest
+
+    def _upload(
+        self, plog: PartitionLog, manifest: Manifest, segment: LogSegment, local: LocalSegment
+    ) -> Manifest:
+        assert self.store is not None
+        tp, prefix = plog.topic_partition, self.settings.bucket.prefix
+        paths = {
+            LOG_SUFFIX: segment.log_path,
+            INDEX_SUFFIX: segment.index_path,
+            TIME_INDEX_SUFFIX: segment.time_index_path,
+        }
+        sent = 0
+        for suffix, path in paths.items():
+            key = segment_key(prefix, tp, manifest.topic_id, local.base_offset, suffix)
+            size = self.store.put_file(key, path)
+            if suffix == LOG_SUFFIX and size != local.size:
+                raise ArchiveError(
+                    f"{path}: {size} bytes, not the {local.size} of the rolled segment "
+                    "(truncated under the upload); it is uploaded again"
+                )
+            sent += size
+        archived = ArchivedSegment(
+            local.base_offset, local.next_offset, local.size, segment.max_timestamp.timestamp
+        )
+        updated = manifest.with_segment(archived, plog.epoch_entries(), plog.log_start_offset)
+        self.store.put_bytes(manifest_key(prefix, tp), updated.encode())
+        self._totals.uploaded_segments += 1
+        self._totals.uploaded_bytes += sent
+        self._totals.last_upload_ms = wall_ms()
+        log.info(
+            "segment archived",
+            partition=str(tp),
+            base_offset=local.base_offset,
+            next_offset=local.next_offset,
+            bytes=sent,
+        )
+        return updated
+
+    # -- the shell on the event loop --------------------------------------------------------
+
+    async def run(self, logs: Callable[[], LogManager | None], stop: asyncio.Event) -> None:
+        """A round every `interval_ms` until `stop`, on the uploader's own thread."""
+        loop = asyncio.get_running_loop()
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="archive")
+        interval_s = self.settings.interval_ms / 1000
+        try:
+            while not stop.is_set():
+                manager = logs()
+                if manager is not None:
+                    await loop.run_in_executor(executor, self.round, manager)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), interval_s)
+        finally:
+            # A round in progress stops after its current request.
+            self._stopping.set()
+            await loop.run_in_executor(None, executor.shutdown, True)
+
+    def snapshot(self) -> dict[str, Any]:
+        t = self._totals
+        retrying = sorted(str(tp) for tp, p in self._partitions.items() if p.last_error)
+        return {
+            "bucket": self.settings.bucket.url,
+            "uploaded_segments": t.uploaded_segments,
+            "uploaded_bytes": t.uploaded_bytes,
+            "pending_segments": sum(p.pending for p in self._partitions.values()),
+            "failures": t.failures,
+            "retrying_partitions": retrying,
+            "last_error": t.last_error,
+            "last_error_ms": t.last_error_ms,
+            "last_upload_ms": t.last_upload_ms,
+            "requests": dict(self.store.requests) if self.store is not None else {},
+        }

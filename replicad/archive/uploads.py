@@ -1,0 +1,97 @@
+"""What the uploader does next: which rolled segments to upload, and when to try again.
+
+Rules (sans-I/O: segments and times in, decisions out):
+- A segment is uploaded once it is closed (a later segment exists), non-empty, and wholly
+  below the high watermark (no follower truncation can take it back any more), and it
+  starts at or past the archive's end: segments are uploaded in offset order, one at a
+  time per partition, each followed by the manifest that names it.
+- Local retention may delete only what is archived: the hold (`retention_floor`) is the
+  archive's end, or 0 (keep everything) while nothing is archived yet.
+- A failed upload is tried again after a backoff that doubles from `backoff_ms` to
+  `backoff_max_ms`; a success resets it. A segment is never given up on (a bucket that is
+  down only delays the archive; retention waits for it).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class LocalSegment:
+    base_offset: int
+    next_offset: int
+    size: int
+    max_timestamp: int
+
+
+def to_upload(
+    archive_end: int | None, segments: Iterable[LocalSegment], high_watermark: int
+) -> list[LocalSegment]:
+    """The closed segments still to upload, oldest first (`segments`: all of the
+    partition's, ascending, the active one last)."""
+    listed = list(segments)
+    closed = listed[:-1]
+    return [
+        s
+        for s in closed
+        if s.size > 0
+        and s.next_offset <= high_watermark
+        and (archive_end is None or s.base_offset >= archive_end)
+    ]
+
+
+def retention_floor(archive_end: int | None) -> int:
+    """The offset from which local retention must keep segments."""
+    return 0 if archive_end is None else archive_end
+
+
+class State(enum.Enum):
+    READY = "ready"
+    BACKING_OFF = "backing_off"
+
+
+class Event(enum.Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    WAITED = "waited"  # the backoff's time came
+
+
+TRANSITIONS: dict[tuple[State, Event], State] = {
+    (State.READY, Event.SUCCEEDED): State.READY,
+    (State.READY, Event.FAILED): State.BACKING_OFF,
+    (State.BACKING_OFF, Event.WAITED): State.READY,
+}
+
+
+@dataclass(slots=True)
+class Backoff:
+    """One partition's retry state."""
+
+    backoff_ms: int
+    backoff_max_ms: int
+    state: State = State.READY
+    failures: int = 0  # consecutive
+    retry_at_ms: int = 0
+
+    def _step(self, event: Event) -> None:
+        self.state = TRANSITIONS[(self.state, event)]
+
+    def ready(self, now_ms: int) -> bool:
+        if self.state is State.BACKING_OFF and now_ms >= self.retry_at_ms:
+            self._step(Event.WAITED)
+        return self.state is State.READY
+
+    def succeeded(self) -> None:
+        self._step(Event.SUCCEEDED)
+        self.failures = 0
+
+    def failed(self, now_ms: int) -> int:
+        """Records a failure; the time to try again."""
+        self._step(Event.FAILED)
+        delay = min(self.backoff_ms * 2 ** min(self.failures, 30), self.backoff_max_ms)
+        self.failures += 1
+        self.retry_at_ms = now_ms + delay
+        return self.retry_at_ms

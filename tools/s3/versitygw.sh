@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# versitygw, the S3-compatible server the archive tests run (tools/peers/s3.py).
+#
+# Why this one: a real S3 server (not a mock of boto3), Apache-2.0 (MinIO and Garage are
+# AGPL, which the project keeps out), written in Go and built from source by the Go
+# toolchain through its module proxy -- no prebuilt binary is downloaded. Its `posix`
+# backend stores each object as a plain file under a directory, so a test starts it in well
+# under a second with nothing but a temporary directory.
+#
+#   versitygw.sh fetch   build the pinned version into .cache/versitygw/bin (once)
+#   versitygw.sh path    print the binary's path
+set -euo pipefail
+
+VERSION=v1.8.0
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+cache="${REPLICAD_VERSITYGW_CACHE:-$root/.cache/versitygw}"
+binary="$cache/bin/versitygw"
+stamp="$cache/bin/.version"
+
+case "${1:-}" in
+fetch)
+    if [ -x "$binary" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$VERSION" ]; then
+        exit 0
+    fi
+    if ! command -v go >/dev/null; then
+        echo "versitygw.sh: Go is needed to build versitygw (the archive tests' S3 server)" >&2
+        exit 1
+    fi
+    mkdir -p "$cache/bin"
+    # Go's own module and build caches: a rebuild after `make clean` takes seconds, not the
+    # minutes of the first build (two cores: about 4 CPU-minutes).
+    GOBIN="$cache/bin" go install "github.com/versity/versitygw/cmd/versitygw@$VERSION"
+    echo "$VERSION" >"$stamp"
+    ;;
+path)
+    echo "$binary"
+    ;;
+*)
+    echo "usage: $0 fetch|path" >&2
+    exit 2
+    ;;
+esac
