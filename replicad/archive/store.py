@@ -45,6 +45,10 @@ class BucketSettings:
     path_style: bool = True
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 30.0
+    # boto3's own attempts per request (its "standard" retries of throttling, 5xx and
+    # resets, with jittered back-off): Spark's reads keep them; the uploader asks for 1
+    # and retries with its own back-off, so that every failure is counted and shown.
+    max_attempts: int = 3
 
     @property
     def url(self) -> str:
@@ -87,9 +91,7 @@ class ObjectStore:
                 s3={"addressing_style": "path" if settings.path_style else "virtual"},
                 connect_timeout=settings.connect_timeout_s,
                 read_timeout=settings.read_timeout_s,
-                # The uploader retries with its own backoff, counted and shown; reads
-                # (Spark tasks) get boto3's standard retries of throttling and 5xx.
-                retries={"mode": "standard", "max_attempts": 3},
+                retries={"mode": "standard", "max_attempts": settings.max_attempts},
             ),
         )
 

@@ -75,6 +75,7 @@ class ArchiverSettings:
                 path_style=archive.path_style,
                 connect_timeout_s=timeout_s,
                 read_timeout_s=timeout_s,
+                max_attempts=1,  # retried by the uploader's back-off, counted
             ),
             interval_ms=archive.interval_ms,
             retry_backoff_ms=archive.retry_backoff_ms,

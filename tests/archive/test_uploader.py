@@ -21,6 +21,7 @@ from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from tools.logdata.batches import batch_stream
 from tools.peers.s3 import ACCESS_KEY, REGION, SECRET_KEY, S3Server
+from tools.peers.s3_proxy import S3FaultProxy
 from tools.wait import until, wait_until
 
 CONFIG = LogConfig(segment_bytes=16 * 1024, index_interval_bytes=1024, segment_index_bytes=4096)
@@ -28,7 +29,7 @@ TP = TopicPartition("orders", 2)
 PREFIX = "replicas/east"
 
 
-def settings(server: S3Server, bucket: str, **kwargs: int) -> ArchiverSettings:
+def settings(server: S3Server | S3FaultProxy, bucket: str, **kwargs: int) -> ArchiverSettings:
     return ArchiverSettings(
         BucketSettings(
             bucket,
@@ -39,6 +40,7 @@ def settings(server: S3Server, bucket: str, **kwargs: int) -> ArchiverSettings:
             secret_access_key=SECRET_KEY,
             connect_timeout_s=2.0,
             read_timeout_s=5.0,
+            max_attempts=1,
         ),
         retry_backoff_ms=kwargs.get("retry_backoff_ms", 1),
         retry_backoff_max_ms=kwargs.get("retry_backoff_max_ms", 1),
@@ -203,6 +205,35 @@ def test_a_bucket_that_is_down_is_retried_counted_and_caught_up(
         log.enforce_retention(now_ms=0)
         assert len(log.segments) == 1  # everything archived could go
         manager.close()
+
+
+def test_slow_down_answers_and_resets_are_retried_and_counted(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    manager, _ = filled(tmp_path)
+    log = manager.partitions()[TP]
+    expected = len(log.segments) - 1
+    with S3FaultProxy(s3_server.endpoint) as proxy:
+        archiver = Archiver(settings(proxy, s3_bucket))
+        proxy.fail_next(2)  # the manifest's first GET, then the first PUT
+        proxy.reset_next(1)
+        wait_until(
+            lambda: (
+                archiver.round(manager) >= 0
+                and archiver.snapshot()["uploaded_segments"] == expected
+            ),
+            what="every segment uploaded through the faults",
+        )
+    assert proxy.stats.failed == 2 and proxy.stats.reset == 1
+    snap = archiver.snapshot()
+    # A fault fails the round it hits (boto3 may itself retry a reset connection once).
+    assert 1 <= snap["failures"] <= 3
+    assert "SlowDown" in (snap["last_error"] or "")
+    assert snap["retrying_partitions"] == []
+    store = store_of(s3_server, s3_bucket)
+    manifest = decode_manifest(store.get(manifest_key(PREFIX, TP)) or b"", source="m")
+    assert [s.base_offset for s in manifest.segments] == [s.base_offset for s in log.segments[:-1]]
+    manager.close()
 
 
 def test_the_shell_uploads_off_the_event_loop_until_stopped(

@@ -1,0 +1,157 @@
+"""A fault-injecting HTTP proxy in front of the S3 test server (127.0.0.1 only).
+
+    with S3FaultProxy(server.endpoint) as proxy:
+        point the archive at proxy.endpoint
+        proxy.fail_next(3)           # the next 3 requests answer 503 SlowDown
+        proxy.reset_next(1)          # the next request's connection is closed unanswered
+        proxy.set_delay_ms(200)      # every answer waits 200 ms
+        proxy.set_down(True)         # every request answers 503 until set_down(False)
+
+Requests are forwarded whole (method, path, query, headers, body) over a new connection,
+so signatures stay valid (the Host header is the one the client signed); answers come back
+whole. Every fault is counted when it is delivered (`stats`), so a test can compare what was
+injected with what the client says it saw. It is a real peer's stand-in only for what the
+real server cannot do on demand: fail.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Self
+from urllib.parse import urlsplit
+
+from tools.peers.process import LOOPBACK
+
+SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+
+
+@dataclass
+class ProxyStats:
+    forwarded: int = 0
+    failed: int = 0  # 503 SlowDown answered
+    reset: int = 0  # connections closed unanswered
+
+
+class S3FaultProxy:
+    def __init__(self, upstream: str) -> None:
+        parts = urlsplit(upstream)
+        self._upstream = (parts.hostname or LOOPBACK, parts.port or 80)
+        self._lock = threading.Lock()
+        self._fail = 0
+        self._reset = 0
+        self._down = False
+        self._delay_s = 0.0
+        self.stats = ProxyStats()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def endpoint(self) -> str:
+        assert self._server is not None
+        return f"http://{LOOPBACK}:{self._server.server_address[1]}"
+
+    def fail_next(self, count: int) -> None:
+        with self._lock:
+            self._fail += count
+
+    def reset_next(self, count: int) -> None:
+        with self._lock:
+            self._reset += count
+
+    def set_down(self, down: bool) -> None:
+        with self._lock:
+            self._down = down
+
+    def set_delay_ms(self, delay_ms: int) -> None:
+        with self._lock:
+            self._delay_s = delay_ms / 1000
+
+    def _fault(self) -> str | None:
+        with self._lock:
+            if self._reset:
+                self._reset -= 1
+                self.stats.reset += 1
+                return "reset"
+            if self._down or self._fail:
+                self._fail = max(self._fail - 1, 0)
+                self.stats.failed += 1
+                return "fail"
+            self.stats.forwarded += 1
+            return None
+
+    def start(self) -> Self:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass  # the test's output is for what it asserts
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                fault = proxy._fault()
+                if proxy._delay_s:
+                    time.sleep(proxy._delay_s)
+                if fault == "reset":
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                if fault == "fail":
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(SLOW_DOWN)))
+                    self.end_headers()
+                    self.wfile.write(SLOW_DOWN)
+                    return
+                upstream = http.client.HTTPConnection(*proxy._upstream, timeout=60)
+                try:
+                    # Hop-by-hop headers stay here (100-continue was answered already).
+                    headers = {
+                        k: v
+                        for k, v in self.headers.items()
+                        if k.lower() not in ("expect", "connection")
+                    }
+                    upstream.request(self.command, self.path, body=body, headers=headers)
+                    answer = upstream.getresponse()
+                    data = answer.read()
+                finally:
+                    upstream.close()
+                self.send_response(answer.status, answer.reason)
+                for key, value in answer.getheaders():
+                    if key.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
+
+        self._server = ThreadingHTTPServer((LOOPBACK, 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="s3-fault-proxy", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
