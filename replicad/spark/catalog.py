@@ -8,6 +8,9 @@ What it touches, so that pruning stays true:
   segment whose largest timestamp reaches it, then its time index, offset index and batches).
 - `log-start-offset-checkpoint`: "earliest" is the partition's log start, as for a Kafka
   consumer; records below it are logically deleted even if a segment still holds them.
+- An archive bucket (`s3://bucket/prefix`, replicad/archive) is planned from its manifests
+  alone: one LIST of the partitions' prefixes, one GET of each selected partition's
+  manifest (segments, sizes, log start); indexes are then ranged like local files.
 
 Every open goes through the FileOpener (files.py), the observable hook.
 """
@@ -18,6 +21,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from replicad.archive.manifest import (
+    decode_manifest,
+    manifest_key,
+    normalized_prefix,
+    segments_prefix,
+)
+from replicad.archive.store import is_bucket_url, parse_bucket_url
 from replicad.errors import LogError
 from replicad.log.checkpoint import parse_offsets
 from replicad.log.index import OffsetIndex, TimeIndex
@@ -38,6 +48,7 @@ from replicad.spark.plan import (
     SegmentFile,
     Split,
     byte_range,
+    join,
     offset_after_position,
     plan_partition,
     usable_offset_index,
@@ -49,6 +60,8 @@ from replicad.types import TopicPartition
 
 def list_partitions(options: ReadOptions) -> list[PartitionFiles]:
     """The selected partitions of the data directory and their segments, sorted by name."""
+    if is_bucket_url(options.data_dir):
+        return [files for files, _ in archived_partitions(options)]
     data_dir = Path(options.data_dir)
     if not data_dir.is_dir():
         raise LogError(f"{data_dir}: not a replicad data directory (no such directory)")
@@ -70,6 +83,36 @@ def list_partitions(options: ReadOptions) -> list[PartitionFiles]:
     return found
 
 
+def archived_partitions(options: ReadOptions) -> list[tuple[PartitionFiles, int]]:
+    """The selected partitions of an archive bucket, from their manifests (one LIST of the
+    partitions' prefixes, one GET of each selected manifest: no segment is listed), each
+    with its log start offset."""
+    opener = opener_for(options)
+    store, prefix = opener.store(options.data_dir)
+    bucket, _ = parse_bucket_url(options.data_dir)
+    found = []
+    for partition_prefix in store.list_dirs(normalized_prefix(prefix)):
+        tp = parse_partition_dir(partition_prefix.rstrip("/").rsplit("/", 1)[-1])
+        if tp is None or not options.selects(tp):
+            continue
+        key = manifest_key(prefix, tp)
+        data = opener.read_all(f"s3://{bucket}/{key}", Purpose.INDEX)
+        if data is None:  # a partition whose first upload has not finished
+            continue
+        manifest = decode_manifest(data, source=f"s3://{bucket}/{key}")
+        directory = f"s3://{bucket}/{segments_prefix(prefix, tp, manifest.topic_id)}".rstrip("/")
+        segments = tuple(SegmentFile(s.base_offset, s.size) for s in manifest.segments)
+        found.append(
+            (PartitionFiles(tp.topic, tp.partition, directory, segments), manifest.log_start_offset)
+        )
+    found.sort(key=lambda pair: (pair[0].topic, pair[0].partition))
+    return found
+
+
+def opener_for(options: ReadOptions) -> FileOpener:
+    return FileOpener(options.trace_file_opens, options.s3_endpoint, options.s3_region)
+
+
 def log_start_offsets(data_dir: str) -> dict[TopicPartition, int]:
     """The checkpointed log start offsets; none when the file is missing or unreadable."""
     path = Path(data_dir) / LOG_START_OFFSET_CHECKPOINT
@@ -86,7 +129,7 @@ class Planner:
 
     def __post_init__(self) -> None:
         if self.opener is None:
-            self.opener = FileOpener(self.options.trace_file_opens)
+            self.opener = opener_for(self.options)
 
     @property
     def _opener(self) -> FileOpener:
@@ -94,9 +137,15 @@ class Planner:
         return self.opener
 
     def plan(self) -> list[Split]:
-        starts = log_start_offsets(self.options.data_dir)
+        if is_bucket_url(self.options.data_dir):
+            listed = archived_partitions(self.options)
+            starts = {files.topic_partition: start for files, start in listed}
+            partitions = [files for files, _ in listed]
+        else:
+            starts = log_start_offsets(self.options.data_dir)
+            partitions = list_partitions(self.options)
         splits: list[Split] = []
-        for files in list_partitions(self.options):
+        for files in partitions:
             if not files.segments:
                 continue
             log_start = max(files.segments[0].base_offset, starts.get(files.topic_partition, 0))
@@ -159,13 +208,13 @@ class Planner:
         return None
 
     def offset_index(self, files: PartitionFiles, segment: SegmentFile) -> OffsetIndex:
-        path = Path(files.directory) / segment_file_name(segment.base_offset, INDEX_SUFFIX)
-        data = self._opener.read_all(str(path), Purpose.INDEX) or b""
+        path = join(files.directory, segment_file_name(segment.base_offset, INDEX_SUFFIX))
+        data = self._opener.read_all(path, Purpose.INDEX) or b""
         return usable_offset_index(segment.base_offset, data, segment.size)
 
     def time_index(self, files: PartitionFiles, segment: SegmentFile) -> TimeIndex:
-        path = Path(files.directory) / segment_file_name(segment.base_offset, TIME_INDEX_SUFFIX)
-        data = self._opener.read_all(str(path), Purpose.INDEX) or b""
+        path = join(files.directory, segment_file_name(segment.base_offset, TIME_INDEX_SUFFIX))
+        data = self._opener.read_all(path, Purpose.INDEX) or b""
         return usable_time_index(segment.base_offset, data)
 
     def offset_for_timestamp(

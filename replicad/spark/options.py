@@ -88,6 +88,10 @@ class ReadOptions:
     include_headers: bool = True
     # Diagnostics: append "<purpose>\t<path>" for every file the source opens.
     trace_file_opens: str | None = None
+    # A bucket path's S3 endpoint and region (None: the AWS configuration's, e.g.
+    # AWS_ENDPOINT_URL and AWS_DEFAULT_REGION); credentials only ever come from there.
+    s3_endpoint: str | None = None
+    s3_region: str | None = None
 
     def selects(self, tp: TopicPartition) -> bool:
         if self.topics is not None and tp.topic not in self.topics:
@@ -114,6 +118,8 @@ OPTION_NAMES = (
     "maxSplitBytes",
     "traceFileOpens",
     "includeHeaders",
+    "s3Endpoint",
+    "s3Region",
 )
 # Only for spark.readStream.
 STREAM_OPTION_NAMES = (
@@ -252,6 +258,8 @@ def _read_options(given: dict[str, str], *, stream: bool) -> ReadOptions:
         max_split_bytes=_int(given, "maxSplitBytes", DEFAULT_MAX_SPLIT_BYTES, MIN_SPLIT_BYTES),
         include_headers=_bool(given, "includeHeaders", True),
         trace_file_opens=given.get("traceFileOpens") or None,
+        s3_endpoint=given.get("s3Endpoint") or None,
+        s3_region=given.get("s3Region") or None,
     )
 
 

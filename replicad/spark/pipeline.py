@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from replicad.archive.store import is_bucket_url
 from replicad.errors import ConfigError, ReplicadError
 from replicad.log.layout import LOCK_FILE, segment_file_name
 from replicad.spark.export_layout import PARTITION_COLUMNS, dated
@@ -169,7 +170,10 @@ def verify(
     }
     spark = spark or spark_session()
     checks = check_partitions(
-        read(spark, parsed, raw), last_segments, in_use=data_dir_in_use(Path(data_dir))
+        read(spark, parsed, raw),
+        last_segments,
+        # A bucket's segments are all closed; no writer appends to them.
+        in_use=not is_bucket_url(data_dir) and data_dir_in_use(Path(data_dir)),
     )
     for files in listing:
         key = (files.topic, files.partition)
@@ -330,6 +334,7 @@ def _selection(args: argparse.Namespace) -> dict[str, str]:
         ("topic_pattern", "topicPattern"),
         ("partitions", "partitions"),
         ("max_split_bytes", "maxSplitBytes"),
+        ("s3_endpoint", "s3Endpoint"),
     ):
         value = getattr(args, flag, None)
         if value is not None:
@@ -501,7 +506,14 @@ def _cmd_offsets(args: argparse.Namespace) -> int:
 
 
 def _common_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("data_dir", help="replicad's data directory")
+    parser.add_argument(
+        "data_dir",
+        help="replicad's data directory, or its archive bucket (s3://bucket/prefix, s3a://...)",
+    )
+    parser.add_argument(
+        "--s3-endpoint",
+        help="the archive bucket's S3 endpoint (default: AWS's, or AWS_ENDPOINT_URL)",
+    )
     parser.add_argument(
         "--master",
         help=f"Spark master URL (default {DEFAULT_MASTER}, or what spark-submit was given)",

@@ -26,7 +26,6 @@ import itertools
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from replicad.log.index import (
     OFFSET_ENTRY_SIZE,
@@ -43,6 +42,11 @@ _OFFSET_ENTRY = struct.Struct(">ii")
 _TIME_ENTRY = struct.Struct(">qi")
 
 
+def join(directory: str, name: str) -> str:
+    """`directory/name` for a local path and a bucket URL alike (Path would fold `s3://`)."""
+    return f"{directory.rstrip('/')}/{name}"
+
+
 @dataclass(frozen=True, slots=True)
 class SegmentFile:
     base_offset: int
@@ -53,7 +57,7 @@ class SegmentFile:
 class PartitionFiles:
     topic: str
     partition: int
-    directory: str
+    directory: str  # a local path or a bucket URL (s3://bucket/prefix/...)
     segments: tuple[SegmentFile, ...]  # ascending base offsets
 
     @property
@@ -61,7 +65,7 @@ class PartitionFiles:
         return TopicPartition(self.topic, self.partition)
 
     def log_path(self, base_offset: int) -> str:
-        return str(Path(self.directory) / segment_file_name(base_offset, LOG_SUFFIX))
+        return join(self.directory, segment_file_name(base_offset, LOG_SUFFIX))
 
     def next_base(self, i: int) -> int | None:
         """Base offset of the segment after segment number `i`, None for the last one."""
@@ -92,7 +96,7 @@ class Split:
 
     @property
     def path(self) -> str:
-        return str(Path(self.directory) / segment_file_name(self.segment, LOG_SUFFIX))
+        return join(self.directory, segment_file_name(self.segment, LOG_SUFFIX))
 
     @property
     def last_segment(self) -> bool:

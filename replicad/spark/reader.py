@@ -24,23 +24,21 @@ entry (the split's walk stops there) or a torn tail, instead of failing: verify 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from replicad.errors import CorruptRecordError
-from replicad.log.layout import classify_partition_files, segment_file_name
+from replicad.log.layout import segment_file_name
 from replicad.records.batch import MAGIC_V2, BatchHeader, ScanStop
 from replicad.records.records import ControlType, DecodedBatch, control_marker, decode_batch
 from replicad.spark.columns import ROWS_PER_BATCH, ArrowBatches, Columns
 from replicad.spark.decode import RecordColumns, columns_from_records, decode_v2_columns
-from replicad.spark.files import FileOpener, Purpose
+from replicad.spark.files import FileOpener, Purpose, RandomAccess
 from replicad.spark.options import Isolation, ReadOptions
-from replicad.spark.plan import Split
+from replicad.spark.plan import Split, join
 from replicad.spark.schema import (
     BATCHES_ARROW,
     MICROS_PER_MILLI,
@@ -251,7 +249,9 @@ def _observe(outcomes: TransactionOutcomes, split: Split, walk: Walk, *, in_spli
                 return
 
 
-def _transaction_outcomes(fd: int, split: Split, opener: FileOpener) -> TransactionOutcomes:
+def _transaction_outcomes(
+    fd: RandomAccess, split: Split, opener: FileOpener
+) -> TransactionOutcomes:
     """Fold the split's headers, then as much of the rest of the partition as needed."""
     outcomes = TransactionOutcomes()
     _observe(
@@ -262,27 +262,22 @@ def _transaction_outcomes(fd: int, split: Split, opener: FileOpener) -> Transact
     )
     if not outcomes.needs_more:
         return outcomes
-    segment_end = split.log_end.size if split.last_segment else os.fstat(fd).st_size
+    segment_end = split.log_end.size if split.last_segment else fd.size
     _observe(
         outcomes, split, Walk(fd, split.end_position, segment_end, verify_crc=False), in_split=False
     )
-    directory = Path(split.directory)
     later = [
         base
-        for base in classify_partition_files(sorted(os.listdir(directory))).segments
+        for base in opener.segments(split.directory)
         if split.segment < base <= split.log_end.segment
     ]
     for base in later:
         if not outcomes.needs_more:
             break
-        path = str(directory / segment_file_name(base, ".log"))
+        path = join(split.directory, segment_file_name(base, ".log"))
         try:
             with opener.open(path, Purpose.LOOKAHEAD) as later_fd:
-                size = (
-                    split.log_end.size
-                    if base == split.log_end.segment
-                    else os.fstat(later_fd).st_size
-                )
+                size = split.log_end.size if base == split.log_end.segment else later_fd.size
                 _observe(outcomes, split, Walk(later_fd, 0, size, verify_crc=False), in_split=False)
         except FileNotFoundError:  # deleted by retention meanwhile: it held no marker we need
             continue

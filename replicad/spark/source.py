@@ -21,7 +21,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from replicad.spark.catalog import Planner
+from replicad.spark.catalog import Planner, opener_for
 from replicad.spark.files import FileOpener
 from replicad.spark.options import (
     ReadOptions,
@@ -69,7 +69,7 @@ class ReplicadReader(DataSourceReader):
         self.read_options = options
 
     def _opener(self) -> FileOpener:
-        return FileOpener(self.read_options.trace_file_opens)
+        return opener_for(self.read_options)
 
     def partitions(self) -> Sequence[InputPartition]:
         splits = Planner(self.read_options).plan()

@@ -47,6 +47,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from replicad.archive.store import is_bucket_url
 from replicad.errors import LogError
 from replicad.log.checkpoint import parse_offsets
 from replicad.log.layout import REPLICATION_OFFSET_CHECKPOINT
@@ -63,8 +64,7 @@ from replicad.spark.admission import (
     to_json,
     truncation,
 )
-from replicad.spark.catalog import Planner, list_partitions, log_start_offsets
-from replicad.spark.files import FileOpener
+from replicad.spark.catalog import Planner, list_partitions, log_start_offsets, opener_for
 from replicad.spark.options import EARLIEST, LATEST, Isolation, StreamOptions
 from replicad.spark.plan import PartitionFiles, Split
 from replicad.spark.reader import read_records
@@ -87,6 +87,11 @@ class StreamSplit(InputPartition):
 
 
 def high_watermarks(data_dir: str) -> dict[TopicPartition, int]:
+    if is_bucket_url(data_dir):
+        raise LogError(
+            f"{data_dir}: a stream reads a data directory; an archive bucket is read in batch "
+            "(spark.read), streaming from it is not there yet"
+        )
     path = Path(data_dir) / REPLICATION_OFFSET_CHECKPOINT
     try:
         text = path.read_text(encoding="utf-8")
@@ -253,7 +258,7 @@ class ReplicadStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, StreamSplit)
         split = partition.split
-        opener = FileOpener(self.read_options.trace_file_opens)
+        opener = opener_for(self.read_options)
         try:
             for batch in read_records(split, self.read_options, opener):
                 if not self.read_options.include_headers:

@@ -2,7 +2,8 @@
 
 Rules:
 - The range [start, end) starts at an entry boundary (a position from the offset index, or
-  0). It is read with pread in chunks of about CHUNK_BYTES; an entry larger than a chunk is
+  0). It is read by position (pread on a file, a ranged GET on a bucket's object: files.py)
+  in chunks of about CHUNK_BYTES; an entry larger than a chunk is
   read whole in a chunk of its own. Memory stays bounded by the larger of the two.
 - Each chunk is framed and checked by `records.batch.scan_batches` (length, magic, CRC32C
   unless turned off); the walk yields the whole entries of each chunk with the chunk's
@@ -15,12 +16,12 @@ Rules:
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from replicad.records.batch import LOG_OVERHEAD, BatchHeader, ScanStop, scan_batches
+from replicad.spark.files import LocalFile, RandomAccess
 
 CHUNK_BYTES = 8 * 1024 * 1024
 _LENGTH = struct.Struct(">i")
@@ -50,14 +51,15 @@ class Walk:
 
     def __init__(
         self,
-        fd: int,
+        source: RandomAccess | int,
         start: int,
         end: int,
         *,
         verify_crc: bool = True,
         chunk_bytes: int = CHUNK_BYTES,
     ) -> None:
-        self._fd = fd
+        # A bare descriptor is a local file.
+        self._source = LocalFile(source) if isinstance(source, int) else source
         self._start = start
         self._end = end
         self._verify_crc = verify_crc
@@ -69,7 +71,7 @@ class Walk:
         want = self._chunk_bytes
         while pos < self._end:
             want = min(want, self._end - pos)
-            data = os.pread(self._fd, want, pos)
+            data = self._source.pread(want, pos)
             scan = scan_batches(data, verify_crc=self._verify_crc)
             if scan.batches:
                 yield Chunk(data, pos, scan.batches)

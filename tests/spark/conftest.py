@@ -8,7 +8,8 @@
   transactions) on the Kafka broker, replicated by a real `replicad run` with small
   segments, and read back by a real consumer under both isolation levels.
 - `spark`: one local[2] SparkSession for the session's Spark tests, with Spark's Kafka
-  source on its classpath (`make spark-kafka-jars`), the peer of the failover test.
+  source on its classpath (`make spark-kafka-jars`), the peer of the failover test, and the
+  S3 test server's credentials in its environment (the archive tests' bucket reads).
 """
 
 from __future__ import annotations
@@ -247,6 +248,13 @@ def spark() -> Iterator[object]:
         if isinstance(error, PeerNotInstalledError):
             pytest.fail(f"real peer not installed: {error}", pytrace=False)
         raise
+    # Spark's Python workers (planning and reading alike) inherit the JVM's environment,
+    # fixed when the session starts: the S3 test server's credentials are set now, so that
+    # the archive tests' executors read the bucket as a cluster's would, through the AWS
+    # credential chain (tools/peers/s3.py; test-only values).
+    from tools.peers.s3 import client_environ
+
+    os.environ.update(client_environ())
     session = spark_session(
         "local[2]",
         {

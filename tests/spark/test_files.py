@@ -15,10 +15,11 @@ def test_opens_are_traced_with_their_purpose(tmp_path):
     data = tmp_path / "a.log"
     data.write_bytes(b"abc")
     opener = FileOpener(str(trace))
-    with opener.open(str(data), Purpose.READ) as fd:
-        assert os.pread(fd, 3, 0) == b"abc"
+    with opener.open(str(data), Purpose.READ) as file:
+        assert file.pread(3, 0) == b"abc"
+        assert file.size == 3
         with pytest.raises(OSError):
-            os.write(fd, b"x")  # read-only
+            os.write(file.fd, b"x")  # read-only
     assert opener.read_all(str(data), Purpose.INDEX) == b"abc"
     assert opener.read_all(str(tmp_path / "missing"), Purpose.INDEX) is None
     assert read_trace(str(trace)) == [

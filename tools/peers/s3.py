@@ -53,8 +53,10 @@ class S3Server(Service):
 
     what = "S3 server (versitygw)"
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, access_log: bool = False) -> None:
         self.workdir = Path(workdir).resolve()
+        # One line per request (benchmarks count requests by method from it).
+        self.access_log = self.workdir / "access.log" if access_log else None
         self.data = self.workdir / "data"
         self.output = self.workdir / "versitygw.out"
         self._port: int | None = None
@@ -88,6 +90,7 @@ class S3Server(Service):
             "--region",
             REGION,
             "--quiet",
+            *(["--access-log", str(self.access_log)] if self.access_log else []),
             "posix",
             str(self.data),
         ]
@@ -105,6 +108,14 @@ class S3Server(Service):
     def _answers(self) -> bool | None:
         self.client().list_buckets()
         return True
+
+    def requests(self, operation: str) -> int:
+        """Requests of an S3 operation (GetObject, PutObject, ...) in the access log so far
+        (0 without one)."""
+        if self.access_log is None or not self.access_log.exists():
+            return 0
+        text = self.access_log.read_text(errors="replace")
+        return sum(f" s3_{operation} " in line for line in text.splitlines())
 
     def client(self) -> Any:
         """A boto3 S3 client of the root account (path-style addressing, as the archive's)."""
