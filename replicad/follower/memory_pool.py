@@ -54,6 +54,8 @@ MAX_REUSE_RATIO = 2
 OVERSIZE_LOG_INTERVAL_MS = 60_000
 
 Block = bytearray | mmap.mmap
+_RELEASED = bytearray()
+_RELEASED_VIEW = memoryview(_RELEASED)
 
 
 def size_class(size: int, capacity: int) -> int:
@@ -78,7 +80,10 @@ class Lease:
     def release(self) -> None:
         pool, self._pool = self._pool, None
         if pool is not None:
-            pool._give_back(self._block)
+            # The lease lets go of its buffer too: the pool may free it, and a lease kept
+            # by its caller must not keep it alive beside the one lent in its place.
+            block, self._block, self.buffer = self._block, _RELEASED, _RELEASED_VIEW
+            pool._give_back(block)
 
     __call__ = release
 
