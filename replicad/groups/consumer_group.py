@@ -39,6 +39,9 @@ Rules:
   must be known (UNKNOWN_MEMBER_ID) and its epoch the member's (STALE_MEMBER_EPOCH);
   OffsetCommit before v9 from a member of this protocol is UNSUPPORTED_VERSION. Without
   a member (epoch < 0): only into a group with no members (else UNKNOWN_MEMBER_ID).
+  A commit with an epoch behind the member's (KIP-1251, Kafka 4.3: the member had not yet
+  heard of its new epoch) is taken for each partition still assigned to it since that
+  epoch or before, and STALE_MEMBER_EPOCH for the others; an epoch ahead is stale.
 """
 
 from __future__ import annotations
@@ -155,6 +158,8 @@ class ConsumerMember:
     previous_epoch: int = -1
     state: MemberState = MemberState.STABLE
     assigned: frozenset[TopicPartition] = frozenset()
+    # The epoch at which each assigned partition was given to it (KIP-1251's commit check).
+    assigned_since: dict[TopicPartition, int] = field(default_factory=dict)
     pending_revocation: frozenset[TopicPartition] = frozenset()
     session_deadline_ms: int = NO_DEADLINE
     # Set while UNREVOKED_PARTITIONS: the member is removed if it has not revoked by then.
@@ -347,6 +352,12 @@ class ConsumerGroup:
         if step.takes_target_epoch and member.epoch != self.assignment_epoch:
             member.previous_epoch, member.epoch = member.epoch, self.assignment_epoch
         member.state = step.state
+        since = member.assigned_since
+        for tp in list(since):
+            if tp not in member.assigned:
+                del since[tp]
+        for tp in member.assigned:
+            since.setdefault(tp, member.epoch)
 
     # -- leaving and timeouts ----------------------------------------------------------------
 
@@ -378,6 +389,33 @@ class ConsumerGroup:
         return gone
 
     # -- offsets -----------------------------------------------------------------------------
+
+    def commit_refusals(
+        self,
+        member_id: str | None,
+        member_epoch: int,
+        partitions: Iterable[TopicPartition],
+        *,
+        version: int | None,
+    ) -> dict[TopicPartition, ErrorCode]:
+        """The partitions of an OffsetCommit refused, with their error (see the rules)."""
+        wanted = tuple(partitions)
+        refused = self.offset_request_error(member_id, member_epoch, commit_version=version)
+        if refused is None:
+            return {}
+        member = self.members.get(member_id or "")
+        lagging = (
+            refused[0] == E.stale_member_epoch
+            and member is not None
+            and 0 <= member_epoch < member.epoch
+        )
+        if not lagging or member is None:
+            return dict.fromkeys(wanted, refused[0])
+        return {
+            tp: E.stale_member_epoch
+            for tp in wanted
+            if member.assigned_since.get(tp, member_epoch + 1) > member_epoch
+        }
 
     def offset_request_error(
         self, member_id: str | None, member_epoch: int, *, commit_version: int | None = None

@@ -889,11 +889,16 @@ class GroupCoordinator:
             return Step(CommitResult({tp: E.group_authorization_failed for tp in offsets}))
         consumer = self.consumer_groups.get(group_id)
         if consumer is not None:
-            refused = consumer.offset_request_error(
-                who.member_id, generation_id, commit_version=version
+            refused = consumer.commit_refusals(
+                who.member_id, generation_id, offsets, version=version
             )
-            if refused is not None:
-                return Step(CommitResult({tp: refused[0] for tp in offsets}))
+            if refused:
+                taken = {tp: o for tp, o in offsets.items() if tp not in refused}
+                if not taken:
+                    return Step(CommitResult(refused))
+                self._own(group_id)
+                result = self._store_offsets(consumer.offsets, taken, now_ms)
+                return Step(CommitResult({**result.errors, **refused}, result.committed))
             member = consumer.members.get(who.member_id)
             if member is not None:
                 member.session_deadline_ms = max(

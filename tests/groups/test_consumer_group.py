@@ -296,3 +296,27 @@ def test_after_a_restart_members_are_told_to_join_again_and_find_their_offsets()
     assert c.fetch_offsets(G, None, member_id="a", member_epoch=h.epoch["a"]).offsets[
         TopicPartition("t", 0)
     ] == CommittedOffset(11, -1, "", 0)
+
+
+def test_a_commit_with_a_lagging_epoch_is_taken_for_partitions_still_assigned_kip_1251() -> None:
+    h = Harness()
+    h.join("a")  # epoch 1, every partition
+    h.join("b")
+    h.poll_member("a")
+    h.poll_member("a")  # revoked two, now at epoch 2 with the two it kept
+    kept = h.owned["a"]
+    assert h.epoch["a"] == 2 and len(kept) == 2
+    c = h.coordinator
+    gone = tps(0, 1, 2, 3) - kept
+    offsets = {tp: OffsetToCommit(1) for tp in tps(0, 1, 2, 3)}
+    result = c.commit(G, 1, MemberRef("a"), offsets, now_ms=h.now, version=10).result
+    assert {tp for tp, e in result.errors.items() if e == E.none} == kept
+    assert {tp for tp, e in result.errors.items() if e == E.stale_member_epoch} == gone
+    ahead = c.commit(G, 3, MemberRef("a"), offsets, now_ms=h.now, version=10).result
+    assert set(ahead.errors.values()) == {E.stale_member_epoch}
+    # b joined at epoch 2 and got its partitions then: a commit with epoch 1 is not b's.
+    h.poll_member("b")
+    b_offsets = {tp: OffsetToCommit(1) for tp in h.owned["b"]}
+    assert h.owned["b"] and h.epoch["b"] == 2
+    early = c.commit(G, 1, MemberRef("b"), b_offsets, now_ms=h.now, version=10).result
+    assert set(early.errors.values()) == {E.stale_member_epoch}

@@ -21,8 +21,9 @@ After every event:
   revocation), and every partition a member the coordinator still has believes it owns is
   one the coordinator holds for it: so no partition is owned by two members, as they see
   it, except by a member the coordinator has removed (a zombie until it hears so);
-- a commit is accepted only with the epoch the coordinator last gave that member, and only
-  from a member the coordinator has (not one that left or was removed);
+- a commit is accepted only from a member the coordinator has (not one that left or was
+  removed), with the epoch the coordinator last gave it -- or an older one (its answer was
+  lost: KIP-1251) for partitions the coordinator still assigns it;
 - every accepted commit is what OffsetFetch answers afterwards, until the next one.
 """
 
@@ -148,15 +149,18 @@ class ConsumerGroupSim:
             m.position[tp] = m.position.get(tp, 0) + self.rng.randrange(1, 10)
             offsets[tp] = OffsetToCommit(m.position[tp])
         group = self.coordinator.consumer_groups.get(GROUP)
-        known = group is not None and m.member_id in group.members
+        held = group.members.get(m.member_id) if group is not None else None
+        assigned = held.assigned if held is not None else frozenset()
         step = self.coordinator.commit(
             GROUP, m.epoch, MemberRef(m.member_id), offsets, now_ms=self.now, version=10
         )
         accepted = [tp for tp, e in step.result.errors.items() if e == E.none]
         self.say(f"{m.member_id} commits epoch={m.epoch} {_show(partitions)}: {len(accepted)}")
-        if accepted and (not known or self.answered_epoch.get(m.member_id) != m.epoch):
+        current = self.answered_epoch.get(m.member_id) == m.epoch
+        if accepted and (held is None or not (current or set(accepted) <= assigned)):
             raise InvariantError(
-                f"commit accepted from {m.member_id} epoch {m.epoch}: in the group={known}, "
+                f"commit of {_show(set(accepted))} accepted from {m.member_id} epoch {m.epoch}: "
+                f"in the group={held is not None}, assigned={_show(assigned)}, "
                 f"its last answered epoch={self.answered_epoch.get(m.member_id)}"
             )
         for tp in accepted:
