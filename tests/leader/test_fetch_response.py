@@ -91,9 +91,12 @@ def outcome_of(answers: list[PartitionAnswer], role: Role = Role.CONSUMER) -> Fe
     return FetchOutcome(ErrorCode.none, 1234, tuple(answers), role, ids)
 
 
-@pytest.mark.parametrize("version", range(4, 18))
-def test_kio_reads_back_every_version_with_the_records_from_disk(answers, version) -> None:
-    extra = [
+def unread_answers(
+    answers: list[PartitionAnswer], aborted: tuple[AbortedTransaction, ...]
+) -> list[PartitionAnswer]:
+    """The answers with no records read that both frame tests add after the three read: an
+    unknown partition (t-9), a diverging epoch (t-2) and aborted transactions (t-3)."""
+    return [
         PartitionAnswer(TopicPartition("t", 9), 0, error_code=ErrorCode.unknown_topic_or_partition),
         dataclasses.replace(
             answers[2],
@@ -105,9 +108,14 @@ def test_kio_reads_back_every_version_with_the_records_from_disk(answers, versio
             answers[2],
             partition=TopicPartition("t", 3),
             records=None,
-            aborted=(AbortedTransaction(5, 44, 9),),
+            aborted=aborted,
         ),
     ]
+
+
+@pytest.mark.parametrize("version", range(4, 18))
+def test_kio_reads_back_every_version_with_the_records_from_disk(answers, version) -> None:
+    extra = unread_answers(answers, (AbortedTransaction(5, 44, 9),))
     frame = fetch_response_frame(
         outcome_of(answers + extra), version=version, correlation_id=77, settings=ServeSettings()
     )
@@ -214,19 +222,7 @@ def test_the_frame_is_kios_encoding_byte_for_byte(answers, version) -> None:
     for every version: errors, a diverging epoch (v12+: a tagged field), aborted
     transactions (none, an empty list and a list), no records, and topics that come back."""
     extra = [
-        PartitionAnswer(TopicPartition("t", 9), 0, error_code=ErrorCode.unknown_topic_or_partition),
-        dataclasses.replace(
-            answers[2],
-            partition=TopicPartition("t", 2),
-            records=None,
-            diverging=DivergingEpoch(3, 17),
-        ),
-        dataclasses.replace(
-            answers[2],
-            partition=TopicPartition("t", 3),
-            records=None,
-            aborted=(AbortedTransaction(5, 44, 9), AbortedTransaction(8, 2, 1)),
-        ),
+        *unread_answers(answers, (AbortedTransaction(5, 44, 9), AbortedTransaction(8, 2, 1))),
         dataclasses.replace(answers[0], partition=TopicPartition("t", 4), aborted=()),
         # A diverging epoch with kio's default values is no tagged field, as kio rules.
         dataclasses.replace(
