@@ -64,6 +64,29 @@ def test_rolls_and_keeps_bytes_and_offsets(tmp_path: Path) -> None:
         assert s.index_path.stat().st_size == s.offset_index.entries * 8
 
 
+def test_a_roll_fsyncs_the_segment_it_leaves_before_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the active segment ever holds unsynced data, and loading always scans it: so a
+    recovery point the checkpoint file names above a truncation (stale until the next
+    checkpoint) never makes loading trust an unsynced write (tools/sim, issue 29)."""
+    synced: set[str] = set()
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.add(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    log = PartitionLog.create(tmp_path / "orders-3", TP, SMALL, now_ms=0)
+    for raw in batch_stream(11, 120, epoch_every=40):
+        before = [s.log_path for s in log.segments]
+        log.append(raw, scan_batches(raw).batches, now_ms=0)
+        for left in before[:-1] if len(log.segments) == len(before) else before:
+            assert str(left) in synced, f"{left.name} left behind unsynced"
+    assert len(log.segments) > 3
+
+
 def test_reads_at_segment_boundaries(tmp_path: Path) -> None:
     log, batches = _partition(tmp_path)
     headers = _headers(batches)
