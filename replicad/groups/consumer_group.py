@@ -20,8 +20,12 @@ Rules:
     else STABLE.
   So no partition is ever held by two members (assigned or pending revocation).
 - Heartbeat epochs (the member's view): 0 joins (a member id already known joins again,
-  as a new member: it has given up its partitions); -1 leaves; -2 (a static member's
-  temporary leave) leaves too (static membership is not kept). A positive epoch must name
+  as a new member: it has given up its partitions); -1 leaves; -2 is a static member's
+  temporary leave (KIP-848's static membership, `group.instance.id`): it keeps its epoch
+  and partitions until its session times out, and a member joining with its instance id
+  meanwhile takes its place, epoch and partitions with no new group epoch (no rebalance);
+  joining with an instance id a live member holds is UNRELEASED_INSTANCE_ID. (-2 from a
+  member without an instance id leaves, as -1.) A positive epoch must name
   a known member (UNKNOWN_MEMBER_ID) and equal its epoch, or its previous epoch with owned
   partitions within its assignment (the answer that raised it was lost); else
   FENCED_MEMBER_EPOCH (the member gives up its partitions and joins again).
@@ -164,6 +168,8 @@ class ConsumerMember:
     session_deadline_ms: int = NO_DEADLINE
     # Set while UNREVOKED_PARTITIONS: the member is removed if it has not revoked by then.
     revocation_deadline_ms: int = NO_DEADLINE
+    # A static member's heartbeat of epoch -2: gone until its instance id joins again.
+    temporarily_left: bool = False
 
     def subscribed(self, topics: Iterable[str]) -> frozenset[str]:
         """The topics it subscribes to, its regex matched against `topics`."""
@@ -251,6 +257,26 @@ class ConsumerGroup:
         """A heartbeat of epoch >= 0 (leaving is `leave`); `topics`: every topic this node
         holds and its partition count."""
         member = self.members.get(req.member_id)
+        if req.member_epoch == JOIN_EPOCH and req.instance_id is not None:
+            holder = self.static_member(req.instance_id)
+            if holder is not None and holder.member_id != req.member_id:
+                if not holder.temporarily_left:
+                    return HeartbeatResult(
+                        E.unreleased_instance_id,
+                        f"instance {req.instance_id} is held by member {holder.member_id}",
+                    )
+                member = self._replace_static(holder, req.member_id)
+                self._update(member, req)
+                member.session_deadline_ms = now_ms + session_timeout_ms
+                self.note_state(now_ms)
+                return HeartbeatResult(
+                    E.none,
+                    None,
+                    member.member_id,
+                    member.epoch,
+                    heartbeat_interval_ms,
+                    member.assigned,
+                )
         if req.member_epoch == JOIN_EPOCH:
             if member is not None:
                 # Joining again under the same id: it has given up what it had.
@@ -266,6 +292,8 @@ class ConsumerGroup:
                     E.unknown_member_id, f"member {req.member_id} is not in the group"
                 )
             error = _epoch_error(member, req)
+            if member.temporarily_left:
+                error = f"member {member.member_id} left (epoch -2): join again"
             if error is not None:
                 return HeartbeatResult(E.fenced_member_epoch, error)
             previous = member.assigned
@@ -362,10 +390,31 @@ class ConsumerGroup:
     # -- leaving and timeouts ----------------------------------------------------------------
 
     def leave(self, member_id: str, member_epoch: int, *, now_ms: int) -> HeartbeatResult:
-        if self.remove(member_id) is None:
+        member = self.members.get(member_id)
+        if member is None:
             return HeartbeatResult(E.unknown_member_id, f"member {member_id} is not in the group")
+        if member_epoch == STATIC_LEAVE_EPOCH and member.instance_id is not None:
+            # Back soon under the same instance id: its partitions wait for it (rules).
+            member.temporarily_left = True
+        else:
+            self.remove(member_id)
         self.note_state(now_ms)
         return HeartbeatResult(E.none, None, member_id, member_epoch)
+
+    def static_member(self, instance_id: str) -> ConsumerMember | None:
+        return next((m for m in self.members.values() if m.instance_id == instance_id), None)
+
+    def _replace_static(self, old: ConsumerMember, new_id: str) -> ConsumerMember:
+        """`new_id` takes the place of the temporarily departed `old`: its epoch (from
+        before it left), partitions and target."""
+        old_id = old.member_id
+        del self.members[old_id]
+        old.member_id, old.temporarily_left = new_id, False
+        self.members[new_id] = old
+        target = self.target.pop(old_id, None)
+        if target is not None:
+            self.target[new_id] = target
+        return old
 
     def remove(self, member_id: str) -> ConsumerMember | None:
         """The member is gone (left, timed out, joined again): its partitions are free."""
@@ -426,7 +475,7 @@ class ConsumerGroup:
                 return E.unknown_member_id, "the group has members: commit as one of them"
             return None
         member = self.members.get(member_id or "")
-        if member is None:
+        if member is None or member.temporarily_left:
             return E.unknown_member_id, f"member {member_id} is not in the group"
         if commit_version is not None and commit_version < COMMIT_MEMBER_EPOCH_VERSION:
             return E.unsupported_version, "OffsetCommit v9+ is needed by this group's members"

@@ -320,3 +320,36 @@ def test_a_commit_with_a_lagging_epoch_is_taken_for_partitions_still_assigned_ki
     assert h.owned["b"] and h.epoch["b"] == 2
     early = c.commit(G, 1, MemberRef("b"), b_offsets, now_ms=h.now, version=10).result
     assert set(early.errors.values()) == {E.stale_member_epoch}
+
+
+def test_a_static_member_back_within_its_session_takes_its_place_without_a_rebalance() -> None:
+    h = Harness()
+    h.join("a", instance_id="i-a")
+    h.join("b")
+    for member in ("a", "a", "b"):
+        h.poll_member(member)
+    group = h.coordinator.consumer_groups[G]
+    epoch, held = group.group_epoch, h.owned["a"]
+    assert h.beat("a", -2).error == E.none  # a static member's temporary leave
+    assert h.beat("a").error == E.fenced_member_epoch  # it has left: it must join again
+
+    def join_as(member_id: str) -> HeartbeatResult:  # a new process: a new member id
+        return h.beat(
+            member_id, 0, rebalance_timeout_ms=REBALANCE, subscribed_topic_names=("t",),
+            owned=frozenset(), instance_id="i-a",
+        )  # fmt: skip
+
+    back = join_as("a2")
+    assert (back.error, back.assignment) == (E.none, held)
+    assert set(group.members) == {"a2", "b"} and group.group_epoch == epoch
+    # Another process with the instance id while it is held: refused.
+    assert join_as("x").error == E.unreleased_instance_id
+
+
+def test_a_static_member_not_back_within_its_session_is_removed() -> None:
+    h = Harness()
+    h.join("a", instance_id="i-a")
+    h.beat("a", -2)
+    h.now += SESSION
+    h.coordinator.poll(now_ms=h.now)
+    assert not h.coordinator.consumer_groups[G].members
