@@ -64,6 +64,8 @@ class SnapshotCollector(Collector):
             yield from _serve_metrics(snap["serve"])
         if snap.get("mirror"):
             yield from _mirror_metrics(snap["mirror"], per_partition=not self.per_topic)
+        if snap.get("archive"):
+            yield from _archive_metrics(snap["archive"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,6 +405,21 @@ MIRROR_FAMILIES = (
     Family(GAUGE, "mirror_destination_unreachable",
            "1 while the destination cluster cannot be reached", "unreachable"),
 )  # fmt: skip
+# The `archive:` section (replicad/archive/uploader.py): rolled segments in the bucket.
+ARCHIVE_FAMILIES = (
+    Family(COUNTER, "archive_uploaded_segments", "Rolled segments uploaded to the bucket",
+           "uploaded_segments"),
+    Family(COUNTER, "archive_uploaded_bytes", "Bytes uploaded (.log, .index, .timeindex)",
+           "uploaded_bytes"),
+    Family(GAUGE, "archive_pending_segments", "Rolled segments not uploaded yet",
+           "pending_segments"),
+    Family(COUNTER, "archive_upload_failures",
+           "Uploads that failed (bucket down, 503 SlowDown, timeouts); each is retried",
+           "failures"),
+    Family(GAUGE, "archive_retrying_partitions", "Partitions waiting to retry an upload",
+           "retrying"),
+    Family(COUNTER, "archive_put_requests", "PUT requests sent to the bucket", "puts"),
+)  # fmt: skip
 # serve's sync of the source's group offsets (replicad/leader/source_group_sync.py), when
 # `serve:` and groups.enabled.
 SERVE_GROUP_SYNC_FAMILIES = (
@@ -533,6 +550,15 @@ def _serve_metrics(serve: Mapping[str, Any]) -> Iterator[Metric]:
     sync = serve.get("group_sync")
     if sync:
         yield from (family.single(sync) for family in SERVE_GROUP_SYNC_FAMILIES)
+
+
+def _archive_metrics(archive: Mapping[str, Any]) -> Iterator[Metric]:
+    row = {
+        **archive,
+        "retrying": len(archive.get("retrying_partitions") or ()),
+        "puts": (archive.get("requests") or {}).get("PUT", 0),
+    }
+    yield from (family.single(row) for family in ARCHIVE_FAMILIES)
 
 
 def _mirror_metrics(mirror: Mapping[str, Any], *, per_partition: bool) -> Iterator[Metric]:

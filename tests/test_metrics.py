@@ -274,6 +274,23 @@ def test_mirror_metrics_only_when_mirroring() -> None:
     assert not any(name == "replicad_mirror_partition_lag" for name, _ in per_topic)
 
 
+def test_archive_metrics_only_when_archiving() -> None:
+    assert not any(name.startswith("replicad_archive") for name, _ in scrape(snapshot()))
+    archive = {
+        "bucket": "s3://replica/east", "uploaded_segments": 12, "uploaded_bytes": 1 << 20,
+        "pending_segments": 3, "failures": 2, "retrying_partitions": ["t-0"],
+        "last_error": "s3://replica/east/t-0/manifest.json: GET failed: SlowDown",
+        "requests": {"PUT": 48, "GET": 1, "LIST": 0},
+    }  # fmt: skip
+    samples = scrape(snapshot(archive=archive))
+    assert samples[("replicad_archive_uploaded_segments_total", ())] == 12
+    assert samples[("replicad_archive_uploaded_bytes_total", ())] == 1 << 20
+    assert samples[("replicad_archive_pending_segments", ())] == 3
+    assert samples[("replicad_archive_upload_failures_total", ())] == 2
+    assert samples[("replicad_archive_retrying_partitions", ())] == 1
+    assert samples[("replicad_archive_put_requests_total", ())] == 48
+
+
 def test_group_sync_metrics_only_when_groups_are_synced() -> None:
     mirror = {"produce_requests": 0, "partitions": [], "groups": {"enabled": False}}
     assert not any("group" in name for name, _ in scrape(snapshot(mirror=mirror)))
