@@ -5,6 +5,8 @@ the same keys; a bucket that is down is retried, counted and caught up; retentio
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -153,6 +155,66 @@ def test_a_restart_after_a_crash_mid_upload_writes_each_object_once(
     manifest = decode_manifest(store.get(manifest_key(PREFIX, TP)) or b"", source="m")
     assert [s.base_offset for s in manifest.segments] == [s.base_offset for s in closed]
     manager.close()
+
+
+# The uploader of the SIGKILL test, in a process of its own: rounds until killed.
+_CHILD = """
+import sys
+from pathlib import Path
+from replicad.archive.store import BucketSettings
+from replicad.archive.uploader import Archiver, ArchiverSettings
+from replicad.clock import wall_ms
+from replicad.log.config import LogConfig
+from replicad.log.manager import LogManager
+
+data_dir, endpoint, bucket, prefix, key, secret = sys.argv[1:7]
+manager = LogManager.open(Path(data_dir), LogConfig(segment_bytes=16 * 1024), now_ms=wall_ms())
+settings = BucketSettings(bucket, prefix, endpoint=endpoint, region="us-east-1",
+                          access_key_id=key, secret_access_key=secret, max_attempts=1)
+archiver = Archiver(ArchiverSettings(settings, retry_backoff_ms=1, retry_backoff_max_ms=1))
+while True:
+    archiver.round(manager)
+"""
+
+
+def test_sigkill_mid_upload_then_a_restart_leaves_each_object_once(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    manager, _ = filled(tmp_path)
+    closed = [s.base_offset for s in manager.partitions()[TP].segments[:-1]]
+    manager.checkpoint()
+    manager.close()
+    store = store_of(s3_server, s3_bucket)
+    with S3FaultProxy(s3_server.endpoint) as proxy:
+        proxy.set_delay_ms(50)  # every request slow: the kill lands inside an upload
+        argv = [tmp_path, proxy.endpoint, s3_bucket, PREFIX, ACCESS_KEY, SECRET_KEY]
+        child = subprocess.Popen([sys.executable, "-c", _CHILD, *map(str, argv)])
+        try:
+
+            def archived() -> int:
+                data = store.get(manifest_key(PREFIX, TP))
+                return len(decode_manifest(data, source="m").segments) if data else 0
+
+            wait_until(lambda: archived() >= 2, what="two segments archived by the child")
+            child.kill()
+        finally:
+            child.kill()
+            child.wait()
+    reopened = LogManager.open(tmp_path, CONFIG, now_ms=wall_ms())
+    Archiver(settings(s3_server, s3_bucket)).round(reopened)
+    manifest = decode_manifest(store.get(manifest_key(PREFIX, TP)) or b"", source="m")
+    assert [s.base_offset for s in manifest.segments] == closed
+    segment_dir = f"{PREFIX}/orders-2/{manifest.topic_id}"
+    names = sorted(
+        f"{base:020d}{suffix}" for base in closed for suffix in (".index", ".log", ".timeindex")
+    )
+    assert store.list_keys(f"{PREFIX}/") == sorted(
+        [f"{segment_dir}/{n}" for n in names] + [manifest_key(PREFIX, TP)]
+    )
+    for segment in reopened.partitions()[TP].segments[:-1]:
+        key = f"{segment_dir}/{segment.log_path.name}"
+        assert store.get(key) == segment.log_path.read_bytes(), key
+    reopened.close()
 
 
 def test_a_topic_created_again_is_not_mixed_into_the_old_archive(
