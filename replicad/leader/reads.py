@@ -164,13 +164,13 @@ def read_partition(
         if offset < start:
             return PartitionAnswer(tp, offset, error_code=ErrorCode.offset_out_of_range)
         if ours.epoch < fetch.last_fetched_epoch or ours.end_offset < offset:
-            return PartitionAnswer(
+            return _answer_with_offsets(
                 tp,
                 offset,
-                high_watermark=hw,
-                last_stable_offset=lso,
-                log_start_offset=start,
-                aborted=aborted,
+                hw,
+                lso,
+                start,
+                aborted,
                 diverging=DivergingEpoch(ours.epoch, ours.end_offset),
             )
     if offset < start or offset > end:
@@ -179,14 +179,7 @@ def read_partition(
         limits.isolation
     ]
     if offset >= bound:
-        return PartitionAnswer(
-            tp,
-            offset,
-            high_watermark=hw,
-            last_stable_offset=lso,
-            log_start_offset=start,
-            aborted=aborted,
-        )
+        return _answer_with_offsets(tp, offset, hw, lso, start, aborted)
     if state is not None:
         aborted = tuple(state.aborted_overlapping(offset, bound))
     allowance = min(fetch.max_bytes, budget)
@@ -197,15 +190,33 @@ def read_partition(
         except OffsetOutOfRangeError:
             # Truncated or deleted under us since the offsets were taken.
             return PartitionAnswer(tp, offset, error_code=ErrorCode.offset_out_of_range)
+    return _answer_with_offsets(tp, offset, hw, lso, start, aborted, records=region, more_data=True)
+
+
+def _answer_with_offsets(
+    tp: TopicPartition,
+    offset: int,
+    hw: int,
+    lso: int,
+    start: int,
+    aborted: tuple[AbortedTransaction, ...] | None,
+    *,
+    records: FileRegion | None = None,
+    diverging: DivergingEpoch | None = None,
+    more_data: bool = False,
+) -> PartitionAnswer:
+    """An answer without an error: the partition's offsets and aborted transactions, with
+    what the read found: records, a diverging epoch, or nothing (an offset at or past the bound)."""
     return PartitionAnswer(
         tp,
         offset,
         high_watermark=hw,
         last_stable_offset=lso,
         log_start_offset=start,
-        records=region,
+        records=records,
         aborted=aborted,
-        more_data=True,
+        diverging=diverging,
+        more_data=more_data,
     )
 
 
