@@ -381,7 +381,7 @@ def _cmd_verify_against_source(args: argparse.Namespace) -> int:
             from replicad.config import load_config
 
             config = load_config(Path(args.config), {})
-            bootstrap = list(config.source.bootstrap_servers)
+            bootstrap = [str(hp) for hp in config.source.bootstrap_servers]
             settings = ClientSettings.from_config(config.source)
         if args.bootstrap_servers:
             bootstrap = [s for s in args.bootstrap_servers.split(",") if s.strip()]

@@ -69,7 +69,10 @@ log = structlog.get_logger("replicad.verify")
 # Sessionless: KIP-227's (0, -1) is a full fetch that creates no session.
 _NO_SESSION_ID = 0
 _NO_SESSION_EPOCH = -1
-_FETCH_MAX_WAIT_MS = 0
+# Kafka answers at once when it has a byte at the offset; Tansu answers a Fetch that may not
+# wait with no partition at all, so let it wait a little (the walk never asks past the end
+# it knows but once, at a replica ahead of the source).
+_FETCH_MAX_WAIT_MS = 100
 _RETRY_DELAY_S = 0.5
 # Errors after which fresh metadata (another leader, the topic back) may help.
 _REFRESH = frozenset(

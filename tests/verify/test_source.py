@@ -20,6 +20,7 @@ from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from replicad.verify.source import pace_delay_s
 from tools.peers.produce import produce_mixed, produce_numbered
+from tools.peers.wire import fetch_once
 from tools.replica import batches_from, replicad_cli, replicad_run, segment_bytes
 from tools.wait import wait_until
 
@@ -199,3 +200,31 @@ def test_batches_the_sources_cleaner_rewrote_after_the_copy_are_said_not_failed(
     assert entry["mismatches"] == [] and entry["clean"]
     assert entry["rewritten_at_source"], entry
     assert entry["verified_to"] == 2_000
+
+
+def test_a_tansu_replica_is_verified_without_fetch_sessions(tansu_broker, unique_topic, tmp_path):
+    """Tansu answers without fetch sessions, and its ListOffsets "latest" under-reports:
+    verify asks sessionless and bounds the walk by Fetch's high watermark."""
+    topic = unique_topic()
+    tansu_broker.create_topic(topic, 1)
+    produce_mixed(tansu_broker.bootstrap, topic, partitions=1, records=1_000, seed=34)
+    end = fetch_once(tansu_broker.bootstrap, topic, 0, 0).high_watermark
+    data_dir = tmp_path / "data"
+    _replicate(tansu_broker, topic, {0: end}, data_dir)
+    done = _verify(data_dir, tansu_broker.bootstrap, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (entry,) = json.loads(done.stdout)["partitions"]
+    assert entry["clean"] and entry["verified_to"] == end and entry["batches_compared"] > 0
+
+
+def test_the_source_and_its_settings_come_from_the_daemons_config(kafka_broker, replica, tmp_path):
+    _, data_dir, ends = replica
+    config = tmp_path / "replicad.yaml"
+    config.write_text(
+        f"source:\n  bootstrap_servers: [{kafka_broker.bootstrap!r}]\n"
+        f"topics:\n  include: [x]\ndata_dir: {str(data_dir)!r}\n"
+    )
+    done = replicad_cli("verify", str(data_dir), "--against-source", "-c", str(config), "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert [p["verified_to"] for p in report["partitions"]] == [ends[0], ends[1]]
