@@ -12,8 +12,10 @@ from tools.bench.measure import (
     Measured,
     burn_then_sleep,
     chunks_polled,
+    cpu_seconds,
     read_marks,
     run_measured,
+    tree_cpu_seconds,
 )
 
 # What these children take is printed by `python -m tools.bench.measure`, beside what they
@@ -74,3 +76,35 @@ def test_a_window_too_short_to_time_has_no_steady_rate():
     # One poll() that returned the whole topic: 10% and 90% in the same instant.
     assert Measured(1.0, 0.5, 10.0, {10: 0.5, 90: 0.5 + 1e-6}).steady_s is None
     assert Measured(1.0, 0.5, 10.0, {10: 0.2, 90: 0.8}).steady_s == pytest.approx(0.6)
+
+
+# A parent that runs a CPU-bound grandchild to its end (reaped: counted in the parent's
+# cutime), then starts a second that burns until killed (live: counted as a descendant).
+_TREE = """
+import subprocess, sys
+burn = "import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.3: pass"
+subprocess.run([sys.executable, "-c", burn], check=True)
+live = subprocess.Popen([sys.executable, "-c", burn + "\\nprint(1, flush=True)\\ninput()"],
+                        stdout=subprocess.PIPE, stdin=subprocess.PIPE)
+live.stdout.readline()
+print(live.pid, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_tree_cpu_counts_reaped_and_live_descendants_the_process_alone_does_not():
+    import subprocess
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _TREE], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout is not None
+        live = int(parent.stdout.readline())  # both grandchildren have burnt 0.3 CPU-s
+        own = cpu_seconds(parent.pid)
+        assert own is not None
+        assert tree_cpu_seconds(parent.pid) - own >= 0.6 - 0.05  # ticks of 10 ms, both
+        assert tree_cpu_seconds(live) >= 0.3 - 0.02
+    finally:
+        parent.kill()
+        parent.wait()

@@ -113,6 +113,34 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
 
 
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        found.append(parent)
+        for task in Path(f"/proc/{parent}/task").glob("*/children"):
+            try:
+                todo.extend(int(child) for child in task.read_text().split())
+            except (OSError, ValueError):
+                continue  # gone meanwhile
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a live process and every live descendant, with the children each has
+    reaped (a JVM's forked Python workers, say), so the difference of two calls is what
+    the whole tree spent between them; children exited but not yet reaped are missed."""
+    total = 0.0
+    for member in _descendants(pid):
+        try:
+            stat = Path(f"/proc/{member}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        total += sum(int(f) for f in fields[11:15]) / _TICKS_PER_S
+    return total
+
+
 def read_marks(path: Path, started: float) -> dict[int, float]:
     """A marks file written by the child: percent -> seconds since `started`."""
     marks: dict[int, float] = {}

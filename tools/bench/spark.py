@@ -12,15 +12,20 @@ One run, the same data for all three:
    - `replicad` source over the replicated segments (no broker involved);
    - Spark's own Kafka source (spark-sql-kafka-0-10, `make spark-kafka-jars`: the version
      tools/kafka/spark-kafka-pom.xml names, given as spark.jars) reading the topic from the
-     broker;
+     broker, twice: at its defaults, and tuned for throughput as its integration guide and
+     the Kafka consumer's docs offer (`KAFKA_TUNED`: `minPartitions`, so each Kafka
+     partition is read by several tasks, and larger consumer fetches); both printed;
    - `spark.read.parquet` of the same records, exported first with `replicad pipeline
      export` (its time is shown too): the ceiling of a columnar file format;
    - streaming, Trigger.AvailableNow into Spark's `noop` sink (a fresh checkpoint each
      time): `spark.readStream` of the `replicad` source, and of Spark's Kafka source from
-     the broker (its defaults: no maxOffsetsPerTrigger, so one micro-batch each).
+     the broker (no maxOffsetsPerTrigger, so one micro-batch each), default and tuned.
    A small read first warms the Python workers and the JVM, so no row pays for start-up.
 MB/s is given over each source's own input and over the log bytes (the same volume for
-all three). Everything sits in the page cache (the data was just written): this measures
+all three). CPU seconds are the Spark JVM's and its Python workers' (the process tree,
+/proc), and the broker's apart: a Kafka source read costs the broker's CPU too, a replica
+read none. A read whose CPU is far below its wall time was waiting, not working.
+Everything sits in the page cache (the data was just written): this measures
 the readers, not the disk.
 """
 
@@ -58,6 +63,43 @@ class Timing:
     rows: int
     input_bytes: int
     seconds: float
+    spark_cpu_s: float = float("nan")
+    broker_cpu_s: float = float("nan")
+
+
+# Spark's Kafka source tuned for a throughput read, each from its own docs: the integration
+# guide's `minPartitions` (Kafka partitions split across more Spark tasks, set to the
+# master's cores times two in `kafka_tuned`), and the consumer's fetch sizes (Kafka's
+# consumer configs: max.partition.fetch.bytes 1 MiB and fetch.max.bytes 50 MiB by
+# default; a larger per-partition fetch means fewer round trips per task).
+KAFKA_TUNED = {
+    "kafka.max.partition.fetch.bytes": str(16 * 1024 * 1024),
+    "kafka.fetch.max.bytes": str(64 * 1024 * 1024),
+    "kafka.receive.buffer.bytes": str(4 * 1024 * 1024),
+}
+
+
+def master_cores(master: str) -> int:
+    """The cores of a `local[N]` / `local[*]` master (the machine's for anything else)."""
+    inside = master[master.find("[") + 1 : master.find("]")] if "[" in master else ""
+    return int(inside) if inside.isdigit() else os.cpu_count() or 1
+
+
+def kafka_tuned(master: str) -> dict[str, str]:
+    return {**KAFKA_TUNED, "minPartitions": str(2 * master_cores(master))}
+
+
+class Meter:
+    """CPU seconds of the Spark JVM's process tree and of the broker around one read."""
+
+    def __init__(self, spark_pid: int, broker_pid: int | None) -> None:
+        self.spark_pid, self.broker_pid = spark_pid, broker_pid
+
+    def read(self) -> tuple[float, float]:
+        from tools.bench.measure import tree_cpu_seconds
+
+        broker = tree_cpu_seconds(self.broker_pid) if self.broker_pid else float("nan")
+        return tree_cpu_seconds(self.spark_pid), broker
 
 
 def produce(bootstrap: str, topic: str, *, target_bytes: int, value_bytes: int, codec: str) -> int:
@@ -122,15 +164,25 @@ def tree_bytes(path: Path, suffix: str = "") -> int:
 
 
 def timed(
-    source: str, rows: int, input_bytes: int, action: Callable[[], object], repeat: int = 1
+    source: str,
+    rows: int,
+    input_bytes: int,
+    action: Callable[[], object],
+    repeat: int = 1,
+    meter: Meter | None = None,
 ) -> Timing:
-    """The fastest of `repeat` runs: on a shared machine the others' load only slows down."""
-    best = float("inf")
+    """The fastest of `repeat` runs (on a shared machine the others' load only slows
+    down), with that run's CPU seconds."""
+    best = (float("inf"), float("nan"), float("nan"))
     for _ in range(repeat):
+        cpu_before = meter.read() if meter else (float("nan"),) * 2
         started = time.perf_counter()
         action()
-        best = min(best, time.perf_counter() - started)
-    return Timing(source, rows, input_bytes, best)
+        seconds = time.perf_counter() - started
+        cpu_after = meter.read() if meter else (float("nan"),) * 2
+        if seconds < best[0]:
+            best = (seconds, cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1])
+    return Timing(source, rows, input_bytes, *best)
 
 
 def run(args: argparse.Namespace, work: Path) -> list[Timing]:
@@ -161,7 +213,9 @@ def run(args: argparse.Namespace, work: Path) -> list[Timing]:
         )
         if log_bytes < args.gb * GB:
             print(f"note: {log_bytes / GB:.2f} GB of segments, below --gb (compression)")
-        return read_three_ways(args, broker.bootstrap, topic, data_dir, work, rows, log_bytes)
+        return read_three_ways(
+            args, broker.bootstrap, topic, data_dir, work, rows, log_bytes, broker.pid
+        )
     finally:
         broker.stop()
 
@@ -174,6 +228,7 @@ def read_three_ways(
     work: Path,
     rows: int,
     log_bytes: int,
+    broker_pid: int | None = None,
 ) -> list[Timing]:
     from replicad.spark.pipeline import export, spark_session
 
@@ -188,6 +243,9 @@ def read_three_ways(
         app_name="replicad bench",
     )
     spark.sparkContext.setLogLevel("WARN")
+    meter = Meter(spark.sparkContext._gateway.proc.pid, broker_pid)  # type: ignore[attr-defined]
+    tuned = kafka_tuned(args.master)
+    print("Spark Kafka source, tuned: " + ", ".join(f"{k}={v}" for k, v in tuned.items()))
 
     def noop(df: DataFrame) -> None:
         df.write.format("noop").mode("overwrite").save()
@@ -202,13 +260,40 @@ def read_three_ways(
         .option("endingOffsets", "latest")
         .load()
     )
+    kafka_tuned_df = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("includeHeaders", "true")
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", "latest")
+        .options(**tuned)
+        .load()
+    )
     # Warm-up: Python workers, the Kafka consumer classes, the JIT.
     noop(spark.read.format("replicad").option("endingOffsets", "2000").load(str(data_dir)))
     noop(kafka_df.limit(2000))
     repeat = args.repeat
     timings = [
-        timed("replicad source (segments)", rows, log_bytes, lambda: noop(replicad_df), repeat),
-        timed("Spark Kafka source (broker)", rows, log_bytes, lambda: noop(kafka_df), repeat),
+        timed(
+            "replicad source (segments)", rows, log_bytes, lambda: noop(replicad_df), repeat, meter
+        ),
+        timed(
+            "Spark Kafka source (broker), defaults",
+            rows,
+            log_bytes,
+            lambda: noop(kafka_df),
+            repeat,
+            meter,
+        ),
+        timed(
+            "Spark Kafka source (broker), tuned",
+            rows,
+            log_bytes,
+            lambda: noop(kafka_tuned_df),
+            repeat,
+            meter,
+        ),
     ]
     parquet = work / "parquet"
     exported = timed(
@@ -216,11 +301,19 @@ def read_three_ways(
         rows,
         log_bytes,
         lambda: export(str(data_dir), "parquet", str(parquet), mode="overwrite", spark=spark),
+        meter=meter,
     )
     parquet_bytes = tree_bytes(parquet, ".parquet")
     parquet_df = spark.read.parquet(str(parquet))
     timings.append(
-        timed("spark.read.parquet (ceiling)", rows, parquet_bytes, lambda: noop(parquet_df), repeat)
+        timed(
+            "spark.read.parquet (ceiling)",
+            rows,
+            parquet_bytes,
+            lambda: noop(parquet_df),
+            repeat,
+            meter,
+        )
     )
     timings.append(exported)
     checkpoints = iter(range(1_000_000))
@@ -231,10 +324,11 @@ def read_three_ways(
         again and its lost seconds not counted."""
         from replicad.spark.follow import START_ATTEMPTS, worker_start_failed
 
-        best = float("inf")
+        best = (float("inf"), float("nan"), float("nan"))
         for _ in range(repeat):
             for attempt in range(1, START_ATTEMPTS + 1):
                 checkpoint = work / "checkpoints" / str(next(checkpoints))
+                cpu_before = meter.read()
                 started = time.perf_counter()
                 query = (
                     df.writeStream.format("noop")
@@ -248,8 +342,11 @@ def read_three_ways(
                 except Exception as exc:
                     if attempt == START_ATTEMPTS or not worker_start_failed(exc):
                         raise
-            best = min(best, time.perf_counter() - started)
-        return Timing(source, rows, log_bytes, best)
+            seconds = time.perf_counter() - started
+            cpu_after = meter.read()
+            if seconds < best[0]:
+                best = (seconds, cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1])
+        return Timing(source, rows, log_bytes, *best)
 
     replicad_stream = spark.readStream.format("replicad").load(str(data_dir))
     kafka_stream = (
@@ -258,10 +355,16 @@ def read_three_ways(
         .option("subscribe", topic)
         .option("includeHeaders", "true")
         .option("startingOffsets", "earliest")
-        .load()
     )
     timings.append(stream_noop("replicad stream, AvailableNow (segments)", replicad_stream))
-    timings.append(stream_noop("Spark Kafka source stream, AvailableNow (broker)", kafka_stream))
+    timings.append(
+        stream_noop("Spark Kafka source stream, AvailableNow, defaults", kafka_stream.load())
+    )
+    timings.append(
+        stream_noop(
+            "Spark Kafka source stream, AvailableNow, tuned", kafka_stream.options(**tuned).load()
+        )
+    )
     counted = replicad_df.count()
     if counted != rows:
         raise RuntimeError(f"replicad source counted {counted:,} rows, {rows:,} were produced")
@@ -271,14 +374,15 @@ def read_three_ways(
 
 def table(timings: list[Timing], log_bytes: int) -> str:
     lines = [
-        "| read | rows | input | seconds | rows/s | MB/s (input) | MB/s (log bytes) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| read | rows | input | seconds | rows/s | MB/s (input) | MB/s (log bytes) "
+        "| Spark CPU s | broker CPU s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for t in timings:
         lines.append(
             f"| {t.source} | {t.rows:,} | {t.input_bytes / MB:,.0f} MB | {t.seconds:.1f} | "
             f"{t.rows / t.seconds:,.0f} | {t.input_bytes / MB / t.seconds:,.1f} | "
-            f"{log_bytes / MB / t.seconds:,.1f} |"
+            f"{log_bytes / MB / t.seconds:,.1f} | {t.spark_cpu_s:.1f} | {t.broker_cpu_s:.1f} |"
         )
     return "\n".join(lines)
 
