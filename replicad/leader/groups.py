@@ -23,6 +23,10 @@ Rules:
   failed over to. A mark whose write failed is written with the next write.
 - A read-only group's OffsetCommit (the coordinator refuses it) is logged, once a minute
   per group at most, and counted.
+- ConsumerGroupHeartbeat and ConsumerGroupDescribe (KIP-848) are answered at once (a
+  member of the consumer protocol never waits on the others); the coordinator is given
+  every topic this node holds with its partition count, and the catalog's topic ids name
+  the topics both ways.
 - Nothing here blocks the loop: the coordinator is in memory and answers at once, the
   disk is the store thread's.
 """
