@@ -74,16 +74,24 @@ class ReplicaPartition:
 
     def offsets(self) -> OffsetRange:
         """[first batch's base offset, next offset after the last whole batch); empty
-        (0, 0) when there is no batch. Stops at damage: what follows cannot be read."""
-        first = end = None
-        for i in range(len(self.bases)):
-            segment = self._segment(i)
-            if segment.headers:
-                if first is None:
-                    first = segment.headers[0].base_offset
-                end = segment.headers[-1].next_offset
-            if segment.damage is not None:
-                break
+        (0, 0) when there is no batch. Reads the first and the last segments that hold a
+        batch, not those between: damage there is found by the walk, at its offset."""
+        first = next(
+            (
+                self._segment(i).headers[0].base_offset
+                for i in range(len(self.bases))
+                if self._segment(i).headers
+            ),
+            None,
+        )
+        end = next(
+            (
+                self._segment(i).headers[-1].next_offset
+                for i in reversed(range(len(self.bases)))
+                if self._segment(i).headers
+            ),
+            None,
+        )
         if first is None or end is None:
             return OffsetRange(0, 0)
         return OffsetRange(first, end)
@@ -98,12 +106,19 @@ class ReplicaPartition:
                 return
 
     def sample(self, count: int, seed: int) -> list[int]:
-        """`count` batches' base offsets drawn at random over the whole log (seeded: the
-        same seed over the same replica draws the same batches)."""
-        offsets = list(self.batch_offsets())
-        if count >= len(offsets):
-            return offsets
-        return sorted(random.Random(seed).sample(offsets, count))
+        """`count` batches' base offsets drawn at random over the whole log, in offset
+        order; seeded, so the same seed over the same replica draws the same batches.
+        Memory: `count` offsets (a reservoir), whatever the log's length."""
+        rng = random.Random(seed)
+        chosen: list[int] = []
+        for seen, offset in enumerate(self.batch_offsets()):
+            if seen < count:
+                chosen.append(offset)
+            else:
+                slot = rng.randrange(seen + 1)
+                if slot < count:
+                    chosen[slot] = offset
+        return sorted(chosen)
 
     def slice(self, low: int, high: int) -> ReplicaSlice:
         """Every whole batch that ends at or past `low` and starts at or before `high`;
