@@ -157,6 +157,12 @@ class Marks:
         self.next_at = self._thresholds[0][1]
         self.seen = 0
 
+    def add(self, records: int) -> None:
+        """Counts `records` more and writes the marks they reach: every reader's one count."""
+        self.seen += records
+        if self.seen >= self.next_at:
+            self.passed()
+
     def passed(self) -> None:
         """Called when seen >= next_at."""
         while self._thresholds and self.seen >= self._thresholds[0][1]:
@@ -189,16 +195,11 @@ def confluent(s: PeerSetup, bootstrap: str, topic: str, partitions: int, marks: 
         while not marks.done:
             message = consumer.poll(1.0)
             if message is not None and not message.error():
-                marks.seen += 1
-                if marks.seen >= marks.next_at:
-                    marks.passed()
+                marks.add(1)
     else:
         while not marks.done:
-            for message in consumer.consume(CONSUME_BATCH, CONSUME_TIMEOUT_S):
-                if not message.error():
-                    marks.seen += 1
-            if marks.seen >= marks.next_at:
-                marks.passed()
+            messages = consumer.consume(CONSUME_BATCH, CONSUME_TIMEOUT_S)
+            marks.add(sum(1 for message in messages if not message.error()))
     consumer.close()
 
 
@@ -212,17 +213,13 @@ def kafka_python(s: PeerSetup, bootstrap: str, topic: str, partitions: int, mark
     consumer.seek_to_beginning()
     if s.variant == DEFAULT:
         for _ in consumer:
-            marks.seen += 1
-            if marks.seen >= marks.next_at:
-                marks.passed()
-                if marks.done:
-                    break
+            marks.add(1)
+            if marks.done:
+                break
     else:
         while not marks.done:
-            for records in consumer.poll(POLL_TIMEOUT_MS, MAX_RECORDS).values():
-                marks.seen += len(records)
-            if marks.seen >= marks.next_at:
-                marks.passed()
+            batches = consumer.poll(POLL_TIMEOUT_MS, MAX_RECORDS)
+            marks.add(sum(len(records) for records in batches.values()))
     consumer.close()
 
 
@@ -240,20 +237,15 @@ def aiokafka(s: PeerSetup, bootstrap: str, topic: str, partitions: int, marks: M
         await consumer.seek_to_beginning()
         if s.variant == DEFAULT:
             async for _ in consumer:
-                marks.seen += 1
-                if marks.seen >= marks.next_at:
-                    marks.passed()
-                    if marks.done:
-                        break
+                marks.add(1)
+                if marks.done:
+                    break
         else:
             while not marks.done:
                 batches = await consumer.getmany(
                     timeout_ms=POLL_TIMEOUT_MS, max_records=MAX_RECORDS
                 )
-                for records in batches.values():
-                    marks.seen += len(records)
-                if marks.seen >= marks.next_at:
-                    marks.passed()
+                marks.add(sum(len(records) for records in batches.values()))
         await consumer.stop()
 
     asyncio.run(main())
