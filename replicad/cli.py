@@ -646,9 +646,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     coordinating.add_argument(
         "--group-consumer-protocol",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=True,
         help="also answer the consumer group protocol (KIP-848: Java clients with "
-        "group.protocol=consumer) (default: off, the classic protocol only)",
+        "group.protocol=consumer) (default: on, as Kafka 4 brokers; "
+        "--no-group-consumer-protocol: the classic protocol only)",
     )
     for flag, default in (
         ("min-session-timeout-ms", 6_000),

@@ -464,7 +464,7 @@ class GroupsConfig:
     # ... and the consumer group protocol (KIP-848, group.coordinator.rebalance.protocols
     # with "consumer"): off, serve answers only the classic protocol. Its members' session
     # timeout and heartbeat interval are the coordinator's (group.consumer.*).
-    consumer_protocol: bool = False
+    consumer_protocol: bool = True
     consumer_session_timeout_ms: int = 45_000
     consumer_heartbeat_interval_ms: int = 5_000
 

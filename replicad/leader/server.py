@@ -282,7 +282,7 @@ class LeaderServer:
         rng: random.Random | None = None,
         read_only_groups: Callable[[str], bool] | None = None,
         group_config: CoordinatorConfig | None = None,
-        consumer_group_protocol: bool = False,
+        consumer_group_protocol: bool = True,
     ) -> None:
         self.settings = settings
         self.node_id = node_id
@@ -1202,7 +1202,7 @@ async def serve_forever(
     stop: asyncio.Event | None = None,
     on_ready: Callable[[LeaderServer], None] | None = None,
     group_config: CoordinatorConfig | None = None,
-    consumer_group_protocol: bool = False,
+    consumer_group_protocol: bool = True,
 ) -> int:
     """`replicad serve`: open the data directory (taking its lock), serve it until SIGTERM,
     SIGINT or `stop`, then close everything. Returns the process exit code."""

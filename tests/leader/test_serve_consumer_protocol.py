@@ -5,7 +5,7 @@ an offset committed wrong, or a partition held by two members); `kafka-consumer-
 --describe` shows the group (through ConsumerGroupDescribe) and its lag.
 
 The replica is written through the log store (no broker); one `replicad serve` subprocess
-with `--group-consumer-protocol` serves the module. A serve without the flag does not
+with `--group-consumer-protocol` (the default) serves the module. A serve without it does not
 advertise the new APIs, so the same Java consumer is refused by its own client.
 """
 
