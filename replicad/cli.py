@@ -418,8 +418,11 @@ def _cmd_verify_against_source(args: argparse.Namespace) -> int:
     try:
         results = asyncio.run(verifier.run())
     except (OSError, ReplicadError) as exc:
-        print(f"replicad verify: {exc}", file=sys.stderr)
-        return EX_FAILURE
+        # Nothing compared (the source unreachable, say): "unknown", never "a mismatch".
+        from replicad.verify.report import EXIT_UNVERIFIED
+
+        print(f"replicad verify: nothing compared: {exc}", file=sys.stderr)
+        return EXIT_UNVERIFIED
     except KeyboardInterrupt:
         return EX_INTERRUPTED
     if args.json:

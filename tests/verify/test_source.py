@@ -228,3 +228,10 @@ def test_the_source_and_its_settings_come_from_the_daemons_config(kafka_broker, 
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
     assert [p["verified_to"] for p in report["partitions"]] == [ends[0], ends[1]]
+
+
+def test_an_unreachable_source_is_not_compared_not_a_mismatch(replica, free_port):
+    _, data_dir, _ = replica
+    done = _verify(data_dir, f"127.0.0.1:{free_port}")
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "nothing compared" in done.stderr
