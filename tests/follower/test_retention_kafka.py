@@ -1,9 +1,10 @@
 """The source's retention, by size and by time, racing `replicad run` on real Kafka.
 
 Kafka checks retention every `log.retention.check.interval.ms` (5 minutes by default, a
-broker setting no topic can lower), so these tests share one broker of their own that checks
-every half second, from the start. Topics roll small segments; size retention is
-`retention.bytes`, time retention `retention.ms` over records stamped older than now, so
+broker setting no topic can lower), so these tests run on a broker of their own config that
+checks every half second, from the start (the one the tiered-storage test shares: the topics
+here are not tiered). Topics roll small segments; size retention is `retention.bytes`, time
+retention `retention.ms` over records stamped older than now, so
 that each expires a few seconds after it was produced, while the follower has long copied it.
 
 - Following: while the follower keeps up, the source's log start moves forward under it
@@ -28,13 +29,11 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from replicad.types import TopicPartition
 from tools.peers.admin import probe_consumer
-from tools.peers.kafka import KafkaBroker
 from tools.replica import replicad_cli, replicad_run, segment_bytes, status_json, topic_ends
 from tools.wait import wait_until
 
 pytestmark = pytest.mark.kafka
 
-CHECK_INTERVAL = {"log.retention.check.interval.ms": "500", "log.initial.task.delay.ms": "0"}
 SEGMENT_BYTES = 8 * 1024
 ROUND_RECORDS = 40
 VALUE = b"x" * 200
@@ -48,14 +47,11 @@ POLICIES = {
 }
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    peer = KafkaBroker(tmp_path_factory.mktemp("kafka-retention"), broker_config=CHECK_INTERVAL)
-    peer.start()
-    try:
-        yield peer
-    finally:
-        peer.stop()
+@pytest.fixture
+def broker(tiered_kafka_broker):
+    """The broker checking retention every 500 ms (tests/follower/conftest.py); the topics
+    here are not tiered."""
+    return tiered_kafka_broker[0]
 
 
 def produce_round(bootstrap: str, topic: str, first: int, *, old: bool) -> int:

@@ -1,12 +1,13 @@
 """A source with tiered storage (KIP-405): a topic whose first segments exist only in remote
 storage, replicated by `replicad run` from offset 0, byte for byte.
 
-The broker is one of its own (tiered storage is a broker setting), with Kafka's own
-LocalTieredStorage as its remote storage (tools/peers/tiered.py). Once the broker has copied
-the first segments out and deleted them locally, ListOffsets tells the two starts apart:
-EARLIEST (-2) is the remote log start, EARLIEST_LOCAL (-4) the first local offset,
-LATEST_TIERED (-5) the last offset in remote storage. The follower asks only -2 and -1, so it
-starts at 0, and the broker serves the remote segments to its Fetch as to any consumer's.
+The broker is one of its own config (tiered storage is a broker setting), with Kafka's own
+LocalTieredStorage as its remote storage (tests/follower/conftest.py, tools/peers/tiered.py).
+Once the broker has copied the first segments out and deleted them locally, ListOffsets tells
+the two starts apart: EARLIEST (-2) is the remote log start, EARLIEST_LOCAL (-4) the first
+local offset, LATEST_TIERED (-5) the last offset in remote storage. The follower asks only -2
+and -1, so it starts at 0, and the broker serves the remote segments to its Fetch as to any
+consumer's.
 """
 
 from __future__ import annotations
@@ -24,8 +25,7 @@ from replicad.protocol.requests import OffsetQuery, list_offsets_request
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from replicad.wire import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
-from tools.peers.kafka import KafkaBroker
-from tools.peers.tiered import TIERED_TOPIC_CONFIG, remote_segment_files, tiered_broker_config
+from tools.peers.tiered import TIERED_TOPIC_CONFIG, remote_segment_files
 from tools.replica import replicad_cli, replicad_run, segment_bytes
 from tools.wait import wait_until
 
@@ -35,19 +35,6 @@ EARLIEST_LOCAL_TIMESTAMP = -4
 LATEST_TIERED_TIMESTAMP = -5
 SEGMENT_BYTES = 8 * 1024
 ROUND_RECORDS = 60
-
-
-@pytest.fixture(scope="module")
-def tiered(tmp_path_factory):
-    work = tmp_path_factory.mktemp("kafka-tiered")
-    storage = work / "remote"
-    storage.mkdir()
-    broker = KafkaBroker(work / "broker", broker_config=tiered_broker_config(storage))
-    broker.start()
-    try:
-        yield broker, storage
-    finally:
-        broker.stop()
 
 
 def list_offsets(bootstrap: str, tp: TopicPartition, timestamps: list[int]) -> dict[int, int]:
@@ -96,9 +83,9 @@ def batches_by_offset(files: list[Path]) -> dict[int, bytes]:
 
 
 def test_a_topic_whose_first_segments_are_remote_only_is_copied_from_offset_0(
-    tiered, unique_topic, tmp_path
+    tiered_kafka_broker, unique_topic, tmp_path
 ):
-    broker, storage = tiered
+    broker, storage = tiered_kafka_broker
     topic = unique_topic()
     tp = TopicPartition(topic, 0)
     broker.create_topic(topic, 1, TIERED_TOPIC_CONFIG, segment_bytes=SEGMENT_BYTES)
