@@ -101,10 +101,12 @@ def test_tree_cpu_counts_reaped_and_live_descendants_the_process_alone_does_not(
     try:
         assert parent.stdout is not None
         live = int(parent.stdout.readline())  # both grandchildren have burnt 0.3 CPU-s
-        own = cpu_seconds(parent.pid)
-        assert own is not None
-        assert tree_cpu_seconds(parent.pid) - own >= 0.6 - 0.05  # ticks of 10 ms, both
-        assert tree_cpu_seconds(live) >= 0.3 - 0.02
+        own_cpu = cpu_seconds(parent.pid)
+        assert own_cpu is not None
+        descendants_cpu = tree_cpu_seconds(parent.pid) - own_cpu
+        live_cpu = tree_cpu_seconds(live)
+        assert descendants_cpu >= 0.55  # both burnt 0.3 CPU-s, read in ticks of 10 ms
+        assert live_cpu >= 0.28
     finally:
         parent.kill()
         parent.wait()
