@@ -25,7 +25,7 @@ import signal
 import sys
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import asyncio
@@ -80,7 +80,8 @@ class LoopSignals:
         }
         if on_reload is not None:
             self._handlers[signal.SIGHUP] = on_reload
-        self._installed: list[signal.Signals] = []
+        # Each signal handled, with its disposition before (given back by `remove`).
+        self._installed: list[tuple[signal.Signals, Any]] = []
 
     def install(self) -> signal.Signals | None:
         """Handle the signals on the loop from now on; the stop signal caught before (the
@@ -88,11 +89,17 @@ class LoopSignals:
         the main thread), the daemon runs without."""
         for signum, handler in self._handlers.items():
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                before = signal.getsignal(signum)
                 self._loop.add_signal_handler(signum, handler)
-                self._installed.append(signum)
+                self._installed.append((signum, before))
         return early_stop_signal()
 
     def remove(self) -> None:
-        for signum in self._installed:
+        """Give the signals back as they were before `install`: the loop's removal sets
+        the default disposition, which for a SIGHUP ignored by its parent (nohup, a
+        supervisor) would make a later hang-up kill the process."""
+        for signum, before in self._installed:
             self._loop.remove_signal_handler(signum)
+            if before is not None:
+                signal.signal(signum, before)
         self._installed.clear()

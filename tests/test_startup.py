@@ -64,6 +64,20 @@ async def test_without_a_reload_sighup_is_left_alone(reload):
         signals.remove()
 
 
+async def test_a_signal_its_parent_ignored_is_ignored_again_after_the_loop(monkeypatch):
+    # nohup, or a supervisor, starts the daemon with SIGHUP ignored; the loop's own removal
+    # would leave it at the default, which kills the process at the next hang-up.
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        signals = LoopSignals(asyncio.get_running_loop(), lambda _s: None, on_reload=lambda: None)
+        signals.install()
+        assert signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN  # the loop's, meanwhile
+        signals.remove()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
 # A daemon's first steps, in a process of its own: `replicad run --help` goes through
 # main's start (the early-stop catch, the test libraries kept out) and exits in argparse.
 _DAEMON_IMPORTS = """
