@@ -219,7 +219,13 @@ class Archiver:
         archived = ArchivedSegment(
             local.base_offset, local.next_offset, local.size, segment.max_timestamp.timestamp
         )
-        updated = manifest.with_segment(archived, plog.epoch_entries(), plog.log_start_offset)
+        # The archive's log start is the replica's when its first segment goes up; after
+        # that, the local log start moves with local retention (which deletes only what the
+        # archive holds), so it is not the archive's: the bucket still has those records.
+        # (Found by the fresh-clone CI: Spark read the bucket from the local start, 1,571
+        # records short, once retention ran between two uploads.)
+        start = manifest.log_start_offset if manifest.segments else plog.log_start_offset
+        updated = manifest.with_segment(archived, plog.epoch_entries(), start)
         self.store.put_bytes(manifest_key(prefix, tp), updated.encode())
         self._totals.uploaded_segments += 1
         self._totals.uploaded_bytes += sent

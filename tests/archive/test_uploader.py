@@ -233,6 +233,36 @@ def test_a_topic_created_again_is_not_mixed_into_the_old_archive(
     new.close()
 
 
+def test_local_retention_between_uploads_does_not_move_the_archives_log_start(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    manager, _ = filled(tmp_path, batches=60)
+    manager.hold_for_archive()
+    log = manager.partitions()[TP]
+    archiver = Archiver(settings(s3_server, s3_bucket))
+    assert archiver.round(manager) > 0
+    # Local retention deletes what the archive holds, moving the local log start...
+    log.config = LogConfig(
+        segment_bytes=CONFIG.segment_bytes,
+        index_interval_bytes=1024,
+        segment_index_bytes=4096,
+        retention_bytes=1,
+    )
+    log.enforce_retention(now_ms=0)
+    assert log.log_start_offset > 0
+    # ...then more is appended and rolled, and goes up.
+    now = wall_ms()
+    for raw in batch_stream(2, 60, first_offset=log.log_end_offset):
+        log.append(raw, scan_batches(raw).batches, now_ms=now)
+    log.high_watermark = log.log_end_offset
+    assert archiver.round(manager) > 0
+    store = store_of(s3_server, s3_bucket)
+    manifest = decode_manifest(store.get(manifest_key(PREFIX, TP)) or b"", source="m")
+    assert manifest.segments[0].base_offset == 0
+    assert manifest.log_start_offset == 0  # the bucket still has every record from 0
+    manager.close()
+
+
 def test_a_bucket_that_is_down_is_retried_counted_and_caught_up(
     tmp_path: Path,
 ) -> None:
