@@ -8,6 +8,7 @@ import asyncio
 import subprocess
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,8 @@ from tools.peers.s3_proxy import S3FaultProxy
 from tools.wait import until, wait_until
 
 CONFIG = LogConfig(segment_bytes=16 * 1024, index_interval_bytes=1024, segment_index_bytes=4096)
+# Local retention that would delete every closed segment, but for the archive's hold.
+RETAIN_ONE_BYTE = replace(CONFIG, retention_bytes=1)
 TP = TopicPartition("orders", 2)
 PREFIX = "replicas/east"
 
@@ -242,12 +245,7 @@ def test_local_retention_between_uploads_does_not_move_the_archives_log_start(
     archiver = Archiver(settings(s3_server, s3_bucket))
     assert archiver.round(manager) > 0
     # Local retention deletes what the archive holds, moving the local log start...
-    log.config = LogConfig(
-        segment_bytes=CONFIG.segment_bytes,
-        index_interval_bytes=1024,
-        segment_index_bytes=4096,
-        retention_bytes=1,
-    )
+    log.config = RETAIN_ONE_BYTE
     log.enforce_retention(now_ms=0)
     assert log.log_start_offset > 0
     # ...then more is appended and rolled, and goes up.
@@ -280,12 +278,7 @@ def test_a_bucket_that_is_down_is_retried_counted_and_caught_up(
         assert snap["last_error"].startswith(f"s3://{bucket}/")
         # Retention deletes nothing the archive does not have.
         before = len(log.segments)
-        log.config = LogConfig(
-            segment_bytes=CONFIG.segment_bytes,
-            index_interval_bytes=1024,
-            segment_index_bytes=4096,
-            retention_bytes=1,
-        )
+        log.config = RETAIN_ONE_BYTE
         log.enforce_retention(now_ms=0)
         assert len(log.segments) == before
         server.start()  # the same port, the same data

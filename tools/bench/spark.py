@@ -251,25 +251,16 @@ def read_three_ways(
         df.write.format("noop").mode("overwrite").save()
 
     replicad_df = spark.read.format("replicad").load(str(data_dir))
-    kafka_df = (
+    kafka_read = (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", topic)
         .option("includeHeaders", "true")  # the same columns as the replicad source
         .option("startingOffsets", "earliest")
         .option("endingOffsets", "latest")
-        .load()
     )
-    kafka_tuned_df = (
-        spark.read.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("includeHeaders", "true")
-        .option("startingOffsets", "earliest")
-        .option("endingOffsets", "latest")
-        .options(**tuned)
-        .load()
-    )
+    kafka_df = kafka_read.load()
+    kafka_tuned_df = kafka_read.options(**tuned).load()
     # Warm-up: Python workers, the Kafka consumer classes, the JIT.
     noop(spark.read.format("replicad").option("endingOffsets", "2000").load(str(data_dir)))
     noop(kafka_df.limit(2000))
