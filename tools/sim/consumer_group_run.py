@@ -29,10 +29,8 @@ After every event:
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
-import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,7 +47,7 @@ from replicad.groups.coordinator import (
 )
 from replicad.types import TopicPartition
 from tools.sim import seeds
-from tools.sim.seeds import SimResult, quiet_logs, report_one, seed_arguments
+from tools.sim.seeds import InvariantError, SimResult, seed_main, stepped
 
 E = ErrorCode
 GROUP = "g"
@@ -61,10 +59,6 @@ REJOIN = frozenset({E.fenced_member_epoch, E.unknown_member_id})
 WEIGHTS = {"start": 4, "step": 40, "leave": 2, "crash": 2, "time": 8, "lost": 3, "grow": 1}
 MAX_MEMBERS = 5
 MAX_PARTITIONS = 9
-
-
-class InvariantError(AssertionError):
-    pass
 
 
 @dataclass
@@ -242,48 +236,20 @@ def run_seed(
     events: int = 300,
     coordinator_factory: Callable[..., GroupCoordinator] = GroupCoordinator,
 ) -> SimResult:
-    sim = ConsumerGroupSim(seed, coordinator_factory)
-    done = 0
-    try:
-        for done in range(1, events + 1):  # noqa: B007 -- read after the loop
-            sim.event()
-            sim.check()
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        if not isinstance(exc, InvariantError):
-            error += "\n" + traceback.format_exc()
-        return SimResult(
-            seed,
-            done,
-            False,
-            error,
-            sim.log,
-            dict(sim.counts),
-            replay="python -m tools.sim.consumer_group_run --seed {seed}",
-        )
-    return SimResult(seed, done, True, None, sim.log, dict(sim.counts))
+    return stepped(
+        seed,
+        ConsumerGroupSim(seed, coordinator_factory),
+        events=events,
+        replay="python -m tools.sim.consumer_group_run --seed {seed}",
+    )
 
 
 run_seeds = partial(seeds.run_seeds, run_seed)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tools.sim.consumer_group_run", description=__doc__
-    )
-    seed_arguments(parser, events=300)
-    args = parser.parse_args(argv)
-    quiet_logs()
-    if args.seed is not None:
-        return report_one(run_seed(args.seed, events=args.events), verbose=args.verbose)
-    seed_range = range(args.first, args.first + args.seeds)
-    failed, seconds = run_seeds(seed_range, events=args.events)
-    for result in failed:
-        print(result.summary())
-    print(
-        f"{len(seed_range)} seeds, {args.events} events each: {len(failed)} failed, {seconds:.1f} s"
-    )
-    return 1 if failed else 0
+    prog = "python -m tools.sim.consumer_group_run"
+    return seed_main(prog, __doc__, run_seed, events=300, argv=argv)
 
 
 if __name__ == "__main__":

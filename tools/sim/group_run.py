@@ -31,10 +31,8 @@ After every event:
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
-import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,7 +54,7 @@ from replicad.groups.coordinator import (
 )
 from replicad.types import TopicPartition
 from tools.sim import seeds
-from tools.sim.seeds import SimResult, quiet_logs, report_one, seed_arguments
+from tools.sim.seeds import InvariantError, SimResult, seed_main, stepped
 
 E = ErrorCode
 GROUP = "g"
@@ -80,10 +78,6 @@ WEIGHTS = {
     "slow": 2,
 }
 MAX_MEMBERS = 5
-
-
-class InvariantError(AssertionError):
-    pass
 
 
 class Phase(Enum):
@@ -389,46 +383,19 @@ def run_seed(
     events: int = 300,
     coordinator_factory: Callable[..., GroupCoordinator] = GroupCoordinator,
 ) -> SimResult:
-    sim = GroupSim(seed, coordinator_factory)
-    done = 0
-    try:
-        for done in range(1, events + 1):  # noqa: B007 -- read after the loop
-            sim.event()
-            sim.check()
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        if not isinstance(exc, InvariantError):
-            error += "\n" + traceback.format_exc()
-        return SimResult(
-            seed,
-            done,
-            False,
-            error,
-            sim.log,
-            dict(sim.counts),
-            replay="python -m tools.sim.group_run --seed {seed}",
-        )
-    return SimResult(seed, done, True, None, sim.log, dict(sim.counts))
+    return stepped(
+        seed,
+        GroupSim(seed, coordinator_factory),
+        events=events,
+        replay="python -m tools.sim.group_run --seed {seed}",
+    )
 
 
 run_seeds = partial(seeds.run_seeds, run_seed)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.sim.group_run", description=__doc__)
-    seed_arguments(parser, events=300)
-    args = parser.parse_args(argv)
-    quiet_logs()
-    if args.seed is not None:
-        return report_one(run_seed(args.seed, events=args.events), verbose=args.verbose)
-    seed_range = range(args.first, args.first + args.seeds)
-    failed, seconds = run_seeds(seed_range, events=args.events)
-    for result in failed:
-        print(result.summary())
-    print(
-        f"{len(seed_range)} seeds, {args.events} events each: {len(failed)} failed, {seconds:.1f} s"
-    )
-    return 1 if failed else 0
+    return seed_main("python -m tools.sim.group_run", __doc__, run_seed, events=300, argv=argv)
 
 
 if __name__ == "__main__":

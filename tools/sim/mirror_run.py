@@ -29,7 +29,6 @@ every record.
 
 from __future__ import annotations
 
-import argparse
 import random
 import struct
 import sys
@@ -68,7 +67,7 @@ from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
 from tools.sim.invariants import InvariantError
 from tools.sim.mirror_destination import SimDestination
-from tools.sim.seeds import SCRATCH, SimResult, quiet_logs, report_one, seed_arguments
+from tools.sim.seeds import SCRATCH, SimResult, seed_main
 from tools.sim.seeds import run_seeds as seeds_run
 
 WEIGHTS: dict[str, int] = {
@@ -558,18 +557,7 @@ run_seeds = partial(seeds_run, run_seed)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.sim.mirror_run", description=__doc__)
-    seed_arguments(parser, events=200)
-    args = parser.parse_args(argv)
-    quiet_logs()
-    if args.seed is not None:
-        return report_one(run_seed(args.seed, events=args.events), verbose=args.verbose)
-    seeds = range(args.first, args.first + args.seeds)
-    failed, seconds = run_seeds(seeds, events=args.events)
-    for result in failed:
-        print(result.summary())
-    print(f"{len(seeds)} seeds, {args.events} events each: {len(failed)} failed, {seconds:.1f} s")
-    return 1 if failed else 0
+    return seed_main("python -m tools.sim.mirror_run", __doc__, run_seed, events=200, argv=argv)
 
 
 if __name__ == "__main__":

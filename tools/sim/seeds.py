@@ -1,6 +1,8 @@
-"""What the two simulations share, the follower's (run.py, `python -m tools.sim`) and the
-mirror's (mirror_run.py): a seed's result and how it is reported, running seeds one after
-the other, where their logs are written, and the command line that replays one seed.
+"""What the simulations share, the follower's (run.py, `python -m tools.sim`), the mirror's
+(mirror_run.py) and the group coordinator's (group_run.py, consumer_group_run.py): a seed's
+result and how it is reported, running seeds one after the other, where their logs are
+written, the command line that replays one seed or runs many (`seed_main`), and the loop
+of a simulation stepped one event at a time (`stepped`).
 """
 
 from __future__ import annotations
@@ -9,9 +11,10 @@ import argparse
 import logging
 import os
 import time
+import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -82,3 +85,60 @@ def report_one(result: SimResult, *, verbose: bool) -> int:
         print("\n".join(result.event_log))
     print(result.summary())
     return 0 if result.ok else 1
+
+
+class InvariantError(AssertionError):
+    """A rule of the system under simulation was broken (not a crash of the simulation)."""
+
+
+class Stepped(Protocol):
+    """A simulation that runs one event at a time and checks its rules after each."""
+
+    log: list[str]
+    counts: Any  # a Counter of what happened
+
+    def event(self) -> None: ...
+
+    def check(self) -> None: ...
+
+
+def stepped(seed: int, sim: Stepped, *, events: int, replay: str) -> SimResult:
+    """Run `events` events of `sim`, checking after each: the seed's result, a failure
+    with its trace unless it is an `InvariantError` (a rule broken: its message says it)."""
+    done = 0
+    try:
+        for done in range(1, events + 1):  # noqa: B007 -- read after the loop
+            sim.event()
+            sim.check()
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        if not isinstance(exc, InvariantError):
+            error += "\n" + traceback.format_exc()
+        return SimResult(seed, done, False, error, sim.log, dict(sim.counts), replay=replay)
+    return SimResult(seed, done, True, None, sim.log, dict(sim.counts))
+
+
+def seed_main(
+    prog: str,
+    doc: str | None,
+    run_seed: Callable[..., SimResult],
+    *,
+    events: int,
+    argv: list[str] | None = None,
+) -> int:
+    """`prog --seed N` replays one seed (its events with -v); `prog --seeds N [--first S]`
+    runs many and prints the failed ones. The exit status: 1 if any failed."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc)
+    seed_arguments(parser, events=events)
+    args = parser.parse_args(argv)
+    quiet_logs()
+    if args.seed is not None:
+        return report_one(run_seed(args.seed, events=args.events), verbose=args.verbose)
+    seed_range = range(args.first, args.first + args.seeds)
+    failed, seconds = run_seeds(run_seed, seed_range, events=args.events)
+    for result in failed:
+        print(result.summary())
+    print(
+        f"{len(seed_range)} seeds, {args.events} events each: {len(failed)} failed, {seconds:.1f} s"
+    )
+    return 1 if failed else 0
