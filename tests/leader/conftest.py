@@ -8,6 +8,9 @@ through the log store, and the server running on a thread of its own for blockin
 - `serve_in_thread(logs, settings, ...)`: a LeaderServer on an event loop thread of its own
   (ServedInThread), for clients that block (kafka-python, confluent-kafka, kcat); closed
   after the test.
+- `served_numbered(work, topic, partitions, per_partition, flags)`: a `replicad serve`
+  process over a replica whose records are numbered "<partition>-<offset>" (Served), for
+  group tests with real clients.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +42,9 @@ from replicad.log.partition import PartitionLog
 from replicad.records.batch import CONTROL_FLAG_MASK, scan_batches
 from replicad.records.records import ControlType
 from replicad.types import TopicPartition
+from tools.logdata.batches import producer_batch
+from tools.peers.process import free_port
+from tools.replica import ReplicadProcess, replicad_serve
 
 
 @pytest.fixture
@@ -69,6 +77,32 @@ def fill_partition(
 @pytest.fixture
 def fill() -> Callable[..., PartitionLog]:
     return fill_partition
+
+
+@dataclass
+class Served:
+    serve: ReplicadProcess
+    bootstrap: str
+    work: Path
+
+
+@contextmanager
+def served_numbered(
+    work: Path, topic: str, partitions: int, per_partition: int, flags: Sequence[str] = ()
+) -> Iterator[Served]:
+    """`replicad serve` (with `flags`) over `topic`, each partition's record at offset i
+    being "<partition>-<i>", one batch a record: what a test reads can be checked whole."""
+    data_dir = work / "data"
+    logs = LogManager.open(data_dir, LogConfig(), now_ms=wall_ms())
+    try:
+        for p in range(partitions):
+            batches = [producer_batch(i, [f"{p}-{i}".encode()]) for i in range(per_partition)]
+            fill_partition(logs, TopicPartition(topic, p), batches)
+    finally:
+        logs.close()
+    port = free_port()
+    with replicad_serve(data_dir, port, log_path=work / "serve.log", flags=tuple(flags)) as serve:
+        yield Served(serve, f"127.0.0.1:{port}", work)
 
 
 # Groups start their first rebalance at the first join, as on the harness's Kafka brokers

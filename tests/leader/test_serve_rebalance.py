@@ -17,23 +17,14 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from replicad.clock import wall_ms
-from replicad.log.config import LogConfig
-from replicad.log.manager import LogManager
-from replicad.types import TopicPartition
-from tests.leader.conftest import fill_partition
+from tests.leader.conftest import Served, served_numbered
 from tests.leader.test_serve_groups import committed_offsets
-from tools.logdata.batches import producer_batch
 from tools.peers import process
 from tools.peers.kafka import TOOL_JVM_OPTS, TOOLS_LOG4J, kafka_classpath
-from tools.peers.process import free_port
-from tools.replica import ReplicadProcess, replicad_serve
 from tools.wait import wait_until
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -47,27 +38,12 @@ DEADLINE_S = 90
 VERIFIABLE_CONSUMER = "org.apache.kafka.tools.VerifiableConsumer"
 
 
-@dataclass
-class Served:
-    serve: ReplicadProcess
-    bootstrap: str
-    work: Path
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> Iterator[Served]:
-    work = tmp_path_factory.mktemp("rebalance")
-    data_dir = work / "data"
-    logs = LogManager.open(data_dir, LogConfig(), now_ms=wall_ms())
-    try:
-        for p in range(PARTITIONS):
-            batches = [producer_batch(i, [f"{p}-{i}".encode()]) for i in range(PER_PARTITION)]
-            fill_partition(logs, TopicPartition(TOPIC, p), batches)
-    finally:
-        logs.close()
-    port = free_port()
-    with replicad_serve(data_dir, port, log_path=work / "serve.log") as serve:
-        yield Served(serve, f"127.0.0.1:{port}", work)
+    with served_numbered(
+        tmp_path_factory.mktemp("rebalance"), TOPIC, PARTITIONS, PER_PARTITION
+    ) as served:
+        yield served
 
 
 class Member:
