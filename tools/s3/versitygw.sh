@@ -23,6 +23,11 @@ fetch)
     if [ -x "$binary" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$VERSION" ]; then
         exit 0
     fi
+    # Go's own tarball installs into /usr/local/go/bin, which a login shell's PATH of a user
+    # who is not root often lacks: look there too before giving up.
+    if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
+        PATH="$PATH:/usr/local/go/bin"
+    fi
     if ! command -v go >/dev/null; then
         echo "versitygw.sh: Go is needed to build versitygw (the archive tests' S3 server)" >&2
         exit 1
