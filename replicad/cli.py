@@ -291,6 +291,34 @@ def _serve_security(args: argparse.Namespace) -> ServeSecurityConfig:
         raise ConfigError("", "\n".join(lines)) from None
 
 
+def _serve_remote(args: argparse.Namespace) -> Any:
+    """`--archive URL`: a maker of serve's remote reads (boto3 is imported only then)."""
+    if args.archive is None:
+        return None
+    from replicad.archive.store import ArchiveError, settings_from_url
+
+    problems = []
+    if args.archive_read_cache_bytes < 0:
+        problems.append("--archive-read-cache-bytes (archive.read_cache_bytes): below 0")
+    if not 1 <= args.archive_read_threads <= 64:
+        problems.append("--archive-read-threads (archive.read_threads): not within 1..64")
+    try:
+        bucket = settings_from_url(args.archive, endpoint=args.s3_endpoint, region=args.s3_region)
+    except ArchiveError as error:
+        problems.append(f"--archive: {error}")
+    if problems:
+        raise ConfigError("", "\n".join(problems))
+    from replicad.clock import monotonic_ms
+    from replicad.leader.remote_fetch import remote_fetch_for
+
+    return lambda: remote_fetch_for(
+        bucket,
+        cache_bytes=args.archive_read_cache_bytes,
+        threads=args.archive_read_threads,
+        now_ms=monotonic_ms,
+    )
+
+
 def _milliseconds(text: str) -> int:
     """A flag's count of milliseconds: a whole number, 0 or more."""
     try:
@@ -313,6 +341,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         security = _serve_security(args)
+        remote = _serve_remote(args)
     except ConfigError as exc:
         print(f"replicad serve: invalid options:\n{exc}", file=sys.stderr)
         return EX_USAGE
@@ -339,6 +368,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                     consumer_heartbeat_interval_ms=args.group_consumer_heartbeat_interval_ms,
                 ),
                 consumer_group_protocol=args.group_consumer_protocol,
+                remote=remote,
             )
         )
     except ValueError as exc:
@@ -668,6 +698,32 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             metavar="MS",
             help=f"groups.{flag.replace('-', '_')} (default: {default})",
         )
+    archived = serve.add_argument_group(
+        "archive",
+        "offsets below the local log start answered from the archive's bucket (KIP-405's "
+        "remote fetch; credentials from the AWS chain: AWS_ACCESS_KEY_ID...)",
+    )
+    archived.add_argument(
+        "--archive", metavar="s3://BUCKET/PREFIX", help="the bucket `replicad run` archives into"
+    )
+    archived.add_argument(
+        "--s3-endpoint", help="the S3 endpoint, http(s)://host:port (default: AWS's own)"
+    )
+    archived.add_argument("--s3-region", help="the bucket's region")
+    archived.add_argument(
+        "--archive-read-cache-bytes",
+        type=int,
+        default=64 * 1024 * 1024,
+        metavar="BYTES",
+        help="archive.read_cache_bytes (default: 64 MiB)",
+    )
+    archived.add_argument(
+        "--archive-read-threads",
+        type=int,
+        default=2,
+        metavar="N",
+        help="archive.read_threads: reads of the bucket at once (default: 2)",
+    )
     serve.add_argument(
         "--log-format", choices=["auto", "json", "console"], default="auto", help=LOG_FORMAT_HELP
     )

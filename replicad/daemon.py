@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import dataclasses
 import resource
 import signal
 import time
@@ -343,6 +344,23 @@ class Daemon:
         from replicad.leader.topic_configs import TopicConfigSync
 
         settings = ServeSettings.from_config(serve)
+        remote = None
+        if self.config.archive is not None:
+            # Offsets below local retention answered from the archive's bucket.
+            from replicad.archive.uploader import ArchiverSettings
+            from replicad.leader.remote_fetch import remote_fetch_for
+
+            archive = self.config.archive
+            bucket = dataclasses.replace(
+                ArchiverSettings.from_config(archive).bucket, max_attempts=3
+            )
+            remote = await asyncio.to_thread(
+                remote_fetch_for,
+                bucket,
+                cache_bytes=archive.read_cache_bytes,
+                threads=archive.read_threads,
+                now_ms=monotonic_ms,
+            )
         server = LeaderServer(
             self.replicator.logs,
             settings,
@@ -352,6 +370,7 @@ class Daemon:
             read_only_groups=read_only_groups(self.config.groups),
             group_config=coordinator_config(self.config.groups),
             consumer_group_protocol=self.config.groups.consumer_protocol,
+            remote=remote,
         )
         try:
             await server.start()

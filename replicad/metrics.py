@@ -420,6 +420,24 @@ ARCHIVE_FAMILIES = (
            "retrying"),
     Family(COUNTER, "archive_put_requests", "PUT requests sent to the bucket", "puts"),
 )  # fmt: skip
+# serve's reads of the archive's bucket below the local log start
+# (replicad/leader/remote_fetch.py), when `serve:` and `archive:` are both on.
+SERVE_REMOTE_FAMILIES = (
+    Family(COUNTER, "serve_remote_fetches", "Fetch answers read from the archive's bucket",
+           "remote_fetches_total"),
+    Family(COUNTER, "serve_remote_fetch_bytes", "Record bytes answered from the bucket",
+           "remote_fetch_bytes_total"),
+    Family(COUNTER, "serve_remote_fetch_errors",
+           "Reads of the bucket that failed (answered KAFKA_STORAGE_ERROR)",
+           "remote_fetch_errors_total"),
+    Family(GAUGE, "serve_remote_fetches_in_flight", "Reads of the bucket under way",
+           "remote_fetches_in_flight"),
+    Family(GAUGE, "serve_remote_cache_bytes",
+           "Bytes of the bucket held in serve's read cache (archive.read_cache_bytes)",
+           "remote_cache_bytes"),
+    Family(COUNTER, "serve_remote_get_requests", "GET requests serve sent to the bucket",
+           "remote_get_requests_total"),
+)  # fmt: skip
 # serve's sync of the source's group offsets (replicad/leader/source_group_sync.py), when
 # `serve:` and groups.enabled.
 SERVE_GROUP_SYNC_FAMILIES = (
@@ -547,6 +565,8 @@ def _serve_metrics(serve: Mapping[str, Any]) -> Iterator[Metric]:
     for state, count in sorted((serve.get("groups") or {}).items()):
         by_state.add_metric([str(state)], float(count))
     yield by_state
+    if "remote_fetches_in_flight" in serve:
+        yield from (family.single(serve) for family in SERVE_REMOTE_FAMILIES)
     sync = serve.get("group_sync")
     if sync:
         yield from (family.single(sync) for family in SERVE_GROUP_SYNC_FAMILIES)

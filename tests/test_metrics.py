@@ -185,6 +185,24 @@ def test_serves_group_sync_metrics_when_it_runs() -> None:
     assert samples[("replicad_serve_group_sync_errors_total", ())] == 5
 
 
+def test_serves_reads_of_the_bucket_only_with_an_archive() -> None:
+    assert not any("remote" in name for name, _ in scrape(snapshot(serve={"sessions": 0})))
+    remote = {
+        "remote_fetches_total": 12,
+        "remote_fetch_bytes_total": 4096,
+        "remote_fetches_in_flight": 1,
+        "remote_cache_bytes": 2048,
+        "remote_get_requests_total": 7,
+    }
+    samples = scrape(snapshot(serve={"sessions": 0, **remote}))
+    assert samples[("replicad_serve_remote_fetches_total", ())] == 12
+    assert samples[("replicad_serve_remote_fetch_bytes_total", ())] == 4096
+    assert samples[("replicad_serve_remote_fetch_errors_total", ())] == 0
+    assert samples[("replicad_serve_remote_fetches_in_flight", ())] == 1
+    assert samples[("replicad_serve_remote_cache_bytes", ())] == 2048
+    assert samples[("replicad_serve_remote_get_requests_total", ())] == 7
+
+
 async def test_http_endpoint_reads_the_snapshot_on_the_event_loop() -> None:
     loop_thread = threading.get_ident()
     seen_threads: list[int] = []

@@ -429,6 +429,10 @@ class ArchiveConfig:
     retry_backoff_max_ms: int = 30_000
     # Connecting to, and waiting for an answer from, the bucket.
     request_timeout_ms: int = 30_000
+    # serve's reads of offsets only the bucket holds (below local retention): the bytes
+    # of the bucket kept in memory for them, and how many reads go to the bucket at once.
+    read_cache_bytes: int = 64 * 1024 * 1024
+    read_threads: int = 2
 
     @property
     def secret_access_key(self) -> Secret | None:

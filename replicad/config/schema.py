@@ -295,6 +295,8 @@ SCHEMA = Section(
                 "retry_backoff_ms": Int(1),
                 "retry_backoff_max_ms": Int(1),
                 "request_timeout_ms": Int(1, INT32_MAX),
+                "read_cache_bytes": Int(0),
+                "read_threads": Int(1, 64),
             },
             nullable=True,
         ),

@@ -251,6 +251,9 @@ class FetchHandling:
         self.partitions = self._resolve(view.partitions, now_ms)
         self.topic_ids = {tp: fetch.topic_id for tp, fetch in self.partitions.items()}
         self.context: FetchContext | None = None
+        # The partitions the last read() read, with their fetch fields (an incremental
+        # session's come from the session): what a remote read (remote_fetch.py) needs.
+        self.last_reads: list[tuple[TopicPartition, PartitionFetch]] = []
         if self.role not in _SESSIONLESS_ROLES:
             self.context = cache.new_context(
                 SessionRequest(
@@ -285,6 +288,7 @@ class FetchHandling:
         if self.context.kind is ContextKind.SESSION_ERROR:
             return FetchRound({}, 0, complete=True)
         reads = [(r.partition, r.fetch) for r in self.context.to_read()]
+        self.last_reads = reads
         for tp, fetch in reads:
             if fetch.topic_id is not None:
                 self.topic_ids.setdefault(tp, fetch.topic_id)

@@ -72,9 +72,12 @@ def raw_response(header: bytes, body: bytes) -> ResponseFrame:
     return ResponseFrame((header + body,))
 
 
-def region_reader(region: FileRegion) -> Callable[[int, int], bytes]:
+def region_reader(region: FileRegion | bytes) -> Callable[[int, int], bytes]:
     """`read_at(position, size)` over a file region, for lazy down-conversion. Each call
-    opens the segment anew, so nothing stays open between chunks."""
+    opens the segment anew, so nothing stays open between chunks. Records read from the
+    archive's bucket (remote_fetch.py) are bytes already."""
+    if isinstance(region, bytes):
+        return lambda position, size: region[position : position + size]
 
     def read_at(position: int, size: int) -> bytes:
         fd = os.open(region.path, os.O_RDONLY)

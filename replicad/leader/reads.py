@@ -73,6 +73,8 @@ class PartitionAnswer:
     high_watermark: int = UNKNOWN_OFFSET
     last_stable_offset: int = UNKNOWN_OFFSET
     log_start_offset: int = UNKNOWN_OFFSET
+    # Or the bytes of a read of the archive's bucket (remote_fetch.py: RemoteRecords, bytes
+    # with a `size`), sent as they are.
     records: FileRegion | None = None
     aborted: tuple[AbortedTransaction, ...] | None = None
     diverging: DivergingEpoch | None = None

@@ -111,6 +111,7 @@ from replicad.leader.groups import GroupService
 from replicad.leader.quotas import RequestQuota
 from replicad.leader.reads import TransactionTracker
 from replicad.leader.refusals import READ_ONLY_MESSAGE, error_response
+from replicad.leader.remote_fetch import RemoteFetch
 from replicad.leader.request_limits import (
     count_elements,
     plausible_elements,
@@ -283,8 +284,11 @@ class LeaderServer:
         read_only_groups: Callable[[str], bool] | None = None,
         group_config: CoordinatorConfig | None = None,
         consumer_group_protocol: bool = True,
+        remote: RemoteFetch | None = None,
     ) -> None:
         self.settings = settings
+        # Offsets below the local log start read from the archive's bucket (remote_fetch.py).
+        self.remote = remote
         self.node_id = node_id
         self.allowed_followers = frozenset(allowed_followers)
         self.security = security
@@ -415,6 +419,8 @@ class LeaderServer:
             self._server = None
         self._decoder.shutdown(wait=False, cancel_futures=True)
         self._authenticator.shutdown(wait=False, cancel_futures=True)
+        if self.remote is not None:
+            self.remote.close()
         if self._loop is not None:
             self._loop.set_exception_handler(self._previous_exception_handler)
 
@@ -497,6 +503,7 @@ class LeaderServer:
             "tls_handshakes_in_progress": self._handshaking,
             **self.groups.metrics(),
             **dict(self.counters),
+            **(self.remote.metrics() if self.remote is not None else {}),
         }
 
     # -- connections -----------------------------------------------------------------------
@@ -800,6 +807,9 @@ class LeaderServer:
                 legacy_codec.encode_list_offsets_response(answers),
             )
         body = self._answer(decoded, now_ms)
+        if api == ApiKey.LIST_OFFSETS and self.remote is not None:
+            with _not_charged():
+                body = await self.remote.list_offsets(decoded.body, body)
         return encode_response(body, head.correlation_id)
 
     def _count_request(self, head: RequestHead) -> None:
@@ -941,6 +951,10 @@ class LeaderServer:
             with _not_charged():
                 await self._wait_for_change(handling, last.answers.keys(), remaining)
             last = handling.read(now_ms=self._now_ms())
+        if self.remote is not None:
+            # Offsets below the local log start, from the bucket, off the loop.
+            with _not_charged():
+                last = await self.remote.complete(handling, last, self.catalog)
         outcome = handling.finish(last, now_ms=self._now_ms())
         self._count_session_use(handling, outcome.session_id)
         return fetch_response_frame(
@@ -1203,6 +1217,7 @@ async def serve_forever(
     on_ready: Callable[[LeaderServer], None] | None = None,
     group_config: CoordinatorConfig | None = None,
     consumer_group_protocol: bool = True,
+    remote: Callable[[], RemoteFetch] | None = None,
 ) -> int:
     """`replicad serve`: open the data directory (taking its lock), serve it until SIGTERM,
     SIGINT or `stop`, then close everything. Returns the process exit code."""
@@ -1230,6 +1245,7 @@ async def serve_forever(
         security=server_security(security, allowed_followers),
         group_config=group_config,
         consumer_group_protocol=consumer_group_protocol,
+        remote=await asyncio.to_thread(remote) if remote is not None else None,
     )
     try:
         await server.start()

@@ -33,6 +33,7 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from replicad.clock import wall_ms
 from replicad.groups.coordinator import CoordinatorConfig
+from replicad.leader.remote_fetch import RemoteFetch
 from replicad.leader.security import ServerSecurity
 from replicad.leader.server import LeaderServer
 from replicad.leader.settings import ServeSettings
@@ -123,6 +124,7 @@ class ServedInThread:
         seed: int = 1,
         read_only_groups: Callable[[str], bool] | None = None,
         group_config: CoordinatorConfig = NO_GROUP_DELAY,
+        remote: RemoteFetch | None = None,
     ) -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -135,6 +137,7 @@ class ServedInThread:
             rng=random.Random(seed),
             read_only_groups=read_only_groups,
             group_config=group_config,
+            remote=remote,
         )
         self.run(self.server.start())
 

@@ -6,6 +6,7 @@
         proxy.reset_next(1)          # the next request's connection is closed unanswered
         proxy.set_delay_ms(200)      # every answer waits 200 ms
         proxy.set_down(True)         # every request answers 503 until set_down(False)
+        proxy.hold()                 # requests wait, unanswered, until proxy.release()
 
 Requests are forwarded whole (method, path, query, headers, body) over a new connection,
 so signatures stay valid (the Host header is the one the client signed); answers come back
@@ -37,6 +38,7 @@ class ProxyStats:
     forwarded: int = 0
     failed: int = 0  # 503 SlowDown answered
     reset: int = 0  # connections closed unanswered
+    held: int = 0  # requests waiting for release() now
 
 
 class S3FaultProxy:
@@ -48,6 +50,8 @@ class S3FaultProxy:
         self._reset = 0
         self._down = False
         self._delay_s = 0.0
+        self._released = threading.Event()
+        self._released.set()
         self.stats = ProxyStats()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -72,6 +76,22 @@ class S3FaultProxy:
     def set_delay_ms(self, delay_ms: int) -> None:
         with self._lock:
             self._delay_s = delay_ms / 1000
+
+    def hold(self) -> None:
+        """Requests from now on wait (unanswered, counted in stats.held) until release()."""
+        self._released.clear()
+
+    def release(self) -> None:
+        self._released.set()
+
+    def _wait_if_held(self) -> None:
+        if self._released.is_set():
+            return
+        with self._lock:
+            self.stats.held += 1
+        self._released.wait()
+        with self._lock:
+            self.stats.held -= 1
 
     def _fault(self) -> str | None:
         with self._lock:
@@ -98,6 +118,7 @@ class S3FaultProxy:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
+                proxy._wait_if_held()
                 fault = proxy._fault()
                 if proxy._delay_s:
                     time.sleep(proxy._delay_s)
@@ -145,6 +166,7 @@ class S3FaultProxy:
         return self
 
     def stop(self) -> None:
+        self._released.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
