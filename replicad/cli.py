@@ -383,12 +383,51 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_dump_log(args: argparse.Namespace) -> int:
+    from replicad.archive.store import is_bucket_url
     from replicad.log.dump import dump_log
 
+    if is_bucket_url(args.path):
+        from replicad.archive.check import dump_bucket
+
+        return _on_bucket(
+            "dump-log",
+            args,
+            args.path,
+            lambda store, path: dump_bucket(store, path, deep=args.deep, out=sys.stdout),
+        )
     return dump_log(Path(args.path), deep=args.deep, out=sys.stdout)
 
 
+def _on_bucket(command: str, args: argparse.Namespace, url: str, run: Any) -> int:
+    """`run(store, key path)` over the bucket of `url` (s3://bucket/path), its errors as
+    `verify DATA_DIR`'s: 1 for what cannot be read."""
+    from replicad.archive.store import ArchiveError, ObjectStore, settings_from_url
+
+    try:
+        settings = settings_from_url(url, endpoint=args.s3_endpoint, region=args.s3_region)
+        return int(run(ObjectStore(settings), settings.prefix))
+    except ImportError:
+        print(f"replicad {command}: reading a bucket needs replicad[archive] (boto3)",
+              file=sys.stderr)  # fmt: skip
+        return EX_FAILURE
+    except (ArchiveError, OSError, ReplicadError) as exc:
+        print(f"replicad {command}: {exc}", file=sys.stderr)
+        return EX_FAILURE
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from replicad.archive.store import is_bucket_url
+
+    if is_bucket_url(args.data_dir):
+        if args.against_source:
+            print("replicad verify: --against-source takes a data directory, not a bucket",
+                  file=sys.stderr)  # fmt: skip
+            return EX_USAGE
+        from replicad.archive.check import verify_bucket
+
+        return _on_bucket(
+            "verify", args, args.data_dir, lambda store, _path: verify_bucket(store, sys.stdout)
+        )
     if args.against_source:
         return _cmd_verify_against_source(args)
     from replicad.log.verify import verify_data_dir
@@ -803,8 +842,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "Print each batch of a segment file, or of every segment of a partition directory: "
         "offsets, epochs, codecs, CRCs, and how its index agrees.",
     )
-    dump.add_argument("path", help="a .log segment file or a partition directory (topic-N)")
+    dump.add_argument(
+        "path",
+        help="a .log segment file or a partition directory (topic-N); or in an archive's "
+        "bucket, s3://BUCKET/PREFIX/topic-N or s3://.../TOPIC_ID/BASE.log",
+    )
     dump.add_argument("--deep", action="store_true", help="decode every record too")
+    _add_bucket_flags(dump)
     dump.set_defaults(func=_cmd_dump_log)
 
     if command not in _DAEMON_COMMANDS:
@@ -820,7 +864,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "Check every partition of a data directory: offsets continuous, every batch's CRC, "
         "indexes and checkpoints consistent. Exits non-zero on any problem.",
     )
-    verify.add_argument("data_dir", help="replicad's data directory (the one `run` writes)")
+    verify.add_argument(
+        "data_dir",
+        help="replicad's data directory (the one `run` writes), or an archive's bucket "
+        "(s3://BUCKET/PREFIX, checked the same way)",
+    )
+    _add_bucket_flags(verify)
     proof = verify.add_argument_group(
         "against the source",
         "--against-source fetches every replicated partition from the source at the "
@@ -859,6 +908,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     proof.add_argument("--json", action="store_true", help="the report as JSON")
     verify.set_defaults(func=_cmd_verify)
     return parser
+
+
+def _add_bucket_flags(parser: argparse.ArgumentParser) -> None:
+    """Where the bucket of an s3:// path is (credentials: the AWS chain, AWS_ACCESS_KEY_ID...)."""
+    parser.add_argument(
+        "--s3-endpoint", help="the S3 endpoint, http(s)://host:port (default: AWS's own)"
+    )
+    parser.add_argument("--s3-region", help="the bucket's region")
 
 
 # argparse's exit code for a usage error.

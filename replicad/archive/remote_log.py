@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from replicad.archive.manifest import (
@@ -163,6 +164,24 @@ class RemoteLog:
         data = self._range(log_key, segment.size, position, min(max(max_bytes, first), left))
         whole = scan_batches(data, verify_crc=False).valid_bytes
         return RemoteRead(RemoteRecords(data[:whole]), segment, start)
+
+    def blocks_from(
+        self, tp: TopicPartition, offset: int, *, now_ms: int, max_bytes: int
+    ) -> Iterator[bytes]:
+        """Whole batches of the archive from `offset` on, a chunk at a time, `max_bytes` at
+        most in all (for a scan, e.g. for a transaction's marker)."""
+        read_so_far = 0
+        while read_so_far < max_bytes:
+            read = self.read(tp, offset, CHUNK_BYTES, min_one=True, now_ms=now_ms)
+            if read is None:
+                return
+            if not read.records:
+                offset = read.segment.next_offset
+                continue
+            read_so_far += len(read.records)
+            yield read.records
+            last = scan_batches(read.records, verify_crc=False).next_offset
+            offset = read.segment.next_offset if last is None else last
 
     # -- bytes through the cache ----------------------------------------------------------
 

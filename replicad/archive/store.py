@@ -149,6 +149,17 @@ class ObjectStore:
                 raise FileNotFoundError(f"s3://{self.settings.bucket}/{key}") from None
             raise self._fail("GET", key, error) from None
 
+    def get_to_file(self, key: str, path: Path) -> None:
+        """The whole object into `path`, streamed (memory bounded by boto3's chunks);
+        FileNotFoundError when there is none."""
+        self.requests["GET"] += 1
+        try:
+            self._client.download_file(self.settings.bucket, key, str(path))
+        except Exception as error:
+            if _error_code(error) in ("NoSuchKey", "404", "NotFound"):
+                raise FileNotFoundError(f"s3://{self.settings.bucket}/{key}") from None
+            raise self._fail("GET", key, error) from None
+
     def size(self, key: str) -> int:
         """The object's size (a HEAD request); FileNotFoundError when there is none."""
         self.requests["GET"] += 1

@@ -17,14 +17,16 @@ local log start becomes a RemoteStorageFetchInfo, served by DelayedRemoteFetch):
 - The remote answer's records are whole batches, within the fetch's budget (what the local
   answers already took is subtracted; KIP-74's first batch whole when none had records).
   Its log start offset is the archive's, its high watermark the local one.
-- READ_COMMITTED consumers are not answered from the bucket: the aborted transactions of
-  an archived range need a transaction index the archive does not upload yet (Kafka's
-  `.txnindex`). For them the log starts at the local log start: ListOffsets EARLIEST
-  answers it, so they are never sent below it.
+- READ_COMMITTED answers from the bucket carry the aborted transactions of their batches,
+  found without a transaction index (Kafka's `.txnindex`, which the archive does not
+  upload): folded from the batches read, and for a transaction still open at their end,
+  its marker looked for further on, in the archive then the local log below the high
+  watermark (archive/txn_fold.py), `MARKER_SEARCH_BYTES` at most. A transaction whose
+  marker is not found ends the answer before its first batch.
 - A read that fails (the bucket down, a 503, a timeout) answers KAFKA_STORAGE_ERROR, which
   clients retry; it is counted and logged at a limited rate.
 - ListOffsets, with an archive: EARLIEST (-2) answers the archive's log start when it is
-  below the local one (READ_UNCOMMITTED), EARLIEST_LOCAL (-4) stays the local log start,
+  below the local one, EARLIEST_LOCAL (-4) stays the local log start,
   LATEST_TIERED (-5) answers the last archived offset. Their manifests are read on the
   same threads.
 """
@@ -33,8 +35,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -42,20 +45,27 @@ import structlog
 from kio.schema.errors import ErrorCode
 
 from replicad.archive.manifest import Manifest
-from replicad.archive.read_cache import ReadCache
-from replicad.archive.remote_log import RemoteLog, RemoteRead
+from replicad.archive.read_cache import CHUNK_BYTES, ReadCache
+from replicad.archive.remote_log import RemoteLog, RemoteRead, RemoteRecords
 from replicad.archive.store import ArchiveError, BucketSettings
+from replicad.archive.txn_fold import Ended, first_markers, transactions_in
+from replicad.errors import OffsetOutOfRangeError
 from replicad.leader.catalog import Catalog
 from replicad.leader.fetch import FetchHandling, FetchRound
-from replicad.leader.reads import Isolation, PartitionAnswer
+from replicad.leader.reads import Isolation, PartitionAnswer, TransactionTracker
+from replicad.leader.transactions import AbortedTransaction
 from replicad.log.checkpoint import kafka_uuid
+from replicad.log.partition import PartitionLog
 from replicad.ratelimit import RateLimitedLog
+from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
-from replicad.wire import EARLIEST_TIMESTAMP, READ_COMMITTED
+from replicad.wire import EARLIEST_TIMESTAMP
 
 log = structlog.get_logger("replicad.leader")
 
 LATEST_TIERED_TIMESTAMP = -5
+# How far a READ_COMMITTED read looks for the marker of a transaction open at its end.
+MARKER_SEARCH_BYTES = 64 * 1024 * 1024
 
 
 def remote_fetch_for(
@@ -94,11 +104,13 @@ class RemoteFetch:
     # -- Fetch ----------------------------------------------------------------------------------
 
     async def complete(
-        self, handling: FetchHandling, last: FetchRound, catalog: Catalog
+        self,
+        handling: FetchHandling,
+        last: FetchRound,
+        catalog: Catalog,
+        transactions: TransactionTracker,
     ) -> FetchRound:
         """`last` with the partitions below the local log start read from the bucket."""
-        if handling.limits.isolation is Isolation.TXN_COMMITTED:
-            return last
         below = [a for a in last.answers.values() if a.error_code == ErrorCode.offset_out_of_range]
         if not below:
             return last
@@ -146,23 +158,61 @@ class RemoteFetch:
                 continue
             if read is None:
                 continue  # not in the archive either: OFFSET_OUT_OF_RANGE
+            records, aborted = read.records, None
+            lso = hw
+            if handling.limits.isolation is Isolation.TXN_COMMITTED:
+                lso = transactions.state(tp, plog).last_stable_offset(hw)
+                records, aborted = await self._on_thread(
+                    self._committed, tp, plog, read.records, hw, now_ms
+                )
             self.counters["remote_fetches_total"] += 1
-            self.counters["remote_fetch_bytes_total"] += read.records.size
-            readable += read.records.size
+            self.counters["remote_fetch_bytes_total"] += records.size
+            readable += records.size
             answers[tp] = _answer(
-                answer, hw, read.log_start_offset, read.records if read.records else None
+                answer, hw, read.log_start_offset, records if records else None, lso, aborted
             )
         return FetchRound(answers, readable, last.complete)
+
+    def _committed(
+        self, tp: TopicPartition, plog: PartitionLog, records: RemoteRecords, hw: int, now_ms: int
+    ) -> tuple[RemoteRecords, tuple[AbortedTransaction, ...]]:
+        """On a reading thread: `records` up to the first transaction whose end is not
+        known, and the aborted transactions among them (see the module rules)."""
+        found = transactions_in(records)
+        ended = list(found.ended)
+        cut_offset = None
+        if found.still_open:
+            last = scan_batches(records, verify_crc=False).next_offset or 0
+            blocks = itertools.chain(
+                self.remote.blocks_from(tp, last, now_ms=now_ms, max_bytes=MARKER_SEARCH_BYTES),
+                _local_blocks(plog, hw, MARKER_SEARCH_BYTES),
+            )
+            markers = first_markers(blocks, set(found.still_open))
+            for pid, first in found.still_open.items():
+                if pid in markers:
+                    ended.append(Ended(first, pid, *markers[pid]))
+                else:
+                    cut_offset = first if cut_offset is None else min(cut_offset, first)
+        if cut_offset is not None:
+            keep = next(
+                b.position
+                for b in scan_batches(records, verify_crc=False).batches
+                if b.base_offset >= cut_offset
+            )
+            records = RemoteRecords(records[:keep])
+        aborted = sorted(
+            AbortedTransaction(e.first_offset, e.producer_id, e.marker_offset)
+            for e in ended
+            if e.aborted and (cut_offset is None or e.first_offset < cut_offset)
+        )
+        return records, tuple(aborted)
 
     # -- ListOffsets ----------------------------------------------------------------------------
 
     async def list_offsets(self, request: Any, response: Any) -> Any:
         """The response of handlers.list_offsets_response, with the archive's offsets where
         the request asked for EARLIEST or LATEST_TIERED (see the module rules)."""
-        if int(getattr(request, "isolation_level", 0)) == READ_COMMITTED:
-            wanted = {LATEST_TIERED_TIMESTAMP}
-        else:
-            wanted = {EARLIEST_TIMESTAMP, LATEST_TIERED_TIMESTAMP}
+        wanted = {EARLIEST_TIMESTAMP, LATEST_TIERED_TIMESTAMP}
         asked = {
             (t.name, int(p.partition_index)): int(p.timestamp)
             for t in request.topics
@@ -215,19 +265,45 @@ class RemoteFetch:
         }
 
 
+def _local_blocks(plog: PartitionLog, hw: int, max_bytes: int) -> Iterator[bytes]:
+    """Whole batches of the local log from its start up to `hw`, a chunk at a time (on a
+    reading thread; a segment deleted meanwhile ends the scan)."""
+    offset, read_so_far = plog.log_start_offset, 0
+    while offset < hw and read_so_far < max_bytes:
+        try:
+            region = plog.read(offset, CHUNK_BYTES).region
+            data = region.read_bytes() if region is not None else b""
+        except (OffsetOutOfRangeError, OSError):
+            return
+        next_offset = scan_batches(data, verify_crc=False).next_offset
+        if next_offset is None:
+            return
+        read_so_far += len(data)
+        yield data
+        offset = next_offset
+
+
 def _holds(manifest: Manifest, offset: int) -> bool:
     end = manifest.end_offset
     return end is not None and manifest.log_start_offset <= offset < end
 
 
-def _answer(answer: PartitionAnswer, hw: int, log_start: int, records: Any) -> PartitionAnswer:
+def _answer(
+    answer: PartitionAnswer,
+    hw: int,
+    log_start: int,
+    records: Any,
+    lso: int | None = None,
+    aborted: tuple[AbortedTransaction, ...] | None = None,
+) -> PartitionAnswer:
     return PartitionAnswer(
         answer.partition,
         answer.fetch_offset,
         high_watermark=hw,
-        last_stable_offset=hw,
+        last_stable_offset=hw if lso is None else lso,
         log_start_offset=log_start,
         records=records,
+        aborted=aborted,
         more_data=True,
     )
 

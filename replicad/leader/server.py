@@ -954,7 +954,7 @@ class LeaderServer:
         if self.remote is not None:
             # Offsets below the local log start, from the bucket, off the loop.
             with _not_charged():
-                last = await self.remote.complete(handling, last, self.catalog)
+                last = await self.remote.complete(handling, last, self.catalog, self.transactions)
         outcome = handling.finish(last, now_ms=self._now_ms())
         self._count_session_use(handling, outcome.session_id)
         return fetch_response_frame(

@@ -6,6 +6,7 @@ bucket's start and EARLIEST_LOCAL the local one."""
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,12 +29,16 @@ from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
 from replicad.protocol.requests import OffsetQuery, list_offsets_request
 from replicad.records.batch import scan_batches
+from replicad.records.records import ControlType
 from replicad.types import TopicPartition
 from replicad.wire import EARLIEST_TIMESTAMP, READ_COMMITTED
-from tests.leader.conftest import ServedInThread
+from tests.leader.conftest import ServedInThread, control_batch, transactional_batch
 from tools.logdata.batches import producer_batch
-from tools.peers.s3 import ACCESS_KEY, REGION, SECRET_KEY, S3Server
+from tools.peers.kcat import run_kcat
+from tools.peers.process import free_port
+from tools.peers.s3 import ACCESS_KEY, REGION, SECRET_KEY, S3Server, client_environ
 from tools.peers.s3_proxy import S3FaultProxy
+from tools.replica import replicad_serve
 from tools.wait import wait_until
 
 TP = TopicPartition("history", 0)
@@ -213,5 +218,68 @@ def test_list_offsets_answers_the_buckets_start_and_the_local_start(
     assert offsets(EARLIEST_TIMESTAMP) == 0
     assert offsets(EARLIEST_LOCAL_TIMESTAMP) == archived.local_start
     assert offsets(LATEST_TIERED_TIMESTAMP) == archived.local_start - 1
-    # READ_COMMITTED consumers are not read from the bucket: their log starts locally.
-    assert offsets(EARLIEST_TIMESTAMP, READ_COMMITTED) == archived.local_start
+    assert offsets(EARLIEST_TIMESTAMP, READ_COMMITTED) == 0
+
+
+def test_read_committed_from_the_bucket_skips_aborted_transactions(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path, served: Callable[..., ServedInThread]
+) -> None:
+    """Aborted and committed transactions in archived segments, and one aborted only in the
+    local log (its marker found past the archive's end): a read_committed consumer from 0
+    gets every committed record and nothing else."""
+    batches, committed = [], []
+    for i in range(400):
+        if i in (100, 102):
+            batches.append(transactional_batch(i, [value(i)], producer_id=7))
+        elif i in (101, 200):
+            batches.append(transactional_batch(i, [value(i)], producer_id=8 if i == 101 else 9))
+            if i == 101:
+                committed.append(i)
+        elif i in (103, 104, 399):
+            pid, kind = {103: (8, ControlType.COMMIT), 104: (7, ControlType.ABORT),
+                         399: (9, ControlType.ABORT)}[i]  # fmt: skip
+            batches.append(control_batch(i, producer_id=pid, control_type=kind))
+        else:
+            batches.append(producer_batch(i, [value(i)]))
+            committed.append(i)
+    now = wall_ms()
+    logs = LogManager.open(tmp_path / "data", CONFIG, now_ms=now)
+    try:
+        logs.hold_for_archive()
+        plog = logs.get_or_create(TP, topic_id=uuid.uuid4())
+        data = b"".join(batches)
+        plog.append(data, scan_batches(data).batches, now_ms=now)
+        logs.checkpoint({TP: plog.log_end_offset})
+        Archiver(ArchiverSettings(bucket(s3_server.endpoint, s3_bucket))).round(logs)
+        logs.enforce_retention(now)
+        assert 200 < plog.log_start_offset <= 399  # the last transaction ends locally
+        server = served(logs, remote_fetch(s3_server.endpoint, s3_bucket))
+        c = consumer(server.bootstrap, isolation_level="read_committed")
+        try:
+            ktp = KTP(TP.topic, TP.partition)
+            c.assign([ktp])
+            c.seek_to_beginning(ktp)
+            got = read_until(c, committed[-1] + 1)
+        finally:
+            c.close()
+        assert got == [(i, value(i)) for i in committed]
+        assert server.metrics()["remote_fetches_total"] > 0
+    finally:
+        logs.close()
+
+
+def test_replicad_serve_with_archive_answers_kcat_from_offset_0(
+    archived: Archived, s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    data_dir = archived.logs.data_dir
+    archived.logs.close()  # serve takes the data directory's lock
+    port = free_port()
+    flags = ("--archive", f"s3://{s3_bucket}/replicas", "--s3-endpoint", s3_server.endpoint)
+    env = {**os.environ, **client_environ()}
+    with replicad_serve(data_dir, port, log_path=tmp_path / "serve.log", flags=flags, env=env):
+        out = run_kcat(
+            "-C", "-b", f"127.0.0.1:{port}", "-t", TP.topic, "-p", "0", "-o", "beginning",
+            "-e", "-q", "-f", "%o %s\n", timeout_s=120,
+        ).stdout  # fmt: skip
+    rows = [line.split(b" ", 1) for line in out.splitlines()]
+    assert [(int(o), v) for o, v in rows] == [(i, value(i)) for i in range(RECORDS)]

@@ -1,0 +1,118 @@
+"""`replicad verify s3://...` and `replicad dump-log s3://...` against a real S3 server
+(versitygw): an archive the uploader wrote is clean; a flipped byte, a missing object and a
+manifest that lies about a size are each named; dump-log prints a partition's batches and
+one object's; objects no manifest names are counted, not failed."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from replicad.archive.manifest import decode_manifest, manifest_key, segment_key
+from replicad.archive.store import BucketSettings, ObjectStore
+from replicad.archive.uploader import Archiver, ArchiverSettings
+from replicad.cli import main
+from replicad.clock import wall_ms
+from replicad.log.config import LogConfig
+from replicad.log.manager import LogManager
+from replicad.records.batch import scan_batches
+from replicad.types import TopicPartition
+from tools.logdata.batches import batch_stream
+from tools.peers.s3 import S3Server, client_environ
+
+PREFIX = "east"
+TPS = (TopicPartition("orders", 0), TopicPartition("orders", 1))
+CONFIG = LogConfig(segment_bytes=16 * 1024, index_interval_bytes=1024, segment_index_bytes=4096)
+
+
+@pytest.fixture
+def archived(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[ObjectStore]:
+    for name, value in client_environ().items():
+        monkeypatch.setenv(name, value)
+    now = wall_ms()
+    logs = LogManager.open(tmp_path / "data", CONFIG, now_ms=now)
+    for seed, tp in enumerate(TPS, start=1):
+        plog = logs.get_or_create(tp, topic_id=uuid.uuid4())
+        for raw in batch_stream(seed, 80):
+            plog.append(raw, scan_batches(raw).batches, now_ms=now)
+        plog.high_watermark = plog.log_end_offset
+    settings = BucketSettings(s3_bucket, PREFIX, endpoint=s3_server.endpoint)
+    assert Archiver(ArchiverSettings(settings)).round(logs) >= 4
+    logs.close()
+    yield ObjectStore(settings)
+
+
+def cli(store: ObjectStore, *argv: str) -> int:
+    return main([*argv, "--s3-endpoint", str(store.settings.endpoint)])
+
+
+def manifest_of(store: ObjectStore, tp: TopicPartition):  # type: ignore[no-untyped-def]
+    return decode_manifest(store.get(manifest_key(PREFIX, tp)) or b"", source="test")
+
+
+def test_an_uploaded_archive_verifies_clean_and_its_batches_dump(
+    archived: ObjectStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"s3://{archived.settings.bucket}/{PREFIX}"
+    assert cli(archived, "verify", url) == 0
+    out = capsys.readouterr().out
+    assert "orders-0: ok (" in out and "orders-1: ok (" in out
+    assert out.rstrip().endswith("2 partitions, all ok")
+    assert cli(archived, "dump-log", f"{url}/orders-1") == 0
+    dumped = capsys.readouterr().out
+    manifest = manifest_of(archived, TPS[1])
+    assert dumped.count("Dumping s3://") == len(manifest.segments)
+    assert "baseOffset: 0 " in dumped and "isvalid: false" not in dumped
+    key = segment_key(PREFIX, TPS[1], manifest.topic_id, manifest.segments[1].base_offset, ".log")
+    assert cli(archived, "dump-log", f"s3://{archived.settings.bucket}/{key}") == 0
+    one = capsys.readouterr().out
+    assert one.count("Dumping s3://") == 1
+    assert f"baseOffset: {manifest.segments[1].base_offset} " in one
+
+
+def test_a_flipped_byte_a_missing_object_and_a_wrong_size_are_named(
+    archived: ObjectStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"s3://{archived.settings.bucket}/{PREFIX}"
+    zero, one = manifest_of(archived, TPS[0]), manifest_of(archived, TPS[1])
+    flipped = segment_key(PREFIX, TPS[0], zero.topic_id, zero.segments[1].base_offset, ".log")
+    data = bytearray(archived.get(flipped) or b"")
+    data[len(data) // 2] ^= 0xFF
+    archived.put_bytes(flipped, bytes(data))
+    missing = segment_key(PREFIX, TPS[1], one.topic_id, one.segments[0].base_offset, ".index")
+    archived._client.delete_object(Bucket=archived.settings.bucket, Key=missing)
+    # A crash's leftover: an object no manifest names yet.
+    leftover = segment_key(PREFIX, TPS[1], one.topic_id, 10**9, ".log")
+    archived.put_bytes(leftover, b"")
+    # A manifest that says a segment is a byte longer than its object.
+    second = one.segments[1]
+    lying = dataclasses.replace(
+        one, segments=(one.segments[0], dataclasses.replace(second, size=second.size + 1),
+                       *one.segments[2:]),
+    )  # fmt: skip
+    archived.put_bytes(manifest_key(PREFIX, TPS[1]), lying.encode())
+    assert cli(archived, "verify", url) == 1
+    out = capsys.readouterr().out
+    line0 = next(line for line in out.splitlines() if line.startswith("orders-0"))
+    assert "FAILED" in line0 and flipped.rsplit("/", 1)[1] in line0 and "CRC" in line0.upper()
+    line1 = next(line for line in out.splitlines() if line.startswith("orders-1"))
+    assert f"{missing}: named by the manifest, missing" in line1
+    assert "[1 objects no manifest names]" in line1
+    assert f"{second.size} bytes, the manifest says {second.size + 1}" in line1
+    assert out.rstrip().endswith("problems found")
+
+
+def test_a_bucket_that_cannot_be_read_is_an_error_not_a_clean_check(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name, value in client_environ().items():
+        monkeypatch.setenv(name, value)
+    code = main(["verify", "s3://no-such-bucket/x", "--s3-endpoint", s3_server.endpoint])
+    assert code == 1
+    assert "no-such-bucket" in capsys.readouterr().err
