@@ -336,7 +336,8 @@ def _mirror_section(mirror: Mapping[str, Any], all_partitions: bool, max_rows: i
 
 def _mirror_groups(groups: Mapping[str, Any], all_rows: bool, max_rows: int) -> str:
     """The group sync under the mirror: per group its last sync, partitions, offsets held
-    back, and why it stopped (failed over); failed-over and erring groups first."""
+    back, and why it stopped (failed over) or waits (gone at the source); failed-over and
+    erring groups first."""
     promoted = groups.get("promoted_topics") or {}
     lines = [f"promoted (no longer mirrored): {', '.join(sorted(promoted))}"] if promoted else []
     if groups.get("enabled"):
@@ -361,7 +362,7 @@ def _mirror_groups(groups: Mapping[str, Any], all_rows: bool, max_rows: int) -> 
             _or_none(g.get("partitions")),
             _or_none(g.get("held_back_offsets")),
             _or_none(len(g.get("skipped") or {})),
-            _short_error(g.get("reason") or g.get("error")),
+            _short_error(g.get("reason") or g.get("error") or _absent(g.get("absent_since_ms"))),
         )
         for group, g in shown
     ]
@@ -371,6 +372,11 @@ def _mirror_groups(groups: Mapping[str, Any], all_rows: bool, max_rows: int) -> 
     if len(shown) < len(rows_in):
         lines.append(f"... {len(rows_in) - len(shown):,} more groups")
     return "\n" + "\n".join(lines) if lines else ""
+
+
+def _absent(since_ms: object) -> str | None:
+    # Forgotten once gone at the destination too (group_sync.py).
+    return f"gone at the source since {_clock(since_ms)}" if isinstance(since_ms, int) else None
 
 
 def _clock(ms: object) -> str:

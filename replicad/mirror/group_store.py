@@ -3,7 +3,8 @@
 at the destination (never synced again unless resumed), the topics promoted (never
 mirrored again), and the offsets the sync wrote (and sent, answer unknown) per group and
 destination partition, by which a group that failed over while replicad was stopped is
-recognised at the next start.
+recognised at the next start. A group gone at the source and at the destination is
+forgotten (group_sync.py), so the file holds the groups that exist on one side at least.
 
 Rules:
 - Written whole and atomically (progress_store's way: write, fsync, rename, fsync the

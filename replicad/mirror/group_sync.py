@@ -32,9 +32,28 @@ Rules:
 - Skipped and named, per group: partitions the mirror halted, topics not mirrored, topics
   promoted (cut over: the destination owns them now), partitions with nothing mirrored yet.
 - Only what changed is written: a destination offset already equal to the target is left.
-- Time is only a stamp (last sync, failed over since, sync lag); `sync_lag_ms` is how long
-  the oldest source offset not yet at the destination has been waiting, from the sync that
-  first saw it.
+  A group is synced (`last_sync_ms`) at the round whose commit the destination took, or
+  that found every offset of it already there.
+- Sync lag (`sync_lag_ms`): how long the oldest source commit not yet at the destination
+  has been waiting, from the last round that read the group without it (OffsetFetch gives
+  no commit time: the commit came after that read, so the lag is never understated, and
+  overstated by one interval at most), to the destination's answer taking it. 0 once
+  nothing waits.
+- Forgetting (so `mirror-groups.json` does not keep every group that ever was): a group
+  with no committed offset on a mirrored (or promoted) topic in a complete source listing
+  is absent at the source (a listing some broker did not answer says nothing of the
+  groups missing from it; a group whose offsets could not be read is not absent). Absent
+  for `FORGET_AFTER_ROUNDS` sync intervals, it is looked up at the destination (then again
+  at most once per that time); once Kafka has no such group there either (no members, no
+  committed offset: deleted, or its offsets expired by the destination's
+  offsets.retention.minutes), it is forgotten: what the sync wrote, the commits sent, a
+  failover, and its status row. Forgetting needs the group gone on both sides because what
+  is kept protects what is at the destination: a failed-over group whose destination group
+  still exists stays failed over (and one deleted at the destination while the source
+  group lives on stays failed over: `resume` is the one way back); our offsets still there
+  are still ours. A group that comes back at the source is synced as a new one.
+- Time is passed in (`now_ms`); it is only a stamp (last sync, failed over since, absent
+  since) and a measure (sync lag, how long a group has been absent).
 
 Group states and transitions (TRANSITIONS; a missing pair is an error):
     SYNCING --members / foreign_commit / refused_live--> FAILED_OVER --resume--> SYNCING
@@ -55,6 +74,11 @@ from replicad.types import TopicPartition
 ADMIN_GENERATION = -1
 ADMIN_MEMBER_ID = ""
 NO_LEADER_EPOCH = -1
+# A group absent at the source this many sync intervals is looked up at the destination,
+# and forgotten if gone there too (a minute at the default 5 s): long enough that a
+# coordinator moving or loading between two listings does not count.
+FORGET_AFTER_ROUNDS = 12
+DEFAULT_SYNC_INTERVAL_MS = 5_000
 
 
 class GroupState(enum.Enum):
@@ -198,6 +222,8 @@ class GroupStatus:
     error: str | None = None
     sync_errors: int = 0
     resets_followed: int = 0
+    # Since when the group has had no committed offset on a mirrored topic at the source.
+    absent_since_ms: int | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -213,6 +239,7 @@ class GroupStatus:
             "error": self.error,
             "sync_errors": self.sync_errors,
             "resets_followed": self.resets_followed,
+            "absent_since_ms": self.absent_since_ms,
         }
 
 
@@ -244,7 +271,9 @@ class GroupSync:
         promoted: Iterable[str] = (),
         written: WrittenOffsets | None = None,
         sent: SentOffsets | None = None,
+        sync_interval_ms: int = DEFAULT_SYNC_INTERVAL_MS,
     ) -> None:
+        self.forget_after_ms = FORGET_AFTER_ROUNDS * sync_interval_ms
         self.failed_over: dict[str, FailedOver] = dict(failed_over or {})
         self.promoted: set[str] = set(promoted)
         self.groups: dict[str, GroupStatus] = {}
@@ -263,8 +292,13 @@ class GroupSync:
         self._sent: dict[str, dict[TopicPartition, Sent]] = {
             g: dict(w) for g, w in (sent or {}).items() if g not in self.failed_over
         }
-        # Source offsets seen but not yet at the destination: when first seen (sync lag).
+        # Source offsets seen but not yet at the destination: since when (sync lag).
         self._waiting: dict[tuple[str, TopicPartition, int], int] = {}
+        # When each group was last read at the source (a new offset came after it).
+        self._read_at: dict[str, int] = {}
+        # Groups absent at the source: since when, and when last looked up at the destination.
+        self._absent_since: dict[str, int] = {}
+        self._looked_up: dict[str, int] = {}
         self.commits_total = 0
         self.sync_errors_total = 0
 
@@ -287,6 +321,7 @@ class GroupSync:
             status.reason = reason
             self._written.pop(group, None)
             self._sent.pop(group, None)
+            self._read_at.pop(group, None)
             self._forget_waiting(group)
             return Said(
                 "group failed over at the destination; no longer synced",
@@ -339,7 +374,8 @@ class GroupSync:
         mirrored_topics = {tp.topic for tp in partitions} | self.promoted
         said: list[Said] = []
         commits: dict[str, dict[TopicPartition, Commit]] = {}
-        for group in self.wanted(source, mirrored_topics):
+        wanted = self.wanted(source, mirrored_topics)
+        for group in wanted:
             offsets = source[group]
             dest = destination.get(group)
             status = self.groups.setdefault(group, GroupStatus())
@@ -365,6 +401,8 @@ class GroupSync:
             said.extend(status_said)
             if planned:
                 commits[group] = planned
+        for group in wanted:
+            self._read_at[group] = now_ms
         return SyncPlan(commits, tuple(said))
 
     def _foreign_commit(self, group: str, dest: DestinationGroup) -> str | None:
@@ -407,6 +445,8 @@ class GroupSync:
         skipped: dict[str, str] = {}
         held_partitions = held_offsets = synced = 0
         oldest_wait = now_ms
+        # A source offset not seen before was committed after the group's last read.
+        new_since = self._read_at.get(group, now_ms)
         for tp, committed in sorted(offsets.items()):
             if tp.topic in self.promoted:
                 skipped[str(tp)] = "promoted"
@@ -427,7 +467,7 @@ class GroupSync:
                 held_partitions += 1
                 held_offsets += committed.offset - partition.position
                 key = (group, tp, committed.offset)
-                oldest_wait = min(oldest_wait, self._waiting.setdefault(key, now_ms))
+                oldest_wait = min(oldest_wait, self._waiting.setdefault(key, new_since))
             before = written.get(partition.dest)
             if before is not None and committed.offset < before.source_offset:
                 status.resets_followed += 1
@@ -451,7 +491,7 @@ class GroupSync:
                 continue
             if not target.held_back:
                 key = (group, tp, committed.offset)
-                oldest_wait = min(oldest_wait, self._waiting.setdefault(key, now_ms))
+                oldest_wait = min(oldest_wait, self._waiting.setdefault(key, new_since))
             planned[partition.dest] = Commit(
                 target.offset, committed.metadata, tp, committed.offset, target.held_back
             )
@@ -460,6 +500,9 @@ class GroupSync:
         status.held_back_partitions = held_partitions
         status.held_back_offsets = held_offsets
         status.sync_lag_ms = now_ms - oldest_wait
+        if synced and not planned:
+            # Every offset it can have is at the destination already: in sync as of now.
+            status.last_sync_ms = now_ms
         if planned:
             self._sent[group] = {
                 tp: Sent(c.offset, c.source_offset, dest.offsets.get(tp))
@@ -514,6 +557,80 @@ class GroupSync:
         if not sent:
             self._sent.pop(group, None)
         status.last_sync_ms = now_ms
+        waits = [since for key, since in self._waiting.items() if key[0] == group]
+        status.sync_lag_ms = now_ms - min(waits) if waits else 0
+        return said
+
+    # -- forgetting groups gone on both sides ---------------------------------------------
+
+    def absent(
+        self,
+        now_ms: int,
+        source: Mapping[str, Mapping[TopicPartition, CommittedOffset]],
+        mirrored_topics: Iterable[str],
+        *,
+        complete: bool,
+        unreadable: Iterable[str] = (),
+    ) -> list[str]:
+        """Notes which known groups are absent at the source this round (see the rules);
+        returns those to look up at the destination now, for `forget`. `source`: the
+        chosen groups' committed offsets; `complete`: the listing had every broker;
+        `unreadable`: groups whose offsets could not be read (not absent)."""
+        topics = set(mirrored_topics) | self.promoted
+        present = {g for g, offsets in source.items() if any(tp.topic in topics for tp in offsets)}
+        present.update(unreadable)
+        for group in present:
+            self._absent_since.pop(group, None)
+            self._looked_up.pop(group, None)
+            if group in self.groups:
+                self.groups[group].absent_since_ms = None
+        if not complete:
+            return []
+        known = set(self.groups) | set(self._written) | set(self._sent) | set(self.failed_over)
+        due = []
+        for group in sorted(known - present):
+            since = self._absent_since.setdefault(group, now_ms)
+            status = self.groups.setdefault(group, GroupStatus())
+            if status.absent_since_ms is None:
+                # Nothing of it waits at the source any more.
+                status.absent_since_ms = since
+                status.partitions = status.held_back_partitions = status.held_back_offsets = 0
+                status.sync_lag_ms = 0
+                status.skipped = {}
+                self._forget_waiting(group)
+            looked = self._looked_up.get(group)
+            if now_ms - since >= self.forget_after_ms and (
+                looked is None or now_ms - looked >= self.forget_after_ms
+            ):
+                due.append(group)
+        return due
+
+    def forget(self, now_ms: int, destination: Mapping[str, DestinationGroup]) -> list[Said]:
+        """The destination's answer for the groups `absent` returned: each one gone there
+        too (no members, no committed offset) is forgotten; the others are looked up again
+        after `forget_after_ms`. A group that could not be read is asked again next round."""
+        said = []
+        for group, dest in sorted(destination.items()):
+            since = self._absent_since.get(group)
+            if since is None or dest.error is not None:
+                continue
+            if dest.members or dest.offsets:
+                self._looked_up[group] = now_ms
+                continue
+            was = self.state(group)
+            for kept in (self.groups, self._written, self._sent, self.failed_over):
+                kept.pop(group, None)
+            self._absent_since.pop(group, None)
+            self._looked_up.pop(group, None)
+            self._read_at.pop(group, None)
+            self._forget_waiting(group)
+            said.append(
+                Said(
+                    "group forgotten: gone at the source and at the destination",
+                    group,
+                    {"absent_since_ms": since, "state": was.value},
+                )
+            )
         return said
 
     def failed(self, group: str, error: str) -> None:
@@ -558,7 +675,10 @@ class GroupSync:
         syncing = [s for s in self.groups.values() if s.state is GroupState.SYNCING]
         return {
             "groups": groups,
-            "groups_synced": sum(1 for s in syncing if s.last_sync_ms is not None),
+            # Gone at the source: not synced any more, only remembered.
+            "groups_synced": sum(
+                1 for s in syncing if s.last_sync_ms is not None and s.absent_since_ms is None
+            ),
             "groups_failed_over": len(self.failed_over),
             "held_back_offsets": sum(s.held_back_offsets for s in syncing),
             "sync_lag_ms": max((s.sync_lag_ms for s in syncing), default=0),

@@ -7,8 +7,9 @@ One round:
    protocol is a consumer's (or none: groups that only commit), then their committed
    offsets (FindCoordinator, OffsetFetch batched) -- `ClusterGroupsReader`.
 2. Destination: the groups worth writing (not failed over, with an offset on a mirrored
-   topic): DescribeGroups (members) and OffsetFetch, through a second reader over the
-   mirror's own client.
+   topic), and the groups long absent at the source that may be forgotten
+   (group_sync.py): DescribeGroups (members) and OffsetFetch, through a second reader over
+   the mirror's own client.
 3. The mirror's partitions as they stand now (taken after the reads, so never older than
    what the destination was asked about), the plan, the state saved (the commits about
    to be sent included), then one OffsetCommit per group; the state saved again.
@@ -61,7 +62,7 @@ class GroupSyncShell:
         self.writer = GroupOffsetWriter(destination, self.destination)
         self.partitions = partitions
         self.identity = identity
-        self.sync = GroupSync()
+        self.sync = GroupSync(sync_interval_ms=config.sync_interval_ms)
         self.promoted_at: dict[str, int] = {}
         self.rounds = 0
         self.last_round_ms: int | None = None
@@ -85,7 +86,13 @@ class GroupSyncShell:
                 destination=self.identity(),
             )
             return
-        self.sync = GroupSync(stored.failed_over, stored.promoted, stored.written, stored.sent)
+        self.sync = GroupSync(
+            stored.failed_over,
+            stored.promoted,
+            stored.written,
+            stored.sent,
+            sync_interval_ms=self.config.sync_interval_ms,
+        )
         self.promoted_at = dict(stored.promoted)
         self._saved = stored
         for group, why in sorted(stored.failed_over.items()):
@@ -144,19 +151,25 @@ class GroupSyncShell:
             )
         chosen = listing.consumer_groups(self.config.selects)
         source: dict[str, dict[TopicPartition, CommittedOffset]] = {}
+        unreadable = []
         for group_id, offsets in (await self.source.committed_offsets(chosen)).items():
             if offsets.error is not None:
                 self.sync.failed(group_id, f"source: {offsets.error}")
+                unreadable.append(group_id)
                 continue
             source[group_id] = dict(offsets.offsets)
         mirrored = {tp.topic for tp in self.partitions()} | self.sync.promoted
+        absent = self.sync.absent(
+            _wall_ms(), source, mirrored, complete=listing.complete, unreadable=unreadable
+        )
         wanted = self.sync.wanted(source, mirrored)
-        if not wanted:
+        asked = wanted + absent
+        if not asked:
             return
-        described = await self.destination.describe(wanted)
-        committed = await self.destination.committed_offsets(wanted)
+        described = await self.destination.describe(asked)
+        committed = await self.destination.committed_offsets(asked)
         destination = {}
-        for g in wanted:
+        for g in asked:
             d, o = described[g], committed[g]
             destination[g] = DestinationGroup(
                 members=len(d.members),
@@ -166,6 +179,7 @@ class GroupSyncShell:
             )
         plan = self.sync.plan(_wall_ms(), source, destination, self.partitions())
         self._say(plan.said)
+        self._say(self.sync.forget(_wall_ms(), {g: destination[g] for g in absent}))
         if plan.commits:
             # Saved before they are sent: after a stop, what we sent is not taken for
             # someone else's commit (group_sync.py).

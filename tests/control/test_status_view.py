@@ -367,14 +367,19 @@ def test_synced_groups_are_shown_under_the_mirror_failed_over_first() -> None:
                 "shop": {"state": "failed_over", "partitions": 0, "held_back_offsets": 0,
                          "skipped": {"audit-0": "not mirrored"},
                          "reason": "2 member(s) at the destination"},
+                "old": {"state": "syncing", "last_sync_ms": 1_700_000_000_000,
+                        "partitions": 0, "held_back_offsets": 0, "skipped": {},
+                        "absent_since_ms": 1_700_000_060_000},
             },
         },
     }  # fmt: skip
     section = render_table(snap).split("\n\n")[-1]
     assert "promoted (no longer mirrored): orders" in section
     assert "GROUPS synced 1  failed over 1  held back 30 offsets  sync lag 5.0s" in section
-    rows = [line.split()[:6] for line in section.splitlines() if line.startswith(("b", "s"))]
+    rows = [line.split()[:6] for line in section.splitlines() if line.startswith(("b", "s", "o"))]
     assert rows == [
         ["shop", "failed_over", "-", "0", "0", "1"],
         ["billing", "syncing", "22:13:20", "3", "30", "0"],
+        ["old", "syncing", "22:13:20", "0", "0", "0"],
     ]
+    assert "gone at the source since 22:14:20" in section

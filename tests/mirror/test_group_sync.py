@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from replicad.errors import LocalProtocolError
 from replicad.groups.cluster_reader import CommittedOffset
 from replicad.mirror.group_sync import (
+    FORGET_AFTER_ROUNDS,
     TRANSITIONS,
     Commit,
     DestinationGroup,
@@ -219,7 +220,13 @@ def test_an_offset_already_at_the_destination_is_not_written_again() -> None:
 
 def restarted(sync: GroupSync) -> GroupSync:
     """The sync as a restart finds it: only what the shell persists."""
-    return GroupSync(sync.failed_over, sync.promoted, sync.written, sync.sent)
+    return GroupSync(
+        sync.failed_over,
+        sync.promoted,
+        sync.written,
+        sync.sent,
+        sync_interval_ms=sync.forget_after_ms // FORGET_AFTER_ROUNDS,
+    )
 
 
 def test_a_group_that_failed_over_while_stopped_is_recognised_at_the_restart() -> None:
@@ -275,6 +282,129 @@ def test_every_transition_is_in_the_table_and_others_are_errors() -> None:
         sync._event("g", GroupEvent.RESUME, 0, "")
 
 
+def test_sync_lag_runs_from_the_last_read_without_the_commit_to_the_answer_taking_it() -> None:
+    sync = GroupSync()
+    held = apply(sync, 0, sync.plan(0, src(p0=40), idle(), {T0: kept(100)}).commits)
+    assert sync.groups["g"].sync_lag_ms == 0
+    # Read at 0 with 40; at 5,000 the source has 90, committed between the two reads, and
+    # the mirror has only 60 of it: waiting since 0, not since the read that saw it.
+    plan = sync.plan(5_000, src(p0=90), idle(held), {T0: kept(60)})
+    assert sync.groups["g"].sync_lag_ms == 5_000
+    held = {**held, **apply(sync, 5_200, plan.commits)}
+    assert sync.groups["g"].sync_lag_ms == 5_200  # held back: still waiting at the answer
+    assert sync.snapshot()["sync_lag_ms"] == 5_200
+    plan = sync.plan(10_000, src(p0=90), idle(held), {T0: kept(100)})
+    assert sync.groups["g"].sync_lag_ms == 10_000
+    apply(sync, 10_300, plan.commits)
+    # The destination took 90: nothing waits.
+    assert sync.groups["g"].sync_lag_ms == 0 and sync.snapshot()["sync_lag_ms"] == 0
+
+
+def test_a_group_found_in_sync_is_synced_as_of_that_round() -> None:
+    # After a restart the destination already holds the source's offset: nothing to
+    # write, and the group is in sync, not "never synced".
+    sync = GroupSync()
+    assert sync.plan(7_000, src(p0=40), idle({D0: 40}), {T0: kept(100)}).commits == {}
+    assert sync.groups["g"].last_sync_ms == 7_000
+    assert sync.snapshot()["groups_synced"] == 1
+    # Nothing of it mirrored yet: not synced.
+    empty = MirroredPartition(D0, 0, None, OffsetMap())
+    other = GroupSync()
+    other.plan(7_000, src(p0=5), idle(), {T0: empty})
+    assert other.groups["g"].last_sync_ms is None
+
+
+# -- forgetting groups gone at the source and at the destination -------------------------
+
+GONE: dict[str, dict[TopicPartition, CommittedOffset]] = {}
+AFTER = FORGET_AFTER_ROUNDS * 1_000  # with a 1 s sync interval
+
+
+def absent(sync: GroupSync, now: int, source=GONE, complete: bool = True) -> list[str]:
+    return sync.absent(now, source, ["orders"], complete=complete)
+
+
+def test_a_group_gone_on_both_sides_is_forgotten_after_a_while() -> None:
+    sync = GroupSync(sync_interval_ms=1_000)
+    plan = sync.plan(0, src(p0=90), idle(), {T0: kept(60)})
+    held = apply(sync, 0, plan.commits)
+    assert sync.written and sync.groups["g"].held_back_offsets == 30
+    assert sync.snapshot()["groups_synced"] == 1
+    # The group is deleted at the source: nothing of it waits any more, nor is it synced.
+    assert absent(sync, 1_000) == []
+    status = sync.groups["g"]
+    assert (status.absent_since_ms, status.held_back_offsets, status.sync_lag_ms) == (1_000, 0, 0)
+    assert sync.snapshot()["groups_synced"] == 0
+    assert absent(sync, AFTER) == []
+    # Absent long enough: looked up at the destination, where our offsets still are: kept.
+    assert absent(sync, 1_000 + AFTER) == ["g"]
+    assert sync.forget(1_000 + AFTER, idle(held)) == []
+    assert sync.written == {"g": {D0: Written(60, 90)}}
+    # Not looked up again until another while has passed.
+    assert absent(sync, 2_000 + AFTER) == []
+    assert absent(sync, 1_000 + 2 * AFTER) == ["g"]
+    # Expired there too (offsets.retention.minutes), or deleted: forgotten.
+    said = sync.forget(1_000 + 2 * AFTER, idle())
+    assert [s.event for s in said] == ["group forgotten: gone at the source and at the destination"]
+    assert sync.written == {} and sync.sent == {} and "g" not in sync.groups
+    assert absent(sync, 3_000 + 2 * AFTER) == []
+
+
+def test_a_failed_over_group_is_kept_while_anything_of_it_is_left() -> None:
+    sync = GroupSync(
+        failed_over={"g": FailedOver(5, "2 member(s) at the destination")}, sync_interval_ms=1_000
+    )
+    # Still committing at the source, deleted at the destination: still failed over.
+    for now in range(0, 3 * AFTER, 1_000):
+        assert absent(sync, now, src(p0=40)) == []
+    assert sync.state("g") is GroupState.FAILED_OVER
+    # Gone at the source; its members still at the destination: kept.
+    assert absent(sync, 3 * AFTER) == []
+    assert absent(sync, 4 * AFTER) == ["g"]
+    assert sync.forget(4 * AFTER, {"g": DestinationGroup(2, "Stable", {D0: 7})}) == []
+    assert sync.state("g") is GroupState.FAILED_OVER
+    # Its members left, its offsets stay: kept.
+    assert absent(sync, 5 * AFTER) == ["g"]
+    assert sync.forget(5 * AFTER, idle({D0: 7})) == []
+    # Deleted at the destination too: forgotten, and not failed over after a restart.
+    assert absent(sync, 6 * AFTER) == ["g"]
+    assert len(sync.forget(6 * AFTER, {"g": DestinationGroup(0, "Dead")})) == 1
+    assert sync.failed_over == {} and restarted(sync).state("g") is GroupState.SYNCING
+
+
+def test_a_partial_listing_or_an_unreadable_group_is_not_absence() -> None:
+    sync = GroupSync(failed_over={"g": FailedOver(5, "had members")}, sync_interval_ms=1_000)
+    # A broker did not list its groups: g may be one of them.
+    assert absent(sync, 0, complete=False) == []
+    assert absent(sync, 2 * AFTER, complete=False) == []
+    assert sync.groups["g"].absent_since_ms is None
+    # Its offsets could not be read: not absent either.
+    assert sync.absent(2 * AFTER, GONE, ["orders"], complete=True, unreadable=["g"]) == []
+    assert sync.groups["g"].absent_since_ms is None
+    # Offsets only on topics not mirrored: absent.
+    other = {"g": {TopicPartition("audit", 0): CommittedOffset(5)}}
+    assert absent(sync, 3 * AFTER, other) == []
+    assert sync.groups["g"].absent_since_ms == 3 * AFTER
+    # Back before the while is out: the clock starts again.
+    assert absent(sync, 4 * AFTER - 1, src(p0=1)) == []
+    assert absent(sync, 4 * AFTER) == []
+    assert absent(sync, 5 * AFTER - 1) == []
+    assert absent(sync, 5 * AFTER) == ["g"]
+    # The destination could not be read: asked again next round.
+    assert sync.forget(5 * AFTER, {"g": DestinationGroup(error="coordinator_not_available")}) == []
+    assert absent(sync, 5 * AFTER + 1) == ["g"]
+
+
+def test_a_forgotten_group_that_comes_back_is_synced_as_a_new_one() -> None:
+    sync = GroupSync(sync_interval_ms=1_000)
+    apply(sync, 0, sync.plan(0, src(p0=40), idle(), {T0: kept(100)}).commits)
+    absent(sync, 1_000)
+    assert absent(sync, 1_000 + AFTER) == ["g"]
+    sync.forget(1_000 + AFTER, idle())
+    plan = sync.plan(2_000 + AFTER, src(p0=10), idle(), {T0: kept(100)})
+    assert plan.commits["g"][D0].offset == 10 and plan.said == ()  # not a reset followed
+
+
 # -- the property: whatever happens, never ahead of the data, never into a live group ----
 
 # What becomes of the next commit: taken; written but its answer lost; lost before the
@@ -298,6 +428,12 @@ def scenarios(draw: st.DrawFn) -> list[tuple[str, int]]:
         # that ran and stopped while replicad was stopped (restarted after it).
         st.tuples(st.just("app_commit"), st.integers(0, 60)),
         st.tuples(st.just("restart"), st.just(0)),
+        # The group is deleted at the source (and comes back), or at the destination;
+        # time passes (the sync interval is 1 ms here: forgotten after FORGET_AFTER_ROUNDS).
+        st.tuples(st.just("source_gone"), st.just(0)),
+        st.tuples(st.just("source_back"), st.just(0)),
+        st.tuples(st.just("destination_gone"), st.just(0)),
+        st.tuples(st.just("wait"), st.integers(1, 2 * FORGET_AFTER_ROUNDS)),
     )
     return draw(st.lists(steps, max_size=60))
 
@@ -308,10 +444,14 @@ def scenarios(draw: st.DrawFn) -> list[tuple[str, int]]:
 # is stopped; replicad stops after a commit was taken and before its answer was saved.
 @example([("commit", 9), ("mirror", 9), ("app_commit", 4), ("commit", 1), ("mirror", 1)], [])
 @example([("commit", 1), ("mirror", 1), ("commit", 1), ("mirror", 1), ("sync", 0)], [0, 3])
+# Gone at the source long enough to be looked up, while its offsets stay at the destination.
+@example([("commit", 5), ("mirror", 5), ("source_gone", 0), ("wait", 24), ("sync", 0)], [])
 def test_no_destination_offset_ahead_of_the_data_nor_a_write_to_a_live_group(
     steps: list[tuple[str, int]], outcomes: list[int]
 ) -> None:
-    sync = GroupSync()
+    sync = GroupSync(sync_interval_ms=1)
+    now = 0
+    at_source = True  # the group has its committed offset at the source
     source_log: list[str] = []  # "d" a data record, "m" a transaction marker
     committed = 0  # the group's committed offset at the source
     position = dest_next = 0  # the mirror: source mirrored below position, dest end
@@ -325,7 +465,8 @@ def test_no_destination_offset_ahead_of_the_data_nor_a_write_to_a_live_group(
     # what it wrote or found there, and while a commit's fate is unknown, the one before.
     ours: set[int] | None = None
     fates = iter(outcomes)  # of the commits in turn; taken once they run out
-    for now, (kind, n) in enumerate(steps):
+    for kind, n in steps:
+        now += n if kind == "wait" else 1
         if kind == "commit":
             source_log.extend("d" * n)
             committed = min(len(source_log), committed + n)
@@ -343,7 +484,6 @@ def test_no_destination_offset_ahead_of_the_data_nor_a_write_to_a_live_group(
                 position += 1
         elif kind == "join":
             members += n
-            had_members_since_resume = True
         elif kind == "leave":
             members = 0
         elif kind == "app_commit":
@@ -353,23 +493,43 @@ def test_no_destination_offset_ahead_of_the_data_nor_a_write_to_a_live_group(
             sync = restarted(sync)
         elif kind == "restart":
             sync = restarted(sync)
+        elif kind in ("source_gone", "source_back"):
+            at_source = kind == "source_back"
+        elif kind == "destination_gone":
+            members = 0
+            dest_offsets.clear()
         elif kind == "resume" and sync.resume("g", now) is not None:
-            had_members_since_resume = members > 0
+            had_members_since_resume = False
             owned_since_resume, ours = False, None
+        if members and at_source:
+            # Seen by this step's sync (a group absent at the source is not looked at:
+            # members that come and go meanwhile, committing nothing, leave no trace).
+            had_members_since_resume = True
         partition = MirroredPartition(
             D0, position, dest_next if points else None, OffsetMap.of(points)
         )
-        plan = sync.plan(
-            now,
-            {"g": {T0: CommittedOffset(committed)}},
-            {"g": DestinationGroup(members, "Stable" if members else "Empty", dest_offsets)},
-            {T0: partition},
-        )
+        source = {"g": {T0: CommittedOffset(committed)}} if at_source else {}
+        destination = {
+            "g": DestinationGroup(members, "Stable" if members else "Empty", dict(dest_offsets))
+        }
+        if sync.absent(now, source, ["orders"], complete=True) and sync.forget(now, destination):
+            # Forgotten only when nothing of it is left at the destination: a new group.
+            assert members == 0 and not dest_offsets, "forgot a group the destination has"
+            assert sync.state("g") is GroupState.SYNCING and not sync.written
+            had_members_since_resume = owned_since_resume = False
+            ours = None
+        plan = sync.plan(now, source, destination, {T0: partition})
         # A group fails over only when it was live or written by someone else.
         if sync.state("g") is GroupState.FAILED_OVER:
             assert had_members_since_resume or owned_since_resume, "failed over for nothing"
         planned = plan.commits.get("g", {})
-        if sync.state("g") is GroupState.SYNCING and points and not members and not planned:
+        if (
+            sync.state("g") is GroupState.SYNCING
+            and at_source
+            and points
+            and not members
+            and not planned
+        ):
             ours = {dest_offsets[D0]}  # what it wants is there: its own from now on
         if planned:
             assert members == 0, "wrote into a live group"

@@ -568,6 +568,40 @@ def test_a_group_that_fails_over_while_replicad_is_stopped_is_left_alone_at_rest
         assert {
             p: dest_offset(kafka_cluster.bootstrap, dest_topic, group, p) for p in range(PARTITIONS)
         } == dict.fromkeys(range(PARTITIONS), 25)
+        # The group is deleted at the source, then at the destination: replicad forgets it
+        # (its failover, what it wrote) once it is gone on both sides.
+        delete_group(kafka_broker.bootstrap, group)
+        proc.wait_for(
+            lambda: group_row(proc, group).get("absent_since_ms") is not None,
+            timeout_s=90,
+            what="the group gone at the source",
+        )
+        assert group_row(proc, group)["state"] == "failed_over"
+        delete_group(kafka_cluster.bootstrap, group)
+        saved = tmp_path / "data" / "mirror-groups.json"
+
+        def forgotten() -> bool:
+            # Status first, then the file (saved at the end of the round that forgot it).
+            shown = groups_of(proc).get("groups")
+            stored = json.loads(saved.read_text())
+            return (
+                shown is not None
+                and group not in shown
+                and group not in stored["failed_over"]
+                and group not in stored["written"]
+            )
+
+        proc.wait_for(forgotten, timeout_s=90, what="the group forgotten")
+        assert "group forgotten: gone at the source and at the destination" in proc.output()
+
+
+def delete_group(bootstrap: str, group: str) -> None:
+    """kafka-consumer-groups --delete, through the Admin API (confluent-kafka)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_consumer_groups([group], request_timeout=30).values():
+        future.result(timeout=60)
 
 
 def kafka_wait_assigned(consumer: Any) -> None:
@@ -650,6 +684,15 @@ def test_offsets_wait_at_the_mirrored_end_while_the_mirror_lags_and_promote_forc
         txn.commit_transaction(30)
         wait_synced(proc, group, 1)
         assert dest_offset(kafka_cluster.bootstrap, dest_topic, group) == 50
+        # Caught up, kafka-consumer-groups --describe at the destination shows the offset
+        # and a lag of the 10 records the group has not read (50-59). The source's LAG
+        # column says 11: it counts the marker at 60, an offset the destination does not have.
+        proc.wait_for(
+            lambda: dest_end(kafka_cluster.bootstrap, dest_topic) == 60,
+            timeout_s=90,
+            what="the destination holding every committed record",
+        )
+        assert describe_offsets(kafka_cluster, dest_topic, group) == {0: (50, 10)}
         # It lags again: 61-70 an open transaction, 71-80 plain; the group read to 75.
         open_transaction(txn, topic, 10)
         produce_numbered(source, topic, 1, 10, b"x")

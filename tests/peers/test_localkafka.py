@@ -123,13 +123,16 @@ def test_a_second_local_kafka_is_the_mirrors_destination_as_the_readme_says(
 ) -> None:
     """`make kafka PORT=9093 NAME=dest` (the target's command line) and the README's mirror
     section as written: its config (the session broker as the source, a topic of the test's
-    with transactions in place of `demo`) and its commands."""
+    with transactions in place of `demo`) and its commands; a consumer group's offsets
+    follow (`groups:`), and status lists the group."""
     make_kafka, run, status = [c.command for c in shell_commands() if c.section == MIRROR_SECTION]
     assert make_kafka.startswith("make kafka PORT=9093 NAME=dest")
     (config_block,) = [b for b in blocks() if b.section == MIRROR_SECTION and b.language == "yaml"]
     topic = unique_topic()
     kafka_broker.create_topic(topic, 2)
     produce_mixed(kafka_broker.bootstrap, topic, partitions=2, records=400, seed=3)
+    group = f"app-{topic}"
+    commit_offsets(kafka_broker.bootstrap, topic, group, {0: 50, 1: 50})
     port = free_port()
     dest_proc, lines = start_local_kafka(
         "--port", str(port), "--name", "dest", "--workdir", str(tmp_path / "dest")
@@ -159,9 +162,14 @@ def test_a_second_local_kafka_is_the_mirrors_destination_as_the_readme_says(
                 )
                 if shown.returncode != 0:
                     return False
-                parts = json.loads(shown.stdout).get("mirror", {}).get("partitions", [])
-                return len(parts) == 2 and all(
-                    p["lag"] == 0 and (p["local_high_watermark"] or 0) > 0 for p in parts
+                mirror = json.loads(shown.stdout).get("mirror", {})
+                parts = mirror.get("partitions", [])
+                synced = (mirror.get("groups") or {}).get("groups", {}).get(group, {})
+                return (
+                    len(parts) == 2
+                    and all(p["lag"] == 0 and (p["local_high_watermark"] or 0) > 0 for p in parts)
+                    and synced.get("partitions") == 2
+                    and synced.get("last_sync_ms") is not None
                 )
 
             wait_until(mirrored, timeout_s=120, what="the mirror to catch up, status healthy")
@@ -171,6 +179,10 @@ def test_a_second_local_kafka_is_the_mirrors_destination_as_the_readme_says(
             output = daemon.communicate(timeout=60)[0].decode()
         assert daemon.returncode == 0 and "Traceback" not in output, output
         assert "MIRROR" in table.stdout, table.stdout
+        assert "GROUPS synced 1" in table.stdout and group in table.stdout, table.stdout
+        # Translated: at most 50 (the markers before it take no offset at the destination).
+        there = committed_offsets(dest, topic, group)
+        assert all(there[p] is not None and there[p] <= 50 for p in (0, 1)), there
         source = consume_all(kafka_broker.bootstrap, topic)
         copied = consume_all(dest, topic)
         assert {p: [(r.key, r.value) for r in rs] for p, rs in copied.items()} == {
@@ -179,3 +191,25 @@ def test_a_second_local_kafka_is_the_mirrors_destination_as_the_readme_says(
     finally:
         dest_proc.send_signal(signal.SIGINT)
         assert dest_proc.wait(timeout=60) == 0
+
+
+def commit_offsets(bootstrap: str, topic: str, group: str, offsets: dict[int, int]) -> None:
+    """`group` commits `offsets` without joining (assign, as an admin or Spark would)."""
+    from kafka import KafkaConsumer, OffsetAndMetadata
+    from kafka import TopicPartition as KTP
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    consumer.assign([KTP(topic, p) for p in offsets])
+    consumer.commit({KTP(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})
+    consumer.close()
+
+
+def committed_offsets(bootstrap: str, topic: str, group: str) -> dict[int, int | None]:
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KTP
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group)
+    try:
+        return {p: consumer.committed(KTP(topic, p)) for p in (0, 1)}
+    finally:
+        consumer.close()
