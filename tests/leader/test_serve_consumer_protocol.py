@@ -21,7 +21,7 @@ import pytest
 from tests.leader.conftest import Served, served_numbered
 from tests.leader.test_serve_groups import CONSUMER_GROUPS, committed_offsets, describe_rows
 from tools.peers import process
-from tools.peers.kafka import TOOL_JVM_OPTS, TOOLS_LOG4J, kafka_classpath, run_kafka_class
+from tools.peers.kafka import kafka_tool_argv, run_kafka_class
 from tools.wait import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
@@ -52,14 +52,13 @@ class Verifiable:
         self.path = served.work / f"{group}-{name}.jsonl"
         self._out = open(self.path, "wb")  # noqa: SIM115 -- closed by stop()
         self.proc = process.spawn(
-            [
-                "java", *TOOL_JVM_OPTS, f"-Dlog4j2.configurationFile={TOOLS_LOG4J}",
-                "-cp", kafka_classpath(), VERIFIABLE_CONSUMER,
+            kafka_tool_argv(
+                VERIFIABLE_CONSUMER,
                 "--bootstrap-server", served.bootstrap, "--topic", TOPIC,
                 "--group-id", group, "--group-protocol", "consumer",
                 "--reset-policy", "earliest",
                 "--consumer.config", str(served.work / "consumer.properties"), *args,
-            ],
+            ),
             output=self._out,
         )  # fmt: skip
 

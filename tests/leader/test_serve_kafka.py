@@ -28,12 +28,7 @@ from replicad.clock import wall_ms
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
 from replicad.types import TopicPartition
-from tools.peers.kafka import (
-    CONSOLE_CONSUMER,
-    TOOL_JVM_OPTS,
-    TOOLS_LOG4J,
-    kafka_classpath,
-)
+from tools.peers.kafka import CONSOLE_CONSUMER, kafka_tool_argv
 from tools.peers.kcat import kcat_binary
 from tools.peers.process import free_port
 from tools.peers.produce import (
@@ -260,12 +255,7 @@ def test_kafkas_java_console_consumer_reads_every_record(source, served) -> None
 
 
 def run_console_consumer(bootstrap: str, topic: str, partition: int, count: int) -> bytes:
-    argv = [
-        "java",
-        *TOOL_JVM_OPTS,
-        f"-Dlog4j2.configurationFile={TOOLS_LOG4J}",
-        "-cp",
-        kafka_classpath(),
+    argv = kafka_tool_argv(
         CONSOLE_CONSUMER,
         "--bootstrap-server",
         bootstrap,
@@ -279,7 +269,7 @@ def run_console_consumer(bootstrap: str, topic: str, partition: int, count: int)
         str(count),
         "--timeout-ms",
         "30000",
-    ]
+    )
     for prop in (
         "print.partition=true",
         "print.offset=true",
@@ -289,7 +279,7 @@ def run_console_consumer(bootstrap: str, topic: str, partition: int, count: int)
         f"line.separator={END.decode()}",
         f"null.literal={NULL.decode()}",
     ):
-        argv += ["--formatter-property", prop]
+        argv.extend(["--formatter-property", prop])
     result = subprocess.run(argv, capture_output=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr.decode(errors="replace")[-3000:]
     return result.stdout

@@ -24,7 +24,7 @@ import pytest
 from tests.leader.conftest import Served, served_numbered
 from tests.leader.test_serve_groups import committed_offsets
 from tools.peers import process
-from tools.peers.kafka import TOOL_JVM_OPTS, TOOLS_LOG4J, kafka_classpath
+from tools.peers.kafka import kafka_tool_argv
 from tools.wait import wait_until
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -194,12 +194,11 @@ def test_kafkas_verifiable_consumer_as_three_members_reads_every_record(served) 
         for out in files:
             procs.append(
                 process.spawn(
-                    [
-                        "java", *TOOL_JVM_OPTS, f"-Dlog4j2.configurationFile={TOOLS_LOG4J}",
-                        "-cp", kafka_classpath(), VERIFIABLE_CONSUMER,
+                    kafka_tool_argv(
+                        VERIFIABLE_CONSUMER,
                         "--bootstrap-server", served.bootstrap, "--topic", TOPIC,
                         "--group-id", group, "--reset-policy", "earliest",
-                    ],
+                    ),
                     output=out,
                 )
             )  # fmt: skip

@@ -328,7 +328,7 @@ def test_kafkas_console_consumer_reads_over_sasl_ssl(
     secured, replica, pki, users_file, tmp_path
 ) -> None:
     """Kafka's Java client (the SCRAM reference), SCRAM-SHA-512 over TLS."""
-    from tools.peers.kafka import CONSOLE_CONSUMER, TOOL_JVM_OPTS, TOOLS_LOG4J, kafka_classpath
+    from tools.peers.kafka import CONSOLE_CONSUMER, kafka_tool_argv
 
     served = secured(sasl_ssl(pki, users_file, *(m.lower() for m in MECHANISMS)))
     properties = tmp_path / "client.properties"
@@ -345,14 +345,15 @@ def test_kafkas_console_consumer_reads_over_sasl_ssl(
     for p in range(PARTITIONS):
         count = sum(1 for row in rows if row[0] == p)
         result = subprocess.run(
-            ["java", *TOOL_JVM_OPTS, f"-Dlog4j2.configurationFile={TOOLS_LOG4J}",
-             "-cp", kafka_classpath(), CONSOLE_CONSUMER,
-             "--bootstrap-server", served.bootstrap, "--command-config", str(properties),
-             "--topic", TOPIC, "--partition", str(p), "--offset", "earliest",
-             "--max-messages", str(count), "--timeout-ms", "30000",
-             "--formatter-property", "print.key=true",
-             "--formatter-property", "print.offset=true",
-             "--formatter-property", "key.separator= "],
+            kafka_tool_argv(
+                CONSOLE_CONSUMER,
+                "--bootstrap-server", served.bootstrap, "--command-config", str(properties),
+                "--topic", TOPIC, "--partition", str(p), "--offset", "earliest",
+                "--max-messages", str(count), "--timeout-ms", "30000",
+                "--formatter-property", "print.key=true",
+                "--formatter-property", "print.offset=true",
+                "--formatter-property", "key.separator= ",
+            ),
             capture_output=True, timeout=120, check=False,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr.decode(errors="replace")[-3000:]

@@ -167,6 +167,24 @@ def run_kafka_class(
     return result
 
 
+def kafka_tool_argv(main_class: str, *args: str) -> list[str]:
+    """The command line of a Kafka tool a test starts and stops itself (a console or
+    verifiable consumer): run_kafka_class's JVM options, and the tools' CDS archive when
+    one exists. Such a JVM is stopped rather than left to exit, so it never dumps one."""
+    cds = _cds_archive("tools")
+    share = [f"-XX:SharedArchiveFile={cds}"] if _cds_wanted() and cds.is_file() else []
+    return [
+        "java",
+        *TOOL_JVM_OPTS,
+        *share,
+        f"-Dlog4j2.configurationFile={TOOLS_LOG4J}",
+        "-cp",
+        kafka_classpath(),
+        _MOVED_CLASSES.get(main_class, main_class),
+        *args,
+    ]
+
+
 def dump_log_segments(*files: Path | str, deep: bool = True, timeout_s: float = 300) -> str:
     """Kafka's own DumpLogSegments over segment (or index) files; returns its output.
 
@@ -407,7 +425,7 @@ def _cds_archive(kind: str) -> Path:
 
 def _cds_options(kind: str) -> tuple[list[str], Path | None]:
     """JVM options for class-data sharing, and the file a dump goes to (None: no dump)."""
-    if os.environ.get(CDS_ENV, "1") == "0":
+    if not _cds_wanted():
         return [], None
     archive = _cds_archive(kind)
     if archive.is_file():
@@ -416,6 +434,10 @@ def _cds_options(kind: str) -> tuple[list[str], Path | None]:
     # Several JVMs may dump at once: each to its own file, the first rename wins.
     pending = archive.with_name(f"{archive.name}.{uuid.uuid4().hex[:8]}.tmp")
     return [f"-XX:ArchiveClassesAtExit={pending}"], pending
+
+
+def _cds_wanted() -> bool:
+    return os.environ.get(CDS_ENV, "1") != "0"
 
 
 def _cds_settle(kind: str, pending: Path | None, *, clean: bool) -> None:
