@@ -158,3 +158,61 @@ def test_an_epoch_file_behind_the_checkpointed_recovery_point_is_caught(tmp_path
         check_epoch_file(TP, plog, 2)
     plog.save_epochs()
     check_epoch_file(TP, plog, 2)
+
+
+def test_the_durable_bytes_of_a_segment_file_end_at_its_first_unsynced_batch(tmp_path):
+    from tools.sim.invariants import FsyncWitness
+
+    witness = FsyncWitness()
+    with witness:
+        plog = _log(tmp_path, 0, 0)
+        path = plog.active_segment.log_path
+        assert witness.durable_bytes(path) == 0
+        plog.flush()
+        synced = path.stat().st_size
+        assert witness.durable_bytes(path) == synced
+        raw = _batch(2, 0, b"x2")
+        from replicad.records.batch import scan_batches
+
+        plog.append(raw, scan_batches(raw).batches, now_ms=0)
+        assert witness.durable_bytes(path) == synced < path.stat().st_size
+
+
+def _halted(end: int, topic_id: uuid.UUID = TID):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(log_end_offset=end, topic_id=topic_id)
+
+
+def test_a_gap_halt_needs_a_leader_that_started_above_the_local_log_end():
+    from tools.sim.invariants import judge_halt
+
+    history = History()
+    history.retain(TID, 0, 5)
+    judge_halt(TP, "gap: leader starts at 5, local log ends at 3", _halted(3), {}, history)
+    with pytest.raises(InvariantError, match="no leader's log ever started above"):
+        judge_halt(TP, "gap: leader starts at 5, local log ends at 5", _halted(5), {}, history)
+
+
+def test_another_lineage_needs_a_leader_batch_across_the_local_log_end():
+    from tools.sim.invariants import judge_halt
+
+    across = producer_batch(1, [b"b1", b"b2", b"b3"], leader_epoch=1)  # offsets 1..3
+    history = _history([A0, across])
+    reason = "another lineage: the leader's batch at offsets 1..3 holds our log end 2"
+    judge_halt(TP, reason, _halted(2), {}, history)
+    for end in (1, 4):  # at its start or past it: nothing holds the end from below
+        with pytest.raises(InvariantError, match="ever wrote a batch that starts below"):
+            judge_halt(TP, reason, _halted(end), {}, history)
+
+
+def test_a_recreated_topic_halt_needs_another_topic_id_and_unknown_reasons_fail():
+    from tools.sim.invariants import judge_halt
+
+    reason = "topic recreated upstream (topic id differs from the replica's)"
+    judge_halt(TP, reason, _halted(0), {"t": uuid.UUID(int=2)}, History())
+    judge_halt(TP, reason, _halted(0), {}, History())  # deleted, not re-created yet
+    with pytest.raises(InvariantError, match="still the log's"):
+        judge_halt(TP, reason, _halted(0), {"t": TID}, History())
+    with pytest.raises(InvariantError, match="cannot judge"):
+        judge_halt(TP, "opening the log failed", _halted(0), {}, History())

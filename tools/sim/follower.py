@@ -160,15 +160,20 @@ class SimFollower:
             if p.is_file() and not p.name.startswith(".lock")
         }
 
-    def restart(self, *, crash: bool, cut: Any, lose_write: Any = None) -> None:
+    def restart(self, *, crash: bool, cut: Any, lose_write: Any = None, tear: Any = None) -> None:
         """Stop and start again. A crash loses what was not fsynced: each partition keeps
         its log up to somewhere between its recovery point and its end (`cut` chooses,
         maybe inside a batch: a torn write), and the checkpoint files are the last ones.
         `lose_write`, given a partition's batches not yet fsynced ((file, position, size),
         in any segment), names those whose write the disk lost while later ones were kept
-        (unsynced pages reach the disk in any order): their bytes read back as zeros."""
+        (unsynced pages reach the disk in any order): their bytes read back as zeros.
+        `tear`, given a segment file left behind by a roll whose tail the witness never saw
+        fsynced ((file, durable bytes, size)), says how many bytes of it the disk kept: each
+        file's unsynced tail is lost on its own, whatever later segments kept (a roll fsyncs
+        the segment it leaves, so with the log store as it is no file is ever torn so)."""
         cuts = {}
         lost: list[tuple[Path, int, int]] = []
+        torn: list[tuple[Path, int]] = []
         epoch_files: dict[Path, bytes | None] = {}
         if crash:
             self.jobs.discard()  # the thread's jobs not run die with the process
@@ -184,6 +189,13 @@ class SimFollower:
                     self.stale_recovery_points += 1
                 if lose_write is not None:
                     lost.extend(lose_write(self._unsynced_batches(plog)))
+                if tear is not None:
+                    for segment in plog.segments[:-1]:
+                        path = Path(segment.log_path)
+                        size = path.stat().st_size
+                        durable = self.witness.durable_bytes(path)
+                        if durable < size:
+                            torn.append((path, tear(path, durable, size)))
         else:
             self.drain_disk_jobs()
         self.logs.close()
@@ -202,6 +214,9 @@ class SimFollower:
                 (self.data_dir / name).write_bytes(data)
             for path, position, size in lost:  # before the cuts: positions of now
                 _lose_write(path, position, size)
+            for path, keep in torn:
+                with path.open("r+b") as f:
+                    f.truncate(keep)
             for directory, (offset, torn) in cuts.items():
                 _cut_partition(directory, offset, torn)
         self.witness.settle_on_disk(self.data_dir)

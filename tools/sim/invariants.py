@@ -17,6 +17,14 @@
 8. The leader-epoch file on disk holds the epoch of every batch below the recovery point
    the checkpoint file on disk names: after a crash, loading reads those epochs from the
    file and rescans only what lies above (log/partition.py's epoch-file rules).
+9. A HALTED partition was halted for a reason that was true, and keeps its log as it was
+   (HALTED is final for the process: partition_phase.py). Its log is not compared with the
+   leader's at the end (the halt says it cannot go on), so what the halt claimed is judged
+   instead, against what the cluster really did (`judge_halt`): a gap (on_gap=halt) needs
+   a leader log start that some leader really had above the local log end; another lineage
+   (R8) needs a batch some leader of the topic id wrote that starts below the local log end
+   and holds it; a re-created topic needs the topic's id to be another than the log's.
+   Rule 1 goes on holding for its log (it was checked at every change before the halt).
 """
 
 from __future__ import annotations
@@ -98,6 +106,37 @@ def batches_from(data: bytes, offset: int) -> bytes:
     return data[first:]
 
 
+def judge_halt(
+    tp: TopicPartition, reason: str, plog: Any, topics: Mapping, history: History
+) -> None:
+    """Rule 9: the reason a partition was halted for, against the cluster's history."""
+    end = plog.log_end_offset
+    if reason.startswith("gap:"):
+        if history.retained_to(plog.topic_id, tp.partition) <= end:
+            raise InvariantError(
+                f"{tp}: halted ({reason}), but no leader's log ever started above the local "
+                f"log end {end} (retention and DeleteRecords moved it to at most "
+                f"{history.retained_to(plog.topic_id, tp.partition)})"
+            )
+    elif reason.startswith("another lineage:"):
+        if not any(
+            b.base_offset < end < b.next_offset
+            for data in history.parents.get((plog.topic_id, tp.partition), {})
+            for b in scan_batches(memoryview(data)).batches
+        ):
+            raise InvariantError(
+                f"{tp}: halted ({reason}), but no leader of topic id {plog.topic_id} ever "
+                f"wrote a batch that starts below the local log end {end} and holds it"
+            )
+    elif reason.startswith(("topic recreated", "topic re-created")):
+        if topics.get(tp.topic) == plog.topic_id:
+            raise InvariantError(
+                f"{tp}: halted ({reason}), but the topic's id is still the log's ({plog.topic_id})"
+            )
+    else:
+        raise InvariantError(f"{tp}: halted for a reason the simulation cannot judge: {reason}")
+
+
 class HighWatermarkWatch:
     """Rule 3, across events: remembers each partition's last facts and the lowest log end
     seen since (the shell reports every change)."""
@@ -162,6 +201,9 @@ class FsyncWitness:
 
     def __init__(self) -> None:
         self.synced: dict[str, bytes] = {}
+        # The inode each snapshot was taken of: a file deleted and created again under the
+        # same name (a segment of the same base offset) has none of its predecessor's.
+        self.inodes: dict[str, int] = {}
         self._real_fsync: Any = None
         self._depth = 0
 
@@ -186,9 +228,31 @@ class FsyncWitness:
         if path.endswith(".log"):
             with open(path, "rb") as f:
                 self.synced[path] = f.read()
+            self.inodes[path] = os.fstat(fd).st_ino
 
     def settle_on_disk(self, data_dir: Path) -> None:
-        self.synced = {str(p): p.read_bytes() for p in data_dir.glob("*/*.log")}
+        paths = list(data_dir.glob("*/*.log"))
+        self.synced = {str(p): p.read_bytes() for p in paths}
+        self.inodes = {str(p): p.stat().st_ino for p in paths}
+
+    def synced_bytes(self, path: Path) -> bytes:
+        """The bytes of the file at `path` as of its last fsync (b"": never synced, or
+        only a deleted file of that name was)."""
+        key = str(path)
+        if key not in self.synced or self.inodes.get(key) != path.stat().st_ino:
+            return b""
+        return self.synced[key]
+
+    def durable_bytes(self, path: Path) -> int:
+        """How many bytes of the segment file at `path` are durable: up to the first batch
+        whose bytes are not those of the last fsync."""
+        data = path.read_bytes()
+        synced = self.synced_bytes(path)
+        for batch in scan_batches(memoryview(data)).batches:
+            at, to = batch.position, batch.position + batch.size
+            if synced[at:to] != data[at:to]:
+                return at
+        return len(data)
 
     def durable_end(self, plog: Any) -> int:
         """The offset below which every batch of the log is durable."""

@@ -38,6 +38,7 @@ from replicad.follower.fetch_settings import (
     FetchSettings,
 )
 from replicad.follower.partition_phase import PartitionPhase
+from replicad.follower.partition_state import PartitionState
 from replicad.follower.partition_table import PartitionTable
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
@@ -52,6 +53,7 @@ from tools.sim.invariants import (
     check_epoch_file,
     check_lineage,
     check_response_size,
+    judge_halt,
     local_bytes,
 )
 from tools.sim.memory import Reservation, SimMemory
@@ -119,6 +121,8 @@ class Simulation:
         self.pool_and_disk = pool_and_disk
         # Which unsynced writes a crash loses (lose_write): drawn apart from `rng`.
         self.lost_rng = random.Random(f"lost-writes-{seed}")
+        # How much of an unsynced segment left by a roll a crash keeps (tear): its own too.
+        self.torn_rng = random.Random(f"torn-segments-{seed}")
         self.cluster = SimCluster(
             random.Random(rng.random()),
             max_fetch_version=self.version,
@@ -153,6 +157,9 @@ class Simulation:
         self.leader_wait: dict[int, int] = {}
         self.watch = HighWatermarkWatch()
         self.checkpointed_hw: dict[TopicPartition, int] = {}
+        # Rule 9: each HALTED partition's state and its log's bytes when it was first seen
+        # halted (a restart starts every partition again: emptied there).
+        self.halted: dict[TopicPartition, tuple[PartitionState, bytes]] = {}
         # Per leader: a request sent before the last response's appends (pipelined).
         self.in_flight: dict[int, NextFetch] = {}
         # Per leader: the session was disturbed by a fault (eviction, lost or duplicated
@@ -327,6 +334,10 @@ class Simulation:
             self.counts["lost_write"] = self.counts.get("lost_write", 0) + 1
             return [self.lost_rng.choice(unsynced)]
 
+        def tear(path: Path, durable: int, size: int) -> int:
+            self.counts["torn_segment"] = self.counts.get("torn_segment", 0) + 1
+            return self.torn_rng.randint(durable, size - 1)
+
         if not crash:
             self.follower.drain_disk_jobs()  # a clean stop waits for them (durability.py)
             self.checkpointed_hw = {
@@ -334,12 +345,16 @@ class Simulation:
             }
         stale = self.follower.stale_recovery_points
         self.follower.restart(
-            crash=crash, cut=cut, lose_write=lose_write if self.pool_and_disk else None
+            crash=crash,
+            cut=cut,
+            lose_write=lose_write if self.pool_and_disk else None,
+            tear=tear if self.pool_and_disk else None,
         )
         if self.follower.stale_recovery_points > stale:
             self.counts["stale_recovery_point"] = self.counts.get("stale_recovery_point", 0) + 1
         self.in_flight.clear()
         self.pooled.clear()
+        self.halted.clear()
         self.memory.restart()
         # What survived is the new baseline, floored by what was checkpointed.
         for tp, plog in self.follower.logs.partitions().items():
@@ -608,6 +623,33 @@ class Simulation:
                 check_lineage(tp, data, plog.topic_id, self.cluster.history)
             if check_all or tp in changed or event == "disk":
                 check_epoch_file(tp, plog, checkpointed.get(tp, 0))
+        self._check_halted(changed, every=event == "converge")
+
+    def _check_halted(self, changed: set[TopicPartition], *, every: bool) -> None:
+        """Rule 9: a halt is judged when it is first seen (after the event that made it),
+        and the halted partition's log must stay as it was."""
+        states = self.follower.states
+        for tp in [tp for tp, (state, _) in self.halted.items() if states.get(tp) is not state]:
+            del self.halted[tp]  # forgotten (no longer chosen): a new state starts it again
+        for tp, state in states.items():
+            if state.phase is not PartitionPhase.HALTED or state.log is None:
+                continue
+            seen = self.halted.get(tp)
+            if seen is None:
+                judge_halt(
+                    tp,
+                    state.last_error or "",
+                    state.log,
+                    self.cluster.topics,
+                    self.cluster.history,
+                )
+                self.halted[tp] = (state, local_bytes(state.log))
+                self.counts["halted"] = self.counts.get("halted", 0) + 1
+            elif (every or tp in changed) and local_bytes(state.log) != seen[1]:
+                raise InvariantError(
+                    f"{tp}: HALTED ({state.last_error}), yet its log changed: now "
+                    f"[{state.log.log_start_offset}, {state.log.log_end_offset})"
+                )
 
     def _converge(self, rounds: int = 300) -> None:
         """Faults off: every broker up, disk back; the follower must end up with each
