@@ -15,7 +15,11 @@ Rules:
   batch and the log end becomes its base offset. When that batch held the log start too
   (a log may start inside its first batch: a crash's log start checkpoint, DeleteRecords),
   nothing at or above the log start is left: the log is emptied and starts at the offset
-  (as Kafka's log start never passes its end; found by tools/sim, seed 80478).
+  (as Kafka's log start never passes its end; found by tools/sim, seed 80478). It fsyncs
+  the segment it shortened before it returns (Kafka's does not): a filesystem may lose a
+  shorter length that was not synced, and the removed batches would come back after a
+  crash below the recovery point the checkpoint file names -- stale until the next
+  checkpoint -- which loading trusts, claiming them durable (found by tools/sim/log_run.py).
 - Recovery (at load): segments from the one holding the recovery point on, and any segment
   whose index is missing or malformed, are scanned; the first invalid or torn entry ends the
   log there and every later segment is deleted. Stray files are removed. What was done is
@@ -625,6 +629,8 @@ class PartitionLog:
                 # The removed batch held the log start: see the module rules.
                 self.truncate_fully_and_start_at(offset)
                 return
+            if truncation.first_removed_offset is not None:
+                active.flush()  # the shorter length durable: see the module rules
             self._truncations += 1
             self._log_end_offset = new_end
             self.recovery_point = min(self.recovery_point, new_end)

@@ -87,6 +87,35 @@ def test_a_roll_fsyncs_the_segment_it_leaves_before_it_returns(
     assert len(log.segments) > 3
 
 
+def test_a_truncation_fsyncs_the_segment_it_shortened_before_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shorter length not synced may be lost in a crash (POSIX promises it after fsync
+    only): the removed batches would come back below the recovery point the checkpoint file
+    still names, and loading would trust them as durable (tools/sim/log_run.py, issue 29)."""
+    log = PartitionLog.create(tmp_path / "orders-3", TP, SMALL, now_ms=0)
+    for raw in batch_stream(12, 60, epoch_every=20):
+        log.append(raw, scan_batches(raw).batches, now_ms=0)
+    log.flush()
+    active = log.active_segment
+    headers = list(active.headers())
+    assert len(headers) > 2
+    synced: list[tuple[str, int]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append((os.readlink(f"/proc/self/fd/{fd}"), os.fstat(fd).st_size))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    log.truncate_to(headers[-2].base_offset)
+    kept = headers[-2].position
+    assert (str(active.log_path), kept) in synced, f"{active.log_path.name} not synced at {kept}"
+    synced.clear()
+    log.truncate_to(log.log_end_offset)  # nothing removed: nothing to sync
+    assert not any(path.endswith(".log") for path, _ in synced)
+
+
 def test_reads_at_segment_boundaries(tmp_path: Path) -> None:
     log, batches = _partition(tmp_path)
     headers = _headers(batches)

@@ -1,0 +1,106 @@
+"""The log store's crash simulation (tools/sim/log_run.py) in the suite: its seeds hold every
+rule, a seed replays exactly, and each durability rule of the log store, planted back
+broken, is found by a suite seed (as tests/sim/test_sim_run.py does for the follower's)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from replicad.log.partition import PartitionLog
+from replicad.log.segment import LogSegment
+from tools.sim.log_run import run_seed, run_seeds
+from tools.sim.seeds import quiet_logs
+
+# Each planted defect below is found within these (by about half the seeds each).
+SUITE_SEEDS = range(20)
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> None:
+    quiet_logs()  # conftest restores the logging configuration
+
+
+def test_suite_seeds_hold_every_rule():
+    failed, seconds = run_seeds(SUITE_SEEDS)
+    assert not failed, "\n".join(r.summary() for r in failed)
+    print(f"{len(SUITE_SEEDS)} seeds in {seconds:.1f} s")
+
+
+def test_a_seed_replays_exactly_and_reaches_every_kind_of_loss():
+    first, second = run_seed(7), run_seed(7)
+    assert first.ok and second.ok
+    assert first.event_log == second.event_log and len(first.event_log) > 100
+    assert run_seed(8).event_log != first.event_log
+    counts: dict[str, int] = {}
+    for seed in range(5):
+        for kind, n in run_seed(seed).counts.items():
+            counts[kind] = counts.get(kind, 0) + n
+    kinds = {"append", "truncate", "flush", "checkpoint", "start_move", "restart", "crash"}
+    assert kinds | {"lost_tail", "resurrected"} <= set(counts), counts
+
+
+def _without_segment_fsyncs(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """PartitionLog.<name> planted back as it would be without its segment's fsync."""
+    real, real_flush = getattr(PartitionLog, name), LogSegment.flush
+
+    def planted(self, *args, **kwargs):
+        monkeypatch.setattr(LogSegment, "flush", lambda segment: None)
+        try:
+            return real(self, *args, **kwargs)
+        finally:
+            monkeypatch.setattr(LogSegment, "flush", real_flush)
+
+    monkeypatch.setattr(PartitionLog, name, planted)
+
+
+def test_a_roll_that_leaves_its_segment_unsynced_is_found_by_a_suite_seed(monkeypatch):
+    """The roll rule (log/partition.py): a roll fsyncs the segment it leaves. Without it, a
+    truncation below the recovery point the checkpoint file names (stale until the next
+    checkpoint), appends past a roll and a crash: loading trusts the stale point and scans
+    from its segment on, so the segment rolled before it comes back torn, unscanned."""
+    _without_segment_fsyncs(monkeypatch, "_roll")
+    failed, _ = run_seeds(SUITE_SEEDS, stop_at_first=True)
+    assert failed, "no suite seed found the planted defect"
+    print(f"roll without fsync found by seed {failed[0].seed}: {failed[0].error}")
+    assert "does not scan to its end" in failed[0].error or "durable" in failed[0].error
+
+
+def test_a_truncation_left_unsynced_is_found_by_a_suite_seed(monkeypatch):
+    """The truncation rule (log/partition.py): a truncation fsyncs the segment it
+    shortened. Without it, a crash that loses the shorter length brings the removed batches
+    back below the stale recovery point the checkpoint file names: loaded as durable."""
+    _without_segment_fsyncs(monkeypatch, "truncate_to")
+    failed, _ = run_seeds(SUITE_SEEDS, stop_at_first=True)
+    assert failed, "no suite seed found the planted defect"
+    print(f"truncation without fsync found by seed {failed[0].seed}: {failed[0].error}")
+    assert "claimed durable on loading" in failed[0].error
+
+
+def test_a_flush_that_claims_what_it_did_not_sync_is_found_by_a_suite_seed(monkeypatch):
+    """Rule 3 itself: a flush that raises the recovery point without fsyncing, so the next
+    checkpoint names data a crash can lose."""
+
+    def flush_without_fsync(self):
+        with self._lock:
+            self.recovery_point = self.log_end_offset
+
+    monkeypatch.setattr(PartitionLog, "flush", flush_without_fsync)
+    failed, _ = run_seeds(SUITE_SEEDS, stop_at_first=True)
+    assert failed, "no suite seed found the planted defect"
+    print(f"flush without fsync found by seed {failed[0].seed}: {failed[0].error}")
+    assert "which was reported durable" in failed[0].error
+
+
+def test_the_command_line_replays_a_seed():
+    one = subprocess.run(
+        [sys.executable, "-m", "tools.sim.log_run", "--seed", "3", "--events", "60", "-v"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert one.stdout.strip().endswith("seed 3: ok (60 events)")
+    assert "append t-" in one.stdout

@@ -1,0 +1,297 @@
+"""One seeded crash simulation of the log store: the real LogManager and PartitionLogs on a
+temporary directory, crashed where a roll, a truncation or a checkpoint left them, losing
+exactly what was not durable.
+
+    python -m tools.sim.log_run --seed N [-v] | --seeds N [--first S] [--events E]
+
+The follower's simulation (run.py) drives the log store through the follower's core, where
+a truncation below a checkpointed recovery point is rare (it needs an unclean election the
+follower had fetched past); here the log store is driven directly, as the follower's
+performer drives it, so that the windows between a truncation, a roll and the next
+checkpoint are common: one or two partitions with small segments (a roll every few
+batches).
+
+Events, drawn with weights from the seed: appends at the log end (a new leader epoch now
+and then), truncations (anywhere at or above the log start, as at a divergence), flushes,
+checkpoints (the recovery-point file names each partition's recovery point), log start
+moves (DeleteRecords, retention), clean restarts and crashes.
+
+A crash loses exactly what was not durable. Every fsync of a segment file is witnessed
+(invariants.FsyncWitness); per `.log` file, what its last fsync covered stays, and its
+unsynced tail is lost on its own at a random point (maybe inside a batch), whatever the
+other files kept (unsynced pages reach the disk in any order). A truncation since the last
+fsync may be lost too (`resurrect`): the filesystem had not committed the shorter length,
+so the old, synced bytes past what was written since come back. The checkpoint files, the
+leader-epoch file and the partition metadata are written atomically (durable once
+written); a deleted segment stays deleted (its directory is fsynced). Index files are kept
+as they were (loading rebuilds what it scans).
+
+After every crash the log store loads, and for each partition:
+1. the log scans whole: every batch intact, each starting where the one before it ends;
+2. every batch is one the log held at that offset at some time (no zeros, no mixture);
+3. what the log store reported durable is there: every batch below the lower of the
+   recovery point the checkpoint file named and every truncation since is the batch the
+   log held there before the crash, and so is every batch below the recovery point it
+   loads (it claims them durable again).
+A clean restart loses nothing: each log is exactly what it was.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from replicad.log.config import LogConfig
+from replicad.log.layout import LOCK_FILE
+from replicad.log.manager import LogManager
+from replicad.log.partition import PartitionLog
+from replicad.records.batch import ScanStop, scan_batches
+from replicad.types import TopicPartition
+from tools.logdata.batches import producer_batch
+from tools.sim.invariants import FsyncWitness, local_bytes
+from tools.sim.seeds import SCRATCH, InvariantError, SimResult, seed_main, stepped
+from tools.sim.seeds import run_seeds as seeds_run
+
+REPLAY = "python -m tools.sim.log_run --seed {seed}"
+
+WEIGHTS: dict[str, int] = {
+    "append": 12,
+    "truncate": 3,
+    "flush": 2,
+    "checkpoint": 3,
+    "start_move": 1,
+    "restart": 1,
+    "crash": 2,
+    "tick": 2,
+}
+
+
+class LogSimulation:
+    def __init__(
+        self, seed: int, data_dir: Path, witness: FsyncWitness, *, resurrect: bool = True
+    ) -> None:
+        self.rng = random.Random(seed)
+        rng = self.rng
+        self.data_dir = data_dir
+        # False: a truncation is always durable at once (the crash keeps what the file holds
+        # now, up to its unsynced tail); True: a crash may lose a truncation not yet synced.
+        self.resurrect = resurrect
+        self.config = LogConfig(
+            segment_bytes=rng.choice((300, 600, 1_200)),
+            index_interval_bytes=rng.choice((64, 256)),
+            segment_index_bytes=4_096,
+        )
+        self.tps = [TopicPartition("t", p) for p in range(rng.randint(1, 2))]
+        self.now_ms = 1_700_000_000_000
+        self.witness = witness  # installed: it sees every fsync from here on
+        self.log: list[str] = []
+        self.counts: Counter[str] = Counter()
+        # Every batch each partition's log ever held, by base offset (rule 2).
+        self.written: dict[TopicPartition, dict[int, set[bytes]]] = {tp: {} for tp in self.tps}
+        self.epoch = {tp: 0 for tp in self.tps}
+        self.serial = 0
+        # What the log store reported durable: the recovery point the checkpoint file names,
+        # lowered by every truncation since (rule 3).
+        self.durable: dict[TopicPartition, int] = {}
+        self.logs = LogManager.open(data_dir, self.config, now_ms=self.now_ms)
+        for tp in self.tps:
+            self.logs.get_or_create(tp)
+
+    # -- events --------------------------------------------------------------------------
+
+    def event(self) -> None:
+        kind = self.rng.choices(list(WEIGHTS), list(WEIGHTS.values()))[0]
+        tp = self.rng.choice(self.tps)
+        plog = self.logs.partitions()[tp]
+        if kind == "append":
+            self._append(tp, plog)
+        elif kind == "truncate" and plog.log_end_offset > plog.log_start_offset:
+            offset = self.rng.randint(plog.log_start_offset, plog.log_end_offset - 1)
+            plog.truncate_to(offset)
+            if tp in self.durable:
+                self.durable[tp] = min(self.durable[tp], plog.log_end_offset)
+            self._note(f"truncate {tp} to {offset}: log ends at {plog.log_end_offset}")
+        elif kind == "flush":
+            plog.flush()
+            self._note(f"flush {tp}: recovery point {plog.recovery_point}")
+        elif kind == "checkpoint":
+            self.logs.checkpoint()
+            self.durable = {t: p.recovery_point for t, p in self.logs.partitions().items()}
+            self._note(f"checkpoint {sorted(self.durable.items())}")
+        elif kind == "start_move" and plog.log_end_offset > plog.log_start_offset:
+            offset = self.rng.randint(plog.log_start_offset + 1, plog.log_end_offset)
+            plog.maybe_increment_log_start_offset(offset)
+            self._note(f"start_move {tp} to {offset}")
+        elif kind in ("restart", "crash"):
+            self._restart(crash=kind == "crash")
+        elif kind == "tick":
+            self.now_ms += self.rng.choice((1, 1_000, 60_000))
+            self._note("tick")
+
+    def _append(self, tp: TopicPartition, plog: PartitionLog) -> None:
+        rng = self.rng
+        if rng.random() < 0.15:
+            self.epoch[tp] += 1  # a new leader: its batches start a new epoch
+        data = bytearray()
+        offset = plog.log_end_offset
+        for _ in range(rng.randint(1, 3)):
+            self.serial += 1
+            values = [b"%d-%d" % (self.serial, i) for i in range(rng.randint(1, 4))]
+            if rng.random() < 0.2:
+                values[0] += b"." * rng.randint(100, 500)
+            raw = producer_batch(offset, values, leader_epoch=self.epoch[tp])
+            self.written[tp].setdefault(offset, set()).add(raw)
+            data += raw
+            offset += len(values)
+        view = memoryview(bytes(data))
+        result = plog.append(view, scan_batches(view).batches, now_ms=self.now_ms)
+        rolled = f", rolled {list(result.rolled_segments)}" if result.rolled_segments else ""
+        self._note(f"append {tp} [{result.first_offset}, {result.log_end_offset}){rolled}")
+
+    def _note(self, what: str) -> None:
+        self.log.append(what)
+        self.counts[what.split(" ", 1)[0]] += 1
+
+    # -- restarts ------------------------------------------------------------------------
+
+    def _restart(self, *, crash: bool) -> None:
+        before = {tp: local_bytes(p) for tp, p in self.logs.partitions().items()}
+        outcome = self._crash_outcome() if crash else {}
+        self.logs.close()
+        if crash:
+            # What close wrote (checkpoints, trimmed indexes, the clean-stop marker) never
+            # happened: the disk holds what the crash left.
+            for path in sorted(self.data_dir.rglob("*"), reverse=True):
+                if path.is_file() and path not in outcome and path.name != LOCK_FILE:
+                    path.unlink()
+            for path, data in outcome.items():
+                path.write_bytes(data)
+        self.witness.settle_on_disk(self.data_dir)
+        self.logs = LogManager.open(self.data_dir, self.config, now_ms=self.now_ms)
+        self._note(("crash" if crash else "restart") + self._loaded())
+        for tp, plog in self.logs.partitions().items():
+            if crash:
+                self._check_crash(tp, plog, before[tp])
+            elif local_bytes(plog) != before[tp]:
+                raise InvariantError(f"{tp}: a clean restart changed the log")
+        if not crash:
+            self.durable = {t: p.recovery_point for t, p in self.logs.partitions().items()}
+
+    def _loaded(self) -> str:
+        return "".join(
+            f" {tp}: [{p.log_start_offset}, {p.log_end_offset}) recovery point {p.recovery_point}"
+            for tp, p in sorted(self.logs.partitions().items())
+        )
+
+    def _crash_outcome(self) -> dict[Path, bytes]:
+        """Every file's bytes after a crash now (see the module's rules)."""
+        rng = self.rng
+        outcome: dict[Path, bytes] = {}
+        for path in sorted(self.data_dir.rglob("*")):
+            if not path.is_file() or path.name == LOCK_FILE:
+                continue
+            data = path.read_bytes()
+            if path.suffix != ".log":
+                outcome[path] = data
+                continue
+            synced = self.witness.synced_bytes(path)
+            durable = self.witness.durable_bytes(path)
+            keep = durable if durable == len(data) else rng.randint(durable, len(data))
+            if rng.random() < 0.4:
+                keep = len(data)  # nothing lost: the pages had reached the disk
+            kept = data[:keep]
+            if keep < len(data) or synced[keep:]:
+                self.counts["lost_tail"] += 1
+            if self.resurrect and len(synced) > keep and rng.random() < 0.5:
+                # The truncation (or a shorter rewrite) was not committed: the synced bytes
+                # past what survived of the new writes come back.
+                kept += synced[keep:]
+                self.counts["resurrected"] += 1
+            outcome[path] = kept
+        return outcome
+
+    # -- invariants ----------------------------------------------------------------------
+
+    def _check_crash(self, tp: TopicPartition, plog: PartitionLog, before: bytes) -> None:
+        data = local_bytes(plog)
+        scan = scan_batches(memoryview(data))
+        if scan.stop is not ScanStop.END:
+            raise InvariantError(
+                f"{tp}: the loaded log does not scan to its end ({scan.stop}: {scan.error}, "
+                f"at byte {scan.valid_bytes} of {len(data)})"
+            )
+        previous = {b.base_offset: data[b.position : b.position + b.size] for b in scan.batches}
+        was = {
+            b.base_offset: before[b.position : b.position + b.size]
+            for b in scan_batches(memoryview(before)).batches
+        }
+        expected = None
+        durable = self.durable.get(tp, 0)
+        claimed = plog.recovery_point
+        for batch in scan.batches:
+            base = batch.base_offset
+            raw = previous[base]
+            if expected is not None and base != expected:
+                raise InvariantError(f"{tp}: batch at {base} follows one ending at {expected}")
+            expected = batch.next_offset
+            if raw not in self.written[tp].get(base, ()):
+                raise InvariantError(f"{tp}: batch at {base} is none the log ever held there")
+            if base < max(durable, claimed) and was.get(base) != raw:
+                why = "reported durable" if base < durable else "claimed durable on loading"
+                raise InvariantError(
+                    f"{tp}: batch at {base} is below the recovery point {claimed} (the "
+                    f"checkpoint's, lowered by truncations: {durable}) and was {why}, but it "
+                    "is not the batch the log held there before the crash"
+                )
+        if plog.log_end_offset < durable:
+            raise InvariantError(
+                f"{tp}: the loaded log ends at {plog.log_end_offset}, below {durable}, which "
+                "was reported durable"
+            )
+
+    def check(self) -> None:
+        for tp, plog in self.logs.partitions().items():
+            if not plog.log_start_offset <= plog.high_watermark <= plog.log_end_offset:
+                raise InvariantError(f"{tp}: high watermark outside the log")
+            if plog.recovery_point > plog.log_end_offset:
+                raise InvariantError(f"{tp}: recovery point past the log end")
+
+    def close(self) -> None:
+        self.logs.close()
+
+
+def run_seed(
+    seed: int,
+    *,
+    events: int = 200,
+    resurrect: bool = True,
+    setup: Callable[[LogSimulation], None] | None = None,
+) -> SimResult:
+    with (
+        tempfile.TemporaryDirectory(prefix=f"log-sim-{seed}-", dir=SCRATCH) as tmp,
+        FsyncWitness() as witness,
+    ):
+        sim = LogSimulation(seed, Path(tmp) / "data", witness, resurrect=resurrect)
+        if setup is not None:
+            setup(sim)
+        try:
+            return stepped(seed, sim, events=events, replay=REPLAY)
+        finally:
+            sim.close()
+
+
+# run_seeds(seeds, *, stop_at_first=False, **run_seed's options)
+def run_seeds(seeds, **options):  # type: ignore[no-untyped-def]
+    return seeds_run(run_seed, seeds, **options)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return seed_main("python -m tools.sim.log_run", __doc__, run_seed, events=200, argv=argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
