@@ -1,5 +1,6 @@
 """What the simulations share, the follower's (run.py, `python -m tools.sim`), the mirror's
-(mirror_run.py) and the group coordinator's (group_run.py, consumer_group_run.py): a seed's
+(mirror_run.py), the group coordinator's (group_run.py, consumer_group_run.py) and the log
+store's (log_run.py): a seed's
 result and how it is reported, running seeds one after the other, where their logs are
 written, the command line that replays one seed or runs many (`seed_main`), and the loop
 of a simulation stepped one event at a time (`stepped`).
