@@ -419,6 +419,8 @@ ARCHIVE_FAMILIES = (
     Family(GAUGE, "archive_retrying_partitions", "Partitions waiting to retry an upload",
            "retrying"),
     Family(COUNTER, "archive_put_requests", "PUT requests sent to the bucket", "puts"),
+    Family(COUNTER, "archive_deleted_segments",
+           "Archived segments deleted from the bucket by remote retention", "deleted_segments"),
 )  # fmt: skip
 # serve's reads of the archive's bucket below the local log start
 # (replicad/leader/remote_fetch.py), when `serve:` and `archive:` are both on.

@@ -16,7 +16,9 @@ Rules:
   starts below the end of an earlier one (gaps are allowed: what local retention deleted
   before the archive was turned on).
 - The manifest carries the leader-epoch entries up to its end (Kafka's leader-epoch
-  checkpoint, for the segments' history) and the partition's log start offset when written.
+  checkpoint, for the segments' history) and the archive's log start offset. The entries
+  below the local history's start stay the archive's (local retention truncates the local
+  cache from its start; the archive's history does not follow it).
 - Planning a read needs the manifest only: the segment sizes are in it, no object is listed.
 """
 
@@ -102,13 +104,29 @@ class Manifest:
                 f"{self.topic_partition}: segment {segment.base_offset} starts below the "
                 f"archive's end {end}"
             )
-        kept = tuple(e for e in epochs if e.start_offset < segment.next_offset)
+        kept = _merged_epochs(
+            self.epochs, tuple(e for e in epochs if e.start_offset < segment.next_offset)
+        )
         start = max(log_start_offset, self.segments[0].base_offset if self.segments else 0)
         return replace(
             self,
             segments=(*self.segments, segment),
             epochs=kept,
             log_start_offset=min(start, segment.next_offset),
+        )
+
+    def without_first(self, count: int) -> Manifest:
+        """The manifest once its `count` oldest segments are deleted (remote retention):
+        the log start moves to the first one kept."""
+        if count >= len(self.segments):
+            raise LogError(f"{self.topic_partition}: the newest archived segment is kept")
+        kept = self.segments[count:]
+        start = max(self.log_start_offset, kept[0].base_offset)
+        return replace(
+            self,
+            segments=kept,
+            epochs=_epochs_from(self.epochs, start),
+            log_start_offset=start,
         )
 
     def encode(self) -> bytes:
@@ -124,6 +142,28 @@ class Manifest:
             "epochs": [[e.epoch, e.start_offset] for e in self.epochs],
         }
         return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _merged_epochs(
+    archived: tuple[EpochEntry, ...], local: tuple[EpochEntry, ...]
+) -> tuple[EpochEntry, ...]:
+    """The archive's epoch history followed by the local one: local retention truncates the
+    local leader-epoch cache from its start (its first entry then starts at the local log
+    start), so the entries below the local history's start are the archive's own."""
+    if not local:
+        return archived
+    older = [e for e in archived if e.start_offset < local[0].start_offset]
+    if older and older[-1].epoch == local[0].epoch:
+        return (*older, *local[1:])  # the same epoch, cut at its start locally
+    return (*older, *local)
+
+
+def _epochs_from(epochs: tuple[EpochEntry, ...], start: int) -> tuple[EpochEntry, ...]:
+    """The entries still needed from offset `start` on: the one in force at `start` (moved
+    to start there, as Kafka's LeaderEpochFileCache.truncateFromStart does) and later ones."""
+    before = [e for e in epochs if e.start_offset <= start]
+    after = tuple(e for e in epochs if e.start_offset > start)
+    return ((EpochEntry(before[-1].epoch, start),) if before else ()) + after
 
 
 def decode_manifest(data: bytes, *, source: str) -> Manifest:

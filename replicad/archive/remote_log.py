@@ -109,6 +109,12 @@ class RemoteLog:
             known = self._manifests.get(tp)
         return known.manifest if known is not None else None
 
+    def forget(self, tp: TopicPartition) -> None:
+        """The manifest is read again at the next read (an object it named is gone: remote
+        retention deleted it since)."""
+        with self._lock:
+            self._manifests.pop(tp, None)
+
     # -- records ------------------------------------------------------------------------------
 
     def read(

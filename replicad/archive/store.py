@@ -80,7 +80,7 @@ class ObjectStore:
         from botocore.config import Config
 
         self.settings = settings
-        self.requests = {"PUT": 0, "GET": 0, "LIST": 0}
+        self.requests = {"PUT": 0, "GET": 0, "LIST": 0, "DELETE": 0}
         self._client = boto3.session.Session().client(
             "s3",
             endpoint_url=settings.endpoint or os.environ.get("AWS_ENDPOINT_URL") or None,
@@ -170,6 +170,27 @@ class ObjectStore:
             if _error_code(error) in ("NoSuchKey", "404", "NotFound"):
                 raise FileNotFoundError(f"s3://{self.settings.bucket}/{key}") from None
             raise self._fail("HEAD", key, error) from None
+
+    def delete(self, keys: list[str]) -> None:
+        """Deletes the objects (a DeleteObjects request a thousand keys); a key already gone
+        is no error (S3 answers deletions of missing keys as done)."""
+        for at in range(0, len(keys), 1000):
+            chunk = keys[at : at + 1000]
+            self.requests["DELETE"] += 1
+            try:
+                answer = self._client.delete_objects(
+                    Bucket=self.settings.bucket,
+                    Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True},
+                )
+            except Exception as error:
+                raise self._fail("DELETE", chunk[0], error) from None
+            failed = answer.get("Errors") or ()
+            if failed:
+                first = failed[0]
+                raise ArchiveError(
+                    f"s3://{self.settings.bucket}/{first.get('Key')}: DELETE failed: "
+                    f"{first.get('Code')} ({len(failed)} keys not deleted)"
+                )
 
     def list_dirs(self, prefix: str) -> list[str]:
         """The "subdirectories" directly under `prefix` (CommonPrefixes), sorted."""

@@ -14,6 +14,10 @@ Rules (the decisions are uploads.py's; this shell reads files and talks to the b
 - A partition whose records are all committed but whose active segment is older than
   `log.segment_ms` is rolled (PartitionLog.roll_if_idle): Kafka rolls only on an append,
   and the bucket should trail the log by a bounded time even when the source goes quiet.
+- After its uploads, a partition's remote retention runs (uploads.py's rules): the manifest
+  without the expired segments is written, then their objects deleted. The first round of
+  a partition with remote retention on deletes the objects below the manifest's first
+  segment that a crash between the two left behind (one LIST of the partition).
 - A failure (bucket down, 503 SlowDown, a timeout, a file changed under us) is counted,
   logged (rate-limited by the backoff), kept in the status, and the partition is tried
   again after its backoff; nothing is skipped.
@@ -33,14 +37,22 @@ from typing import Any
 import structlog
 
 from replicad.archive.manifest import (
+    SEGMENT_SUFFIXES,
     ArchivedSegment,
     Manifest,
     decode_manifest,
     manifest_key,
     segment_key,
+    segments_prefix,
 )
 from replicad.archive.store import ArchiveError, BucketSettings, ObjectStore
-from replicad.archive.uploads import Backoff, LocalSegment, retention_floor, to_upload
+from replicad.archive.uploads import (
+    Backoff,
+    LocalSegment,
+    remote_expired,
+    retention_floor,
+    to_upload,
+)
 from replicad.clock import wall_ms
 from replicad.config.model import ArchiveConfig
 from replicad.log.checkpoint import kafka_uuid
@@ -59,6 +71,8 @@ class ArchiverSettings:
     interval_ms: int = 1_000
     retry_backoff_ms: int = 500
     retry_backoff_max_ms: int = 30_000
+    retention_ms: int = -1
+    retention_bytes: int = -1
 
     @classmethod
     def from_config(cls, archive: ArchiveConfig) -> ArchiverSettings:
@@ -80,6 +94,8 @@ class ArchiverSettings:
             interval_ms=archive.interval_ms,
             retry_backoff_ms=archive.retry_backoff_ms,
             retry_backoff_max_ms=archive.retry_backoff_max_ms,
+            retention_ms=archive.retention_ms,
+            retention_bytes=archive.retention_bytes,
         )
 
 
@@ -89,6 +105,7 @@ class _Partition:
     manifest: Manifest | None = None  # None: not read from the bucket yet
     pending: int = 0
     last_error: str | None = None
+    swept: bool = False  # leftovers of a deletion looked for (remote retention on)
 
 
 @dataclass(slots=True)
@@ -100,6 +117,8 @@ class _Totals:
     last_error: str | None = None
     last_error_ms: int | None = None
     last_upload_ms: int | None = None
+    deleted_segments: int = 0
+    deleted_bytes: int = 0
 
 
 @dataclass
@@ -164,6 +183,11 @@ class Archiver:
                 plog.archive_floor = retention_floor(state.manifest.end_offset)
                 state.pending -= 1
                 uploaded += 1
+            if self._retention_on:
+                if not state.swept:
+                    self._sweep(tp, state.manifest)
+                    state.swept = True
+                state.manifest = self._expire(tp, state.manifest, now_ms)
             state.backoff.succeeded()
             state.last_error = None
         except (ArchiveError, OSError) as error:
@@ -180,6 +204,61 @@ class Archiver:
                 retry_in_ms=retry_at - now_ms,
             )
         return uploaded
+
+    @property
+    def _retention_on(self) -> bool:
+        return self.settings.retention_ms >= 0 or self.settings.retention_bytes >= 0
+
+    def _expire(self, tp: TopicPartition, manifest: Manifest, now_ms: int) -> Manifest:
+        """Remote retention: the manifest without the expired segments, then their objects."""
+        assert self.store is not None
+        archived = [
+            LocalSegment(s.base_offset, s.next_offset, s.size, s.max_timestamp)
+            for s in manifest.segments
+        ]
+        s = self.settings
+        count = remote_expired(archived, s.retention_ms, s.retention_bytes, now_ms)
+        if count == 0:
+            return manifest
+        kept = manifest.without_first(count)
+        prefix = s.bucket.prefix
+        self.store.put_bytes(manifest_key(prefix, tp), kept.encode())
+        gone = manifest.segments[:count]
+        self.store.delete(
+            [
+                segment_key(prefix, tp, manifest.topic_id, g.base_offset, suffix)
+                for g in gone
+                for suffix in SEGMENT_SUFFIXES
+            ]
+        )
+        self._totals.deleted_segments += count
+        self._totals.deleted_bytes += sum(g.size for g in gone)
+        log.info(
+            "archived segments deleted by remote retention",
+            partition=str(tp),
+            segments=[g.base_offset for g in gone],
+            log_start_offset=kept.log_start_offset,
+        )
+        return kept
+
+    def _sweep(self, tp: TopicPartition, manifest: Manifest) -> None:
+        """Deletes the objects below the manifest's first segment (a deletion's leftovers)."""
+        assert self.store is not None
+        if not manifest.segments:
+            return
+        first = manifest.segments[0].base_offset
+        directory = segments_prefix(self.settings.bucket.prefix, tp, manifest.topic_id)
+        below = [
+            key
+            for key in self.store.list_keys(directory)
+            if _base_of(key[len(directory) :]) is not None
+            and (_base_of(key[len(directory) :]) or 0) < first
+        ]
+        if below:
+            self.store.delete(below)
+            log.info(
+                "leftovers of a remote deletion deleted", partition=str(tp), objects=len(below)
+            )
 
     def _read_manifest(self, tp: TopicPartition, topic_id: str) -> Manifest:
         assert self.store is not None
@@ -271,5 +350,13 @@ class Archiver:
             "last_error": t.last_error,
             "last_error_ms": t.last_error_ms,
             "last_upload_ms": t.last_upload_ms,
+            "deleted_segments": t.deleted_segments,
+            "deleted_bytes": t.deleted_bytes,
             "requests": dict(self.store.requests) if self.store is not None else {},
         }
+
+
+def _base_of(name: str) -> int | None:
+    """`00000000000000000120.log` -> 120; None for another name."""
+    stem, _, suffix = name.partition(".")
+    return int(stem) if stem.isdigit() and f".{suffix}" in SEGMENT_SUFFIXES else None

@@ -7,6 +7,13 @@ Rules (sans-I/O: segments and times in, decisions out):
   time per partition, each followed by the manifest that names it.
 - Local retention may delete only what is archived: the hold (`retention_floor`) is the
   archive's end, or 0 (keep everything) while nothing is archived yet.
+- Remote retention (`archive.retention_ms` / `retention_bytes`, Kafka's retention.ms and
+  retention.bytes of tiered data, -1 off) deletes archived segments from the oldest, by
+  the local log's rules (log/policy.py: by largest timestamp, or while the rest still holds
+  `retention_bytes`), never the newest archived one: it keeps the archive's end, from which
+  uploads go on. The manifest naming fewer segments is written first, then their objects
+  are deleted (a reader never sees a manifest naming a deleted object; a crash in between
+  leaves objects below the archive's log start, deleted by the next round).
 - A failed upload is tried again after a backoff that doubles from `backoff_ms` to
   `backoff_max_ms`; a success resets it. A segment is never given up on (a bucket that is
   down only delays the archive; retention waits for it).
@@ -15,8 +22,11 @@ Rules (sans-I/O: segments and times in, decisions out):
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from replicad.log.config import LogConfig
+from replicad.log.policy import SegmentSummary, plan_retention
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +51,17 @@ def to_upload(
         and s.next_offset <= high_watermark
         and (archive_end is None or s.base_offset >= archive_end)
     ]
+
+
+def remote_expired(
+    segments: Sequence[LocalSegment], retention_ms: int, retention_bytes: int, now_ms: int
+) -> int:
+    """How many of the archived `segments` (oldest first) remote retention deletes."""
+    if retention_ms < 0 and retention_bytes < 0:
+        return 0
+    rules = replace(LogConfig(), retention_ms=retention_ms, retention_bytes=retention_bytes)
+    summaries = [SegmentSummary(s.base_offset, s.size, s.max_timestamp) for s in segments]
+    return len(plan_retention(summaries, rules, now_ms).delete)
 
 
 def retention_floor(archive_end: int | None) -> int:

@@ -433,6 +433,11 @@ class ArchiveConfig:
     # of the bucket kept in memory for them, and how many reads go to the bucket at once.
     read_cache_bytes: int = 64 * 1024 * 1024
     read_threads: int = 2
+    # The bucket's own retention (Kafka's retention.ms / retention.bytes of tiered data;
+    # log.retention_* is the local one): archived segments older, or beyond the size, are
+    # deleted from the bucket, the newest archived segment always kept. -1: keep forever.
+    retention_ms: int = -1
+    retention_bytes: int = -1
 
     @property
     def secret_access_key(self) -> Secret | None:

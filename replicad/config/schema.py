@@ -297,6 +297,8 @@ SCHEMA = Section(
                 "request_timeout_ms": Int(1, INT32_MAX),
                 "read_cache_bytes": Int(0),
                 "read_threads": Int(1, 64),
+                "retention_ms": Int(-1),
+                "retention_bytes": Int(-1),
             },
             nullable=True,
         ),

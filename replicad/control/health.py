@@ -16,6 +16,8 @@ Rules (the worst reason decides; every reason is listed):
 - DEGRADED too, with a `mirror:` section: the destination cluster unreachable (the local
   log keeps the data meanwhile), mirrored partitions halted (named), destination topics
   not mirrored (a different partition count, a refused creation).
+- DEGRADED too, with an `archive:` section: uploads to the bucket failing (retried with
+  back-off; local retention waits for them, so the disk holds what the bucket lacks).
 - HEALTHY: none of the above.
 Exit codes are a monitoring plugin's: 0 healthy, 1 degraded, 2 down, and 3 when the
 daemon cannot be asked at all (`replicad status` sets that one).
@@ -94,6 +96,7 @@ def assess(snapshot: Mapping[str, Any]) -> Assessment:
         *_leaders(snapshot.get("leaders") or ()),
         *_pool(snapshot.get("memory_pool") or {}),
         *_mirror(snapshot.get("mirror") or {}),
+        *_archive(snapshot.get("archive") or {}),
     ]
     if not snapshot.get("ready") and not any(r.health is Health.DOWN for r in reasons):
         reasons.append(
@@ -218,6 +221,19 @@ def _mirror(mirror: Mapping[str, Any]) -> list[Reason]:
         more = f" (and {len(errors) - 1} more topics)" if len(errors) > 1 else ""
         reasons.append(Reason(Health.DEGRADED, "mirror_topic", f"{topic}: {why}{more}"))
     return reasons
+
+
+def _archive(archive: Mapping[str, Any]) -> list[Reason]:
+    retrying = list(archive.get("retrying_partitions") or ())
+    if not retrying:
+        return []
+    shown = ", ".join(retrying[:NAMED_AT_MOST])
+    more = f" and {len(retrying) - NAMED_AT_MOST} more" if len(retrying) > NAMED_AT_MOST else ""
+    text = (
+        f"archive uploads failing for {len(retrying)} partition(s), retried "
+        f"({shown}{more}): {archive.get('last_error')}"
+    )
+    return [Reason(Health.DEGRADED, "archive_retrying", text)]
 
 
 def _seconds(value: float) -> str:

@@ -267,6 +267,14 @@ def _header(snap: Snapshot) -> str:
                 f"consumer groups: {states}; {serve.get('group_rebalances_total', 0):,} "
                 f"rebalances, {serve.get('offset_commits_total', 0):,} offsets committed"
             )
+        if "remote_fetches_in_flight" in serve:
+            lines.append(
+                f"serving from the archive: {serve.get('remote_fetches_total', 0):,} reads of "
+                f"the bucket ({format_bytes(serve.get('remote_fetch_bytes_total', 0))}), "
+                f"{serve.get('remote_fetch_errors_total', 0):,} failed, "
+                f"{serve.get('remote_fetches_in_flight', 0):,} under way, cache "
+                f"{format_bytes(serve.get('remote_cache_bytes', 0))}"
+            )
         sync = serve.get("group_sync")
         if sync:
             problem = f"; problem: {sync['problem']}" if sync.get("problem") else ""
@@ -275,7 +283,29 @@ def _header(snap: Snapshot) -> str:
                 f"{sync.get('groups_failed_over', 0):,} failed over here, "
                 f"{sync.get('held_offsets', 0):,} held at the high watermark{problem}"
             )
+    archive = snap.get("archive")
+    if archive:
+        lines.append(_archive_line(archive))
     return "\n".join(lines)
+
+
+def _archive_line(archive: Mapping[str, Any]) -> str:
+    """The `archive:` uploader: what went up, what waits, and what is failing now."""
+    line = (
+        f"archive {archive.get('bucket', '?')}: {archive.get('uploaded_segments', 0):,} "
+        f"segments uploaded ({format_bytes(archive.get('uploaded_bytes', 0))}), "
+        f"{archive.get('pending_segments', 0):,} pending, {archive.get('failures', 0):,} "
+        "failed uploads"
+    )
+    if archive.get("deleted_segments"):
+        line += f", {archive['deleted_segments']:,} deleted by remote retention"
+    retrying = archive.get("retrying_partitions") or ()
+    if retrying:
+        shown = ", ".join(retrying[:5]) + (
+            f" and {len(retrying) - 5} more" if len(retrying) > 5 else ""
+        )
+        line += f"; retrying {shown}: {archive.get('last_error')}"
+    return line
 
 
 def _mirror_section(mirror: Mapping[str, Any], all_partitions: bool, max_rows: int) -> str:

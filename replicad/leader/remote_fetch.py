@@ -146,6 +146,8 @@ class RemoteFetch:
                     now_ms=now_ms,
                 )
             except (ArchiveError, OSError, ValueError) as error:
+                if isinstance(error, FileNotFoundError):
+                    self.remote.forget(tp)  # deleted by remote retention since: read it again
                 self.counters["remote_fetch_errors_total"] += 1
                 self._warn(
                     "reading the bucket failed: KAFKA_STORAGE_ERROR",

@@ -68,3 +68,29 @@ def test_a_segment_below_the_archive_end_is_refused() -> None:
 def test_a_bad_manifest_is_named(data: bytes, problem: str) -> None:
     with pytest.raises(LogError, match=f"s3://b/m: {problem}"):
         decode_manifest(data, source="s3://b/m")
+
+
+def test_epochs_below_the_local_history_stay_the_archives() -> None:
+    """Local retention truncated the local epoch cache to start at 25 (epoch 1 from 7 seen
+    locally as from 25): the archive keeps epoch 0 from 0 and epoch 1 from 7."""
+    manifest = Manifest("orders", 3, "AAAA").with_segment(
+        ArchivedSegment(0, 20, 1, -1), [EpochEntry(0, 0), EpochEntry(1, 7)], 0
+    )
+    truncated = [EpochEntry(1, 25), EpochEntry(2, 30)]
+    manifest = manifest.with_segment(ArchivedSegment(20, 40, 1, -1), truncated, 0)
+    assert manifest.epochs == (EpochEntry(0, 0), EpochEntry(1, 7), EpochEntry(2, 30))
+    assert manifest.log_start_offset == 0
+
+
+def test_deleting_the_oldest_segments_moves_the_start_and_keeps_the_newest() -> None:
+    epochs = [EpochEntry(0, 0), EpochEntry(1, 15)]
+    manifest = Manifest("orders", 3, "AAAA")
+    for base in (0, 10, 20):
+        manifest = manifest.with_segment(ArchivedSegment(base, base + 10, 1, -1), epochs, 0)
+    kept = manifest.without_first(2)
+    assert [s.base_offset for s in kept.segments] == [20]
+    assert kept.log_start_offset == 20 and kept.end_offset == 30
+    assert kept.epochs == (EpochEntry(1, 20),)
+    assert manifest.without_first(1).epochs == (EpochEntry(0, 10), EpochEntry(1, 15))
+    with pytest.raises(LogError, match="newest archived segment is kept"):
+        manifest.without_first(3)

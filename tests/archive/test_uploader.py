@@ -348,3 +348,36 @@ def _no_aws_profile(monkeypatch: pytest.MonkeyPatch) -> None:
     """The settings carry the credentials; a developer's own AWS files play no part."""
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+
+
+def test_remote_retention_deletes_the_oldest_after_the_manifest_and_a_crash_leftover_next(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    manager, _ = filled(tmp_path)
+    log = manager.partitions()[TP]
+    closed = log.segments[:-1]
+    keep_bytes = closed[-1].size + closed[-2].size  # the two newest stay
+    archiver = Archiver(replace(settings(s3_server, s3_bucket), retention_bytes=keep_bytes))
+    archiver.round(manager)
+    store = store_of(s3_server, s3_bucket)
+    manifest = decode_manifest(store.get(manifest_key(PREFIX, TP)) or b"", source="m")
+    assert [s.base_offset for s in manifest.segments] == [s.base_offset for s in closed[-2:]]
+    assert manifest.log_start_offset == closed[-2].base_offset
+    assert manifest.end_offset == log.active_segment.base_offset  # uploads go on from here
+    directory = f"{PREFIX}/orders-2/{manifest.topic_id}/"
+    left = {key.rsplit("/", 1)[1].split(".")[0] for key in store.list_keys(directory)}
+    assert left == {s.log_path.stem for s in closed[-2:]}
+    assert archiver.snapshot()["deleted_segments"] == len(closed) - 2
+    # A crash after a manifest naming fewer segments, before its objects were deleted: the
+    # next process's first round deletes them, and nothing else.
+    lost = decode_manifest(store.get(manifest_key(PREFIX, TP)) or b"", source="m").without_first(1)
+    store.put_bytes(manifest_key(PREFIX, TP), lost.encode())
+    again = Archiver(settings(s3_server, s3_bucket))  # retention off: no sweep
+    again.round(manager)
+    assert len(store.list_keys(directory)) == 6
+    restarted = Archiver(replace(settings(s3_server, s3_bucket), retention_ms=10**12))
+    restarted.round(manager)
+    assert [k.rsplit("/", 1)[1] for k in store.list_keys(directory)] == [
+        closed[-1].log_path.stem + suffix for suffix in (".index", ".log", ".timeindex")
+    ]
+    manager.close()

@@ -9,6 +9,7 @@ from replicad.archive.uploads import (
     Backoff,
     LocalSegment,
     State,
+    remote_expired,
     retention_floor,
     to_upload,
 )
@@ -68,3 +69,14 @@ def test_a_move_not_in_the_table_is_refused() -> None:
     backoff.failed(0)
     with pytest.raises(KeyError):
         backoff.succeeded()  # a success while backing off: no upload was tried
+
+
+def test_remote_retention_deletes_the_oldest_by_time_or_size_never_the_newest() -> None:
+    archived = [LocalSegment(b, b + 10, 100, 1_000 + b) for b in (0, 10, 20, 30)]
+    assert remote_expired(archived, -1, -1, now_ms=10**9) == 0
+    # By time: segments whose largest timestamp is older than retention_ms, from the oldest.
+    assert remote_expired(archived, 1_000, -1, now_ms=2_015) == 2
+    assert remote_expired(archived, 0, -1, now_ms=10**9) == 3  # the newest stays
+    # By size: while the rest still holds retention_bytes.
+    assert remote_expired(archived, -1, 250, now_ms=0) == 1
+    assert remote_expired(archived, -1, 0, now_ms=0) == 3

@@ -167,3 +167,13 @@ def test_an_unreachable_destination_halted_partitions_and_refused_topics_degrade
     codes = {r.code for r in verdict.reasons}
     assert codes == {"destination_unreachable", "mirror_halted", "mirror_topic"}
     assert "orders-1" in verdict.headline() and "pay" in verdict.headline()
+
+
+def test_failing_archive_uploads_degrade_and_name_the_partitions() -> None:
+    archive = {"bucket": "s3://b/p", "retrying_partitions": [], "last_error": None}
+    assert assess(snapshot(archive=archive)).health is Health.HEALTHY
+    archive = {**archive, "retrying_partitions": ["t-0", "t-1"], "last_error": "PUT: SlowDown"}
+    verdict = assess(snapshot(archive=archive))
+    assert verdict.health is Health.DEGRADED
+    assert [r.code for r in verdict.reasons] == ["archive_retrying"]
+    assert "t-0, t-1" in verdict.headline() and "SlowDown" in verdict.headline()

@@ -383,3 +383,24 @@ def test_synced_groups_are_shown_under_the_mirror_failed_over_first() -> None:
         ["old", "syncing", "22:13:20", "0", "0", "0"],
     ]
     assert "gone at the source since 22:14:20" in section
+
+
+def test_the_archive_and_serves_reads_of_it_are_shown() -> None:
+    snap = lead_snapshot()
+    snap["archive"] = {
+        "bucket": "s3://replica/east",
+        "uploaded_segments": 12,
+        "uploaded_bytes": 3 * 1024 * 1024,
+        "pending_segments": 2,
+        "failures": 5,
+        "retrying_partitions": ["t-0"],
+        "last_error": "s3://replica/east/t-0/manifest.json: PUT failed: SlowDown",
+    }
+    snap["serve"] = {"sessions": 0, "remote_fetches_total": 7, "remote_fetches_in_flight": 1}
+    out = render_table(snap)
+    assert (
+        "archive s3://replica/east: 12 segments uploaded (3.0 MiB), 2 pending, 5 failed "
+        "uploads; retrying t-0: s3://replica/east/t-0/manifest.json: PUT failed: SlowDown"
+    ) in out
+    assert "serving from the archive: 7 reads of the bucket" in out
+    assert "archive uploads failing for 1 partition(s)" in out  # the health headline
