@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import ctypes.util
 import dataclasses
 import resource
 import signal
@@ -492,11 +491,10 @@ def fix_malloc_thresholds() -> str | None:
     explicitly turns the dynamic rise off (mallopt(3)), so every frame is mapped on
     its own and unmapped when released.
     """
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
     try:
-        libc = ctypes.CDLL(name)
+        # The process's own symbols, the C library's among them: find_library("c") ran
+        # `ldconfig -p` in a forked child on every start to name the library already loaded.
+        libc = ctypes.CDLL(None)
         gnu_get_libc_version = libc.gnu_get_libc_version  # glibc only
         mallopt = libc.mallopt
     except (OSError, AttributeError):

@@ -108,3 +108,56 @@ def test_a_daemon_never_imports_the_test_libraries_kio_would(command):
     # Only the daemons keep it out; any other command leaves the import as kio does it
     # (the venv has hypothesis: that is what makes the daemons' line fail if it is gone).
     assert out[-1] == ("False" if command in ("run", "serve") else "True")
+
+
+# What `replicad run` imports before its first fetch, in a process of its own: the daemon's
+# modules, as `--check-config` leaves them after loading and checking the configuration.
+_RUN_IMPORTS = """
+import sys
+sys.modules["hypothesis"] = None  # as installed (see the test above)
+sys.argv = ["replicad", "run", "--check-config", "--bootstrap-servers", "127.0.0.1:9",
+            "--topics", "t", "--data-dir", sys.argv[1]]
+from replicad import cli
+assert cli.main() == 0
+import replicad.follower.fetcher  # the fetch loop: imported with the daemon
+print(" ".join(sorted(sys.modules)))
+"""
+
+# Nothing a follower without SASL, a mirror, serve, the archive or Spark uses, nor what only
+# other parts need (issue 32: imports were about half of a short run's CPU).
+NOT_FOR_A_PLAIN_FOLLOWER = (
+    "importlib.metadata",  # the crc32c package's version string
+    "kio.schema.sasl_handshake",
+    "kio.schema.sasl_authenticate",
+    "kio.schema.api_versions.v0",  # only for a broker without ApiVersions v3
+    "cramjam",  # record codecs: the follower copies batches, it never decodes them
+    "replicad.records.records",
+    "scramp",
+    "replicad.leader",
+    "replicad.mirror",
+    "replicad.archive",
+    "replicad.spark",
+    "replicad.groups",
+    "pyspark",
+)
+
+
+def test_replicad_run_imports_only_what_a_follower_needs(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _RUN_IMPORTS, str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.split()
+    assert "replicad.follower.fetcher" in out
+    loaded = [
+        m
+        for m in out
+        if m in NOT_FOR_A_PLAIN_FOLLOWER
+        or m.startswith(tuple(f"{name}." for name in NOT_FOR_A_PLAIN_FOLLOWER))
+    ]
+    assert loaded == []

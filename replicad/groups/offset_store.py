@@ -43,9 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
-from crc32c import crc32c
 
 from replicad.groups.classic_group import CommittedOffset
+from replicad.records.crc import crc32c
 from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.groups.offset_store")

@@ -15,8 +15,6 @@ import zlib
 from pathlib import Path
 from typing import TextIO
 
-from crc32c import crc32c
-
 from replicad.errors import CorruptRecordError
 from replicad.log.index import OFFSET_ENTRY, OFFSET_ENTRY_SIZE, TIME_ENTRY, TIME_ENTRY_SIZE
 from replicad.log.layout import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
@@ -29,6 +27,7 @@ from replicad.records.batch import (
     ScanStop,
     TimestampType,
 )
+from replicad.records.crc import crc32c
 from replicad.records.records import control_marker, decode_batch
 
 EXIT_OK = 0

@@ -56,7 +56,6 @@ from replicad.records.batch import (
     header_at,
     scan_batches,
 )
-from replicad.records.records import decode_batch
 from replicad.records.run import MAX_TIMESTAMP
 
 log = structlog.get_logger("replicad.log.segment")
@@ -354,6 +353,10 @@ class LogSegment:
         reaching the target may begin with older records. A LOG_APPEND_TIME batch's records
         all carry the batch's max timestamp (records.decode_batch applies that rule).
         """
+        # Records are decoded here only (serve's ListOffsets by time): a follower does not
+        # import the record decoder and its codecs (cramjam) to start (issue 32).
+        from replicad.records.records import decode_batch
+
         entry = self.time_index.lookup(timestamp)
         position = self.offset_index.lookup(max(entry.offset, starting_offset)).position
         with self._log.pinned() as fd:

@@ -26,7 +26,6 @@ import io
 import struct
 from dataclasses import dataclass
 
-from crc32c import crc32c
 from kio.serial.readers import read_signed_varint, read_signed_varlong
 from kio.serial.writers import write_signed_varint, write_signed_varlong
 
@@ -41,6 +40,7 @@ from replicad.records.batch import (
     Compression,
 )
 from replicad.records.codecs import compress, decompress
+from replicad.records.crc import crc32c
 
 # Positions inside a magic 2 batch (DefaultRecordBatch's layout).
 _BASE_OFFSET = struct.Struct(">q")

@@ -28,8 +28,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
-from kio.schema.api_versions.v0.request import ApiVersionsRequest as ApiVersionsRequestV0
-from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsResponseV0
 from kio.schema.api_versions.v3.request import ApiVersionsRequest as ApiVersionsRequestV3
 from kio.schema.api_versions.v3.response import ApiVersionsResponse as ApiVersionsResponseV3
 from kio.schema.errors import ErrorCode
@@ -343,7 +341,9 @@ class BrokerConnection:
         )
         if body.error_code == ErrorCode.unsupported_version:
             # An old broker answers in v0's layout; ask again in v0.
-            body = await self.request(ApiVersionsRequestV0())
+            from kio.schema.api_versions.v0.request import ApiVersionsRequest as RequestV0
+
+            body = await self.request(RequestV0())
         if body.error_code != ErrorCode.none:
             raise RemoteProtocolError(f"ApiVersions failed: {ErrorCode(body.error_code).name}")
         ranges = {
@@ -506,7 +506,10 @@ class BrokerConnection:
             # A broker that lacks ApiVersions v3 answers in v0's layout (KIP-511).
             if pending.response_cls is not ApiVersionsResponseV3:
                 raise
-            decoded = decode_response(view, ApiVersionsResponseV0)
+            # Imported only here: kio's v0 classes cost every start about 10 ms to make.
+            from kio.schema.api_versions.v0.response import ApiVersionsResponse as ResponseV0
+
+            decoded = decode_response(view, ResponseV0)
         if decoded.unknown_error_codes:
             self._note_unknown_error_codes(pending.response_cls, decoded.unknown_error_codes)
         return decoded.body

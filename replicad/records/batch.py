@@ -23,9 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from crc32c import crc32c
-
 from replicad.records import legacy
+from replicad.records.crc import crc32c
 from replicad.records.header import (
     COMPRESSION_CODEC_MASK,
     CONTROL_FLAG_MASK,

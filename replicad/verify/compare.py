@@ -52,8 +52,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from crc32c import crc32c
-
 from replicad.errors import LocalProtocolError
 from replicad.records.batch import (
     DELETE_HORIZON_FLAG_MASK,
@@ -63,6 +61,7 @@ from replicad.records.batch import (
     V2_HEADER,
     BatchHeader,
 )
+from replicad.records.crc import crc32c
 from replicad.types import TopicPartition
 
 _CRC_FIELD = 4  # V2_HEADER's CRC

@@ -68,14 +68,19 @@ class Measured:
         return None
 
 
-def installed_env(cache: Path, *checkouts: Path) -> dict[str, str]:
+def installed_env(*checkouts: Path) -> dict[str, str]:
     """The environment for a replicad child that starts as an installed one does: its
-    modules' bytecode compiled beforehand (pip compiles at install), into `cache`.
+    modules' bytecode compiled beforehand (pip compiles at install), next to them.
 
     Run from a checkout under PYTHONDONTWRITEBYTECODE (this project's development shells
     set it), every start compiled about 70 modules from source: measured at 0.8 CPU s of a
-    1 GiB run's 2 on a loaded machine, a cost no installed replicad pays."""
-    env = {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(cache)}
+    1 GiB run's 2 on a loaded machine, a cost no installed replicad pays. The bytecode
+    goes into the checkout's own `__pycache__` (ignored by git), not a cache directory of
+    its own: under PYTHONPYCACHEPREFIX the interpreter also ignores the bytecode its
+    installer wrote for the standard library and the venv's packages, so a reader's first
+    pass compiled about 150 of those (1.0 of its 2.8 CPU s at 1 GiB, issue 32) and its
+    second did not."""
+    env = {"PYTHONDONTWRITEBYTECODE": ""}
     for checkout in checkouts:
         subprocess.run(
             [sys.executable, "-m", "compileall", "-q", str(checkout / "replicad")],

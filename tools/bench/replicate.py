@@ -233,7 +233,7 @@ def child_env(work: Path, baseline: Path | None = None) -> dict[str, str]:
     import replicad
 
     root = baseline or Path(replicad.__file__).resolve().parent.parent
-    env = installed_env(work / "pycache", root)
+    env = installed_env(root)
     env["PYTHONPATH"] = str(root)
     return env
 
