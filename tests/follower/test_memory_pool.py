@@ -5,6 +5,7 @@ import datetime
 import io
 import random
 import struct
+import tracemalloc
 
 import pytest
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
@@ -119,6 +120,28 @@ async def test_idle_buffers_count_and_are_freed_before_anyone_waits():
     assert snap["waits"] == 0 and snap["idle"] == 0 and snap["used"] <= 256 * 1024
     assert snap["peak"] <= 256 * 1024
     c()
+
+
+async def test_a_buffer_given_back_is_freed_before_the_one_lent_in_its_place_is_made():
+    # The bytes the process really holds, not the pool's count of them: a given-back buffer
+    # the next waiter cannot reuse must be gone before that waiter's buffer is allocated
+    # (issue 32: a reference left in the release's frames held both, 30 + 12 MiB here).
+    mib = 1 << 20
+    tracemalloc.start()
+    try:
+        pool = MemoryPool(32 * mib)
+        held = await pool.reserve(30 * mib)
+        waiter = asyncio.ensure_future(pool.reserve(12 * mib))  # far smaller: a new buffer
+        await until(lambda: pool.snapshot()["waiting"] == 1, what="the waiter to wait")
+        tracemalloc.reset_peak()
+        held()  # grants the waiter at once, inside this call
+        peak = tracemalloc.get_traced_memory()[1]
+        lent = await waiter
+        assert len(lent.buffer) == 12 * mib and pool.snapshot()["idle"] == 0
+        assert peak <= 32 * mib, f"{peak / mib:.1f} MiB held at once by a 32 MiB pool"
+        lent()
+    finally:
+        tracemalloc.stop()
 
 
 def test_size_classes_round_up_by_at_most_an_eighth_and_stay_within_capacity():
