@@ -27,28 +27,26 @@ One round, every groups.sync_interval_ms:
    partitions only, as they are: our offsets are the source's; an offset beyond the high
    watermark held there and counted), then the coordinator takes what changed and it is
    written to the store (GroupService.take_synced).
-A group whose sync stops because it became the replica's own is logged once. A round that
-fails is logged (rate-limited), named in status and tried again next interval; replication
-and serving never wait for it.
+A group whose sync stops because it became the replica's own is logged once. The loop, and
+what a failed round does (logged, named in status, tried again next interval; replication
+and serving never wait for it), are the mirror's group sync's too: groups/sync_rounds.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
 import structlog
 
-from replicad.clock import monotonic_ms, wall_ms
+from replicad.clock import wall_ms
 from replicad.config.model import GroupsConfig
-from replicad.errors import KafkaConnectionError, ProtocolError
 from replicad.groups.cluster_reader import ClusterGroupsReader
 from replicad.groups.offset_sync import SourceOffset, plan_group_sync
+from replicad.groups.sync_rounds import SyncRounds
 from replicad.leader.groups import GroupService
 from replicad.protocol.client import KafkaClient
-from replicad.ratelimit import RateLimitedLog
 
 log = structlog.get_logger("replicad.leader.group_sync")
 
@@ -70,7 +68,7 @@ class SourceGroupSync:
         self.groups = groups
         self.rounds = 0
         self.last_round_ms: int | None = None
-        self.problem: str | None = None
+        self.loop = SyncRounds(config, log, "serve's group sync")
         self.errors_total = 0
         self.offsets_synced_total = 0
         # As of the last round: groups whose offsets were taken, partitions held at the
@@ -80,33 +78,17 @@ class SourceGroupSync:
         self.not_replicated = 0
         # Groups whose sync has stopped for good (logged once each).
         self.stopped: set[str] = set()
-        self._said = RateLimitedLog(interval_ms=60_000)
+
+    @property
+    def problem(self) -> str | None:
+        return self.loop.problem
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.sync_once()
-                self.problem = None
-            except (KafkaConnectionError, ProtocolError, TimeoutError) as exc:
-                self._failed(str(exc))
-            except Exception as exc:
-                # A bug of ours: said with its traceback, named in status, tried again next
-                # round; replication and serving go on.
-                self._failed(f"internal error: {type(exc).__name__}: {exc}")
-                log.exception("serve's group sync round failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.config.sync_interval_ms / 1000)
+        await self.loop.run(self.sync_once, stop, self._failed)
 
     async def sync_once(self) -> None:
         """One round (see the module docstring)."""
-        listing = await self.reader.list_groups()
-        if not listing.complete:
-            self._warn(
-                "listing",
-                "source brokers did not list their groups; those groups wait",
-                brokers=dict(listing.unreachable),
-            )
-        chosen = listing.consumer_groups(self.config.selects)
+        _, chosen = await self.loop.chosen(self.reader)
         coordinator = self.groups.coordinator
         for group_id in chosen:
             if group_id in coordinator.owned:
@@ -117,7 +99,7 @@ class SourceGroupSync:
         for group_id, read in (await self.reader.committed_offsets(wanted)).items():
             if read.error is not None:
                 self.errors_total += 1
-                self._warn(
+                self.loop.warn(
                     f"group:{group_id}",
                     "source group's offsets unreadable; not synced this round",
                     group=group_id,
@@ -164,13 +146,7 @@ class SourceGroupSync:
             )
 
     def _failed(self, problem: str) -> None:
-        self.problem = problem
         self.errors_total += 1
-        self._warn("round", "group offsets not synced into serve this round", error=problem)
-
-    def _warn(self, key: str, event: str, **fields: Any) -> None:
-        if self._said.should_emit(key, monotonic_ms()).emit:
-            log.warning(event, **fields)
 
     def snapshot(self) -> dict[str, Any]:
         return {

@@ -13,31 +13,29 @@ One round:
 3. The mirror's partitions as they stand now (taken after the reads, so never older than
    what the destination was asked about), the plan, the state saved (the commits about
    to be sent included), then one OffsetCommit per group; the state saved again.
-A round that fails is logged (rate-limited) and tried again next interval; replication and
-mirroring never wait for it.
+The loop, and what a failed round does (logged, rate-limited, named in status, tried again
+next interval; replication and mirroring never wait for it), are serve's group sync's too:
+groups/sync_rounds.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from replicad.clock import monotonic_ms
 from replicad.clock import wall_ms as _wall_ms
 from replicad.config.model import GroupsConfig
-from replicad.errors import KafkaConnectionError, ProtocolError, ReplicadError
 from replicad.groups.cluster_reader import ClusterGroupsReader, CommittedOffset
+from replicad.groups.sync_rounds import SyncRounds
 from replicad.mirror import group_store
 from replicad.mirror.group_store import StoredGroups
 from replicad.mirror.group_sync import DestinationGroup, GroupSync, MirroredPartition, Said
 from replicad.mirror.group_writer import GroupOffsetWriter
 from replicad.protocol.client import KafkaClient
-from replicad.ratelimit import RateLimitedLog
 from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.mirror.groups")
@@ -66,11 +64,14 @@ class GroupSyncShell:
         self.promoted_at: dict[str, int] = {}
         self.rounds = 0
         self.last_round_ms: int | None = None
-        self.problem: str | None = None
+        self.loop = SyncRounds(config, log, "group sync")
         self._saved: StoredGroups | None = None
         self._save_lock = asyncio.Lock()
         self._round_lock = asyncio.Lock()
-        self._said = RateLimitedLog(interval_ms=60_000)
+
+    @property
+    def problem(self) -> str | None:
+        return self.loop.problem
 
     # -- state across restarts --------------------------------------------------------------
 
@@ -115,23 +116,7 @@ class GroupSyncShell:
     # -- the loop -----------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.sync_once()
-                self.problem = None
-            except (KafkaConnectionError, ProtocolError, TimeoutError) as exc:
-                self.problem = str(exc)
-                self._warn("round", "group offsets not synced this round", error=str(exc))
-            except (OSError, ReplicadError) as exc:
-                self.problem = str(exc)
-                self._warn("save", "mirror groups state not saved", error=str(exc))
-            except Exception as exc:
-                # A bug of ours: said with its traceback, named in status, tried again next
-                # round; mirroring and replication go on.
-                self.problem = f"internal error: {type(exc).__name__}: {exc}"
-                log.exception("group sync round failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.config.sync_interval_ms / 1000)
+        await self.loop.run(self.sync_once, stop)
 
     async def sync_once(self) -> None:
         """One round (see the module docstring); also the promotion's last sync."""
@@ -142,14 +127,7 @@ class GroupSyncShell:
             await self.save()
 
     async def _round(self) -> None:
-        listing = await self.source.list_groups()
-        if not listing.complete:
-            self._warn(
-                "listing",
-                "source brokers did not list their groups; those groups wait",
-                brokers=dict(listing.unreachable),
-            )
-        chosen = listing.consumer_groups(self.config.selects)
+        listing, chosen = await self.loop.chosen(self.source)
         source: dict[str, dict[TopicPartition, CommittedOffset]] = {}
         unreadable = []
         for group_id, offsets in (await self.source.committed_offsets(chosen)).items():
@@ -224,11 +202,6 @@ class GroupSyncShell:
     def _say(self, said: list[Said] | tuple[Said, ...]) -> None:
         for s in said:
             getattr(log, s.level)(s.event, group=s.group, **s.fields)
-
-    def _warn(self, key: str, event: str, **fields: Any) -> None:
-        said = self._said.should_emit(key, monotonic_ms())
-        if said.emit:
-            log.warning(event, **fields)
 
 
 def _unless_absent(error: str | None) -> str | None:
