@@ -2,18 +2,22 @@
 (mirror_run.py), the group coordinator's (group_run.py, consumer_group_run.py) and the log
 store's (log_run.py): a seed's
 result and how it is reported, running seeds one after the other, where their logs are
-written, the command line that replays one seed or runs many (`seed_main`), and the loop
-of a simulation stepped one event at a time (`stepped`).
+written, the command line that replays one seed or runs many (`seed_main`: in W processes
+with --workers, a progress line every K seeds with --progress), and the loop of a
+simulation stepped one event at a time (`stepped`).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
+import multiprocessing
 import os
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -119,6 +123,26 @@ def stepped(seed: int, sim: Stepped, *, events: int, replay: str) -> SimResult:
     return SimResult(seed, done, True, None, sim.log, dict(sim.counts))
 
 
+def _run_one(run_seed: Callable[..., SimResult], events: int, seed: int) -> SimResult:
+    result = run_seed(seed, events=events)
+    if result.ok:
+        result.event_log = []  # not needed, and costly to send back from a worker
+    return result
+
+
+def _results(
+    run_seed: Callable[..., SimResult], seeds: range, events: int, workers: int
+) -> Iterator[SimResult]:
+    """Each seed's result: in this process, or in `workers` forked ones (each seed is
+    independent: the same results, in another order)."""
+    one = functools.partial(_run_one, run_seed, events)
+    if workers <= 1:
+        yield from map(one, seeds)
+        return
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        yield from pool.imap_unordered(one, seeds, chunksize=20)
+
+
 def seed_main(
     prog: str,
     doc: str | None,
@@ -127,19 +151,42 @@ def seed_main(
     events: int,
     argv: list[str] | None = None,
 ) -> int:
-    """`prog --seed N` replays one seed (its events with -v); `prog --seeds N [--first S]`
-    runs many and prints the failed ones. The exit status: 1 if any failed."""
+    """`prog --seed N` replays one seed (its events with -v); `prog --seeds N [--first S]
+    [--workers W] [--progress K]` runs many, printing each failed one as it fails, then
+    what the seeds did and a summary. The exit status: 1 if any failed."""
     parser = argparse.ArgumentParser(prog=prog, description=doc)
     seed_arguments(parser, events=events)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="W",
+        help=f"processes for --seeds (this machine has {os.cpu_count()} CPUs)",
+    )
+    parser.add_argument(
+        "--progress", type=int, default=0, metavar="K", help="a progress line every K seeds"
+    )
     args = parser.parse_args(argv)
     quiet_logs()
     if args.seed is not None:
         return report_one(run_seed(args.seed, events=args.events), verbose=args.verbose)
-    seed_range = range(args.first, args.first + args.seeds)
-    failed, seconds = run_seeds(run_seed, seed_range, events=args.events)
-    for result in failed:
-        print(result.summary())
+    started = time.perf_counter()
+    failed = 0
+    counts: Counter[str] = Counter()
+    seeds = range(args.first, args.first + args.seeds)
+    for done, result in enumerate(_results(run_seed, seeds, args.events, args.workers), start=1):
+        counts.update(result.counts)
+        if not result.ok:
+            failed += 1
+            print(result.summary(), flush=True)
+        if args.progress and done % args.progress == 0:
+            rate = done / (time.perf_counter() - started)
+            print(f"... {done} seeds, {failed} failed, {rate:.1f} seeds/s", flush=True)
+    print("what the seeds did:", ", ".join(f"{k} {n}" for k, n in sorted(counts.items())))
+    took = time.perf_counter() - started
+    workers = f"{args.workers} worker{'s' if args.workers != 1 else ''}"
     print(
-        f"{len(seed_range)} seeds, {args.events} events each: {len(failed)} failed, {seconds:.1f} s"
+        f"{len(seeds)} seeds ({seeds.start}..{seeds.stop - 1}), {args.events} events each: "
+        f"{failed} failed, {took:.1f} s ({len(seeds) / took:.1f} seeds/s, {workers})"
     )
     return 1 if failed else 0
