@@ -38,6 +38,9 @@ from tools.wait import DEADLINE_S, wait_until
 
 # `python -m replicad.cli` as installed for production: without the test extra's hypothesis,
 # which kio imports when present (8 MiB of RSS no production replicad has). Benchmarks use it.
+# `replicad run` and `serve` now keep hypothesis out themselves (startup.keep_test_libraries_out,
+# 5a2859c), but a benchmark's `--baseline` may be a checkout from before that: this keeps
+# every replicad a benchmark compares the same.
 AS_INSTALLED = (
     "import sys; sys.modules['hypothesis'] = None; from replicad.cli import main; sys.exit(main())"
 )
