@@ -49,11 +49,16 @@ setup: $(STAMP) kafka-jars spark-kafka-jars test-peers s3-server
 demo: $(DEMO_STAMP) kafka-jars
 	$(BIN)/python -m tools.demo
 
-# The whole suite, integration tests against real brokers included.
+# The whole suite, integration tests against real brokers included. `make test
+# TEST_WORKERS=2` runs it on two pytest-xdist workers that each take a whole file at a time
+# (tests/conftest.py says which files share one); each worker starts the session brokers it
+# needs. One process stays the default until a fresh-clone run passes on two.
+TEST_WORKERS := 1
+XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 test: setup
 	$(BIN)/ruff check replicad tests tools
 # pytest exits 5 when it collected nothing: a broken suite, said so and failed.
-	$(BIN)/python -m pytest -q --durations=30; rc=$$?; \
+	$(BIN)/python -m pytest -q $(XDIST) --durations=30; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo 'make test: pytest collected no tests' >&2; exit 1; fi; exit $$rc
 
 # Every leadership move (rolling restart, SIGKILL of the busiest leader, reassignment,

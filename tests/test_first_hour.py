@@ -88,6 +88,9 @@ def as_user(name: str, env: dict[str, str], *argv: str, timeout: float = 120) ->
     return output
 
 
+# The suite's timeout (600 s, pyproject) would end it before its own deadline (seen at load 60,
+# with slow package downloads): the deadline of `make demo` rules, plus room for the clone.
+@pytest.mark.timeout(DEMO_TIMEOUT_S + 120)
 def test_make_demo_from_a_fresh_clone_as_a_user_who_is_not_root(
     new_user: tuple[str, Path],
 ) -> None:
