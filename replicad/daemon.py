@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from replicad.archive.uploader import Archiver
     from replicad.leader.source_group_sync import SourceGroupSync
     from replicad.mirror.shell import Mirror, MirrorSettings
+    from replicad.verify.continuous import ContinuousVerifier
 
 log = structlog.get_logger("replicad.daemon")
 
@@ -98,6 +99,12 @@ class Daemon:
             from replicad.archive.uploader import Archiver, ArchiverSettings
 
             self.archiver = Archiver(ArchiverSettings.from_config(config.archive))
+        # The replica compared with its source again and again (`verify:` enabled).
+        self.verifier: ContinuousVerifier | None = None
+        if config.verify.enabled:
+            from replicad.verify.continuous import ContinuousSettings, ContinuousVerifier
+
+            self.verifier = ContinuousVerifier(ContinuousSettings.from_config(config))
         # Who hears of a partition's appends: serve's reader wake-ups and the mirror's.
         self._partition_listeners: list[Callable[[TopicPartition], None]] = []
         if self.mirror is not None:
@@ -137,6 +144,8 @@ class Daemon:
             snap["mirror"] = self.mirror.snapshot()
         if self.archiver is not None:
             snap["archive"] = self.archiver.snapshot()
+        if self.verifier is not None:
+            snap["verify"] = self.verifier.snapshot()
         snap["recent_warnings"] = RECENT.latest()
         # As of the last check (every STATUS_INTERVAL_S).
         snap["stalls"] = self.stalls.status()
@@ -296,6 +305,9 @@ class Daemon:
         if self.archiver is not None:
             archiver = self.archiver.run(lambda: self.replicator.logs, self.stop)
             tasks.append(asyncio.create_task(archiver, name="archive"))
+        if self.verifier is not None:
+            verify = self.verifier.run(lambda: self.replicator.logs, self.stop)
+            tasks.append(asyncio.create_task(verify, name="verify"))
 
         def on_ready() -> None:
             self._sample_rates()
@@ -457,6 +469,7 @@ def _restart_needed(old: Config, new: Config) -> list[str]:
         "mirror": (old.mirror, new.mirror),
         "groups": (old.groups, new.groups),
         "archive": (old.archive, new.archive),
+        "verify": (old.verify, new.verify),
         "checkpoint_interval_ms": (old.checkpoint_interval_ms, new.checkpoint_interval_ms),
         "high_watermark_interval_ms": (
             old.high_watermark_interval_ms,

@@ -66,6 +66,8 @@ class SnapshotCollector(Collector):
             yield from _mirror_metrics(snap["mirror"], per_partition=not self.per_topic)
         if snap.get("archive"):
             yield from _archive_metrics(snap["archive"])
+        if snap.get("verify"):
+            yield from _verify_metrics(snap["verify"], per_partition=not self.per_topic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,6 +424,27 @@ ARCHIVE_FAMILIES = (
     Family(COUNTER, "archive_deleted_segments",
            "Archived segments deleted from the bucket by remote retention", "deleted_segments"),
 )  # fmt: skip
+# The continuous check against the source (`verify:`, replicad/verify/continuous.py).
+VERIFY_FAMILIES = (
+    Family(COUNTER, "verify_passes", "Passes of the check against the source", "passes"),
+    Family(COUNTER, "verify_fetched_bytes", "Bytes fetched from the source to compare",
+           "bytes_fetched"),
+    Family(COUNTER, "verify_compared_batches", "Batches compared with the source's",
+           "batches_compared"),
+    Family(GAUGE, "verify_unverified_offsets",
+           "Offsets of the replica not compared with the source yet, all partitions",
+           "unverified_offsets"),
+    Family(GAUGE, "verify_mismatches",
+           "Batches found to differ from the source since start, all partitions",
+           "mismatches_total"),
+)  # fmt: skip
+VERIFY_PARTITION_FAMILIES = (
+    Family(GAUGE, "verified_offset",
+           "Offset below which the replica was compared with the source", "verified_offset"),
+    Family(GAUGE, "verify_partition_mismatches",
+           "Batches of this partition found to differ from the source since start",
+           "mismatch_count"),
+)  # fmt: skip
 # serve's reads of the archive's bucket below the local log start
 # (replicad/leader/remote_fetch.py), when `serve:` and `archive:` are both on.
 SERVE_REMOTE_FAMILIES = (
@@ -581,6 +604,17 @@ def _archive_metrics(archive: Mapping[str, Any]) -> Iterator[Metric]:
         "puts": (archive.get("requests") or {}).get("PUT", 0),
     }
     yield from (family.single(row) for family in ARCHIVE_FAMILIES)
+
+
+def _verify_metrics(verify: Mapping[str, Any], *, per_partition: bool) -> Iterator[Metric]:
+    yield from (family.single(verify) for family in VERIFY_FAMILIES)
+    if per_partition:
+        yield from _labelled(
+            VERIFY_PARTITION_FAMILIES,
+            verify.get("partitions") or (),
+            ["topic", "partition"],
+            lambda part: [str(part["topic"]), str(part["partition"])],
+        )
 
 
 def _mirror_metrics(mirror: Mapping[str, Any], *, per_partition: bool) -> Iterator[Metric]:

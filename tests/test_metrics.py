@@ -323,3 +323,28 @@ def test_group_sync_metrics_only_when_groups_are_synced() -> None:
     assert samples[("replicad_mirror_group_held_back_offsets", ())] == 30
     assert samples[("replicad_mirror_group_commits_total", ())] == 12
     assert samples[("replicad_mirror_group_sync_errors_total", ())] == 1
+
+
+def test_verify_metrics_per_partition_and_in_all() -> None:
+    verify = {
+        "passes": 3,
+        "bytes_fetched": 4096,
+        "batches_compared": 12,
+        "unverified_offsets": 40,
+        "mismatches_total": 1,
+        "partitions": [
+            {"topic": "t", "partition": 0, "verified_offset": 100, "mismatch_count": 0},
+            {"topic": "t", "partition": 1, "verified_offset": 60, "mismatch_count": 1},
+        ],
+    }
+    samples = scrape(snapshot(verify=verify))
+    t0, t1 = (("partition", "0"), ("topic", "t")), (("partition", "1"), ("topic", "t"))
+    assert samples[("replicad_verified_offset", t0)] == 100
+    assert samples[("replicad_verified_offset", t1)] == 60
+    assert samples[("replicad_verify_partition_mismatches", t1)] == 1
+    assert samples[("replicad_verify_mismatches", ())] == 1
+    assert samples[("replicad_verify_unverified_offsets", ())] == 40
+    assert samples[("replicad_verify_passes_total", ())] == 3
+    per_topic = scrape(snapshot(verify=verify), per_topic=True)
+    assert ("replicad_verified_offset", t0) not in per_topic
+    assert per_topic[("replicad_verify_mismatches", ())] == 1

@@ -104,6 +104,7 @@ CORES: tuple[str, ...] = (
     "replicad.mirror.group_sync",
     "replicad.mirror.promotion",
     "replicad.verify.compare",
+    "replicad.verify.progress",
 )
 # What a core may not import (a module or anything below it).
 CORE_FORBIDDEN = (

@@ -491,6 +491,26 @@ def _any_matches(items: tuple[str, ...], name: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class VerifyConfig:
+    """`replicad run` comparing its replica with the source, batch by batch, again and again
+    at a low rate (replicad/verify/continuous.py); the keys are `replicad verify
+    --against-source`'s options."""
+
+    enabled: bool = False
+    # Replicated topics to verify; empty: all of them.
+    topics: tuple[str, ...] = ()
+    # Bytes a second fetched from the source at most (the same again is read locally).
+    max_bytes_per_second: int = MIB
+    # Bytes asked of the source in one fetch (and read from the replica to match it).
+    fetch_max_bytes: int = MIB
+    # A pass walks every partition's new offsets; the next one starts this long after.
+    interval_ms: int = 60_000
+    # Batches a partition re-checked each pass, at offsets drawn at random below its
+    # verified offset (damage done after the first comparison); 0: none.
+    sample: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     source: SourceConfig = field(default_factory=SourceConfig)
     topics: TopicsConfig = field(default_factory=TopicsConfig)
@@ -507,3 +527,4 @@ class Config:
     mirror: MirrorConfig | None = None
     groups: GroupsConfig = field(default_factory=GroupsConfig)
     archive: ArchiveConfig | None = None
+    verify: VerifyConfig = field(default_factory=VerifyConfig)

@@ -54,6 +54,7 @@ from replicad.config.model import (
     StartFrom,
     TlsConfig,
     TopicsConfig,
+    VerifyConfig,
 )
 from replicad.config.rules import (
     ADDRESS_COUNT_LIST,
@@ -301,6 +302,17 @@ SCHEMA = Section(
                 "retention_bytes": Int(-1),
             },
             nullable=True,
+        ),
+        "verify": Section(
+            VerifyConfig,
+            {
+                "enabled": Bool(),
+                "topics": TOPIC_LIST,
+                "max_bytes_per_second": Int(1),
+                "fetch_max_bytes": Int(1024, INT32_MAX),
+                "interval_ms": Int(1),
+                "sample": Int(0, 1_000_000),
+            },
         ),
     },
 )

@@ -18,6 +18,9 @@ Rules (the worst reason decides; every reason is listed):
   not mirrored (a different partition count, a refused creation).
 - DEGRADED too, with an `archive:` section: uploads to the bucket failing (retried with
   back-off; local retention waits for them, so the disk holds what the bucket lacks).
+- DEGRADED too, with `verify:` enabled: a partition of the replica found to differ from
+  its source (each named with the offset of its first mismatch); it stays so, as the
+  replica does not heal by itself.
 - HEALTHY: none of the above.
 Exit codes are a monitoring plugin's: 0 healthy, 1 degraded, 2 down, and 3 when the
 daemon cannot be asked at all (`replicad status` sets that one).
@@ -97,6 +100,7 @@ def assess(snapshot: Mapping[str, Any]) -> Assessment:
         *_pool(snapshot.get("memory_pool") or {}),
         *_mirror(snapshot.get("mirror") or {}),
         *_archive(snapshot.get("archive") or {}),
+        *_verify(snapshot.get("verify") or {}),
     ]
     if not snapshot.get("ready") and not any(r.health is Health.DOWN for r in reasons):
         reasons.append(
@@ -234,6 +238,26 @@ def _archive(archive: Mapping[str, Any]) -> list[Reason]:
         f"({shown}{more}): {archive.get('last_error')}"
     )
     return [Reason(Health.DEGRADED, "archive_retrying", text)]
+
+
+def _verify(verify: Mapping[str, Any]) -> list[Reason]:
+    differing = [p for p in verify.get("partitions") or () if p.get("mismatch_count")]
+    if not differing:
+        return []
+    named = []
+    for p in differing[:NAMED_AT_MOST]:
+        first = (p.get("mismatches") or [{}])[0]
+        named.append(
+            f"{p.get('topic')}-{p.get('partition')} at offset {first.get('offset', '?')} "
+            f"({first.get('kind', '?')})"
+        )
+    more = len(differing) - NAMED_AT_MOST
+    text = (
+        f"{len(differing)} partition{'s' if len(differing) > 1 else ''} of the replica "
+        f"differ{'s' if len(differing) == 1 else ''} from the source: {', '.join(named)}"
+        + (f" and {more} more" if more > 0 else "")
+    )
+    return [Reason(Health.DEGRADED, "verify_mismatch", text)]
 
 
 def _seconds(value: float) -> str:

@@ -71,6 +71,7 @@ def render_table(
         _partitions_section(snapshot.get("partitions") or [], all_partitions, max_rows),
         _totals_section(snapshot.get("totals") or {}),
         _mirror_section(snapshot.get("mirror") or {}, all_partitions, max_rows),
+        _verify_section(snapshot.get("verify") or {}, all_partitions, max_rows),
     ]
     return "\n\n".join(section for section in sections if section)
 
@@ -362,6 +363,63 @@ def _mirror_section(mirror: Mapping[str, Any], all_partitions: bool, max_rows: i
     more = f"\n... {len(partitions) - len(shown):,} more" if len(shown) < len(partitions) else ""
     groups = _mirror_groups(mirror.get("groups") or {}, all_partitions, max_rows)
     return "\n".join(lines) + ("\n" + table if table else "") + more + groups
+
+
+def _verify_section(verify: Mapping[str, Any], all_partitions: bool, max_rows: int) -> str:
+    """The `verify:` section: passes, load on the source, and per partition the verified
+    offset; partitions that differ from the source first, each with its first mismatch as
+    an ERROR, then the least verified."""
+    if not verify:
+        return ""
+    parts = [
+        "VERIFY against the source",
+        "running" if verify.get("running") else "starting",
+        f"{verify.get('passes', 0):,} passes",
+        f"{verify.get('batches_compared', 0):,} batches compared",
+        f"fetched {format_bytes(verify.get('bytes_fetched', 0))}"
+        f" (at most {format_bytes(verify.get('max_bytes_per_second', 0))}/s)",
+        f"unverified {verify.get('unverified_offsets', 0):,} offsets",
+        f"{verify.get('mismatches_total', 0):,} mismatches",
+    ]
+    lines = ["  ".join(parts)]
+    if verify.get("problem"):
+        lines.append(f"problem: {verify['problem']}")
+    partitions = sorted(
+        verify.get("partitions") or (),
+        key=lambda p: (
+            not p.get("mismatch_count"),
+            -(p.get("unverified_offsets") or 0),
+            p["topic"],
+            p["partition"],
+        ),
+    )
+    shown = partitions if all_partitions else partitions[:max_rows]
+
+    def error(p: Mapping[str, Any]) -> str:
+        mismatches = p.get("mismatches") or ()
+        if mismatches:
+            m = mismatches[0]
+            more = p.get("mismatch_count", 1) - 1
+            also = f" (+{more} more)" if more > 0 else ""
+            # The detail is in --json and the log; the table names where and what.
+            return f"ERROR at offset {m['offset']}: {m['kind']}{also}"
+        return _short_error(p.get("unverified"))
+
+    rows = [
+        (
+            f"{p['topic']}-{p['partition']}",
+            _or_none(p.get("verified_offset")),
+            _or_none(p.get("log_end_offset")),
+            _or_none(p.get("unverified_offsets")),
+            f"{p.get('batches_compared', 0):,}",
+            error(p),
+        )
+        for p in shown
+    ]
+    headers = ("PARTITION", "VERIFIED", "LOG END", "UNVERIFIED", "BATCHES", "ERROR")
+    table = _table(headers, rows, right={1, 2, 3, 4}) if rows else ""
+    more = f"\n... {len(partitions) - len(shown):,} more" if len(shown) < len(partitions) else ""
+    return "\n".join(lines) + ("\n" + table if table else "") + more
 
 
 def _mirror_groups(groups: Mapping[str, Any], all_rows: bool, max_rows: int) -> str:

@@ -10,11 +10,15 @@ For each partition directory of the data directory (or those of the topics named
 - on a leader change (NOT_LEADER_OR_FOLLOWER, FENCED/UNKNOWN_LEADER_EPOCH, ...) or a dropped
   connection, fresh metadata and the same fetch again, up to `retries` times in a row; then
   the partition is left unverified with the last error;
-- `max_bytes_per_second` paces the fetches: after each answer the shell waits until the bytes
-  fetched so far fit the rate since the run began.
+- `max_bytes_per_second` paces the fetches: each answer's bytes push the next fetch back by
+  bytes / rate from when it was sent, so the load stays under the rate however long the run
+  (a daemon's walk that was idle does not burst to catch up: `next_fetch_at`).
 One partition at a time, one request at a time: memory is one answer and the replica's bytes
 for the same offsets. `resume` (a JSON file) keeps each partition's `verified_to` after it is
 done, so a run cut short starts the next where this one got.
+
+`SourceReader` is the source's side of a walk, shared with the daemon's continuous check
+(replicad/verify/continuous.py), which reads the replica through the log it writes.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +78,8 @@ _NO_SESSION_EPOCH = -1
 # it knows but once, at a replica ahead of the source).
 _FETCH_MAX_WAIT_MS = 100
 _RETRY_DELAY_S = 0.5
+# Failed fetches in a row before a partition is left unverified.
+DEFAULT_RETRIES = 5
 # Errors after which fresh metadata (another leader, the topic back) may help.
 _REFRESH = frozenset(
     {
@@ -98,7 +104,7 @@ class VerifyOptions:
     seed: int = 0
     fetch_max_bytes: int = 1 << 20
     max_bytes_per_second: int | None = None
-    retries: int = 5
+    retries: int = DEFAULT_RETRIES
     resume: Path | None = None
 
 
@@ -110,11 +116,13 @@ class _Answer:
     records: bytes
 
 
-def pace_delay_s(fetched_bytes: int, elapsed_s: float, rate: int | None) -> float:
-    """How long to wait so that `fetched_bytes` since the start fit `rate` bytes a second."""
+def next_fetch_at(free_at: float, sent_at: float, fetched_bytes: int, rate: int | None) -> float:
+    """When the next fetch may go, after one sent at `sent_at` brought `fetched_bytes`: the
+    bytes take their share of the rate from when they were asked for (or from when the last
+    share ended, if later). `rate` None: at once."""
     if not rate:
-        return 0.0
-    return max(0.0, fetched_bytes / rate - elapsed_s)
+        return sent_at
+    return max(free_at, sent_at) + fetched_bytes / rate
 
 
 def replica_partitions(data_dir: Path, topics: Sequence[str]) -> dict[TopicPartition, Path]:
@@ -145,48 +153,39 @@ def _save_resume(path: Path | None, state: dict[str, int]) -> None:
     os.replace(tmp, path)
 
 
-class SourceVerifier:
+ReadReplica = Callable[[int, int], Awaitable[ReplicaSlice]]
+
+
+class SourceReader:
+    """The source's side of walks: one client, its metadata, paced sessionless fetches.
+    `walk` drives one partition's check to its end, reading the replica through
+    `read_replica(low, high)` (the batches the core's rules ask for)."""
+
     def __init__(
         self,
-        data_dir: Path,
         bootstrap_servers: Sequence[str],
         settings: ClientSettings,
-        options: VerifyOptions,
         *,
-        on_result: Callable[[PartitionResult], None] | None = None,
+        fetch_max_bytes: int,
+        max_bytes_per_second: int | None,
+        retries: int = DEFAULT_RETRIES,
     ) -> None:
-        self.data_dir = Path(data_dir)
         self.client = KafkaClient(bootstrap_servers, settings)
-        self.options = options
-        self.on_result = on_result
+        self.fetch_max_bytes = fetch_max_bytes
+        self.max_bytes_per_second = max_bytes_per_second
+        self.retries = retries
+        self.fetched_bytes = 0
+        self.fetches = 0
         self._cluster: ClusterMetadata | None = None
-        self._fetched = 0
-        self._started = time.monotonic()
+        self._free_at = 0.0
 
-    async def run(self) -> list[PartitionResult]:
-        partitions = replica_partitions(self.data_dir, self.options.topics)
-        resume = _load_resume(self.options.resume)
-        results: list[PartitionResult] = []
-        try:
-            topics = sorted({tp.topic for tp in partitions})
-            if topics:
-                self._cluster = await self.client.metadata(topics)
-            compacted = await self._compacted(topics)
-            for tp, directory in partitions.items():
-                result = await self._verify_partition(
-                    tp, directory, compacted=tp.topic in compacted, start=resume.get(str(tp))
-                )
-                results.append(result)
-                if self.options.resume is not None and self.options.sample is None:
-                    resume[str(tp)] = result.verified_to
-                    _save_resume(self.options.resume, resume)
-                if self.on_result is not None:
-                    self.on_result(result)
-        finally:
-            await self.client.close()
-        return results
+    async def close(self) -> None:
+        await self.client.close()
 
-    async def _compacted(self, topics: Sequence[str]) -> set[str]:
+    async def load_metadata(self, topics: Sequence[str]) -> None:
+        self._cluster = await self.client.metadata(list(topics))
+
+    async def compacted(self, topics: Sequence[str]) -> set[str]:
         """The topics whose cleanup.policy includes compact (none when the source does not
         say: then a rewritten batch is reported as a mismatch, the safe side)."""
         if not topics:
@@ -196,7 +195,7 @@ class SourceVerifier:
             version = admin_version(conn, ApiKey.DESCRIBE_CONFIGS)
             if version is None:
                 return set()
-            body = await conn.request(describe_topic_configs_request(version, topics))
+            body = await conn.request(describe_topic_configs_request(version, list(topics)))
         except (KafkaConnectionError, ProtocolError) as exc:
             log.warning("cannot read the source's topic configs", error=str(exc))
             return set()
@@ -207,55 +206,43 @@ class SourceVerifier:
                     compacted.add(resource.resource_name)
         return compacted
 
-    async def _verify_partition(
-        self, tp: TopicPartition, directory: Path, *, compacted: bool, start: int | None
-    ) -> PartitionResult:
-        replica = ReplicaPartition(directory)
-        try:
-            offsets = replica.offsets()
-            targets = None
-            if self.options.sample is not None:
-                targets = replica.sample(self.options.sample, self.options.seed)
-            check = PartitionCheck(tp, offsets, compacted=compacted, targets=targets, start=start)
-            failures = 0
-            while (offset := check.next_fetch()) is not None:
-                try:
-                    answer = await self._fetch(tp, offset)
-                    bounds = (
-                        await self._bounds(tp)
-                        if answer.error is ErrorCode.offset_out_of_range
-                        else None
-                    )
-                except (KafkaConnectionError, ProtocolError, _Retry) as exc:
-                    failures += 1
-                    if failures > self.options.retries:
-                        check.on_failure(str(exc))
-                        break
-                    await asyncio.sleep(_RETRY_DELAY_S * failures)
-                    await self._refresh(tp)
-                    continue
-                failures = 0
-                if bounds is not None:
-                    check.on_out_of_range(*bounds)
-                    continue
-                self._feed(check, replica, offset, answer)
+    async def walk(self, check: PartitionCheck, read_replica: ReadReplica) -> PartitionResult:
+        tp = check.result.tp
+        failures = 0
+        while (offset := check.next_fetch()) is not None:
+            try:
                 await self._pace()
-            return check.result
-        finally:
-            replica.close()
-
-    def _feed(
-        self, check: PartitionCheck, replica: ReplicaPartition, offset: int, answer: _Answer
-    ) -> None:
-        scan = scan_batches(answer.records, verify_crc=False)
-        theirs = [Batch.from_header(h, answer.records) for h in scan.batches]
-        ours = replica.slice(offset, theirs[-1].last_offset) if theirs else ReplicaSlice(())
-        check.on_answer(SourceAnswer(answer.high_watermark, answer.log_start_offset, theirs), ours)
+                sent_at = time.monotonic()
+                answer = await self._fetch(tp, offset)
+                self._free_at = next_fetch_at(
+                    self._free_at, sent_at, len(answer.records), self.max_bytes_per_second
+                )
+                out_of_range = answer.error is ErrorCode.offset_out_of_range
+                bounds = await self._bounds(tp) if out_of_range else None
+            except (KafkaConnectionError, ProtocolError, _Retry) as exc:
+                failures += 1
+                if failures > self.retries:
+                    check.on_failure(str(exc))
+                    break
+                await asyncio.sleep(_RETRY_DELAY_S * failures)
+                await self._refresh(tp)
+                continue
+            failures = 0
+            if bounds is not None:
+                check.on_out_of_range(*bounds)
+                continue
+            scan = scan_batches(answer.records, verify_crc=False)
+            theirs = [Batch.from_header(h, answer.records) for h in scan.batches]
+            ours = ReplicaSlice(())
+            if theirs:
+                ours = await read_replica(offset, theirs[-1].last_offset)
+            check.on_answer(
+                SourceAnswer(answer.high_watermark, answer.log_start_offset, theirs), ours
+            )
+        return check.result
 
     async def _pace(self) -> None:
-        delay = pace_delay_s(
-            self._fetched, time.monotonic() - self._started, self.options.max_bytes_per_second
-        )
+        delay = self._free_at - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
 
@@ -283,7 +270,7 @@ class SourceVerifier:
         spec = FetchSpec(
             max_wait_ms=_FETCH_MAX_WAIT_MS,
             min_bytes=1,
-            max_bytes=self.options.fetch_max_bytes,
+            max_bytes=self.fetch_max_bytes,
             isolation_level=READ_UNCOMMITTED,
             session_id=_NO_SESSION_ID,
             session_epoch=_NO_SESSION_EPOCH,
@@ -291,7 +278,7 @@ class SourceVerifier:
                 tp: FetchPartitionSpec(
                     fetch_offset=offset,
                     log_start_offset=-1,
-                    max_bytes=self.options.fetch_max_bytes,
+                    max_bytes=self.fetch_max_bytes,
                     topic_id=topic_id,
                 )
             },
@@ -308,7 +295,8 @@ class SourceVerifier:
         ):
             raise _Retry(f"{tp}: the source answered {error.name}")
         records = bytes(partition.records or b"")
-        self._fetched += len(records)
+        self.fetched_bytes += len(records)
+        self.fetches += 1
         return _Answer(
             error, int(partition.high_watermark), int(partition.log_start_offset), records
         )
@@ -327,6 +315,72 @@ class SourceVerifier:
                 raise _Retry(f"{tp}: ListOffsets answered {error.name}")
             found.append(int(partition.offset))
         return found[0], found[1]
+
+
+class SourceVerifier:
+    """`replicad verify --against-source`: every partition directory, one after another."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        bootstrap_servers: Sequence[str],
+        settings: ClientSettings,
+        options: VerifyOptions,
+        *,
+        on_result: Callable[[PartitionResult], None] | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.options = options
+        self.on_result = on_result
+        self.source = SourceReader(
+            bootstrap_servers,
+            settings,
+            fetch_max_bytes=options.fetch_max_bytes,
+            max_bytes_per_second=options.max_bytes_per_second,
+            retries=options.retries,
+        )
+
+    async def run(self) -> list[PartitionResult]:
+        partitions = replica_partitions(self.data_dir, self.options.topics)
+        resume = _load_resume(self.options.resume)
+        results: list[PartitionResult] = []
+        try:
+            topics = sorted({tp.topic for tp in partitions})
+            if topics:
+                await self.source.load_metadata(topics)
+            compacted = await self.source.compacted(topics)
+            for tp, directory in partitions.items():
+                result = await self._verify_partition(
+                    tp, directory, compacted=tp.topic in compacted, start=resume.get(str(tp))
+                )
+                results.append(result)
+                if self.options.resume is not None and self.options.sample is None:
+                    resume[str(tp)] = result.verified_to
+                    _save_resume(self.options.resume, resume)
+                if self.on_result is not None:
+                    self.on_result(result)
+        finally:
+            await self.source.close()
+        return results
+
+    async def _verify_partition(
+        self, tp: TopicPartition, directory: Path, *, compacted: bool, start: int | None
+    ) -> PartitionResult:
+        replica = ReplicaPartition(directory)
+
+        async def read_replica(low: int, high: int) -> ReplicaSlice:
+            # A one-shot command's own reads of a replica at rest (no daemon to keep going).
+            return replica.slice(low, high)
+
+        try:
+            offsets = replica.offsets()
+            targets = None
+            if self.options.sample is not None:
+                targets = replica.sample(self.options.sample, self.options.seed)
+            check = PartitionCheck(tp, offsets, compacted=compacted, targets=targets, start=start)
+            return await self.source.walk(check, read_replica)
+        finally:
+            replica.close()
 
 
 class _Retry(Exception):

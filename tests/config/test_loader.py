@@ -112,7 +112,7 @@ def test_unknown_keys_at_every_depth_with_their_lines(tmp_path: Path) -> None:
         "(Kafka's replica.fetch.max.bytes is fetch.partition_max_bytes here)",
         f"{path}:7: nonsense: unknown key (keys here are: source, topics, fetch, data_dir, "
         "checkpoint_interval_ms, high_watermark_interval_ms, log, control, logging, serve, "
-        "mirror, groups, archive)",
+        "mirror, groups, archive, verify)",
         f"{path}:10: serve.advertise: unknown key (did you mean advertised?)",
     ]
 
@@ -292,7 +292,7 @@ fetch:
     assert problems_of(path) == [
         f"{path}:5: defaults: unknown key (keys here are: source, topics, fetch, data_dir, "
         "checkpoint_interval_ms, high_watermark_interval_ms, log, control, logging, serve, "
-        "mirror, groups, archive)"
+        "mirror, groups, archive, verify)"
     ]
 
 
@@ -670,3 +670,21 @@ def test_groups_read_only_needs_the_sync_and_serve(tmp_path: Path) -> None:
         + "serve:\n  listen: 127.0.0.1:9999\n",
     )
     assert load_config(served).groups.read_only
+
+
+def test_the_verify_section_names_a_bad_value_and_an_unknown_key_by_their_path(
+    tmp_path: Path,
+) -> None:
+    path = write(
+        tmp_path,
+        MINIMAL
+        + "verify:\n  enabled: true\n  max_bytes_per_second: 0\n  interval: 5\n  sample: -1\n",
+    )
+    problems = problems_of(path)
+    assert any("verify.max_bytes_per_second" in p and ">= 1" in p for p in problems), problems
+    assert any("verify.interval: unknown key (did you mean interval_ms?)" in p for p in problems)
+    assert any("verify.sample" in p for p in problems), problems
+    good = write(tmp_path, MINIMAL + "verify:\n  enabled: true\n  sample: 4\n  topics: [a]\n")
+    verify = load_config(good).verify
+    assert (verify.enabled, verify.sample, verify.topics) == (True, 4, ("a",))
+    assert verify.max_bytes_per_second == 1024 * 1024

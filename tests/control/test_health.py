@@ -177,3 +177,32 @@ def test_failing_archive_uploads_degrade_and_name_the_partitions() -> None:
     assert verdict.health is Health.DEGRADED
     assert [r.code for r in verdict.reasons] == ["archive_retrying"]
     assert "t-0, t-1" in verdict.headline() and "SlowDown" in verdict.headline()
+
+
+def verify_snapshot(mismatched: dict[int, int]) -> dict[str, Any]:
+    """The `verify:` section as the daemon's core makes it: partitions 0..2 of "orders"
+    walked to 100, those in `mismatched` with a batch differing at the offset given."""
+    from replicad.types import TopicPartition
+    from replicad.verify.compare import Kind, Mismatch, OffsetRange, PartitionResult
+    from replicad.verify.progress import VerifyProgress
+
+    progress = VerifyProgress()
+    tps = [TopicPartition("orders", p) for p in range(3)]
+    progress.plan(dict.fromkeys(tps, OffsetRange(0, 100)))
+    for tp in tps:
+        at = mismatched.get(tp.partition)
+        found = [] if at is None else [Mismatch(at, at, Kind.DIFFERENT_BYTES, "x")]
+        progress.walked(PartitionResult(tp, OffsetRange(0, 100), 100, mismatches=found))
+    return progress.snapshot()
+
+
+def test_a_replica_that_differs_from_its_source_degrades_naming_partition_and_offset() -> None:
+    assert assess(snapshot(verify=verify_snapshot({}))).health is Health.HEALTHY
+    verdict = assess(snapshot(verify=verify_snapshot({2: 57, 0: 12})))
+    assert verdict.health is Health.DEGRADED and verdict.health.exit_code == EXIT_DEGRADED
+    (reason,) = verdict.reasons
+    assert reason.code == "verify_mismatch"
+    assert reason.text == (
+        "2 partitions of the replica differ from the source: "
+        "orders-0 at offset 12 (different_bytes), orders-2 at offset 57 (different_bytes)"
+    )

@@ -404,3 +404,32 @@ def test_the_archive_and_serves_reads_of_it_are_shown() -> None:
     ) in out
     assert "serving from the archive: 7 reads of the bucket" in out
     assert "archive uploads failing for 1 partition(s)" in out  # the health headline
+
+
+def test_verify_section_shows_verified_offsets_and_a_mismatch_as_an_error_first() -> None:
+    from replicad.types import TopicPartition
+    from replicad.verify.compare import Kind, Mismatch, OffsetRange, PartitionResult
+    from replicad.verify.progress import VerifyProgress
+
+    progress = VerifyProgress()
+    a, b = TopicPartition("t", 0), TopicPartition("t", 1)
+    progress.plan({a: OffsetRange(0, 500), b: OffsetRange(0, 90)})
+    progress.walked(PartitionResult(a, OffsetRange(0, 500), 200, batches_compared=7))
+    differs = Mismatch(42, 44, Kind.DIFFERENT_BYTES, "first difference at byte 70")
+    progress.walked(
+        PartitionResult(b, OffsetRange(0, 90), 90, batches_compared=3, mismatches=[differs])
+    )
+    snap = lead_snapshot()
+    snap["verify"] = {
+        **progress.snapshot(),
+        "running": True,
+        "max_bytes_per_second": 1 << 20,
+        "bytes_fetched": 2048,
+    }
+    section = render_table(snap).split("\n\n")[-1]
+    assert section.startswith("VERIFY against the source  running  0 passes  10 batches")
+    assert "(at most 1.0 MiB/s)" in section and "unverified 300 offsets  1 mismatches" in section
+    rows = section.splitlines()[2:]
+    assert rows[0].split()[:5] == ["t-1", "90", "90", "0", "3"]
+    assert rows[0].endswith("ERROR at offset 42: different_bytes")
+    assert rows[1].split() == ["t-0", "200", "500", "300", "7", "-"]

@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient
 
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
-from replicad.verify.source import pace_delay_s
+from replicad.verify.source import next_fetch_at
 from tools.peers.produce import produce_mixed, produce_numbered
 from tools.peers.wire import fetch_once
 from tools.replica import batches_from, replicad_cli, replicad_run, segment_bytes
@@ -138,10 +138,14 @@ def test_what_retention_removed_at_the_source_is_reported_not_failed(
     assert "no longer at the source (retention): 0..199" in text
 
 
-def test_the_pace_waits_only_for_bytes_above_the_rate():
-    assert pace_delay_s(10_000, 1.0, None) == 0.0
-    assert pace_delay_s(10_000, 1.0, 20_000) == 0.0
-    assert pace_delay_s(30_000, 1.0, 10_000) == 2.0
+def test_the_pace_gives_each_answers_bytes_their_share_of_the_rate():
+    assert next_fetch_at(0.0, 5.0, 10_000, None) == 5.0
+    # 30,000 bytes at 10,000 a second: the next fetch 3 s after this one was sent.
+    assert next_fetch_at(0.0, 5.0, 30_000, 10_000) == 8.0
+    # Sent before the last share ended (no wait asked): the shares add up.
+    assert next_fetch_at(8.0, 7.0, 10_000, 10_000) == 9.0
+    # Idle for long: no credit saved up, the share starts when the fetch was sent.
+    assert next_fetch_at(9.0, 100.0, 10_000, 10_000) == 101.0
 
 
 def test_without_a_source_the_command_says_what_it_needs(tmp_path):
