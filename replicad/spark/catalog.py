@@ -87,6 +87,13 @@ def archived_partitions(options: ReadOptions) -> list[tuple[PartitionFiles, int]
     """The selected partitions of an archive bucket, from their manifests (one LIST of the
     partitions' prefixes, one GET of each selected manifest: no segment is listed), each
     with its log start offset."""
+    return [(files, start) for files, start, _ in archived_with_ends(options)]
+
+
+def archived_with_ends(options: ReadOptions) -> list[tuple[PartitionFiles, int, int]]:
+    """archived_partitions, each with its end too: one past the last archived offset (every
+    archived segment was wholly below the high watermark when it went up: what a stream
+    over the bucket may read)."""
     opener = opener_for(options)
     store, prefix = opener.store(options.data_dir)
     bucket, _ = parse_bucket_url(options.data_dir)
@@ -102,10 +109,12 @@ def archived_partitions(options: ReadOptions) -> list[tuple[PartitionFiles, int]
         manifest = decode_manifest(data, source=f"s3://{bucket}/{key}")
         directory = f"s3://{bucket}/{segments_prefix(prefix, tp, manifest.topic_id)}".rstrip("/")
         segments = tuple(SegmentFile(s.base_offset, s.size) for s in manifest.segments)
+        files = PartitionFiles(tp.topic, tp.partition, directory, segments)
+        end = manifest.end_offset
         found.append(
-            (PartitionFiles(tp.topic, tp.partition, directory, segments), manifest.log_start_offset)
+            (files, manifest.log_start_offset, manifest.log_start_offset if end is None else end)
         )
-    found.sort(key=lambda pair: (pair[0].topic, pair[0].partition))
+    found.sort(key=lambda row: (row[0].topic, row[0].partition))
     return found
 
 

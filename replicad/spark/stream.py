@@ -20,6 +20,10 @@ What it does where:
   so Spark's file sink writes each once (its own commit log decides which batch is new).
 - A directory without `replication-offset-checkpoint` is refused: nothing says which of its
   records are safe to stream.
+- An archive bucket (`s3://bucket/prefix`, replicad/archive) streams too: its manifests give
+  each partition's segments, log start and end (every archived segment went up wholly
+  below the high watermark), read again for every micro-batch; the bucket trails the
+  replica by about `log.segment_ms`.
 
 Data loss (admission.py's rules) is raised as DataLossError with one line, or, with
 failOnDataLoss=false, logged (logger `replicad.spark.stream`) and counted in
@@ -64,7 +68,13 @@ from replicad.spark.admission import (
     to_json,
     truncation,
 )
-from replicad.spark.catalog import Planner, list_partitions, log_start_offsets, opener_for
+from replicad.spark.catalog import (
+    Planner,
+    archived_with_ends,
+    list_partitions,
+    log_start_offsets,
+    opener_for,
+)
 from replicad.spark.options import EARLIEST, LATEST, Isolation, StreamOptions
 from replicad.spark.plan import PartitionFiles, Split
 from replicad.spark.reader import read_records
@@ -88,10 +98,7 @@ class StreamSplit(InputPartition):
 
 def high_watermarks(data_dir: str) -> dict[TopicPartition, int]:
     if is_bucket_url(data_dir):
-        raise LogError(
-            f"{data_dir}: a stream reads a data directory; an archive bucket is read in batch "
-            "(spark.read), streaming from it is not there yet"
-        )
+        raise LogError(f"{data_dir}: an archive bucket has no high watermark file (manifests)")
     path = Path(data_dir) / REPLICATION_OFFSET_CHECKPOINT
     try:
         text = path.read_text(encoding="utf-8")
@@ -134,11 +141,19 @@ class ReplicadStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Listing, log starts and readable ends; the last stable offsets (read_committed)
         are looked for from `begins` (else the log start), unless `stable` is False."""
         data_dir = self.read_options.data_dir
-        hws = high_watermarks(data_dir)  # before the listing: the listing then covers it
-        starts = log_start_offsets(data_dir)
+        if is_bucket_url(data_dir):
+            # An archive: its manifests give the segments, log starts and ends at once.
+            archived = archived_with_ends(self.read_options)
+            listed = [files for files, _, _ in archived]
+            starts = {files.topic_partition: start for files, start, _ in archived}
+            hws = {files.topic_partition: end for files, _, end in archived}
+        else:
+            hws = high_watermarks(data_dir)  # before the listing: the listing then covers it
+            starts = log_start_offsets(data_dir)
+            listed = list_partitions(self.read_options)
         files: dict[TopicPartition, PartitionFiles] = {}
         available: dict[TopicPartition, Available] = {}
-        for found in list_partitions(self.read_options):
+        for found in listed:
             tp = found.topic_partition
             first = found.segments[0].base_offset if found.segments else 0
             log_start = max(first, starts.get(tp, 0))

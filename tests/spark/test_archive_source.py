@@ -17,6 +17,7 @@ from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
 from replicad.spark.files import Purpose, read_trace
 from tests.spark.test_source import consumer_rows, rows_by_partition
+from tests.spark.test_stream import available_now, sink_offsets
 from tools.peers.s3 import ACCESS_KEY, REGION, SECRET_KEY
 
 
@@ -109,3 +110,20 @@ def test_a_narrow_range_reads_only_its_objects_by_range(spark, replicated, archi
 def _topic_id(opened) -> str:
     segment = next(o.path for o in opened if o.purpose is Purpose.READ)
     return segment.rsplit("/", 2)[-2]
+
+
+def test_a_stream_over_the_bucket_reads_every_archived_record_once(
+    spark, replicated, archived, tmp_path
+):
+    """spark.readStream from the bucket URL alone, AvailableNow in micro-batches of at most
+    maxOffsetsPerTrigger: the sink holds what a batch read of the bucket holds, each once."""
+    batch = {
+        (r.topic, r.partition, r.offset)
+        for r in load(spark, archived).select("topic", "partition", "offset").collect()
+    }
+    progress = available_now(
+        spark, archived.url, tmp_path, s3Endpoint=archived.endpoint, maxOffsetsPerTrigger="2000"
+    )
+    count, offsets = sink_offsets(spark, tmp_path / "out")
+    assert offsets == batch and count == len(batch) > 0
+    assert len(progress) >= 2
