@@ -70,19 +70,23 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-# Under `make test` the suite runs on two pytest-xdist workers, a file at a time (`--dist
-# loadfile`), so a module's fixtures start once. Files in one group here share a worker, and
-# so never run at the same time: the ones that add and delete throw-away users (useradd and
-# userdel lock /etc/passwd; one that finds it locked waits 15 s, then fails: "cannot lock
-# /etc/passwd; try again later", seen here with the lock held).
+# Under `make test TEST_WORKERS=2` the suite runs on two pytest-xdist workers, a file at a
+# time (`--dist loadfile`), so a module's fixtures start once. Files in one group here share a
+# worker, and so never run at the same time: the ones that add and delete throw-away users
+# (useradd and userdel lock /etc/passwd; one that finds it locked waits 15 s, then fails:
+# "cannot lock /etc/passwd; try again later", seen here with the lock held).
+# And the Spark tests: each worker that runs one starts a local Spark session of its own (a
+# JVM of 1 GiB and 30-40 CPU-s at start, measured at load 50).
 SAME_WORKER = {
     "tests/test_first_hour.py": "throw-away users",
     "tests/test_install.py": "throw-away users",
+    "tests/spark/": "spark",
 }
 # Files of a minute or more, handed out first: xdist orders files by their number of tests,
 # and a long file of few tests handed out last keeps one worker busy while the other idles.
 # Only the order depends on this list, never a result.
 LONG_FIRST = (
+    "spark",
     "tests/faults/test_scenarios.py",
     "throw-away users",
     "tests/follower/test_memory_10k.py",
@@ -90,16 +94,14 @@ LONG_FIRST = (
     "tests/faults/test_soak.py",
     "tests/mirror/test_mirror_kafka.py",
     "tests/follower/test_retention_kafka.py",
-    "tests/spark/test_follow.py",
-    "tests/spark/test_pipeline.py",
     "tests/test_readme.py",
 )
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`--dist loadfile`, with the files of SAME_WORKER as one unit of work, and the units of
-    LONG_FIRST handed out first."""
+    """`--dist loadfile`, with the files of SAME_WORKER (a path, or a folder ending in "/")
+    as one unit of work, and the units of LONG_FIRST handed out first."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -107,7 +109,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class FilesAndGroups(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = super()._split_scope(nodeid)
-            return SAME_WORKER.get(path, path)
+            folder = path[: path.rfind("/") + 1]
+            return SAME_WORKER.get(path, SAME_WORKER.get(folder, path))
 
         def _assign_work_unit(self, node: Any) -> None:
             for unit in reversed(LONG_FIRST):
