@@ -232,6 +232,7 @@ class Daemon:
                 )
                 await self.notifier.ready()
                 return {"reloaded": False, "error": str(exc)}
+            tls = self._reload_tls()
             changed = _restart_needed(self.config, new)
             if changed:
                 log.warning("reload: these settings take effect only after a restart", keys=changed)
@@ -244,7 +245,21 @@ class Daemon:
                 self.replicator.reconfigure_topics(new_sel)
             log.info("configuration reloaded", topics_changed=new_sel != old_sel)
             await self.notifier.ready()
-            return {"reloaded": True, "restart_needed_for": changed}
+            return {"reloaded": True, "restart_needed_for": changed, "tls": tls}
+
+    def _reload_tls(self) -> list[dict[str, Any]]:
+        """The running sections' TLS files read again into their live contexts (a rotated
+        certificate, same paths); refused files leave those in use. On the loop: a few KiB,
+        just read once more by the config's own check of the same files."""
+        from replicad.config.tls import reload_tls_files
+
+        reloads = reload_tls_files(self.config)
+        for r in reloads:
+            if r.error is not None:
+                log.error("TLS files refused; keeping the ones in use", error=r.error)
+            elif r.contexts:
+                log.info("TLS files read again", section=r.section, contexts=r.contexts)
+        return [{"section": r.section, "contexts": r.contexts, "error": r.error} for r in reloads]
 
     # -- the mirror's operator commands (replicad mirror ...) -------------------
 

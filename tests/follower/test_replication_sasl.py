@@ -44,6 +44,7 @@ from tools.replica import (
     replicad_cli,
     replicad_run_config,
     segment_bytes,
+    status_json,
     wait_until,
 )
 
@@ -501,3 +502,159 @@ def test_mirror_into_a_sasl_ssl_destination(
         assert PASSWORD not in proc.output()
     got = consume_all(secure_broker.bootstrap, topic, isolation=READ_COMMITTED)
     assert got == want
+
+
+# -- certificates rotated without a restart -------------------------------------------------
+
+REREAD = "TLS files read again"
+
+
+def test_serve_and_source_certificates_rotate_under_load_without_a_restart(
+    secure_broker: SecureKafkaBroker, unique_topic: str, tmp_path: Path, free_port: int
+) -> None:
+    """`replicad run` fetching over mutual TLS and serving over TLS, a producer writing to
+    the source and a confluent-kafka consumer reading from serve all along: both
+    certificates are rotated in place (same files, a new key and certificate from the same
+    CA) and SIGHUP read. New connections to serve get the new certificate, the consumer's
+    connection goes on, and no fetch fails, on either side."""
+    import signal
+    import socket
+    import ssl
+    import threading
+
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer
+    from confluent_kafka import TopicPartition as KTP
+    from cryptography import x509
+
+    from tools.peers.pki import reissue
+
+    pki = secure_broker.pki
+    secure_broker.create_topic(unique_topic, 1)
+    files = {
+        name: tmp_path / f"{name}.pem" for name in ("client", "client-key", "serve", "serve-key")
+    }
+    for name, origin in zip(
+        files, (pki.client_cert, pki.client_key, pki.broker_cert, pki.broker_key), strict=True
+    ):
+        files[name].write_bytes(origin.read_bytes())
+    security = (
+        "    protocol: ssl\n"
+        f"    tls: {{ca_file: {pki.ca}, cert_file: {files['client']}, "
+        f"key_file: {files['client-key']}}}\n"
+    )
+    config = config_file(tmp_path, secure_broker.ssl_bootstrap, unique_topic, security)
+    with config.open("a") as f:
+        f.write(
+            f"serve:\n  listen: 127.0.0.1:{free_port}\n  security:\n    tls:\n"
+            f"      cert_file: {files['serve']}\n      key_file: {files['serve-key']}\n"
+            # Client certificates: serve's groups are for authenticated principals only.
+            f"      ca_file: {pki.ca}\n      client_auth: required\n"
+        )
+    served = f"127.0.0.1:{free_port}"
+
+    def serve_certificate() -> int:
+        context = ssl.create_default_context(cafile=str(pki.ca))
+        context.load_cert_chain(pki.client_cert, pki.client_key)
+        raw = socket.create_connection(("127.0.0.1", free_port), timeout=30)
+        with context.wrap_socket(raw, server_hostname="localhost") as conn:
+            der = conn.getpeercert(binary_form=True)
+        assert der is not None
+        return x509.load_der_x509_certificate(der).serial_number
+
+    stop = threading.Event()
+    produced = [0]
+    failed: list[Any] = []
+
+    def produce() -> None:
+        producer = Producer({"bootstrap.servers": secure_broker.bootstrap, "linger.ms": 5})
+        while not stop.is_set() and not failed:
+            for i in range(50):
+                producer.produce(
+                    unique_topic,
+                    value=b"r%d" % (produced[0] + i),
+                    partition=0,
+                    on_delivery=lambda error, _: failed.append(error) if error else None,
+                )
+            producer.flush(60)
+            produced[0] += 50
+
+    errors: list[Any] = []
+    offsets: list[int] = []
+    proc = replicate(config, tmp_path)
+    producer = threading.Thread(target=produce, daemon=True)
+    consumer = None
+    try:
+        proc.wait_serving()
+        # Made once serve listens: librdkafka connects at once, and would count the refusals.
+        consumer = Consumer(
+            {
+                "bootstrap.servers": served,
+                "group.id": "rotation",
+                "enable.auto.commit": False,
+                "security.protocol": "SSL",
+                "ssl.ca.location": str(pki.ca),
+                "ssl.certificate.location": str(pki.client_cert),
+                "ssl.key.location": str(pki.client_key),
+                "error_cb": errors.append,
+                "log_level": 3,
+            }
+        )
+        before = serve_certificate()
+        producer.start()
+        # Assigned once the replica has the partition (before, serve does not know it).
+        wait_until(
+            lambda: sum(end_offsets(tmp_path / "data").values()) > 0 or not proc.running,
+            timeout_s=120,
+            what="the first records replicated",
+        )
+        consumer.assign([KTP(unique_topic, 0, OFFSET_BEGINNING)])
+
+        def read_past(count: int) -> bool:
+            for m in consumer.consume(num_messages=500, timeout=0.5):
+                assert m.error() is None, m.error()
+                offsets.append(m.offset())
+            return len(offsets) >= count or not proc.running
+
+        wait_until(lambda: read_past(500), timeout_s=120, what="500 records read from serve")
+        reissue(pki, files["client"], files["client-key"], common_name="rotated", server=False)
+        serve = reissue(
+            pki, files["serve"], files["serve-key"], common_name="serve", server=True,
+            dns=["localhost"], ips=["127.0.0.1"],
+        )  # fmt: skip
+        os.kill(proc.pid, signal.SIGHUP)
+
+        def reread() -> dict[str, object]:
+            events = log_events(proc.output())
+            return {e["section"]: e["contexts"] for e in events if e.get("event") == REREAD}
+
+        wait_until(
+            lambda: set(reread()) == {"source.security.tls", "serve.security.tls"},
+            timeout_s=60,
+            what="both sections' TLS files read again",
+        )
+        # The follower's client and serve's listener (and the config check's, gone by now).
+        assert all(isinstance(n, int) and n >= 1 for n in reread().values()), reread()
+        assert serve_certificate() == serve.serial_number != before
+        read_so_far = len(offsets)
+        wait_until(
+            lambda: read_past(read_so_far + 500), timeout_s=120, what="500 more records read"
+        )
+        stop.set()
+        producer.join(timeout=120)
+        total = produced[0]
+        wait_until(lambda: read_past(total), timeout_s=120, what="every record read")
+        assert proc.running, proc.output()
+        status = status_json(tmp_path / "control.sock")
+    finally:
+        stop.set()
+        if consumer is not None:
+            consumer.close()
+        rc = proc.stop()
+    output = proc.output()
+    assert rc == 0, output
+    assert failed == []
+    assert offsets == list(range(total))
+    assert errors == []
+    assert status is not None
+    assert [leader["errors"] for leader in status["leaders"]] == [0]
+    assert "TLS files refused" not in output and "Traceback" not in output

@@ -10,6 +10,7 @@ Made with the `cryptography` package into a directory the test owns. Files (PEM 
     client-cert.pem, client-key.pem   the client's certificate (CN=`client_cn`) and key
     client-key-encrypted.pem  the client key encrypted with `key_password`
     stranger-cert.pem, stranger-key.pem  a client certificate signed by other-ca
+    ca-key.pem                the CA's key, so `reissue` can sign a rotated certificate
 
 The broker certificate names `broker_names` (DNS) and `broker_ips` (IP addresses).
 EC P-256 keys keep generation fast (a few milliseconds each).
@@ -50,6 +51,7 @@ class Pki:
     client_cn: str
     stranger_cert: Path
     stranger_key: Path
+    ca_key: Path
 
     @property
     def client_dn(self) -> str:
@@ -197,4 +199,29 @@ def make_test_pki(
         client_cn=client_cn,
         stranger_cert=_write(directory / "stranger-cert.pem", _pem(stranger_cert)),
         stranger_key=_write(directory / "stranger-key.pem", _key_pem(stranger_key)),
+        ca_key=_write(directory / "ca-key.pem", _key_pem(ca[0])),
     )
+
+
+def reissue(
+    pki: Pki,
+    cert_path: Path,
+    key_path: Path,
+    *,
+    common_name: str,
+    server: bool,
+    dns: Sequence[str] = (),
+    ips: Sequence[str] = (),
+) -> x509.Certificate:
+    """A new key and certificate signed by `pki`'s CA, written over `cert_path` and
+    `key_path` (a certificate rotated in place: the same files, new contents). A server's
+    certificate file holds the CA after it, as broker-cert.pem does. Returns the new one."""
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    ca_cert = x509.load_pem_x509_certificate(pki.ca.read_bytes())
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key, cert = _leaf(common_name, (ca_key, ca_cert), server=server, dns=dns, ips=ips)
+    chain = _pem(cert) + (_pem(ca_cert) if server else b"")
+    # A reader between the two writes finds a key that does not match the certificate.
+    _write(key_path, _key_pem(key))
+    _write(cert_path, chain)
+    return cert
