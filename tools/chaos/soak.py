@@ -14,7 +14,16 @@ leak signal; VmRSS also counts the pages of mmap'd index files, which grow with 
 and are reported, not judged. Data-dir descriptors grow with segments (up to the log
 store's open-file cap) and are reported, not judged.
 
+At the end the replica is also compared with the source itself, batch by batch
+(`replicad verify --against-source`'s SourceVerifier): it must be clean. With
+`--tiered-partitions N` the broker runs tiered storage (Kafka's LocalTieredStorage,
+tools/peers/tiered.py) and a second topic of N partitions keeps only its newest segment
+locally: the follower reads the rest from remote storage, and that topic is proved by the
+comparison with the source (the broker's own files no longer hold it).
+
     python -m tools.chaos.soak --minutes 30
+    python -m tools.chaos.soak --minutes 30 --partitions 1000 --tiered-partitions 8
+    python -m tools.chaos.soak --minutes 30 --partitions 10000 --tiered-partitions 8
 """
 
 from __future__ import annotations
@@ -27,17 +36,17 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from replicad.types import TopicPartition
 from tools.chaos.follower import DaemonCounters, Follower
 from tools.chaos.invariant import check_replica, covers, end_offsets
 from tools.chaos.load import SteadyLoad, wait_stable
 from tools.chaos.proxy import ChaosProxy
-from tools.chaos.scenarios import fill, new_topic, wait_for
+from tools.chaos.scenarios import fill, new_topic, partitions_of, wait_for
 from tools.peers.kafka import KafkaBroker
 
 MIB_KB = 1024
@@ -49,6 +58,8 @@ OTHER_FD_GROWTH_LIMIT = 3
 THREAD_GROWTH_LIMIT = 2
 TASKS_KEY = "asyncio_tasks"  # what a status snapshot would call it, if it had it
 CATCH_UP_TIMEOUT_S = 180
+# The tiered topic's segments: small, so that many roll and go to remote storage.
+TIERED_SEGMENT_BYTES = 64 * 1024
 
 FAULTS = (
     "cut",
@@ -231,11 +242,24 @@ def soak(
     partitions: int = 4,
     sample_every_s: float = 2.0,
     fault_gap_s: tuple[float, float] = (2.0, 6.0),
+    tiered_partitions: int = 0,
 ) -> SoakResult:
+    """`tiered_partitions` > 0: a second topic with remote storage on (the broker must run
+    tiered storage: tools/peers/tiered.py), checked against the source only."""
     rng = random.Random(seed)
     topic = new_topic(broker, "soak", partitions)
     topics = {topic: partitions}
-    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    tiered = None
+    if tiered_partitions:
+        from tools.peers.tiered import TIERED_TOPIC_CONFIG
+
+        tiered = f"chaos-tiered-{uuid.uuid4().hex[:8]}"
+        broker.create_topic(
+            tiered, tiered_partitions, TIERED_TOPIC_CONFIG, segment_bytes=TIERED_SEGMENT_BYTES
+        )
+        topics[tiered] = tiered_partitions
+    tps = partitions_of(topics)
+    local = [tp for tp in tps if tp.topic != tiered]
     fill(broker, topics, 2000, seed=800 + seed)
     faults: Counter[str] = Counter()
     samples: list[SoakSample] = []
@@ -247,7 +271,7 @@ def soak(
     follower = Follower(
         workdir,
         proxy.address,
-        [topic],
+        list(topics),
         name="soak",
         config={"control": {"stall_after_ms": SOAK_STALL_AFTER_MS}},
     )
@@ -327,8 +351,11 @@ def soak(
         if code != 0:
             problems.append(f"replicad exited {code} on SIGTERM")
         problems += [f"log: {line[:300]}" for line in follower.unexpected_lines()[:5]]
-        report = check_replica(broker.log_dir, follower.data_dir, tps, caught_up=True)
+        report = check_replica(broker.log_dir, follower.data_dir, local, caught_up=True)
         problems += [f"invariant: {p}" for p in report.problems]
+        verified, differ = against_source(broker.bootstrap, follower.data_dir)
+        problems += [f"verify --against-source: {line}" for line in differ]
+        notes.append(f"verify --against-source: {verified}")
         return _result(
             started, faults, samples, problems, notes, follower, report, stalls, max_block
         )
@@ -336,6 +363,20 @@ def soak(
         load.stop()
         follower.kill()
         proxy.stop()
+
+
+def against_source(bootstrap: str, data_dir: Path) -> tuple[str, list[str]]:
+    """The replica compared with the source batch by batch: a summary line, and one line per
+    partition that is not clean (a mismatch, or not compared to its end)."""
+    import asyncio
+
+    from replicad.protocol.client import ClientSettings
+    from replicad.verify.report import partition_line, summary_line
+    from replicad.verify.source import SourceVerifier, VerifyOptions
+
+    verifier = SourceVerifier(data_dir, [bootstrap], ClientSettings(), VerifyOptions())
+    results = asyncio.run(verifier.run())
+    return summary_line(results, seed=None), [partition_line(r) for r in results if not r.clean]
 
 
 def _result(
@@ -378,11 +419,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=30)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument(
+        "--tiered-partitions",
+        type=int,
+        default=0,
+        help="also a topic of N partitions in tiered storage (the broker runs LocalTieredStorage)",
+    )
     parser.add_argument("--json", type=Path, help="write every sample and the verdict here")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="replicad-soak-") as tmp:
         workdir = Path(tmp)
-        with KafkaBroker(workdir / "kafka") as broker:
+        broker_config = None
+        if args.tiered_partitions:
+            from tools.peers.tiered import tiered_broker_config
+
+            (workdir / "remote").mkdir()
+            broker_config = tiered_broker_config(workdir / "remote")
+        with KafkaBroker(workdir / "kafka", broker_config=broker_config) as broker:
             result = soak(
                 broker,
                 workdir / "soak",
@@ -390,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
                 seed=args.seed,
                 partitions=args.partitions,
                 sample_every_s=5.0,
+                tiered_partitions=args.tiered_partitions,
             )
     print(result.summary())
     if args.json is not None:
