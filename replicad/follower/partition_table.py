@@ -47,7 +47,9 @@ Rules kept here (each repeated where it is kept):
   re-created topic's: before they change a partition whose log has a topic id, a
   Metadata answer received after them must name the same id (`confirm_topic_ids`); a
   new id halts the partition (topic re-created), a missing topic drops the actions and
-  asks for metadata. Fetch v13+ names the topic by id: the leader refuses an old one.
+  asks for metadata. A halt they made (R8, R4's gap) is confirmed too: with a new id it
+  is the re-creation's, said so (found by tools/sim, seed 27926). Fetch v13+ names the
+  topic by id: the leader refuses an old one.
 - R10 epochs of fetched batches (validate.py rule 8; found by tools/sim, seed 8667 at
   Fetch v4: two unclean elections metadata never showed, then the same leader served a
   batch of epoch 3 at our log end, and the follower kept a divergent tail of epoch 1).
@@ -499,10 +501,12 @@ class PartitionTable:
 
     def topics_to_confirm(self, actions: Iterable[Action]) -> list[str]:
         """The topics whose id a Metadata answer must confirm before `actions` (answers
-        by name) are performed: those of partitions the actions change whose log has an id."""
+        by name) are performed: those of partitions the actions change whose log has an id.
+        A halt is confirmed too: one an answer by name made (R8's another lineage, R4's gap)
+        may have been made by a re-created topic's answer, and then says so instead."""
         topics = set()
         for action in actions:
-            if isinstance(action, RequestMetadata | Halt):
+            if isinstance(action, RequestMetadata):
                 continue
             if self._known_topic_id(action.tp) is not None:
                 topics.add(action.tp.topic)
@@ -515,11 +519,15 @@ class PartitionTable:
         the id of their log in `topic_ids` (a Metadata answer received after those
         answers; None for a topic listed without an id: nothing to confirm with). A
         partition of a topic with another id halts (re-created upstream; its local data is
-        kept); one whose topic is not listed waits for metadata."""
+        kept); one whose topic is not listed waits for metadata. A partition the answers
+        halted (R8, R4's gap) stays halted (HALTED is final), for the re-creation when its
+        topic has another id (found by tools/sim, seed 27926: at Fetch v4 the re-created
+        topic's first batch, across our log end, halted the old replica as another
+        lineage)."""
         kept: list[Action] = []
         dropped: set[TopicPartition] = set()
         for action in actions:
-            if isinstance(action, RequestMetadata | Halt):
+            if isinstance(action, RequestMetadata):
                 kept.append(action)
                 continue
             tp = action.tp
@@ -528,6 +536,9 @@ class PartitionTable:
             now = topic_ids.get(tp.topic)
             if known is None or (listed and now in (None, known)):
                 kept.append(action)
+                continue
+            if isinstance(action, Halt) and not listed:
+                kept.append(action)  # halted already; metadata will tell the rest
                 continue
             if tp in dropped:
                 continue

@@ -378,6 +378,29 @@ def test_an_answer_by_name_is_kept_only_while_metadata_names_the_logs_topic_id()
             assert state.phase is PartitionPhase.FETCHING
 
 
+def test_a_halt_an_answer_by_name_made_is_confirmed_and_names_a_recreation():
+    """R9 over R8 (found by tools/sim, seed 27926): below Fetch v13 a re-created topic's
+    first batch, across our log end, looks like another lineage. The halt stays (HALTED is
+    final); the Metadata answer after it says why: another id is the re-creation, the
+    same id leaves R8's reason, a topic not listed leaves the halt as it is."""
+    for ids, recreated in [({"t": uuid.UUID(int=8)}, True), ({"t": TOPIC_ID}, False), ({}, False)]:
+        table = _table()
+        state, local = _add(table, TP0, end=6, hw=6, epoch=6)
+        fetch = table.next_fetch(0, max_version=12)
+        foreign = producer_batch(4, [b"x"] * 5, leader_epoch=6)  # offsets 4..8
+        answer = _partition(TP0, hw=9, log_start=4, records=foreign)
+        by_name = FetchedTopic("t", None, (answer,))
+        outcome = table.on_response(fetch, replace(_response(fetch), responses=(by_name,)), 0)
+        assert [type(a) for a in outcome.actions] == [Halt]
+        assert table.topics_to_confirm([*outcome.actions, *outcome.appends]) == ["t"]
+        confirmed = table.confirm_outcome(outcome, ids)
+        assert [type(a) for a in confirmed.actions] == [Halt] and confirmed.appends == ()
+        assert state.phase is PartitionPhase.HALTED and local.log_end_offset == 6
+        assert confirmed.actions[0].reason == state.last_error
+        assert ("re-created" in state.last_error) is recreated
+        assert ("another lineage" in state.last_error) is not recreated
+
+
 def test_a_leader_below_fetch_v7_is_asked_without_a_session_from_the_first_request():
     table = _table()
     _add(table, TP0)

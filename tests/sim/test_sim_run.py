@@ -49,6 +49,9 @@ FOUND_BY_LONG_RUNS = {
     (490, ()): "after a topic was re-created, the leader's session kept a partition the "
     "follower forgot by its old topic id, answering it past the follower's response "
     "budget (replicad/session/cache.py)",
+    (27926, ()): "at Fetch v4 the re-created topic's first batch, across the follower's log "
+    "end, halted the old replica as another lineage without the Metadata answer that would "
+    "have named the re-creation (invariant 9; the partition table's R9)",
     (2292, ()): "partitions dropped while nothing was fetchable were never forgotten by "
     "the leader's session, which answered them past the response budget (the partition "
     "table's request builds)",
