@@ -18,14 +18,21 @@ Both name the copy `source.<topic>` (MirrorMaker 2's default replication policy;
   batch.size 256 KiB), over 6 partitions;
 - `tiny`: the same records, one record a batch (a producer with linger.ms 0 and
   batch.num.messages 1): MirrorMaker 2's best case, since its producer batches again;
-  replicad runs it twice, as stored and with `mirror.coalesce_bytes` (runs coalesced).
+  replicad runs it twice: with its defaults (runs of small batches coalesced, up to
+  `mirror.coalesce_bytes` 256 KiB) and with `coalesce_bytes` 0 (every batch as stored).
 
 For each: records/s from the process's start to the last record at the destination, the
 same between 10% and 90% of the records (steady), and CPU seconds of the process (from the
-kernel). Progress is the destination's end offsets, polled.
+kernel), start to end and steady (10-90%: start-up and the end left out). Progress is the
+destination's end offsets, polled. replicad starts compiled as installed (its bytecode
+compiled beforehand, as pip does), from a directory without a checkout.
+
+`--profile DIR`: replicad's runs are sampled by py-spy instead of measured (no table);
+the top of each profile is printed and its raw samples kept in DIR.
 
     .venv/bin/python -m tools.bench.mirror [--records 1000000] [--tiny-records 200000]
-        [--partitions 6] [--only replicad,mirrormaker2] [--workloads batched,tiny]
+        [--partitions 6] [--only replicad,as-stored,mirrormaker2] [--workloads batched,tiny]
+        [--profile DIR]
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ from pathlib import Path
 import yaml
 
 from tools.bench.measure import Measured, run_measured
+from tools.bench.profile import read_collapsed, sampled, top_table
+from tools.bench.replicate import child_env
 from tools.peers.kafka import KafkaBroker
 from tools.replica import replicad_argv
 
@@ -54,9 +63,8 @@ MIRRORMAKER_SH = ROOT / "tools" / "kafka" / "mirrormaker.sh"
 RECORD = 1024
 PREFIX = "source."
 REPLICAD, MIRRORMAKER2 = "replicad mirror", "MirrorMaker 2"
-COALESCING = "replicad mirror, coalesce_bytes 256 KiB"
-CHOICES = {"replicad": REPLICAD, "coalescing": COALESCING, "mirrormaker2": MIRRORMAKER2}
-COALESCE_BYTES = 256 * 1024
+AS_STORED = "replicad mirror, coalesce_bytes 0 (as stored)"
+CHOICES = {"replicad": REPLICAD, "as-stored": AS_STORED, "mirrormaker2": MIRRORMAKER2}
 # How often the destination's end offsets are asked (each ask is a request per partition).
 PROGRESS_EVERY_S = 0.25
 
@@ -167,23 +175,46 @@ class DestinationProgress:
 
 
 def run_replicad(
-    work: Path, source: str, dest: str, workload: Workload, *, coalesce_bytes: int = 0
-) -> Measured:
+    work: Path,
+    source: str,
+    dest: str,
+    workload: Workload,
+    *,
+    coalesce_bytes: int | None = None,
+    profile: Path | None = None,
+) -> Measured | None:
+    """One `replicad run` mirroring `workload` into `dest` (`coalesce_bytes` None: the
+    default): measured, or with `profile` sampled by py-spy into that file (then None)."""
     data_dir = work / "replicad-data"
+    mirror: dict[str, object] = {"bootstrap_servers": [dest], "topic_prefix": PREFIX}
+    if coalesce_bytes is not None:
+        mirror["coalesce_bytes"] = coalesce_bytes
     config = {
         "source": {"bootstrap_servers": [source]},
         "topics": {"include": [workload.topic]},
         "data_dir": str(data_dir),
-        "mirror": {
-            "bootstrap_servers": [dest],
-            "topic_prefix": PREFIX,
-            "coalesce_bytes": coalesce_bytes,
-        },
+        "mirror": mirror,
     }
     path = work / "replicad.yaml"
     path.write_text(yaml.safe_dump(config))
     argv = replicad_argv("run", "-c", str(path), "--log-format", "json", as_installed=True)
-    return _measure(argv, dest, workload)
+    # Compiled as installed, and started where no checkout shadows PYTHONPATH's.
+    env = child_env(work)
+    if profile is None:
+        return _measure(argv, dest, workload, env=env, cwd=work)
+    progress = DestinationProgress(dest, PREFIX + workload.topic, workload.partitions)
+    try:
+        sampled(
+            argv,
+            profile,
+            native=False,
+            done=lambda: progress.records() >= workload.records,
+            env=env,
+            cwd=work,
+        )
+    finally:
+        progress.close()
+    return None
 
 
 def mm2_properties(source: str, dest: str, workload: Workload) -> dict[str, str]:
@@ -215,7 +246,13 @@ def run_mirrormaker2(work: Path, source: str, dest: str, workload: Workload) -> 
 
 
 def _measure(
-    argv: list[str], dest: str, workload: Workload, output: Path | None = None
+    argv: list[str],
+    dest: str,
+    workload: Workload,
+    output: Path | None = None,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> Measured:
     progress = DestinationProgress(dest, PREFIX + workload.topic, workload.partitions)
     with open(output or os.devnull, "wb") as out:
@@ -225,40 +262,54 @@ def _measure(
                 until=lambda: progress.records() >= workload.records,
                 progress=lambda: progress.records() / workload.records,
                 stdout=out,
+                env=env,
+                cwd=cwd,
             )
         finally:
             progress.close()
 
 
-RUNNERS: dict[str, Callable[[Path, str, str, Workload], Measured]] = {
-    REPLICAD: run_replicad,
-    COALESCING: lambda *args: run_replicad(*args, coalesce_bytes=COALESCE_BYTES),
-    MIRRORMAKER2: run_mirrormaker2,
-}
+def runner(
+    mirror: str, profile: Path | None = None
+) -> Callable[[Path, str, str, Workload], Measured | None]:
+    """How `mirror` runs (a replicad row sampled into `profile` when given; MirrorMaker 2
+    is never sampled)."""
+    if mirror == MIRRORMAKER2:
+        return run_mirrormaker2
+    coalesce_bytes = 0 if mirror == AS_STORED else None
+    return lambda *args: run_replicad(*args, coalesce_bytes=coalesce_bytes, profile=profile)
 
 
 def table(runs: list[Run]) -> str:
     lines = [
         "| workload | mirror | records/s start to end | records/s steady (10-90%) | CPU s | "
-        "wall s | vs MirrorMaker 2 (start to end / steady / CPU) |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "CPU s steady | wall s | vs MirrorMaker 2 (start to end / steady / CPU / CPU steady) |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for run in runs:
         peer = next(
             (r for r in runs if r.workload == run.workload and r.mirror == MIRRORMAKER2), None
         )
         versus = ""
+        cpu_steady = run.measured.steady_cpu_s
         if peer is not None and run.mirror != MIRRORMAKER2:
             steady, peer_steady = run.steady_records_per_s, peer.steady_records_per_s
+            peer_cpu_steady = peer.measured.steady_cpu_s
             versus = (
                 f"{run.records_per_s / peer.records_per_s:.2f}x / "
                 + (f"{steady / peer_steady:.2f}x" if steady and peer_steady else "-")
-                + f" / {run.measured.cpu_s / peer.measured.cpu_s:.2f}"
+                + f" / {run.measured.cpu_s / peer.measured.cpu_s:.2f} / "
+                + (
+                    f"{cpu_steady / peer_cpu_steady:.2f}"
+                    if cpu_steady is not None and peer_cpu_steady
+                    else "-"
+                )
             )
         steady = run.steady_records_per_s
         lines.append(
             f"| {run.workload.name} | {run.mirror} | {run.records_per_s:,.0f} | "
             f"{f'{steady:,.0f}' if steady else '-'} | {run.measured.cpu_s:.1f} | "
+            f"{f'{cpu_steady:.1f}' if cpu_steady is not None else '-'} | "
             f"{run.measured.wall_s:.1f} | {versus} |"
         )
     return "\n".join(lines)
@@ -274,9 +325,10 @@ def settings_notes() -> str:
     lines.append(
         "replicad's mirror: its defaults (mirror.buffer_bytes 4 MiB read ahead per "
         "partition, 5 batches in flight per partition, many partitions per Produce, batches "
-        "produced as stored: never decompressed nor re-batched); on the tiny workload also "
-        f"with mirror.coalesce_bytes {COALESCE_BYTES} (runs of small batches produced as "
-        "one, re-compressed)."
+        "of 16 KiB or more produced as stored: never decompressed nor re-batched; runs of "
+        "smaller ones coalesced into batches of up to mirror.coalesce_bytes 256 KiB, "
+        "re-compressed); on the tiny workload also with coalesce_bytes 0 (every batch as "
+        "stored)."
     )
     return "\n".join(lines)
 
@@ -288,8 +340,13 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--only", help=f"comma-separated subset of: {','.join(CHOICES)}")
     parser.add_argument("--workloads", default="batched,tiny")
+    parser.add_argument("--profile", type=Path, help="sample replicad's runs into this directory")
+    parser.add_argument("--top", type=int, default=25, help="functions shown per profile")
     args = parser.parse_args()
     mirrors = [CHOICES[m] for m in (args.only.split(",") if args.only else CHOICES)]
+    if args.profile is not None:
+        mirrors = [m for m in mirrors if m != MIRRORMAKER2]
+        args.profile.mkdir(parents=True, exist_ok=True)
     if MIRRORMAKER2 in mirrors:
         subprocess.run([str(MIRRORMAKER_SH), "fetch"], check=True)
     wanted = args.workloads.split(",")
@@ -319,18 +376,26 @@ def main() -> int:
                     flush=True,
                 )
                 for mirror in mirrors:
-                    if mirror == COALESCING and not workload.one_per_batch:
-                        continue  # the option is for runs of small batches
+                    if mirror == AS_STORED and not workload.one_per_batch:
+                        continue  # large batches are produced as stored by default
                     run_dir = work / f"{workload.name}-{list(CHOICES.values()).index(mirror)}"
                     run_dir.mkdir()
                     dest = KafkaBroker(run_dir / "destination", heap="1g")
                     dest.start()
+                    raw = None
+                    if args.profile is not None:
+                        raw = args.profile / f"{run_dir.name}.txt"
                     try:
-                        measured = RUNNERS[mirror](
+                        measured = runner(mirror, raw)(
                             run_dir, source.bootstrap, dest.bootstrap, workload
                         )
                     finally:
                         dest.stop()
+                    if measured is None:
+                        assert raw is not None
+                        print(f"\n{workload.name}, {mirror} (py-spy, raw samples in {raw}):\n")
+                        print(top_table(read_collapsed(raw.read_text()), args.top), flush=True)
+                        continue
                     runs.append(Run(mirror, workload, measured))
                     print(
                         f"  {workload.name}: {mirror}: {measured.wall_s:.1f}s, "
@@ -340,6 +405,8 @@ def main() -> int:
                     )
         finally:
             source.stop()
+    if args.profile is not None:
+        return 0
     print(
         f"{', '.join(f'{w.name}: {w.records:,} records' for w in workloads)} of 1 KiB (lz4), "
         f"{args.partitions} partitions; {platform.processor() or platform.machine()}, "

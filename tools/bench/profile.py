@@ -116,10 +116,17 @@ def _child_of(pid: int) -> int | None:
 
 
 def sampled(
-    argv: list[str], out: Path, *, native: bool, done, env: dict[str, str] | None = None
+    argv: list[str],
+    out: Path,
+    *,
+    native: bool,
+    done,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> None:
     """Run `argv` under py-spy until `done()`, then SIGTERM it; py-spy writes `out`.
-    `env`: added to the child's environment (replicate.child_env: compiled as installed)."""
+    `env`: added to the child's environment (replicate.child_env: compiled as installed);
+    `cwd`: where it runs (see replicate.child_env)."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     command = [spy, "record", "--format", "raw", "-o", str(out), "-r", str(SAMPLES_PER_S)]
     if native:
@@ -129,6 +136,7 @@ def sampled(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ, **(env or {})},
+        cwd=cwd,
     )
     try:
         while not done():
