@@ -395,9 +395,9 @@ class MirrorConfig:
     buffer_bytes: int = 4 * 1024 * 1024
     # Batches in flight per partition (Kafka allows an idempotent producer up to 5).
     max_in_flight: int = 5
-    # Coalesce runs of small batches into one batch of up to this many bytes (their
-    # records re-compressed); 0: batches are produced as stored.
-    coalesce_bytes: int = 0
+    # Coalesce runs of small batches (under 16 KiB stored) into one batch of up to this
+    # many bytes (their records re-compressed); 0: batches are produced as stored.
+    coalesce_bytes: int = 256 * 1024
     # Local retention (log.retention_*) keeps what is not mirrored yet; false: it deletes
     # on schedule, and what the destination never got is a gap (counted and logged).
     retention_waits: bool = True

@@ -8,7 +8,13 @@ what its consumer read); this is the same, for runs of consecutive small batches
 
 Rules:
 - Only batches that can be merged as they are: magic 2, not control, not thinned by
-  compaction (consecutive offsets), the same codec and timestamp type (`can_join`).
+  compaction (consecutive offsets), create-time timestamps (a log-append-time batch's
+  readers take its one max timestamp for every record: merged, each would lose its own),
+  the same codec (`can_join`).
+- Only small batches (`small`: at most SMALL_BATCH_BYTES, or the limit when that is
+  lower): a well-batched topic is produced as stored, its records never decompressed; the
+  option pays its re-compression only where it saves a destination round trip per few
+  records.
 - The merged batch holds every record of the run, in order, each with its own key, value,
   headers and timestamp: offset deltas are renumbered 0..n-1 across the run, timestamp
   deltas are taken against the first batch's base timestamp; the max timestamp is the
@@ -21,7 +27,6 @@ Rules:
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 
 from replicad.mirror.restamp import rewrite_records
@@ -38,6 +43,15 @@ from replicad.records.batch import (
 from replicad.records.codecs import compress, decompress
 
 _ATTRIBUTES_KEPT = COMPRESSION_CODEC_MASK | TIMESTAMP_TYPE_MASK
+# The Java producer's default batch.size: a stored batch this large was batched by its
+# producer, and is produced as stored.
+SMALL_BATCH_BYTES = 16 * 1024
+
+
+def small(size: int, limit: int) -> bool:
+    """Whether a stored batch of `size` bytes may be coalesced into runs of up to `limit`
+    bytes (see the module rules)."""
+    return size <= min(SMALL_BATCH_BYTES, limit)
 
 
 def can_join(first: BatchHeader, other: BatchHeader) -> bool:
@@ -50,7 +64,12 @@ def can_join(first: BatchHeader, other: BatchHeader) -> bool:
 
 
 def _mergeable(h: BatchHeader) -> bool:
-    return h.magic == MAGIC_V2 and not h.is_control and h.last_offset_delta == h.record_count - 1
+    return (
+        h.magic == MAGIC_V2
+        and not h.is_control
+        and not h.attributes & TIMESTAMP_TYPE_MASK  # log append time
+        and h.last_offset_delta == h.record_count - 1
+    )
 
 
 def coalesce(
@@ -63,7 +82,7 @@ def coalesce(
     first = headers[0]
     codec = Compression(first.attributes & COMPRESSION_CODEC_MASK)
     base_ts = first.base_timestamp
-    out = io.BytesIO()
+    out = bytearray()
     index = 0
     for data, h in zip(batches, headers, strict=True):
         plain = decompress(codec, memoryview(data)[RECORD_BATCH_OVERHEAD:])
@@ -74,7 +93,7 @@ def coalesce(
             first_index=index,
             shift_ms=h.base_timestamp - base_ts,
         )
-    records = compress(codec, out.getvalue())
+    records = compress(codec, out)
     count = index
     body = bytearray(RECORD_BATCH_OVERHEAD) + records
     V2_HEADER.pack_into(

@@ -17,6 +17,7 @@ from kio.schema.errors import ErrorCode
 
 from replicad.errors import ProtocolError
 from replicad.mirror.partition_mirror import Failure
+from replicad.mirror.produce_frame import produce_frame
 from replicad.mirror.restamp import ProducerStamp
 from replicad.protocol.admin import (
     TopicToCreate,
@@ -27,13 +28,12 @@ from replicad.protocol.admin import (
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.client import KafkaClient
 from replicad.protocol.codec import request_type
-from replicad.protocol.connection import BrokerConnection
+from replicad.protocol.connection import BrokerConnection, Buffer
 from replicad.protocol.error_codes import error_code_of, error_name
 from replicad.protocol.requests import (
     OffsetQuery,
     list_offsets_request,
     make_entity,
-    nested_type,
 )
 from replicad.types import TopicPartition
 from replicad.wire import (
@@ -76,6 +76,9 @@ SESSION_ERRORS = frozenset(
     }
 )
 
+# The batch exceeds what the destination takes (max.message.bytes, message.max.bytes).
+TOO_LARGE_ERRORS = frozenset({ErrorCode.message_too_large, ErrorCode.record_list_too_large})
+
 
 @dataclass(frozen=True, slots=True)
 class ProduceAnswer:
@@ -104,6 +107,8 @@ class ProduceAnswer:
             return Failure.OUT_OF_ORDER
         if self.session_lost:
             return Failure.SESSION
+        if self.error in TOO_LARGE_ERRORS:
+            return Failure.TOO_LARGE
         return Failure.RETRY if self.retriable else Failure.FATAL
 
     @property
@@ -223,44 +228,40 @@ class Destination:
         return out
 
     def produce(
-        self, conn: BrokerConnection, tp: TopicPartition, batch: bytes | bytearray
+        self, conn: BrokerConnection, tp: TopicPartition, batch: Buffer | Sequence[Buffer]
     ) -> _ProduceCall:
         """Send one batch to `tp`'s leader (`conn`) now; await the result for its answer."""
         return self.produce_many(conn, {tp: batch})
 
     def produce_many(
-        self, conn: BrokerConnection, batches: Mapping[TopicPartition, bytes | bytearray]
+        self, conn: BrokerConnection, batches: Mapping[TopicPartition, Buffer | Sequence[Buffer]]
     ) -> _ProduceCall:
         """Send one Produce of one batch per partition (Kafka takes no more: exactly one
         batch per partition per request) to their leader (`conn`) now; the result's
-        `answers()` reads every partition's answer, `answer()` the first's."""
+        `answers()` reads every partition's answer, `answer()` the first's. A batch is
+        its bytes, or the buffers it is made of in order (restamp.restamped's header and
+        records), written to the socket as they are (produce_frame.py)."""
         assert conn.versions is not None
         version = conn.versions.require(ApiKey.PRODUCE)
-        cls = request_type(ApiKey.PRODUCE, version)
-        topic_cls = nested_type(cls, "TopicProduceData")
-        part_cls = nested_type(cls, "PartitionProduceData")
-        by_topic: dict[str, list[tuple[int, bytes | bytearray]]] = {}
-        for tp, batch in batches.items():
-            by_topic.setdefault(tp.topic, []).append((tp.partition, batch))
-        request = make_entity(
-            cls,
-            transactional_id=None,
-            acks=ACKS_ALL,
-            timeout=datetime.timedelta(milliseconds=self.produce_timeout_ms),
-            topic_data=tuple(
-                make_entity(
-                    topic_cls,
-                    name=topic,
-                    partition_data=tuple(
-                        make_entity(part_cls, index=p, records=batch) for p, batch in parts
-                    ),
-                )
-                for topic, parts in by_topic.items()
-            ),
-        )
+        parts = {
+            tp: (batch,) if isinstance(batch, (bytes, bytearray, memoryview)) else batch
+            for tp, batch in batches.items()
+        }
+
+        def frame(correlation_id: int) -> list[Buffer]:
+            return produce_frame(
+                version=version,
+                correlation_id=correlation_id,
+                client_id=conn.client_id,
+                acks=ACKS_ALL,
+                timeout_ms=self.produce_timeout_ms,
+                batches=parts,
+            )
+
         # The broker may hold an acks=all request up to its timeout; give the answer time.
         timeout_s = conn.request_timeout_s + self.produce_timeout_ms / 1000
-        return _ProduceCall(conn.send(request, timeout_s=timeout_s), tuple(batches))
+        future = conn.send_frame(ApiKey.PRODUCE, version, frame, timeout_s=timeout_s)
+        return _ProduceCall(future, tuple(batches))
 
 
 class _ProduceCall:

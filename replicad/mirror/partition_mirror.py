@@ -49,6 +49,14 @@ Rules:
 - A batch that cannot be produced (restamp.mirrorable: magic 0/1) halts the partition, and
   so does an answer no resend can fix. A batch thinned by compaction takes as many
   destination offsets as it has records.
+- Coalescing (`coalesce_bytes`, coalesce.py): a run of consecutive small batches decided
+  PRODUCE goes as one send, one batch, one sequence range; each of its entries still
+  settles at its own destination offsets. A resend repeats the same run. A run the
+  destination refuses as too large (its max.message.bytes below the run) took none of its
+  sequences: its entries go again with the same sequences, each as stored, never
+  coalesced again, and the partition's runs are kept to half that run's bytes from then
+  on; a stored batch refused so halts (the source took it, so the two topics' limits
+  differ).
 - Halted partitions stay halted until the daemon restarts; `error` says why.
 
 Phases and the events that move them are the table TRANSITIONS; any other is a bug of the
@@ -65,7 +73,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from replicad.errors import LocalProtocolError
-from replicad.mirror.coalesce import can_join
+from replicad.mirror.coalesce import can_join, small
 from replicad.mirror.offset_map import OffsetMap, SyncPoint
 from replicad.mirror.restamp import ProducerStamp, mirrorable, next_sequence
 from replicad.protocol.backoff import Backoff
@@ -133,6 +141,9 @@ class Failure(enum.Enum):
     # A retriable error, no answer, a lost connection: resend with the same sequence.
     RETRY = "retry"
     OUT_OF_ORDER = "out of order sequence"
+    # The batch is larger than the destination takes (its max.message.bytes): for a
+    # coalesced run, resent as stored; for a stored batch, fatal.
+    TOO_LARGE = "too large"
     # The destination forgot or fenced our producer.
     SESSION = "session"
     # Nothing a resend can fix.
@@ -146,11 +157,11 @@ class LogEntry:
 
     header: BatchHeader
     marker: ControlType | None = None
-    data: bytes | None = None
+    data: bytes | memoryview | None = None
 
 
 class _Pending:
-    __slots__ = ("acked_at", "decision", "entry", "run", "send")
+    __slots__ = ("acked_at", "decision", "entry", "run", "send", "solo")
 
     def __init__(self, entry: LogEntry, decision: Decision) -> None:
         self.entry = entry
@@ -161,6 +172,8 @@ class _Pending:
         # On the first entry of a coalesced run once sent: how many entries the run holds
         # (a resend repeats the same batch: the broker knows it by its sequence range).
         self.run = 0
+        # Never coalesced again: a run it was in was refused as too large.
+        self.solo = False
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -274,6 +287,8 @@ class PartitionMirror:
         self._pending: deque[_Pending] = deque()
         self._open: dict[int, list[_Pending]] = {}
         self._pending_bytes = 0
+        # The largest run coalesced (halved by each run the destination found too large).
+        self._coalesce_limit = timing.coalesce_bytes
         self._backoff = Backoff(
             timing.retry_backoff_ms, timing.retry_backoff_max_ms, rng=rng or random.Random()
         )
@@ -454,16 +469,20 @@ class PartitionMirror:
         head = self._pending[0]
         if head.run:
             return [self._pending[i] for i in range(head.run)]
-        limit = self.timing.coalesce_bytes
+        limit = self._coalesce_limit
         run = [head]
-        if not limit or head.entry.data is None:
+        if not limit or head.solo or head.entry.data is None:
             return run
         size = len(head.entry.data)
+        if not small(size, limit):
+            return run
         for pending in itertools.islice(self._pending, 1, None):
             data = pending.entry.data
             if (
                 pending.decision is not Decision.PRODUCE
+                or pending.solo
                 or data is None
+                or not small(len(data), limit)
                 or size + len(data) > limit
                 or not can_join(head.entry.header, pending.entry.header)
             ):
@@ -481,7 +500,7 @@ class PartitionMirror:
         """Whether `send` is still in flight (not rewound, answered or halted)."""
         return self._slot(send) is not None
 
-    def with_data(self, send: Send, data: bytes) -> Send | None:
+    def with_data(self, send: Send, data: bytes | memoryview) -> Send | None:
         """`send` with its batch bytes read again by the shell (the same send otherwise);
         None when it is no longer in flight."""
         entry = LogEntry(send.entry.header, send.entry.marker, data)
@@ -524,6 +543,17 @@ class PartitionMirror:
         if slot is None:
             self._maybe_drained()
             return Answered(stale=True)
+        split = failure is Failure.TOO_LARGE and bool(send.more)
+        if split:
+            # The destination refused the whole run, so none of its sequences is taken:
+            # the same entries go again, each as stored, with the same sequences.
+            for p in self._window_from(slot)[: 1 + len(send.more)]:
+                p.solo = True
+            run_bytes = sum(len(e.data or b"") for e in send.entries)
+            self._coalesce_limit = min(self._coalesce_limit, run_bytes // 2)
+            failure = Failure.RETRY
+        elif failure is Failure.TOO_LARGE:
+            failure = Failure.FATAL
         if failure is Failure.FATAL:
             self.halt(
                 f"destination refused the batch of source offset "
@@ -533,6 +563,8 @@ class PartitionMirror:
         if failure is Failure.OUT_OF_ORDER and self._unresolved_before(slot):
             failure = Failure.RETRY
         self._rewind(slot)
+        if split:
+            slot.run = 0
         if failure is Failure.RETRY:
             self.batches_resent += 1
             self._retry_at_ms = now_ms + self._backoff.next_delay_ms()
@@ -620,6 +652,11 @@ class PartitionMirror:
             if p.send is send:
                 return p
         return None
+
+    def _window_from(self, slot: _Pending) -> list[_Pending]:
+        """The window's entries from `slot` on."""
+        entries = list(self._window)
+        return entries[entries.index(slot) :]
 
     def _unresolved_before(self, slot: _Pending) -> bool:
         for p in self._window:

@@ -22,12 +22,9 @@ Rules this module keeps (sans-I/O: bytes in, bytes out):
 
 from __future__ import annotations
 
-import io
 import struct
 from dataclasses import dataclass
 
-from kio.serial.readers import read_signed_varint, read_signed_varlong
-from kio.serial.writers import write_signed_varint, write_signed_varlong
 
 from replicad.records.batch import (
     COMPRESSION_CODEC_MASK,
@@ -103,9 +100,21 @@ def restamp(
 ) -> bytearray:
     """A copy of the one magic 2 batch in `batch` with the producer fields rewritten and
     the CRC recomputed (see the module rules). The caller has checked `mirrorable`."""
-    out = bytearray(batch)
-    if len(out) < RECORD_BATCH_OVERHEAD:
-        raise ValueError(f"a batch is at least {RECORD_BATCH_OVERHEAD} bytes, got {len(out)}")
+    header, records = restamped(batch, stamp, base_sequence)
+    return header + records
+
+
+def restamped(
+    batch: bytes | bytearray | memoryview, stamp: ProducerStamp, base_sequence: int
+) -> tuple[bytearray, bytes | memoryview]:
+    """`restamp` without the copy: the batch's new 61-byte header, and its records
+    section -- a view of `batch`'s own (or, for a batch thinned by compaction, its records
+    renumbered). Header then records is the batch to produce."""
+    view = memoryview(batch)
+    if len(view) < RECORD_BATCH_OVERHEAD:
+        raise ValueError(f"a batch is at least {RECORD_BATCH_OVERHEAD} bytes, got {len(view)}")
+    out = bytearray(view[:RECORD_BATCH_OVERHEAD])
+    records: bytes | memoryview = view[RECORD_BATCH_OVERHEAD:]
     _BASE_OFFSET.pack_into(out, _BASE_OFFSET_AT, 0)
     _LEADER_EPOCH.pack_into(out, _LEADER_EPOCH_AT, UNASSIGNED_LEADER_EPOCH)
     (attributes,) = _ATTRIBUTES.unpack_from(out, _ATTRIBUTES_AT)
@@ -115,57 +124,101 @@ def restamp(
     if last_offset_delta != count - 1:
         _INT32.pack_into(out, _LAST_OFFSET_DELTA_AT, count - 1)
         codec = Compression(attributes & COMPRESSION_CODEC_MASK)
-        plain = decompress(codec, memoryview(out)[RECORD_BATCH_OVERHEAD:])
-        records = compress(codec, renumbered(memoryview(plain), count))
-        del out[RECORD_BATCH_OVERHEAD:]
-        out += records
-        _INT32.pack_into(out, _LENGTH_AT, len(out) - LOG_OVERHEAD)
+        records = compress(codec, renumbered(memoryview(decompress(codec, records)), count))
+    # The header's length counts from after itself to the end of the records.
+    _INT32.pack_into(out, _LENGTH_AT, RECORD_BATCH_OVERHEAD - LOG_OVERHEAD + len(records))
     _PRODUCER.pack_into(out, _PRODUCER_AT, stamp.producer_id, stamp.producer_epoch, base_sequence)
-    _CRC.pack_into(out, _CRC_AT, crc32c(memoryview(out)[V2_CRC_START:]))
-    return out
+    crc = crc32c(records, crc32c(memoryview(out)[V2_CRC_START:]))
+    _CRC.pack_into(out, _CRC_AT, crc)
+    return out, records
 
 
 def renumbered(records: memoryview, count: int) -> bytes:
     """An uncompressed records section whose `count` records get offset deltas 0..count-1;
     everything else of each record is copied (see the module rules)."""
-    out = io.BytesIO()
+    out = bytearray()
     rewrite_records(records, count, out)
-    return out.getvalue()
+    return bytes(out)
 
 
 def rewrite_records(
-    records: memoryview, count: int, out: io.BytesIO, *, first_index: int = 0, shift_ms: int = 0
+    records: memoryview, count: int, out: bytearray, *, first_index: int = 0, shift_ms: int = 0
 ) -> int:
     """Append the `count` records of an uncompressed records section to `out` with offset
     deltas first_index, first_index + 1, ... and timestamp deltas moved by `shift_ms`;
     everything else of each record is copied. Returns the next offset delta. ValueError
-    when the records do not fill the section exactly."""
+    when the records do not fill the section exactly.
+
+    The coalescing mirror runs this once per record mirrored: the varints are read and
+    written inline (kio's readers and writers cost a call and a buffer per field)."""
     pos = 0
     index = first_index
-    for n in range(count):
-        length, size = read_signed_varint(records, pos)
-        body = pos + size
-        end = body + length
-        if length < 0 or end > len(records):
-            raise ValueError(f"record {n} overruns the batch")
-        ts_at = body + 1  # after the attributes byte
-        ts_delta, ts_size = read_signed_varlong(records, ts_at)
-        delta_at = ts_at + ts_size
-        delta_size = read_signed_varint(records, delta_at)[1]
-        fields = io.BytesIO()
-        if shift_ms:
-            write_signed_varlong(fields, ts_delta + shift_ms)
-        else:
-            fields.write(records[ts_at:delta_at])
-        write_signed_varint(fields, index)
-        new_fields = fields.getvalue()
-        rest = records[delta_at + delta_size : end]
-        write_signed_varint(out, (ts_at - body) + len(new_fields) + len(rest))
-        out.write(records[body:ts_at])
-        out.write(new_fields)
-        out.write(rest)
-        pos = end
-        index += 1
-    if pos != len(records):
-        raise ValueError(f"{len(records) - pos} bytes left after {count} records")
+    size = len(records)
+    try:
+        for n in range(count):
+            length, body = _read_varint(records, pos)
+            end = body + length
+            if length < 0 or end > size:
+                raise ValueError(f"record {n} overruns the batch")
+            ts_at = body + 1  # after the attributes byte
+            ts_delta, delta_at = _read_varint(records, ts_at)
+            delta_end = _skip_varint(records, delta_at)
+            timestamp = _varint(ts_delta + shift_ms) if shift_ms else records[ts_at:delta_at]
+            delta = _varint(index)
+            out += _varint(1 + len(timestamp) + len(delta) + (end - delta_end))
+            out.append(records[body])  # the record's attributes
+            out += timestamp
+            out += delta
+            out += records[delta_end:end]
+            pos = end
+            index += 1
+    except IndexError:
+        raise ValueError(f"a record overruns the batch at byte {pos}") from None
+    if pos != size:
+        raise ValueError(f"{size - pos} bytes left after {count} records")
     return index
+
+
+def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
+    """The zigzag varint (or varlong) at `pos`, and the position after it."""
+    byte = buf[pos]
+    if byte < 0x80:  # one byte: most lengths under 64, every small delta
+        return (byte >> 1) ^ -(byte & 1), pos + 1
+    raw = byte & 0x7F
+    shift = 7
+    while True:
+        pos += 1
+        byte = buf[pos]
+        raw |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return (raw >> 1) ^ -(raw & 1), pos + 1
+        shift += 7
+        if shift > 63:
+            raise ValueError(f"varint longer than 10 bytes at byte {pos}")
+
+
+def _skip_varint(buf: memoryview, pos: int) -> int:
+    while buf[pos] >= 0x80:
+        pos += 1
+    return pos + 1
+
+
+def _varint(value: int) -> bytes:
+    """`value` as a zigzag varint (a varlong for 64-bit values)."""
+    raw = (value << 1) ^ (value >> 63)
+    if raw < len(_SMALL_VARINTS):
+        return _SMALL_VARINTS[raw]
+    return _encode_unsigned(raw)
+
+
+def _encode_unsigned(raw: int) -> bytes:
+    out = bytearray()
+    while raw > 0x7F:
+        out.append((raw & 0x7F) | 0x80)
+        raw >>= 7
+    out.append(raw)
+    return bytes(out)
+
+
+# Zigzag varints of 0..8191 and -8192..-1 (raw values below 2**14), made once.
+_SMALL_VARINTS = tuple(_encode_unsigned(raw) for raw in range(1 << 14))

@@ -63,7 +63,7 @@ from replicad.mirror.partition_mirror import (
     Progress,
     Send,
 )
-from replicad.mirror.restamp import ProducerStamp, restamp
+from replicad.mirror.restamp import ProducerStamp, restamped
 from replicad.mirror.topics import config_changes, plan_topics
 from replicad.protocol.backoff import Backoff
 from replicad.protocol.client import ClientSettings, KafkaClient
@@ -107,7 +107,7 @@ class MirrorSettings:
     # At most this many batch bytes in one Produce request (one batch at least).
     request_bytes: int = 1 << 20
     # Runs of small batches coalesced into one batch up to this size; 0: off.
-    coalesce_bytes: int = 0
+    coalesce_bytes: int = _MIRROR["coalesce_bytes"]
     # Hold local retention at what is not mirrored yet (PartitionLog.retention_floor).
     retention_waits: bool = _MIRROR["retention_waits"]
     # How often topics and partitions new at the source are looked for.
@@ -733,6 +733,14 @@ class Mirror:
                 result = core.failed(send, failure, now, reason=answer.reason)
                 if result.new_session:
                     self._renew(send.stamp, answer.error_name or "")
+                elif failure is Failure.TOO_LARGE and not result.stale and not result.halted:
+                    self._warn(
+                        "too-large",
+                        "destination refused a coalesced batch as too large; "
+                        "its batches go as stored",
+                        partition=str(tp),
+                        error=answer.reason,
+                    )
                 elif failure is Failure.RETRY and not result.stale:
                     self._warn(
                         f"produce-{answer.error_name}",
@@ -1092,15 +1100,16 @@ def failure_event(exc: BaseException) -> tuple[str, str]:
     return "unreachable", "destination unreachable, retrying"
 
 
-def produced_batch(send: Send) -> bytearray:
+def produced_batch(send: Send) -> tuple[bytearray, bytes | memoryview]:
     """What goes to the destination for `send`: its batch (or its run, coalesced),
-    restamped with our producer and sequence."""
+    restamped with our producer and sequence, as its new header and its records (a view
+    of the bytes read from the local log: never copied on the way to the socket)."""
     entries = send.entries
     if len(entries) == 1:
-        data: bytes = entries[0].data or b""
+        data: bytes | memoryview = entries[0].data or b""
     else:
         data = coalesce([e.data or b"" for e in entries], [e.header for e in entries])
-    return restamp(data, send.stamp, send.base_sequence)
+    return restamped(data, send.stamp, send.base_sequence)
 
 
 def pack_requests(
@@ -1138,7 +1147,8 @@ def read_entries(
     if region is None:
         return []
     data = region.read_bytes()
-    scan = scan_batches(data, verify_crc=False)
+    view = memoryview(data)
+    scan = scan_batches(view, verify_crc=False)
     entries: list[LogEntry] = []
     for h in scan.batches:
         if h.base_offset < offset:
@@ -1149,20 +1159,21 @@ def read_entries(
         if h.is_control:
             records = decode_batch(data, h).records
             marker = control_marker(records[0]).type if records else None
-        body = data[h.position : h.end_position] if keep_data else None
+        # A view, not a copy: the read's bytes stay alive while a batch of them is held.
+        body = view[h.position : h.end_position] if keep_data else None
         entries.append(LogEntry(h, marker, body))
     return entries
 
 
-def read_batch(plog: PartitionLog, base_offset: int) -> bytes:
+def read_batch(plog: PartitionLog, base_offset: int) -> memoryview:
     region = plog.read(base_offset, 0).region
     if region is None:
         raise OffsetOutOfRangeError(f"batch at {base_offset} is no longer in the local log")
-    data = region.read_bytes()
-    scan = scan_batches(data, verify_crc=False)
+    view = memoryview(region.read_bytes())
+    scan = scan_batches(view, verify_crc=False)
     for h in scan.batches:
         if h.base_offset == base_offset:
-            return data[h.position : h.end_position]
+            return view[h.position : h.end_position]
     raise OffsetOutOfRangeError(f"batch at {base_offset} not found in the local log")
 
 

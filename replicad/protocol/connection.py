@@ -23,7 +23,7 @@ import contextlib
 import itertools
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -64,6 +64,9 @@ _unknown_codes_said = RateLimitedLog(interval_ms=60_000)
 # The share of a SASL session's lifetime (KIP-368) a connection is used for; Kafka's own
 # client re-authenticates at 85-95% of it.
 SESSION_LIFETIME_USED = 0.85
+
+# What a frame written by parts (`BrokerConnection.send_frame`) is made of.
+Buffer = bytes | bytearray | memoryview
 
 
 def _no_release() -> None:
@@ -395,6 +398,36 @@ class BrokerConnection:
         returns; the result resolves with its response (as `request` would return it).
         Cancelling the result leaves nothing held: a held response that arrives anyway
         is released."""
+
+        def frame(correlation_id: int) -> Sequence[Buffer]:
+            return (
+                encode_request(request, correlation_id=correlation_id, client_id=self.client_id),
+            )
+
+        return self.send_frame(
+            request.__api_key__,
+            request.__version__,
+            frame,
+            timeout_s=timeout_s,
+            hold=hold,
+            decode=decode,
+        )
+
+    def send_frame(
+        self,
+        api_key: int,
+        version: int,
+        frame: Callable[[int], Sequence[Buffer]],
+        *,
+        timeout_s: float | None = None,
+        hold: bool = False,
+        decode: RawDecoder | None = None,
+    ) -> asyncio.Future[Any]:
+        """As `send`, for a request the caller encodes itself: `frame(correlation_id)` gives
+        the buffers of the whole frame (size prefix included, the client id
+        `self.client_id`), written one after the other and never joined, so large parts
+        (a Produce's batches, replicad/mirror/produce_frame.py) reach the socket without a
+        copy while it takes them."""
         if not self.is_open:
             failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             error = KafkaConnectionError(f"connection to {self.address} is closed")
@@ -403,14 +436,16 @@ class BrokerConnection:
             return failed
         assert self._transport is not None and self._protocol is not None
         correlation_id = next(self._correlation) & 0x7FFFFFFF
-        response_cls = response_type(request.__api_key__, request.__version__)
-        frame = encode_request(request, correlation_id=correlation_id, client_id=self.client_id)
+        response_cls = response_type(api_key, version)
+        parts = frame(correlation_id)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[correlation_id] = _Pending(response_cls, future, hold, decode)
-        self._transport.write(frame)
-        self.bytes_sent += len(frame)
+        write = self._transport.write
+        for part in parts:
+            write(part)
+            self.bytes_sent += len(part)
         timeout = self.request_timeout_s if timeout_s is None else timeout_s
-        what = f"api {request.__api_key__} v{request.__version__}"
+        what = f"api {api_key} v{version}"
         return asyncio.ensure_future(self._response(correlation_id, future, timeout, what))
 
     async def _response(

@@ -6,7 +6,11 @@ compaction; replicad never re-compresses anything else).
 - SNAPPY: Kafka's Java client writes xerial framing (`\\x82SNAPPY\\x00`, version, compat,
   then `int32 length + raw snappy block` chunks); other clients write raw snappy, and some
   the official snappy framing format. All three are accepted.
-- LZ4: the LZ4 frame format (KIP-57 fixed Kafka's framing for magic 1+).
+- LZ4: the LZ4 frame format (KIP-57 fixed Kafka's framing for magic 1+), by python-lz4's
+  `lz4.frame`: cramjam's frame decoder took 11 us for a one-record frame and ran at about
+  260 MB/s on large ones, lz4.frame 1.4 us and 3 GB/s (the mirror coalescing one-record
+  batches decompresses one frame a record). Compressed in lz4's fast mode: cramjam's
+  default was the high-compression mode, 30 times slower for 0.5% smaller output.
 - ZSTD: a zstd frame, with or without the content size in its header.
 Bad input raises CorruptRecordError naming the codec.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 import struct
 
 import cramjam
+import lz4.frame
 
 from replicad.errors import CorruptRecordError
 from replicad.records.batch import Compression
@@ -39,10 +44,10 @@ def decompress(codec: Compression, data: bytes | bytearray | memoryview) -> byte
         if codec == Compression.SNAPPY:
             return _snappy(data)
         if codec == Compression.LZ4:
-            return bytes(cramjam.lz4.decompress(data))
+            return lz4.frame.decompress(data)
         if codec == Compression.ZSTD:
             return bytes(cramjam.zstd.decompress(data))
-    except cramjam.DecompressionError as exc:
+    except (cramjam.DecompressionError, RuntimeError) as exc:  # lz4.frame raises RuntimeError
         raise CorruptRecordError(f"{codec.name} payload does not decompress: {exc}") from exc
     raise CorruptRecordError(f"unknown compression codec {int(codec)}")
 
@@ -68,10 +73,10 @@ def compress(codec: Compression, data: bytes | bytearray | memoryview) -> bytes:
         return bytes(out)
     if codec == Compression.LZ4:
         # Kafka's LZ4 reader takes independent blocks only ("Dependent block stream is
-        # unsupported"), cramjam's default links them.
-        compressor = cramjam.lz4.Compressor(content_checksum=False, block_linked=False)
-        compressor.compress(data)
-        return bytes(compressor.finish())
+        # unsupported"); no content size in the header, as Kafka's Java client writes it.
+        return lz4.frame.compress(
+            data, block_linked=False, content_checksum=False, store_size=False
+        )
     if codec == Compression.ZSTD:
         return bytes(cramjam.zstd.compress(data))
     raise CorruptRecordError(f"unknown compression codec {int(codec)}")

@@ -181,13 +181,20 @@ def test_mirror_keeps_records_codecs_and_offsets(
             else:
                 # Markers and aborted records are not mirrored: offsets move, status says so.
                 assert kept is False
-    # The destination stores the source's codecs: no batch was re-compressed.
+    # The destination stores the source's codecs, in the source's order: small batches
+    # are coalesced by default, but a run never mixes codecs (consecutive batches of one
+    # codec may have become one).
     for p in range(PARTITIONS):
         leader = kafka_cluster.leaders(plain)[p]
         dest = broker_batches(kafka_cluster.node(leader).log_dir, plain, p)
         src = broker_batches(kafka_broker.log_dir, plain, p)
-        assert [b.codec for b in dest] == [b.codec for b in src]
+        assert collapsed([b.codec for b in dest]) == collapsed([b.codec for b in src])
         assert {b.codec for b in src} == set(CODECS)
+
+
+def collapsed(codecs: list[Any]) -> list[Any]:
+    """`codecs` with each run of one codec as one."""
+    return [c for i, c in enumerate(codecs) if i == 0 or codecs[i - 1] != c]
 
 
 class SourceWriter:
@@ -524,24 +531,19 @@ def test_topics_partitions_and_configs_new_at_the_source_are_mirrored(
         assert len(kafka_cluster.leaders(topic)) == count
 
 
-def test_runs_of_one_record_batches_are_coalesced_record_for_record(
-    kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
-) -> None:
-    """mirror.coalesce_bytes: a source producer with linger.ms 0 (one record a batch) is
-    mirrored in fewer, larger batches, every record the same (offsets included)."""
+def produce_tiny(bootstrap: str, topic: str, records: int = 600) -> None:
+    """One record a batch (linger.ms 0), lz4: keys, headers and timestamps of their own."""
     from confluent_kafka import Producer
 
-    topic = unique_topic("tiny")
-    kafka_broker.create_topic(topic, PARTITIONS)
     producer = Producer(
         {
-            "bootstrap.servers": kafka_broker.bootstrap,
+            "bootstrap.servers": bootstrap,
             "compression.type": "lz4",
             "linger.ms": 0,
             "batch.num.messages": 1,
         }
     )
-    for i in range(600):
+    for i in range(records):
         producer.produce(
             topic,
             key=b"k%d" % i if i % 4 else None,
@@ -551,9 +553,18 @@ def test_runs_of_one_record_batches_are_coalesced_record_for_record(
             timestamp=1_700_000_000_000 + i * 7,
         )
         producer.flush(30)  # one record a batch
-    data_dir = tmp_path / "data"
-    config = mirror_config(kafka_cluster.bootstrap, data_dir, coalesce_bytes=64 * 1024)
-    with start(kafka_broker, kafka_cluster, [topic], tmp_path, mirror=config["mirror"]) as proc:
+
+
+def test_runs_of_one_record_batches_are_coalesced_record_for_record(
+    kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
+) -> None:
+    """By default (mirror.coalesce_bytes 256 KiB) a source producer with linger.ms 0 (one
+    record a batch) is mirrored in fewer, larger batches, every record the same (offsets
+    included)."""
+    topic = unique_topic("tiny")
+    kafka_broker.create_topic(topic, PARTITIONS)
+    produce_tiny(kafka_broker.bootstrap, topic)
+    with start(kafka_broker, kafka_cluster, [topic], tmp_path) as proc:
         wait_mirrored(proc, source_ends(kafka_broker, topic))
     assert_same(kafka_broker, kafka_cluster, topic, offsets=True)
     for p in range(PARTITIONS):
@@ -563,3 +574,30 @@ def test_runs_of_one_record_batches_are_coalesced_record_for_record(
         assert len(src) == 200 and len(dest) < len(src) / 4, (len(src), len(dest))
         # A run keeps its codec (librdkafka stores a record lz4 does not shrink as none).
         assert {b.codec for b in dest} <= {b.codec for b in src}
+
+
+TOO_LARGE_EVENT = "destination refused a coalesced batch as too large; its batches go as stored"
+
+
+def test_a_run_over_the_destination_topics_max_message_bytes_goes_again_as_stored(
+    kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
+) -> None:
+    """A topic whose max.message.bytes (copied to the destination topic) is below the
+    coalescing limit refuses the first runs (MESSAGE_TOO_LARGE): their batches go again as
+    stored, runs get smaller, nothing is lost, duplicated or halted, and the destination's
+    batches stay within the limit."""
+    limit = 4096
+    topic = unique_topic("tiny-limit")
+    kafka_broker.create_topic(topic, PARTITIONS, {"max.message.bytes": str(limit)})
+    produce_tiny(kafka_broker.bootstrap, topic)
+    with start(kafka_broker, kafka_cluster, [topic], tmp_path) as proc:
+        wait_mirrored(proc, source_ends(kafka_broker, topic))
+        refused = logged(proc, TOO_LARGE_EVENT)
+    assert refused, "no run was refused: the test did not reach the fallback"
+    assert_same(kafka_broker, kafka_cluster, topic, offsets=True)
+    for p in range(PARTITIONS):
+        src = broker_batches(kafka_broker.log_dir, topic, p)
+        leader = kafka_cluster.leaders(topic)[p]
+        dest = broker_batches(kafka_cluster.node(leader).log_dir, topic, p)
+        assert len(dest) < len(src) / 4, (len(src), len(dest))  # still coalesced
+        assert max(len(b.raw) for b in dest) <= limit

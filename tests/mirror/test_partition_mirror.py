@@ -449,3 +449,78 @@ def test_a_transaction_or_a_marker_ends_a_run() -> None:
     core.feed([data(0, 1), marker(1, 5, ControlType.ABORT), data(2, 1)])
     first = core.next_send(NOW, STAMP)
     assert first is not None and len(first.entries) == 1
+
+
+def sized(base: int, size: int) -> LogEntry:
+    return dataclasses.replace(data(base), data=b"x" * size)
+
+
+def test_only_small_batches_are_coalesced() -> None:
+    """A batch of SMALL_BATCH_BYTES or more was batched by its producer: produced as
+    stored, whatever room the run has left."""
+    timing = dataclasses.replace(COALESCING, coalesce_bytes=256 * 1024)
+    core = started(timing=timing)
+    core.feed([sized(0, 20_000), sized(1, 100), sized(2, 100), sized(3, 20_000), sized(4, 100)])
+    runs = []
+    while (send := core.next_send(NOW, STAMP)) is not None:
+        runs.append([e.header.base_offset for e in send.entries])
+    assert runs == [[0], [1, 2], [3], [4]]
+
+
+def test_a_log_append_time_batch_is_not_coalesced() -> None:
+    core = started(timing=COALESCING)
+    core.feed([data(0), entry(1, attributes=0x08), data(2), data(3)])
+    runs = []
+    while (send := core.next_send(NOW, STAMP)) is not None:
+        runs.append([e.header.base_offset for e in send.entries])
+    assert runs == [[0], [1], [2, 3]]
+
+
+def test_a_run_refused_as_too_large_goes_again_as_stored_with_its_sequences() -> None:
+    core = started(timing=COALESCING)
+    core.feed([data(0, 1), data(1, 2), data(3, 1), data(4, 1)])
+    first = core.next_send(NOW, STAMP)
+    second = core.next_send(NOW, STAMP)
+    assert first is not None and second is not None and len(first.entries) == 2
+    answered = core.failed(first, Failure.TOO_LARGE, NOW, reason="MESSAGE_TOO_LARGE")
+    assert not answered.halted and core.phase is Phase.MIRRORING
+    # The later run was refused for the gap (or its answer is now stale): sent again too.
+    core.failed(second, Failure.OUT_OF_ORDER, NOW)
+    wake = core.next_wakeup_ms(NOW)
+    assert wake is not None
+    again = []
+    while (send := core.next_send(wake, STAMP)) is not None:
+        again.append(send)
+    assert [[e.header.base_offset for e in s.entries] for s in again] == [[0], [1], [3, 4]]
+    assert [s.base_sequence for s in again] == [0, 1, 3]
+    for send, dest in zip(again, (100, 101, 103), strict=True):
+        core.acked(send, dest, NOW)
+    assert core.position == 5 and core.dest_next == 105
+    assert core.offset_map.translate(3) == 103
+
+
+def test_a_stored_batch_refused_as_too_large_halts() -> None:
+    core = started(timing=COALESCING)
+    core.feed([sized(0, 100)])
+    (send,) = sends(core)
+    assert core.failed(send, Failure.TOO_LARGE, NOW, reason="MESSAGE_TOO_LARGE").halted
+    assert "MESSAGE_TOO_LARGE" in (core.error or "")
+
+
+def test_after_a_run_too_large_runs_are_kept_to_half_its_bytes() -> None:
+    timing = dataclasses.replace(COALESCING, coalesce_bytes=1000)
+    core = started(timing=timing)
+    core.feed([sized(i, 100) for i in range(8)])
+    first = core.next_send(NOW, STAMP)
+    assert first is not None and len(first.entries) == 8
+    core.failed(first, Failure.TOO_LARGE, NOW, reason="MESSAGE_TOO_LARGE")
+    wake = core.next_wakeup_ms(NOW)
+    assert wake is not None
+    core.feed([sized(i, 100) for i in range(8, 16)])
+    runs = []
+    while (send := core.next_send(wake, STAMP)) is not None:
+        runs.append(len(send.entries))
+        core.acked(send, -1, wake)
+    # The refused run's batches as stored, then runs of at most 400 of its 800 bytes.
+    assert runs == [1] * 8 + [4, 4]
+    assert core.position == 16 and core.dest_next == 16

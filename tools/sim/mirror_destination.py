@@ -14,6 +14,10 @@ Rules it keeps (Kafka's ProducerStateManager, simplified to what the mirror reli
 - A leader change loses what was not replicated (the new leader truncates to the high
   watermark, its producer state with it) and fails the requests waiting for replication
   with NOT_LEADER_OR_FOLLOWER.
+- With `max_batch_records`, a batch of more records is refused MESSAGE_TOO_LARGE before
+  anything else is looked at (Kafka validates a batch's size before its producer state),
+  as a destination topic's max.message.bytes refuses a coalesced run larger than any
+  batch the source took.
 - `records` is what a consumer reads: the source offset of each record, in log order.
 """
 
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 
 NONE = 0
 NOT_LEADER_OR_FOLLOWER = 6
+MESSAGE_TOO_LARGE = 10
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 INVALID_PRODUCER_EPOCH = 47
 UNKNOWN_PRODUCER_ID = 59
@@ -56,7 +61,8 @@ class Answer:
 
 
 class SimDestination:
-    def __init__(self) -> None:
+    def __init__(self, max_batch_records: int | None = None) -> None:
+        self.max_batch_records = max_batch_records
         self.records: list[int] = []
         self.high_watermark = 0
         self._producers: dict[int, _Producer] = {}
@@ -74,6 +80,8 @@ class SimDestination:
         """One batch; the answer now (an error, a duplicate), or None: it comes with
         `replicate` as (key, answer) in `answers_ready`."""
         count = len(sources)
+        if self.max_batch_records is not None and count > self.max_batch_records:
+            return Answer(MESSAGE_TOO_LARGE)
         producer = self._producers.get(pid)
         if producer is not None and epoch < producer.epoch:
             return Answer(INVALID_PRODUCER_EPOCH)
