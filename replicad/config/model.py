@@ -395,6 +395,9 @@ class MirrorConfig:
     buffer_bytes: int = 4 * 1024 * 1024
     # Batches in flight per partition (Kafka allows an idempotent producer up to 5).
     max_in_flight: int = 5
+    # Connections to each destination broker the partitions' Produce requests are spread
+    # over (a broker takes one request at a time per connection).
+    connections_per_broker: int = 4
     # Coalesce runs of small batches (under 16 KiB stored) into one batch of up to this
     # many bytes (their records re-compressed); 0: batches are produced as stored.
     coalesce_bytes: int = 256 * 1024

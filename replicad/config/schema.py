@@ -259,6 +259,7 @@ SCHEMA = Section(
                 "buffer_bytes": Int(1),
                 # A broker remembers the last 5 batches per producer and partition.
                 "max_in_flight": Int(1, 5),
+                "connections_per_broker": Int(1, 64),
                 "coalesce_bytes": Int(0, INT32_MAX),
                 "retention_waits": Bool(),
                 "topic_sync_interval_ms": Int(1),

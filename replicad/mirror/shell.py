@@ -28,10 +28,11 @@ import asyncio
 import contextlib
 import heapq
 import time
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 
@@ -82,6 +83,13 @@ PROMOTE_POLL_S = 0.1
 _MIRROR = defaults_of(MirrorConfig)
 
 
+class Lane(NamedTuple):
+    """One connection to a destination leader: its node id and which of its connections."""
+
+    leader: int
+    index: int
+
+
 @dataclass(frozen=True, slots=True)
 class MirrorSettings:
     """The mirror: section as the mirror uses it (`from_config`); its defaults are the
@@ -104,6 +112,8 @@ class MirrorSettings:
     retry_backoff_max_ms: int = _MIRROR["reconnect_backoff_max_ms"]
     # Batches in flight per partition (Kafka's idempotent producer allows up to 5).
     max_in_flight: int = _MIRROR["max_in_flight"]
+    # Connections to each destination broker that Produce requests are spread over.
+    connections_per_broker: int = _MIRROR["connections_per_broker"]
     # At most this many batch bytes in one Produce request (one batch at least).
     request_bytes: int = 1 << 20
     # Runs of small batches coalesced into one batch up to this size; 0: off.
@@ -132,6 +142,7 @@ class MirrorSettings:
             progress_interval_ms=mirror.progress_interval_ms,
             buffer_bytes=mirror.buffer_bytes,
             max_in_flight=mirror.max_in_flight,
+            connections_per_broker=mirror.connections_per_broker,
             coalesce_bytes=mirror.coalesce_bytes,
             retention_waits=mirror.retention_waits,
             topic_sync_interval_ms=mirror.topic_sync_interval_ms,
@@ -168,7 +179,8 @@ class Mirror:
         self._wakeup = asyncio.Event()
         self._reading: set[TopicPartition] = set()
         self._first_saves: set[TopicPartition] = set()
-        self._senders: dict[int, asyncio.Queue[list[tuple[TopicPartition, Send]]]] = {}
+        # One sender per destination leader and connection to it (lane, see _lane).
+        self._senders: dict[Lane, asyncio.Queue[list[tuple[TopicPartition, Send]]]] = {}
         self._renewing = False
         self._refreshing = False
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -491,13 +503,13 @@ class Mirror:
             while self._timers and self._timers[0][0] <= now:
                 self._dirty.add(heapq.heappop(self._timers)[1])
             dirty, self._dirty = self._dirty, set()
-            ready: dict[int, list[tuple[TopicPartition, Send]]] = {}
+            ready: dict[Lane, list[tuple[TopicPartition, Send]]] = {}
             for tp in sorted(dirty):
                 core = self.cores.get(tp)
                 if core is not None:
                     self._step(tp, core, now, ready)
-            for leader, sends in ready.items():
-                self._sender(leader).put_nowait(sends)
+            for lane, sends in ready.items():
+                self._sender(lane).put_nowait(sends)
             self._wakeup.clear()
             if self._dirty:
                 continue
@@ -514,7 +526,7 @@ class Mirror:
         tp: TopicPartition,
         core: PartitionMirror,
         now: int,
-        ready: dict[int, list[tuple[TopicPartition, Send]]],
+        ready: dict[Lane, list[tuple[TopicPartition, Send]]],
     ) -> None:
         """Perform what `tp`'s core decides now; nothing here decides."""
         if core.phase is Phase.HALTED:
@@ -542,7 +554,7 @@ class Mirror:
                 except KafkaConnectionError as exc:
                     self._failed_send(tp, core, send, exc)
                     break
-                ready.setdefault(leader, []).append((tp, send))
+                ready.setdefault(Lane(leader, self._lane(tp)), []).append((tp, send))
         wake = core.next_wakeup_ms(now)
         if wake is not None:
             heapq.heappush(self._timers, (wake, tp))
@@ -627,20 +639,23 @@ class Mirror:
 
     # -- sending: one sender per destination leader ----------------------------------
 
-    def _sender(self, leader: int) -> asyncio.Queue[list[tuple[TopicPartition, Send]]]:
-        queue = self._senders.get(leader)
+    def _lane(self, tp: TopicPartition) -> int:
+        return lane_of(tp, self.settings.connections_per_broker)
+
+    def _sender(self, lane: Lane) -> asyncio.Queue[list[tuple[TopicPartition, Send]]]:
+        queue = self._senders.get(lane)
         if queue is None:
-            queue = self._senders[leader] = asyncio.Queue()
-            self._spawn(self._send_loop(leader, queue))
+            queue = self._senders[lane] = asyncio.Queue()
+            self._spawn(self._send_loop(lane, queue))
         return queue
 
     async def _send_loop(
-        self, leader: int, queue: asyncio.Queue[list[tuple[TopicPartition, Send]]]
+        self, lane: Lane, queue: asyncio.Queue[list[tuple[TopicPartition, Send]]]
     ) -> None:
-        """Sends to one leader, in the order the cores gave them (a partition's sequences
-        must reach the broker in order): as few Produce requests as Kafka allows, one
-        batch per partition per request, each at most `request_bytes` (one batch at least);
-        the answers are taken by `_answered` when they come."""
+        """Sends to one leader over one connection, in the order the cores gave them (a
+        partition's sequences must reach the broker in order): as few Produce requests as
+        Kafka allows, one batch per partition per request, each at most `request_bytes`
+        (one batch at least); the answers are taken by `_answered` when they come."""
         while True:
             sends = await queue.get()
             while not queue.empty():
@@ -654,7 +669,7 @@ class Mirror:
                     sends = await self._with_data(sends)
                 if not sends:
                     continue
-                conn = await self.client.connection(leader)
+                conn = await self.client.lane_connection(lane.leader, lane.index)
             except (KafkaConnectionError, ProtocolError, TimeoutError, OSError, LogError) as exc:
                 for tp, send in sends:
                     self._failed_send(tp, self.cores.get(tp), send, exc)
@@ -1110,6 +1125,14 @@ def produced_batch(send: Send) -> tuple[bytearray, bytes | memoryview]:
     else:
         data = coalesce([e.data or b"" for e in entries], [e.header for e in entries])
     return restamped(data, send.stamp, send.base_sequence)
+
+
+def lane_of(tp: TopicPartition, lanes: int) -> int:
+    """Which of the `lanes` connections to its leader `tp`'s Produce requests take: always
+    the same one (its sequences must reach the broker in order), a topic's partitions
+    spread over them (a broker reads one request at a time per connection, and holds an
+    acks=all one until its replicas have it)."""
+    return (zlib.crc32(tp.topic.encode()) + tp.partition) % lanes
 
 
 def pack_requests(

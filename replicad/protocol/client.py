@@ -86,6 +86,9 @@ class KafkaClient:
         self.brokers: dict[int, BrokerAddress] = {}
         self._connections: dict[int, BrokerConnection] = {}
         self._locks: dict[int, asyncio.Lock] = {}
+        # More connections to a broker (`lane_connection`), by (node id, lane).
+        self._lanes: dict[tuple[int, int], BrokerConnection] = {}
+        self._lane_locks: dict[tuple[int, int], asyncio.Lock] = {}
         self._rng = random.Random()
 
     def new_connection(self, address: BrokerAddress, **kwargs: Any) -> BrokerConnection:
@@ -111,6 +114,27 @@ class KafkaClient:
             conn = self.new_connection(address)
             await conn.connect()
             self._connections[node_id] = conn
+            return conn
+
+    async def lane_connection(self, node_id: int, lane: int) -> BrokerConnection:
+        """Connection `lane` to a broker (lane 0 is the control connection), (re)connected
+        on demand. A broker takes one request at a time from a connection (it reads the
+        next once it has answered), so requests that should not queue behind each other
+        -- a mirror's Produce requests waiting for acks=all -- go on lanes of their own."""
+        if lane == 0:
+            return await self.connection(node_id)
+        key = (node_id, lane)
+        lock = self._lane_locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            conn = self._lanes.get(key)
+            if conn is not None and conn.is_open:
+                return conn
+            address = self.brokers.get(node_id)
+            if address is None:
+                raise KafkaConnectionError(f"unknown broker id {node_id}")
+            conn = self.new_connection(address)
+            await conn.connect()
+            self._lanes[key] = conn
             return conn
 
     async def broker_connection(self) -> BrokerConnection:
@@ -214,6 +238,7 @@ class KafkaClient:
                     continue
 
     async def close(self) -> None:
-        conns, self._connections = self._connections, {}
-        for conn in conns.values():
+        conns = [*self._connections.values(), *self._lanes.values()]
+        self._connections, self._lanes = {}, {}
+        for conn in conns:
             await conn.close()

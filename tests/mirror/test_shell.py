@@ -7,7 +7,7 @@ from __future__ import annotations
 from replicad.errors import KafkaConnectionError, LeaderNotKnownError
 from replicad.mirror.partition_mirror import LogEntry, Send
 from replicad.mirror.restamp import ProducerStamp
-from replicad.mirror.shell import failure_event, pack_requests
+from replicad.mirror.shell import failure_event, lane_of, pack_requests
 from replicad.records.batch import BatchHeader
 from replicad.types import TopicPartition
 
@@ -67,6 +67,8 @@ def test_the_settings_come_from_the_mirror_section_with_the_config_models_defaul
                 "reconnect_backoff_max_ms": 700,
                 "max_in_flight": 2,
                 "retention_waits": False,
+                "connections_per_broker": 2,
+                "coalesce_bytes": 0,
             },
         }
     )
@@ -74,4 +76,15 @@ def test_the_settings_come_from_the_mirror_section_with_the_config_models_defaul
     assert (settings.topic_prefix, settings.produce_timeout_ms) == ("src.", 7_000)
     assert (settings.retry_backoff_ms, settings.retry_backoff_max_ms) == (7, 700)
     assert (settings.max_in_flight, settings.retention_waits) == (2, False)
+    assert (settings.connections_per_broker, settings.coalesce_bytes) == (2, 0)
     assert settings.client == ClientSettings.from_config(tuned.mirror)
+
+
+def test_a_partition_always_takes_the_same_lane_and_partitions_spread_over_them() -> None:
+    tps = [TopicPartition(t, p) for t in ("orders", "payments") for p in range(8)]
+    assert {lane_of(tp, 1) for tp in tps} == {0}
+    lanes = [lane_of(tp, 4) for tp in tps]
+    assert lanes == [lane_of(tp, 4) for tp in tps]
+    assert set(lanes) == {0, 1, 2, 3}
+    # One topic's consecutive partitions take every lane in turn.
+    assert {lane_of(TopicPartition("orders", p), 4) for p in range(4)} == {0, 1, 2, 3}
