@@ -53,10 +53,10 @@ Rules:
   PRODUCE goes as one send, one batch, one sequence range; each of its entries still
   settles at its own destination offsets. A resend repeats the same run. A run the
   destination refuses as too large (its max.message.bytes below the run) took none of its
-  sequences: its entries go again with the same sequences, each as stored, never
-  coalesced again, and the partition's runs are kept to half that run's bytes from then
-  on; a stored batch refused so halts (the source took it, so the two topics' limits
-  differ).
+  sequences: the partition's runs are kept to half that run's bytes from then on, and its
+  entries go again with the same sequences in such smaller runs (down to one batch, as
+  stored); a stored batch refused so halts (the source took it, so the two topics'
+  limits differ).
 - Halted partitions stay halted until the daemon restarts; `error` says why.
 
 Phases and the events that move them are the table TRANSITIONS; any other is a bug of the
@@ -161,7 +161,7 @@ class LogEntry:
 
 
 class _Pending:
-    __slots__ = ("acked_at", "decision", "entry", "run", "send", "solo")
+    __slots__ = ("acked_at", "decision", "entry", "run", "send")
 
     def __init__(self, entry: LogEntry, decision: Decision) -> None:
         self.entry = entry
@@ -172,8 +172,6 @@ class _Pending:
         # On the first entry of a coalesced run once sent: how many entries the run holds
         # (a resend repeats the same batch: the broker knows it by its sequence range).
         self.run = 0
-        # Never coalesced again: a run it was in was refused as too large.
-        self.solo = False
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -471,7 +469,7 @@ class PartitionMirror:
             return [self._pending[i] for i in range(head.run)]
         limit = self._coalesce_limit
         run = [head]
-        if not limit or head.solo or head.entry.data is None:
+        if not limit or head.entry.data is None:
             return run
         size = len(head.entry.data)
         if not small(size, limit):
@@ -480,7 +478,7 @@ class PartitionMirror:
             data = pending.entry.data
             if (
                 pending.decision is not Decision.PRODUCE
-                or pending.solo
+                or pending.run  # opens a run sent before: resent as it was, never joined
                 or data is None
                 or not small(len(data), limit)
                 or size + len(data) > limit
@@ -546,9 +544,8 @@ class PartitionMirror:
         split = failure is Failure.TOO_LARGE and bool(send.more)
         if split:
             # The destination refused the whole run, so none of its sequences is taken:
-            # the same entries go again, each as stored, with the same sequences.
-            for p in self._window_from(slot)[: 1 + len(send.more)]:
-                p.solo = True
+            # its entries go again with the same sequences, in runs of at most half its
+            # bytes (fewer entries each time: a single batch at last, as stored).
             run_bytes = sum(len(e.data or b"") for e in send.entries)
             self._coalesce_limit = min(self._coalesce_limit, run_bytes // 2)
             failure = Failure.RETRY
@@ -652,11 +649,6 @@ class PartitionMirror:
             if p.send is send:
                 return p
         return None
-
-    def _window_from(self, slot: _Pending) -> list[_Pending]:
-        """The window's entries from `slot` on."""
-        entries = list(self._window)
-        return entries[entries.index(slot) :]
 
     def _unresolved_before(self, slot: _Pending) -> bool:
         for p in self._window:

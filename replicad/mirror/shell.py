@@ -752,7 +752,7 @@ class Mirror:
                     self._warn(
                         "too-large",
                         "destination refused a coalesced batch as too large; "
-                        "its batches go as stored",
+                        "sent again in smaller runs",
                         partition=str(tp),
                         error=answer.reason,
                     )

@@ -531,9 +531,12 @@ def test_topics_partitions_and_configs_new_at_the_source_are_mirrored(
         assert len(kafka_cluster.leaders(topic)) == count
 
 
-def produce_tiny(bootstrap: str, topic: str, records: int = 600) -> None:
-    """One record a batch (linger.ms 0), lz4: keys, headers and timestamps of their own."""
+def produce_tiny(bootstrap: str, topic: str, records: int = 600, value_bytes: int = 40) -> None:
+    """One record a batch (linger.ms 0), lz4: keys, headers and timestamps of their own,
+    values of random bytes (a run of them compresses no better than its batches)."""
     from confluent_kafka import Producer
+
+    rng = random.Random(32)
 
     producer = Producer(
         {
@@ -547,7 +550,7 @@ def produce_tiny(bootstrap: str, topic: str, records: int = 600) -> None:
         producer.produce(
             topic,
             key=b"k%d" % i if i % 4 else None,
-            value=b"tiny-%d-" % i + b"y" * (i % 50),
+            value=b"tiny-%d-" % i + rng.randbytes(value_bytes + i % 50),
             partition=i % PARTITIONS,
             headers=[("i", b"%d" % i)] if i % 5 == 0 else None,
             timestamp=1_700_000_000_000 + i * 7,
@@ -583,13 +586,15 @@ def test_a_run_over_the_destination_topics_max_message_bytes_goes_again_as_store
     kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
 ) -> None:
     """A topic whose max.message.bytes (copied to the destination topic) is below the
-    coalescing limit refuses the first runs (MESSAGE_TOO_LARGE): their batches go again as
-    stored, runs get smaller, nothing is lost, duplicated or halted, and the destination's
-    batches stay within the limit."""
+    coalescing limit refuses the first runs (MESSAGE_TOO_LARGE): their batches go again in
+    smaller runs, nothing is lost, duplicated or halted, and the destination's batches stay
+    within the limit."""
     limit = 4096
     topic = unique_topic("tiny-limit")
     kafka_broker.create_topic(topic, PARTITIONS, {"max.message.bytes": str(limit)})
-    produce_tiny(kafka_broker.bootstrap, topic)
+    # Batches of about 650 bytes: any run of seven is over the limit, however the local
+    # log's batches reach the mirror.
+    produce_tiny(kafka_broker.bootstrap, topic, records=300, value_bytes=560)
     with start(kafka_broker, kafka_cluster, [topic], tmp_path) as proc:
         wait_mirrored(proc, source_ends(kafka_broker, topic))
         refused = logged(proc, TOO_LARGE_EVENT)
@@ -599,5 +604,5 @@ def test_a_run_over_the_destination_topics_max_message_bytes_goes_again_as_store
         src = broker_batches(kafka_broker.log_dir, topic, p)
         leader = kafka_cluster.leaders(topic)[p]
         dest = broker_batches(kafka_cluster.node(leader).log_dir, topic, p)
-        assert len(dest) < len(src) / 4, (len(src), len(dest))  # still coalesced
+        assert len(dest) < len(src) / 2, (len(src), len(dest))  # still coalesced
         assert max(len(b.raw) for b in dest) <= limit

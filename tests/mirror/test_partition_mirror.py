@@ -476,7 +476,7 @@ def test_a_log_append_time_batch_is_not_coalesced() -> None:
     assert runs == [[0], [1], [2, 3]]
 
 
-def test_a_run_refused_as_too_large_goes_again_as_stored_with_its_sequences() -> None:
+def test_a_run_refused_as_too_large_goes_again_in_smaller_runs_with_its_sequences() -> None:
     core = started(timing=COALESCING)
     core.feed([data(0, 1), data(1, 2), data(3, 1), data(4, 1)])
     first = core.next_send(NOW, STAMP)
@@ -521,6 +521,26 @@ def test_after_a_run_too_large_runs_are_kept_to_half_its_bytes() -> None:
     while (send := core.next_send(wake, STAMP)) is not None:
         runs.append(len(send.entries))
         core.acked(send, -1, wake)
-    # The refused run's batches as stored, then runs of at most 400 of its 800 bytes.
-    assert runs == [1] * 8 + [4, 4]
+    # Runs of at most 400 of the refused 800 bytes: its own batches, then the new ones.
+    assert runs == [4, 4, 4, 4]
     assert core.position == 16 and core.dest_next == 16
+
+
+def test_runs_formed_again_after_a_refusal_stop_at_a_run_sent_before() -> None:
+    """The runs the refused one is cut into never swallow the next run in flight: that one
+    goes again as it was (its head counts its send; joined into another it would be
+    counted twice and the window would never drain)."""
+    core = started(timing=COALESCING)
+    core.feed([sized(0, 10), sized(1, 10), sized(2, 4), sized(3, 4), sized(4, 4)])
+    first, second = sends(core)
+    assert [len(first.entries), len(second.entries)] == [3, 2]
+    core.failed(first, Failure.TOO_LARGE, NOW, reason="MESSAGE_TOO_LARGE")
+    core.failed(second, Failure.OUT_OF_ORDER, NOW)  # stale: rewound with the first
+    wake = core.next_wakeup_ms(NOW)
+    assert wake is not None
+    again = sends(core, wake)
+    assert [[e.header.base_offset for e in s.entries] for s in again] == [[0], [1], [2], [3, 4]]
+    assert [s.base_sequence for s in again] == [0, 1, 2, 3]
+    for send in again:
+        core.acked(send, -1, wake)
+    assert core.in_flight == 0 and core.position == 5 and core.dest_next == 5
