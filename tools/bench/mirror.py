@@ -242,7 +242,14 @@ def run_mirrormaker2(work: Path, source: str, dest: str, workload: Workload) -> 
     path = work / "mm2.properties"
     props = mm2_properties(source, dest, workload)
     path.write_text("".join(f"{k} = {v}\n" for k, v in props.items()))
-    return _measure([str(MIRRORMAKER_SH), "run", str(path)], dest, workload, work / "mm2.log")
+    output = work / "mm2.log"
+    try:
+        return _measure([str(MIRRORMAKER_SH), "run", str(path)], dest, workload, output)
+    except RuntimeError:
+        # Its log goes with the run's directory: say why it stopped first.
+        tail = output.read_text(errors="replace").splitlines()[-40:]
+        print("MirrorMaker 2 exited early; the end of its log:", *tail, sep="\n", file=sys.stderr)
+        raise
 
 
 def _measure(
@@ -270,13 +277,14 @@ def _measure(
 
 
 def runner(
-    mirror: str, profile: Path | None = None
+    mirror: str, profile: Path | None = None, coalesce_bytes: int | None = None
 ) -> Callable[[Path, str, str, Workload], Measured | None]:
     """How `mirror` runs (a replicad row sampled into `profile` when given; MirrorMaker 2
-    is never sampled)."""
+    is never sampled; `coalesce_bytes` for the default row, None: replicad's default)."""
     if mirror == MIRRORMAKER2:
         return run_mirrormaker2
-    coalesce_bytes = 0 if mirror == AS_STORED else None
+    if mirror == AS_STORED:
+        coalesce_bytes = 0
     return lambda *args: run_replicad(*args, coalesce_bytes=coalesce_bytes, profile=profile)
 
 
@@ -342,6 +350,12 @@ def main() -> int:
     parser.add_argument("--workloads", default="batched,tiny")
     parser.add_argument("--profile", type=Path, help="sample replicad's runs into this directory")
     parser.add_argument("--top", type=int, default=25, help="functions shown per profile")
+    parser.add_argument(
+        "--coalesce-bytes",
+        type=int,
+        help="mirror.coalesce_bytes of the default replicad row (to compare a checkout "
+        "whose default differs)",
+    )
     args = parser.parse_args()
     mirrors = [CHOICES[m] for m in (args.only.split(",") if args.only else CHOICES)]
     if args.profile is not None:
@@ -386,7 +400,7 @@ def main() -> int:
                     if args.profile is not None:
                         raw = args.profile / f"{run_dir.name}.txt"
                     try:
-                        measured = runner(mirror, raw)(
+                        measured = runner(mirror, raw, args.coalesce_bytes)(
                             run_dir, source.bootstrap, dest.bootstrap, workload
                         )
                     finally:
