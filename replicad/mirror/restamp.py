@@ -25,7 +25,6 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-
 from replicad.records.batch import (
     COMPRESSION_CODEC_MASK,
     LOG_OVERHEAD,
