@@ -579,7 +579,7 @@ def test_runs_of_one_record_batches_are_coalesced_record_for_record(
         assert {b.codec for b in dest} <= {b.codec for b in src}
 
 
-TOO_LARGE_EVENT = "destination refused a coalesced batch as too large; its batches go as stored"
+TOO_LARGE_EVENT = "destination refused a coalesced batch as too large; sent again in smaller runs"
 
 
 def test_a_run_over_the_destination_topics_max_message_bytes_goes_again_as_stored(
