@@ -17,8 +17,12 @@ Rules:
   source's last stable offset does for read_committed consumers.
 - Pipelining (Kafka's idempotent producer rules): up to `max_in_flight` batches (at most 5,
   the number of batches a broker remembers per producer and partition) are sent and not
-  settled, counted from the oldest not acknowledged, with consecutive sequences. Answers
-  are taken in any order; the window advances from its oldest batch. A batch that failed
+  settled -- but only one until the destination acknowledged a batch of the producer
+  session: a broker with no state for a producer takes its first batch at any sequence
+  (Kafka's ProducerAppendInfo), so a batch sent beside a first one that failed could be
+  written without it -- counted from the oldest not acknowledged, with consecutive
+  sequences. Answers are taken in any order; the window advances from its oldest batch.
+  A batch that failed
   in a way a resend fixes (a retriable error, no answer by its deadline, a lost
   connection) sends it and every batch after it again with the same producer and
   sequences, after a back-off: the destination drops what it already
@@ -244,6 +248,9 @@ class MirrorTiming:
     # Coalesce runs of consecutive small batches up to this many bytes into one batch
     # (coalesce.py); 0: every batch is produced as stored.
     coalesce_bytes: int = 0
+    # One batch in flight until the destination acknowledged one of the producer session
+    # (see _window_limit); False only where a test looks at a later window.
+    first_batch_alone: bool = True
 
 
 class PartitionMirror:
@@ -285,6 +292,9 @@ class PartitionMirror:
         self._pending: deque[_Pending] = deque()
         self._open: dict[int, list[_Pending]] = {}
         self._pending_bytes = 0
+        # Whether the destination acknowledged a batch of the current producer session
+        # (see _window_limit).
+        self._session_acked = False
         # The largest run coalesced (halved by each run the destination found too large).
         self._coalesce_limit = timing.coalesce_bytes
         self._backoff = Backoff(
@@ -431,7 +441,7 @@ class PartitionMirror:
             self.phase is not Phase.MIRRORING
             or self._first_save_wanted
             or now_ms < self._retry_at_ms
-            or self._window_batches() >= self.timing.max_in_flight
+            or self._window_batches() >= self._window_limit()
         ):
             return None
         while self._pending and self._pending[0].decision is Decision.SKIP:
@@ -528,6 +538,7 @@ class PartitionMirror:
                 p.acked_at = landed
                 landed += p.entry.header.record_count
         self._in_flight -= 1
+        self._session_acked = True
         self._backoff.reset()
         done = self._settle()
         self._maybe_drained()
@@ -632,12 +643,22 @@ class PartitionMirror:
             found += 1
         self._drop_skipped()
         self.stamp = stamp
+        self._session_acked = False
         self.sequence = 0
         self._send_dest = self.dest_next
         self._retry_at_ms = 0
         self._stamp_for_end = None
         self.phase = next_phase(self.phase, Event.RECONCILED)
         return Reconciled(True, found)
+
+    def _window_limit(self) -> int:
+        """Batches that may be in flight: one until the destination acknowledged one of
+        this producer session -- a broker with no state for a producer takes its first
+        batch at any sequence, so a second batch sent beside a first that fails would be
+        written without it (a gap); once it holds our state it refuses any gap."""
+        if self._session_acked or not self.timing.first_batch_alone:
+            return self.timing.max_in_flight
+        return 1
 
     def _window_batches(self) -> int:
         """Batches sent since the oldest one not settled, acknowledged or not: a resend of

@@ -296,7 +296,9 @@ def test_an_unanswered_send_is_resent_after_its_deadline() -> None:
 
 # -- pipelining -----------------------------------------------------------------------------
 
-PIPELINED = dataclasses.replace(TIMING, max_in_flight=5)
+# Five in flight from the first send (the rule of one alone until the destination holds
+# the producer's state has its own test).
+PIPELINED = dataclasses.replace(TIMING, max_in_flight=5, first_batch_alone=False)
 
 
 def sends(core: PartitionMirror, now: int = NOW, stamp: ProducerStamp = STAMP) -> list[Any]:
@@ -410,7 +412,9 @@ def test_a_fatal_answer_halts_with_its_reason() -> None:
 
 # -- coalescing ---------------------------------------------------------------------------
 
-COALESCING = dataclasses.replace(TIMING, max_in_flight=5, coalesce_bytes=25)
+COALESCING = dataclasses.replace(
+    TIMING, max_in_flight=5, coalesce_bytes=25, first_batch_alone=False
+)
 
 
 def test_small_batches_are_sent_as_one_run_and_map_each_to_its_offsets() -> None:
@@ -544,3 +548,16 @@ def test_runs_formed_again_after_a_refusal_stop_at_a_run_sent_before() -> None:
     for send in again:
         core.acked(send, -1, wake)
     assert core.in_flight == 0 and core.position == 5 and core.dest_next == 5
+
+
+def test_one_batch_alone_until_the_destination_acknowledged_one_of_the_session() -> None:
+    """A broker with no state for a producer takes its first batch at any sequence: a
+    second batch sent beside a first that fails would land without it. So one batch goes
+    alone until one is acknowledged; then the window opens; a new session closes it."""
+    core = started(timing=dataclasses.replace(TIMING, max_in_flight=5))
+    core.feed([data(i) for i in range(8)])
+    (first,) = sends(core)
+    core.acked(first, -1, NOW)
+    assert [s.base_sequence for s in sends(core)] == [1, 2, 3, 4, 5]
+    renewed = ProducerStamp(10, 0)
+    assert core.next_send(NOW, renewed) is None  # the session is lost: drain, reconcile

@@ -5,8 +5,9 @@ Rules it keeps (Kafka's ProducerStateManager, simplified to what the mirror reli
 - Per producer id, the epoch and the last five batches' sequence ranges and offsets. A
   batch whose sequence follows the last one is appended; a batch equal to one of the last
   five is a duplicate, answered with the offset it was written at; anything else is
-  OUT_OF_ORDER_SEQUENCE_NUMBER. A producer with no state may only start at sequence 0
-  (else UNKNOWN_PRODUCER_ID); an older epoch is INVALID_PRODUCER_EPOCH. A producer's state
+  OUT_OF_ORDER_SEQUENCE_NUMBER. A producer with no state is taken at any sequence (Kafka
+  since KIP-360); a new epoch must start at sequence 0; an older epoch is
+  INVALID_PRODUCER_EPOCH. A producer's state
   expires only after PRODUCER_EXPIRATION_MS without a write (Kafka's
   producer.id.expiration.ms, a day by default; far longer than any resend waits).
 - acks=all: an appended batch is answered only once it is replicated (the high
@@ -86,7 +87,9 @@ class SimDestination:
         if producer is not None and epoch < producer.epoch:
             return Answer(INVALID_PRODUCER_EPOCH)
         if producer is None or epoch > producer.epoch:
-            if seq != 0:
+            # A producer the partition has no state for is taken at any sequence (Kafka
+            # since KIP-360: its state may have expired); a new epoch starts at 0.
+            if producer is not None and seq != 0:
                 return Answer(UNKNOWN_PRODUCER_ID)
             producer = self._producers[pid] = _Producer(epoch)
         producer.last_write_ms = now_ms
