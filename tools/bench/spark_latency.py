@@ -1,20 +1,27 @@
-"""How soon a produced record is a row in a Spark stream's sink: the `replicad` stream over a
-replica next to Spark's Kafka source reading the broker, one run, the same records.
+"""How soon a record is a row in a Spark stream's sink: the `replicad` stream over a replica,
+then Spark's Kafka source over the broker, one query at a time, the same load.
 
     .venv/bin/python -m tools.bench.spark_latency [--seconds 30] [--rate 200]
         [--trigger "1 second"] [--master local[2]] [--hw-interval-ms 200]
 
-A local Apache Kafka broker (tools.peers) gets `--rate` records/s for `--seconds` from
-confluent-kafka (linger.ms 0, each record stamped with its CreateTime). Two `replicad run`
-replicate the topic at once into two data directories: one as configured by default (the
-high watermarks reach `replication-offset-checkpoint` with the checkpoint, every 5 s), one
-with `high_watermark_interval_ms` (`--hw-interval-ms`). Three streaming queries run in one
-Spark session with a processing-time trigger (`--trigger`): the `replicad` source over each
-data directory and Spark's Kafka source over the broker (`make spark-kafka-jars`), each into
-a foreachBatch sink that notes, per record, the time its micro-batch held it minus the
-record's CreateTime. The table gives percentiles of that latency per query: it counts the
-whole way, producer -> broker -> replicad -> file -> Spark, so a replica's figure includes
-replication (a fetch returns as soon as the leader has data).
+A local Apache Kafka broker (tools.peers) holds two topics of 2 partitions whose records
+carry the broker's append time (`message.timestamp.type` LogAppendTime). confluent-kafka
+sends `--rate` records/s for `--seconds` (linger.ms 0) into one topic, then into the other:
+
+1. `replicad run` (`high_watermark_interval_ms` `--hw-interval-ms`) replicates the first
+   topic, and the `replicad` stream reads its data directory alone in the Spark session.
+   A watcher (`ReplicaArrivals`) reads the replica's segment files as they grow, every few
+   ms, and notes when each offset reached them. Latency: the time its micro-batch held the
+   row (foreachBatch) minus the time the record reached the replica; the same row's time
+   from the broker (its LogAppendTime) is given too, replication included.
+2. Spark's Kafka source (`make spark-kafka-jars`) reads the second topic from the broker
+   alone. Latency: the time its micro-batch held the row minus its LogAppendTime: from the
+   record reaching the broker.
+
+Each query runs with a processing-time trigger (`--trigger`) and has run its first (empty)
+micro-batch before a record is sent; the issue's goal is the trigger plus 1 s. One query at
+a time: several at once on `local[2]` wait for each other's micro-batches, which measures
+the two cores and not a source.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,25 +42,89 @@ from tools.bench.spark_kafka import connector_jars, connector_name
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+PARTITIONS = 2
+WATCH_INTERVAL_S = 0.005
+LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
 
 @dataclass
 class Sink:
-    """What one query's foreachBatch saw: a latency in ms per record, by offset."""
+    """What one query's foreachBatch saw: per record, when its micro-batch held it and the
+    record's timestamp (the broker's append time)."""
 
     name: str
-    latencies_ms: dict[tuple[int, int], int] = field(default_factory=dict)
+    held_ms: dict[tuple[int, int], int] = field(default_factory=dict)
+    timestamp_ms: dict[tuple[int, int], int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def batch(self, df: DataFrame, batch_id: int) -> None:
         rows = df.selectExpr("partition", "offset", "unix_millis(timestamp) AS ts").collect()
-        held_ms = int(time.time() * 1000)
+        held = now_ms()
         with self.lock:
             for r in rows:
-                self.latencies_ms.setdefault((r.partition, r.offset), held_ms - r.ts)
+                key = (r.partition, r.offset)
+                if key not in self.held_ms:
+                    self.held_ms[key] = held
+                    self.timestamp_ms[key] = r.ts
 
     def count(self) -> int:
         with self.lock:
-            return len(self.latencies_ms)
+            return len(self.held_ms)
+
+    def latencies_from(self, arrived_ms: dict[tuple[int, int], int] | None) -> list[int]:
+        """Held minus arrival (`arrived_ms`, by partition and offset), or minus the record's
+        timestamp when None."""
+        with self.lock:
+            since = self.timestamp_ms if arrived_ms is None else arrived_ms
+            return [held - since[key] for key, held in self.held_ms.items() if key in since]
+
+
+class ReplicaArrivals:
+    """When each offset of a replica's partitions reached its segment files: a thread reads
+    what each partition's last segment gained since the last look (whole batches only)."""
+
+    def __init__(self, data_dir: Path, topic: str, interval_s: float = WATCH_INTERVAL_S) -> None:
+        self.data_dir, self.topic, self.interval_s = data_dir, topic, interval_s
+        self.arrived_ms: dict[tuple[int, int], int] = {}
+        self._read_to: dict[Path, int] = {}  # segment file -> position of its next batch
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="replica-arrivals", daemon=True)
+
+    def __enter__(self) -> ReplicaArrivals:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.look()
+            self._stop.wait(self.interval_s)
+
+    def look(self) -> None:
+        from replicad.records.batch import scan_batches
+
+        for partition in range(PARTITIONS):
+            directory = self.data_dir / f"{self.topic}-{partition}"
+            for segment in sorted(directory.glob("*.log")):
+                at = self._read_to.get(segment, 0)
+                with segment.open("rb") as f:
+                    f.seek(at)
+                    data = f.read()
+                if not data:
+                    continue
+                seen = now_ms()
+                scan = scan_batches(data, verify_crc=False)
+                for batch in scan.batches:
+                    for offset in range(batch.base_offset, batch.next_offset):
+                        self.arrived_ms.setdefault((partition, offset), seen)
+                self._read_to[segment] = at + scan.valid_bytes
 
 
 def percentile(values: list[int], p: float) -> int:
@@ -60,7 +132,7 @@ def percentile(values: list[int], p: float) -> int:
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
-def produce_steadily(bootstrap: str, topic: str, partitions: int, rate: int, seconds: float) -> int:
+def produce_steadily(bootstrap: str, topic: str, rate: int, seconds: float) -> int:
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": "1"})
@@ -69,7 +141,7 @@ def produce_steadily(bootstrap: str, topic: str, partitions: int, rate: int, sec
     while (elapsed := time.monotonic() - started) < seconds:
         due = int(elapsed * rate)
         while sent < due:
-            producer.produce(topic, value=b"%d" % sent, partition=sent % partitions)
+            producer.produce(topic, value=b"%d" % sent, partition=sent % PARTITIONS)
             sent += 1
         producer.poll(0)
         time.sleep(0.005)
@@ -86,18 +158,34 @@ def start_query(df: DataFrame, sink: Sink, checkpoint: Path, trigger: str):
     for attempt in range(1, START_ATTEMPTS + 1):
         query = (
             df.writeStream.foreachBatch(sink.batch)
-            .option("checkpointLocation", str(checkpoint))
+            .option("checkpointLocation", str(checkpoint / str(attempt)))
             .trigger(processingTime=trigger)
             .start()
         )
         deadline = time.monotonic() + 600
         while query.isActive and query.lastProgress is None and time.monotonic() < deadline:
-            time.sleep(0.5)
+            time.sleep(0.1)
         if query.isActive:
             return query
         if attempt == START_ATTEMPTS or not worker_start_failed(query.exception()):
             raise RuntimeError(f"{sink.name}: {query.exception()}")
     raise AssertionError("unreachable")
+
+
+def run_alone(
+    df: DataFrame, sink: Sink, checkpoint: Path, args: argparse.Namespace, send: Callable[[], int]
+) -> int:
+    """One query alone in the session: started, fed by `send`, stopped once its sink holds
+    every record sent (or after 120 s)."""
+    query = start_query(df, sink, checkpoint, args.trigger)
+    try:
+        sent = send()
+        deadline = time.monotonic() + 120
+        while sink.count() < sent and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return sent
+    finally:
+        query.stop()
 
 
 def session(master: str, jars: str) -> SparkSession:
@@ -112,7 +200,16 @@ def session(master: str, jars: str) -> SparkSession:
     return spark
 
 
-def run(args: argparse.Namespace, work: Path) -> tuple[list[Sink], int]:
+@dataclass(frozen=True)
+class Row:
+    stream: str
+    since: str
+    sent: int
+    held: int
+    latencies_ms: list[int]
+
+
+def run(args: argparse.Namespace, work: Path) -> list[Row]:
     from tools.peers.kafka import KafkaBroker
     from tools.replica import replicad_run
 
@@ -120,75 +217,87 @@ def run(args: argparse.Namespace, work: Path) -> tuple[list[Sink], int]:
     broker = KafkaBroker(work / "kafka")
     broker.start()
     try:
-        topic, partitions = "bench-latency", 2
-        broker.create_topic(topic, partitions)
-        hw_config = {"high_watermark_interval_ms": args.hw_interval_ms}
-        runs = [
-            ("replicad stream, high watermarks with the checkpoint (5 s)", work / "a", None),
-            (
-                f"replicad stream, high_watermark_interval_ms {args.hw_interval_ms}",
-                work / "b",
-                hw_config,
+        ours, theirs = "bench-latency-replicad", "bench-latency-kafka"
+        broker.create_topics([ours, theirs], PARTITIONS, LOG_APPEND_TIME)
+        data_dir = work / "replica"
+        config = {"high_watermark_interval_ms": args.hw_interval_ms}
+        with replicad_run(broker.bootstrap, [ours], data_dir, config=config) as proc:
+            proc.wait_ready()
+            # A stream refuses a directory before its first high watermarks.
+            proc.wait_for(
+                lambda: (data_dir / "replication-offset-checkpoint").exists(),
+                what="the first high watermarks",
+            )
+            spark = session(args.master, jars)
+            try:
+                name = f"replicad stream (high_watermark_interval_ms {args.hw_interval_ms})"
+                replica_sink = Sink(name)
+                df = spark.readStream.format("replicad").load(str(data_dir))
+                with ReplicaArrivals(data_dir, ours) as arrivals:
+                    sent = run_alone(
+                        df,
+                        replica_sink,
+                        work / "checkpoint-replicad",
+                        args,
+                        lambda: produce_steadily(broker.bootstrap, ours, args.rate, args.seconds),
+                    )
+                kafka_sink = Sink(f"Spark Kafka source stream ({connector_name(jars)})")
+                kafka_df = (
+                    spark.readStream.format("kafka")
+                    .option("kafka.bootstrap.servers", broker.bootstrap)
+                    .option("subscribe", theirs)
+                    .option("startingOffsets", "earliest")
+                    .load()
+                )
+                kafka_sent = run_alone(
+                    kafka_df,
+                    kafka_sink,
+                    work / "checkpoint-kafka",
+                    args,
+                    lambda: produce_steadily(broker.bootstrap, theirs, args.rate, args.seconds),
+                )
+            finally:
+                spark.stop()
+        return [
+            Row(
+                replica_sink.name,
+                "the replica",
+                sent,
+                replica_sink.count(),
+                replica_sink.latencies_from(arrivals.arrived_ms),
+            ),
+            Row(
+                replica_sink.name,
+                "the broker",
+                sent,
+                replica_sink.count(),
+                replica_sink.latencies_from(None),
+            ),
+            Row(
+                kafka_sink.name,
+                "the broker",
+                kafka_sent,
+                kafka_sink.count(),
+                kafka_sink.latencies_from(None),
             ),
         ]
-        procs = [replicad_run(broker.bootstrap, [topic], d / "data", config=c) for _, d, c in runs]
-        try:
-            for proc, (_, directory, _) in zip(procs, runs, strict=True):
-                proc.wait_ready()
-                # A stream refuses a directory before its first high watermarks (5 s for a).
-                proc.wait_for(
-                    lambda d=directory: (d / "data" / "replication-offset-checkpoint").exists(),
-                    what="the first high watermarks",
-                )
-            spark = session(args.master, jars)
-            sinks: list[Sink] = []
-            queries = []
-            for name, directory, _ in runs:
-                sink = Sink(name)
-                df = spark.readStream.format("replicad").load(str(directory / "data"))
-                queries.append(start_query(df, sink, directory / "checkpoint", args.trigger))
-                sinks.append(sink)
-            kafka = Sink(f"Spark Kafka source stream ({connector_name(jars)})")
-            kafka_df = (
-                spark.readStream.format("kafka")
-                .option("kafka.bootstrap.servers", broker.bootstrap)
-                .option("subscribe", topic)
-                .option("startingOffsets", "earliest")
-                .load()
-            )
-            queries.append(start_query(kafka_df, kafka, work / "kafka-checkpoint", args.trigger))
-            sinks.append(kafka)
-            # Each query has run a first (empty) micro-batch before a record is produced.
-            sent = produce_steadily(broker.bootstrap, topic, partitions, args.rate, args.seconds)
-            deadline = time.monotonic() + 120
-            while any(s.count() < sent for s in sinks) and time.monotonic() < deadline:
-                time.sleep(0.5)
-            for query in queries:
-                query.stop()
-            spark.stop()
-            return sinks, sent
-        finally:
-            for proc in procs:
-                proc.stop()
     finally:
         broker.stop()
 
 
-def table(sinks: list[Sink], sent: int) -> str:
+def table(rows: list[Row]) -> str:
     lines = [
-        "| stream | records in the sink | p50 ms | p95 ms | p99 ms | max ms |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| stream | latency from the record reaching | rows in the sink | p50 ms | p95 ms "
+        "| p99 ms | max ms |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for sink in sinks:
-        values = list(sink.latencies_ms.values())
-        if not values:
-            lines.append(f"| {sink.name} | 0 of {sent:,} | | | | |")
+    for row in rows:
+        head = f"| {row.stream} | {row.since} | {row.held:,} of {row.sent:,} |"
+        if not row.latencies_ms:
+            lines.append(f"{head} | | | |")
             continue
-        p = [percentile(values, q) for q in (50, 95, 99)]
-        lines.append(
-            f"| {sink.name} | {len(values):,} of {sent:,} | {p[0]:,} | {p[1]:,} | {p[2]:,} | "
-            f"{max(values):,} |"
-        )
+        p = [percentile(row.latencies_ms, q) for q in (50, 95, 99)]
+        lines.append(f"{head} {p[0]:,} | {p[1]:,} | {p[2]:,} | {max(row.latencies_ms):,} |")
     return "\n".join(lines)
 
 
@@ -199,22 +308,23 @@ def main() -> int:
     parser.add_argument("--trigger", default="1 second", help="the queries' processing time")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--hw-interval-ms", type=int, default=200)
-    parser.add_argument("--work-dir", help="where the broker and the replicas go")
+    parser.add_argument("--work-dir", help="where the broker and the replica go")
     args = parser.parse_args()
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-spark-latency-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
         load_before = os.getloadavg()[0]
-        sinks, sent = run(args, work)
+        rows = run(args, work)
         load_after = os.getloadavg()[0]
         print()
         print(
             f"{args.master}, trigger {args.trigger}, {args.rate} records/s for "
-            f"{args.seconds:.0f} s over 2 partitions; {os.cpu_count()} cores, load average "
-            f"{load_before:.1f} before and {load_after:.1f} after"
+            f"{args.seconds:.0f} s over {PARTITIONS} partitions, one query at a time; "
+            f"{os.cpu_count()} cores, load average {load_before:.1f} before and "
+            f"{load_after:.1f} after"
         )
         print()
-        print(table(sinks, sent))
+        print(table(rows))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
