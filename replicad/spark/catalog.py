@@ -40,7 +40,6 @@ from replicad.log.layout import (
     segment_file_name,
 )
 from replicad.records.batch import ScanStop
-from replicad.records.records import decode_batch
 from replicad.spark.files import FileOpener, Purpose
 from replicad.spark.options import EARLIEST, LATEST, ReadOptions
 from replicad.spark.plan import (
@@ -257,6 +256,10 @@ class Planner:
         timestamp: int,
         starting_offset: int,
     ) -> int | None:
+        # Decoding records is needed only here: imported here, so that the processes that
+        # only plan (a stream's source process on the driver) do not load the decoders.
+        from replicad.records.records import decode_batch
+
         entry = time_index.lookup(timestamp)
         start = max(entry.offset, starting_offset)
         position = self.offset_index(files, segment).lookup(start).position

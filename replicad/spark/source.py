@@ -31,7 +31,6 @@ from replicad.spark.options import (
     table_options,
 )
 from replicad.spark.plan import Split
-from replicad.spark.reader import read_batches, read_records
 from replicad.spark.schema import BATCHES_DDL, records_ddl
 
 FORMAT_NAME = "replicad"
@@ -79,6 +78,10 @@ class ReplicadReader(DataSourceReader):
         if not isinstance(partition, SplitPartition):
             # Spark reads one default partition when `partitions()` found nothing to read.
             return
+        # The decoders (numpy, kio) are imported where splits are read, not where Spark
+        # only plans: a stream's source process on the driver starts once per query.
+        from replicad.spark.reader import read_batches, read_records
+
         if self.read_options.view is View.BATCHES:
             yield from read_batches(partition.split, self.read_options, self._opener())
         else:

@@ -77,7 +77,6 @@ from replicad.spark.catalog import (
 )
 from replicad.spark.options import EARLIEST, LATEST, Isolation, StreamOptions
 from replicad.spark.plan import PartitionFiles, Split
-from replicad.spark.reader import read_records
 from replicad.spark.stable import last_stable_offset
 from replicad.types import TopicPartition
 
@@ -272,6 +271,8 @@ class ReplicadStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, StreamSplit)
+        from replicad.spark.reader import read_records  # on the executors only (source.py)
+
         split = partition.split
         opener = opener_for(self.read_options)
         try:

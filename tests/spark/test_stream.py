@@ -2,30 +2,26 @@
 `replicad run` is writing from a real Kafka broker: Trigger.AvailableNow into Spark's
 parquet sink, checkpointed offsets, new partitions and topics joining, read_committed
 before an open transaction, data lost to retention; and running queries over a replica the
-follower truncates under them (a scripted leader's unclean change: no real broker rewrites
-its history on cue)."""
+follower truncates under them (an unclean leader election on the session's real three-node
+cluster)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import math
 import re
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import ElectionType
 
 from replicad.spark.follow import START_ATTEMPTS, worker_start_failed
 from replicad.spark.handover import offsets_from_checkpoint
 from replicad.spark.options import parse_stream_options
 from replicad.spark.stream import ReplicadStreamReader, high_watermarks
 from replicad.types import TopicPartition
-from tools.logdata.batches import producer_batch
+from tools.chaos.leadership import elect
 from tools.peers.produce import produce_numbered
-from tools.peers.scripted_leader import ScriptedLeader
 from tools.replica import replicad_run
 from tools.wait import wait_until
 
@@ -275,44 +271,31 @@ def running_query(spark, data_dir: Path, root: Path, want: dict, **options: str)
     raise AssertionError("unreachable")
 
 
-def history(first: int, batches: int, epoch: int, tag: bytes) -> list[bytes]:
-    """Batches of 10 records from offset `first`, written in leader epoch `epoch`."""
-    return [
-        producer_batch(
-            first + 10 * i,
-            [tag + b"-%d" % (first + 10 * i + j) for j in range(10)],
-            leader_epoch=epoch,
-        )
-        for i in range(batches)
-    ]
-
-
-@contextlib.contextmanager
-def scripted_leader(topic: str, batches: list[bytes], epoch: int) -> Iterator[ScriptedLeader]:
-    """A ScriptedLeader on an event loop of its own thread (Spark's calls block this one)."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="scripted-leader", daemon=True)
-    thread.start()
-    leader = ScriptedLeader(topic)
-    leader.set_log(batches, leader_epoch=epoch)
-    try:
-        asyncio.run_coroutine_threadsafe(leader.start(), loop).result(30)
-        yield leader
-    finally:
-        asyncio.run_coroutine_threadsafe(leader.close(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        loop.close()
-
-
-def test_a_truncation_under_running_streams_fails_one_and_is_skipped_by_the_other(spark, tmp_path):
-    topic = "truncated"
+@pytest.mark.timeout(1200)  # three node restarts of the shared cluster: minutes under load
+def test_an_unclean_election_on_a_real_cluster_truncates_under_running_streams(
+    spark, kafka_cluster, unique_topic, tmp_path
+):
+    """The session's three-node Apache Kafka cluster elects a stale follower uncleanly: the
+    new leader holds 0..49 of the 0..99 both running queries read from the replica, and
+    `replicad run` truncates to 50 on the broker's DivergingEpoch. The strict query stops
+    with one line; the lenient one moves to 50 and reads the new history."""
+    topic = unique_topic()
     tp = TopicPartition(topic, 0)
-    old = history(0, 10, epoch=1, tag=b"old")  # offsets 0..99, epoch 1
+    leader, stale = kafka_cluster.node_ids[:2]
+    kafka_cluster.create_replicated_topic(
+        topic,
+        {"min.insync.replicas": "1", "unclean.leader.election.enable": "true"},
+        assignment=[[leader, stale]],
+    )
     strict, lenient = tmp_path / "strict", tmp_path / "lenient"
     data_dir = tmp_path / "data"
-    with scripted_leader(topic, old, epoch=1) as leader:
-        bootstrap = f"127.0.0.1:{leader.port}"
+    stopped: list[int] = []
+    try:
+        produce_numbered(kafka_cluster.bootstrap, topic, 1, 50, b"a-")  # acks=all: both hold it
+        kafka_cluster.node(stale).stop()
+        stopped.append(stale)
+        produce_numbered(kafka_cluster.bootstrap, topic, 1, 50, b"b-")  # 50..99: the leader's
+        bootstrap = kafka_cluster.bootstrap
         with replicad_run(bootstrap, [topic], data_dir, config=REPLICA_CONFIG) as proc:
             wait_replicated(proc, data_dir, {tp: 100})
             read_all = {topic: {"0": 100}}
@@ -321,11 +304,14 @@ def test_a_truncation_under_running_streams_fails_one_and_is_skipped_by_the_othe
                 running_query(spark, data_dir, lenient, read_all, failOnDataLoss="false"),
             ]
             try:
-                # An unclean leader change: the new leader (epoch 2) has only 0..49 of the
-                # history both streams read to 100. The follower truncates to 50.
-                leader.set_log(old[:5], leader_epoch=2)
+                kafka_cluster.node(leader).kill()
+                stopped.append(leader)
+                kafka_cluster.node(stale).start()
+                stopped.remove(stale)
+                elect(kafka_cluster, ElectionType.UNCLEAN, [tp])
                 proc.wait_for(
                     lambda: high_watermarks(str(data_dir)).get(tp) == 50,
+                    timeout_s=QUERY_TIMEOUT_S,
                     what="the replica truncated to 50",
                 )
                 line = (
@@ -340,7 +326,7 @@ def test_a_truncation_under_running_streams_fails_one_and_is_skipped_by_the_othe
                     timeout_s=QUERY_TIMEOUT_S,
                     what="the lenient stream to move to the new end",
                 )
-                leader.set_log(old[:5] + history(50, 3, epoch=2, tag=b"new"), leader_epoch=2)
+                produce_numbered(kafka_cluster.bootstrap, topic, 1, 30, b"new-")  # 50..79
                 wait_until(
                     lambda: committed(lenient / "checkpoint") == {topic: {"0": 80}},
                     timeout_s=QUERY_TIMEOUT_S,
@@ -349,11 +335,16 @@ def test_a_truncation_under_running_streams_fails_one_and_is_skipped_by_the_othe
             finally:
                 for query in queries:
                     query.stop()
+    finally:
+        for node in stopped:  # the cluster is the session's: whole again for the next test
+            kafka_cluster.node(node).start()
     rows = spark.read.parquet(str(lenient / "out")).select("offset", "value").collect()
     values = sorted((r.offset, bytes(r.value)) for r in rows)
     # What it read of the old history stays in its sink; of the new, what lies past 50.
     assert values == sorted(
-        [(o, b"old-%d" % o) for o in range(100)] + [(o, b"new-%d" % o) for o in range(50, 80)]
+        [(o, b"a-%d" % o) for o in range(50)]
+        + [(o, b"b-%d" % (o - 50)) for o in range(50, 100)]
+        + [(o, b"new-%d" % (o - 50)) for o in range(50, 80)]
     )
     strict_rows, strict_offsets = sink_offsets(spark, strict / "out")
     assert strict_rows == len(strict_offsets) == 100
