@@ -20,6 +20,8 @@ One run, the same data for all three:
    - streaming, Trigger.AvailableNow into Spark's `noop` sink (a fresh checkpoint each
      time): `spark.readStream` of the `replicad` source, and of Spark's Kafka source from
      the broker (no maxOffsetsPerTrigger, so one micro-batch each), default and tuned.
+     Each streaming run prints where its time went (`phases`): its micro-batches, by
+     Spark's own `durationMs`, and outside them (starting and stopping the query).
    A small read first warms the Python workers and the JVM, so no row pays for start-up.
 MB/s is given over each source's own input and over the log bytes (the same volume for
 all three). CPU seconds are the Spark JVM's and its Python workers' (the process tree,
@@ -335,6 +337,7 @@ def read_three_ways(
                         raise
             seconds = time.perf_counter() - started
             cpu_after = meter.read()
+            print(f"{source}: {phases(query.recentProgress, seconds)}", flush=True)
             if seconds < best[0]:
                 best = (seconds, cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1])
         return Timing(source, rows, log_bytes, *best)
@@ -361,6 +364,25 @@ def read_three_ways(
         raise RuntimeError(f"replicad source counted {counted:,} rows, {rows:,} were produced")
     spark.stop()
     return timings
+
+
+def phases(progress: list[dict], seconds: float) -> str:
+    """Where a streaming run's time went: its micro-batches (Spark's own `durationMs`: the
+    source's offsets, planning, the read, the checkpoint's writes) and the rest, which is
+    starting and stopping the query (for a Python source, the process that hosts it on the
+    driver starts with the query)."""
+    batches = [p for p in progress if p["numInputRows"] > 0]
+    total_ms = sum(p["durationMs"].get("triggerExecution", 0) for p in progress)
+    parts: dict[str, int] = {}
+    for p in progress:
+        for key, ms in p["durationMs"].items():
+            if key != "triggerExecution":
+                parts[key] = parts.get(key, 0) + ms
+    detail = ", ".join(f"{key} {ms / 1000:.2f}" for key, ms in sorted(parts.items()))
+    return (
+        f"{seconds:.2f} s: {len(batches)} micro-batches with rows ({len(progress)} in all) "
+        f"{total_ms / 1000:.2f} s ({detail}); outside them {seconds - total_ms / 1000:.2f} s"
+    )
 
 
 def table(timings: list[Timing], log_bytes: int) -> str:
