@@ -382,6 +382,8 @@ SIMULATION_BLOCK = (
     "| 7 (2026-11-26, third session, 1 worker, load 40 to 50) | 4eb8ced (invariant 9, "
     "the truncation fsync), seeds 27,600..29,599 | 2,000 | 20 min | 1.6 | 5 (seeds "
     "27926, 28505, 29069, 29265, 29379: one bug, below) |",
+    "| 8 (2026-11-26, third session, 1 worker, load 10 to 25) | f0e41ee (27926's fix), "
+    "seeds 29,600..33,399, stopped at the session's end | 3,800 | 7 min | 9.8 | 0 |",
     "",
     "The target of 100,000 seeds without a failure was not reached: at these rates it "
     "takes 6 to 28 hours of a shared core; the earlier run of about 95,000 seeds (about "
@@ -393,18 +395,18 @@ SIMULATION_BLOCK = (
     "2292's (partitions the leader's session kept after the follower dropped them while "
     "nothing was fetchable), and all three pass on today's code.",
     "",
-    "In all, seeds 0..29,599 have each run at least once on code from bbe9139 on: 29,600 "
-    "of the 100,000 (the earlier runs 1 to 3 ran older streams). The run continues next "
-    "session from seed 29,600. A seed replays exactly on a given code: checked, the same "
-    "seed gives the same event log in another process, under another PYTHONHASHSEED, and "
-    "after other seeds in the same process (seeds 100..105 after 0..7, and alone), so "
-    "chunks run on the same code add up to one run. Across code versions they add up "
-    "only as far as the simulation's draws did not change: invariant 9 and the torn "
-    "rolled segments draw nothing and change no stream, but a fix in the core can change "
-    "what a seed does from the event it touches on (the truncation fsync changes which "
-    "writes a crash can lose). Every seed that failed in these runs (2292, 13656, 21336, "
-    "490, 8667, 80478, and run 7's five) passes on today's code; seeds 0..23,599 were "
-    "not run again on it.",
+    "In all, seeds 0..33,399 have each run at least once on code from bbe9139 on: 33,400 "
+    "of the 100,000 (the earlier runs 1 to 3 ran older streams), 9,800 of them this "
+    "session. The run continues next session from seed 33,400. A seed replays exactly on "
+    "a given code: checked, the same seed gives the same event log in another process, "
+    "under another PYTHONHASHSEED, and after other seeds in the same process (seeds "
+    "100..105 after 0..7, and alone), so chunks run on the same code add up to one run. "
+    "Across code versions they add up only as far as the simulation's draws did not "
+    "change: invariant 9 and the torn rolled segments draw nothing and change no stream, "
+    "but a fix in the core can change what a seed does from the event it touches on (the "
+    "truncation fsync changes which writes a crash can lose). Every seed that failed in "
+    "these runs (2292, 13656, 21336, 490, 8667, 80478, and run 7's five) passes on "
+    "today's code; seeds 0..23,599 were not run again on it.",
     "",
     "Found this session (2026-11-26, third session):",
     "",
