@@ -70,11 +70,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-# Under `make test TEST_WORKERS=2` the suite runs on two pytest-xdist workers, a file at a
-# time (`--dist loadfile`), so a module's fixtures start once. Files in one group here share a
-# worker, and so never run at the same time: the ones that add and delete throw-away users
-# (useradd and userdel lock /etc/passwd; one that finds it locked waits 15 s, then fails:
-# "cannot lock /etc/passwd; try again later", seen here with the lock held).
+# `make test` runs the suite on two pytest-xdist workers (TEST_WORKERS=1: one process), a
+# file at a time (`--dist loadfile`), so a module's fixtures start once. Files in one group
+# here share a worker, and so never run at the same time: the ones that add and delete
+# throw-away users (useradd and userdel lock /etc/passwd; one that finds it locked waits
+# 15 s, then fails: "cannot lock /etc/passwd; try again later", seen here with the lock
+# held).
 # And the Spark tests: each worker that runs one starts a local Spark session of its own (a
 # JVM of 1 GiB and 30-40 CPU-s at start, measured at load 50).
 SAME_WORKER = {
