@@ -66,9 +66,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("replicad.mirror",),
     # Operators' view: health, status, the control socket; metrics; logging.
     ("replicad.control", "replicad.metrics", "replicad.logs"),
-    # The daemon, then its command line.
+    # The daemon, then its command line, then `python -m replicad` (which is the CLI).
     ("replicad.daemon",),
-    ("replicad.cli", "replicad.__main__"),
+    ("replicad.cli",),
+    ("replicad.__main__",),
 )
 
 # The sans-I/O cores: a package names every module below it. They decide; their shells
