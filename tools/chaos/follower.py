@@ -9,10 +9,13 @@ that process saw.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -20,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from replicad.config.rules import UNIX_SOCKET_PATH_MAX
 from replicad.types import TopicPartition
 from tools.chaos.invariant import end_offsets
 from tools.replica import ReplicadProcess, run_args, status_json
@@ -126,6 +130,18 @@ def merge_config(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[s
     return merged
 
 
+def control_socket_path(workdir: Path, name: str) -> Path:
+    """`workdir/NAME.sock`, or the same name in a short directory of its own (removed at exit)
+    when that path is longer than a Unix socket path may be: a test's directory under pytest's
+    base, a worker's `popen-gwN/` and the test's name easily pass 107 bytes."""
+    path = workdir / f"{name}.sock"
+    if len(os.fsencode(path)) <= UNIX_SOCKET_PATH_MAX:
+        return path
+    short = Path(tempfile.mkdtemp(prefix="rd-sock-"))
+    atexit.register(shutil.rmtree, short, True)
+    return short / f"{name}.sock"
+
+
 class Follower:
     """`replicad run` with a config file written from `config` (merged over FAST_CONFIG),
     replicating `topics` from `bootstrap` into `data_dir` (default: workdir/data)."""
@@ -147,8 +163,7 @@ class Follower:
         self.bootstrap = bootstrap
         self.topics = tuple(topics)
         self.data_dir = data_dir or self.workdir / f"{name}-data"
-        # The control socket path must stay under 108 bytes: keep it short and local.
-        self.socket = self.workdir / f"{name}.sock"
+        self.socket = control_socket_path(self.workdir, name)
         self.log_path = self.workdir / f"{name}.log"
         self.config_path = self.workdir / f"{name}.yaml"
         self.config = merge_config(FAST_CONFIG, config or {})
