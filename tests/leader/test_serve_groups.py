@@ -349,6 +349,11 @@ class Member(threading.Thread):
                     "max_poll_records": 20,
                     "session_timeout_ms": 10_000,
                     "heartbeat_interval_ms": 500,
+                    # A group leader whose metadata did not list the topic yet assigns
+                    # nothing ("No partition metadata for topic") and rejoins only once its
+                    # metadata changes: kafka-python asks again after this age (5 min by
+                    # default), so a member would wait minutes (a fresh-clone run did).
+                    "metadata_max_age_ms": 2_000,
                     **self.settings,
                 },
             )
