@@ -103,18 +103,7 @@ class KafkaClient:
 
     async def connection(self, node_id: int) -> BrokerConnection:
         """The control connection to a broker, (re)connected on demand."""
-        lock = self._locks.setdefault(node_id, asyncio.Lock())
-        async with lock:
-            conn = self._connections.get(node_id)
-            if conn is not None and conn.is_open:
-                return conn
-            address = self.brokers.get(node_id)
-            if address is None:
-                raise KafkaConnectionError(f"unknown broker id {node_id}")
-            conn = self.new_connection(address)
-            await conn.connect()
-            self._connections[node_id] = conn
-            return conn
+        return await self._on_demand(self._connections, self._locks, node_id, node_id)
 
     async def lane_connection(self, node_id: int, lane: int) -> BrokerConnection:
         """Connection `lane` to a broker (lane 0 is the control connection), (re)connected
@@ -123,10 +112,19 @@ class KafkaClient:
         -- a mirror's Produce requests waiting for acks=all -- go on lanes of their own."""
         if lane == 0:
             return await self.connection(node_id)
-        key = (node_id, lane)
-        lock = self._lane_locks.setdefault(key, asyncio.Lock())
-        async with lock:
-            conn = self._lanes.get(key)
+        return await self._on_demand(self._lanes, self._lane_locks, (node_id, lane), node_id)
+
+    async def _on_demand(
+        self,
+        conns: dict[Any, BrokerConnection],
+        locks: dict[Any, asyncio.Lock],
+        key: int | tuple[int, int],
+        node_id: int,
+    ) -> BrokerConnection:
+        """`conns[key]`, a connection to broker `node_id`, (re)connected if it is not open;
+        one caller at a time connects it."""
+        async with locks.setdefault(key, asyncio.Lock()):
+            conn = conns.get(key)
             if conn is not None and conn.is_open:
                 return conn
             address = self.brokers.get(node_id)
@@ -134,7 +132,7 @@ class KafkaClient:
                 raise KafkaConnectionError(f"unknown broker id {node_id}")
             conn = self.new_connection(address)
             await conn.connect()
-            self._lanes[key] = conn
+            conns[key] = conn
             return conn
 
     async def broker_connection(self) -> BrokerConnection:
