@@ -22,6 +22,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping, Sequence
 
+from replicad.mirror.restamp import uvarint
 from replicad.protocol.connection import Buffer
 from replicad.types import TopicPartition
 
@@ -71,7 +72,7 @@ def produce_frame(
         for index, parts in partitions:
             size = sum(len(p) for p in parts)
             pending += _I32.pack(index)
-            pending += _uvarint(size + 1) if flexible else _I32.pack(size)
+            pending += uvarint(size + 1) if flexible else _I32.pack(size)
             out.append(pending)
             out.extend(parts)
             pending = bytearray()
@@ -88,7 +89,7 @@ def produce_frame(
 
 
 def _count(n: int, flexible: bool) -> bytes:
-    return _uvarint(n + 1) if flexible else _I32.pack(n)
+    return uvarint(n + 1) if flexible else _I32.pack(n)
 
 
 def _string(text: str | None) -> bytes:
@@ -100,13 +101,4 @@ def _string(text: str | None) -> bytes:
 
 def _compact_string(text: str) -> bytes:
     data = text.encode()
-    return _uvarint(len(data) + 1) + data
-
-
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    return uvarint(len(data) + 1) + data

@@ -207,10 +207,12 @@ def _varint(value: int) -> bytes:
     raw = (value << 1) ^ (value >> 63)
     if raw < len(_SMALL_VARINTS):
         return _SMALL_VARINTS[raw]
-    return _encode_unsigned(raw)
+    return uvarint(raw)
 
 
-def _encode_unsigned(raw: int) -> bytes:
+def uvarint(raw: int) -> bytes:
+    """`raw` (not negative) as an unsigned varint (also produce_frame.py's compact
+    lengths)."""
     out = bytearray()
     while raw > 0x7F:
         out.append((raw & 0x7F) | 0x80)
@@ -220,4 +222,4 @@ def _encode_unsigned(raw: int) -> bytes:
 
 
 # Zigzag varints of 0..8191 and -8192..-1 (raw values below 2**14), made once.
-_SMALL_VARINTS = tuple(_encode_unsigned(raw) for raw in range(1 << 14))
+_SMALL_VARINTS = tuple(uvarint(raw) for raw in range(1 << 14))
