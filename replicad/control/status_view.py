@@ -321,9 +321,7 @@ def _mirror_section(mirror: Mapping[str, Any], all_partitions: bool, max_rows: i
         f"{mirror.get('produce_requests', 0):,} produce requests",
         f"{mirror.get('produce_errors', 0):,} errors",
     ]
-    lines = ["  ".join(parts)]
-    if mirror.get("problem"):
-        lines.append(f"problem: {mirror['problem']}")
+    lines = _head(parts, mirror)
     for topic, why in sorted((mirror.get("topic_errors") or {}).items()):
         lines.append(f"topic {topic}: {why}")
     headers = (
@@ -359,10 +357,8 @@ def _mirror_section(mirror: Mapping[str, Any], all_partitions: bool, max_rows: i
         )
         for p in shown
     ]
-    table = _table(headers, rows, right={1, 2, 3, 4}) if rows else ""
-    more = f"\n... {len(partitions) - len(shown):,} more" if len(shown) < len(partitions) else ""
     groups = _mirror_groups(mirror.get("groups") or {}, all_partitions, max_rows)
-    return "\n".join(lines) + ("\n" + table if table else "") + more + groups
+    return "\n".join(lines) + _rows_and_more(headers, rows, len(partitions)) + groups
 
 
 def _verify_section(verify: Mapping[str, Any], all_partitions: bool, max_rows: int) -> str:
@@ -381,9 +377,7 @@ def _verify_section(verify: Mapping[str, Any], all_partitions: bool, max_rows: i
         f"unverified {verify.get('unverified_offsets', 0):,} offsets",
         f"{verify.get('mismatches_total', 0):,} mismatches",
     ]
-    lines = ["  ".join(parts)]
-    if verify.get("problem"):
-        lines.append(f"problem: {verify['problem']}")
+    lines = _head(parts, verify)
     partitions = sorted(
         verify.get("partitions") or (),
         key=lambda p: (
@@ -417,9 +411,23 @@ def _verify_section(verify: Mapping[str, Any], all_partitions: bool, max_rows: i
         for p in shown
     ]
     headers = ("PARTITION", "VERIFIED", "LOG END", "UNVERIFIED", "BATCHES", "ERROR")
-    table = _table(headers, rows, right={1, 2, 3, 4}) if rows else ""
-    more = f"\n... {len(partitions) - len(shown):,} more" if len(shown) < len(partitions) else ""
-    return "\n".join(lines) + ("\n" + table if table else "") + more
+    return "\n".join(lines) + _rows_and_more(headers, rows, len(partitions))
+
+
+def _head(parts: Sequence[str], section: Mapping[str, Any]) -> list[str]:
+    """A section's first line, and its `problem` on the next when it has one."""
+    lines = ["  ".join(parts)]
+    if section.get("problem"):
+        lines.append(f"problem: {section['problem']}")
+    return lines
+
+
+def _rows_and_more(headers: Sequence[str], rows: Sequence[Sequence[str]], total: int) -> str:
+    """A section's per-partition table (its four offset columns right-aligned), and how
+    many of `total` partitions it left out."""
+    table = "\n" + _table(headers, rows, right={1, 2, 3, 4}) if rows else ""
+    more = f"\n... {total - len(rows):,} more" if len(rows) < total else ""
+    return table + more
 
 
 def _mirror_groups(groups: Mapping[str, Any], all_rows: bool, max_rows: int) -> str:
