@@ -74,6 +74,15 @@ class Timing:
 # master's cores times two in `kafka_tuned`), and the consumer's fetch sizes (Kafka's
 # consumer configs: max.partition.fetch.bytes 1 MiB and fetch.max.bytes 50 MiB by
 # default; a larger per-partition fetch means fewer round trips per task).
+# What the default rows run with (printed next to the tuned settings): Spark's one task per
+# Kafka partition, the consumer's fetch sizes, and the 64 KiB receive buffer Spark's source
+# sets when none is given (KafkaSourceProvider, KAFKA-3135).
+KAFKA_DEFAULTS = {
+    "minPartitions": "unset (one task per Kafka partition)",
+    "kafka.max.partition.fetch.bytes": str(1024 * 1024),
+    "kafka.fetch.max.bytes": str(50 * 1024 * 1024),
+    "kafka.receive.buffer.bytes": str(64 * 1024),
+}
 KAFKA_TUNED = {
     "kafka.max.partition.fetch.bytes": str(16 * 1024 * 1024),
     "kafka.fetch.max.bytes": str(64 * 1024 * 1024),
@@ -247,7 +256,8 @@ def read_three_ways(
     spark.sparkContext.setLogLevel("WARN")
     meter = Meter(spark.sparkContext._gateway.proc.pid, broker_pid)  # type: ignore[attr-defined]
     tuned = kafka_tuned(args.master)
-    print("Spark Kafka source, tuned: " + ", ".join(f"{k}={v}" for k, v in tuned.items()))
+    for name, settings in (("default", KAFKA_DEFAULTS), ("tuned", tuned)):
+        print(f"Spark Kafka source, {name}: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
 
     def noop(df: DataFrame) -> None:
         df.write.format("noop").mode("overwrite").save()
