@@ -55,3 +55,27 @@ async def test_an_unreachable_source_is_reported_with_its_first_failure_time():
     with pytest.raises(KafkaConnectionError, match="unknown broker id 3"):
         await client.connection(3)
     await client.close()
+
+
+async def test_lanes_are_connections_of_their_own_kept_and_closed_with_the_client():
+    leader = ScriptedLeader("t", node_id=7)
+    port = await leader.start()
+    client = KafkaClient([f"127.0.0.1:{port}"], FAST)
+    try:
+        await client.metadata(["t"])
+        control = await client.connection(7)
+        assert await client.lane_connection(7, 0) is control
+        one, two = await client.lane_connection(7, 1), await client.lane_connection(7, 2)
+        assert len({id(control), id(one), id(two)}) == 3
+        assert all(c.is_open for c in (control, one, two))
+        assert await client.lane_connection(7, 1) is one
+        # A lane found closed is connected again.
+        await one.close()
+        again = await client.lane_connection(7, 1)
+        assert again is not one and again.is_open
+        with pytest.raises(KafkaConnectionError, match="unknown broker id 3"):
+            await client.lane_connection(3, 1)
+    finally:
+        await client.close()
+        await leader.close()
+    assert not any(c.is_open for c in (control, two, again))
