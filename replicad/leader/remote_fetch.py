@@ -49,7 +49,7 @@ from replicad.archive.read_cache import CHUNK_BYTES, ReadCache
 from replicad.archive.remote_log import RemoteLog, RemoteRead, RemoteRecords
 from replicad.archive.store import ArchiveError, BucketSettings
 from replicad.archive.txn_fold import Ended, first_markers, transactions_in
-from replicad.errors import OffsetOutOfRangeError
+from replicad.errors import LogError, OffsetOutOfRangeError
 from replicad.leader.catalog import Catalog
 from replicad.leader.fetch import FetchHandling, FetchRound
 from replicad.leader.reads import Isolation, PartitionAnswer, TransactionTracker
@@ -66,6 +66,9 @@ log = structlog.get_logger("replicad.leader")
 LATEST_TIERED_TIMESTAMP = -5
 # How far a READ_COMMITTED read looks for the marker of a transaction open at its end.
 MARKER_SEARCH_BYTES = 64 * 1024 * 1024
+# What a read of the bucket raises when the bucket fails or holds what is not an archive
+# (a manifest that does not decode is a LogError): KAFKA_STORAGE_ERROR, never a traceback.
+_READ_ERRORS = (ArchiveError, LogError, OSError, ValueError)
 
 
 def remote_fetch_for(
@@ -134,6 +137,7 @@ class RemoteFetch:
                 continue
             served = True
             allowance = max(0, min(fetch.max_bytes, handling.limits.max_bytes - readable))
+            records, aborted = RemoteRecords(), None
             try:
                 read: RemoteRead | None = await self._on_thread(
                     self.remote.read,
@@ -145,7 +149,14 @@ class RemoteFetch:
                     topic_id=topic_id,
                     now_ms=now_ms,
                 )
-            except (ArchiveError, OSError, ValueError) as error:
+                if read is not None:
+                    records = read.records
+                    if handling.limits.isolation is Isolation.TXN_COMMITTED:
+                        # The marker search reads the bucket too: its failures are the read's.
+                        records, aborted = await self._on_thread(
+                            self._committed, tp, plog, read.records, hw, now_ms
+                        )
+            except _READ_ERRORS as error:
                 if isinstance(error, FileNotFoundError):
                     self.remote.forget(tp)  # deleted by remote retention since: read it again
                 self.counters["remote_fetch_errors_total"] += 1
@@ -160,13 +171,9 @@ class RemoteFetch:
                 continue
             if read is None:
                 continue  # not in the archive either: OFFSET_OUT_OF_RANGE
-            records, aborted = read.records, None
             lso = hw
             if handling.limits.isolation is Isolation.TXN_COMMITTED:
                 lso = transactions.state(tp, plog).last_stable_offset(hw)
-                records, aborted = await self._on_thread(
-                    self._committed, tp, plog, read.records, hw, now_ms
-                )
             self.counters["remote_fetches_total"] += 1
             self.counters["remote_fetch_bytes_total"] += records.size
             readable += records.size
@@ -230,7 +237,7 @@ class RemoteFetch:
                     key: self.remote.manifest(TopicPartition(*key), now_ms=now_ms) for key in asked
                 }
             )
-        except (ArchiveError, OSError) as error:
+        except _READ_ERRORS as error:
             self.counters["remote_fetch_errors_total"] += 1
             self._warn(
                 "reading the bucket's manifests failed: ListOffsets answers the local log",

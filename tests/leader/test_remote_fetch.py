@@ -17,6 +17,7 @@ import pytest
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KTP
 
+from replicad.archive.manifest import manifest_key
 from replicad.archive.read_cache import ReadCache
 from replicad.archive.remote_log import RemoteLog
 from replicad.archive.store import BucketSettings, ObjectStore
@@ -199,6 +200,34 @@ def test_the_local_tail_is_served_while_a_read_of_the_bucket_waits(
             proxy.release()
         reader.join(120)
     assert old_records == [(i, value(i)) for i in range(RECORDS)]
+
+
+def test_a_manifest_that_is_not_one_answers_kafka_storage_error(
+    archived: Archived, s3_server: S3Server, s3_bucket: str, served: Callable[..., ServedInThread]
+) -> None:
+    """A manifest in the bucket that does not decode is the bucket's fault: the fetch is
+    answered KAFKA_STORAGE_ERROR (counted; the client retries), its connection stays open."""
+    remote = remote_fetch(s3_server.endpoint, s3_bucket)
+    remote.remote.store.put_bytes(manifest_key("replicas", TP), b"not a manifest")
+    server = served(archived.logs, remote)
+    c = consumer(server.bootstrap)
+    got: list[object] = []
+    try:
+        ktp = KTP(TP.topic, TP.partition)
+        c.assign([ktp])
+        c.seek(ktp, 0)
+        wait_until(
+            lambda: (
+                got.extend(r for rs in c.poll(200).values() for r in rs) is None
+                and server.metrics().get("remote_fetch_errors_total", 0) >= 2
+            ),
+            timeout_s=60,
+            what="the bad manifest counted as a failed read",
+        )
+    finally:
+        c.close()
+    assert not got
+    assert server.metrics().get("connection_failures_total", 0) == 0
 
 
 def test_list_offsets_answers_the_buckets_start_and_the_local_start(
