@@ -222,11 +222,19 @@ class RemoteFetch:
         """The response of handlers.list_offsets_response, with the archive's offsets where
         the request asked for EARLIEST or LATEST_TIERED (see the module rules)."""
         wanted = {EARLIEST_TIMESTAMP, LATEST_TIERED_TIMESTAMP}
+        # Only partitions this server has (answered without error): the names are the
+        # client's, and each read of a manifest is a GET and an entry kept in RemoteLog.
+        known = {
+            (t.name, int(p.partition_index))
+            for t in response.topics
+            for p in t.partitions
+            if p.error_code == ErrorCode.none
+        }
         asked = {
             (t.name, int(p.partition_index)): int(p.timestamp)
             for t in request.topics
             for p in t.partitions
-            if int(p.timestamp) in wanted
+            if int(p.timestamp) in wanted and (t.name, int(p.partition_index)) in known
         }
         if not asked:
             return response

@@ -248,6 +248,15 @@ def test_list_offsets_answers_the_buckets_start_and_the_local_start(
     assert offsets(EARLIEST_LOCAL_TIMESTAMP) == archived.local_start
     assert offsets(LATEST_TIERED_TIMESTAMP) == archived.local_start - 1
     assert offsets(EARLIEST_TIMESTAMP, READ_COMMITTED) == 0
+    # A partition this server does not have: no GET, nothing kept (the name is the client's).
+    remote = server.server.remote
+    gets = remote.remote.store.requests["GET"]
+    unknown = TopicPartition("no-such-topic", 0)
+    request = list_offsets_request(8, {unknown: OffsetQuery(EARLIEST_TIMESTAMP)})
+    local = list_offsets_response(8, request, server.server.catalog, TransactionTracker(), now_ms=0)
+    assert server.run(remote.list_offsets(request, local)) == local
+    assert remote.remote.store.requests["GET"] == gets
+    assert remote.remote.known_manifest(unknown) is None
 
 
 def test_read_committed_from_the_bucket_skips_aborted_transactions(
