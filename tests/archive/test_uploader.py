@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from replicad.archive.manifest import decode_manifest, manifest_key
+from replicad.archive.manifest import Manifest, decode_manifest, manifest_key
 from replicad.archive.store import BucketSettings, ObjectStore
 from replicad.archive.uploader import Archiver, ArchiverSettings
 from replicad.clock import wall_ms
@@ -68,6 +68,10 @@ def store_of(server: S3Server, bucket: str) -> ObjectStore:
     return ObjectStore(settings(server, bucket).bucket)
 
 
+def manifest_in(store: ObjectStore) -> Manifest:
+    return decode_manifest(store.get(manifest_key(PREFIX, TP)) or b"", source="m")
+
+
 def test_rolled_segments_go_up_byte_for_byte_then_the_manifest(
     s3_server: S3Server, s3_bucket: str, tmp_path: Path
 ) -> None:
@@ -78,7 +82,7 @@ def test_rolled_segments_go_up_byte_for_byte_then_the_manifest(
     archiver = Archiver(settings(s3_server, s3_bucket))
     assert archiver.round(manager) == len(closed)
     store = store_of(s3_server, s3_bucket)
-    manifest = decode_manifest(store.get(manifest_key(PREFIX, TP)) or b"", source="m")
+    manifest = manifest_in(store)
     assert manifest.topic_id == kafka_uuid(topic_id)
     assert [s.base_offset for s in manifest.segments] == [s.base_offset for s in closed]
     assert manifest.end_offset == log.active_segment.base_offset
@@ -145,7 +149,7 @@ def test_a_restart_after_a_crash_mid_upload_writes_each_object_once(
     # .timeindex, and no manifest naming it.
     store = store_of(s3_server, s3_bucket)
     third = log.segments[2]
-    manifest = decode_manifest(store.get(manifest_key(PREFIX, TP)) or b"", source="m")
+    manifest = manifest_in(store)
     segment_dir = f"{PREFIX}/orders-2/{manifest.topic_id}"
     store.put_file(f"{segment_dir}/{third.log_path.name}", third.log_path)
     store.put_file(f"{segment_dir}/{third.index_path.name}", third.index_path)
@@ -155,7 +159,7 @@ def test_a_restart_after_a_crash_mid_upload_writes_each_object_once(
     closed = log.segments[:-1]
     names = sorted(p.name for s in closed for p in (s.log_path, s.index_path, s.time_index_path))
     assert store.list_keys(f"{segment_dir}/") == [f"{segment_dir}/{n}" for n in names]
-    manifest = decode_manifest(store.get(manifest_key(PREFIX, TP)) or b"", source="m")
+    manifest = manifest_in(store)
     assert [s.base_offset for s in manifest.segments] == [s.base_offset for s in closed]
     manager.close()
 
@@ -205,7 +209,7 @@ def test_sigkill_mid_upload_then_a_restart_leaves_each_object_once(
             child.wait()
     reopened = LogManager.open(tmp_path, CONFIG, now_ms=wall_ms())
     Archiver(settings(s3_server, s3_bucket)).round(reopened)
-    manifest = decode_manifest(store.get(manifest_key(PREFIX, TP)) or b"", source="m")
+    manifest = manifest_in(store)
     assert [s.base_offset for s in manifest.segments] == closed
     segment_dir = f"{PREFIX}/orders-2/{manifest.topic_id}"
     names = sorted(
@@ -255,7 +259,7 @@ def test_local_retention_between_uploads_does_not_move_the_archives_log_start(
     log.high_watermark = log.log_end_offset
     assert archiver.round(manager) > 0
     store = store_of(s3_server, s3_bucket)
-    manifest = decode_manifest(store.get(manifest_key(PREFIX, TP)) or b"", source="m")
+    manifest = manifest_in(store)
     assert manifest.segments[0].base_offset == 0
     assert manifest.log_start_offset == 0  # the bucket still has every record from 0
     manager.close()
@@ -316,7 +320,7 @@ def test_slow_down_answers_and_resets_are_retried_and_counted(
     assert "SlowDown" in (snap["last_error"] or "")
     assert snap["retrying_partitions"] == []
     store = store_of(s3_server, s3_bucket)
-    manifest = decode_manifest(store.get(manifest_key(PREFIX, TP)) or b"", source="m")
+    manifest = manifest_in(store)
     assert [s.base_offset for s in manifest.segments] == [s.base_offset for s in log.segments[:-1]]
     manager.close()
 
@@ -360,7 +364,7 @@ def test_remote_retention_deletes_the_oldest_after_the_manifest_and_a_crash_left
     archiver = Archiver(replace(settings(s3_server, s3_bucket), retention_bytes=keep_bytes))
     archiver.round(manager)
     store = store_of(s3_server, s3_bucket)
-    manifest = decode_manifest(store.get(manifest_key(PREFIX, TP)) or b"", source="m")
+    manifest = manifest_in(store)
     assert [s.base_offset for s in manifest.segments] == [s.base_offset for s in closed[-2:]]
     assert manifest.log_start_offset == closed[-2].base_offset
     assert manifest.end_offset == log.active_segment.base_offset  # uploads go on from here
@@ -370,7 +374,7 @@ def test_remote_retention_deletes_the_oldest_after_the_manifest_and_a_crash_left
     assert archiver.snapshot()["deleted_segments"] == len(closed) - 2
     # A crash after a manifest naming fewer segments, before its objects were deleted: the
     # next process's first round deletes them, and nothing else.
-    lost = decode_manifest(store.get(manifest_key(PREFIX, TP)) or b"", source="m").without_first(1)
+    lost = manifest_in(store).without_first(1)
     store.put_bytes(manifest_key(PREFIX, TP), lost.encode())
     again = Archiver(settings(s3_server, s3_bucket))  # retention off: no sweep
     again.round(manager)
