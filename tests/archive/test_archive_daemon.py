@@ -11,7 +11,7 @@ from typing import Any
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KTP
 
-from replicad.archive.manifest import decode_manifest
+from tools.peers import s3
 from tools.peers.process import free_port
 from tools.peers.produce import produce_numbered
 from tools.peers.s3 import ACCESS_KEY, REGION, SECRET_KEY
@@ -48,12 +48,7 @@ def test_the_bucket_down_for_a_while_replication_goes_on_and_uploads_catch_up(
     store = s3_server.client()
 
     def archived_end() -> int:
-        key = f"down/{topic}-0/manifest.json"
-        try:
-            body = store.get_object(Bucket=s3_bucket, Key=key)["Body"].read()
-        except store.exceptions.NoSuchKey:
-            return 0
-        return decode_manifest(body, source=key).end_offset or 0
+        return s3.archived_end(store, s3_bucket, "down", topic, 0)
 
     with S3FaultProxy(s3_server.endpoint) as proxy:
         config["archive"]["endpoint"] = proxy.endpoint

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from replicad.archive.manifest import decode_manifest
+from tools.peers import s3
 from tools.peers.produce import produce_numbered
 from tools.peers.s3 import ACCESS_KEY, REGION, SECRET_KEY
 from tools.replica import replicad_run
@@ -40,12 +40,7 @@ def test_a_replica_uploaded_while_replicad_runs_is_read_whole_from_the_bucket(
     store = s3_server.client()
 
     def archived_end(partition: int) -> int:
-        key = f"run/{topic}-{partition}/manifest.json"
-        try:
-            body = store.get_object(Bucket=s3_bucket, Key=key)["Body"].read()
-        except store.exceptions.NoSuchKey:
-            return 0
-        return decode_manifest(body, source=key).end_offset or 0
+        return s3.archived_end(store, s3_bucket, "run", topic, partition)
 
     with replicad_run(
         kafka_broker.bootstrap, topic, data_dir, config=config, control_socket=control, env=env
