@@ -11,6 +11,7 @@ import pytest
 
 from replicad.log.partition import PartitionLog
 from replicad.log.segment import LogSegment
+from tests.sim.test_sim_run import flush_without_fsync
 from tools.sim.log_run import run_seed, run_seeds
 from tools.sim.seeds import quiet_logs
 
@@ -83,11 +84,6 @@ def test_a_truncation_left_unsynced_is_found_by_a_suite_seed(monkeypatch):
 def test_a_flush_that_claims_what_it_did_not_sync_is_found_by_a_suite_seed(monkeypatch):
     """Rule 3 itself: a flush that raises the recovery point without fsyncing, so the next
     checkpoint names data a crash can lose."""
-
-    def flush_without_fsync(self):
-        with self._lock:
-            self.recovery_point = self.log_end_offset
-
     monkeypatch.setattr(PartitionLog, "flush", flush_without_fsync)
     failed, _ = run_seeds(SUITE_SEEDS, stop_at_first=True)
     assert failed, "no suite seed found the planted defect"

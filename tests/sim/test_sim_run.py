@@ -199,14 +199,16 @@ def test_the_command_line_replays_a_seed_and_runs_many():
     assert "2 workers" in many.stdout
 
 
+def flush_without_fsync(self: PartitionLog) -> None:
+    """PartitionLog.flush planted broken: the recovery point raised to the log end without
+    an fsync (also planted by tests/sim/test_sim_log.py)."""
+    with self._lock:
+        self.recovery_point = self.log_end_offset
+
+
 def test_a_flush_that_claims_what_it_did_not_sync_is_found_by_a_suite_seed(monkeypatch):
     """Rule 7 planted: a flush that moves the recovery point to the log end without
     fsyncing; the next checkpoint names data the disk may not hold."""
-
-    def flush_without_fsync(self):
-        with self._lock:
-            self.recovery_point = self.log_end_offset
-
     monkeypatch.setattr(PartitionLog, "flush", flush_without_fsync)
     failed, _ = run_seeds(SUITE_SEEDS, stop_at_first=True)
     assert failed, "no suite seed found the planted defect"
