@@ -8,7 +8,9 @@ import subprocess
 import sys
 
 import crc32c as library
+import pytest
 
+from replicad.records import crc
 from replicad.records.crc import crc32c
 
 # RFC 3720 (iSCSI), B.4: the CRC32C of "123456789".
@@ -35,3 +37,17 @@ def test_loading_it_reads_no_package_metadata():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     ).stdout.split()
     assert out == [str(CHECK_VALUE), "False", "False"]
+
+
+@pytest.mark.parametrize("found", [None, ImportError("moved"), OSError("unreadable")])
+def test_an_extension_not_found_alone_falls_back_to_the_package(monkeypatch, found):
+    # The library may move or rename its C extension: the package's own function is used.
+    def load():
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    monkeypatch.setattr(crc, "_load_extension", load)
+    function = crc._crc32c_function()
+    assert function is library.crc32c
+    assert function(b"123456789") == CHECK_VALUE
