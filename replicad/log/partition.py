@@ -629,13 +629,16 @@ class PartitionLog:
                 # The removed batch held the log start: see the module rules.
                 self.truncate_fully_and_start_at(offset)
                 return
-            if truncation.first_removed_offset is not None:
-                active.flush()  # the shorter length durable: see the module rules
             self._truncations += 1
             self._log_end_offset = new_end
             self.recovery_point = min(self.recovery_point, new_end)
             self.high_watermark = min(self.high_watermark, new_end)
             self._epochs.truncate_from_end(new_end)
+            # The shorter length durable (see the module rules), before the epoch file; after
+            # the state above, so a failed fsync does not leave a recovery point or log end
+            # above what the files now hold.
+            if truncation.first_removed_offset is not None:
+                active.flush()
             self._persist_epochs()
             fsync_dir(self.directory)
             log.info("log truncated", partition=str(self.topic_partition), log_end_offset=new_end)

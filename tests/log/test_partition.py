@@ -116,6 +116,28 @@ def test_a_truncation_fsyncs_the_segment_it_shortened_before_it_returns(
     assert not any(path.endswith(".log") for path, _ in synced)
 
 
+def test_a_truncation_whose_fsync_fails_claims_nothing_above_its_new_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The segment is already shortened when its fsync fails (EIO): the log end and the
+    recovery point a checkpoint would name follow it down all the same."""
+    log = PartitionLog.create(tmp_path / "orders-3", TP, SMALL, now_ms=0)
+    for raw in batch_stream(12, 60, epoch_every=20):
+        log.append(raw, scan_batches(raw).batches, now_ms=0)
+    log.flush()
+    headers = list(log.active_segment.headers())
+    assert log.recovery_point == log.log_end_offset > headers[-2].base_offset
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(OSError):
+        log.truncate_to(headers[-2].base_offset)
+    assert log.log_end_offset == headers[-2].base_offset
+    assert log.recovery_point <= log.log_end_offset
+
+
 def test_reads_at_segment_boundaries(tmp_path: Path) -> None:
     log, batches = _partition(tmp_path)
     headers = _headers(batches)
