@@ -7,9 +7,10 @@ local log start becomes a RemoteStorageFetchInfo, served by DelayedRemoteFetch):
   bucket (archive/remote_log.py) when the archive holds that offset; otherwise it stays
   OFFSET_OUT_OF_RANGE.
 - One partition a Fetch is read from the bucket (the first in the answer's order), as
-  Kafka does; other partitions the bucket holds answer no records and no error, with their
-  offsets, so the client asks again (an incremental session moves the partition that
-  returned data to the end, so the next fetch reads the next one).
+  Kafka does; other partitions the bucket holds, or whose manifest is not read yet, answer
+  no records and no error, with their offsets, so the client asks again (an incremental
+  session moves the partition that returned data to the end, so the next fetch reads the
+  next one).
 - The bucket is read on threads of its own (`archive.read_threads`, bounded concurrency),
   never on the event loop: only the connection that asked waits; consumers of the local
   tail on other connections go on. The bytes come through the read cache
@@ -132,7 +133,11 @@ class RemoteFetch:
             hw = plog.high_watermark
             if served:
                 manifest = self.remote.known_manifest(tp)
-                if manifest is not None and _holds(manifest, offset):
+                if manifest is None:
+                    # Not read yet: its turn comes; OFFSET_OUT_OF_RANGE now would have the
+                    # client reset it past what the bucket may hold.
+                    answers[tp] = _answer(answer, hw, plog.log_start_offset, None)
+                elif _holds(manifest, offset):
                     answers[tp] = _answer(answer, hw, manifest.log_start_offset, None)
                 continue
             served = True

@@ -162,6 +162,53 @@ def test_a_consumer_reads_from_offset_0_after_the_local_copy_is_gone(
     assert metrics.get("remote_fetch_errors_total", 0) == 0
 
 
+def test_a_second_partition_below_the_local_start_waits_its_turn_not_reset(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path, served: Callable[..., ServedInThread]
+) -> None:
+    """Two partitions below their local start, fetched together from committed offsets
+    (no ListOffsets first, so no manifest read yet): the one not read from the bucket this
+    time answers no records and no error, never OFFSET_OUT_OF_RANGE (the client would
+    reset it to the end and skip what the bucket holds)."""
+    other = TopicPartition(TP.topic, 1)
+    now = wall_ms()
+    logs = LogManager.open(tmp_path / "data", CONFIG, now_ms=now)
+    try:
+        logs.hold_for_archive()
+        topic_id = uuid.uuid4()
+        for tp in (TP, other):
+            plog = logs.get_or_create(tp, topic_id=topic_id)
+            data = b"".join(producer_batch(i, [value(i)]) for i in range(RECORDS))
+            plog.append(data, scan_batches(data).batches, now_ms=now)
+        logs.checkpoint({tp: RECORDS for tp in (TP, other)})
+        Archiver(ArchiverSettings(bucket(s3_server.endpoint, s3_bucket))).round(logs)
+        logs.enforce_retention(now)
+        assert all(p.log_start_offset > 0 for p in logs.partitions().values())
+        server = served(logs, remote_fetch(s3_server.endpoint, s3_bucket))
+        c = consumer(server.bootstrap, auto_offset_reset="latest")
+        try:
+            ktps = [KTP(tp.topic, tp.partition) for tp in (TP, other)]
+            c.assign(ktps)
+            for ktp in ktps:
+                c.seek(ktp, 0)
+            got: dict[int, list[int]] = {0: [], 1: []}
+
+            def both_read() -> bool:
+                for ktp, rs in c.poll(200).items():
+                    got[ktp.partition].extend(r.offset for r in rs)
+                return all(g and g[-1] >= RECORDS - 1 for g in got.values())
+
+            wait_until(
+                both_read,
+                timeout_s=120,
+                what="both partitions read to their end",
+            )
+        finally:
+            c.close()
+        assert got == {0: list(range(RECORDS)), 1: list(range(RECORDS))}
+    finally:
+        logs.close()
+
+
 def test_the_local_tail_is_served_while_a_read_of_the_bucket_waits(
     archived: Archived, s3_server: S3Server, s3_bucket: str, served: Callable[..., ServedInThread]
 ) -> None:
