@@ -38,6 +38,18 @@ if TYPE_CHECKING:  # the peers import confluent_kafka; unit tests should not pay
 
 pytest_plugins = ["pytester"]
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Each process of the suite (one, or each xdist worker) runs hundreds of tests, their
+    # brokers' clients and in-process servers; a user who is not root usually starts with a
+    # soft open-file limit of 1,024, which a fresh-clone run as such a user exhausted
+    # ("Too many open files" in ~500 tests) while root's 20,000 hid it. The soft limit is
+    # lifted to the hard one, as `replicad run` does for itself.
+    from replicad.daemon import raise_open_file_limit
+
+    raise_open_file_limit()
+
+
 KAFKA_FIXTURES = {"kafka_broker", "make_kafka_broker", "kafka_cluster"}
 TANSU_FIXTURES = {"tansu_broker"}
 # Kafka's legal topic characters; the rest of a test's name becomes "-".

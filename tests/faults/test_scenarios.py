@@ -8,6 +8,8 @@ faults. The scenario's summary is printed (visible with -s or on failure).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tools.chaos.scenarios import (
@@ -87,6 +89,13 @@ def test_session_cache_pressure(make_kafka_broker, tmp_path) -> None:
     assert result.counters.session_recoveries > 0
 
 
+# A full disk is a tmpfs of a set size under the data directory; only root may mount one.
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="a disk of a set size (a tmpfs mount) needs root"
+)
+
+
+@needs_root
 def test_disk_full(kafka_broker, tmp_path) -> None:
     """Partitions pause with whole batches only and resume when space comes back."""
     result = disk_full(kafka_broker, tmp_path, CI)
@@ -94,6 +103,7 @@ def test_disk_full(kafka_broker, tmp_path) -> None:
     assert result.faults == {"disk full": CI.runs}
 
 
+@needs_root
 def test_disk_full_to_the_last_byte(kafka_broker, tmp_path) -> None:
     """A disk full to the last byte, checkpoints included: housekeeping survives a failed
     checkpoint (it keeps the previous one and retries) and the daemon stops cleanly."""
