@@ -37,6 +37,13 @@ def test_every_client_comes_as_it_is_and_tuned():
         consumers.setup("nobody", consumers.TUNED)
 
 
+def test_tuned_librdkafka_readers_do_not_sit_out_a_second_when_their_queue_fills():
+    # librdkafka's fetch.queue.backoff.ms defaults to 1000 ms; a tuned reader lowers it.
+    for client in (consumers.CONFLUENT, consumers.KCAT):
+        assert consumers.setup(client, consumers.TUNED).config["fetch.queue.backoff.ms"] < 1000
+        assert "fetch.queue.backoff.ms" not in consumers.setup(client, consumers.DEFAULT).config
+
+
 def test_settings_name_every_value_and_the_loop():
     line = consumers.setup(consumers.CONFLUENT, consumers.TUNED).settings()
     for key, value in consumers.RDKAFKA_TUNED.items():
