@@ -92,6 +92,13 @@ class DiskFullError(LogError):
     """An append failed for lack of space; the log was left valid (whole batches only)."""
 
 
+class DamagedLogError(LogError):
+    """The log's bytes where a batch must start are no batch (a header that does not parse,
+    or one that runs past the segment's end): damaged on disk. Kafka's reads raise
+    CorruptRecordException there and answer the Fetch with CORRUPT_MESSAGE; a read never
+    passes over it to later data."""
+
+
 class LogDirLockedError(LogError):
     """Another process holds the data directory's lock."""
 

@@ -13,9 +13,11 @@ Rules (ReplicaManager.readFromLog, Partition.readRecords, LocalLog/LogSegment.re
   A fetch offset at or past the bound (but not past the log end) reads nothing.
 - Errors: unknown partition -> UNKNOWN_TOPIC_OR_PARTITION; a current leader epoch below ours ->
   FENCED_LEADER_EPOCH, above -> UNKNOWN_LEADER_EPOCH; a fetch offset outside
-  [log start, log end] -> OFFSET_OUT_OF_RANGE. With a last fetched epoch (v12+): its end
-  offset unknown -> OFFSET_OUT_OF_RANGE; an epoch that ends before the fetch offset, or only a
-  lower epoch known -> no records and `diverging` = (that epoch, its end offset).
+  [log start, log end] -> OFFSET_OUT_OF_RANGE; a damaged segment where the read starts ->
+  CORRUPT_MESSAGE (Kafka's CorruptRecordException); a failing disk -> KAFKA_STORAGE_ERROR.
+  With a last fetched epoch (v12+): its end offset unknown -> OFFSET_OUT_OF_RANGE; an epoch
+  that ends before the fetch offset, or only a lower epoch known -> no records and
+  `diverging` = (that epoch, its end offset).
 - High watermark = the partition's checkpointed one: what is replicated and on disk.
 - READ_COMMITTED answers carry the last stable offset and the aborted transactions that
   overlap [fetch offset, last stable offset), folded from the log (see transactions.py);
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 import structlog
 from kio.schema.errors import ErrorCode
 
-from replicad.errors import OffsetOutOfRangeError, ReplicadError
+from replicad.errors import DamagedLogError, OffsetOutOfRangeError, ReplicadError
 from replicad.leader.catalog import Catalog
 from replicad.leader.transactions import AbortedTransaction, TransactionState
 from replicad.log.epoch import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
@@ -117,12 +119,14 @@ def read_partitions(
                     catalog, tp, fetch, budget, min_one, limits, transactions, now_ms=now_ms
                 )
             except (OSError, ReplicadError) as exc:
-                # Kafka: a failing log dir is KAFKA_STORAGE_ERROR, anything else unknown.
-                code = (
-                    ErrorCode.kafka_storage_error
-                    if isinstance(exc, OSError)
-                    else ErrorCode.unknown_server_error
-                )
+                # Kafka: a failing log dir is KAFKA_STORAGE_ERROR; a damaged segment
+                # (CorruptRecordException) CORRUPT_MESSAGE; anything else unknown.
+                if isinstance(exc, OSError):
+                    code = ErrorCode.kafka_storage_error
+                elif isinstance(exc, DamagedLogError):
+                    code = ErrorCode.corrupt_message
+                else:
+                    code = ErrorCode.unknown_server_error
                 log.warning("partition read failed", partition=str(tp), error=str(exc))
                 answer = PartitionAnswer(tp, fetch.fetch_offset, error_code=code)
         if answer.records_size > 0:

@@ -20,6 +20,14 @@ Rules:
   shorter length that was not synced, and the removed batches would come back after a
   crash below the recovery point the checkpoint file names -- stale until the next
   checkpoint -- which loading trusts, claiming them durable (found by tools/sim/log_run.py).
+- Reads: a region from the batch holding the offset asked (or the first after it), within
+  one segment. A segment whose batches all end below that offset is passed for the next; a
+  damaged one never is: where a batch must start (the index's position, or the end of the
+  batch before) and the segment's bytes are no batch header, or a header that runs past the
+  segment's end, the read raises DamagedLogError, counted (`damaged_reads`) and logged, as
+  Kafka's reads raise CorruptRecordException (serve answers CORRUPT_MESSAGE, verify reports
+  the replica unreadable there). Passing over it would serve later batches as if the
+  damaged ones were not there, and make verify call them missing.
 - Recovery (at load): segments from the one holding the recovery point on, and any segment
   whose index is missing or malformed, are scanned; the first invalid or torn entry ends the
   log there and every later segment is deleted. Stray files are removed. What was done is
@@ -85,7 +93,8 @@ from pathlib import Path
 
 import structlog
 
-from replicad.errors import DiskFullError, LogError, OffsetOutOfRangeError
+from replicad.clock import monotonic_ms
+from replicad.errors import DamagedLogError, DiskFullError, LogError, OffsetOutOfRangeError
 from replicad.log.checkpoint import (
     EpochEntry,
     format_epochs,
@@ -116,10 +125,14 @@ from replicad.log.policy import (
     should_flush_time,
 )
 from replicad.log.segment import FileRegion, LogSegment
+from replicad.ratelimit import RateLimitedLog
 from replicad.records.batch import MAGIC_V2, BatchHeader, BatchRun
 from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.log")
+
+# A damaged partition is read again and again (every fetch of it): one line a minute each.
+_DAMAGE_SAID = RateLimitedLog(interval_ms=60_000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +201,7 @@ class PartitionLog:
         "archive_floor",
         "checkpointed_recovery_point",
         "config",
+        "damaged_reads",
         "directory",
         "disk_later",
         "flush_later",
@@ -245,6 +259,8 @@ class PartitionLog:
         # The latest time a caller passed in; used where an API takes no time argument.
         self._last_now_ms = 0
         self.last_recovery: PartitionRecovery | None = None
+        # Reads that found damage and raised DamagedLogError (see the module rules).
+        self.damaged_reads = 0
         # Retention deletes no segment holding this offset or a later one (None: no hold).
         # The mirror sets it to what it has not mirrored yet (replicad/mirror/shell.py).
         self.retention_floor: int | None = None
@@ -768,10 +784,30 @@ class PartitionLog:
             region = None
             i = max(bisect.bisect_right(self._bases, offset) - 1, 0)
             while region is None and i < len(self._segments):
-                region = self._segments[i].read(offset, max_bytes)
+                # A segment whose batches all end below `offset` gives None: the next one
+                # holds it. A damaged one raises: never passed over (see the module rules).
+                try:
+                    region = self._segments[i].read(offset, max_bytes)
+                except DamagedLogError as exc:
+                    self._damaged(offset, exc)
+                    raise
                 i += 1
             return ReadResult(
                 offset, region, self.log_start_offset, self._log_end_offset, self.high_watermark
+            )
+
+    def _damaged(self, offset: int, exc: DamagedLogError) -> None:
+        """A read found damage: counted, and logged (once a minute a partition)."""
+        self.damaged_reads += 1
+        emit = _DAMAGE_SAID.should_emit(self.topic_partition, monotonic_ms())
+        if emit.emit:
+            log.error(
+                "damaged log: a read found no batch where one must start",
+                partition=str(self.topic_partition),
+                offset=offset,
+                error=str(exc),
+                damaged_reads=self.damaged_reads,
+                repeats_suppressed=emit.suppressed,
             )
 
     def offset_for_timestamp(self, timestamp: int) -> TimestampOffset | None:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import structlog
 
-from replicad.errors import LogError
+from replicad.errors import DamagedLogError, LogError
 from replicad.log.config import LogConfig
 from replicad.log.epoch import LeaderEpochCache
 from replicad.log.handles import FileHandle, FileHandles
@@ -324,18 +324,39 @@ class LogSegment:
                 position = header.end_position
         return headers
 
-    def translate_offset(self, offset: int, start_position: int = 0) -> BatchLocation | None:
+    def translate_offset(
+        self, offset: int, start_position: int = 0, *, damage_raises: bool = False
+    ) -> BatchLocation | None:
+        """The first batch holding an offset >= `offset` (None: none in this segment).
+        `damage_raises`: a position before the segment's end where no batch header parses
+        raises DamagedLogError, instead of ending the search as the segment's end does."""
         position = max(self.offset_index.lookup(offset).position, start_position)
         with self._log.pinned() as fd:
             while (header := self._header_at(position, fd)) is not None:
                 if header.last_offset >= offset:
                     return BatchLocation(header)
                 position = header.end_position
+            if damage_raises and position < self.size:
+                self._raise_damage(position, fd)
         return None
 
+    def _raise_damage(self, position: int, fd: int) -> None:
+        head = os.pread(fd, RECORD_BATCH_OVERHEAD, position)
+        found = header_at(head, position)
+        why = (
+            found
+            if isinstance(found, str)
+            else (
+                f"a batch of {found.size} bytes at position {position} runs past the end "
+                f"({self.size} bytes)"
+            )
+        )
+        raise DamagedLogError(f"{self.log_path}: {why}")
+
     def read(self, offset: int, max_bytes: int) -> FileRegion | None:
-        """From the batch holding `offset`: max_bytes at most, but the first batch whole."""
-        location = self.translate_offset(offset)
+        """From the batch holding `offset`: max_bytes at most, but the first batch whole.
+        A damaged entry before the batch raises DamagedLogError (see translate_offset)."""
+        location = self.translate_offset(offset, damage_raises=True)
         if location is None:
             return None
         start = location.header.position

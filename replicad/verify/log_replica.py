@@ -10,7 +10,8 @@ Rules:
 - The range is [log start, log end) as the log says when asked; a walk keeps that end.
 - `slice(low, high)` is every whole batch that ends at or past `low` and starts at or before
   `high` (what compare.py's rules ask for), read `max_bytes` at a time. A damaged entry ends
-  it with the offset where reading stopped (`unreadable_at`).
+  it with the offset where reading stopped (`unreadable_at`), and so does a read the log
+  refuses as damaged (DamagedLogError: no batch where one must start).
 - When the log no longer holds what is asked (local retention moved its start past `low`,
   or deleted the segment between finding and reading it), `ReplicaMoved` is raised: what
   the walk would compare is no longer the replica, so nothing is concluded from it; the
@@ -19,7 +20,7 @@ Rules:
 
 from __future__ import annotations
 
-from replicad.errors import OffsetOutOfRangeError, ReplicadError
+from replicad.errors import DamagedLogError, OffsetOutOfRangeError, ReplicadError
 from replicad.log.partition import PartitionLog
 from replicad.records.batch import ScanStop, header_at, scan_batches
 from replicad.verify.compare import Batch, OffsetRange, ReplicaSlice
@@ -42,7 +43,12 @@ class LogReplica:
         batches: list[Batch] = []
         offset = low
         while offset <= high:
-            data, position = self._read(offset, self.max_bytes)
+            try:
+                data, position = self._read(offset, self.max_bytes)
+            except DamagedLogError as exc:
+                # The log found no batch where one must start (log/partition.py): damage
+                # at `offset`, never the batches after it taken for the next.
+                return ReplicaSlice(batches, offset, str(exc))
             if data is None:
                 break
             scan = scan_batches(data, verify_crc=False)
@@ -61,7 +67,10 @@ class LogReplica:
 
     def batch_start(self, offset: int) -> int | None:
         """The base offset of the batch that holds `offset` (None: none does any more)."""
-        data, _ = self._read(offset, 0)
+        try:
+            data, _ = self._read(offset, 0)
+        except DamagedLogError:
+            return offset  # the walk from here finds the damage and names it
         if data is None:
             return None
         header = header_at(data, 0)

@@ -149,6 +149,24 @@ def test_a_consumer_at_the_high_watermark_gets_nothing_and_no_error(logs, fill) 
     assert (at_end.error_code, at_end.records) == (ErrorCode.none, None)
 
 
+def test_a_damaged_batch_answers_corrupt_message_not_the_data_after_it(logs, fill) -> None:
+    """Kafka's read raises CorruptRecordException where the segment's bytes are no batch, and
+    the Fetch answers CORRUPT_MESSAGE; passing over it would serve later data as if the
+    damaged batches were not there (or nothing, at the log's last segment)."""
+    written = batches(0, 6, 200)
+    plog = fill(logs, A, written)
+    position = sum(len(b) for b in written[:3])
+    with open(plog.active_segment.log_path, "r+b") as f:
+        f.seek(position + 16)  # the magic byte of batch 3
+        f.write(b"\x07")
+    [damaged] = read(logs, [(A, fetch(3))])
+    [before] = read(logs, [(A, fetch(0, max_bytes=len(written[0])))])
+    assert damaged.error_code == ErrorCode.corrupt_message
+    assert damaged.records is None
+    assert (before.error_code, offsets_in(before)) == (ErrorCode.none, [0])
+    assert plog.damaged_reads == 1
+
+
 def test_a_high_watermark_inside_a_batch_holds_that_batch_back(logs, fill) -> None:
     fill(logs, A, [producer_batch(0, [b"a", b"b", b"c"]), producer_batch(3, [b"d"])], hw=2)
     [answer] = read(logs, [(A, fetch())])

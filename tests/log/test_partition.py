@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from replicad.errors import DiskFullError, LogError, OffsetOutOfRangeError
+from replicad.errors import DamagedLogError, DiskFullError, LogError, OffsetOutOfRangeError
 from replicad.log.config import LogConfig
 from replicad.log.epoch import EpochEndOffset
 from replicad.log.handles import FileHandles
@@ -152,6 +152,38 @@ def test_reads_at_segment_boundaries(tmp_path: Path) -> None:
     assert end.region is None
     with pytest.raises(OffsetOutOfRangeError):
         log.read(log.log_end_offset + 1, 100)
+
+
+@pytest.mark.parametrize("damage", ["magic", "zeros", "past the end"])
+def test_a_read_at_a_damaged_batch_raises_and_never_passes_to_the_next_segment(
+    tmp_path: Path, damage: str
+) -> None:
+    """Where a batch must start and the bytes are no batch header (or one that runs past the
+    segment's end), the read raises DamagedLogError, counted: before, it went on to the next
+    segment and served its batches as if the damaged ones were not there."""
+    log, _ = _partition(tmp_path)
+    second = log.segments[1]
+    inside = second.headers()  # positions in the segment's file
+    victim = inside[2]
+    position = victim.position
+    with open(second.log_path, "r+b") as f:
+        if damage == "magic":
+            f.seek(position + 16)
+            f.write(b"\x07")
+        elif damage == "zeros":
+            f.seek(position)
+            f.write(bytes(61))
+        else:  # a length that runs past the segment's end
+            f.seek(position + 8)
+            f.write((1 << 30).to_bytes(4, "big"))
+    with pytest.raises(DamagedLogError, match=second.log_path.name):
+        log.read(victim.base_offset, 1)
+    with pytest.raises(DamagedLogError):
+        log.read(victim.last_offset, 1 << 20)
+    assert log.damaged_reads == 2
+    # Before the damage and in the other segments, reads go on as before.
+    assert log.read(inside[1].base_offset, 1).region.position == inside[1].position
+    assert log.read(log.segments[2].base_offset, 1).region.position == 0
 
 
 def test_overlap_rejected_gap_accepted(tmp_path: Path) -> None:

@@ -66,6 +66,28 @@ def test_a_damaged_entry_ends_the_slice_where_reading_stopped(written):
     assert got.unreadable_at == victim.base_offset
 
 
+def test_a_slice_from_a_damaged_batch_names_it_not_the_next_segment(written):
+    """The log refuses the read at a batch whose header is damaged (DamagedLogError): the
+    slice ends there, unreadable, instead of holding the next segment's batches (which
+    compare.py would have called missing in the replica)."""
+    log, batches = written
+    second = log.segments[1]
+    index = next(
+        i for i, raw in enumerate(batches) if _first(raw).base_offset == second.base_offset
+    )
+    victim = _first(batches[index + 2])
+    position = sum(len(raw) for raw in batches[index : index + 2])
+    with open(second.log_path, "r+b") as f:
+        f.seek(position + 16)  # the magic byte
+        f.write(b"\x07")
+    replica = LogReplica(log, 64 * 1024)
+    got = replica.slice(victim.base_offset, victim.last_offset)
+    assert got.batches == []
+    assert got.unreadable_at == victim.base_offset
+    assert "magic" in got.unreadable_detail
+    assert replica.batch_start(victim.base_offset) == victim.base_offset
+
+
 def test_retention_passing_the_offset_asked_is_the_replica_moving_not_a_result(written):
     log, _ = written
     replica = LogReplica(log, 1024)

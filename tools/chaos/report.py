@@ -238,6 +238,19 @@ FOUND_AND_FIXED = (
     "(found by the mutation runs of fetch-response and responses; now every length is held "
     "to the bytes left before kio reads the frame, replicad.protocol.frame_guard, and Fetch "
     "responses are read by the follower's own scanner).",
+    "A read of the local log at a batch whose header on disk was damaged (a flipped magic "
+    "byte, zeros, a length past the segment's end) passed over the rest of that segment "
+    "and returned the next segment's batches (`PartitionLog.read` went on while a segment "
+    "gave no region): `serve` answered later data as if the damaged batches were not "
+    "there (or nothing, in the last segment), the mirror sent on from the next segment, "
+    "and the daemon's `verify:` called the damaged batches missing in the replica. The "
+    "read now raises `DamagedLogError` there, counted per partition (`damaged_reads`) and "
+    "logged once a minute a partition; `serve` answers that partition CORRUPT_MESSAGE, as "
+    "Kafka answers a read that raised CorruptRecordException (a failing disk stays "
+    "KAFKA_STORAGE_ERROR), the mirror logs the local log unreadable and tries again, and "
+    "verify reports the replica unreadable at that offset (session 9; "
+    "tests/log/test_partition.py, tests/leader/test_reads.py, "
+    "tests/verify/test_log_replica.py).",
 )
 
 
