@@ -40,7 +40,10 @@ Rules (Kafka's, unless marked "beyond Kafka"):
   replaces the cached one (moved to the end, cached high watermark reset); a forget
   naming the old id does not remove the new one. A forget naming an id the leader no
   longer resolves to the cached name (the topic deleted or re-created) removes the
-  partition cached with that id (Kafka keys a session's partitions by topic id).
+  partition cached with that id (Kafka keys a session's partitions by topic id). For the
+  same reason a partition added with an id the session holds under another name (the
+  name the id resolved to before, or an unresolved one) replaces that entry: one
+  partition, under the name it resolves to now.
 - Ids: random, positive, non-zero 31-bit, unique, from the injected `random.Random`.
 - Evictability is refreshed whenever a session is touched (created or used): an
   unprivileged session is evictable by a privileged newcomer at once, and by anyone
@@ -350,11 +353,32 @@ class FetchSessionCache:
 
     def _update(self, session: _Session, request: SessionRequest) -> list[TopicPartition]:
         """Apply an incremental request: adds/updates, then forgets. Returns those it named."""
+        by_id: dict[tuple[uuid.UUID, int], TopicPartition] | None = None
         for tp, fetch in request.partitions.items():
             cached = session.partitions.get(tp)
+            if cached is None and fetch.topic_id is not None:
+                # Kafka keys a session's partitions by topic id and partition: the same id
+                # under another name (resolved when cached, unresolved now that its topic
+                # was re-created, or the reverse) is the same partition, kept once under
+                # the name it resolves to now (found by tools/sim, seed 38067: the session
+                # held it twice and answered one partition more than the follower asked
+                # for, past its response budget).
+                if by_id is None:
+                    by_id = _by_topic_id(session)
+                old = by_id.get((fetch.topic_id, tp.partition))
+                if old is not None:
+                    cached = session.partitions[old]
+                    self._drop_partition(session, old)
+                    cached.fetch = fetch
+                    session.append(tp, cached)
+                    self._watch(session, tp)
+                    by_id[(fetch.topic_id, tp.partition)] = tp
+                    continue
             if cached is None:
                 session.append(tp, _CachedPartition(fetch=fetch, order=0))
                 self._watch(session, tp)
+                if by_id is not None and fetch.topic_id is not None:
+                    by_id[(fetch.topic_id, tp.partition)] = tp
             elif _replaced(cached.fetch.topic_id, fetch.topic_id):
                 session.append(tp, _CachedPartition(fetch=fetch, order=0))
             else:
@@ -504,6 +528,16 @@ def _cached_with_id(
         if tp.partition == partition and cached.fetch.topic_id == topic_id:
             return tp
     return None
+
+
+def _by_topic_id(session: _Session) -> dict[tuple[uuid.UUID, int], TopicPartition]:
+    """(topic id, partition) -> the name the session holds it under (built once per
+    incremental request that adds a partition with a topic id)."""
+    return {
+        (cached.fetch.topic_id, tp.partition): tp
+        for tp, cached in session.partitions.items()
+        if cached.fetch.topic_id is not None
+    }
 
 
 def _replaced(old: uuid.UUID | None, new: uuid.UUID | None) -> bool:

@@ -679,6 +679,28 @@ def test_a_forget_by_an_id_the_leader_no_longer_knows_removes_the_partition() ->
     assert list(cache.session(sid).partitions) == [tp("b")]
 
 
+def test_a_partition_sent_by_its_id_under_another_name_is_the_same_partition() -> None:
+    """tools/sim seed 38067: topic a was re-created; the follower, not told yet, sends a-0
+    again by its old id, which the leader now resolves to no name. Kafka keys a session's
+    partitions by id and partition: it is the partition already cached, not a second one
+    (the session had answered one partition more than the follower asked for)."""
+    cache, leader = new_cache()
+    request = full({tp("a"): pf(topic_id=T_A), tp("b"): pf(topic_id=T_B)}, uses_topic_ids=True)
+    sid = leader.fetch(request, now_ms=0).session_id
+    stale = tp(unresolved_topic_name(T_A))
+    leader.fetch(incremental(sid, 1, {stale: pf(5, topic_id=T_A)}, uses_topic_ids=True), now_ms=1)
+    view = cache.session(sid)
+    assert view is not None
+    assert list(view.partitions) == [tp("b"), stale]
+    assert view.partitions[stale].fetch_offset == 5
+    # And the reverse: cached under an unresolved name, then sent under the name the
+    # leader has learnt for that id since.
+    leader.fetch(incremental(sid, 2, {tp("a"): pf(6, topic_id=T_A)}, uses_topic_ids=True), now_ms=2)
+    view = cache.session(sid)
+    assert view is not None and list(view.partitions) == [tp("b"), tp("a")]
+    assert view.partitions[tp("a")].fetch_offset == 6
+
+
 def test_unresolved_topic_ids_get_a_name_no_real_topic_can_have() -> None:
     name = unresolved_topic_name(T_A)
     assert str(T_A) in name
