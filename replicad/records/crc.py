@@ -49,7 +49,7 @@ def _load_extension() -> Any | None:
 def _crc32c_function() -> Callable[..., int]:
     try:
         extension = _load_extension()
-    except (ImportError, OSError):
+    except (ImportError, OSError, SystemError):  # SystemError: an extension's failed init
         extension = None
     if extension is not None and callable(getattr(extension, "crc32c", None)):
         return extension.crc32c  # type: ignore[no-any-return]
