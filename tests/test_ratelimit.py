@@ -60,3 +60,27 @@ def test_every_event_is_emitted_or_counted_exactly_once(gaps: list[int]) -> None
             reported += result.suppressed
             last_emit = now
     assert emitted + reported + limiter.pending("k") == len(gaps)
+
+
+def test_keys_that_come_and_go_do_not_accumulate() -> None:
+    """A key per group or partition: after each has had its say and its interval passed, the
+    limiter does not hold them all (serve's group sync keyed warnings by group id, kept for
+    the life of the process)."""
+    limiter = RateLimitedLog(interval_ms=1_000)
+    for i in range(10_000):
+        assert limiter.should_emit(f"group:{i}", now_ms=i * 10).emit
+    assert len(limiter) <= 1_024
+
+
+def test_forgetting_a_key_changes_nothing_said() -> None:
+    limiter = RateLimitedLog(interval_ms=1_000)
+    assert limiter.should_emit("held", 0).emit
+    assert not limiter.should_emit("held", 1).emit  # one held back: kept through a prune
+    assert limiter.should_emit("quiet", 0).emit
+    for i in range(5_000):
+        limiter.should_emit(f"k{i}", 2_000 + i)
+    assert limiter.pending("held") == 1
+    assert limiter.should_emit("held", 9_000) == Emit(emit=True, suppressed=1)
+    # "quiet" was forgotten: its next event is emitted, as it would have been anyway.
+    assert limiter.should_emit("quiet", 9_000) == Emit(emit=True, suppressed=0)
+    assert not limiter.should_emit("quiet", 9_001).emit
