@@ -28,6 +28,17 @@ Rules:
   Kafka's reads raise CorruptRecordException (serve answers CORRUPT_MESSAGE, verify reports
   the replica unreadable there). Passing over it would serve later batches as if the
   damaged ones were not there, and make verify call them missing.
+- A read holds the partition lock only to check the offset and take the facts and the
+  segments it may read (a copy of the list); the headers are read from disk without it, so
+  serve's reads and verify's thread never make an append (the event loop) wait on a pread.
+  What changes under such a read (an append past the region, a truncation, retention
+  renaming a segment) can only make it fail (a header that no longer parses, a file gone,
+  an index cut) or return a region that was right when it was found, as any region is
+  once the lock is released; a read that fails for any reason, or finds nothing below the
+  log end it took (a truncation cut it, or an append rolled past the list it took), is
+  done again under the lock, where nothing changes, and only what fails there is the
+  caller's error (damage counted once). A segment whose index is not loaded yet (loading
+  may rebuild it, a write) is read under the lock, and is loaded from then on.
 - Recovery (at load): segments from the one holding the recovery point on, and any segment
   whose index is missing or malformed, are scanned; the first invalid or torn entry ends the
   log there and every later segment is deleted. Stray files are removed. What was done is
@@ -775,25 +786,43 @@ class PartitionLog:
     # -- reading ---------------------------------------------------------------------------
 
     def read(self, offset: int, max_bytes: int) -> ReadResult:
+        """A region from the batch holding `offset` (see the module rules: reads). The lock
+        is held only to take the facts and the segments; the headers are read from disk
+        without it, so serve's and verify's reads never make an append wait on a pread."""
         with self._lock:
-            if offset < self.log_start_offset or offset > self._log_end_offset:
-                raise OffsetOutOfRangeError(
-                    f"{self.topic_partition}: offset {offset} is outside "
-                    f"[{self.log_start_offset}, {self._log_end_offset}]"
-                )
-            region = None
+            self._check_readable(offset)
             i = max(bisect.bisect_right(self._bases, offset) - 1, 0)
-            while region is None and i < len(self._segments):
-                # A segment whose batches all end below `offset` gives None: the next one
-                # holds it. A damaged one raises: never passed over (see the module rules).
-                try:
-                    region = self._segments[i].read(offset, max_bytes)
-                except DamagedLogError as exc:
-                    self._damaged(offset, exc)
-                    raise
-                i += 1
+            segments = self._segments[i:]
+            facts = (self.log_start_offset, self._log_end_offset, self.high_watermark)
+        if all(segment.index_loaded for segment in segments):
+            try:
+                region = _read_from(segments, offset, max_bytes)
+            except Exception:  # anything racing writers caused: read again under the lock
+                return self._read_locked(offset, max_bytes)
+            # Nothing found below the log end: maybe cut, or rolled past the list taken.
+            if region is not None or offset >= facts[1]:
+                return ReadResult(offset, region, *facts)
+        return self._read_locked(offset, max_bytes)
+
+    def _read_locked(self, offset: int, max_bytes: int) -> ReadResult:
+        """The read with nothing changing under it: what the unlocked read falls back to."""
+        with self._lock:
+            self._check_readable(offset)
+            i = max(bisect.bisect_right(self._bases, offset) - 1, 0)
+            try:
+                region = _read_from(self._segments[i:], offset, max_bytes)
+            except DamagedLogError as exc:
+                self._damaged(offset, exc)
+                raise
             return ReadResult(
                 offset, region, self.log_start_offset, self._log_end_offset, self.high_watermark
+            )
+
+    def _check_readable(self, offset: int) -> None:
+        if offset < self.log_start_offset or offset > self._log_end_offset:
+            raise OffsetOutOfRangeError(
+                f"{self.topic_partition}: offset {offset} is outside "
+                f"[{self.log_start_offset}, {self._log_end_offset}]"
             )
 
     def _damaged(self, offset: int, exc: DamagedLogError) -> None:
@@ -934,6 +963,17 @@ class PartitionLog:
             active.flush()
             for segment in self._segments:
                 segment.close()
+
+
+def _read_from(segments: list[LogSegment], offset: int, max_bytes: int) -> FileRegion | None:
+    """The first region of `segments` at or past `offset`. A segment whose batches all end
+    below `offset` gives None: the next one holds it. A damaged one raises DamagedLogError:
+    never passed over (see the module rules)."""
+    for segment in segments:
+        region = segment.read(offset, max_bytes)
+        if region is not None:
+            return region
+    return None
 
 
 @dataclass(frozen=True, slots=True)

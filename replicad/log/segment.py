@@ -235,6 +235,11 @@ class LogSegment:
                 self.rebuild_indexes()
         return f.index
 
+    @property
+    def index_loaded(self) -> bool:
+        """Both indexes are in memory (a lookup writes nothing, not even a rebuild)."""
+        return self._offset_file.is_loaded and self._time_file.is_loaded
+
     def index_problem(self) -> str | None:
         """Why an index of this segment cannot be used as is (missing, malformed), if so."""
         for f in (self._offset_file, self._time_file):

@@ -321,6 +321,62 @@ def _lock_free(log: PartitionLog) -> bool:
     return taken == [True]
 
 
+def test_a_read_reads_the_disk_without_holding_the_append_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """serve's reads and verify's thread read headers with pread: each pread happens with
+    the partition lock free, so an append (another thread takes the lock then) never waits
+    on a read's disk."""
+    log, _ = _partition(tmp_path)
+    real_pread = os.pread
+    lock_free_at_pread: list[bool] = []
+
+    def pread(fd: int, size: int, position: int) -> bytes:
+        lock_free_at_pread.append(_lock_free(log))
+        return real_pread(fd, size, position)
+
+    monkeypatch.setattr(os, "pread", pread)
+    for segment in log.segments[:3]:
+        inside = segment.headers()
+        lock_free_at_pread.clear()
+        read = log.read(inside[-1].last_offset, 1)
+        assert read.region is not None and read.region.position == inside[-1].position
+        assert lock_free_at_pread and all(lock_free_at_pread)
+
+
+def test_a_read_that_a_truncation_races_is_read_again_under_the_lock_not_called_damage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A truncation and new appends under a read that holds no lock can put a batch's body
+    where the read expected a header: that is no damage; the read is done again under the
+    lock and answers the log as it is then."""
+    log, _ = _partition(tmp_path)
+    inside = log.active_segment.headers()
+    assert len(inside) > 3
+    target = inside[-1]
+    real_pread = os.pread
+    raced: list[bool] = []
+    big = producer_batch(inside[-3].base_offset, [bytes(4000)])
+
+    def pread(fd: int, size: int, position: int) -> bytes:
+        if not raced:
+            raced.append(True)
+            # Cut before the batch asked for and write one large batch over its place (or
+            # in a segment it rolls to: then the read finds nothing in the list it took).
+            log.truncate_to(inside[-3].base_offset)
+            log.append(big, scan_batches(big).batches, now_ms=0)
+        return real_pread(fd, size, position)
+
+    monkeypatch.setattr(os, "pread", pread)
+    read = log.read(inside[-3].base_offset, 1)
+    assert raced
+    assert log.damaged_reads == 0
+    assert read.region is not None and read.region.read_bytes() == big
+    assert read.log_end_offset == inside[-3].base_offset + 1
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(target.base_offset, 1)
+
+
 def test_retention_unlinks_segments_without_holding_the_append_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
