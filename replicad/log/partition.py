@@ -144,6 +144,7 @@ log = structlog.get_logger("replicad.log")
 
 # A damaged partition is read again and again (every fetch of it): one line a minute each.
 _DAMAGE_SAID = RateLimitedLog(interval_ms=60_000)
+_DAMAGE_SAID_LOCK = threading.Lock()  # reads of several threads find damage
 
 
 @dataclass(frozen=True, slots=True)
@@ -828,7 +829,8 @@ class PartitionLog:
     def _damaged(self, offset: int, exc: DamagedLogError) -> None:
         """A read found damage: counted, and logged (once a minute a partition)."""
         self.damaged_reads += 1
-        emit = _DAMAGE_SAID.should_emit(self.topic_partition, monotonic_ms())
+        with _DAMAGE_SAID_LOCK:
+            emit = _DAMAGE_SAID.should_emit(self.topic_partition, monotonic_ms())
         if emit.emit:
             log.error(
                 "damaged log: a read found no batch where one must start",
