@@ -462,6 +462,9 @@ SERVE_REMOTE_FAMILIES = (
            "remote_cache_bytes"),
     Family(COUNTER, "serve_remote_get_requests", "GET requests serve sent to the bucket",
            "remote_get_requests_total"),
+    Family(GAUGE, "serve_remote_read_failing",
+           "1 while serve's reads of the bucket fail (the last failed, none succeeded since)",
+           "remote_read_failing"),
 )  # fmt: skip
 # serve's sync of the source's group offsets (replicad/leader/source_group_sync.py), when
 # `serve:` and groups.enabled.

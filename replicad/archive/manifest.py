@@ -104,7 +104,7 @@ class Manifest:
                 f"{self.topic_partition}: segment {segment.base_offset} starts below the "
                 f"archive's end {end}"
             )
-        kept = _merged_epochs(
+        kept = merged_epochs(
             self.epochs, tuple(e for e in epochs if e.start_offset < segment.next_offset)
         )
         start = max(log_start_offset, self.segments[0].base_offset if self.segments else 0)
@@ -144,7 +144,7 @@ class Manifest:
         return json.dumps(body, separators=(",", ":")).encode()
 
 
-def _merged_epochs(
+def merged_epochs(
     archived: tuple[EpochEntry, ...], local: tuple[EpochEntry, ...]
 ) -> tuple[EpochEntry, ...]:
     """The archive's epoch history followed by the local one: local retention truncates the

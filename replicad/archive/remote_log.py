@@ -17,11 +17,19 @@ Rules:
   segments at its end; remote retention moves its start).
 - An archive of another topic id than the local partition's (a topic deleted and created
   again) is not read: None, as for an offset the archive does not hold.
+- A search by timestamp (ListOffsets, Kafka's RemoteLogManager.findOffsetByTimestamp) goes
+  through the archived segments in offset order, from the first whose largest timestamp
+  reaches the target: its `.timeindex` says where to start, its `.index` at which byte,
+  batch headers which batches to open, and inside a batch the records decide (a batch
+  reaching the target may begin with older records), as local segments do. Only records
+  at or past the archive's log start and below `below` (the local log start: what the
+  local log holds, it answers itself) are answered.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,8 +43,8 @@ from replicad.archive.manifest import (
 )
 from replicad.archive.read_cache import CHUNK_BYTES, WHOLE, ReadCache
 from replicad.archive.store import ObjectStore
-from replicad.log.index import OffsetIndex
-from replicad.log.layout import INDEX_SUFFIX, LOG_SUFFIX
+from replicad.log.index import OffsetIndex, TimeIndex, TimestampOffset
+from replicad.log.layout import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from replicad.records.batch import RECORD_BATCH_OVERHEAD, header_at, scan_batches
 from replicad.types import TopicPartition
 
@@ -188,6 +196,68 @@ class RemoteLog:
             yield read.records
             last = scan_batches(read.records, verify_crc=False).next_offset
             offset = read.segment.next_offset if last is None else last
+
+    # -- by timestamp -----------------------------------------------------------------------
+
+    def offset_for_timestamp(
+        self, tp: TopicPartition, manifest: Manifest, timestamp: int, *, below: int
+    ) -> TimestampOffset | None:
+        """The first archived record at or past the archive's log start and below `below`
+        whose timestamp is >= `timestamp` (see the module rules); None when there is none."""
+        start = manifest.log_start_offset
+        for segment in manifest.segments:
+            if segment.base_offset >= below:
+                break
+            if segment.next_offset <= start or segment.max_timestamp < timestamp:
+                continue
+            found = self._find_in_segment(tp, manifest, segment, timestamp, start)
+            if found is not None:
+                return found if found.offset < below else None
+        return None
+
+    def max_timestamp(self, manifest: Manifest, *, below: int) -> int:
+        """The largest timestamp of the archived segments starting below `below` (-1: none)."""
+        return max(
+            (
+                s.max_timestamp
+                for s in manifest.segments
+                if s.base_offset < below and s.next_offset > manifest.log_start_offset
+            ),
+            default=-1,
+        )
+
+    def _find_in_segment(
+        self,
+        tp: TopicPartition,
+        manifest: Manifest,
+        segment: ArchivedSegment,
+        timestamp: int,
+        start: int,
+    ) -> TimestampOffset | None:
+        from replicad.records.records import decode_batch  # only for searches by time
+
+        base = segment.base_offset
+        key = segment_key(self.prefix, tp, manifest.topic_id, base, TIME_INDEX_SUFFIX)
+        time_index = self._whole(key)
+        entry = TimeIndex(base, len(time_index), time_index).lookup(timestamp)
+        index = self._whole(segment_key(self.prefix, tp, manifest.topic_id, base, INDEX_SUFFIX))
+        from_offset = max(entry.offset, start)
+        position = OffsetIndex(base, len(index), index).lookup(from_offset).position
+        log_key = segment_key(self.prefix, tp, manifest.topic_id, base, LOG_SUFFIX)
+        while position < segment.size:
+            head = header_at(
+                self._range(log_key, segment.size, position, RECORD_BATCH_OVERHEAD), position
+            )
+            if isinstance(head, str):
+                raise ValueError(f"s3://{self.store.settings.bucket}/{log_key}: {head}")
+            if head.max_timestamp >= timestamp and head.last_offset >= start:
+                data = self._range(log_key, segment.size, position, head.size)
+                batch = decode_batch(data, dataclasses.replace(head, position=0))
+                for record in batch.records:
+                    if record.timestamp >= timestamp and record.offset >= start:
+                        return TimestampOffset(record.timestamp, record.offset)
+            position = head.end_position
+        return None
 
     # -- bytes through the cache ----------------------------------------------------------
 

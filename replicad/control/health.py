@@ -18,6 +18,9 @@ Rules (the worst reason decides; every reason is listed):
   not mirrored (a different partition count, a refused creation).
 - DEGRADED too, with an `archive:` section: uploads to the bucket failing (retried with
   back-off; local retention waits for them, so the disk holds what the bucket lacks).
+- DEGRADED too, with `serve:` and `archive:`: serve's reads of the bucket failing (its
+  last read failed, none succeeded since, within the last minutes: consumers of offsets
+  only the bucket holds get KAFKA_STORAGE_ERROR and retry).
 - DEGRADED too, with `verify:` enabled: a partition of the replica found to differ from
   its source (each named with the offset of its first mismatch); it stays so, as the
   replica does not heal by itself.
@@ -100,6 +103,7 @@ def assess(snapshot: Mapping[str, Any]) -> Assessment:
         *_pool(snapshot.get("memory_pool") or {}),
         *_mirror(snapshot.get("mirror") or {}),
         *_archive(snapshot.get("archive") or {}),
+        *_serve_remote(snapshot.get("serve") or {}),
         *_verify(snapshot.get("verify") or {}),
     ]
     if not snapshot.get("ready") and not any(r.health is Health.DOWN for r in reasons):
@@ -238,6 +242,16 @@ def _archive(archive: Mapping[str, Any]) -> list[Reason]:
         f"({shown}{more}): {archive.get('last_error')}"
     )
     return [Reason(Health.DEGRADED, "archive_retrying", text)]
+
+
+def _serve_remote(serve: Mapping[str, Any]) -> list[Reason]:
+    if not serve.get("remote_read_failing"):
+        return []
+    text = (
+        f"serve cannot read the archive's bucket ({serve.get('remote_fetch_errors_total', 0):,} "
+        f"failed reads): {serve.get('remote_last_error')}"
+    )
+    return [Reason(Health.DEGRADED, "serve_remote_failing", text)]
 
 
 def _verify(verify: Mapping[str, Any]) -> list[Reason]:

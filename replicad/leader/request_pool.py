@@ -53,6 +53,11 @@ class RequestMemoryPool:
         need = self.needs(size)
         return await self._waiting.take(need) if need else 0
 
+    async def take_exactly(self, size: int) -> int:
+        """Take `size` bytes whatever their size, waiting for room (memory a request holds
+        besides its frame: the records of a read of the archive's bucket, remote_fetch.py)."""
+        return await self._waiting.take(size) if size > 0 else 0
+
     def give_back(self, taken: int) -> None:
         if taken:
             self._waiting.give_back(taken)

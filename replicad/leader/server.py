@@ -111,7 +111,7 @@ from replicad.leader.groups import GroupService
 from replicad.leader.quotas import RequestQuota
 from replicad.leader.reads import TransactionTracker
 from replicad.leader.refusals import READ_ONLY_MESSAGE, error_response
-from replicad.leader.remote_fetch import RemoteFetch
+from replicad.leader.remote_fetch import RemoteFetch, hold_for_request
 from replicad.leader.request_limits import (
     count_elements,
     plausible_elements,
@@ -342,6 +342,8 @@ class LeaderServer:
         # SASL steps (PLAIN's PBKDF2) on one thread: guessing costs a core at most.
         self._authenticator = ThreadPoolExecutor(max_workers=1, thread_name_prefix="serve-sasl")
         self.pool = RequestMemoryPool(settings.queued_max_request_bytes)
+        if remote is not None:
+            remote.pool = self.pool  # what a read of the bucket holds is charged to it
         percentage = settings.request_quota_percentage
         self.quota = RequestQuota(percentage) if percentage else None
         self.max_connections = settings.max_connections
@@ -587,6 +589,7 @@ class LeaderServer:
                 # An unauthenticated client may not make the server hold a large frame.
                 raise _Close(f"request frame of {size} bytes before SASL authentication")
             taken = 0
+            held = [0]
             throttle_ms = 0
             try:
                 try:
@@ -600,6 +603,9 @@ class LeaderServer:
                 head = peek_request_head(frame)
                 uncharged = [0.0]
                 _UNCHARGED.set(uncharged)
+                if self.remote is not None:
+                    # What a read of the bucket answers holds from the pool until sent.
+                    held = hold_for_request()
                 cpu_before = time.thread_time()
                 response = await self._handle(frame, peer)
                 del frame  # its pool bytes are given back below: hold it no longer
@@ -612,6 +618,8 @@ class LeaderServer:
                     await self._send(writer, response)
             finally:
                 self.pool.give_back(taken)
+                if held[0]:
+                    self.pool.give_back(held[0])
             if throttle_ms:
                 # KIP-219: the client was told, and this connection is muted meanwhile.
                 await asyncio.sleep(throttle_ms / 1000)
@@ -809,7 +817,10 @@ class LeaderServer:
         body = self._answer(decoded, now_ms)
         if api == ApiKey.LIST_OFFSETS and self.remote is not None:
             with _not_charged():
-                body = await self.remote.list_offsets(decoded.body, body)
+                body = await self.remote.list_offsets(decoded.body, body, self.catalog)
+        elif api == ApiKey.OFFSET_FOR_LEADER_EPOCH and self.remote is not None:
+            with _not_charged():
+                body = await self.remote.offset_for_leader_epoch(decoded.body, body, self.catalog)
         return encode_response(body, head.correlation_id)
 
     def _count_request(self, head: RequestHead) -> None:

@@ -179,6 +179,20 @@ def test_failing_archive_uploads_degrade_and_name_the_partitions() -> None:
     assert "t-0, t-1" in verdict.headline() and "SlowDown" in verdict.headline()
 
 
+def test_serve_failing_to_read_the_bucket_degrades() -> None:
+    serve = {
+        "remote_fetches_in_flight": 0,
+        "remote_read_failing": 0,
+        "remote_fetch_errors_total": 3,
+    }
+    assert assess({"ready": True, "serve": serve}).health is Health.HEALTHY
+    serve = {**serve, "remote_read_failing": 1, "remote_last_error": "GET: SlowDown"}
+    verdict = assess({"ready": True, "serve": serve})
+    assert verdict.health is Health.DEGRADED
+    assert [r.code for r in verdict.reasons] == ["serve_remote_failing"]
+    assert "3 failed reads" in verdict.headline() and "SlowDown" in verdict.headline()
+
+
 def verify_snapshot(mismatched: dict[int, int]) -> dict[str, Any]:
     """The `verify:` section as the daemon's core makes it: partitions 0..2 of "orders"
     walked to 100, those in `mismatched` with a batch differing at the offset given."""

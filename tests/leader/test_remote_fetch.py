@@ -23,9 +23,15 @@ from replicad.archive.remote_log import RemoteLog
 from replicad.archive.store import BucketSettings, ObjectStore
 from replicad.archive.uploader import Archiver, ArchiverSettings
 from replicad.clock import monotonic_ms, wall_ms
+from replicad.control.health import assess
+from replicad.leader import remote_fetch as remote_fetch_module
 from replicad.leader.handlers import EARLIEST_LOCAL_TIMESTAMP, list_offsets_response
 from replicad.leader.reads import TransactionTracker
-from replicad.leader.remote_fetch import LATEST_TIERED_TIMESTAMP, RemoteFetch
+from replicad.leader.remote_fetch import (
+    EARLIEST_PENDING_UPLOAD_TIMESTAMP,
+    LATEST_TIERED_TIMESTAMP,
+    RemoteFetch,
+)
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
 from replicad.protocol.requests import OffsetQuery, list_offsets_request
@@ -115,9 +121,9 @@ def served() -> Iterator[Callable[[LogManager, RemoteFetch], ServedInThread]]:
 
 
 def consumer(bootstrap: str, **kwargs: object) -> KafkaConsumer:
+    kwargs.setdefault("group_id", None)
     return KafkaConsumer(
         bootstrap_servers=bootstrap,
-        group_id=None,
         enable_auto_commit=False,
         fetch_max_wait_ms=100,
         max_partition_fetch_bytes=2048,  # many fetches, some across segment ends
@@ -231,7 +237,10 @@ def test_the_local_tail_is_served_while_a_read_of_the_bucket_waits(
         reader.start()
         try:
             wait_until(lambda: proxy.stats.held >= 1, timeout_s=60, what="a held bucket read")
-            assert server.metrics()["remote_fetches_in_flight"] == 1
+            metrics = server.metrics()
+            assert metrics["remote_fetches_in_flight"] == 1
+            # The held read's answer is charged to the request pool before it is read.
+            assert metrics["request_pool_used_bytes"] >= 2048
             # The tail, read by another consumer meanwhile: every local record.
             tail = consumer(server.bootstrap)
             try:
@@ -247,6 +256,8 @@ def test_the_local_tail_is_served_while_a_read_of_the_bucket_waits(
             proxy.release()
         reader.join(120)
     assert old_records == [(i, value(i)) for i in range(RECORDS)]
+    # Every answer was sent: the pool has everything back.
+    assert server.metrics()["request_pool_used_bytes"] == 0
 
 
 def test_a_manifest_that_is_not_one_answers_kafka_storage_error(
@@ -274,7 +285,13 @@ def test_a_manifest_that_is_not_one_answers_kafka_storage_error(
     finally:
         c.close()
     assert not got
-    assert server.metrics().get("connection_failures_total", 0) == 0
+    metrics = server.metrics()
+    assert metrics.get("connection_failures_total", 0) == 0
+    # Health says so while no read succeeds.
+    assert metrics["remote_read_failing"] == 1
+    assert "not a replicad archive manifest" in metrics["remote_last_error"]
+    reasons = assess({"ready": True, "serve": metrics}).reasons
+    assert [r.code for r in reasons] == ["serve_remote_failing"]
 
 
 def test_list_offsets_answers_the_buckets_start_and_the_local_start(
@@ -287,13 +304,14 @@ def test_list_offsets_answers_the_buckets_start_and_the_local_start(
         local = list_offsets_response(
             8, request, server.server.catalog, TransactionTracker(), now_ms=0
         )
-        body = server.run(server.server.remote.list_offsets(request, local))
+        body = server.run(server.server.remote.list_offsets(request, local, server.server.catalog))
         (partition,) = body.topics[0].partitions
         return int(partition.offset)
 
     assert offsets(EARLIEST_TIMESTAMP) == 0
     assert offsets(EARLIEST_LOCAL_TIMESTAMP) == archived.local_start
     assert offsets(LATEST_TIERED_TIMESTAMP) == archived.local_start - 1
+    assert offsets(EARLIEST_PENDING_UPLOAD_TIMESTAMP) == archived.local_start
     assert offsets(EARLIEST_TIMESTAMP, READ_COMMITTED) == 0
     # A partition this server does not have: no GET, nothing kept (the name is the client's).
     remote = server.server.remote
@@ -301,7 +319,7 @@ def test_list_offsets_answers_the_buckets_start_and_the_local_start(
     unknown = TopicPartition("no-such-topic", 0)
     request = list_offsets_request(8, {unknown: OffsetQuery(EARLIEST_TIMESTAMP)})
     local = list_offsets_response(8, request, server.server.catalog, TransactionTracker(), now_ms=0)
-    assert server.run(remote.list_offsets(request, local)) == local
+    assert server.run(remote.list_offsets(request, local, server.server.catalog)) == local
     assert remote.remote.store.requests["GET"] == gets
     assert remote.remote.known_manifest(unknown) is None
 
@@ -368,3 +386,181 @@ def test_replicad_serve_with_archive_answers_kcat_from_offset_0(
         ).stdout  # fmt: skip
     rows = [line.split(b" ", 1) for line in out.splitlines()]
     assert [(int(o), v) for o, v in rows] == [(i, value(i)) for i in range(RECORDS)]
+
+
+# -- ListOffsets by time, OffsetForLeaderEpoch, the archive's topic id --------------------
+
+T0 = 1_700_000_000_000
+PEAK_AT = 250  # an archived record with the partition's largest timestamp
+
+
+def stamp(i: int) -> int:
+    return T0 + 10**9 if i == PEAK_AT else T0 + i * 1000
+
+
+def epoch_of(i: int) -> int:
+    return 0 if i < 100 else 1 if i < 200 else 2
+
+
+@pytest.fixture
+def epochs_archived(s3_server: S3Server, s3_bucket: str, tmp_path: Path) -> Iterator[Archived]:
+    """RECORDS records, one a batch, in leader epochs 0 (0-99), 1 (100-199) and 2, one
+    timestamp a second but record PEAK_AT's; archived, then deleted locally but the last
+    segment (the local epoch history then starts in epoch 2)."""
+    now = wall_ms()
+    logs = LogManager.open(tmp_path / "data", CONFIG, now_ms=now)
+    logs.hold_for_archive()
+    plog = logs.get_or_create(TP, topic_id=uuid.uuid4())
+    data = b"".join(
+        producer_batch(i, [value(i)], leader_epoch=epoch_of(i), timestamp_ms=stamp(i))
+        for i in range(RECORDS)
+    )
+    plog.append(data, scan_batches(data).batches, now_ms=now)
+    logs.checkpoint({TP: plog.log_end_offset})
+    Archiver(ArchiverSettings(bucket(s3_server.endpoint, s3_bucket))).round(logs)
+    logs.enforce_retention(now)
+    assert plog.log_start_offset > PEAK_AT
+    assert [e.epoch for e in plog.epoch_entries()] == [2]
+    try:
+        yield Archived(logs, plog.log_start_offset, plog.log_end_offset)
+    finally:
+        logs.close()
+
+
+def test_list_offsets_by_time_answers_archived_records(
+    epochs_archived: Archived,
+    s3_server: S3Server,
+    s3_bucket: str,
+    served: Callable[..., ServedInThread],
+) -> None:
+    """kafka-python's offsets_for_times and confluent-kafka's MAX_TIMESTAMP find records
+    only the bucket holds (the local log alone answers its first record, or its own
+    largest timestamp)."""
+    from confluent_kafka import TopicPartition as CTP
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    server = served(epochs_archived.logs, remote_fetch(s3_server.endpoint, s3_bucket))
+    c = consumer(server.bootstrap)
+    ktp = KTP(TP.topic, TP.partition)
+    try:
+        found = c.offsets_for_times({ktp: stamp(50) - 1})[ktp]
+        assert (found.offset, found.timestamp) == (50, stamp(50))
+        # The first record reaching a local record's time is the archived PEAK_AT.
+        local = epochs_archived.local_start + 1
+        assert c.offsets_for_times({ktp: stamp(local)})[ktp].offset == PEAK_AT
+        assert c.offsets_for_times({ktp: stamp(PEAK_AT) + 1})[ktp] is None
+    finally:
+        c.close()
+    admin = AdminClient({"bootstrap.servers": server.bootstrap})
+    futures = admin.list_offsets({CTP(TP.topic, TP.partition): OffsetSpec.max_timestamp()})
+    (answer,) = [f.result(60) for f in futures.values()]
+    assert (answer.offset, answer.timestamp) == (PEAK_AT, stamp(PEAK_AT))
+    assert answer.leader_epoch == epoch_of(PEAK_AT)
+
+
+def test_offset_for_leader_epoch_answers_epochs_only_the_archive_knows(
+    epochs_archived: Archived,
+    s3_server: S3Server,
+    s3_bucket: str,
+    served: Callable[..., ServedInThread],
+) -> None:
+    """A confluent-kafka consumer assigned offset 250 in epoch 1, which lies past the end
+    of epoch 1 (offset 200, which only the archive's epochs know), validates it (KIP-320:
+    OffsetForLeaderEpoch), finds the divergence and goes on from 200."""
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as CTP
+
+    server = served(epochs_archived.logs, remote_fetch(s3_server.endpoint, s3_bucket))
+    c = Consumer(
+        {
+            "bootstrap.servers": server.bootstrap,
+            "group.id": f"g-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    got: list[int] = []
+    try:
+        c.assign([CTP(TP.topic, TP.partition, 250, leader_epoch=1)])
+
+        def polled() -> bool:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                got.append(m.offset())
+            return bool(got)
+
+        wait_until(polled, timeout_s=120, what="a record after the validation")
+    finally:
+        c.close()
+    assert any(k.startswith("OFFSET_FOR_LEADER_EPOCH") for k in server.server.requests)
+    assert got[0] == 200
+
+
+def test_list_offsets_ignores_an_archive_of_another_topic_id(
+    archived: Archived, s3_server: S3Server, s3_bucket: str, served: Callable[..., ServedInThread]
+) -> None:
+    """A manifest of another topic id (the topic deleted and created again) answers
+    nothing: EARLIEST is the local log start, as Fetch does not read that archive."""
+    import dataclasses
+
+    from replicad.archive.manifest import decode_manifest
+
+    remote = remote_fetch(s3_server.endpoint, s3_bucket)
+    key = manifest_key("replicas", TP)
+    old = decode_manifest(remote.remote.store.get(key) or b"", source=key)
+    other = dataclasses.replace(old, topic_id="AAAAAAAAAAAAAAAAAAAAAA")
+    remote.remote.store.put_bytes(key, other.encode())
+    server = served(archived.logs, remote)
+    c = consumer(server.bootstrap)
+    try:
+        ktp = KTP(TP.topic, TP.partition)
+        assert c.beginning_offsets([ktp])[ktp] == archived.local_start
+    finally:
+        c.close()
+
+
+def test_read_committed_finds_a_marker_further_than_one_search_goes(
+    s3_server: S3Server,
+    s3_bucket: str,
+    tmp_path: Path,
+    served: Callable[..., ServedInThread],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A transaction whose COMMIT is further away than one fetch's marker search (made
+    small here): the search resumes at each fetch, and the consumer gets the committed
+    record and everything after it (it used to answer nothing, forever)."""
+    monkeypatch.setattr(remote_fetch_module, "MARKER_SEARCH_BYTES", 4096)
+    batches = []
+    for i in range(RECORDS):
+        if i == 20:
+            batches.append(transactional_batch(i, [value(i)], producer_id=7))
+        elif i == 300:
+            batches.append(control_batch(i, producer_id=7, control_type=ControlType.COMMIT))
+        else:
+            batches.append(producer_batch(i, [value(i)]))
+    expected = [i for i in range(RECORDS) if i != 300]
+    now = wall_ms()
+    logs = LogManager.open(tmp_path / "data", CONFIG, now_ms=now)
+    try:
+        logs.hold_for_archive()
+        plog = logs.get_or_create(TP, topic_id=uuid.uuid4())
+        data = b"".join(batches)
+        plog.append(data, scan_batches(data).batches, now_ms=now)
+        logs.checkpoint({TP: plog.log_end_offset})
+        Archiver(ArchiverSettings(bucket(s3_server.endpoint, s3_bucket))).round(logs)
+        logs.enforce_retention(now)
+        remote = remote_fetch(s3_server.endpoint, s3_bucket)
+        server = served(logs, remote)
+        c = consumer(server.bootstrap, isolation_level="read_committed")
+        try:
+            ktp = KTP(TP.topic, TP.partition)
+            c.assign([ktp])
+            c.seek_to_beginning(ktp)
+            got = read_until(c, expected[-1] + 1)
+        finally:
+            c.close()
+        assert got == [(i, value(i)) for i in expected]
+        # The marker, once found, is kept: it is not searched for again.
+        assert list(remote._ends.values()) == [(300, False)]
+    finally:
+        logs.close()
