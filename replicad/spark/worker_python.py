@@ -9,9 +9,11 @@ the process that hosts a Python streaming source on the driver, Spark waits 10 s
 constant in PythonWorkerFactory) for it to connect back; under load the zip's compile alone
 ran out that time and the query failed before its first micro-batch (follow.py retries).
 
-So a local run's workers start through a two-line shell script that puts the directory the
+So a local run's workers start through a short shell script that puts the directory the
 driver's `pyspark` came from ahead of Spark's path: the same PySpark (the zip is a copy of
-the installed package), with its bytecode cache. Only for local runs: on a cluster the
+the installed package), with its bytecode cache. Even so, at load 45-62 the imports alone
+ran out the 10 s: the script starts the driver-side modules that connect back through
+connect_first.py, which connects before it imports. Only for local runs: on a cluster the
 executors' Python is the operator's to choose.
 """
 
@@ -26,9 +28,13 @@ from functools import cache
 from pathlib import Path
 
 SCRIPT = """#!/bin/sh
-# Written by replicad (replicad/spark/worker_python.py): PySpark from {site}, not pyspark.zip.
+# Written by replicad (replicad/spark/worker_python.py): PySpark from {site}, not pyspark.zip;
+# the driver-side modules connect back to Spark before they import (connect_first.py).
 PYTHONPATH={site}${{PYTHONPATH:+:$PYTHONPATH}}
 export PYTHONPATH
+case "$1 $2" in
+{patterns}) exec {python} -m replicad.spark.connect_first "$@" ;;
+esac
 exec {python} "$@"
 """
 
@@ -40,12 +46,19 @@ def pyspark_home() -> Path:
     return Path(pyspark.__file__).resolve().parent.parent
 
 
+def script(site: Path, python: str) -> str:
+    from replicad.spark.connect_first import MODULES
+
+    patterns = "|".join(f"'-m {module}'" for module in MODULES)
+    return SCRIPT.format(site=shlex.quote(str(site)), python=shlex.quote(python), patterns=patterns)
+
+
 @cache
 def worker_python() -> str:
     """The path of the script (written once per process, removed when it exits)."""
     fd, path = tempfile.mkstemp(prefix="replicad-python-", suffix=".sh")
     with os.fdopen(fd, "w") as f:
-        f.write(SCRIPT.format(site=shlex.quote(str(pyspark_home())), python=sys.executable))
+        f.write(script(pyspark_home(), sys.executable))
     os.chmod(path, 0o755)
     atexit.register(lambda: Path(path).unlink(missing_ok=True))
     return path

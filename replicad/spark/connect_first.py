@@ -1,0 +1,129 @@
+"""Connect back first, import PySpark after: how a local run's driver-side Python starts.
+
+Spark runs some Python on the driver in processes of their own, `python -m MODULE`: the
+data source planner's steps (create_data_source, plan_data_source_read, ...) and, for the
+whole life of a streaming query, the host of its stream reader
+(python_streaming_source_runner). For each it waits 10 s for the process to connect back
+(`Selector.select(10000)` in PythonWorkerFactory.createSimpleWorker, Spark 4.3: a constant,
+no setting changes it, and the stream's runner always takes this path, never the daemon).
+PySpark's modules connect only after importing PySpark and pyarrow: about 0.5 s of CPU,
+which on two busy cores ran past 10 s, and the query failed with "Python worker failed to
+connect back" before its first micro-batch.
+
+So worker_python.py's script starts those modules through this one, which connects and
+authenticates with the standard library alone, then imports the module and runs it as
+`__main__`, PySpark's `get_sock_file_to_executor` handing it the connected socket instead
+of connecting again. Spark's side of the handshake (SocketAuthHelper, PySpark's
+`local_connect_and_auth`): the secret as a length-prefixed UTF-8 string, "ok" back the
+same way, then the worker's process id as a 4-byte int; with a Unix socket (no secret)
+only the process id. After the id Spark reads with no deadline, so the imports may take
+what the machine gives them.
+
+Only modules whose `__main__` connects through `get_sock_file_to_executor` (checked for
+PySpark 4.3, tests/spark/test_connect_first.py) go this way; anything else, and a process
+not started by a PythonWorkerFactory, is the plain interpreter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import runpy
+import socket
+import struct
+import sys
+from collections.abc import Iterator
+from typing import BinaryIO
+
+# The driver-side modules of PySpark 4.3 that connect back through
+# pyspark.worker_util.get_sock_file_to_executor in their `__main__`.
+MODULES = (
+    "pyspark.sql.streaming.python_streaming_source_runner",
+    "pyspark.sql.worker.create_data_source",
+    "pyspark.sql.worker.plan_data_source_read",
+    "pyspark.sql.worker.lookup_data_sources",
+    "pyspark.sql.worker.data_source_pushdown_filters",
+    "pyspark.sql.worker.commit_data_source_write",
+    "pyspark.sql.worker.write_into_data_source",
+    "pyspark.sql.worker.python_streaming_sink_runner",
+)
+PORT_ENV = "PYTHON_WORKER_FACTORY_PORT"
+SOCK_PATH_ENV = "PYTHON_WORKER_FACTORY_SOCK_PATH"
+SECRET_ENV = "PYTHON_WORKER_FACTORY_SECRET"
+_INT = struct.Struct("!i")
+
+
+class HandshakeError(ConnectionError):
+    """Spark did not answer the secret with "ok"."""
+
+
+def started_by_spark(environ: dict[str, str] | os._Environ[str]) -> bool:
+    return PORT_ENV in environ or SOCK_PATH_ENV in environ
+
+
+def connect(environ: dict[str, str] | os._Environ[str]) -> tuple[socket.socket, BinaryIO]:
+    """Connect to the waiting PythonWorkerFactory, authenticate, send our process id."""
+    timeout = int(environ.get("SPARK_AUTH_SOCKET_TIMEOUT", 15))
+    buffer_size = int(environ.get("SPARK_BUFFER_SIZE", 65536))
+    secret = environ.get(SECRET_ENV)
+    sock_path = environ.get(SOCK_PATH_ENV)
+    if sock_path is not None and secret is None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        sock.connect(sock_path)
+        sock_file = sock.makefile("rwb", buffer_size)
+    else:
+        ipv6 = environ.get("SPARK_PREFER_IPV6", "false").lower() == "true"
+        host = "::1" if ipv6 else "127.0.0.1"
+        sock = socket.create_connection((host, int(environ[PORT_ENV])), timeout=timeout)
+        sock_file = sock.makefile("rwb", buffer_size)
+        encoded = (secret or "").encode("utf-8")
+        sock_file.write(_INT.pack(len(encoded)) + encoded)
+        sock_file.flush()
+        if _read_string(sock_file) != b"ok":
+            sock_file.close()
+            sock.close()
+            raise HandshakeError("Spark refused this Python worker's secret")
+    sock_file.write(_INT.pack(os.getpid()))
+    sock_file.flush()
+    return sock, sock_file
+
+
+def _read_string(stream: BinaryIO) -> bytes:
+    head = stream.read(_INT.size)
+    if len(head) < _INT.size:
+        raise HandshakeError("Spark closed the connection during the handshake")
+    (length,) = _INT.unpack(head)
+    return stream.read(length)
+
+
+def run(module: str, args: list[str], sock: socket.socket, sock_file: BinaryIO) -> None:
+    """Run `module` as `__main__` over the connection already made."""
+    import pyspark.worker_util as worker_util
+
+    @contextlib.contextmanager
+    def connected(timeout: int | None = -1) -> Iterator[BinaryIO]:
+        # As PySpark's own: a positive timeout or None replaces the handshake's.
+        if timeout is None or timeout > 0:
+            sock.settimeout(timeout)
+        try:
+            yield sock_file
+        finally:
+            sock_file.close()
+
+    worker_util.get_sock_file_to_executor = connected  # type: ignore[assignment]
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def main(argv: list[str]) -> None:
+    """`python -m replicad.spark.connect_first -m MODULE [ARGS...]`, as Spark ran the script."""
+    if len(argv) >= 2 and argv[0] == "-m" and argv[1] in MODULES and started_by_spark(os.environ):
+        sock, sock_file = connect(os.environ)
+        run(argv[1], argv[2:], sock, sock_file)
+        return
+    os.execv(sys.executable, [sys.executable, *argv])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
