@@ -359,9 +359,14 @@ def _export_options(args: argparse.Namespace) -> dict[str, str]:
     return options
 
 
-# Spark's console when `--verbose` is not given: errors only, and no start-up banner.
+# Spark's console when `--verbose` is not given: nothing but a fatal error (ours is the one
+# line `_run` prints). PySpark's JVM starts logging as Spark's shell does: the root logger
+# takes the level of the starting class's logger (PythonGatewayServer; WARN unless set),
+# and the console says "Setting default log level to WARN". Set here, so the root stays.
 QUIET_LOG4J2 = """\
-rootLogger.level = error
+rootLogger.level = fatal
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = fatal
 rootLogger.appenderRef.stderr.ref = console
 appender.console.type = Console
 appender.console.name = console
@@ -449,7 +454,8 @@ def _job(args: argparse.Namespace, job: str) -> int:
         options = _export_options(args)
         streaming = args.follow or args.available_now
         if not streaming:
-            parse_options({**options, "path": args.data_dir})  # bad flags fail before Spark
+            # Bad flags and a missing directory fail before Spark starts.
+            _listed(parse_options({**options, "path": args.data_dir}))
             return export(
                 args.data_dir,
                 args.format,
@@ -475,8 +481,16 @@ def _job(args: argparse.Namespace, job: str) -> int:
             trigger_interval=args.trigger_interval,
         )
     options = _selection(args)
-    parse_options({**options, "path": args.data_dir})
+    _listed(parse_options({**options, "path": args.data_dir}))
     return verify(args.data_dir, options=options, spark=_session_from(args))
+
+
+def _listed(options: ReadOptions) -> None:
+    """A local data directory that is not one is refused here, before Spark starts."""
+    if not is_bucket_url(options.data_dir):
+        from replicad.spark.catalog import list_partitions
+
+        list_partitions(options)
 
 
 def _stream_options(args: argparse.Namespace) -> dict[str, str]:

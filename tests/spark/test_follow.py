@@ -110,6 +110,7 @@ def test_export_is_exactly_once_across_a_sigkill_mid_batch_and_stops_on_sigterm(
         # Spark's console kept quiet: no log4j banner, no loopback warning.
         text = log.read_text()
         assert "default log4j profile" not in text and "loopback address" not in text
+        assert "Setting default log level" not in text
 
         # More records while no driver runs; then --follow from the same checkpoint, in this
         # process's session (a JVM start fewer): the batch cut short is replayed, the sink

@@ -26,6 +26,7 @@ from replicad.spark.pipeline import (
 )
 from replicad.spark.submit import submit_script
 from replicad.types import TopicPartition
+from tools.replica import replicad_argv
 
 
 def test_pyspark_accepts_the_installed_pandas():
@@ -78,14 +79,51 @@ def test_export_writes_parquet_by_topic_partition_and_utc_date(spark, replicated
             }
 
 
-def test_export_refuses_to_overwrite_unless_told(spark, replicated, tmp_path, capsys):
+# The one line the JVM prints itself when it starts (Spark loads an incubator module).
+JVM_INCUBATOR_NOTE = "WARNING: Using incubator modules: jdk.incubator.vector"
+
+
+def pipeline_run(*args: str) -> subprocess.CompletedProcess:
+    """`replicad pipeline ARGS` as a user runs it: its own process, its own JVM."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    argv = replicad_argv(
+        "pipeline",
+        *args,
+        "--master",
+        "local[1]",
+        "--conf",
+        "spark.ui.enabled=false",
+        "--conf",
+        "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1",
+    )
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_export_refuses_to_overwrite_in_one_line_and_a_quiet_console(replicated, tmp_path):
+    """Spark's own error (the output exists), as a user meets it: our one line with the exit
+    code, no log4j output, no JVM traceback (--verbose adds the traceback)."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep").write_text("not ours")
-    args = ["export", str(replicated.data_dir), "--out", str(out), "--topics", replicated.plain]
-    assert main(args) == 1
-    assert "already exists" in capsys.readouterr().err
+    data = str(replicated.data_dir)
+    result = pipeline_run("export", data, "--out", str(out), "--topics", replicated.plain)
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line != JVM_INCUBATOR_NOTE]
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert lines[0].startswith("replicad pipeline export: [PATH_ALREADY_EXISTS]")
+    assert lines[0].endswith("(exit 1)") and result.stdout == ""
     assert (out / "keep").read_text() == "not ours"
+
+
+def test_a_missing_directory_is_one_line_before_spark_starts(tmp_path, capsys):
+    missing = str(tmp_path / "nothing")
+    for job in (["export", missing, "--out", str(tmp_path / "o")], ["verify", missing]):
+        assert main(job) == 1
+        err = capsys.readouterr().err
+        assert err.splitlines() == [
+            f"replicad pipeline {job[0]}: {missing}: not a replicad data directory "
+            "(no such directory) (exit 1)"
+        ]
 
 
 def test_verify_command_finds_the_replica_sound(spark, replicated, capsys):
