@@ -242,7 +242,20 @@ class _PausedUntilTls(asyncio.StreamReaderProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.ReadTransport)
         transport.pause_reading()
+        # Python 3.11.2 (Debian 12's python3) starts reading right after connection_made()
+        # even when it paused: its transport adds its reader unconditionally (later 3.11s
+        # check is_reading() first). The ClientHello then went to the plaintext stream and
+        # every handshake timed out. Pausing again once that reader is in place removes it,
+        # and cancels a read of it already queued: the loop runs this before the
+        # connection's task and before any read the next select() finds.
+        asyncio.get_running_loop().call_soon(_pause_again, transport)
         super().connection_made(transport)
+
+
+def _pause_again(transport: asyncio.ReadTransport) -> None:
+    if not transport.is_closing():
+        transport.resume_reading()
+        transport.pause_reading()
 
 
 @dataclasses.dataclass(slots=True)

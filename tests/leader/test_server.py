@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import datetime
 import random
+import ssl
 import struct
 import sys
 import threading
@@ -20,8 +21,9 @@ from kio.schema.errors import ErrorCode
 
 from replicad.errors import KafkaConnectionError
 from replicad.leader.frames import ResponseFrame
+from replicad.leader.security import ServerSecurity
 from replicad.leader.server import LeaderServer
-from replicad.leader.settings import ServeSettings
+from replicad.leader.settings import ServeSettings, serve_security_from_options
 from replicad.log.manager import LogManager
 from replicad.log.segment import FileRegion
 from replicad.protocol.codec import decode_response, request_type
@@ -36,6 +38,7 @@ from replicad.protocol.requests import (
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
+from tools.peers.pki import make_test_pki
 from tools.wait import DEADLINE_S, until
 
 T0 = TopicPartition("t", 0)
@@ -491,3 +494,49 @@ async def test_a_consumer_group_heartbeat_joins_and_is_assigned_by_topic_id(logs
     assert (joined.error_code, joined.member_id, joined.member_epoch) == (ErrorCode.none, "m-1", 1)
     [assigned] = joined.assignment.topic_partitions
     assert (assigned.topic_id, tuple(assigned.partitions)) == (TID, (0,))
+
+
+def _add_reader_as_in_python_3_11_2(
+    self: asyncio.selector_events._SelectorTransport, fd: int, callback: Any, *args: Any
+) -> None:
+    """Python 3.11.2's transport: adds its reader even while paused (later 3.11s check
+    is_reading() first). Debian 12's python3 is 3.11.2."""
+    if self._closing:
+        return
+    self._loop._add_reader(fd, callback, *args)
+
+
+async def test_a_tls_client_is_served_where_the_transport_reads_before_tls_starts(
+    logs, fill, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The TLS listener pauses each connection until its TLS starts, so the ClientHello
+    reaches TLS. On Python 3.11.2 the transport started reading anyway right after that
+    pause: the ClientHello went to the plaintext stream and every handshake timed out
+    (serve over TLS or SASL_SSL never worked there)."""
+    monkeypatch.setattr(
+        asyncio.selector_events._SelectorTransport, "_add_reader", _add_reader_as_in_python_3_11_2
+    )
+    fill(logs, T0, [producer_batch(0, [b"v"])], topic_id=TID)
+    pki = make_test_pki(tmp_path / "pki")
+    options = {
+        "serve.security.tls.cert_file": str(pki.broker_cert),
+        "serve.security.tls.key_file": str(pki.broker_key),
+    }
+    security = ServerSecurity.from_config(serve_security_from_options(options), frozenset())
+    srv = LeaderServer(logs, ServeSettings(), security=security, rng=random.Random(4))
+    await srv.start()
+    try:
+        context = ssl.create_default_context(cafile=str(pki.ca))
+        _, writer = await asyncio.open_connection(
+            "127.0.0.1",
+            srv.port,
+            ssl=context,
+            server_hostname="localhost",
+            ssl_handshake_timeout=DEADLINE_S,
+        )
+        assert writer.get_extra_info("ssl_object").version() is not None
+        writer.close()
+        await writer.wait_closed()
+        assert srv.metrics().get("tls_handshake_failures_total", 0) == 0
+    finally:
+        await srv.close()
