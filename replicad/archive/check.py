@@ -30,8 +30,10 @@ from replicad.archive.manifest import (
     MANIFEST_NAME,
     SEGMENT_SUFFIXES,
     Manifest,
+    chunk_name,
     decode_manifest,
     normalized_prefix,
+    partition_prefix,
     segment_key,
     segments_prefix,
 )
@@ -75,8 +77,9 @@ def verify_archived_partition(
 ) -> PartitionReport:
     report = PartitionReport(f"{tp.topic}-{tp.partition}")
     source = f"s3://{store.settings.bucket}/{store.settings.prefix}/{report.name}/{MANIFEST_NAME}"
+    directory = partition_prefix(store.settings.prefix, tp)
     try:
-        manifest = decode_manifest(data, source=source)
+        manifest = decode_manifest(data, source=source, read=lambda n: store.get(directory + n))
     except LogError as error:
         report.problems.append(str(error))
         return report
@@ -85,7 +88,7 @@ def verify_archived_partition(
         return report
     report.segments = len(manifest.segments)
     present = set(store.list_keys(segments_prefix(store.settings.prefix, tp, manifest.topic_id)))
-    named = set()
+    named = {directory + chunk_name(manifest.topic_id, c.base_offset) for c in manifest.chunks}
     with tempfile.TemporaryDirectory(prefix="replicad-verify-") as temp:
         for segment in manifest.segments:
             keys = {
@@ -174,7 +177,11 @@ def dump_bucket(store: ObjectStore, path: str, *, deep: bool, out: TextIO) -> in
             if data is None:
                 print(f"PROBLEM s3://{store.settings.bucket}/{path}: no manifest", file=out)
                 return EXIT_PROBLEMS
-            manifest = decode_manifest(data, source=f"s3://{store.settings.bucket}/{path}")
+            manifest = decode_manifest(
+                data,
+                source=f"s3://{store.settings.bucket}/{path}",
+                read=lambda n: store.get(f"{path}/{n}"),
+            )
             targets = [
                 f"{path}/{manifest.topic_id}/{segment_file_name(s.base_offset, '')}"
                 for s in manifest.segments

@@ -39,6 +39,7 @@ from replicad.archive.manifest import (
     Manifest,
     decode_manifest,
     manifest_key,
+    partition_prefix,
     segment_key,
 )
 from replicad.archive.read_cache import CHUNK_BYTES, WHOLE, ReadCache
@@ -102,10 +103,16 @@ class RemoteLog:
             return known.manifest
         key = manifest_key(self.prefix, tp)
         data = self.store.get(key)
+        directory = partition_prefix(self.prefix, tp)
         manifest = (
             None
             if data is None
-            else decode_manifest(data, source=f"s3://{self.store.settings.bucket}/{key}")
+            else decode_manifest(
+                data,
+                source=f"s3://{self.store.settings.bucket}/{key}",
+                # Chunks are never rewritten: through the cache, read once while it holds them.
+                read=lambda name: self._whole_or_none(directory + name),
+            )
         )
         with self._lock:
             self._manifests[tp] = _Known(manifest, now_ms)
@@ -270,6 +277,12 @@ class RemoteLog:
             raise FileNotFoundError(f"s3://{self.store.settings.bucket}/{key}")
         self.cache.put((key, WHOLE), data)
         return data
+
+    def _whole_or_none(self, key: str) -> bytes | None:
+        try:
+            return self._whole(key)
+        except FileNotFoundError:
+            return None
 
     def _range(self, key: str, object_size: int, start: int, length: int) -> bytes:
         """Bytes [start, start + length) of an object of `object_size` bytes, by chunks."""

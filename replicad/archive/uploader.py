@@ -5,9 +5,12 @@ Rules (the decisions are uploads.py's; this shell reads files and talks to the b
   bounded memory: a segment is streamed from its file). The event loop only schedules a
   round every `interval_ms` and never waits on the bucket; replication never waits for it.
 - A partition's manifest is read from the bucket once (first round), then kept: this
-  uploader is its only writer. A segment goes up as .log, .index, .timeindex, then the new
-  manifest naming it; a crash anywhere in between leaves objects no manifest names yet,
-  which the next run writes again under the same keys (manifest.py's rules).
+  uploader is its only writer. A segment goes up as .log, .index, .timeindex, then the
+  chunk the new manifest seals (one every CHUNK_SEGMENTS segments), then the new manifest
+  naming it; a crash anywhere in between leaves objects no manifest names yet, which the
+  next run writes again under the same keys (manifest.py's rules). The manifest written
+  for each segment stays bounded (manifest.py), so its PUT costs the same at the
+  millionth segment as at the first.
 - The partition's `archive_floor` (local retention's hold) follows the manifest: it rises
   only after the manifest naming a segment is written, so a segment is deleted locally
   only once the bucket has it.
@@ -40,8 +43,12 @@ from replicad.archive.manifest import (
     SEGMENT_SUFFIXES,
     ArchivedSegment,
     Manifest,
+    chunk_name,
+    chunk_writes,
     decode_manifest,
+    dropped_chunks,
     manifest_key,
+    partition_prefix,
     segment_key,
     segments_prefix,
 )
@@ -230,6 +237,7 @@ class Archiver:
                 for g in gone
                 for suffix in SEGMENT_SUFFIXES
             ]
+            + [partition_prefix(prefix, tp) + name for name in dropped_chunks(manifest, kept)]
         )
         self._totals.deleted_segments += count
         self._totals.deleted_bytes += sum(g.size for g in gone)
@@ -248,11 +256,13 @@ class Archiver:
             return
         first = manifest.segments[0].base_offset
         directory = segments_prefix(self.settings.bucket.prefix, tp, manifest.topic_id)
+        named = {chunk_name(manifest.topic_id, c.base_offset) for c in manifest.chunks}
         below = [
             key
             for key in self.store.list_keys(directory)
-            if _base_of(key[len(directory) :]) is not None
-            and (_base_of(key[len(directory) :]) or 0) < first
+            if (base := _base_of(key[len(directory) :])) is not None
+            and base < first
+            and f"{manifest.topic_id}/{key[len(directory) :]}" not in named
         ]
         if below:
             self.store.delete(below)
@@ -266,7 +276,12 @@ class Archiver:
         data = self.store.get(key)
         if data is None:
             return Manifest(tp.topic, tp.partition, topic_id)
-        manifest = decode_manifest(data, source=f"s3://{self.settings.bucket.bucket}/{key}")
+        directory = partition_prefix(self.settings.bucket.prefix, tp)
+        manifest = decode_manifest(
+            data,
+            source=f"s3://{self.settings.bucket.bucket}/{key}",
+            read=lambda name: self.store.get(directory + name) if self.store else None,
+        )
         if manifest.topic_id != topic_id:
             raise ArchiveError(
                 f"s3://{self.settings.bucket.bucket}/{key}: archives topic id "
@@ -305,6 +320,9 @@ class Archiver:
         # records short, once retention ran between two uploads.)
         start = manifest.log_start_offset if manifest.segments else plog.log_start_offset
         updated = manifest.with_segment(archived, plog.epoch_entries(), start)
+        for name, chunk in chunk_writes(manifest, updated):  # before the manifest naming it
+            self.store.put_bytes(partition_prefix(prefix, tp) + name, chunk)
+            sent += len(chunk)
         self.store.put_bytes(manifest_key(prefix, tp), updated.encode())
         self._totals.uploaded_segments += 1
         self._totals.uploaded_bytes += sent
@@ -357,6 +375,10 @@ class Archiver:
 
 
 def _base_of(name: str) -> int | None:
-    """`00000000000000000120.log` -> 120; None for another name."""
+    """`00000000000000000120.log` -> 120, and a chunk's `manifest-00000000000000000120.json`
+    -> 120; None for another name."""
     stem, _, suffix = name.partition(".")
+    if stem.startswith("manifest-") and suffix == "json":
+        stem = stem.removeprefix("manifest-")
+        return int(stem) if stem.isdigit() else None
     return int(stem) if stem.isdigit() and f".{suffix}" in SEGMENT_SUFFIXES else None

@@ -105,7 +105,12 @@ def archived_with_ends(options: ReadOptions) -> list[tuple[PartitionFiles, int, 
         data = opener.read_all(f"s3://{bucket}/{key}", Purpose.INDEX)
         if data is None:  # a partition whose first upload has not finished
             continue
-        manifest = decode_manifest(data, source=f"s3://{bucket}/{key}")
+        directory = f"s3://{bucket}/{partition_prefix}"  # the listed one: the partition's
+        manifest = decode_manifest(
+            data,
+            source=f"s3://{bucket}/{key}",
+            read=lambda name, d=directory: opener.read_all(d + name, Purpose.INDEX),
+        )
         directory = f"s3://{bucket}/{segments_prefix(prefix, tp, manifest.topic_id)}".rstrip("/")
         segments = tuple(SegmentFile(s.base_offset, s.size) for s in manifest.segments)
         files = PartitionFiles(tp.topic, tp.partition, directory, segments)

@@ -12,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from replicad.archive.manifest import decode_manifest, manifest_key, segment_key
+from replicad.archive.manifest import (
+    decode_manifest,
+    manifest_key,
+    partition_prefix,
+    segment_key,
+)
 from replicad.archive.store import BucketSettings, ObjectStore
 from replicad.archive.uploader import Archiver, ArchiverSettings
 from replicad.cli import main
@@ -53,7 +58,12 @@ def cli(store: ObjectStore, *argv: str) -> int:
 
 
 def manifest_of(store: ObjectStore, tp: TopicPartition):  # type: ignore[no-untyped-def]
-    return decode_manifest(store.get(manifest_key(PREFIX, tp)) or b"", source="test")
+    directory = partition_prefix(PREFIX, tp)
+    return decode_manifest(
+        store.get(manifest_key(PREFIX, tp)) or b"",
+        source="test",
+        read=lambda name: store.get(directory + name),
+    )
 
 
 def test_an_uploaded_archive_verifies_clean_and_its_batches_dump(

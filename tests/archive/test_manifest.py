@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from replicad.archive.manifest import (
+    CHUNK_SEGMENTS,
     ArchivedSegment,
     Manifest,
+    chunk_writes,
     decode_manifest,
+    dropped_chunks,
     manifest_key,
     normalized_prefix,
     segment_key,
@@ -56,7 +61,7 @@ def test_a_segment_below_the_archive_end_is_refused() -> None:
     ("data", "problem"),
     [
         (b"not json", "not a replicad archive manifest"),
-        (b'{"version": 2}', "manifest version 2 is not 1"),
+        (b'{"version": 3}', "manifest version 3 is not one of"),
         (b'{"version": 1, "topic": "t"}', "not a replicad archive manifest"),
         (
             b'{"version":1,"topic":"t","partition":0,"topic_id":"A","log_start_offset":0,'
@@ -94,3 +99,55 @@ def test_deleting_the_oldest_segments_moves_the_start_and_keeps_the_newest() -> 
     assert manifest.without_first(1).epochs == (EpochEntry(0, 10), EpochEntry(1, 15))
     with pytest.raises(LogError, match="newest archived segment is kept"):
         manifest.without_first(3)
+
+
+def grown(count: int) -> list[Manifest]:
+    """The manifests written one segment (10 offsets, 1,000 bytes) at a time."""
+    manifests = [Manifest("orders", 3, "AAAA")]
+    for i in range(count):
+        segment = ArchivedSegment(i * 10, i * 10 + 10, 1000, i)
+        manifests.append(manifests[-1].with_segment(segment, [EpochEntry(0, 0)], 0))
+    return manifests
+
+
+def test_the_manifest_stays_bounded_its_oldest_segments_sealed_in_chunks() -> None:
+    """Each write is bounded whatever the archive's length: past CHUNK_SEGMENTS segments
+    of its own, the oldest are sealed in a chunk object, written once before the manifest
+    naming it; readers see every segment."""
+    count = 3 * CHUNK_SEGMENTS + 10
+    manifests = grown(count)
+    objects: dict[str, bytes] = {}
+    sizes = []
+    for before, after in itertools.pairwise(manifests):
+        writes = chunk_writes(before, after)
+        assert len(writes) <= 1
+        objects.update(writes)
+        sizes.append(len(after.encode()))
+    assert len(objects) == 3
+    # No growth with the archive's length: the last write is no larger than the first chunk's.
+    assert sizes[-1] < max(sizes[:CHUNK_SEGMENTS]) < 20_000
+    last = manifests[-1]
+    assert len(last.own_segments) == 10 and len(last.segments) == count
+    read = decode_manifest(last.encode(), source="m", read=objects.get)
+    assert read == last
+    # A manifest naming a chunk that is missing is refused, naming it.
+    with pytest.raises(LogError, match=r"manifest-00000000000000000000\.json, which is missing"):
+        decode_manifest(last.encode(), source="m", read=lambda name: None)
+
+
+def test_remote_retention_drops_a_chunk_once_none_of_its_segments_is_kept() -> None:
+    manifests = grown(2 * CHUNK_SEGMENTS + 5)
+    objects: dict[str, bytes] = {}
+    for before, after in itertools.pairwise(manifests):
+        objects.update(chunk_writes(before, after))
+    last = manifests[-1]
+    partly = last.without_first(10)  # the first chunk keeps most of its segments
+    assert dropped_chunks(last, partly) == [] and partly.chunks == last.chunks
+    read = decode_manifest(partly.encode(), source="m", read=objects.get)
+    assert read.segments == partly.segments and read.segments[0].base_offset == 100
+    wholly = last.without_first(CHUNK_SEGMENTS)
+    assert dropped_chunks(last, wholly) == ["AAAA/manifest-00000000000000000000.json"]
+    assert decode_manifest(wholly.encode(), source="m", read=objects.get) == wholly
+    # More segments after it: still each chunk written once.
+    more = wholly.with_segment(ArchivedSegment(10**6, 10**6 + 5, 1, -1), [], 0)
+    assert chunk_writes(wholly, more) == []

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from replicad.archive.manifest import Manifest, decode_manifest, manifest_key
+from replicad.archive import manifest as manifest_module
+from replicad.archive.check import verify_archived_partition
+from replicad.archive.manifest import Manifest, decode_manifest, manifest_key, partition_prefix
 from replicad.archive.store import BucketSettings, ObjectStore
 from replicad.archive.uploader import Archiver, ArchiverSettings
 from replicad.clock import wall_ms
@@ -69,7 +71,12 @@ def store_of(server: S3Server, bucket: str) -> ObjectStore:
 
 
 def manifest_in(store: ObjectStore) -> Manifest:
-    return decode_manifest(store.get(manifest_key(PREFIX, TP)) or b"", source="m")
+    directory = partition_prefix(PREFIX, TP)
+    return decode_manifest(
+        store.get(manifest_key(PREFIX, TP)) or b"",
+        source="m",
+        read=lambda name: store.get(directory + name),
+    )
 
 
 def test_rolled_segments_go_up_byte_for_byte_then_the_manifest(
@@ -384,4 +391,45 @@ def test_remote_retention_deletes_the_oldest_after_the_manifest_and_a_crash_left
     assert [k.rsplit("/", 1)[1] for k in store.list_keys(directory)] == [
         closed[-1].log_path.stem + suffix for suffix in (".index", ".log", ".timeindex")
     ]
+    manager.close()
+
+
+def test_a_long_archive_writes_a_bounded_manifest_its_chunks_once(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With chunks of 3 segments (256 by default): every segment costs its three files and
+    one manifest of bounded size, plus one chunk PUT every 3 segments; a restarted uploader
+    reads the chunked manifest back and sends nothing; verify finds every object named;
+    remote retention deletes a chunk once none of its segments is kept."""
+    monkeypatch.setattr(manifest_module, "CHUNK_SEGMENTS", 3)
+    manager, _ = filled(tmp_path, batches=300)
+    log = manager.partitions()[TP]
+    closed = log.segments[:-1]
+    assert len(closed) >= 10
+    archiver = Archiver(settings(s3_server, s3_bucket))
+    assert archiver.round(manager) == len(closed)
+    store = store_of(s3_server, s3_bucket)
+    manifest = manifest_in(store)
+    assert [s.base_offset for s in manifest.segments] == [s.base_offset for s in closed]
+    chunks = (len(closed) - 1) // 3
+    assert len(manifest.chunks) == chunks and len(manifest.own_segments) <= 3
+    assert archiver.snapshot()["requests"]["PUT"] == 4 * len(closed) + chunks
+    # The manifest in the bucket lists at most 3 segments of its own.
+    head = store.get(manifest_key(PREFIX, TP)) or b""
+    assert head.count(b"],[") < 3 + chunks + len(manifest.epochs)
+    restarted = Archiver(settings(s3_server, s3_bucket))
+    assert restarted.round(manager) == 0
+    assert restarted.store is not None and restarted.store.requests["PUT"] == 0
+    report = verify_archived_partition(store, TP, head)
+    assert not report.problems and "no manifest names" not in report.name
+    # Remote retention keeping the two newest segments: the chunks wholly expired are gone.
+    keep_bytes = closed[-1].size + closed[-2].size
+    expiring = Archiver(replace(settings(s3_server, s3_bucket), retention_bytes=keep_bytes))
+    expiring.round(manager)
+    kept = manifest_in(store)
+    assert [s.base_offset for s in kept.segments] == [s.base_offset for s in closed[-2:]]
+    directory = f"{PREFIX}/orders-2/{kept.topic_id}/"
+    left = [k.rsplit("/", 1)[1] for k in store.list_keys(directory) if "manifest-" in k]
+    assert left == [f"manifest-{c.base_offset:020d}.json" for c in kept.chunks]
+    assert len(left) <= 1
     manager.close()

@@ -51,15 +51,25 @@ def client_environ() -> dict[str, str]:
 def archived_end(store: Any, bucket: str, prefix: str, topic: str, partition: int) -> int:
     """The end offset of a partition's archive as its manifest says, read with `store` (a
     boto3 client, `S3Server.client()`); 0 while there is no manifest."""
-    from replicad.archive.manifest import decode_manifest, manifest_key
+    from replicad.archive.manifest import decode_manifest, manifest_key, partition_prefix
     from replicad.types import TopicPartition
 
-    key = manifest_key(prefix, TopicPartition(topic, partition))
-    try:
-        body = store.get_object(Bucket=bucket, Key=key)["Body"].read()
-    except store.exceptions.NoSuchKey:
+    tp = TopicPartition(topic, partition)
+
+    def get(key: str) -> bytes | None:
+        try:
+            return bytes(store.get_object(Bucket=bucket, Key=key)["Body"].read())
+        except store.exceptions.NoSuchKey:
+            return None
+
+    body = get(manifest_key(prefix, tp))
+    if body is None:
         return 0
-    return decode_manifest(body, source=key).end_offset or 0
+    directory = partition_prefix(prefix, tp)
+    manifest = decode_manifest(
+        body, source=manifest_key(prefix, tp), read=lambda n: get(directory + n)
+    )
+    return manifest.end_offset or 0
 
 
 class S3Server(Service):
