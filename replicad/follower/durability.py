@@ -23,10 +23,11 @@ Rules:
 - A job that fails raises its error in the awaiting task (the caller counts and retries).
   A caller cancelled while its job runs does not stop the job: the next job starts after it.
 - `submit` is for work nobody awaits: the flushes `log.flush_messages` makes due while the
-  loop appends, the leader-epoch files of partitions whose epoch changed and the unlinks
-  of a moved log start (log/partition.py). A failure there is counted and logged (once a
-  minute with a count); the data stays unsynced until the next flush or checkpoint, which
-  claims no more than it synced (and writes the epoch file first).
+  loop appends, the leader-epoch files of partitions whose epoch changed, the unlinks
+  of a moved log start, and a truncation's fsyncs and unlinks (log/partition.py). A
+  failure there is counted and logged (once a minute with a count); the data stays
+  unsynced until the next flush or checkpoint, which claims no more than it synced (and
+  writes the epoch file first).
 - Which job runs next is decided by a sans-I/O queue (disk_queue.py): first asked, first
   run; a keyed job asked again while it waits is merged into the waiting one, so a
   failover that changes a partition's epoch many times writes its epoch file once. Each

@@ -15,11 +15,21 @@ Rules:
   batch and the log end becomes its base offset. When that batch held the log start too
   (a log may start inside its first batch: a crash's log start checkpoint, DeleteRecords),
   nothing at or above the log start is left: the log is emptied and starts at the offset
-  (as Kafka's log start never passes its end; found by tools/sim, seed 80478). It fsyncs
-  the segment it shortened before it returns (Kafka's does not): a filesystem may lose a
-  shorter length that was not synced, and the removed batches would come back after a
-  crash below the recovery point the checkpoint file names -- stale until the next
-  checkpoint -- which loading trusts, claiming them durable (found by tools/sim/log_run.py).
+  (as Kafka's log start never passes its end; found by tools/sim, seed 80478). A
+  filesystem may lose a shorter length that was not synced, and the removed batches would
+  come back after a crash; below the recovery point the checkpoint file names -- stale
+  until the next checkpoint -- loading trusts them, claiming them durable (found by
+  tools/sim/log_run.py). So a truncation below the recovery point the last checkpoint
+  named (`checkpointed_recovery_point`), or with no `disk_later`, does its disk work before
+  it returns: the removed segments deleted, the shortened one fsynced, then the epoch file,
+  then the directory (Kafka's fsyncs nothing and rewrites its recovery-point file instead).
+  A truncation at or above it -- a follower's divergent tail, the usual case -- changes the
+  files (renames removed segments to `.deleted`, shortens the last) and hands the rest to
+  `disk_later` (the durability thread; one job a partition, however many truncations
+  before it runs): fsync the directory, then flush (the shortened segment, then the epoch
+  file), then unlink. The event loop waits on no fsync at a failover. A crash before that
+  job may bring removed batches back, but only above that recovery point, where loading
+  scans every batch and claims nothing (and rebuilds the epochs: epoch rule 3).
 - Reads: a region from the batch holding the offset asked (or the first after it), within
   one segment. A segment whose batches all end below that offset is passed for the next; a
   damaged one never is: where a batch must start (the index's position, or the end of the
@@ -71,8 +81,12 @@ Rules:
        and adds their epochs (recovery): an entry the file lacks there is rebuilt.
     3. What a rescan cannot repair is written at once: an entry starting below the
        recovery point the last checkpoint file named (`checkpointed_recovery_point`: only
-       after a truncation below it), and every truncation (a file that kept entries of
-       removed batches would outlive them: a rescan only adds epochs above the latest).
+       after a truncation below it), and a truncation below it. A truncation at or above it
+       is written late like an append (on the durability thread, after the truncation is
+       durable): loading drops the file's entries from the first segment it rescans on and
+       takes the epochs of its batches instead, so an entry of removed batches that the
+       late file still held does not outlive them (a rescan alone only adds epochs above
+       the latest).
     4. A late file whose first entry starts below the log start is harmless: loading
        moves it up to the log start.
 - Thread use: every method takes the partition lock; `flush` holds it only to pick what to
@@ -142,6 +156,10 @@ from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.log")
 
+# The key of a partition's truncation job on the durability thread (disk_queue.py: one
+# waiting job per key; it reads the partition's state when it runs, so it covers them all).
+TRUNCATION = "truncation"
+
 # A damaged partition is read again and again (every fetch of it): one line a minute each.
 _DAMAGE_SAID = RateLimitedLog(interval_ms=60_000)
 _DAMAGE_SAID_LOCK = threading.Lock()  # reads of several threads find damage
@@ -209,6 +227,7 @@ class PartitionLog:
         "_lock",
         "_log_end_offset",
         "_segments",
+        "_truncation_unlinks",
         "_truncations",
         "archive_floor",
         "checkpointed_recovery_point",
@@ -268,6 +287,8 @@ class PartitionLog:
         self.checkpointed_recovery_point = recovery_point
         # Truncations so far: a flush that saw another count when it started claims nothing.
         self._truncations = 0
+        # Segments truncations renamed to `.deleted`, for the durability thread to unlink.
+        self._truncation_unlinks: list[Path] = []
         # The latest time a caller passed in; used where an API takes no time argument.
         self._last_now_ms = 0
         self.last_recovery: PartitionRecovery | None = None
@@ -388,6 +409,8 @@ class PartitionLog:
             if reason != "after the recovery point":
                 problems.append(f"segment {segment.base_offset}: {reason}")
                 rebuilt.append(segment.base_offset)
+            elif i == first_to_scan:
+                _forget_epochs_from(epochs, segment.base_offset)
             result = segment.recover(epochs)
             recovered.append(segment.base_offset)
             if result.problem is not None and result.truncated_bytes:
@@ -641,12 +664,13 @@ class PartitionLog:
                 self.truncate_fully_and_start_at(offset)
                 return
             new_end = offset
+            removed: list[LogSegment] = []
             while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
                 segment = self._segments.pop()
                 self._bases.pop()
                 if not segment.is_empty:
                     new_end = min(new_end, segment.base_offset)
-                segment.delete()
+                removed.append(segment)
             active = self.active_segment
             truncation = active.truncate_to(offset)
             if truncation.first_removed_offset is not None:
@@ -655,6 +679,8 @@ class PartitionLog:
             new_end = max(new_end, active.next_offset)
             if new_end < self.log_start_offset:
                 # The removed batch held the log start: see the module rules.
+                for segment in removed:
+                    segment.delete()
                 self.truncate_fully_and_start_at(offset)
                 return
             self._truncations += 1
@@ -662,6 +688,20 @@ class PartitionLog:
             self.recovery_point = min(self.recovery_point, new_end)
             self.high_watermark = min(self.high_watermark, new_end)
             self._epochs.truncate_from_end(new_end)
+            log.info("log truncated", partition=str(self.topic_partition), log_end_offset=new_end)
+            if self.disk_later is not None and new_end >= self.checkpointed_recovery_point:
+                # Nothing a checkpoint named is cut: the disk work waits for the durability
+                # thread (see the module rules). The segments are only renamed here.
+                for segment in removed:
+                    self._truncation_unlinks.extend(segment.rename_for_deletion())
+                self.disk_later(
+                    self._settle_truncation,
+                    f"truncation of {self.topic_partition}",
+                    (self, TRUNCATION),
+                )
+                return
+            for segment in removed:
+                segment.delete()
             # The shorter length durable (see the module rules), before the epoch file; after
             # the state above, so a failed fsync does not leave a recovery point or log end
             # above what the files now hold.
@@ -669,7 +709,19 @@ class PartitionLog:
                 active.flush()
             self._persist_epochs()
             fsync_dir(self.directory)
-            log.info("log truncated", partition=str(self.topic_partition), log_end_offset=new_end)
+
+    def _settle_truncation(self) -> None:
+        """The durability thread's half of a truncation at or above the checkpointed recovery
+        point: the renames durable, then the shorter segment and the leader-epoch file (a
+        flush: fsyncs, then the epoch file, then the recovery point), then the unlinks."""
+        if not self.directory.exists():
+            return  # the partition was removed (LogManager.remove) since
+        fsync_dir(self.directory)
+        self.flush()
+        with self._lock:
+            unlink, self._truncation_unlinks = self._truncation_unlinks, []
+        if unlink:
+            self._unlink(unlink)
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         with self._lock:
@@ -965,6 +1017,14 @@ class PartitionLog:
             active.flush()
             for segment in self._segments:
                 segment.close()
+
+
+def _forget_epochs_from(epochs: LeaderEpochCache, offset: int) -> None:
+    """Loading, at the first segment it rescans: from here on the batches say which epoch
+    began where. An entry the file holds at or past `offset` may be one of batches a
+    truncation removed, the file written before it (epoch rule 3), so it goes, and the
+    scan adds what the batches hold."""
+    epochs.truncate_from_end(offset)
 
 
 def _read_from(segments: list[LogSegment], offset: int, max_bytes: int) -> FileRegion | None:

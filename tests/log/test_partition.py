@@ -863,3 +863,67 @@ def test_a_moved_log_start_hands_its_unlinks_and_epoch_file_to_disk_later(
         job()
     assert list(log.directory.glob("*.deleted")) == []
     assert _epoch_file(log).splitlines()[2].endswith(f" {bases[2]}")
+
+
+def _fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Every fsync from now on: (the file's path, its size then)."""
+    synced: list[tuple[str, int]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append((os.readlink(f"/proc/self/fd/{fd}"), os.fstat(fd).st_size))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+def test_a_truncation_above_the_checkpointed_recovery_point_leaves_its_fsyncs_to_disk_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower's divergent tail, after a failover: the event loop waits on no fsync. The
+    truncation only renames and shortens; one job on the durability thread makes it durable
+    (the renames, then the shorter segment, then the epoch file) and unlinks (issue 29)."""
+    log, _ = _partition(tmp_path)
+    later = _Later(log)
+    log.flush()
+    assert log.checkpointed_recovery_point == 0  # no checkpoint named anything yet
+    third = log.segments[2]
+    cut = third.headers()[2]
+    epochs_before = _epoch_file(log)
+    synced = _fsyncs(monkeypatch)
+    log.truncate_to(cut.base_offset)
+    assert synced == []  # nothing waited on the disk
+    assert log.log_end_offset == cut.base_offset and log.active_segment is log.segments[2]
+    assert [what for what, _ in later.asked] == [f"truncation of {TP}"]
+    assert {p.name for p in log.directory.glob("*.deleted")}  # renamed, not yet unlinked
+    assert _epoch_file(log) == epochs_before
+    log.truncate_to(cut.base_offset - 1)  # asked again: the same key, one job waits
+    assert len({key for _, key in later.asked}) == 1
+    for job in later.jobs:
+        job()
+    names = [Path(path).name for path, _ in synced]
+    assert names[0] == log.directory.name  # the renames durable first
+    assert (str(third.log_path), third.size) in synced  # the shorter length
+    epoch_writes = [i for i, name in enumerate(names) if name.startswith(LEADER_EPOCH_CHECKPOINT)]
+    assert all(i > names.index(third.log_path.name) for i in epoch_writes)
+    assert list(log.directory.glob("*.deleted")) == []
+    assert log.recovery_point == log.log_end_offset
+
+
+def test_a_truncation_below_the_checkpointed_recovery_point_is_durable_before_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below what a checkpoint file names, a lost truncation would come back claimed
+    durable (tools/sim/log_run.py): that one still waits for its fsyncs."""
+    log, _ = _partition(tmp_path)
+    later = _Later(log)
+    log.flush()
+    log.recovery_point_checkpointed(log.recovery_point_to_checkpoint())
+    active = log.active_segment
+    cut = active.headers()[-2]
+    synced = _fsyncs(monkeypatch)
+    log.truncate_to(cut.base_offset)
+    assert later.asked == []
+    assert (str(active.log_path), cut.position) in synced
+    assert list(log.directory.glob("*.deleted")) == []

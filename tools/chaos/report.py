@@ -280,13 +280,25 @@ CHECKPOINT_BLOCK = (
     "machine's other processes cost the loop at that moment, so an after-figure at that "
     "level is noise, not the checkpoint. What still runs on the loop and can wait on the "
     "disk: appends (one pwrite per fetched partition, plus the fsync of a segment left "
-    "behind at a roll, which the recovery rules rely on), truncations (with the leader-epoch "
-    "file they change), and creating a partition's files; `serve` reads headers and indexes "
-    "with pread and sends with sendfile on the loop (down-conversion runs on threads). Since "
-    "2026-11-26 a new leader epoch's file is written on the durability thread, once per "
-    "partition however many epochs changed before the write (a failover of thousands of "
-    "partitions costs the loop no fsync), and a log start moved by the leader unlinks its "
-    "segments there too (log/partition.py's epoch-file rules say why the order is safe).",
+    "behind at a roll, which the recovery rules rely on), truncations below the recovery "
+    "point a checkpoint file already named (rare: an unclean election past a checkpoint; "
+    "with the leader-epoch file they change), a partition emptied to start elsewhere "
+    "(`StartAt`), and creating a partition's files; `serve` reads headers and indexes "
+    "with pread and sends with sendfile on the loop (down-conversion runs on threads). "
+    "Since 2026-11-26 a new leader epoch's file is written on the durability thread, once "
+    "per partition however many epochs changed before the write (a failover of thousands "
+    "of partitions costs the loop no fsync), and a log start moved by the leader unlinks "
+    "its segments there too (log/partition.py's epoch-file rules say why the order is "
+    "safe). Since session 9 a truncation at or above that recovery point (a follower's "
+    "divergent tail after a failover, the usual case) waits on no fsync either: it "
+    "renames the segments it removes to `.deleted` and shortens the last one, and one job "
+    "a partition on the durability thread fsyncs the directory, then flushes (the shorter "
+    "segment, then the epoch file) and unlinks; a crash before the job may bring removed "
+    "batches back, only above what any checkpoint named, where loading scans every batch, "
+    "claims nothing, and now takes the epochs from the batches it scans rather than from "
+    "a file written late. And `PartitionLog.read` no longer holds the partition lock "
+    "while it reads headers from disk, so reads on other threads (verify, the mirror, the "
+    "archive) never make the loop's appends wait.",
     "",
 )
 
@@ -305,30 +317,29 @@ SIMULATION_BLOCK = (
     "time, seed by seed, with the invariants checked after every event "
     "(`tools/sim/invariants.py`). Since 2026-11-26 every leader's responses are reserved "
     "from one real `MemoryPool` (`tools/sim/memory.py`: the reservations are asyncio "
-    "tasks on a loop the simulation turns itself, with no thread and no timer) and may "
-    "be held before they are appended; checkpoints, flushes, leader-epoch files and "
-    "unlinks run as jobs of the real durability queue "
-    "(`replicad/follower/disk_queue.py`) at `disk` events in between the others, and a "
-    "crash loses the jobs not run. Their invariants: the pool never holds more than its "
-    "bound and counts exactly the buffers the leaders hold (5); it grants in the order "
-    "asked, and at the end no leader waits (6); a checkpoint never names a recovery "
-    "point past what was fsynced, watched by a witness of every fsync (7); the "
-    "leader-epoch file on disk holds the epoch of every batch below the recovery point "
-    "the checkpoint file on disk names (8). A crash keeps each log up to a cut at or "
-    "above its recovery point (maybe inside a batch), and since 2026-11-26 half the "
-    "crashes also lose one write the witness never saw fsynced, in any segment, while "
-    "later ones are kept (unsynced pages reach the disk in any order): its bytes read "
-    "back as zeros. Since the third session of 2026-11-26 a HALTED partition is judged "
-    "too (9): the reason it halted for must have been true, against what the cluster "
-    "really did (a gap, `on_gap: halt`, needs a log start some leader had above the "
-    "local log end; another lineage, R8, a batch some leader of the topic id wrote that "
-    "starts below the local log end and holds it; a re-created topic another topic id "
-    "than the log's; any other reason fails as one the simulation cannot judge), and its "
-    "log must stay as it was while it is halted (HALTED is final for the process). Its "
-    "log is not compared with the leader's at the end: each halt is where the two cannot "
-    "be compared. And a crash now also cuts, on its own, each segment a roll left behind "
-    "with bytes the witness never saw fsynced (none, as the log store is: a roll fsyncs "
-    "the segment it leaves).",
+    "tasks on a loop the simulation turns itself, with no thread and no timer) and may be "
+    "held before they are appended; checkpoints, flushes, leader-epoch files and unlinks "
+    "run as jobs of the real durability queue (`replicad/follower/disk_queue.py`) at "
+    "`disk` events in between the others, and a crash loses the jobs not run. Their "
+    "invariants: the pool never holds more than its bound and counts exactly the buffers "
+    "the leaders hold (5); it grants in the order asked, and at the end no leader waits "
+    "(6); a checkpoint never names a recovery point past what was fsynced, watched by a "
+    "witness of every fsync (7); the leader-epoch file on disk holds the epoch of every "
+    "batch below the recovery point the checkpoint file on disk names (8). A crash keeps "
+    "each log up to a cut at or above its recovery point (maybe inside a batch), and "
+    "since 2026-11-26 half the crashes also lose one write the witness never saw fsynced, "
+    "in any segment, while later ones are kept (unsynced pages reach the disk in any "
+    "order): its bytes read back as zeros. Since the third session of 2026-11-26 a HALTED "
+    "partition is judged too (9): the reason it halted for must have been true, against "
+    "what the cluster really did (a gap, `on_gap: halt`, needs a log start some leader "
+    "had above the local log end; another lineage, R8, a batch some leader of the topic "
+    "id wrote that starts below the local log end and holds it; a re-created topic "
+    "another topic id than the log's; any other reason fails as one the simulation cannot "
+    "judge), and its log must stay as it was while it is halted (HALTED is final for the "
+    "process). Its log is not compared with the leader's at the end: each halt is where "
+    "the two cannot be compared. And a crash now also cuts, on its own, each segment a "
+    "roll left behind with bytes the witness never saw fsynced (none, as the log store "
+    "is: a roll fsyncs the segment it leaves).",
     "",
     "The suite runs seeds 0..199 and plants back each defect the simulation found or was "
     "made to find, showing a seed fails on it: the high watermark checkpoint assigned "
@@ -336,48 +347,62 @@ SIMULATION_BLOCK = (
     "corrupt forever (seed 145, with the simulation as it was: see below), a re-created "
     "topic's data fetched by name into the old replica (seed 1 since invariant 9: the "
     "replica halted as re-created took the new topic's data; seed 101 before, by "
-    "invariant 1); and the last rounds': a pool that never frees its idle buffers to "
-    "make room (overdrawn, seed 74), a flush that claims what it did not fsync (seed 0), "
-    "a flush that leaves the leader-epoch file to its job (seed 3), and a pool that "
-    "serves its newest waiter first (a leader starved, seed 6: since 2026-11-26 one seed "
-    "in four has a pool smaller than the pool's 4,096-byte page, `fetch.buffer_memory` "
-    "4,000, which holds one response at a time by the oversize rule, so leaders queue "
-    "behind each other; before, one wait happened in 200 seeds and this defect was "
-    "caught only driven step by step, a test that stays). Seeds the long runs found, "
-    "each fixed, run in the suite too (8667 with `pool_and_disk=False`, 490, 2292, "
-    "27926, 80478). `python -m tools.sim --seed N` replays one; `--seeds N --workers W` "
-    "runs many. tests/sim takes about 100 s at moderate load (260 to 590 s at load "
-    "average 15 to 25; 411 s at load average 25 to 60 on 2026-11-26).",
+    "invariant 1); and the last rounds': a pool that never frees its idle buffers to make "
+    "room (overdrawn, seed 74), a flush that claims what it did not fsync (seed 0), a "
+    "flush that leaves the leader-epoch file to its job (seed 3), and a pool that serves "
+    "its newest waiter first (a leader starved, seed 6: since 2026-11-26 one seed in four "
+    "has a pool smaller than the pool's 4,096-byte page, `fetch.buffer_memory` 4,000, "
+    "which holds one response at a time by the oversize rule, so leaders queue behind "
+    "each other; before, one wait happened in 200 seeds and this defect was caught only "
+    "driven step by step, a test that stays). Seeds the long runs found, each fixed, run "
+    "in the suite too (8667 with `pool_and_disk=False`, 490, 2292, 27926, 38067, 80478). "
+    "`python -m tools.sim --seed N` replays one; `--seeds N --workers W` runs many. "
+    "tests/sim takes about 100 s at moderate load (260 to 590 s at load average 15 to 25; "
+    "411 s at load average 25 to 60 on 2026-11-26).",
     "",
     "The log store's crash simulation (`tools/sim/log_run.py`, `python -m "
     "tools.sim.log_run --seed N`, since the third session of 2026-11-26). In the "
     "follower's simulation a truncation below a checkpointed recovery point is rare (one "
-    "`Truncate` action in 40 seeds), so the rules that guard that window were tested "
-    "step by step only. This one drives the real `LogManager` directly, one or two "
-    "partitions with segments of 300 to 1,200 bytes (a roll every few batches): appends "
-    "(a new leader epoch now and then), truncations anywhere at or above the log start, "
-    "flushes, checkpoints, log start moves, clean restarts, and crashes where that left "
-    "it. A crash loses exactly what was not durable: each segment file keeps what its "
-    "last fsync covered (the witness) and loses its unsynced tail on its own at a random "
+    "`Truncate` action in 40 seeds), so the rules that guard that window were tested step "
+    "by step only. This one drives the real `LogManager` directly, one or two partitions "
+    "with segments of 300 to 1,200 bytes (a roll every few batches): appends (a new "
+    "leader epoch now and then), truncations anywhere at or above the log start, flushes, "
+    "checkpoints, log start moves, clean restarts, and crashes where that left it. A "
+    "crash loses exactly what was not durable: each segment file keeps what its last "
+    "fsync covered (the witness) and loses its unsynced tail on its own at a random "
     "point, whatever the other files kept; a truncation not yet synced may be lost (the "
-    "old, synced bytes past what was written since come back, as on a filesystem that "
-    "had not committed the shorter length: POSIX promises it after an fsync only); "
+    "old, synced bytes past what was written since come back, as on a filesystem that had "
+    "not committed the shorter length: POSIX promises it after an fsync only); "
     "checkpoint, leader-epoch and metadata files are written atomically. After every "
-    "crash each log must scan whole, every batch must be one the log held at that "
-    "offset, and every batch below what the log store reported durable (the recovery "
-    "point the checkpoint file named, lowered by each truncation since) and below the "
-    "recovery point loading claims must be the one it held before; a clean restart "
-    "changes nothing. The suite runs seeds 0..19 (200 events each) and plants back three "
-    "rules, each found: a roll that leaves its segment unsynced (seed 0: the segment "
+    "crash each log must scan whole, every batch must be one the log held at that offset, "
+    "and every batch below what the log store reported durable (the recovery point the "
+    "checkpoint file named, lowered by each truncation since) and below the recovery "
+    "point loading claims must be the one it held before; a clean restart changes "
+    "nothing. Since session 9 (code after b174a1d; the long follower run in /work/seeds "
+    "uses b174a1d, where truncations were synchronous) the log store hands its deferred "
+    "disk work to the real durability queue (`DiskQueue`, jobs run at `disk` events and "
+    "before each checkpoint; a crash loses those not run), half the truncations are "
+    "followed by batches of the epoch that ended there (the leader's log went on in it), "
+    "and a fourth rule holds the leader-epoch cache: from its first entry on, each loaded "
+    "batch carries the epoch of the entry covering it and each later entry starts at a "
+    "batch of its epoch. The suite runs seeds 0..19 (200 events each) and plants back "
+    "five rules, each found: a roll that leaves its segment unsynced (seed 0: the segment "
     "rolled after a truncation below the stale checkpointed recovery point comes back "
-    "torn, and loading, which scans from that point's segment on, does not look at it), "
-    "a truncation that does not fsync the segment it shortened (seed 1) and a flush that "
-    "claims what it did not sync (seed 0). With the follower's simulation, the first of "
-    "these is still not found in seeds 0..199 (it never reaches that window there).",
+    "torn, and loading, which scans from that point's segment on, does not look at it), a "
+    "truncation below the checkpointed recovery point that does not fsync the segment it "
+    "shortened (seed 1), a flush that claims what it did not sync (seed 0), a truncation "
+    "below the checkpointed recovery point left to the durability thread like the others "
+    "(seed 1: the removed batches come back claimed durable), and loading that keeps a "
+    "late epoch file's entries past the segment it starts rescanning at (seed 25, the "
+    "first that reaches the window: an epoch file written between an append and a "
+    "truncation, the leader's log going on in the older epoch, a crash before the "
+    "truncation's job; the cache then names an epoch no batch there carries). With the "
+    "follower's simulation, the first of these is still not found in seeds 0..199 (it "
+    "never reaches that window there).",
     "",
-    "Long runs (`nice -n 19 python -m tools.sim --seeds 100000 ...`), on a machine "
-    "shared by six to eight engineers (load average 16 to 43 on its 2 cores: their test "
-    "runs and Kafka brokers), each stopped when the session's time ran out:",
+    "Long runs (`nice -n 19 python -m tools.sim --seeds 100000 ...`), on a machine shared "
+    "by six to eight engineers (load average 16 to 43 on its 2 cores: their test runs and "
+    "Kafka brokers), each stopped when the session's time ran out:",
     "",
     "| Run | Code | Seeds | Time | Seeds/s | Failures |",
     "|---|---|---|---|---|---|",
@@ -392,9 +417,9 @@ SIMULATION_BLOCK = (
     "(seeds 2292, 13656, 21336: one bug) |",
     "| 6 (2026-11-26, third session, 1 worker, load 14 to 78) | 33e826c (2292's fix in), "
     "seeds 23,600..27,599, two chunks | 4,000 | 46 min | 1.6 and 1.3 | 0 |",
-    "| 7 (2026-11-26, third session, 1 worker, load 40 to 50) | 4eb8ced (invariant 9, "
-    "the truncation fsync), seeds 27,600..29,599 | 2,000 | 20 min | 1.6 | 5 (seeds "
-    "27926, 28505, 29069, 29265, 29379: one bug, below) |",
+    "| 7 (2026-11-26, third session, 1 worker, load 40 to 50) | 4eb8ced (invariant 9, the "
+    "truncation fsync), seeds 27,600..29,599 | 2,000 | 20 min | 1.6 | 5 (seeds 27926, "
+    "28505, 29069, 29265, 29379: one bug, below) |",
     "| 8 (2026-11-26, third session, 1 worker, load 10 to 25) | f0e41ee (27926's fix), "
     "seeds 29,600..33,399, stopped at the session's end | 3,800 | 7 min | 9.8 | 0 |",
     "",
@@ -402,11 +427,11 @@ SIMULATION_BLOCK = (
     "takes 6 to 28 hours of a shared core; the earlier run of about 95,000 seeds (about "
     "42 seeds/s, a quieter machine) left one failure, seed 80478, fixed below. Run 3's "
     "seeds run on the code before the last round's simulation changes: the new events "
-    "change every seed's stream, so the same seed numbers on today's code are other "
-    "runs. Runs 4 and 5 ran the code of bbe9139; the fixes of 490 and 2292 landed after "
-    "it, so failures of their kind could repeat in run 5: seeds 13656 and 21336 are "
-    "2292's (partitions the leader's session kept after the follower dropped them while "
-    "nothing was fetchable), and all three pass on today's code.",
+    "change every seed's stream, so the same seed numbers on today's code are other runs. "
+    "Runs 4 and 5 ran the code of bbe9139; the fixes of 490 and 2292 landed after it, so "
+    "failures of their kind could repeat in run 5: seeds 13656 and 21336 are 2292's "
+    "(partitions the leader's session kept after the follower dropped them while nothing "
+    "was fetchable), and all three pass on today's code.",
     "",
     "In all, seeds 0..33,399 have each run at least once on code from bbe9139 on: 33,400 "
     "of the 100,000 (the earlier runs 1 to 3 ran older streams), 9,800 of them this "
@@ -421,74 +446,87 @@ SIMULATION_BLOCK = (
     "these runs (2292, 13656, 21336, 490, 8667, 80478, and run 7's five) passes on "
     "today's code; seeds 0..23,599 were not run again on it.",
     "",
+    "Found this session (2026-11-26, fourth session):",
+    "",
+    "- Seed 38067 (run 9): a topic was re-created while the follower, not told yet, still "
+    "fetched its partitions by the old topic id; its v13 incremental request named one of "
+    "them again, which the leader now resolves to no name. `replicad/session/cache.py` "
+    "keyed a session's partitions by name, so the partition cached under its old name and "
+    "the one under the unresolved name were two entries: the response carried four "
+    "partitions where the follower had asked for three, past `fetch.buffer_memory` "
+    "(invariant 4). Kafka keys a session's partitions by topic id and partition when ids "
+    'are used (`FetchSession.CachedPartition`: "a partition with a given ID and an '
+    'unknown name is the same as a partition with that ID and a known name"); a partition '
+    "added with an id the session holds under another name now replaces that entry, under "
+    "the name it resolves to now. A bug of the leader side (`serve`), found by the "
+    "follower's simulation, which runs the real session cache as its leaders'.",
+    "",
     "Found this session (2026-11-26, third session):",
     "",
-    "- The log store's crash simulation, at its first seeds (3 and 5 of 6): a crash "
-    "after a truncation could bring the truncated batches back below the recovery point "
-    "the checkpoint file still named (stale until the next checkpoint), which loading "
-    "trusts: the log store claimed them durable. `LogSegment.truncate_to` does not fsync "
-    "the file it shortens (Kafka's does not either; Kafka checkpoints its recovery "
-    "points after a truncation, which keeps them from being claimed durable but not from "
-    "coming back). `PartitionLog.truncate_to` now fsyncs the segment it shortened before "
-    "it returns: one fsync per truncation that removed bytes, beside the directory fsync "
-    "and the leader-epoch file it already wrote at once (tests/log/test_partition.py; "
-    "planted back, log_run's seed 1 finds it).",
+    "- The log store's crash simulation, at its first seeds (3 and 5 of 6): a crash after "
+    "a truncation could bring the truncated batches back below the recovery point the "
+    "checkpoint file still named (stale until the next checkpoint), which loading trusts: "
+    "the log store claimed them durable. `LogSegment.truncate_to` does not fsync the file "
+    "it shortens (Kafka's does not either; Kafka checkpoints its recovery points after a "
+    "truncation, which keeps them from being claimed durable but not from coming back). "
+    "`PartitionLog.truncate_to` now fsyncs the segment it shortened before it returns: "
+    "one fsync per truncation that removed bytes, beside the directory fsync and the "
+    "leader-epoch file it already wrote at once (tests/log/test_partition.py; planted "
+    "back, log_run's seed 1 finds it).",
     "- Seed 27926 (run 7 above, by invariant 9): at Fetch v4 (topics by name) the topic "
     "was re-created, and the new topic's first batch, offsets 0..3, held the old "
     'replica\'s log end 3: R8 halted the partition as "another lineage" (delete the local '
     "log to copy it anew), a halt made on an answer by name with no Metadata answer to "
     "confirm it, as R9 asks of every other change. The halt itself was due (the old "
     "replica cannot go on), its reason was not. Halts are now confirmed too "
-    "(`PartitionTable.topics_to_confirm`, `confirm_topic_ids`): with another topic id "
-    "the partition stays halted for the re-creation, with its reason; with the same id "
-    "R8's stands; a topic not listed leaves it halted as it is (HALTED is final). A "
-    "table test, and the seed in the suite. Seed 28505 (the same run) is the gap's case "
-    "of the same bug: after a re-creation, a ListOffsets answer by name (Fetch v11) "
-    "halted the old replica for a gap (`on_gap: halt`) no leader of its topic id ever "
-    "had; it passes now too, and so do run 7's other three (29069, 29265, 29379: another "
-    "lineage at Fetch v9, v7 and v11, each after a re-creation).",
+    "(`PartitionTable.topics_to_confirm`, `confirm_topic_ids`): with another topic id the "
+    "partition stays halted for the re-creation, with its reason; with the same id R8's "
+    "stands; a topic not listed leaves it halted as it is (HALTED is final). A table "
+    "test, and the seed in the suite. Seed 28505 (the same run) is the gap's case of the "
+    "same bug: after a re-creation, a ListOffsets answer by name (Fetch v11) halted the "
+    "old replica for a gap (`on_gap: halt`) no leader of its topic id ever had; it passes "
+    "now too, and so do run 7's other three (29069, 29265, 29379: another lineage at "
+    "Fetch v9, v7 and v11, each after a re-creation).",
     "- Invariant 9 found no other wrong halt: none in seeds 0..199, none in run 7 but these five.",
     "",
     "Found this round (2026-11-26, second session):",
     "",
     "- Seed 490 (run 4): after a topic was re-created, the follower's v13 incremental "
-    "request forgot its partitions by their old topic id, which the leader resolves to "
-    "no name any more, so the leader's session kept them (`replicad/session/cache.py` "
-    "keyed them by name) and answered them beside the partition asked: three partitions "
-    "in three topic entries against a budget counted for one, past `fetch.buffer_memory` "
-    "(invariant 4). A forget now removes the partition cached with its topic id, as "
-    "Kafka keys a session's partitions by topic id. This was the last round's lead of a "
+    "request forgot its partitions by their old topic id, which the leader resolves to no "
+    "name any more, so the leader's session kept them (`replicad/session/cache.py` keyed "
+    "them by name) and answered them beside the partition asked: three partitions in "
+    "three topic entries against a budget counted for one, past `fetch.buffer_memory` "
+    "(invariant 4). A forget now removes the partition cached with its topic id, as Kafka "
+    "keys a session's partitions by topic id. This was the last round's lead of a "
     "response holding partitions the table no longer counted.",
-    "- Seed 2292 (run 5): the partition table hands the session handler only what "
-    "changed since its last build, but a build that wants nothing (every partition "
-    "backing off) builds no request, and its changes were thrown away: partitions moved "
-    "to another leader meanwhile were never forgotten by the leader's session, which "
-    "answered them past the budget (invariant 4). The changes are now kept until a "
-    "request is built.",
+    "- Seed 2292 (run 5): the partition table hands the session handler only what changed "
+    "since its last build, but a build that wants nothing (every partition backing off) "
+    "builds no request, and its changes were thrown away: partitions moved to another "
+    "leader meanwhile were never forgotten by the leader's session, which answered them "
+    "past the budget (invariant 4). The changes are now kept until a request is built.",
     "- A stale recovery point after a truncation (the file names offsets above a "
     "truncation until the next checkpoint; Kafka checkpoints recovery points when it "
-    "truncates) is now met by the simulated crash: it loses unsynced writes out of "
-    "order, and crashes that find a partition truncated below its checkpointed recovery "
-    "point are counted: 2 of 296 crashes in seeds 0..199, 13 of 1,683 in seeds "
-    "200..1,399 (a truncation below a checkpointed recovery point is rare here), and a "
-    "write was lost in 56 and 274 of them. None failed, and none can as the log store is "
-    "built: a roll fsyncs the segment it leaves before the next is written "
-    "(`PartitionLog._roll`), so only the active segment ever holds unsynced data, and "
-    "loading scans from the segment holding the checkpointed recovery point to the end, "
-    "the active segment always included. A stale point skips no unsynced write; the "
-    "scan's only cost is that it may start later than it could. Planted, a roll that "
-    "leaves its segment unsynced (then a stale point could skip a lost write in it) is "
-    "not found by seeds 0..1,399: the simulation reaches the stale case too rarely to be "
-    "the test of that rule, which is tested on its own instead "
-    "(tests/log/test_partition.py: a roll fsyncs the segment it leaves before it "
-    "returns). Since the third session, the log store's crash simulation finds it (seed "
-    "0, above).",
+    "truncates) is now met by the simulated crash: it loses unsynced writes out of order, "
+    "and crashes that find a partition truncated below its checkpointed recovery point "
+    "are counted: 2 of 296 crashes in seeds 0..199, 13 of 1,683 in seeds 200..1,399 (a "
+    "truncation below a checkpointed recovery point is rare here), and a write was lost "
+    "in 56 and 274 of them. None failed, and none can as the log store is built: a roll "
+    "fsyncs the segment it leaves before the next is written (`PartitionLog._roll`), so "
+    "only the active segment ever holds unsynced data, and loading scans from the segment "
+    "holding the checkpointed recovery point to the end, the active segment always "
+    "included. A stale point skips no unsynced write; the scan's only cost is that it may "
+    "start later than it could. Planted, a roll that leaves its segment unsynced (then a "
+    "stale point could skip a lost write in it) is not found by seeds 0..1,399: the "
+    "simulation reaches the stale case too rarely to be the test of that rule, which is "
+    "tested on its own instead (tests/log/test_partition.py: a roll fsyncs the segment it "
+    "leaves before it returns). Since the third session, the log store's crash simulation "
+    "finds it (seed 0, above).",
     "- Seed 8667 (run 3, code 9444a8b; today `run_seed(8667, pool_and_disk=False)`), "
     "fixed: at Fetch v4 the leader fences nothing, and two unclean elections metadata "
     "never showed made the same node leader at epoch 3 with its epoch 1 ending at offset "
     "4; it served a batch of epoch 3 at the follower's log end 12, which was appended "
-    "after the follower's epoch-1 tail 4..12 (invariant 1). The partition table's R10 "
-    "now appends no batch above the leader epoch the follower knows (as Kafka's follower "
+    "after the follower's epoch-1 tail 4..12 (invariant 1). The partition table's R10 now "
+    "appends no batch above the leader epoch the follower knows (as Kafka's follower "
     "keeps nothing above the epoch it fetched with, KAFKA-18723) and, where the leader "
     "checked nothing (below Fetch v9, and no DivergingEpoch below v12), no new epoch at "
     "the log end unless an OffsetForLeaderEpoch check just found that join to be the "
@@ -498,16 +536,16 @@ SIMULATION_BLOCK = (
     "Found the round before (2026-11-26, first session):",
     "",
     "- Invariant 8 found a bug in that round's move of the leader-epoch file off the "
-    "event loop before it landed: the entries loading rebuilt from the batches (above "
-    "the recovery point) were taken as written, so the next checkpoint named data whose "
-    "epoch no file held (4 of 300 seeds). Loading now writes them at once.",
+    "event loop before it landed: the entries loading rebuilt from the batches (above the "
+    "recovery point) were taken as written, so the next checkpoint named data whose epoch "
+    "no file held (4 of 300 seeds). Loading now writes them at once.",
     "- Responses of several sizes (a large record now and then, so that leaders wait for "
     "buffers of different sizes) found the response budget short: a response names a "
     "topic once per run of its partitions (rotation interleaves topics), so with two "
     "topics a response passed `fetch.buffer_memory` (invariant 4), which the daemon's "
-    "pool refused as a failed connection (since `replicad/pool`, it holds such a "
-    "response alone, past the bound). The budget now counts a topic entry per partition "
-    "once a leader leads two topics or more.",
+    "pool refused as a failed connection (since `replicad/pool`, it holds such a response "
+    "alone, past the bound). The budget now counts a topic entry per partition once a "
+    "leader leads two topics or more.",
     "- Driving the real pool with three leaders found a bug in its move to "
     "`replicad/pool` this session: the waiters one give-back grants were all charged "
     "before any was lent, so one idle buffer could be charged twice, past the room left, "
@@ -516,9 +554,9 @@ SIMULATION_BLOCK = (
     "- The new events changed every stream, and none of seeds 0..2,000 reaches R8's case "
     "any more (an unclean election onto a replica of another lineage whose log starts "
     "inside a batch holding our log end; why not is not known yet). `run_seed(..., "
-    "pool_and_disk=False)` runs the simulation as it was, event for event (the same "
-    "event log, checked on seed 11), and R8's planted-defect test runs that way: seed "
-    "145 finds it as before.",
+    "pool_and_disk=False)` runs the simulation as it was, event for event (the same event "
+    "log, checked on seed 11), and R8's planted-defect test runs that way: seed 145 finds "
+    "it as before.",
     "",
     "Earlier rounds:",
     "",
@@ -528,9 +566,9 @@ SIMULATION_BLOCK = (
     "below its start. It now empties the log and starts it at the truncation point.",
     "- A leader whose log starts inside a batch of another lineage, holding the "
     "follower's log end (an unclean election, then DeleteRecords or retention), was "
-    "refetched as corrupt data forever; the partition now halts with the reason, as "
-    "Kafka fails it (R8). Generated since: DeleteRecords moves a log start inside a "
-    "batch, and every replica takes it.",
+    "refetched as corrupt data forever; the partition now halts with the reason, as Kafka "
+    "fails it (R8). Generated since: DeleteRecords moves a log start inside a batch, and "
+    "every replica takes it.",
     "- Topic re-creation is simulated at every Fetch version where the follower changes "
     "what it does (4, 7, 9, 11, 12, 13): answers by name (Fetch below v13, ListOffsets, "
     "OffsetForLeaderEpoch) put a re-created topic's data into the old topic's replica (8 "
@@ -540,8 +578,8 @@ SIMULATION_BLOCK = (
     "fixed.",
     "",
     "Not simulated yet: the fsyncs of index files and directories (the witnesses watch "
-    "the segments' `.log` files), and, in the follower's simulation, a crash that loses "
-    "a truncation (the log store's crash simulation has it, above).",
+    "the segments' `.log` files), and, in the follower's simulation, a crash that loses a "
+    "truncation (the log store's crash simulation has it, above).",
     "",
 )
 

@@ -12,9 +12,14 @@ checkpoint are common: one or two partitions with small segments (a roll every f
 batches).
 
 Events, drawn with weights from the seed: appends at the log end (a new leader epoch now
-and then), truncations (anywhere at or above the log start, as at a divergence), flushes,
+and then), truncations (anywhere at or above the log start, as at a divergence; half of
+them followed by batches of the epoch that ended there, as when the leader's log went on
+in it), flushes,
 checkpoints (the recovery-point file names each partition's recovery point), log start
-moves (DeleteRecords, retention), clean restarts and crashes.
+moves (DeleteRecords, retention), clean restarts and crashes. The log store hands its
+deferred disk work (a truncation's fsyncs and unlinks, leader-epoch files) to the real
+durability queue (replicad/follower/disk_queue.py), whose jobs run at `disk` events and
+before each checkpoint (asked of the same thread); a crash loses the jobs not run.
 
 A crash loses exactly what was not durable. Every fsync of a segment file is witnessed
 (invariants.FsyncWitness); per `.log` file, what its last fsync covered stays, and its
@@ -32,7 +37,10 @@ After every crash the log store loads, and for each partition:
 3. what the log store reported durable is there: every batch below the lower of the
    recovery point the checkpoint file named and every truncation since is the batch the
    log held there before the crash, and so is every batch below the recovery point it
-   loads (it claims them durable again).
+   loads (it claims them durable again);
+4. from its first entry on, the leader-epoch cache it loads says what its batches carry:
+   each batch the epoch of the entry covering it, each later entry starting at a batch of
+   its epoch (the epoch file may be written late: log/partition.py's epoch-file rules).
 A clean restart loses nothing: each log is exactly what it was.
 """
 
@@ -45,6 +53,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from replicad.follower.disk_queue import DiskQueue
 from replicad.log.config import LogConfig
 from replicad.log.layout import LOCK_FILE
 from replicad.log.manager import LogManager
@@ -67,6 +76,7 @@ WEIGHTS: dict[str, int] = {
     "restart": 1,
     "crash": 2,
     "tick": 2,
+    "disk": 3,
 }
 
 
@@ -93,13 +103,22 @@ class LogSimulation:
         # Every batch each partition's log ever held, by base offset (rule 2).
         self.written: dict[TopicPartition, dict[int, set[bytes]]] = {tp: {} for tp in self.tps}
         self.epoch = {tp: 0 for tp in self.tps}
+        self.top_epoch = {tp: 0 for tp in self.tps}
         self.serial = 0
         # What the log store reported durable: the recovery point the checkpoint file names,
         # lowered by every truncation since (rule 3).
         self.durable: dict[TopicPartition, int] = {}
-        self.logs = LogManager.open(data_dir, self.config, now_ms=self.now_ms)
+        # The durability thread's queue, without the thread: its jobs (truncations' disk
+        # work, leader-epoch files, unlinks) run at `disk` events; a crash loses those not run.
+        self.jobs = DiskQueue()
+        self.logs = self._open()
         for tp in self.tps:
             self.logs.get_or_create(tp)
+
+    def _open(self) -> LogManager:
+        logs = LogManager.open(self.data_dir, self.config, now_ms=self.now_ms)
+        logs.disk_later = self.jobs.ask  # as Replicator.run hands them to its thread
+        return logs
 
     # -- events --------------------------------------------------------------------------
 
@@ -114,11 +133,18 @@ class LogSimulation:
             plog.truncate_to(offset)
             if tp in self.durable:
                 self.durable[tp] = min(self.durable[tp], plog.log_end_offset)
+            latest = plog.latest_epoch()
+            if latest is not None and self.rng.random() < 0.5:
+                # The leader's log goes on in the epoch that ended where ours diverged: the
+                # next batches carry it again, below the epochs the truncation removed.
+                self.epoch[tp] = latest
             self._note(f"truncate {tp} to {offset}: log ends at {plog.log_end_offset}")
         elif kind == "flush":
             plog.flush()
             self._note(f"flush {tp}: recovery point {plog.recovery_point}")
         elif kind == "checkpoint":
+            # Asked of the durability thread, it runs after the jobs asked before it.
+            self._drain()
             self.logs.checkpoint()
             self.durable = {t: p.recovery_point for t, p in self.logs.partitions().items()}
             self._note(f"checkpoint {sorted(self.durable.items())}")
@@ -131,11 +157,22 @@ class LogSimulation:
         elif kind == "tick":
             self.now_ms += self.rng.choice((1, 1_000, 60_000))
             self._note("tick")
+        elif kind == "disk":
+            job = self.jobs.next()
+            if job is not None:
+                job.run()
+                self._note(f"disk {job.what}")
+
+    def _drain(self) -> None:
+        while (job := self.jobs.next()) is not None:
+            job.run()
 
     def _append(self, tp: TopicPartition, plog: PartitionLog) -> None:
         rng = self.rng
         if rng.random() < 0.15:
-            self.epoch[tp] += 1  # a new leader: its batches start a new epoch
+            # A new leader: its batches start a new epoch, above every epoch there was.
+            self.top_epoch[tp] += 1
+            self.epoch[tp] = self.top_epoch[tp]
         data = bytearray()
         offset = plog.log_end_offset
         for _ in range(rng.randint(1, 3)):
@@ -159,6 +196,10 @@ class LogSimulation:
     # -- restarts ------------------------------------------------------------------------
 
     def _restart(self, *, crash: bool) -> None:
+        if crash:
+            self.jobs.discard()  # the thread's jobs not run die with the process
+        else:
+            self._drain()  # a clean stop waits for them
         before = {tp: local_bytes(p) for tp, p in self.logs.partitions().items()}
         outcome = self._crash_outcome() if crash else {}
         self.logs.close()
@@ -171,13 +212,14 @@ class LogSimulation:
             for path, data in outcome.items():
                 path.write_bytes(data)
         self.witness.settle_on_disk(self.data_dir)
-        self.logs = LogManager.open(self.data_dir, self.config, now_ms=self.now_ms)
+        self.logs = self._open()
         self._note(("crash" if crash else "restart") + self._loaded())
         for tp, plog in self.logs.partitions().items():
             if crash:
                 self._check_crash(tp, plog, before[tp])
             elif local_bytes(plog) != before[tp]:
                 raise InvariantError(f"{tp}: a clean restart changed the log")
+            _check_epochs(tp, plog)
         if not crash:
             self.durable = {t: p.recovery_point for t, p in self.logs.partitions().items()}
 
@@ -262,6 +304,34 @@ class LogSimulation:
 
     def close(self) -> None:
         self.logs.close()
+
+
+def _check_epochs(tp: TopicPartition, plog: PartitionLog) -> None:
+    """Rule 4: from its first entry on, the loaded leader-epoch cache says what the loaded
+    batches carry: each batch there carries the epoch of the entry covering it, and each
+    later entry starts at a batch of its epoch. Below its first entry it may know less (a
+    late file after a log start move, with an older log start checkpoint: epoch rule 4),
+    and its first entry may start at the log start with no batch of its own there (the
+    epoch of batches a start move removed), never something else."""
+    entries = plog.epoch_entries()
+    if not entries:
+        return
+    batches = scan_batches(memoryview(local_bytes(plog))).batches
+    starts = {(b.base_offset, b.partition_leader_epoch) for b in batches}
+    for entry in entries[1:]:
+        if (entry.start_offset, entry.epoch) not in starts:
+            raise InvariantError(
+                f"{tp}: the loaded leader-epoch cache {entries} has epoch {entry.epoch} "
+                f"starting at {entry.start_offset}, where no batch of that epoch starts"
+            )
+    for batch in batches:
+        covering = [e for e in entries if e.start_offset <= batch.base_offset]
+        if covering and covering[-1].epoch != batch.partition_leader_epoch:
+            raise InvariantError(
+                f"{tp}: the loaded leader-epoch cache {entries} says epoch "
+                f"{covering[-1].epoch} at {batch.base_offset}, where the batch carries "
+                f"epoch {batch.partition_leader_epoch}"
+            )
 
 
 def run_seed(
