@@ -621,7 +621,8 @@ def _verify_metrics(verify: Mapping[str, Any], *, per_partition: bool) -> Iterat
 
 
 def _mirror_metrics(mirror: Mapping[str, Any], *, per_partition: bool) -> Iterator[Metric]:
-    totals = {**mirror, "unreachable": 1 if mirror.get("problem") else 0}
+    unreachable = mirror.get("problem") and mirror.get("problem_kind") != "refusing"
+    totals = {**mirror, "unreachable": 1 if unreachable else 0}
     yield from (family.single(totals) for family in MIRROR_FAMILIES)
     groups = mirror.get("groups") or {}
     if groups.get("enabled"):

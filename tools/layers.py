@@ -102,6 +102,7 @@ CORES: tuple[str, ...] = (
     "replicad.groups.coordinator",
     "replicad.groups.offset_sync",
     "replicad.mirror.partition_mirror",
+    "replicad.mirror.producer_session",
     "replicad.mirror.group_sync",
     "replicad.mirror.promotion",
     "replicad.verify.compare",

@@ -14,8 +14,9 @@ Rules (the worst reason decides; every reason is listed):
   `STALL_AFTER_MS` (stalled); a leader the daemon cannot reach; fetch responses waiting
   for the memory pool (fetch.buffer_memory caps throughput); the daemon still starting.
 - DEGRADED too, with a `mirror:` section: the destination cluster unreachable (the local
-  log keeps the data meanwhile), mirrored partitions halted (named), destination topics
-  not mirrored (a different partition count, a refused creation).
+  log keeps the data meanwhile) or refusing a partition's batches (named), mirrored
+  partitions halted (named), destination topics not mirrored (a different partition
+  count, a refused creation).
 - DEGRADED too, with an `archive:` section: uploads to the bucket failing (retried with
   back-off; local retention waits for them, so the disk holds what the bucket lacks).
 - DEGRADED too, with `serve:` and `archive:`: serve's reads of the bucket failing (its
@@ -200,7 +201,17 @@ def _pool(pool: Mapping[str, Any]) -> list[Reason]:
 
 def _mirror(mirror: Mapping[str, Any]) -> list[Reason]:
     reasons = []
-    if mirror.get("problem"):
+    if mirror.get("problem") and mirror.get("problem_kind") == "refusing":
+        # Reachable, but answering a partition's every batch with an error (for example
+        # NOT_ENOUGH_REPLICAS): named, or it would show only as growing lag.
+        reasons.append(
+            Reason(
+                Health.DEGRADED,
+                "destination_refusing",
+                f"mirror destination refuses batches: {mirror['problem']}",
+            )
+        )
+    elif mirror.get("problem"):
         reasons.append(
             Reason(
                 Health.DEGRADED,

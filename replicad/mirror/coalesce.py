@@ -23,6 +23,11 @@ Rules:
   the merged batch as to any other).
 - A run takes as many destination offsets as it has records, so every source batch in it
   still maps to its own destination offsets (the offset map records each).
+- Bounded: a run holds at most `run_plain_bytes` decompressed bytes and RUN_RECORDS
+  records. A small batch's records are decompressed once, when the shell reads it (a
+  worker thread), into at most that many bytes: a batch that holds more (a few hundred
+  bytes of zstd can hold gigabytes of zeros) is produced as stored, never decompressed
+  in full. The re-compression runs on a worker thread too, never on the event loop.
 """
 
 from __future__ import annotations
@@ -40,12 +45,35 @@ from replicad.records.batch import (
     BatchHeader,
     Compression,
 )
-from replicad.records.codecs import compress, decompress
+from replicad.records.codecs import compress, decompress_at_most
 
 _ATTRIBUTES_KEPT = COMPRESSION_CODEC_MASK | TIMESTAMP_TYPE_MASK
 # The Java producer's default batch.size: a stored batch this large was batched by its
 # producer, and is produced as stored.
 SMALL_BATCH_BYTES = 16 * 1024
+# A run's decompressed records at most this many times `coalesce_bytes` (1 MiB at the
+# default 256 KiB: a run then compresses to about Kafka's default max.message.bytes).
+PLAIN_PER_STORED = 4
+# A run's records at most (each is rewritten in Python: about 10 us a record).
+RUN_RECORDS = 10_000
+
+
+def run_plain_bytes(coalesce_bytes: int) -> int:
+    """The decompressed bytes a run of `coalesce_bytes` may hold (see the module rules)."""
+    return PLAIN_PER_STORED * coalesce_bytes
+
+
+def plain_records(
+    header: BatchHeader, batch: memoryview, limit: int, scratch: bytearray
+) -> bytes | memoryview | None:
+    """The records of stored `batch` decompressed (a view for an uncompressed one), or None
+    when they are more than `limit` bytes or do not decompress: then it is produced as
+    stored. `scratch`: at least `limit` + 1 bytes, reused across calls."""
+    records = batch[RECORD_BATCH_OVERHEAD:]
+    codec = Compression(header.attributes & COMPRESSION_CODEC_MASK)
+    if codec == Compression.NONE:
+        return records if len(records) <= limit else None
+    return decompress_at_most(codec, records, limit, scratch)
 
 
 def small(size: int, limit: int) -> bool:
@@ -72,20 +100,16 @@ def _mergeable(h: BatchHeader) -> bool:
     )
 
 
-def coalesce(
-    batches: Sequence[bytes | bytearray | memoryview], headers: Sequence[BatchHeader]
-) -> bytes:
-    """One magic 2 batch holding every record of `batches` (their headers: `headers`), as
-    the module rules say; base offset 0, producer fields none (restamp sets them)."""
-    if len(batches) == 1:
-        return bytes(batches[0])
+def coalesce(plains: Sequence[bytes | memoryview], headers: Sequence[BatchHeader]) -> bytes:
+    """One magic 2 batch holding every record of a run: `plains` are its batches' records,
+    decompressed (plain_records), `headers` their headers; as the module rules say. Base
+    offset 0, producer fields none (restamp sets them). CPU work: a worker thread's."""
     first = headers[0]
     codec = Compression(first.attributes & COMPRESSION_CODEC_MASK)
     base_ts = first.base_timestamp
     out = bytearray()
     index = 0
-    for data, h in zip(batches, headers, strict=True):
-        plain = decompress(codec, memoryview(data)[RECORD_BATCH_OVERHEAD:])
+    for plain, h in zip(plains, headers, strict=True):
         index = rewrite_records(
             memoryview(plain),
             h.record_count,

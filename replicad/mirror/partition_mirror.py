@@ -29,6 +29,16 @@ Rules:
   has (it answers a duplicate with success), and since it never accepts a sequence gap,
   what it holds stays a prefix of what was sent. Answers of batches sent before such a
   rewind are stale and ignored (their batches are sent again).
+- Producer state the destination expired: Kafka forgets a producer whose last batch's
+  max timestamp is `producer.id.expiration.ms` (a day by default) older than the broker's
+  clock, at a check every 10 minutes -- the mirror keeps the source's timestamps, so a
+  backlog older than that (or a partition idle that long) can lose our state at any
+  moment, and then the destination takes a batch at any sequence, a resend included. A
+  batch is "expiring" when its newest timestamp is older than the expiration less an
+  hour (EXPIRY_MARGIN_MS; time passed in as `wall_ms`). An expiring batch goes alone;
+  after one is acknowledged the next goes alone too (as a session's first); and an
+  expiring batch that failed is not resent blindly (if it was written, the resend could
+  be written twice): the producer session is lost, and the reconcile reads the log end.
 - OUT_OF_ORDER_SEQUENCE_NUMBER for a batch with an older one still unresolved is the
   destination refusing a gap the older one's failure made: the batch is resent. For the
   oldest unresolved batch, and for UNKNOWN_PRODUCER_ID or a fenced producer, the
@@ -69,6 +79,7 @@ caller and raises LocalProtocolError.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
 import random
@@ -77,7 +88,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from replicad.errors import LocalProtocolError
-from replicad.mirror.coalesce import can_join, small
+from replicad.mirror.coalesce import RUN_RECORDS, can_join, run_plain_bytes, small
 from replicad.mirror.offset_map import OffsetMap, SyncPoint
 from replicad.mirror.restamp import ProducerStamp, mirrorable, next_sequence
 from replicad.protocol.backoff import Backoff
@@ -90,6 +101,11 @@ from replicad.records.records import ControlType
 MAX_IN_FLIGHT = 5
 # How often a reconcile asks again for a destination log end that is not settled yet.
 SETTLE_POLL_MS = 100
+# Kafka's producer.id.expiration.ms default: what the mirror assumes of the destination.
+PRODUCER_EXPIRATION_MS = 24 * 3600 * 1000
+# Batches this much younger than the expiration count as expiring already (clock skew,
+# time in flight).
+EXPIRY_MARGIN_MS = 3600 * 1000
 
 
 class Phase(enum.Enum):
@@ -156,12 +172,24 @@ class Failure(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class LogEntry:
-    """One stored batch: its header, its control record's type for a control batch, and its
-    bytes while the shell still holds them (None: read them again from the log)."""
+    """One stored batch: its header, its control record's type for a control batch, its
+    bytes while the shell still holds them (None: read them again from the log), and, for
+    a small batch that may join a coalesced run, its records decompressed within the
+    run's bound (coalesce.plain_records; None: produced as stored)."""
 
     header: BatchHeader
     marker: ControlType | None = None
     data: bytes | memoryview | None = None
+    plain: bytes | memoryview | None = None
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes this entry keeps alive (decompressed records are bytes of their own; an
+        uncompressed batch's are a view of `data`)."""
+        size = len(self.data) if self.data is not None else 0
+        if isinstance(self.plain, bytes):
+            size += len(self.plain)
+        return size
 
 
 class _Pending:
@@ -191,6 +219,8 @@ class Send:
     expected_dest: int
     deadline_ms: int
     more: tuple[LogEntry, ...] = ()
+    # Old enough that the destination may forget our producer after it (see the rules).
+    expiring: bool = False
 
     @property
     def entries(self) -> tuple[LogEntry, ...]:
@@ -248,9 +278,14 @@ class MirrorTiming:
     # Coalesce runs of consecutive small batches up to this many bytes into one batch
     # (coalesce.py); 0: every batch is produced as stored.
     coalesce_bytes: int = 0
-    # One batch in flight until the destination acknowledged one of the producer session
-    # (see _window_limit); False only where a test looks at a later window.
+    # A run's records at most (coalesce.RUN_RECORDS; lower only in tests and simulations).
+    coalesce_records: int = RUN_RECORDS
+    # One batch in flight until the destination acknowledged one of the producer session,
+    # and around expiring batches (see _window_limit); False only where a test looks at a
+    # later window.
     first_batch_alone: bool = True
+    # The destination's producer.id.expiration.ms as the mirror assumes it.
+    producer_expiration_ms: int = PRODUCER_EXPIRATION_MS
 
 
 class PartitionMirror:
@@ -292,9 +327,12 @@ class PartitionMirror:
         self._pending: deque[_Pending] = deque()
         self._open: dict[int, list[_Pending]] = {}
         self._pending_bytes = 0
-        # Whether the destination acknowledged a batch of the current producer session
-        # (see _window_limit).
-        self._session_acked = False
+        # The newest timestamp of the last batch of this producer session the destination
+        # acknowledged (None: none yet): what its state for our producer dates from, as
+        # Kafka expires it (see _window_limit).
+        self._acked_newest: int | None = None
+        # The last producer session this partition lost: never reconciled under again.
+        self._lost_stamp: ProducerStamp | None = None
         # The largest run coalesced (halved by each run the destination found too large).
         self._coalesce_limit = timing.coalesce_bytes
         self._backoff = Backoff(
@@ -333,8 +371,7 @@ class PartitionMirror:
             else:
                 pending = _Pending(entry, Decision.PRODUCE)
             self._pending.append(pending)
-            if entry.data is not None:
-                self._pending_bytes += len(entry.data)
+            self._pending_bytes += entry.held_bytes
             self.scanned_to = h.next_offset
         if self._dest_end is not None and self.phase is Phase.RECONCILING:
             assert self._stamp_for_end is not None
@@ -386,15 +423,21 @@ class PartitionMirror:
         later = [t for t in times if t > now_ms]
         return min(later) if later else None
 
-    def expire(self, now_ms: int) -> None:
-        """Sends unanswered past their deadline count as failed (resent)."""
+    def expire(self, now_ms: int) -> ProducerStamp | None:
+        """Sends unanswered past their deadline count as failed (resent); returns the
+        producer session this lost (an expiring batch unanswered: see the rules), which
+        the shell renews."""
+        lost = None
         for p in self._window:
             if p.send is not None and p.send.deadline_ms <= now_ms:
-                self.failed(p.send, Failure.RETRY, now_ms)
+                send = p.send
+                if self.failed(send, Failure.RETRY, now_ms).new_session:
+                    lost = send.stamp
                 break
         for send in [s for s in self._outstanding if s.deadline_ms <= now_ms]:
             self._outstanding.discard(send)
         self._maybe_drained()
+        return lost
 
     # -- the destination, out and in --------------------------------------------------
 
@@ -419,6 +462,11 @@ class PartitionMirror:
         self._asking = False
         if self.phase is not Phase.RECONCILING:
             return Reconciled(False, error=self.error)
+        if stamp == self._lost_stamp:
+            # Under the session this partition lost, sequence 0 could meet the state the
+            # destination keeps: wait for the shell's new one.
+            self._ask_at_ms = now_ms + SETTLE_POLL_MS
+            return Reconciled(False, wait=True)
         if log_end != high_watermark:
             self._ask_at_ms = now_ms + SETTLE_POLL_MS
             return Reconciled(False, wait=True)
@@ -432,16 +480,19 @@ class PartitionMirror:
     def first_save_wanted(self) -> bool:
         return self._first_save_wanted
 
-    def next_send(self, now_ms: int, stamp: ProducerStamp) -> Send | None:
+    def next_send(
+        self, now_ms: int, stamp: ProducerStamp, wall_ms: int | None = None
+    ) -> Send | None:
         """The next batch to produce now under the mirror's producer session `stamp`, or
-        None (window full, backing off, nothing decided, not mirroring)."""
+        None (window full, backing off, nothing decided, not mirroring). `wall_ms`: the
+        wall clock, that batches' timestamps are judged by (None: none is expiring)."""
         if self.stamp is not None and stamp != self.stamp and self.phase is not Phase.HALTED:
             self._lose_session()
         if (
             self.phase is not Phase.MIRRORING
             or self._first_save_wanted
             or now_ms < self._retry_at_ms
-            or self._window_batches() >= self._window_limit()
+            or self._window_batches() >= self._window_limit(wall_ms)
         ):
             return None
         while self._pending and self._pending[0].decision is Decision.SKIP:
@@ -456,9 +507,14 @@ class PartitionMirror:
                 self.halt(f"source offset {refused.base_offset}: {refused.reason}")
                 return None
         timing = self.timing
-        deadline = now_ms + timing.produce_timeout_ms + timing.request_timeout_ms
         entries = tuple(p.entry for p in run)
-        send = Send(entries[0], stamp, self.sequence, self._send_dest, deadline, entries[1:])
+        expiring = self._expiring(entries, wall_ms)
+        if expiring and self._window_batches() > 0:
+            return None  # an expiring batch goes alone: when the window has drained
+        deadline = now_ms + timing.produce_timeout_ms + timing.request_timeout_ms
+        send = Send(
+            entries[0], stamp, self.sequence, self._send_dest, deadline, entries[1:], expiring
+        )
         run[0].run = len(run)
         for pending in run:
             self._pending.popleft()
@@ -473,30 +529,41 @@ class PartitionMirror:
 
     def _run(self) -> list[_Pending]:
         """The entries the next send takes: the head alone, the run it opened before (a
-        resend), or with `coalesce_bytes` the consecutive small batches that can join it."""
+        resend), or with `coalesce_bytes` the consecutive small batches that can join it:
+        at most `coalesce_bytes` stored, run_plain_bytes decompressed, `coalesce_records`
+        records; only batches whose records the shell decompressed within that bound."""
         head = self._pending[0]
         if head.run:
             return [self._pending[i] for i in range(head.run)]
         limit = self._coalesce_limit
         run = [head]
-        if not limit or head.entry.data is None:
+        entry = head.entry
+        if not limit or entry.data is None or entry.plain is None:
             return run
-        size = len(head.entry.data)
+        size, plain, records = len(entry.data), len(entry.plain), entry.header.record_count
         if not small(size, limit):
             return run
+        plain_limit = run_plain_bytes(self.timing.coalesce_bytes)
+        max_records = self.timing.coalesce_records
         for pending in itertools.islice(self._pending, 1, None):
-            data = pending.entry.data
+            entry = pending.entry
+            data = entry.data
             if (
                 pending.decision is not Decision.PRODUCE
                 or pending.run  # opens a run sent before: resent as it was, never joined
                 or data is None
+                or entry.plain is None
                 or not small(len(data), limit)
                 or size + len(data) > limit
-                or not can_join(head.entry.header, pending.entry.header)
+                or plain + len(entry.plain) > plain_limit
+                or records + entry.header.record_count > max_records
+                or not can_join(head.entry.header, entry.header)
             ):
                 break
             run.append(pending)
             size += len(data)
+            plain += len(entry.plain)
+            records += entry.header.record_count
         return run
 
     def unsent(self, send: Send) -> None:
@@ -515,9 +582,9 @@ class PartitionMirror:
         for p in self._window:
             if p.send is send:
                 p.entry = entry
-                p.send = Send(
-                    entry, send.stamp, send.base_sequence, send.expected_dest, send.deadline_ms
-                )
+                # Held from now on, and forgotten when settled (_forget_bytes).
+                self._pending_bytes += entry.held_bytes
+                p.send = dataclasses.replace(send, entry=entry, more=())
                 self._outstanding.discard(send)
                 self._outstanding.add(p.send)
                 return p.send
@@ -538,7 +605,8 @@ class PartitionMirror:
                 p.acked_at = landed
                 landed += p.entry.header.record_count
         self._in_flight -= 1
-        self._session_acked = True
+        # The destination's state for our producer now dates from this batch's timestamps.
+        self._acked_newest = max(e.header.max_timestamp for e in send.entries)
         self._backoff.reset()
         done = self._settle()
         self._maybe_drained()
@@ -570,6 +638,11 @@ class PartitionMirror:
             return Answered(halted=True)
         if failure is Failure.OUT_OF_ORDER and self._unresolved_before(slot):
             failure = Failure.RETRY
+        expired = failure is Failure.RETRY and send.expiring and self.timing.first_batch_alone
+        if expired:
+            # Written or not, the destination may have forgotten us since: a resend could
+            # be written twice. Reconcile under a new session (after a back-off).
+            failure = Failure.SESSION
         self._rewind(slot)
         if split:
             slot.run = 0
@@ -580,8 +653,19 @@ class PartitionMirror:
             return Answered()
         lost_here = self.stamp == send.stamp
         self._lose_session()
+        if expired:
+            self._ask_at_ms = now_ms + self._backoff.next_delay_ms()
         self._maybe_drained()
         return Answered(new_session=lost_here)
+
+    def local_log_starts_at(self, offset: int) -> int:
+        """The local log now starts at `offset`. When its retention deleted records not
+        read yet and nothing read is pending (what is pending is still sent: its bytes or
+        headers are held), go on from `offset`; returns the offsets lost (0: none, or not
+        yet)."""
+        if self.scanned_to >= offset or self._pending or self._window:
+            return 0
+        return self.skip_to(offset)
 
     def skip_to(self, offset: int) -> int:
         """The local log no longer holds [position, offset) (its retention deleted records
@@ -643,7 +727,7 @@ class PartitionMirror:
             found += 1
         self._drop_skipped()
         self.stamp = stamp
-        self._session_acked = False
+        self._acked_newest = None
         self.sequence = 0
         self._send_dest = self.dest_next
         self._retry_at_ms = 0
@@ -651,14 +735,34 @@ class PartitionMirror:
         self.phase = next_phase(self.phase, Event.RECONCILED)
         return Reconciled(True, found)
 
-    def _window_limit(self) -> int:
+    def _window_limit(self, wall_ms: int | None) -> int:
         """Batches that may be in flight: one until the destination acknowledged one of
-        this producer session -- a broker with no state for a producer takes its first
-        batch at any sequence, so a second batch sent beside a first that fails would be
-        written without it (a gap); once it holds our state it refuses any gap."""
-        if self._session_acked or not self.timing.first_batch_alone:
+        this producer session, while one in flight is expiring, and while the last it
+        acknowledged is expiring -- a broker
+        with no state for a producer takes its first batch at any sequence, so a second
+        batch sent beside a first that fails would be written without it (a gap); once it
+        holds our state it refuses any gap."""
+        if not self.timing.first_batch_alone:
             return self.timing.max_in_flight
-        return 1
+        if self._acked_newest is None or self._old(self._acked_newest, wall_ms):
+            return 1
+        if any(p.send is not None and p.send.expiring for p in self._window):
+            return 1  # nothing beside an expiring batch (see _expiring)
+        return self.timing.max_in_flight
+
+    def _expiring(self, entries: tuple[LogEntry, ...], wall_ms: int | None) -> bool:
+        """Whether the destination may forget our producer after these batches (see the
+        module rules)."""
+        if not self.timing.first_batch_alone:
+            return False
+        return self._old(max(e.header.max_timestamp for e in entries), wall_ms)
+
+    def _old(self, timestamp_ms: int, wall_ms: int | None) -> bool:
+        """Whether producer state dating from `timestamp_ms` may be expired by now."""
+        if wall_ms is None:
+            return False
+        expiration = self.timing.producer_expiration_ms
+        return wall_ms - timestamp_ms >= expiration - min(EXPIRY_MARGIN_MS, expiration // 2)
 
     def _window_batches(self) -> int:
         """Batches sent since the oldest one not settled, acknowledged or not: a resend of
@@ -700,6 +804,8 @@ class PartitionMirror:
 
     def _lose_session(self) -> None:
         self.phase = next_phase(self.phase, Event.SESSION_LOST)
+        if self.stamp is not None:
+            self._lost_stamp = self.stamp
         self._dest_end = None
         self._stamp_for_end = None
         self._asking = False
@@ -758,8 +864,7 @@ class PartitionMirror:
             self.batches_skipped += 1
 
     def _forget_bytes(self, pending: _Pending) -> None:
-        if pending.entry.data is not None:
-            self._pending_bytes -= len(pending.entry.data)
+        self._pending_bytes -= pending.entry.held_bytes
 
     def _halt_result(self, reason: str) -> Reconciled:
         self.halt(reason)

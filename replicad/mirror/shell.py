@@ -42,6 +42,7 @@ from replicad.config.model import Config, GroupsConfig, MirrorConfig, defaults_o
 from replicad.errors import (
     KafkaConnectionError,
     LeaderNotKnownError,
+    LocalProtocolError,
     LogError,
     OffsetOutOfRangeError,
     ProtocolError,
@@ -51,7 +52,7 @@ from replicad.follower.replicator import Replicator
 from replicad.groups.cluster_reader import ClusterGroupsReader
 from replicad.log.partition import PartitionLog
 from replicad.mirror import progress_store, promotion
-from replicad.mirror.coalesce import coalesce
+from replicad.mirror.coalesce import can_join, coalesce, plain_records, run_plain_bytes, small
 from replicad.mirror.destination import Destination, produce_answers
 from replicad.mirror.group_sync import MirroredPartition
 from replicad.mirror.group_sync_shell import GroupSyncShell
@@ -64,6 +65,7 @@ from replicad.mirror.partition_mirror import (
     Progress,
     Send,
 )
+from replicad.mirror.producer_session import ProducerSession
 from replicad.mirror.restamp import ProducerStamp, restamped
 from replicad.mirror.topics import config_changes, plan_topics
 from replicad.protocol.backoff import Backoff
@@ -163,15 +165,16 @@ class Mirror:
         # Start-up problems (the destination unreachable before any partition runs).
         self.problem: str | None = None
         self.problem_since_ms: int | None = None
-        # Partitions whose last send failed for want of the destination: error, since (ms).
-        self._failing: dict[TopicPartition, tuple[str, int]] = {}
-        self.stamp: ProducerStamp | None = None
+        # Partitions whose last send failed: error, since (ms), and whether the destination
+        # answered it with a refusal (True) or did not answer at all (False).
+        self._failing: dict[TopicPartition, tuple[str, int, bool]] = {}
+        # The producer session every partition's batches carry (producer_session.py).
+        self.session = ProducerSession(settings.retry_backoff_ms, settings.retry_backoff_max_ms)
         self.dest_cluster: ClusterMetadata | None = None
         self.started = False
         self.produce_requests = 0
         self.produce_errors = 0
         self.bytes_produced = 0
-        self.session_resets = 0
         # The driver: partitions that may have something to do, the times cores asked to
         # be woken at, and the event that wakes the loop.
         self._dirty: set[TopicPartition] = set()
@@ -181,13 +184,11 @@ class Mirror:
         self._first_saves: set[TopicPartition] = set()
         # One sender per destination leader and connection to it (lane, see _lane).
         self._senders: dict[Lane, asyncio.Queue[list[tuple[TopicPartition, Send]]]] = {}
-        self._renewing = False
         self._refreshing = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._logs: dict[TopicPartition, PartitionLog] = {}
         self._saved: dict[TopicPartition, Progress] = {}
         self._save_lock = asyncio.Lock()
-        self._stamp_lock = asyncio.Lock()
         self._metadata_lock = asyncio.Lock()
         self._metadata_at = 0.0
         self._halt_logged: set[TopicPartition] = set()
@@ -231,7 +232,7 @@ class Mirror:
                 "mirroring",
                 partitions=len(self.cores),
                 destination=",".join(self.settings.bootstrap_servers),
-                producer_id=self.stamp.producer_id if self.stamp else None,
+                producer_id=self.session.stamp.producer_id if self.session.stamp else None,
             )
             await stop.wait()
         finally:
@@ -290,12 +291,12 @@ class Mirror:
         while not stop.is_set():
             try:
                 await self._prepare_topics()
-                async with self._stamp_lock:
-                    self.stamp = await self.destination.init_producer_id()
                 break
             except (KafkaConnectionError, ProtocolError) as exc:
                 self._set_problem(str(exc))
                 await _until(stop, asyncio.sleep(backoff.next_delay_ms() / 1000))
+        if not stop.is_set():
+            await _until(stop, self._ask_session())
         if stop.is_set():
             return False
         self._clear_problem()
@@ -499,7 +500,7 @@ class Mirror:
         destination leader to that leader's sender. It waits on nothing else: reads,
         answers, log ends and saves are tasks that mark their partition and wake it."""
         while not stop.is_set():
-            now = _now_ms()
+            now, wall = _now_ms(), _wall_ms()
             while self._timers and self._timers[0][0] <= now:
                 self._dirty.add(heapq.heappop(self._timers)[1])
             dirty, self._dirty = self._dirty, set()
@@ -507,7 +508,7 @@ class Mirror:
             for tp in sorted(dirty):
                 core = self.cores.get(tp)
                 if core is not None:
-                    self._step(tp, core, now, ready)
+                    self._step(tp, core, now, wall, ready)
             for lane, sends in ready.items():
                 self._sender(lane).put_nowait(sends)
             self._wakeup.clear()
@@ -526,9 +527,11 @@ class Mirror:
         tp: TopicPartition,
         core: PartitionMirror,
         now: int,
+        wall: int,
         ready: dict[Lane, list[tuple[TopicPartition, Send]]],
     ) -> None:
-        """Perform what `tp`'s core decides now; nothing here decides."""
+        """Perform what `tp`'s core decides now (`now` the monotonic clock, `wall` the
+        wall clock that timestamps are judged by); nothing here decides."""
         if core.phase is Phase.HALTED:
             if tp not in self._halt_logged:
                 self._halt_logged.add(tp)
@@ -539,22 +542,29 @@ class Mirror:
             return
         if self.settings.retention_waits:
             plog.retention_floor = core.position
-        core.expire(now)
+        lost = core.expire(now)
+        if lost is not None:
+            self._renew(lost, "an expiring batch got no answer")
         self._read(tp, core, plog)
         if core.first_save_wanted and tp not in self._first_saves:
             self._first_saves.add(tp)
             self._spawn(self._save_first(tp, core))
-        stamp = self.stamp
-        if stamp is not None and not self._renewing:
+        stamp = self.session.usable
+        if stamp is not None:
             if core.log_end_wanted(now):
                 self._spawn(self._log_end(tp, core, stamp))
-            while (send := core.next_send(now, stamp)) is not None:
-                try:
-                    leader = self._leader(tp)
-                except KafkaConnectionError as exc:
-                    self._failed_send(tp, core, send, exc)
-                    break
-                ready.setdefault(Lane(leader, self._lane(tp)), []).append((tp, send))
+            try:
+                lane = Lane(self._leader(tp), self._lane(tp))
+            except LeaderNotKnownError as exc:
+                # Nothing is sent, so nothing failed (no back-off grows, as it did when a
+                # send was failed for it): the metadata is asked again, and every
+                # partition steps once it is in.
+                if not core.idle:
+                    self._mark_failing(tp, str(exc))
+                    self._refresh_soon()
+            else:
+                while (send := core.next_send(now, stamp, wall)) is not None:
+                    ready.setdefault(lane, []).append((tp, send))
         wake = core.next_wakeup_ms(now)
         if wake is not None:
             heapq.heappush(self._timers, (wake, tp))
@@ -564,17 +574,14 @@ class Mirror:
         worker thread, while the core wants more."""
         if tp in self._reading:
             return
-        start = plog.log_start_offset
-        if core.scanned_to < start and core.in_flight == 0:
-            with contextlib.suppress(ReplicadError):
-                lost = core.skip_to(start)
-                if lost:
-                    log.error(
-                        "local log deleted records not mirrored yet (retention): a gap",
-                        partition=str(tp),
-                        offsets_lost=lost,
-                        now_at=start,
-                    )
+        lost = core.local_log_starts_at(plog.log_start_offset)
+        if lost:
+            log.error(
+                "local log deleted records not mirrored yet (retention): a gap",
+                partition=str(tp),
+                offsets_lost=lost,
+                now_at=plog.log_start_offset,
+            )
         budget = self.settings.buffer_bytes
         if core.scanned_to < plog.high_watermark and core.wants_more(budget):
             self._reading.add(tp)
@@ -589,7 +596,13 @@ class Mirror:
             # the log) only headers are kept; their bytes are read again when sent.
             keep = core.buffered_bytes < self.settings.buffer_bytes
             entries = await asyncio.to_thread(
-                read_entries, plog, offset, plog.high_watermark, self.settings.read_bytes, keep
+                read_entries,
+                plog,
+                offset,
+                plog.high_watermark,
+                self.settings.read_bytes,
+                keep,
+                self.settings.coalesce_bytes,
             )
             if entries and core.scanned_to == offset and self.cores.get(tp) is core:
                 core.feed(entries)
@@ -662,11 +675,14 @@ class Mirror:
                 sends += queue.get_nowait()
             try:
                 # Sends rewound before they left (an older batch failed) are not sent.
-                sends = [
-                    (tp, s) for tp, s in sends if tp in self.cores and self.cores[tp].current(s)
-                ]
+                sends = self._current(sends)
                 if any(s.entry.data is None for _, s in sends):
                     sends = await self._with_data(sends)
+                # Runs are rewritten and compressed again on a worker thread: the loop
+                # never waits on a codec.
+                runs = [s for _, s in sends if s.more]
+                made = await asyncio.to_thread(coalesced_runs, runs) if runs else {}
+                sends, coalesced = self._coalesced(sends, made)
                 if not sends:
                     continue
                 conn = await self.client.lane_connection(lane.leader, lane.index)
@@ -677,7 +693,7 @@ class Mirror:
             # Checked again with no await before the writes: a send rewound meanwhile is
             # not written (the core counts on it).
             for request in pack_requests(self._current(sends), self.settings.request_bytes):
-                batches = {self._dest(tp): produced_batch(s) for tp, s in request}
+                batches = {self._dest(tp): produced_batch(s, coalesced.get(s)) for tp, s in request}
                 call = self.destination.produce_many(conn, batches)
                 self.produce_requests += 1
                 call.future.add_done_callback(
@@ -697,6 +713,33 @@ class Mirror:
                 core.unsent(send)
                 self._mark(tp)
         return out
+
+    def _coalesced(
+        self,
+        sends: list[tuple[TopicPartition, Send]],
+        made: Mapping[Send, bytes | ReplicadError],
+    ) -> tuple[list[tuple[TopicPartition, Send]], dict[Send, bytes]]:
+        """`sends` and their coalesced runs, less the runs whose records did not rewrite:
+        each goes again in smaller runs, as a run the destination refused as too large
+        does (down to its batches as stored, which the destination judges)."""
+        out = []
+        coalesced: dict[Send, bytes] = {}
+        for tp, send in sends:
+            run = made.get(send)
+            if isinstance(run, ReplicadError):
+                core = self.cores.get(tp)
+                if core is not None:
+                    core.failed(send, Failure.TOO_LARGE, _now_ms(), reason=str(run))
+                    self._mark(tp)
+                self._warn(
+                    "coalesce", "a run not coalesced; sent in smaller runs", partition=str(tp),
+                    error=str(run),
+                )  # fmt: skip
+                continue
+            if run is not None:
+                coalesced[send] = run
+            out.append((tp, send))
+        return out, coalesced
 
     async def _with_data(
         self, sends: list[tuple[TopicPartition, Send]]
@@ -757,6 +800,13 @@ class Mirror:
                         error=answer.reason,
                     )
                 elif failure is Failure.RETRY and not result.stale:
+                    # Said in status too: a destination refusing every batch (for example
+                    # NOT_ENOUGH_REPLICAS) otherwise shows only as growing lag.
+                    self._mark_failing(
+                        tp,
+                        f"destination refused a batch ({answer.error_name}); retrying",
+                        refused=True,
+                    )
                     self._warn(
                         f"produce-{answer.error_name}",
                         "destination refused a batch, retrying",
@@ -773,41 +823,57 @@ class Mirror:
         if core is None:
             return
         result = core.failed(send, Failure.RETRY, _now_ms())
+        if result.new_session:  # an expiring batch: reconciled, not resent (see the core)
+            self._renew(send.stamp, f"an expiring batch got no answer: {exc}")
         if not result.stale:
             self._note_failing(tp, exc)
             self._refresh_soon()
         self._mark(tp)
 
     def _note_failing(self, tp: TopicPartition, exc: BaseException) -> None:
-        since = self._failing.get(tp, ("", _wall_ms()))[1]
-        self._failing[tp] = (str(exc), since)
+        self._mark_failing(tp, str(exc))
         key, event = failure_event(exc)
         self._warn(key, event, error=str(exc))
 
-    def _renew(self, old: ProducerStamp, why: str) -> None:
-        """A new producer session for the whole mirror (once, whoever lost it first)."""
-        if self._renewing or self.stamp != old:
-            return
-        self._renewing = True
-        self._spawn(self._new_session(old, why))
+    def _mark_failing(self, tp: TopicPartition, error: str, *, refused: bool = False) -> None:
+        """`tp` is not getting through, and why (status names the oldest such partition);
+        `refused`: the destination answered with an error (it is reachable)."""
+        since = self._failing.get(tp, ("", _wall_ms(), refused))[1]
+        self._failing[tp] = (error, since, refused)
 
-    async def _new_session(self, old: ProducerStamp, why: str) -> None:
-        log.warning("destination producer session lost; starting a new one", error=why)
-        backoff = self._backoff()
+    def _renew(self, old: ProducerStamp, why: str) -> None:
+        """A new producer session for the whole mirror (once, whoever lost it first: the
+        session core decides)."""
+        if self.session.lost(old):
+            log.warning("destination producer session lost; starting a new one", error=why)
+            self._spawn(self._renewed())
+
+    async def _renewed(self) -> None:
         try:
-            while True:
-                try:
-                    async with self._stamp_lock:
-                        self.stamp = await self.destination.init_producer_id()
-                    self.session_resets += 1
-                    return
-                except (KafkaConnectionError, ProtocolError, TimeoutError, OSError) as exc:
-                    self._warn("session", "new producer session refused, retrying", error=str(exc))
-                    await asyncio.sleep(backoff.next_delay_ms() / 1000)
+            await self._ask_session()
         finally:
-            self._renewing = False
             for tp in self.cores:
                 self._mark(tp)
+
+    async def _ask_session(self) -> None:
+        """InitProducerId as the session core says (at once, then after each refusal a
+        back-off) until a session is granted."""
+        session = self.session
+        while session.usable is None:
+            now = _now_ms()
+            if session.ask_wanted(now):
+                try:
+                    stamp = await self.destination.init_producer_id()
+                except (KafkaConnectionError, ProtocolError, TimeoutError, OSError) as exc:
+                    session.refused(_now_ms())
+                    if not self.started:
+                        self._set_problem(str(exc))
+                    self._warn("session", "producer session refused, retrying", error=str(exc))
+                    continue
+                session.granted(stamp)
+                return
+            wake = session.next_wakeup_ms(now)
+            await asyncio.sleep(max(0, (wake if wake is not None else now) - now) / 1000)
 
     def _refresh_soon(self) -> None:
         """Destination metadata again (a leader may have moved), at most once a back-off."""
@@ -929,16 +995,19 @@ class Mirror:
             self.problem_since_ms = _wall_ms()
         self.problem = text
 
-    def _current_problem(self) -> tuple[str | None, int | None]:
+    def _current_problem(self) -> tuple[str | None, int | None, str | None]:
+        """The mirror's problem, since when, and its kind: "unreachable" (no answer) or
+        "refusing" (the destination answers every send of a partition with an error)."""
         unreachable = self.client.problem
         if self.problem is None and not self.started and unreachable is not None:
-            return unreachable.error, unreachable.since_ms
+            return unreachable.error, unreachable.since_ms, "unreachable"
         if self.problem is not None or not self._failing:
-            return self.problem, self.problem_since_ms
-        tp, (error, since) = min(self._failing.items(), key=lambda item: item[1][1])
+            kind = "unreachable" if self.problem is not None else None
+            return self.problem, self.problem_since_ms, kind
+        tp, (error, since, refused) = min(self._failing.items(), key=lambda item: item[1][1])
         others = len(self._failing) - 1
         more = f" (and {others} more partition{'s' if others > 1 else ''})" if others else ""
-        return f"{tp}: {error}{more}", since
+        return f"{tp}: {error}{more}", since, "refusing" if refused else "unreachable"
 
     def _clear_problem(self) -> None:
         self.problem = None
@@ -1088,19 +1157,20 @@ class Mirror:
                     "error": core.error or self._failing.get(tp, (None,))[0],
                 }
             )
-        problem, since = self._current_problem()
+        problem, since, kind = self._current_problem()
         return {
             "destination": ",".join(self.settings.bootstrap_servers),
             "destination_cluster": self.dest_cluster.cluster_id if self.dest_cluster else None,
             "running": self.started,
-            "producer_id": self.stamp.producer_id if self.stamp else None,
+            "producer_id": self.session.stamp.producer_id if self.session.stamp else None,
             "problem": problem,
             "problem_since_ms": since,
+            "problem_kind": kind,
             "topic_errors": dict(self.topic_errors),
             "produce_requests": self.produce_requests,
             "produce_errors": self.produce_errors,
             "bytes_produced": self.bytes_produced,
-            "session_resets": self.session_resets,
+            "session_resets": self.session.renewals,
             "lag": sum(p["lag"] or 0 for p in partitions),
             "partitions": partitions,
             "groups": self.groups.snapshot(),
@@ -1115,16 +1185,39 @@ def failure_event(exc: BaseException) -> tuple[str, str]:
     return "unreachable", "destination unreachable, retrying"
 
 
-def produced_batch(send: Send) -> tuple[bytearray, bytes | memoryview]:
-    """What goes to the destination for `send`: its batch (or its run, coalesced),
-    restamped with our producer and sequence, as its new header and its records (a view
-    of the bytes read from the local log: never copied on the way to the socket)."""
-    entries = send.entries
-    if len(entries) == 1:
-        data: bytes | memoryview = entries[0].data or b""
+def produced_batch(
+    send: Send, coalesced: bytes | None = None
+) -> tuple[bytearray, bytes | memoryview]:
+    """What goes to the destination for `send`: its batch (or its run, coalesced: pass
+    `coalesced_run(send)`, made on a worker thread), restamped with our producer and
+    sequence, as its new header and its records (a view of the bytes read from the local
+    log: never copied on the way to the socket)."""
+    data: bytes | memoryview
+    if not send.more:
+        data = send.entry.data or b""
     else:
-        data = coalesce([e.data or b"" for e in entries], [e.header for e in entries])
+        data = coalesced if coalesced is not None else coalesced_run(send)
     return restamped(data, send.stamp, send.base_sequence)
+
+
+def coalesced_run(send: Send) -> bytes:
+    """`send`'s run as one batch (coalesce.py: CPU work, for a worker thread)."""
+    entries = send.entries
+    plains = [e.plain for e in entries]
+    if any(p is None for p in plains):
+        raise LocalProtocolError("a coalesced run with a batch not decompressed")
+    return coalesce([p for p in plains if p is not None], [e.header for e in entries])
+
+
+def coalesced_runs(sends: Sequence[Send]) -> dict[Send, bytes | ReplicadError]:
+    """Each run of `sends` coalesced, or why its records could not be (a worker thread's)."""
+    out: dict[Send, bytes | ReplicadError] = {}
+    for send in sends:
+        try:
+            out[send] = coalesced_run(send)
+        except ReplicadError as exc:
+            out[send] = exc
+    return out
 
 
 def lane_of(tp: TopicPartition, lanes: int) -> int:
@@ -1163,9 +1256,16 @@ def pack_requests(
 
 
 def read_entries(
-    plog: PartitionLog, offset: int, high_watermark: int, max_bytes: int, keep_data: bool
+    plog: PartitionLog,
+    offset: int,
+    high_watermark: int,
+    max_bytes: int,
+    keep_data: bool,
+    coalesce_bytes: int = 0,
 ) -> list[LogEntry]:
-    """Whole batches from `offset` up to the high watermark (blocking: a worker thread)."""
+    """Whole batches from `offset` up to the high watermark (blocking: a worker thread);
+    with `coalesce_bytes`, each small batch that may join a run with its records
+    decompressed within the run's bound (coalesce.py)."""
     region = plog.read(offset, max_bytes).region
     if region is None:
         return []
@@ -1173,6 +1273,8 @@ def read_entries(
     view = memoryview(data)
     scan = scan_batches(view, verify_crc=False)
     entries: list[LogEntry] = []
+    plain_limit = run_plain_bytes(coalesce_bytes)
+    scratch: bytearray | None = None
     for h in scan.batches:
         if h.base_offset < offset:
             continue
@@ -1184,7 +1286,17 @@ def read_entries(
             marker = control_marker(records[0]).type if records else None
         # A view, not a copy: the read's bytes stay alive while a batch of them is held.
         body = view[h.position : h.end_position] if keep_data else None
-        entries.append(LogEntry(h, marker, body))
+        plain = None
+        if (
+            body is not None
+            and coalesce_bytes
+            and small(len(body), coalesce_bytes)
+            and can_join(h, h)
+        ):
+            if scratch is None:
+                scratch = bytearray(plain_limit + 1)
+            plain = plain_records(h, body, plain_limit, scratch)
+        entries.append(LogEntry(h, marker, body, plain))
     return entries
 
 

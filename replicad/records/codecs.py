@@ -18,6 +18,7 @@ Bad input raises CorruptRecordError naming the codec.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import cramjam
 import lz4.frame
@@ -105,3 +106,57 @@ def _xerial(mv: memoryview) -> bytes:
         out += cramjam.snappy.decompress_raw(mv[pos : pos + length])
         pos += length
     return bytes(out)
+
+
+def decompress_at_most(
+    codec: Compression, data: bytes | bytearray | memoryview, limit: int, scratch: bytearray
+) -> bytes | None:
+    """The decompressed bytes of `data` if they are at most `limit` bytes, else None; also
+    None for what does not decompress. Never more than `limit` + 1 bytes are written (a
+    few hundred bytes of zstd can hold gigabytes of zeros): `scratch`, at least `limit` + 1
+    bytes long, is the one output buffer of the codecs that need one (reused by the
+    caller across calls)."""
+    try:
+        if codec == Compression.NONE:
+            return bytes(data) if len(data) <= limit else None
+        if codec == Compression.LZ4:
+            lz4_reader = lz4.frame.LZ4FrameDecompressor()
+            out = lz4_reader.decompress(data, max_length=limit + 1)
+            return out if lz4_reader.eof and len(out) <= limit else None
+        if codec == Compression.SNAPPY:
+            mv = memoryview(data).cast("B")
+            if bytes(mv[: len(XERIAL_MAGIC)]) == XERIAL_MAGIC:
+                # Each block says its decompressed length: summed before anything is made.
+                if _xerial_length(mv) > limit:
+                    return None
+                return _xerial(mv)
+            if bytes(mv[: len(SNAPPY_FRAMED_MAGIC)]) != SNAPPY_FRAMED_MAGIC:
+                if cramjam.snappy.decompress_raw_len(mv) > limit:
+                    return None
+                return bytes(cramjam.snappy.decompress_raw(mv))
+            module: Any = cramjam.snappy
+        elif codec == Compression.GZIP:
+            module = cramjam.gzip
+        elif codec == Compression.ZSTD:
+            module = cramjam.zstd
+        else:
+            return None
+        view = memoryview(scratch)[: limit + 1]
+        # cramjam refuses ("failed to write whole buffer") once the buffer is full.
+        n = module.decompress_into(data, view)
+        return bytes(view[:n]) if n <= limit else None
+    except (cramjam.DecompressionError, RuntimeError, CorruptRecordError, ValueError):
+        return None
+
+
+def _xerial_length(mv: memoryview) -> int:
+    total = 0
+    pos = XERIAL_HEADER_SIZE
+    while pos + _INT32.size <= len(mv):
+        (length,) = _INT32.unpack_from(mv, pos)
+        pos += _INT32.size
+        if length < 0 or pos + length > len(mv):
+            raise CorruptRecordError(f"SNAPPY xerial block of {length} bytes at {pos} overruns")
+        total += cramjam.snappy.decompress_raw_len(mv[pos : pos + length])
+        pos += length
+    return total

@@ -169,6 +169,15 @@ def test_an_unreachable_destination_halted_partitions_and_refused_topics_degrade
     assert "orders-1" in verdict.headline() and "pay" in verdict.headline()
 
 
+def test_a_destination_refusing_batches_is_named_as_refusing_not_unreachable() -> None:
+    problem = "orders-1: destination refused a batch (not_enough_replicas); retrying"
+    verdict = assess(mirror_snapshot(problem=problem, problem_kind="refusing"))
+    assert verdict.health is Health.DEGRADED
+    assert [r.code for r in verdict.reasons] == ["destination_refusing"]
+    assert "not_enough_replicas" in verdict.headline() and "orders-1" in verdict.headline()
+    assert "unreachable" not in verdict.headline()
+
+
 def test_failing_archive_uploads_degrade_and_name_the_partitions() -> None:
     archive = {"bucket": "s3://b/p", "retrying_partitions": [], "last_error": None}
     assert assess(snapshot(archive=archive)).health is Health.HEALTHY

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from replicad.mirror.coalesce import can_join, coalesce
+from replicad.mirror.coalesce import can_join, coalesce, plain_records
 from replicad.mirror.restamp import ProducerStamp, restamp
 from replicad.records.batch import Compression, scan_batches
 from replicad.records.records import decode_batch
@@ -31,7 +31,13 @@ def test_a_run_becomes_one_batch_with_every_record(codec: Compression) -> None:
     batches = [batch(0, 1, codec, 5_000), batch(1, 3, codec, 4_000), batch(4, 2, codec, 9_000)]
     headers = [scan_batches(b).batches[0] for b in batches]
     assert all(can_join(headers[0], h) for h in headers)
-    merged = restamp(coalesce(batches, headers), ProducerStamp(42, 1), 17)
+    scratch = bytearray(1 << 16)
+    plains = [
+        plain_records(h, memoryview(b), 1 << 16, scratch)
+        for b, h in zip(batches, headers, strict=True)
+    ]
+    assert all(p is not None for p in plains)
+    merged = restamp(coalesce(plains, headers), ProducerStamp(42, 1), 17)
     scan = scan_batches(merged)  # the CRC is checked
     (h,) = scan.batches
     assert (h.record_count, h.last_offset_delta, h.producer_id, h.base_sequence) == (6, 5, 42, 17)

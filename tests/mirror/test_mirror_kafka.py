@@ -406,6 +406,65 @@ def test_destination_outage_is_absorbed_by_the_local_log(
     assert_same(kafka_broker, kafka_cluster, topic, offsets=True, prefix=prefix)
 
 
+def set_topic_config(broker: Any, topic: str, name: str, value: str) -> None:
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    change = ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[change])
+    admin = broker.admin()  # held: futures fail once their client is gone
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+
+
+def test_a_destination_refusing_every_batch_is_named_then_caught_up(
+    kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
+) -> None:
+    """The destination answers every batch with an error (NOT_ENOUGH_REPLICAS): status and
+    health name the partitions and the error -- "refusing", not only a growing lag. Once
+    the source's config is set back (and synced), the mirror completes, offsets kept.
+
+    Kafka caps a partition's min.insync.replicas at its replica count (a copy of one
+    replica under min.insync.replicas 2 takes every batch), so the source topic's 3 is
+    copied to a copy of three replicas, and one destination node is stopped."""
+    topic = unique_topic("refused")
+    kafka_broker.create_topic(topic, PARTITIONS)
+    for p in range(PARTITIONS):
+        produce_plain(kafka_broker.bootstrap, topic, p, 30)
+    set_topic_config(kafka_broker, topic, "min.insync.replicas", "3")  # the source: 1 replica
+    data_dir = tmp_path / "data"
+    config = mirror_config(
+        kafka_cluster.bootstrap, data_dir, replication_factor=3, topic_sync_interval_ms=300
+    )
+    with start(kafka_broker, kafka_cluster, [topic], tmp_path, mirror=config["mirror"]) as proc:
+        wait_mirrored(proc, source_ends(kafka_broker, topic))
+
+        def named() -> bool:
+            status = proc.status(timeout_s=10) or {}
+            mirror = status.get("mirror") or {}
+            rows = [p for p in mirror.get("partitions", ()) if p["topic"] == topic]
+            reasons = (status.get("health") or {}).get("reasons", ())
+            return (
+                len(rows) == PARTITIONS
+                and all("not_enough_replicas" in (p["error"] or "") for p in rows)
+                and any(
+                    r["code"] == "destination_refusing" and "not_enough_replicas" in r["text"]
+                    for r in reasons
+                )
+            )
+
+        with kafka_cluster.stopped(kafka_cluster.node_ids[-1]):
+            for p in range(PARTITIONS):
+                produce_plain(kafka_broker.bootstrap, topic, p, 20)
+            proc.wait_for(named, timeout_s=120, what="status and health to name the refusal")
+            assert all(row["mirrored_offset"] == 30 for row in mirror_rows(proc).values())
+            set_topic_config(kafka_broker, topic, "min.insync.replicas", "1")
+            wait_mirrored(proc, source_ends(kafka_broker, topic), timeout_s=120)
+            assert (proc.status() or {})["mirror"]["problem"] is None
+            assert all(row["error"] is None for row in mirror_rows(proc).values())
+            assert "destination_refusing" not in health_codes(proc)
+    assert_same(kafka_broker, kafka_cluster, topic, offsets=True)
+
+
 @pytest.mark.parametrize("waits", [True, False])
 def test_local_retention_waits_for_the_mirror(
     kafka_broker: Any, unique_topic: Any, tmp_path: Path, free_port: int, waits: bool

@@ -40,7 +40,8 @@ def entry(
     gap: int = 0,
 ) -> LogEntry:
     header = BatchHeader(0, base, 100, 0, 2, 0, attributes, count - 1 + gap, 0, 0, pid, 0, 0, count)
-    return LogEntry(header, marker, b"x" * 10)
+    # Its records as the shell decompressed them (any non-None value may join a run).
+    return LogEntry(header, marker, b"x" * 10, b"")
 
 
 def data(base: int, count: int = 1) -> LogEntry:
@@ -197,6 +198,18 @@ def test_skip_to_counts_a_gap_the_local_retention_made() -> None:
     core = started(position=0)
     assert core.skip_to(50) == 50
     assert core.position == core.scanned_to == 50 and core.gap_offsets == 50
+
+
+def test_a_local_log_start_past_what_was_read_is_a_gap_once_nothing_is_pending() -> None:
+    core = started(position=0)
+    core.feed([data(0, 10)])
+    assert core.local_log_starts_at(5) == 0  # below what was read
+    assert core.local_log_starts_at(30) == 0  # batch 0 still pending: sent first
+    (send,) = sends(core)
+    assert core.local_log_starts_at(30) == 0  # in flight
+    core.acked(send, -1, NOW)
+    assert core.local_log_starts_at(30) == 20
+    assert core.position == core.scanned_to == 30 and core.gap_offsets == 20
 
 
 def test_feeding_backwards_is_a_bug() -> None:
@@ -459,6 +472,35 @@ def sized(base: int, size: int) -> LogEntry:
     return dataclasses.replace(data(base), data=b"x" * size)
 
 
+def test_a_batch_not_decompressed_within_the_bound_is_produced_as_stored() -> None:
+    """The shell gives no records for a batch that decompresses beyond the run's bound (a
+    decompression bomb) or not at all: it never joins a run, and ends the one before."""
+    core = started(timing=COALESCING)
+    bomb = dataclasses.replace(data(2), plain=None)
+    core.feed([data(0), data(1), bomb, data(3), data(4)])
+    runs = [[e.header.base_offset for e in s.entries] for s in sends(core)]
+    assert runs == [[0, 1], [2], [3, 4]]
+
+
+def test_a_run_is_bounded_by_its_decompressed_bytes_and_its_records() -> None:
+    timing = dataclasses.replace(COALESCING, coalesce_bytes=1000)  # 4,000 decompressed
+    core = started(timing=timing)
+    core.feed([dataclasses.replace(sized(i, 10), plain=b"p" * 1500) for i in range(5)])
+    assert [len(s.entries) for s in sends(core)] == [2, 2, 1]
+    core = started(timing=dataclasses.replace(timing, coalesce_records=3))
+    core.feed([data(i) for i in range(7)])
+    assert [len(s.entries) for s in sends(core)] == [3, 3, 1]
+
+
+def test_decompressed_records_count_in_the_read_ahead_budget() -> None:
+    core = started(timing=COALESCING)
+    core.feed([dataclasses.replace(sized(0, 100), plain=b"p" * 400)])
+    assert core.buffered_bytes == 500
+    for send in sends(core):
+        core.acked(send, -1, NOW)
+    assert core.buffered_bytes == 0
+
+
 def test_only_small_batches_are_coalesced() -> None:
     """A batch of SMALL_BATCH_BYTES or more was batched by its producer: produced as
     stored, whatever room the run has left."""
@@ -561,3 +603,88 @@ def test_one_batch_alone_until_the_destination_acknowledged_one_of_the_session()
     assert [s.base_sequence for s in sends(core)] == [1, 2, 3, 4, 5]
     renewed = ProducerStamp(10, 0)
     assert core.next_send(NOW, renewed) is None  # the session is lost: drain, reconcile
+
+
+DAY = 24 * 3600 * 1000
+WALL = 100 * DAY
+
+
+def stamped(base: int, age_ms: int) -> LogEntry:
+    """A batch whose newest record is `age_ms` old at WALL."""
+    e = data(base)
+    return dataclasses.replace(e, header=dataclasses.replace(e.header, max_timestamp=WALL - age_ms))
+
+
+def test_an_expiring_batch_goes_alone_and_so_does_the_one_after_it() -> None:
+    """Kafka forgets a producer whose last batch's newest timestamp is a day old: a batch
+    of records that old goes alone, and once it is acknowledged the next goes alone too
+    (the destination may hold no state for us: it would take any sequence)."""
+    core = started(timing=dataclasses.replace(TIMING, max_in_flight=5))
+    fresh, old = 0, DAY
+    core.feed([stamped(0, fresh), stamped(1, fresh), stamped(2, fresh), stamped(3, old)])
+    core.feed([stamped(4, fresh), stamped(5, fresh), stamped(6, fresh)])
+
+    def round_of_sends() -> list[int]:
+        out = []
+        while (send := core.next_send(NOW, STAMP, WALL)) is not None:
+            out.append(send)
+        for send in out:
+            core.acked(send, -1, NOW)
+        return [[e.header.base_offset for e in s.entries] for s in out]
+
+    assert round_of_sends() == [[0]]  # a session's first
+    assert round_of_sends() == [[1], [2]]  # the window opens, up to the expiring one
+    assert round_of_sends() == [[3]]  # alone
+    assert round_of_sends() == [[4]]  # after it, alone again
+    assert round_of_sends() == [[5], [6]]
+    assert core.position == 7 and core.dest_next == 7
+
+
+def test_an_expiring_batch_that_failed_is_reconciled_not_resent() -> None:
+    """Written or not, the destination may have forgotten us since: a resend could be
+    written twice. The session is lost; the log end is read again after a back-off."""
+    core = started(timing=dataclasses.replace(TIMING, max_in_flight=5))
+    core.feed([stamped(0, DAY), stamped(1, 0)])
+    send = core.next_send(NOW, STAMP, WALL)
+    assert send is not None and send.expiring
+    assert core.next_send(NOW, STAMP, WALL) is None  # alone
+    answered = core.failed(send, Failure.RETRY, NOW)
+    assert answered.new_session and core.phase is Phase.RECONCILING
+    assert not core.log_end_wanted(NOW)  # backing off
+    wake = core.next_wakeup_ms(NOW)
+    assert wake is not None and wake > NOW
+    assert core.log_end_wanted(wake)
+    # Never reconciled under the session it lost: sequence 0 could meet its state.
+    assert core.on_log_end(STAMP, 1, 1, wake).wait
+    renewed = ProducerStamp(10, 0)
+    later = wake + 1_000
+    assert core.log_end_wanted(later)
+    result = core.on_log_end(renewed, 1, 1, later)  # it had landed: found, not resent
+    assert result.done and result.batches_found == 1
+    (again,) = [s for s in iter(lambda: core.next_send(later, renewed, WALL), None)]
+    assert again.entry.header.base_offset == 1 and again.base_sequence == 0
+
+
+def test_an_unanswered_expiring_batch_loses_the_session_at_its_deadline() -> None:
+    core = started(timing=dataclasses.replace(TIMING, max_in_flight=5))
+    core.feed([stamped(0, DAY)])
+    send = core.next_send(NOW, STAMP, WALL)
+    assert send is not None
+    assert core.expire(send.deadline_ms - 1) is None
+    assert core.expire(send.deadline_ms) == STAMP
+    assert core.phase is Phase.RECONCILING
+
+
+def test_a_partition_idle_past_the_expiry_sends_its_next_batch_alone() -> None:
+    """The state dates from our last batch's timestamps: once they are a day old (an idle
+    partition), the destination may have forgotten us."""
+    core = started(timing=dataclasses.replace(TIMING, max_in_flight=5))
+    core.feed([stamped(0, 0)])
+    (first,) = [s for s in iter(lambda: core.next_send(NOW, STAMP, WALL), None)]
+    core.acked(first, -1, NOW)
+    core.feed([stamped(i, -DAY) for i in range(1, 4)])  # records of a day later
+    a_day_later = WALL + DAY
+    got = [s for s in iter(lambda: core.next_send(NOW, STAMP, a_day_later), None)]
+    assert len(got) == 1 and not got[0].expiring
+    core.acked(got[0], -1, NOW)
+    assert len([s for s in iter(lambda: core.next_send(NOW, STAMP, a_day_later), None)]) == 2

@@ -16,6 +16,7 @@ from replicad.records.batch import BatchHeader
 from replicad.types import TopicPartition
 
 A, B = TopicPartition("a", 0), TopicPartition("b", 1)
+STAMP_OF_TEST = ProducerStamp(7, 0)
 
 
 def send(base: int, size: int = 100) -> Send:
@@ -107,3 +108,64 @@ def test_a_partition_always_takes_the_same_lane_and_partitions_spread_over_them(
     assert set(lanes) == {0, 1, 2, 3}
     # One topic's consecutive partitions take every lane in turn.
     assert {lane_of(TopicPartition("orders", p), 4) for p in range(4)} == {0, 1, 2, 3}
+
+
+def test_a_decompression_bomb_is_produced_as_stored_in_bounded_memory(tmp_path) -> None:
+    """Small zstd batches of 4 MiB of zeros each (a few hundred bytes stored) among tiny
+    ones: reading and coalescing hold at most a run's bound of decompressed bytes (the
+    bombs are never decompressed in full, and go as stored), and every record reaches the
+    destination's batches as the source holds it."""
+    import tracemalloc
+
+    from replicad.log.config import LogConfig
+    from replicad.log.partition import PartitionLog
+    from replicad.mirror.coalesce import run_plain_bytes
+    from replicad.mirror.partition_mirror import MirrorTiming, PartitionMirror
+    from replicad.mirror.shell import coalesced_runs, produced_batch, read_entries
+    from replicad.records.batch import Compression, scan_batches
+    from replicad.records.records import decode_batch
+    from tools.logdata.batches import producer_batch
+
+    bomb_bytes, bombs = 4 << 20, 12
+    plog = PartitionLog.create(tmp_path / "t-0", A, LogConfig(), now_ms=0)
+    source = []
+    for i in range(3 * bombs):
+        base = plog.log_end_offset
+        value = bytes(bomb_bytes) if i % 3 == 1 else b"tiny-%d" % i
+        batch = producer_batch(base, [value], codec=Compression.ZSTD, keys=[b"k%d" % i])
+        assert len(batch) < 1024  # small: a candidate for coalescing
+        plog.append(batch, scan_batches(batch).batches, now_ms=0)
+        source.append((b"k%d" % i, value))
+    plog.high_watermark = plog.log_end_offset
+    coalesce_bytes = 256 * 1024
+    timing = MirrorTiming(coalesce_bytes=coalesce_bytes, first_batch_alone=False)
+    core = PartitionMirror(position=0, timing=timing)
+    assert core.log_end_wanted(0) and core.on_log_end(STAMP_OF_TEST, 0, 0, 0).done
+    core.first_progress_saved()
+    produced: list[bytes] = []
+    tracemalloc.start()
+    try:
+        while core.scanned_to < plog.high_watermark:
+            core.feed(
+                read_entries(plog, core.scanned_to, plog.high_watermark, 1 << 20, True, 256 << 10)
+            )
+        while (send := core.next_send(0, STAMP_OF_TEST)) is not None:
+            made = coalesced_runs([send]) if send.more else {}
+            produced.append(b"".join(produced_batch(send, made.get(send))))  # type: ignore[arg-type]
+            core.acked(send, -1, 0)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    plog.close()
+    # Unbounded, one bomb alone would have taken 4 MiB, the twelve 48 MiB.
+    assert peak < 2 * run_plain_bytes(coalesce_bytes) + (1 << 20), peak
+    assert core.position == plog.high_watermark
+    got = []
+    for batch in produced:
+        (h,) = scan_batches(batch).batches
+        records = decode_batch(batch, h).records
+        if any(len(r.value or b"") == bomb_bytes for r in records):
+            assert h.record_count == 1  # a bomb went alone, as stored
+        got.extend((r.key, r.value) for r in records)
+    assert got == source
+    assert len(produced) < len(source)  # the tiny ones between bombs were still coalesced

@@ -8,7 +8,7 @@ from kafka import codec as kcodec
 
 from replicad.errors import CorruptRecordError
 from replicad.records.batch import Compression
-from replicad.records.codecs import XERIAL_MAGIC, compress, decompress
+from replicad.records.codecs import XERIAL_MAGIC, compress, decompress, decompress_at_most
 
 PAYLOAD = b"".join(f"record {i} of a compressible payload; ".encode() for i in range(5000))
 
@@ -55,3 +55,29 @@ def test_compress_round_trips_in_kafkas_framing(codec: Compression) -> None:
     if codec is Compression.LZ4:
         flags = packed[4]
         assert flags & 0x20  # independent blocks: all Kafka's reader takes
+
+
+ENCODERS = [
+    (Compression.NONE, bytes),
+    (Compression.GZIP, kcodec.gzip_encode),
+    (Compression.SNAPPY, lambda d: kcodec.snappy_encode(d, xerial_blocksize=1024)),
+    (Compression.SNAPPY, lambda d: kcodec.snappy_encode(d, xerial_compatible=False)),
+    (Compression.SNAPPY, lambda d: bytes(cramjam.snappy.compress(d))),
+    (Compression.LZ4, kcodec.lz4_encode),
+    (Compression.ZSTD, kcodec.zstd_encode),
+]
+ENCODER_IDS = ["none", "gzip", "snappy-xerial", "snappy-raw", "snappy-framed", "lz4", "zstd"]
+
+
+@pytest.mark.parametrize(("codec", "encode"), ENCODERS, ids=ENCODER_IDS)
+def test_decompress_at_most_stops_at_its_limit(codec: Compression, encode) -> None:  # type: ignore[no-untyped-def]
+    """What fits is returned whole; what does not is None, after at most limit + 1 bytes
+    were written (a bomb of 64 MiB of zeros is refused with a 64 KiB buffer)."""
+    scratch = bytearray(len(PAYLOAD) + 1)
+    packed = encode(PAYLOAD)
+    assert decompress_at_most(codec, packed, len(PAYLOAD), scratch) == PAYLOAD
+    assert decompress_at_most(codec, packed, len(PAYLOAD) - 1, scratch) is None
+    if codec is not Compression.NONE:
+        bomb = encode(bytes(64 << 20))
+        assert decompress_at_most(codec, bomb, 64 << 10, bytearray((64 << 10) + 1)) is None
+        assert decompress_at_most(codec, b"garbage" * 9, 1 << 10, scratch) is None

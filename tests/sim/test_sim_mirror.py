@@ -1,7 +1,7 @@
 """The mirror's deterministic simulation (tools/sim/mirror_run.py) in the suite: a few
 hundred seeds keep exactly-once and order after every event, a seed replays exactly, the
-seeds reach every fault, and a planted defect -- progress saved before the destination
-acknowledged -- is found by a suite seed."""
+seeds reach every fault, and planted defects -- progress saved before the destination
+acknowledged; the destination's producer expiry ignored -- are found by suite seeds."""
 
 from __future__ import annotations
 
@@ -71,6 +71,23 @@ class ProgressAtSend(PartitionMirror):
 def test_progress_saved_before_the_destination_acknowledged_is_found() -> None:
     failed, _ = run_seeds(
         SUITE_SEEDS, events=EVENTS, core_factory=ProgressAtSend, stop_at_first=True
+    )
+    assert failed, "the planted defect went unnoticed"
+    print(f"found by seed {failed[0].seed}: {failed[0].error}")
+
+
+class IgnoresProducerExpiry(PartitionMirror):
+    """The planted defect: every batch is judged fresh, so old records are pipelined and
+    resent as if the destination always kept our producer's state (it forgets it by the
+    timestamps of our last batch: a gap, or a resend written twice)."""
+
+    def _old(self, timestamp_ms: int, wall_ms: int | None) -> bool:
+        return False
+
+
+def test_the_destinations_producer_expiry_ignored_is_found() -> None:
+    failed, _ = run_seeds(
+        SUITE_SEEDS, events=EVENTS, core_factory=IgnoresProducerExpiry, stop_at_first=True
     )
     assert failed, "the planted defect went unnoticed"
     print(f"found by seed {failed[0].seed}: {failed[0].error}")

@@ -7,9 +7,11 @@ Rules it keeps (Kafka's ProducerStateManager, simplified to what the mirror reli
   five is a duplicate, answered with the offset it was written at; anything else is
   OUT_OF_ORDER_SEQUENCE_NUMBER. A producer with no state is taken at any sequence (Kafka
   since KIP-360); a new epoch must start at sequence 0; an older epoch is
-  INVALID_PRODUCER_EPOCH. A producer's state
-  expires only after PRODUCER_EXPIRATION_MS without a write (Kafka's
-  producer.id.expiration.ms, a day by default; far longer than any resend waits).
+  INVALID_PRODUCER_EPOCH. A producer's state expires at an expiry check (any time)
+  once the newest timestamp of its last appended batch is PRODUCER_EXPIRATION_MS older
+  than the broker's wall clock (Kafka's producer.id.expiration.ms, a day by default,
+  measured from the batch's max timestamp: a mirror copying old records can lose its
+  state while it writes).
 - acks=all: an appended batch is answered only once it is replicated (the high
   watermark passed it); until then the log end is ahead of the high watermark.
 - A leader change loses what was not replicated (the new leader truncates to the high
@@ -51,7 +53,8 @@ class _Batch:
 @dataclass(slots=True)
 class _Producer:
     epoch: int
-    last_write_ms: int = 0
+    # The max timestamp of its last appended batch (Kafka's ProducerStateEntry.lastTimestamp).
+    last_timestamp: int = -1
     batches: deque[_Batch] = field(default_factory=lambda: deque(maxlen=BATCHES_RETAINED))
 
 
@@ -76,7 +79,13 @@ class SimDestination:
         return len(self.records)
 
     def produce(
-        self, key: object, pid: int, epoch: int, seq: int, sources: tuple[int, ...], now_ms: int
+        self,
+        key: object,
+        pid: int,
+        epoch: int,
+        seq: int,
+        sources: tuple[int, ...],
+        max_timestamp: int,
     ) -> Answer | None:
         """One batch; the answer now (an error, a duplicate), or None: it comes with
         `replicate` as (key, answer) in `answers_ready`."""
@@ -92,7 +101,6 @@ class SimDestination:
             if producer is not None and seq != 0:
                 return Answer(UNKNOWN_PRODUCER_ID)
             producer = self._producers[pid] = _Producer(epoch)
-        producer.last_write_ms = now_ms
         for b in producer.batches:
             if b.first_seq == seq and b.last_seq == seq + count - 1:
                 if b.sources != sources:
@@ -107,6 +115,7 @@ class SimDestination:
             return Answer(OUT_OF_ORDER_SEQUENCE_NUMBER)
         base = self.log_end
         producer.batches.append(_Batch(seq, seq + count - 1, base, sources))
+        producer.last_timestamp = max_timestamp
         self.records.extend(sources)
         self._waiting.append((key, base))
         return None
@@ -128,13 +137,14 @@ class SimDestination:
         self._waiting.clear()
         return failed
 
-    def expire_producers(self, now_ms: int) -> int:
-        """Producer state idle for PRODUCER_EXPIRATION_MS is dropped; returns how many."""
-        idle = [
+    def expire_producers(self, wall_ms: int) -> int:
+        """Kafka's expiry check: producer state whose last batch's newest timestamp is
+        PRODUCER_EXPIRATION_MS old by `wall_ms` is dropped; returns how many."""
+        old = [
             pid
             for pid, p in self._producers.items()
-            if now_ms - p.last_write_ms >= PRODUCER_EXPIRATION_MS
+            if wall_ms - p.last_timestamp >= PRODUCER_EXPIRATION_MS
         ]
-        for pid in idle:
+        for pid in old:
             del self._producers[pid]
-        return len(idle)
+        return len(old)

@@ -14,9 +14,11 @@ ProduceAnswer classification the shell uses.
 Events, drawn with weights from the seed: source appends (plain batches, transactional
 batches, COMMIT and ABORT markers), mirror steps, the destination taking a request,
 replicating (acks=all answers go), answers delivered, lost, duplicated, a request refused
-OUT_OF_ORDER_SEQUENCE_NUMBER, idle producers expiring at the destination
-(UNKNOWN_PRODUCER_ID), a coalesced run refused MESSAGE_TOO_LARGE (some seeds' destinations),
-a leader change that loses the unreplicated tail, a dropped connection, time passing,
+OUT_OF_ORDER_SEQUENCE_NUMBER, the destination's producer-expiry check (Kafka's, by the
+timestamps of a producer's last batch: some seeds mirror records older than the expiry,
+and an idle partition's state expires too; a producer forgotten is taken at any
+sequence), a coalesced run refused MESSAGE_TOO_LARGE (some seeds' destinations), a leader
+change that loses the unreplicated tail, a dropped connection, time passing,
 progress saved, and a crash that loses the core, everything on the wire and what was not
 saved. After every event:
 - the destination holds each source record (read_committed) once, in order: its records
@@ -45,6 +47,7 @@ from kio.schema.errors import ErrorCode
 
 from replicad.log.config import LogConfig
 from replicad.log.partition import PartitionLog
+from replicad.mirror.coalesce import RUN_RECORDS
 from replicad.mirror.destination import ProduceAnswer
 from replicad.mirror.partition_mirror import (
     Failure,
@@ -54,6 +57,7 @@ from replicad.mirror.partition_mirror import (
     Progress,
     Send,
 )
+from replicad.mirror.producer_session import ProducerSession
 from replicad.mirror.restamp import ProducerStamp
 from replicad.mirror.shell import produced_batch, read_batch, read_entries
 from replicad.protocol.error_codes import error_code_of
@@ -66,7 +70,11 @@ from replicad.records.batch import (
 from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
 from tools.sim.invariants import InvariantError
-from tools.sim.mirror_destination import MESSAGE_TOO_LARGE, SimDestination
+from tools.sim.mirror_destination import (
+    MESSAGE_TOO_LARGE,
+    PRODUCER_EXPIRATION_MS,
+    SimDestination,
+)
 from tools.sim.seeds import SCRATCH, SimResult, seed_main
 from tools.sim.seeds import run_seeds as seeds_run
 
@@ -81,7 +89,7 @@ WEIGHTS: dict[str, int] = {
     "lose_answer": 2,
     "dup_answer": 2,
     "out_of_order": 1,
-    "expire_producers": 1,
+    "expire_producers": 2,
     "leader_change": 1,
     "disconnect": 1,
     "tick": 8,
@@ -96,6 +104,8 @@ _CONTROL_KEY = struct.Struct(">hh")
 _END_TXN_VALUE = struct.Struct(">hi")
 COMMIT, ABORT = 1, 0
 REPLAY = "python -m tools.sim.mirror_run --seed {seed} -v"
+# The wall clock at simulated time 0 (records carry timestamps of it).
+WALL_BASE_MS = 1_700_000_000_000
 
 CoreFactory = Callable[..., PartitionMirror]
 
@@ -155,6 +165,7 @@ class _Request:
     pid: int
     epoch: int
     seq: int
+    max_timestamp: int
 
 
 class MirrorSimulation:
@@ -178,7 +189,13 @@ class MirrorSimulation:
             retry_backoff_max_ms=1_000,
             max_in_flight=rng.choice((1, 2, 5, 5)),
             coalesce_bytes=rng.choice((0, 0, 200, 4_096)),
+            # Some runs cut by their record count before their bytes.
+            coalesce_records=rng.choice((RUN_RECORDS, RUN_RECORDS, 4)),
+            producer_expiration_ms=PRODUCER_EXPIRATION_MS,
         )
+        # How old the records a source batch holds are, when appended: some seeds mirror a
+        # backlog older than the destination's producer expiry (or close to it).
+        self.ages = rng.choice(((0,), (0, 0, 20_000, 45_000, 90_000)))
         self.budget = rng.choice((300, 2_000, 1 << 20))
         self.read_bytes = rng.choice((1_024, 65_536))
         config = LogConfig(segment_bytes=rng.choice((4_096, 1 << 20)))
@@ -197,7 +214,7 @@ class MirrorSimulation:
         self.dests = [SimDestination(max_batch_records) for _ in range(partitions)]
         self.next_pid = 1000
         self.next_txn = 0
-        self.stamp = self._init_producer_id()
+        self.session = self._new_session()
         self.incarnation = 0
         self.connection = 0
         self.requests: deque[_Request] = deque()
@@ -209,11 +226,28 @@ class MirrorSimulation:
         self.counts: Counter[str] = Counter()
         self._start_cores()
 
+    @property
+    def wall_ms(self) -> int:
+        return WALL_BASE_MS + self.now_ms
+
     # -- the mirror process ---------------------------------------------------------------
 
     def _init_producer_id(self) -> ProducerStamp:
         self.next_pid += 1
         return ProducerStamp(self.next_pid, 0)
+
+    def _new_session(self) -> ProducerSession:
+        """A process's producer session (the shell's start: granted at once)."""
+        session = ProducerSession(50, 1_000, rng=random.Random(self.rng.random()))
+        assert session.ask_wanted(self.now_ms)
+        session.granted(self._init_producer_id())
+        return session
+
+    @property
+    def stamp(self) -> ProducerStamp:
+        stamp = self.session.usable
+        assert stamp is not None
+        return stamp
 
     def _start_cores(self) -> None:
         self.cores = []
@@ -242,11 +276,18 @@ class MirrorSimulation:
         core, plog, dest = self.cores[p], self.sources[p].log, self.dests[p]
         if core.phase is Phase.HALTED:
             raise InvariantError(f"partition {p} halted: {core.error}")
-        core.expire(self.now_ms)
+        lost = core.expire(self.now_ms)
+        if lost is not None:
+            self._renew(lost)
         if core.scanned_to < plog.high_watermark and core.wants_more(self.budget):
             keep = core.buffered_bytes < self.budget
             entries = read_entries(
-                plog, core.scanned_to, plog.high_watermark, self.read_bytes, keep
+                plog,
+                core.scanned_to,
+                plog.high_watermark,
+                self.read_bytes,
+                keep,
+                self.timing.coalesce_bytes,
             )
             if entries:
                 core.feed(entries)
@@ -260,7 +301,7 @@ class MirrorSimulation:
             else:
                 result = core.on_log_end(self.stamp, dest.log_end, dest.high_watermark, self.now_ms)
                 self.note(f"p{p} log end {dest.log_end}/{dest.high_watermark}: {result}")
-        while (send := core.next_send(self.now_ms, self.stamp)) is not None:
+        while (send := core.next_send(self.now_ms, self.stamp, self.wall_ms)) is not None:
             if send.entry.data is None:
                 again = core.with_data(send, read_batch(plog, send.entry.header.base_offset))
                 assert again is not None
@@ -285,6 +326,7 @@ class MirrorSimulation:
                 h.producer_id,
                 h.producer_epoch,
                 h.base_sequence,
+                h.max_timestamp,
             )
             self.requests.append(request)
             self.unanswered.add(request)
@@ -304,8 +346,7 @@ class MirrorSimulation:
         else:
             result = core.failed(request.send, failure, self.now_ms, reason=answer.reason)
             if result.new_session:
-                self.stamp = self._init_producer_id()
-                self.counts["new_session"] += 1
+                self._renew(request.send.stamp)
         self.note(f"p{request.partition} answer {answer.error_name or 'ok'} -> {result}")
 
     def expire(self) -> None:
@@ -320,7 +361,9 @@ class MirrorSimulation:
             self.note("a request timed out: connection closed")
             self.fail_connection()
         for core in self.cores:
-            core.expire(self.now_ms)
+            lost = core.expire(self.now_ms)
+            if lost is not None:
+                self._renew(lost)
 
     def fail_connection(self) -> None:
         """The connection is gone: every request on it fails (the shell's _failed_send)."""
@@ -330,7 +373,15 @@ class MirrorSimulation:
         self.answers.clear()
         self.unanswered.clear()
         for r in sorted(failed, key=lambda r: (r.partition, r.seq)):
-            self.cores[r.partition].failed(r.send, Failure.RETRY, self.now_ms)
+            if self.cores[r.partition].failed(r.send, Failure.RETRY, self.now_ms).new_session:
+                self._renew(r.send.stamp)
+
+    def _renew(self, lost: ProducerStamp) -> None:
+        """A partition lost the producer session `lost`: a new one for all (once)."""
+        if self.session.lost(lost):  # the shell's _renew: the session core decides
+            assert self.session.ask_wanted(self.now_ms)
+            self.session.granted(self._init_producer_id())
+            self.counts["new_session"] += 1
 
     # -- events ---------------------------------------------------------------------------
 
@@ -361,19 +412,20 @@ class MirrorSimulation:
         else:
             count = self.rng.randint(1, 5)
             values = [b"%d" % (base + i) * self.rng.randint(1, 20) for i in range(count)]
+            at = {"timestamp_ms": self.wall_ms - self.rng.choice(self.ages)}
             if kind == "txn":
                 pid = self.rng.randint(1, 3)
                 if pid not in source.open:
                     self.next_txn += 1
                     source.open[pid] = self.next_txn
                 batch = _flagged(
-                    producer_batch(base, values, producer_id=pid, producer_epoch=0),
+                    producer_batch(base, values, producer_id=pid, producer_epoch=0, **at),
                     TRANSACTIONAL_FLAG_MASK,
                 )
                 source.txn_of[base] = (pid, source.open[pid])
                 record = _SourceBatch(base, count, pid)
             else:
-                batch = producer_batch(base, values)
+                batch = producer_batch(base, values, **at)
                 record = _SourceBatch(base, count)
         plog.append(batch, scan_batches(batch).batches, now_ms=self.now_ms)
         plog.high_watermark = plog.log_end_offset
@@ -384,7 +436,7 @@ class MirrorSimulation:
         request = self.requests.popleft()
         dest = self.dests[request.partition]
         answer = dest.produce(
-            request, request.pid, request.epoch, request.seq, request.sources, self.now_ms
+            request, request.pid, request.epoch, request.seq, request.sources, request.max_timestamp
         )
         self.note(f"p{request.partition} destination takes seq {request.seq}: {answer}")
         if answer is not None and answer.error == MESSAGE_TOO_LARGE:
@@ -430,12 +482,15 @@ class MirrorSimulation:
             request = self.requests.popleft()
             self.note(f"p{request.partition} seq {request.seq} refused out of order")
             self.answers.append((request, _produce_answer(45, -1)))
-        elif kind == "expire_producers" and self._quiet(p):
-            # Kafka expires an idle producer after a day, far beyond any resend: only a
-            # partition whose every write is acknowledged and nothing on the wire idles.
-            self.now_ms += 60_000
-            expired = self.dests[p].expire_producers(self.now_ms)
-            self.note(f"p{p} a minute passes, {expired} idle producers expire at the destination")
+        elif kind == "expire_producers":
+            if all(self._quiet(q) for q in range(len(self.sources))):
+                # The mirror idles (every write acknowledged, nothing on the wire: no
+                # request lives as long as the expiry, a day in Kafka): its producer's last
+                # batches get older than the expiry.
+                self.now_ms += PRODUCER_EXPIRATION_MS
+                self.note(f"idle for {PRODUCER_EXPIRATION_MS} ms")
+            expired = self.dests[p].expire_producers(self.wall_ms)
+            self.note(f"p{p} expiry check at the destination: {expired} producers forgotten")
         elif kind == "leader_change":
             failed = self.dests[p].leader_change()
             self.note(f"p{p} destination leader change, {len(failed)} unreplicated lost")
@@ -458,7 +513,7 @@ class MirrorSimulation:
             self.answers.clear()
             self.unanswered.clear()
             self.connection += 1
-            self.stamp = self._init_producer_id()
+            self.session = self._new_session()
             self._start_cores()
 
     # -- invariants -------------------------------------------------------------------------
