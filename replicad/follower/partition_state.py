@@ -51,9 +51,8 @@ class PartitionState:
     # answer uses it up.
     join_checked: tuple[int, int] | None = None
     # Caches for the fetch loop's hot path: the partition's log, and the last
-    # PartitionFetch built with the inputs (key) it was built from.
+    # PartitionFetch built (rebuilt when one of its fields no longer matches).
     log: Any = None
-    want_key: tuple[object, ...] | None = None
     want: Any = None
     # The highest leader epoch of batches validated but not yet appended (a pipelined
     # request's last_fetched_epoch must already count them).

@@ -431,24 +431,25 @@ class PartitionTable:
             if state.fetched_epoch is not None and (latest is None or state.fetched_epoch > latest):
                 # Validated, not yet appended: the epoch of what was fetched.
                 latest = state.fetched_epoch
-            key = (
-                state.fetch_offset,
-                local.log_start_offset,
-                state.leader_epoch,
-                latest,
-                state.topic_id,
-            )
-            if key != state.want_key:
-                state.want_key = key
-                state.want = PartitionFetch(
+            last_fetched_epoch = -1 if latest is None else latest
+            want = state.want
+            # The last object is its own key: no tuple per partition per build, none kept.
+            if (
+                want is None
+                or want.fetch_offset != state.fetch_offset
+                or want.log_start_offset != local.log_start_offset
+                or want.current_leader_epoch != state.leader_epoch
+                or want.last_fetched_epoch != last_fetched_epoch
+                or want.topic_id != state.topic_id
+            ):
+                want = state.want = PartitionFetch(
                     fetch_offset=state.fetch_offset,
                     log_start_offset=local.log_start_offset,
                     max_bytes=max_bytes,
                     current_leader_epoch=state.leader_epoch,
-                    last_fetched_epoch=-1 if latest is None else latest,
+                    last_fetched_epoch=last_fetched_epoch,
                     topic_id=state.topic_id,
                 )
-            want = state.want
             wanted[tp] = want
             previous = last.get(tp)
             if previous is None:

@@ -164,6 +164,29 @@ def test_the_request_asks_each_partition_from_its_log_end_with_its_epochs():
     assert table.stats.requests == 1
 
 
+def test_an_unchanged_partition_keeps_its_partition_fetch_and_a_change_makes_a_new_one():
+    # The session handler skips unchanged partitions by identity (session/client.py).
+    table = _table()
+    state, local = _add(table, TP0, end=40, epochs=[(4, 0)])
+    first = table.next_fetch(0, max_version=13).plan.to_send[TP0]
+    table.next_fetch(0, max_version=13)
+    assert state.want is first
+    for change in (
+        lambda: setattr(state, "fetch_offset", 41),
+        lambda: setattr(local, "log_start_offset", 1),
+        lambda: setattr(state, "leader_epoch", 6),
+        lambda: local.epochs.assign(5, 41),
+        lambda: setattr(state, "topic_id", uuid.UUID(int=8)),
+    ):
+        before = state.want
+        change()
+        table.next_fetch(0, max_version=13)
+        assert state.want is not before
+    want = state.want
+    assert (want.fetch_offset, want.log_start_offset, want.current_leader_epoch) == (41, 1, 6)
+    assert (want.last_fetched_epoch, want.topic_id) == (5, uuid.UUID(int=8))
+
+
 def test_below_v12_no_last_fetched_epoch_is_sent():
     table = _table()
     _add(table, TP0, end=40, epochs=[(4, 0)])
