@@ -60,6 +60,8 @@ RECORD_BYTES = 4 * KIB
 # neighbouring batches alike, at the cost of generating only this many.
 VALUE_POOL = 257
 SAMPLE_INTERVAL_S = 0.05
+# How long the daemon's status is asked for (status_json).
+STATUS_TIMEOUT_S = 600.0
 # Room left in the pool for a fetch response's non-record bytes (partition headers:
 # about 40 bytes each, 3,334 partitions per leader here).
 RESPONSE_FRAME_ALLOWANCE = 1 * MIB
@@ -292,10 +294,16 @@ class FdSampler:
 
 
 def status_json(socket_path: Path) -> dict:
-    snapshot = replica_status_json(socket_path, timeout_s=120)
-    if snapshot is None:
-        raise RuntimeError(f"replicad status: no daemon answers on {socket_path}")
-    return snapshot
+    """The daemon's status, asked again while `replicad status` gives up: its own 5 s
+    timeout was too short for 10,000 partitions on a loaded machine (session 9, load 26)."""
+    deadline = time.monotonic() + STATUS_TIMEOUT_S
+    while True:
+        snapshot = replica_status_json(socket_path, timeout_s=STATUS_TIMEOUT_S)
+        if snapshot is not None:
+            return snapshot
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"replicad status: no daemon answers on {socket_path}")
+        print("replicad status: no answer yet, asking again", file=sys.stderr)
 
 
 def run(
@@ -342,7 +350,15 @@ def run(
             )
             replicate_s = time.monotonic() - started
             caught_up = proc_status(pid)
+            # Said now: a status reply that never comes (a loaded machine) must not lose them.
+            print(
+                f"caught up in {replicate_s:.1f} s: VmHWM {caught_up['VmHWM'] / MIB:.1f} MiB, "
+                f"VmRSS {caught_up['VmRSS'] / MIB:.1f} MiB",
+                file=sys.stderr,
+            )
+            asked = time.monotonic()
             snap = status_json(socket_path)
+            print(f"status answered in {time.monotonic() - asked:.1f} s", file=sys.stderr)
             sampler.sample()
             # The high-water mark over the daemon's whole life so far, status reply included.
             peak_rss = proc_status(pid)["VmHWM"]
