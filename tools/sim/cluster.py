@@ -318,6 +318,38 @@ class SimCluster:
         self._changed(tp)
         return True
 
+    def foreign_start_above(self, tp: TopicPartition, end: int, rng: random.Random) -> bool:
+        """R8's case, made on purpose (the random events reach it too rarely since the pool
+        and the durability queue changed the streams): an unclean election onto an online
+        replica whose log ends below `end` (the follower's log end; it lost its tail, or
+        never had it), whose first batch as leader runs across `end`, and whose log start
+        DeleteRecords then moves inside that batch, at or below `end`. A leader whose log
+        starts inside a batch of another lineage than the follower's, a batch that holds
+        the follower's log end and runs above it (R8 of the partition table)."""
+        p = self.partitions[tp]
+        pool = [
+            n
+            for n in sorted(p.replicas)
+            if n in self.online and n != p.leader and p.replicas[n].log_start < end
+        ]
+        if not pool or p.leader not in self.online:
+            return False
+        new = rng.choice(pool)
+        replica = p.replicas[new]
+        if replica.end >= end:
+            # It lost its tail (or never had it): its log ends below `end`.
+            keep = [b for b in replica.batches if b.next_offset < end]
+            del replica.batches[len(keep) :]
+            replica.last = replica.batches[-1].data if replica.batches else b""
+        p.leader = new
+        p.leader_epoch += 1
+        p.epoch_start = p.log.end
+        p.isr = {new}
+        p.high_watermark = min(p.high_watermark, p.log.end)
+        first = p.log.end
+        self.produce(tp, end - first + rng.randint(2, 4))
+        return self.delete_records(tp, rng.randint(first + 1, end))
+
     def stop_broker(self, node: int) -> None:
         self.online.discard(node)
         self.sessions[node] = self._new_cache()

@@ -14,7 +14,10 @@ before they are appended; checkpoints, flushes, leader-epoch files and unlinks g
 the real durability queue (replicad/follower/disk_queue.py), whose jobs run at `disk`
 events in between the others (a crash loses the jobs not run). After every event the
 invariants (invariants.py) are checked; at the end the faults stop and the follower must
-converge to the leaders' logs.
+converge to the leaders' logs. One seed in ten also meets R8's case made on purpose near
+its end (`SimCluster.foreign_start_above`: a leader whose log starts inside a batch of
+another lineage that holds the follower's log end), drawn from a random source of its own
+so that the other seeds run as they did.
 """
 
 from __future__ import annotations
@@ -123,6 +126,14 @@ class Simulation:
         self.lost_rng = random.Random(f"lost-writes-{seed}")
         # How much of an unsynced segment left by a roll a crash keeps (tear): its own too.
         self.torn_rng = random.Random(f"torn-segments-{seed}")
+        # R8's case made on purpose (cluster.foreign_start_above), in one seed in ten, among
+        # the last events (so that this leader is still there when the faults stop and the
+        # follower must converge): drawn apart from `rng`, so a seed where it does not
+        # happen runs as before.
+        self.foreign_rng = random.Random(f"foreign-start-{seed}")
+        self.foreign_at = (
+            events - self.foreign_rng.randint(1, 10) if self.foreign_rng.random() < 0.1 else None
+        )
         self.cluster = SimCluster(
             random.Random(rng.random()),
             max_fetch_version=self.version,
@@ -185,6 +196,9 @@ class Simulation:
             # as they did.
             weights = [WEIGHTS[k] if self.pool_and_disk or k != "disk" else 0 for k in kinds]
             while done < self.events:
+                if done == self.foreign_at and self.pool_and_disk:
+                    self._foreign_start()
+                    self._check("foreign_start")
                 done += 1
                 kind = self.rng.choices(kinds, weights)[0]
                 self._event(kind)
@@ -204,6 +218,29 @@ class Simulation:
             self.follower.close()
             self.follower.witness.__exit__()
             self.memory.close()
+
+    def _foreign_start(self) -> None:
+        """R8's case on a partition the follower holds data of (cluster.foreign_start_above)."""
+        held = [
+            (tp, plog.log_end_offset)
+            for tp, plog in sorted(self.follower.logs.partitions().items())
+            if tp in self.cluster.partitions and plog.log_end_offset > plog.log_start_offset
+        ]
+        if not held:
+            return
+        tp, end = self.foreign_rng.choice(held)
+        if self.cluster.foreign_start_above(tp, end, self.foreign_rng):
+            p = self.cluster.partitions[tp]
+            self._note(
+                f"foreign_start {tp} leader {p.leader} epoch {p.leader_epoch} "
+                f"start {p.log_start} (our end {end})"
+            )
+            # The follower hears of it and fetches from that leader next.
+            self.follower.apply_metadata(self._metadata(), self.clock.now_ms)
+            self._note("metadata")
+            for _ in range(4):
+                if p.leader in self.follower.tables:
+                    self._turn(p.leader, faults=False)
 
     def _note(self, what: str) -> None:
         self.log.append(f"t={self.clock.now_ms} {what}")
