@@ -201,7 +201,23 @@ def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaClu
     `leaders`, `node(id)`."""
     from tools.peers.kafka_cluster import KafkaCluster
 
-    yield from _running(KafkaCluster(tmp_path_factory.mktemp("kafka-cluster"), nodes=3))
+    pids: list[int] = []
+    for cluster in _running(KafkaCluster(tmp_path_factory.mktemp("kafka-cluster"), nodes=3)):
+        yield cluster
+        pids = cluster.pids  # as the session leaves them, restarted nodes included
+    # Stopped for good: KafkaCluster.stop stops every node at once (one by one, the last
+    # would wait for a quorum that is gone) and leaves no process behind.
+    assert cluster.pids == [], cluster.pids
+    alive = [pid for pid in pids if _alive(pid)]
+    assert alive == [], f"kafka_cluster: node processes left after its stop: {alive}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="session")
