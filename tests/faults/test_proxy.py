@@ -81,7 +81,7 @@ def test_flipped_batch_fails_its_checksum(proxy, topic) -> None:
     proxy.flip_batches(1)
     damaged = fetch_once(proxy.address, topic, 0, 0)
     clean = fetch_once(proxy.address, topic, 0, 0)
-    assert wait_for_delivery(proxy, timeout_s=1)
+    assert wait_for_delivery(proxy, timeout_s=60)
     assert proxy.stats().flipped_batches == 1
     assert len(damaged.records) == len(clean.records)
     pairs = zip(damaged.records, clean.records, strict=True)
