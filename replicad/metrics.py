@@ -257,6 +257,12 @@ PARTITION_FAMILIES = (
     ),
     Family(
         COUNTER,
+        "partition_damaged_reads",
+        "Reads of the local log that found a damaged batch",
+        "damaged_reads",
+    ),
+    Family(
+        COUNTER,
         "partition_gap_offsets",
         "Offsets skipped because the leader's log started above ours (on_gap=reset)",
         "gap_offsets",
@@ -276,6 +282,12 @@ TOTALS_FAMILIES = (
     Family(COUNTER, "bytes_replicated", "Record bytes appended locally", "bytes_replicated"),
     Family(GAUGE, "bytes_per_second", "Record bytes replicated per second", "bytes_per_s"),
     Family(COUNTER, "crc_failures", "Fetched batches that failed the CRC", "crc_failures"),
+    Family(
+        COUNTER,
+        "damaged_reads",
+        "Reads of the local log that found a damaged batch",
+        "damaged_reads",
+    ),
     Family(
         COUNTER,
         "gaps",

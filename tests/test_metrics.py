@@ -33,6 +33,7 @@ def snapshot(partitions: int = 2, **extra: Any) -> dict[str, Any]:
             "session_recoveries": 3,
             "gaps": 2,
             "gap_offsets": 70,
+            "damaged_reads": 5,
             "partitions_by_state": {"fetching": partitions - 1, "halted": 1},
         },
         "leaders": [
@@ -69,6 +70,7 @@ def snapshot(partitions: int = 2, **extra: Any) -> dict[str, Any]:
                 "crc_failures": int(i % 3 == 0),
                 "gaps": int(i == 3),
                 "gap_offsets": 70 if i == 3 else 0,
+                "damaged_reads": 5 if i == 3 else 0,
             }
             for i in range(partitions)
         ],
@@ -111,6 +113,7 @@ def test_per_partition_series() -> None:
     assert samples[("replicad_partition_bytes_replicated_total", t1p1)] == 300
     assert samples[("replicad_partition_crc_failures_total", t1p1)] == 1
     assert samples[("replicad_partition_gap_offsets_total", t1p1)] == 70
+    assert samples[("replicad_partition_damaged_reads_total", t1p1)] == 5
     assert not any(name.startswith("replicad_topic_") for name, _ in samples)
 
 
@@ -121,6 +124,7 @@ def test_totals_and_daemon_state() -> None:
     assert samples[("replicad_crc_failures_total", ())] == 2
     assert samples[("replicad_gaps_total", ())] == 2
     assert samples[("replicad_gap_offsets_total", ())] == 70
+    assert samples[("replicad_damaged_reads_total", ())] == 5
     assert samples[("replicad_partitions", (("state", "halted"),))] == 1
     assert samples[("replicad_ready", ())] == 1
     assert samples[("replicad_build_info", (("version", "0.1.0"),))] == 1

@@ -22,6 +22,9 @@ Rules (the worst reason decides; every reason is listed):
 - DEGRADED too, with `serve:` and `archive:`: serve's reads of the bucket failing (its
   last read failed, none succeeded since, within the last minutes: consumers of offsets
   only the bucket holds get KAFKA_STORAGE_ERROR and retry).
+- DEGRADED too: a partition whose local log a read found damaged (a batch that does not
+  parse where one must start: serve answers CORRUPT_MESSAGE there, the mirror stops at
+  it), each named with the offset; it stays so, as the replica does not heal by itself.
 - DEGRADED too, with `verify:` enabled: a partition of the replica found to differ from
   its source (each named with the offset of its first mismatch); it stays so, as the
   replica does not heal by itself.
@@ -106,6 +109,7 @@ def assess(snapshot: Mapping[str, Any]) -> Assessment:
         *_archive(snapshot.get("archive") or {}),
         *_serve_remote(snapshot.get("serve") or {}),
         *_verify(snapshot.get("verify") or {}),
+        *_damaged(snapshot.get("partitions") or ()),
     ]
     if not snapshot.get("ready") and not any(r.health is Health.DOWN for r in reasons):
         reasons.append(
@@ -283,6 +287,23 @@ def _verify(verify: Mapping[str, Any]) -> list[Reason]:
         + (f" and {more} more" if more > 0 else "")
     )
     return [Reason(Health.DEGRADED, "verify_mismatch", text)]
+
+
+def _damaged(partitions: Sequence[Mapping[str, Any]]) -> list[Reason]:
+    damaged = [p for p in partitions if p.get("damaged_reads")]
+    if not damaged:
+        return []
+    named = ", ".join(
+        f"{p.get('topic')}-{p.get('partition')} at offset {p.get('damaged_offset', '?')}"
+        for p in damaged[:NAMED_AT_MOST]
+    )
+    more = len(damaged) - NAMED_AT_MOST
+    text = (
+        f"{len(damaged)} partition{'s' if len(damaged) > 1 else ''} of the replica "
+        f"{'have' if len(damaged) > 1 else 'has'} a damaged batch on disk: {named}"
+        + (f" and {more} more" if more > 0 else "")
+    )
+    return [Reason(Health.DEGRADED, "replica_damaged", text)]
 
 
 def _seconds(value: float) -> str:

@@ -113,6 +113,10 @@ def build_snapshot(
                 # Leader logs that started above ours, and the offsets skipped over them.
                 "gaps": st.gaps,
                 "gap_offsets": st.gap_offsets,
+                # Reads of the local log that found a damaged batch (serve, the mirror,
+                # verify read it), and where the last one did.
+                "damaged_reads": plog.damaged_reads if plog else 0,
+                "damaged_offset": plog.damaged_offset if plog else None,
             }
         )
     leaders = [
@@ -140,6 +144,7 @@ def build_snapshot(
             "checkpoint_failures": replicator.checkpoint_failures,
             "gaps": sum(p["gaps"] for p in partitions),
             "gap_offsets": sum(p["gap_offsets"] for p in partitions),
+            "damaged_reads": sum(p["damaged_reads"] for p in partitions),
         },
         "leaders": leaders,
         "partitions": partitions,

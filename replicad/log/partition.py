@@ -232,6 +232,7 @@ class PartitionLog:
         "archive_floor",
         "checkpointed_recovery_point",
         "config",
+        "damaged_offset",
         "damaged_reads",
         "directory",
         "disk_later",
@@ -294,6 +295,7 @@ class PartitionLog:
         self.last_recovery: PartitionRecovery | None = None
         # Reads that found damage and raised DamagedLogError (see the module rules).
         self.damaged_reads = 0
+        self.damaged_offset: int | None = None  # where the last read found damage
         # Retention deletes no segment holding this offset or a later one (None: no hold).
         # The mirror sets it to what it has not mirrored yet (replicad/mirror/shell.py).
         self.retention_floor: int | None = None
@@ -881,6 +883,7 @@ class PartitionLog:
     def _damaged(self, offset: int, exc: DamagedLogError) -> None:
         """A read found damage: counted, and logged (once a minute a partition)."""
         self.damaged_reads += 1
+        self.damaged_offset = offset
         with _DAMAGE_SAID_LOCK:
             emit = _DAMAGE_SAID.should_emit(self.topic_partition, monotonic_ms())
         if emit.emit:

@@ -229,3 +229,17 @@ def test_a_replica_that_differs_from_its_source_degrades_naming_partition_and_of
         "2 partitions of the replica differ from the source: "
         "orders-0 at offset 12 (different_bytes), orders-2 at offset 57 (different_bytes)"
     )
+
+
+def test_a_damaged_local_log_degrades_naming_partition_and_offset() -> None:
+    rows = [
+        partition("orders", 0, damaged_reads=0, damaged_offset=None),
+        partition("orders", 1, damaged_reads=3, damaged_offset=4096),
+    ]
+    verdict = assess(snapshot(partitions=rows))
+    assert verdict.health is Health.DEGRADED and verdict.health.exit_code == EXIT_DEGRADED
+    (reason,) = verdict.reasons
+    assert reason.code == "replica_damaged"
+    assert reason.text == (
+        "1 partition of the replica has a damaged batch on disk: orders-1 at offset 4096"
+    )

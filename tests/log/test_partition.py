@@ -181,6 +181,7 @@ def test_a_read_at_a_damaged_batch_raises_and_never_passes_to_the_next_segment(
     with pytest.raises(DamagedLogError):
         log.read(victim.last_offset, 1 << 20)
     assert log.damaged_reads == 2
+    assert log.damaged_offset == victim.last_offset  # where the last one found it (status)
     # Before the damage and in the other segments, reads go on as before.
     assert log.read(inside[1].base_offset, 1).region.position == inside[1].position
     assert log.read(log.segments[2].base_offset, 1).region.position == 0
