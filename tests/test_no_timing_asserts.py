@@ -73,10 +73,11 @@ def test_a_name_that_says_duration_is_flagged_when_ordered() -> None:
             assert probe.seconds < 5
             assert _timed_write(path) >= 0.3
             assert m.cpu_s >= 0.3 and outcome.retry_in_ms <= 120  # CPU; a fake clock's backoff
+            assert core.next_wakeup_ms(now) - now <= 2_000  # a core's wake-up on a fake clock
             assert statistics.median(gaps) < 0.2
             assert hot_end < 16000 * 0.9  # a share of a count
     """
-    lines = (4, 5, 8, 9, 10, 11, 13)
+    lines = (4, 5, 8, 9, 10, 11, 14)
     assert _lines(source) == [f"{line}: asserts on elapsed time" for line in lines]
 
 

@@ -59,10 +59,10 @@ _DURATION_WORDS = re.compile(
 )
 # So does a name in seconds or milliseconds (`checkpoint_ms`, `row["longest_block_ms"]`,
 # `SOAK_S`), unless it names a setting or a figure no busy machine changes: a timeout, an
-# interval, a core's backoff computed from a fake clock, CPU seconds.
+# interval, a core's backoff or next wake-up computed from a fake clock, CPU seconds.
 _TIME_UNIT = re.compile(r"(_s|_ms|_us|_ns|_seconds|_secs)$")
 _NOT_ELAPSED = re.compile(
-    r"cpu|timeout|interval|backoff|retry|linger|wait|deadline|delay|lifetime|ttl|period"
+    r"cpu|timeout|interval|backoff|retry|linger|wait|deadline|delay|lifetime|ttl|period|wakeup"
 )
 _ORDER = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 # Builtins a clock reading goes through and stays a time.
