@@ -42,7 +42,7 @@ def test_the_seeds_reach_every_fault() -> None:
     for seed in range(40):
         for kind, n in run_seed(seed, events=EVENTS).counts.items():
             counts[kind] = counts.get(kind, 0) + n
-    wanted = set(WEIGHTS) | {"new_session", "coalesced", "too_large"}
+    wanted = set(WEIGHTS) | {"new_session", "coalesced", "too_large", "unknown_producer_id"}
     assert wanted <= set(counts), sorted(wanted - set(counts))
 
 

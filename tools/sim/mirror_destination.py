@@ -17,6 +17,8 @@ Rules it keeps (Kafka's ProducerStateManager, simplified to what the mirror reli
 - A leader change loses what was not replicated (the new leader truncates to the high
   watermark, its producer state with it) and fails the requests waiting for replication
   with NOT_LEADER_OR_FOLLOWER.
+- With `old_broker` (Kafka before 2.5, KIP-360), a producer with no state is taken only
+  at sequence 0: any other is UNKNOWN_PRODUCER_ID.
 - With `max_batch_records`, a batch of more records is refused MESSAGE_TOO_LARGE before
   anything else is looked at (Kafka validates a batch's size before its producer state),
   as a destination topic's max.message.bytes refuses a coalesced run larger than any
@@ -65,8 +67,9 @@ class Answer:
 
 
 class SimDestination:
-    def __init__(self, max_batch_records: int | None = None) -> None:
+    def __init__(self, max_batch_records: int | None = None, *, old_broker: bool = False) -> None:
         self.max_batch_records = max_batch_records
+        self.old_broker = old_broker
         self.records: list[int] = []
         self.high_watermark = 0
         self._producers: dict[int, _Producer] = {}
@@ -98,7 +101,7 @@ class SimDestination:
         if producer is None or epoch > producer.epoch:
             # A producer the partition has no state for is taken at any sequence (Kafka
             # since KIP-360: its state may have expired); a new epoch starts at 0.
-            if producer is not None and seq != 0:
+            if seq != 0 and (producer is not None or self.old_broker):
                 return Answer(UNKNOWN_PRODUCER_ID)
             producer = self._producers[pid] = _Producer(epoch)
         for b in producer.batches:

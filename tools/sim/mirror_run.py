@@ -73,6 +73,7 @@ from tools.sim.invariants import InvariantError
 from tools.sim.mirror_destination import (
     MESSAGE_TOO_LARGE,
     PRODUCER_EXPIRATION_MS,
+    UNKNOWN_PRODUCER_ID,
     SimDestination,
 )
 from tools.sim.seeds import SCRATCH, SimResult, seed_main
@@ -211,7 +212,12 @@ class MirrorSimulation:
         # Some seeds' destinations refuse batches larger than any the source holds (1-5
         # records): a coalesced run over it goes again as stored.
         max_batch_records = rng.choice((None, None, 6, 9))
-        self.dests = [SimDestination(max_batch_records) for _ in range(partitions)]
+        # Some seeds' destinations answer a forgotten producer UNKNOWN_PRODUCER_ID (Kafka
+        # before 2.5) instead of taking its batch at any sequence.
+        old_broker = rng.random() < 0.3
+        self.dests = [
+            SimDestination(max_batch_records, old_broker=old_broker) for _ in range(partitions)
+        ]
         self.next_pid = 1000
         self.next_txn = 0
         self.session = self._new_session()
@@ -441,6 +447,8 @@ class MirrorSimulation:
         self.note(f"p{request.partition} destination takes seq {request.seq}: {answer}")
         if answer is not None and answer.error == MESSAGE_TOO_LARGE:
             self.counts["too_large"] += 1
+        if answer is not None and answer.error == UNKNOWN_PRODUCER_ID:
+            self.counts["unknown_producer_id"] += 1
         if answer is not None:
             self.answers.append((request, _produce_answer(answer.error, answer.base_offset)))
 
