@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.demo-installed
 STAMP      := $(VENV)/.installed
 
-.PHONY: setup demo test lint kafka kafka-jars spark-kafka-jars test-peers s3-server dist clean chaos-leadership
+.PHONY: setup demo test lint kafka kafka-jars spark-kafka-jars s3a-jars test-peers s3-server dist clean chaos-leadership
 
 $(DEMO_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ kafka-jars:
 # .cache/spark-kafka: the peer of the Spark tests' failover and of tools/bench/spark.
 spark-kafka-jars:
 	tools/kafka/jars.sh fetch tools/kafka/spark-kafka-pom.xml .cache/spark-kafka
+
+# Hadoop's S3A (hadoop-aws, matching PySpark's Hadoop client) and the AWS SDK v2 bundle, from
+# Maven Central into .cache/s3a (about 0.5 GB): only tools/bench/archive.py's parquet-in-bucket
+# row needs them (replicad's Spark source reads buckets through boto3), so not in setup.
+s3a-jars:
+	tools/kafka/jars.sh fetch tools/kafka/s3a-pom.xml .cache/s3a
 
 # kcat, a test peer from Debian's packages: installed when root, else unpacked into
 # .cache/kcat without root (tools/kcat.sh).

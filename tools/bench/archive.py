@@ -14,22 +14,31 @@ One run, the same data for every row:
 3. One Spark session, each read forced in full into Spark's `noop` sink, timed: the
    `replicad` source over the local directory, then over `s3://bucket/prefix` (ranged GETs
    through boto3 on the executors); GET requests per GB read from versitygw's access log.
-`spark.read.parquet` of the same records in the same bucket (the issue's third row) needs
-Hadoop's S3A jars on the classpath and is not measured yet. The server, the uploader and
-Spark share this machine's two cores: the figures are of this machine under its load.
+4. With Hadoop's S3A jars fetched (`make s3a-jars`: hadoop-aws 3.5.0, PySpark's Hadoop,
+   and the AWS SDK v2 bundle, into .cache/s3a): the same records as parquet (the
+   `replicad` source's rows written by Spark to a local directory, snappy, then each file
+   PUT into the same bucket under `parquet/`), read by `spark.read.parquet("s3a://...")`;
+   its GETs (and S3A's HEADs and LISTs) from the access log. Without the jars the row says
+   how to get them.
+The server, the uploader and Spark share this machine's two cores: the figures are of this
+machine under its load (printed with them).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import tempfile
 import time
 import uuid
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from replicad.archive.store import BucketSettings
+from replicad.archive.store import BucketSettings, ObjectStore
 from replicad.archive.uploader import Archiver, ArchiverSettings
 from replicad.clock import wall_ms
 from replicad.log.config import LogConfig
@@ -41,6 +50,38 @@ from tools.peers.s3 import ACCESS_KEY, REGION, SECRET_KEY, S3Server, client_envi
 
 MB = 1024 * 1024
 TP = TopicPartition("bench", 0)
+ROOT = Path(__file__).resolve().parents[2]
+S3A_LIB = ROOT / ".cache" / "s3a" / "lib"
+
+
+def s3a_jars() -> list[Path]:
+    """Hadoop's S3A and the AWS SDK bundle (`make s3a-jars`); none when not fetched."""
+    if not (S3A_LIB / ".fetched").exists():
+        return []
+    return sorted(S3A_LIB.glob("*.jar"))
+
+
+def s3a_conf(endpoint: str) -> dict[str, str]:
+    """S3A against the benchmark's versitygw: path-style, plain HTTP, its root keys."""
+    return {
+        "spark.hadoop.fs.s3a.endpoint": endpoint,
+        "spark.hadoop.fs.s3a.endpoint.region": REGION,
+        "spark.hadoop.fs.s3a.path.style.access": "true",
+        "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
+        "spark.hadoop.fs.s3a.access.key": ACCESS_KEY,
+        "spark.hadoop.fs.s3a.secret.key": SECRET_KEY,
+        "spark.hadoop.fs.s3a.aws.credentials.provider": (
+            "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+        ),
+    }
+
+
+def operations(server: S3Server) -> Counter[str]:
+    """S3 requests by operation in the server's access log so far."""
+    if server.access_log is None or not server.access_log.exists():
+        return Counter()
+    text = server.access_log.read_text(errors="replace")
+    return Counter(re.findall(r" s3_(\w+) ", text))
 
 
 def write_replica(data_dir: Path, *, total_bytes: int, segment_bytes: int, value_bytes: int) -> int:
@@ -48,8 +89,9 @@ def write_replica(data_dir: Path, *, total_bytes: int, segment_bytes: int, value
     manager = LogManager.open(data_dir, LogConfig(segment_bytes=segment_bytes), now_ms=wall_ms())
     log = manager.get_or_create(TP, topic_id=uuid.uuid4())
     offset, per_batch = 0, 100
-    values = [os.urandom(value_bytes // 2).hex().encode() for _ in range(per_batch)]
     while log.size_in_bytes < total_bytes:
+        # Every value its own: parquet's dictionary would shrink repeated ones to nothing.
+        values = [os.urandom(value_bytes // 2).hex().encode() for _ in range(per_batch)]
         raw = producer_batch(offset, values)
         log.append(raw, scan_batches(raw).batches, now_ms=wall_ms())
         offset += per_batch
@@ -109,7 +151,11 @@ def main() -> None:
         os.environ.update(client_environ())
         from replicad.spark.pipeline import spark_session
 
-        spark = spark_session(args.master, {"spark.ui.enabled": "false"}, app_name="bench")
+        jars = s3a_jars()
+        conf = {"spark.ui.enabled": "false"}
+        if jars:
+            conf |= {"spark.jars": ",".join(map(str, jars)), **s3a_conf(server.endpoint)}
+        spark = spark_session(args.master, conf, app_name="bench")
 
         def noop(path: str, **options: str) -> float:
             reader = spark.read.format("replicad").option("s3Endpoint", server.endpoint)
@@ -128,6 +174,7 @@ def main() -> None:
         gets_before = server.requests("GetObject")
         bucket_s = noop(url)
         gets = (server.requests("GetObject") - gets_before) / args.repeat  # per read
+        parquet = parquet_row(spark, server, bucket, data_dir, work, args.repeat) if jars else None
         spark.stop()
     gb = log_bytes / 1024**3
     print(
@@ -147,7 +194,71 @@ def main() -> None:
         f"| Spark `replicad`, `s3://` bucket | {bucket_s:.1f} | {log_bytes / MB / bucket_s:.0f} | "
         f"{gets / gb:.1f} GET |"
     )
+    if parquet is None:
+        print("| `spark.read.parquet`, `s3a://` bucket | not measured: `make s3a-jars` | | |")
+    else:
+        print(
+            f"| `spark.read.parquet`, `s3a://` bucket ({parquet.mb:.0f} MB of parquet, "
+            f"{parquet.files} files) | {parquet.seconds:.1f} | "
+            f"{log_bytes / MB / parquet.seconds:.0f} | "
+            f"{parquet.puts / gb:.1f} PUT, {parquet.gets / gb:.1f} GET, "
+            f"{parquet.others / gb:.1f} HEAD/LIST |"
+        )
     print(f"\nbucket / local: {local_s / bucket_s:.2f}x")
+    if parquet is not None:
+        print(
+            f"replicad from the bucket / parquet from the bucket: {parquet.seconds / bucket_s:.2f}x"
+        )
+    print("MB/s and requests per GB are per MB and GB of the replica's log, for every row.")
+
+
+@dataclass(frozen=True)
+class ParquetRow:
+    seconds: float
+    mb: float
+    files: int
+    puts: int
+    gets: float
+    others: float
+
+
+def parquet_row(
+    spark: Any, server: S3Server, bucket: str, data_dir: Path, work: Path, repeat: int
+) -> ParquetRow:
+    """The same records as parquet in the same bucket, read by S3A (see the module doc)."""
+    local = work / "parquet"
+    shutil.rmtree(local, ignore_errors=True)
+    spark.read.format("replicad").load(str(data_dir)).write.parquet(str(local))
+    files = sorted(p for p in local.glob("*.parquet"))
+    store = ObjectStore(
+        BucketSettings(
+            bucket,
+            endpoint=server.endpoint,
+            region=REGION,
+            access_key_id=ACCESS_KEY,
+            secret_access_key=SECRET_KEY,
+        )
+    )
+    for path in files:
+        store.put_file(f"parquet/{path.name}", path)
+    url = f"s3a://{bucket}/parquet"
+    spark.read.parquet(url).write.format("noop").mode("overwrite").save()  # S3A's classes
+    before = operations(server)
+    best = float("inf")
+    for _ in range(repeat):
+        begin = time.perf_counter()
+        spark.read.parquet(url).write.format("noop").mode("overwrite").save()
+        best = min(best, time.perf_counter() - begin)
+    used = operations(server) - before
+    gets = used.pop("GetObject", 0) / repeat
+    return ParquetRow(
+        seconds=best,
+        mb=sum(p.stat().st_size for p in files) / MB,
+        files=len(files),
+        puts=store.requests["PUT"],
+        gets=gets,
+        others=sum(used.values()) / repeat,
+    )
 
 
 if __name__ == "__main__":
