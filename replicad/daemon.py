@@ -22,7 +22,13 @@ from replicad.control.health import assess
 from replicad.control.loop_watch import LoopWatch
 from replicad.control.notify import SystemdNotifier, watchdog_loop
 from replicad.control.server import ControlServer
-from replicad.control.stalls import StallChange, StallWatch
+from replicad.control.stalls import (
+    StallChange,
+    StallWatch,
+    one_line_each,
+    partition_name,
+    summary_names,
+)
 from replicad.control.status_view import render_status_line
 from replicad.errors import ConfigError, ReplicadError
 from replicad.follower.replicator import Replicator, ReplicatorSettings
@@ -181,7 +187,8 @@ class Daemon:
         """Once per stall, everything needed to debug it: the partition's phase and
         counters, and its leader's last request and response."""
         leaders = {int(leader["node_id"]): leader for leader in snap["leaders"]}
-        for p in change.began:
+        began, began_rest = one_line_each(change.began)
+        for p in began:
             leader = leaders.get(int(p.get("leader", -1)), {})
             log.warning(
                 "partition stalled: lagging, its leader connected, its log not moving",
@@ -205,8 +212,22 @@ class Daemon:
                 last_response_bytes=leader.get("last_response_bytes"),
                 leader_last_error=leader.get("last_error"),
             )
-        for name in change.ended:
+        if began_rest:
+            log.warning(
+                "more partitions stalled in the same check (one line each for the first)",
+                partitions=len(began_rest),
+                tps=summary_names([partition_name(p) for p in began_rest]),
+                stall_after_ms=self.stalls.stall_after_ms,
+            )
+        ended, ended_rest = one_line_each(change.ended)
+        for name in ended:
             log.info("partition moving again after a stall", tp=name)
+        if ended_rest:
+            log.info(
+                "more partitions moving again after a stall (one line each for the first)",
+                partitions=len(ended_rest),
+                tps=summary_names(ended_rest),
+            )
 
     async def _watch_loop(self) -> None:
         """Wakes every LoopWatch.interval_ms; waking late is the loop having been blocked."""

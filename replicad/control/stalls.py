@@ -5,7 +5,10 @@ A partition is stalled when its leader is known and connected, it is fetching (n
 not reconciling a divergence), it lags (the leader's high watermark is above its log end),
 and its log end has not moved for `stall_after_ms`. Each stall is reported once, when it
 begins, with what is needed to debug it; it ends when the partition moves again (or stops
-lagging), and a later stall of the same partition is a new one.
+lagging), and a later stall of the same partition is a new one. At most
+`STALL_LINES_AT_ONCE` stalls that began (or ended) in one check get a line each; one more
+line counts and names the rest (a leader lost at 10,000 partitions stalls them all in one
+check: 10,000 warnings at once, then as many when they move again, buried every other line).
 
 Sans-I/O: `check` reads the status snapshot's partitions and leaders (plain mappings) and
 returns what began and ended; the daemon logs and counts.
@@ -18,10 +21,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_STALL_AFTER_MS = 60_000
+# Stalls logged a line each in one check (see the rules).
+STALL_LINES_AT_ONCE = 10
+# Names listed in the line that counts the rest.
+STALL_NAMES_IN_SUMMARY = 20
 
 
 def partition_name(p: Mapping[str, Any]) -> str:
     return f"{p.get('topic')}-{p.get('partition')}"
+
+
+def one_line_each(items: Sequence[Any]) -> tuple[Sequence[Any], Sequence[Any]]:
+    """(those logged a line each, the rest, counted and named in one line)."""
+    return items[:STALL_LINES_AT_ONCE], items[STALL_LINES_AT_ONCE:]
+
+
+def summary_names(names: Sequence[str]) -> str:
+    """The first STALL_NAMES_IN_SUMMARY names, and how many more."""
+    shown = ", ".join(names[:STALL_NAMES_IN_SUMMARY])
+    more = len(names) - STALL_NAMES_IN_SUMMARY
+    return shown + (f" and {more} more" if more > 0 else "")
 
 
 def connected_leaders(leaders: Sequence[Mapping[str, Any]]) -> dict[int, bool]:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from replicad.control.stalls import StallWatch, is_stalled
+from replicad.control.stalls import (
+    STALL_LINES_AT_ONCE,
+    STALL_NAMES_IN_SUMMARY,
+    StallWatch,
+    is_stalled,
+    one_line_each,
+    summary_names,
+)
 
 AFTER = 5_000
 CONNECTED = {1: True, 2: False}
@@ -144,3 +151,18 @@ def test_a_wedged_partition_is_detected_once_and_the_others_are_not(
     for field in ("last_request_bytes", "last_response_bytes", "high_watermark", f"{topic}-0"):
         assert field in line
     assert "partition moving again after a stall" in log
+
+
+def test_a_check_where_thousands_stall_logs_a_line_each_for_the_first_and_one_for_the_rest() -> (
+    None
+):
+    names = [f"t-{i}" for i in range(10_000)]
+    each, rest = one_line_each(names)
+    assert list(each) == names[:STALL_LINES_AT_ONCE]
+    assert list(rest) == names[STALL_LINES_AT_ONCE:]
+    summary = summary_names(rest)
+    assert summary.startswith(f"t-{STALL_LINES_AT_ONCE}, t-{STALL_LINES_AT_ONCE + 1}, ")
+    assert summary.endswith(f" and {len(rest) - STALL_NAMES_IN_SUMMARY} more")
+    few = ["a-0", "a-1"]
+    assert (list(one_line_each(few)[0]), list(one_line_each(few)[1])) == (few, [])
+    assert summary_names(few) == "a-0, a-1"
