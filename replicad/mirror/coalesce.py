@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from lz4.frame import LZ4FrameDecompressor
+
 from replicad.mirror.restamp import rewrite_records
 from replicad.records.batch import (
     COMPRESSION_CODEC_MASK,
@@ -64,16 +66,21 @@ def run_plain_bytes(coalesce_bytes: int) -> int:
 
 
 def plain_records(
-    header: BatchHeader, batch: memoryview, limit: int, scratch: bytearray
+    header: BatchHeader,
+    batch: memoryview,
+    limit: int,
+    scratch: bytearray,
+    lz4_reader: LZ4FrameDecompressor | None = None,
 ) -> bytes | memoryview | None:
     """The records of stored `batch` decompressed (a view for an uncompressed one), or None
     when they are more than `limit` bytes or do not decompress: then it is produced as
-    stored. `scratch`: at least `limit` + 1 bytes, reused across calls."""
+    stored. `scratch` (at least `limit` + 1 bytes) and `lz4_reader`: reused across calls
+    (codecs.decompress_at_most)."""
     records = batch[RECORD_BATCH_OVERHEAD:]
     codec = Compression(header.attributes & COMPRESSION_CODEC_MASK)
     if codec == Compression.NONE:
         return records if len(records) <= limit else None
-    return decompress_at_most(codec, records, limit, scratch)
+    return decompress_at_most(codec, records, limit, scratch, lz4_reader)
 
 
 def small(size: int, limit: int) -> bool:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import structlog
+from lz4.frame import LZ4FrameDecompressor
 
 from replicad.clock import monotonic_ms as _now_ms
 from replicad.clock import wall_ms as _wall_ms
@@ -1275,6 +1276,7 @@ def read_entries(
     entries: list[LogEntry] = []
     plain_limit = run_plain_bytes(coalesce_bytes)
     scratch: bytearray | None = None
+    lz4_reader = None
     for h in scan.batches:
         if h.base_offset < offset:
             continue
@@ -1295,7 +1297,8 @@ def read_entries(
         ):
             if scratch is None:
                 scratch = bytearray(plain_limit + 1)
-            plain = plain_records(h, body, plain_limit, scratch)
+                lz4_reader = LZ4FrameDecompressor()
+            plain = plain_records(h, body, plain_limit, scratch, lz4_reader)
         entries.append(LogEntry(h, marker, body, plain))
     return entries
 

@@ -109,20 +109,28 @@ def _xerial(mv: memoryview) -> bytes:
 
 
 def decompress_at_most(
-    codec: Compression, data: bytes | bytearray | memoryview, limit: int, scratch: bytearray
+    codec: Compression,
+    data: bytes | bytearray | memoryview,
+    limit: int,
+    scratch: bytearray,
+    lz4_reader: lz4.frame.LZ4FrameDecompressor | None = None,
 ) -> bytes | None:
     """The decompressed bytes of `data` if they are at most `limit` bytes, else None; also
     None for what does not decompress. Never more than `limit` + 1 bytes are written (a
     few hundred bytes of zstd can hold gigabytes of zeros): `scratch`, at least `limit` + 1
-    bytes long, is the one output buffer of the codecs that need one (reused by the
-    caller across calls)."""
+    bytes long, is the one output buffer of the codecs that need one, and `lz4_reader` an
+    LZ4 frame reader (made afresh without one), both reused by the caller across calls
+    (a new LZ4 reader costs about as much as a small frame's decompression)."""
     try:
         if codec == Compression.NONE:
             return bytes(data) if len(data) <= limit else None
         if codec == Compression.LZ4:
-            lz4_reader = lz4.frame.LZ4FrameDecompressor()
-            out = lz4_reader.decompress(data, max_length=limit + 1)
-            return out if lz4_reader.eof and len(out) <= limit else None
+            reader = lz4_reader if lz4_reader is not None else lz4.frame.LZ4FrameDecompressor()
+            try:
+                out = reader.decompress(data, max_length=limit + 1)
+                return out if reader.eof and len(out) <= limit else None
+            finally:
+                reader.reset()
         if codec == Compression.SNAPPY:
             mv = memoryview(data).cast("B")
             if bytes(mv[: len(XERIAL_MAGIC)]) == XERIAL_MAGIC:

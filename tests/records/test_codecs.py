@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import cramjam
+import lz4.frame
 import pytest
 from kafka import codec as kcodec
 
@@ -81,3 +82,9 @@ def test_decompress_at_most_stops_at_its_limit(codec: Compression, encode) -> No
         bomb = encode(bytes(64 << 20))
         assert decompress_at_most(codec, bomb, 64 << 10, bytearray((64 << 10) + 1)) is None
         assert decompress_at_most(codec, b"garbage" * 9, 1 << 10, scratch) is None
+        # One LZ4 reader reused: a refusal or garbage leaves it ready for the next frame.
+        reader = lz4.frame.LZ4FrameDecompressor()
+        for _ in range(2):
+            assert decompress_at_most(codec, packed, len(PAYLOAD) - 1, scratch, reader) is None
+            assert decompress_at_most(codec, b"garbage" * 9, 1 << 10, scratch, reader) is None
+            assert decompress_at_most(codec, packed, len(PAYLOAD), scratch, reader) == PAYLOAD
