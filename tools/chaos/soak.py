@@ -48,6 +48,7 @@ from tools.chaos.load import SteadyLoad, wait_stable
 from tools.chaos.proxy import ChaosProxy
 from tools.chaos.scenarios import fill, new_topic, partitions_of, wait_for
 from tools.peers.kafka import KafkaBroker
+from tools.peers.produce import produce_mixed
 
 MIB_KB = 1024
 # Limits for "flat", between the second quarter's and the last quarter's medians.
@@ -59,7 +60,10 @@ THREAD_GROWTH_LIMIT = 2
 TASKS_KEY = "asyncio_tasks"  # what a status snapshot would call it, if it had it
 CATCH_UP_TIMEOUT_S = 180
 # The tiered topic's segments: small, so that many roll and go to remote storage.
-TIERED_SEGMENT_BYTES = 64 * 1024
+TIERED_SEGMENT_BYTES = 128 * 1024
+# The producers' batches when a tiered topic is on: under its segment size (Kafka refuses a
+# batch larger than a segment, RECORD_LIST_TOO_LARGE; values reach about 32 KiB).
+TIERED_MAX_BATCH_BYTES = TIERED_SEGMENT_BYTES // 4
 
 FAULTS = (
     "cut",
@@ -260,7 +264,16 @@ def soak(
         topics[tiered] = tiered_partitions
     tps = partitions_of(topics)
     local = [tp for tp in tps if tp.topic != tiered]
-    fill(broker, topics, 2000, seed=800 + seed)
+    fill(broker, {topic: partitions}, 2000, seed=800 + seed)
+    if tiered is not None:
+        produce_mixed(
+            broker.bootstrap,
+            tiered,
+            partitions=tiered_partitions,
+            records=2000,
+            seed=801 + seed,
+            max_batch_bytes=TIERED_MAX_BATCH_BYTES,
+        )
     faults: Counter[str] = Counter()
     samples: list[SoakSample] = []
     problems: list[str] = []
@@ -275,7 +288,13 @@ def soak(
         name="soak",
         config={"control": {"stall_after_ms": SOAK_STALL_AFTER_MS}},
     )
-    load = SteadyLoad(broker.bootstrap, topics, records_per_round=300, pause_s=0.5)
+    load = SteadyLoad(
+        broker.bootstrap,
+        topics,
+        records_per_round=300,
+        pause_s=0.5,
+        **({"max_batch_bytes": TIERED_MAX_BATCH_BYTES} if tiered is not None else {}),
+    )
     started = time.monotonic()
     try:
         follower.start()
@@ -356,6 +375,17 @@ def soak(
         verified, differ = against_source(broker.bootstrap, follower.data_dir)
         problems += [f"verify --against-source: {line}" for line in differ]
         notes.append(f"verify --against-source: {verified}")
+        if tiered is not None:
+            from tools.chaos.tiered_cluster import earliest_local
+
+            firsts = earliest_local(broker.bootstrap, [tp for tp in tps if tp.topic == tiered])
+            notes.append(
+                "tiered: first local offsets "
+                f"{sorted(firsts.values())} (below them the source had the records in remote "
+                "storage only)"
+            )
+            if min(firsts.values()) <= 0:
+                problems.append(f"tiered: a partition never went to remote storage: {firsts}")
         return _result(
             started, faults, samples, problems, notes, follower, report, stalls, max_block
         )
