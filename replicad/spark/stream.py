@@ -75,8 +75,9 @@ from replicad.spark.catalog import (
     log_start_offsets,
     opener_for,
 )
+from replicad.spark.files import FileOpener
 from replicad.spark.options import EARLIEST, LATEST, Isolation, StreamOptions
-from replicad.spark.plan import PartitionFiles, Split
+from replicad.spark.plan import PartitionFiles, Split, pack
 from replicad.spark.stable import last_stable_offset
 from replicad.types import TopicPartition
 
@@ -87,12 +88,17 @@ class DataLossError(LogError):
     """Offsets the stream has not read are gone (failOnDataLoss=true)."""
 
 
-class StreamSplit(InputPartition):
-    """A split of a micro-batch (pickled to the executor that reads it)."""
+# A micro-batch's splits are read together, one task for up to this many bytes (plan.pack
+# says why): a micro-batch of a few hundred records is one task, not one per partition.
+PACK_BYTES = 16 * 1024 * 1024
 
-    def __init__(self, split: Split) -> None:
-        super().__init__(split)
-        self.split = split
+
+class StreamSplit(InputPartition):
+    """Splits of a micro-batch read by one task (pickled to the executor that reads them)."""
+
+    def __init__(self, splits: tuple[Split, ...]) -> None:
+        super().__init__(splits)
+        self.splits = splits
 
 
 def high_watermarks(data_dir: str) -> dict[TopicPartition, int]:
@@ -257,7 +263,7 @@ class ReplicadStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         starts, ends = from_json(start), from_json(end)
         look = self.look(stable=False) if ends else Look({}, {})
-        splits: list[InputPartition] = []
+        splits: list[Split] = []
         for tp, stop in ends.items():
             files = look.files.get(tp)
             available = look.available.get(tp)
@@ -266,15 +272,18 @@ class ReplicadStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self.lost(loss)
             if files is None or stop <= begin:
                 continue
-            splits += [StreamSplit(split) for split in self.planner.splits(files, begin, stop)]
-        return splits
+            splits += self.planner.splits(files, begin, stop)
+        return [StreamSplit(group) for group in pack(splits, PACK_BYTES)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, StreamSplit)
+        opener = opener_for(self.read_options)
+        for split in partition.splits:
+            yield from self._read_split(split, opener)
+
+    def _read_split(self, split: Split, opener: FileOpener) -> Iterator[pa.RecordBatch]:
         from replicad.spark.reader import read_records  # on the executors only (source.py)
 
-        split = partition.split
-        opener = opener_for(self.read_options)
         try:
             for batch in read_records(split, self.read_options, opener):
                 if not self.read_options.include_headers:

@@ -17,6 +17,7 @@ from replicad.spark.plan import (
     SegmentFile,
     Split,
     cut_points,
+    pack,
     plan_partition,
     segments_in_range,
     usable_offset_index,
@@ -176,3 +177,18 @@ def test_cut_points_stay_inside_the_range():
     assert cut_points(None, 0, 100_000, 10) == []
     cuts = cut_points(index, 2000, 20_000, 5000)
     assert cuts == [7000, 12000, 17000]
+
+
+def test_small_splits_are_packed_in_order_and_a_large_one_stays_alone():
+    log_end = LogEnd(0, 0)
+
+    def split(partition: int, size: int) -> Split:
+        return Split("t", partition, "/d", 0, 0, size, 0, None, log_end)
+
+    splits = [split(0, 30), split(1, 30), split(2, 50), split(3, 200), split(4, 10)]
+    groups = pack(splits, 100)
+    assert [[s.partition for s in g] for g in groups] == [[0, 1], [2], [3], [4]]
+    assert [s for g in groups for s in g] == splits  # nothing lost, nothing reordered
+    assert all(sum(s.size for s in g) <= 100 or len(g) == 1 for g in groups)
+    assert pack([], 100) == []
+    assert len(pack(splits, 1 << 30)) == 1

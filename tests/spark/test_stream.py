@@ -199,7 +199,7 @@ def test_retention_past_the_stream_fails_it_or_is_skipped(
         splits = reader.partitions({topic: {"0": 20}}, {topic: {"0": 320}})
     assert reader.lost_offsets == log_start - 20
     assert any(line in message for message in caplog.messages)
-    assert min(s.split.start_offset for s in splits) == log_start
+    assert min(split.start_offset for s in splits for split in s.splits) == log_start
 
 
 def test_read_committed_stops_before_an_open_transaction(
