@@ -34,6 +34,8 @@ def test_latency_is_held_minus_arrival_or_minus_the_records_timestamp():
     assert sorted(sink.latencies_from(None)) == [1_500, 2_000, 2_000]
     # A row whose arrival was not seen is left out, not guessed.
     assert sorted(sink.latencies_from({(0, 0): 4_000, (1, 0): 5_900})) == [100, 1_000]
+    sink.clear()  # the warm-up's rows are not measured
+    assert sink.count() == 0 and sink.latencies_from(None) == []
 
 
 def test_the_table_gives_percentiles_and_says_when_a_sink_got_nothing():
