@@ -59,6 +59,10 @@ FOUND_BY_LONG_RUNS = {
     "again by its old topic id, which the leader resolved to no name: the leader's session "
     "held the partition twice and answered one more than asked, past the follower's "
     "response budget (replicad/session/cache.py)",
+    (78948, ()): "the simulated leader read a session's partition cached before its topic "
+    "was re-created by name, and answered the new topic's records for the old topic id "
+    "(Kafka answers INCONSISTENT_TOPIC_ID), past the follower's response budget (a gap of "
+    "tools/sim/cluster.py, not of the follower)",
 }
 
 

@@ -540,6 +540,16 @@ class SimCluster:
                 if version >= FETCH_TOPIC_ID_VERSION
                 else ErrorCode.unknown_topic_or_partition
             )
+        if (
+            version >= FETCH_TOPIC_ID_VERSION
+            and fetch.topic_id is not None
+            and fetch.topic_id != self.topics.get(tp.topic)
+        ):
+            # A session's partition cached under its name before the topic was re-created:
+            # Kafka reads the partition the cached id names and answers INCONSISTENT_TOPIC_ID
+            # when the log's id differs -- never the new topic's data for the old id (seed
+            # 78948: the new topic's records came back, past the follower's budget).
+            return answer(ErrorCode.inconsistent_topic_id)
         # Below v9 the request carries no current leader epoch: nothing to fence with.
         current_epoch = fetch.current_leader_epoch if version >= CURRENT_EPOCH_VERSION else -1
         error = self._leader_error(node, tp, current_epoch)
