@@ -298,7 +298,7 @@ class FetchHandling:
             self.limits,
             self._transactions,
             now_ms=now_ms,
-            refuse=_unknown_topic_id,
+            refuse=lambda tp, fetch: _topic_id_error(self._catalog, tp, fetch, now_ms),
         )
         answers = {a.partition: a for a in answer_list}
         readable = sum(a.records_size for a in answer_list)
@@ -375,9 +375,21 @@ def _refusal(fetch: PartitionFetch) -> int:
     return ErrorCode.not_leader_or_follower
 
 
-def _unknown_topic_id(tp: TopicPartition, fetch: PartitionFetch) -> int:
-    if fetch.topic_id is not None and tp.topic == unresolved_topic_name(fetch.topic_id):
+def _topic_id_error(
+    catalog: Catalog, tp: TopicPartition, fetch: PartitionFetch, now_ms: int
+) -> int:
+    """A v13+ partition's topic id against the replica's: unknown, or another incarnation
+    of the topic of that name. A session's partition cached under its name before the
+    topic was re-created is read by name: Kafka answers INCONSISTENT_TOPIC_ID where the
+    log's id differs from the one the fetch names, never the new topic's records for the
+    old id (found by tools/sim in its leader model, seed 78948; serve did the same)."""
+    if fetch.topic_id is None:
+        return ErrorCode.none
+    if tp.topic == unresolved_topic_name(fetch.topic_id):
         return ErrorCode.unknown_topic_id
+    current = catalog.topic_id(tp.topic, now_ms=now_ms)
+    if current is not None and current != fetch.topic_id:
+        return ErrorCode.inconsistent_topic_id
     return ErrorCode.none
 
 

@@ -230,6 +230,33 @@ def test_an_unknown_topic_id_is_answered_unknown_topic_id(served) -> None:
     assert outcome.topic_ids[answer.partition] == stranger
 
 
+def test_a_session_partition_of_a_re_created_topic_is_inconsistent_not_the_new_data(
+    served, logs, fill
+) -> None:
+    """A v13 session caches t-0 and t-1 by name with the topic's id; the replica's topic is
+    then re-created (the follower copies the source's new incarnation). Read by name, the
+    cached partitions would answer the new topic's records for the old id: Kafka answers
+    INCONSISTENT_TOPIC_ID, and so does serve (tools/sim found this in its leader model)."""
+    catalog, cache = served
+    first = handle(served, view(13, epoch=0))
+    outcome = first.finish(first.read(now_ms=0), now_ms=0)
+    assert outcome.session_id != 0
+    renewed = uuid.UUID(int=7)
+    for tp in (T0, T1):
+        logs.remove(tp)
+        catalog.note_changed(tp)  # as the log layer says each removal and creation
+        fill(logs, tp, [producer_batch(0, [b"new" * 30])], topic_id=renewed)
+        catalog.note_changed(tp)
+        cache.partition_changed(tp)
+    again = handle(served, view(13, session_id=outcome.session_id, epoch=1, partitions={}))
+    later = again.finish(again.read(now_ms=5_000), now_ms=5_000)
+    assert {a.partition: a.error_code for a in later.answers} == {
+        T0: ErrorCode.inconsistent_topic_id,
+        T1: ErrorCode.inconsistent_topic_id,
+    }
+    assert all(a.records_size == 0 for a in later.answers)
+
+
 # -- when an answer is due ------------------------------------------------------------------
 
 
