@@ -66,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
         auto_offset_reset="earliest",
         fetch_max_wait_ms=100,
         max_poll_records=5,
+        # kafka-python asks for metadata again only at its 5-minute age: a member whose
+        # first answer did not list the topic yet takes an empty assignment until then
+        # (a member of the hog run's failed rebalance test reported [] twice; 40ad403 made
+        # the same change for the mirror's group members).
+        metadata_max_age_ms=2_000,
         session_timeout_ms=args.session_timeout_ms,
         heartbeat_interval_ms=max(100, args.session_timeout_ms // 10),
     )
