@@ -65,7 +65,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from kio.schema.errors import ErrorCode
@@ -89,6 +89,8 @@ from replicad.ratelimit import RateLimitedLog
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from replicad.wire import EARLIEST_TIMESTAMP
+
+T = TypeVar("T")
 
 log = structlog.get_logger("replicad.leader")
 
@@ -181,6 +183,18 @@ class RemoteFetch:
             self._give_back(taken)  # no server to give it back after the send
         else:
             box[0] += taken
+
+    async def _bucket_read(self, read: Callable[[], T], now_ms: int, failed_event: str) -> T | None:
+        """`read` on a bucket thread; a failure is counted, said at a limited rate and None
+        (the caller answers from the local log alone)."""
+        try:
+            found: T = await self._on_thread(read)
+        except _READ_ERRORS as error:
+            self._failed(now_ms, error)
+            self._warn(failed_event, now_ms, error=str(error))
+            return None
+        self._succeeded(now_ms)
+        return found
 
     def _failed(self, now_ms: int, error: BaseException) -> None:
         self.counters["remote_fetch_errors_total"] += 1
@@ -434,17 +448,11 @@ class RemoteFetch:
                 found[key] = (manifest, hit)
             return found
 
-        try:
-            archived = await self._on_thread(read)
-        except _READ_ERRORS as error:
-            self._failed(now_ms, error)
-            self._warn(
-                "reading the bucket failed: ListOffsets answers the local log",
-                now_ms,
-                error=str(error),
-            )
+        archived = await self._bucket_read(
+            read, now_ms, "reading the bucket failed: ListOffsets answers the local log"
+        )
+        if archived is None:
             return response
-        self._succeeded(now_ms)
         topics = []
         for t in response.topics:
             partitions = []
@@ -498,17 +506,13 @@ class RemoteFetch:
                 ends[key] = (end.epoch, end.end_offset)
             return ends
 
-        try:
-            ends = await self._on_thread(read)
-        except _READ_ERRORS as error:
-            self._failed(now_ms, error)
-            self._warn(
-                "reading the bucket failed: OffsetForLeaderEpoch answers the local history",
-                now_ms,
-                error=str(error),
-            )
+        ends = await self._bucket_read(
+            read,
+            now_ms,
+            "reading the bucket failed: OffsetForLeaderEpoch answers the local history",
+        )
+        if ends is None:
             return response
-        self._succeeded(now_ms)
         topics = []
         for t in response.topics:
             partitions = []
