@@ -79,9 +79,10 @@ def test_targets_compare_with_the_fastest_consumer_at_its_best_run():
     found = {t.figure.split(" (")[0]: t for t in targets(summarize(runs), STORED, (112.0, 96.0))}
     vs = found["replicad records/s vs the fastest consumer"]
     assert "kcat (tuned)" in next(t.figure for t in found.values() if t is vs)
-    # Median of kcat 2.5 s -> 2.5x; its best run (2.0 s) -> 2.0x, which decides.
+    # Median of kcat 2.5 s -> 2.5x; its best run (2.0 s) -> 2.0x, which decides: below
+    # issue 32's 2.5x.
     assert vs.measured.startswith("2.50x") and "2.00x" in vs.measured
-    assert vs.met
+    assert not vs.met
     assert (
         found["replicad vs the plain Python socket->file copy of the same bytes"].measured == "50%"
     )

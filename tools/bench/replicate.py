@@ -70,8 +70,8 @@ CEILING = "Python socket->file copy"
 # What --only names.
 CHOICES = ("replicad", "serve", "ceiling", *dict.fromkeys(s.client for s in consumers.SETUPS))
 
-# Issue 16's targets.
-TARGET_VS_CONSUMER = 2.0
+# Issue 16's targets, the first raised by issue 32 (>= 2.5x at >= 2 GiB; issue 16 asked 2x).
+TARGET_VS_CONSUMER = 2.5
 TARGET_OF_CEILING = 0.70
 TARGET_SERVE_VS_KAFKA = 1.2
 # Issue 32's (issue 16 asked for 2).
