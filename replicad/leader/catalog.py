@@ -11,14 +11,15 @@ Rules:
   their siblings have. Partitions of one topic that disagree keep their files; the id of the
   lowest-numbered partition is served and the disagreement is logged.
 - The view is refreshed from the LogManager when `note_changed` names a partition it does
-  not know or whose directory is gone, or when a lookup misses and the last refresh is older
-  than `miss_refresh_ms` (a partition the follower just created). Lookups are O(1).
+  not know or whose log is no longer the LogManager's (removed, or removed and created
+  again under the same directory name before the change was noted), or when a lookup misses
+  and the last refresh is older than `miss_refresh_ms` (a partition the follower just
+  created). Lookups are O(1).
 """
 
 from __future__ import annotations
 
 import base64
-import os
 import random
 import uuid
 from collections.abc import Mapping
@@ -123,8 +124,10 @@ class Catalog:
 
     def note_changed(self, tp: TopicPartition) -> None:
         """A partition was appended to, truncated, created or removed."""
+        # Identity, not the directory's existence: a partition removed and created again
+        # before this call has a directory, but the log held here is closed.
         known = self._partitions.get(tp)
-        if known is None or not os.path.isdir(known.directory):
+        if known is None or known is not self._logs.get(tp):
             self._stale = True
 
     def _maybe_refresh(self, now_ms: int) -> None:

@@ -204,6 +204,10 @@ class LogManager:
     def partitions(self) -> Mapping[TopicPartition, PartitionLog]:
         return dict(self._partitions)
 
+    def get(self, tp: TopicPartition) -> PartitionLog | None:
+        """The partition's open log, or None; O(1), no copy."""
+        return self._partitions.get(tp)
+
     def get_or_create(
         self, tp: TopicPartition, *, topic_id: uuid.UUID | None = None
     ) -> PartitionLog:

@@ -115,3 +115,19 @@ def test_a_removed_partition_disappears_after_the_change_is_noted(logs, fill) ->
     entry = catalog.topic("t", now_ms=0)
     assert entry is not None and sorted(entry.partitions) == [0]
     assert not (logs.data_dir / "t-1").exists()
+
+
+def test_a_partition_removed_and_created_again_before_the_change_is_noted_is_the_new_log(
+    logs, fill
+) -> None:
+    fill(logs, T0, [producer_batch(0, [b"old"])])
+    catalog = Catalog(logs, rng=random.Random(0))
+    old = catalog.partition(T0, now_ms=0)
+    assert old is not None
+    logs.remove(T0)
+    fill(logs, T0, [producer_batch(0, [b"new"]), producer_batch(1, [b"newer"])])
+    # One change noted after both: the directory exists again, the held log is closed.
+    catalog.note_changed(T0)
+    now = catalog.partition(T0, now_ms=0)
+    assert now is logs.partitions()[T0] and now is not old
+    assert now.log_end_offset == 2
