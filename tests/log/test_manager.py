@@ -437,7 +437,8 @@ def _run_child(phase: str, work: Path) -> dict[str, int]:
         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
         capture_output=True,
         text=True,
-        timeout=120,
+        # A hang's deadline: a phase takes about 10 s quiet, and 120 s was passed at load 51.
+        timeout=900,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
