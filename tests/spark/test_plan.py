@@ -16,6 +16,7 @@ from replicad.spark.plan import (
     PartitionFiles,
     SegmentFile,
     Split,
+    _unzeroed_length,
     cut_points,
     pack,
     plan_partition,
@@ -84,6 +85,58 @@ def test_time_index_prefix_drops_zeros_and_steps_back():
     assert index.last_entry().timestamp == 1_700_000_000_500
     stale = entries + struct.pack(">qi", 1_600_000_000_000, 9)
     assert usable_time_index(0, stale).entries == 2
+
+
+def _reference_offset_prefix(data: bytes, segment_size: int) -> int:
+    """The rule entry by entry, as it was written before numpy checked it all at once."""
+    kept, last_rel, last_pos = 0, -1, -1
+    data = data[: len(data.rstrip(b"\0")) + (-len(data.rstrip(b"\0")) % 8)]
+    for rel, pos in struct.iter_unpack(">ii", data[: len(data) - len(data) % 8]):
+        if rel <= last_rel or pos <= last_pos or rel < 0 or pos >= segment_size:
+            break
+        last_rel, last_pos, kept = rel, pos, kept + 1
+    return kept
+
+
+def _reference_time_prefix(data: bytes) -> int:
+    kept, last_ts, last_rel = 0, -1, -1
+    data = data[: len(data.rstrip(b"\0")) + (-len(data.rstrip(b"\0")) % 12)]
+    for ts, rel in struct.iter_unpack(">qi", data[: len(data) - len(data) % 12]):
+        if ts <= last_ts or rel < last_rel or rel < 0:
+            break
+        last_ts, last_rel, kept = ts, rel, kept + 1
+    return kept
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_index_prefixes_checked_at_once_keep_what_the_entry_by_entry_rule_keeps(seed):
+    rng = random.Random(seed)
+    n = rng.randrange(0, 60)
+    rels = sorted(rng.sample(range(1, 10_000), n))
+    positions = sorted(rng.sample(range(0, 50_000), n))
+    stamps = sorted(rng.sample(range(1_700_000_000_000, 1_700_000_100_000), n))
+    for _ in range(rng.randrange(0, 3)):  # a step back, a negative, a stray zero entry
+        if n:
+            i = rng.randrange(n)
+            rels[i], positions[i], stamps[i] = rng.choice(
+                [(rels[i] - 20, positions[i], -1), (-5, -1, stamps[i] - 10), (0, 0, 0)]
+            )
+    offsets = b"".join(struct.pack(">ii", r, p) for r, p in zip(rels, positions, strict=True))
+    times = b"".join(struct.pack(">qi", t, r) for t, r in zip(stamps, rels, strict=True))
+    tail = b"\0" * rng.choice([0, 3, 8, 800])  # preallocated, or a torn last entry
+    size = rng.choice([50_000, positions[n // 2] if n else 10])
+    assert usable_offset_index(0, offsets + tail, size).entries == _reference_offset_prefix(
+        offsets + tail, size
+    )
+    assert usable_time_index(0, times + tail).entries == _reference_time_prefix(times + tail)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_zero_tail_is_found_as_rstrip_finds_it(seed):
+    rng = random.Random(seed)
+    body = bytes(rng.choice([0, 0, 1, 255]) for _ in range(rng.randrange(0, 40)))
+    data = body + b"\0" * rng.randrange(0, 30) + bytes(rng.choice([[], [0], [7]]))
+    assert _unzeroed_length(data) == len(data.rstrip(b"\0"))
 
 
 def test_segments_are_pruned_by_their_names():
