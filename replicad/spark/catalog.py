@@ -30,7 +30,7 @@ from replicad.archive.manifest import (
 from replicad.archive.store import is_bucket_url, parse_bucket_url
 from replicad.errors import LogError
 from replicad.log.checkpoint import parse_offsets
-from replicad.log.index import OffsetIndex, TimeIndex
+from replicad.log.index import OFFSET_ENTRY_SIZE, TIME_ENTRY_SIZE, OffsetIndex, TimeIndex
 from replicad.log.layout import (
     INDEX_SUFFIX,
     LOG_START_OFFSET_CHECKPOINT,
@@ -47,6 +47,7 @@ from replicad.spark.plan import (
     SegmentFile,
     Split,
     byte_range,
+    holds_end_of_index,
     join,
     offset_after_position,
     plan_partition,
@@ -55,6 +56,9 @@ from replicad.spark.plan import (
 )
 from replicad.spark.walk import Walk
 from replicad.types import TopicPartition
+
+# Pieces an index file is read in: whole entries of both kinds (8 and 12 bytes).
+INDEX_PIECE_BYTES = 24 * 4096
 
 
 def list_partitions(options: ReadOptions) -> list[PartitionFiles]:
@@ -222,13 +226,36 @@ class Planner:
 
     def offset_index(self, files: PartitionFiles, segment: SegmentFile) -> OffsetIndex:
         path = join(files.directory, segment_file_name(segment.base_offset, INDEX_SUFFIX))
-        data = self._opener.read_all(path, Purpose.INDEX) or b""
+        data = self._index_bytes(path, OFFSET_ENTRY_SIZE)
         return usable_offset_index(segment.base_offset, data, segment.size)
 
     def time_index(self, files: PartitionFiles, segment: SegmentFile) -> TimeIndex:
         path = join(files.directory, segment_file_name(segment.base_offset, TIME_INDEX_SUFFIX))
-        data = self._opener.read_all(path, Purpose.INDEX) or b""
+        data = self._index_bytes(path, TIME_ENTRY_SIZE)
         return usable_time_index(segment.base_offset, data)
+
+    def _index_bytes(self, path: str, entry_size: int) -> bytes:
+        """An index file as far as its sane prefix can go (plan.py's rules): a local file in
+        pieces up to its first all-zero entry past the first; a bucket's whole (its
+        segments are closed, their indexes trimmed)."""
+        if is_bucket_url(path):
+            return self._opener.read_all(path, Purpose.INDEX) or b""
+        pieces: list[bytes] = []
+        at = 0
+        try:
+            with self._opener.open(path, Purpose.INDEX) as file:
+                size = file.size
+                while at < size:
+                    piece = file.pread(min(INDEX_PIECE_BYTES, size - at), at)
+                    if not piece:
+                        break
+                    pieces.append(piece)
+                    if holds_end_of_index(piece, at, entry_size):
+                        break
+                    at += len(piece)
+        except FileNotFoundError:
+            return b""
+        return b"".join(pieces)
 
     def offset_for_timestamp(
         self, files: PartitionFiles, timestamp: int, starting_offset: int = 0

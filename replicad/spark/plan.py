@@ -14,7 +14,9 @@ Rules:
   boundary, since index entries only point at batch starts.
 - An index is used only as far as it is sane: trailing zero entries (an active segment's
   preallocated file), entries past the segment's size, or entries that stop increasing
-  end it. A shorter index only means coarser splits, never wrong ones.
+  end it. A shorter index only means coarser splits, never wrong ones. So an index is read
+  in pieces, up to the first all-zero entry past its first (`holds_end_of_index`), not
+  the whole of an active segment's preallocated 10 MiB for every micro-batch.
 - Each split carries the partition's log end at planning (last segment and its size): the
   read never goes past it, however much a running replicad appends meanwhile.
 - Small splits are packed (`pack`), in order, into groups of up to `pack_bytes`, each
@@ -137,6 +139,18 @@ def usable_time_index(base_offset: int, data: bytes) -> TimeIndex:
     bad[1:] |= (ts[1:] <= ts[:-1]) | (rel[1:] < rel[:-1])
     size = _first_bad(bad) * TIME_ENTRY_SIZE
     return TimeIndex(base_offset, max(size, TIME_ENTRY_SIZE), data[:size])
+
+
+def holds_end_of_index(piece: bytes, at: int, entry_size: int) -> bool:
+    """Whether `piece`, read at byte `at` (a multiple of `entry_size`) of an index file,
+    holds an all-zero entry other than the file's first: the sane prefix ends before it
+    (an entry that does not increase), so nothing after it need be read."""
+    whole = len(piece) - len(piece) % entry_size
+    rows = np.frombuffer(piece, dtype=np.uint8, count=whole).reshape(-1, entry_size)
+    zero = ~rows.any(axis=1)
+    if at == 0 and len(zero):
+        zero[0] = False
+    return bool(zero.any())
 
 
 def _unzeroed_length(data: bytes) -> int:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import random
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ from replicad.log.checkpoint import format_offsets
 from replicad.log.layout import LOG_START_OFFSET_CHECKPOINT
 from replicad.records.batch import scan_batches
 from replicad.records.records import decode_batch
-from replicad.spark.catalog import Planner, list_partitions, log_start_offsets
+from replicad.spark.catalog import INDEX_PIECE_BYTES, Planner, list_partitions, log_start_offsets
 from replicad.spark.files import FileOpener, Purpose, read_trace
 from replicad.spark.options import parse_options
 from replicad.types import TopicPartition
@@ -149,3 +151,47 @@ def test_offset_bounds_open_only_the_index_of_bound_segments(events, tmp_path):
     assert sorted(Path(t.path).name for t in opened) == sorted(
         f"{b:020d}.index" for b in (bases[1], bases[3])
     )
+
+
+class CountingOpener(FileOpener):
+    """Counts the bytes read through it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        object.__setattr__(self, "counted", [0])
+
+    @contextmanager
+    def open(self, path: str, purpose: Purpose):
+        with super().open(path, purpose) as file:
+            yield Counted(file, self.counted)  # type: ignore[attr-defined]
+
+
+class Counted:
+    def __init__(self, file, counted: list[int]) -> None:
+        self.file, self.counted = file, counted
+
+    def pread(self, size: int, position: int) -> bytes:
+        data = self.file.pread(size, position)
+        self.counted[0] += len(data)
+        return data
+
+    @property
+    def size(self) -> int:
+        return self.file.size
+
+
+def test_an_active_segments_preallocated_index_is_read_only_as_far_as_its_entries(tmp_path, events):
+    options = parse_options({"path": str(events)})
+    files = list_partitions(options)[0]
+    segment = files.segments[-1]
+    whole = Planner(options).offset_index(files, segment)
+    timed = Planner(options).time_index(files, segment)
+    assert whole.entries > 1
+    # As a running replicad leaves it: preallocated (sparse), zeros past the entries.
+    for index in Path(files.directory).glob(f"{segment.base_offset:020d}.*index"):
+        os.truncate(index, 10 * 1024 * 1024)
+    opener = CountingOpener()
+    planner = Planner(options, opener=opener)
+    assert planner.offset_index(files, segment).entries == whole.entries
+    assert planner.time_index(files, segment).entries == timed.entries
+    assert 0 < opener.counted[0] <= 2 * INDEX_PIECE_BYTES  # not 2 x 10 MiB
