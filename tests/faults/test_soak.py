@@ -1,22 +1,52 @@
-"""The soak of docs/reliability.md, CI-sized: 40 seconds of steady production and random
-proxy faults against one replicad process; its memory, descriptors and threads stay flat,
-and the replica ends byte-identical to the source. The long run: python -m tools.chaos.soak.
+"""The soak of docs/reliability.md, CI-sized: 30 seconds of steady production, random proxy
+faults and a full disk against one replicad process; its memory, descriptors and threads
+stay flat, and the replica ends byte-identical to the source (the broker's files and
+`verify --against-source`). The long runs (a 3-node cluster, Tansu, leader kills, rolling
+restarts, session evictions, 1,000 partitions and more): python -m tools.chaos.soak.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from tools.chaos.soak import FdCounts, SoakSample, soak, trends
+from tools.chaos.follower import DaemonCounters
+from tools.chaos.soak import (
+    ALL_FAULTS,
+    DISK_FULL,
+    NETWORK_FAULTS,
+    SOURCE_FAULTS,
+    TABLE_HEAD,
+    FdCounts,
+    SoakResult,
+    SoakSample,
+    _fault_list,
+    _topics,
+    soak,
+    trends,
+)
+from tools.chaos.soak_sources import SESSION_EVICTIONS, TansuSource
 
-# Long enough for a dozen faults and 40 samples a second apart; the 30-minute run at 1,000
-# and 10,000 partitions is the tool's.
-SOAK_S = 40
+# Long enough for half a dozen faults and 30 samples a second apart; the 30-minute runs at
+# 1,000 and 10,000 partitions are the tool's. Seed 5 picks a flipped batch, then the full
+# disk (held 8 s), then network faults.
+SOAK_S = 30
+SEED = 5
+DISK_FULL_S = 8
 
 
 @pytest.mark.slow
 def test_short_seeded_soak(kafka_broker, tmp_path) -> None:
-    result = soak(kafka_broker, tmp_path, duration_s=SOAK_S, seed=1, sample_every_s=1.0)
+    result = soak(
+        kafka_broker,
+        tmp_path,
+        duration_s=SOAK_S,
+        seed=SEED,
+        sample_every_s=1.0,
+        faults=(*NETWORK_FAULTS, DISK_FULL),
+        disk_full_s=DISK_FULL_S,
+    )
     print(result.summary())
     assert result.ok, result.summary()
     # Faults and samples come at a pace a busy machine slows down: the test asks that there
@@ -25,8 +55,14 @@ def test_short_seeded_soak(kafka_broker, tmp_path) -> None:
     assert result.records_checked > 0 and (result.lost, result.duplicated) == (0, 0)
     # The daemon's own stall detector saw no stall, and its loop watchdog answered.
     assert result.stalls == 0 and result.max_loop_block_ms is not None, result.summary()
+    assert result.verify_clean and result.end_lag is not None, result.summary()
     judged = {t.name for t in result.trends if t.limit is not None}
     assert {"anon_kb", "threads", "sockets", "other_fds"} <= judged
+    if os.geteuid() == 0:
+        # The seed's second fault; the soak itself fails when no partition paused for it.
+        assert result.faults.get(DISK_FULL) == 1, result.summary()
+    else:
+        assert result.skipped.get(DISK_FULL) == 1, result.summary()
 
 
 def _sample(i: int, anon: int, sockets: int = 3) -> SoakSample:
@@ -53,3 +89,47 @@ def test_warm_up_growth_is_forgiven_and_noise_is_flat() -> None:
     steady = [_sample(10 + i, 70_000 + (i % 3) * 500, sockets=3 + i % 2) for i in range(30)]
     assert all(t.flat for t in trends(warm + steady))
     assert "tasks" not in {t.name for t in trends(warm + steady)}  # missing, not guessed
+
+
+def test_faults_are_named_by_group_or_name() -> None:
+    assert _fault_list("all") == ALL_FAULTS
+    assert _fault_list("network,disk-full,cut") == (*NETWORK_FAULTS, DISK_FULL)
+    assert _fault_list("source") == SOURCE_FAULTS
+    with pytest.raises(Exception, match="no fault 'fire'"):
+        _fault_list("cut,fire")
+
+
+def test_ten_thousand_partitions_go_into_topics_the_controller_accepts() -> None:
+    topics = _topics("t", 10_000)
+    assert sorted(topics.values()) == [5_000, 5_000] and len(set(topics)) == 2
+    assert list(_topics("t", 3).values()) == [3]
+
+
+def test_a_tansu_source_says_why_it_cannot_restart_or_evict() -> None:
+    tansu = TansuSource(broker=None)  # type: ignore[arg-type]
+    assert "memory storage" in (tansu.cannot("leader-sigkill") or "")
+    assert "memory storage" in (tansu.cannot("rolling-restart") or "")
+    assert "no fetch sessions" in (tansu.cannot(SESSION_EVICTIONS) or "")
+    assert tansu.cannot("cut") is None and tansu.cannot(DISK_FULL) is None
+
+
+def test_the_table_row_has_a_cell_per_column() -> None:
+    samples = tuple(_sample(i, 50_000) for i in range(12))
+    result = SoakResult(
+        duration_s=1800,
+        faults={"cut": 3, "leader-sigkill": 2},
+        samples=samples,
+        trends=trends(list(samples)),
+        records_checked=10,
+        lost=0,
+        duplicated=0,
+        counters=DaemonCounters(),
+        problems=(),
+        source="tansu",
+        partitions=1000,
+        skipped={"rolling-restart": 1},
+        verify_clean=True,
+    )
+    columns = TABLE_HEAD.splitlines()[0].count("|")
+    assert result.markdown_row().count("|") == columns
+    assert "1,000" in result.markdown_row() and "rolling-restart 1" in result.markdown_row()

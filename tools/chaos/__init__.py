@@ -11,6 +11,8 @@
   (a privileged session evictor, competing kafka-python consumers).
 - `disk`: a small tmpfs that fills up; a slow disk (LD_PRELOAD shim, slowdisk.c).
 - `scenarios`: the fault scenarios and their results (`SCENARIOS`, sizes CI and FULL).
+- `soak`: the long soak, faults by seed against one source; `soak_sources`: its sources
+  (a Kafka broker, a three-node Kafka cluster, Tansu) and the faults each can have.
 - `isolate`, `mutate`, `fuzz_targets`, `strategies`: fuzzing every decoder, each input in
   a forked child so a native abort is a finding.
 """

@@ -18,7 +18,9 @@ Rules:
   is forwarded untouched and counted (`unmatched`).
 - Metadata responses are rewritten so the broker is advertised at the proxy's own
   address: clients learn broker addresses from Metadata, and a proxy in front of the
-  bootstrap port alone would be bypassed after the first request.
+  bootstrap port alone would be bypassed after the first request. In front of a cluster
+  (one proxy per node), `advertise` gives every node's address and its proxy's, so a
+  Metadata answer from any node sends the client to every node through its proxy.
 - Faults apply to responses (broker -> client), except `stall`, which holds both
   directions. Each fault is counted when it is delivered (`ProxyStats`), so a test can
   compare what was injected with what the client says it saw.
@@ -36,7 +38,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -158,8 +160,12 @@ class ChaosProxy(Service):
         seed: int = 0,
         rewrite_metadata: bool = True,
         port: int = 0,
+        advertise: Callable[[], Mapping[Address, Address]] | None = None,
     ) -> None:
+        """`advertise`: {broker address: where to send clients instead} for every broker a
+        Metadata answer names (default: this proxy's upstream, at this proxy)."""
         self._upstream = upstream if callable(upstream) else (lambda: upstream)
+        self._advertise = advertise
         self._rng = random.Random(seed)
         self._rewrite = rewrite_metadata
         self._requested_port = port
@@ -532,9 +538,12 @@ class ChaosProxy(Service):
         return flip_in_batch(body, self._rng.choice(spans), self._rng).body
 
     def _rewrite_metadata(self, head: RequestHead, body: bytes) -> bytes:
-        upstream = self._upstream()
+        if self._advertise is not None:
+            addresses = dict(self._advertise())
+        else:
+            addresses = {self._upstream(): (LOOPBACK, self.port)}
         try:
-            result = rewrite_metadata(body, head.api_version, {upstream: (LOOPBACK, self.port)})
+            result = rewrite_metadata(body, head.api_version, addresses)
         except FrameError:
             return body
         if result.brokers_rewritten:

@@ -1,0 +1,360 @@
+"""The soak's sources: the peer the long soak replicates from, and the faults it can suffer.
+
+- `kafka`: one Apache Kafka broker (KRaft, combined node). A leader SIGKILL is the broker
+  killed and started again; a rolling restart is its controlled restart (one node is the
+  whole roll). The producers pause while it is down: there is nothing to produce to, and a
+  producer cut off inside a transaction leaves it open until the broker times it out.
+- `kafka-cluster`: three KRaft nodes (tools/peers/kafka_cluster.py), topics of replication
+  factor 3 and `min.insync.replicas` 2, the producers going on throughout. A leader SIGKILL
+  kills the node leading most partitions (tools/chaos/leadership.py's choice), waits until
+  every partition has another leader, starts the node again and waits until every replica
+  is back in sync; a rolling restart is leadership.py's: a controlled shutdown and start of
+  each node in the seed's order, each back in sync before the next, then a preferred-leader
+  election.
+- `tansu`: one Tansu broker (tools/peers/tansu.py), memory storage. A restart empties it,
+  so a leader SIGKILL and a rolling restart cannot be done; it opens no fetch sessions
+  (KIP-227), so there is no session to evict. `cannot` says so and the soak skips them.
+
+Session evictions (tools/chaos/evictor.py) need a broker whose session cache has one slot
+per shard (`max.incremental.fetch.session.cache.slots` 8): the soak's own Kafka peers are
+started so (`SMALL_SESSION_CACHE`); a broker without it cannot have the fault.
+
+Each source gives the addresses the fault proxies stand in front of (one per node), the
+source's ends as a consumer sees them (for Tansu the Fetch high watermark: its ListOffsets
+"latest" under-reports), and for Kafka the invariant against the current leaders' own
+segment files (tools/chaos/invariant.py); Tansu keeps no files, so `replicad verify
+--against-source` is its only oracle.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from confluent_kafka import ElectionType, KafkaException
+
+from replicad.types import TopicPartition
+from tools.chaos.invariant import InvariantReport, check_partition, check_replica, end_offsets
+from tools.chaos.load import SteadyLoad
+from tools.chaos.scenarios import wait_for
+from tools.peers.kafka import KafkaBroker
+from tools.peers.kafka_cluster import KafkaCluster
+from tools.peers.process import PeerError
+from tools.peers.tansu import TansuBroker
+
+Address = tuple[str, int]
+
+SEGMENT_BYTES = 1024 * 1024
+CACHE_SLOTS_KEY = "max.incremental.fetch.session.cache.slots"
+# One slot in each of Kafka's 8 session-cache shards: a privileged session evicts any.
+SMALL_SESSION_CACHE = {CACHE_SLOTS_KEY: "8"}
+CLUSTER_TOPIC_CONFIG = {"min.insync.replicas": "2"}
+CLUSTER_REPLICATION = 3
+# Deadlines only a hang reaches (three JVMs on two shared cores take minutes to start).
+LEADERS_TIMEOUT_S = 300
+IN_SYNC_TIMEOUT_S = 600
+
+# Tansu's high watermark comes with a Fetch; a small one is enough to carry it.
+HW_PROBE_BYTES = 64 * 1024
+
+LEADER_SIGKILL = "leader-sigkill"
+ROLLING_RESTART = "rolling-restart"
+SESSION_EVICTIONS = "session-evictions"
+DISK_FULL = "disk-full"
+
+
+class SoakSource:
+    """What the soak needs of its source; see the module doc for each kind."""
+
+    name = "source"
+
+    @property
+    def bootstrap(self) -> str:
+        raise NotImplementedError
+
+    def upstreams(self) -> list[Callable[[], Address]]:
+        """One address per node (a callable: a node picks its port when it starts)."""
+        raise NotImplementedError
+
+    def create_topics(self, topics: Mapping[str, int]) -> None:
+        raise NotImplementedError
+
+    def ends(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int] | None:
+        """Each partition's high watermark; None while the source cannot say."""
+        raise NotImplementedError
+
+    def cannot(self, fault: str) -> str | None:
+        """Why this source cannot have `fault` (None: it can)."""
+        return None
+
+    def evictor_bootstraps(self) -> list[str]:
+        """Where a session evictor goes: every node."""
+        return []
+
+    def leader_sigkill(self, rng: random.Random, load: SteadyLoad, topics: Sequence[str]) -> str:
+        raise NotImplementedError
+
+    def rolling_restart(self, rng: random.Random, load: SteadyLoad, topics: Sequence[str]) -> str:
+        raise NotImplementedError
+
+    def invariant(
+        self, data_dir: Path, partitions: Sequence[TopicPartition]
+    ) -> InvariantReport | None:
+        """The replica against the leaders' own files; None: the source keeps none."""
+        return None
+
+    def restore(self) -> None:
+        """After a fault that failed half-way: every node running again."""
+
+
+def _small_cache(config: Mapping[str, str]) -> bool:
+    return config.get(CACHE_SLOTS_KEY) == SMALL_SESSION_CACHE[CACHE_SLOTS_KEY]
+
+
+def _no_eviction(config: Mapping[str, str]) -> str | None:
+    if _small_cache(config):
+        return None
+    return (
+        f"the broker's session cache is not {SMALL_SESSION_CACHE[CACHE_SLOTS_KEY]} slots "
+        "(one per shard), so a privileged session evicts nothing"
+    )
+
+
+class KafkaSource(SoakSource):
+    name = "kafka"
+
+    def __init__(self, broker: KafkaBroker) -> None:
+        self.broker = broker
+
+    @property
+    def bootstrap(self) -> str:
+        return self.broker.bootstrap
+
+    def upstreams(self) -> list[Callable[[], Address]]:
+        return [lambda: ("127.0.0.1", self.broker.port)]
+
+    def create_topics(self, topics: Mapping[str, int]) -> None:
+        for name, partitions in topics.items():
+            self.broker.create_topic(name, partitions, segment_bytes=SEGMENT_BYTES)
+
+    def ends(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int] | None:
+        return end_offsets(self.broker.log_dir, partitions)
+
+    def cannot(self, fault: str) -> str | None:
+        if fault == SESSION_EVICTIONS:
+            return _no_eviction(getattr(self.broker, "_config", {}))
+        return None
+
+    def evictor_bootstraps(self) -> list[str]:
+        return [self.broker.bootstrap]
+
+    def leader_sigkill(self, rng: random.Random, load: SteadyLoad, topics: Sequence[str]) -> str:
+        load.pause()
+        try:
+            self.broker.kill()
+            self.broker.start()
+        finally:
+            load.resume()
+        return "the broker SIGKILLed and started again"
+
+    def rolling_restart(self, rng: random.Random, load: SteadyLoad, topics: Sequence[str]) -> str:
+        load.pause()
+        try:
+            self.broker.restart()
+        finally:
+            load.resume()
+        return "the broker restarted (controlled shutdown)"
+
+    def restore(self) -> None:
+        if not self.broker.running:
+            self.broker.start()
+
+    def invariant(
+        self, data_dir: Path, partitions: Sequence[TopicPartition]
+    ) -> InvariantReport | None:
+        return check_replica(self.broker.log_dir, data_dir, partitions, caught_up=True)
+
+
+class ClusterSource(SoakSource):
+    name = "kafka-cluster"
+
+    def __init__(self, cluster: KafkaCluster) -> None:
+        self.cluster = cluster
+
+    @property
+    def bootstrap(self) -> str:
+        return self.cluster.bootstrap
+
+    def upstreams(self) -> list[Callable[[], Address]]:
+        return [
+            (lambda node=node: ("127.0.0.1", node.port))  # type: ignore[misc]
+            for node in self.cluster.nodes
+        ]
+
+    def create_topics(self, topics: Mapping[str, int]) -> None:
+        for name, partitions in topics.items():
+            self.cluster.create_replicated_topic(
+                name,
+                CLUSTER_TOPIC_CONFIG,
+                partitions=partitions,
+                replication_factor=CLUSTER_REPLICATION,
+                segment_bytes=SEGMENT_BYTES,
+            )
+
+    def ends(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int] | None:
+        from confluent_kafka.admin import OffsetSpec
+
+        try:
+            return KafkaCluster._list_offsets(
+                self.cluster.admin(), list(partitions), OffsetSpec.latest()
+            )
+        except (KafkaException, PeerError, TimeoutError):
+            return None  # a partition without a leader for the moment
+
+    def cannot(self, fault: str) -> str | None:
+        if fault == SESSION_EVICTIONS:
+            return _no_eviction(getattr(self.cluster, "_config", {}))
+        return None
+
+    def evictor_bootstraps(self) -> list[str]:
+        return [node.bootstrap for node in self.cluster.nodes]
+
+    def leader_sigkill(self, rng: random.Random, load: SteadyLoad, topics: Sequence[str]) -> str:
+        from tools.chaos.leadership import _most_leading
+
+        victim = _most_leading(self.cluster, topics[0], rng.randrange(1 << 30))
+        self.cluster.node(victim).kill()
+        moved = wait_for(lambda: self._led_without(victim, topics), LEADERS_TIMEOUT_S, interval_s=1)
+        self.cluster.node(victim).start()
+        self._wait_in_sync(topics)
+        took = "did not move" if moved is None else f"moved in {moved:.0f} s"
+        return f"node {victim} SIGKILLed (its leaders {took}), started again, back in sync"
+
+    def rolling_restart(self, rng: random.Random, load: SteadyLoad, topics: Sequence[str]) -> str:
+        from tools.chaos.leadership import _seeded_nodes, elect
+
+        order = _seeded_nodes(self.cluster, rng.randrange(1 << 30))
+        for node_id in order:
+            node = self.cluster.node(node_id)
+            node.stop()
+            node.start()
+            self._wait_in_sync(topics)
+        partitions = [TopicPartition(t, p) for t in topics for p in self.cluster.leaders(t)]
+        elect(self.cluster, ElectionType.PREFERRED, partitions)
+        return f"nodes {order} restarted in turn, then a preferred-leader election"
+
+    def restore(self) -> None:
+        from tools.chaos.leadership import all_nodes_running
+
+        all_nodes_running(self.cluster)
+
+    def invariant(
+        self, data_dir: Path, partitions: Sequence[TopicPartition]
+    ) -> InvariantReport | None:
+        leaders: dict[str, dict[int, int]] = {}
+        checks = []
+        for tp in partitions:
+            if tp.topic not in leaders:
+                leaders[tp.topic] = self.cluster.leaders(tp.topic)
+            node = self.cluster.node(leaders[tp.topic][tp.partition])
+            checks.append(
+                check_partition(
+                    tp,
+                    node.partition_dir(tp.topic, tp.partition),
+                    data_dir / f"{tp.topic}-{tp.partition}",
+                    caught_up=True,
+                )
+            )
+        return InvariantReport(tuple(checks))
+
+    def _led_without(self, victim: int, topics: Sequence[str]) -> bool:
+        try:
+            return all(
+                0 <= leader != victim
+                for topic in topics
+                for leader in self.cluster.leaders(topic).values()
+            )
+        except (KafkaException, PeerError):
+            return False
+
+    def _wait_in_sync(self, topics: Sequence[str]) -> None:
+        from tools.chaos.leadership import replicas_and_isr
+
+        def in_sync() -> bool:
+            try:
+                return all(
+                    set(replicas) <= set(isr)
+                    for topic in topics
+                    for replicas, isr in replicas_and_isr(self.cluster, topic).values()
+                )
+            except (KafkaException, TimeoutError):
+                return False
+
+        if wait_for(in_sync, IN_SYNC_TIMEOUT_S, interval_s=1) is None:
+            raise PeerError(f"replicas not back in sync within {IN_SYNC_TIMEOUT_S} s")
+
+
+class TansuSource(SoakSource):
+    name = "tansu"
+
+    def __init__(self, broker: TansuBroker) -> None:
+        self.broker = broker
+
+    @property
+    def bootstrap(self) -> str:
+        return self.broker.bootstrap
+
+    def upstreams(self) -> list[Callable[[], Address]]:
+        return [lambda: ("127.0.0.1", self.broker.port)]
+
+    def create_topics(self, topics: Mapping[str, int]) -> None:
+        for name, partitions in topics.items():
+            self.broker.create_topic(name, partitions)
+
+    def ends(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int] | None:
+        from tools.peers.wire import fetch_once
+
+        try:
+            return {
+                tp: fetch_once(
+                    self.bootstrap, tp.topic, tp.partition, 0, max_bytes=HW_PROBE_BYTES
+                ).high_watermark
+                for tp in partitions
+            }
+        except (OSError, PeerError):
+            return None
+
+    def cannot(self, fault: str) -> str | None:
+        if fault in (LEADER_SIGKILL, ROLLING_RESTART):
+            return "Tansu runs on memory storage here: a restart would empty it"
+        if fault == SESSION_EVICTIONS:
+            return "Tansu opens no fetch sessions (every Fetch is a full one)"
+        return None
+
+
+def as_source(peer: object) -> SoakSource:
+    """The soak's view of a peer: a KafkaBroker, a KafkaCluster or a TansuBroker."""
+    if isinstance(peer, SoakSource):
+        return peer
+    if isinstance(peer, KafkaCluster):
+        return ClusterSource(peer)
+    if isinstance(peer, KafkaBroker):
+        return KafkaSource(peer)
+    if isinstance(peer, TansuBroker):
+        return TansuSource(peer)
+    raise TypeError(f"no soak source for {type(peer).__name__}")
+
+
+def start_peer(kind: str, workdir: Path, broker_config: Mapping[str, str] | None = None) -> object:
+    """A peer of `kind` (not started: use it as a context manager)."""
+    if kind == "kafka":
+        return KafkaBroker(workdir, broker_config={**SMALL_SESSION_CACHE, **(broker_config or {})})
+    if kind == "kafka-cluster":
+        return KafkaCluster(workdir, broker_config={**SMALL_SESSION_CACHE, **(broker_config or {})})
+    if kind == "tansu":
+        return TansuBroker(workdir)
+    raise ValueError(f"no source {kind!r}: kafka, kafka-cluster or tansu")
+
+
+SOURCES = ("kafka-cluster", "kafka", "tansu")
