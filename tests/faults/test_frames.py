@@ -9,6 +9,7 @@ import pytest
 from crc32c import crc32c
 
 from replicad.protocol.codec import (
+    RequestHead,
     decode_response,
     encode_request,
     peek_correlation_id,
@@ -28,6 +29,7 @@ from tools.chaos.frames import (
     rewrite_metadata,
     whole_batches,
 )
+from tools.chaos.proxy import ChaosProxy
 from tools.chaos.wire_data import (
     BrokerEntry,
     PartitionAnswer,
@@ -93,6 +95,19 @@ def test_metadata_without_the_broker_is_left_byte_for_byte() -> None:
     result = rewrite_metadata(body, 12, {("127.0.0.1", 1): ("127.0.0.1", 2)})
     assert result.brokers_rewritten == 0
     assert result.body == body
+
+
+def test_a_proxy_in_front_of_one_node_of_a_cluster_advertises_every_nodes_proxy() -> None:
+    """One proxy per node: whichever node answers Metadata, every node is named at its own
+    proxy, so no connection goes around the faults (the soak on a three-node cluster)."""
+    nodes = {("127.0.0.1", 9001 + i): ("127.0.0.1", 40001 + i) for i in range(3)}
+    proxy = ChaosProxy(("127.0.0.1", 9001), advertise=lambda: nodes)
+    body = metadata_response_body(
+        12, [BrokerEntry(1 + i, "127.0.0.1", 9001 + i) for i in range(3)], [("orders", 3)]
+    )
+    rewritten = proxy._rewrite_metadata(RequestHead(METADATA_API_KEY, 12, 1), body)
+    decoded = decode_response(rewritten, response_type(METADATA_API_KEY, 12)).body
+    assert {(b.host, int(b.port)) for b in decoded.brokers} == set(nodes.values())
 
 
 @pytest.mark.parametrize("version", FETCH_VERSIONS)
