@@ -80,6 +80,7 @@ from tools.chaos.soak_sources import (
     as_source,
     start_peer,
 )
+from tools.peers.process import PeerError
 from tools.peers.produce import produce_mixed
 
 MIB_KB = 1024
@@ -102,6 +103,7 @@ TIERED_SEGMENT_BYTES = 128 * 1024
 TIERED_MAX_BATCH_BYTES = TIERED_SEGMENT_BYTES // 4
 # Topics of at most this many partitions (Kafka's controller refuses 10,000 in one request).
 TOPIC_PARTITIONS_MAX = 5_000
+FILL_ATTEMPTS = 3
 
 NETWORK_FAULTS = (
     "cut",
@@ -599,15 +601,24 @@ def soak(
     local = partitions_of(topics)
     all_topics = {**topics, **({tiered: tiered_partitions} if tiered else {})}
     tps = partitions_of(all_topics)
+    fill_notes: list[str] = []
     for i, (topic, count) in enumerate(topics.items()):
-        produce_mixed(
-            source.bootstrap,
-            topic,
-            partitions=count,
-            records=initial_records,
-            seed=800 + seed + i,
-            max_batch_bytes=SEGMENT_BYTES // 4,
-        )
+        for attempt in range(1, FILL_ATTEMPTS + 1):
+            # Data before replicad starts; a round the source could not take in time (1,000
+            # partitions on three nodes at load 60 left 779 records unsent after 60 s) is
+            # tried again, then left to the steady load.
+            try:
+                produce_mixed(
+                    source.bootstrap,
+                    topic,
+                    partitions=count,
+                    records=initial_records,
+                    seed=800 + seed + i + 1000 * attempt,
+                    max_batch_bytes=SEGMENT_BYTES // 4,
+                )
+                break
+            except PeerError as exc:
+                fill_notes.append(f"initial fill of {topic}, attempt {attempt}: {exc}"[:300])
     if tiered is not None:
         produce_mixed(
             source.bootstrap,
@@ -662,7 +673,9 @@ def soak(
         )
         stack.callback(load.stop)
         run = _Run(source, proxies, follower, load, all_topics, fs, no_disk, time.monotonic())
+        run.notes.extend(fill_notes)
         follower.start()
+        load.start()
         if (
             wait_for(
                 lambda: sum(follower.ends(tps).values()) > 0 or not follower.running,
@@ -674,7 +687,6 @@ def soak(
         ):
             problems.append(f"replicad did not start: {follower.output()[-1500:]}")
             return _result(run, samples, problems, None, seed=seed, partitions=partitions)
-        load.start()
         faulting = threading.Thread(
             target=_fault_loop,
             args=(run, rng, tuple(faults), fault_gap_s),
