@@ -576,6 +576,7 @@ def soak(
     eviction_s: float = 20.0,
     records_per_round: int = 300,
     initial_records: int = 2000,
+    catch_up_timeout_s: float = CATCH_UP_TIMEOUT_S,
 ) -> SoakResult:
     """`peer`: a KafkaBroker, a KafkaCluster or a TansuBroker, started (or a SoakSource).
     `tiered_partitions` > 0: a second topic with remote storage on (a single broker running
@@ -734,11 +735,11 @@ def soak(
                 lambda: (
                     (bool(target) and covers(follower.ends(tps), target)) or not follower.running
                 ),
-                CATCH_UP_TIMEOUT_S,
+                catch_up_timeout_s,
                 interval_s=1.0,
             )
             if catch_up is None or not follower.running:
-                problems.append(f"replica did not catch up within {CATCH_UP_TIMEOUT_S} s")
+                problems.append(f"replica did not catch up within {catch_up_timeout_s:.0f} s")
         run.notes.append(
             f"proxies: {sum(p.stats().faults for p in proxies)} fault events delivered (a cut "
             "closes every open connection, a refusal turns away every reconnect)"
@@ -908,6 +909,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records-per-round", type=int, default=300)
     parser.add_argument("--sample-seconds", type=float, default=5.0)
     parser.add_argument(
+        "--catch-up-seconds",
+        type=float,
+        default=CATCH_UP_TIMEOUT_S,
+        help="how long the replica may take to hold the whole source once the producers stop",
+    )
+    parser.add_argument(
         "--tiered-partitions",
         type=int,
         default=0,
@@ -947,6 +954,7 @@ def main(argv: list[str] | None = None) -> int:
             eviction_s=args.eviction_seconds,
             disk_bytes=args.disk_mb * MIB,
             records_per_round=args.records_per_round,
+            catch_up_timeout_s=args.catch_up_seconds,
         )
     print(result.summary())
     print("\n".join(result.timeline))
