@@ -30,9 +30,15 @@ compiled beforehand, as pip does), from a directory without a checkout.
 `--profile DIR`: replicad's runs are sampled by py-spy instead of measured (no table);
 the top of each profile is printed and its raw samples kept in DIR.
 
+`--baseline NAME=DIR` (repeatable): the replicad rows run from the checkout DIR too (an
+A/B: its code, this checkout's bench), and with `--repeat N` every replicad row runs N
+times, the checkouts interleaved (A B A B) over the same produced topic, so that each meets
+the same load; each row says the load average at its start. On a loaded machine read the
+CPU seconds, not the rates.
+
     .venv/bin/python -m tools.bench.mirror [--records 1000000] [--tiny-records 200000]
         [--partitions 6] [--only replicad,as-stored,mirrormaker2] [--workloads batched,tiny]
-        [--profile DIR]
+        [--profile DIR] [--baseline NAME=DIR ...] [--repeat 1]
 """
 
 from __future__ import annotations
@@ -103,6 +109,8 @@ class Run:
     mirror: str
     workload: Workload
     measured: Measured
+    # The load average (1 min) when the run started.
+    load: float = 0.0
 
     @property
     def records_per_s(self) -> float:
@@ -182,9 +190,11 @@ def run_replicad(
     *,
     coalesce_bytes: int | None = None,
     profile: Path | None = None,
+    checkout: Path | None = None,
 ) -> Measured | None:
     """One `replicad run` mirroring `workload` into `dest` (`coalesce_bytes` None: the
-    default): measured, or with `profile` sampled by py-spy into that file (then None)."""
+    default): measured, or with `profile` sampled by py-spy into that file (then None).
+    `checkout`: the replicad of another checkout (None: this one)."""
     data_dir = work / "replicad-data"
     mirror: dict[str, object] = {"bootstrap_servers": [dest], "topic_prefix": PREFIX}
     if coalesce_bytes is not None:
@@ -199,7 +209,7 @@ def run_replicad(
     path.write_text(yaml.safe_dump(config))
     argv = replicad_argv("run", "-c", str(path), "--log-format", "json", as_installed=True)
     # Compiled as installed, and started where no checkout shadows PYTHONPATH's.
-    env = child_env(work)
+    env = child_env(work, checkout)
     if profile is None:
         return _measure(argv, dest, workload, env=env, cwd=work)
     progress = DestinationProgress(dest, PREFIX + workload.topic, workload.partitions)
@@ -277,22 +287,48 @@ def _measure(
 
 
 def runner(
-    mirror: str, profile: Path | None = None, coalesce_bytes: int | None = None
+    mirror: str,
+    profile: Path | None = None,
+    coalesce_bytes: int | None = None,
+    checkout: Path | None = None,
 ) -> Callable[[Path, str, str, Workload], Measured | None]:
     """How `mirror` runs (a replicad row sampled into `profile` when given; MirrorMaker 2
-    is never sampled; `coalesce_bytes` for the default row, None: replicad's default)."""
+    is never sampled; `coalesce_bytes` for the default row, None: replicad's default;
+    `checkout`: a replicad row's code from another checkout)."""
     if mirror == MIRRORMAKER2:
         return run_mirrormaker2
     if mirror == AS_STORED:
         coalesce_bytes = 0
-    return lambda *args: run_replicad(*args, coalesce_bytes=coalesce_bytes, profile=profile)
+    return lambda *args: run_replicad(
+        *args, coalesce_bytes=coalesce_bytes, profile=profile, checkout=checkout
+    )
+
+
+def planned(
+    mirrors: list[str], baselines: dict[str, Path], repeat: int
+) -> list[tuple[str, str, Path | None]]:
+    """The runs of one workload, in order: (mirror, row label, checkout or None). Every
+    replicad row of this checkout and of each baseline `repeat` times, interleaved (A B A
+    B: the same load for each); MirrorMaker 2 once, at the end."""
+    out: list[tuple[str, str, Path | None]] = []
+    for _ in range(repeat):
+        for mirror in mirrors:
+            if mirror == MIRRORMAKER2:
+                continue
+            out.append((mirror, mirror, None))
+            for name, checkout in baselines.items():
+                out.append((mirror, f"{mirror} [{name}]", checkout))
+    if MIRRORMAKER2 in mirrors:
+        out.append((MIRRORMAKER2, MIRRORMAKER2, None))
+    return out
 
 
 def table(runs: list[Run]) -> str:
     lines = [
         "| workload | mirror | records/s start to end | records/s steady (10-90%) | CPU s | "
-        "CPU s steady | wall s | vs MirrorMaker 2 (start to end / steady / CPU / CPU steady) |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "CPU s steady | wall s | load | "
+        "vs MirrorMaker 2 (start to end / steady / CPU / CPU steady) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for run in runs:
         peer = next(
@@ -318,7 +354,7 @@ def table(runs: list[Run]) -> str:
             f"| {run.workload.name} | {run.mirror} | {run.records_per_s:,.0f} | "
             f"{f'{steady:,.0f}' if steady else '-'} | {run.measured.cpu_s:.1f} | "
             f"{f'{cpu_steady:.1f}' if cpu_steady is not None else '-'} | "
-            f"{run.measured.wall_s:.1f} | {versus} |"
+            f"{run.measured.wall_s:.1f} | {run.load:.1f} | {versus} |"
         )
     return "\n".join(lines)
 
@@ -356,7 +392,23 @@ def main() -> int:
         help="mirror.coalesce_bytes of the default replicad row (to compare a checkout "
         "whose default differs)",
     )
+    parser.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="also run the replicad rows from the checkout DIR, interleaved (an A/B)",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs of each replicad row, interleaved"
+    )
     args = parser.parse_args()
+    baselines: dict[str, Path] = {}
+    for item in args.baseline:
+        name, sep, path = item.partition("=")
+        if not sep or not (Path(path) / "replicad" / "__init__.py").is_file():
+            parser.error(f"--baseline {item!r}: NAME=DIR of a checkout with replicad/")
+        baselines[name] = Path(path).resolve()
     mirrors = [CHOICES[m] for m in (args.only.split(",") if args.only else CHOICES)]
     if args.profile is not None:
         mirrors = [m for m in mirrors if m != MIRRORMAKER2]
@@ -389,31 +441,34 @@ def main() -> int:
                     file=sys.stderr,
                     flush=True,
                 )
-                for mirror in mirrors:
+                for n, (mirror, label, checkout) in enumerate(
+                    planned(mirrors, baselines, args.repeat)
+                ):
                     if mirror == AS_STORED and not workload.one_per_batch:
                         continue  # large batches are produced as stored by default
-                    run_dir = work / f"{workload.name}-{list(CHOICES.values()).index(mirror)}"
+                    run_dir = work / f"{workload.name}-{n}"
                     run_dir.mkdir()
                     dest = KafkaBroker(run_dir / "destination", heap="1g")
                     dest.start()
                     raw = None
                     if args.profile is not None:
                         raw = args.profile / f"{run_dir.name}.txt"
+                    at_load = os.getloadavg()[0]
                     try:
-                        measured = runner(mirror, raw, args.coalesce_bytes)(
+                        measured = runner(mirror, raw, args.coalesce_bytes, checkout)(
                             run_dir, source.bootstrap, dest.bootstrap, workload
                         )
                     finally:
                         dest.stop()
                     if measured is None:
                         assert raw is not None
-                        print(f"\n{workload.name}, {mirror} (py-spy, raw samples in {raw}):\n")
+                        print(f"\n{workload.name}, {label} (py-spy, raw samples in {raw}):\n")
                         print(top_table(read_collapsed(raw.read_text()), args.top), flush=True)
                         continue
-                    runs.append(Run(mirror, workload, measured))
+                    runs.append(Run(label, workload, measured, at_load))
                     print(
-                        f"  {workload.name}: {mirror}: {measured.wall_s:.1f}s, "
-                        f"{measured.cpu_s:.1f} CPU s",
+                        f"  {workload.name}: {label}: {measured.wall_s:.1f}s, "
+                        f"{measured.cpu_s:.1f} CPU s, load {at_load:.1f}",
                         file=sys.stderr,
                         flush=True,
                     )
