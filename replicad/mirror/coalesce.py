@@ -32,6 +32,7 @@ Rules:
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Sequence
 
 from lz4.frame import LZ4FrameDecompressor
@@ -47,7 +48,7 @@ from replicad.records.batch import (
     BatchHeader,
     Compression,
 )
-from replicad.records.codecs import compress, decompress_at_most
+from replicad.records.codecs import compress, decompress_at_most, scratch_buffer
 
 _ATTRIBUTES_KEPT = COMPRESSION_CODEC_MASK | TIMESTAMP_TYPE_MASK
 # The Java producer's default batch.size: a stored batch this large was batched by its
@@ -69,18 +70,48 @@ def plain_records(
     header: BatchHeader,
     batch: memoryview,
     limit: int,
-    scratch: bytearray,
+    scratch: bytearray | mmap.mmap | None = None,
     lz4_reader: LZ4FrameDecompressor | None = None,
 ) -> bytes | memoryview | None:
     """The records of stored `batch` decompressed (a view for an uncompressed one), or None
     when they are more than `limit` bytes or do not decompress: then it is produced as
     stored. `scratch` (at least `limit` + 1 bytes) and `lz4_reader`: reused across calls
-    (codecs.decompress_at_most)."""
+    (codecs.decompress_at_most; PlainReader keeps them for a read's batches)."""
     records = batch[RECORD_BATCH_OVERHEAD:]
     codec = Compression(header.attributes & COMPRESSION_CODEC_MASK)
     if codec == Compression.NONE:
         return records if len(records) <= limit else None
+    if codec == Compression.LZ4:
+        scratch = None  # LZ4 writes no scratch (codecs.LZ4_STEP)
     return decompress_at_most(codec, records, limit, scratch, lz4_reader)
+
+
+# The codecs whose bounded decompression writes into a scratch buffer (codecs.py).
+_SCRATCH_CODECS = frozenset({Compression.GZIP, Compression.SNAPPY, Compression.ZSTD})
+
+
+class PlainReader:
+    """plain_records for the small batches of one local-log read (one worker thread): the
+    LZ4 reader and the scratch buffer are made at the first batch that needs each, and
+    reused for the rest. Nothing is made for a read without such a batch; the scratch is
+    anonymous memory, so only the pages a codec writes cost anything -- a zeroed bytearray
+    of the bound (1 MiB), made per read, cost more than the decompression of a read's
+    one-record batches."""
+
+    __slots__ = ("_lz4", "_scratch", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._scratch: mmap.mmap | None = None
+        self._lz4: LZ4FrameDecompressor | None = None
+
+    def __call__(self, header: BatchHeader, batch: memoryview) -> bytes | memoryview | None:
+        codec = Compression(header.attributes & COMPRESSION_CODEC_MASK)
+        if codec == Compression.LZ4 and self._lz4 is None:
+            self._lz4 = LZ4FrameDecompressor()
+        elif codec in _SCRATCH_CODECS and self._scratch is None:
+            self._scratch = scratch_buffer(self.limit)
+        return plain_records(header, batch, self.limit, self._scratch, self._lz4)
 
 
 def small(size: int, limit: int) -> bool:

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import structlog
-from lz4.frame import LZ4FrameDecompressor
 
 from replicad.clock import monotonic_ms as _now_ms
 from replicad.clock import wall_ms as _wall_ms
@@ -53,7 +52,7 @@ from replicad.follower.replicator import Replicator
 from replicad.groups.cluster_reader import ClusterGroupsReader
 from replicad.log.partition import PartitionLog
 from replicad.mirror import progress_store, promotion
-from replicad.mirror.coalesce import can_join, coalesce, plain_records, run_plain_bytes, small
+from replicad.mirror.coalesce import PlainReader, can_join, coalesce, run_plain_bytes, small
 from replicad.mirror.destination import Destination, produce_answers
 from replicad.mirror.group_sync import MirroredPartition
 from replicad.mirror.group_sync_shell import GroupSyncShell
@@ -1274,9 +1273,7 @@ def read_entries(
     view = memoryview(data)
     scan = scan_batches(view, verify_crc=False)
     entries: list[LogEntry] = []
-    plain_limit = run_plain_bytes(coalesce_bytes)
-    scratch: bytearray | None = None
-    lz4_reader = None
+    plains = PlainReader(run_plain_bytes(coalesce_bytes))
     for h in scan.batches:
         if h.base_offset < offset:
             continue
@@ -1295,10 +1292,7 @@ def read_entries(
             and small(len(body), coalesce_bytes)
             and can_join(h, h)
         ):
-            if scratch is None:
-                scratch = bytearray(plain_limit + 1)
-                lz4_reader = LZ4FrameDecompressor()
-            plain = plain_records(h, body, plain_limit, scratch, lz4_reader)
+            plain = plains(h, body)
         entries.append(LogEntry(h, marker, body, plain))
     return entries
 

@@ -7,9 +7,15 @@ import dataclasses
 
 import pytest
 
-from replicad.mirror.coalesce import can_join, coalesce, plain_records
+from replicad.mirror.coalesce import PlainReader, can_join, coalesce, plain_records
 from replicad.mirror.restamp import ProducerStamp, restamp
-from replicad.records.batch import Compression, scan_batches
+from replicad.records.batch import (
+    COMPRESSION_CODEC_MASK,
+    RECORD_BATCH_OVERHEAD,
+    Compression,
+    scan_batches,
+)
+from replicad.records.codecs import decompress
 from replicad.records.records import decode_batch
 from tools.logdata.batches import producer_batch
 
@@ -58,3 +64,23 @@ def test_batches_of_another_codec_or_thinned_do_not_join() -> None:
     control = dataclasses.replace(first, attributes=0x30)
     for other in (gzip, log_append_time, thinned, control):
         assert not can_join(first, other)
+
+
+def test_one_plain_reader_decompresses_a_reads_batches_of_every_codec_within_its_bound() -> None:
+    """A read's small batches, codecs mixed, through one PlainReader: each batch's records
+    as the codec decompresses them; one holding more than the bound (a small batch of
+    zeros) is None; the reader's LZ4 reader and scratch serve every batch after it."""
+    reader = PlainReader(4096)
+    for round_ in range(2):
+        for codec in Compression:
+            b = producer_batch(round_, [b"value %d " % i * 50 for i in range(3)], codec=codec)
+            (h,) = scan_batches(b).batches
+            assert h.attributes & COMPRESSION_CODEC_MASK == codec  # compressed indeed
+            got = reader(h, memoryview(b))
+            assert got is not None
+            assert bytes(got) == decompress(codec, memoryview(b)[RECORD_BATCH_OVERHEAD:])
+            if codec is not Compression.NONE:
+                zeros = producer_batch(0, [bytes(64 << 10)], codec=codec)
+                (hz,) = scan_batches(zeros).batches
+                assert hz.size < 4096  # small stored, over the bound decompressed
+                assert reader(hz, memoryview(zeros)) is None

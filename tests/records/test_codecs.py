@@ -9,7 +9,14 @@ from kafka import codec as kcodec
 
 from replicad.errors import CorruptRecordError
 from replicad.records.batch import Compression
-from replicad.records.codecs import XERIAL_MAGIC, compress, decompress, decompress_at_most
+from replicad.records.codecs import (
+    LZ4_STEP,
+    XERIAL_MAGIC,
+    compress,
+    decompress,
+    decompress_at_most,
+    scratch_buffer,
+)
 
 PAYLOAD = b"".join(f"record {i} of a compressible payload; ".encode() for i in range(5000))
 
@@ -88,3 +95,28 @@ def test_decompress_at_most_stops_at_its_limit(codec: Compression, encode) -> No
             assert decompress_at_most(codec, packed, len(PAYLOAD) - 1, scratch, reader) is None
             assert decompress_at_most(codec, b"garbage" * 9, 1 << 10, scratch, reader) is None
             assert decompress_at_most(codec, packed, len(PAYLOAD), scratch, reader) == PAYLOAD
+
+
+@pytest.mark.parametrize(("codec", "encode"), ENCODERS, ids=ENCODER_IDS)
+def test_decompress_at_most_makes_its_own_scratch_when_given_none(  # type: ignore[no-untyped-def]
+    codec: Compression, encode
+) -> None:
+    packed = encode(PAYLOAD)
+    assert decompress_at_most(codec, packed, len(PAYLOAD)) == PAYLOAD
+    assert decompress_at_most(codec, packed, len(PAYLOAD) - 1, scratch_buffer(1 << 20)) is None
+    assert decompress_at_most(codec, packed, 1 << 20, scratch_buffer(1 << 20)) == PAYLOAD
+
+
+def test_an_lz4_frame_is_read_in_steps_and_a_cut_one_is_refused() -> None:
+    """LZ4 output is asked for LZ4_STEP bytes at a time (python-lz4 allocates all of
+    `max_length` per call): a frame of several steps comes back whole, one cut before its
+    end mark is None, and the reader is ready for the next frame after either."""
+    big = PAYLOAD * 3
+    assert len(big) > 4 * LZ4_STEP
+    packed = kcodec.lz4_encode(big)
+    reader = lz4.frame.LZ4FrameDecompressor()
+    for _ in range(2):
+        assert decompress_at_most(Compression.LZ4, packed, 1 << 20, None, reader) == big
+        assert decompress_at_most(Compression.LZ4, packed[:-9], 1 << 20, None, reader) is None
+        assert decompress_at_most(Compression.LZ4, packed, len(big) - 1, None, reader) is None
+        assert decompress_at_most(Compression.LZ4, packed, len(big), None, reader) == big
