@@ -143,7 +143,9 @@ def _topics(snap: Mapping[str, Any]) -> list[Reason]:
     more = f" and {len(missing) - NAMED_AT_MOST} more" if len(missing) > NAMED_AT_MOST else ""
     what = "topic" if len(missing) == 1 else "topics"
     text = f"{what} {names}{more} not found on the source"
-    nothing_else = not snap.get("partitions")
+    # The totals count every partition (a status loop's snapshot lists only problem rows).
+    count = (snap.get("totals") or {}).get("partitions", len(snap.get("partitions") or ()))
+    nothing_else = not count
     health = Health.DOWN if nothing_else and snap.get("ready") else Health.DEGRADED
     return [Reason(health, "topic_missing", text)]
 

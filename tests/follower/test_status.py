@@ -6,6 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from replicad.clock import monotonic_ms
+from replicad.control.health import assess
+from replicad.control.stalls import StallWatch
+from replicad.control.status_view import render_status_line
 from replicad.errors import DamagedLogError
 from replicad.follower.partition_phase import PartitionPhase
 from replicad.follower.partition_state import PartitionState
@@ -71,5 +75,62 @@ async def test_a_partition_whose_log_a_read_found_damaged_says_so_and_where(
     assert (row["damaged_reads"], row["damaged_offset"]) == (1, 2)
     snapshot = build_snapshot(replicator, uptime_s=1.0, rates={}, total_rate=0.0)
     assert snapshot["totals"]["damaged_reads"] == 1
+    logs.close()
+    await replicator.client.close()
+
+
+async def test_the_status_loops_snapshot_has_the_rows_health_and_the_stall_watch_read(
+    tmp_path: Path,
+) -> None:
+    """With problems_after_ms, only the rows health and the stall watch could name are
+    built, the totals are the full snapshot's, and health, STATUS= and the stall watch
+    come out the same as from every row."""
+    replicator = Replicator(ReplicatorSettings(("k:9092",), tmp_path, TopicSelection(("t",))))
+    now = monotonic_ms()
+    stall_ms = 60_000
+    kinds = {
+        0: ("caught up", PartitionPhase.FETCHING, 1, 10, 10, now - 10 * stall_ms),
+        1: ("lagging, moving", PartitionPhase.FETCHING, 1, 10, 50, now),
+        2: ("lagging, idle (stalled)", PartitionPhase.FETCHING, 1, 10, 50, now - 2 * stall_ms),
+        3: ("lagging, idle, leader down", PartitionPhase.FETCHING, 2, 10, 50, now - 2 * stall_ms),
+        4: ("halted", PartitionPhase.HALTED, 1, 10, 50, now),
+        5: ("truncating", PartitionPhase.TRUNCATING, 1, 10, 50, now),
+        6: ("offline", PartitionPhase.FETCHING, -1, 10, 50, now),
+        7: ("starting", PartitionPhase.NEEDS_OFFSET, 1, 0, -1, now - 2 * stall_ms),
+        8: ("damaged", PartitionPhase.FETCHING, 1, 10, 10, now),
+    }
+    for i, (_, phase, leader, offset, hw, progress) in kinds.items():
+        tp = TopicPartition("t", i)
+        state = PartitionState(tp, None, leader, 0, phase, fetch_offset=offset)
+        state.high_watermark, state.progress_ms, state.gaps = hw, progress, i
+        replicator.states[tp] = state
+    logs = LogManager.open(tmp_path / "data", LogConfig(), now_ms=0)
+    replicator.logs = logs
+    damaged = logs.get_or_create(TopicPartition("t", 8))
+    damaged.damaged_reads, damaged.damaged_offset = 3, 7
+
+    full = build_snapshot(replicator, uptime_s=1.0, rates={}, total_rate=0.0)
+    light = build_snapshot(
+        replicator, uptime_s=1.0, rates={}, total_rate=0.0, problems_after_ms=stall_ms
+    )
+    assert [p["partition"] for p in light["partitions"]] == [2, 3, 4, 5, 6, 8]
+    assert light["partitions"] == [
+        p for p in full["partitions"] if p["partition"] in {2, 3, 4, 5, 6, 8}
+    ]
+    assert light["totals"] == full["totals"]
+    assert full["totals"]["partitions"] == 9 and full["totals"]["gaps"] == sum(range(9))
+    leaders = [{"node_id": 1, "connected": True}, {"node_id": 2, "connected": False}]
+    for snap in (full, light):
+        snap["leaders"] = leaders
+        snap["stalls"] = {"stall_after_ms": stall_ms}
+    assert assess(light) == assess(full)
+    codes = {r.code for r in assess(full).reasons}
+    assert {"partitions_stalled", "partitions_halted", "replica_damaged"} <= codes
+    assert render_status_line(light) == render_status_line(full)
+    watches = StallWatch(stall_ms), StallWatch(stall_ms)
+    assert watches[0].check(full["partitions"], leaders) == watches[1].check(
+        light["partitions"], leaders
+    )
+    assert watches[0].stalled.keys() == watches[1].stalled.keys() == {"t-2"}
     logs.close()
     await replicator.client.close()
