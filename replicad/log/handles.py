@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
@@ -224,14 +225,28 @@ class FileHandle:
     """One file of a segment; its descriptor, when it has one, belongs to `FileHandles`."""
 
     # One per segment file of every partition, tens of thousands at once: the path is
-    # kept as a str (a pathlib.Path costs several objects) and made a Path when first asked
-    # for, then kept (serve asks on every read of a segment: a Path each time was a fifth
-    # of a 200-partition Fetch's reads; the follower hardly ever asks).
-    __slots__ = ("_cache", "_flags", "_path", "_path_object", "closed", "fd", "synced", "written")
+    # kept as its directory's str (the partition's, shared by its handles: os.fspath of its
+    # directory's Path is the str that Path keeps) and the file's name (interned: every
+    # partition's first segment has the same three), joined at each open; a Path is made
+    # when first asked for, then kept (serve asks on every read of a segment: a Path each
+    # time was a fifth of a 200-partition Fetch's reads; the follower hardly ever asks).
+    # Three full path strs a partition were about 330 bytes.
+    __slots__ = (
+        "_cache",
+        "_directory",
+        "_flags",
+        "_name",
+        "_path_object",
+        "closed",
+        "fd",
+        "synced",
+        "written",
+    )
 
-    def __init__(self, cache: FileHandles, path: StrPath, flags: int) -> None:
+    def __init__(self, cache: FileHandles, directory: StrPath, name: str, flags: int) -> None:
         self._cache = cache
-        self._path = os.fspath(path)
+        self._directory = os.fspath(directory)
+        self._name = sys.intern(name)
         self._path_object: Path | None = None
         self._flags = flags  # for the next open; REOPEN_FLAGS once it has been opened
         self.fd = -1
@@ -241,6 +256,10 @@ class FileHandle:
 
     def __repr__(self) -> str:
         return f"FileHandle({self._path!r}, fd={self.fd})"
+
+    @property
+    def _path(self) -> str:
+        return os.path.join(self._directory, self._name)
 
     @property
     def path(self) -> Path:
@@ -349,13 +368,15 @@ class FileHandles:
     def max_open(self) -> int:
         return self._lru.capacity
 
-    def handle(self, path: StrPath, *, create: bool = False) -> FileHandle:
-        """A handle on `path`, opened on first use (creating the file if `create`)."""
-        return FileHandle(self, path, CREATE_FLAGS if create else REOPEN_FLAGS)
+    def handle(self, directory: StrPath, name: str, *, create: bool = False) -> FileHandle:
+        """A handle on the file `name` in `directory`, opened on first use (creating the
+        file if `create`)."""
+        return FileHandle(self, directory, name, CREATE_FLAGS if create else REOPEN_FLAGS)
 
-    def create(self, path: StrPath) -> FileHandle:
-        """A handle on a new empty file at `path` (an existing one is truncated), now."""
-        handle = FileHandle(self, path, CREATE_EMPTY_FLAGS)
+    def create(self, directory: StrPath, name: str) -> FileHandle:
+        """A handle on a new empty file `name` in `directory` (an existing one is
+        truncated), now."""
+        handle = FileHandle(self, directory, name, CREATE_EMPTY_FLAGS)
         with self._lock:
             self._ready(handle)
             self._wrote(handle)

@@ -318,7 +318,8 @@ class IndexFile:
 
     def __init__(
         self,
-        path: StrPath,
+        directory: StrPath,
+        name: str,
         kind: type[OffsetIndex] | type[TimeIndex],
         base_offset: int,
         max_bytes: int,
@@ -332,11 +333,11 @@ class IndexFile:
         self._max_bytes = max_bytes
         self._index: OffsetIndex | TimeIndex | None = None
         if fresh:
-            self._file = handles.create(path)
+            self._file = handles.create(directory, name)
             self._index = kind(base_offset, max_bytes)
         else:
             # A missing index file is created empty, found empty, and rebuilt by recovery.
-            self._file = handles.handle(path, create=True)
+            self._file = handles.handle(directory, name, create=True)
 
     @property
     def path(self) -> Path:

@@ -31,7 +31,7 @@ import structlog
 from replicad.errors import DamagedLogError, LogError
 from replicad.log.config import LogConfig
 from replicad.log.epoch import LeaderEpochCache
-from replicad.log.handles import FileHandle, FileHandles
+from replicad.log.handles import FileHandle, FileHandles, StrPath
 from replicad.log.index import (
     IndexBuilder,
     IndexFile,
@@ -102,7 +102,7 @@ class SegmentRecovery:
 
 class LogSegment:
     # One per segment of every partition, thousands at once: no __dict__, and the file
-    # paths live once, in the FileHandles.
+    # paths live once, in the FileHandles (the directory not even there: see FileHandle).
     __slots__ = (
         "_builder",
         "_log",
@@ -112,14 +112,13 @@ class LogSegment:
         "base_offset",
         "config",
         "created_ms",
-        "directory",
         "rolling_timestamp",
         "size",
     )
 
     def __init__(
         self,
-        directory: Path,
+        directory: StrPath,
         base_offset: int,
         config: LogConfig,
         log_file: FileHandle,
@@ -129,14 +128,14 @@ class LogSegment:
         fresh_indexes: bool,
         handles: FileHandles,
     ) -> None:
-        self.directory = directory
         self.base_offset = base_offset
         self.config = config
         self._log = log_file
         self.size = size
         self.created_ms = created_ms
         self._offset_file = IndexFile(
-            os.path.join(directory, segment_file_name(base_offset, INDEX_SUFFIX)),
+            directory,
+            segment_file_name(base_offset, INDEX_SUFFIX),
             OffsetIndex,
             base_offset,
             config.segment_index_bytes,
@@ -144,7 +143,8 @@ class LogSegment:
             handles=handles,
         )
         self._time_file = IndexFile(
-            os.path.join(directory, segment_file_name(base_offset, TIME_INDEX_SUFFIX)),
+            directory,
+            segment_file_name(base_offset, TIME_INDEX_SUFFIX),
             TimeIndex,
             base_offset,
             config.segment_index_bytes,
@@ -160,7 +160,7 @@ class LogSegment:
     @classmethod
     def create(
         cls,
-        directory: Path,
+        directory: StrPath,
         base_offset: int,
         config: LogConfig,
         *,
@@ -169,8 +169,7 @@ class LogSegment:
     ) -> LogSegment:
         """A new, empty active segment. Without `handles`, it gets a cache of its own."""
         handles = handles or FileHandles(config.max_open_files)
-        path = os.path.join(directory, segment_file_name(base_offset, LOG_SUFFIX))
-        log_file = handles.create(path)
+        log_file = handles.create(directory, segment_file_name(base_offset, LOG_SUFFIX))
         segment = cls(
             directory, base_offset, config, log_file, 0, now_ms, fresh_indexes=True, handles=handles
         )
@@ -183,7 +182,7 @@ class LogSegment:
     @classmethod
     def open(
         cls,
-        directory: Path,
+        directory: StrPath,
         base_offset: int,
         config: LogConfig,
         *,
@@ -192,13 +191,13 @@ class LogSegment:
     ) -> LogSegment:
         """An existing segment; no file is opened until it is used."""
         handles = handles or FileHandles(config.max_open_files)
-        path = os.path.join(directory, segment_file_name(base_offset, LOG_SUFFIX))
-        size = os.stat(path).st_size
+        name = segment_file_name(base_offset, LOG_SUFFIX)
+        size = os.stat(os.path.join(directory, name)).st_size
         return cls(
             directory,
             base_offset,
             config,
-            handles.handle(path),
+            handles.handle(directory, name),
             size,
             now_ms,
             fresh_indexes=False,

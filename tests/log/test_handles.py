@@ -209,7 +209,7 @@ def test_lru_agrees_with_a_model_of_its_rules(capacity: int, ops: list[tuple[str
 
 
 def _files(tmp_path: Path, handles: FileHandles, count: int) -> list[FileHandle]:
-    return [handles.create(tmp_path / f"f{i}") for i in range(count)]
+    return [handles.create(tmp_path, f"f{i}") for i in range(count)]
 
 
 def test_files_are_reopened_on_demand_within_the_cap(tmp_path: Path) -> None:
@@ -304,7 +304,7 @@ def test_reopening_never_creates_a_vanished_file(tmp_path: Path) -> None:
         a.pread(4, 0)
     assert not a.path.exists()
     # A handle made with create=True creates its file on first use, and only then.
-    lazy = handles.handle(tmp_path / "lazy", create=True)
+    lazy = handles.handle(tmp_path, "lazy", create=True)
     assert not lazy.path.exists()
     assert lazy.size() == 0
     lazy.mark_unsynced()
@@ -314,7 +314,7 @@ def test_reopening_never_creates_a_vanished_file(tmp_path: Path) -> None:
 
 def test_a_never_opened_missing_file_has_nothing_to_sync(tmp_path: Path) -> None:
     handles = FileHandles(1)
-    missing = handles.handle(tmp_path / "not-yet", create=True)
+    missing = handles.handle(tmp_path, "not-yet", create=True)
     missing.mark_unsynced()
     missing.sync()
     assert not missing.dirty
@@ -351,7 +351,7 @@ def test_too_many_open_files_closes_more_and_retries(
 ) -> None:
     handles = FileHandles(8)
     files = _files(tmp_path, handles, 4)
-    extra = handles.handle(tmp_path / "f0")
+    extra = handles.handle(tmp_path, "f0")
     real_open = os.open
     refusals = iter([True, True])
 
@@ -374,7 +374,7 @@ def test_too_many_open_files_with_nothing_to_close_is_raised(
     handles = FileHandles(8)
     (f,) = _files(tmp_path, handles, 1)
     f.close()
-    g = handles.handle(tmp_path / "f0")
+    g = handles.handle(tmp_path, "f0")
 
     def refusing_open(path: object, flags: int, mode: int = 0o777) -> int:
         raise OSError(errno.EMFILE, "Too many open files")

@@ -541,7 +541,7 @@ def test_flush_syncs_files_whose_descriptors_were_closed(
 ) -> None:
     handles = FileHandles(1)
     log = PartitionLog.create(tmp_path / "orders-3", TP, SMALL, now_ms=0, handles=handles)
-    other = handles.create(tmp_path / "other")
+    other = handles.create(tmp_path, "other")
     batches = batch_stream(3, 12)
     _append_all(log, batches)
     active = log.active_segment
@@ -928,3 +928,28 @@ def test_a_truncation_below_the_checkpointed_recovery_point_is_durable_before_it
     assert later.asked == []
     assert (str(active.log_path), cut.position) in synced
     assert list(log.directory.glob("*.deleted")) == []
+
+
+def test_a_partitions_files_share_one_directory_str_and_names_are_interned(tmp_path: Path) -> None:
+    """At 10,000 partitions every byte a partition keeps is 10 KB: its segments' file
+    handles keep the partition directory's one str (no full path each, no Path), and the
+    first segment's file names are the same objects in every partition."""
+    handles = FileHandles(16)
+    logs = [
+        PartitionLog.create(
+            tmp_path / f"orders-{p}", TopicPartition("orders", p), SMALL, now_ms=0, handles=handles
+        )
+        for p in (1, 2)
+    ]
+    files = []
+    for log in logs:
+        (segment,) = log.segments
+        mine = list(segment.files)
+        assert all(f._directory is log._directory for f in mine)
+        assert log.directory == tmp_path / f"orders-{log.topic_partition.partition}"
+        assert [f.path for f in mine] == [segment.log_path, segment.index_path,
+                                          segment.time_index_path]  # fmt: skip
+        files.append(mine)
+    assert all(a._name is b._name for a, b in zip(*files, strict=True))
+    for log in logs:
+        log.close()
