@@ -101,6 +101,7 @@ CORES: tuple[str, ...] = (
     "replicad.groups.consumer_group",
     "replicad.groups.coordinator",
     "replicad.groups.offset_sync",
+    "replicad.mirror.chore",
     "replicad.mirror.partition_mirror",
     "replicad.mirror.producer_session",
     "replicad.mirror.group_sync",

@@ -59,7 +59,9 @@ Rules:
   halts with the reason (nothing is guessed). A partition with no saved destination offset
   yet takes the destination's end as it is, and sends nothing until the shell confirmed
   that progress is saved (`first_progress_saved`): a crash right after could otherwise not
-  tell our records from what the destination held before.
+  tell our records from what the destination held before. The save is asked for at once
+  (`first_save_due`), one at a time, and after a failed one (`first_save_failed`) again
+  after a back-off.
 - A batch that cannot be produced (restamp.mirrorable: magic 0/1) halts the partition, and
   so does an answer no resend can fix. A batch thinned by compaction takes as many
   destination offsets as it has records.
@@ -345,7 +347,10 @@ class PartitionMirror:
         self._asking = False
         self._dest_end: int | None = None
         self._stamp_for_end: ProducerStamp | None = None
+        # The first progress save: wanted, under way, and when it may be tried again.
         self._first_save_wanted = False
+        self._first_saving = False
+        self._first_save_at_ms = 0
 
     # -- the log, in ------------------------------------------------------------------
 
@@ -420,6 +425,8 @@ class PartitionMirror:
             times.append(self._retry_at_ms)
         if self.phase is Phase.RECONCILING and not self._asking and self._dest_end is None:
             times.append(self._ask_at_ms)
+        if self._first_save_wanted and not self._first_saving:
+            times.append(self._first_save_at_ms)
         later = [t for t in times if t > now_ms]
         return min(later) if later else None
 
@@ -472,9 +479,23 @@ class PartitionMirror:
             return Reconciled(False, wait=True)
         return self._reconcile(stamp, log_end)
 
+    def first_save_due(self, now_ms: int) -> bool:
+        """Whether the shell should save progress now, as the first reconcile wants (then
+        `first_progress_saved` or `first_save_failed`)."""
+        if not self._first_save_wanted or self._first_saving or now_ms < self._first_save_at_ms:
+            return False
+        self._first_saving = True
+        return True
+
     def first_progress_saved(self) -> None:
         """The shell saved progress after a partition's first reconcile."""
         self._first_save_wanted = False
+        self._first_saving = False
+
+    def first_save_failed(self, now_ms: int) -> None:
+        """The first save failed: asked again after a back-off; nothing is sent meanwhile."""
+        self._first_saving = False
+        self._first_save_at_ms = now_ms + self._backoff.next_delay_ms()
 
     @property
     def first_save_wanted(self) -> bool:

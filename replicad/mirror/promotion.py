@@ -1,6 +1,7 @@
 """The cut-over of mirrored topics (`replicad mirror promote`), as decisions: when a
 partition is done, and what the final report says (sans-I/O: the shell passes each
-partition's figures in and performs the waiting, the last group sync and the stop).
+partition's figures in and performs the waiting, the last group sync and the stop; time is
+passed in as `now_ms`).
 
 Rules (Cluster Linking's `promote`, in our terms; `--force` is their `failover`):
 - A partition is done when the local replica holds the source's high watermark as the
@@ -8,7 +9,9 @@ Rules (Cluster Linking's `promote`, in our terms; `--force` is their `failover`)
   mirror has produced everything below the local high watermark (`mirrored_offset`), with
   nothing in flight. A halted partition is never done: it needs `--force`.
 - Without `--force`, promotion waits until every partition is done or the timeout passes;
-  on timeout nothing is promoted and the partitions not done are named with why.
+  on timeout nothing is promoted and the partitions not done are named with why. It looks
+  again every POLL_MS (the shell steps the partitions' cores first), and once more at the
+  deadline (`PromotionWait`).
 - With `--force`, or once all are done: one last group sync, then the topics stop being
   mirrored and their groups synced, for good (persisted; a restart does not resume them).
 - The report gives per partition the source's high watermark, the local one, the mirrored
@@ -18,9 +21,13 @@ Rules (Cluster Linking's `promote`, in our terms; `--force` is their `failover`)
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from replicad.types import TopicPartition
+
+# How often a promotion looks whether its partitions are done.
+POLL_MS = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,3 +85,35 @@ def partition_report(
         "left_behind": max(0, high - p.mirrored_offset),
         "halted": p.halted,
     }
+
+
+class Verdict(enum.Enum):
+    PROMOTE = "promote"  # every partition done, or --force
+    TIMED_OUT = "timed out"  # nothing is promoted
+    LOOK_AGAIN = "look again"  # at `wake_ms`
+
+
+@dataclass(frozen=True, slots=True)
+class Look:
+    """What one look decided, and the partitions not done yet (with why)."""
+
+    verdict: Verdict
+    waiting: dict[str, str]
+    wake_ms: int | None = None
+
+
+class PromotionWait:
+    """One promotion's wait for its partitions (see the rules): the shell looks when told,
+    with the partitions' figures as they are then."""
+
+    def __init__(self, now_ms: int, timeout_ms: int, *, force: bool) -> None:
+        self.deadline_ms = now_ms + timeout_ms
+        self.force = force
+
+    def look(self, partitions: list[PartitionFigures], now_ms: int) -> Look:
+        waiting = pending(partitions)
+        if not waiting or self.force:
+            return Look(Verdict.PROMOTE, waiting)
+        if now_ms >= self.deadline_ms:
+            return Look(Verdict.TIMED_OUT, waiting)
+        return Look(Verdict.LOOK_AGAIN, waiting, min(now_ms + POLL_MS, self.deadline_ms))

@@ -1,6 +1,7 @@
 """The mirror's asyncio shell: reads the local log, produces to the destination, persists
-progress. The decisions are the cores' (partition_mirror.py, restamp.py, topics.py); this
-module performs them.
+progress. The decisions are the cores' (partition_mirror.py, producer_session.py,
+chore.py, promotion.py, restamp.py, topics.py); this module performs them and waits as
+they say.
 
 - Start: the destination's metadata, the stored progress (progress_store.py), destination
   topics created like the source's (topics.py), one idempotent producer session
@@ -14,7 +15,10 @@ module performs them.
   watermark (no write of ours between append and acknowledgement), so a request of a killed
   process that is still being replicated is neither counted early nor sent twice.
 - A new partition's first progress is saved before its first send: a crash right after
-  could otherwise not tell our records from what the destination held before.
+  could otherwise not tell our records from what the destination held before (a failed
+  save is tried again when the partition's core says).
+- Destination metadata is refreshed when a partition needs it, and the destination's
+  topics are prepared at start and synced each interval, when their chores say (chore.py).
 - Destination down: sends fail, are retried with backoff (same producer, same sequence),
   while the follower keeps filling the local log; nothing here ever stops replication.
 - Local retention is held at each partition's mirrored position (PartitionLog's
@@ -27,9 +31,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
-import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -52,6 +55,7 @@ from replicad.follower.replicator import Replicator
 from replicad.groups.cluster_reader import ClusterGroupsReader
 from replicad.log.partition import PartitionLog
 from replicad.mirror import progress_store, promotion
+from replicad.mirror.chore import Chore
 from replicad.mirror.coalesce import PlainReader, can_join, coalesce, run_plain_bytes, small
 from replicad.mirror.destination import Destination, produce_answers
 from replicad.mirror.group_sync import MirroredPartition
@@ -68,7 +72,6 @@ from replicad.mirror.partition_mirror import (
 from replicad.mirror.producer_session import ProducerSession
 from replicad.mirror.restamp import ProducerStamp, restamped
 from replicad.mirror.topics import config_changes, plan_topics
-from replicad.protocol.backoff import Backoff
 from replicad.protocol.client import ClientSettings, KafkaClient
 from replicad.protocol.metadata import ClusterMetadata
 from replicad.ratelimit import RateLimitedLog
@@ -77,9 +80,6 @@ from replicad.records.records import control_marker, decode_batch
 from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.mirror")
-
-# How often a promotion looks whether its partitions are done.
-PROMOTE_POLL_S = 0.1
 
 
 _MIRROR = defaults_of(MirrorConfig)
@@ -181,16 +181,25 @@ class Mirror:
         self._timers: list[tuple[int, TopicPartition]] = []
         self._wakeup = asyncio.Event()
         self._reading: set[TopicPartition] = set()
-        self._first_saves: set[TopicPartition] = set()
         # One sender per destination leader and connection to it (lane, see _lane).
         self._senders: dict[Lane, asyncio.Queue[list[tuple[TopicPartition, Send]]]] = {}
-        self._refreshing = False
+        # The destination's metadata, asked by partitions, at most once a back-off; its
+        # topics, prepared at start and synced every interval (chore.py).
+        self._metadata = Chore(
+            settings.retry_backoff_ms,
+            settings.retry_backoff_max_ms,
+            min_gap_ms=settings.retry_backoff_ms,
+        )
+        self._topics = Chore(
+            settings.retry_backoff_ms,
+            settings.retry_backoff_max_ms,
+            every_ms=settings.topic_sync_interval_ms,
+        )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._logs: dict[TopicPartition, PartitionLog] = {}
         self._saved: dict[TopicPartition, Progress] = {}
         self._save_lock = asyncio.Lock()
         self._metadata_lock = asyncio.Lock()
-        self._metadata_at = 0.0
         self._halt_logged: set[TopicPartition] = set()
         # Partitions whose local retention is held for the mirror (see _hold).
         self._held: set[TopicPartition] = set()
@@ -254,8 +263,8 @@ class Mirror:
             for tp, plog in replicator.logs.partitions().items():
                 self._logs[tp] = plog
                 self._hold(tp, None)
-        while not stop.is_set() and replicator.cluster is None:
-            await _until(stop, asyncio.sleep(0.1))
+        # The source's first metadata is in (the replicator's cluster).
+        await _until(stop, replicator.ready.wait())
         if stop.is_set():
             return False
         try:
@@ -287,15 +296,8 @@ class Mirror:
                 )
             else:
                 progress = stored.partitions
-        backoff = self._backoff()
-        while not stop.is_set():
-            try:
-                await self._prepare_topics()
-                break
-            except (KafkaConnectionError, ProtocolError) as exc:
-                self._set_problem(str(exc))
-                await _until(stop, asyncio.sleep(backoff.next_delay_ms() / 1000))
-        if not stop.is_set():
+        self._topics.ask(_now_ms())
+        if await self._topics_prepared(stop, lambda exc: self._set_problem(str(exc))):
             await _until(stop, self._ask_session())
         if stop.is_set():
             return False
@@ -421,27 +423,43 @@ class Mirror:
                     partitions=created.partitions,
                     configs=sorted(created.configs),
                 )
-        await self._refresh_metadata(force=True)
+        await self._refresh_metadata()
+
+    async def _topics_prepared(
+        self, stop: asyncio.Event, failed: Callable[[Exception], None]
+    ) -> bool:
+        """Prepare the destination's topics when their chore says, until a run succeeds;
+        `failed` is told each failure. False when stopped first."""
+        chore = self._topics
+        while not stop.is_set():
+            now = _now_ms()
+            if chore.start(now):
+                try:
+                    await self._prepare_topics()
+                except (KafkaConnectionError, ProtocolError) as exc:
+                    chore.failed(_now_ms())
+                    failed(exc)
+                    continue
+                chore.succeeded(_now_ms())
+                return True
+            wake = chore.next_wakeup_ms(now)
+            if wake is None:
+                raise LocalProtocolError("waiting for a chore nobody asked for")
+            await _until(stop, asyncio.sleep((wake - now) / 1000))
+        return False
 
     async def _sync_loop(self, stop: asyncio.Event, tasks: list[asyncio.Task[None]]) -> None:
-        """Every topic_sync_interval_ms: topics and partitions new at the source get their
+        """Every topic_sync_interval_ms (the topics chore, asked again after a back-off
+        when a round failed): topics and partitions new at the source get their
         destination and their mirror (the follower replicates them first)."""
-        backoff = self._backoff()
-        while not stop.is_set():
-            await _until(stop, asyncio.sleep(self.settings.topic_sync_interval_ms / 1000))
-            if stop.is_set():
-                return
-            try:
-                await self._prepare_topics()
-            except (KafkaConnectionError, ProtocolError) as exc:
-                self._warn("sync", "destination topics not synced", error=str(exc))
-                await _until(stop, asyncio.sleep(backoff.next_delay_ms() / 1000))
-                continue
+        while await self._topics_prepared(
+            stop,
+            lambda exc: self._warn("sync", "destination topics not synced", error=str(exc)),
+        ):
             try:
                 await self._sync_configs()
             except (KafkaConnectionError, ProtocolError) as exc:
                 self._warn("configs", "destination topic configs not synced", error=str(exc))
-            backoff.reset()
             assert self.replicator.logs is not None
             logs = self.replicator.logs.partitions()
             for tp in self._mirrored_partitions():
@@ -487,7 +505,7 @@ class Mirror:
 
     def _said_once(self, key: str, event: str, **fields: Any) -> None:
         """An error said once a minute at most (a sync repeats it every round)."""
-        said = self._said.should_emit(key, time.monotonic_ns() // 1_000_000)
+        said = self._said.should_emit(key, _now_ms())
         if said.emit:
             log.error(event, **fields)
 
@@ -504,6 +522,8 @@ class Mirror:
             while self._timers and self._timers[0][0] <= now:
                 self._dirty.add(heapq.heappop(self._timers)[1])
             dirty, self._dirty = self._dirty, set()
+            if self._metadata.start(now):
+                self._spawn(self._refresh())
             ready: dict[Lane, list[tuple[TopicPartition, Send]]] = {}
             for tp in sorted(dirty):
                 core = self.cores.get(tp)
@@ -514,7 +534,11 @@ class Mirror:
             self._wakeup.clear()
             if self._dirty:
                 continue
-            timeout = (self._timers[0][0] - _now_ms()) / 1000 if self._timers else None
+            wakes = [self._timers[0][0]] if self._timers else []
+            metadata_wake = self._metadata.next_wakeup_ms(now)
+            if metadata_wake is not None:
+                wakes.append(metadata_wake)
+            timeout = (min(wakes) - _now_ms()) / 1000 if wakes else None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(_first(stop.wait(), self._wakeup.wait()), timeout)
 
@@ -546,8 +570,7 @@ class Mirror:
         if lost is not None:
             self._renew(lost, "an expiring batch got no answer")
         self._read(tp, core, plog)
-        if core.first_save_wanted and tp not in self._first_saves:
-            self._first_saves.add(tp)
+        if core.first_save_due(now):
             self._spawn(self._save_first(tp, core))
         stamp = self.session.usable
         if stamp is not None:
@@ -615,15 +638,20 @@ class Mirror:
             self._mark(tp)
 
     async def _save_first(self, tp: TopicPartition, core: PartitionMirror) -> None:
-        """A new partition's first progress, saved before its first send."""
+        """A new partition's first progress, saved before its first send (tried again
+        when the core says, after a failure)."""
+        saved = False
         try:
             await self._save()
-            core.first_progress_saved()
+            saved = True
         except (OSError, LogError) as exc:
             self._warn("save", "mirror progress not saved", error=str(exc))
-            await asyncio.sleep(self.settings.retry_backoff_ms / 1000)
         finally:
-            self._first_saves.discard(tp)
+            # Whatever went wrong (a bug included), the core hears of it and asks again.
+            if saved:
+                core.first_progress_saved()
+            else:
+                core.first_save_failed(_now_ms())
             self._mark(tp)
 
     async def _log_end(
@@ -876,24 +904,27 @@ class Mirror:
             await asyncio.sleep(max(0, (wake if wake is not None else now) - now) / 1000)
 
     def _refresh_soon(self) -> None:
-        """Destination metadata again (a leader may have moved), at most once a back-off."""
-        if self._refreshing:
-            return
-        self._refreshing = True
+        """Destination metadata again (a leader may have moved): asked of its chore, which
+        the driver starts when it is due (at most once a back-off)."""
+        self._metadata.ask(_now_ms())
+        self._wakeup.set()
 
-        async def refresh() -> None:
-            try:
-                with contextlib.suppress(
-                    KafkaConnectionError, ProtocolError, TimeoutError, OSError
-                ):
-                    await asyncio.sleep(self.settings.retry_backoff_ms / 1000)
-                    await self._refresh_metadata(force=True)
-            finally:
-                self._refreshing = False
-                for tp in self.cores:
-                    self._mark(tp)
-
-        self._spawn(refresh())
+    async def _refresh(self) -> None:
+        """One metadata refresh the chore started; every partition steps once it is in."""
+        refreshed = False
+        try:
+            await self._refresh_metadata()
+            refreshed = True
+        except (KafkaConnectionError, ProtocolError, TimeoutError, OSError):
+            pass  # asked again after the chore's back-off
+        finally:
+            # Whatever went wrong (a bug included), the chore is not left running.
+            if refreshed:
+                self._metadata.succeeded(_now_ms())
+            else:
+                self._metadata.failed(_now_ms())
+            for tp in self.cores:
+                self._mark(tp)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -929,15 +960,11 @@ class Mirror:
             )
         return leader.leader_id
 
-    async def _refresh_metadata(self, *, force: bool = False) -> None:
+    async def _refresh_metadata(self) -> None:
         async with self._metadata_lock:
-            now = time.monotonic()
-            if not force and now - self._metadata_at < self.settings.retry_backoff_ms / 1000:
-                return
             source = {tp.topic for tp in self.cores} or set(self._mirrored_topics())
             prefix = self.settings.topic_prefix
             self.dest_cluster = await self.client.metadata(sorted(prefix + t for t in source))
-            self._metadata_at = time.monotonic()
 
     # -- progress ---------------------------------------------------------------------------
 
@@ -970,7 +997,7 @@ class Mirror:
         return plog
 
     def _warn(self, key: str, event: str, **fields: Any) -> None:
-        said = self._said.should_emit(key, time.monotonic_ns() // 1_000_000)
+        said = self._said.should_emit(key, _now_ms())
         if said.emit:
             log.warning(
                 event, **fields, **({"repeated": said.suppressed} if said.suppressed else {})
@@ -986,9 +1013,6 @@ class Mirror:
             max_in_flight=settings.max_in_flight,
             coalesce_bytes=settings.coalesce_bytes,
         )
-
-    def _backoff(self) -> Backoff:
-        return Backoff(self.settings.retry_backoff_ms, self.settings.retry_backoff_max_ms)
 
     def _set_problem(self, text: str) -> None:
         if self.problem_since_ms is None:
@@ -1045,14 +1069,13 @@ class Mirror:
                 f"not mirrored: {', '.join(unknown)} (mirrored: {', '.join(mirrored) or 'none'})"
             )
         tps = sorted(tp for tp in self.cores if tp.topic in chosen)
-        deadline = time.monotonic() + timeout_s
-        waiting = promotion.pending(self._figures(tps))
-        while waiting and not force and time.monotonic() < deadline:
+        wait = promotion.PromotionWait(_now_ms(), int(timeout_s * 1000), force=force)
+        while (look := wait.look(self._figures(tps), _now_ms())).wake_ms is not None:
             for tp in tps:
                 self._mark(tp)
-            await asyncio.sleep(PROMOTE_POLL_S)
-            waiting = promotion.pending(self._figures(tps))
-        if waiting and not force:
+            await asyncio.sleep(max(0, look.wake_ms - _now_ms()) / 1000)
+        waiting = look.waiting
+        if look.verdict is promotion.Verdict.TIMED_OUT:
             log.warning("promotion timed out; nothing promoted", topics=chosen, waiting=waiting)
             return {"promoted": False, "topics": chosen, "waiting": waiting}
         if self.settings.groups.enabled:

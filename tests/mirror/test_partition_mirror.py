@@ -256,6 +256,25 @@ def test_a_new_partition_sends_nothing_until_its_first_progress_is_saved() -> No
     core.feed([data(0, 1)])
     assert reconcile(core, 7).done and core.dest_next == 7
     assert core.first_save_wanted and core.next_send(NOW, STAMP) is None
+    assert core.first_save_due(NOW) and not core.first_save_due(NOW)  # one at a time
+    core.first_progress_saved()
+    assert not core.first_save_due(NOW)
+    assert drain(core) == [(0, 7, 0)]
+
+
+def test_a_failed_first_save_is_tried_again_after_a_backoff_and_nothing_is_sent_meanwhile():
+    core = PartitionMirror(position=0, timing=TIMING, rng=random.Random(1))
+    core.feed([data(0, 1)])
+    assert reconcile(core, 7).done
+    assert core.first_save_due(NOW)
+    core.first_save_failed(NOW)
+    again = core.next_wakeup_ms(NOW)
+    assert again is not None and again > NOW
+    assert not core.first_save_due(again - 1) and core.next_send(again - 1, STAMP) is None
+    assert core.first_save_due(again)
+    core.first_save_failed(again)
+    assert core.next_wakeup_ms(again) - again > again - NOW  # the back-off grows
+    assert core.first_save_due(core.next_wakeup_ms(again))
     core.first_progress_saved()
     assert drain(core) == [(0, 7, 0)]
 

@@ -1,5 +1,6 @@
 """The mirror shell's own parts that need no destination: how the sends the cores hand
-out become Produce requests (the shell as a whole runs against Kafka in
+out become Produce requests, how it performs its metadata chore (the shell as a whole runs
+against Kafka in
 test_mirror_kafka.py, its decisions in test_partition_mirror.py and tools/sim)."""
 
 from __future__ import annotations
@@ -169,3 +170,56 @@ def test_a_decompression_bomb_is_produced_as_stored_in_bounded_memory(tmp_path) 
         got.extend((r.key, r.value) for r in records)
     assert got == source
     assert len(produced) < len(source)  # the tiny ones between bombs were still coalesced
+
+
+async def test_metadata_asked_by_many_partitions_is_one_refresh_and_a_failed_one_goes_again(
+    tmp_path,
+) -> None:
+    """The shell performs what its metadata chore (chore.py) decides: asks made before and
+    during a refresh are one refresh; a failed refresh goes again after the back-off, with
+    nobody asking; the chore is idle once one succeeds."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from replicad.mirror.chore import ChorePhase
+    from replicad.mirror.partition_mirror import PartitionMirror
+    from replicad.mirror.shell import Mirror, MirrorSettings
+    from replicad.protocol.client import ClientSettings
+    from tools.wait import until
+
+    settings = MirrorSettings(
+        bootstrap_servers=("127.0.0.1:9",),
+        client=ClientSettings(),
+        data_dir=tmp_path,
+        retry_backoff_ms=20,
+        retry_backoff_max_ms=40,
+    )
+    mirror = Mirror(settings, SimpleNamespace(client=None, logs=None))  # type: ignore[arg-type]
+    mirror.cores = {A: PartitionMirror(position=0)}
+    asked: list[list[str]] = []
+    first_answer = asyncio.Event()
+
+    async def metadata(topics: list[str]) -> object:
+        asked.append(topics)
+        if len(asked) == 1:
+            await first_answer.wait()
+            raise KafkaConnectionError("destination down")
+        return mirror.dest_cluster
+
+    mirror.client.metadata = metadata  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    driver = asyncio.create_task(mirror._drive(stop))
+    try:
+        for _ in range(3):
+            mirror._refresh_soon()
+        await until(lambda: len(asked) == 1, what="a first refresh")
+        mirror._refresh_soon()  # while it runs: folded into it
+        assert mirror._metadata.phase is ChorePhase.RUNNING
+        first_answer.set()
+        await until(lambda: len(asked) == 2, what="a second refresh")
+        await until(lambda: mirror._metadata.phase is ChorePhase.IDLE, what="the chore idle")
+        assert asked == [["a"], ["a"]] and mirror._metadata.failures == 0
+    finally:
+        stop.set()
+        await driver
+        await mirror.client.close()

@@ -1,7 +1,9 @@
 """The mirror's deterministic simulation (tools/sim/mirror_run.py) in the suite: a few
 hundred seeds keep exactly-once and order after every event, a seed replays exactly, the
 seeds reach every fault, and planted defects -- progress saved before the destination
-acknowledged; the destination's producer expiry ignored -- are found by suite seeds."""
+acknowledged; the destination's producer expiry ignored; a failed first save taken as
+saved -- are found by suite seeds, as broken invariants (not as a crash of the planted
+code)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import structlog
 from replicad.mirror.partition_mirror import PartitionMirror, Progress, Send
 from replicad.mirror.restamp import ProducerStamp
 from tools.sim.mirror_run import WEIGHTS, run_seed, run_seeds
+from tools.sim.seeds import SimResult
 
 SUITE_SEEDS = range(300)
 EVENTS = 120
@@ -42,7 +45,13 @@ def test_the_seeds_reach_every_fault() -> None:
     for seed in range(40):
         for kind, n in run_seed(seed, events=EVENTS).counts.items():
             counts[kind] = counts.get(kind, 0) + n
-    wanted = set(WEIGHTS) | {"new_session", "coalesced", "too_large", "unknown_producer_id"}
+    wanted = set(WEIGHTS) | {
+        "new_session",
+        "coalesced",
+        "too_large",
+        "unknown_producer_id",
+        "first_save_failed",
+    }
     assert wanted <= set(counts), sorted(wanted - set(counts))
 
 
@@ -54,8 +63,10 @@ class ProgressAtSend(PartitionMirror):
         super().__init__(**kwargs)
         self._sent_to: tuple[int, int] | None = None
 
-    def next_send(self, now_ms: int, stamp: ProducerStamp) -> Send | None:
-        send = super().next_send(now_ms, stamp)
+    def next_send(
+        self, now_ms: int, stamp: ProducerStamp, wall_ms: int | None = None
+    ) -> Send | None:
+        send = super().next_send(now_ms, stamp, wall_ms)
         if send is not None:
             h = send.entry.header
             self._sent_to = (h.next_offset, send.expected_dest + h.record_count)
@@ -68,12 +79,20 @@ class ProgressAtSend(PartitionMirror):
         return Progress(self._sent_to[0], self._sent_to[1], saved.points)
 
 
+def found(failed: list[SimResult]) -> None:
+    """The planted defect was found by a broken invariant, not by planted code that does
+    not run (a signature the simulation does not call it with)."""
+    assert failed, "the planted defect went unnoticed"
+    error = failed[0].error or ""
+    assert error.startswith("InvariantError"), error
+    print(f"found by seed {failed[0].seed}: {error}")
+
+
 def test_progress_saved_before_the_destination_acknowledged_is_found() -> None:
     failed, _ = run_seeds(
         SUITE_SEEDS, events=EVENTS, core_factory=ProgressAtSend, stop_at_first=True
     )
-    assert failed, "the planted defect went unnoticed"
-    print(f"found by seed {failed[0].seed}: {failed[0].error}")
+    found(failed)
 
 
 class IgnoresProducerExpiry(PartitionMirror):
@@ -89,5 +108,20 @@ def test_the_destinations_producer_expiry_ignored_is_found() -> None:
     failed, _ = run_seeds(
         SUITE_SEEDS, events=EVENTS, core_factory=IgnoresProducerExpiry, stop_at_first=True
     )
-    assert failed, "the planted defect went unnoticed"
-    print(f"found by seed {failed[0].seed}: {failed[0].error}")
+    found(failed)
+
+
+class FirstSaveFailureTakenAsSaved(PartitionMirror):
+    """The planted defect: a failed first save counts as saved, so a new partition sends
+    before its first progress is on disk (a crash then takes our records at the
+    destination for what it held before, and sends them again)."""
+
+    def first_save_failed(self, now_ms: int) -> None:
+        self.first_progress_saved()
+
+
+def test_a_failed_first_save_taken_as_saved_is_found() -> None:
+    failed, _ = run_seeds(
+        SUITE_SEEDS, events=EVENTS, core_factory=FirstSaveFailureTakenAsSaved, stop_at_first=True
+    )
+    found(failed)

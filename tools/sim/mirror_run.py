@@ -5,11 +5,11 @@ shell reads it) against a simulated destination (mirror_destination.py) in simul
     python -m tools.sim.mirror_run --seed N [-v] | --seeds N [--first S] [--events E]
 
 What stands in for the asyncio shell (replicad/mirror/shell.py) is small and synchronous:
-a step per partition reads the local log ahead, saves a new partition's first progress,
-answers the core's log-end questions, and writes the sends it gets to one simulated
-connection, restamped (and runs coalesced, when the seed turns coalesce_bytes on) as the
-shell does; answers go back through the same
-ProduceAnswer classification the shell uses.
+a step per partition reads the local log ahead, saves a new partition's first progress
+when its core says (some saves fail: the core says when to try again), answers the core's
+log-end questions, and writes the sends it gets to one simulated connection, restamped
+(and runs coalesced, when the seed turns coalesce_bytes on) as the shell does; answers go
+back through the same ProduceAnswer classification the shell uses.
 
 Events, drawn with weights from the seed: source appends (plain batches, transactional
 batches, COMMIT and ABORT markers), mirror steps, the destination taking a request,
@@ -105,6 +105,8 @@ _CONTROL_KEY = struct.Struct(">hh")
 _END_TXN_VALUE = struct.Struct(">hi")
 COMMIT, ABORT = 1, 0
 REPLAY = "python -m tools.sim.mirror_run --seed {seed} -v"
+# How often a new partition's first progress save fails (a full or failing disk).
+FIRST_SAVE_FAILS = 0.3
 # The wall clock at simulated time 0 (records carry timestamps of it).
 WALL_BASE_MS = 1_700_000_000_000
 
@@ -297,9 +299,14 @@ class MirrorSimulation:
             )
             if entries:
                 core.feed(entries)
-        if core.first_save_wanted:
-            self.save()
-            core.first_progress_saved()
+        if core.first_save_due(self.now_ms):
+            if self.rng.random() < FIRST_SAVE_FAILS:
+                core.first_save_failed(self.now_ms)
+                self.counts["first_save_failed"] += 1
+                self.note(f"p{p} first progress save failed")
+            else:
+                self.save()
+                core.first_progress_saved()
         if core.log_end_wanted(self.now_ms):
             if self.rng.random() < 0.1:
                 core.log_end_failed(self.now_ms)
