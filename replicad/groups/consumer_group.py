@@ -146,6 +146,17 @@ class HeartbeatResult:
     # None: not sent (unchanged); else every partition the member may use now.
     assignment: frozenset[TopicPartition] | None = None
 
+    @classmethod
+    def taken(
+        cls,
+        member: ConsumerMember,
+        heartbeat_interval_ms: int,
+        assignment: frozenset[TopicPartition] | None,
+    ) -> HeartbeatResult:
+        """`member`'s heartbeat answered without an error: its id, its epoch, and
+        `assignment` (None: unchanged, not sent)."""
+        return cls(E.none, None, member.member_id, member.epoch, heartbeat_interval_ms, assignment)
+
 
 @dataclass(slots=True)
 class ConsumerMember:
@@ -269,14 +280,7 @@ class ConsumerGroup:
                 self._update(member, req)
                 member.session_deadline_ms = now_ms + session_timeout_ms
                 self.note_state(now_ms)
-                return HeartbeatResult(
-                    E.none,
-                    None,
-                    member.member_id,
-                    member.epoch,
-                    heartbeat_interval_ms,
-                    member.assigned,
-                )
+                return HeartbeatResult.taken(member, heartbeat_interval_ms, member.assigned)
         if req.member_epoch == JOIN_EPOCH:
             if member is not None:
                 # Joining again under the same id: it has given up what it had.
@@ -310,13 +314,8 @@ class ConsumerGroup:
         member.session_deadline_ms = now_ms + session_timeout_ms
         self.note_state(now_ms)
         send = req.is_full or previous != member.assigned
-        return HeartbeatResult(
-            E.none,
-            None,
-            member.member_id,
-            member.epoch,
-            heartbeat_interval_ms,
-            member.assigned if send else None,
+        return HeartbeatResult.taken(
+            member, heartbeat_interval_ms, member.assigned if send else None
         )
 
     def _update(self, member: ConsumerMember, req: ConsumerHeartbeat) -> bool:

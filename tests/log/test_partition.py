@@ -29,6 +29,8 @@ TP = TopicPartition("orders", 3)
 SMALL = LogConfig(segment_bytes=16 * 1024, index_interval_bytes=1024, segment_index_bytes=2048)
 # SMALL, keeping three segments' bytes.
 RETAINS_THREE = dataclasses.replace(SMALL, retention_bytes=3 * SMALL.segment_bytes)
+# SMALL, keeping one segment's bytes.
+RETAINING = dataclasses.replace(SMALL, retention_bytes=SMALL.segment_bytes)
 
 
 def _append_all(log: PartitionLog, batches: list[bytes], now_ms: int = 0) -> None:
@@ -100,14 +102,7 @@ def test_a_truncation_fsyncs_the_segment_it_shortened_before_it_returns(
     active = log.active_segment
     headers = list(active.headers())
     assert len(headers) > 2
-    synced: list[tuple[str, int]] = []
-    real_fsync = os.fsync
-
-    def fsync(fd: int) -> None:
-        synced.append((os.readlink(f"/proc/self/fd/{fd}"), os.fstat(fd).st_size))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    synced = _fsyncs(monkeypatch)
     log.truncate_to(headers[-2].base_offset)
     kept = headers[-2].position
     assert (str(active.log_path), kept) in synced, f"{active.log_path.name} not synced at {kept}"
@@ -445,13 +440,7 @@ def test_retention_fsyncs_nothing_while_it_holds_the_append_path(
 
 
 def test_retention_keeps_what_is_at_or_past_the_floor(tmp_path: Path) -> None:
-    config = LogConfig(
-        segment_bytes=SMALL.segment_bytes,
-        index_interval_bytes=1024,
-        segment_index_bytes=2048,
-        retention_bytes=SMALL.segment_bytes,
-    )
-    log, _ = _partition(tmp_path, config=config)
+    log, _ = _partition(tmp_path, config=RETAINING)
     assert len(log.segments) > 3
     bases = [segment.base_offset for segment in log.segments]
     floor = bases[1] + 1  # inside the second segment
@@ -466,13 +455,7 @@ def test_retention_keeps_what_is_at_or_past_the_floor(tmp_path: Path) -> None:
 
 
 def test_the_lower_of_the_mirror_and_archive_floors_holds(tmp_path: Path) -> None:
-    config = LogConfig(
-        segment_bytes=SMALL.segment_bytes,
-        index_interval_bytes=1024,
-        segment_index_bytes=2048,
-        retention_bytes=SMALL.segment_bytes,
-    )
-    log, _ = _partition(tmp_path, config=config)
+    log, _ = _partition(tmp_path, config=RETAINING)
     bases = [segment.base_offset for segment in log.segments]
     assert len(bases) > 4
     log.retention_floor = bases[3]

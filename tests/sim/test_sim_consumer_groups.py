@@ -9,6 +9,12 @@ from __future__ import annotations
 import pytest
 
 from replicad.groups.consumer_group import ConsumerGroup
+from tests.sim.seeded import (
+    assert_replays_exactly,
+    assert_suite_seeds_pass,
+    found_by,
+    missing_events,
+)
 from tools.sim.consumer_group_run import WEIGHTS, run_seed, run_seeds
 
 SUITE_SEEDS = range(100)
@@ -16,30 +22,20 @@ EVENTS = 200
 
 
 def test_suite_seeds_keep_one_owner_per_partition_and_refuse_stale_commits() -> None:
-    failed, seconds = run_seeds(SUITE_SEEDS, events=EVENTS)
-    assert not failed, "\n".join(r.summary() for r in failed[:3])
-    print(f"{len(SUITE_SEEDS)} consumer group seeds in {seconds:.1f} s")
+    assert_suite_seeds_pass(run_seeds, SUITE_SEEDS, "consumer group", events=EVENTS)
 
 
 def test_a_seed_replays_exactly() -> None:
-    first, second = run_seed(7, events=EVENTS), run_seed(7, events=EVENTS)
-    assert first.ok and second.ok
-    assert first.event_log == second.event_log and len(first.event_log) > 100
-    assert run_seed(8, events=EVENTS).event_log != first.event_log
+    assert_replays_exactly(run_seed, 7, longer_than=100, events=EVENTS)
 
 
 def test_the_seeds_reach_every_event_and_fence_members() -> None:
-    counts: dict[str, int] = {}
-    for seed in range(30):
-        for kind, n in run_seed(seed, events=EVENTS).counts.items():
-            counts[kind] = counts.get(kind, 0) + n
-    wanted = set(WEIGHTS) | {"fenced", "commits"}
-    assert wanted <= set(counts), sorted(wanted - set(counts))
+    wanted = {*WEIGHTS, "fenced", "commits"}
+    assert missing_events(run_seed, range(30), wanted, events=EVENTS) == []
 
 
 def test_a_planted_defect_is_found_by_a_suite_seed(monkeypatch: pytest.MonkeyPatch) -> None:
     # Assign before revoke: a partition another member still holds counts as free.
     monkeypatch.setattr(ConsumerGroup, "held_by_others", lambda _self, _member_id: frozenset())
-    found = next((r for seed in SUITE_SEEDS if not (r := run_seed(seed, events=EVENTS)).ok), None)
-    assert found is not None, "no suite seed finds an assignment made before the revocation"
+    found = found_by(run_seed, SUITE_SEEDS, events=EVENTS)
     assert "held by" in (found.error or ""), found.summary()

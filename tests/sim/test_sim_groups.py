@@ -10,6 +10,12 @@ from typing import Any
 
 from replicad.groups.classic_group import ClassicGroup
 from replicad.groups.coordinator import GroupCoordinator, MemberRef
+from tests.sim.seeded import (
+    assert_replays_exactly,
+    assert_suite_seeds_pass,
+    found_by,
+    missing_events,
+)
 from tools.sim.group_run import WEIGHTS, run_seed, run_seeds
 
 SUITE_SEEDS = range(200)
@@ -17,25 +23,16 @@ EVENTS = 200
 
 
 def test_suite_seeds_keep_ownership_and_fencing() -> None:
-    failed, seconds = run_seeds(SUITE_SEEDS, events=EVENTS)
-    assert not failed, "\n".join(r.summary() for r in failed[:3])
-    print(f"{len(SUITE_SEEDS)} group seeds in {seconds:.1f} s")
+    assert_suite_seeds_pass(run_seeds, SUITE_SEEDS, "group", events=EVENTS)
 
 
 def test_a_seed_replays_exactly() -> None:
-    first, second = run_seed(7, events=EVENTS), run_seed(7, events=EVENTS)
-    assert first.ok and second.ok
-    assert first.event_log == second.event_log and len(first.event_log) > 100
-    assert run_seed(8, events=EVENTS).event_log != first.event_log
+    assert_replays_exactly(run_seed, 7, longer_than=100, events=EVENTS)
 
 
 def test_the_seeds_reach_every_event_and_fence_members() -> None:
-    counts: dict[str, int] = {}
-    for seed in range(30):
-        for kind, n in run_seed(seed, events=EVENTS).counts.items():
-            counts[kind] = counts.get(kind, 0) + n
-    wanted = set(WEIGHTS) | {"fenced", "commits"}
-    assert wanted <= set(counts), sorted(wanted - set(counts))
+    wanted = {*WEIGHTS, "fenced", "commits"}
+    assert missing_events(run_seed, range(30), wanted, events=EVENTS) == []
 
 
 class AcceptsFencedCommits(GroupCoordinator):
@@ -50,15 +47,5 @@ class AcceptsFencedCommits(GroupCoordinator):
 
 
 def test_a_planted_defect_is_found_by_a_suite_seed() -> None:
-    found = next(
-        (
-            result
-            for seed in SUITE_SEEDS
-            if not (
-                result := run_seed(seed, events=EVENTS, coordinator_factory=AcceptsFencedCommits)
-            ).ok
-        ),
-        None,
-    )
-    assert found is not None, "no suite seed finds a commit taken from a fenced member"
+    found = found_by(run_seed, SUITE_SEEDS, events=EVENTS, coordinator_factory=AcceptsFencedCommits)
     assert "commit accepted from" in (found.error or ""), found.summary()

@@ -12,6 +12,7 @@ import pytest
 from replicad.log import partition as partition_module
 from replicad.log.partition import PartitionLog
 from replicad.log.segment import LogSegment
+from tests.sim.seeded import assert_replays_exactly
 from tests.sim.test_sim_run import flush_without_fsync
 from tools.sim.log_run import run_seed, run_seeds
 from tools.sim.seeds import quiet_logs
@@ -39,10 +40,7 @@ def test_suite_seeds_hold_every_rule_and_reach_every_kind_of_loss():
 
 
 def test_a_seed_replays_exactly():
-    first, second = run_seed(7, events=80), run_seed(7, events=80)
-    assert first.ok and second.ok
-    assert first.event_log == second.event_log and len(first.event_log) > 50
-    assert run_seed(8, events=80).event_log != first.event_log
+    assert_replays_exactly(run_seed, 7, longer_than=50, events=80)
 
 
 def _without_segment_fsyncs(monkeypatch: pytest.MonkeyPatch, name: str) -> None:

@@ -15,8 +15,13 @@ import structlog
 
 from replicad.mirror.partition_mirror import PartitionMirror, Progress, Send
 from replicad.mirror.restamp import ProducerStamp
+from tests.sim.seeded import (
+    assert_found_as_invariant,
+    assert_replays_exactly,
+    assert_suite_seeds_pass,
+    missing_events,
+)
 from tools.sim.mirror_run import WEIGHTS, run_seed, run_seeds
-from tools.sim.seeds import SimResult
 
 SUITE_SEEDS = range(300)
 EVENTS = 120
@@ -28,31 +33,23 @@ def _quiet() -> None:
 
 
 def test_suite_seeds_keep_every_record_once_and_in_order() -> None:
-    failed, seconds = run_seeds(SUITE_SEEDS, events=EVENTS)
-    assert not failed, "\n".join(r.summary() for r in failed[:3])
-    print(f"{len(SUITE_SEEDS)} mirror seeds in {seconds:.1f} s")
+    assert_suite_seeds_pass(run_seeds, SUITE_SEEDS, "mirror", events=EVENTS)
 
 
 def test_a_seed_replays_exactly() -> None:
-    first, second = run_seed(7, events=EVENTS), run_seed(7, events=EVENTS)
-    assert first.ok and second.ok
-    assert first.event_log == second.event_log and len(first.event_log) > 50
-    assert run_seed(8, events=EVENTS).event_log != first.event_log
+    assert_replays_exactly(run_seed, 7, longer_than=50, events=EVENTS)
 
 
 def test_the_seeds_reach_every_fault() -> None:
-    counts: dict[str, int] = {}
-    for seed in range(40):
-        for kind, n in run_seed(seed, events=EVENTS).counts.items():
-            counts[kind] = counts.get(kind, 0) + n
-    wanted = set(WEIGHTS) | {
+    wanted = {
+        *WEIGHTS,
         "new_session",
         "coalesced",
         "too_large",
         "unknown_producer_id",
         "first_save_failed",
     }
-    assert wanted <= set(counts), sorted(wanted - set(counts))
+    assert missing_events(run_seed, range(40), wanted, events=EVENTS) == []
 
 
 class ProgressAtSend(PartitionMirror):
@@ -79,20 +76,11 @@ class ProgressAtSend(PartitionMirror):
         return Progress(self._sent_to[0], self._sent_to[1], saved.points)
 
 
-def found(failed: list[SimResult]) -> None:
-    """The planted defect was found by a broken invariant, not by planted code that does
-    not run (a signature the simulation does not call it with)."""
-    assert failed, "the planted defect went unnoticed"
-    error = failed[0].error or ""
-    assert error.startswith("InvariantError"), error
-    print(f"found by seed {failed[0].seed}: {error}")
-
-
 def test_progress_saved_before_the_destination_acknowledged_is_found() -> None:
     failed, _ = run_seeds(
         SUITE_SEEDS, events=EVENTS, core_factory=ProgressAtSend, stop_at_first=True
     )
-    found(failed)
+    assert_found_as_invariant(failed)
 
 
 class IgnoresProducerExpiry(PartitionMirror):
@@ -108,7 +96,7 @@ def test_the_destinations_producer_expiry_ignored_is_found() -> None:
     failed, _ = run_seeds(
         SUITE_SEEDS, events=EVENTS, core_factory=IgnoresProducerExpiry, stop_at_first=True
     )
-    found(failed)
+    assert_found_as_invariant(failed)
 
 
 class FirstSaveFailureTakenAsSaved(PartitionMirror):
@@ -124,4 +112,4 @@ def test_a_failed_first_save_taken_as_saved_is_found() -> None:
     failed, _ = run_seeds(
         SUITE_SEEDS, events=EVENTS, core_factory=FirstSaveFailureTakenAsSaved, stop_at_first=True
     )
-    found(failed)
+    assert_found_as_invariant(failed)

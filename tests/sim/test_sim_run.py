@@ -16,6 +16,7 @@ from kio.schema.errors import ErrorCode
 import replicad.follower.partition_table as partition_table
 from replicad.follower.validate import validate_fetched
 from replicad.log.partition import PartitionLog
+from tests.sim.seeded import assert_replays_exactly, missing_events
 from tools.sim.follower import SimFollower
 from tools.sim.run import run_seed, run_seeds
 
@@ -73,18 +74,11 @@ def test_seeds_the_long_runs_found_hold_every_invariant(seed, options):
 
 
 def test_a_seed_replays_exactly():
-    first, second = run_seed(11), run_seed(11)
-    assert first.ok and second.ok
-    assert first.event_log == second.event_log and len(first.event_log) > 100
-    assert run_seed(12).event_log != first.event_log
+    assert_replays_exactly(run_seed, 11, longer_than=100)
 
 
 def test_the_seeds_reach_every_fault():
     """The suite seeds are worth running: every kind of event and fault happens in them."""
-    counts: dict[str, int] = {}
-    for seed in range(40):
-        for kind, n in run_seed(seed).counts.items():
-            counts[kind] = counts.get(kind, 0) + n
     expected = {
         "elect_clean",
         "elect_unclean",
@@ -104,7 +98,7 @@ def test_the_seeds_reach_every_fault():
         "memory_wait",  # a leader waiting for the shared pool's memory (issue 29)
         "memory_held",
     }
-    assert expected <= set(counts), sorted(expected - set(counts))
+    assert missing_events(run_seed, range(40), expected) == []
 
 
 def _checkpoint_assigning_the_leaders_high_watermark(follower: SimFollower) -> None:

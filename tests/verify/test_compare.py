@@ -88,6 +88,12 @@ def walk(check: PartitionCheck, replica: list[Batch], source: list[Batch], hw: i
     raise AssertionError("the walk did not end")
 
 
+def walk_all(replica: list[Batch], source: list[Batch], end: int):
+    """A check of [0, end) walked through `source`'s answers (high watermark `end`), ten
+    batches an answer."""
+    return walk(PartitionCheck(TP, OffsetRange(0, end)), replica, source, end, step=10)
+
+
 def test_an_identical_replica_is_verified_to_its_end_across_answers():
     replica = log()
     check = PartitionCheck(TP, OffsetRange(0, end_of(replica)))
@@ -103,9 +109,7 @@ def test_a_flipped_byte_is_a_mismatch_at_its_batch_and_the_walk_goes_on():
     source = log()
     replica = list(source)
     replica[3] = flipped(source[3])
-    result = walk(
-        PartitionCheck(TP, OffsetRange(0, end_of(source))), replica, source, end_of(source), step=10
-    )
+    result = walk_all(replica, source, end_of(source))
     (m,) = result.mismatches
     assert (m.offset, m.last_offset, m.kind) == (9, 11, Kind.DIFFERENT_BYTES)
     assert "fails its CRC" in m.detail
@@ -116,9 +120,7 @@ def test_a_flipped_byte_is_a_mismatch_at_its_batch_and_the_walk_goes_on():
 def test_two_valid_batches_that_differ_are_a_mismatch_without_blaming_the_disk():
     source = log()
     replica = log(tag=b"w")
-    result = walk(
-        PartitionCheck(TP, OffsetRange(0, end_of(source))), replica, source, end_of(source), step=10
-    )
+    result = walk_all(replica, source, end_of(source))
     assert [m.kind for m in result.mismatches] == [Kind.DIFFERENT_BYTES] * len(source)
     assert all("CRC" not in m.detail for m in result.mismatches)
 
@@ -126,9 +128,7 @@ def test_two_valid_batches_that_differ_are_a_mismatch_without_blaming_the_disk()
 def test_a_batch_only_the_source_has_is_missing_in_the_replica():
     source = log()
     replica = source[:2] + source[3:]
-    result = walk(
-        PartitionCheck(TP, OffsetRange(0, end_of(source))), replica, source, end_of(source), step=10
-    )
+    result = walk_all(replica, source, end_of(source))
     assert [(m.offset, m.kind) for m in result.mismatches] == [(6, Kind.MISSING_IN_REPLICA)]
     assert result.batches_compared == len(replica)
 
@@ -136,13 +136,7 @@ def test_a_batch_only_the_source_has_is_missing_in_the_replica():
 def test_a_batch_only_the_replica_has_is_missing_at_the_source():
     replica = log()
     source = replica[:2] + replica[3:]
-    result = walk(
-        PartitionCheck(TP, OffsetRange(0, end_of(replica))),
-        replica,
-        source,
-        end_of(replica),
-        step=10,
-    )
+    result = walk_all(replica, source, end_of(replica))
     assert [(m.offset, m.kind) for m in result.mismatches] == [(6, Kind.MISSING_AT_SOURCE)]
 
 
@@ -160,13 +154,7 @@ def test_on_a_compacted_topic_what_the_cleaner_rewrote_or_dropped_is_not_a_misma
 def test_a_rewritten_batch_on_a_topic_that_is_not_compacted_is_a_mismatch():
     replica = log()
     source = [replica[0], cleaned(replica[1], keep=1), *replica[2:]]
-    result = walk(
-        PartitionCheck(TP, OffsetRange(0, end_of(replica))),
-        replica,
-        source,
-        end_of(replica),
-        step=10,
-    )
+    result = walk_all(replica, source, end_of(replica))
     assert [(m.offset, m.kind) for m in result.mismatches] == [(3, Kind.DIFFERENT_BYTES)]
 
 

@@ -34,7 +34,6 @@ import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 from kio.schema.errors import ErrorCode
 
@@ -46,8 +45,7 @@ from replicad.groups.coordinator import (
     OffsetToCommit,
 )
 from replicad.types import TopicPartition
-from tools.sim import seeds
-from tools.sim.seeds import InvariantError, SimResult, seed_main, stepped
+from tools.sim.seeds import InvariantError, SteppedSeeds
 
 E = ErrorCode
 GROUP = "g"
@@ -230,26 +228,12 @@ def _show(partitions: frozenset[TopicPartition] | set[TopicPartition] | None) ->
     return "[" + ",".join(str(tp.partition) for tp in sorted(partitions)) + "]"
 
 
-def run_seed(
-    seed: int,
-    *,
-    events: int = 300,
-    coordinator_factory: Callable[..., GroupCoordinator] = GroupCoordinator,
-) -> SimResult:
-    return stepped(
-        seed,
-        ConsumerGroupSim(seed, coordinator_factory),
-        events=events,
-        replay="python -m tools.sim.consumer_group_run --seed {seed}",
-    )
-
-
-run_seeds = partial(seeds.run_seeds, run_seed)
-
-
-def main(argv: list[str] | None = None) -> int:
-    prog = "python -m tools.sim.consumer_group_run"
-    return seed_main(prog, __doc__, run_seed, events=300, argv=argv)
+# run_seed(seed, *, events=300, coordinator_factory=GroupCoordinator)
+run_seed = SteppedSeeds(
+    ConsumerGroupSim, "python -m tools.sim.consumer_group_run", __doc__, events=300
+)
+run_seeds = run_seed.run_seeds
+main = run_seed.main
 
 
 if __name__ == "__main__":

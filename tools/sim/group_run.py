@@ -37,7 +37,6 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from functools import partial
 
 from kio.schema.errors import ErrorCode
 
@@ -53,8 +52,7 @@ from replicad.groups.coordinator import (
     SyncResult,
 )
 from replicad.types import TopicPartition
-from tools.sim import seeds
-from tools.sim.seeds import InvariantError, SimResult, seed_main, stepped
+from tools.sim.seeds import InvariantError, SteppedSeeds
 
 E = ErrorCode
 GROUP = "g"
@@ -377,25 +375,10 @@ class GroupSim:
                 raise InvariantError(f"partition {p}: committed {offset}, fetched {got}")
 
 
-def run_seed(
-    seed: int,
-    *,
-    events: int = 300,
-    coordinator_factory: Callable[..., GroupCoordinator] = GroupCoordinator,
-) -> SimResult:
-    return stepped(
-        seed,
-        GroupSim(seed, coordinator_factory),
-        events=events,
-        replay="python -m tools.sim.group_run --seed {seed}",
-    )
-
-
-run_seeds = partial(seeds.run_seeds, run_seed)
-
-
-def main(argv: list[str] | None = None) -> int:
-    return seed_main("python -m tools.sim.group_run", __doc__, run_seed, events=300, argv=argv)
+# run_seed(seed, *, events=300, coordinator_factory=GroupCoordinator)
+run_seed = SteppedSeeds(GroupSim, "python -m tools.sim.group_run", __doc__, events=300)
+run_seeds = run_seed.run_seeds
+main = run_seed.main
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from replicad.log.layout import LEADER_EPOCH_CHECKPOINT
 from replicad.records.batch import MAGIC_V2, ScanStop, scan_batches
 from replicad.types import TopicPartition
 from tools.sim.cluster import History
+from tools.sim.seeds import InvariantError  # one class for every simulation (seeds.stepped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +49,6 @@ class LogFacts:
     log_start: int
     log_end: int
     high_watermark: int
-
-
-class InvariantError(AssertionError):
-    pass
 
 
 def local_bytes(plog) -> bytes:

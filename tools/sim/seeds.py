@@ -123,6 +123,29 @@ def stepped(seed: int, sim: Stepped, *, events: int, replay: str) -> SimResult:
     return SimResult(seed, done, True, None, sim.log, dict(sim.counts))
 
 
+@dataclass(frozen=True)
+class SteppedSeeds:
+    """`run_seed` of a stepped simulation: `make(seed, **options)` run for `events` events
+    (by default) and replayed with `replay`; `main` its command line (`seed_main`). A class,
+    not a closure: --workers sends it to forked processes."""
+
+    make: Callable[..., Stepped]
+    prog: str  # python -m ...
+    doc: str | None
+    events: int
+
+    def __call__(self, seed: int, *, events: int | None = None, **options: Any) -> SimResult:
+        replay = f"{self.prog} --seed {{seed}}"
+        sim = self.make(seed, **options)
+        return stepped(seed, sim, events=self.events if events is None else events, replay=replay)
+
+    def run_seeds(self, seeds: Iterable[int], **options: Any) -> tuple[list[SimResult], float]:
+        return run_seeds(self, seeds, **options)
+
+    def main(self, argv: list[str] | None = None) -> int:
+        return seed_main(self.prog, self.doc, self, events=self.events, argv=argv)
+
+
 def _run_one(run_seed: Callable[..., SimResult], events: int, seed: int) -> SimResult:
     result = run_seed(seed, events=events)
     if result.ok:
