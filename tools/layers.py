@@ -42,7 +42,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("replicad.errors", "replicad.exits"),
     # Small shared services: rate-limited logging, the recent-warnings ring, early signals,
     # the one memory pool (its rules and the queue the follower's and serve's shells wait in).
-    ("replicad.ratelimit", "replicad.recent_warnings", "replicad.startup", "replicad.pool"),
+    # The one lookup of every state machine's table of moves.
+    (
+        "replicad.ratelimit",
+        "replicad.recent_warnings",
+        "replicad.startup",
+        "replicad.pool",
+        "replicad.transitions",
+    ),
     # Record batches and message sets: bytes in, views out (sans-I/O).
     ("replicad.records",),
     # The local log store: segments, indexes, checkpoints.

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 from replicad.log.config import LogConfig
 from replicad.log.policy import SegmentSummary, plan_retention
+from replicad.transitions import move
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +99,7 @@ class Backoff:
     retry_at_ms: int = 0
 
     def _step(self, event: Event) -> None:
-        self.state = TRANSITIONS[(self.state, event)]
+        self.state = move(TRANSITIONS, self.state, event, "archive uploads")
 
     def ready(self, now_ms: int) -> bool:
         if self.state is State.BACKING_OFF and now_ms >= self.retry_at_ms:

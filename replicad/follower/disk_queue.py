@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from replicad.errors import LocalProtocolError
+from replicad import transitions
 
 
 class KeyState(enum.Enum):
@@ -46,12 +46,7 @@ MOVES: dict[tuple[KeyState, KeyEvent], tuple[KeyState, bool]] = {
 
 
 def move(state: KeyState, event: KeyEvent) -> tuple[KeyState, bool]:
-    try:
-        return MOVES[(state, event)]
-    except KeyError:
-        raise LocalProtocolError(
-            f"disk job key: no move from {state.value} on {event.value}"
-        ) from None
+    return transitions.move(MOVES, state, event, "disk job key")
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from enum import Enum
 
-from replicad.errors import LocalProtocolError
+from replicad.transitions import move
 
 
 class PartitionPhase(Enum):
@@ -82,9 +82,4 @@ def initial_phase(*, has_local_data: bool) -> PartitionPhase:
 
 def next_phase(phase: PartitionPhase, event: PhaseEvent) -> PartitionPhase:
     """The phase `event` moves `phase` to; LocalProtocolError if the table has no such move."""
-    try:
-        return TRANSITIONS[phase, event]
-    except KeyError:
-        raise LocalProtocolError(
-            f"partition phase {phase.value}: no move on {event.value}"
-        ) from None
+    return move(TRANSITIONS, phase, event, "partition phase")

@@ -24,8 +24,8 @@ from __future__ import annotations
 import enum
 import random
 
-from replicad.errors import LocalProtocolError
 from replicad.protocol.backoff import Backoff
+from replicad.transitions import move
 
 
 class ChorePhase(enum.Enum):
@@ -54,12 +54,7 @@ TRANSITIONS: dict[tuple[ChorePhase, ChoreEvent], ChorePhase] = {
 
 
 def next_chore_phase(phase: ChorePhase, event: ChoreEvent) -> ChorePhase:
-    try:
-        return TRANSITIONS[(phase, event)]
-    except KeyError:
-        raise LocalProtocolError(
-            f"mirror chore: no transition from {phase.value} on {event.value}"
-        ) from None
+    return move(TRANSITIONS, phase, event, "mirror chore")
 
 
 class Chore:

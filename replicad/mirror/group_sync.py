@@ -65,9 +65,9 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from replicad.errors import LocalProtocolError
 from replicad.groups.cluster_reader import CommittedOffset
 from replicad.mirror.offset_map import OffsetMap
+from replicad.transitions import move
 from replicad.types import TopicPartition
 
 # OffsetCommit as an admin (or kafka-consumer-groups --reset-offsets) sends it: no member.
@@ -310,9 +310,7 @@ class GroupSync:
 
     def _event(self, group: str, event: GroupEvent, now_ms: int, reason: str) -> Said:
         state = self.state(group)
-        new = TRANSITIONS.get((state, event))
-        if new is None:
-            raise LocalProtocolError(f"group {group}: no transition from {state} on {event}")
+        new = move(TRANSITIONS, state, event, f"group {group}")
         status = self.groups.setdefault(group, GroupStatus())
         status.state = new
         if new is GroupState.FAILED_OVER:

@@ -96,6 +96,7 @@ from replicad.mirror.restamp import ProducerStamp, mirrorable, next_sequence
 from replicad.protocol.backoff import Backoff
 from replicad.records.batch import BatchHeader
 from replicad.records.records import ControlType
+from replicad.transitions import move
 
 # What a broker remembers per producer and partition to answer a resent batch as a
 # duplicate (Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN); more in flight would let a
@@ -143,12 +144,7 @@ TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
 
 
 def next_phase(phase: Phase, event: Event) -> Phase:
-    try:
-        return TRANSITIONS[(phase, event)]
-    except KeyError:
-        raise LocalProtocolError(
-            f"mirror: no transition from {phase.value} on {event.value}"
-        ) from None
+    return move(TRANSITIONS, phase, event, "mirror")
 
 
 class Decision(enum.Enum):

@@ -27,6 +27,7 @@ import random
 from replicad.errors import LocalProtocolError
 from replicad.mirror.restamp import ProducerStamp
 from replicad.protocol.backoff import Backoff
+from replicad.transitions import move
 
 
 class SessionPhase(enum.Enum):
@@ -48,12 +49,7 @@ TRANSITIONS: dict[tuple[SessionPhase, SessionEvent], SessionPhase] = {
 
 
 def next_session_phase(phase: SessionPhase, event: SessionEvent) -> SessionPhase:
-    try:
-        return TRANSITIONS[(phase, event)]
-    except KeyError:
-        raise LocalProtocolError(
-            f"producer session: no transition from {phase.value} on {event.value}"
-        ) from None
+    return move(TRANSITIONS, phase, event, "producer session")
 
 
 class ProducerSession:

@@ -62,6 +62,7 @@ from replicad.records.batch import (
     BatchHeader,
 )
 from replicad.records.crc import crc32c
+from replicad.transitions import move
 from replicad.types import TopicPartition
 
 _CRC_FIELD = 4  # V2_HEADER's CRC
@@ -156,10 +157,7 @@ TRANSITIONS: Mapping[tuple[Phase, Event], Phase] = {
 
 
 def next_phase(phase: Phase, event: Event) -> Phase:
-    try:
-        return TRANSITIONS[(phase, event)]
-    except KeyError:
-        raise LocalProtocolError(f"verify: no move from {phase.value} on {event.value}") from None
+    return move(TRANSITIONS, phase, event, "verify")
 
 
 @dataclass

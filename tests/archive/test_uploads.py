@@ -13,6 +13,7 @@ from replicad.archive.uploads import (
     retention_floor,
     to_upload,
 )
+from replicad.errors import LocalProtocolError
 
 
 def seg(base: int, next_offset: int, size: int = 100) -> LocalSegment:
@@ -67,7 +68,7 @@ def test_backoff_doubles_to_its_max_and_a_success_resets_it() -> None:
 def test_a_move_not_in_the_table_is_refused() -> None:
     backoff = Backoff(backoff_ms=100, backoff_max_ms=1000)
     backoff.failed(0)
-    with pytest.raises(KeyError):
+    with pytest.raises(LocalProtocolError, match="no transition from backing_off on"):
         backoff.succeeded()  # a success while backing off: no upload was tried
 
 

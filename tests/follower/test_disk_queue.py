@@ -65,5 +65,5 @@ def test_the_key_table_and_a_move_not_in_it() -> None:
     assert move(KeyState.WAITING, KeyEvent.ASK) == (KeyState.WAITING, False)
     assert move(KeyState.WAITING, KeyEvent.START) == (KeyState.ABSENT, False)
     assert len(MOVES) == 3
-    with pytest.raises(LocalProtocolError, match="no move from absent on start"):
+    with pytest.raises(LocalProtocolError, match="no transition from absent on start"):
         move(KeyState.ABSENT, KeyEvent.START)

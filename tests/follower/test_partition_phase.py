@@ -61,7 +61,7 @@ def test_a_planted_illegal_transition_raises():
     """A halted partition revived by a stale ListOffsets answer (the bug the table exists
     to catch) is replicad's own error, and the phase is left as it was."""
     state = _state(PartitionPhase.HALTED)
-    with pytest.raises(LocalProtocolError, match="halted: no move on reconciled"):
+    with pytest.raises(LocalProtocolError, match="no transition from halted on reconciled"):
         state.move(PhaseEvent.RECONCILED)
     assert state.phase is PartitionPhase.HALTED
 
