@@ -5,13 +5,13 @@ partitions is created with every replica on node 1 and filled with `--gib` of th
 tools/bench/replicate.py uses (1 KiB, lz4, about 2:1). Then, taking turns, `--repeat` times:
 
 - **Kafka's follower**: the partitions are reassigned to nodes [1, 2]
-  (`ReassignPartitionsCommand --execute`); node 2 creates empty replicas and its replica
-  fetcher threads catch them up from node 1. Done when node 2's segments hold as many bytes
-  as node 1's (the follower copies the leader's batches as they are) and every partition's
-  ISR holds node 2. Then the partitions are reassigned back to [1] and node 2 deletes its
-  copy. Once with Kafka's default `num.replica.fetchers` (1), once with 2 (its docs: more
-  fetcher threads "increase the degree of I/O parallelism in the follower broker"; this
-  machine has 2 cores), set as a dynamic cluster-wide broker config.
+  (AlterPartitionReassignments through kafka-python's admin client); node 2 creates empty
+  replicas and its replica fetcher threads catch them up from node 1. Done when node 2's
+  segments hold as many bytes as node 1's (the follower copies the leader's batches as they
+  are) and every partition's ISR holds node 2. Then the partitions are reassigned back to
+  [1] and node 2 deletes its copy. Once with Kafka's default `num.replica.fetchers` (1),
+  once with 2 (its docs: more fetcher threads "increase the degree of I/O parallelism in
+  the follower broker"; this machine has 2 cores), set as a dynamic broker config.
 - **replicad**: `replicad run` from the same cluster (so from node 1) into a new data
   directory, as installed; done when its segments hold the same bytes.
 
@@ -28,7 +28,6 @@ Issue 32's target: replicad >= 1.5x Kafka's follower at 2 fetchers, at <= 1/2 it
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import tempfile
@@ -38,19 +37,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka.admin import (
+    AdminClient,
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
     ResourceType,
 )
+from kafka import KafkaAdminClient
 
 from tools.bench.measure import STEADY_FROM, STEADY_TO, cpu_seconds, run_measured
 from tools.bench.replicate import GB, MB, RECORD, child_env, log_bytes, produce
-from tools.peers.kafka import run_kafka_class
 from tools.peers.kafka_cluster import KafkaCluster
 from tools.replica import replicad_argv, run_args
 
-REASSIGN = "org.apache.kafka.tools.reassign.ReassignPartitionsCommand"
 LEADER, FOLLOWER = 1, 2
 TOPIC = "catch-up"
 POLL_S = 0.05
@@ -101,31 +100,21 @@ def topic_bytes(directory: Path, partitions: int) -> int:
     return total
 
 
-def reassign(cluster: KafkaCluster, work: Path, partitions: int, replicas: list[int]) -> None:
-    plan = work / "reassignment.json"
-    plan.write_text(
-        json.dumps(
-            {
-                "version": 1,
-                "partitions": [
-                    {"topic": TOPIC, "partition": p, "replicas": replicas}
-                    for p in range(partitions)
-                ],
-            }
-        )
+def reassign(admin: KafkaAdminClient, partitions: int, replicas: list[int]) -> None:
+    """AlterPartitionReassignments through kafka-python's admin client: no JVM of a
+    command-line tool starting inside the measured time."""
+    from kafka import TopicPartition as KafkaTopicPartition
+
+    answers = admin.alter_partition_reassignments(
+        {KafkaTopicPartition(TOPIC, p): replicas for p in range(partitions)}
     )
-    run_kafka_class(
-        REASSIGN,
-        "--bootstrap-server",
-        cluster.bootstrap,
-        "--reassignment-json-file",
-        str(plan),
-        "--execute",
-    )
+    refused = {str(tp): err for tp, err in answers.items() if err is not None}
+    if refused or len(answers) != partitions:
+        raise RuntimeError(f"reassignment to {replicas} refused or incomplete: {answers}")
 
 
-def in_sync(cluster: KafkaCluster, node: int) -> bool:
-    meta = cluster.admin().list_topics(topic=TOPIC, timeout=30).topics[TOPIC]
+def in_sync(admin: AdminClient, node: int) -> bool:
+    meta = admin.list_topics(topic=TOPIC, timeout=30).topics[TOPIC]
     return all(node in part.isrs for part in meta.partitions.values())
 
 
@@ -138,33 +127,46 @@ def wait(condition: Callable[[], bool], what: str, timeout_s: float = CATCH_UP_T
 
 
 def set_fetchers(cluster: KafkaCluster, fetchers: int) -> None:
-    """`num.replica.fetchers` as a dynamic cluster-wide broker default (Kafka applies it to
-    the running fetcher managers; no restart)."""
-    resource = ConfigResource(
-        ResourceType.BROKER,
-        "",
-        incremental_configs=[
-            ConfigEntry(
-                "num.replica.fetchers",
-                str(fetchers),
-                incremental_operation=AlterConfigOpType.SET,
-            )
-        ],
-    )
-    for future in cluster.admin().incremental_alter_configs([resource]).values():
-        future.result(timeout=60)
+    """`num.replica.fetchers` as a dynamic broker config of every node (Kafka applies it to
+    the running fetcher managers; no restart). Per broker, one a call: librdkafka refuses
+    the empty name of the cluster-wide default and more than one broker in a request."""
+    resources = [
+        ConfigResource(
+            ResourceType.BROKER,
+            str(node_id),
+            incremental_configs=[
+                ConfigEntry(
+                    "num.replica.fetchers",
+                    str(fetchers),
+                    incremental_operation=AlterConfigOpType.SET,
+                )
+            ],
+        )
+        for node_id in cluster.node_ids
+    ]
+    # One client for every call, referenced until its futures resolve: a client collected
+    # meanwhile fails them ("handle destroyed").
+    admin = cluster.admin()
+    for resource in resources:
+        for future in admin.incremental_alter_configs([resource]).values():
+            future.result(timeout=60)
 
 
 def run_kafka_follower(
-    cluster: KafkaCluster, work: Path, partitions: int, stored: int, fetchers: int
+    cluster: KafkaCluster,
+    reassigner: KafkaAdminClient,
+    partitions: int,
+    stored: int,
+    fetchers: int,
 ) -> Run:
     set_fetchers(cluster, fetchers)
     follower_dir = cluster.node(FOLLOWER).log_dir
     follower_pid, leader_pid = cluster.node(FOLLOWER).pid, cluster.node(LEADER).pid
     assert follower_pid is not None and leader_pid is not None
+    admin = cluster.admin()
     follower_cpu, leader_cpu = _cpu(follower_pid), _cpu(leader_pid)
     started = time.monotonic()
-    reassign(cluster, work, partitions, [LEADER, FOLLOWER])
+    reassign(reassigner, partitions, [LEADER, FOLLOWER])
     marks: dict[int, float] = {}
     while True:
         done = topic_bytes(follower_dir, partitions)
@@ -172,7 +174,7 @@ def run_kafka_follower(
         for percent in (STEADY_FROM, STEADY_TO):
             if percent not in marks and done * 100 >= stored * percent:
                 marks[percent] = now
-        if done >= stored and in_sync(cluster, FOLLOWER):
+        if done >= stored and in_sync(admin, FOLLOWER):
             break
         if now - started > CATCH_UP_TIMEOUT_S:
             raise RuntimeError(f"Kafka's follower did not catch up in {CATCH_UP_TIMEOUT_S} s")
@@ -188,7 +190,7 @@ def run_kafka_follower(
         _cpu(leader_pid) - leader_cpu,
     )
     # Back to one replica: node 2 deletes its copy (renamed away first, then removed).
-    reassign(cluster, work, partitions, [LEADER])
+    reassign(reassigner, partitions, [LEADER])
     wait(lambda: topic_bytes(follower_dir, partitions) == 0, "node 2 dropping its replica")
     return run
 
@@ -305,12 +307,15 @@ def main(argv: list[str] | None = None) -> int:
             assert follower_pid is not None
             idle = idle_cpu_per_s(follower_pid)
             runs: list[Run] = []
+            reassigner = KafkaAdminClient(bootstrap_servers=cluster.bootstrap)
             for i in range(args.repeat):
                 for fetchers in (None, KAFKA_DEFAULT_FETCHERS, KAFKA_TUNED_FETCHERS):
                     if fetchers is None:
                         run = run_replicad(cluster, work, stored, i)
                     else:
-                        run = run_kafka_follower(cluster, work, args.partitions, stored, fetchers)
+                        run = run_kafka_follower(
+                            cluster, reassigner, args.partitions, stored, fetchers
+                        )
                     runs.append(run)
                     print(
                         f"  pass {i + 1}: {run.name}: {run.wall_s:.1f}s, "
@@ -318,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
                         file=sys.stderr,
                         flush=True,
                     )
+            reassigner.close()
     print(
         f"{platform.node()}: {args.nodes}-node cluster, topic of {args.partitions} partitions "
         f"on node {LEADER}, {records:,} records of {RECORD} B (lz4), {stored / GB:.2f} GB "
