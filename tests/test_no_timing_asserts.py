@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 from tools.clockcheck import ROOT, check, check_source
+from tools.sourcecheck import python_files
 
 
 def _lines(source: str) -> list[str]:
@@ -123,8 +124,14 @@ def test_waiting_on_a_deadline_is_not_flagged() -> None:
 
 
 def test_the_command_names_file_and_line_and_fails(tmp_path: Path) -> None:
-    planted = tmp_path / "test_planted.py"
-    planted.write_text("import time\n\n\ndef test_x():\n    time.sleep(1)\n")
+    # Planted two folders down, as tests/<area>/test_*.py are.
+    planted = tmp_path / "area" / "deeper" / "test_planted.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text(
+        "import time\n\n\ndef test_x():\n    time.sleep(1)\n"
+        "    started = time.monotonic()\n"
+        "    assert time.monotonic() - started < 2.0\n"
+    )
     done = subprocess.run(
         [sys.executable, "-m", "tools.clockcheck", str(tmp_path)],
         capture_output=True,
@@ -133,4 +140,16 @@ def test_the_command_names_file_and_line_and_fails(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode == 1
-    assert done.stdout == f"{planted}:5: sleeps to wait (time.sleep(1))\n"
+    assert done.stdout == (
+        f"{planted}:5: sleeps to wait (time.sleep(1))\n{planted}:7: asserts on elapsed time\n"
+    )
+
+
+def test_the_suite_check_reads_every_python_file_under_tests() -> None:
+    """test_no_test_waits_by_the_clock covers the whole of tests/: every area's files, their
+    helpers and conftest.py, not only the top folder."""
+    read = set(python_files([ROOT / "tests"]))
+    on_disk = {p for p in (ROOT / "tests").rglob("*.py") if "__pycache__" not in p.parts}
+    assert read == on_disk
+    assert ROOT / "tests" / "conftest.py" in read
+    assert ROOT / "tests" / "leader" / "test_serve_hostile.py" in read
