@@ -11,15 +11,21 @@ STAMP      := $(VENV)/.installed
 
 .PHONY: setup demo test lint kafka kafka-jars spark-kafka-jars s3a-jars test-peers s3-server dist clean chaos-leadership
 
+# --no-compile: pip would byte-compile every module of every package (PySpark's thousands:
+# about half of the install's time); Python compiles the ones that are imported, once, into
+# __pycache__ as usual. `make setup` installs everything in one pip run (one resolve, one
+# build of replicad), `make demo` alone only what the demo needs.
 $(DEMO_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[demo]'
+	$(BIN)/pip install --quiet --no-compile -e '.[demo]'
 	touch $@
 
-$(STAMP): $(DEMO_STAMP)
-	$(BIN)/pip install --quiet -e '.[dev,spark]'
-	touch $@
+$(STAMP): pyproject.toml
+	test -x $(BIN)/pip || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --no-compile -e '.[dev,spark]'
+	touch $(DEMO_STAMP) $@
 
 # Apache Kafka's jars from Maven Central, into .cache/kafka (the broker the demo and the
 # integration tests run); and the storage module's test jar, into .cache/kafka-tiered (Kafka's

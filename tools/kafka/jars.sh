@@ -9,6 +9,12 @@
 #
 # Maven's local repository is Kafka's (.cache/kafka/m2, or $REPLICAD_KAFKA_CACHE/m2), so
 # jars several poms need come down once.
+#
+# A copy of each pom's resolved jars is also kept per user, by the pom's digest, in
+# $REPLICAD_JAR_STORE (default ${XDG_CACHE_HOME:-~/.cache}/replicad/jars/<digest>): a fresh
+# clone of the same pom copies them from there instead of running Maven again (a Maven run
+# is 10-40 s even with its repository warm; a first clone still resolves from Maven Central).
+# REPLICAD_JAR_STORE=none turns it off.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -44,6 +50,36 @@ is_cached() {
     [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(pom_digest)" ]
 }
 
+# The user's store of this pom's jars (empty: none).
+store_dir() {
+    local base="${REPLICAD_JAR_STORE:-${XDG_CACHE_HOME:-${HOME:-/nonexistent}/.cache}/replicad/jars}"
+    [ "$base" = none ] || echo "$base/$(pom_digest)"
+}
+
+# Fill STAGING from the store; fails (and leaves nothing to use) when the store lacks it.
+from_store() {
+    local staging="$1" store
+    store="$(store_dir)"
+    [ -n "$store" ] && [ -f "$store/.fetched" ] || return 1
+    [ "$(cat "$store/.fetched")" = "$(pom_digest)" ] || return 1
+    mkdir -p "$staging"
+    # Hard links when the store is on the same file system (no copy), else a copy.
+    cp -l "$store"/*.jar "$staging"/ 2>/dev/null || cp "$store"/*.jar "$staging"/
+}
+
+# Keep LIB's jars in the store for the next clone (best effort: a store that cannot be
+# written is no error, the jars are in LIB).
+to_store() {
+    local store partial
+    store="$(store_dir)"
+    [ -n "$store" ] && [ ! -f "$store/.fetched" ] || return 0
+    partial="$store.partial.$$"
+    {
+        rm -rf "$partial" && mkdir -p "$partial" && cp "$lib"/*.jar "$partial"/ &&
+            pom_digest >"$partial/.fetched" && rm -rf "$store" && mv "$partial" "$store"
+    } 2>/dev/null || rm -rf "$partial"
+}
+
 fetch() {
     if is_cached; then
         return 0
@@ -56,10 +92,16 @@ fetch() {
         echo "jars.sh: java not found; Kafka 4 needs Java 17+ (Debian: openjdk-17-jre-headless)" >&2
         exit 1
     }
-    echo "jars.sh: resolving $(basename "$pom") into $lib" >&2
     local staging="$cache/lib.partial.$$"
     rm -rf "$staging"
     mkdir -p "$cache"
+    if from_store "$staging"; then
+        swap_in "$staging"
+        echo "jars.sh: $(find "$lib" -name '*.jar' | wc -l) jars of $(basename "$pom") from $(store_dir)" >&2
+        return 0
+    fi
+    rm -rf "$staging"
+    echo "jars.sh: resolving $(basename "$pom") into $lib" >&2
     # Maven's output is kept for when it fails; on success it is noise.
     if ! mvn --batch-mode --quiet --file "$pom" \
         -Dmaven.repo.local="$m2" \
@@ -70,12 +112,17 @@ fetch() {
         echo "jars.sh: resolving $(basename "$pom") failed (Maven's output above)" >&2
         exit 1
     fi
+    swap_in "$staging"
+    to_store
+    echo "jars.sh: $(find "$lib" -name '*.jar' | wc -l) jars in $lib" >&2
+}
+
+swap_in() {
     # Swap in whole so an interrupted fetch never leaves a half-filled lib/.
     # Class-data-sharing archives (tools/peers/kafka.py) fit only the old jars.
     rm -rf "$lib" "$cache/cds"
-    mv "$staging" "$lib"
+    mv "$1" "$lib"
     pom_digest >"$stamp"
-    echo "jars.sh: $(find "$lib" -name '*.jar' | wc -l) jars in $lib" >&2
 }
 
 classpath() {
