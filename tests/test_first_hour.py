@@ -5,7 +5,8 @@ empty (a fresh container's are).
 
 The user gets nothing of ours installed: a clone of the committed tree, their own venv and
 pip downloads. Only Apache Kafka's jars are shared (read-only) with this run, as the same
-artifacts from Maven Central; the point is the user, not the download."""
+artifacts from Maven Central (Kafka's and the tiered storage test jar, both of which `make
+demo` fetches); the point is the user, not the download."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tools.peers.kafka import KAFKA_CACHE
+from tools.peers.tiered import TIERED_CACHE
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_TIMEOUT_S = 900
@@ -103,9 +105,11 @@ def test_make_demo_from_a_fresh_clone_as_a_user_who_is_not_root(
 ) -> None:
     name, home = new_user
     clone, env = fresh_clone(name, home)
-    cache = clone / ".cache" / "kafka"
-    cache.mkdir(parents=True)
-    (cache / "lib").symlink_to(KAFKA_CACHE / "lib")
+    # `make demo` fetches Kafka's jars and the tiered storage test jar: both shared.
+    for shared in (KAFKA_CACHE, TIERED_CACHE):
+        cache = clone / ".cache" / shared.name
+        cache.mkdir(parents=True)
+        (cache / "lib").symlink_to(shared / "lib")
     subprocess.run(["chown", "-R", f"{name}:{name}", str(home)], check=True)
     user = pwd.getpwnam(name)
     output = as_user(name, env, "make", "-C", str(clone), "demo", timeout=DEMO_TIMEOUT_S)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import signal
 import sys
 import threading
@@ -47,6 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--session-timeout-ms", type=int, default=6_000)
     parser.add_argument("--per-record-ms", type=int, default=0)
     args = parser.parse_args(argv)
+
+    # kafka-python's own account of each join and assignment, in the same output (its lines
+    # do not start with "{", so readers of the events skip them): what a failed test shows.
+    logging.basicConfig(
+        level=logging.WARNING,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    debug = os.environ.get("REPLICAD_GROUP_MEMBER_DEBUG") == "1"
+    logging.getLogger("kafka.coordinator").setLevel(logging.DEBUG if debug else logging.INFO)
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
