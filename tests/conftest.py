@@ -95,19 +95,34 @@ SAME_WORKER = {
     "tests/test_install.py": "throw-away users",
     "tests/spark/": "spark",
 }
-# Files of a minute or more, handed out first: xdist orders files by their number of tests,
-# and a long file of few tests handed out last keeps one worker busy while the other idles.
-# Only the order depends on this list, never a result.
+# Files of a minute or more, handed out first, about longest first (judged from the slowest
+# tests of the last fresh-clone runs, quiet and beside a CPU hog): xdist orders files by
+# their number of tests, and a long file of few tests handed out last keeps one worker busy
+# while the other idles. The second half are files of about 30-90 s whose few tests each
+# take long (a private broker, a crash loop, 10,000 partitions, a rebalance): handed out
+# before the hundreds of short files, which then even out the two workers' ends. Only the
+# order depends on this list, never a result.
 LONG_FIRST = (
     "spark",
     "tests/faults/test_scenarios.py",
     "throw-away users",
+    "tests/mirror/test_mirror_kafka.py",
     "tests/follower/test_memory_10k.py",
     "tests/test_daemon.py",
     "tests/faults/test_soak.py",
-    "tests/mirror/test_mirror_kafka.py",
     "tests/follower/test_retention_kafka.py",
     "tests/test_readme.py",
+    "tests/leader/test_serve_rebalance.py",
+    "tests/peers/test_kafka_harness.py",
+    "tests/follower/test_sessions_kafka.py",
+    "tests/log/test_manager.py",
+    "tests/log/test_crash.py",
+    "tests/leader/test_serve_hostile.py",
+    "tests/sim/test_sim_run.py",
+    "tests/verify/test_continuous.py",
+    "tests/peers/test_localkafka.py",
+    "tests/fuzz/test_config.py",
+    "tests/follower/test_replication_kafka.py",
 )
 
 
