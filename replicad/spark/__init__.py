@@ -20,7 +20,9 @@ activating the venv) cannot import replicad. The modules:
   how far each micro-batch reads; stable: the last stable offset for read_committed);
 - pipeline: `replicad pipeline export|verify|offsets-from-checkpoint` (follow: the export
   as a streaming query; handover: offsets out of a Spark checkpoint, for a failover);
-  submit: spark-submit's program file for those jobs.
+  submit: spark-submit's program file for those jobs;
+- worker_python / connect_first / forkserver: how a local run's Python workers start (the
+  driver's interpreter and PySpark; connected to Spark before importing; forked warm).
 
 Importing this package does not import pyspark; `register` does.
 """

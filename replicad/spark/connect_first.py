@@ -21,7 +21,9 @@ what the machine gives them.
 
 Only modules whose `__main__` connects through `get_sock_file_to_executor` (checked for
 PySpark 4.3, tests/spark/test_connect_first.py) go this way; anything else, and a process
-not started by a PythonWorkerFactory, is the plain interpreter.
+not started by a PythonWorkerFactory, is the plain interpreter. Once connected, a local
+session's forkserver (forkserver.py), when there is one, runs the module in a fork of a
+process that has imported it already; otherwise this process imports and runs it.
 """
 
 from __future__ import annotations
@@ -120,6 +122,13 @@ def main(argv: list[str]) -> None:
     """`python -m replicad.spark.connect_first -m MODULE [ARGS...]`, as Spark ran the script."""
     if len(argv) >= 2 and argv[0] == "-m" and argv[1] in MODULES and started_by_spark(os.environ):
         sock, sock_file = connect(os.environ)
+        # A local session's forkserver runs the module in a process that has its imports
+        # done already (forkserver.py); without one, this process imports and runs it.
+        from replicad.spark.forkserver import hand_over
+
+        status = hand_over(argv[1], argv[2:], sock, sock_file)
+        if status is not None:
+            sys.exit(status)
         run(argv[1], argv[2:], sock, sock_file)
         return
     os.execv(sys.executable, [sys.executable, *argv])

@@ -86,12 +86,37 @@ def spark_session(
 
             python = os.environ.setdefault("PYSPARK_PYTHON", worker_python())
             builder = builder.config("spark.pyspark.python", python)
+            if python == worker_python():
+                _start_forkserver()
     builder = builder.config("spark.ui.showConsoleProgress", "false")
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     register(spark)
     return spark
+
+
+if TYPE_CHECKING:
+    from replicad.spark.forkserver import Server
+
+_forkserver: list[Server] = []  # the one this process started
+
+
+def _start_forkserver() -> None:
+    """One warm process for the driver-side Python workers of this process's sessions to
+    fork from (forkserver.py); REPLICAD_SPARK_FORKSERVER set empty: none. One inherited
+    from a parent process is not used: it is the parent's, and ends with it."""
+    from replicad.spark import forkserver
+    from replicad.spark.worker_python import pyspark_home
+
+    if os.environ.get(forkserver.ENV) == "":
+        return
+    if not _forkserver:
+        pythonpath = os.pathsep.join(
+            p for p in (str(pyspark_home()), os.environ.get("PYTHONPATH", "")) if p
+        )
+        _forkserver.append(forkserver.start(sys.executable, pythonpath))
+    os.environ[forkserver.ENV] = _forkserver[0].path
 
 
 def read(spark: SparkSession, options: ReadOptions, raw: Mapping[str, str]) -> DataFrame:

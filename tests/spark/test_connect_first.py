@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from replicad.spark.connect_first import MODULES
+from replicad.spark.forkserver import ENV as FORKSERVER_ENV
 from replicad.spark.worker_python import pyspark_home, worker_python
 from replicad.types import TopicPartition
 from tools.wait import wait_until
@@ -79,6 +80,7 @@ def start_worker(tmp_path: Path, listener: socket.socket, *, secret: str = SECRE
         "PYTHON_WORKER_FACTORY_PORT": str(listener.getsockname()[1]),
         "PYTHON_WORKER_FACTORY_SECRET": secret,
     }
+    env.pop(FORKSERVER_ENV, None)  # the session's server would run the real module
     argv = [sys.executable, "-m", "replicad.spark.connect_first", "-m", STUB_MODULE]
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE)
     return proc, gate
@@ -163,6 +165,19 @@ def test_the_workers_script_routes_only_those_modules(tmp_path):
     assert "'-m pyspark.daemon'" not in script and "'-m pyspark.worker'" not in script
 
 
+def children_of(parent: int) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                stat = (proc / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                found.append(int(proc.name))
+    return found
+
+
 def source_processes(jvm_pid: int) -> list[str]:
     """Command lines of the JVM's children hosting a Python stream source."""
     found = []
@@ -183,6 +198,12 @@ def source_processes(jvm_pid: int) -> list[str]:
 def test_a_stream_on_the_sessions_spark_runs_its_source_through_connect_first(
     spark, tmp_path, write_partition, make_batches
 ):
+    """... in a fork of the session's forkserver (forkserver.py), the process Spark
+    started standing in for it."""
+    from replicad.spark.pipeline import _forkserver
+
+    (server,) = _forkserver
+    wait_until(lambda: os.path.exists(server.path), timeout_s=DEADLINE_S, what="the server")
     data_dir = tmp_path / "data"
     tp = TopicPartition("connect-first", 0)
     write_partition(data_dir, tp, [make_batches.data(0, 20)])
@@ -198,6 +219,7 @@ def test_a_stream_on_the_sessions_spark_runs_its_source_through_connect_first(
     try:
         wait_until(lambda: source_processes(jvm_pid), timeout_s=DEADLINE_S, what="the source")
         assert "-m replicad.spark.connect_first -m " in source_processes(jvm_pid)[0]
+        assert children_of(server.pid)  # the source's reader, forked
         query.processAllAvailable()
         rows = spark.sql("select offset from connect_first").collect()
         assert sorted(r.offset for r in rows) == list(range(20))

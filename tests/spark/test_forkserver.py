@@ -1,0 +1,243 @@
+"""forkserver.py: a driver-side worker hands its connection to Spark over to a warm process.
+
+Spark's side of the handshake is played by a socket here, and PySpark by a stand-in whose
+module answers over the connection it was handed and says which process it ran in; the
+server preloads that stand-in. A real stream on the session's Spark through the server is
+in test_connect_first.py (its source process's module runs in a child of the server)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from replicad.spark import forkserver
+from tools.wait import wait_until
+
+INT = struct.Struct("!i")
+DEADLINE_S = 120
+SECRET = "a-secret"
+STUB_MODULE = "pyspark.sql.worker.lookup_data_sources"
+
+STUB_WORKER_UTIL = """
+import contextlib
+
+@contextlib.contextmanager
+def get_sock_file_to_executor(timeout=-1):
+    raise AssertionError("connect_first should have handed over its connection")
+    yield
+"""
+# Answers b"ping" with b"gnip", then its pid, its PRELOADED marker (set in the server's
+# import, so only a fork of the server sees it set) and a variable of the worker's
+# environment; b"wait" instead: blocks until the connection closes.
+STUB_MAIN = """
+import os
+import pyspark.preloaded as preloaded
+from pyspark.worker_util import get_sock_file_to_executor
+
+if __name__ == "__main__":
+    with get_sock_file_to_executor(timeout=None) as sock_file:
+        asked = sock_file.read(4)
+        if asked == b"wait":
+            sock_file.read(1)
+        else:
+            said = f"{os.getpid()} {preloaded.MARK} {os.environ.get('STUB_ENV')}".encode()
+            sock_file.write(asked[::-1] + len(said).to_bytes(4, "big") + said)
+            sock_file.flush()
+"""
+PRELOADED = "MARK = 'cold'\n"
+
+
+def stub_pyspark(root: Path) -> Path:
+    package = root / "pyspark"
+    (package / "sql" / "worker").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "preloaded.py").write_text(PRELOADED)
+    (package / "worker_util.py").write_text(STUB_WORKER_UTIL)
+    (package / "sql" / "__init__.py").write_text("")
+    (package / "sql" / "worker" / "__init__.py").write_text("")
+    (package / "sql" / "worker" / "lookup_data_sources.py").write_text(STUB_MAIN)
+    return root
+
+
+def read_exactly(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            raise EOFError(f"closed after {len(data)} of {n} bytes")
+        data += chunk
+    return data
+
+
+@pytest.fixture
+def stubs(tmp_path: Path) -> Path:
+    return stub_pyspark(tmp_path / "stubs")
+
+
+def pythonpath(stubs: Path) -> str:
+    return os.pathsep.join([str(stubs), *sys.path])
+
+
+@pytest.fixture
+def server(tmp_path: Path, stubs: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A server preloading the stand-in (its marker set to "warm" once imported)."""
+    path = str(tmp_path / "fork.sock")
+    marker = "import pyspark.preloaded as p; p.MARK = 'warm'"
+    (stubs / "warmup.py").write_text(marker + "\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "replicad.spark.forkserver", path, str(os.getpid()), "warmup"],
+        env={**os.environ, "PYTHONPATH": pythonpath(stubs)},
+    )
+    try:
+        wait_until(lambda: os.path.exists(path), timeout_s=DEADLINE_S, what="the server")
+        yield path, proc
+    finally:
+        proc.terminate()
+        proc.wait(DEADLINE_S)
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    spark = socket.create_server(("127.0.0.1", 0))
+    spark.settimeout(DEADLINE_S)
+    try:
+        yield spark
+    finally:
+        spark.close()
+
+
+def start_worker(stubs: Path, listener: socket.socket, server_path: str) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "PYTHONPATH": pythonpath(stubs),
+        "PYTHON_WORKER_FACTORY_PORT": str(listener.getsockname()[1]),
+        "PYTHON_WORKER_FACTORY_SECRET": SECRET,
+        forkserver.ENV: server_path,
+        "STUB_ENV": "the worker's",
+    }
+    argv = [sys.executable, "-m", "replicad.spark.connect_first", "-m", STUB_MODULE]
+    return subprocess.Popen(argv, env=env)
+
+
+def handshake(listener: socket.socket, worker: subprocess.Popen) -> socket.socket:
+    conn, _ = listener.accept()
+    conn.settimeout(DEADLINE_S)
+    (length,) = INT.unpack(read_exactly(conn, 4))
+    assert read_exactly(conn, length).decode() == SECRET
+    conn.sendall(INT.pack(2) + b"ok")
+    # Spark knows the worker by the pid of the process it started.
+    assert INT.unpack(read_exactly(conn, 4)) == (worker.pid,)
+    return conn
+
+
+def ping(conn: socket.socket) -> tuple[int, str, str]:
+    conn.sendall(b"ping")
+    assert read_exactly(conn, 4) == b"gnip"
+    (length,) = INT.unpack(read_exactly(conn, 4))
+    pid, mark, env = read_exactly(conn, length).decode().split(" ", 2)
+    return int(pid), mark, env
+
+
+def test_the_module_runs_in_a_fork_of_the_warm_server_over_the_workers_connection(
+    stubs, server, listener
+):
+    path, server_proc = server
+    for _ in range(2):  # one fork after another
+        worker = start_worker(stubs, listener, path)
+        try:
+            conn = handshake(listener, worker)
+            pid, mark, env = ping(conn)
+            assert mark == "warm" and env == "the worker's"
+            assert pid not in (worker.pid, server_proc.pid)
+            assert worker.wait(DEADLINE_S) == 0  # the child's status, once it ended
+            conn.close()
+        finally:
+            worker.kill()
+            worker.wait()
+    assert server_proc.poll() is None
+
+
+def test_without_a_server_the_worker_runs_the_module_itself(tmp_path, stubs, listener):
+    worker = start_worker(stubs, listener, str(tmp_path / "no-server.sock"))
+    try:
+        conn = handshake(listener, worker)
+        pid, mark, _ = ping(conn)
+        assert (pid, mark) == (worker.pid, "cold")
+        assert worker.wait(DEADLINE_S) == 0
+        conn.close()
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+def child_of(parent: int) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                stat = (proc / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                found.append(int(proc.name))
+    return found
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_the_child_ends_when_spark_destroys_the_worker(stubs, server, listener, how):
+    """Spark stops a worker by destroying the process it started (SIGTERM, forwarded); one
+    killed outright leaves the child to notice it is gone."""
+    path, server_proc = server
+    worker = start_worker(stubs, listener, path)
+    try:
+        conn = handshake(listener, worker)
+        conn.sendall(b"wait")
+        wait_until(lambda: child_of(server_proc.pid), timeout_s=DEADLINE_S, what="the fork")
+        (child,) = child_of(server_proc.pid)
+        worker.send_signal(how)
+        worker.wait(DEADLINE_S)
+        wait_until(lambda: gone(child), timeout_s=DEADLINE_S, what="the child to end")
+        conn.close()
+    finally:
+        worker.kill()
+        worker.wait()
+    assert server_proc.poll() is None
+
+
+def test_a_module_not_routed_is_refused_and_the_worker_starts_cold(tmp_path, server):
+    path, _ = server
+    spark_side, worker_side = socket.socketpair()
+    try:
+        os.environ[forkserver.ENV] = path
+        try:
+            status = forkserver.hand_over("os", [], worker_side, worker_side.makefile("rwb"))
+        finally:
+            del os.environ[forkserver.ENV]
+        assert status is None  # refused: the caller runs it itself
+        assert worker_side.fileno() != -1  # and still has its connection
+    finally:
+        spark_side.close()
+        worker_side.close()
+
+
+def test_exit_codes_follow_the_shell_convention():
+    assert forkserver.exit_code(0) == 0
+    assert forkserver.exit_code(255) == 255
+    assert forkserver.exit_code(-signal.SIGTERM) == 128 + signal.SIGTERM
