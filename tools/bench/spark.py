@@ -101,16 +101,21 @@ def kafka_tuned(master: str) -> dict[str, str]:
 
 
 class Meter:
-    """CPU seconds of the Spark JVM's process tree and of the broker around one read."""
+    """CPU seconds of the Spark JVM's process tree (with the forkserver's, whose forks
+    are the driver-side Python workers: replicad/spark/forkserver.py) and of the broker
+    around one read."""
 
     def __init__(self, spark_pid: int, broker_pid: int | None) -> None:
-        self.spark_pid, self.broker_pid = spark_pid, broker_pid
+        from replicad.spark.pipeline import _forkserver
+
+        self.spark_pids = [spark_pid, *(server.pid for server in _forkserver)]
+        self.broker_pid = broker_pid
 
     def read(self) -> tuple[float, float]:
         from tools.bench.measure import tree_cpu_seconds
 
         broker = tree_cpu_seconds(self.broker_pid) if self.broker_pid else float("nan")
-        return tree_cpu_seconds(self.spark_pid), broker
+        return sum(tree_cpu_seconds(pid) for pid in self.spark_pids), broker
 
 
 def produce(bootstrap: str, topic: str, *, target_bytes: int, value_bytes: int, codec: str) -> int:

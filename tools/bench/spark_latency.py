@@ -3,6 +3,7 @@ then Spark's Kafka source over the broker, one query at a time, the same load.
 
     .venv/bin/python -m tools.bench.spark_latency [--seconds 30] [--rate 200]
         [--trigger "1 second"] [--master local[2]] [--hw-interval-ms 200]
+        [--conf KEY=VALUE ...]
 
 A local Apache Kafka broker (tools.peers) holds two topics of 2 partitions whose records
 carry the broker's append time (`message.timestamp.type` LogAppendTime). confluent-kafka
@@ -210,14 +211,17 @@ def run_alone(
         query.stop()
 
 
-def session(master: str, jars: str) -> SparkSession:
+def session(master: str, jars: str, conf: list[str] | None = None) -> SparkSession:
+    """The session of both queries; `conf` (KEY=VALUE) applies to both alike."""
     from replicad.spark.pipeline import spark_session
 
-    spark = spark_session(
-        master,
-        {"spark.jars": jars, "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"},
-        app_name="replicad latency bench",
-    )
+    settings = {
+        "spark.jars": jars,
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "2",
+    }
+    settings.update(kv.split("=", 1) for kv in conf or [])  # type: ignore[misc]
+    spark = spark_session(master, settings, app_name="replicad latency bench")
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -250,7 +254,7 @@ def run(args: argparse.Namespace, work: Path) -> list[Row]:
                 lambda: (data_dir / "replication-offset-checkpoint").exists(),
                 what="the first high watermarks",
             )
-            spark = session(args.master, jars)
+            spark = session(args.master, jars, args.conf)
             try:
                 name = f"replicad stream (high_watermark_interval_ms {args.hw_interval_ms})"
                 replica_sink = Sink(name)
@@ -334,6 +338,9 @@ def main() -> int:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--hw-interval-ms", type=int, default=200)
     parser.add_argument("--work-dir", help="where the broker and the replica go")
+    parser.add_argument(
+        "--conf", action="append", default=[], help="KEY=VALUE, a Spark setting of both queries"
+    )
     args = parser.parse_args()
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-spark-latency-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -347,7 +354,7 @@ def main() -> int:
             f"{args.seconds:.0f} s over {PARTITIONS} partitions (after {args.warmup_seconds:.0f} s "
             "not measured), one query at a time; "
             f"{os.cpu_count()} cores, load average {load_before:.1f} before and "
-            f"{load_after:.1f} after"
+            f"{load_after:.1f} after; Spark settings {args.conf or 'the defaults'}"
         )
         print()
         print(table(rows))

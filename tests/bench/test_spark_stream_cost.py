@@ -1,0 +1,49 @@
+"""tools/bench/spark_stream_cost.py: its synthetic replica, and a stream's time split by its
+query progress. The queries run from the tool (`python -m tools.bench.spark_stream_cost`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from replicad.log.checkpoint import parse_offsets
+from replicad.log.config import LogConfig
+from replicad.records.batch import scan_batches
+from replicad.types import TopicPartition
+from tools.bench.spark_stream_cost import RECORDS_PER_BATCH, stream_phases, write_replica
+
+
+def test_the_replica_holds_the_records_its_high_watermarks_say(tmp_path: Path):
+    rows = write_replica(tmp_path, partitions=2, mb=0.8)
+    assert rows == 2 * 400  # whole producer batches per partition
+    checkpoint = (tmp_path / "replication-offset-checkpoint").read_text()
+    ends = parse_offsets(checkpoint, source="test")
+    assert ends == {TopicPartition("cost", 0): 400, TopicPartition("cost", 1): 400}
+    for p in (0, 1):
+        (segment,) = (tmp_path / f"cost-{p}").glob("*.log")
+        batches = scan_batches(segment.read_bytes()).batches
+        assert [b.base_offset for b in batches] == list(range(0, 400, RECORDS_PER_BATCH))
+        assert batches[-1].last_offset == 399
+        (index,) = (tmp_path / f"cost-{p}").glob("*.index")
+        assert index.stat().st_size == LogConfig().segment_index_bytes  # as while active
+
+
+def test_a_streams_time_is_split_before_in_and_after_its_micro_batches():
+    progress = [
+        {
+            "timestamp": "2026-11-26T21:00:01.500Z",
+            "durationMs": {"latestOffset": 100, "addBatch": 800, "triggerExecution": 1000},
+        },
+        {
+            "timestamp": "2026-11-26T21:00:02.500Z",
+            "durationMs": {"latestOffset": 10, "triggerExecution": 20},
+        },
+    ]
+    started_ms = 1_795_726_800_000.0  # 2026-11-26T21:00:00Z
+    phases = stream_phases(progress, started_ms, started_ms + 3_000)
+    assert phases["start"] == pytest.approx(1.5)
+    assert phases["addBatch"] == pytest.approx(0.8)
+    assert phases["latestOffset"] == pytest.approx(0.11)
+    assert phases["triggerExecution"] == pytest.approx(1.02)
+    assert phases["stop"] == pytest.approx(3.0 - 2.52)

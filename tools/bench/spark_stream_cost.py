@@ -1,0 +1,262 @@
+"""Where a `replicad` stream's time goes, beside the batch read of the same segments: a
+profile, with no broker (a synthetic replica), for A/B runs on a shared machine.
+
+    .venv/bin/python -m tools.bench.spark_stream_cost [--mb 200] [--partitions 4]
+        [--repeat 3] [--steady-batches 15] [--max-offsets 400] [--trigger "1 second"]
+        [--sink foreachBatch|noop] [--conf KEY=VALUE ...] [--jfr FILE]
+
+1. A replica of `--partitions` partitions written by replicad's log store (real segments and
+   indexes, producer batches of 1000-byte values from tools.logdata) and its
+   `replication-offset-checkpoint`: `--mb` MB of records, static, the last segment's indexes
+   preallocated as a running replicad leaves them.
+2. One Spark session (pipeline.spark_session, `--master`), warmed up by a small batch read
+   and a small stream. Then `--repeat` times, alternately: the batch read into `noop`, and
+   the stream with Trigger.AvailableNow into `noop` (a fresh checkpoint each time), each
+   with its wall time and CPU seconds (the JVM's process tree with the driver-side Python
+   processes and the forkserver's, forkserver.py). A stream's time is split as Spark's
+   query progress tells: before its first micro-batch (the query's start: the source's
+   Python process), its micro-batches by `durationMs`, and after (stopping).
+3. Steady micro-batches: the stream with a processing-time trigger, `--max-offsets` records
+   a micro-batch (maxOffsetsPerTrigger), into `--sink` (foreachBatch collecting the rows,
+   as tools.bench.spark_latency, or noop), for `--steady-batches` micro-batches after two
+   not counted; the median and p95 of each `durationMs` part and the CPU per micro-batch.
+`--conf` settings go to the session (both parts); `--jfr` records the driver JVM with
+Java Flight Recorder (the steady part is what to read in it). REPLICAD_SPARK_FORKSERVER=""
+in the environment runs without the forkserver (the A/B of a warm start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+MB = 1_000_000
+VALUE_BYTES = 1000
+RECORDS_PER_BATCH = 200
+
+
+def write_replica(data_dir: Path, partitions: int, mb: float) -> int:
+    """A static replica of about `mb` MB; its record count."""
+    from replicad.log.config import LogConfig
+    from replicad.log.partition import PartitionLog
+    from replicad.records.batch import scan_batches
+    from replicad.types import TopicPartition
+    from tools.logdata.batches import producer_batch
+
+    per_partition = max(RECORDS_PER_BATCH, int(mb * MB / VALUE_BYTES / partitions))
+    per_partition -= per_partition % RECORDS_PER_BATCH
+    values = [(b"v%05d-" % i).ljust(VALUE_BYTES, b"x") for i in range(RECORDS_PER_BATCH)]
+    config = LogConfig(segment_bytes=64 * 1024 * 1024, index_interval_bytes=4096)
+    ends = []
+    for p in range(partitions):
+        tp = TopicPartition("cost", p)
+        log = PartitionLog.create(data_dir / f"cost-{p}", tp, config, now_ms=0)
+        try:
+            for base in range(0, per_partition, RECORDS_PER_BATCH):
+                keys = [b"k%d" % (base + i) for i in range(RECORDS_PER_BATCH)]
+                raw = producer_batch(base, values, keys=keys, timestamps=[base] * len(keys))
+                log.append(raw, scan_batches(raw).batches, now_ms=0)
+        finally:
+            log.close()
+        # As a running replicad leaves them: the last segment's indexes preallocated (sparse).
+        last = sorted((data_dir / f"cost-{p}").glob("*.index"))[-1]
+        for index in (last, last.with_suffix(".timeindex")):
+            os.truncate(index, config.segment_index_bytes)
+        ends.append(f"cost {p} {per_partition}")
+    checkpoint = "\n".join(["0", str(partitions), *ends]) + "\n"
+    (data_dir / "replication-offset-checkpoint").write_text(checkpoint)
+    return per_partition * partitions
+
+
+class Meter:
+    """CPU seconds of the JVM's process tree and of the forkserver's (its forked workers)."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        from replicad.spark.pipeline import _forkserver
+
+        self.pids = [spark.sparkContext._gateway.proc.pid]  # type: ignore[attr-defined]
+        self.pids += [server.pid for server in _forkserver]
+
+    def read(self) -> float:
+        from tools.bench.measure import tree_cpu_seconds
+
+        return sum(tree_cpu_seconds(pid) for pid in self.pids)
+
+
+def progress_ms(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() * 1000
+
+
+def stream_phases(progress: list[dict], started_ms: float, ended_ms: float) -> dict[str, float]:
+    """Seconds before the first micro-batch, in micro-batches (by durationMs key), after."""
+    first, last = progress[0], progress[-1]
+    phases = {"start": (progress_ms(first["timestamp"]) - started_ms) / 1000}
+    for p in progress:
+        for key, ms in p["durationMs"].items():
+            phases[key] = phases.get(key, 0.0) + ms / 1000
+    last_end = progress_ms(last["timestamp"]) + last["durationMs"].get("triggerExecution", 0)
+    phases["stop"] = (ended_ms - last_end) / 1000
+    return phases
+
+
+def noop(df: DataFrame) -> None:
+    df.write.format("noop").mode("overwrite").save()
+
+
+def available_now(df: DataFrame, checkpoint: Path) -> tuple[list[dict], float, float]:
+    started_ms = time.time() * 1000
+    query = (
+        df.writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    return query.recentProgress, started_ms, time.time() * 1000
+
+
+def throughput(spark: SparkSession, data_dir: Path, work: Path, rows: int, repeat: int) -> None:
+    meter = Meter(spark)
+    checkpoints = iter(range(1_000_000))
+    # Warm-up: the executors' Python workers, the JIT, the first forks.
+    noop(spark.read.format("replicad").option("endingOffsets", "2000").load(str(data_dir)))
+    small = spark.readStream.format("replicad").option("maxOffsetsPerTrigger", 2000)
+    available_now(small.load(str(data_dir)).limit(10), work / "cp" / "warm")
+    print("| run | read | seconds | rows/s | CPU s | phases (s) |")
+    print("|---:|---|---:|---:|---:|---|")
+    for run in range(1, repeat + 1):
+        df = spark.read.format("replicad").load(str(data_dir))
+        cpu, started = meter.read(), time.perf_counter()
+        noop(df)
+        seconds, cpu = time.perf_counter() - started, meter.read() - cpu
+        print(f"| {run} | batch | {seconds:.2f} | {rows / seconds:,.0f} | {cpu:.2f} | |")
+        df = spark.readStream.format("replicad").load(str(data_dir))
+        cpu, started = meter.read(), time.perf_counter()
+        progress, started_ms, ended_ms = available_now(df, work / "cp" / str(next(checkpoints)))
+        seconds, cpu = time.perf_counter() - started, meter.read() - cpu
+        phases = stream_phases(progress, started_ms, ended_ms)
+        shown = ", ".join(f"{k} {v:.2f}" for k, v in phases.items() if v >= 0.005)
+        print(
+            f"| {run} | stream | {seconds:.2f} | {rows / seconds:,.0f} | {cpu:.2f} | {shown} |",
+            flush=True,
+        )
+
+
+def steady(spark: SparkSession, data_dir: Path, work: Path, args: argparse.Namespace) -> None:
+    meter = Meter(spark)
+    df = (
+        spark.readStream.format("replicad")
+        .option("maxOffsetsPerTrigger", args.max_offsets)
+        .load(str(data_dir))
+    )
+    writer = df.writeStream.option("checkpointLocation", str(work / "cp" / "steady"))
+    if args.sink == "noop":
+        writer = writer.format("noop")
+    else:
+        writer = writer.foreachBatch(
+            lambda batch, _id: batch.selectExpr("partition", "offset").collect()
+        )
+    for key, value in args.sink_option:
+        writer = writer.option(key, value)
+    query = writer.trigger(processingTime=args.trigger).start()
+    try:
+        skip = 2
+        while len([p for p in query.recentProgress if p["numInputRows"] > 0]) < skip:
+            time.sleep(0.05)
+        cpu = meter.read()
+        counted_from = query.lastProgress["batchId"]
+        while query.lastProgress["batchId"] < counted_from + args.steady_batches:
+            time.sleep(0.05)
+        cpu = meter.read() - cpu
+        batches = [
+            p
+            for p in query.recentProgress
+            if counted_from < p["batchId"] <= counted_from + args.steady_batches
+        ]
+    finally:
+        query.stop()
+    keys = sorted({k for p in batches for k in p["durationMs"]})
+    print(f"\n{len(batches)} steady micro-batches of {args.max_offsets} records into {args.sink}:")
+    print("| durationMs | median ms | p95 ms |")
+    print("|---|---:|---:|")
+    for key in keys:
+        values = sorted(p["durationMs"].get(key, 0) for p in batches)
+        p95 = values[min(len(values) - 1, round(0.95 * (len(values) - 1)))]
+        print(f"| {key} | {statistics.median(values):,.0f} | {p95:,} |")
+    print(f"CPU per micro-batch: {cpu / max(1, len(batches)):.3f} s (JVM tree and forkserver)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mb", type=float, default=200.0)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--steady-batches", type=int, default=15, help="0: no steady part")
+    parser.add_argument("--max-offsets", type=int, default=400)
+    parser.add_argument("--trigger", default="1 second")
+    parser.add_argument("--sink", choices=["foreachBatch", "noop"], default="foreachBatch")
+    parser.add_argument(
+        "--sink-option",
+        action="append",
+        default=[],
+        type=lambda kv: tuple(kv.split("=", 1)),
+        help="KEY=VALUE, an option of the steady query's writer",
+    )
+    parser.add_argument("--conf", action="append", default=[], help="KEY=VALUE for the session")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--jfr", help="record the driver JVM into this file")
+    parser.add_argument("--work-dir", help="kept, its replica reused by the next run")
+    args = parser.parse_args()
+    from replicad.spark.pipeline import spark_session
+
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-spark-cost-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        data_dir = work / "replica"
+        if (data_dir / "replication-offset-checkpoint").exists():  # --work-dir's, kept
+            ends = (data_dir / "replication-offset-checkpoint").read_text().split("\n")[2:]
+            rows = sum(int(line.split()[2]) for line in ends if line)
+        else:
+            data_dir.mkdir()
+            rows = write_replica(data_dir, args.partitions, args.mb)
+        conf = {"spark.ui.enabled": "false", "spark.driver.memory": "2g"}
+        if args.jfr:
+            conf["spark.driver.extraJavaOptions"] = (
+                f"-XX:StartFlightRecording=filename={args.jfr},settings=profile,dumponexit=true"
+            )
+        conf.update(kv.split("=", 1) for kv in args.conf)  # type: ignore[arg-type]
+        load = os.getloadavg()[0]
+        spark = spark_session(args.master, conf, app_name="replicad stream cost")
+        spark.sparkContext.setLogLevel("ERROR")
+        forks = "without" if os.environ.get("REPLICAD_SPARK_FORKSERVER") == "" else "with"
+        print(
+            f"{rows:,} records of {VALUE_BYTES} bytes in {args.partitions} partitions, "
+            f"{args.master}, {forks} the forkserver, conf {args.conf or 'none'}; "
+            f"load average {load:.1f} at the start"
+        )
+        try:
+            if args.repeat:
+                throughput(spark, data_dir, work, rows, args.repeat)
+            if args.steady_batches:
+                steady(spark, data_dir, work, args)
+        finally:
+            spark.stop()
+        print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    finally:
+        if not args.work_dir:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
