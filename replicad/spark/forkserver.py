@@ -28,6 +28,10 @@ Rules:
   can enter, and ends when the process that started it is gone (or is told to).
 - The client's side (`hand_over`) imports the standard library only: it runs before
   anything else in the worker.
+- What a preloaded module reads from the environment when imported, it read in the server,
+  which has the driver's environment (PySpark 4.3's modules read two test switches so,
+  SPARK_TESTING and PYSPARK_ENABLE_NAMEDTUPLE_PATCH); everything read while running sees
+  the worker's own.
 """
 
 from __future__ import annotations
