@@ -244,13 +244,15 @@ def main() -> int:
             f"{args.master}, {forks} the forkserver, conf {args.conf or 'none'}; "
             f"load average {load:.1f} at the start"
         )
+        checkpoints = Path(tempfile.mkdtemp(prefix="run-", dir=work))  # this run's alone
         try:
             if args.repeat:
-                throughput(spark, data_dir, work, rows, args.repeat)
+                throughput(spark, data_dir, checkpoints, rows, args.repeat)
             if args.steady_batches:
-                steady(spark, data_dir, work, args)
+                steady(spark, data_dir, checkpoints, args)
         finally:
             spark.stop()
+            shutil.rmtree(checkpoints, ignore_errors=True)
         print(f"load average {os.getloadavg()[0]:.1f} at the end")
     finally:
         if not args.work_dir:
