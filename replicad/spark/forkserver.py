@@ -338,6 +338,10 @@ def _child(request: Request) -> None:
 
         traceback.print_exc()
     finally:
+        import atexit
+
+        with contextlib.suppress(Exception):
+            atexit._run_exitfuncs()  # as the interpreter would on its way out
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
