@@ -8,7 +8,9 @@ hosts its source (python_streaming_source_runner). Each imports PySpark, pyarrow
 source before doing anything: about 0.9 s of CPU each on this machine, two per query, paid
 by every query however few records it reads (docs/benchmarks.md, session 10).
 
-So a local session (pipeline.spark_session) starts one server that imports them once, and
+So a local session (pipeline.spark_session, when REPLICAD_SPARK_FORKSERVER=1: off by
+default until the whole Spark suite has run with it) starts one server that imports them
+once, and
 connect_first.py, once connected to Spark, hands it that connection: the socket, its own
 stdin/stdout/stderr (SCM_RIGHTS over a Unix socket), the module, its arguments,
 environment, sys.path and working directory. The server forks; the child takes them over
@@ -49,7 +51,11 @@ import threading
 from dataclasses import dataclass
 from typing import BinaryIO
 
-ENV = "REPLICAD_SPARK_FORKSERVER"  # the server's socket path; unset or empty: no warm start
+# `1` asks pipeline.spark_session for a server, which then holds its socket's path here for
+# the workers; unset, empty or `0`: none (the default, for now).
+ENV = "REPLICAD_SPARK_FORKSERVER"
+OFF = ("", "0")
+_ASKED = "1"
 _INT = struct.Struct("!i")
 _FDS = 4  # the connection to Spark, then stdin, stdout, stderr
 _MAX_REQUEST = 1 << 20
@@ -86,8 +92,8 @@ def hand_over(
     """Have the server run `module` over the connection `spark` (and `spark_file`, made
     from it); its exit status, or None when there is no server to take it (the caller runs
     the module itself, over the same connection)."""
-    path = os.environ.get(ENV)
-    if not path:
+    path = os.environ.get(ENV, "")
+    if path in OFF or path == _ASKED:
         return None
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

@@ -104,12 +104,14 @@ _forkserver: list[Server] = []  # the one this process started
 
 def _start_forkserver() -> None:
     """One warm process for the driver-side Python workers of this process's sessions to
-    fork from (forkserver.py); REPLICAD_SPARK_FORKSERVER set empty: none. One inherited
-    from a parent process is not used: it is the parent's, and ends with it."""
+    fork from (forkserver.py), when REPLICAD_SPARK_FORKSERVER asks for it (`1`; off by
+    default until the whole Spark suite has run with it). One inherited from a parent
+    process (the variable holds its socket) is not used: it is the parent's, and ends
+    with it; this process starts its own."""
     from replicad.spark import forkserver
     from replicad.spark.worker_python import pyspark_home
 
-    if os.environ.get(forkserver.ENV) == "":
+    if os.environ.get(forkserver.ENV, "") in forkserver.OFF:
         return
     if not _forkserver:
         pythonpath = os.pathsep.join(

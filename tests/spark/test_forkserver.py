@@ -241,3 +241,22 @@ def test_exit_codes_follow_the_shell_convention():
     assert forkserver.exit_code(0) == 0
     assert forkserver.exit_code(255) == 255
     assert forkserver.exit_code(-signal.SIGTERM) == 128 + signal.SIGTERM
+
+
+def test_a_local_session_starts_a_server_only_when_asked(monkeypatch):
+    from replicad.spark import pipeline
+
+    monkeypatch.setattr(pipeline, "_forkserver", [])
+    monkeypatch.delenv(forkserver.ENV, raising=False)
+    pipeline._start_forkserver()
+    assert pipeline._forkserver == [] and forkserver.ENV not in os.environ
+    monkeypatch.setenv(forkserver.ENV, "1")
+    pipeline._start_forkserver()
+    (server,) = pipeline._forkserver
+    try:
+        assert os.environ[forkserver.ENV] == server.path  # what the JVM's workers inherit
+        wait_until(lambda: os.path.exists(server.path), timeout_s=DEADLINE_S, what="the server")
+        pipeline._start_forkserver()  # a second session of the process: the same server
+        assert pipeline._forkserver == [server]
+    finally:
+        os.kill(server.pid, signal.SIGTERM)

@@ -431,6 +431,11 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
     args.kafka_jars = connector_jars()
+    # The driver-side Python forked warm (replicad/spark/forkserver.py) unless told `0`.
+    from replicad.spark.forkserver import ENV, OFF
+
+    os.environ.setdefault(ENV, "1")
+    args.forkserver = "off" if os.environ[ENV] in OFF else "on"
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-spark-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -442,7 +447,7 @@ def main() -> int:
             f"best of {args.repeat}, "
             f"{args.value_bytes}-byte values, codec {args.codec}, "
             f"{log_bytes / GB:.2f} GB of segments; Spark {spark_version()}, "
-            f"Kafka source {connector_name(args.kafka_jars)}"
+            f"Kafka source {connector_name(args.kafka_jars)}; forkserver {args.forkserver}"
         )
         print()
         print(table(timings, log_bytes))

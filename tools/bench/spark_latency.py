@@ -342,6 +342,10 @@ def main() -> int:
         "--conf", action="append", default=[], help="KEY=VALUE, a Spark setting of both queries"
     )
     args = parser.parse_args()
+    from replicad.spark.forkserver import ENV, OFF
+
+    os.environ.setdefault(ENV, "1")  # replicad/spark/forkserver.py, unless told `0`
+    forkserver = "off" if os.environ[ENV] in OFF else "on"
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-spark-latency-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -354,7 +358,8 @@ def main() -> int:
             f"{args.seconds:.0f} s over {PARTITIONS} partitions (after {args.warmup_seconds:.0f} s "
             "not measured), one query at a time; "
             f"{os.cpu_count()} cores, load average {load_before:.1f} before and "
-            f"{load_after:.1f} after; Spark settings {args.conf or 'the defaults'}"
+            f"{load_after:.1f} after; Spark settings {args.conf or 'the defaults'}; "
+            f"forkserver {forkserver}"
         )
         print()
         print(table(rows))

@@ -21,8 +21,9 @@ profile, with no broker (a synthetic replica), for A/B runs on a shared machine.
    as tools.bench.spark_latency, or noop), for `--steady-batches` micro-batches after two
    not counted; the median and p95 of each `durationMs` part and the CPU per micro-batch.
 `--conf` settings go to the session (both parts); `--jfr` records the driver JVM with
-Java Flight Recorder (the steady part is what to read in it). REPLICAD_SPARK_FORKSERVER=""
-in the environment runs without the forkserver (the A/B of a warm start).
+Java Flight Recorder (the steady part is what to read in it). It runs with the forkserver
+(replicad/spark/forkserver.py) unless REPLICAD_SPARK_FORKSERVER=0 is in the environment (the
+A/B of a warm start).
 """
 
 from __future__ import annotations
@@ -217,8 +218,11 @@ def main() -> int:
     parser.add_argument("--jfr", help="record the driver JVM into this file")
     parser.add_argument("--work-dir", help="kept, its replica reused by the next run")
     args = parser.parse_args()
+    from replicad.spark.forkserver import ENV, OFF
     from replicad.spark.pipeline import spark_session
 
+    os.environ.setdefault(ENV, "1")
+    forks = "without" if os.environ[ENV] in OFF else "with"
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-spark-cost-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -238,7 +242,6 @@ def main() -> int:
         load = os.getloadavg()[0]
         spark = spark_session(args.master, conf, app_name="replicad stream cost")
         spark.sparkContext.setLogLevel("ERROR")
-        forks = "without" if os.environ.get("REPLICAD_SPARK_FORKSERVER") == "" else "with"
         print(
             f"{rows:,} records of {VALUE_BYTES} bytes in {args.partitions} partitions, "
             f"{args.master}, {forks} the forkserver, conf {args.conf or 'none'}; "
