@@ -29,8 +29,11 @@ process that has imported it already; otherwise this process imports and runs it
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import runpy
+import select
+import signal
 import socket
 import struct
 import sys
@@ -118,14 +121,89 @@ def run(module: str, args: list[str], sock: socket.socket, sock_file: BinaryIO) 
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
+# -- handing the connection to a forkserver (forkserver.py) -------------------------------
+
+# `1` asks pipeline.spark_session for a server, which then holds its socket's path here for
+# the workers; unset, empty or `0`: none (the default, for now).
+ENV = "REPLICAD_SPARK_FORKSERVER"
+OFF = ("", "0")
+_ASKED = "1"
+
+
+def hand_over(
+    module: str, args: list[str], spark: socket.socket, spark_file: BinaryIO
+) -> int | None:
+    """Have the server run `module` over the connection `spark` (and `spark_file`, made
+    from it); its exit status, or None when there is no server to take it (the caller runs
+    the module itself, over the same connection)."""
+    path = os.environ.get(ENV, "")
+    if path in OFF or path == _ASKED:
+        return None
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        server.connect(path)
+        payload = json.dumps(
+            {
+                "module": module,
+                "args": args,
+                "env": dict(os.environ),
+                "path": sys.path,
+                "cwd": os.getcwd(),
+                "client_pid": os.getpid(),
+            }
+        ).encode("utf-8")
+        fds = [spark.fileno(), 0, 1, 2]
+        socket.send_fds(server, [_INT.pack(len(payload)) + payload], fds)
+        child = _read_server_int(server)
+    except (OSError, EOFError):
+        server.close()
+        return None
+    # From here the child has the connection: this process only stands in for it.
+    spark_file.close()
+    spark.close()
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, lambda signum, _frame: _forward(child, signum))
+    try:
+        return _read_server_int(server)
+    except (OSError, EOFError):
+        return _wait_gone(child)  # the server went away: wait for the child itself
+    finally:
+        server.close()
+
+
+def _forward(child: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(child, signum)
+
+
+def _wait_gone(pid: int) -> int:
+    try:
+        fd = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return 1
+    try:
+        select.select([fd], [], [])
+    finally:
+        os.close(fd)
+    return 1  # not our child: its status is unknown
+
+
+def _read_server_int(sock: socket.socket) -> int:
+    data = b""
+    while len(data) < _INT.size:
+        chunk = sock.recv(_INT.size - len(data))
+        if not chunk:
+            raise EOFError("forkserver closed the connection")
+        data += chunk
+    return int(_INT.unpack(data)[0])
+
+
 def main(argv: list[str]) -> None:
     """`python -m replicad.spark.connect_first -m MODULE [ARGS...]`, as Spark ran the script."""
     if len(argv) >= 2 and argv[0] == "-m" and argv[1] in MODULES and started_by_spark(os.environ):
         sock, sock_file = connect(os.environ)
         # A local session's forkserver runs the module in a process that has its imports
         # done already (forkserver.py); without one, this process imports and runs it.
-        from replicad.spark.forkserver import hand_over
-
         status = hand_over(argv[1], argv[2:], sock, sock_file)
         if status is not None:
             sys.exit(status)

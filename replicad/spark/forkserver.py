@@ -28,8 +28,8 @@ Rules:
   are done, so an early worker finds nothing and starts cold.
 - The server serves only connect_first.MODULES, on a socket in a directory only its user
   can enter, and ends when the process that started it is gone (or is told to).
-- The client's side (`hand_over`) imports the standard library only: it runs before
-  anything else in the worker.
+- The worker's side (`connect_first.hand_over`) imports the standard library only: it runs
+  before anything else in the worker.
 - What a preloaded module reads from the environment when imported, it read in the server,
   which has the driver's environment (PySpark 4.3's modules read two test switches so,
   SPARK_TESTING and PYSPARK_ENABLE_NAMEDTUPLE_PATCH); everything read while running sees
@@ -49,13 +49,22 @@ import struct
 import sys
 import threading
 from dataclasses import dataclass
-from typing import BinaryIO
 
-# `1` asks pipeline.spark_session for a server, which then holds its socket's path here for
-# the workers; unset, empty or `0`: none (the default, for now).
-ENV = "REPLICAD_SPARK_FORKSERVER"
-OFF = ("", "0")
-_ASKED = "1"
+from replicad.spark.connect_first import (  # the worker's side, and what it shares
+    ENV as ENV,
+)
+from replicad.spark.connect_first import (
+    MODULES,
+    _forward,
+    run,
+)
+from replicad.spark.connect_first import (
+    OFF as OFF,
+)
+from replicad.spark.connect_first import (
+    hand_over as hand_over,
+)
+
 _INT = struct.Struct("!i")
 _FDS = 4  # the connection to Spark, then stdin, stdout, stderr
 _MAX_REQUEST = 1 << 20
@@ -81,77 +90,6 @@ class Request:
     cwd: str
     client_pid: int
     fds: list[int]
-
-
-# -- the worker's side (standard library only) ---------------------------------------------
-
-
-def hand_over(
-    module: str, args: list[str], spark: socket.socket, spark_file: BinaryIO
-) -> int | None:
-    """Have the server run `module` over the connection `spark` (and `spark_file`, made
-    from it); its exit status, or None when there is no server to take it (the caller runs
-    the module itself, over the same connection)."""
-    path = os.environ.get(ENV, "")
-    if path in OFF or path == _ASKED:
-        return None
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        server.connect(path)
-        payload = json.dumps(
-            {
-                "module": module,
-                "args": args,
-                "env": dict(os.environ),
-                "path": sys.path,
-                "cwd": os.getcwd(),
-                "client_pid": os.getpid(),
-            }
-        ).encode("utf-8")
-        fds = [spark.fileno(), 0, 1, 2]
-        socket.send_fds(server, [_INT.pack(len(payload)) + payload], fds)
-        child = _read_int(server)
-    except (OSError, EOFError):
-        server.close()
-        return None
-    # From here the child has the connection: this process only stands in for it.
-    spark_file.close()
-    spark.close()
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, lambda signum, _frame: _forward(child, signum))
-    try:
-        return _read_int(server)
-    except (OSError, EOFError):
-        return _wait_gone(child)  # the server went away: wait for the child itself
-    finally:
-        server.close()
-
-
-def _forward(child: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(child, signum)
-
-
-def _wait_gone(pid: int) -> int:
-    try:
-        fd = os.pidfd_open(pid)
-    except (OSError, AttributeError):
-        return 1
-    try:
-        select.select([fd], [], [])
-    finally:
-        os.close(fd)
-    return 1  # not our child: its status is unknown
-
-
-def _read_int(sock: socket.socket) -> int:
-    data = b""
-    while len(data) < _INT.size:
-        chunk = sock.recv(_INT.size - len(data))
-        if not chunk:
-            raise EOFError("forkserver closed the connection")
-        data += chunk
-    return int(_INT.unpack(data)[0])
 
 
 def exit_code(status: int) -> int:
@@ -208,8 +146,6 @@ def serve(path: str, parent: int, preload: tuple[str, ...] | list[str] = PRELOAD
 
     for module in preload:
         importlib.import_module(module)
-    from replicad.spark.connect_first import MODULES
-
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".new")
     os.rename(path + ".new", path)  # clients see the socket only once it listens
@@ -333,8 +269,6 @@ def _child(request: Request) -> None:
         sock = socket.socket(fileno=spark_fd)
         sock.settimeout(int(request.env.get("SPARK_AUTH_SOCKET_TIMEOUT", 15)))
         sock_file = sock.makefile("rwb", int(request.env.get("SPARK_BUFFER_SIZE", 65536)))
-        from replicad.spark.connect_first import run
-
         run(request.module, request.args, sock, sock_file)
         code = 0
     except SystemExit as exit:
