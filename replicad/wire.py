@@ -36,3 +36,7 @@ FETCH_CURRENT_LEADER_EPOCH_VERSION = 9
 # (KIP-320, KIP-595); v13 replaced topic names with topic ids (KIP-516).
 FETCH_LAST_FETCHED_EPOCH_VERSION = 12
 FETCH_TOPIC_ID_VERSION = 13
+# Fetch sessions (KIP-227): the session id of a request without one, and the epoch that
+# asks for none (with INVALID_SESSION_ID: a full, sessionless fetch) or closes one.
+INVALID_SESSION_ID = 0
+FINAL_EPOCH = -1

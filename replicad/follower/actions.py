@@ -18,7 +18,7 @@ from kio.schema.errors import ErrorCode
 
 from replicad.follower.validate import FetchedData
 from replicad.log.epoch import EpochEndOffset
-from replicad.protocol.requests import FetchSpec
+from replicad.protocol.fetch_request import FetchRequest
 from replicad.session.client import FetchRequestPlan
 from replicad.types import TopicPartition
 
@@ -100,7 +100,7 @@ class NextFetch:
 
     plan: FetchRequestPlan
     version: int
-    spec: FetchSpec
+    request: FetchRequest
 
 
 @dataclass(frozen=True, slots=True)

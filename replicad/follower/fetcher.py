@@ -64,10 +64,10 @@ from replicad.log.partition import PartitionLog
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.client import KafkaClient
 from replicad.protocol.connection import BrokerAddress, BrokerConnection
+from replicad.protocol.fetch_request import fetch_request
 from replicad.protocol.metadata import ClusterMetadata
 from replicad.protocol.requests import (
     OffsetQuery,
-    fetch_request,
     list_offsets_request,
     metadata_request,
     offset_for_leader_epoch_request,
@@ -252,7 +252,7 @@ class LeaderFetcher:
         fetch = self.table.next_fetch(now_ms, max_version=max_version)
         if fetch is None:
             return None
-        request = fetch_request(fetch.version, fetch.spec)
+        request = fetch_request(fetch.version, fetch.request)
         started = time.perf_counter()
         sent_before, received_before = conn.bytes_sent, conn.bytes_received
         response = conn.send(
@@ -451,9 +451,9 @@ class LeaderFetcher:
         if conn is not None and conn.is_open and plan is not None and conn.versions is not None:
             version = self.table.usable_fetch_version(conn.versions.require(ApiKey.FETCH), plan)
             with contextlib.suppress(Exception):
-                spec = self.table.spec(plan, version)
+                closing = self.table.request(plan, version)
                 await conn.request(
-                    fetch_request(version, replace(spec, max_wait_ms=0)), timeout_s=2.0
+                    fetch_request(version, replace(closing, max_wait_ms=0)), timeout_s=2.0
                 )
         if conn is not None:
             await conn.close()

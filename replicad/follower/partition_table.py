@@ -103,10 +103,11 @@ from replicad.follower.validate import validate_fetched
 from replicad.log.epoch import EpochEndOffset
 from replicad.protocol.backoff import Backoff
 from replicad.protocol.error_codes import error_code_of, error_name
-from replicad.protocol.requests import (
+from replicad.protocol.fetch_request import (
     FETCH_SESSION_VERSION,
-    FetchPartitionSpec,
-    FetchSpec,
+    FetchRequest,
+    ForgottenPartition,
+    RequestedPartition,
 )
 from replicad.ratelimit import RateLimitedLog
 from replicad.session.client import (
@@ -401,7 +402,7 @@ class PartitionTable:
         self._wanted_changes = []
         version = self.usable_fetch_version(max_version, plan)
         self.stats.requests += 1
-        return NextFetch(plan, version, self.spec(plan, version))
+        return NextFetch(plan, version, self.request(plan, version))
 
     def usable_fetch_version(self, version: int, plan: FetchRequestPlan) -> int:
         if version >= FETCH_TOPIC_ID_VERSION and not plan.uses_topic_ids:
@@ -468,32 +469,39 @@ class PartitionTable:
         self._wanted_changes.extend(changed)
         return wanted
 
-    def spec(self, plan: FetchRequestPlan, version: int) -> FetchSpec:
+    def request(self, plan: FetchRequestPlan, version: int) -> FetchRequest:
+        """What `plan` asks, as a Fetch of `version` says it (forgotten by id from v13)."""
         use_epochs = version >= FETCH_LAST_FETCHED_EPOCH_VERSION
-        return FetchSpec(
+        if version >= FETCH_TOPIC_ID_VERSION:
+            forgotten = tuple(
+                ForgottenPartition(f.partition.topic, f.topic_id, f.partition.partition)
+                for f in plan.forgotten_for_topic_ids()
+                if f.topic_id is not None
+            )
+        else:
+            forgotten = tuple(
+                ForgottenPartition(tp.topic, None, tp.partition) for tp in plan.to_forget
+            )
+        return FetchRequest(
             max_wait_ms=self.settings.wait_max_ms,
             min_bytes=self.settings.min_bytes,
             max_bytes=self.response_max_bytes(),
             isolation_level=self.settings.isolation_level,
             session_id=plan.session_id,
             session_epoch=plan.epoch,
-            partitions={
-                tp: FetchPartitionSpec(
-                    fetch_offset=pf.fetch_offset,
+            partitions=tuple(
+                RequestedPartition.of(
+                    tp,
+                    pf.fetch_offset,
+                    pf.max_bytes,
+                    topic_id=pf.topic_id,
                     log_start_offset=pf.log_start_offset,
-                    max_bytes=pf.max_bytes,
                     current_leader_epoch=pf.current_leader_epoch,
                     last_fetched_epoch=pf.last_fetched_epoch if use_epochs else -1,
-                    topic_id=pf.topic_id,
                 )
                 for tp, pf in plan.to_send.items()
-            },
-            forgotten=list(plan.to_forget),
-            forgotten_ids=[
-                (f.topic_id, f.partition.partition)
-                for f in plan.forgotten_for_topic_ids()
-                if f.topic_id is not None
-            ],
+            ),
+            forgotten=forgotten,
             replica_id=self.settings.replica_id,
             rack_id=self.settings.rack_id,
         )

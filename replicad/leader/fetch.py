@@ -34,7 +34,6 @@ import enum
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from kio.schema.errors import ErrorCode
 
@@ -48,6 +47,12 @@ from replicad.leader.reads import (
     read_partitions,
 )
 from replicad.leader.settings import ServeSettings
+from replicad.protocol.fetch_request import (
+    FETCH_SESSION_VERSION,
+    FetchRequest,
+    ForgottenPartition,
+    RequestedPartition,
+)
 from replicad.session.cache import (
     ContextKind,
     FetchContext,
@@ -63,14 +68,12 @@ from replicad.session.metadata import (
     TopicIdPartition,
 )
 from replicad.types import TopicPartition
-from replicad.wire import CONSUMER_REPLICA_ID, FETCH_TOPIC_ID_VERSION, READ_COMMITTED
+from replicad.wire import FETCH_TOPIC_ID_VERSION, READ_COMMITTED
 
-# Fetch v3 added max_bytes (KIP-74, soft limits); v4 isolation; v7 sessions; v15 moved
-# replica_id into replica_state.
+# Fetch v3 added max_bytes (KIP-74, soft limits); v4 isolation (v7 sessions:
+# FETCH_SESSION_VERSION).
 SOFT_LIMITS_VERSION = 3
 ISOLATION_VERSION = 4
-SESSIONS_VERSION = 7
-REPLICA_STATE_VERSION = 15
 
 
 class Role(enum.Enum):
@@ -84,92 +87,9 @@ class Role(enum.Enum):
 _SESSIONLESS_ROLES = frozenset({Role.REFUSED_FOLLOWER, Role.UNAUTHORIZED_FOLLOWER})
 
 
-@dataclass(frozen=True, slots=True)
-class RequestedPartition:
-    """One partition as the request names it: by topic name (v0-v12) or topic id (v13+)."""
-
-    topic: str | None
-    topic_id: uuid.UUID | None
-    partition: int
-    fetch_offset: int
-    partition_max_bytes: int
-    log_start_offset: int = -1
-    current_leader_epoch: int = -1
-    last_fetched_epoch: int = -1
-
-
-@dataclass(frozen=True, slots=True)
-class ForgottenPartition:
-    topic: str | None
-    topic_id: uuid.UUID | None
-    partition: int
-
-
-@dataclass(frozen=True, slots=True)
-class FetchRequestView:
-    """A Fetch request of any version, in one shape."""
-
-    version: int
-    replica_id: int
-    max_wait_ms: int
-    min_bytes: int
-    max_bytes: int
-    isolation_level: int
-    session_id: int
-    session_epoch: int
-    partitions: tuple[RequestedPartition, ...]
-    forgotten: tuple[ForgottenPartition, ...] = ()
-    rack_id: str = ""
-
-
-def view_of_kio_request(version: int, body: Any) -> FetchRequestView:
-    replica_id = (
-        int(body.replica_state.replica_id)
-        if version >= REPLICA_STATE_VERSION
-        else int(getattr(body, "replica_id", CONSUMER_REPLICA_ID))
-    )
-    by_id = version >= FETCH_TOPIC_ID_VERSION
-    partitions = tuple(
-        RequestedPartition(
-            topic=None if by_id else topic.topic,
-            topic_id=topic.topic_id if by_id else None,
-            partition=int(p.partition),
-            fetch_offset=int(p.fetch_offset),
-            partition_max_bytes=int(p.partition_max_bytes),
-            log_start_offset=int(getattr(p, "log_start_offset", -1)),
-            current_leader_epoch=int(getattr(p, "current_leader_epoch", -1)),
-            last_fetched_epoch=int(getattr(p, "last_fetched_epoch", -1)),
-        )
-        for topic in body.topics
-        for p in topic.partitions
-    )
-    forgotten = tuple(
-        ForgottenPartition(
-            topic=None if by_id else f.topic,
-            topic_id=f.topic_id if by_id else None,
-            partition=int(index),
-        )
-        for f in getattr(body, "forgotten_topics_data", ())
-        for index in f.partitions
-    )
-    return FetchRequestView(
-        version=version,
-        replica_id=replica_id,
-        max_wait_ms=int(body.max_wait.total_seconds() * 1000),
-        min_bytes=int(body.min_bytes),
-        max_bytes=int(getattr(body, "max_bytes", 2**31 - 1)),
-        isolation_level=int(getattr(body, "isolation_level", 0)),
-        session_id=int(getattr(body, "session_id", INVALID_SESSION_ID)),
-        session_epoch=int(getattr(body, "session_epoch", FINAL_EPOCH)),
-        partitions=partitions,
-        forgotten=forgotten,
-        rack_id=str(getattr(body, "rack_id", "") or ""),
-    )
-
-
-def view_of_legacy_request(request: LegacyFetchRequest) -> FetchRequestView:
-    return FetchRequestView(
-        version=request.version,
+def legacy_fetch_request(request: LegacyFetchRequest) -> FetchRequest:
+    """A v0-v3 request decoded by legacy_codec.py, in the one shape."""
+    return FetchRequest(
         replica_id=request.replica_id,
         max_wait_ms=request.max_wait_ms,
         min_bytes=request.min_bytes,
@@ -218,7 +138,8 @@ class FetchHandling:
 
     def __init__(
         self,
-        view: FetchRequestView,
+        version: int,
+        request: FetchRequest,
         *,
         cache: FetchSessionCache,
         catalog: Catalog,
@@ -228,7 +149,8 @@ class FetchHandling:
         now_ms: int,
         follower_authorized: bool = True,
     ) -> None:
-        self.view = view
+        self.version = version
+        self.request = view = request
         self._catalog = catalog
         self._transactions = transactions
         max_bytes = min(view.max_bytes, settings.fetch_max_bytes)
@@ -243,11 +165,11 @@ class FetchHandling:
             self.role = Role.REFUSED_FOLLOWER
         if self.role is Role.FOLLOWER:
             isolation = Isolation.LOG_END
-        elif view.version >= ISOLATION_VERSION and view.isolation_level == READ_COMMITTED:
+        elif version >= ISOLATION_VERSION and view.isolation_level == READ_COMMITTED:
             isolation = Isolation.TXN_COMMITTED
         else:
             isolation = Isolation.HIGH_WATERMARK
-        self.limits = ReadLimits(max_bytes, isolation, view.version < SOFT_LIMITS_VERSION)
+        self.limits = ReadLimits(max_bytes, isolation, version < SOFT_LIMITS_VERSION)
         self.partitions = self._resolve(view.partitions, now_ms)
         self.topic_ids = {tp: fetch.topic_id for tp, fetch in self.partitions.items()}
         self.context: FetchContext | None = None
@@ -257,11 +179,11 @@ class FetchHandling:
         if self.role not in _SESSIONLESS_ROLES:
             self.context = cache.new_context(
                 SessionRequest(
-                    session_id=view.session_id if view.version >= SESSIONS_VERSION else 0,
-                    epoch=view.session_epoch if view.version >= SESSIONS_VERSION else FINAL_EPOCH,
+                    session_id=view.session_id if version >= FETCH_SESSION_VERSION else 0,
+                    epoch=view.session_epoch if version >= FETCH_SESSION_VERSION else FINAL_EPOCH,
                     partitions=self.partitions,
                     forgotten=self._forgotten(view.forgotten, now_ms),
-                    uses_topic_ids=view.version >= FETCH_TOPIC_ID_VERSION,
+                    uses_topic_ids=version >= FETCH_TOPIC_ID_VERSION,
                     privileged=self.role is Role.FOLLOWER,
                 ),
                 now_ms=now_ms,
@@ -273,7 +195,7 @@ class FetchHandling:
     def session_id(self) -> int | None:
         """The session an incremental fetch reads (its changes wake the wait)."""
         if self.context is not None and self.context.kind is ContextKind.INCREMENTAL:
-            return self.view.session_id
+            return self.request.session_id
         return None
 
     # -- reading ---------------------------------------------------------------------------
@@ -303,7 +225,7 @@ class FetchHandling:
         answers = {a.partition: a for a in answer_list}
         readable = sum(a.records_size for a in answer_list)
         complete = (
-            self.view.max_wait_ms <= 0
+            self.request.max_wait_ms <= 0
             or (self.context.kind is not ContextKind.INCREMENTAL and not self.partitions)
             or readable >= self.min_bytes
             or any(a.error_code != ErrorCode.none or a.diverging for a in answer_list)

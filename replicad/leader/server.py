@@ -94,8 +94,7 @@ from replicad.leader.events import ServeEvent, ServeEvents
 from replicad.leader.fetch import (
     FetchHandling,
     Role,
-    view_of_kio_request,
-    view_of_legacy_request,
+    legacy_fetch_request,
 )
 from replicad.leader.fetch_response import fetch_response_frame
 from replicad.leader.frames import (
@@ -143,6 +142,7 @@ from replicad.protocol.codec import (
     response_header,
     response_type,
 )
+from replicad.protocol.fetch_request import read_fetch_request
 from replicad.records.downconvert import LazyDownConversion, overflow_entry
 from replicad.session.cache import ContextKind, FetchSessionCache
 from replicad.session.metadata import INVALID_SESSION_ID
@@ -937,11 +937,12 @@ class LeaderServer:
         head = decoded.head
         version = head.api_version
         if isinstance(decoded.body, legacy_codec.LegacyFetchRequest):
-            view = view_of_legacy_request(decoded.body)
+            request = legacy_fetch_request(decoded.body)
         else:
-            view = view_of_kio_request(version, decoded.body)
+            request = read_fetch_request(version, decoded.body)
         handling = FetchHandling(
-            view,
+            version,
+            request,
             cache=self.cache,
             catalog=self.catalog,
             transactions=self.transactions,
@@ -959,14 +960,14 @@ class LeaderServer:
                     "TOPIC_AUTHORIZATION_FAILED (serve.security.follower_principals)",
                     peer=peer.address,
                     principal=str(peer.principal),
-                    replica_id=view.replica_id,
+                    replica_id=request.replica_id,
                 )
         elif handling.role is Role.REFUSED_FOLLOWER:
             self.events.note(
-                ServeEvent.REFUSED_FOLLOWER, peer=peer.address, replica_id=view.replica_id
+                ServeEvent.REFUSED_FOLLOWER, peer=peer.address, replica_id=request.replica_id
             )
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + view.max_wait_ms / 1000
+        deadline = loop.time() + request.max_wait_ms / 1000
         last = handling.read(now_ms=self._now_ms())
         while not last.complete:
             remaining = deadline - loop.time()

@@ -19,10 +19,10 @@ import uuid
 from dataclasses import dataclass
 
 from replicad.types import TopicPartition
+from replicad.wire import FINAL_EPOCH, INVALID_SESSION_ID
 
-INVALID_SESSION_ID = 0
+# INVALID_SESSION_ID and FINAL_EPOCH are replicad.wire's: every Fetch request names them.
 INITIAL_EPOCH = 0
-FINAL_EPOCH = -1
 MAX_EPOCH = 2**31 - 1
 # Session ids are positive 31-bit ints (the wire field is a signed int32).
 MAX_SESSION_ID = 2**31 - 1

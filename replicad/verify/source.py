@@ -41,14 +41,9 @@ from replicad.protocol.admin import admin_version, describe_topic_configs_reques
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.client import ClientSettings, KafkaClient
 from replicad.protocol.error_codes import error_code_of
+from replicad.protocol.fetch_request import FetchRequest, RequestedPartition, fetch_request
 from replicad.protocol.metadata import ClusterMetadata
-from replicad.protocol.requests import (
-    FetchPartitionSpec,
-    FetchSpec,
-    OffsetQuery,
-    fetch_request,
-    list_offsets_request,
-)
+from replicad.protocol.requests import OffsetQuery, list_offsets_request
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from replicad.verify.compare import (
@@ -64,15 +59,14 @@ from replicad.wire import (
     CONSUMER_REPLICA_ID,
     EARLIEST_TIMESTAMP,
     FETCH_TOPIC_ID_VERSION,
+    FINAL_EPOCH,
+    INVALID_SESSION_ID,
     LATEST_TIMESTAMP,
     READ_UNCOMMITTED,
 )
 
 log = structlog.get_logger("replicad.verify")
 
-# Sessionless: KIP-227's (0, -1) is a full fetch that creates no session.
-_NO_SESSION_ID = 0
-_NO_SESSION_EPOCH = -1
 # Kafka answers at once when it has a byte at the offset; Tansu answers a Fetch that may not
 # wait with no partition at all, so let it wait a little (the walk never asks past the end
 # it knows but once, at a replica ahead of the source).
@@ -267,24 +261,21 @@ class SourceReader:
         topic_id = self._cluster.topic_id(tp.topic)
         if topic_id is None:
             version = min(version, FETCH_TOPIC_ID_VERSION - 1)
-        spec = FetchSpec(
+        # Sessionless: KIP-227's (INVALID_SESSION_ID, FINAL_EPOCH) is a full fetch that
+        # creates no session.
+        request = FetchRequest(
             max_wait_ms=_FETCH_MAX_WAIT_MS,
             min_bytes=1,
             max_bytes=self.fetch_max_bytes,
             isolation_level=READ_UNCOMMITTED,
-            session_id=_NO_SESSION_ID,
-            session_epoch=_NO_SESSION_EPOCH,
-            partitions={
-                tp: FetchPartitionSpec(
-                    fetch_offset=offset,
-                    log_start_offset=-1,
-                    max_bytes=self.fetch_max_bytes,
-                    topic_id=topic_id,
-                )
-            },
+            session_id=INVALID_SESSION_ID,
+            session_epoch=FINAL_EPOCH,
+            partitions=(
+                RequestedPartition.of(tp, offset, self.fetch_max_bytes, topic_id=topic_id),
+            ),
             replica_id=CONSUMER_REPLICA_ID,
         )
-        body = await conn.request(fetch_request(version, spec))
+        body = await conn.request(fetch_request(version, request))
         top = error_code_of(getattr(body, "error_code", 0))
         if top is not ErrorCode.none:
             raise _Retry(f"{tp}: the source answered {top.name}")

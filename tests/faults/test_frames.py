@@ -17,7 +17,7 @@ from replicad.protocol.codec import (
     response_type,
     with_size_prefix,
 )
-from replicad.protocol.requests import FetchSpec, fetch_request
+from replicad.protocol.fetch_request import FetchRequest, fetch_request
 from replicad.records.batch import Compression, ScanStop, scan_batches
 from tools.chaos.frames import (
     FETCH_API_KEY,
@@ -55,14 +55,14 @@ def _answers(version: int) -> list[PartitionAnswer]:
 def test_request_head_reads_what_replicad_sends() -> None:
     request = fetch_request(
         12,
-        FetchSpec(
+        FetchRequest(
             max_wait_ms=500,
             min_bytes=1,
             max_bytes=1 << 20,
             isolation_level=0,
             session_id=0,
             session_epoch=0,
-            partitions={},
+            partitions=(),
         ),
     )
     body = encode_request(request, correlation_id=77, client_id="replicad")[4:]

@@ -157,7 +157,7 @@ def test_the_request_asks_each_partition_from_its_log_end_with_its_epochs():
     _add(table, TP1, end=0, epoch=6)
     fetch = table.next_fetch(0, max_version=13)
     assert fetch is not None and fetch.version == 13
-    p0, p1 = fetch.spec.partitions[TP0], fetch.spec.partitions[TP1]
+    p0, p1 = fetch.request.by_name()[TP0], fetch.request.by_name()[TP1]
     assert (p0.fetch_offset, p0.current_leader_epoch, p0.last_fetched_epoch) == (40, 6, 4)
     assert (p1.fetch_offset, p1.last_fetched_epoch) == (0, -1)
     assert fetch.plan.epoch == 0 and fetch.plan.is_full  # KIP-227: a new session
@@ -191,7 +191,7 @@ def test_below_v12_no_last_fetched_epoch_is_sent():
     table = _table()
     _add(table, TP0, end=40, epochs=[(4, 0)])
     fetch = table.next_fetch(0, max_version=11)
-    assert fetch.spec.partitions[TP0].last_fetched_epoch == -1
+    assert fetch.request.by_name()[TP0].last_fetched_epoch == -1
 
 
 def test_a_partition_without_a_topic_id_makes_the_request_use_names():
@@ -296,8 +296,8 @@ def test_a_pipelined_request_counts_the_epoch_of_data_not_yet_appended():
     )
     assert table.may_pipeline(outcome, 0)
     nxt = table.next_fetch(0, max_version=13)
-    assert nxt.spec.partitions[TP0].fetch_offset == 2
-    assert nxt.spec.partitions[TP0].last_fetched_epoch == 3
+    assert nxt.request.by_name()[TP0].fetch_offset == 2
+    assert nxt.request.by_name()[TP0].last_fetched_epoch == 3
 
 
 def test_the_high_watermark_is_never_lowered_by_a_leader_nor_by_a_leader_not_answering():
@@ -875,7 +875,7 @@ def test_a_partition_waits_for_its_log_to_be_opened():
     assert table.without_log() == [waiting]  # a halted partition's log stays shut
     table.add(waiting, MemoryLog())
     assert table.without_log() == []
-    assert list(table.next_fetch(0, max_version=13).spec.partitions) == [TP1]
+    assert list(table.next_fetch(0, max_version=13).request.by_name()) == [TP1]
 
 
 def test_the_leader_backoff_grows_while_failures_go_on_and_resets_on_an_answer():

@@ -1,4 +1,5 @@
-"""One Fetch on the leader: requests of every version in one shape, who may read what,
+"""One Fetch on the leader: a legacy request in the one shape (the others' are
+tests/protocol/test_fetch_request.py's), who may read what,
 sessions through the cache, and when an answer is due (the long-poll decision)."""
 
 from __future__ import annotations
@@ -10,14 +11,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from replicad.leader.catalog import Catalog
-from replicad.leader.fetch import (
-    FetchHandling,
-    FetchRequestView,
-    RequestedPartition,
-    Role,
-    view_of_kio_request,
-    view_of_legacy_request,
-)
+from replicad.leader.fetch import FetchHandling, Role, legacy_fetch_request
 from replicad.leader.legacy_codec import (
     LegacyFetchPartition,
     LegacyFetchRequest,
@@ -25,7 +19,12 @@ from replicad.leader.legacy_codec import (
 )
 from replicad.leader.reads import Isolation, TransactionTracker
 from replicad.leader.settings import ServeSettings
-from replicad.protocol.requests import FetchPartitionSpec, FetchSpec, fetch_request
+from replicad.protocol.fetch_request import (
+    FetchRequest,
+    RequestedPartition,
+    fetch_request,
+    read_fetch_request,
+)
 from replicad.session.cache import ContextKind, FetchSessionCache
 from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
@@ -33,6 +32,11 @@ from tools.logdata.batches import producer_batch
 T0, T1 = TopicPartition("t", 0), TopicPartition("t", 1)
 TOPIC_ID = uuid.UUID("11111111-2222-4333-8444-555555555555")
 FOLLOWER = 7
+
+
+def part(fetch_offset: int, partition_max_bytes: int, **fields: object) -> tuple:
+    """A partition's fetch fields, named by the dict key `spec` is given."""
+    return fetch_offset, partition_max_bytes, fields
 
 
 def spec(
@@ -45,26 +49,34 @@ def spec(
     max_wait_ms: int = 500,
     max_bytes: int = 1 << 20,
     isolation: int = 0,
-) -> FetchSpec:
-    return FetchSpec(
+) -> FetchRequest:
+    if partitions is None:
+        partitions = {
+            T0: part(0, 1 << 20, topic_id=TOPIC_ID),
+            T1: part(0, 1 << 20, topic_id=TOPIC_ID),
+        }
+    return FetchRequest(
         max_wait_ms=max_wait_ms,
         min_bytes=min_bytes,
         max_bytes=max_bytes,
         isolation_level=isolation,
         session_id=session_id,
         session_epoch=epoch,
-        partitions=partitions
-        if partitions is not None
-        else {
-            T0: FetchPartitionSpec(0, -1, 1 << 20, topic_id=TOPIC_ID),
-            T1: FetchPartitionSpec(0, -1, 1 << 20, topic_id=TOPIC_ID),
-        },
+        partitions=tuple(
+            RequestedPartition.of(tp, offset, max_bytes, **fields)  # type: ignore[arg-type]
+            for tp, (offset, max_bytes, fields) in partitions.items()
+        ),
         replica_id=replica_id,
     )
 
 
-def view(version: int = 12, **kwargs: object) -> FetchRequestView:
-    return view_of_kio_request(version, fetch_request(version, spec(**kwargs)))  # type: ignore[arg-type]
+Versioned = tuple[int, FetchRequest]
+
+
+def view(version: int = 12, **kwargs: object) -> Versioned:
+    """A request as serve reads it off the wire, with its version."""
+    request = spec(**kwargs)  # type: ignore[arg-type]
+    return version, read_fetch_request(version, fetch_request(version, request))
 
 
 @pytest.fixture
@@ -81,10 +93,10 @@ def served(logs, fill):
     return catalog, cache
 
 
-def handle(served, request: FetchRequestView, **kwargs) -> FetchHandling:
+def handle(served, request: Versioned, **kwargs) -> FetchHandling:
     catalog, cache = served
     return FetchHandling(
-        request,
+        *request,
         cache=cache,
         catalog=catalog,
         transactions=TransactionTracker(),
@@ -97,32 +109,13 @@ def handle(served, request: FetchRequestView, **kwargs) -> FetchHandling:
 # -- requests of every version ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("version", [4, 7, 9, 12, 13, 15, 17])
-def test_every_version_reads_into_one_shape(version: int) -> None:
-    got = view(version, replica_id=FOLLOWER, session_id=0, epoch=0, isolation=1)
-    assert got.replica_id == FOLLOWER
-    assert (got.max_wait_ms, got.min_bytes, got.max_bytes, got.isolation_level) == (
-        500,
-        1,
-        1 << 20,
-        1,
-    )
-    assert [p.partition for p in got.partitions] == [0, 1]
-    if version >= 13:
-        assert {p.topic_id for p in got.partitions} == {TOPIC_ID}
-        assert {p.topic for p in got.partitions} == {None}
-    else:
-        assert {p.topic for p in got.partitions} == {"t"}
-    assert (got.session_id, got.session_epoch) == ((0, 0) if version >= 7 else (0, -1))
-
-
 def test_a_legacy_request_reads_into_the_same_shape() -> None:
     legacy = LegacyFetchRequest(
         2, -1, 100, 5, 2**31 - 1, (LegacyFetchTopic("t", (LegacyFetchPartition(0, 3, 64),)),)
     )
-    got = view_of_legacy_request(legacy)
+    got = legacy_fetch_request(legacy)
     assert got.partitions == (RequestedPartition("t", None, 0, 3, 64),)
-    assert (got.version, got.max_wait_ms, got.min_bytes, got.session_epoch) == (2, 100, 5, -1)
+    assert (got.max_wait_ms, got.min_bytes, got.session_epoch) == (100, 5, -1)
 
 
 # -- who reads what -------------------------------------------------------------------------
@@ -139,8 +132,8 @@ def test_consumers_read_to_the_high_watermark_followers_to_the_log_end(served) -
 
 def test_a_replica_id_that_is_not_an_allowed_follower_is_refused_without_a_session(served) -> None:
     _, cache = served
-    with_epoch = {T0: FetchPartitionSpec(0, -1, 100, current_leader_epoch=0)}
-    without = {T1: FetchPartitionSpec(0, -1, 100)}
+    with_epoch = {T0: part(0, 100, current_leader_epoch=0)}
+    without = {T1: part(0, 100)}
     handling = handle(served, view(replica_id=3, epoch=0, partitions={**with_epoch, **without}))
     assert handling.role is Role.REFUSED_FOLLOWER
     last = handling.read(now_ms=0)
@@ -170,9 +163,10 @@ def test_limits_are_capped_by_the_servers_fetch_max_bytes(served) -> None:
     )
     assert (handling.limits.max_bytes, handling.min_bytes) == (1000, 1000)
 
-    def legacy(version: int) -> FetchRequestView:
+    def legacy(version: int) -> Versioned:
         topic = LegacyFetchTopic("t", (LegacyFetchPartition(0, 0, 64),))
-        return view_of_legacy_request(LegacyFetchRequest(version, -1, 0, 1, 2**31 - 1, (topic,)))
+        request = LegacyFetchRequest(version, -1, 0, 1, 2**31 - 1, (topic,))
+        return version, legacy_fetch_request(request)
 
     assert handle(served, legacy(2)).limits.hard_max_bytes_limit
     assert not handle(served, legacy(3)).limits.hard_max_bytes_limit
@@ -198,7 +192,7 @@ def test_a_session_is_created_then_incremental_fetches_read_only_what_changed(se
         view(
             session_id=outcome.session_id,
             epoch=2,
-            partitions={T0: FetchPartitionSpec(2, -1, 1 << 20)},
+            partitions={T0: part(2, 1 << 20)},
         ),
     )
     assert set(changed.read(now_ms=2).answers) == {T0, T1}
@@ -220,9 +214,7 @@ def test_an_unknown_topic_id_is_answered_unknown_topic_id(served) -> None:
     stranger = uuid.UUID(int=99)
     handling = handle(
         served,
-        view(
-            13, partitions={TopicPartition("x", 0): FetchPartitionSpec(0, -1, 9, topic_id=stranger)}
-        ),
+        view(13, partitions={TopicPartition("x", 0): part(0, 9, topic_id=stranger)}),
     )
     outcome = handling.finish(handling.read(now_ms=0), now_ms=0)
     [answer] = outcome.answers
@@ -269,13 +261,13 @@ def test_an_answer_is_due_once_min_bytes_are_readable(served) -> None:
 
 
 def test_an_error_or_an_empty_request_is_answered_at_once(served) -> None:
-    missing = {TopicPartition("nope", 0): FetchPartitionSpec(0, -1, 10)}
+    missing = {TopicPartition("nope", 0): part(0, 10)}
     assert handle(served, view(min_bytes=1 << 20, partitions=missing)).read(now_ms=0).complete
     assert handle(served, view(min_bytes=1 << 20, partitions={})).read(now_ms=0).complete
 
 
 def test_an_idle_incremental_fetch_reads_nothing_and_waits(served) -> None:
-    first = handle(served, view(epoch=0, partitions={T1: FetchPartitionSpec(0, -1, 100)}))
+    first = handle(served, view(epoch=0, partitions={T1: part(0, 100)}))
     session_id = first.finish(first.read(now_ms=0), now_ms=0).session_id
     idle = handle(served, view(session_id=session_id, epoch=1, partitions={}))
     last = idle.read(now_ms=1)

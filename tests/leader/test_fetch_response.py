@@ -21,7 +21,7 @@ from kafka.record import MemoryRecords
 from kio.schema.errors import ErrorCode
 
 from replicad.leader.catalog import Catalog
-from replicad.leader.fetch import FetchHandling, FetchOutcome, Role, view_of_legacy_request
+from replicad.leader.fetch import FetchHandling, FetchOutcome, Role, legacy_fetch_request
 from replicad.leader.fetch_response import fetch_response_frame
 from replicad.leader.frames import ResponseFrame
 from replicad.leader.legacy_codec import LegacyFetchPartition, LegacyFetchRequest, LegacyFetchTopic
@@ -271,7 +271,8 @@ def legacy_fetch(logs, version: int, *, topic: str = "t", max_bytes: int = 1 << 
         (LegacyFetchTopic(topic, (LegacyFetchPartition(0, 0, max_bytes),)),),
     )
     handling = FetchHandling(
-        view_of_legacy_request(request),
+        version,
+        legacy_fetch_request(request),
         cache=FetchSessionCache(rng=random.Random(0)),
         catalog=Catalog(logs, rng=random.Random(0)),
         transactions=TransactionTracker(),

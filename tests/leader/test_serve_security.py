@@ -40,12 +40,8 @@ from replicad.leader.settings import ServeSettings, serve_security_from_options
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
 from replicad.protocol.connection import BrokerAddress, BrokerConnection
-from replicad.protocol.requests import (
-    FetchPartitionSpec,
-    FetchSpec,
-    fetch_request,
-    metadata_request,
-)
+from replicad.protocol.fetch_request import FetchRequest, RequestedPartition, fetch_request
+from replicad.protocol.requests import metadata_request
 from replicad.protocol.security import ConnectionSecurity, SaslCredentials
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
@@ -471,7 +467,7 @@ def connection(served: Any, pki: Pki, sasl: SaslCredentials | None) -> BrokerCon
 
 
 def follower_fetch() -> Any:
-    spec = FetchSpec(
+    spec = FetchRequest(
         replica_id=FOLLOWER_ID,
         max_wait_ms=0,
         min_bytes=1,
@@ -479,7 +475,7 @@ def follower_fetch() -> Any:
         isolation_level=0,
         session_id=0,
         session_epoch=0,
-        partitions={TopicPartition(TOPIC, 0): FetchPartitionSpec(0, -1, 1 << 20)},
+        partitions=(RequestedPartition.of(TopicPartition(TOPIC, 0), 0, 1 << 20),),
     )
     return fetch_request(12, spec)
 

@@ -28,13 +28,8 @@ from replicad.log.manager import LogManager
 from replicad.log.segment import FileRegion
 from replicad.protocol.codec import decode_response, request_type
 from replicad.protocol.connection import BrokerAddress, BrokerConnection
-from replicad.protocol.requests import (
-    FetchPartitionSpec,
-    FetchSpec,
-    fetch_request,
-    make_entity,
-    metadata_request,
-)
+from replicad.protocol.fetch_request import FetchRequest, RequestedPartition, fetch_request
+from replicad.protocol.requests import make_entity, metadata_request
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
@@ -91,7 +86,7 @@ def fetch(
     replica_id: int = -1,
     session_id: int = 0,
     epoch: int = -1,
-    partitions: dict | None = None,
+    partitions: tuple[RequestedPartition, ...] | None = None,
     max_wait_ms: int = 0,
     min_bytes: int = 1,
     version: int = 17,
@@ -99,11 +94,11 @@ def fetch(
     parts = (
         partitions
         if partitions is not None
-        else {T0: FetchPartitionSpec(offset, -1, 1 << 20, topic_id=TID)}
+        else (RequestedPartition.of(T0, offset, 1 << 20, topic_id=TID),)
     )
     return fetch_request(
         version,
-        FetchSpec(
+        FetchRequest(
             max_wait_ms=max_wait_ms,
             min_bytes=min_bytes,
             max_bytes=1 << 20,
@@ -197,7 +192,7 @@ async def test_an_idle_incremental_fetch_is_woken_through_its_session(server, lo
         assert full.session_id != 0
         pending = asyncio.create_task(
             conn.request(
-                fetch(session_id=full.session_id, epoch=1, partitions={}, max_wait_ms=WAIT_LONG_MS)
+                fetch(session_id=full.session_id, epoch=1, partitions=(), max_wait_ms=WAIT_LONG_MS)
             )
         )
         await waiting_fetches(server, 1)
@@ -255,9 +250,9 @@ async def test_a_flood_of_consumers_cannot_evict_a_followers_session(server, log
         created = await follower.request(fetch(replica_id=FOLLOWER, epoch=0))
         session_id = created.session_id
         assert session_id != 0
-        everything = {
-            TopicPartition("t", p): FetchPartitionSpec(0, -1, 1000, topic_id=TID) for p in range(6)
-        }
+        everything = tuple(
+            RequestedPartition.of(TopicPartition("t", p), 0, 1000, topic_id=TID) for p in range(6)
+        )
         for _ in range(30):
             consumer = await connect(server)
             try:
@@ -267,7 +262,7 @@ async def test_a_flood_of_consumers_cannot_evict_a_followers_session(server, log
         assert server.cache.session(session_id) is not None
         assert server.metrics()["sessions"] == 2  # the tiny cache: the follower and one consumer
         again = await follower.request(
-            fetch(replica_id=FOLLOWER, session_id=session_id, epoch=1, partitions={})
+            fetch(replica_id=FOLLOWER, session_id=session_id, epoch=1, partitions=())
         )
         assert (again.error_code, again.session_id) == (ErrorCode.none, session_id)
     finally:

@@ -14,7 +14,12 @@ from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
 from replicad.errors import LocalProtocolError
-from replicad.protocol.requests import FetchPartitionSpec, FetchSpec, fetch_request
+from replicad.protocol.fetch_request import (
+    FetchRequest,
+    ForgottenPartition,
+    RequestedPartition,
+    fetch_request,
+)
 from replicad.session.client import (
     FINAL_EPOCH,
     INITIAL_EPOCH,
@@ -781,18 +786,22 @@ class KafkaFetcher:
         self.connection = connection
 
     async def send(self, plan: FetchRequestPlan) -> Any:
-        spec = FetchSpec(
+        spec = FetchRequest(
             max_wait_ms=50,
             min_bytes=1,
             max_bytes=1 << 20,
             isolation_level=0,
             session_id=plan.session_id,
             session_epoch=plan.epoch,
-            partitions={
-                key: FetchPartitionSpec(data.fetch_offset, data.log_start_offset, data.max_bytes)
+            partitions=tuple(
+                RequestedPartition.of(
+                    key, data.fetch_offset, data.max_bytes, log_start_offset=data.log_start_offset
+                )
                 for key, data in plan.to_send.items()
-            },
-            forgotten=list(plan.to_forget),
+            ),
+            forgotten=tuple(
+                ForgottenPartition(tp.topic, None, tp.partition) for tp in plan.to_forget
+            ),
         )
         return await self.connection.request(fetch_request(self.VERSION, spec))
 

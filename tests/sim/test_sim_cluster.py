@@ -9,7 +9,7 @@ import random
 from kio.schema.errors import ErrorCode
 
 from replicad.follower.fetch_response import NO_DIVERGING_EPOCH
-from replicad.protocol.requests import FetchPartitionSpec, FetchSpec
+from replicad.protocol.fetch_request import FetchRequest, RequestedPartition
 from replicad.types import TopicPartition
 from tools.sim.cluster import SimCluster
 
@@ -23,16 +23,24 @@ def _cluster(replication: int = 1) -> SimCluster:
 
 
 def _spec(cluster, offset, *, epoch=0, last_epoch=-1, max_bytes=1 << 20, session=(0, -1)):
-    return FetchSpec(
+    return FetchRequest(
         max_wait_ms=0,
         min_bytes=1,
         max_bytes=max_bytes,
         isolation_level=0,
         session_id=session[0],
         session_epoch=session[1],
-        partitions={
-            TP: FetchPartitionSpec(offset, 0, max_bytes, epoch, last_epoch, cluster.topics["t"])
-        },
+        partitions=(
+            RequestedPartition.of(
+                TP,
+                offset,
+                max_bytes,
+                topic_id=cluster.topics["t"],
+                log_start_offset=0,
+                current_leader_epoch=epoch,
+                last_fetched_epoch=last_epoch,
+            ),
+        ),
     )
 
 

@@ -50,12 +50,8 @@ from replicad.log.layout import partition_dir_name
 from replicad.log.manager import LogManager
 from replicad.protocol.codec import encode_request
 from replicad.protocol.connection import BrokerAddress, BrokerConnection
-from replicad.protocol.requests import (
-    FetchPartitionSpec,
-    FetchSpec,
-    fetch_request,
-    metadata_request,
-)
+from replicad.protocol.fetch_request import FetchRequest, RequestedPartition, fetch_request
+from replicad.protocol.requests import metadata_request
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from tools.bench.replicate import loopback_mb_per_s, run_measured
@@ -255,17 +251,17 @@ def legacy_fetch_frame(partitions: int, per_partition: int, total: int) -> bytes
 
 
 def modern_fetch_frame(partitions: int, per_partition: int, total: int) -> bytes:
-    spec = FetchSpec(
+    spec = FetchRequest(
         max_wait_ms=0,
         min_bytes=1,
         max_bytes=total,
         isolation_level=0,
         session_id=0,
         session_epoch=-1,
-        partitions={
-            TopicPartition("bench", p): FetchPartitionSpec(0, -1, per_partition)
+        partitions=tuple(
+            RequestedPartition.of(TopicPartition("bench", p), 0, per_partition)
             for p in range(partitions)
-        },
+        ),
     )
     return encode_request(fetch_request(12, spec), correlation_id=1, client_id="bench")
 
@@ -358,13 +354,13 @@ async def idle_fetches(
     try:
         meta = await conn.request(metadata_request(12, ["idle"]))
         topic_id = meta.topics[0].topic_id
-        everything = {
-            TopicPartition("idle", p): FetchPartitionSpec(1, -1, MIB, topic_id=topic_id)
+        everything = tuple(
+            RequestedPartition.of(TopicPartition("idle", p), 1, MIB, topic_id=topic_id)
             for p in range(partitions)
-        }
+        )
 
-        def request(session_id: int, epoch: int, parts: dict) -> object:
-            spec = FetchSpec(0, 1, 50 * MIB, 0, session_id, epoch, parts)
+        def request(session_id: int, epoch: int, parts: tuple[RequestedPartition, ...]) -> object:
+            spec = FetchRequest(0, 1, 50 * MIB, 0, session_id, epoch, parts)
             return fetch_request(17, spec)
 
         session_id, epoch = 0, -1
@@ -373,7 +369,7 @@ async def idle_fetches(
             session_id, epoch = created.session_id, 1
             assert session_id != 0, "the server created no session"
         requests = [
-            request(session_id, epoch + i if sessions else -1, {} if sessions else everything)
+            request(session_id, epoch + i if sessions else -1, () if sessions else everything)
             for i in range(fetches)
         ]
         sent_before, received_before = conn.bytes_sent, conn.bytes_received

@@ -34,12 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from replicad.protocol.connection import BrokerAddress, BrokerConnection
-from replicad.protocol.requests import (
-    FetchPartitionSpec,
-    FetchSpec,
-    fetch_request,
-    metadata_request,
-)
+from replicad.protocol.fetch_request import FetchRequest, RequestedPartition, fetch_request
+from replicad.protocol.requests import metadata_request
 from replicad.types import TopicPartition
 from tools.bench import consumers
 from tools.bench.replicate import RECORD, child_env, log_bytes, produce
@@ -107,17 +103,17 @@ async def wide_fetches(server: str, bootstrap: str, pid: int, fetches: int) -> F
     try:
         meta = await conn.request(metadata_request(12, [WIDE]))
         topic_id = meta.topics[0].topic_id
-        spec = FetchSpec(
+        spec = FetchRequest(
             max_wait_ms=0,
             min_bytes=1,
             max_bytes=64 * MIB,
             isolation_level=0,
             session_id=0,
             session_epoch=-1,
-            partitions={
-                TopicPartition(WIDE, p): FetchPartitionSpec(0, -1, MIB, topic_id=topic_id)
+            partitions=tuple(
+                RequestedPartition.of(TopicPartition(WIDE, p), 0, MIB, topic_id=topic_id)
                 for p in range(WIDE_PARTITIONS)
-            },
+            ),
         )
         request = fetch_request(12, spec)
         await conn.request(request)  # warm: the files are in the page cache for both

@@ -32,7 +32,7 @@ from replicad.follower.fetch_response import (
     FetchResponseView,
 )
 from replicad.log.epoch import UNDEFINED_EPOCH, EpochEntry, LeaderEpochCache
-from replicad.protocol.requests import FetchSpec
+from replicad.protocol.fetch_request import FetchRequest
 from replicad.session.cache import (
     FetchSessionCache,
     PartitionResult,
@@ -426,51 +426,52 @@ class SimCluster:
             answers[tp] = (ErrorCode.none, self.end_offset_for(tp, epoch))
         return answers
 
-    def fetch(self, node: int, version: int, spec: FetchSpec, now_ms: int) -> FetchResponseView:
+    def fetch(
+        self, node: int, version: int, request: FetchRequest, now_ms: int
+    ) -> FetchResponseView:
         """A leader's answer to a Fetch request, through its KIP-227 session cache."""
         by_id = version >= FETCH_TOPIC_ID_VERSION
         names = {v: k for k, v in self.topics.items()}
 
-        def resolve(tp: TopicPartition, topic_id: uuid.UUID | None) -> TopicPartition:
+        def resolve(topic: str | None, topic_id: uuid.UUID | None, p: int) -> TopicPartition:
+            # As the request names it: by id from v13 (the name is what the wire lacks).
             if not by_id or topic_id is None:
-                return tp
-            name = names.get(topic_id)
-            return TopicPartition(name or unresolved_topic_name(topic_id), tp.partition)
+                return TopicPartition(topic or "?", p)
+            return TopicPartition(names.get(topic_id) or unresolved_topic_name(topic_id), p)
 
         partitions = {
-            resolve(tp, ps.topic_id): PartitionFetch(
+            resolve(ps.topic, ps.topic_id, ps.partition): PartitionFetch(
                 fetch_offset=ps.fetch_offset,
                 log_start_offset=ps.log_start_offset,
-                max_bytes=ps.max_bytes,
+                max_bytes=ps.partition_max_bytes,
                 current_leader_epoch=ps.current_leader_epoch,
                 last_fetched_epoch=ps.last_fetched_epoch,
                 topic_id=ps.topic_id if by_id else None,
             )
-            for tp, ps in spec.partitions.items()
+            for ps in request.partitions
         }
-        if by_id:
-            forgotten = [
-                TopicIdPartition(tid, resolve(TopicPartition("?", p), tid))
-                for tid, p in spec.forgotten_ids
-            ]
-        else:
-            forgotten = [TopicIdPartition(None, tp) for tp in spec.forgotten]
+        forgotten = [
+            TopicIdPartition(
+                f.topic_id if by_id else None, resolve(f.topic, f.topic_id, f.partition)
+            )
+            for f in request.forgotten
+        ]
         cache = self.sessions[node]
         context = cache.new_context(
             SessionRequest(
-                spec.session_id,
-                spec.session_epoch,
+                request.session_id,
+                request.session_epoch,
                 partitions,
                 forgotten,
                 uses_topic_ids=by_id,
-                privileged=spec.replica_id >= 0,
+                privileged=request.replica_id >= 0,
             ),
             now_ms=now_ms,
         )
         if context.error_code:
             return FetchResponseView(version, 0, 0, context.error_code, 0, ())
         reads = context.to_read()
-        budget = spec.max_bytes
+        budget = request.max_bytes
         first = True
         answered: dict[TopicPartition, FetchedPartition] = {}
         results: dict[TopicPartition, PartitionResult] = {}

@@ -439,14 +439,14 @@ class Simulation:
             self.disturbed.discard(node)
         fault = rng.random() if faults else 1.0
         if fault < 0.03:
-            cluster.fetch(node, fetch.version, fetch.spec, now)  # answered, never arrives
+            cluster.fetch(node, fetch.version, fetch.request, now)  # answered, never arrives
             table.send_failed(now)
             self.leader_wait[node] = now + table.connection_failed("connection reset", now)
             self.disturbed.add(node)
             self._note(f"turn {node}: answer lost")
             return
         if fault < 0.05:
-            cluster.fetch(node, fetch.version, fetch.spec, now)  # a retransmitted request
+            cluster.fetch(node, fetch.version, fetch.request, now)  # a retransmitted request
             self.disturbed.add(node)
             self._note(f"turn {node}: request duplicated")
         if faults and 0.10 <= fault < 0.15:
@@ -454,17 +454,17 @@ class Simulation:
             self._note(f"garbled leader answers error {cluster.answer_error}")
         if fault < 0.08:
             # Delayed: the cluster moves on before the answer arrives.
-            response = cluster.fetch(node, fetch.version, fetch.spec, now)
+            response = cluster.fetch(node, fetch.version, fetch.request, now)
             for _ in range(rng.randint(1, 3)):
                 self._event(rng.choice(("produce", "elect_clean", "elect_unclean", "retain")))
             self._note(f"turn {node}: answer delayed")
         else:
-            response = cluster.fetch(node, fetch.version, fetch.spec, now)
+            response = cluster.fetch(node, fetch.version, fetch.request, now)
         if response.error_code in SESSION_ERRORS and node not in self.disturbed:
             raise InvariantError(
                 f"the leader's session model refused a request of node {node}'s session "
-                f"(error {response.error_code}, session {fetch.spec.session_id} epoch "
-                f"{fetch.spec.session_epoch}) with no fault to explain it"
+                f"(error {response.error_code}, session {fetch.request.session_id} epoch "
+                f"{fetch.request.session_epoch}) with no fault to explain it"
             )
         cluster.answer_error = None  # not used when the request read no partition
         if faults and (0.08 <= fault < 0.10 or 0.15 <= fault < 0.22):
@@ -525,7 +525,7 @@ class Simulation:
         self._perform(node, outcome.appends)
         self._note(
             f"turn {node}: v{fetch.version} {'full' if fetch.plan.is_full else 'incr'} "
-            f"{len(fetch.spec.partitions)} asked, {len(outcome.appends)} appended"
+            f"{len(fetch.request.partitions)} asked, {len(outcome.appends)} appended"
             + ("" if outcome.accepted else f", refused ({response.error_code})")
         )
 
@@ -634,7 +634,7 @@ class Simulation:
             + len(response.responses) * TOPIC_OVERHEAD_BYTES
             + sum(sizes)
         )
-        check_response_size(frame, sizes, self.settings.buffer_memory, fetch.spec.max_bytes)
+        check_response_size(frame, sizes, self.settings.buffer_memory, fetch.request.max_bytes)
         return frame
 
     # -- invariants ----------------------------------------------------------------------
