@@ -78,7 +78,7 @@ def fresh_clone(name: str, home: Path) -> tuple[Path, dict[str, str]]:
     return clone, env
 
 
-def as_user(name: str, env: dict[str, str], *argv: str, timeout: float = 120) -> str:
+def as_user(name: str, env: dict[str, str], *argv: str, timeout: float = 600) -> str:
     result = subprocess.run(
         ["runuser", "-u", name, "--", *argv],
         env=env,

@@ -382,7 +382,8 @@ class KafkaBroker(KafkaTopics, BrokerProcess):
             self.cluster_id,
             "--config",
             str(self.workdir / "server.properties"),
-            timeout_s=120,
+            # A hang's deadline: a JVM formatting a directory, met at 120 s at load 60.
+            timeout_s=600,
         )
         self._formatted = True
 
