@@ -53,6 +53,9 @@ CLUSTER_TOPIC_CONFIG = {"min.insync.replicas": "2"}
 CLUSTER_REPLICATION = 3
 # Deadlines only a hang reaches (three JVMs on two shared cores take minutes to start).
 LEADERS_TIMEOUT_S = 300
+# 1,000 partitions of replication factor 3 were not all served within the harness's 120 s at
+# load 50: a hang's deadline, not a guess at the time it takes.
+CREATE_TIMEOUT_S = 900
 IN_SYNC_TIMEOUT_S = 600
 
 # Tansu's high watermark comes with a Fetch; a small one is enough to carry it.
@@ -200,6 +203,7 @@ class ClusterSource(SoakSource):
                 partitions=partitions,
                 replication_factor=CLUSTER_REPLICATION,
                 segment_bytes=SEGMENT_BYTES,
+                timeout_s=CREATE_TIMEOUT_S,
             )
 
     def ends(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int] | None:
