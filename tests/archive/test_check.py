@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from replicad.archive import manifest as manifest_module
 from replicad.archive.manifest import (
+    chunk_name,
     decode_manifest,
     manifest_key,
     partition_prefix,
@@ -35,9 +37,22 @@ CONFIG = LogConfig(segment_bytes=16 * 1024, index_interval_bytes=1024, segment_i
 
 
 @pytest.fixture
+def chunk_segments() -> int | None:
+    """Segments the uploader seals into one manifest chunk (None: the product's 256);
+    parametrized by the tests of a chunked archive."""
+    return None
+
+
+@pytest.fixture
 def archived(
-    s3_server: S3Server, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    s3_server: S3Server,
+    s3_bucket: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    chunk_segments: int | None,
 ) -> Iterator[ObjectStore]:
+    if chunk_segments is not None:
+        monkeypatch.setattr(manifest_module, "CHUNK_SEGMENTS", chunk_segments)
     for name, value in client_environ().items():
         monkeypatch.setenv(name, value)
     now = wall_ms()
@@ -84,6 +99,37 @@ def test_an_uploaded_archive_verifies_clean_and_its_batches_dump(
     one = capsys.readouterr().out
     assert one.count("Dumping s3://") == 1
     assert f"baseOffset: {manifest.segments[1].base_offset} " in one
+
+
+@pytest.mark.parametrize("chunk_segments", [2])
+def test_a_chunked_archive_verifies_and_dumps_whole_and_a_missing_chunk_is_named(
+    archived: ObjectStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Manifests whose oldest segments are sealed in chunk objects (of 2 segments here, 256
+    in the product): verify and dump-log read every segment the chunks name; a chunk
+    object gone is a problem named, not a shorter archive."""
+    url = f"s3://{archived.settings.bucket}/{PREFIX}"
+    manifests = [manifest_of(archived, tp) for tp in TPS]
+    assert all(m.chunks for m in manifests)
+    assert cli(archived, "verify", url) == 0
+    out = capsys.readouterr().out
+    for tp, manifest in zip(TPS, manifests, strict=True):
+        end = manifest.segments[-1].next_offset - 1
+        assert f"{tp.topic}-{tp.partition}: ok ({len(manifest.segments)} segments, " in out
+        assert f"offsets 0..{end}, 0 gaps)" in out
+    assert cli(archived, "dump-log", f"{url}/orders-0") == 0
+    dumped = capsys.readouterr().out
+    assert dumped.count("Dumping s3://") == len(manifests[0].segments)
+    assert "baseOffset: 0 " in dumped and "isvalid: false" not in dumped
+    chunk = chunk_name(manifests[1].topic_id, manifests[1].chunks[0].base_offset)
+    archived._client.delete_object(
+        Bucket=archived.settings.bucket, Key=partition_prefix(PREFIX, TPS[1]) + chunk
+    )
+    assert cli(archived, "verify", url) == 1
+    out = capsys.readouterr().out
+    assert "orders-0: ok (" in out
+    line1 = next(line for line in out.splitlines() if line.startswith("orders-1"))
+    assert "FAILED" in line1 and f"names chunk {chunk}, which is missing" in line1
 
 
 def test_a_flipped_byte_a_missing_object_and_a_wrong_size_are_named(

@@ -6,6 +6,7 @@ bucket's start and EARLIEST_LOCAL the local one."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import uuid
@@ -17,6 +18,7 @@ import pytest
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KTP
 
+from replicad.archive import manifest as manifest_module
 from replicad.archive.manifest import manifest_key
 from replicad.archive.read_cache import ReadCache
 from replicad.archive.remote_log import RemoteLog
@@ -82,9 +84,24 @@ class Archived:
 
 
 @pytest.fixture
-def archived(s3_server: S3Server, s3_bucket: str, tmp_path: Path) -> Iterator[Archived]:
+def chunk_segments() -> int | None:
+    """Segments the uploader seals into one manifest chunk (None: the product's 256);
+    parametrized by the tests that read through a chunked manifest."""
+    return None
+
+
+@pytest.fixture
+def archived(
+    s3_server: S3Server,
+    s3_bucket: str,
+    tmp_path: Path,
+    chunk_segments: int | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Archived]:
     """A partition of RECORDS one-record batches, its closed segments in the bucket and
     deleted locally by retention."""
+    if chunk_segments is not None:
+        monkeypatch.setattr(manifest_module, "CHUNK_SEGMENTS", chunk_segments)
     now = wall_ms()
     logs = LogManager.open(tmp_path / "data", CONFIG, now_ms=now)
     logs.hold_for_archive()
@@ -371,9 +388,15 @@ def test_read_committed_from_the_bucket_skips_aborted_transactions(
         logs.close()
 
 
+@pytest.mark.parametrize("chunk_segments", [3])
 def test_replicad_serve_with_archive_answers_kcat_from_offset_0(
     archived: Archived, s3_server: S3Server, s3_bucket: str, tmp_path: Path
 ) -> None:
+    """Through a manifest whose oldest segments are sealed in chunk objects (of 3 segments
+    here, 256 in the product): `replicad serve` reads them, then the segments they name."""
+    key = manifest_key("replicas", TP)
+    body = json.loads(s3_server.client().get_object(Bucket=s3_bucket, Key=key)["Body"].read())
+    assert len(body["chunks"]) >= 2
     data_dir = archived.logs.data_dir
     archived.logs.close()  # serve takes the data directory's lock
     port = free_port()
