@@ -332,6 +332,41 @@ def test_slow_down_answers_and_resets_are_retried_and_counted(
     manager.close()
 
 
+def test_a_request_the_bucket_never_answers_times_out_and_is_retried(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    """The bucket takes a request and answers nothing (held in the fault proxy): the
+    uploader's read timeout ends the round, the failure is counted and shown, and once the
+    bucket answers again every segment goes up."""
+    manager, _ = filled(tmp_path)
+    expected = len(manager.partitions()[TP].segments) - 1
+    with S3FaultProxy(s3_server.endpoint) as proxy:
+        base = settings(proxy, s3_bucket)
+        archiver = Archiver(replace(base, bucket=replace(base.bucket, read_timeout_s=0.5)))
+        proxy.hold()
+        try:
+            assert archiver.round(manager) == 0
+            snap = archiver.snapshot()
+            assert snap["failures"] == 1 and snap["retrying_partitions"] == ["orders-2"]
+            assert "timeout" in (snap["last_error"] or "").lower(), snap["last_error"]
+            assert proxy.stats.held >= 1
+        finally:
+            proxy.release()
+        wait_until(
+            lambda: (
+                archiver.round(manager) >= 0
+                and archiver.snapshot()["uploaded_segments"] == expected
+            ),
+            what="every segment uploaded once the bucket answers",
+        )
+    assert archiver.snapshot()["retrying_partitions"] == []
+    manifest = manifest_in(store_of(s3_server, s3_bucket))
+    assert [s.base_offset for s in manifest.segments] == [
+        s.base_offset for s in manager.partitions()[TP].segments[:-1]
+    ]
+    manager.close()
+
+
 def test_the_shell_uploads_off_the_event_loop_until_stopped(
     s3_server: S3Server, s3_bucket: str, tmp_path: Path
 ) -> None:

@@ -688,3 +688,44 @@ def test_the_verify_section_names_a_bad_value_and_an_unknown_key_by_their_path(
     verify = load_config(good).verify
     assert (verify.enabled, verify.sample, verify.topics) == (True, 4, ("a",))
     assert verify.max_bytes_per_second == 1024 * 1024
+
+
+ARCHIVE_HEAD = MINIMAL + "archive:\n  bucket: replica\n"
+
+
+def test_the_archive_secret_comes_from_a_file_and_is_never_shown(tmp_path: Path) -> None:
+    secret = tmp_path / "s3.secret"
+    secret.write_text("S3-Secret-1\n")
+    text = f"  access_key_id: AKID\n  secret_access_key_file: {secret}\n"
+    archive = load_config(write(tmp_path, ARCHIVE_HEAD + text)).archive
+    assert archive is not None and archive.access_key_id == "AKID"
+    assert archive.secret_access_key is not None
+    assert archive.secret_access_key.reveal() == "S3-Secret-1"
+    assert "S3-Secret-1" not in repr(archive) and "S3-Secret-1" not in str(
+        archive.secret_access_key
+    )
+
+
+def test_an_archive_key_id_takes_exactly_one_secret_and_a_secret_a_key_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("S3_SECRET", "S3-Secret-2")
+    secret = tmp_path / "s3.secret"
+    secret.write_text("S3-Secret-1\n")
+    env = "  secret_access_key_env: S3_SECRET\n"
+    from_file = f"  secret_access_key_file: {secret}\n"
+    key = "  access_key_id: AKID\n"
+    archive = load_config(write(tmp_path, ARCHIVE_HEAD + key + env)).archive
+    assert archive is not None and archive.secret_access_key is not None
+    assert archive.secret_access_key.reveal() == "S3-Secret-2"
+    # Neither: boto3's own credential chain.
+    default = load_config(write(tmp_path, ARCHIVE_HEAD)).archive
+    assert default is not None and default.secret_access_key is None
+    for extra, path, why in (
+        (key, "archive.secret_access_key_file", "give secret_access_key_file or"),
+        (env, "archive.secret_access_key_env", "archive.access_key_id is not"),
+        (key + env + from_file, "archive.secret_access_key_env", "give only one of"),
+    ):
+        (problem,) = problems_of(write(tmp_path, ARCHIVE_HEAD + extra))
+        assert path in problem and why in problem, problem
+        assert "S3-Secret" not in problem
