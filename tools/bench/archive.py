@@ -111,7 +111,19 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--work-dir", type=Path)
     args = parser.parse_args()
-    work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench-archive-"))
+    if args.work_dir is not None:
+        run(args, args.work_dir)
+        return
+    # A work directory of its own is removed at the end: it holds the replica, the
+    # bucket's copy of it and the parquet files (three times --mb).
+    work = Path(tempfile.mkdtemp(prefix="bench-archive-"))
+    try:
+        run(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
     data_dir = work / "data"
     shutil.rmtree(data_dir, ignore_errors=True)
     shutil.rmtree(work / "s3", ignore_errors=True)
