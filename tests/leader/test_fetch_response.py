@@ -22,7 +22,7 @@ from kio.schema.errors import ErrorCode
 
 from replicad.leader.catalog import Catalog
 from replicad.leader.fetch import FetchHandling, FetchOutcome, Role, legacy_fetch_request
-from replicad.leader.fetch_response import fetch_response_frame
+from replicad.leader.fetch_response import _BodyWriter, fetch_response_frame
 from replicad.leader.frames import ResponseFrame
 from replicad.leader.legacy_codec import LegacyFetchPartition, LegacyFetchRequest, LegacyFetchTopic
 from replicad.leader.reads import (
@@ -216,11 +216,17 @@ def _topic_partitions(outcome: FetchOutcome) -> list[list[TopicPartition]]:
     return runs
 
 
+@pytest.mark.parametrize("layout", ["known", "field by field"])
 @pytest.mark.parametrize("version", range(4, 18))
-def test_the_frame_is_kios_encoding_byte_for_byte(answers, version) -> None:
-    """Written field by field with kio's writers, the answer is what kio's entities encode,
-    for every version: errors, a diverging epoch (v12+: a tagged field), aborted
-    transactions (none, an empty list and a list), no records, and topics that come back."""
+def test_the_frame_is_kios_encoding_byte_for_byte(answers, version, layout, monkeypatch) -> None:
+    """Written with kio's writers, the answer is what kio's entities encode, for every
+    version: errors, a diverging epoch (v12+: a tagged field), aborted transactions (none,
+    an empty list and a list), no records, and topics that come back. Both ways of writing
+    a partition: the known layout's (every version so far) and field by field (a version
+    whose fields the known layout does not describe)."""
+    if layout != "known":
+        monkeypatch.setattr(_BodyWriter, "_cache", {})
+        monkeypatch.setattr(_BodyWriter, "_plan_fast_partitions", lambda self: None)
     extra = [
         *unread_answers(answers, (AbortedTransaction(5, 44, 9), AbortedTransaction(8, 2, 1))),
         dataclasses.replace(answers[0], partition=TopicPartition("t", 4), aborted=()),
