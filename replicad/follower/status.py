@@ -97,12 +97,15 @@ def build_snapshot(
     rates: dict[int, float],
     total_rate: float,
     problems_after_ms: int | None = None,
+    now_ms: int | None = None,
 ) -> dict[str, Any]:
     """The snapshot; with `problems_after_ms` (the stall time), only the rows of
-    partitions health and the stall watch could name (see the module docstring)."""
+    partitions health and the stall watch could name (see the module docstring).
+    `now_ms` (monotonic): the moment idle times are measured at; now if not given."""
     logs = replicator.logs
     local = logs.partitions() if logs is not None else {}
-    now_ms = monotonic_ms()
+    if now_ms is None:
+        now_ms = monotonic_ms()
     partitions = []
     states: Counter[str] = Counter()
     gaps = gap_offsets = damaged_reads = 0

@@ -109,9 +109,15 @@ async def test_the_status_loops_snapshot_has_the_rows_health_and_the_stall_watch
     damaged = logs.get_or_create(TopicPartition("t", 8))
     damaged.damaged_reads, damaged.damaged_offset = 3, 7
 
-    full = build_snapshot(replicator, uptime_s=1.0, rates={}, total_rate=0.0)
+    # Both at one moment: idle times taken a millisecond apart would differ.
+    full = build_snapshot(replicator, uptime_s=1.0, rates={}, total_rate=0.0, now_ms=now)
     light = build_snapshot(
-        replicator, uptime_s=1.0, rates={}, total_rate=0.0, problems_after_ms=stall_ms
+        replicator,
+        uptime_s=1.0,
+        rates={},
+        total_rate=0.0,
+        problems_after_ms=stall_ms,
+        now_ms=now,
     )
     assert [p["partition"] for p in light["partitions"]] == [2, 3, 4, 5, 6, 8]
     assert light["partitions"] == [
