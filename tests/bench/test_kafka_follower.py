@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.bench.kafka_follower import TOPIC, Run, _steady, kafka_name, summary, table, topic_bytes
+from tools.bench.kafka_follower import (
+    TOPIC,
+    Run,
+    _steady,
+    fetch_config,
+    kafka_name,
+    kafka_settings,
+    summary,
+    table,
+    topic_bytes,
+)
 
 
 def _run(name: str, wall: float, cpu: float) -> Run:
@@ -52,3 +62,14 @@ def test_the_summary_compares_best_passes_and_judges_the_tuned_row_only() -> Non
 def test_the_table_gives_a_row_per_pass_in_mb_per_second() -> None:
     text = table([_run("replicad", 10.0, 4.0)], stored=200_000_000)
     assert "| replicad | s | 10.0 | 20.0 | 32.0 | 4.0 | 1.0 |" in text
+
+
+def test_raised_fetch_sizes_reach_the_broker_config_and_the_printed_settings() -> None:
+    assert fetch_config(None, 8) == {}
+    fetch = fetch_config(4, 8)
+    assert fetch["replica.fetch.max.bytes"] == str(4 * 2**20)
+    assert fetch["replica.fetch.response.max.bytes"] == str(32 * 2**20)
+    settings = kafka_settings(2, fetch)
+    assert settings.startswith("num.replica.fetchers=2, ")
+    assert "replica.fetch.max.bytes=4194304" in settings
+    assert kafka_settings(1, {}) == "num.replica.fetchers=1 (default)"

@@ -21,6 +21,13 @@ seconds of the follower (node 2's JVM; replicad's process) and of the leader ser
 per second, measured before the first run, is printed beside it, not subtracted.
 
     .venv/bin/python -m tools.bench.kafka_follower [--gib 2] [--partitions 8] [--repeat 2]
+        [--replica-fetch-mib N]
+
+`--replica-fetch-mib N` starts the cluster with Kafka's follower fetch sizes raised (they are
+read-only broker configs: set at start, for every Kafka row of the run):
+`replica.fetch.max.bytes` N MiB a partition (default 1), `replica.fetch.response.max.bytes`
+N MiB times the partitions (default 10 MiB) and `replica.socket.receive.buffer.bytes` 1 MiB
+(default 64 KiB). Printed beside each Kafka row.
 
 Issue 32's target: replicad >= 1.5x Kafka's follower at 2 fetchers, at <= 1/2 its CPU.
 """
@@ -152,12 +159,33 @@ def set_fetchers(cluster: KafkaCluster, fetchers: int) -> None:
             future.result(timeout=60)
 
 
+def fetch_config(fetch_mib: int | None, partitions: int) -> dict[str, str]:
+    """The follower-side fetch sizes of `--replica-fetch-mib` (empty: Kafka's defaults)."""
+    if fetch_mib is None:
+        return {}
+    return {
+        "replica.fetch.max.bytes": str(fetch_mib * 2**20),
+        "replica.fetch.response.max.bytes": str(fetch_mib * 2**20 * partitions),
+        "replica.socket.receive.buffer.bytes": str(2**20),
+    }
+
+
+def kafka_settings(fetchers: int, fetch: dict[str, str]) -> str:
+    text = f"num.replica.fetchers={fetchers}" + (
+        " (default)" if fetchers == KAFKA_DEFAULT_FETCHERS else ""
+    )
+    if fetch:
+        text += ", " + ", ".join(f"{k}={v}" for k, v in fetch.items())
+    return text
+
+
 def run_kafka_follower(
     cluster: KafkaCluster,
     reassigner: KafkaAdminClient,
     partitions: int,
     stored: int,
     fetchers: int,
+    fetch: dict[str, str],
 ) -> Run:
     set_fetchers(cluster, fetchers)
     follower_dir = cluster.node(FOLLOWER).log_dir
@@ -182,8 +210,7 @@ def run_kafka_follower(
     wall = time.monotonic() - started
     run = Run(
         kafka_name(fetchers),
-        f"num.replica.fetchers={fetchers}"
-        + (" (default)" if fetchers == KAFKA_DEFAULT_FETCHERS else ""),
+        kafka_settings(fetchers, fetch),
         wall,
         _steady(marks),
         _cpu(follower_pid) - follower_cpu,
@@ -288,11 +315,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument(
+        "--replica-fetch-mib",
+        type=int,
+        default=None,
+        help="raise Kafka's follower fetch sizes (MiB a partition) for every Kafka row",
+    )
     args = parser.parse_args(argv)
+    fetch = fetch_config(args.replica_fetch_mib, args.partitions)
     records = int(args.gib * 1024**3 / RECORD)
     with tempfile.TemporaryDirectory(prefix="replicad-bench-kf-") as tmp:
         work = Path(tmp)
-        with KafkaCluster(work / "cluster", nodes=args.nodes, heap="1g") as cluster:
+        with KafkaCluster(
+            work / "cluster", nodes=args.nodes, heap="1g", broker_config=fetch
+        ) as cluster:
             cluster.create_replicated_topic(TOPIC, assignment=[[LEADER]] * args.partitions)
             t0 = time.monotonic()
             produce(cluster.bootstrap, TOPIC, args.partitions, records)
@@ -314,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                         run = run_replicad(cluster, work, stored, i)
                     else:
                         run = run_kafka_follower(
-                            cluster, reassigner, args.partitions, stored, fetchers
+                            cluster, reassigner, args.partitions, stored, fetchers, fetch
                         )
                     runs.append(run)
                     print(
