@@ -36,13 +36,15 @@ def _copy_of_replicad(tmp_path: Path) -> Path:
 
 
 def _layers_command(root: Path) -> subprocess.CompletedProcess[str]:
-    """`python -m tools.layers` over the tree at `root`."""
+    """`python -m tools.layers` over the tree at `root`. The timeout is a hang's deadline:
+    the check takes seconds, but 60 s was reached at load ~50 (an interpreter start and a
+    parse of every module under a loaded machine)."""
     return subprocess.run(
         [sys.executable, "-m", "tools.layers", "--root", str(root)],
         capture_output=True,
         text=True,
         cwd=ROOT,
-        timeout=60,
+        timeout=600,
     )
 
 
