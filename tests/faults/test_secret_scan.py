@@ -39,3 +39,20 @@ def test_no_secret_no_leak(tmp_path: Path) -> None:
     (tmp_path / "run.log").write_text("nothing to see\n")
     assert scan(tmp_path).leaks == []
     assert main([str(tmp_path)]) == 0
+
+
+def test_lines_and_leaks_are_counted_as_a_text_read_sees_them(outside: Path) -> None:
+    """Raw bytes are searched first (the suite's logs are millions of lines): line breaks of
+    every kind, invalid UTF-8 and a secret of non-ASCII characters count as text mode reads
+    them."""
+    (outside / "a.password").write_text("pässwörd-1\n")
+    (outside / "crlf.log").write_bytes(b"one\r\ntwo\rthree\n\xff\xfe p\xc3\xa4ssw\xc3\xb6rd-1 \xff")
+    (outside / "segment.log").write_bytes(bytes(range(256)) * 4)  # binary, no secret
+    (outside / "empty.log").write_bytes(b"")
+    result = scan(outside)
+    expected = 0
+    for log in outside.glob("*.log"):
+        with open(log, errors="replace") as f:
+            expected += sum(1 for _ in f)
+    assert (result.logs, result.lines) == (3, expected)
+    assert [(leak.log.name, leak.line) for leak in result.leaks] == [("crlf.log", 4)]

@@ -51,18 +51,39 @@ def scan(root: Path) -> SecretScan:
                 except OSError:
                     continue
     result = SecretScan(secrets=len(secrets))
+    needles = _needles(secrets)
     for log in logs:
         try:
-            with open(log, errors="replace") as f:
-                result.logs += 1
-                for number, line in enumerate(f, 1):
-                    result.lines += 1
-                    for secret, source in secrets.items():
-                        if secret in line:
-                            result.leaks.append(Leak(log, number, source))
+            data = log.read_bytes()
         except OSError:
             continue
+        result.logs += 1
+        result.lines += _line_count(data)
+        if needles is not None and not any(needle in data for needle in needles):
+            continue  # none of the secrets' bytes: no line can hold one
+        with open(log, errors="replace") as lines:  # the numbers of the lines that hold one
+            for number, line in enumerate(lines, 1):
+                for secret, source in secrets.items():
+                    if secret in line:
+                        result.leaks.append(Leak(log, number, source))
     return result
+
+
+def _needles(secrets: dict[str, Path]) -> list[bytes] | None:
+    """Each secret's UTF-8 bytes, searched in a log's raw bytes first (a whole file at C
+    speed; line by line in Python the suite's 2.6 million lines took 10 CPU-s): a secret a
+    decoded line holds is there as those bytes, since every character but U+FFFD decodes
+    from exactly its own encoding. None when a secret holds U+FFFD or a line break, which
+    only the decoded lines can match."""
+    if any(c in secret for secret in secrets for c in "\ufffd\r\n"):
+        return None
+    return [secret.encode() for secret in secrets]
+
+
+def _line_count(data: bytes) -> int:
+    """The lines a text-mode read yields (universal newlines: \\n, \\r\\n or \\r)."""
+    breaks = data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
+    return breaks + (1 if data and data[-1:] not in (b"\n", b"\r") else 0)
 
 
 def describe(result: SecretScan) -> list[str]:
