@@ -7,6 +7,8 @@
   (tools.peers.produce_mixed: every codec, headers, null keys/values, committed and aborted
   transactions) on the Kafka broker, replicated by a real `replicad run` with small
   segments, and read back by a real consumer under both isolation levels.
+- `listener`: Spark's side of a driver-side worker's connection, a socket on loopback
+  (stub_worker.py, for test_connect_first.py and test_forkserver.py).
 - `spark`: one local[2] SparkSession for the session's Spark tests, with Spark's Kafka
   source on its classpath (`make spark-kafka-jars`), the peer of the failover test, and the
   S3 test server's credentials in its environment (the archive tests' bucket reads).
@@ -15,6 +17,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -226,6 +229,20 @@ def replicated(kafka_broker, tmp_path_factory: pytest.TempPathFactory) -> Replic
 
 
 # -- Spark ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    """Where a stand-in worker (stub_worker.py) connects back, as to Spark's factory."""
+    from tests.spark.stub_worker import DEADLINE_S
+
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(DEADLINE_S)
+    try:
+        yield server
+    finally:
+        server.close()
+
 
 # The client compiler only: a JVM that lives for a test run is done before C2 would pay off,
 # and C2's compile threads compete with the tests for two cores (spark-submit: 65 s -> 36 s).

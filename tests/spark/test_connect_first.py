@@ -9,9 +9,7 @@ from __future__ import annotations
 import ast
 import os
 import socket
-import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,24 +18,21 @@ from replicad.spark.connect_first import MODULES
 from replicad.spark.forkserver import ENV as FORKSERVER_ENV
 from replicad.spark.worker_python import pyspark_home, worker_python
 from replicad.types import TopicPartition
+from tests.spark.stub_worker import (
+    DEADLINE_S,
+    INT,
+    SECRET,
+    accept,
+    handshake,
+    read_exactly,
+    start_worker,
+    stub_pyspark,
+)
 from tools.wait import wait_until
-
-INT = struct.Struct("!i")
-DEADLINE_S = 120
-SECRET = "a-secret"
-STUB_MODULE = "pyspark.sql.worker.lookup_data_sources"
 
 # A stand-in PySpark whose import blocks until the test opens the gate (a FIFO), and whose
 # module answers b"ping" with b"gnip" over the socket get_sock_file_to_executor gives it.
 STUB_INIT = "open(__import__('os').environ['STUB_GATE']).read()\n"
-STUB_WORKER_UTIL = """
-import contextlib
-
-@contextlib.contextmanager
-def get_sock_file_to_executor(timeout=-1):
-    raise AssertionError("connect_first should have handed over its connection")
-    yield
-"""
 STUB_MAIN = """
 from pyspark.worker_util import get_sock_file_to_executor
 
@@ -48,63 +43,22 @@ if __name__ == "__main__":
 """
 
 
-def stub_pyspark(root: Path) -> Path:
-    package = root / "pyspark"
-    (package / "sql" / "worker").mkdir(parents=True)
-    (package / "__init__.py").write_text(STUB_INIT)
-    (package / "worker_util.py").write_text(STUB_WORKER_UTIL)
-    (package / "sql" / "__init__.py").write_text("")
-    (package / "sql" / "worker" / "__init__.py").write_text("")
-    (package / "sql" / "worker" / "lookup_data_sources.py").write_text(STUB_MAIN)
-    return root
-
-
-def read_exactly(conn: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = conn.recv(n - len(data))
-        if not chunk:
-            raise EOFError(f"closed after {len(data)} of {n} bytes")
-        data += chunk
-    return data
-
-
-def start_worker(tmp_path: Path, listener: socket.socket, *, secret: str = SECRET):
-    stubs = stub_pyspark(tmp_path / "stubs")
+def gated_worker(
+    tmp_path: Path, listener: socket.socket, *, secret: str = SECRET
+) -> tuple[subprocess.Popen, Path]:
+    """A worker whose PySpark import waits at the gate it is returned with."""
+    stubs = stub_pyspark(tmp_path / "stubs", STUB_MAIN, init=STUB_INIT)
     gate = tmp_path / "gate"
     os.mkfifo(gate)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(stubs), *sys.path]),
-        "STUB_GATE": str(gate),
-        "PYTHON_WORKER_FACTORY_PORT": str(listener.getsockname()[1]),
-        "PYTHON_WORKER_FACTORY_SECRET": secret,
-    }
-    env.pop(FORKSERVER_ENV, None)  # a session's server would run the real module
-    argv = [sys.executable, "-m", "replicad.spark.connect_first", "-m", STUB_MODULE]
-    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE)
-    return proc, gate
-
-
-@pytest.fixture
-def listener():
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(DEADLINE_S)
-    try:
-        yield server
-    finally:
-        server.close()
+    # No forkserver: a session's server would run the real module.
+    env = {"STUB_GATE": str(gate), FORKSERVER_ENV: None}
+    return start_worker(stubs, listener, env, secret=secret, stderr=subprocess.PIPE), gate
 
 
 def test_the_worker_authenticates_and_sends_its_pid_before_it_imports_pyspark(tmp_path, listener):
-    proc, gate = start_worker(tmp_path, listener)
+    proc, gate = gated_worker(tmp_path, listener)
     try:
-        conn, _ = listener.accept()
-        conn.settimeout(DEADLINE_S)
-        (length,) = INT.unpack(read_exactly(conn, 4))
-        assert read_exactly(conn, length).decode() == SECRET
-        conn.sendall(INT.pack(2) + b"ok")
-        assert INT.unpack(read_exactly(conn, 4)) == (proc.pid,)
+        conn = handshake(listener, proc)
         # PySpark's import is still held at the gate: the connection came first.
         assert proc.poll() is None
         with open(gate, "w") as f:
@@ -120,12 +74,9 @@ def test_the_worker_authenticates_and_sends_its_pid_before_it_imports_pyspark(tm
 
 
 def test_a_refused_secret_ends_the_worker_before_it_imports(tmp_path, listener):
-    proc, _ = start_worker(tmp_path, listener, secret="not-it")
+    proc, _ = gated_worker(tmp_path, listener, secret="not-it")
     try:
-        conn, _ = listener.accept()
-        conn.settimeout(DEADLINE_S)
-        (length,) = INT.unpack(read_exactly(conn, 4))
-        read_exactly(conn, length)
+        conn, _ = accept(listener)
         conn.sendall(INT.pack(3) + b"err")
         # Never reaches the gate (nobody opens it): exits with the handshake's error.
         assert proc.wait(DEADLINE_S) != 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,21 +18,17 @@ from pathlib import Path
 import pytest
 
 from replicad.spark import forkserver
+from tests.spark.stub_worker import (
+    DEADLINE_S,
+    INT,
+    handshake,
+    pythonpath,
+    read_exactly,
+    start_worker,
+    stub_pyspark,
+)
 from tools.wait import wait_until
 
-INT = struct.Struct("!i")
-DEADLINE_S = 120
-SECRET = "a-secret"
-STUB_MODULE = "pyspark.sql.worker.lookup_data_sources"
-
-STUB_WORKER_UTIL = """
-import contextlib
-
-@contextlib.contextmanager
-def get_sock_file_to_executor(timeout=-1):
-    raise AssertionError("connect_first should have handed over its connection")
-    yield
-"""
 # Answers b"ping" with b"gnip", then its pid, its PRELOADED marker (set in the server's
 # import, so only a fork of the server sees it set) and a variable of the worker's
 # environment; b"wait" instead: blocks until the connection closes.
@@ -55,35 +50,9 @@ if __name__ == "__main__":
 PRELOADED = "MARK = 'cold'\n"
 
 
-def stub_pyspark(root: Path) -> Path:
-    package = root / "pyspark"
-    (package / "sql" / "worker").mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "preloaded.py").write_text(PRELOADED)
-    (package / "worker_util.py").write_text(STUB_WORKER_UTIL)
-    (package / "sql" / "__init__.py").write_text("")
-    (package / "sql" / "worker" / "__init__.py").write_text("")
-    (package / "sql" / "worker" / "lookup_data_sources.py").write_text(STUB_MAIN)
-    return root
-
-
-def read_exactly(conn: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = conn.recv(n - len(data))
-        if not chunk:
-            raise EOFError(f"closed after {len(data)} of {n} bytes")
-        data += chunk
-    return data
-
-
 @pytest.fixture
 def stubs(tmp_path: Path) -> Path:
-    return stub_pyspark(tmp_path / "stubs")
-
-
-def pythonpath(stubs: Path) -> str:
-    return os.pathsep.join([str(stubs), *sys.path])
+    return stub_pyspark(tmp_path / "stubs", STUB_MAIN, more={"preloaded.py": PRELOADED})
 
 
 @pytest.fixture
@@ -104,38 +73,9 @@ def server(tmp_path: Path, stubs: Path) -> Iterator[tuple[str, subprocess.Popen]
         proc.wait(DEADLINE_S)
 
 
-@pytest.fixture
-def listener() -> Iterator[socket.socket]:
-    spark = socket.create_server(("127.0.0.1", 0))
-    spark.settimeout(DEADLINE_S)
-    try:
-        yield spark
-    finally:
-        spark.close()
-
-
-def start_worker(stubs: Path, listener: socket.socket, server_path: str) -> subprocess.Popen:
-    env = {
-        **os.environ,
-        "PYTHONPATH": pythonpath(stubs),
-        "PYTHON_WORKER_FACTORY_PORT": str(listener.getsockname()[1]),
-        "PYTHON_WORKER_FACTORY_SECRET": SECRET,
-        forkserver.ENV: server_path,
-        "STUB_ENV": "the worker's",
-    }
-    argv = [sys.executable, "-m", "replicad.spark.connect_first", "-m", STUB_MODULE]
-    return subprocess.Popen(argv, env=env)
-
-
-def handshake(listener: socket.socket, worker: subprocess.Popen) -> socket.socket:
-    conn, _ = listener.accept()
-    conn.settimeout(DEADLINE_S)
-    (length,) = INT.unpack(read_exactly(conn, 4))
-    assert read_exactly(conn, length).decode() == SECRET
-    conn.sendall(INT.pack(2) + b"ok")
-    # Spark knows the worker by the pid of the process it started.
-    assert INT.unpack(read_exactly(conn, 4)) == (worker.pid,)
-    return conn
+def worker_of(stubs: Path, listener: socket.socket, server_path: str) -> subprocess.Popen:
+    env = {forkserver.ENV: server_path, "STUB_ENV": "the worker's"}
+    return start_worker(stubs, listener, env)
 
 
 def ping(conn: socket.socket) -> tuple[int, str, str]:
@@ -151,7 +91,7 @@ def test_the_module_runs_in_a_fork_of_the_warm_server_over_the_workers_connectio
 ):
     path, server_proc = server
     for _ in range(2):  # one fork after another
-        worker = start_worker(stubs, listener, path)
+        worker = worker_of(stubs, listener, path)
         try:
             conn = handshake(listener, worker)
             pid, mark, env = ping(conn)
@@ -166,7 +106,7 @@ def test_the_module_runs_in_a_fork_of_the_warm_server_over_the_workers_connectio
 
 
 def test_without_a_server_the_worker_runs_the_module_itself(tmp_path, stubs, listener):
-    worker = start_worker(stubs, listener, str(tmp_path / "no-server.sock"))
+    worker = worker_of(stubs, listener, str(tmp_path / "no-server.sock"))
     try:
         conn = handshake(listener, worker)
         pid, mark, _ = ping(conn)
@@ -205,7 +145,7 @@ def test_the_child_ends_when_spark_destroys_the_worker(stubs, server, listener, 
     """Spark stops a worker by destroying the process it started (SIGTERM, forwarded); one
     killed outright leaves the child to notice it is gone."""
     path, server_proc = server
-    worker = start_worker(stubs, listener, path)
+    worker = worker_of(stubs, listener, path)
     try:
         conn = handshake(listener, worker)
         conn.sendall(b"wait")
