@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +44,7 @@ from typing import Any
 import structlog
 from kio.schema.errors import ErrorCode
 
+from replicad.clock import wall_ms
 from replicad.config.model import GroupsConfig
 from replicad.groups.classic_group import NO_DEADLINE
 from replicad.groups.coordinator import (
@@ -78,10 +78,6 @@ log = structlog.get_logger("replicad.leader.groups")
 MAX_TIMER_WAIT_S = 1.0
 # Kafka's offsets.retention.check.interval.ms.
 RETENTION_CHECK_INTERVAL_MS = 600_000
-
-
-def wall_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def coordinator_config(groups: GroupsConfig) -> CoordinatorConfig:

@@ -42,12 +42,12 @@ from replicad.protocol.apis import ApiKey
 from replicad.protocol.client import KafkaClient
 from replicad.protocol.codec import response_type
 from replicad.protocol.requests import make_entity
+from replicad.wire import TOPIC_RESOURCE
 
 log = structlog.get_logger("replicad.leader.topic_configs")
 
 DIRECTORY = "__replicad_topic_configs"
 FILE = "configs.json"
-TOPIC_RESOURCE = 2
 REFRESH_INTERVAL_S = 300.0
 # How often the sync looks for topics new in the replica.
 NEW_TOPIC_CHECK_S = 1.0

@@ -34,10 +34,12 @@ from kio.schema.types import BrokerId, TopicName
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
+from replicad.session.metadata import INITIAL_EPOCH
+from replicad.wire import FINAL_EPOCH, INVALID_SESSION_ID
+
 FETCH_API_KEY = 1
 FETCH_VERSION = 12
-NEW_SESSION = (0, 0)  # session id, epoch: full fetch, create a session
-FINAL_EPOCH = -1
+NEW_SESSION = (INVALID_SESSION_ID, INITIAL_EPOCH)  # full fetch, create a session
 # The shard count Kafka's broker splits its session cache into.
 KAFKA_SESSION_CACHE_SHARDS = 8
 _SIZE = struct.Struct(">i")

@@ -41,11 +41,13 @@ from replicad.session.cache import (
 )
 from replicad.session.metadata import PartitionFetch, TopicIdPartition
 from replicad.types import TopicPartition
-from replicad.wire import FETCH_LAST_FETCHED_EPOCH_VERSION, FETCH_TOPIC_ID_VERSION
+from replicad.wire import (
+    FETCH_CURRENT_LEADER_EPOCH_VERSION,
+    FETCH_LAST_FETCHED_EPOCH_VERSION,
+    FETCH_TOPIC_ID_VERSION,
+    NO_EPOCH,
+)
 from tools.logdata.batches import producer_batch
-
-# Fetch v9 added the current leader epoch (KIP-320) to each partition of a request.
-CURRENT_EPOCH_VERSION = 9
 
 
 @dataclass(frozen=True, slots=True)
@@ -552,7 +554,9 @@ class SimCluster:
             # 78948: the new topic's records came back, past the follower's budget).
             return answer(ErrorCode.inconsistent_topic_id)
         # Below v9 the request carries no current leader epoch: nothing to fence with.
-        current_epoch = fetch.current_leader_epoch if version >= CURRENT_EPOCH_VERSION else -1
+        current_epoch = NO_EPOCH
+        if version >= FETCH_CURRENT_LEADER_EPOCH_VERSION:
+            current_epoch = fetch.current_leader_epoch
         error = self._leader_error(node, tp, current_epoch)
         if error:
             return answer(error)

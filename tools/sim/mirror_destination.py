@@ -31,12 +31,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-NONE = 0
-NOT_LEADER_OR_FOLLOWER = 6
-MESSAGE_TOO_LARGE = 10
-OUT_OF_ORDER_SEQUENCE_NUMBER = 45
-INVALID_PRODUCER_EPOCH = 47
-UNKNOWN_PRODUCER_ID = 59
+from kio.schema.errors import ErrorCode
+
 # What a broker remembers per producer (ProducerStateEntry.NUM_BATCHES_TO_RETAIN).
 BATCHES_RETAINED = 5
 # Shorter than Kafka's day, still far above the simulated request timeouts.
@@ -62,7 +58,7 @@ class _Producer:
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    error: int
+    error: ErrorCode
     base_offset: int = -1
 
 
@@ -94,15 +90,15 @@ class SimDestination:
         `replicate` as (key, answer) in `answers_ready`."""
         count = len(sources)
         if self.max_batch_records is not None and count > self.max_batch_records:
-            return Answer(MESSAGE_TOO_LARGE)
+            return Answer(ErrorCode.message_too_large)
         producer = self._producers.get(pid)
         if producer is not None and epoch < producer.epoch:
-            return Answer(INVALID_PRODUCER_EPOCH)
+            return Answer(ErrorCode.invalid_producer_epoch)
         if producer is None or epoch > producer.epoch:
             # A producer the partition has no state for is taken at any sequence (Kafka
             # since KIP-360: its state may have expired); a new epoch starts at 0.
             if seq != 0 and (producer is not None or self.old_broker):
-                return Answer(UNKNOWN_PRODUCER_ID)
+                return Answer(ErrorCode.unknown_producer_id)
             producer = self._producers[pid] = _Producer(epoch)
         for b in producer.batches:
             if b.first_seq == seq and b.last_seq == seq + count - 1:
@@ -112,10 +108,10 @@ class SimDestination:
                     # Still being replicated: answered with the original once it is.
                     self._waiting.append((key, b.offset))
                     return None
-                return Answer(NONE, b.offset)
+                return Answer(ErrorCode.none, b.offset)
         last = producer.batches[-1].last_seq if producer.batches else -1
         if seq != last + 1:
-            return Answer(OUT_OF_ORDER_SEQUENCE_NUMBER)
+            return Answer(ErrorCode.out_of_order_sequence_number)
         base = self.log_end
         producer.batches.append(_Batch(seq, seq + count - 1, base, sources))
         producer.last_timestamp = max_timestamp
@@ -127,7 +123,7 @@ class SimDestination:
         """The followers caught up: the high watermark is the log end; waiting answers go."""
         self.high_watermark = self.log_end
         for key, base in self._waiting:
-            self.answers_ready.append((key, Answer(NONE, base)))
+            self.answers_ready.append((key, Answer(ErrorCode.none, base)))
         self._waiting.clear()
 
     def leader_change(self) -> list[object]:

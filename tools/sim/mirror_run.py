@@ -70,12 +70,7 @@ from replicad.records.batch import (
 from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
 from tools.sim.invariants import InvariantError
-from tools.sim.mirror_destination import (
-    MESSAGE_TOO_LARGE,
-    PRODUCER_EXPIRATION_MS,
-    UNKNOWN_PRODUCER_ID,
-    SimDestination,
-)
+from tools.sim.mirror_destination import PRODUCER_EXPIRATION_MS, SimDestination
 from tools.sim.seeds import SCRATCH, SimResult, seed_main
 from tools.sim.seeds import run_seeds as seeds_run
 
@@ -452,9 +447,9 @@ class MirrorSimulation:
             request, request.pid, request.epoch, request.seq, request.sources, request.max_timestamp
         )
         self.note(f"p{request.partition} destination takes seq {request.seq}: {answer}")
-        if answer is not None and answer.error == MESSAGE_TOO_LARGE:
+        if answer is not None and answer.error == ErrorCode.message_too_large:
             self.counts["too_large"] += 1
-        if answer is not None and answer.error == UNKNOWN_PRODUCER_ID:
+        if answer is not None and answer.error == ErrorCode.unknown_producer_id:
             self.counts["unknown_producer_id"] += 1
         if answer is not None:
             self.answers.append((request, _produce_answer(answer.error, answer.base_offset)))
