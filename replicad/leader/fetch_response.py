@@ -8,10 +8,12 @@ Rules:
   partition (200 of them cost a 200-partition Fetch several milliseconds); each partition's
   records are a file region sent as they are on disk. A partition's fixed fields (index,
   error, offsets) go out as one `struct` pack, and a partition with no aborted
-  transactions and no diverging epoch (nearly all) as constant bytes for the rest, when the
-  version's fields are in the layout every Fetch version so far has; any other layout is
-  written field by field. kio's entity encoding of the same answer is the reference the
-  tests hold this to, byte for byte, for every version.
+  transactions and no diverging epoch (nearly all) as constant bytes for the rest: the
+  layout every Fetch version so far has. A version whose partition fields are in another
+  layout is refused (LocalProtocolError) when its writer is made: before serve answers a
+  new Fetch version, the layout must be described here. kio's entity encoding of the same
+  answer is the reference the tests hold this to, byte for byte, for every version serve
+  answers.
 - v0-v3 (hand-written layout): the records are down-converted lazily (KIP-283) to magic 0
   (v0-v1) or magic 1 (v2-v3). For a consumer, a topic whose `message.downconversion.enable`
   is false (per topic, else the server's) answers every partition it has with
@@ -149,7 +151,6 @@ class _BodyWriter:
         "fixed",
         "flexible",
         "null_aborted",
-        "partition_fields",
         "preferred_replica",
         "top_fields",
         "topic_by_id",
@@ -165,7 +166,6 @@ class _BodyWriter:
         self.flexible: bool = cls.__flexible__  # type: ignore[attr-defined]
         self.top_fields = _untagged(cls)
         self.topic_by_id = "topic_id" in _untagged(module.FetchableTopicResponse)
-        self.partition_fields = _untagged(module.PartitionData)
         array = writers.compact_array_writer if self.flexible else writers.legacy_array_writer
         self.aborted_entity = getattr(module, "AbortedTransaction", None)
         self.write_aborted = (
@@ -178,26 +178,11 @@ class _BodyWriter:
         self.write_diverging = (
             entity_writer(module.EpochEndOffset) if diverging is not None else None
         )
-        self.fixed: struct.Struct | None = None
-        self.with_log_start = False
-        self.preferred_replica = False
-        self.null_aborted = _NULL_COMPACT_ARRAY if self.flexible else _NULL_LEGACY_ARRAY
-        self._plan_fast_partitions()
-
-    def _plan_fast_partitions(self) -> None:
-        """`fixed` (the leading fixed-size fields as one struct) when the version's partition
-        fields are in the known layout (module constants), else None: field by field."""
-        fields = self.partition_fields
-        lead = 0
-        while lead < len(fields) and fields[lead] in _FIXED_FIELDS:
-            lead += 1
-        head, rest = fields[:lead], fields[lead:]
-        with_log_start = head == (*_FIXED_HEAD, "log_start_offset")
-        if (head != _FIXED_HEAD and not with_log_start) or rest not in _KNOWN_TAILS:
-            return
+        head, rest = _partition_layout(_untagged(module.PartitionData))
         self.fixed = struct.Struct(">" + "".join(_FIXED_FIELDS[f] for f in head))
-        self.with_log_start = with_log_start
+        self.with_log_start = "log_start_offset" in head
         self.preferred_replica = "preferred_read_replica" in rest
+        self.null_aborted = _NULL_COMPACT_ARRAY if self.flexible else _NULL_LEGACY_ARRAY
 
     @classmethod
     def of(cls, response_cls: type) -> _BodyWriter:
@@ -253,55 +238,9 @@ class _BodyWriter:
             writers.write_empty_tagged_fields(out.buffer)
 
     def _partition(self, out: _Parts, a: PartitionAnswer) -> None:
-        if self.fixed is not None:
-            self._partition_fast(out, a)
-            return
+        """One partition in the known layout: one pack, constants, no kio call per field
+        (the same bytes as kio's entity: tests/leader/test_fetch_response.py)."""
         buf = out.buffer
-        for name in self.partition_fields:
-            if name == "partition_index":
-                writers.write_int32(buf, a.partition.partition)
-            elif name == "error_code":
-                writers.write_error_code(buf, ErrorCode(a.error_code))
-            elif name == "high_watermark":
-                writers.write_int64(buf, a.high_watermark)
-            elif name == "last_stable_offset":
-                writers.write_int64(buf, a.last_stable_offset)
-            elif name == "log_start_offset":
-                writers.write_int64(buf, a.log_start_offset)
-            elif name == "aborted_transactions":
-                assert self.write_aborted is not None and self.aborted_entity is not None
-                aborted = (
-                    None
-                    if a.aborted is None
-                    else tuple(
-                        self.aborted_entity(producer_id=t.producer_id, first_offset=t.first_offset)
-                        for t in a.aborted
-                    )
-                )
-                self.write_aborted(buf, aborted)
-            elif name == "preferred_read_replica":
-                writers.write_int32(buf, NO_PREFERRED_READ_REPLICA)
-            elif name == "records":
-                # kio writes "no records" as empty bytes, not null: so do we.
-                size = a.records.size if a.records is not None else 0
-                if self.flexible:
-                    writers.write_unsigned_varint(buf, size + 1)  # type: ignore[arg-type]
-                else:
-                    writers.write_int32(buf, size)  # type: ignore[arg-type]
-                if size > 0:
-                    assert a.records is not None
-                    out.records(a.records)
-                    buf = out.buffer
-            else:
-                raise LocalProtocolError(f"Fetch partition field {name} is not written here")
-        if self.flexible:
-            self._partition_tags(buf, a)
-
-    def _partition_fast(self, out: _Parts, a: PartitionAnswer) -> None:
-        """_partition for the known layout: one pack, constants, no kio call per field
-        (the same bytes: tests/leader/test_fetch_response.py holds both to kio's)."""
-        buf = out.buffer
-        assert self.fixed is not None
         if self.with_log_start:
             buf.write(
                 self.fixed.pack(
@@ -360,6 +299,20 @@ class _BodyWriter:
             return
         writers.write_unsigned_varint(buf, 1)  # type: ignore[arg-type]
         writers.write_tagged_field(buf, DIVERGING_EPOCH_TAG, self.write_diverging, diverging)  # type: ignore[arg-type]
+
+
+def _partition_layout(fields: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A version's partition fields as (the leading fixed-size ones, the rest), when they are
+    in the known layout (module constants); LocalProtocolError for any other."""
+    lead = 0
+    while lead < len(fields) and fields[lead] in _FIXED_FIELDS:
+        lead += 1
+    head, rest = fields[:lead], fields[lead:]
+    if head not in (_FIXED_HEAD, (*_FIXED_HEAD, "log_start_offset")) or rest not in _KNOWN_TAILS:
+        raise LocalProtocolError(
+            f"Fetch response partition fields {', '.join(fields)}: not a layout written here"
+        )
+    return head, rest
 
 
 def _untagged(cls: type) -> tuple[str, ...]:
