@@ -26,7 +26,7 @@ from tools.chaos.soak import (
     soak,
     trends,
 )
-from tools.chaos.soak_sources import SESSION_EVICTIONS, TansuSource
+from tools.chaos.soak_sources import SEGMENT_BYTES, SESSION_EVICTIONS, KafkaSource, TansuSource
 
 # Long enough for half a dozen faults and 30 samples a second apart; the 30-minute runs at
 # 1,000 and 10,000 partitions are the tool's. Seed 5 picks a flipped batch, then the full
@@ -111,6 +111,28 @@ def test_a_tansu_source_says_why_it_cannot_restart_or_evict() -> None:
     assert "memory storage" in (tansu.cannot("rolling-restart") or "")
     assert "no fetch sessions" in (tansu.cannot(SESSION_EVICTIONS) or "")
     assert tansu.cannot("cut") is None and tansu.cannot(DISK_FULL) is None
+
+
+def test_a_one_broker_source_stands_one_proxy_before_its_broker_and_creates_its_topics() -> None:
+    class Broker:
+        bootstrap, port = "127.0.0.1:9", 9
+
+        def __init__(self) -> None:
+            self.created: list[tuple[str, int, dict[str, int]]] = []
+
+        def create_topic(self, name: str, partitions: int, **options: int) -> None:
+            self.created.append((name, partitions, options))
+
+    for source_type, options in (
+        (KafkaSource, {"segment_bytes": SEGMENT_BYTES}),
+        (TansuSource, {}),
+    ):
+        broker = Broker()
+        source = source_type(broker)  # type: ignore[arg-type]
+        assert source.bootstrap == "127.0.0.1:9"
+        assert [upstream() for upstream in source.upstreams()] == [("127.0.0.1", 9)]
+        source.create_topics({"a": 3, "b": 1})
+        assert broker.created == [("a", 3, options), ("b", 1, options)]
 
 
 def test_the_table_row_has_a_cell_per_column() -> None:

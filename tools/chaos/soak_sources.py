@@ -124,10 +124,14 @@ def _no_eviction(config: Mapping[str, str]) -> str | None:
     )
 
 
-class KafkaSource(SoakSource):
-    name = "kafka"
+class OneBrokerSource(SoakSource):
+    """A source of one broker (Kafka or Tansu): one proxy in front of it, topics created on it
+    with `topic_options`."""
 
-    def __init__(self, broker: KafkaBroker) -> None:
+    # Keyword arguments of the broker's create_topic.
+    topic_options: Mapping[str, int] = {}
+
+    def __init__(self, broker: KafkaBroker | TansuBroker) -> None:
         self.broker = broker
 
     @property
@@ -139,7 +143,13 @@ class KafkaSource(SoakSource):
 
     def create_topics(self, topics: Mapping[str, int]) -> None:
         for name, partitions in topics.items():
-            self.broker.create_topic(name, partitions, segment_bytes=SEGMENT_BYTES)
+            self.broker.create_topic(name, partitions, **self.topic_options)
+
+
+class KafkaSource(OneBrokerSource):
+    name = "kafka"
+    topic_options = {"segment_bytes": SEGMENT_BYTES}
+    broker: KafkaBroker
 
     def ends(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int] | None:
         return end_offsets(self.broker.log_dir, partitions)
@@ -299,22 +309,9 @@ class ClusterSource(SoakSource):
             raise PeerError(f"replicas not back in sync within {IN_SYNC_TIMEOUT_S} s")
 
 
-class TansuSource(SoakSource):
+class TansuSource(OneBrokerSource):
     name = "tansu"
-
-    def __init__(self, broker: TansuBroker) -> None:
-        self.broker = broker
-
-    @property
-    def bootstrap(self) -> str:
-        return self.broker.bootstrap
-
-    def upstreams(self) -> list[Callable[[], Address]]:
-        return [lambda: ("127.0.0.1", self.broker.port)]
-
-    def create_topics(self, topics: Mapping[str, int]) -> None:
-        for name, partitions in topics.items():
-            self.broker.create_topic(name, partitions)
+    broker: TansuBroker
 
     def ends(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int] | None:
         from tools.peers.wire import fetch_once
