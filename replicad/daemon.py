@@ -134,8 +134,9 @@ class Daemon:
 
     def snapshot(self, *, problems_only: bool = False) -> dict[str, Any]:
         """The status snapshot (`replicad status`, metrics); `problems_only`: with only the
-        partition rows health and the stall watch read (the status loop's: every row of
-        10,000 partitions is 10 MiB, every 2 s), the same totals and health."""
+        partition rows health and the stall watch read, the mirror's included (the status
+        loop's: every row of 10,000 partitions is 10 MiB, every 2 s), the same totals and
+        health."""
         snap = build_snapshot(
             self.replicator,
             uptime_s=time.monotonic() - self.started,
@@ -151,7 +152,7 @@ class Daemon:
                 **({"group_sync": self.serve_sync.snapshot()} if self.serve_sync else {}),
             }
         if self.mirror is not None:
-            snap["mirror"] = self.mirror.snapshot()
+            snap["mirror"] = self.mirror.snapshot(problems_only=problems_only)
         if self.archiver is not None:
             snap["archive"] = self.archiver.snapshot()
         if self.verifier is not None:

@@ -223,3 +223,38 @@ async def test_metadata_asked_by_many_partitions_is_one_refresh_and_a_failed_one
         stop.set()
         await driver
         await mirror.client.close()
+
+
+
+def test_the_status_loops_snapshot_holds_only_halted_rows_and_the_same_totals_and_health(
+    tmp_path,
+) -> None:
+    """Every 2 s the status loop reads the mirror's health, which names halted partitions
+    only: it gets their rows alone, the same lag and the same health as the full snapshot
+    (`replicad status` and metrics still get every row)."""
+    from types import SimpleNamespace
+
+    from replicad.control.health import assess
+    from replicad.mirror.partition_mirror import PartitionMirror
+    from replicad.mirror.shell import Mirror, MirrorSettings
+    from replicad.protocol.client import ClientSettings
+
+    settings = MirrorSettings(
+        bootstrap_servers=("127.0.0.1:9",), client=ClientSettings(), data_dir=tmp_path
+    )
+    mirror = Mirror(settings, SimpleNamespace(client=None, logs=None))  # type: ignore[arg-type]
+    for p in range(5):
+        tp = TopicPartition("orders", p)
+        mirror.cores[tp] = PartitionMirror(position=10 * p)
+        mirror._logs[tp] = SimpleNamespace(high_watermark=100, log_end_offset=120)  # type: ignore[assignment]
+    mirror.cores[TopicPartition("orders", 3)].halt("destination refused the batch")
+    full = mirror.snapshot()
+    light = mirror.snapshot(problems_only=True)
+    assert [row["partition"] for row in light["partitions"]] == [3]
+    assert light["partitions"] == [row for row in full["partitions"] if row["partition"] == 3]
+    assert light["lag"] == full["lag"] == sum(100 - 10 * p for p in range(5))
+    assert {k: v for k, v in light.items() if k != "partitions"} == {
+        k: v for k, v in full.items() if k != "partitions"
+    }
+    health = [assess({"ready": True, "mirror": snap}).as_dict() for snap in (full, light)]
+    assert health[0] == health[1] and "mirror_halted" in str(health[0])
