@@ -24,6 +24,12 @@ and from the daemon's own status: the memory pool's peak and waits, and the
 leaders it fetched from.
 
     .venv/bin/python -m tools.bench.memory [--partitions 10000] [--buffer-mib 32]
+        [--explain-steps]
+
+`--explain-steps` says at each step of VmHWM what it was made of: the anonymous
+mappings new since the last sample (the heap's growth apart) and py-spy's dump of every
+thread of the daemon (the dump stops the daemon for a moment: figures of such a run are
+for finding a step, not for the table).
 
 prints a markdown table. tests/follower/test_memory_10k.py runs the same
 scenario and asserts on the result.
@@ -36,6 +42,7 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -241,11 +248,62 @@ def proc_status(pid: int) -> dict[str, int]:
     return found
 
 
+def anonymous_mappings(pid: int) -> dict[str, int]:
+    """A process's anonymous writable mappings (its heap included) by address range, with
+    their sizes: glibc maps each allocation above its mmap threshold on its own (the daemon
+    pins it at 128 KiB), so a new one is one large buffer."""
+    found: dict[str, int] = {}
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            parts = line.split()
+            if len(parts) < 5 or not parts[1].startswith("rw"):
+                continue
+            name = parts[5] if len(parts) > 5 else ""
+            if name and name != "[heap]":
+                continue
+            start, _, end = parts[0].partition("-")
+            found[f"{parts[0]} {name}".strip()] = int(end, 16) - int(start, 16)
+    return found
+
+
+def explain_step(pid: int, before: dict[str, int], dump: bool) -> tuple[dict[str, int], str]:
+    """What changed in the anonymous mappings since `before` (new and grown ones, largest
+    first), and with `dump` what every thread of the daemon is doing (py-spy dump, when
+    installed): where a step of VmHWM came from."""
+    now = anonymous_mappings(pid)
+    heap_before = sum(v for k, v in before.items() if k.endswith("[heap]"))
+    heap_now = sum(v for k, v in now.items() if k.endswith("[heap]"))
+    new = sorted(
+        (size for key, size in now.items() if key not in before and not key.endswith("[heap]")),
+        reverse=True,
+    )
+    gone = sum(size for key, size in before.items() if key not in now)
+    mapped = (sum(now.values()) - heap_now - (sum(before.values()) - heap_before)) / MIB
+    # (The kernel merges neighbouring mappings: a new one may show merged with an old.)
+    lines = [
+        f"    heap {heap_before / MIB:.1f} -> {heap_now / MIB:.1f} MiB; other anonymous "
+        f"mappings {mapped:+.1f} MiB: "
+        f"{len(new)} new mappings, {sum(new) / MIB:.1f} MiB "
+        f"(largest: {', '.join(f'{n / MIB:.2f}' for n in new[:8])} MiB); "
+        f"{gone / MIB:.1f} MiB unmapped"
+    ]
+    spy = Path(sys.executable).with_name("py-spy")
+    if dump and spy.exists():
+        out = subprocess.run(
+            [str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60
+        )
+        lines += [f"    | {line}" for line in out.stdout.splitlines()]
+    return now, "\n".join(lines)
+
+
 class FdSampler:
     """Counts a process's descriptors in a thread until stopped."""
 
-    def __init__(self, pid: int, data_dir: Path) -> None:
+    def __init__(self, pid: int, data_dir: Path, *, explain: bool = False) -> None:
         self._pid = pid
+        # Say what each VmHWM step was made of (explain_step), with py-spy's stacks.
+        self._explain = explain
+        self._maps: dict[str, int] = {}
         self._started = time.monotonic()
         self._hwm_said = 0
         self._fd_dir = Path(f"/proc/{pid}/fd")
@@ -273,7 +331,17 @@ class FdSampler:
         except OSError:  # the process is gone
             return
         hwm = status.get("VmHWM", 0)
-        if hwm >= self._hwm_said + HWM_STEP:
+        rose = hwm >= self._hwm_said + HWM_STEP
+        if self._explain:
+            try:
+                if rose and self._maps:
+                    self._maps, said = explain_step(self._pid, self._maps, dump=True)
+                    print(said, file=sys.stderr, flush=True)
+                else:
+                    self._maps = anonymous_mappings(self._pid)
+            except (OSError, subprocess.SubprocessError):  # the process is gone
+                return
+        if rose:
             self._hwm_said = hwm
             rss, anon = status.get("VmRSS", 0) / MIB, status.get("RssAnon", 0) / MIB
             print(
@@ -331,7 +399,12 @@ def status_json(socket_path: Path) -> dict:
 
 
 def run(
-    cluster: KafkaCluster, workdir: Path, scenario: Scenario, *, prefix: str = "mem"
+    cluster: KafkaCluster,
+    workdir: Path,
+    scenario: Scenario,
+    *,
+    prefix: str = "mem",
+    explain: bool = False,
 ) -> MemoryRun:
     """Fill topics on the running `cluster`, replicate them with one `replicad run`, measure."""
     setup_started = time.monotonic()
@@ -359,7 +432,7 @@ def run(
     assert daemon.proc is not None
     pid = daemon.proc.pid
     try:
-        with FdSampler(pid, data_dir) as sampler:
+        with FdSampler(pid, data_dir, explain=explain) as sampler:
 
             def replicated() -> bool:
                 if not daemon.running:
@@ -447,6 +520,11 @@ def main() -> int:
     parser.add_argument("--buffer-mib", type=int, default=32)
     parser.add_argument("--max-open-files", type=int, default=256)
     parser.add_argument("--nofile", type=int, default=1024)
+    parser.add_argument(
+        "--explain-steps",
+        action="store_true",
+        help="at each VmHWM step, the new anonymous mappings and py-spy's dump of the daemon",
+    )
     args = parser.parse_args()
     scenario = Scenario(
         partitions=args.partitions,
@@ -464,7 +542,7 @@ def main() -> int:
                 f"cluster of {len(cluster.nodes)} up in {time.monotonic() - started:.1f} s",
                 file=sys.stderr,
             )
-            result = run(cluster, workdir, scenario)
+            result = run(cluster, workdir, scenario, explain=args.explain_steps)
         print(
             f"setup {result.setup_s:.1f} s, replication {result.replicate_s:.1f} s", file=sys.stderr
         )
