@@ -48,6 +48,15 @@ def found_by(run_seed: RunSeed, seeds: Iterable[int], **options: Any) -> SimResu
     raise AssertionError("the planted defect went unnoticed")
 
 
+def planted_found(run_seeds: RunSeeds, seeds: Iterable[int], what: str, **options: Any) -> str:
+    """The error of the first of `seeds` that fails with a defect planted (`what` names it
+    in the printed line); AssertionError when none does."""
+    failed, _ = run_seeds(seeds, stop_at_first=True, **options)
+    assert failed, f"no suite seed found the planted defect ({what})"
+    print(f"{what} found by seed {failed[0].seed}: {failed[0].error}")
+    return failed[0].error or ""
+
+
 def assert_found_as_invariant(failed: list[SimResult]) -> None:
     """A planted defect was found by a broken invariant, not by planted code that does not
     run (a signature the simulation does not call it with)."""

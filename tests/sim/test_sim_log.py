@@ -12,7 +12,7 @@ import pytest
 from replicad.log import partition as partition_module
 from replicad.log.partition import PartitionLog
 from replicad.log.segment import LogSegment
-from tests.sim.seeded import assert_replays_exactly
+from tests.sim.seeded import assert_replays_exactly, planted_found
 from tests.sim.test_sim_run import flush_without_fsync
 from tools.sim.log_run import run_seed, run_seeds
 from tools.sim.seeds import quiet_logs
@@ -63,10 +63,8 @@ def test_a_roll_that_leaves_its_segment_unsynced_is_found_by_a_suite_seed(monkey
     checkpoint), appends past a roll and a crash: loading trusts the stale point and scans
     from its segment on, so the segment rolled before it comes back torn, unscanned."""
     _without_segment_fsyncs(monkeypatch, "_roll")
-    failed, _ = run_seeds(SUITE_SEEDS, stop_at_first=True)
-    assert failed, "no suite seed found the planted defect"
-    print(f"roll without fsync found by seed {failed[0].seed}: {failed[0].error}")
-    assert "does not scan to its end" in failed[0].error or "durable" in failed[0].error
+    error = planted_found(run_seeds, SUITE_SEEDS, "roll without fsync")
+    assert "does not scan to its end" in error or "durable" in error
 
 
 def test_a_truncation_left_unsynced_is_found_by_a_suite_seed(monkeypatch):
@@ -74,20 +72,16 @@ def test_a_truncation_left_unsynced_is_found_by_a_suite_seed(monkeypatch):
     shortened. Without it, a crash that loses the shorter length brings the removed batches
     back below the stale recovery point the checkpoint file names: loaded as durable."""
     _without_segment_fsyncs(monkeypatch, "truncate_to")
-    failed, _ = run_seeds(SUITE_SEEDS, stop_at_first=True)
-    assert failed, "no suite seed found the planted defect"
-    print(f"truncation without fsync found by seed {failed[0].seed}: {failed[0].error}")
-    assert "claimed durable on loading" in failed[0].error
+    error = planted_found(run_seeds, SUITE_SEEDS, "truncation without fsync")
+    assert "claimed durable on loading" in error
 
 
 def test_a_flush_that_claims_what_it_did_not_sync_is_found_by_a_suite_seed(monkeypatch):
     """Rule 3 itself: a flush that raises the recovery point without fsyncing, so the next
     checkpoint names data a crash can lose."""
     monkeypatch.setattr(PartitionLog, "flush", flush_without_fsync)
-    failed, _ = run_seeds(SUITE_SEEDS, stop_at_first=True)
-    assert failed, "no suite seed found the planted defect"
-    print(f"flush without fsync found by seed {failed[0].seed}: {failed[0].error}")
-    assert "which was reported durable" in failed[0].error
+    error = planted_found(run_seeds, SUITE_SEEDS, "flush without fsync")
+    assert "which was reported durable" in error
 
 
 def test_a_truncation_below_the_checkpointed_recovery_point_left_to_later_is_found(monkeypatch):
@@ -106,10 +100,8 @@ def test_a_truncation_below_the_checkpointed_recovery_point_left_to_later_is_fou
             self.checkpointed_recovery_point = saved
 
     monkeypatch.setattr(PartitionLog, "truncate_to", planted)
-    failed, _ = run_seeds(SUITE_SEEDS, stop_at_first=True)
-    assert failed, "no suite seed found the planted defect"
-    print(f"deferred below the checkpoint found by seed {failed[0].seed}: {failed[0].error}")
-    assert "durable" in failed[0].error
+    error = planted_found(run_seeds, SUITE_SEEDS, "deferred below the checkpoint")
+    assert "durable" in error
 
 
 def test_loading_that_trusts_a_late_epoch_file_past_its_rescan_is_found(monkeypatch):
@@ -121,10 +113,8 @@ def test_loading_that_trusts_a_late_epoch_file_past_its_rescan_is_found(monkeypa
     # Its window (an epoch file written between an append and a truncation, the leader's
     # log going on in the older epoch, a crash before the truncation's job) is rarer: the
     # first seeds that find it are 25, 59 and 147.
-    failed, _ = run_seeds(range(26), stop_at_first=True)
-    assert failed, "no suite seed found the planted defect"
-    print(f"late epoch file trusted found by seed {failed[0].seed}: {failed[0].error}")
-    assert "leader-epoch cache" in failed[0].error
+    error = planted_found(run_seeds, range(26), "late epoch file trusted")
+    assert "leader-epoch cache" in error
 
 
 def test_the_command_line_replays_a_seed():

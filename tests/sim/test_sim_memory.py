@@ -11,6 +11,7 @@ import structlog
 
 from replicad.follower.memory_pool import PAGE, MemoryPool
 from replicad.pool.rules import BytePool, Grant
+from tests.sim.seeded import planted_found
 from tools.sim.invariants import InvariantError
 from tools.sim.memory import SimMemory
 from tools.sim.run import run_seeds
@@ -56,10 +57,8 @@ def test_an_overdrawn_pool_is_found_by_a_suite_seed(monkeypatch: pytest.MonkeyPa
     """Planted: idle buffers are never freed to make room for a new one: the pool holds
     more than its bound."""
     monkeypatch.setattr(MemoryPool, "_free_idle", lambda self, keep: None)
-    failed, _ = run_seeds(SEEDS, stop_at_first=True)
-    assert failed, "no suite seed found the planted defect"
-    print(f"overdraw found by seed {failed[0].seed}: {failed[0].error}")
-    assert "memory pool overdrawn" in failed[0].error
+    error = planted_found(run_seeds, SEEDS, "overdraw")
+    assert "memory pool overdrawn" in error
 
 
 def _newest_first(self: BytePool) -> list[Grant]:
@@ -78,10 +77,8 @@ def test_a_pool_that_serves_its_newest_waiter_first_is_found_by_a_suite_seed(
     """Rule 6 judges the order the pool grants in; seeds with a pool smaller than a page
     (tools/sim/run.py) have several leaders waiting at once."""
     monkeypatch.setattr(BytePool, "_grant_waiters", _newest_first)
-    failed, _ = run_seeds(SEEDS, stop_at_first=True)
-    assert failed, "no suite seed found the planted defect"
-    print(f"starvation found by seed {failed[0].seed}: {failed[0].error}")
-    assert "overtaken: a leader can be starved" in failed[0].error
+    error = planted_found(run_seeds, SEEDS, "starvation")
+    assert "overtaken: a leader can be starved" in error
 
 
 def test_a_pool_that_serves_its_newest_waiter_first_is_caught(

@@ -16,7 +16,7 @@ from kio.schema.errors import ErrorCode
 import replicad.follower.partition_table as partition_table
 from replicad.follower.validate import validate_fetched
 from replicad.log.partition import PartitionLog
-from tests.sim.seeded import assert_replays_exactly, missing_events
+from tests.sim.seeded import assert_replays_exactly, missing_events, planted_found
 from tools.sim.follower import SimFollower
 from tools.sim.run import run_seed, run_seeds
 
@@ -114,23 +114,20 @@ def _checkpoint_assigning_the_leaders_high_watermark(follower: SimFollower) -> N
 
 
 def test_the_old_high_watermark_checkpoint_is_found_by_a_suite_seed():
-    failed, _ = run_seeds(
+    error = planted_found(
+        run_seeds,
         SUITE_SEEDS,
+        "planted defect 1",
         checkpoint_hook=_checkpoint_assigning_the_leaders_high_watermark,
-        stop_at_first=True,
     )
-    assert failed, "no suite seed found the planted defect"
-    print(f"planted defect 1 found by seed {failed[0].seed}: {failed[0].error}")
-    assert "high watermark moved back" in failed[0].error
+    assert "high watermark moved back" in error
 
 
 def test_the_old_error_code_decoding_is_found_by_a_suite_seed(monkeypatch):
     """Defect 2 as it was: a code kio's ErrorCode does not list raised ValueError."""
     monkeypatch.setattr(partition_table, "error_code_of", ErrorCode)
-    failed, _ = run_seeds(SUITE_SEEDS, stop_at_first=True)
-    assert failed, "no suite seed found the planted defect"
-    print(f"planted defect 2 found by seed {failed[0].seed}: {failed[0].error}")
-    assert "is not a valid ErrorCode" in failed[0].error
+    error = planted_found(run_seeds, SUITE_SEEDS, "planted defect 2")
+    assert "is not a valid ErrorCode" in error
 
 
 def _validate_as_it_was(records, *, fetch_offset, log_is_empty, **epochs):
@@ -150,10 +147,8 @@ def test_the_refetch_of_another_lineage_forever_is_found_by_a_suite_seed(monkeyp
     before the shared memory pool and the durability queue (pool_and_disk=False: the same
     events, seed for seed); with them, none of 0..2,000 reaches it (docs/reliability.md)."""
     monkeypatch.setattr(partition_table, "validate_fetched", _validate_as_it_was)
-    failed, _ = run_seeds(SUITE_SEEDS, stop_at_first=True, pool_and_disk=False)
-    assert failed, "no suite seed found the planted defect"
-    print(f"planted defect 3 found by seed {failed[0].seed}: {failed[0].error}")
-    assert "did not converge" in failed[0].error and "overlaps" in failed[0].error
+    error = planted_found(run_seeds, SUITE_SEEDS, "planted defect 3", pool_and_disk=False)
+    assert "did not converge" in error and "overlaps" in error
 
 
 def test_the_refetch_of_another_lineage_forever_is_found_with_the_pool_and_disk_too(monkeypatch):
@@ -162,10 +157,8 @@ def test_the_refetch_of_another_lineage_forever_is_found_with_the_pool_and_disk_
     pool and the durability queue, suite seeds reach it again (2, 41, 167 find the planted
     refetch-forever: the partition never converges; with R8 it halts, judged by rule 9)."""
     monkeypatch.setattr(partition_table, "validate_fetched", _validate_as_it_was)
-    failed, _ = run_seeds(SUITE_SEEDS, stop_at_first=True)
-    assert failed, "no suite seed found the planted defect"
-    print(f"planted defect 3 (pool and disk) found by seed {failed[0].seed}: {failed[0].error}")
-    assert "did not converge" in failed[0].error
+    error = planted_found(run_seeds, SUITE_SEEDS, "planted defect 3 (pool and disk)")
+    assert "did not converge" in error
 
 
 def test_a_recreated_topic_fetched_by_name_into_the_old_replica_is_found_by_a_suite_seed(
@@ -178,12 +171,9 @@ def test_a_recreated_topic_fetched_by_name_into_the_old_replica_is_found_by_a_su
     monkeypatch.setattr(
         partition_table.PartitionTable, "topics_to_confirm", lambda self, actions: []
     )
-    failed, _ = run_seeds(SUITE_SEEDS, stop_at_first=True)
-    assert failed, "no suite seed found the planted defect"
-    print(f"planted defect 4 found by seed {failed[0].seed}: {failed[0].error}")
+    error = planted_found(run_seeds, SUITE_SEEDS, "planted defect 4")
     # Rule 1 (the new topic's batches in the old replica), or rule 9 first: the old replica,
     # halted as re-created, took the new topic's data all the same.
-    error = failed[0].error
     assert "was never written by a leader of topic id" in error or (
         "HALTED (topic recreated" in error and "yet its log changed" in error
     )
@@ -224,10 +214,8 @@ def test_a_flush_that_claims_what_it_did_not_sync_is_found_by_a_suite_seed(monke
     """Rule 7 planted: a flush that moves the recovery point to the log end without
     fsyncing; the next checkpoint names data the disk may not hold."""
     monkeypatch.setattr(PartitionLog, "flush", flush_without_fsync)
-    failed, _ = run_seeds(SUITE_SEEDS, stop_at_first=True)
-    assert failed, "no suite seed found the planted defect"
-    print(f"rule 7 found by seed {failed[0].seed}: {failed[0].error}")
-    assert "was fsynced" in failed[0].error
+    error = planted_found(run_seeds, SUITE_SEEDS, "rule 7")
+    assert "was fsynced" in error
 
 
 def test_a_flush_that_leaves_the_epoch_file_to_its_job_is_found_by_a_suite_seed(monkeypatch):
@@ -244,7 +232,5 @@ def test_a_flush_that_leaves_the_epoch_file_to_its_job_is_found_by_a_suite_seed(
             monkeypatch.setattr(PartitionLog, "save_epochs", real_save)
 
     monkeypatch.setattr(PartitionLog, "flush", flush_epochs_left_to_the_job)
-    failed, _ = run_seeds(SUITE_SEEDS, stop_at_first=True)
-    assert failed, "no suite seed found the planted defect"
-    print(f"rule 8 found by seed {failed[0].seed}: {failed[0].error}")
-    assert "a crash now loses that epoch" in failed[0].error
+    error = planted_found(run_seeds, SUITE_SEEDS, "rule 8")
+    assert "a crash now loses that epoch" in error
