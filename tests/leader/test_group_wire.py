@@ -92,12 +92,15 @@ def test_find_coordinator_names_this_node_for_groups_only(version: int) -> None:
         assert first.error_code == ErrorCode.coordinator_not_available
 
 
-def join_request(version: int, member_id: str = "", instance: str | None = None) -> Any:
+def join_request(
+    version: int, member_id: str = "", instance: str | None = None, group_id: str = "g"
+) -> Any:
+    """A consumer's JoinGroup (range, subscribed to "t"); also test_groups.py's."""
     protocol = nested(ApiKey.JOIN_GROUP, version, "JoinGroupRequestProtocol")
     return request(
         ApiKey.JOIN_GROUP,
         version,
-        group_id="g",
+        group_id=group_id,
         session_timeout=datetime.timedelta(seconds=10),
         rebalance_timeout=datetime.timedelta(seconds=30),
         member_id=member_id,

@@ -8,9 +8,8 @@ hanging it; the module has a pytest timeout too.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from replicad.log.manager import LogManager
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import DecodedRequest, RequestHead, request_type
 from replicad.protocol.requests import make_entity
-from tests.groups.test_consumer_protocol import encoded
+from tests.leader.test_group_wire import join_request
 from tools.wait import until
 
 pytestmark = pytest.mark.timeout(60)
@@ -68,29 +67,8 @@ def decoded(api: ApiKey, version: int, **values: Any) -> DecodedRequest:
 
 
 def join(member_id: str = "", group_id: str = "g") -> DecodedRequest:
-    cls = request_type(ApiKey.JOIN_GROUP, 9)
-    protocol: Callable[..., Any] = __import__(
-        cls.__module__, fromlist=["x"]
-    ).JoinGroupRequestProtocol
-    return decoded(
-        ApiKey.JOIN_GROUP,
-        9,
-        group_id=group_id,
-        session_timeout=datetime.timedelta(seconds=10),
-        rebalance_timeout=datetime.timedelta(seconds=30),
-        member_id=member_id,
-        group_instance_id=None,
-        protocol_type="consumer",
-        protocols=(
-            protocol(
-                name="range",
-                metadata=encoded(
-                    "consumer_protocol_subscription", 0, topics=("t",), user_data=None
-                ),
-            ),
-        ),
-        reason=None,
-    )
+    body = join_request(9, member_id, group_id=group_id)
+    return DecodedRequest(RequestHead(ApiKey.JOIN_GROUP, 9, 1), "client", body)
 
 
 async def answered(service: GroupService, request: DecodedRequest) -> Any:
