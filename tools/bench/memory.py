@@ -24,7 +24,7 @@ and from the daemon's own status: the memory pool's peak and waits, and the
 leaders it fetched from.
 
     .venv/bin/python -m tools.bench.memory [--partitions 10000] [--buffer-mib 32]
-        [--explain-steps]
+        [--explain-steps] [--tracemalloc FILE]
 
 `--explain-steps` says at each step of VmHWM what it was made of: the anonymous
 mappings new since the last sample (the heap's growth apart) and py-spy's dump of every
@@ -53,6 +53,7 @@ from pathlib import Path
 from confluent_kafka import Producer
 
 from replicad.types import TopicPartition
+from tools.bench import traced
 from tools.peers.admin import librdkafka_log
 from tools.peers.kafka_cluster import KafkaCluster
 from tools.replica import ReplicadProcess, end_offsets, replicad_argv, wait_until
@@ -405,6 +406,7 @@ def run(
     *,
     prefix: str = "mem",
     explain: bool = False,
+    trace_out: Path | None = None,
 ) -> MemoryRun:
     """Fill topics on the running `cluster`, replicate them with one `replicad run`, measure."""
     setup_started = time.monotonic()
@@ -426,6 +428,14 @@ def run(
     # when present: 8 MiB of RSS that no production replicad has).
     limit = f"--nofile={scenario.nofile_limit}:{scenario.nofile_limit}"
     program = replicad_argv("run", "-c", str(config), as_installed=True)
+    if trace_out is not None:
+        # The same daemon under tracemalloc (tools/bench/traced.py), from this checkout.
+        program = [sys.executable, "-c", traced.PROGRAM, "run", "-c", str(config)]
+        root = str(Path(__file__).resolve().parents[2])
+        daemon.env[traced.ENV] = str(trace_out)
+        daemon.env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (root, daemon.env.get("PYTHONPATH")) if p
+        )
     daemon.args = ["prlimit", limit, "--", *program]
     started = time.monotonic()
     daemon.start()
@@ -525,6 +535,13 @@ def main() -> int:
         action="store_true",
         help="at each VmHWM step, the new anonymous mappings and py-spy's dump of the daemon",
     )
+    parser.add_argument(
+        "--tracemalloc",
+        type=Path,
+        metavar="FILE",
+        help="run the daemon under tracemalloc and write where each rise of its Python "
+        "memory was allocated to FILE (tools/bench/traced.py; slows the daemon)",
+    )
     args = parser.parse_args()
     scenario = Scenario(
         partitions=args.partitions,
@@ -542,7 +559,9 @@ def main() -> int:
                 f"cluster of {len(cluster.nodes)} up in {time.monotonic() - started:.1f} s",
                 file=sys.stderr,
             )
-            result = run(cluster, workdir, scenario, explain=args.explain_steps)
+            result = run(
+                cluster, workdir, scenario, explain=args.explain_steps, trace_out=args.tracemalloc
+            )
         print(
             f"setup {result.setup_s:.1f} s, replication {result.replicate_s:.1f} s", file=sys.stderr
         )
