@@ -60,7 +60,9 @@ from replicad.records.run import (
 V2_HEADER = struct.Struct(">qiibIhiqqqhii")
 RECORD_BATCH_OVERHEAD = V2_HEADER.size  # 61
 assert RECORD_BATCH_OVERHEAD == 61
-# The CRC32C covers everything from the attributes to the end of the batch.
+# Where the stored CRC32C sits (after the magic byte), and where what it covers starts:
+# everything from the attributes to the end of the batch.
+V2_CRC_POSITION = 17
 V2_CRC_START = 21
 V2_MIN_BATCH_LENGTH = RECORD_BATCH_OVERHEAD - LOG_OVERHEAD
 
@@ -87,6 +89,7 @@ __all__ = [
     "RECORD_BATCH_OVERHEAD",
     "TIMESTAMP_TYPE_MASK",
     "TRANSACTIONAL_FLAG_MASK",
+    "V2_CRC_POSITION",
     "V2_CRC_START",
     "V2_HEADER",
     "V2_MIN_BATCH_LENGTH",

@@ -64,6 +64,7 @@ from replicad.protocol.error_codes import error_code_of
 from replicad.records.batch import (
     CONTROL_FLAG_MASK,
     TRANSACTIONAL_FLAG_MASK,
+    V2_CRC_POSITION,
     V2_CRC_START,
     scan_batches,
 )
@@ -92,10 +93,8 @@ WEIGHTS: dict[str, int] = {
     "save": 4,
     "crash": 1,
 }
-_ATTRIBUTES_AT = 21
-_ATTRIBUTES = struct.Struct(">h")
+_ATTRIBUTES = struct.Struct(">h")  # the first field the CRC covers
 _CRC = struct.Struct(">I")
-_CRC_AT = 17
 _CONTROL_KEY = struct.Struct(">hh")
 _END_TXN_VALUE = struct.Struct(">hi")
 COMMIT, ABORT = 1, 0
@@ -110,9 +109,9 @@ CoreFactory = Callable[..., PartitionMirror]
 
 def _flagged(batch: bytes, flags: int) -> bytes:
     out = bytearray(batch)
-    (attributes,) = _ATTRIBUTES.unpack_from(out, _ATTRIBUTES_AT)
-    _ATTRIBUTES.pack_into(out, _ATTRIBUTES_AT, attributes | flags)
-    _CRC.pack_into(out, _CRC_AT, crc32c(memoryview(out)[V2_CRC_START:]))
+    (attributes,) = _ATTRIBUTES.unpack_from(out, V2_CRC_START)
+    _ATTRIBUTES.pack_into(out, V2_CRC_START, attributes | flags)
+    _CRC.pack_into(out, V2_CRC_POSITION, crc32c(memoryview(out)[V2_CRC_START:]))
     return bytes(out)
 
 

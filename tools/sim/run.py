@@ -43,7 +43,7 @@ from replicad.follower.fetch_settings import (
 from replicad.follower.partition_phase import PartitionPhase
 from replicad.follower.partition_state import PartitionState
 from replicad.follower.partition_table import PartitionTable
-from replicad.records.batch import scan_batches
+from replicad.records.batch import V2_CRC_START, scan_batches
 from replicad.types import TopicPartition
 from replicad.wire import FETCH_TOPIC_ID_VERSION
 from tools.sim.cluster import SimCluster
@@ -70,8 +70,6 @@ UNDEFINED_ERRORS = (777, 32000, -77)
 # Top-level: the KIP-227 session errors and others a broker may answer a whole request with.
 FETCH_TOP_LEVEL_ERRORS = (70, 71, 106, -1, 7, 35, 777)
 SESSION_ERRORS = (70, 71, 106)
-# Where a v2 batch's CRC-32C starts covering it (the attributes field).
-CRC_START = 21
 
 WEIGHTS: dict[str, int] = {
     "turn": 40,
@@ -611,7 +609,7 @@ class Simulation:
             if not batches:
                 return response
             batch = rng.choice(batches)
-            at = batch.position + CRC_START + rng.randrange(batch.size - CRC_START)
+            at = batch.position + V2_CRC_START + rng.randrange(batch.size - V2_CRC_START)
             flipped = bytearray(records)
             flipped[at] ^= 1 << rng.randrange(8)
             p = _with(p, records=memoryview(bytes(flipped)))
