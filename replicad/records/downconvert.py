@@ -77,8 +77,6 @@ _TIMESTAMP = struct.Struct(">q")
 _INT32 = struct.Struct(">i")
 _XERIAL_HEADER = struct.Struct(">8sii")
 _LEGACY_CODECS = (Compression.NONE, Compression.GZIP, Compression.SNAPPY, Compression.LZ4)
-# Position of the magic byte within a legacy entry; the CRC32 covers from here to the end.
-_MAGIC_POSITION = 16
 
 
 @dataclass(frozen=True, slots=True)

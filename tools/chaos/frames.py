@@ -32,17 +32,14 @@ from kio.static.primitive import i32
 
 from replicad.errors import RemoteProtocolError
 from replicad.protocol.codec import CORRELATION, decode_entities, encode_entities, response_type
+from replicad.records.batch import LOG_OVERHEAD, MAGIC_POSITION, MAGIC_V2, V2_CRC_START
 
 FETCH_API_KEY = 1
 METADATA_API_KEY = 3
 _LENGTH = struct.Struct(">i")
-# Every log entry starts with base offset (int64) and length (int32).
-LOG_OVERHEAD = 12
-MAGIC_POSITION = 16
-# First byte each format's checksum covers, counted from the start of the entry.
-V2_CRC_START = 21
+# First byte each format's checksum covers, counted from the start of the entry (a legacy
+# message's CRC32 covers it from its magic byte on).
 LEGACY_CRC_START = MAGIC_POSITION
-MAGIC_V2 = 2
 
 Address = tuple[str, int]
 

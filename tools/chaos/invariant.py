@@ -31,17 +31,16 @@ from pathlib import Path
 
 from crc32c import crc32c
 
+from replicad.records.batch import LOG_OVERHEAD, MAGIC_POSITION, V2_CRC_POSITION, V2_CRC_START
 from replicad.types import TopicPartition
 from tools.peers.segments import BrokerBatch, iter_batches
 
 _V2_CRC = struct.Struct(">I")
 _V2_RECORD_COUNT = struct.Struct(">i")
-V2_CRC_POSITION = 17
-V2_CRC_START = 21
 V2_RECORD_COUNT_POSITION = 57
-LEGACY_CRC_POSITION = 12
-LEGACY_CRC_START = 16
-LOG_OVERHEAD = 12
+# A legacy message's CRC32 follows the entry's head and covers it from its magic byte on.
+LEGACY_CRC_POSITION = LOG_OVERHEAD
+LEGACY_CRC_START = MAGIC_POSITION
 # A magic 0 message without key and value (Kafka's LegacyRecord.RECORD_OVERHEAD_V0).
 MIN_ENTRY_LENGTH = 14
 _LENGTH = struct.Struct(">i")
