@@ -5,9 +5,9 @@ then Spark's Kafka source over the broker, one query at a time, the same load.
         [--trigger "1 second"] [--master local[2]] [--hw-interval-ms 200]
         [--conf KEY=VALUE ...]
 
-A local Apache Kafka broker (tools.peers) holds two topics of 2 partitions whose records
+A local Apache Kafka broker (tools.peers) holds three topics of 2 partitions whose records
 carry the broker's append time (`message.timestamp.type` LogAppendTime). confluent-kafka
-sends `--rate` records/s for `--seconds` (linger.ms 0) into one topic, then into the other:
+sends `--rate` records/s for `--seconds` (linger.ms 0) into one topic after another:
 
 1. `replicad run` (`high_watermark_interval_ms` `--hw-interval-ms`) replicates the first
    topic, and the `replicad` stream reads its data directory alone in the Spark session.
@@ -16,7 +16,9 @@ sends `--rate` records/s for `--seconds` (linger.ms 0) into one topic, then into
    row (foreachBatch) minus the time the record reached the replica; the same row's time
    from the broker (its LogAppendTime) is given too, replication included.
 2. Spark's Kafka source (`make spark-kafka-jars`) reads the second topic from the broker
-   alone. Latency: the time its micro-batch held the row minus its LogAppendTime: from the
+   alone, at its defaults; then a third topic, tuned as tools.bench.spark tunes it for
+   throughput (`kafka_tuned`: minPartitions, larger fetches; both settings printed).
+   Latency: the time its micro-batch held the row minus its LogAppendTime: from the
    record reaching the broker.
 
 Each query runs with a processing-time trigger (`--trigger`) and has run its first (empty)
@@ -43,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tools.bench.spark import KAFKA_DEFAULTS, kafka_tuned
 from tools.bench.spark_kafka import connector_jars, connector_name
 
 if TYPE_CHECKING:
@@ -244,7 +247,8 @@ def run(args: argparse.Namespace, work: Path) -> list[Row]:
     broker.start()
     try:
         ours, theirs = "bench-latency-replicad", "bench-latency-kafka"
-        broker.create_topics([ours, theirs], PARTITIONS, LOG_APPEND_TIME)
+        theirs_tuned = "bench-latency-kafka-tuned"
+        broker.create_topics([ours, theirs, theirs_tuned], PARTITIONS, LOG_APPEND_TIME)
         data_dir = work / "replica"
         config = {"high_watermark_interval_ms": args.hw_interval_ms}
         with replicad_run(broker.bootstrap, [ours], data_dir, config=config) as proc:
@@ -267,21 +271,28 @@ def run(args: argparse.Namespace, work: Path) -> list[Row]:
                         args,
                         lambda secs: produce_steadily(broker.bootstrap, ours, args.rate, secs),
                     )
-                kafka_sink = Sink(f"Spark Kafka source stream ({connector_name(jars)})")
-                kafka_df = (
-                    spark.readStream.format("kafka")
-                    .option("kafka.bootstrap.servers", broker.bootstrap)
-                    .option("subscribe", theirs)
-                    .option("startingOffsets", "earliest")
-                    .load()
-                )
-                kafka_sent = run_alone(
-                    kafka_df,
-                    kafka_sink,
-                    work / "checkpoint-kafka",
-                    args,
-                    lambda secs: produce_steadily(broker.bootstrap, theirs, args.rate, secs),
-                )
+                kafka = []  # (sink, records sent) at the defaults, then tuned
+                for topic, tuned, settings in (
+                    (theirs, "defaults", {}),
+                    (theirs_tuned, "tuned", kafka_tuned(args.master)),
+                ):
+                    sink = Sink(f"Spark Kafka source stream, {tuned} ({connector_name(jars)})")
+                    kafka_df = (
+                        spark.readStream.format("kafka")
+                        .option("kafka.bootstrap.servers", broker.bootstrap)
+                        .option("subscribe", topic)
+                        .option("startingOffsets", "earliest")
+                        .options(**settings)
+                        .load()
+                    )
+                    kafka_sent = run_alone(
+                        kafka_df,
+                        sink,
+                        work / f"checkpoint-kafka-{tuned}",
+                        args,
+                        lambda s, t=topic: produce_steadily(broker.bootstrap, t, args.rate, s),
+                    )
+                    kafka.append((sink, kafka_sent))
             finally:
                 spark.stop()
         return [
@@ -299,12 +310,9 @@ def run(args: argparse.Namespace, work: Path) -> list[Row]:
                 replica_sink.count(),
                 replica_sink.latencies_from(None),
             ),
-            Row(
-                kafka_sink.name,
-                "the broker",
-                kafka_sent,
-                kafka_sink.count(),
-                kafka_sink.latencies_from(None),
+            *(
+                Row(sink.name, "the broker", sent, sink.count(), sink.latencies_from(None))
+                for sink, sent in kafka
             ),
         ]
     finally:
@@ -361,6 +369,9 @@ def main() -> int:
             f"{load_after:.1f} after; Spark settings {args.conf or 'the defaults'}; "
             f"forkserver {forkserver}"
         )
+        for name, settings in (("defaults", KAFKA_DEFAULTS), ("tuned", kafka_tuned(args.master))):
+            shown = ", ".join(f"{k}={v}" for k, v in settings.items())
+            print(f"Spark Kafka source, {name}: {shown}")
         print()
         print(table(rows))
     finally:

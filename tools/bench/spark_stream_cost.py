@@ -10,12 +10,16 @@ profile, with no broker (a synthetic replica), for A/B runs on a shared machine.
    `replication-offset-checkpoint`: `--mb` MB of records, static, the last segment's indexes
    preallocated as a running replicad leaves them.
 2. One Spark session (pipeline.spark_session, `--master`), warmed up by a small batch read
-   and a small stream. Then `--repeat` times, alternately: the batch read into `noop`, and
-   the stream with Trigger.AvailableNow into `noop` (a fresh checkpoint each time), each
-   with its wall time and CPU seconds (the JVM's process tree with the driver-side Python
-   processes and the forkserver's, forkserver.py). A stream's time is split as Spark's
-   query progress tells: before its first micro-batch (the query's start: the source's
-   Python process), its micro-batches by `durationMs`, and after (stopping).
+   and a small stream. The same records are written once as parquet (not timed), the peer:
+   Spark's own batch and stream over its own columnar files. Then `--repeat` times, in
+   turn: the batch read into `noop`, the stream with Trigger.AvailableNow into `noop` (a
+   fresh checkpoint each time), `spark.read.parquet` of the same records into `noop`, and
+   Spark's file stream source over that parquet with Trigger.AvailableNow (its defaults:
+   no maxFilesPerTrigger, so one micro-batch) into `noop`; each with its wall time and CPU
+   seconds (the JVM's process tree with the driver-side Python processes and the
+   forkserver's, forkserver.py). A stream's time is split as Spark's query progress tells:
+   before its first micro-batch (the query's start: for ours, the source's Python
+   process), its micro-batches by `durationMs`, and after (stopping).
 3. Steady micro-batches: the stream with a processing-time trigger, `--max-offsets` records
    a micro-batch (maxOffsetsPerTrigger), into `--sink` (foreachBatch collecting the rows,
    as tools.bench.spark_latency, or noop), for `--steady-batches` micro-batches after two
@@ -127,7 +131,15 @@ def available_now(df: DataFrame, checkpoint: Path) -> tuple[list[dict], float, f
     return query.recentProgress, started_ms, time.time() * 1000
 
 
-def throughput(spark: SparkSession, data_dir: Path, work: Path, rows: int, repeat: int) -> None:
+def write_parquet(spark: SparkSession, data_dir: Path, out: Path) -> int:
+    """The replica's records as parquet (the peer's input); its bytes."""
+    spark.read.format("replicad").load(str(data_dir)).write.parquet(str(out))
+    return sum(p.stat().st_size for p in out.rglob("*.parquet"))
+
+
+def throughput(
+    spark: SparkSession, data_dir: Path, parquet: Path, work: Path, rows: int, repeat: int
+) -> None:
     meter = Meter(spark)
     checkpoints = iter(range(1_000_000))
     # Warm-up: the executors' Python workers, the JIT, the first forks.
@@ -139,23 +151,34 @@ def throughput(spark: SparkSession, data_dir: Path, work: Path, rows: int, repea
         "startingOffsets", json.dumps({"cost": near_end})
     )
     available_now(small.load(str(data_dir)), work / "cp" / "warm")
-    print("| run | read | seconds | rows/s | CPU s | phases (s) |")
-    print("|---:|---|---:|---:|---:|---|")
-    for run in range(1, repeat + 1):
-        df = spark.read.format("replicad").load(str(data_dir))
+    schema = spark.read.parquet(str(parquet)).schema
+    noop(spark.read.parquet(str(parquet)).limit(2000))
+
+    def batch(run: int, name: str, df: DataFrame) -> None:
         cpu, started = meter.read(), time.perf_counter()
         noop(df)
         seconds, cpu = time.perf_counter() - started, meter.read() - cpu
-        print(f"| {run} | batch | {seconds:.2f} | {rows / seconds:,.0f} | {cpu:.2f} | |")
-        df = spark.readStream.format("replicad").load(str(data_dir))
+        print(f"| {run} | {name} | {seconds:.2f} | {rows / seconds:,.0f} | {cpu:.2f} | |")
+
+    def stream(run: int, name: str, df: DataFrame) -> None:
         cpu, started = meter.read(), time.perf_counter()
         progress, started_ms, ended_ms = available_now(df, work / "cp" / str(next(checkpoints)))
         seconds, cpu = time.perf_counter() - started, meter.read() - cpu
         phases = stream_phases(progress, started_ms, ended_ms)
         shown = ", ".join(f"{k} {v:.2f}" for k, v in phases.items() if v >= 0.005)
         print(
-            f"| {run} | stream | {seconds:.2f} | {rows / seconds:,.0f} | {cpu:.2f} | {shown} |",
+            f"| {run} | {name} | {seconds:.2f} | {rows / seconds:,.0f} | {cpu:.2f} | {shown} |",
             flush=True,
+        )
+
+    print("| run | read | seconds | rows/s | CPU s | phases (s) |")
+    print("|---:|---|---:|---:|---:|---|")
+    for run in range(1, repeat + 1):
+        batch(run, "replicad batch", spark.read.format("replicad").load(str(data_dir)))
+        stream(run, "replicad stream", spark.readStream.format("replicad").load(str(data_dir)))
+        batch(run, "spark.read.parquet (peer)", spark.read.parquet(str(parquet)))
+        stream(
+            run, "parquet file stream (peer)", spark.readStream.schema(schema).parquet(str(parquet))
         )
 
 
@@ -256,7 +279,14 @@ def main() -> int:
         checkpoints = Path(tempfile.mkdtemp(prefix="run-", dir=work))  # this run's alone
         try:
             if args.repeat:
-                throughput(spark, data_dir, checkpoints, rows, args.repeat)
+                parquet = checkpoints / "parquet"
+                parquet_bytes = write_parquet(spark, data_dir, parquet)
+                print(
+                    f"peer: the same records as parquet ({parquet_bytes / MB:,.0f} MB, Spark's "
+                    "defaults), read by spark.read.parquet and by Spark's file stream source "
+                    "(Trigger.AvailableNow, no maxFilesPerTrigger: one micro-batch)"
+                )
+                throughput(spark, data_dir, parquet, checkpoints, rows, args.repeat)
             if args.steady_batches:
                 steady(spark, data_dir, checkpoints, args)
         finally:
