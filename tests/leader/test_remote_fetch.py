@@ -6,6 +6,7 @@ bucket's start and EARLIEST_LOCAL the local one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -102,18 +103,29 @@ def archived(
     deleted locally by retention."""
     if chunk_segments is not None:
         monkeypatch.setattr(manifest_module, "CHUNK_SEGMENTS", chunk_segments)
+    batches = [producer_batch(i, [value(i)]) for i in range(RECORDS)]
+    with archive_of(batches, tmp_path, s3_server, s3_bucket) as done:
+        assert done.local_start == done.logs.partitions()[TP].active_segment.base_offset > 0
+        yield done
+
+
+@contextlib.contextmanager
+def archive_of(
+    batches: list[bytes], tmp_path: Path, s3_server: S3Server, s3_bucket: str
+) -> Iterator[Archived]:
+    """A partition of `batches`, all its closed segments uploaded to the bucket, then
+    deleted locally by retention; its logs closed when the block ends."""
     now = wall_ms()
     logs = LogManager.open(tmp_path / "data", CONFIG, now_ms=now)
-    logs.hold_for_archive()
-    plog = logs.get_or_create(TP, topic_id=uuid.uuid4())
-    data = b"".join(producer_batch(i, [value(i)]) for i in range(RECORDS))
-    plog.append(data, scan_batches(data).batches, now_ms=now)
-    logs.checkpoint({TP: plog.log_end_offset})
-    archiver = Archiver(ArchiverSettings(bucket(s3_server.endpoint, s3_bucket)))
-    assert archiver.round(logs) == len(plog.segments) - 1
-    logs.enforce_retention(now)
-    assert plog.log_start_offset == plog.active_segment.base_offset > 0
     try:
+        logs.hold_for_archive()
+        plog = logs.get_or_create(TP, topic_id=uuid.uuid4())
+        data = b"".join(batches)
+        plog.append(data, scan_batches(data).batches, now_ms=now)
+        logs.checkpoint({TP: plog.log_end_offset})
+        archiver = Archiver(ArchiverSettings(bucket(s3_server.endpoint, s3_bucket)))
+        assert archiver.round(logs) == len(plog.segments) - 1
+        logs.enforce_retention(now)
         yield Archived(logs, plog.log_start_offset, plog.log_end_offset)
     finally:
         logs.close()
@@ -160,6 +172,18 @@ def read_until(c: KafkaConsumer, end: int) -> list[tuple[int, bytes]]:
         what=f"records up to offset {end - 1}",
     )
     return got
+
+
+def read_from_the_start(bootstrap: str, end: int) -> list[tuple[int, bytes]]:
+    """TP's records up to `end` as a read_committed consumer reads them from its start."""
+    c = consumer(bootstrap, isolation_level="read_committed")
+    try:
+        ktp = KTP(TP.topic, TP.partition)
+        c.assign([ktp])
+        c.seek_to_beginning(ktp)
+        return read_until(c, end)
+    finally:
+        c.close()
 
 
 def test_a_consumer_reads_from_offset_0_after_the_local_copy_is_gone(
@@ -362,30 +386,12 @@ def test_read_committed_from_the_bucket_skips_aborted_transactions(
         else:
             batches.append(producer_batch(i, [value(i)]))
             committed.append(i)
-    now = wall_ms()
-    logs = LogManager.open(tmp_path / "data", CONFIG, now_ms=now)
-    try:
-        logs.hold_for_archive()
-        plog = logs.get_or_create(TP, topic_id=uuid.uuid4())
-        data = b"".join(batches)
-        plog.append(data, scan_batches(data).batches, now_ms=now)
-        logs.checkpoint({TP: plog.log_end_offset})
-        Archiver(ArchiverSettings(bucket(s3_server.endpoint, s3_bucket))).round(logs)
-        logs.enforce_retention(now)
-        assert 200 < plog.log_start_offset <= 399  # the last transaction ends locally
-        server = served(logs, remote_fetch(s3_server.endpoint, s3_bucket))
-        c = consumer(server.bootstrap, isolation_level="read_committed")
-        try:
-            ktp = KTP(TP.topic, TP.partition)
-            c.assign([ktp])
-            c.seek_to_beginning(ktp)
-            got = read_until(c, committed[-1] + 1)
-        finally:
-            c.close()
+    with archive_of(batches, tmp_path, s3_server, s3_bucket) as done:
+        assert 200 < done.local_start <= 399  # the last transaction ends locally
+        server = served(done.logs, remote_fetch(s3_server.endpoint, s3_bucket))
+        got = read_from_the_start(server.bootstrap, committed[-1] + 1)
         assert got == [(i, value(i)) for i in committed]
         assert server.metrics()["remote_fetches_total"] > 0
-    finally:
-        logs.close()
 
 
 @pytest.mark.parametrize("chunk_segments", [3])
@@ -562,28 +568,10 @@ def test_read_committed_finds_a_marker_further_than_one_search_goes(
         else:
             batches.append(producer_batch(i, [value(i)]))
     expected = [i for i in range(RECORDS) if i != 300]
-    now = wall_ms()
-    logs = LogManager.open(tmp_path / "data", CONFIG, now_ms=now)
-    try:
-        logs.hold_for_archive()
-        plog = logs.get_or_create(TP, topic_id=uuid.uuid4())
-        data = b"".join(batches)
-        plog.append(data, scan_batches(data).batches, now_ms=now)
-        logs.checkpoint({TP: plog.log_end_offset})
-        Archiver(ArchiverSettings(bucket(s3_server.endpoint, s3_bucket))).round(logs)
-        logs.enforce_retention(now)
+    with archive_of(batches, tmp_path, s3_server, s3_bucket) as done:
         remote = remote_fetch(s3_server.endpoint, s3_bucket)
-        server = served(logs, remote)
-        c = consumer(server.bootstrap, isolation_level="read_committed")
-        try:
-            ktp = KTP(TP.topic, TP.partition)
-            c.assign([ktp])
-            c.seek_to_beginning(ktp)
-            got = read_until(c, expected[-1] + 1)
-        finally:
-            c.close()
+        server = served(done.logs, remote)
+        got = read_from_the_start(server.bootstrap, expected[-1] + 1)
         assert got == [(i, value(i)) for i in expected]
         # The marker, once found, is kept: it is not searched for again.
         assert list(remote._ends.values()) == [(300, False)]
-    finally:
-        logs.close()
