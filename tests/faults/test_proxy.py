@@ -13,7 +13,7 @@ from replicad.records.batch import ScanStop, scan_batches
 from tools.chaos.frames import METADATA_API_KEY
 from tools.chaos.proxy import ChaosProxy, wait_for_delivery
 from tools.peers.process import PeerError
-from tools.peers.wire import fetch_once
+from tools.peers.wire import fetch_once, read_frame
 
 pytestmark = pytest.mark.kafka
 
@@ -38,18 +38,7 @@ def proxy(kafka_broker):
 
 def _roundtrip(sock: socket.socket, request, correlation_id: int = 1):
     sock.sendall(encode_request(request, correlation_id=correlation_id, client_id="t"))
-    size = int.from_bytes(_read(sock, 4), "big")
-    return _read(sock, size)
-
-
-def _read(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(data)} of {n} bytes")
-        data += chunk
-    return data
+    return read_frame(sock)
 
 
 def _metadata(address: str, topic: str):

@@ -36,6 +36,7 @@ from replicad.protocol.frame_guard import check_message
 from tools.chaos.isolate import Outcome, run_batch
 from tools.chaos.scenarios import fill, new_topic
 from tools.chaos.strategies import bounded
+from tools.peers.wire import read_frame
 
 pytestmark = pytest.mark.kafka
 
@@ -151,18 +152,7 @@ def encoded(request: Any, correlation_id: int) -> bytes:
 
 def exchange(sock: socket.socket, frame: bytes) -> bytes:
     sock.sendall(SIZE.pack(len(frame)) + frame)
-    (size,) = SIZE.unpack(read_exactly(sock, SIZE.size))
-    return read_exactly(sock, size)
-
-
-def read_exactly(sock: socket.socket, n: int) -> bytes:
-    data = bytearray()
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("the broker closed the connection")
-        data += chunk
-    return bytes(data)
+    return read_frame(sock)
 
 
 @pytest.fixture(scope="module")

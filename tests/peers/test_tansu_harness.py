@@ -10,11 +10,12 @@ import re
 
 from confluent_kafka import Producer, TopicPartition
 
+from replicad.session.metadata import INITIAL_EPOCH
 from replicad.wire import READ_COMMITTED
 from tools.peers.admin import probe_consumer
 from tools.peers.produce import consume_all, produce_mixed, records_digest
 from tools.peers.tansu import TansuBroker, tansu_binary
-from tools.peers.wire import INITIAL_EPOCH, fetch_once
+from tools.peers.wire import fetch_once
 
 TANSU_NODE_ID = 111
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from replicad.session.metadata import INITIAL_EPOCH
 from replicad.wire import READ_COMMITTED, READ_UNCOMMITTED
 from tools.peers.process import PeerError
 from tools.peers.produce import produce_mixed, read_broker_batches
-from tools.peers.wire import INITIAL_EPOCH, fetch_once
+from tools.peers.wire import FRAME_SIZE, fetch_once, read_frame, request_frame
 
 # Kafka's error codes that these tests expect by number.
 OFFSET_OUT_OF_RANGE = 1
@@ -65,3 +66,45 @@ def test_errors_come_back_as_codes(kafka_broker, topic):
 def test_nobody_listening_is_a_peer_error(free_port):
     with pytest.raises(PeerError, match=r"Fetch to 127\.0\.0\.1"):
         fetch_once(f"127.0.0.1:{free_port}", "t", 0, 0, timeout_s=2)
+
+
+def test_a_frame_is_read_whole_across_short_reads() -> None:
+    """read_frame gathers a frame that arrives a few bytes at a time; a peer closing inside
+    one is a ConnectionError naming what was missing."""
+    import socket
+    import threading
+
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        frame = FRAME_SIZE.pack(300) + bytes(range(256)) + bytes(44)
+
+        def trickle() -> None:
+            for i in range(0, len(frame), 7):
+                theirs.sendall(frame[i : i + 7])
+            theirs.sendall(FRAME_SIZE.pack(10) + b"short")
+            theirs.shutdown(socket.SHUT_WR)
+
+        sender = threading.Thread(target=trickle)
+        sender.start()
+        assert read_frame(ours) == frame[FRAME_SIZE.size :]
+        with pytest.raises(ConnectionError, match="5 of 10 bytes unread"):
+            read_frame(ours)
+        sender.join()
+
+
+def test_a_request_frame_is_its_size_the_header_and_the_body() -> None:
+    from kio.schema.api_versions.v3.request import ApiVersionsRequest
+    from kio.schema.request_header.v2.header import RequestHeader
+    from kio.static.primitive import i16, i32
+
+    from replicad.protocol.codec import decode_request
+
+    request = ApiVersionsRequest(client_software_name="t", client_software_version="1")
+    header = RequestHeader(
+        request_api_key=i16(18), request_api_version=i16(3), correlation_id=i32(5), client_id="c"
+    )
+    frame = request_frame(header, request)
+    (size,) = FRAME_SIZE.unpack_from(frame)
+    assert size == len(frame) - FRAME_SIZE.size
+    decoded = decode_request(frame[FRAME_SIZE.size :], ApiVersionsRequest)
+    assert (decoded.head.correlation_id, decoded.body) == (5, request)

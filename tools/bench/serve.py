@@ -57,6 +57,7 @@ from replicad.types import TopicPartition
 from tools.bench.replicate import loopback_mb_per_s, run_measured
 from tools.logdata.batches import producer_batch
 from tools.peers.process import free_port, port_accepts
+from tools.peers.wire import read_exactly
 from tools.replica import replicad_argv, wait_until
 
 KIB = 1024
@@ -282,7 +283,7 @@ def drain_one_response(serve: Serve, frame: bytes, label: str) -> FetchMemory:
         started = time.monotonic()
         sampler.start()
         sock.sendall(frame)
-        head = _recv_exactly(sock, SIZE.size)
+        head = read_exactly(sock, SIZE.size)
         (size,) = SIZE.unpack(head)
         buf = bytearray(MIB)
         got = 0
@@ -295,16 +296,6 @@ def drain_one_response(serve: Serve, frame: bytes, label: str) -> FetchMemory:
     stop.set()
     sampler.join()
     return FetchMemory(label, size, seconds, before, max(samples, default=before))
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        more = sock.recv(n - len(data))
-        if not more:
-            raise RuntimeError("connection closed")
-        data += more
-    return data
 
 
 def bench_downconversion(work: Path, total_bytes: int, partitions: int) -> list[FetchMemory]:

@@ -20,9 +20,7 @@ session is created before any partition is read.
 from __future__ import annotations
 
 import datetime
-import io
 import socket
-import struct
 import threading
 from collections.abc import Mapping
 
@@ -31,18 +29,18 @@ from kio.schema.fetch.v12.response import FetchResponse
 from kio.schema.request_header.v2.header import RequestHeader
 from kio.schema.response_header.v1.header import ResponseHeader
 from kio.schema.types import BrokerId, TopicName
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
+from replicad.protocol.apis import ApiKey
 from replicad.session.metadata import INITIAL_EPOCH
 from replicad.wire import FINAL_EPOCH, INVALID_SESSION_ID
+from tools.peers.wire import read_frame, request_frame
 
-FETCH_API_KEY = 1
 FETCH_VERSION = 12
 NEW_SESSION = (INVALID_SESSION_ID, INITIAL_EPOCH)  # full fetch, create a session
 # The shard count Kafka's broker splits its session cache into.
 KAFKA_SESSION_CACHE_SHARDS = 8
-_SIZE = struct.Struct(">i")
 
 
 class SessionEvictor:
@@ -135,33 +133,16 @@ class SessionEvictor:
         )
         self._correlation += 1
         header = RequestHeader(
-            request_api_key=i16(FETCH_API_KEY),
+            request_api_key=i16(ApiKey.FETCH),
             request_api_version=i16(FETCH_VERSION),
             correlation_id=i32(self._correlation),
             client_id="chaos-evictor",
         )
-        buffer = io.BytesIO()
-        entity_writer(RequestHeader)(buffer, header)
-        entity_writer(FetchRequest)(buffer, request)
-        payload = buffer.getvalue()
-        sock.sendall(_SIZE.pack(len(payload)) + payload)
-        (size,) = _SIZE.unpack(_read(sock, _SIZE.size))
-        body = _read(sock, size)
+        sock.sendall(request_frame(header, request))
+        body = read_frame(sock)
         _, used = entity_reader(ResponseHeader)(body, 0)
         response, _ = entity_reader(FetchResponse)(body, used)
         return int(response.session_id)
-
-
-def _read(sock: socket.socket, count: int) -> bytes:
-    chunks = []
-    left = count
-    while left:
-        chunk = sock.recv(min(left, 1 << 20))
-        if not chunk:
-            raise ConnectionError("broker closed the connection")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
 
 
 class CompetingConsumers:

@@ -14,6 +14,7 @@ import io
 import socket
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.fetch.v12.response import FetchResponse
@@ -23,16 +24,12 @@ from kio.schema.types import TopicName
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
-from replicad.wire import READ_UNCOMMITTED
+from replicad.protocol.apis import ApiKey
+from replicad.wire import FINAL_EPOCH, INVALID_SESSION_ID, READ_UNCOMMITTED
 from tools.peers.process import PeerError
 from tools.peers.segments import BrokerBatch, iter_batches
 
-FETCH_API_KEY = 1
 FETCH_VERSION = 12
-# KIP-227: session id 0 with epoch -1 asks for a sessionless full fetch, epoch 0 for a new session.
-NO_SESSION_ID = 0
-SESSIONLESS_EPOCH = -1
-INITIAL_EPOCH = 0
 FRAME_SIZE = struct.Struct(">i")
 CORRELATION_ID = 1
 CLIENT_ID = "replicad-peer-probe"
@@ -68,8 +65,8 @@ def fetch_once(
     partition: int,
     offset: int,
     *,
-    session_id: int = NO_SESSION_ID,
-    session_epoch: int = SESSIONLESS_EPOCH,
+    session_id: int = INVALID_SESSION_ID,
+    session_epoch: int = FINAL_EPOCH,
     isolation_level: int = READ_UNCOMMITTED,
     max_bytes: int = 64 * 1024 * 1024,
     max_wait_ms: int = 100,
@@ -99,12 +96,12 @@ def fetch_once(
         rack_id="",
     )
     header = RequestHeader(
-        request_api_key=i16(FETCH_API_KEY),
+        request_api_key=i16(ApiKey.FETCH),
         request_api_version=i16(FETCH_VERSION),
         correlation_id=i32(CORRELATION_ID),
         client_id=CLIENT_ID,
     )
-    body = _roundtrip(bootstrap, _encode(header, request), timeout_s)
+    body = _roundtrip(bootstrap, request_frame(header, request), timeout_s)
     try:
         response_header, used = entity_reader(ResponseHeader)(body, 0)
         response, _ = entity_reader(FetchResponse)(body, used)
@@ -139,12 +136,32 @@ def fetch_once(
     )
 
 
-def _encode(header: RequestHeader, request: FetchRequest) -> bytes:
+def request_frame(header: RequestHeader, request: Any) -> bytes:
+    """A request as it goes on the wire: its size, the header, then the body (kio's)."""
     buffer = io.BytesIO()
     entity_writer(RequestHeader)(buffer, header)
-    entity_writer(FetchRequest)(buffer, request)
+    entity_writer(type(request))(buffer, request)
     payload = buffer.getvalue()
     return FRAME_SIZE.pack(len(payload)) + payload
+
+
+def read_frame(sock: socket.socket) -> bytes:
+    """The next size-prefixed frame from a blocking socket, without its size."""
+    (size,) = FRAME_SIZE.unpack(read_exactly(sock, FRAME_SIZE.size))
+    return read_exactly(sock, size)
+
+
+def read_exactly(sock: socket.socket, count: int) -> bytes:
+    """`count` bytes from a blocking socket; ConnectionError if the peer closes first."""
+    chunks: list[bytes] = []
+    left = count
+    while left:
+        chunk = sock.recv(min(left, 1 << 20))
+        if not chunk:
+            raise ConnectionError(f"connection closed with {left} of {count} bytes unread")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def _roundtrip(bootstrap: str, frame: bytes, timeout_s: float) -> bytes:
@@ -152,19 +169,6 @@ def _roundtrip(bootstrap: str, frame: bytes, timeout_s: float) -> bytes:
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
             sock.sendall(frame)
-            (size,) = FRAME_SIZE.unpack(_read_exactly(sock, FRAME_SIZE.size))
-            return _read_exactly(sock, size)
-    except OSError as exc:
+            return read_frame(sock)
+    except OSError as exc:  # ConnectionError included
         raise PeerError(f"Fetch to {bootstrap}: {exc}") from exc
-
-
-def _read_exactly(sock: socket.socket, count: int) -> bytes:
-    chunks: list[bytes] = []
-    left = count
-    while left:
-        chunk = sock.recv(min(left, 1 << 20))
-        if not chunk:
-            raise PeerError(f"connection closed with {left} of {count} bytes unread")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
