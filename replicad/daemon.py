@@ -9,7 +9,6 @@ import ctypes
 import dataclasses
 import resource
 import signal
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -122,7 +121,7 @@ class Daemon:
         # Non-zero when a part the config asks for could not start (the `serve:` listener):
         # the daemon stops and says so, so systemd sees a failed unit, not a half-running one.
         self.exit_code = 0
-        self.started = time.monotonic()
+        self.started_ms = monotonic_ms()
         self._total_rate = RateMeter()
         self._leader_rates: dict[int, RateMeter] = {}
         self._rates: dict[int, float] = {}
@@ -139,7 +138,7 @@ class Daemon:
         health."""
         snap = build_snapshot(
             self.replicator,
-            uptime_s=time.monotonic() - self.started,
+            uptime_s=(monotonic_ms() - self.started_ms) / 1000,
             rates=self._rates,
             total_rate=self._total_rate.rate,
             problems_after_ms=self.stalls.stall_after_ms if problems_only else None,

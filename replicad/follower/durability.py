@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -128,11 +127,11 @@ class DurabilityThread:
 
     def _timed(self, job: Callable[..., T], *args: object) -> T:
         self._running = True
-        started = time.monotonic()
+        started = monotonic_ms()
         try:
             return job(*args)
         finally:
-            took = int((time.monotonic() - started) * 1000)
+            took = monotonic_ms() - started
             self._jobs += 1
             self._last_ms = took
             self._longest_ms = max(self._longest_ms, took)

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import itertools
 import ssl
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -281,7 +280,7 @@ class BrokerConnection:
         self.address = address
         self.security = security
         # When a SASL session with a lifetime (KIP-368) should be given up; see _authenticate.
-        self._expires_at: float | None = None
+        self._expires_at_ms: int | None = None
         self.client_id = client_id
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
@@ -303,7 +302,7 @@ class BrokerConnection:
 
     @property
     def is_open(self) -> bool:
-        if self._expires_at is not None and time.monotonic() >= self._expires_at:
+        if self._expires_at_ms is not None and monotonic_ms() >= self._expires_at_ms:
             return False
         return self._transport is not None and self._closed_reason is None
 
@@ -366,8 +365,8 @@ class BrokerConnection:
             # Kafka closes a connection whose session expired at its next request. Rather
             # than re-authenticate in band, the connection reads as closed a little before,
             # so its owner opens a fresh one between requests, not after a failed one.
-            self._expires_at = time.monotonic() + (
-                step.session_lifetime_ms * SESSION_LIFETIME_USED / 1000
+            self._expires_at_ms = monotonic_ms() + int(
+                step.session_lifetime_ms * SESSION_LIFETIME_USED
             )
 
     async def request(
