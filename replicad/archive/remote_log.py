@@ -29,7 +29,6 @@ Rules:
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -241,7 +240,7 @@ class RemoteLog:
         timestamp: int,
         start: int,
     ) -> TimestampOffset | None:
-        from replicad.records.records import decode_batch  # only for searches by time
+        from replicad.records.records import first_record_at  # only for searches by time
 
         base = segment.base_offset
         key = segment_key(self.prefix, tp, manifest.topic_id, base, TIME_INDEX_SUFFIX)
@@ -259,10 +258,9 @@ class RemoteLog:
                 raise ValueError(f"s3://{self.store.settings.bucket}/{log_key}: {head}")
             if head.max_timestamp >= timestamp and head.last_offset >= start:
                 data = self._range(log_key, segment.size, position, head.size)
-                batch = decode_batch(data, dataclasses.replace(head, position=0))
-                for record in batch.records:
-                    if record.timestamp >= timestamp and record.offset >= start:
-                        return TimestampOffset(record.timestamp, record.offset)
+                record = first_record_at(data, head, timestamp, start)
+                if record is not None:
+                    return TimestampOffset(record.timestamp, record.offset)
             position = head.end_position
         return None
 

@@ -19,7 +19,6 @@ What it keeps (index math lives in index.py, roll decisions in policy.py):
 
 from __future__ import annotations
 
-import dataclasses
 import mmap
 import os
 from collections.abc import Sequence
@@ -380,7 +379,7 @@ class LogSegment:
         """
         # Records are decoded here only (serve's ListOffsets by time): a follower does not
         # import the record decoder and its codecs (cramjam) to start (issue 32).
-        from replicad.records.records import decode_batch
+        from replicad.records.records import first_record_at
 
         entry = self.time_index.lookup(timestamp)
         position = self.offset_index.lookup(max(entry.offset, starting_offset)).position
@@ -388,10 +387,9 @@ class LogSegment:
             while (header := self._header_at(position, fd)) is not None:
                 if header.max_timestamp >= timestamp and header.last_offset >= starting_offset:
                     entry_bytes = os.pread(fd, header.size, header.position)
-                    batch = decode_batch(entry_bytes, dataclasses.replace(header, position=0))
-                    for record in batch.records:
-                        if record.timestamp >= timestamp and record.offset >= starting_offset:
-                            return TimestampOffset(record.timestamp, record.offset)
+                    record = first_record_at(entry_bytes, header, timestamp, starting_offset)
+                    if record is not None:
+                        return TimestampOffset(record.timestamp, record.offset)
                 position = header.end_position
         return None
 

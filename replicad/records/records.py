@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kio.serial.errors import BufferUnderflow
 from kio.serial.readers import read_signed_varint, read_signed_varlong
@@ -105,6 +105,19 @@ def decode_batch(buf: bytes | bytearray | memoryview, header: BatchHeader) -> De
     if header.magic == MAGIC_V2:
         return DecodedBatch(header, _decode_v2(entry, header))
     return DecodedBatch(header, _decode_legacy(entry, header))
+
+
+def first_record_at(
+    entry: bytes | memoryview, header: BatchHeader, timestamp: int, start: int
+) -> Record | None:
+    """In one batch (`entry`: its bytes alone), the first record at or past offset `start`
+    whose timestamp is >= `timestamp`; None when none is. Kafka's findOffsetByTimestamp
+    inside a batch: a batch reaching the target may begin with older records."""
+    batch = decode_batch(entry, replace(header, position=0))
+    for record in batch.records:
+        if record.timestamp >= timestamp and record.offset >= start:
+            return record
+    return None
 
 
 def control_marker(record: Record) -> ControlMarker:

@@ -17,7 +17,13 @@ from replicad.records.batch import (
     Compression,
     scan_batches,
 )
-from replicad.records.records import ControlType, Header, control_marker, decode_batch
+from replicad.records.records import (
+    ControlType,
+    Header,
+    control_marker,
+    decode_batch,
+    first_record_at,
+)
 from tools.logdata.batches import legacy_message_set, producer_batch
 
 
@@ -110,3 +116,14 @@ def test_decode_legacy(magic: int, codec: Compression) -> None:
     assert [r.value for r in records] == values
     expected_ts = [5000, 5001, 5002, 5003] if magic == 1 else [-1] * 4
     assert [r.timestamp for r in records] == expected_ts
+
+
+def test_the_first_record_at_a_time_may_follow_older_records_of_its_batch() -> None:
+    """A batch whose max timestamp reaches the target may begin with older records (Kafka's
+    findOffsetByTimestamp decides inside the batch), and the starting offset is kept."""
+    entry = producer_batch(40, [b"a", b"b", b"c", b"d"], timestamps=[10, 5, 20, 30])
+    (header,) = scan_batches(entry).batches
+    assert first_record_at(entry, header, 6, 40).offset == 40
+    assert first_record_at(entry, header, 11, 40).offset == 42
+    assert first_record_at(entry, header, 6, 41).offset == 42
+    assert first_record_at(entry, header, 31, 40) is None
