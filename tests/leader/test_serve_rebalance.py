@@ -56,7 +56,8 @@ class Member:
         self.proc = process.spawn(
             [
                 sys.executable, "-m", "tools.peers.group_member", "--bootstrap",
-                served.bootstrap, "--topic", TOPIC, "--group", group, *args,
+                served.bootstrap, "--topic", TOPIC, "--group", group,
+                "--log", str(served.work / f"{group}-{name}.log"), *args,
             ],
             output=self._out,
         )  # fmt: skip

@@ -2,7 +2,7 @@
 member or stop it (SIGTERM: it closes its consumer, so a dynamic member leaves its group):
 
     python -m tools.peers.group_member --bootstrap HOST:PORT --topic T --group G \\
-        [--instance-id ID] [--session-timeout-ms MS] [--per-record-ms MS]
+        [--instance-id ID] [--session-timeout-ms MS] [--per-record-ms MS] [--log FILE]
 
 It subscribes, polls, and commits synchronously after every poll that returned records.
 Each record takes --per-record-ms of "processing" (default 0), so that a test's joins, kills
@@ -48,14 +48,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instance-id")
     parser.add_argument("--session-timeout-ms", type=int, default=6_000)
     parser.add_argument("--per-record-ms", type=int, default=0)
+    parser.add_argument("--log", help="kafka-python's log lines go here, not to stderr")
     args = parser.parse_args(argv)
 
-    # kafka-python's own account of each join and assignment, in the same output (its lines
-    # do not start with "{", so readers of the events skip them): what a failed test shows.
+    # kafka-python's own account of each join and assignment: what a failed test shows. In
+    # a file of its own with --log: its heartbeat thread writes while the main thread prints
+    # an event, and a log line once landed inside an event's line on a shared output.
     logging.basicConfig(
         level=logging.WARNING,
-        stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        **({"filename": args.log} if args.log else {"stream": sys.stderr}),
     )
     debug = os.environ.get("REPLICAD_GROUP_MEMBER_DEBUG") == "1"
     logging.getLogger("kafka.coordinator").setLevel(logging.DEBUG if debug else logging.INFO)
