@@ -14,6 +14,7 @@ served by one `replicad serve` subprocess for the module; no broker is needed.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -52,13 +53,17 @@ class Member:
     def __init__(self, served: Served, name: str, group: str, *args: str) -> None:
         self.name = name
         self.path = served.work / f"{group}-{name}.jsonl"
+        self.log = served.work / f"{group}-{name}.log"
         self._out = open(self.path, "wb")  # noqa: SIM115 -- closed by stop()/kill()
         self.proc = process.spawn(
             [
                 sys.executable, "-m", "tools.peers.group_member", "--bootstrap",
                 served.bootstrap, "--topic", TOPIC, "--group", group,
-                "--log", str(served.work / f"{group}-{name}.log"), *args,
+                "--log", str(self.log), *args,
             ],
+            # kafka-python's coordinator at DEBUG (each request sent and answered): what a
+            # member stuck in a rebalance shows, printed when the test fails.
+            env={**os.environ, "REPLICAD_GROUP_MEMBER_DEBUG": "1"},
             output=self._out,
         )  # fmt: skip
 
@@ -85,6 +90,12 @@ class Member:
 
     def errors(self) -> list[dict[str, Any]]:
         return [e for e in self.events() if "error" in e]
+
+    def log_tail(self, lines: int = 60) -> str:
+        text = self.log.read_text() if self.log.exists() else ""
+        return f"--- member {self.name}'s log, last {lines} lines ---\n" + "\n".join(
+            text.splitlines()[-lines:]
+        )
 
     def kill(self) -> None:
         process.kill(self.proc)
@@ -130,6 +141,10 @@ def test_a_late_join_a_sigkilled_member_and_a_clean_leave_lose_no_record(served)
             timeout_s=DEADLINE_S,
             what="every partition committed to its end",
         )
+    except Exception:
+        for member in members:
+            print(member.log_tail())
+        raise
     finally:
         for member in members:
             if member.proc.poll() is None:
@@ -174,6 +189,10 @@ def test_a_static_member_restarts_without_a_rebalance_and_a_fenced_one_commits_n
         )
         refused = [e for e in again.errors() if e.get("while") == "commit"]
         assert refused and refused[-1]["error"] == "FencedInstanceIdError", again.errors()
+    except Exception:
+        for member in members:
+            print(member.log_tail())
+        raise
     finally:
         for member in members:
             if member.proc.poll() is None:
