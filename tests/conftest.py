@@ -169,10 +169,16 @@ P = TypeVar("P", bound="Service")
 
 
 def _running(peer: P) -> Iterator[P]:
-    """Start `peer` (a missing peer fails the test, never skips it), yield it, stop it."""
+    """Start `peer` (a missing peer fails the test, never skips it), yield it, then end it
+    with SIGKILL: a session's peers are thrown away with their data, and a clean stop cost
+    the suite its last seconds (the session broker's controlled shutdown writes a producer
+    snapshot, fsynced, for each of the session's thousands of partitions: 20 s at the end
+    of each worker quiet, 30 s and SIGKILL at load 60). A clean stop is tested where it is
+    the point (tests/peers: a restart, a private broker's stop)."""
     try:
         with peer:
             yield peer
+            peer.kill()
     except Exception as error:
         _fail_if_not_installed(error)
         raise
@@ -220,8 +226,7 @@ def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaClu
     for cluster in _running(KafkaCluster(tmp_path_factory.mktemp("kafka-cluster"), nodes=3)):
         yield cluster
         pids = cluster.pids  # as the session leaves them, restarted nodes included
-    # Stopped for good: KafkaCluster.stop stops every node at once (one by one, the last
-    # would wait for a quorum that is gone) and leaves no process behind.
+    # Ended for good (killed, as every session peer): no node's process is left behind.
     assert cluster.pids == [], cluster.pids
     alive = [pid for pid in pids if _alive(pid)]
     assert alive == [], f"kafka_cluster: node processes left after its stop: {alive}"

@@ -16,9 +16,9 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
 def test_three_nodes_lead_a_topic_together(kafka_cluster, unique_topic):
-    """On the session's cluster. Its stop for good (all nodes at once, no process left) is
-    checked where that cluster stops, in tests/conftest.py, on every run that starts it;
-    a private cluster here cost the suite half a minute of its own start-up."""
+    """On the session's cluster. That no node's process is left when it ends is checked
+    where that cluster ends, in tests/conftest.py, on every run that starts it; a private
+    cluster here cost the suite half a minute of its own start-up."""
     cluster = kafka_cluster
     assert cluster.node_ids == [1, 2, 3]
     assert len(set(cluster.bootstrap.split(","))) == 3
