@@ -53,6 +53,15 @@ CLUSTER_HEAP = "768m"
 FIRST_NODE_ID = 1
 # How long one metadata or ListOffsets round over the whole cluster may take.
 PROBE_TIMEOUT_S = 30.0
+
+
+def served_probe_interval_s(partitions: int) -> float:
+    """How often a new topic's partitions are probed until all are served: a topic of a test
+    is served a moment after CreateTopics answers, so a second's wait would be most of its
+    creation; a probe of thousands of partitions is a bulk ListOffsets, sent once a second."""
+    return 0.1 if partitions <= 100 else 1.0
+
+
 # Kafka's controller refuses a single request that makes more than 10,000 metadata
 # records (QuorumController's per-operation cap); a topic costs one record per
 # partition plus a few, so 10,000 partitions must be spread over several topics.
@@ -301,7 +310,7 @@ class KafkaCluster(KafkaTopics, Service):
             all_served,
             timeout_s=timeout_s,
             what=f"{len(wanted):,} partitions of {names} served",
-            interval_s=1.0,
+            interval_s=served_probe_interval_s(len(wanted)),
             alive=self._dead_nodes,
         )
 
