@@ -5,25 +5,51 @@ against; its standard credential chain (the AWS_* environment, a shared credenti
 an instance role) is what operators and Spark clusters already configure. It is
 synchronous: the uploader runs it in a thread of its own, never on the event loop.
 
-- Objects are written with a single PUT from the open file (boto3 streams it: memory stays
-  bounded by its chunk, not the segment), read whole (`get`, small objects: manifests,
-  indexes) or by byte range (`get_range`, a Range GET: segment bytes).
+- Objects are written with a single PUT from the open file (streamed: memory stays bounded
+  by a block, not the segment; S3 takes up to 5 GiB in one PUT and a Kafka segment is at
+  most 2 GiB, so no multipart: one request per object keeps the requests per GB low), read
+  whole (`get`, small objects: manifests, indexes) or by byte range (`get_range`, a Range
+  GET: segment bytes).
+- Integrity without hashing twice: every PUT carries the body's CRC32C
+  (`x-amz-checksum-crc32c`), computed by the `crc32c` library (hardware, outside the GIL)
+  in one pass over the file, and the bucket refuses a body that does not match it
+  (BadDigest); boto3's own request checksum (a CRC32 in Python's zlib, another pass) is
+  off (`request_checksum_calculation="when_required"`). A file changed between that pass
+  and the send fails the same way, and is uploaded again.
+- Payload signing (`payload_signing`): SigV4 signs a SHA-256 of the whole body, one more
+  pass over it, in this process and in the server. Over TLS it is off (UNSIGNED-PAYLOAD, as
+  AWS's SDKs do: TLS guards the bytes in transit, the CRC32C their integrity). Over plain
+  http it is on by default -- there it is the only guard against a body changed in transit
+  on purpose (a CRC is no defence against that) -- unless the operator turns it off for a
+  bucket on loopback or a trusted link (`unsigned`). `signed` keeps it on over TLS for
+  an endpoint that refuses UNSIGNED-PAYLOAD.
 - A missing object reads as None; every other failure is an `ArchiveError` that names the
   key and the server's code (503 SlowDown included), never the credentials.
+- A whole object read (`get`, `get_to_file`) is checked against the CRC32C stored with it
+  (botocore can check only its own CRC32 and the SHAs without the AWS CRT); a ranged read
+  is not (S3 keeps no checksum of a range): its record batches carry their own CRC32C.
 - Paths are `s3://bucket/prefix` (or `s3a://`, Hadoop's name, read the same way).
 """
 
 from __future__ import annotations
 
+import base64
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import crc32c
+
+from replicad.config.model import PayloadSigning
 from replicad.errors import ReplicadError
 
 SCHEMES = ("s3", "s3a")
+# The file is read in blocks this large for its CRC32C and for the send: one Python turn
+# a block, the copy and the CRC outside the GIL.
+BLOCK_BYTES = 1024 * 1024
 
 
 class ArchiveError(ReplicadError):
@@ -49,6 +75,15 @@ class BucketSettings:
     # resets, with jittered back-off): Spark's reads keep them; the uploader asks for 1
     # and retries with its own back-off, so that every failure is counted and shown.
     max_attempts: int = 3
+    payload_signing: PayloadSigning = PayloadSigning.AUTO
+
+    @property
+    def signs_payload(self) -> bool:
+        """Whether PUT bodies are SHA-256 signed (module docstring)."""
+        if self.payload_signing is not PayloadSigning.AUTO:
+            return self.payload_signing is PayloadSigning.SIGNED
+        endpoint = self.endpoint or os.environ.get("AWS_ENDPOINT_URL") or "https://"
+        return not endpoint.lower().startswith("https://")
 
     @property
     def url(self) -> str:
@@ -81,6 +116,7 @@ class ObjectStore:
 
         self.settings = settings
         self.requests = {"PUT": 0, "GET": 0, "LIST": 0, "DELETE": 0}
+        self._counting = threading.Lock()  # several uploads and reads at once
         self._client = boto3.session.Session().client(
             "s3",
             endpoint_url=settings.endpoint or os.environ.get("AWS_ENDPOINT_URL") or None,
@@ -88,10 +124,16 @@ class ObjectStore:
             aws_access_key_id=settings.access_key_id,
             aws_secret_access_key=settings.secret_access_key,
             config=Config(
-                s3={"addressing_style": "path" if settings.path_style else "virtual"},
                 connect_timeout=settings.connect_timeout_s,
                 read_timeout=settings.read_timeout_s,
                 retries={"mode": "standard", "max_attempts": settings.max_attempts},
+                # Our own CRC32C instead (module docstring); whole reads are checked by
+                # boto3 (CRC32, SHAs) and by `_check` (CRC32C).
+                request_checksum_calculation="when_required",
+                s3={
+                    "addressing_style": "path" if settings.path_style else "virtual",
+                    "payload_signing_enabled": settings.signs_payload,
+                },
             ),
         )
 
@@ -102,41 +144,54 @@ class ObjectStore:
             f"{'' if code else f' ({error})'}"
         )
 
+    def _count(self, method: str) -> None:
+        with self._counting:
+            self.requests[method] += 1
+
     def put_file(self, key: str, path: Path) -> int:
         """Uploads the file as it is now; its size."""
-        with open(path, "rb") as f:
+        with open(path, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
-            self._put(key, f, size)
+            checksum = file_crc32c(f.fileno(), size)
+            self._put(key, _Blocks(f, size), size, checksum)
         return size
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        self._put(key, data, len(data))
+        self._put(key, data, len(data), crc32c.crc32c(data))
 
-    def _put(self, key: str, body: Any, size: int) -> None:
-        self.requests["PUT"] += 1
+    def _put(self, key: str, body: Any, size: int, checksum: int) -> None:
+        self._count("PUT")
         try:
             self._client.put_object(
-                Bucket=self.settings.bucket, Key=key, Body=body, ContentLength=size
+                Bucket=self.settings.bucket,
+                Key=key,
+                Body=body,
+                ContentLength=size,
+                ChecksumCRC32C=base64.b64encode(checksum.to_bytes(4, "big")).decode(),
             )
         except Exception as error:
             raise self._fail("PUT", key, error) from None
 
     def get(self, key: str) -> bytes | None:
         """The whole object, None when there is none."""
-        self.requests["GET"] += 1
+        self._count("GET")
         try:
-            response = self._client.get_object(Bucket=self.settings.bucket, Key=key)
-            return bytes(response["Body"].read())
+            response = self._client.get_object(
+                Bucket=self.settings.bucket, Key=key, ChecksumMode="ENABLED"
+            )
+            data = bytes(response["Body"].read())
         except Exception as error:
             if _error_code(error) in ("NoSuchKey", "404"):
                 return None
             raise self._fail("GET", key, error) from None
+        self._check(key, response, crc32c.crc32c(data))
+        return data
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         """Bytes [start, start + length) of the object (fewer at its end; b"" past it)."""
         if length <= 0:
             return b""
-        self.requests["GET"] += 1
+        self._count("GET")
         try:
             response = self._client.get_object(
                 Bucket=self.settings.bucket, Key=key, Range=f"bytes={start}-{start + length - 1}"
@@ -150,19 +205,39 @@ class ObjectStore:
             raise self._fail("GET", key, error) from None
 
     def get_to_file(self, key: str, path: Path) -> None:
-        """The whole object into `path`, streamed (memory bounded by boto3's chunks);
+        """The whole object into `path`, streamed (memory bounded by a block);
         FileNotFoundError when there is none."""
-        self.requests["GET"] += 1
+        self._count("GET")
+        value = 0
         try:
-            self._client.download_file(self.settings.bucket, key, str(path))
+            response = self._client.get_object(
+                Bucket=self.settings.bucket, Key=key, ChecksumMode="ENABLED"
+            )
+            with open(path, "wb") as out:
+                for block in response["Body"].iter_chunks(BLOCK_BYTES):
+                    out.write(block)
+                    value = crc32c.crc32c(block, value)
         except Exception as error:
             if _error_code(error) in ("NoSuchKey", "404", "NotFound"):
                 raise FileNotFoundError(f"s3://{self.settings.bucket}/{key}") from None
             raise self._fail("GET", key, error) from None
+        self._check(key, response, value)
+
+    def _check(self, key: str, response: dict[str, Any], value: int) -> None:
+        """A whole object read must match the CRC32C the bucket stored with it (boto3
+        checks only the CRC32 and SHAs itself); an object without one is taken as read."""
+        stored = response.get("ChecksumCRC32C")
+        if not stored or "-" in stored:  # none, or a multipart object's composite
+            return
+        if base64.b64decode(stored) != value.to_bytes(4, "big"):
+            raise ArchiveError(
+                f"s3://{self.settings.bucket}/{key}: the bytes read do not match the "
+                f"CRC32C stored with the object ({stored})"
+            )
 
     def size(self, key: str) -> int:
         """The object's size (a HEAD request); FileNotFoundError when there is none."""
-        self.requests["GET"] += 1
+        self._count("GET")
         try:
             response = self._client.head_object(Bucket=self.settings.bucket, Key=key)
             return int(response["ContentLength"])
@@ -176,7 +251,7 @@ class ObjectStore:
         is no error (S3 answers deletions of missing keys as done)."""
         for at in range(0, len(keys), 1000):
             chunk = keys[at : at + 1000]
-            self.requests["DELETE"] += 1
+            self._count("DELETE")
             try:
                 answer = self._client.delete_objects(
                     Bucket=self.settings.bucket,
@@ -200,7 +275,7 @@ class ObjectStore:
             for page in paginator.paginate(
                 Bucket=self.settings.bucket, Prefix=prefix, Delimiter="/"
             ):
-                self.requests["LIST"] += 1
+                self._count("LIST")
                 found += [p["Prefix"] for p in page.get("CommonPrefixes", ())]
         except Exception as error:
             raise self._fail("LIST", prefix, error) from None
@@ -212,11 +287,54 @@ class ObjectStore:
         paginator = self._client.get_paginator("list_objects_v2")
         try:
             for page in paginator.paginate(Bucket=self.settings.bucket, Prefix=prefix):
-                self.requests["LIST"] += 1
+                self._count("LIST")
                 found += [o["Key"] for o in page.get("Contents", ())]
         except Exception as error:
             raise self._fail("LIST", prefix, error) from None
         return sorted(found)
+
+
+def file_crc32c(fd: int, size: int) -> int:
+    """The CRC32C of the file's first `size` bytes (OSError when it is shorter now)."""
+    block = bytearray(min(BLOCK_BYTES, max(size, 1)))
+    view = memoryview(block)
+    value, at = 0, 0
+    while at < size:
+        n = os.preadv(fd, [view[: min(len(block), size - at)]], at)
+        if n == 0:
+            raise OSError(f"the file ended at {at} of its {size} bytes while read")
+        value = crc32c.crc32c(view[:n], value)
+        at += n
+    return value
+
+
+class _Blocks:
+    """A file as a PUT body, read in BLOCK_BYTES blocks.
+
+    urllib3 sends a file body by reading it `blocksize` (16 KiB) at a time, each block a
+    turn of Python: about 65,000 a GB. This reads the size asked or a block, whichever is
+    larger (at most what is left of `size`), so a GB is about a thousand turns; the rest
+    of the file interface is the file's own (boto3 seeks it back to retry a request).
+    """
+
+    def __init__(self, f: Any, size: int) -> None:
+        self._f = f
+        self._size = size
+
+    def read(self, amt: int | None = -1) -> bytes:
+        left = self._size - self._f.tell()
+        if left <= 0:
+            return b""
+        want = left if amt is None or amt < 0 else min(left, max(amt, BLOCK_BYTES))
+        return bytes(self._f.read(want))
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if whence == os.SEEK_END:  # the body ends at `size`, whatever follows in the file
+            return int(self._f.seek(self._size + offset))
+        return int(self._f.seek(offset, whence))
+
+    def tell(self) -> int:
+        return int(self._f.tell())
 
 
 def _error_code(error: Exception) -> str | None:

@@ -1,9 +1,12 @@
 """The uploader: rolled segments of the local log copied to the bucket, off the event loop.
 
 Rules (the decisions are uploads.py's; this shell reads files and talks to the bucket):
-- One thread of its own does every request (bounded concurrency: one upload at a time;
-  bounded memory: a segment is streamed from its file). The event loop only schedules a
-  round every `interval_ms` and never waits on the bucket; replication never waits for it.
+- A round's partitions are shared by `upload_threads` threads of the uploader's own
+  (bounded concurrency: that many uploads in flight, each partition on one thread at a
+  time, its segments in order; bounded memory: a segment is streamed from its file in
+  store.BLOCK_BYTES blocks, so about two blocks a thread, whatever the segment size). The
+  event loop only schedules a round every `interval_ms` and never waits on the bucket;
+  replication never waits for it.
 - A partition's manifest is read from the bucket once (first round), then kept: this
   uploader is its only writer. A segment goes up as .log, .index, .timeindex, then the
   chunk the new manifest seals (one every CHUNK_SEGMENTS segments), then the new manifest
@@ -80,6 +83,7 @@ class ArchiverSettings:
     retry_backoff_max_ms: int = 30_000
     retention_ms: int = -1
     retention_bytes: int = -1
+    upload_threads: int = 2
 
     @classmethod
     def from_config(cls, archive: ArchiveConfig) -> ArchiverSettings:
@@ -97,12 +101,14 @@ class ArchiverSettings:
                 connect_timeout_s=timeout_s,
                 read_timeout_s=timeout_s,
                 max_attempts=1,  # retried by the uploader's back-off, counted
+                payload_signing=archive.payload_signing,
             ),
             interval_ms=archive.interval_ms,
             retry_backoff_ms=archive.retry_backoff_ms,
             retry_backoff_max_ms=archive.retry_backoff_max_ms,
             retention_ms=archive.retention_ms,
             retention_bytes=archive.retention_bytes,
+            upload_threads=archive.upload_threads,
         )
 
 
@@ -126,6 +132,8 @@ class _Totals:
     last_upload_ms: int | None = None
     deleted_segments: int = 0
     deleted_bytes: int = 0
+    # The uploading threads add to these at once.
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
 @dataclass
@@ -143,21 +151,30 @@ class Archiver:
         if self.store is None:
             self.store = ObjectStore(self.settings.bucket)
         self._totals.rounds += 1
-        uploaded = 0
-        for plog in logs.partitions().values():
+        plogs = list(logs.partitions().values())
+        for plog in plogs:  # made here, so that the threads only read the dict
+            if plog.topic_partition not in self._partitions:
+                s = self.settings
+                self._partitions[plog.topic_partition] = _Partition(
+                    Backoff(s.retry_backoff_ms, s.retry_backoff_max_ms)
+                )
+
+        def partition_round(plog: PartitionLog) -> int:
             if self._stopping.is_set():
-                break
-            uploaded += self._partition_round(plog, wall_ms() if now_ms is None else now_ms)
-        return uploaded
+                return 0
+            return self._partition_round(plog, wall_ms() if now_ms is None else now_ms)
+
+        threads = min(self.settings.upload_threads, len(plogs))
+        if threads <= 1:
+            return sum(map(partition_round, plogs))
+        # Partitions are taken by whichever thread is free, so one with a long backlog
+        # holds one thread, not the others' uploads.
+        with ThreadPoolExecutor(threads, thread_name_prefix="archive-upload") as pool:
+            return sum(pool.map(partition_round, plogs))
 
     def _partition_round(self, plog: PartitionLog, now_ms: int) -> int:
         tp = plog.topic_partition
-        state = self._partitions.get(tp)
-        if state is None:
-            s = self.settings
-            state = self._partitions[tp] = _Partition(
-                Backoff(s.retry_backoff_ms, s.retry_backoff_max_ms)
-            )
+        state = self._partitions[tp]
         if plog.topic_id is None or not state.backoff.ready(now_ms):
             return 0
         uploaded = 0
@@ -200,9 +217,10 @@ class Archiver:
         except (ArchiveError, OSError) as error:
             retry_at = state.backoff.failed(now_ms)
             state.last_error = str(error)
-            self._totals.failures += 1
-            self._totals.last_error = str(error)
-            self._totals.last_error_ms = now_ms
+            with self._totals.lock:
+                self._totals.failures += 1
+                self._totals.last_error = str(error)
+                self._totals.last_error_ms = now_ms
             log.warning(
                 "archive upload failed, will retry",
                 partition=str(tp),
@@ -239,8 +257,9 @@ class Archiver:
             ]
             + [partition_prefix(prefix, tp) + name for name in dropped_chunks(manifest, kept)]
         )
-        self._totals.deleted_segments += count
-        self._totals.deleted_bytes += sum(g.size for g in gone)
+        with self._totals.lock:
+            self._totals.deleted_segments += count
+            self._totals.deleted_bytes += sum(g.size for g in gone)
         log.info(
             "archived segments deleted by remote retention",
             partition=str(tp),
@@ -324,9 +343,10 @@ class Archiver:
             self.store.put_bytes(partition_prefix(prefix, tp) + name, chunk)
             sent += len(chunk)
         self.store.put_bytes(manifest_key(prefix, tp), updated.encode())
-        self._totals.uploaded_segments += 1
-        self._totals.uploaded_bytes += sent
-        self._totals.last_upload_ms = wall_ms()
+        with self._totals.lock:
+            self._totals.uploaded_segments += 1
+            self._totals.uploaded_bytes += sent
+            self._totals.last_upload_ms = wall_ms()
         log.info(
             "segment archived",
             partition=str(tp),
@@ -357,12 +377,13 @@ class Archiver:
 
     def snapshot(self) -> dict[str, Any]:
         t = self._totals
-        retrying = sorted(str(tp) for tp, p in self._partitions.items() if p.last_error)
+        states = list(self._partitions.items())  # one C call: safe beside the round
+        retrying = sorted(str(tp) for tp, p in states if p.last_error)
         return {
             "bucket": self.settings.bucket.url,
             "uploaded_segments": t.uploaded_segments,
             "uploaded_bytes": t.uploaded_bytes,
-            "pending_segments": sum(p.pending for p in self._partitions.values()),
+            "pending_segments": sum(p.pending for _, p in states),
             "failures": t.failures,
             "retrying_partitions": retrying,
             "last_error": t.last_error,

@@ -63,6 +63,14 @@ class IsolationLevel(enum.StrEnum):
         return wire.READ_UNCOMMITTED
 
 
+class PayloadSigning(enum.StrEnum):
+    """Whether the archive's PUTs sign a SHA-256 of their body (replicad/archive/store.py)."""
+
+    AUTO = "auto"  # over plain http only
+    SIGNED = "signed"
+    UNSIGNED = "unsigned"
+
+
 class LogLevel(enum.StrEnum):
     DEBUG = "debug"
     INFO = "info"
@@ -441,6 +449,11 @@ class ArchiveConfig:
     # deleted from the bucket, the newest archived segment always kept. -1: keep forever.
     retention_ms: int = -1
     retention_bytes: int = -1
+    # Uploads in flight at once (one partition each, its segments in order).
+    upload_threads: int = 2
+    # SigV4's SHA-256 of each PUT's body: auto = only over plain http (over https, TLS
+    # guards it); every PUT carries a CRC32C the bucket checks either way.
+    payload_signing: PayloadSigning = PayloadSigning.AUTO
 
     @property
     def secret_access_key(self) -> Secret | None:

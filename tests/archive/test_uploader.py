@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -364,6 +365,52 @@ def test_a_request_the_bucket_never_answers_times_out_and_is_retried(
     assert [s.base_offset for s in manifest.segments] == [
         s.base_offset for s in manager.partitions()[TP].segments[:-1]
     ]
+    manager.close()
+
+
+def test_partitions_upload_at_once_each_in_order(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    """Three partitions, two upload threads: two partitions' requests are in flight at once
+    (held in the fault proxy until both are), and each partition's archive ends complete
+    and in order."""
+    manager, _ = filled(tmp_path)
+    now = wall_ms()
+    others = [TopicPartition("orders", 3), TopicPartition("orders", 4)]
+    for seed, tp in enumerate(others, start=2):
+        log = manager.get_or_create(tp, topic_id=uuid.uuid4())
+        for raw in batch_stream(seed, 60):
+            log.append(raw, scan_batches(raw).batches, now_ms=now)
+        log.high_watermark = log.log_end_offset
+    logs = manager.partitions()
+    expected = sum(len(logs[tp].segments) - 1 for tp in (TP, *others))
+    with S3FaultProxy(s3_server.endpoint) as proxy:
+        base = settings(proxy, s3_bucket)
+        slow = replace(base.bucket, read_timeout_s=600.0)  # a hang's deadline, not a wait
+        archiver = Archiver(replace(base, bucket=slow, upload_threads=2))
+        proxy.hold()
+        uploaded: list[int] = []
+        rounds = threading.Thread(target=lambda: uploaded.append(archiver.round(manager)))
+        rounds.start()
+        try:
+            wait_until(lambda: proxy.stats.held == 2, what="two partitions' requests at once")
+        finally:
+            proxy.release()
+            rounds.join()
+    assert uploaded == [expected]
+    snap = archiver.snapshot()
+    assert snap["failures"] == 0 and snap["uploaded_segments"] == expected
+    store = store_of(s3_server, s3_bucket)
+    for tp in (TP, *others):
+        head = store.get(manifest_key(PREFIX, tp)) or b""
+        directory = partition_prefix(PREFIX, tp)
+        manifest = decode_manifest(
+            head, source=str(tp), read=lambda name, d=directory: store.get(d + name)
+        )
+        closed = logs[tp].segments[:-1]
+        assert [s.base_offset for s in manifest.segments] == [s.base_offset for s in closed]
+        report = verify_archived_partition(store, tp, head)  # each object there, batches checked
+        assert not report.problems, report.problems
     manager.close()
 
 

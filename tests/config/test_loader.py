@@ -16,7 +16,7 @@ from replicad.config import (
     config_from_mapping,
     load_config,
 )
-from replicad.config.model import ClientAuth, SaslMechanism
+from replicad.config.model import ClientAuth, PayloadSigning, SaslMechanism
 from replicad.errors import ConfigError, ConfigErrors
 from tools.peers.pki import make_test_pki
 
@@ -729,3 +729,19 @@ def test_an_archive_key_id_takes_exactly_one_secret_and_a_secret_a_key_id(
         (problem,) = problems_of(write(tmp_path, ARCHIVE_HEAD + extra))
         assert path in problem and why in problem, problem
         assert "S3-Secret" not in problem
+
+
+def test_the_archive_uploads_threads_and_payload_signing(tmp_path: Path) -> None:
+    default = load_config(write(tmp_path, ARCHIVE_HEAD)).archive
+    assert default is not None and default.upload_threads == 2
+    assert default.payload_signing is PayloadSigning.AUTO
+    text = "  upload_threads: 4\n  payload_signing: unsigned\n"
+    archive = load_config(write(tmp_path, ARCHIVE_HEAD + text)).archive
+    assert archive is not None and archive.upload_threads == 4
+    assert archive.payload_signing is PayloadSigning.UNSIGNED
+    for extra, path in (
+        ("  upload_threads: 0\n", "archive.upload_threads"),
+        ("  payload_signing: sometimes\n", "archive.payload_signing"),
+    ):
+        (problem,) = problems_of(write(tmp_path, ARCHIVE_HEAD + extra))
+        assert path in problem, problem
