@@ -45,6 +45,7 @@ from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
+from tools.bench.measure import cpu_seconds
 from tools.logdata.batches import producer_batch
 from tools.peers.s3 import ACCESS_KEY, REGION, SECRET_KEY, S3Server, client_environ
 
@@ -152,9 +153,16 @@ def run(args: argparse.Namespace, work: Path) -> None:
         manager = LogManager.open(
             data_dir, LogConfig(segment_bytes=args.segment_mb * MB), now_ms=wall_ms()
         )
-        started = time.perf_counter()
+        s3_cpu_before = cpu_seconds(server.pid) if server.pid else None
+        started, cpu_before = time.perf_counter(), time.process_time()
         archiver.round(manager)
         upload_s = time.perf_counter() - started
+        upload_cpu_s = time.process_time() - cpu_before  # every thread of this process
+        s3_cpu_s = (
+            (cpu_seconds(server.pid) or 0.0) - s3_cpu_before
+            if server.pid and s3_cpu_before is not None
+            else None
+        )
         manager.close()
         snap = archiver.snapshot()
         uploaded_gb = snap["uploaded_bytes"] / 1024**3
@@ -216,7 +224,14 @@ def run(args: argparse.Namespace, work: Path) -> None:
             f"{parquet.puts / gb:.1f} PUT, {parquet.gets / gb:.1f} GET, "
             f"{parquet.others / gb:.1f} HEAD/LIST |"
         )
-    print(f"\nbucket / local: {local_s / bucket_s:.2f}x")
+    print(
+        f"\nupload CPU: the uploader {upload_cpu_s / gb:.2f} CPU s per GB"
+        + ("" if s3_cpu_s is None else f", versitygw {s3_cpu_s / gb:.2f}")
+        + f" ({settings.upload_threads} upload threads, payload "
+        + ("signed" if settings.bucket.signs_payload else "unsigned")
+        + ")"
+    )
+    print(f"bucket / local: {local_s / bucket_s:.2f}x")
     if parquet is not None:
         print(
             f"replicad from the bucket / parquet from the bucket: {parquet.seconds / bucket_s:.2f}x"

@@ -90,6 +90,11 @@ class S3Server(Service):
     def endpoint(self) -> str:
         return f"http://{LOOPBACK}:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (benchmarks read its CPU from /proc)."""
+        return self._proc.pid if self._proc is not None else None
+
     def environ(self) -> dict[str, str]:
         """`client_environ()` and this server's endpoint (AWS_ENDPOINT_URL)."""
         return {**client_environ(), "AWS_ENDPOINT_URL": self.endpoint}
