@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
@@ -22,10 +21,9 @@ from confluent_kafka import Producer
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.client import ClientSettings, KafkaClient
 from replicad.protocol.requests import OffsetQuery, list_offsets_request
-from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from replicad.wire import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
-from tools.peers.tiered import TIERED_TOPIC_CONFIG, remote_segment_files
+from tools.peers.tiered import TIERED_TOPIC_CONFIG, batches_by_offset, remote_segment_files
 from tools.replica import replicad_cli, replicad_run, segment_bytes
 from tools.wait import wait_until
 
@@ -70,16 +68,6 @@ def produce_round(bootstrap: str, topic: str, first: int) -> int:
         producer.produce(topic, value=b"%08d" % i + b"y" * 200, partition=0)
     assert producer.flush(60) == 0
     return first + ROUND_RECORDS
-
-
-def batches_by_offset(files: list[Path]) -> dict[int, bytes]:
-    """Every whole batch of these segment files, by base offset."""
-    found: dict[int, bytes] = {}
-    for path in files:
-        data = path.read_bytes()
-        for header in scan_batches(memoryview(data)).batches:
-            found.setdefault(header.base_offset, data[header.position : header.end_position])
-    return found
 
 
 def test_a_topic_whose_first_segments_are_remote_only_is_copied_from_offset_0(

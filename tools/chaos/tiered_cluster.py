@@ -40,10 +40,15 @@ from confluent_kafka import Producer
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.client import ClientSettings, KafkaClient
 from replicad.protocol.requests import OffsetQuery, list_offsets_request
-from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from tools.peers.kafka_cluster import KafkaCluster
-from tools.peers.tiered import TIERED_TOPIC_CONFIG, remote_segment_files, tiered_broker_config
+from tools.peers.tiered import (
+    TIERED_TOPIC_CONFIG,
+    batches_by_offset,
+    batches_of,
+    remote_segment_files,
+    tiered_broker_config,
+)
 from tools.replica import replicad_cli, replicad_run, segment_bytes
 from tools.wait import wait_until
 
@@ -92,15 +97,6 @@ def produce(bootstrap: str, topic: str, partitions: int, first: int, count: int)
     if left:
         raise RuntimeError(f"{left} records not acknowledged")
     return first + count
-
-
-def batches_by_offset(files: list[Path]) -> dict[int, bytes]:
-    found: dict[int, bytes] = {}
-    for path in files:
-        data = path.read_bytes()
-        for header in scan_batches(memoryview(data)).batches:
-            found.setdefault(header.base_offset, data[header.position : header.end_position])
-    return found
 
 
 def run(work: Path, *, partitions: int, seed: int, records: int) -> list[str]:
@@ -170,7 +166,7 @@ def run(work: Path, *, partitions: int, seed: int, records: int) -> list[str]:
             if not remote or min(remote) != 0:
                 problems.append(f"{tp}: remote storage does not start at offset 0")
             replica_bytes = segment_bytes(data_dir / f"{topic}-{tp.partition}")
-            replica = batches_by_offset_of(replica_bytes)
+            replica = batches_of(replica_bytes)
             for base, batch in remote.items():
                 if replica.get(base) != batch:
                     problems.append(f"{tp}: the remote batch at {base} differs in the replica")
@@ -184,13 +180,6 @@ def run(work: Path, *, partitions: int, seed: int, records: int) -> list[str]:
             flush=True,
         )
     return problems
-
-
-def batches_by_offset_of(data: bytes) -> dict[int, bytes]:
-    return {
-        h.base_offset: data[h.position : h.end_position]
-        for h in scan_batches(memoryview(data)).batches
-    }
 
 
 def main(argv: list[str] | None = None) -> int:

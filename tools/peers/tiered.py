@@ -16,8 +16,10 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
+from replicad.records.batch import scan_batches
 from tools.peers.kafka import KAFKA_TOOLS_DIR, ROOT
 from tools.peers.process import PeerNotInstalledError
 
@@ -83,3 +85,21 @@ def remote_segment_files(storage_dir: Path, topic: str, partition: int) -> list[
         for f in d.glob("*.log")
     ]
     return sorted(found, key=lambda f: int(f.name.split("-", 1)[0]))
+
+
+def batches_of(data: bytes) -> dict[int, bytes]:
+    """Every whole batch of a segment's bytes, by base offset."""
+    return {
+        h.base_offset: data[h.position : h.end_position]
+        for h in scan_batches(memoryview(data)).batches
+    }
+
+
+def batches_by_offset(files: Iterable[Path]) -> dict[int, bytes]:
+    """Every whole batch of these segment files, by base offset (the first file's copy where
+    two hold one: remote and local storage may overlap)."""
+    found: dict[int, bytes] = {}
+    for path in files:
+        for base, batch in batches_of(path.read_bytes()).items():
+            found.setdefault(base, batch)
+    return found
