@@ -29,6 +29,7 @@ from tests.leader.test_serve_groups import (
     committed_offsets,
     describe_rows,
     produced_topic,
+    running,
 )
 from tools.peers.kafka import CONSOLE_CONSUMER, run_kafka_class
 from tools.peers.process import free_port
@@ -232,20 +233,12 @@ def three_members_read(
     # rebalance) and when it leaves.
     read: Read = []
     members = [Member(bootstrap, f.topic, group, read, max_poll_records=10) for _ in range(3)]
-    try:
-        for member in members:
-            member.start()
+    with running(members):
         wait_until(
             lambda: done(read) and all(m.assigned for m in members),
             timeout_s=DEADLINE_S,
             what=f"3 members of {group} reading",
         )
-    finally:
-        for member in members:
-            member.leave.set()
-        for member in members:
-            member.join(30)
-    assert all(m.error is None for m in members), [m.error for m in members]
     return read
 
 

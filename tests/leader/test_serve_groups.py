@@ -10,6 +10,7 @@ subprocess, as a user runs it (nothing here drives asyncio in the test's own pro
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -378,13 +379,27 @@ class Member(threading.Thread):
             self.error = exc
 
 
-def test_three_members_share_the_partitions_and_one_leaving_hands_its_own_over(replica) -> None:
-    read: list[tuple[int, int]] = []
-    members = [Member(replica.bootstrap, replica.topic, "three", read) for _ in range(3)]
-    everything = {(p, o) for p in range(PARTITIONS) for o in range(PER_PARTITION)}
+@contextlib.contextmanager
+def running(members: list[Member]) -> Iterator[None]:
+    """The members started; when the block ends each leaves and its thread ends, and then
+    none may have failed."""
     try:
         for member in members:
             member.start()
+        yield
+    finally:
+        for member in members:
+            member.leave.set()
+        for member in members:
+            member.join(30)
+    assert all(m.error is None for m in members), [m.error for m in members]
+
+
+def test_three_members_share_the_partitions_and_one_leaving_hands_its_own_over(replica) -> None:
+    read: list[tuple[int, int]] = []
+    everything = {(p, o) for p in range(PARTITIONS) for o in range(PER_PARTITION)}
+    members = [Member(replica.bootstrap, replica.topic, "three", read) for _ in range(3)]
+    with running(members):
 
         def shared_by(group: list[Member]) -> bool:
             sets = [m.assigned for m in group]
@@ -397,12 +412,6 @@ def test_three_members_share_the_partitions_and_one_leaving_hands_its_own_over(r
         members[2].join(30)
         wait_until(lambda: shared_by(members[:2]), what="the 2 left owning every partition")
         wait_until(lambda: everything <= set(read), what="every record read")
-    finally:
-        for member in members:
-            member.leave.set()
-        for member in members:
-            member.join(30)
-    assert all(m.error is None for m in members), [m.error for m in members]
 
 
 def test_a_read_only_group_refuses_a_clients_commit_and_its_members_still_read(
