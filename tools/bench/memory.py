@@ -56,6 +56,7 @@ from replicad.types import TopicPartition
 from tools.bench import traced
 from tools.peers.admin import librdkafka_log
 from tools.peers.kafka_cluster import KafkaCluster
+from tools.peers.produce import produce_when_room
 from tools.replica import ReplicadProcess, end_offsets, replicad_argv, wait_until
 from tools.replica import status_json as replica_status_json
 
@@ -174,14 +175,9 @@ def fill(bootstrap: str, topics: list[str], partitions: int, bytes_per_partition
     for i in range(per_partition):
         for topic in topics:
             for p in range(partitions):
-                while True:
-                    try:
-                        producer.produce(
-                            topic, values[n % VALUE_POOL], partition=p, on_delivery=report
-                        )
-                        break
-                    except BufferError:
-                        producer.poll(0.05)
+                produce_when_room(
+                    producer, topic, value=values[n % VALUE_POOL], partition=p, on_delivery=report
+                )
                 n += 1
         producer.poll(0)
         del i

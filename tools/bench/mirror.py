@@ -125,6 +125,8 @@ class Run:
 def produce(bootstrap: str, workload: Workload) -> None:
     from confluent_kafka import Producer
 
+    from tools.peers.produce import produce_when_room
+
     rng = random.Random(9)
     pool = [rng.randbytes(RECORD // 2) + bytes(RECORD // 2) for _ in range(4096)]
     settings: dict[str, object] = {
@@ -138,14 +140,9 @@ def produce(bootstrap: str, workload: Workload) -> None:
         settings.update({"linger.ms": 20, "batch.size": 256 * 1024})
     producer = Producer(settings)
     for i in range(workload.records):
-        while True:
-            try:
-                producer.produce(
-                    workload.topic, value=pool[i % len(pool)], partition=i % workload.partitions
-                )
-                break
-            except BufferError:
-                producer.poll(0.05)
+        produce_when_room(
+            producer, workload.topic, value=pool[i % len(pool)], partition=i % workload.partitions
+        )
         if i % 10_000 == 0:
             producer.poll(0)
     assert producer.flush(600) == 0

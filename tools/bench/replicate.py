@@ -173,6 +173,8 @@ def value_pool(rng: random.Random, n: int = 4096) -> list[bytes]:
 def produce(bootstrap: str, topic: str, partitions: int, records: int) -> None:
     from confluent_kafka import Producer
 
+    from tools.peers.produce import produce_when_room
+
     pool = value_pool(random.Random(9))
     producer = Producer(
         {
@@ -184,12 +186,7 @@ def produce(bootstrap: str, topic: str, partitions: int, records: int) -> None:
         }
     )
     for i in range(records):
-        while True:
-            try:
-                producer.produce(topic, value=pool[i % len(pool)], partition=i % partitions)
-                break
-            except BufferError:
-                producer.poll(0.05)
+        produce_when_room(producer, topic, value=pool[i % len(pool)], partition=i % partitions)
         if i % 10_000 == 0:
             producer.poll(0)
     assert producer.flush(300) == 0

@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -452,6 +453,17 @@ def produce_mixed(
     return ProduceSummary(topic, seed, summaries, len(plan), time.monotonic() - started)
 
 
+def produce_when_room(producer: Producer, topic: str, **record: Any) -> None:
+    """`producer.produce(topic, **record)`, polling while librdkafka's local queue is full
+    (a poll serves delivery reports, which lets the queue drain)."""
+    while True:
+        try:
+            producer.produce(topic, **record)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
 def _produce_round(
     producer: Producer, topic: str, round_: _Round, tallies: list[_PartitionTally]
 ) -> None:
@@ -470,19 +482,15 @@ def _produce_round(
     if round_.kind.transactional:
         producer.begin_transaction()
     for index, record in enumerate(round_.records):
-        while True:
-            try:
-                producer.produce(
-                    topic,
-                    key=record.key,
-                    value=record.value,
-                    partition=record.partition,
-                    headers=list(record.headers) or None,
-                    on_delivery=on_delivery(index),
-                )
-                break
-            except BufferError:  # librdkafka's local queue is full: let it drain
-                producer.poll(0.05)
+        produce_when_room(
+            producer,
+            topic,
+            key=record.key,
+            value=record.value,
+            partition=record.partition,
+            headers=list(record.headers) or None,
+            on_delivery=on_delivery(index),
+        )
     # Flush before an abort too: librdkafka purges unsent records on abort, and
     # aborted records that never reached the log would test nothing.
     left = producer.flush(FLUSH_TIMEOUT_S)
