@@ -32,12 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.bench.replicate import (
-    FOLLOWER_ID,
     RECORD,
+    chained_run_argv,
     child_env,
     log_bytes,
     prepare_topic,
     run_replicad,
+    serve_argv,
 )
 from tools.peers.kafka import KafkaBroker
 from tools.peers.process import free_port, port_accepts
@@ -151,31 +152,6 @@ def sampled(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-def serve_argv(data_dir: Path, port: int) -> list[str]:
-    return replicad_argv(
-        "serve",
-        "--data-dir",
-        str(data_dir),
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--node-id",
-        "1",
-        "--allow-follower",
-        str(FOLLOWER_ID),
-        as_installed=True,
-    )
-
-
-def chained_run_argv(work: Path, port: int, topic: str, target: Path) -> list[str]:
-    config = work / "chain.yaml"
-    config.write_text(
-        f"source:\n  bootstrap_servers: ['127.0.0.1:{port}']\ntopics:\n  include: [{topic}]\n"
-        f"fetch:\n  replica_id: {FOLLOWER_ID}\ndata_dir: '{target}'\n"
-        f"control:\n  socket: '{work / 'chain.sock'}'\nlogging:\n  level: warning\n"
-    )
-    return replicad_argv("run", "-c", str(config), as_installed=True)
 
 
 def main() -> int:

@@ -259,6 +259,35 @@ def run_replicad(work: Path, topic: Topic, *, baseline: Path | None = None) -> t
     return Run(name, topic.records, topic.stored, measured), data_dir
 
 
+def serve_argv(data_dir: Path, port: int, *more: str) -> list[str]:
+    """`replicad serve` of `data_dir` on `port`, FOLLOWER_ID its privileged follower."""
+    return replicad_argv(
+        "serve",
+        "--data-dir",
+        str(data_dir),
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--node-id",
+        "1",
+        "--allow-follower",
+        str(FOLLOWER_ID),
+        *more,
+        as_installed=True,
+    )
+
+
+def chained_run_argv(work: Path, port: int, topic: str, target: Path) -> list[str]:
+    """`replicad run` copying `topic` from the serve on `port` into `target`, as FOLLOWER_ID
+    (its config written into `work`)."""
+    config = work / "chain.yaml"
+    config.write_text(
+        f"source:\n  bootstrap_servers: ['127.0.0.1:{port}']\ntopics:\n  include: [{topic}]\n"
+        f"fetch:\n  replica_id: {FOLLOWER_ID}\ndata_dir: '{target}'\n"
+        f"control:\n  socket: '{work / 'chain.sock'}'\nlogging:\n  level: warning\n"
+    )
+    return replicad_argv("run", "-c", str(config), as_installed=True)
+
+
 def run_from_serve(work: Path, source: Path, topic: Topic) -> Run:
     """`replicad serve` over `source` (a finished replica); a second `replicad run`, as a
     privileged follower, copies it into a new data dir. Measured like the others."""
@@ -266,28 +295,9 @@ def run_from_serve(work: Path, source: Path, topic: Topic) -> Run:
 
     port = free_port()
     target = work / "replica-of-replica"
-    config = work / "chain.yaml"
-    config.write_text(
-        f"source:\n  bootstrap_servers: ['127.0.0.1:{port}']\n"
-        f"topics:\n  include: [{topic.name}]\n"
-        f"fetch:\n  replica_id: {FOLLOWER_ID}\ndata_dir: '{target}'\n"
-        f"control:\n  socket: '{work / 'chain.sock'}'\nlogging:\n  level: warning\n"
-    )
+    chained_run = chained_run_argv(work, port, topic.name, target)
     serve = subprocess.Popen(
-        replicad_argv(
-            "serve",
-            "--data-dir",
-            str(source),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--node-id",
-            "1",
-            "--allow-follower",
-            str(FOLLOWER_ID),
-            "--log-format",
-            "json",
-            as_installed=True,
-        ),
+        serve_argv(source, port, "--log-format", "json"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ, **child_env(work)},
@@ -300,7 +310,7 @@ def run_from_serve(work: Path, source: Path, topic: Topic) -> Run:
         if serve.poll() is not None:
             raise RuntimeError(f"replicad serve exited with {serve.returncode}")
         measured = run_measured(
-            replicad_argv("run", "-c", str(config), as_installed=True),
+            chained_run,
             until=lambda: log_bytes(target) >= topic.stored,
             progress=lambda: log_bytes(target) / topic.stored,
             env=child_env(work),
