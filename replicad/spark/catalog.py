@@ -18,7 +18,7 @@ Every open goes through the FileOpener (files.py), the observable hook.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from replicad.archive.manifest import (
@@ -141,12 +141,28 @@ def log_start_offsets(data_dir: str) -> dict[TopicPartition, int]:
 
 @dataclass
 class Planner:
+    """Plans reads. With `remember_bytes`, the offset indexes it reads are kept (up to that
+    many bytes of entries) until `forget()`: a stream's micro-batch reads the same indexes
+    when it chooses its end (byte limits, read_committed) and when it plans its splits, from
+    one look at the directory (stream.py forgets at each look). Keyed by the segment and
+    its size at that look."""
+
     options: ReadOptions
     opener: FileOpener | None = None  # default: traced as the options say
+    remember_bytes: int = 0
+    _indexes: dict[tuple[str, int, int], OffsetIndex] = field(
+        default_factory=dict, init=False, repr=False
+    )
+    _remembered_bytes: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.opener is None:
             self.opener = opener_for(self.options)
+
+    def forget(self) -> None:
+        """Drop the indexes kept since the last look (remember_bytes)."""
+        self._indexes.clear()
+        self._remembered_bytes = 0
 
     @property
     def _opener(self) -> FileOpener:
@@ -225,9 +241,18 @@ class Planner:
         return None
 
     def offset_index(self, files: PartitionFiles, segment: SegmentFile) -> OffsetIndex:
+        key = (files.directory, segment.base_offset, segment.size)
+        index = self._indexes.get(key)
+        if index is not None:
+            return index
         path = join(files.directory, segment_file_name(segment.base_offset, INDEX_SUFFIX))
         data = self._index_bytes(path, OFFSET_ENTRY_SIZE)
-        return usable_offset_index(segment.base_offset, data, segment.size)
+        index = usable_offset_index(segment.base_offset, data, segment.size)
+        size = index.entries * OFFSET_ENTRY_SIZE
+        if self._remembered_bytes + size <= self.remember_bytes:
+            self._indexes[key] = index
+            self._remembered_bytes += size
+        return index
 
     def time_index(self, files: PartitionFiles, segment: SegmentFile) -> TimeIndex:
         path = join(files.directory, segment_file_name(segment.base_offset, TIME_INDEX_SUFFIX))

@@ -14,6 +14,12 @@ What it does where:
   stream is bounded by how often that file is written.
   admission.py decides the batch's end offsets; the batch planner (catalog.py, plan.py)
   turns [start, end) of each partition into splits, as for a batch read.
+- One look per micro-batch: `partitions()` plans the batch `latestOffset` just chose from
+  the look that chose it (its listing covers the end it returned, since the high watermarks
+  are read before the listing), and the offset indexes that look read (byte limits,
+  read_committed) are read once (catalog.Planner's `remember_bytes`). A batch planned
+  without that look (a restart replaying the last batch) looks afresh. Segments retention
+  deletes meanwhile are met by the read, as any read after planning meets them.
 - The executors read the splits with the batch reader (reader.py): same decoding, pruning
   by the offset index, read_committed visibility.
 - Replaying a batch after a crash plans the same offsets again: the records are the same,
@@ -91,6 +97,10 @@ class DataLossError(LogError):
 # A micro-batch's splits are read together, one task for up to this many bytes (plan.pack
 # says why): a micro-batch of a few hundred records is one task, not one per partition.
 PACK_BYTES = 16 * 1024 * 1024
+# Offset indexes kept from one look at the directory to the next (catalog.Planner): the
+# entries of the segments a micro-batch spans, read when choosing its end and again when
+# planning it.
+REMEMBERED_INDEX_BYTES = 32 * 1024 * 1024
 
 
 class StreamSplit(InputPartition):
@@ -133,12 +143,15 @@ class ReplicadStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             max_trigger_delay_ms=options.max_trigger_delay_ms,
             max_bytes=options.max_bytes_per_trigger,
         )
-        self.planner = Planner(options.read)
+        self.planner = Planner(options.read, remember_bytes=REMEMBERED_INDEX_BYTES)
         self.delay = TriggerDelay()
         self.target: Offsets | None = None  # Trigger.AvailableNow's ceiling
         self.seen_end: Offsets = {}  # the highest readable end seen per partition
         self.last_available: Offsets | None = None
         self.lost_offsets = 0
+        # The end latestOffset last chose and the look it chose it from: partitions() of
+        # that batch plans from the same look.
+        self.chosen: tuple[Offsets, Look] | None = None
 
     # -- looking at the replica ------------------------------------------------------------
 
@@ -146,6 +159,7 @@ class ReplicadStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Listing, log starts and readable ends; the last stable offsets (read_committed)
         are looked for from `begins` (else the log start), unless `stable` is False."""
         data_dir = self.read_options.data_dir
+        self.planner.forget()  # indexes of the last look: their segments may have changed
         if is_bucket_url(data_dir):
             # An archive: its manifests give the segments, log starts and ends at once.
             archived = archived_with_ends(self.read_options)
@@ -219,6 +233,7 @@ class ReplicadStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         starts = from_json(start)
+        self.chosen = None
         look = self.look(starts)
         self.last_available = {tp: a.end for tp, a in look.available.items()}
         begins: Offsets = {}
@@ -254,7 +269,9 @@ class ReplicadStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
         if any(chosen[tp] != starts.get(tp) for tp in chosen):
             self.delay.batch_planned(now_ms)
-        return to_json({**starts, **chosen})
+        ends = {**starts, **chosen}
+        self.chosen = (ends, look)
+        return to_json(ends)
 
     def _offset_after_bytes(self, look: Look, tp: TopicPartition, at: int, budget: int) -> int:
         found = self.planner.offset_after_bytes(look.files[tp], at, budget)
@@ -262,7 +279,13 @@ class ReplicadStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         starts, ends = from_json(start), from_json(end)
-        look = self.look(stable=False) if ends else Look({}, {})
+        chosen, self.chosen = self.chosen, None
+        if not ends:
+            look = Look({}, {})
+        elif chosen is not None and chosen[0] == ends:
+            look = chosen[1]  # the look latestOffset chose this end from
+        else:
+            look = self.look(stable=False)
         splits: list[Split] = []
         for tp, stop in ends.items():
             files = look.files.get(tp)
@@ -273,6 +296,7 @@ class ReplicadStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if files is None or stop <= begin:
                 continue
             splits += self.planner.splits(files, begin, stop)
+        self.planner.forget()
         return [StreamSplit(group) for group in pack(splits, PACK_BYTES)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

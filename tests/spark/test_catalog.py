@@ -195,3 +195,25 @@ def test_an_active_segments_preallocated_index_is_read_only_as_far_as_its_entrie
     assert planner.offset_index(files, segment).entries == whole.entries
     assert planner.time_index(files, segment).entries == timed.entries
     assert 0 < opener.counted[0] <= 2 * INDEX_PIECE_BYTES  # not 2 x 10 MiB
+
+
+def test_a_planner_told_to_remember_reads_each_index_once_until_it_forgets(events, tmp_path):
+    files = list_partitions(parse_options({"path": str(events)}))[0]
+    segment = files.segments[1]
+    smallest = Planner(parse_options({"path": str(events)})).offset_index(files, segment)
+    size = smallest.entries * 8
+
+    def index_reads(remember_bytes: int, *, forget: bool = False) -> int:
+        trace = tmp_path / f"trace-{remember_bytes}-{forget}"
+        options = parse_options({"path": str(events), "traceFileOpens": str(trace)})
+        planner = Planner(options, remember_bytes=remember_bytes)
+        for _ in range(3):
+            assert planner.offset_index(files, segment).raw() == smallest.raw()
+            if forget:
+                planner.forget()
+        return len(read_trace(str(trace)))
+
+    assert index_reads(0) == 3  # a batch read's planner keeps nothing
+    assert index_reads(size) == 1
+    assert index_reads(size, forget=True) == 3
+    assert index_reads(size - 8) == 3  # over its budget: read each time

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import ElectionType
 
+from replicad.spark.files import read_trace
 from replicad.spark.follow import START_ATTEMPTS, worker_start_failed
 from replicad.spark.handover import offsets_from_checkpoint
 from replicad.spark.options import parse_stream_options
@@ -200,6 +201,42 @@ def test_retention_past_the_stream_fails_it_or_is_skipped(
     assert reader.lost_offsets == log_start - 20
     assert any(line in message for message in caplog.messages)
     assert min(split.start_offset for s in splits for split in s.splits) == log_start
+
+
+def test_a_micro_batch_is_planned_from_the_look_that_chose_its_end(
+    tmp_path, write_partition, make_batches
+):
+    """partitions() after latestOffset neither lists the directory again nor reads again the
+    indexes latestOffset read; a batch it did not choose (a replay) looks afresh."""
+    data_dir, tp = tmp_path / "data", TopicPartition("one-look", 0)
+    batches = [make_batches.data(o, 10) for o in range(0, 200, 10)]
+    directory = write_partition(data_dir, tp, batches, segment_bytes=4096, index_interval_bytes=256)
+    (data_dir / "replication-offset-checkpoint").write_text(f"0\n1\n{tp.topic} 0 200\n")
+    trace = tmp_path / "trace"
+    options = {"path": str(data_dir), "maxBytesPerTrigger": "3000", "traceFileOpens": str(trace)}
+    reader = ReplicadStreamReader(parse_stream_options(options))
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    assert 0 < end[tp.topic]["0"] < 200  # cut by the byte limit: indexes read to choose it
+    read_before = len(read_trace(str(trace)))
+    assert read_before > 0
+    # replicad appends meanwhile: the batch is planned as the look that chose it saw the log.
+    last = sorted(directory.glob("*.log"))[-1]
+    size = last.stat().st_size
+    more = make_batches.data(200, 10)
+    with last.open("ab") as f:
+        f.write(more)
+    (data_dir / "replication-offset-checkpoint").write_text(f"0\n1\n{tp.topic} 0 210\n")
+    planned = [split for group in reader.partitions(start, end) for split in group.splits]
+    assert planned and {s.end_offset for s in planned} == {end[tp.topic]["0"]}
+    assert {s.log_end.size for s in planned} == {size}
+    assert len(read_trace(str(trace))) == read_before  # no index read twice
+    replayed = [split for group in reader.partitions(start, end) for split in group.splits]
+    assert [(s.segment, s.start_position) for s in replayed] == [
+        (s.segment, s.start_position) for s in planned
+    ]
+    assert {s.log_end.size for s in replayed} == {size + len(more)}
+    assert len(read_trace(str(trace))) > read_before
 
 
 def test_read_committed_stops_before_an_open_transaction(
