@@ -23,6 +23,7 @@ in `SCENARIOS` (`private_broker`); the others share one broker.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import re
 import time
@@ -647,7 +648,11 @@ def session_cache_pressure(broker: KafkaBroker, workdir: Path, size: Size) -> Sc
             consumers = CompetingConsumers(broker.bootstrap, topics, count=4).start()
             load = SteadyLoad(broker.bootstrap, topics, records_per_round=size.load_records)
             load.start()
-            time.sleep(3)  # the followers and consumers hold sessions before eviction starts
+            # Eviction starts once every follower and the consumers are fetching (so each
+            # has asked the broker for a session), not after a guess of how long that takes.
+            fetching = functools.partial(_all_fetching, followers, consumers)
+            if wait_for(fetching, STARTUP_TIMEOUT_S) is None:
+                out.problem(f"followers and consumers not fetching within {STARTUP_TIMEOUT_S} s")
             evictor = SessionEvictor(broker.bootstrap, topics, interval_s=1.0).start()
             deadline = time.monotonic() + size.pressure_s
             while time.monotonic() < deadline:
@@ -676,6 +681,16 @@ def session_cache_pressure(broker: KafkaBroker, workdir: Path, size: Size) -> Sc
         " counted by replicad as session recoveries"
     )
     return out.result()
+
+
+def _all_fetching(followers: Sequence[Follower], consumers: CompetingConsumers) -> bool:
+    """Every running follower's status counts a Fetch request, and the consumers have read."""
+    for follower in followers:
+        if follower.running:
+            follower.status()
+            if follower.counters().requests == 0:
+                return False
+    return consumers.records > 0
 
 
 DISK_BYTES = 2 * 1024 * 1024
