@@ -24,18 +24,25 @@ Rules:
 - A run takes as many destination offsets as it has records, so every source batch in it
   still maps to its own destination offsets (the offset map records each).
 - Bounded: a run holds at most `run_plain_bytes` decompressed bytes and RUN_RECORDS
-  records. A small batch's records are decompressed once, when the shell reads it (a
-  worker thread), into at most that many bytes: a batch that holds more (a few hundred
-  bytes of zstd can hold gigabytes of zeros) is produced as stored, never decompressed
-  in full. The re-compression runs on a worker thread too, never on the event loop.
+  records. The partition's core bounds a run by its stored bytes and records; its
+  records are decompressed only here, when the run is coalesced (a worker thread, never
+  the event loop), each batch into what is left of the run's bound: a batch that holds
+  more (a few hundred bytes of zstd can hold gigabytes of zeros), or whose records do
+  not decompress or rewrite, cuts the run (`RunCut`): the batches before it go as one
+  run, and it heads the next one -- alone, as stored, when it does not fit by itself.
+  Nothing is decompressed at read time: a batch waiting to be sent holds only its
+  stored bytes (decompressing every small batch as it was read, to bound runs in the
+  core, was most of the tiny-batch regression: docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import mmap
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from lz4.frame import LZ4FrameDecompressor
+from lz4.frame import decompress_chunk, reset_decompression_context
 
 from replicad.mirror.restamp import rewrite_records
 from replicad.records.batch import (
@@ -48,9 +55,16 @@ from replicad.records.batch import (
     BatchHeader,
     Compression,
 )
-from replicad.records.codecs import compress, decompress_at_most, scratch_buffer
+from replicad.records.codecs import (
+    LZ4_STEP,
+    compress,
+    decompress_at_most,
+    new_lz4_context,
+    scratch_buffer,
+)
 
-_ATTRIBUTES_KEPT = COMPRESSION_CODEC_MASK | TIMESTAMP_TYPE_MASK
+# What batches of one run share.
+JOIN_ATTRIBUTES = COMPRESSION_CODEC_MASK | TIMESTAMP_TYPE_MASK
 # The Java producer's default batch.size: a stored batch this large was batched by its
 # producer, and is produced as stored.
 SMALL_BATCH_BYTES = 16 * 1024
@@ -71,19 +85,19 @@ def plain_records(
     batch: memoryview,
     limit: int,
     scratch: bytearray | mmap.mmap | None = None,
-    lz4_reader: LZ4FrameDecompressor | None = None,
+    lz4_context: Any = None,
 ) -> bytes | memoryview | None:
     """The records of stored `batch` decompressed (a view for an uncompressed one), or None
-    when they are more than `limit` bytes or do not decompress: then it is produced as
-    stored. `scratch` (at least `limit` + 1 bytes) and `lz4_reader`: reused across calls
-    (codecs.decompress_at_most; PlainReader keeps them for a read's batches)."""
+    when they are more than `limit` bytes or do not decompress. `scratch` (at least
+    `limit` + 1 bytes) and `lz4_context`: reused across calls (codecs.decompress_at_most;
+    PlainReader keeps them for a coalescing call's batches)."""
     records = batch[RECORD_BATCH_OVERHEAD:]
-    codec = Compression(header.attributes & COMPRESSION_CODEC_MASK)
+    codec = header.attributes & COMPRESSION_CODEC_MASK
     if codec == Compression.NONE:
         return records if len(records) <= limit else None
     if codec == Compression.LZ4:
         scratch = None  # LZ4 writes no scratch (codecs.LZ4_STEP)
-    return decompress_at_most(codec, records, limit, scratch, lz4_reader)
+    return decompress_at_most(Compression(codec), records, limit, scratch, lz4_context)
 
 
 # The codecs whose bounded decompression writes into a scratch buffer (codecs.py).
@@ -91,27 +105,53 @@ _SCRATCH_CODECS = frozenset({Compression.GZIP, Compression.SNAPPY, Compression.Z
 
 
 class PlainReader:
-    """plain_records for the small batches of one local-log read (one worker thread): the
-    LZ4 reader and the scratch buffer are made at the first batch that needs each, and
-    reused for the rest. Nothing is made for a read without such a batch; the scratch is
-    anonymous memory, so only the pages a codec writes cost anything -- a zeroed bytearray
-    of the bound (1 MiB), made per read, cost more than the decompression of a read's
-    one-record batches."""
+    """plain_records for the batches of the runs one coalescing call makes (one worker
+    thread), each within at most `limit` bytes: the LZ4 context and the scratch buffer
+    are made at the first batch that needs each, and reused for the rest. The scratch is
+    anonymous memory, so only the pages a codec writes cost anything (a zeroed bytearray
+    of the bound, 1 MiB, cost more than decompressing a run's one-record batches)."""
 
     __slots__ = ("_lz4", "_scratch", "limit")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._scratch: mmap.mmap | None = None
-        self._lz4: LZ4FrameDecompressor | None = None
+        self._lz4: Any = None
 
-    def __call__(self, header: BatchHeader, batch: memoryview) -> bytes | memoryview | None:
-        codec = Compression(header.attributes & COMPRESSION_CODEC_MASK)
-        if codec == Compression.LZ4 and self._lz4 is None:
-            self._lz4 = LZ4FrameDecompressor()
+    def __call__(
+        self, header: BatchHeader, batch: memoryview, at_most: int
+    ) -> bytes | memoryview | None:
+        """`batch`'s records within `at_most` (at most `limit`) bytes, or None."""
+        at_most = min(at_most, self.limit)
+        codec = header.attributes & COMPRESSION_CODEC_MASK
+        if codec == Compression.LZ4:
+            if self._lz4 is None:
+                self._lz4 = new_lz4_context()
+            # A one-record frame is one call: what codecs.decompress_at_most would do,
+            # without its calls around it (they were a third of its time per batch).
+            records = batch[RECORD_BATCH_OVERHEAD:]
+            try:
+                out, _, eof = decompress_chunk(
+                    self._lz4, records, max_length=min(at_most + 1, LZ4_STEP)
+                )
+            except RuntimeError:
+                eof = False
+            else:
+                if eof:
+                    return out if len(out) <= at_most else None
+            reset_decompression_context(self._lz4)  # the whole frame, from its start:
         elif codec in _SCRATCH_CODECS and self._scratch is None:
             self._scratch = scratch_buffer(self.limit)
-        return plain_records(header, batch, self.limit, self._scratch, self._lz4)
+        return plain_records(header, batch, at_most, self._scratch, self._lz4)
+
+
+@dataclass(frozen=True, slots=True)
+class RunCut:
+    """A run `coalesce` could not make whole: its first `joined` batches fit the run's
+    bound and rewrite, the next one does not (`reason`); see the module rules."""
+
+    joined: int
+    reason: str
 
 
 def small(size: int, limit: int) -> bool:
@@ -123,13 +163,14 @@ def small(size: int, limit: int) -> bool:
 def can_join(first: BatchHeader, other: BatchHeader) -> bool:
     """Whether `other` may be merged into a run that `first` opened."""
     return (
-        _mergeable(first)
-        and _mergeable(other)
-        and (first.attributes & _ATTRIBUTES_KEPT) == (other.attributes & _ATTRIBUTES_KEPT)
+        mergeable(first)
+        and mergeable(other)
+        and (first.attributes & JOIN_ATTRIBUTES) == (other.attributes & JOIN_ATTRIBUTES)
     )
 
 
-def _mergeable(h: BatchHeader) -> bool:
+def mergeable(h: BatchHeader) -> bool:
+    """Whether `h`'s batch may be merged into a run at all (see the module rules)."""
     return (
         h.magic == MAGIC_V2
         and not h.is_control
@@ -138,23 +179,46 @@ def _mergeable(h: BatchHeader) -> bool:
     )
 
 
-def coalesce(plains: Sequence[bytes | memoryview], headers: Sequence[BatchHeader]) -> bytes:
-    """One magic 2 batch holding every record of a run: `plains` are its batches' records,
-    decompressed (plain_records), `headers` their headers; as the module rules say. Base
-    offset 0, producer fields none (restamp sets them). CPU work: a worker thread's."""
+def coalesce(
+    batches: Sequence[bytes | memoryview],
+    headers: Sequence[BatchHeader],
+    plain_limit: int,
+    reader: PlainReader | None = None,
+) -> bytes | RunCut:
+    """One magic 2 batch holding every record of a run, as the module rules say: `batches`
+    are its stored batches, `headers` their headers; their records decompressed within
+    `plain_limit` bytes in all (by `reader`, made for the call without one), else where
+    the run must be cut. Base offset 0, producer fields none (restamp sets them). CPU
+    work: a worker thread's."""
     first = headers[0]
     codec = Compression(first.attributes & COMPRESSION_CODEC_MASK)
     base_ts = first.base_timestamp
+    if reader is None:
+        reader = PlainReader(plain_limit)
     out = bytearray()
     index = 0
-    for plain, h in zip(plains, headers, strict=True):
-        index = rewrite_records(
-            memoryview(plain),
-            h.record_count,
-            out,
-            first_index=index,
-            shift_ms=h.base_timestamp - base_ts,
-        )
+    left = plain_limit
+    for joined, (batch, h) in enumerate(zip(batches, headers, strict=True)):
+        plain = reader(h, memoryview(batch), left)
+        if plain is None:
+            return RunCut(
+                joined,
+                f"the records of the batch at source offset {h.base_offset} do not "
+                f"decompress within the {left} bytes left of the run's bound",
+            )
+        left -= len(plain)
+        try:
+            index = rewrite_records(
+                memoryview(plain),
+                h.record_count,
+                out,
+                first_index=index,
+                shift_ms=h.base_timestamp - base_ts,
+            )
+        except ValueError as exc:
+            return RunCut(
+                joined, f"the records of the batch at source offset {h.base_offset}: {exc}"
+            )
     records = compress(codec, out)
     count = index
     body = bytearray(RECORD_BATCH_OVERHEAD) + records
@@ -166,7 +230,7 @@ def coalesce(plains: Sequence[bytes | memoryview], headers: Sequence[BatchHeader
         -1,  # partition leader epoch
         MAGIC_V2,
         0,  # crc: restamp computes it
-        first.attributes & _ATTRIBUTES_KEPT,
+        first.attributes & JOIN_ATTRIBUTES,
         count - 1,
         base_ts,
         max(h.max_timestamp for h in headers),

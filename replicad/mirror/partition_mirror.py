@@ -67,12 +67,17 @@ Rules:
   destination offsets as it has records.
 - Coalescing (`coalesce_bytes`, coalesce.py): a run of consecutive small batches decided
   PRODUCE goes as one send, one batch, one sequence range; each of its entries still
-  settles at its own destination offsets. A resend repeats the same run. A run the
-  destination refuses as too large (its max.message.bytes below the run) took none of its
-  sequences: the partition's runs are kept to half that run's bytes from then on, and its
-  entries go again with the same sequences in such smaller runs (down to one batch, as
-  stored); a stored batch refused so halts (the source took it, so the two topics'
-  limits differ).
+  settles at its own destination offsets. A run holds at most `coalesce_bytes` stored
+  and `coalesce_records` records. A resend repeats the same run. A run the shell could
+  not coalesce whole (`run_cut`: a batch over what is left of the run's decompressed
+  bound, or whose records do not decompress) was never written: its first batches that
+  could be joined go again as one run with the same sequences, and the batch that cut
+  it heads the next run (alone, as stored, when it cuts a run by itself). A run the
+  destination refuses as too large (its max.message.bytes below the run) took none of
+  its sequences: the partition's runs are kept to half that run's bytes from then on,
+  and its entries go again with the same sequences in such smaller runs (down to one
+  batch, as stored); a stored batch refused so halts (the source took it, so the two
+  topics' limits differ).
 - Halted partitions stay halted until the daemon restarts; `error` says why.
 
 Phases and the events that move them are the table TRANSITIONS; any other is a bug of the
@@ -90,11 +95,22 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from replicad.errors import LocalProtocolError
-from replicad.mirror.coalesce import RUN_RECORDS, can_join, run_plain_bytes, small
+from replicad.mirror.coalesce import (
+    JOIN_ATTRIBUTES,
+    RUN_RECORDS,
+    SMALL_BATCH_BYTES,
+    can_join,
+    mergeable,
+)
 from replicad.mirror.offset_map import OffsetMap, SyncPoint
 from replicad.mirror.restamp import ProducerStamp, mirrorable, next_sequence
 from replicad.protocol.backoff import Backoff
-from replicad.records.batch import BatchHeader
+from replicad.records.batch import (
+    CONTROL_FLAG_MASK,
+    MAGIC_V2,
+    TRANSACTIONAL_FLAG_MASK,
+    BatchHeader,
+)
 from replicad.records.records import ControlType
 from replicad.transitions import move
 
@@ -109,6 +125,7 @@ PRODUCER_EXPIRATION_MS = 24 * 3600 * 1000
 # Batches this much younger than the expiration count as expiring already (clock skew,
 # time in flight).
 EXPIRY_MARGIN_MS = 3600 * 1000
+_TXN_OR_CONTROL = TRANSACTIONAL_FLAG_MASK | CONTROL_FLAG_MASK
 
 
 class Phase(enum.Enum):
@@ -170,24 +187,17 @@ class Failure(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class LogEntry:
-    """One stored batch: its header, its control record's type for a control batch, its
-    bytes while the shell still holds them (None: read them again from the log), and, for
-    a small batch that may join a coalesced run, its records decompressed within the
-    run's bound (coalesce.plain_records; None: produced as stored)."""
+    """One stored batch: its header, its control record's type for a control batch, and its
+    bytes while the shell still holds them (None: read them again from the log)."""
 
     header: BatchHeader
     marker: ControlType | None = None
     data: bytes | memoryview | None = None
-    plain: bytes | memoryview | None = None
 
     @property
     def held_bytes(self) -> int:
-        """Bytes this entry keeps alive (decompressed records are bytes of their own; an
-        uncompressed batch's are a view of `data`)."""
-        size = len(self.data) if self.data is not None else 0
-        if isinstance(self.plain, bytes):
-            size += len(self.plain)
-        return size
+        """Bytes this entry keeps alive."""
+        return len(self.data) if self.data is not None else 0
 
 
 class _Pending:
@@ -352,28 +362,39 @@ class PartitionMirror:
 
     def feed(self, entries: Iterable[LogEntry]) -> None:
         """Take in the next stored batches, in offset order from `scanned_to`."""
-        for entry in entries:
-            h = entry.header
-            if h.base_offset < self.scanned_to:
-                raise LocalProtocolError(
-                    f"batch at {h.base_offset} fed after {self.scanned_to - 1} was scanned"
-                )
-            if h.is_control:
-                pending = _Pending(entry, Decision.SKIP)
-                if entry.marker in (ControlType.COMMIT, ControlType.ABORT):
-                    outcome = (
-                        Decision.PRODUCE if entry.marker == ControlType.COMMIT else Decision.SKIP
+        pending_list = self._pending
+        scanned_to = self.scanned_to
+        added = 0
+        try:
+            for entry in entries:
+                h = entry.header
+                if h.base_offset < scanned_to:
+                    raise LocalProtocolError(
+                        f"batch at {h.base_offset} fed after {scanned_to - 1} was scanned"
                     )
-                    for held in self._open.pop(h.producer_id, ()):
-                        held.decision = outcome
-            elif h.is_transactional:
-                pending = _Pending(entry, Decision.HOLD)
-                self._open.setdefault(h.producer_id, []).append(pending)
-            else:
-                pending = _Pending(entry, Decision.PRODUCE)
-            self._pending.append(pending)
-            self._pending_bytes += entry.held_bytes
-            self.scanned_to = h.next_offset
+                # Neither flag on (the common case): one test for both.
+                if h.magic < MAGIC_V2 or not h.attributes & _TXN_OR_CONTROL:
+                    pending = _Pending(entry, Decision.PRODUCE)
+                elif h.is_control:
+                    pending = _Pending(entry, Decision.SKIP)
+                    if entry.marker in (ControlType.COMMIT, ControlType.ABORT):
+                        outcome = (
+                            Decision.PRODUCE
+                            if entry.marker == ControlType.COMMIT
+                            else Decision.SKIP
+                        )
+                        for held in self._open.pop(h.producer_id, ()):
+                            held.decision = outcome
+                else:
+                    pending = _Pending(entry, Decision.HOLD)
+                    self._open.setdefault(h.producer_id, []).append(pending)
+                pending_list.append(pending)
+                if entry.data is not None:
+                    added += len(entry.data)
+                scanned_to = h.base_offset + h.last_offset_delta + 1
+        finally:
+            self.scanned_to = scanned_to
+            self._pending_bytes += added
         if self._dest_end is not None and self.phase is Phase.RECONCILING:
             assert self._stamp_for_end is not None
             self._reconcile(self._stamp_for_end, self._dest_end)
@@ -546,42 +567,62 @@ class PartitionMirror:
 
     def _run(self) -> list[_Pending]:
         """The entries the next send takes: the head alone, the run it opened before (a
-        resend), or with `coalesce_bytes` the consecutive small batches that can join it:
-        at most `coalesce_bytes` stored, run_plain_bytes decompressed, `coalesce_records`
-        records; only batches whose records the shell decompressed within that bound."""
+        resend, or what is left of a cut run), or with `coalesce_bytes` the consecutive
+        small batches that can join it: at most `coalesce_bytes` stored and
+        `coalesce_records` records (their decompressed bytes are bounded when the shell
+        coalesces the run: `run_cut`)."""
         head = self._pending[0]
         if head.run:
             return [self._pending[i] for i in range(head.run)]
         limit = self._coalesce_limit
         run = [head]
-        entry = head.entry
-        if not limit or entry.data is None or entry.plain is None:
+        first = head.entry
+        if not limit or first.data is None:
             return run
-        size, plain, records = len(entry.data), len(entry.plain), entry.header.record_count
-        if not small(size, limit):
+        size = len(first.data)
+        if size > limit or size > SMALL_BATCH_BYTES or not can_join(first.header, first.header):
             return run
-        plain_limit = run_plain_bytes(self.timing.coalesce_bytes)
+        small_limit = min(SMALL_BATCH_BYTES, limit)
+        records = first.header.record_count
         max_records = self.timing.coalesce_records
+        kept = first.header.attributes & JOIN_ATTRIBUTES
         for pending in itertools.islice(self._pending, 1, None):
-            entry = pending.entry
-            data = entry.data
+            data = pending.entry.data
             if (
                 pending.decision is not Decision.PRODUCE
                 or pending.run  # opens a run sent before: resent as it was, never joined
                 or data is None
-                or entry.plain is None
-                or not small(len(data), limit)
-                or size + len(data) > limit
-                or plain + len(entry.plain) > plain_limit
-                or records + entry.header.record_count > max_records
-                or not can_join(head.entry.header, entry.header)
+            ):
+                break
+            length = len(data)
+            h = pending.entry.header
+            records += h.record_count
+            size += length
+            if (
+                length > small_limit
+                or size > limit
+                or records > max_records
+                or (h.attributes & JOIN_ATTRIBUTES) != kept
+                or not mergeable(h)
             ):
                 break
             run.append(pending)
-            size += len(data)
-            plain += len(entry.plain)
-            records += entry.header.record_count
         return run
+
+    def run_cut(self, send: Send, joined: int) -> None:
+        """The shell could not coalesce `send`'s run whole: only its first `joined`
+        entries (see the module rules). It was never written, so it took none of its
+        sequences: those entries go again as one run (one: as stored) with the same
+        sequences, and the entry that cut the run heads the next one."""
+        self._outstanding.discard(send)
+        slot = self._slot(send)
+        if slot is None:
+            self._maybe_drained()
+            return
+        size = slot.run
+        self._rewind(slot)
+        slot.run = max(1, min(joined, size - 1))
+        self._maybe_drained()
 
     def unsent(self, send: Send) -> None:
         """The shell never wrote `send` (it was stale before it left)."""

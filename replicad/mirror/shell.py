@@ -56,7 +56,7 @@ from replicad.groups.cluster_reader import ClusterGroupsReader
 from replicad.log.partition import PartitionLog
 from replicad.mirror import progress_store, promotion
 from replicad.mirror.chore import Chore
-from replicad.mirror.coalesce import PlainReader, can_join, coalesce, run_plain_bytes, small
+from replicad.mirror.coalesce import PlainReader, RunCut, coalesce, run_plain_bytes
 from replicad.mirror.destination import Destination, produce_answers
 from replicad.mirror.group_sync import MirroredPartition
 from replicad.mirror.group_sync_shell import GroupSyncShell
@@ -619,13 +619,7 @@ class Mirror:
             # the log) only headers are kept; their bytes are read again when sent.
             keep = core.buffered_bytes < self.settings.buffer_bytes
             entries = await asyncio.to_thread(
-                read_entries,
-                plog,
-                offset,
-                plog.high_watermark,
-                self.settings.read_bytes,
-                keep,
-                self.settings.coalesce_bytes,
+                read_entries, plog, offset, plog.high_watermark, self.settings.read_bytes, keep
             )
             if entries and core.scanned_to == offset and self.cores.get(tp) is core:
                 core.feed(entries)
@@ -709,7 +703,8 @@ class Mirror:
                 # Runs are rewritten and compressed again on a worker thread: the loop
                 # never waits on a codec.
                 runs = [s for _, s in sends if s.more]
-                made = await asyncio.to_thread(coalesced_runs, runs) if runs else {}
+                plain_limit = run_plain_bytes(self.settings.coalesce_bytes)
+                made = await asyncio.to_thread(coalesced_runs, runs, plain_limit) if runs else {}
                 sends, coalesced = self._coalesced(sends, made)
                 if not sends:
                     continue
@@ -745,23 +740,24 @@ class Mirror:
     def _coalesced(
         self,
         sends: list[tuple[TopicPartition, Send]],
-        made: Mapping[Send, bytes | ReplicadError],
+        made: Mapping[Send, bytes | RunCut],
     ) -> tuple[list[tuple[TopicPartition, Send]], dict[Send, bytes]]:
-        """`sends` and their coalesced runs, less the runs whose records did not rewrite:
-        each goes again in smaller runs, as a run the destination refused as too large
-        does (down to its batches as stored, which the destination judges)."""
+        """`sends` and their coalesced runs, less the runs that could not be coalesced
+        whole (a batch over the run's decompressed bound, or records that do not
+        decompress or rewrite): each goes again cut where that batch starts (see
+        PartitionMirror.run_cut)."""
         out = []
         coalesced: dict[Send, bytes] = {}
         for tp, send in sends:
             run = made.get(send)
-            if isinstance(run, ReplicadError):
+            if isinstance(run, RunCut):
                 core = self.cores.get(tp)
                 if core is not None:
-                    core.failed(send, Failure.TOO_LARGE, _now_ms(), reason=str(run))
+                    core.run_cut(send, run.joined)
                     self._mark(tp)
                 self._warn(
-                    "coalesce", "a run not coalesced; sent in smaller runs", partition=str(tp),
-                    error=str(run),
+                    "coalesce", "a run cut short; the rest goes in later runs", partition=str(tp),
+                    batches=len(send.entries), joined=run.joined, reason=run.reason,
                 )  # fmt: skip
                 continue
             if run is not None:
@@ -1220,35 +1216,38 @@ def produced_batch(
     send: Send, coalesced: bytes | None = None
 ) -> tuple[bytearray, bytes | memoryview]:
     """What goes to the destination for `send`: its batch (or its run, coalesced: pass
-    `coalesced_run(send)`, made on a worker thread), restamped with our producer and
+    `coalesced_run(send, ...)`, made on a worker thread), restamped with our producer and
     sequence, as its new header and its records (a view of the bytes read from the local
     log: never copied on the way to the socket)."""
     data: bytes | memoryview
     if not send.more:
         data = send.entry.data or b""
+    elif coalesced is None:
+        raise LocalProtocolError("a run produced before it was coalesced")
     else:
-        data = coalesced if coalesced is not None else coalesced_run(send)
+        data = coalesced
     return restamped(data, send.stamp, send.base_sequence)
 
 
-def coalesced_run(send: Send) -> bytes:
-    """`send`'s run as one batch (coalesce.py: CPU work, for a worker thread)."""
+def coalesced_run(
+    send: Send, plain_limit: int, reader: PlainReader | None = None
+) -> bytes | RunCut:
+    """`send`'s run as one batch, its records decompressed within `plain_limit` bytes, or
+    where it must be cut (coalesce.py: CPU work, for a worker thread)."""
     entries = send.entries
-    plains = [e.plain for e in entries]
-    if any(p is None for p in plains):
-        raise LocalProtocolError("a coalesced run with a batch not decompressed")
-    return coalesce([p for p in plains if p is not None], [e.header for e in entries])
+    batches = []
+    for e in entries:
+        if e.data is None:
+            raise LocalProtocolError("a coalesced run with a batch whose bytes were not kept")
+        batches.append(e.data)
+    return coalesce(batches, [e.header for e in entries], plain_limit, reader)
 
 
-def coalesced_runs(sends: Sequence[Send]) -> dict[Send, bytes | ReplicadError]:
-    """Each run of `sends` coalesced, or why its records could not be (a worker thread's)."""
-    out: dict[Send, bytes | ReplicadError] = {}
-    for send in sends:
-        try:
-            out[send] = coalesced_run(send)
-        except ReplicadError as exc:
-            out[send] = exc
-    return out
+def coalesced_runs(sends: Sequence[Send], plain_limit: int) -> dict[Send, bytes | RunCut]:
+    """Each run of `sends` coalesced, or where it must be cut (a worker thread's): one
+    PlainReader for them all."""
+    reader = PlainReader(plain_limit)
+    return {send: coalesced_run(send, plain_limit, reader) for send in sends}
 
 
 def lane_of(tp: TopicPartition, lanes: int) -> int:
@@ -1287,16 +1286,10 @@ def pack_requests(
 
 
 def read_entries(
-    plog: PartitionLog,
-    offset: int,
-    high_watermark: int,
-    max_bytes: int,
-    keep_data: bool,
-    coalesce_bytes: int = 0,
+    plog: PartitionLog, offset: int, high_watermark: int, max_bytes: int, keep_data: bool
 ) -> list[LogEntry]:
-    """Whole batches from `offset` up to the high watermark (blocking: a worker thread);
-    with `coalesce_bytes`, each small batch that may join a run with its records
-    decompressed within the run's bound (coalesce.py)."""
+    """Whole batches from `offset` up to the high watermark (blocking: a worker thread).
+    Nothing is decompressed here: a run's records are, when it is coalesced."""
     region = plog.read(offset, max_bytes).region
     if region is None:
         return []
@@ -1304,7 +1297,6 @@ def read_entries(
     view = memoryview(data)
     scan = scan_batches(view, verify_crc=False)
     entries: list[LogEntry] = []
-    plains = PlainReader(run_plain_bytes(coalesce_bytes))
     for h in scan.batches:
         if h.base_offset < offset:
             continue
@@ -1316,15 +1308,7 @@ def read_entries(
             marker = control_marker(records[0]).type if records else None
         # A view, not a copy: the read's bytes stay alive while a batch of them is held.
         body = view[h.position : h.end_position] if keep_data else None
-        plain = None
-        if (
-            body is not None
-            and coalesce_bytes
-            and small(len(body), coalesce_bytes)
-            and can_join(h, h)
-        ):
-            plain = plains(h, body)
-        entries.append(LogEntry(h, marker, body, plain))
+        entries.append(LogEntry(h, marker, body))
     return entries
 
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from replicad.mirror.coalesce import PlainReader, can_join, coalesce, plain_records
+from replicad.mirror.coalesce import PlainReader, RunCut, can_join, coalesce
 from replicad.mirror.restamp import ProducerStamp, restamp
 from replicad.records.batch import (
     COMPRESSION_CODEC_MASK,
@@ -15,7 +15,7 @@ from replicad.records.batch import (
     Compression,
     scan_batches,
 )
-from replicad.records.codecs import decompress
+from replicad.records.codecs import LZ4_STEP, decompress
 from replicad.records.records import decode_batch
 from tools.logdata.batches import producer_batch
 
@@ -37,13 +37,9 @@ def test_a_run_becomes_one_batch_with_every_record(codec: Compression) -> None:
     batches = [batch(0, 1, codec, 5_000), batch(1, 3, codec, 4_000), batch(4, 2, codec, 9_000)]
     headers = [scan_batches(b).batches[0] for b in batches]
     assert all(can_join(headers[0], h) for h in headers)
-    scratch = bytearray(1 << 16)
-    plains = [
-        plain_records(h, memoryview(b), 1 << 16, scratch)
-        for b, h in zip(batches, headers, strict=True)
-    ]
-    assert all(p is not None for p in plains)
-    merged = restamp(coalesce(plains, headers), ProducerStamp(42, 1), 17)
+    made = coalesce(batches, headers, 1 << 16)
+    assert isinstance(made, bytes)
+    merged = restamp(made, ProducerStamp(42, 1), 17)
     scan = scan_batches(merged)  # the CRC is checked
     (h,) = scan.batches
     assert (h.record_count, h.last_offset_delta, h.producer_id, h.base_sequence) == (6, 5, 42, 17)
@@ -66,21 +62,70 @@ def test_batches_of_another_codec_or_thinned_do_not_join() -> None:
         assert not can_join(first, other)
 
 
-def test_one_plain_reader_decompresses_a_reads_batches_of_every_codec_within_its_bound() -> None:
-    """A read's small batches, codecs mixed, through one PlainReader: each batch's records
-    as the codec decompresses them; one holding more than the bound (a small batch of
-    zeros) is None; the reader's LZ4 reader and scratch serve every batch after it."""
+def test_one_plain_reader_decompresses_batches_of_every_codec_within_what_is_asked() -> None:
+    """Small batches, codecs mixed, through one PlainReader (one coalescing call's): each
+    batch's records as the codec decompresses them; one holding more than asked (a small
+    batch of zeros) is None; the reader's LZ4 context and scratch serve every batch after
+    it."""
     reader = PlainReader(4096)
     for round_ in range(2):
         for codec in Compression:
             b = producer_batch(round_, [b"value %d " % i * 50 for i in range(3)], codec=codec)
             (h,) = scan_batches(b).batches
             assert h.attributes & COMPRESSION_CODEC_MASK == codec  # compressed indeed
-            got = reader(h, memoryview(b))
+            got = reader(h, memoryview(b), 4096)
             assert got is not None
+            assert reader(h, memoryview(b), len(got) - 1) is None
             assert bytes(got) == decompress(codec, memoryview(b)[RECORD_BATCH_OVERHEAD:])
             if codec is not Compression.NONE:
                 zeros = producer_batch(0, [bytes(64 << 10)], codec=codec)
                 (hz,) = scan_batches(zeros).batches
                 assert hz.size < 4096  # small stored, over the bound decompressed
-                assert reader(hz, memoryview(zeros)) is None
+                assert reader(hz, memoryview(zeros), 1 << 20) is None  # over the reader's
+
+
+@pytest.mark.parametrize("codec", [Compression.NONE, Compression.LZ4, Compression.ZSTD])
+def test_a_run_over_its_decompressed_bound_is_cut_where_the_batch_that_overflows_starts(
+    codec: Compression,
+) -> None:
+    """Each batch is decompressed into what is left of the run's bound: the one that does
+    not fit cuts the run there (the batches before it are what may be joined); a batch of
+    zeros small stored but over the bound by itself cuts a run at its own start; records
+    that do not rewrite cut it too."""
+    tiny = [producer_batch(i, [b"value %03d " % i * 20], codec=codec) for i in range(4)]
+    zeros = producer_batch(4, [bytes(1 << 20)], codec=codec)
+    batches = [*tiny, zeros, tiny[0]]
+    headers = [scan_batches(b).batches[0] for b in batches]
+    assert {h.attributes & COMPRESSION_CODEC_MASK for h in headers} == {codec}
+    per_batch = len(PlainReader(1 << 20)(headers[0], memoryview(tiny[0]), 1 << 20) or b"")
+    assert per_batch > 200
+    whole = coalesce(batches[:4], headers[:4], 4 * per_batch + 8)
+    assert isinstance(whole, bytes)
+    assert joined(coalesce(batches[:4], headers[:4], 3 * per_batch + 1)) == 3
+    limit = 64 << 10
+    if codec is not Compression.NONE:  # stored small, 1 MiB decompressed
+        assert len(zeros) < 16 << 10
+        assert joined(coalesce(batches, headers, limit)) == 4
+        assert joined(coalesce(batches[4:], headers[4:], limit)) == 0
+    # The header says two records, the batch holds one: its records do not rewrite.
+    bad = dataclasses.replace(headers[1], record_count=2, last_offset_delta=1)
+    cut = coalesce([tiny[0], tiny[1]], [headers[0], bad], limit)
+    assert isinstance(cut, RunCut) and cut.joined == 1 and "source offset 1" in cut.reason
+
+
+def joined(made: bytes | RunCut) -> int | None:
+    return made.joined if isinstance(made, RunCut) else None
+
+
+def test_a_plain_reader_reads_an_lz4_frame_of_several_steps_whole_and_goes_on() -> None:
+    """A frame longer than one LZ4 step (python-lz4 allocates each step whole) comes back
+    whole, and the context serves the one-record frames after it."""
+    big = producer_batch(0, [b"%d," % i * 10 for i in range(5_000)], codec=Compression.LZ4)
+    small = producer_batch(1, [b"small " * 40], codec=Compression.LZ4)
+    reader = PlainReader(1 << 20)
+    for b in (big, small, big, small):
+        (h,) = scan_batches(b).batches
+        want = decompress(Compression.LZ4, memoryview(b)[RECORD_BATCH_OVERHEAD:])
+        assert len(want) > LZ4_STEP or b is small
+        assert reader(h, memoryview(b), 1 << 20) == want
+        assert reader(h, memoryview(b), len(want) - 1) is None

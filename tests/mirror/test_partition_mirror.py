@@ -40,8 +40,7 @@ def entry(
     gap: int = 0,
 ) -> LogEntry:
     header = BatchHeader(0, base, 100, 0, 2, 0, attributes, count - 1 + gap, 0, 0, pid, 0, 0, count)
-    # Its records as the shell decompressed them (any non-None value may join a run).
-    return LogEntry(header, marker, b"x" * 10, b"")
+    return LogEntry(header, marker, b"x" * 10)
 
 
 def data(base: int, count: int = 1) -> LogEntry:
@@ -491,30 +490,62 @@ def sized(base: int, size: int) -> LogEntry:
     return dataclasses.replace(data(base), data=b"x" * size)
 
 
-def test_a_batch_not_decompressed_within_the_bound_is_produced_as_stored() -> None:
-    """The shell gives no records for a batch that decompresses beyond the run's bound (a
-    decompression bomb) or not at all: it never joins a run, and ends the one before."""
-    core = started(timing=COALESCING)
-    bomb = dataclasses.replace(data(2), plain=None)
-    core.feed([data(0), data(1), bomb, data(3), data(4)])
-    runs = [[e.header.base_offset for e in s.entries] for s in sends(core)]
-    assert runs == [[0, 1], [2], [3, 4]]
+def test_a_cut_run_goes_again_as_its_joined_batches_and_the_cutter_heads_the_next() -> None:
+    """The shell could not coalesce a run whole (a batch over what is left of its
+    decompressed bound, or not decompressing): nothing of it was written, so its first
+    batches go again as one run with the same sequence, and the batch that cut it heads the
+    next run -- alone, as stored, when it cuts a run by itself."""
+    core = started(timing=dataclasses.replace(COALESCING, coalesce_bytes=1000))
+    core.feed([data(i) for i in range(6)])
+    first = core.next_send(NOW, STAMP)
+    assert first is not None and len(first.entries) == 6
+    core.run_cut(first, 2)  # the batch at 2 did not fit what was left
+    cut = core.next_send(NOW, STAMP)
+    assert cut is not None and [e.header.base_offset for e in cut.entries] == [0, 1]
+    assert (cut.base_sequence, cut.expected_dest) == (0, 0)
+    rest = core.next_send(NOW, STAMP)
+    assert rest is not None and [e.header.base_offset for e in rest.entries] == [2, 3, 4, 5]
+    assert (rest.base_sequence, rest.expected_dest) == (2, 2)
+    core.run_cut(rest, 0)  # the batch at 2 alone is over the bound: it goes as stored
+    alone = core.next_send(NOW, STAMP)
+    assert alone is not None and alone.more == () and alone.base_sequence == 2
+    after = core.next_send(NOW, STAMP)
+    assert after is not None and [e.header.base_offset for e in after.entries] == [3, 4, 5]
+    for send in (cut, alone, after):
+        assert not core.acked(send, -1, NOW).stale
+    assert (core.position, core.dest_next, core.in_flight) == (6, 6, 0)
 
 
-def test_a_run_is_bounded_by_its_decompressed_bytes_and_its_records() -> None:
-    timing = dataclasses.replace(COALESCING, coalesce_bytes=1000)  # 4,000 decompressed
-    core = started(timing=timing)
-    core.feed([dataclasses.replace(sized(i, 10), plain=b"p" * 1500) for i in range(5)])
+def test_a_cut_run_takes_the_sends_after_it_back_and_a_stale_cut_is_ignored() -> None:
+    """Runs handed out after the cut one were not written either (they follow it on the
+    same connection): they go again after it, with their sequences moved up; a cut of a
+    send no longer in flight changes nothing."""
+    core = started(timing=dataclasses.replace(COALESCING, coalesce_bytes=1000, coalesce_records=3))
+    core.feed([data(i) for i in range(6)])
+    first, second = core.next_send(NOW, STAMP), core.next_send(NOW, STAMP)
+    assert first is not None and second is not None and second.base_sequence == 3
+    core.run_cut(first, 1)
+    assert not core.current(second)
+    core.unsent(second)
+    core.run_cut(second, 1)  # stale: ignored
+    got = sends(core)
+    assert [[e.header.base_offset for e in s.entries] for s in got] == [[0], [1, 2], [3, 4, 5]]
+    assert [s.base_sequence for s in got] == [0, 1, 3]
+
+
+def test_a_run_is_bounded_by_its_stored_bytes_and_its_records() -> None:
+    core = started(timing=dataclasses.replace(COALESCING, coalesce_bytes=25))
+    core.feed([data(i) for i in range(5)])  # 10 bytes each
     assert [len(s.entries) for s in sends(core)] == [2, 2, 1]
-    core = started(timing=dataclasses.replace(timing, coalesce_records=3))
+    core = started(timing=dataclasses.replace(COALESCING, coalesce_bytes=1000, coalesce_records=3))
     core.feed([data(i) for i in range(7)])
     assert [len(s.entries) for s in sends(core)] == [3, 3, 1]
 
 
-def test_decompressed_records_count_in_the_read_ahead_budget() -> None:
+def test_held_batch_bytes_count_in_the_read_ahead_budget() -> None:
     core = started(timing=COALESCING)
-    core.feed([dataclasses.replace(sized(0, 100), plain=b"p" * 400)])
-    assert core.buffered_bytes == 500
+    core.feed([sized(0, 100), dataclasses.replace(data(1), data=None)])
+    assert core.buffered_bytes == 100
     for send in sends(core):
         core.acked(send, -1, NOW)
     assert core.buffered_bytes == 0

@@ -120,7 +120,7 @@ def test_a_decompression_bomb_is_produced_as_stored_in_bounded_memory(tmp_path) 
 
     from replicad.log.config import LogConfig
     from replicad.log.partition import PartitionLog
-    from replicad.mirror.coalesce import run_plain_bytes
+    from replicad.mirror.coalesce import RunCut, run_plain_bytes
     from replicad.mirror.partition_mirror import MirrorTiming, PartitionMirror
     from replicad.mirror.shell import coalesced_runs, produced_batch, read_entries
     from replicad.records.batch import Compression, scan_batches
@@ -132,9 +132,10 @@ def test_a_decompression_bomb_is_produced_as_stored_in_bounded_memory(tmp_path) 
     source = []
     for i in range(3 * bombs):
         base = plog.log_end_offset
-        value = bytes(bomb_bytes) if i % 3 == 1 else b"tiny-%d" % i
+        value = bytes(bomb_bytes) if i % 3 == 1 else b"tiny %d " % i * 30
         batch = producer_batch(base, [value], codec=Compression.ZSTD, keys=[b"k%d" % i])
         assert len(batch) < 1024  # small: a candidate for coalescing
+        assert scan_batches(batch).batches[0].attributes & 7 == Compression.ZSTD  # joins
         plog.append(batch, scan_batches(batch).batches, now_ms=0)
         source.append((b"k%d" % i, value))
     plog.high_watermark = plog.log_end_offset
@@ -144,15 +145,20 @@ def test_a_decompression_bomb_is_produced_as_stored_in_bounded_memory(tmp_path) 
     assert core.log_end_wanted(0) and core.on_log_end(STAMP_OF_TEST, 0, 0, 0).done
     core.first_progress_saved()
     produced: list[bytes] = []
+    cuts = 0
     tracemalloc.start()
     try:
         while core.scanned_to < plog.high_watermark:
-            core.feed(
-                read_entries(plog, core.scanned_to, plog.high_watermark, 1 << 20, True, 256 << 10)
-            )
+            core.feed(read_entries(plog, core.scanned_to, plog.high_watermark, 1 << 20, True))
         while (send := core.next_send(0, STAMP_OF_TEST)) is not None:
-            made = coalesced_runs([send]) if send.more else {}
-            produced.append(b"".join(produced_batch(send, made.get(send))))  # type: ignore[arg-type]
+            made = (
+                coalesced_runs([send], run_plain_bytes(coalesce_bytes))[send] if send.more else None
+            )
+            if isinstance(made, RunCut):
+                core.run_cut(send, made.joined)  # as the shell does: cut at the bomb
+                cuts += 1
+                continue
+            produced.append(b"".join(produced_batch(send, made)))
             core.acked(send, -1, 0)
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -170,6 +176,7 @@ def test_a_decompression_bomb_is_produced_as_stored_in_bounded_memory(tmp_path) 
         got.extend((r.key, r.value) for r in records)
     assert got == source
     assert len(produced) < len(source)  # the tiny ones between bombs were still coalesced
+    assert cuts >= bombs  # each bomb cut a run (and went alone, as stored)
 
 
 async def test_metadata_asked_by_many_partitions_is_one_refresh_and_a_failed_one_goes_again(
@@ -223,7 +230,6 @@ async def test_metadata_asked_by_many_partitions_is_one_refresh_and_a_failed_one
         stop.set()
         await driver
         await mirror.client.close()
-
 
 
 def test_the_status_loops_snapshot_holds_only_halted_rows_and_the_same_totals_and_health(

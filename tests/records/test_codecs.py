@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import cramjam
-import lz4.frame
 import pytest
 from kafka import codec as kcodec
 
@@ -15,6 +14,7 @@ from replicad.records.codecs import (
     compress,
     decompress,
     decompress_at_most,
+    new_lz4_context,
     scratch_buffer,
 )
 
@@ -89,8 +89,8 @@ def test_decompress_at_most_stops_at_its_limit(codec: Compression, encode) -> No
         bomb = encode(bytes(64 << 20))
         assert decompress_at_most(codec, bomb, 64 << 10, bytearray((64 << 10) + 1)) is None
         assert decompress_at_most(codec, b"garbage" * 9, 1 << 10, scratch) is None
-        # One LZ4 reader reused: a refusal or garbage leaves it ready for the next frame.
-        reader = lz4.frame.LZ4FrameDecompressor()
+        # One LZ4 context reused: a refusal or garbage leaves it ready for the next frame.
+        reader = new_lz4_context()
         for _ in range(2):
             assert decompress_at_most(codec, packed, len(PAYLOAD) - 1, scratch, reader) is None
             assert decompress_at_most(codec, b"garbage" * 9, 1 << 10, scratch, reader) is None
@@ -110,13 +110,27 @@ def test_decompress_at_most_makes_its_own_scratch_when_given_none(  # type: igno
 def test_an_lz4_frame_is_read_in_steps_and_a_cut_one_is_refused() -> None:
     """LZ4 output is asked for LZ4_STEP bytes at a time (python-lz4 allocates all of
     `max_length` per call): a frame of several steps comes back whole, one cut before its
-    end mark is None, and the reader is ready for the next frame after either."""
+    end mark is None, and the context is ready for the next frame after either."""
     big = PAYLOAD * 3
     assert len(big) > 4 * LZ4_STEP
     packed = kcodec.lz4_encode(big)
-    reader = lz4.frame.LZ4FrameDecompressor()
+    reader = new_lz4_context()
     for _ in range(2):
         assert decompress_at_most(Compression.LZ4, packed, 1 << 20, None, reader) == big
         assert decompress_at_most(Compression.LZ4, packed[:-9], 1 << 20, None, reader) is None
         assert decompress_at_most(Compression.LZ4, packed, len(big) - 1, None, reader) is None
         assert decompress_at_most(Compression.LZ4, packed, len(big), None, reader) == big
+
+
+def test_an_lz4_frame_in_a_view_of_a_larger_buffer_decompresses_and_the_context_serves_on() -> None:
+    """The mirror passes a view of the local log's bytes: only the frame's bytes are read;
+    a truncated frame, garbage and a frame over the limit in between leave the context
+    ready for the next frame."""
+    packed = kcodec.lz4_encode(PAYLOAD)
+    buffer = b"before" + packed + b"after"
+    view = memoryview(buffer)[6 : 6 + len(packed)]
+    context = new_lz4_context()
+    for bad in (packed[: len(packed) // 2], b"garbage" * 9, packed):
+        limit = len(PAYLOAD) - 1 if bad is packed else 1 << 20
+        assert decompress_at_most(Compression.LZ4, bad, limit, None, context) is None
+        assert decompress_at_most(Compression.LZ4, view, len(PAYLOAD), None, context) == PAYLOAD

@@ -45,6 +45,7 @@ def test_the_seeds_reach_every_fault() -> None:
         *WEIGHTS,
         "new_session",
         "coalesced",
+        "run_cut",
         "too_large",
         "unknown_producer_id",
         "first_save_failed",

@@ -8,7 +8,8 @@ What stands in for the asyncio shell (replicad/mirror/shell.py) is small and syn
 a step per partition reads the local log ahead, saves a new partition's first progress
 when its core says (some saves fail: the core says when to try again), answers the core's
 log-end questions, and writes the sends it gets to one simulated connection, restamped
-(and runs coalesced, when the seed turns coalesce_bytes on) as the shell does; answers go
+(and runs coalesced, when the seed turns coalesce_bytes on, some cut by a small bound on
+their decompressed bytes) as the shell does; answers go
 back through the same ProduceAnswer classification the shell uses.
 
 Events, drawn with weights from the seed: source appends (plain batches, transactional
@@ -47,7 +48,7 @@ from kio.schema.errors import ErrorCode
 
 from replicad.log.config import LogConfig
 from replicad.log.partition import PartitionLog
-from replicad.mirror.coalesce import RUN_RECORDS
+from replicad.mirror.coalesce import RUN_RECORDS, RunCut, run_plain_bytes
 from replicad.mirror.destination import ProduceAnswer
 from replicad.mirror.partition_mirror import (
     Failure,
@@ -59,7 +60,7 @@ from replicad.mirror.partition_mirror import (
 )
 from replicad.mirror.producer_session import ProducerSession
 from replicad.mirror.restamp import ProducerStamp
-from replicad.mirror.shell import produced_batch, read_batch, read_entries
+from replicad.mirror.shell import coalesced_run, produced_batch, read_batch, read_entries
 from replicad.protocol.error_codes import error_code_of
 from replicad.records.batch import (
     CONTROL_FLAG_MASK,
@@ -190,6 +191,12 @@ class MirrorSimulation:
             coalesce_records=rng.choice((RUN_RECORDS, RUN_RECORDS, 4)),
             producer_expiration_ms=PRODUCER_EXPIRATION_MS,
         )
+        # Some seeds' runs are cut by their decompressed bound (run_plain_bytes in the
+        # shell), mid-run or at a batch that alone is over it. Drawn from a generator of
+        # its own, so every other draw of a seed stays what it was before this one.
+        self.plain_limit = random.Random(f"{seed} plain").choice(
+            (run_plain_bytes(self.timing.coalesce_bytes),) * 2 + (120, 300)
+        )
         # How old the records a source batch holds are, when appended: some seeds mirror a
         # backlog older than the destination's producer expiry (or close to it).
         self.ages = rng.choice(((0,), (0, 0, 20_000, 45_000, 90_000)))
@@ -284,12 +291,7 @@ class MirrorSimulation:
         if core.scanned_to < plog.high_watermark and core.wants_more(self.budget):
             keep = core.buffered_bytes < self.budget
             entries = read_entries(
-                plog,
-                core.scanned_to,
-                plog.high_watermark,
-                self.read_bytes,
-                keep,
-                self.timing.coalesce_bytes,
+                plog, core.scanned_to, plog.high_watermark, self.read_bytes, keep
             )
             if entries:
                 core.feed(entries)
@@ -314,7 +316,14 @@ class MirrorSimulation:
                 assert again is not None
                 send = again
             assert send.entry.data is not None
-            batch = b"".join(produced_batch(send))
+            made = coalesced_run(send, self.plain_limit) if send.more else None
+            if isinstance(made, RunCut):
+                # As the shell does: the run was never written; cut where the batch starts.
+                core.run_cut(send, made.joined)
+                self.counts["run_cut"] += 1
+                self.note(f"p{p} run of {len(send.entries)} cut after {made.joined}")
+                continue
+            batch = b"".join(produced_batch(send, made))
             h = scan_batches(batch).batches[0]
             base = send.entry.header.base_offset
             sources = tuple(
