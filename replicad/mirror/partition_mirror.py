@@ -70,7 +70,7 @@ Rules:
   settles at its own destination offsets. A run holds at most `coalesce_bytes` stored
   and `coalesce_records` records. A resend repeats the same run. A run the shell could
   not coalesce whole (`run_cut`: a batch over what is left of the run's decompressed
-  bound, or whose records do not decompress) was never written: its first batches that
+  bound, or whose records do not decompress or rewrite) was never written: its first batches that
   could be joined go again as one run with the same sequences, and the batch that cut
   it heads the next run (alone, as stored, when it cuts a run by itself). A run the
   destination refuses as too large (its max.message.bytes below the run) took none of
@@ -201,7 +201,7 @@ class LogEntry:
 
 
 class _Pending:
-    __slots__ = ("acked_at", "decision", "entry", "run", "send")
+    __slots__ = ("acked_at", "decision", "entry", "rest", "run", "send")
 
     def __init__(self, entry: LogEntry, decision: Decision) -> None:
         self.entry = entry
@@ -212,6 +212,9 @@ class _Pending:
         # On the first entry of a coalesced run once sent: how many entries the run holds
         # (a resend repeats the same batch: the broker knows it by its sequence range).
         self.run = 0
+        # On the first entry of a run once sent: the run's other entries (not itself: no
+        # reference cycle keeps a settled entry's bytes alive until the collector runs).
+        self.rest: list[_Pending] = []
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -327,6 +330,10 @@ class PartitionMirror:
         self.gap_offsets = 0
         # Decided entries the sender has passed (sent, acknowledged, or skipped), in order.
         self._window: deque[_Pending] = deque()
+        # The window's run heads (entries that opened a send, acknowledged or not), in
+        # order: what the window's questions walk (a run of one-record batches is hundreds
+        # of entries, five runs in flight a few thousand).
+        self._heads: deque[_Pending] = deque()
         self._in_flight = 0
         # Every send handed out and not answered, failed or past its deadline, stale ones
         # included: what could still land at the destination.
@@ -452,7 +459,7 @@ class PartitionMirror:
         producer session this lost (an expiring batch unanswered: see the rules), which
         the shell renews."""
         lost = None
-        for p in self._window:
+        for p in self._heads:
             if p.send is not None and p.send.deadline_ms <= now_ms:
                 send = p.send
                 if self.failed(send, Failure.RETRY, now_ms).new_session:
@@ -554,6 +561,7 @@ class PartitionMirror:
             entries[0], stamp, self.sequence, self._send_dest, deadline, entries[1:], expiring
         )
         run[0].run = len(run)
+        run[0].rest = run[1:]
         for pending in run:
             self._pending.popleft()
             pending.send = send
@@ -637,7 +645,7 @@ class PartitionMirror:
         """`send` with its batch bytes read again by the shell (the same send otherwise);
         None when it is no longer in flight."""
         entry = LogEntry(send.entry.header, send.entry.marker, data)
-        for p in self._window:
+        for p in self._heads:  # a send without bytes is a batch alone (see _run)
             if p.send is send:
                 p.entry = entry
                 # Held from now on, and forgotten when settled (_forget_bytes).
@@ -657,11 +665,10 @@ class PartitionMirror:
             self._maybe_drained()
             return Answered(stale=True)
         landed = dest_base if dest_base >= 0 else send.expected_dest
-        for p in self._window:
-            if p.send is send:
-                p.send = None
-                p.acked_at = landed
-                landed += p.entry.header.record_count
+        for p in (slot, *slot.rest):
+            p.send = None
+            p.acked_at = landed
+            landed += p.entry.header.record_count
         self._in_flight -= 1
         # The destination's state for our producer now dates from this batch's timestamps.
         self._acked_newest = max(e.header.max_timestamp for e in send.entries)
@@ -804,7 +811,7 @@ class PartitionMirror:
             return self.timing.max_in_flight
         if self._acked_newest is None or self._old(self._acked_newest, wall_ms):
             return 1
-        if any(p.send is not None and p.send.expiring for p in self._window):
+        if any(p.send is not None and p.send.expiring for p in self._heads):
             return 1  # nothing beside an expiring batch (see _expiring)
         return self.timing.max_in_flight
 
@@ -825,16 +832,17 @@ class PartitionMirror:
     def _window_batches(self) -> int:
         """Batches sent since the oldest one not settled, acknowledged or not: a resend of
         that oldest one must still be among the last five the broker remembers."""
-        return sum(1 for p in self._window if p.run)
+        return len(self._heads)
 
     def _slot(self, send: Send) -> _Pending | None:
-        for p in self._window:
+        """The run head `send` is in flight from (None: no longer in flight)."""
+        for p in self._heads:
             if p.send is send:
                 return p
         return None
 
     def _unresolved_before(self, slot: _Pending) -> bool:
-        for p in self._window:
+        for p in self._heads:
             if p is slot:
                 return False
             if p.send is not None:
@@ -847,8 +855,10 @@ class PartitionMirror:
         back: list[_Pending] = []
         while self._window:
             p = self._window.pop()
-            if p.send is not None and p.run:  # a run's first entry counts its send
-                self._in_flight -= 1
+            if p.run:
+                self._heads.pop()
+                if p.send is not None:  # a run's first entry counts its send
+                    self._in_flight -= 1
             p.send = None
             p.acked_at = None
             back.append(p)
@@ -873,6 +883,7 @@ class PartitionMirror:
         if self.phase is Phase.DRAINING and self._in_flight == 0 and not self._outstanding:
             # What was acknowledged is settled; the rest goes back to be reconciled.
             self._settle()
+            self._heads.clear()
             while self._window:
                 p = self._window.pop()
                 p.acked_at = None
@@ -885,6 +896,8 @@ class PartitionMirror:
     def _pass(self, pending: _Pending) -> None:
         """The sender passed `pending` (sent or skipped): it joins the window."""
         self._window.append(pending)
+        if pending.run:
+            self._heads.append(pending)
 
     def _settle(self) -> int:
         """Acknowledged and skipped entries at the window's head become progress."""
@@ -900,6 +913,8 @@ class PartitionMirror:
             if head.acked_at is None:
                 break
             self._window.popleft()
+            if head.run:
+                self._heads.popleft()
             self._forget_bytes(head)
             self._advance(head, head.acked_at)
             done += 1

@@ -97,6 +97,7 @@ def mirror_all(plog: object, batches: int, coalesce_bytes: int) -> tuple[int, in
         coalesced_runs = runs_of
     sends = 0
     while core.position < hw:
+        core.expire(now)  # as the shell's step does, before reading and sending
         while core.scanned_to < hw and core.wants_more(BUFFER_BYTES):
             keep = core.buffered_bytes < BUFFER_BYTES
             entries = shell.read_entries(plog, core.scanned_to, hw, READ_BYTES, keep, *extra)
@@ -104,7 +105,11 @@ def mirror_all(plog: object, batches: int, coalesce_bytes: int) -> tuple[int, in
         out = []
         while (send := core.next_send(now, stamp, *when)) is not None:
             out.append(send)
+        # The send loop asks whether each send is still current before and after the
+        # coalescing thread (shell._current).
+        assert all(core.current(s) for s in out)
         made = coalesced_runs([s for s in out if s.more])
+        assert all(core.current(s) for s in out)
         for send in out:
             run = made.get(send)
             assert run is None or isinstance(run, bytes), run  # no run cut, no error
