@@ -185,10 +185,12 @@ class Failure(enum.Enum):
     FATAL = "fatal"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LogEntry:
     """One stored batch: its header, its control record's type for a control batch, and its
-    bytes while the shell still holds them (None: read them again from the log)."""
+    bytes while the shell still holds them (None: read them again from the log). Not
+    frozen, though never changed: one is made per stored batch, and a frozen dataclass's
+    __init__ (a call of object.__setattr__ per field) cost three times a plain one's."""
 
     header: BatchHeader
     marker: ControlType | None = None

@@ -75,7 +75,7 @@ from replicad.mirror.topics import config_changes, plan_topics
 from replicad.protocol.client import ClientSettings, KafkaClient
 from replicad.protocol.metadata import ClusterMetadata
 from replicad.ratelimit import RateLimitedLog
-from replicad.records.batch import scan_batches
+from replicad.records.batch import CONTROL_FLAG_MASK, LOG_OVERHEAD, MAGIC_V2, scan_batches
 from replicad.records.records import control_marker, decode_batch
 from replicad.types import TopicPartition
 
@@ -1297,18 +1297,23 @@ def read_entries(
     view = memoryview(data)
     scan = scan_batches(view, verify_crc=False)
     entries: list[LogEntry] = []
+    append = entries.append
     for h in scan.batches:
-        if h.base_offset < offset:
+        base = h.base_offset
+        if base < offset:
             continue
-        if h.next_offset > high_watermark:
+        if base + h.last_offset_delta >= high_watermark:  # its next offset above it
             break
         marker = None
-        if h.is_control:
+        if h.magic >= MAGIC_V2 and h.attributes & CONTROL_FLAG_MASK:  # h.is_control
             records = decode_batch(data, h).records
             marker = control_marker(records[0]).type if records else None
         # A view, not a copy: the read's bytes stay alive while a batch of them is held.
-        body = view[h.position : h.end_position] if keep_data else None
-        entries.append(LogEntry(h, marker, body))
+        if keep_data:
+            start = h.position
+            append(LogEntry(h, marker, view[start : start + LOG_OVERHEAD + h.batch_length]))
+        else:
+            append(LogEntry(h, marker))
     return entries
 
 
