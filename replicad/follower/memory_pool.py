@@ -29,7 +29,10 @@ Rules:
   is at most twice the frame's class, so small frames do not tie up large buffers.
 - Memory goes back as soon as the response's data is on disk (the caller
   releases its lease after appending). Views of a released buffer must no longer be
-  read: the buffer is lent again.
+  read: the buffer is lent again. Nor kept: an idle buffer the pool frees while something
+  still holds it (a view, a lingering response) is not freed at all, and the one made in
+  its place is memory over the bound. Each such free is counted (`freed_in_use`, bytes),
+  so a run says whether the transient over `fetch.buffer_memory` is one.
 
 `BytePool` (replicad/pool/rules.py) decides; `MemoryPool` lends the buffers and waits.
 """
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import bisect
 import mmap
+import sys
 
 import structlog
 
@@ -92,6 +96,8 @@ class MemoryPool:
         self.idle = 0
         self.peak = 0
         self.reused = 0
+        # Bytes of idle buffers freed while something else still held them (see the rules).
+        self.freed_in_use = 0
         # Idle buffers, sorted by size (parallel lists: sizes for bisect, the buffers).
         self._idle_sizes: list[int] = []
         self._idle: list[bytearray] = []
@@ -142,7 +148,12 @@ class MemoryPool:
         """Free idle buffers, largest first, until at most `keep` bytes are idle."""
         while self.idle > keep:
             self._idle_sizes.pop()
-            self.idle -= len(self._idle.pop())
+            block = self._idle.pop()
+            self.idle -= len(block)
+            # Ours: this local and getrefcount's argument. More: someone still holds it.
+            if sys.getrefcount(block) > 2:
+                self.freed_in_use += len(block)
+            del block
 
     def _say_oversize(self, grant: Grant) -> None:
         emit = self._say.should_emit("oversize", monotonic_ms())
@@ -199,4 +210,5 @@ class MemoryPool:
             "waits": a.waits,
             "waiting": a.waiting,
             "oversize": a.oversize_grants,
+            "freed_in_use": self.freed_in_use,
         }

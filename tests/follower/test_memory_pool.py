@@ -343,3 +343,22 @@ async def test_grants_of_one_give_back_never_charge_an_idle_buffer_beyond_the_ro
     assert sorted(len(lease.buffer.obj) for lease in leases) == [PAGE, 2 * PAGE]
     for lease in leases:
         lease.release()
+
+
+async def test_an_idle_buffer_freed_while_a_view_still_holds_it_is_counted():
+    """A view kept past a lease's release keeps its buffer alive when the pool frees it
+    for a larger one: nothing is freed, the new buffer is memory over the bound. The pool
+    counts those bytes (`freed_in_use`); a buffer nobody holds is not counted."""
+    pool = MemoryPool(256 * 1024)
+    a = await pool.reserve(100_000)
+    a()
+    c = await pool.reserve(250_000)  # frees the idle one: nobody held it
+    assert pool.snapshot()["freed_in_use"] == 0
+    c()
+    b = await pool.reserve(100_000)
+    kept = b.buffer[:10]  # a view that outlives the release
+    b()
+    d = await pool.reserve(250_000)
+    assert pool.snapshot()["freed_in_use"] == size_class(100_000, 256 * 1024)
+    del kept
+    d()

@@ -139,6 +139,9 @@ class MemoryRun:
     replicate_s: float
     setup_s: float
     mismatched: tuple[TopicPartition, ...] = field(default=())
+    # Bytes of idle pool buffers freed while something still held them (memory_pool.py):
+    # each is memory over fetch.buffer_memory while the buffer made in its place lives.
+    pool_freed_in_use: int = 0
 
     @property
     def rss_bound(self) -> int:
@@ -483,6 +486,7 @@ def run(
         pool_capacity=pool["capacity"],
         pool_peak=pool["peak"],
         pool_waits=pool["waits"],
+        pool_freed_in_use=pool.get("freed_in_use", 0),
         fds=sampler.result(),
         replicate_s=replicate_s,
         setup_s=setup_s,
@@ -498,9 +502,10 @@ def table(runs: list[MemoryRun]) -> str:
         "| partitions | leaders | buffer.memory | peak RSS (VmHWM) "
         "| VmHWM before status | RSS when caught up "
         "| bound | pool peak | "
-        "pool waits | max open fds (RLIMIT) | max segment fds (log.max_open_files) | "
+        "pool waits | pool buffers freed while held "
+        "| max open fds (RLIMIT) | max segment fds (log.max_open_files) | "
         "replicated | replicate s |\n"
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     rows = [
         f"| {r.scenario.partitions:,} | {len(r.leaders)} "
@@ -508,7 +513,7 @@ def table(runs: list[MemoryRun]) -> str:
         f"| {r.peak_rss / MIB:.1f} MiB | {r.peak_rss_replicating / MIB:.1f} MiB "
         f"| {r.rss_at_end / MIB:.1f} MiB "
         f"| {r.rss_bound / MIB:.0f} MiB "
-        f"| {r.pool_peak / MIB:.1f} MiB | {r.pool_waits} "
+        f"| {r.pool_peak / MIB:.1f} MiB | {r.pool_waits} | {r.pool_freed_in_use / MIB:.1f} MiB "
         f"| {r.fds.max_open} ({r.scenario.nofile_limit}) "
         f"| {r.fds.max_segment_files} ({r.scenario.max_open_files}) "
         f"| {r.source_bytes / MIB:.0f} MiB{'' if not r.mismatched else ' MISMATCH'} "
@@ -536,7 +541,8 @@ def main() -> int:
         type=Path,
         metavar="FILE",
         help="run the daemon under tracemalloc and write where each rise of its Python "
-        "memory was allocated to FILE (tools/bench/traced.py; slows the daemon)",
+        "memory was allocated to FILE (tools/bench/traced.py; slows the daemon: "
+        "for a quiet machine)",
     )
     args = parser.parse_args()
     scenario = Scenario(
