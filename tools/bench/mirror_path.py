@@ -46,23 +46,29 @@ def write_log(directory: Path, batches: int) -> object:
     from replicad.log.config import LogConfig
     from replicad.log.partition import PartitionLog
     from replicad.records.batch import Compression, scan_batches
+
+    LZ4 = Compression.LZ4
     from replicad.types import TopicPartition
     from tools.logdata.batches import producer_batch
 
     rng = random.Random(9)
-    pool = [rng.randbytes(VALUE_BYTES // 2) + bytes(VALUE_BYTES // 2) for _ in range(256)]
+    # One batch per distinct value, made once; each stored batch is a copy with its own
+    # base offset (outside the CRC, which starts at the attributes).
+    templates = [
+        producer_batch(0, [rng.randbytes(VALUE_BYTES // 2) + bytes(VALUE_BYTES // 2)], codec=LZ4)
+        for _ in range(256)
+    ]
     plog = PartitionLog.create(
         directory / f"{TOPIC}-0", TopicPartition(TOPIC, 0), LogConfig(), now_ms=0
     )
     chunk = 1000
     for start in range(0, batches, chunk):
-        data = b"".join(
-            producer_batch(
-                i, [pool[i % len(pool)]], codec=Compression.LZ4, timestamp_ms=1_700_000_000_000 + i
-            )
-            for i in range(start, min(start + chunk, batches))
-        )
-        plog.append(data, scan_batches(data).batches, now_ms=0)
+        data = bytearray()
+        for i in range(start, min(start + chunk, batches)):
+            at = len(data)
+            data += templates[i % len(templates)]
+            data[at : at + 8] = i.to_bytes(8, "big")
+        plog.append(bytes(data), scan_batches(data).batches, now_ms=0)
     plog.high_watermark = plog.log_end_offset
     return plog
 
