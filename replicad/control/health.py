@@ -10,8 +10,10 @@ Rules (the worst reason decides; every reason is listed):
   is being replicated, so a copy that falls behind stays behind.
 - DEGRADED: some partitions are not being replicated or may be wrong -- a listed topic
   the source lacks (named), partitions without a leader (offline), halted (on_gap=halt,
-  a recreated topic), reconciling a divergence, lagging with no progress for
-  `STALL_AFTER_MS` (stalled); a leader the daemon cannot reach; fetch responses waiting
+  a recreated topic), reconciling a divergence, paused because the disk is full (the disk
+  refused their last append: when, and which partitions; not stalled, see
+  control/stalls.py), lagging with no progress for `STALL_AFTER_MS` (stalled); a leader
+  the daemon cannot reach; fetch responses waiting
   for the memory pool (fetch.buffer_memory caps throughput); the daemon still starting.
 - DEGRADED too, with a `mirror:` section: the destination cluster unreachable (the local
   log keeps the data meanwhile) or refusing a partition's batches (named), mirrored
@@ -42,7 +44,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from replicad.control.stalls import DEFAULT_STALL_AFTER_MS, connected_leaders, is_stalled
+from replicad.control.stalls import (
+    DEFAULT_STALL_AFTER_MS,
+    connected_leaders,
+    is_stalled,
+    waits_for_disk,
+)
 
 # A lagging partition whose log end has not moved for this long is stalled, unless the
 # snapshot says otherwise (control.stall_after_ms; the rule is control/stalls.py's).
@@ -156,7 +163,15 @@ def _partitions(
     stall_after_ms: int,
 ) -> list[Reason]:
     connected = connected_leaders(leaders)
-    groups: dict[str, list[str]] = {"offline": [], "halted": [], "diverging": [], "stalled": []}
+    groups: dict[str, list[str]] = {
+        "offline": [],
+        "halted": [],
+        "diverging": [],
+        "disk_full": [],
+        "stalled": [],
+    }
+    # When the disk last refused an append of a partition it names.
+    disk_full_ago_ms: int | None = None
     for p in partitions:
         name = f"{p.get('topic')}-{p.get('partition')}"
         state = p.get("state")
@@ -166,12 +181,23 @@ def _partitions(
             groups["offline"].append(name)
         elif state == "truncating":
             groups["diverging"].append(name)
+        elif waits_for_disk(p, stall_after_ms):
+            groups["disk_full"].append(name)
+            ago = p.get("disk_full_ago_ms")
+            if ago is not None and (disk_full_ago_ms is None or int(ago) < disk_full_ago_ms):
+                disk_full_ago_ms = int(ago)
         elif is_stalled(p, connected, stall_after_ms):
             groups["stalled"].append(name)
     texts = {
         "offline": "without a leader on the source (offline)",
         "halted": "halted (see their last error)",
         "diverging": "reconciling with their leader (out of range or diverged)",
+        "disk_full": "paused: the disk is full"
+        + (
+            f" (it refused an append {_seconds(disk_full_ago_ms / 1000)} ago; retried)"
+            if disk_full_ago_ms is not None
+            else " (retried)"
+        ),
         "stalled": f"lagging with no progress for {stall_after_ms / 1000:g} s or more (stalled)",
     }
     reasons = []

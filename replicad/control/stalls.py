@@ -3,12 +3,22 @@
 A daemon that silently stops is worse than one that crashes (systemd restarts a crash).
 A partition is stalled when its leader is known and connected, it is fetching (not halted,
 not reconciling a divergence), it lags (the leader's high watermark is above its log end),
-and its log end has not moved for `stall_after_ms`. Each stall is reported once, when it
+and its log end has not moved for `stall_after_ms`, and it is not waiting for disk space
+(`waits_for_disk`). Each stall is reported once, when it
 begins, with what is needed to debug it; it ends when the partition moves again (or stops
 lagging), and a later stall of the same partition is a new one. At most
 `STALL_LINES_AT_ONCE` stalls that began (or ended) in one check get a line each; one more
 line counts and names the rest (a leader lost at 10,000 partitions stalls them all in one
 check: 10,000 warnings at once, then as many when they move again, buried every other line).
+
+A full disk is not a stall: health names it (the disk refused the partition's last append,
+and when). A partition paused on a full disk retries every few seconds (the follower's
+DISK_FULL_RETRY_MS), and between its retry and the append the disk refuses again it is
+fetching, lagging and idle: it waits for disk space while the disk's last refusal came after
+its log last moved and it left that pause less than `stall_after_ms` ago. Once the disk takes
+appends again, a partition that still does not move is refused no more, and
+`stall_after_ms` after that retry it is stalled (its idle time counts from the retry, not from
+its last move).
 
 Sans-I/O: `check` reads the status snapshot's partitions and leaders (plain mappings) and
 returns what began and ended; the daemon logs and counts.
@@ -25,6 +35,9 @@ DEFAULT_STALL_AFTER_MS = 60_000
 STALL_LINES_AT_ONCE = 10
 # Names listed in the line that counts the rest.
 STALL_NAMES_IN_SUMMARY = 20
+# The snapshot's state of a partition paused because the disk is full (the follower's
+# PartitionPhase.PAUSED_DISK_FULL; control does not import the follower).
+PAUSED_DISK_FULL = "paused-disk-full"
 
 
 def partition_name(p: Mapping[str, Any]) -> str:
@@ -48,6 +61,21 @@ def connected_leaders(leaders: Sequence[Mapping[str, Any]]) -> dict[int, bool]:
     return {int(leader["node_id"]): bool(leader.get("connected", True)) for leader in leaders}
 
 
+def waits_for_disk(p: Mapping[str, Any], stall_after_ms: int) -> bool:
+    """Paused on a full disk, or retrying since the disk refused its last append (see the
+    rules), for one partition of the snapshot."""
+    if p.get("state") == PAUSED_DISK_FULL:
+        return True
+    refused, retried = p.get("disk_full_ago_ms"), p.get("disk_retry_ago_ms")
+    return (
+        refused is not None
+        and int(refused) <= int(p.get("idle_ms") or 0)  # refused since its log last moved
+        and retried is not None
+        and int(retried) <= int(refused)  # and has tried again since
+        and int(retried) < stall_after_ms
+    )
+
+
 def is_stalled(p: Mapping[str, Any], connected: Mapping[int, bool], stall_after_ms: int) -> bool:
     """The rule, for one partition of the snapshot."""
     leader = int(p.get("leader", -1))
@@ -57,6 +85,7 @@ def is_stalled(p: Mapping[str, Any], connected: Mapping[int, bool], stall_after_
         and p.get("state") == "fetching"
         and int(p.get("lag") or 0) > 0
         and int(p.get("idle_ms") or 0) >= stall_after_ms
+        and not waits_for_disk(p, stall_after_ms)
     )
 
 

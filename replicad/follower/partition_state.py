@@ -60,6 +60,13 @@ class PartitionState:
     # When the local log last moved (monotonic ms; creation counts): with lag, a partition
     # idle for long is stalled (control/health.py).
     progress_ms: int = 0
+    # When an append last failed because the disk is full (monotonic ms; None: never).
+    # A partition paused on a full disk is not stalled (control/stalls.py), and status says
+    # when the disk last refused it.
+    disk_full_ms: int | None = None
+    # When it last left such a pause to try again (monotonic ms; None: never): a stall is
+    # counted from here once the disk takes appends (control/stalls.py).
+    disk_retry_ms: int | None = None
     # Gaps met (the leader's log starting above our end: retention or DeleteRecords
     # upstream outran the replica), and the offsets skipped over them (on_gap=reset).
     gaps: int = 0

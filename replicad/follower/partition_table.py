@@ -425,6 +425,7 @@ class PartitionTable:
         for tp, state in self.partitions.items():
             if state.phase is PartitionPhase.PAUSED_DISK_FULL and now_ms >= state.delayed_until_ms:
                 state.move(PhaseEvent.DISK_RETRY)  # try again: space may be back
+                state.disk_retry_ms = now_ms
             if not state.fetchable(now_ms) or state.log is None:
                 continue
             local = state.log
@@ -950,6 +951,7 @@ class PartitionTable:
         state.fetch_offset = state.log.log_end_offset
         if disk_full:
             state.move(PhaseEvent.DISK_FULL)
+            state.disk_full_ms = now_ms
             state.delay(now_ms, max(self.settings.backoff_ms, DISK_FULL_RETRY_MS), "disk full")
             self._say_once(
                 f"enospc:{append.tp}",
@@ -970,6 +972,7 @@ class PartitionTable:
             if state.phase is PartitionPhase.PAUSED_DISK_FULL:
                 state.move(PhaseEvent.DISK_BACK)
                 state.delayed_until_ms = now_ms
+                state.disk_retry_ms = now_ms
 
     # -- failures -----------------------------------------------------------------------
 

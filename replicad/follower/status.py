@@ -5,8 +5,9 @@ The daemon's status loop (every 2 s: the stall watch, health, STATUS=) asks for 
 it reads only (`problems_after_ms`): a partition's row is a dict of 20 fields, about 1 KB,
 so every row of 10,000 partitions was 10 MiB made and dropped every 2 s. The rows it
 reads are those health and the stall watch could name (control/health.py, stalls.py):
-halted, without a leader, truncating, fetching with lag and idle for at least the stall
-time, or with a damaged read. The totals count every partition either way.
+halted, without a leader, truncating, paused on a full disk (or fetching again since an
+append failed on it and nothing was appended since), fetching with lag and idle for at least
+the stall time, or with a damaged read. The totals count every partition either way.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from replicad.follower.replicator import Replicator
 _NAMED_PHASES = frozenset({PartitionPhase.HALTED.value, PartitionPhase.TRUNCATING.value})
 # The one phase the stall rule considers (control/stalls.py's is_stalled).
 _FETCHING = PartitionPhase.FETCHING.value
+_PAUSED_DISK_FULL = PartitionPhase.PAUSED_DISK_FULL.value
 
 
 @dataclass(slots=True)
@@ -109,6 +111,7 @@ def build_snapshot(
     partitions = []
     states: Counter[str] = Counter()
     gaps = gap_offsets = damaged_reads = 0
+    last_disk_full_ms: int | None = None
     for tp, st in sorted(replicator.states.items()):
         plog = local.get(tp)
         phase = st.phase.value
@@ -117,14 +120,23 @@ def build_snapshot(
         gap_offsets += st.gap_offsets
         damaged = plog.damaged_reads if plog else 0
         damaged_reads += damaged
+        disk_full_ms = st.disk_full_ms
+        # The disk refused its last append and nothing was appended since (paused, or
+        # fetching again to retry): health names it, and the stall rule waits.
+        on_full_disk = disk_full_ms is not None and disk_full_ms >= st.progress_ms
+        if disk_full_ms is not None:
+            last_disk_full_ms = (
+                disk_full_ms if last_disk_full_ms is None else max(disk_full_ms, last_disk_full_ms)
+            )
         if problems_after_ms is not None and not (
             damaged
             or phase in _NAMED_PHASES
             or st.leader_id < 0
+            or phase == _PAUSED_DISK_FULL
             or (
                 phase == _FETCHING
                 and st.lag > 0
-                and max(0, now_ms - st.progress_ms) >= problems_after_ms
+                and (on_full_disk or max(0, now_ms - st.progress_ms) >= problems_after_ms)
             )
         ):
             continue
@@ -145,6 +157,14 @@ def build_snapshot(
                 "last_error": st.last_error,
                 # Since the local log last moved (with lag, a long idle is a stall).
                 "idle_ms": max(0, now_ms - st.progress_ms),
+                # Since an append last failed on a full disk (None: never): with that
+                # failure after its last progress, the partition waits for disk space
+                # (control/stalls.py).
+                "disk_full_ago_ms": None if disk_full_ms is None else max(0, now_ms - disk_full_ms),
+                # Since it last left a full-disk pause to try again (None: never).
+                "disk_retry_ago_ms": (
+                    None if st.disk_retry_ms is None else max(0, now_ms - st.disk_retry_ms)
+                ),
                 "bytes_replicated": st.bytes_replicated,
                 "records_replicated": st.records_replicated,
                 "crc_failures": st.corrupt_count,
@@ -186,6 +206,10 @@ def build_snapshot(
             "gaps": gaps,
             "gap_offsets": gap_offsets,
             "damaged_reads": damaged_reads,
+            # Since an append of any partition last failed on a full disk (None: never).
+            "last_disk_full_ago_ms": (
+                None if last_disk_full_ms is None else max(0, now_ms - last_disk_full_ms)
+            ),
         },
         "leaders": leaders,
         "partitions": partitions,

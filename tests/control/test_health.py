@@ -100,6 +100,39 @@ def test_partitions_offline_halted_diverging_and_stalled_are_each_a_reason() -> 
     assert by_code["partitions_stalled"].endswith(": t-3")
 
 
+def test_partitions_waiting_for_disk_space_say_so_and_when_the_disk_refused_them() -> None:
+    """Paused on a full disk (or retrying since the disk refused them): their own reason,
+    with the last refusal's age, never stalled; once the disk has had room for the stall
+    time and one still does not move, it is stalled."""
+    long_idle = 10 * STALL_AFTER_MS
+    parts = [
+        partition(
+            "t", 0, lag=5, state="paused-disk-full", idle_ms=long_idle, disk_full_ago_ms=3_000
+        ),
+        # Retrying: refused 4 s ago, tried again 1 s ago.
+        partition(
+            "t", 1, lag=5, idle_ms=long_idle, disk_full_ago_ms=4_000, disk_retry_ago_ms=1_000
+        ),
+        # Tried again the stall time ago, not refused since, still not moving.
+        partition(
+            "t",
+            2,
+            lag=5,
+            idle_ms=long_idle,
+            disk_full_ago_ms=STALL_AFTER_MS + 5_000,
+            disk_retry_ago_ms=STALL_AFTER_MS,
+        ),
+    ]
+    verdict = assess(snapshot(partitions=parts))
+    assert verdict.health is Health.DEGRADED
+    by_code = {r.code: r.text for r in verdict.reasons}
+    assert set(by_code) == {"partitions_disk_full", "partitions_stalled"}
+    assert by_code["partitions_disk_full"] == (
+        "2 partitions paused: the disk is full (it refused an append 3 s ago; retried): t-0, t-1"
+    )
+    assert by_code["partitions_stalled"].endswith(": t-2")
+
+
 def test_many_partitions_are_counted_and_a_few_named() -> None:
     parts = [partition("t", p, leader=-1) for p in range(12)]
     text = assess(snapshot(partitions=parts)).reasons[0].text

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+import pytest
+
 from replicad.control.stalls import (
+    PAUSED_DISK_FULL,
     STALL_LINES_AT_ONCE,
     STALL_NAMES_IN_SUMMARY,
     StallWatch,
     is_stalled,
     one_line_each,
     summary_names,
+    waits_for_disk,
 )
 
 AFTER = 5_000
@@ -37,6 +42,27 @@ def test_the_rule_needs_lag_a_connected_leader_fetching_and_no_progress() -> Non
     assert not is_stalled(row(0, leader=-1), CONNECTED, AFTER)  # offline
     assert not is_stalled(row(0, state="halted"), CONNECTED, AFTER)  # halted: says why
     assert not is_stalled(row(0, state="truncating"), CONNECTED, AFTER)
+
+
+def test_a_partition_waiting_for_disk_space_is_not_stalled_until_the_disk_took_appends() -> None:
+    """Paused on a full disk, or fetching again since it left that pause (the disk refused
+    its last append after its last move, and it retried less than the stall time ago): not
+    stalled, however long its log has not moved. Retried the stall time ago with no move
+    and no refusal since: the disk has had room and the partition still does not move, so it
+    is stalled again."""
+    long_idle = 10 * AFTER
+    paused = row(0, state=PAUSED_DISK_FULL, idle_ms=long_idle, disk_full_ago_ms=long_idle)
+    retrying = row(0, idle_ms=long_idle, disk_full_ago_ms=2 * AFTER, disk_retry_ago_ms=AFTER - 1)
+    room_since = row(0, idle_ms=long_idle, disk_full_ago_ms=2 * AFTER, disk_retry_ago_ms=AFTER)
+    refused_before_its_last_move = row(
+        0, idle_ms=AFTER, disk_full_ago_ms=AFTER + 1, disk_retry_ago_ms=1
+    )
+    assert waits_for_disk(paused, AFTER) and not is_stalled(paused, CONNECTED, AFTER)
+    assert waits_for_disk(retrying, AFTER) and not is_stalled(retrying, CONNECTED, AFTER)
+    assert not waits_for_disk(room_since, AFTER) and is_stalled(room_since, CONNECTED, AFTER)
+    assert not waits_for_disk(refused_before_its_last_move, AFTER)
+    assert is_stalled(refused_before_its_last_move, CONNECTED, AFTER)
+    assert not waits_for_disk(row(0, disk_full_ago_ms=None), AFTER)  # never refused
 
 
 def test_a_stall_is_reported_once_and_ends_when_the_partition_moves() -> None:
@@ -151,6 +177,97 @@ def test_a_wedged_partition_is_detected_once_and_the_others_are_not(
     for field in ("last_request_bytes", "last_response_bytes", "high_watermark", f"{topic}-0"):
         assert field in line
     assert "partition moving again after a stall" in log
+
+
+DISK_BYTES = 1024 * 1024
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_partitions_paused_on_a_full_disk_are_named_not_stalled_until_the_disk_has_room(
+    kafka_broker, unique_topic, tmp_path
+):
+    """The daemon's side of the full-disk rule: on a 1 MiB data dir holding less than the
+    source, status and health name the partitions paused on a full disk and when the disk
+    last refused an append, and the stall watch counts none, however long the disk stays
+    full; once the disk has room, a partition the leader still sends nothing is stalled (and
+    only it), and moves again when the records come."""
+    from replicad.control.client import query
+    from replicad.protocol.apis import ApiKey
+    from tools.chaos.disk import SmallFilesystem
+    from tools.chaos.proxy import ChaosProxy
+    from tools.peers.produce import produce_numbered
+    from tools.replica import replicad_run, topic_ends
+
+    topic = unique_topic()
+    kafka_broker.create_topic(topic, 2)
+    # 2 x 40 records of 64 KiB: five times the data dir.
+    produce_numbered(kafka_broker.bootstrap, topic, 2, 40, tag=bytes(64 * 1024))
+    sock = tmp_path / "replicad.sock"
+
+    def reasons() -> dict[str, str]:
+        return {r["code"]: r["text"] for r in query(sock)["health"]["reasons"]}
+
+    with (
+        SmallFilesystem(tmp_path / "fs", DISK_BYTES) as fs,
+        ChaosProxy(lambda: ("127.0.0.1", kafka_broker.port)) as proxy,
+        replicad_run(
+            proxy.address,
+            topic,
+            fs.path / "data",
+            log_path=tmp_path / "replicad.log",
+            config={"control": {"stall_after_ms": STALL_AFTER_MS}},
+            control_socket=sock,
+        ) as proc,
+    ):
+        proc.wait_ready()  # its control socket answers from here on
+        proc.wait_for(
+            lambda: "partitions_disk_full" in reasons(),
+            timeout_s=600,
+            what="health to name partitions paused on a full disk",
+        )
+        snap = query(sock)
+        assert snap["totals"]["last_disk_full_ago_ms"] is not None
+        assert any("the disk is full" in r["text"] for r in snap["health"]["reasons"])
+        paused = [p for p in snap["partitions"] if p["disk_full_ago_ms"] is not None]
+        assert paused and all(p["last_error"] == "disk full" for p in paused)
+
+        def idle_ms_of_partition_0() -> int:
+            rows = [p for p in query(sock)["partitions"] if p["partition"] == 0]
+            return int(rows[0]["idle_ms"]) if rows else 0
+
+        # Full for three stall periods (the status loop checks every 2 s): none stalled.
+        proc.wait_for(
+            lambda: idle_ms_of_partition_0() >= 3 * STALL_AFTER_MS,
+            timeout_s=600,
+            what="partition 0 paused on the full disk for three stall periods",
+        )
+        snap = query(sock)
+        assert snap["stalls"]["stalls_total"] == 0, snap["stalls"]
+        assert "partitions_stalled" not in {r["code"] for r in snap["health"]["reasons"]}
+
+        # Room again; the leader sends partition 0 nothing: it stalls, partition 1 moves on.
+        proxy.rewrite_responses(ApiKey.FETCH, records_withheld_from_partition_0)
+        fs.resize(64 * DISK_BYTES)
+        proc.wait_for(
+            lambda: query(sock)["stalls"]["partitions"] == [f"{topic}-0"],
+            timeout_s=600,
+            what="partition 0 stalled once the disk has room",
+        )
+        proc.wait_for(
+            lambda: topic_ends(fs.path / "data", topic).get(1) == 40,
+            timeout_s=600,
+            what="partition 1 to catch up",
+        )
+        proxy.heal()
+        proc.wait_for(
+            lambda: (
+                topic_ends(fs.path / "data", topic) == {0: 40, 1: 40}
+                and query(sock)["stalls"]["stalled"] == 0
+            ),
+            timeout_s=600,
+            what="partition 0 to move again once the leader sends its records",
+        )
+        assert "partitions_disk_full" not in reasons()
 
 
 def test_a_check_where_thousands_stall_logs_a_line_each_for_the_first_and_one_for_the_rest() -> (

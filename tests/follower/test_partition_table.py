@@ -465,6 +465,7 @@ def test_a_full_disk_pauses_the_partition_until_space_is_back():
     outcome = table.on_response(fetch, _response(fetch, _partition(TP0, records=_batches(0, 1))), 0)
     table.append_failed(outcome.appends[0], "ENOSPC", 10, disk_full=True)
     assert state.phase is PartitionPhase.PAUSED_DISK_FULL and state.fetch_offset == 0
+    assert state.disk_full_ms == 10  # when the disk refused it (status shows it)
     assert table.next_fetch(20, max_version=13) is None
     table.disk_back(20)
     assert state.phase is PartitionPhase.FETCHING

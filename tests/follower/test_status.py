@@ -140,3 +140,80 @@ async def test_the_status_loops_snapshot_has_the_rows_health_and_the_stall_watch
     assert watches[0].stalled.keys() == watches[1].stalled.keys() == {"t-2"}
     logs.close()
     await replicator.client.close()
+
+
+class _StubLog:
+    """What the partition table reads of a log that refuses every append (disk full)."""
+
+    log_start_offset = 0
+    log_end_offset = 10
+    high_watermark = 10
+
+    def latest_epoch(self) -> int | None:
+        return None
+
+
+async def test_a_partition_paused_on_a_full_disk_is_not_stalled_until_the_disk_took_appends(
+    tmp_path: Path,
+) -> None:
+    """A fake clock through the table, the snapshot, the stall watch and health, with a stall
+    time shorter than the retry (DISK_FULL_RETRY_MS): the disk refuses every retry for ten
+    stall times -- named by health as a full disk, never stalled; then the disk has room
+    and the leader sends nothing: stalled the stall time after that retry, not before."""
+    from replicad.follower.actions import Append
+    from replicad.follower.fetch_settings import FetchSettings
+    from replicad.follower.partition_table import DISK_FULL_RETRY_MS, PartitionTable
+    from replicad.follower.validate import validate_fetched
+
+    replicator = Replicator(ReplicatorSettings(("k:9092",), tmp_path, TopicSelection(("t",))))
+    table = PartitionTable(1, FetchSettings())
+    tp = TopicPartition("t", 0)
+    state = PartitionState(tp, None, 1, 0, PartitionPhase.FETCHING, fetch_offset=10)
+    state.high_watermark = 50
+    table.add(state, _StubLog())
+    replicator.states[tp] = state
+    replicator.ready.set()
+    stall_ms = 2_000
+    assert stall_ms < DISK_FULL_RETRY_MS
+    watch = StallWatch(stall_ms)
+    leaders = [{"node_id": 1, "connected": True}]
+    refused = Append(
+        tp, validate_fetched(producer_batch(10, [b"x"]), fetch_offset=10, log_is_empty=False)
+    )
+
+    def look(now: int) -> tuple[set[str], set[str]]:
+        """(health's reason codes, the stalled partitions) at `now`."""
+        snap = build_snapshot(
+            replicator,
+            uptime_s=1.0,
+            rates={},
+            total_rate=0.0,
+            problems_after_ms=stall_ms,
+            now_ms=now,
+        )
+        snap["leaders"], snap["stalls"] = leaders, {"stall_after_ms": stall_ms}
+        watch.check(snap["partitions"], leaders)
+        return {r.code for r in assess(snap).reasons}, set(watch.stalled)
+
+    disk_full = ({"partitions_disk_full"}, set())
+    now = 1_000
+    table.append_failed(refused, "No space left on device", now, disk_full=True)
+    while now < 10 * stall_ms:
+        assert look(now + DISK_FULL_RETRY_MS - 1) == disk_full, now  # paused
+        now += DISK_FULL_RETRY_MS
+        assert table.next_fetch(now, max_version=13) is not None  # the retry: fetching again
+        assert state.phase is PartitionPhase.FETCHING
+        assert look(now + 99) == disk_full, now  # retrying, its log idle far past the stall
+        now += 100
+        table.append_failed(refused, "No space left on device", now, disk_full=True)
+    snap = build_snapshot(replicator, uptime_s=1.0, rates={}, total_rate=0.0, now_ms=now + 1)
+    assert snap["totals"]["last_disk_full_ago_ms"] == 1
+    assert snap["partitions"][0]["disk_full_ago_ms"] == 1
+    assert snap["partitions"][0]["last_error"] == "disk full"
+
+    # The disk has room; the leader answers the retry with no records: no append, no refusal.
+    now += DISK_FULL_RETRY_MS
+    assert table.next_fetch(now, max_version=13) is not None
+    assert look(now + stall_ms - 1) == disk_full
+    assert look(now + stall_ms) == ({"partitions_stalled"}, {"t-0"})
+    await replicator.client.close()
