@@ -169,6 +169,7 @@ SCHEMA = Section(
                 "replica_id": Int(-1, INT32_MAX),
                 "isolation_level": Choice(IsolationLevel),
                 "buffer_memory": Int(1),
+                "sessionless_max_partitions": Int(1, INT32_MAX),
             },
         ),
         "data_dir": FilePath(),

@@ -63,6 +63,8 @@ class FetchSettings:
     reconnect_backoff_ms: int = _SOURCE["reconnect_backoff_ms"]
     reconnect_backoff_max_ms: int = _SOURCE["reconnect_backoff_max_ms"]
     buffer_memory: int = _FETCH["buffer_memory"]  # KIP-81 pool, shared by all fetchers
+    # Partitions in one request to a sessionless leader (partition_table.py's R11).
+    sessionless_max_partitions: int = _FETCH["sessionless_max_partitions"]
 
     @classmethod
     def from_config(cls, config: Config) -> FetchSettings:
@@ -83,4 +85,5 @@ class FetchSettings:
             reconnect_backoff_ms=source.reconnect_backoff_ms,
             reconnect_backoff_max_ms=source.reconnect_backoff_max_ms,
             buffer_memory=fetch.buffer_memory,
+            sessionless_max_partitions=fetch.sessionless_max_partitions,
         )

@@ -27,6 +27,10 @@ class FetcherStats:
     last_response_bytes: int = 0
     request_bytes_total: int = 0
     response_bytes_total: int = 0
+    # Partitions the last request named, and the requests that were a sessionless leader's
+    # share of its partitions (partition_table.py's R11).
+    last_request_partitions: int = 0
+    sessionless_shares: int = 0
     last_latency_ms: float = 0.0
     # The round trip of the last answer that carried records: an idle leader's answers
     # wait out the long poll (fetch.max_wait_ms), which is not latency.

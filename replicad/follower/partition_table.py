@@ -63,6 +63,16 @@ Rules kept here (each repeated where it is kept):
   off and checks divergence (R3) before it fetches again; an answer that arrives while
   that check is pending was asked before it and is dropped unread (as Kafka's fetcher
   drops data for a partition that is truncating).
+- R11 a sessionless leader (sessions off, or no full request has made a session so far and
+  the last was answered without one, as Tansu always does, or not answered at all) gets at
+  most `sessionless_max_partitions` partitions a request,
+  in turns: the fetchable ones first in rotation order, and each one sent goes to the back,
+  so every partition is asked within a round of requests even when none returns data
+  (Tansu 0.6 answered a Fetch of 1,000 partitions with no records at all, and 4 of them
+  alone with their batches). Should such a request create a session after all (a Kafka
+  whose session cache had no room at first), the next request adds the partitions it left
+  out. A leader that keeps a session, or once made one, gets every partition at once
+  (KIP-227), as before.
 """
 
 from __future__ import annotations
@@ -72,6 +82,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from itertools import islice
 from typing import Any
 
 import structlog
@@ -169,6 +180,8 @@ class PartitionTable:
         # (see _wanted).
         self._last_wanted: dict[TopicPartition, PartitionFetch] = {}
         self._wanted_changes: list[TopicPartition] = []
+        # The last request was a sessionless leader's share of the partitions (R11).
+        self._sent_a_share = False
         self._say = RateLimitedLog(interval_ms=60_000)
 
     # -- membership (metadata answered; state loaded from disk) --------------------------
@@ -398,11 +411,33 @@ class PartitionTable:
             # the sessionless one (found by tools/sim at Fetch v4: the first request to a
             # leader below v7 failed as replicad's own bug).
             self.session = FetchSessionHandler(self.node_id, sessions_enabled=False)
-        plan = self.session.build_request(wanted, changed=self._wanted_changes)
+        changed: list[TopicPartition] | None = self._wanted_changes
+        if self._sent_a_share:
+            # R11: a session made from a share holds only its partitions: compare every
+            # partition, so the next request adds the rest.
+            changed, self._sent_a_share = None, False
+        share = self._sessionless_share(wanted)
+        plan = self.session.build_request(share or wanted, changed=changed)
         self._wanted_changes = []
+        self.stats.last_request_partitions = len(plan.to_send)
+        if share:
+            self._sent_a_share = True
+            self.stats.sessionless_shares += 1
+            for tp in share:
+                self.partitions.move_to_end(tp)  # R11: the next request asks the next ones
         version = self.usable_fetch_version(max_version, plan)
         self.stats.requests += 1
         return NextFetch(plan, version, self.request(plan, version))
+
+    def _sessionless_share(
+        self, wanted: dict[TopicPartition, PartitionFetch]
+    ) -> dict[TopicPartition, PartitionFetch] | None:
+        """R11: this request's share of a sessionless leader's partitions (the first in
+        rotation order), or None to ask them all."""
+        cap = self.settings.sessionless_max_partitions
+        if len(wanted) <= cap or not self.session.sessionless_so_far:
+            return None
+        return dict(islice(wanted.items(), cap))
 
     def usable_fetch_version(self, version: int, plan: FetchRequestPlan) -> int:
         if version >= FETCH_TOPIC_ID_VERSION and not plan.uses_topic_ids:

@@ -77,6 +77,9 @@ def _leader(fetcher: LeaderFetcher, rate: float) -> dict[str, Any]:
         "last_response_bytes": s.last_response_bytes,
         "request_bytes_total": s.request_bytes_total,
         "response_bytes_total": s.response_bytes_total,
+        "last_request_partitions": s.last_request_partitions,
+        # Requests that named only a share of a sessionless leader's partitions (in turns).
+        "sessionless_shares": s.sessionless_shares,
     }
 
 

@@ -45,7 +45,14 @@ Rules this handler keeps:
    and the next full request names them again (`verdict.omitted` lists them). Kafka's
    own client rejects such a response; replicad tolerates it only when no session
    was created, because a leader builds a new session from its response and an
-   omitted partition would silently drop out of it.
+   omitted partition would silently drop out of it. Such a leader is sessionless
+   (`sessionless_so_far`, as is every leader with sessions off, and one that has not
+   answered a full request at all yet: a send error) until a full response
+   creates a session (and is never again, since a leader that once made one can make
+   more): its caller may split the partitions over several full requests (the
+   follower does, `fetch.sessionless_max_partitions`). Should one of those create a
+   session, it holds only that request's partitions; the caller's next build, with every
+   partition compared (`changed=None`), adds the rest.
 7. Accepted full response with session id S: the session is S, the next epoch is 1.
    Accepted incremental response: the next epoch follows (2^31-1 wraps to 1).
 8. `sessions_enabled=False`: every request is (0, -1) and nothing is ever cached.
@@ -243,6 +250,8 @@ class FetchSessionHandler:
         # Partitions reported changed since the session last moved (rule 3), in order.
         self._dirty: dict[TopicPartition, None] = {}
         self._in_flight: FetchRequestPlan | None = None
+        # The last full request was answered without a session, or not at all (rule 6).
+        self._no_session_so_far = False
         self._full_requests = 0
         self._incremental_requests = 0
         self._sessions_created = 0
@@ -273,6 +282,19 @@ class FetchSessionHandler:
     @property
     def is_sessionful(self) -> bool:
         return not self._next.is_full
+
+    @property
+    def sessionless_so_far(self) -> bool:
+        """Every request is full and none creates a session: sessions are off, or no full
+        request has made one so far and the last was answered without one (rule 6; Tansu
+        always) or not answered at all (a sessionless leader reading many partitions may
+        take longer than the request timeout: Tansu 0.6 at 1,000 partitions under load).
+        A leader that created a session once and then answers without one (a Kafka whose
+        session cache has no room for us) is not: its cache weighs a new session by its
+        partitions, so the next request bids with all of them."""
+        return not self._sessions_enabled or (
+            self._next.is_full and self._no_session_so_far and self._sessions_created == 0
+        )
 
     @property
     def session_partitions(self) -> Mapping[TopicPartition, PartitionFetch]:
@@ -473,6 +495,10 @@ class FetchSessionHandler:
         self._in_flight = None
         if plan is not None and plan.is_close:
             return self._verdict(True, None, f"{self._who(plan)}: close request not delivered")
+        if plan is not None and plan.is_full and plan.to_send:
+            # Rule 6: a full request no answer came to made no session either (a sessionless
+            # leader may take longer than the request timeout to read many partitions).
+            self._no_session_so_far = True
         meta = FetchMetadata(plan.session_id, plan.epoch) if plan is not None else self._next
         detail = f"node {self._node_id}: send error during {meta}"
         return self._recover_from(meta, RecoveryReason.SEND_ERROR, detail, now_ms)
@@ -505,6 +531,7 @@ class FetchSessionHandler:
                 f"{who}: invalid full response: {problems}",
                 now_ms,
             )
+        self._no_session_so_far = not creates_session
         if creates_session:
             self._sessions_created += 1
             self._next = FetchMetadata.new_incremental(session_id)

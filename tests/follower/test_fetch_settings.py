@@ -46,6 +46,7 @@ def test_every_key_reaches_the_settings():
                 "replica_id": 7,
                 "isolation_level": "read_committed",
                 "buffer_memory": 64 << 20,
+                "sessionless_max_partitions": 17,
             },
             "checkpoint_interval_ms": 1_700,
         }
@@ -67,6 +68,7 @@ def test_every_key_reaches_the_settings():
         reconnect_backoff_ms=7,
         reconnect_backoff_max_ms=700,
         buffer_memory=64 << 20,
+        sessionless_max_partitions=17,
     )
     # No field is left at its default by accident: each differs from it here.
     unchanged = [

@@ -482,6 +482,110 @@ def test_a_full_disk_is_tried_again_after_its_retry_time_without_disk_back():
     assert table.next_fetch(5_000, max_version=13) is not None
 
 
+# -- a sessionless leader's partitions in turns (R11) ------------------------------------
+
+
+def _asked(fetch) -> list[int]:
+    return [tp.partition for tp in fetch.plan.to_send]
+
+
+def _nothing_new(fetch, session_id):
+    """An answer naming every partition asked, none with records."""
+    return _response(fetch, *(_partition(tp) for tp in fetch.plan.to_send), session_id=session_id)
+
+
+def test_a_sessionless_leader_is_asked_its_partitions_in_turns_every_one_in_a_round():
+    """The first request names every partition (the leader may keep a session); once it
+    answered without one, each request names at most the cap, the next ones each time, and
+    every partition is asked within a round although none returns data."""
+    table = _table(sessionless_max_partitions=3)
+    for p in range(8):
+        _add(table, TopicPartition("t", p))
+    first = table.next_fetch(0, max_version=13)
+    assert _asked(first) == list(range(8))
+    table.on_response(first, _response(first, session_id=0), 0)  # no session, no data
+    turns = []
+    for _ in range(3):
+        fetch = table.next_fetch(0, max_version=13)
+        assert fetch.plan.is_full and fetch.plan.session_id == 0
+        turns.append(_asked(fetch))
+        table.on_response(fetch, _response(fetch, session_id=0), 0)
+    assert turns == [[0, 1, 2], [3, 4, 5], [6, 7, 0]]
+
+
+def test_a_first_request_that_got_no_answer_is_followed_by_shares():
+    """Tansu under load took longer than the request timeout to read 1,000 partitions: the
+    same full request again would never be answered either."""
+    table = _table(sessionless_max_partitions=3)
+    for p in range(5):
+        _add(table, TopicPartition("t", p))
+    assert _asked(table.next_fetch(0, max_version=13)) == list(range(5))
+    table.send_failed(0)
+    assert _asked(table.next_fetch(0, max_version=13)) == [0, 1, 2]
+
+
+def test_a_share_answered_with_data_moves_on_and_its_records_are_appended():
+    table = _table(sessionless_max_partitions=2)
+    logs = {}
+    for p in range(4):
+        _, logs[TopicPartition("t", p)] = _add(table, TopicPartition("t", p))
+    first = table.next_fetch(0, max_version=13)
+    table.on_response(first, _response(first, session_id=0), 0)
+    fetch = table.next_fetch(0, max_version=13)
+    assert _asked(fetch) == [0, 1]
+    outcome = table.on_response(
+        fetch,
+        _response(fetch, _partition(TP0, records=_batches(0, 1)), _partition(TP1), session_id=0),
+        0,
+    )
+    _perform(table, outcome.appends, logs)
+    assert logs[TP0].log_end_offset == 2
+    assert _asked(table.next_fetch(0, max_version=13)) == [2, 3]
+
+
+def test_a_share_that_creates_a_session_after_all_adds_the_rest_next():
+    """A Kafka whose session cache had no room at first: a share creates the session, and
+    the next (incremental) request adds the partitions the share left out."""
+    table = _table(sessionless_max_partitions=2)
+    for p in range(5):
+        _add(table, TopicPartition("t", p))
+    first = table.next_fetch(0, max_version=13)
+    table.on_response(first, _response(first, session_id=0), 0)
+    share = table.next_fetch(0, max_version=13)
+    assert _asked(share) == [0, 1]
+    table.on_response(share, _nothing_new(share, 42), 0)  # a session after all
+    rest = table.next_fetch(0, max_version=13)
+    assert not rest.plan.is_full and rest.plan.session_id == 42
+    assert sorted(_asked(rest)) == [2, 3, 4]
+    assert sorted(tp.partition for tp in rest.plan.session_partitions) == list(range(5))
+    assert not table.session.sessionless_so_far
+
+
+def test_a_leader_that_keeps_a_session_is_asked_every_partition_at_once():
+    table = _table(sessionless_max_partitions=2)
+    for p in range(5):
+        _add(table, TopicPartition("t", p))
+    first = table.next_fetch(0, max_version=13)
+    assert _asked(first) == list(range(5))
+    table.on_response(first, _nothing_new(first, 7), 0)
+    # The session is lost (the cache evicted it) and the leader answers without one: it
+    # made a session once, so every partition bids for the next (KIP-227's valuation).
+    again = table.next_fetch(0, max_version=13)
+    table.on_response(again, _response(again, error=FETCH_SESSION_ID_NOT_FOUND), 0)
+    full = table.next_fetch(0, max_version=13)
+    assert full.plan.is_full and _asked(full) == list(range(5))
+    table.on_response(full, _response(full, session_id=0), 0)
+    assert _asked(table.next_fetch(0, max_version=13)) == list(range(5))
+
+
+def test_with_sessions_off_every_request_is_a_share():
+    table = _table(sessionless_max_partitions=2, sessions=False)
+    for p in range(3):
+        _add(table, TopicPartition("t", p))
+    assert _asked(table.next_fetch(0, max_version=13)) == [0, 1]
+    assert _asked(table.next_fetch(0, max_version=13)) == [2, 0]
+
+
 # -- errors (R2, R6) ---------------------------------------------------------------------
 
 

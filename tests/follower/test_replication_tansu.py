@@ -13,7 +13,7 @@ from pathlib import Path
 from replicad.records.batch import scan_batches
 from replicad.records.records import decode_batch
 from replicad.types import TopicPartition
-from tools.peers.produce import ConsumedRecord, consume_all, produce_mixed
+from tools.peers.produce import ConsumedRecord, consume_all, produce_mixed, produce_numbered
 from tools.peers.wire import fetch_once
 from tools.replica import replicad_run, segment_bytes
 
@@ -80,3 +80,42 @@ def test_replica_matches_what_tansu_serves_and_a_consumer_reads(
         pdir = data_dir / f"{topic}-{p}"
         assert segment_bytes(pdir) == tansu_batches(tansu_broker.bootstrap, topic, p, ends[p])
         assert replica_records(pdir) == consumed[p]
+
+
+MANY = 300
+SHARE = 40
+
+
+def test_many_partitions_are_fetched_from_tansu_in_turns_of_a_share_each(
+    tansu_broker, unique_topic, tmp_path
+):
+    """fetch.sessionless_max_partitions: Tansu keeps no session, so after its first answer
+    each request names at most a share of the partitions, the next ones each time (Tansu
+    0.6 answered a Fetch of 1,000 partitions with no records at all); every partition is
+    replicated, byte for byte."""
+    from replicad.control.client import query
+
+    topic = unique_topic()
+    tansu_broker.create_topic(topic, MANY)
+    produce_numbered(tansu_broker.bootstrap, topic, MANY, 2)
+    data_dir, sock = tmp_path / "data", tmp_path / "replicad.sock"
+    with replicad_run(
+        tansu_broker.bootstrap,
+        topic,
+        data_dir,
+        config={"fetch": {"sessionless_max_partitions": SHARE}},
+        control_socket=sock,
+    ) as proc:
+        proc.wait_caught_up({TopicPartition(topic, p): 2 for p in range(MANY)}, timeout_s=600)
+        # A round of shares at least (the first request named every partition).
+        proc.wait_for(
+            lambda: query(sock)["leaders"][0]["sessionless_shares"] >= MANY // SHARE,
+            what="a round of shares",
+        )
+        (leader,) = query(sock)["leaders"]
+    assert not leader["sessionful"]
+    assert leader["last_request_partitions"] <= SHARE, leader
+    for p in (0, MANY // 2, MANY - 1):
+        assert segment_bytes(data_dir / f"{topic}-{p}") == tansu_batches(
+            tansu_broker.bootstrap, topic, p, 2
+        )

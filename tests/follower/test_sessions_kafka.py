@@ -222,7 +222,12 @@ def test_without_sessions_the_idle_request_grows(kafka_broker, unique_topic, tmp
     """The measurement above can fail: sessionless full fetches grow with partitions."""
     prefix = unique_topic()
     kafka_broker.create_topic(f"{prefix}-0", 10)
-    config = "source:\n  metadata_max_age_ms: 1000\nfetch:\n  sessions: false\n"
+    # Every partition in each request: without the share (fetch.sessionless_max_partitions,
+    # 100 by default) a sessionless request names all 500.
+    config = (
+        "source:\n  metadata_max_age_ms: 1000\n"
+        "fetch:\n  sessions: false\n  sessionless_max_partitions: 1000\n"
+    )
     proc, _, sock = start(
         tmp_path, kafka_broker.bootstrap, "--topics-regex", f"{prefix}-.*", config=config
     )

@@ -328,6 +328,35 @@ def test_full_response_with_session_id_0_stays_sessionless_and_tries_again() -> 
     assert not status.is_sessionful
 
 
+def test_a_sessionless_so_far_until_it_makes_a_session_and_never_again_after() -> None:
+    handler = FetchSessionHandler(node_id=1)
+    assert not handler.sessionless_so_far  # not asked yet: it may keep one
+    answer(handler, handler.build_request(wants("a")), session_id=0)
+    assert handler.sessionless_so_far  # answered without one (Tansu)
+    answer(handler, handler.build_request(wants("a")), session_id=5)
+    assert not handler.sessionless_so_far
+    answer(
+        handler, handler.build_request(wants("a")), error_code=ErrorCode.fetch_session_id_not_found
+    )
+    answer(handler, handler.build_request(wants("a")), session_id=0)  # its cache is full now
+    assert not handler.sessionless_so_far  # it made one before: it can again
+    assert FetchSessionHandler(node_id=1, sessions_enabled=False).sessionless_so_far
+
+
+def test_a_full_request_that_got_no_answer_made_no_session_either() -> None:
+    """A sessionless leader reading many partitions may take longer than the request
+    timeout: the next request is a share (rule 6), until a session is made."""
+    handler = FetchSessionHandler(node_id=1)
+    handler.build_request(wants("a"))
+    handler.handle_send_error(now_ms=0)
+    assert handler.sessionless_so_far
+    answer(handler, handler.build_request(wants("a")), session_id=5)
+    assert not handler.sessionless_so_far
+    handler.build_request(wants("a"))
+    handler.handle_send_error(now_ms=0)  # an incremental request lost: a session was made
+    assert not handler.sessionless_so_far
+
+
 def test_empty_throttled_full_response_goes_initial_quietly() -> None:
     handler = in_session(wants("a"))
     answer(

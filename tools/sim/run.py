@@ -152,6 +152,12 @@ class Simulation:
             backoff_ms=rng.choice((10, 100, 1_000)),
             start_from=rng.choice(("earliest", "earliest", "latest")),
             on_gap=rng.choice(("reset", "reset", "halt")),
+            # A sessionless leader's partitions in turns (partition_table.py's R11): at
+            # Fetch v4 every leader is sessionless. Drawn apart from `rng`, so the other
+            # draws, and so the seeds, are unchanged.
+            sessionless_max_partitions=random.Random(f"sessionless-share-{seed}").choice(
+                (1, 2, 100)
+            ),
         )
         for t in range(rng.randint(1, 2)):
             self.cluster.create_topic(f"t{t}", rng.randint(1, 3), rng.randint(1, 3))
