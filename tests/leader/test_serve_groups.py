@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from replicad.types import TopicPartition
+from tools.peers.group_member import know_topics
 from tools.peers.kafka import run_kafka_class
 from tools.peers.process import free_port
 from tools.replica import ReplicadProcess, replicad_run, replicad_serve
@@ -367,6 +368,7 @@ class Member(threading.Thread):
                     **self.settings,
                 },
             )
+            know_topics(consumer, [self.topic])
             consumer.subscribe([self.topic])
             try:
                 while not self.leave.is_set():

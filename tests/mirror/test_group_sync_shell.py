@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from replicad.types import TopicPartition
+from tools.peers.group_member import know_topics
 from tools.peers.kafka import CONSOLE_CONSUMER, run_kafka_class
 from tools.peers.produce import produce_numbered
 from tools.replica import ReplicadProcess, replicad_run
@@ -273,6 +274,7 @@ def test_a_live_group_is_never_written_and_a_failed_over_one_only_after_resume(
             # metadata is refreshed (seen: "No partition metadata" and no assignment).
             metadata_max_age_ms=1_000,
         )
+        know_topics(member, [dest_topic])
         member.subscribe([dest_topic])
         try:
             proc.wait_for(

@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         session_timeout_ms=args.session_timeout_ms,
         heartbeat_interval_ms=max(100, args.session_timeout_ms // 10),
     )
+    know_topics(consumer, [args.topic])
     consumer.subscribe([args.topic], listener=Listener())
     try:
         while not stop.is_set():
@@ -107,6 +108,23 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         consumer.close(autocommit=False)
     return 0
+
+
+def know_topics(consumer: Any, topics: list[str], timeout_s: float = 300.0) -> None:
+    """Wait until `consumer`'s metadata holds each of `topics`, before it subscribes.
+
+    kafka-python may join a group before its first metadata answer names the topic: a
+    leader then assigns nothing ("No partition metadata for topic"), rejoins when the
+    metadata arrives, and in that rejoin a leader was seen to never take its SyncGroup
+    answer and be expelled at its session timeout -- against serve (twice) and against
+    Kafka (once) in the suite. Whichever side loses that answer (not settled), a member
+    that knows its topics first joins once with them.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not all(consumer.partitions_for_topic(t) for t in topics):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no metadata for {topics} within {timeout_s:.0f} s")
+        time.sleep(0.1)
 
 
 def commit(consumer: Any) -> str | None:
