@@ -23,6 +23,18 @@ from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
 
 
+def _light_snapshot(replicator: Replicator, stall_ms: int, now_ms: int) -> dict:
+    """The status loop's snapshot: only the rows health and the stall watch read."""
+    return build_snapshot(
+        replicator,
+        uptime_s=1.0,
+        rates={},
+        total_rate=0.0,
+        problems_after_ms=stall_ms,
+        now_ms=now_ms,
+    )
+
+
 def _partition(replicator: Replicator) -> dict[str, object]:
     snapshot = build_snapshot(replicator, uptime_s=1.0, rates={}, total_rate=0.0)
     (partition,) = snapshot["partitions"]
@@ -111,14 +123,7 @@ async def test_the_status_loops_snapshot_has_the_rows_health_and_the_stall_watch
 
     # Both at one moment: idle times taken a millisecond apart would differ.
     full = build_snapshot(replicator, uptime_s=1.0, rates={}, total_rate=0.0, now_ms=now)
-    light = build_snapshot(
-        replicator,
-        uptime_s=1.0,
-        rates={},
-        total_rate=0.0,
-        problems_after_ms=stall_ms,
-        now_ms=now,
-    )
+    light = _light_snapshot(replicator, stall_ms, now)
     assert [p["partition"] for p in light["partitions"]] == [2, 3, 4, 5, 6, 8]
     assert light["partitions"] == [
         p for p in full["partitions"] if p["partition"] in {2, 3, 4, 5, 6, 8}
@@ -183,14 +188,7 @@ async def test_a_partition_paused_on_a_full_disk_is_not_stalled_until_the_disk_t
 
     def look(now: int) -> tuple[set[str], set[str]]:
         """(health's reason codes, the stalled partitions) at `now`."""
-        snap = build_snapshot(
-            replicator,
-            uptime_s=1.0,
-            rates={},
-            total_rate=0.0,
-            problems_after_ms=stall_ms,
-            now_ms=now,
-        )
+        snap = _light_snapshot(replicator, stall_ms, now)
         snap["leaders"], snap["stalls"] = leaders, {"stall_after_ms": stall_ms}
         watch.check(snap["partitions"], leaders)
         return {r.code for r in assess(snap).reasons}, set(watch.stalled)
