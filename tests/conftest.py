@@ -66,6 +66,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     if hasattr(session.config, "workerinput"):
         return  # an xdist worker: its directory is inside the controller's, scanned once there
+    if os.environ.get(UNIT_SECONDS_OUT) and _unit_seconds:
+        write_unit_seconds(Path(os.environ[UNIT_SECONDS_OUT]), _unit_seconds)
     factory = getattr(session.config, "_tmp_path_factory", None)
     if factory is None:
         return
@@ -95,58 +97,84 @@ SAME_WORKER = {
     "tests/test_install.py": "throw-away users",
     "tests/spark/": "spark",
 }
-# Files of a minute or more, handed out first, about longest first (judged from the slowest
-# tests of the last fresh-clone runs, quiet and beside a CPU hog): xdist orders files by
-# their number of tests, and a long file of few tests handed out last keeps one worker busy
-# while the other idles. The second half are files of about 30-90 s whose few tests each
-# take long (a private broker, a crash loop, 10,000 partitions, a rebalance): handed out
-# before the hundreds of short files, which then even out the two workers' ends. Only the
-# order depends on this list, never a result.
-LONG_FIRST = (
-    "spark",
-    "tests/faults/test_scenarios.py",
-    "throw-away users",
-    "tests/mirror/test_mirror_kafka.py",
-    "tests/follower/test_memory_10k.py",
-    "tests/test_daemon.py",
-    "tests/faults/test_soak.py",
-    "tests/follower/test_retention_kafka.py",
-    "tests/test_readme.py",
-    "tests/leader/test_serve_rebalance.py",
-    "tests/peers/test_kafka_harness.py",
-    "tests/follower/test_sessions_kafka.py",
-    "tests/log/test_manager.py",
-    "tests/log/test_crash.py",
-    "tests/leader/test_serve_hostile.py",
-    "tests/sim/test_sim_run.py",
-    "tests/verify/test_continuous.py",
-    "tests/peers/test_localkafka.py",
-    "tests/fuzz/test_config.py",
-    "tests/follower/test_replication_kafka.py",
-)
+# Units of work (a file, or a group above) are handed out longest first, by the seconds each
+# took in a measured run (tests/unit_seconds.txt): xdist would order them by their number of
+# tests, and a long file of few tests handed out last keeps one worker busy while the other
+# idles. Longest first, the last units handed out are the short ones, which even out the two
+# workers' ends. A unit the file does not name (a new file) counts UNLISTED_UNIT_S. Only the
+# order depends on the file, never a result; a run with REPLICAD_UNIT_SECONDS=PATH writes
+# the file anew (`make test` with it set, then copy PATH over tests/unit_seconds.txt).
+UNIT_SECONDS = Path(__file__).parent / "unit_seconds.txt"
+UNIT_SECONDS_OUT = "REPLICAD_UNIT_SECONDS"
+UNLISTED_UNIT_S = 5.0
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: its file, or its SAME_WORKER group."""
+    path = nodeid.split("::", 1)[0]
+    folder = path[: path.rfind("/") + 1]
+    return SAME_WORKER.get(path, SAME_WORKER.get(folder, path))
+
+
+def read_unit_seconds(path: Path = UNIT_SECONDS) -> dict[str, float]:
+    """tests/unit_seconds.txt: a unit a line, "SECONDS UNIT" ("#" starts a comment)."""
+    seconds: dict[str, float] = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            value, unit = line.split(maxsplit=1)
+            seconds[unit] = float(value)
+    return seconds
+
+
+def longest_first(units: list[str], seconds: dict[str, float]) -> list[str]:
+    """`units` in the order they are handed out (ties keep their order)."""
+    return sorted(units, key=lambda unit: -seconds.get(unit, UNLISTED_UNIT_S))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """`--dist loadfile`, with the files of SAME_WORKER (a path, or a folder ending in "/")
-    as one unit of work, and the units of LONG_FIRST handed out first."""
+    as one unit of work, and the units handed out longest first (UNIT_SECONDS)."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
+    seconds = read_unit_seconds()
+
     class FilesAndGroups(LoadFileScheduling):
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
-            path = super()._split_scope(nodeid)
-            folder = path[: path.rfind("/") + 1]
-            return SAME_WORKER.get(path, SAME_WORKER.get(folder, path))
+            return work_unit(nodeid)
 
         def _assign_work_unit(self, node: Any) -> None:
-            for unit in reversed(LONG_FIRST):
-                if unit in self.workqueue:
-                    self.workqueue.move_to_end(unit, last=False)
+            if not self.ordered:
+                for unit in longest_first(list(self.workqueue), seconds):
+                    self.workqueue.move_to_end(unit)
+                self.ordered = True
             super()._assign_work_unit(node)
 
     return FilesAndGroups(config, log)
+
+
+_unit_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Under xdist the controller sees every worker's reports; a worker keeps none.
+    if os.environ.get(UNIT_SECONDS_OUT) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        unit = work_unit(report.nodeid)
+        _unit_seconds[unit] = _unit_seconds.get(unit, 0.0) + report.duration
+
+
+def write_unit_seconds(path: Path, seconds: dict[str, float]) -> None:
+    lines = [f"{value:.1f} {unit}" for unit, value in sorted(seconds.items(), key=lambda i: -i[1])]
+    path.write_text(
+        "# Seconds each unit of work of the suite took (set-up, call and teardown), longest\n"
+        "# first: tests/conftest.py hands them out in this order. Written by a run with\n"
+        f"# {UNIT_SECONDS_OUT}=PATH.\n" + "".join(f"{line}\n" for line in lines)
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
