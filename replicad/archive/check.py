@@ -14,6 +14,9 @@ Rules:
 - Objects under the partition's topic-id prefix that no manifest names (a crash between
   an upload and its manifest, or a deletion's leftovers) are counted, not failed: the next
   upload writes them again under the same keys.
+- An object whose bytes do not match the CRC32C stored with it (damaged in the bucket) is a
+  problem of its partition, named on its line; the other segments and partitions are still
+  checked.
 - Exit 0 when nothing was found, 1 otherwise (as `verify DATA_DIR`); the bucket that cannot
   be read at all is an ArchiveError for the command line to report.
 """
@@ -37,7 +40,7 @@ from replicad.archive.manifest import (
     segment_key,
     segments_prefix,
 )
-from replicad.archive.store import ObjectStore
+from replicad.archive.store import ChecksumMismatch, ObjectStore
 from replicad.errors import LogError
 from replicad.log.dump import dump_log
 from replicad.log.layout import LOG_SUFFIX, parse_partition_dir, segment_file_name
@@ -56,7 +59,13 @@ def verify_bucket(store: ObjectStore, out: TextIO) -> int:
         tp = parse_partition_dir(name)
         if tp is None:
             continue
-        data = store.get(directory + MANIFEST_NAME)
+        try:
+            data = store.get(directory + MANIFEST_NAME)
+        except ChecksumMismatch as error:  # this partition's problem, not the bucket's
+            partitions += 1
+            print(PartitionReport(name, problems=[str(error)]).line(), file=out)
+            failed = True
+            continue
         if data is None:
             print(f"{name}: no manifest (nothing archived yet)", file=out)
             continue
@@ -80,7 +89,7 @@ def verify_archived_partition(
     directory = partition_prefix(store.settings.prefix, tp)
     try:
         manifest = decode_manifest(data, source=source, read=lambda n: store.get(directory + n))
-    except LogError as error:
+    except (LogError, ChecksumMismatch) as error:
         report.problems.append(str(error))
         return report
     if manifest.topic_partition != tp:
@@ -102,9 +111,16 @@ def verify_archived_partition(
             if missing:
                 report.problems += [f"{key}: named by the manifest, missing" for key in missing]
                 continue
-            one = _download(store, keys, Path(temp) / report.name)
-            _merge(report, verify_partition(one, in_use=False), segment.base_offset)
-            _check_against_manifest(report, one, manifest, segment.base_offset)
+            one = Path(temp) / report.name
+            try:
+                _download(store, keys, one)
+            except ChecksumMismatch as error:
+                # An object damaged in the bucket is this segment's problem: the others,
+                # and the other partitions, are still checked (one line a partition).
+                report.problems.append(str(error))
+            else:
+                _merge(report, verify_partition(one, in_use=False), segment.base_offset)
+                _check_against_manifest(report, one, manifest, segment.base_offset)
             for path in one.iterdir():
                 path.unlink()
     unnamed = present - named

@@ -56,6 +56,11 @@ class ArchiveError(ReplicadError):
     """The bucket could not be read or written (the message names the key and why)."""
 
 
+class ChecksumMismatch(ArchiveError):
+    """A whole object read does not match the CRC32C stored with it: that object is damaged
+    in the bucket (or was changed on the way), the bucket itself answers."""
+
+
 @dataclass(frozen=True, slots=True)
 class BucketSettings:
     bucket: str
@@ -230,7 +235,7 @@ class ObjectStore:
         if not stored or "-" in stored:  # none, or a multipart object's composite
             return
         if base64.b64decode(stored) != value.to_bytes(4, "big"):
-            raise ArchiveError(
+            raise ChecksumMismatch(
                 f"s3://{self.settings.bucket}/{key}: the bytes read do not match the "
                 f"CRC32C stored with the object ({stored})"
             )

@@ -164,6 +164,47 @@ def test_a_flipped_byte_a_missing_object_and_a_wrong_size_are_named(
     assert out.rstrip().endswith("problems found")
 
 
+def _damage_at_rest(s3_server: S3Server, bucket: str, key: str) -> None:
+    """One byte of the object flipped in the bucket's own copy (versitygw's posix backend
+    keeps each object as a file), its stored CRC32C left as it was: bit rot, not a PUT."""
+    with open(s3_server.data / bucket / key, "r+b") as f:
+        f.seek(0, 2)
+        middle = f.tell() // 2
+        f.seek(middle)
+        byte = f.read(1)[0]
+        f.seek(middle)
+        f.write(bytes([byte ^ 0xFF]))
+
+
+def test_an_object_damaged_in_the_bucket_is_named_on_its_partitions_line_and_the_rest_checked(
+    archived: ObjectStore, s3_server: S3Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The bucket's stored CRC32C finds the damage when the object is read back: that is a
+    problem of the partition it belongs to (one line a partition, exit 1), not the end of
+    the check -- every other segment and partition is still checked. A manifest damaged so
+    is its partition's line too."""
+    bucket = archived.settings.bucket
+    url = f"s3://{bucket}/{PREFIX}"
+    zero = manifest_of(archived, TPS[0])
+    damaged = segment_key(PREFIX, TPS[0], zero.topic_id, zero.segments[0].base_offset, ".log")
+    _damage_at_rest(s3_server, bucket, damaged)
+    assert cli(archived, "verify", url) == 1
+    out = capsys.readouterr().out
+    line0 = next(line for line in out.splitlines() if line.startswith("orders-0"))
+    assert "FAILED" in line0 and f"{damaged}: the bytes read do not match the CRC32C" in line0
+    # The segments after the damaged one were read: from the next one to the last one.
+    span = f"offsets {zero.segments[1].base_offset}..{zero.segments[-1].next_offset - 1},"
+    assert span in line0
+    assert "orders-1: ok (" in out
+    assert out.rstrip().endswith("2 partitions, problems found")
+    _damage_at_rest(s3_server, bucket, manifest_key(PREFIX, TPS[1]))
+    assert cli(archived, "verify", url) == 1
+    out = capsys.readouterr().out
+    line1 = next(line for line in out.splitlines() if line.startswith("orders-1"))
+    assert "FAILED" in line1 and "manifest.json: the bytes read do not match" in line1
+    assert out.rstrip().endswith("2 partitions, problems found")
+
+
 def test_a_bucket_that_cannot_be_read_is_an_error_not_a_clean_check(
     s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
