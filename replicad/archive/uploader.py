@@ -24,9 +24,10 @@ Rules (the decisions are uploads.py's; this shell reads files and talks to the b
   without the expired segments is written, then their objects deleted. The first round of
   a partition with remote retention on deletes the objects below the manifest's first
   segment that a crash between the two left behind (one LIST of the partition).
-- A failure (bucket down, 503 SlowDown, a timeout, a file changed under us) is counted,
-  logged (rate-limited by the backoff), kept in the status, and the partition is tried
-  again after its backoff; nothing is skipped.
+- A failure (bucket down, 503 SlowDown, a timeout, a file changed under us, a manifest in
+  the bucket that does not decode) is counted, logged (rate-limited by the backoff), kept
+  in the status, and the partition is tried again after its backoff; nothing is skipped,
+  and the other partitions go on.
 - Credentials are never logged: errors name the bucket, key and the server's error code.
 """
 
@@ -65,6 +66,7 @@ from replicad.archive.uploads import (
 )
 from replicad.clock import wall_ms
 from replicad.config.model import ArchiveConfig
+from replicad.errors import LogError
 from replicad.log.checkpoint import kafka_uuid
 from replicad.log.layout import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from replicad.log.manager import LogManager
@@ -214,7 +216,10 @@ class Archiver:
                 state.manifest = self._expire(tp, state.manifest, now_ms)
             state.backoff.succeeded()
             state.last_error = None
-        except (ArchiveError, OSError) as error:
+        except (ArchiveError, LogError, OSError) as error:
+            # LogError: a manifest in the bucket this replicad cannot read (damaged without
+            # a checksum, another version's, edited by hand) or the local log refusing;
+            # raised out of here it ended the round and the uploader's task for good.
             retry_at = state.backoff.failed(now_ms)
             state.last_error = str(error)
             with self._totals.lock:

@@ -248,6 +248,39 @@ def test_a_topic_created_again_is_not_mixed_into_the_old_archive(
     new.close()
 
 
+def test_a_manifest_that_does_not_decode_is_that_partitions_retried_failure(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    """A manifest in the bucket this replicad cannot read (another version's, damaged
+    before objects carried a CRC32C, edited by hand) fails its own partition, counted,
+    shown and retried, with the retention hold unraised; the round goes on with the other
+    partitions. (It raised LogError out of the round: the uploader's task ended for good,
+    no line said so, and local retention waited for it forever.)"""
+    manager, _ = filled(tmp_path)
+    other = TopicPartition("orders", 3)
+    log = manager.get_or_create(other, topic_id=uuid.uuid4())
+    now = wall_ms()
+    for raw in batch_stream(2, 60):
+        log.append(raw, scan_batches(raw).batches, now_ms=now)
+    log.high_watermark = log.log_end_offset
+    store = store_of(s3_server, s3_bucket)
+    store.put_bytes(manifest_key(PREFIX, TP), b'{"not": "a manifest"')
+    archiver = Archiver(settings(s3_server, s3_bucket))
+    assert archiver.round(manager) == len(log.segments) - 1 > 0
+    snap = archiver.snapshot()
+    assert snap["failures"] == 1 and snap["retrying_partitions"] == ["orders-2"]
+    assert "not a replicad archive manifest" in snap["last_error"]
+    assert manager.partitions()[TP].archive_floor is None  # nothing deleted locally for it
+    directory = partition_prefix(PREFIX, other)
+    uploaded = decode_manifest(
+        store.get(manifest_key(PREFIX, other)) or b"",
+        source="m",
+        read=lambda name: store.get(directory + name),
+    )
+    assert [s.base_offset for s in uploaded.segments] == [s.base_offset for s in log.segments[:-1]]
+    manager.close()
+
+
 def test_local_retention_between_uploads_does_not_move_the_archives_log_start(
     s3_server: S3Server, s3_bucket: str, tmp_path: Path
 ) -> None:
