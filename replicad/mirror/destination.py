@@ -166,12 +166,7 @@ class Destination:
             return {}
         conn, version = await self._admin(ApiKey.CREATE_TOPICS)
         body = await conn.request(create_topics_request(version, topics))
-        results: dict[str, str | None] = {}
-        for r in body.topics:
-            code = error_code_of(int(r.error_code))
-            ok = code in (ErrorCode.none, ErrorCode.topic_already_exists)
-            results[str(r.name)] = None if ok else _error_text(code, r)
-        return results
+        return _by_topic(body.topics, "name", _CREATED)
 
     async def create_partitions(self, counts: Mapping[str, int]) -> dict[str, str | None]:
         """topic -> None when it has `count` partitions now, else the error and message."""
@@ -179,11 +174,7 @@ class Destination:
             return {}
         conn, version = await self._admin(ApiKey.CREATE_PARTITIONS)
         body = await conn.request(create_partitions_request(version, counts))
-        results: dict[str, str | None] = {}
-        for r in body.results:
-            code = error_code_of(int(r.error_code))
-            results[str(r.name)] = None if code == ErrorCode.none else _error_text(code, r)
-        return results
+        return _by_topic(body.results, "name")
 
     async def alter_topic_configs(
         self, changes: Mapping[str, Mapping[str, str]]
@@ -194,11 +185,7 @@ class Destination:
             return {}
         conn, version = await self._admin(ApiKey.INCREMENTAL_ALTER_CONFIGS)
         body = await conn.request(alter_topic_configs_request(version, changes))
-        results: dict[str, str | None] = {}
-        for r in body.responses:
-            code = error_code_of(int(r.error_code))
-            results[str(r.resource_name)] = None if code == ErrorCode.none else _error_text(code, r)
-        return results
+        return _by_topic(body.responses, "resource_name")
 
     async def log_ends(
         self, leader_id: int, partitions: Sequence[TopicPartition]
@@ -307,6 +294,23 @@ def _offsets(body: object) -> dict[TopicPartition, int | str]:
             code = int(p.error_code)
             out[tp] = error_name(code) if code != ErrorCode.none else int(p.offset)
     return out
+
+
+_DONE = frozenset({ErrorCode.none})
+# A topic that already exists counts as created: a restarted mirror asks again.
+_CREATED = frozenset({ErrorCode.none, ErrorCode.topic_already_exists})
+
+
+def _by_topic(
+    results: Sequence[Any], name_field: str, done: frozenset[ErrorCode] = _DONE
+) -> dict[str, str | None]:
+    """An administration answer's per-topic results as topic -> None when its error code
+    is one of `done`, else the error and message (the topic is in `name_field`)."""
+    by_topic: dict[str, str | None] = {}
+    for r in results:
+        code = error_code_of(int(r.error_code))
+        by_topic[str(getattr(r, name_field))] = None if code in done else _error_text(code, r)
+    return by_topic
 
 
 def _error_text(code: ErrorCode, result: object) -> str:
