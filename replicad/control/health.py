@@ -146,10 +146,8 @@ def _topics(snap: Mapping[str, Any]) -> list[Reason]:
     missing = list(snap.get("missing_topics") or ())
     if not missing:
         return []
-    names = ", ".join(repr(t) for t in missing[:NAMED_AT_MOST])
-    more = f" and {len(missing) - NAMED_AT_MOST} more" if len(missing) > NAMED_AT_MOST else ""
     what = "topic" if len(missing) == 1 else "topics"
-    text = f"{what} {names}{more} not found on the source"
+    text = f"{what} {_listed([repr(t) for t in missing])} not found on the source"
     # The totals count every partition (a status loop's snapshot lists only problem rows).
     count = (snap.get("totals") or {}).get("partitions", len(snap.get("partitions") or ()))
     nothing_else = not count
@@ -203,10 +201,7 @@ def _partitions(
     reasons = []
     for code, names in groups.items():
         if names:
-            shown = ", ".join(names[:NAMED_AT_MOST])
-            more = f" and {len(names) - NAMED_AT_MOST} more" if len(names) > NAMED_AT_MOST else ""
-            count = f"{len(names)} partition{'s' if len(names) > 1 else ''}"
-            text = f"{count} {texts[code]}: {shown}{more}"
+            text = f"{_partition_count(len(names))} {texts[code]}: {_listed(names)}"
             reasons.append(Reason(Health.DEGRADED, f"partitions_{code}", text))
     return reasons
 
@@ -257,13 +252,11 @@ def _mirror(mirror: Mapping[str, Any]) -> list[Reason]:
         if p.get("state") == "halted"
     ]
     if halted:
-        shown = ", ".join(halted[:NAMED_AT_MOST])
-        more = f" and {len(halted) - NAMED_AT_MOST} more" if len(halted) > NAMED_AT_MOST else ""
         reasons.append(
             Reason(
                 Health.DEGRADED,
                 "mirror_halted",
-                f"{len(halted)} mirrored partition(s) halted (see their error): {shown}{more}",
+                f"{len(halted)} mirrored partition(s) halted (see their error): {_listed(halted)}",
             )
         )
     errors = mirror.get("topic_errors") or {}
@@ -278,11 +271,9 @@ def _archive(archive: Mapping[str, Any]) -> list[Reason]:
     retrying = list(archive.get("retrying_partitions") or ())
     if not retrying:
         return []
-    shown = ", ".join(retrying[:NAMED_AT_MOST])
-    more = f" and {len(retrying) - NAMED_AT_MOST} more" if len(retrying) > NAMED_AT_MOST else ""
     text = (
         f"archive uploads failing for {len(retrying)} partition(s), retried "
-        f"({shown}{more}): {archive.get('last_error')}"
+        f"({_listed(retrying)}): {archive.get('last_error')}"
     )
     return [Reason(Health.DEGRADED, "archive_retrying", text)]
 
@@ -302,17 +293,15 @@ def _verify(verify: Mapping[str, Any]) -> list[Reason]:
     if not differing:
         return []
     named = []
-    for p in differing[:NAMED_AT_MOST]:
+    for p in differing:
         first = (p.get("mismatches") or [{}])[0]
         named.append(
             f"{p.get('topic')}-{p.get('partition')} at offset {first.get('offset', '?')} "
             f"({first.get('kind', '?')})"
         )
-    more = len(differing) - NAMED_AT_MOST
     text = (
-        f"{len(differing)} partition{'s' if len(differing) > 1 else ''} of the replica "
-        f"differ{'s' if len(differing) == 1 else ''} from the source: {', '.join(named)}"
-        + (f" and {more} more" if more > 0 else "")
+        f"{_partition_count(len(differing))} of the replica "
+        f"differ{'s' if len(differing) == 1 else ''} from the source: {_listed(named)}"
     )
     return [Reason(Health.DEGRADED, "verify_mismatch", text)]
 
@@ -321,17 +310,25 @@ def _damaged(partitions: Sequence[Mapping[str, Any]]) -> list[Reason]:
     damaged = [p for p in partitions if p.get("damaged_reads")]
     if not damaged:
         return []
-    named = ", ".join(
+    named = [
         f"{p.get('topic')}-{p.get('partition')} at offset {p.get('damaged_offset', '?')}"
-        for p in damaged[:NAMED_AT_MOST]
-    )
-    more = len(damaged) - NAMED_AT_MOST
+        for p in damaged
+    ]
     text = (
-        f"{len(damaged)} partition{'s' if len(damaged) > 1 else ''} of the replica "
-        f"{'have' if len(damaged) > 1 else 'has'} a damaged batch on disk: {named}"
-        + (f" and {more} more" if more > 0 else "")
+        f"{_partition_count(len(damaged))} of the replica "
+        f"{'have' if len(damaged) > 1 else 'has'} a damaged batch on disk: {_listed(named)}"
     )
     return [Reason(Health.DEGRADED, "replica_damaged", text)]
+
+
+def _listed(names: Sequence[str]) -> str:
+    """The first NAMED_AT_MOST names, then how many more: "a-0, a-1 and 3 more"."""
+    more = len(names) - NAMED_AT_MOST
+    return ", ".join(names[:NAMED_AT_MOST]) + (f" and {more} more" if more > 0 else "")
+
+
+def _partition_count(count: int) -> str:
+    return f"{count} partition{'s' if count > 1 else ''}"
 
 
 def _seconds(value: float) -> str:

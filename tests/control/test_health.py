@@ -276,3 +276,13 @@ def test_a_damaged_local_log_degrades_naming_partition_and_offset() -> None:
     assert reason.text == (
         "1 partition of the replica has a damaged batch on disk: orders-1 at offset 4096"
     )
+
+
+def test_a_long_list_names_the_first_five_and_counts_the_rest() -> None:
+    rows = [partition("orders", n, damaged_reads=1, damaged_offset=n) for n in range(8)]
+    (reason,) = assess(snapshot(partitions=rows)).reasons
+    assert reason.text == (
+        "8 partitions of the replica have a damaged batch on disk: orders-0 at offset 0, "
+        "orders-1 at offset 1, orders-2 at offset 2, orders-3 at offset 3, "
+        "orders-4 at offset 4 and 3 more"
+    )
