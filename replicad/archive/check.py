@@ -142,19 +142,14 @@ def _merge(report: PartitionReport, one: PartitionReport, base: int) -> None:
     report.problems += [p if p.startswith(name) else f"{name}: {p}" for p in one.problems]
     report.batches += one.batches
     report.gaps += one.gaps
-    if one.first_offset is None:
+    if one.first_offset is None or one.next_offset is None:
         return
-    if report.next_offset is not None:
-        if one.first_offset < report.next_offset:
-            report.problems.append(
-                f"{name}: offset {one.first_offset} overlaps the previous segment ending at "
-                f"{report.next_offset - 1}"
-            )
-        elif one.first_offset > report.next_offset:
-            report.gaps += 1
-    if report.first_offset is None:
-        report.first_offset = one.first_offset
-    report.next_offset = one.next_offset
+    overlapped = report.advance(one.first_offset, one.next_offset)
+    if overlapped is not None:
+        report.problems.append(
+            f"{name}: offset {one.first_offset} overlaps the previous segment ending at "
+            f"{overlapped}"
+        )
 
 
 def _check_against_manifest(

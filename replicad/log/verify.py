@@ -157,6 +157,18 @@ class PartitionReport:
             return f"{self.name}: FAILED ({summary}): " + "; ".join(self.problems)
         return f"{self.name}: ok ({summary})"
 
+    def advance(self, first: int, next_offset: int) -> int | None:
+        """Take offsets `first`..`next_offset` - 1 as the next ones read (a hole before them
+        is a gap). Returns the last offset read before them when they overlap it, else None:
+        the caller names the overlap, as it knows where it is."""
+        previous = self.next_offset
+        if self.first_offset is None:
+            self.first_offset = first
+        self.next_offset = next_offset
+        if previous is not None and first > previous:
+            self.gaps += 1
+        return previous - 1 if previous is not None and first < previous else None
+
 
 def verify_partition(directory: Path, *, in_use: bool) -> PartitionReport:
     report = PartitionReport(directory.name)
@@ -173,19 +185,14 @@ def verify_partition(directory: Path, *, in_use: bool) -> PartitionReport:
         elif scan.stop is ScanStop.PARTIAL and not (is_last and in_use):
             report.problems.append(f"{name}: torn batch at position {scan.valid_bytes}")
         for batch in scan.batches:
-            if report.next_offset is not None:
-                if batch.base_offset < report.next_offset:
-                    report.problems.append(
-                        f"{name}: offset {batch.base_offset} at position {batch.position} "
-                        f"overlaps the previous batch ending at {report.next_offset - 1}"
-                    )
-                elif batch.base_offset > report.next_offset:
-                    report.gaps += 1
-            if report.first_offset is None:
-                report.first_offset = batch.base_offset
+            overlapped = report.advance(batch.base_offset, batch.next_offset)
+            if overlapped is not None:
+                report.problems.append(
+                    f"{name}: offset {batch.base_offset} at position {batch.position} "
+                    f"overlaps the previous batch ending at {overlapped}"
+                )
             if batch.base_offset < base:
                 report.problems.append(f"{name}: offset {batch.base_offset} below its base")
-            report.next_offset = batch.next_offset
             report.batches += 1
         for suffix, check in (
             (INDEX_SUFFIX, check_offset_index),

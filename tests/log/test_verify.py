@@ -8,7 +8,7 @@ from pathlib import Path
 
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
-from replicad.log.verify import verify_data_dir
+from replicad.log.verify import PartitionReport, verify_data_dir
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from tools.logdata.batches import batch_stream
@@ -60,3 +60,12 @@ def test_malformed_checkpoint_fails(tmp_path: Path) -> None:
     out = io.StringIO()
     assert verify_data_dir(tmp_path, out) == 1
     assert "replication-offset-checkpoint: FAILED" in out.getvalue()
+
+
+def test_the_report_counts_holes_as_gaps_and_returns_an_overlap() -> None:
+    report = PartitionReport("a-0")
+    assert report.advance(10, 20) is None  # the first span
+    assert report.advance(20, 25) is None  # follows on
+    assert report.advance(30, 31) is None and report.gaps == 1  # a hole: 25..29
+    assert report.advance(28, 40) == 30  # overlaps the span that ended at 30
+    assert (report.first_offset, report.next_offset, report.gaps) == (10, 40, 1)
