@@ -38,6 +38,17 @@ _RUN_FLAGS = {
 }
 
 
+# serve's coordinator: --group-KEY (milliseconds) sets what groups.KEY sets in a config
+# file, with the config model's default.
+_GROUP_FLAGS = (
+    "min_session_timeout_ms",
+    "max_session_timeout_ms",
+    "initial_rebalance_delay_ms",
+    "consumer_session_timeout_ms",
+    "consumer_heartbeat_interval_ms",
+)
+
+
 def _run_overrides(args: argparse.Namespace) -> dict[str, object]:
     """Flags that override the config file, as dotted config paths."""
     overrides: dict[str, object] = {}
@@ -333,8 +344,9 @@ def _milliseconds(text: str) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
 
+    from replicad.config.model import GroupsConfig
     from replicad.daemon import raise_open_file_limit
-    from replicad.groups.coordinator import CoordinatorConfig
+    from replicad.leader.groups import coordinator_config
     from replicad.leader.server import serve_forever
     from replicad.leader.settings import ServeSettings
     from replicad.logs import configure_logging
@@ -360,12 +372,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 allowed_followers=frozenset(args.allow_follower or ()),
                 security=security,
                 settings=ServeSettings(downconversion_enable=args.message_downconversion),
-                group_config=CoordinatorConfig(
-                    min_session_timeout_ms=args.group_min_session_timeout_ms,
-                    max_session_timeout_ms=args.group_max_session_timeout_ms,
-                    initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
-                    consumer_session_timeout_ms=args.group_consumer_session_timeout_ms,
-                    consumer_heartbeat_interval_ms=args.group_consumer_heartbeat_interval_ms,
+                group_config=coordinator_config(
+                    GroupsConfig(**{key: getattr(args, f"group_{key}") for key in _GROUP_FLAGS})
                 ),
                 consumer_group_protocol=args.group_consumer_protocol,
                 remote=remote,
@@ -715,27 +723,25 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     coordinating = serve.add_argument_group(
         "groups", "the group coordinator (the groups.* keys of the config file of the same names)"
     )
+    from replicad.config.model import GroupsConfig, defaults_of
+
+    group_defaults = defaults_of(GroupsConfig)
     coordinating.add_argument(
         "--group-consumer-protocol",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=group_defaults["consumer_protocol"],
         help="also answer the consumer group protocol (KIP-848: Java clients with "
         "group.protocol=consumer) (default: on, as Kafka 4 brokers; "
         "--no-group-consumer-protocol: the classic protocol only)",
     )
-    for flag, default in (
-        ("min-session-timeout-ms", 6_000),
-        ("max-session-timeout-ms", 1_800_000),
-        ("initial-rebalance-delay-ms", 3_000),
-        ("consumer-session-timeout-ms", 45_000),
-        ("consumer-heartbeat-interval-ms", 5_000),
-    ):
+    for key in _GROUP_FLAGS:
+        default = group_defaults[key]
         coordinating.add_argument(
-            f"--group-{flag}",
+            f"--group-{key.replace('_', '-')}",
             type=_milliseconds,
             default=default,
             metavar="MS",
-            help=f"groups.{flag.replace('-', '_')} (default: {default})",
+            help=f"groups.{key} (default: {default})",
         )
     archived = serve.add_argument_group(
         "archive",

@@ -22,7 +22,7 @@ from kafka import KafkaConsumer
 from kafka import TopicPartition as KafkaTopicPartition
 
 from replicad import __version__
-from replicad.cli import _run_overrides, build_parser
+from replicad.cli import _run_overrides, build_parser, main
 from replicad.exits import EX_CANTCREAT, EX_CONFIG, EX_FAILURE
 from replicad.types import TopicPartition
 from tools.replica import ReplicadProcess, replicad_run, wait_until
@@ -344,3 +344,29 @@ def test_serves_group_flags_take_whole_milliseconds_from_0(
             build_parser().parse_args([*serve, flag, bad])
         assert exited.value.code == 2
         assert f"argument {flag}: {said}" in capsys.readouterr().err
+
+
+def test_serves_group_flags_reach_its_coordinator_with_the_config_models_defaults(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from replicad import logs
+    from replicad.config.model import GroupsConfig
+    from replicad.leader import server
+    from replicad.leader.groups import coordinator_config
+
+    given: dict[str, Any] = {}
+
+    async def serve_forever(data_dir: Path, listen: str, **kwargs: Any) -> int:
+        given.update(kwargs)
+        return 0
+
+    monkeypatch.setattr(server, "serve_forever", serve_forever)
+    monkeypatch.setattr(logs, "configure_logging", lambda *args: None)
+    serve = ["serve", "--data-dir", str(tmp_path), "--listen", "127.0.0.1:0"]
+    assert main([*serve, "--group-max-session-timeout-ms", "7000"]) == 0
+    groups = GroupsConfig(max_session_timeout_ms=7000)
+    assert given["group_config"] == coordinator_config(groups)
+    assert given["consumer_group_protocol"] is GroupsConfig().consumer_protocol
+    assert main([*serve, "--no-group-consumer-protocol"]) == 0
+    assert given["group_config"] == coordinator_config(GroupsConfig())
+    assert given["consumer_group_protocol"] is False
