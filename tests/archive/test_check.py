@@ -15,7 +15,6 @@ import pytest
 from replicad.archive import manifest as manifest_module
 from replicad.archive.manifest import (
     chunk_name,
-    decode_manifest,
     manifest_key,
     partition_prefix,
     segment_key,
@@ -28,6 +27,7 @@ from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
+from tests.archive.test_uploader import manifest_in
 from tools.logdata.batches import batch_stream
 from tools.peers.s3 import S3Server, client_environ
 
@@ -72,15 +72,6 @@ def cli(store: ObjectStore, *argv: str) -> int:
     return main([*argv, "--s3-endpoint", str(store.settings.endpoint)])
 
 
-def manifest_of(store: ObjectStore, tp: TopicPartition):  # type: ignore[no-untyped-def]
-    directory = partition_prefix(PREFIX, tp)
-    return decode_manifest(
-        store.get(manifest_key(PREFIX, tp)) or b"",
-        source="test",
-        read=lambda name: store.get(directory + name),
-    )
-
-
 def test_an_uploaded_archive_verifies_clean_and_its_batches_dump(
     archived: ObjectStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -91,7 +82,7 @@ def test_an_uploaded_archive_verifies_clean_and_its_batches_dump(
     assert out.rstrip().endswith("2 partitions, all ok")
     assert cli(archived, "dump-log", f"{url}/orders-1") == 0
     dumped = capsys.readouterr().out
-    manifest = manifest_of(archived, TPS[1])
+    manifest = manifest_in(archived, TPS[1])
     assert dumped.count("Dumping s3://") == len(manifest.segments)
     assert "baseOffset: 0 " in dumped and "isvalid: false" not in dumped
     key = segment_key(PREFIX, TPS[1], manifest.topic_id, manifest.segments[1].base_offset, ".log")
@@ -109,7 +100,7 @@ def test_a_chunked_archive_verifies_and_dumps_whole_and_a_missing_chunk_is_named
     in the product): verify and dump-log read every segment the chunks name; a chunk
     object gone is a problem named, not a shorter archive."""
     url = f"s3://{archived.settings.bucket}/{PREFIX}"
-    manifests = [manifest_of(archived, tp) for tp in TPS]
+    manifests = [manifest_in(archived, tp) for tp in TPS]
     assert all(m.chunks for m in manifests)
     assert cli(archived, "verify", url) == 0
     out = capsys.readouterr().out
@@ -136,7 +127,7 @@ def test_a_flipped_byte_a_missing_object_and_a_wrong_size_are_named(
     archived: ObjectStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = f"s3://{archived.settings.bucket}/{PREFIX}"
-    zero, one = manifest_of(archived, TPS[0]), manifest_of(archived, TPS[1])
+    zero, one = manifest_in(archived, TPS[0]), manifest_in(archived, TPS[1])
     flipped = segment_key(PREFIX, TPS[0], zero.topic_id, zero.segments[1].base_offset, ".log")
     data = bytearray(archived.get(flipped) or b"")
     data[len(data) // 2] ^= 0xFF

@@ -71,11 +71,13 @@ def store_of(server: S3Server, bucket: str) -> ObjectStore:
     return ObjectStore(settings(server, bucket).bucket)
 
 
-def manifest_in(store: ObjectStore) -> Manifest:
-    directory = partition_prefix(PREFIX, TP)
+def manifest_in(store: ObjectStore, tp: TopicPartition = TP) -> Manifest:
+    """The manifest the bucket holds for `tp` under the store's prefix, with its chunks."""
+    prefix = store.settings.prefix
+    directory = partition_prefix(prefix, tp)
     return decode_manifest(
-        store.get(manifest_key(PREFIX, TP)) or b"",
-        source="m",
+        store.get(manifest_key(prefix, tp)) or b"",
+        source=f"{store.settings.bucket}/{manifest_key(prefix, tp)}",
         read=lambda name: store.get(directory + name),
     )
 
