@@ -4,27 +4,18 @@ from __future__ import annotations
 
 import errno
 import os
-import struct
 from pathlib import Path
 
 import pytest
-from crc32c import crc32c
 
 from replicad.log.config import LogConfig
 from replicad.log.index import TimestampOffset
 from replicad.log.segment import LogSegment
-from replicad.records.batch import V2_CRC_START, TimestampType, scan_batches
+from replicad.records.batch import TimestampType, scan_batches
 from replicad.records.records import Record, decode_batch
-from tools.logdata.batches import batch_stream, producer_batch
+from tools.logdata.batches import batch_stream, log_append_time, producer_batch
 
 CONFIG = LogConfig(index_interval_bytes=1024, segment_index_bytes=4096)
-_ATTRIBUTES = struct.Struct(">h")
-_ATTRIBUTES_POSITION = 21
-_LOG_APPEND_TIME_FLAG = 0x08
-_TIMESTAMP = struct.Struct(">q")
-_MAX_TIMESTAMP_POSITION = 35
-_CRC = struct.Struct(">I")
-_CRC_POSITION = 17
 
 
 def _filled(tmp_path: Path, count: int = 60, seed: int = 7) -> tuple[LogSegment, bytes]:
@@ -124,24 +115,13 @@ def test_find_offset_by_timestamp_skips_records_below_the_starting_offset(tmp_pa
             assert found is not None and found.offset >= start
 
 
-def _log_append_time(raw: bytes, append_ms: int) -> bytes:
-    """A batch as a broker with message.timestamp.type=LogAppendTime stores it: the type bit
-    set and the max timestamp replaced (record deltas untouched), the CRC recomputed."""
-    data = bytearray(raw)
-    (attributes,) = _ATTRIBUTES.unpack_from(data, _ATTRIBUTES_POSITION)
-    _ATTRIBUTES.pack_into(data, _ATTRIBUTES_POSITION, attributes | _LOG_APPEND_TIME_FLAG)
-    _TIMESTAMP.pack_into(data, _MAX_TIMESTAMP_POSITION, append_ms)
-    _CRC.pack_into(data, _CRC_POSITION, crc32c(bytes(data[V2_CRC_START:])))
-    return bytes(data)
-
-
 def test_find_offset_by_timestamp_in_log_append_time_batches(tmp_path: Path) -> None:
     ts = 1_700_000_000_000
     values = [b"v"] * 5
     raw = [
         producer_batch(0, values, timestamp_ms=ts),
         # Created at ts + 10.., appended at ts + 5000: every record's timestamp is ts + 5000.
-        _log_append_time(producer_batch(5, values, timestamp_ms=ts + 10), ts + 5000),
+        log_append_time(producer_batch(5, values, timestamp_ms=ts + 10), ts + 5000),
         producer_batch(10, values, timestamp_ms=ts + 6000),
     ]
     data = b"".join(raw)

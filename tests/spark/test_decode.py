@@ -10,7 +10,6 @@ import struct
 import numpy as np
 import pyarrow as pa
 import pytest
-from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder
@@ -19,7 +18,6 @@ from replicad.errors import CorruptRecordError
 from replicad.records.batch import (
     MAGIC_V2,
     RECORD_BATCH_OVERHEAD,
-    V2_CRC_START,
     Compression,
     TimestampType,
     scan_batches,
@@ -31,17 +29,11 @@ from replicad.spark.decode import (
     columns_from_records,
     decode_v2_columns,
 )
+from tools.logdata.batches import log_append_time
 
 TS = 1_700_000_000_000
 _UNLIMITED = 1 << 30
 _BASE_OFFSET = struct.Struct(">q")
-_ATTRIBUTES = struct.Struct(">h")
-_ATTRIBUTES_POSITION = 21
-_LOG_APPEND_TIME_FLAG = 0x08
-_MAX_TIMESTAMP = struct.Struct(">q")
-_MAX_TIMESTAMP_POSITION = 35
-_CRC = struct.Struct(">I")
-_CRC_POSITION = 17
 
 payloads = st.one_of(st.none(), st.binary(max_size=300))
 header_lists = st.lists(
@@ -69,16 +61,6 @@ def build(base_offset: int, recs, codec: Compression) -> bytes:
         assert builder.append(i, TS + ts_step, key, value, list(headers)) is not None
     data = bytearray(builder.build())
     _BASE_OFFSET.pack_into(data, 0, base_offset)
-    return bytes(data)
-
-
-def log_append_time(raw: bytes, append_ms: int) -> bytes:
-    """As a broker with LogAppendTime stores a batch: type bit and max timestamp set."""
-    data = bytearray(raw)
-    (attributes,) = _ATTRIBUTES.unpack_from(data, _ATTRIBUTES_POSITION)
-    _ATTRIBUTES.pack_into(data, _ATTRIBUTES_POSITION, attributes | _LOG_APPEND_TIME_FLAG)
-    _MAX_TIMESTAMP.pack_into(data, _MAX_TIMESTAMP_POSITION, append_ms)
-    _CRC.pack_into(data, _CRC_POSITION, crc32c(bytes(data[V2_CRC_START:])))
     return bytes(data)
 
 

@@ -13,10 +13,17 @@ import struct
 import zlib
 from collections.abc import Sequence
 
+from crc32c import crc32c
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
 
-from replicad.records.batch import MAGIC_V2, Compression
+from replicad.records.batch import (
+    MAGIC_V2,
+    TIMESTAMP_TYPE_MASK,
+    V2_CRC_POSITION,
+    V2_CRC_START,
+    Compression,
+)
 
 _BASE_OFFSET = struct.Struct(">q")
 _LEADER_EPOCH = struct.Struct(">i")
@@ -24,6 +31,9 @@ _LEADER_EPOCH_POSITION = 12
 _UNLIMITED = 1 << 30
 _TIMESTAMP = struct.Struct(">q")
 _CRC = struct.Struct(">I")
+_ATTRIBUTES = struct.Struct(">h")
+_ATTRIBUTES_POSITION = 21
+_MAX_TIMESTAMP_POSITION = 35
 _LEGACY_CRC_POSITION = 12
 _LEGACY_MAGIC_POSITION = 16
 _LEGACY_TIMESTAMP_POSITION = 18
@@ -61,6 +71,18 @@ def producer_batch(
     data = bytearray(builder.build())
     _BASE_OFFSET.pack_into(data, 0, base_offset)
     _LEADER_EPOCH.pack_into(data, _LEADER_EPOCH_POSITION, leader_epoch)
+    return bytes(data)
+
+
+def log_append_time(raw: bytes, append_ms: int) -> bytes:
+    """A magic 2 batch as a broker with message.timestamp.type=LogAppendTime stores it: the
+    type bit set and the max timestamp replaced (record deltas untouched), the CRC32C
+    recomputed."""
+    data = bytearray(raw)
+    (attributes,) = _ATTRIBUTES.unpack_from(data, _ATTRIBUTES_POSITION)
+    _ATTRIBUTES.pack_into(data, _ATTRIBUTES_POSITION, attributes | TIMESTAMP_TYPE_MASK)
+    _TIMESTAMP.pack_into(data, _MAX_TIMESTAMP_POSITION, append_ms)
+    _CRC.pack_into(data, V2_CRC_POSITION, crc32c(bytes(data[V2_CRC_START:])))
     return bytes(data)
 
 
