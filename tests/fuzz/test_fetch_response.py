@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tools.chaos.fuzz_targets import FETCH_VERSIONS, fetch_response, fuzz_inputs, seeds
+from tests.fuzz.test_record_batches import check
+from tools.chaos.fuzz_targets import FETCH_VERSIONS, fetch_response, seeds
 from tools.chaos.strategies import bounded, fetch_responses, mutated
 from tools.chaos.wire_data import PartitionAnswer, fetch_response_body, fetch_response_claiming
 
@@ -25,33 +26,27 @@ TARGET = "fetch-response"
 BOUNDED = bounded(8)
 
 
-def check(inputs: list[bytes]) -> None:
-    report = fuzz_inputs(TARGET, inputs)
-    assert report.unexpected == report.known == (), report.describe(inputs)
-
-
 def test_every_seed_passes_cleanly() -> None:
-    report = fuzz_inputs(TARGET, list(seeds(TARGET)))
-    assert report.unexpected == report.known == (), report.describe(list(seeds(TARGET)))
+    check(TARGET, list(seeds(TARGET)))
     assert len(seeds(TARGET)) == 2 * len(FETCH_VERSIONS)
 
 
 @BOUNDED
 @given(st.lists(mutated(TARGET), min_size=60, max_size=60))
 def test_mutated_fetch_responses(inputs: list[bytes]) -> None:
-    check(inputs)
+    check(TARGET, inputs)
 
 
 @settings(BOUNDED, max_examples=15)
 @given(fetch_responses())
 def test_generated_fetch_responses(data: bytes) -> None:
-    check([data])
+    check(TARGET, [data])
 
 
 @BOUNDED
 @given(st.lists(st.binary(max_size=300), min_size=60, max_size=60))
 def test_random_bytes(inputs: list[bytes]) -> None:
-    check(inputs)
+    check(TARGET, inputs)
 
 
 # A 40-byte Fetch v12 response: one topic, one partition whose aborted_transactions
