@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kio.schema.errors import ErrorCode
 
@@ -41,6 +41,9 @@ from replicad.wire import (
     DEBUGGING_REPLICA_ID,
     LATEST_TIMESTAMP,
 )
+
+# What a topic administration request asks about (topics to create, partition counts...).
+Asked = TypeVar("Asked")
 
 # Every in-sync replica must have the batch before it is acknowledged.
 ACKS_ALL = -1
@@ -135,12 +138,12 @@ class Destination:
         self.client = client
         self.produce_timeout_ms = produce_timeout_ms
 
-    async def _admin(self, api: ApiKey) -> tuple[BrokerConnection, int]:
-        """A connection to any destination broker, and the version of `api` it speaks (for
-        the topic administration requests below)."""
+    async def _admin(self, api: ApiKey, build: Callable[[int, Asked], Any], asked: Asked) -> Any:
+        """A topic administration request (below) to any destination broker, built by
+        `build` at the version of `api` that broker speaks; its answer."""
         conn = await self.client.broker_connection()
         assert conn.versions is not None
-        return conn, conn.versions.require(api)
+        return await conn.request(build(conn.versions.require(api), asked))
 
     async def init_producer_id(self) -> ProducerStamp:
         """A new idempotent producer session (no transactional id)."""
@@ -164,16 +167,14 @@ class Destination:
         """topic -> None when created (or it already existed), else the error and message."""
         if not topics:
             return {}
-        conn, version = await self._admin(ApiKey.CREATE_TOPICS)
-        body = await conn.request(create_topics_request(version, topics))
+        body = await self._admin(ApiKey.CREATE_TOPICS, create_topics_request, topics)
         return _by_topic(body.topics, "name", _CREATED)
 
     async def create_partitions(self, counts: Mapping[str, int]) -> dict[str, str | None]:
         """topic -> None when it has `count` partitions now, else the error and message."""
         if not counts:
             return {}
-        conn, version = await self._admin(ApiKey.CREATE_PARTITIONS)
-        body = await conn.request(create_partitions_request(version, counts))
+        body = await self._admin(ApiKey.CREATE_PARTITIONS, create_partitions_request, counts)
         return _by_topic(body.results, "name")
 
     async def alter_topic_configs(
@@ -183,8 +184,8 @@ class Destination:
         when set, else the error and message."""
         if not changes:
             return {}
-        conn, version = await self._admin(ApiKey.INCREMENTAL_ALTER_CONFIGS)
-        body = await conn.request(alter_topic_configs_request(version, changes))
+        api = ApiKey.INCREMENTAL_ALTER_CONFIGS
+        body = await self._admin(api, alter_topic_configs_request, changes)
         return _by_topic(body.responses, "resource_name")
 
     async def log_ends(
