@@ -116,31 +116,14 @@ class ObjectStore:
     """One bucket; safe to share between threads (boto3 clients are)."""
 
     def __init__(self, settings: BucketSettings) -> None:
-        import boto3
-        from botocore.config import Config
-
         self.settings = settings
         self.requests = {"PUT": 0, "GET": 0, "LIST": 0, "DELETE": 0}
         self._counting = threading.Lock()  # several uploads and reads at once
-        self._client = boto3.session.Session().client(
-            "s3",
-            endpoint_url=settings.endpoint or os.environ.get("AWS_ENDPOINT_URL") or None,
-            region_name=settings.region,
-            aws_access_key_id=settings.access_key_id,
-            aws_secret_access_key=settings.secret_access_key,
-            config=Config(
-                connect_timeout=settings.connect_timeout_s,
-                read_timeout=settings.read_timeout_s,
-                retries={"mode": "standard", "max_attempts": settings.max_attempts},
-                # Our own CRC32C instead (module docstring); whole reads are checked by
-                # boto3 (CRC32, SHAs) and by `_check` (CRC32C).
-                request_checksum_calculation="when_required",
-                s3={
-                    "addressing_style": "path" if settings.path_style else "virtual",
-                    "payload_signing_enabled": settings.signs_payload,
-                },
-            ),
-        )
+        endpoint = settings.endpoint or os.environ.get("AWS_ENDPOINT_URL") or None
+        try:
+            self._client = _client(settings, endpoint)
+        except ValueError as error:  # boto3's "Invalid endpoint: ...": a bad URL, said so
+            raise ArchiveError(f"s3://{settings.bucket}: endpoint {endpoint!r}: {error}") from None
 
     def _fail(self, what: str, key: str, error: Exception) -> ArchiveError:
         code = _error_code(error)
@@ -297,6 +280,32 @@ class ObjectStore:
         except Exception as error:
             raise self._fail("LIST", prefix, error) from None
         return sorted(found)
+
+
+def _client(settings: BucketSettings, endpoint: str | None) -> Any:
+    """boto3's S3 client for `settings` (ValueError for an endpoint that is no URL)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=settings.region,
+        aws_access_key_id=settings.access_key_id,
+        aws_secret_access_key=settings.secret_access_key,
+        config=Config(
+            connect_timeout=settings.connect_timeout_s,
+            read_timeout=settings.read_timeout_s,
+            retries={"mode": "standard", "max_attempts": settings.max_attempts},
+            # Our own CRC32C instead (module docstring); whole reads are checked by
+            # boto3 (CRC32, SHAs) and by `_check` (CRC32C).
+            request_checksum_calculation="when_required",
+            s3={
+                "addressing_style": "path" if settings.path_style else "virtual",
+                "payload_signing_enabled": settings.signs_payload,
+            },
+        ),
+    )
 
 
 def file_crc32c(fd: int, size: int) -> int:

@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -165,6 +166,45 @@ class Str(Rule):
             return None
         if not isinstance(value, str) or (self.non_empty and not value):
             return self._wrong(value, path, problems)
+        return value
+
+
+def http_url_problem(text: str) -> str | None:
+    """Why `text` is not an http:// or https:// URL naming a host (an S3 endpoint), or None.
+    boto3 refuses one without a host only when its client is made, on the uploader's
+    thread: found here, the key is named at start."""
+    try:
+        parts = urlsplit(text)
+        _ = parts.port  # ValueError for a port that is not one
+    except ValueError as error:
+        return str(error)
+    if parts.scheme.lower() not in ("http", "https"):
+        return "it must start with http:// or https://"
+    if not parts.hostname:
+        return "it names no host"
+    return None
+
+
+@dataclass(frozen=True)
+class HttpUrl(Rule):
+    """An http:// or https:// URL with a host (an S3 endpoint), or null with `nullable`."""
+
+    nullable: bool = False
+
+    @property
+    def expected(self) -> str:
+        text = "an http:// or https:// URL"
+        return text + " or null" if self.nullable else text
+
+    def convert(self, value: object, path: str, problems: Problems) -> object:
+        if value is None and self.nullable:
+            return None
+        if not isinstance(value, str):
+            return self._wrong(value, path, problems)
+        problem = http_url_problem(value)
+        if problem is not None:
+            problems.add(path, f"expected {self.expected}, got {describe(value)}: {problem}")
+            return INVALID
         return value
 
 

@@ -70,6 +70,7 @@ from replicad.config.rules import (
     Bool,
     Choice,
     FilePath,
+    HttpUrl,
     Int,
     Problem,
     Regex,
@@ -289,7 +290,7 @@ SCHEMA = Section(
             {
                 "bucket": Str(non_empty=True),
                 "prefix": Str(),
-                "endpoint": Str(non_empty=True, nullable=True),
+                "endpoint": HttpUrl(nullable=True),
                 "region": Str(non_empty=True, nullable=True),
                 "access_key_id": Str(non_empty=True, nullable=True),
                 "secret_access_key_file": SecretFile(),

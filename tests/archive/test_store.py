@@ -84,6 +84,20 @@ def test_bucket_urls() -> None:
         parse_bucket_url("http://b/x")
 
 
+def test_an_endpoint_that_is_no_url_is_an_archive_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """boto3 raises ValueError ("Invalid endpoint") when the client is made: an ArchiveError
+    naming the endpoint, which `verify s3://` and `dump-log s3://` report (no traceback)."""
+    from replicad.cli import main
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    with pytest.raises(ArchiveError, match="s3://b: endpoint 'localhost:9000': Invalid endpoint"):
+        ObjectStore(BucketSettings("b", endpoint="localhost:9000"))
+    assert main(["verify", "s3://b/x", "--s3-endpoint", "localhost:9000"]) == 1
+    assert "replicad verify: s3://b: endpoint 'localhost:9000'" in capsys.readouterr().err
+
+
 def _sent_headers(store: ObjectStore) -> list[dict[str, str]]:
     """The headers of every PutObject the store sends from now on, as sent."""
     seen: list[dict[str, str]] = []

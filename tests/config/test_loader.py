@@ -731,6 +731,24 @@ def test_an_archive_key_id_takes_exactly_one_secret_and_a_secret_a_key_id(
         assert "S3-Secret" not in problem
 
 
+def test_an_archive_endpoint_must_be_an_http_url_naming_a_host(tmp_path: Path) -> None:
+    """boto3 refuses an endpoint without a scheme ("localhost:9000") only when the uploader
+    makes its client, on its own thread: that ended the archive's task at its first round
+    with no line and no status, and local retention waited for it forever. The key is named
+    at start instead."""
+    for good in ("http://127.0.0.1:9000", "https://s3.example.internal"):
+        archive = load_config(write(tmp_path, ARCHIVE_HEAD + f"  endpoint: '{good}'\n")).archive
+        assert archive is not None and archive.endpoint == good
+    for bad, why in (
+        ("localhost:9000", "must start with http:// or https://"),
+        ("ftp://h:1", "must start with http:// or https://"),
+        ("http://", "names no host"),
+        ("http://h:port", "Port could not be cast"),
+    ):
+        (problem,) = problems_of(write(tmp_path, ARCHIVE_HEAD + f"  endpoint: '{bad}'\n"))
+        assert "archive.endpoint" in problem and why in problem, problem
+
+
 def test_the_archive_uploads_threads_and_payload_signing(tmp_path: Path) -> None:
     default = load_config(write(tmp_path, ARCHIVE_HEAD)).archive
     assert default is not None and default.upload_threads == 2
