@@ -176,7 +176,7 @@ def test_an_object_damaged_in_the_bucket_is_named_on_its_partitions_line_and_the
     is its partition's line too."""
     bucket = archived.settings.bucket
     url = f"s3://{bucket}/{PREFIX}"
-    zero = manifest_of(archived, TPS[0])
+    zero = manifest_in(archived, TPS[0])
     damaged = segment_key(PREFIX, TPS[0], zero.topic_id, zero.segments[0].base_offset, ".log")
     _damage_at_rest(s3_server, bucket, damaged)
     assert cli(archived, "verify", url) == 1
