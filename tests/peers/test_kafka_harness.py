@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError, Producer
 
+from tools.peers import kafka
 from tools.peers.kafka import (
     CONSOLE_CONSUMER,
     DUMP_LOG_SEGMENTS,
@@ -116,6 +117,23 @@ def test_dump_log_segments_answers_to_its_old_and_new_name(kafka_broker, unique_
     assert "baseOffset: 0 lastOffset: 2 count: 3" in old.stdout
     assert old.stdout == new.stdout
     assert "| offset: 2" in dump_log_segments(segment)
+
+
+def test_the_suites_brokers_run_with_the_extra_jvm_options_it_sets(monkeypatch) -> None:
+    from tests.conftest import BROKER_JVM_OPTS_ENV
+
+    assert BROKER_JVM_OPTS_ENV == kafka.BROKER_EXTRA_OPTS_ENV
+    assert os.environ[BROKER_JVM_OPTS_ENV] == "-XX:TieredStopAtLevel=1"
+    assert kafka.broker_jvm_opts()[-1] == "-XX:TieredStopAtLevel=1"
+    monkeypatch.setenv(BROKER_JVM_OPTS_ENV, "-Xss1m '-Dx=a b'")
+    assert kafka.broker_jvm_opts() == [*kafka.BROKER_JVM_OPTS, "-Xss1m", "-Dx=a b"]
+    monkeypatch.delenv(BROKER_JVM_OPTS_ENV)
+    assert kafka.broker_jvm_opts() == list(kafka.BROKER_JVM_OPTS)
+
+
+def test_a_running_broker_has_them_on_its_command_line(kafka_broker) -> None:
+    argv = Path(f"/proc/{kafka_broker.pid}/cmdline").read_bytes().split(b"\0")
+    assert b"-XX:TieredStopAtLevel=1" in argv
 
 
 def test_a_failing_kafka_tool_raises_with_its_stderr() -> None:

@@ -20,6 +20,7 @@ import base64
 import functools
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import uuid
@@ -66,6 +67,10 @@ BROKER_JVM_OPTS = (
     "-XX:-UsePerfData",
     "-Djava.awt.headless=true",
 )
+# More options for every broker JVM the harness starts, split as a shell would: the suite
+# sets the client compiler alone (tests/conftest.py says why). Benchmarks leave it unset,
+# so a Kafka peer there runs as Kafka's own scripts start it.
+BROKER_EXTRA_OPTS_ENV = "REPLICAD_KAFKA_BROKER_JVM_OPTS"
 # Kafka 4 refuses `segment.bytes` below 1 MiB; the topic config it keeps for its
 # own tests, `internal.segment.bytes`, has no floor. A batch larger than a
 # segment is refused (RECORD_LIST_TOO_LARGE), so producers must batch smaller.
@@ -394,7 +399,7 @@ class KafkaBroker(KafkaTopics, BrokerProcess):
             "java",
             f"-Xmx{self._heap}",
             "-Xms256m",
-            *BROKER_JVM_OPTS,
+            *broker_jvm_opts(),
             *cds,
             f"-Dkafka.logs.dir={self.server_log.parent}",
             f"-Dlog4j2.configurationFile={BROKER_LOG4J}",
@@ -405,6 +410,11 @@ class KafkaBroker(KafkaTopics, BrokerProcess):
         ]
         with self.jvm_output.open("ab") as out:
             self._proc = spawn(argv, cwd=self.workdir, env=os.environ, output=out)
+
+
+def broker_jvm_opts() -> list[str]:
+    """A broker JVM's options after its heap: Kafka's own, then BROKER_EXTRA_OPTS_ENV's."""
+    return [*BROKER_JVM_OPTS, *shlex.split(os.environ.get(BROKER_EXTRA_OPTS_ENV, ""))]
 
 
 # -- class-data sharing ------------------------------------------------------------------
