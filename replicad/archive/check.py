@@ -16,14 +16,13 @@ Rules:
   upload writes them again under the same keys.
 - An object whose bytes do not match the CRC32C stored with it (damaged in the bucket) is a
   problem of its partition, named on its line; the other segments and partitions are still
-  checked.
+  checked. dump-log says so in a PROBLEM line and dumps the object as it was read.
 - Exit 0 when nothing was found, 1 otherwise (as `verify DATA_DIR`); the bucket that cannot
   be read at all is an ArchiveError for the command line to report.
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import tempfile
 from pathlib import Path
@@ -206,8 +205,15 @@ def dump_bucket(store: ObjectStore, path: str, *, deep: bool, out: TextIO) -> in
         for stem in targets:
             local = Path(temp) / stem.rsplit("/", 1)[1]
             for suffix in SEGMENT_SUFFIXES:
-                with contextlib.suppress(FileNotFoundError):  # dump_log says what is missing
+                try:
                     store.get_to_file(stem + suffix, local.with_suffix(suffix))
+                except FileNotFoundError:
+                    pass  # dump_log says what is missing
+                except ChecksumMismatch as error:
+                    # Damaged in the bucket: said, and dumped as read (its batches' own
+                    # CRCs show where), as verify names it and goes on.
+                    print(f"PROBLEM {error}", file=out)
+                    problems += 1
             wanted = name[len(name.split(".")[0]) :] if "." in name else LOG_SUFFIX
             text = io.StringIO()
             problems += dump_log(local.with_suffix(wanted), deep=deep, out=text)

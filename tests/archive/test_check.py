@@ -188,6 +188,11 @@ def test_an_object_damaged_in_the_bucket_is_named_on_its_partitions_line_and_the
     assert span in line0
     assert "orders-1: ok (" in out
     assert out.rstrip().endswith("2 partitions, problems found")
+    # dump-log says so too, and still dumps every segment (the damaged one as read).
+    assert cli(archived, "dump-log", f"{url}/orders-0") == 1
+    dumped = capsys.readouterr().out
+    assert f"PROBLEM s3://{bucket}/{damaged}: the bytes read do not match" in dumped
+    assert dumped.count("Dumping s3://") == len(zero.segments)
     _damage_at_rest(s3_server, bucket, manifest_key(PREFIX, TPS[1]))
     assert cli(archived, "verify", url) == 1
     out = capsys.readouterr().out
