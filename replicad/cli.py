@@ -857,8 +857,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_bucket_flags(dump)
     dump.set_defaults(func=_cmd_dump_log)
 
-    if command not in _DAEMON_COMMANDS:
-        # No pyspark import until a job runs; the daemons do not load the module at all.
+    if command not in OWN_COMMANDS:
+        # No pyspark import until a job runs. Only `pipeline` (or help, or a word that names
+        # no command) loads the module at all: it imports the archive's store and the config
+        # loader, two thirds of the start of a `replicad status` that the tests run thousands
+        # of times and a monitoring plugin every minute.
         from replicad.spark.pipeline import add_pipeline_parser
 
         add_pipeline_parser(sub)
@@ -929,6 +932,8 @@ ARGPARSE_USAGE_EXIT = 2
 
 # Daemons: a stop signal during their start-up is a clean stop (replicad/startup.py).
 _DAEMON_COMMANDS = ("run", "serve")
+# The commands this module's parser holds itself; `pipeline` comes from replicad.spark.
+OWN_COMMANDS = ("run", "serve", "status", "mirror", "dump-log", "verify")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

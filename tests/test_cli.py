@@ -22,7 +22,7 @@ from kafka import KafkaConsumer
 from kafka import TopicPartition as KafkaTopicPartition
 
 from replicad import __version__
-from replicad.cli import _run_overrides, build_parser, main
+from replicad.cli import OWN_COMMANDS, _run_overrides, build_parser, main
 from replicad.exits import EX_CANTCREAT, EX_CONFIG, EX_FAILURE
 from replicad.types import TopicPartition
 from tools.replica import ReplicadProcess, replicad_run, wait_until
@@ -191,6 +191,32 @@ def test_status_without_a_daemon_exits_3(tmp_path: Path) -> None:
     result = status(tmp_path / "nothing.sock")
     assert result.returncode == 3
     assert "not running" in result.stderr
+
+
+def test_status_does_not_load_the_spark_pipeline_and_every_command_is_still_parsed() -> None:
+    """`replicad status` builds its parser without the pipeline's module (it imports the
+    archive's store and the config loader: two thirds of status's start); the command line
+    as a whole, help and `pipeline` included, still knows every command."""
+    probe = (
+        "import sys; from replicad.cli import main; code = main(sys.argv[1:]); "
+        "print('replicad.spark.pipeline' in sys.modules, file=sys.stderr); sys.exit(code)"
+    )
+    missing = Path(tempfile.gettempdir()) / f"no-such-{os.getpid()}.sock"
+    done = subprocess.run(
+        [sys.executable, "-c", probe, "status", "--socket", str(missing), "--json"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "False", done.stderr
+
+    def commands(word: str | None) -> list[str]:
+        parser = build_parser(word)
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        return sorted(sub.choices)
+
+    everything = sorted([*OWN_COMMANDS, "pipeline"])
+    assert commands(None) == commands("pipeline") == commands("statsu") == everything
+    assert commands("status") == commands("verify") == sorted(OWN_COMMANDS)
 
 
 def test_a_data_dir_another_daemon_holds_is_one_line_naming_its_pid(tmp_path: Path) -> None:
