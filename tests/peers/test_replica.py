@@ -99,3 +99,32 @@ def test_the_cli_runs_to_its_end_and_a_config_alone_starts_run(tmp_path) -> None
     assert proc.proc is not None and proc.proc.wait(30) == 78
     assert proc.args[-5:] == ["run", "-c", str(config), "--log-format", "json"]
     assert "fetch.bogus_key" in proc.output()
+
+
+def test_status_json_is_what_replicad_status_json_prints(tmp_path) -> None:
+    """tools.replica.status_json asks in the test's process what the command prints: the
+    same snapshot while a daemon answers, None where the command exits 3."""
+    import json
+    import socket
+
+    from tools.replica import status_json
+
+    sock = tmp_path / "c.sock"
+    assert status_json(sock) is None  # no socket: the command's "not running"
+    stale = tmp_path / "stale.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as bound:
+        bound.bind(str(stale))
+    assert status_json(stale) is None  # nobody bound to it any more
+    with replicad_run("127.0.0.1:9", "orders", tmp_path / "data", control_socket=sock) as proc:
+        proc.wait_for(
+            lambda: ((status_json(sock) or {}).get("health") or {}).get("state") == "down",
+            what="the daemon to answer that it is down (no source at :9)",
+        )
+        asked = replicad_cli("status", "--socket", str(sock), "--json", timeout_s=600)
+        mine = status_json(sock)
+        assert proc.stop() == 0, proc.output()
+    assert asked.returncode in (0, 1, 2), asked.stdout + asked.stderr
+    theirs = json.loads(asked.stdout)
+    assert mine is not None and sorted(mine) == sorted(theirs)
+    assert mine["health"]["state"] == theirs["health"]["state"] == "down"
+    assert [p["topic"] for p in mine["partitions"]] == [p["topic"] for p in theirs["partitions"]]
