@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tools.layers import (
     CORES,
     LAYERS,
@@ -19,6 +21,7 @@ from tools.layers import (
     graph,
     is_core,
     layer_of,
+    main,
     module_name,
 )
 
@@ -48,7 +51,18 @@ def _layers_command(root: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_a_planted_upward_import_fails_the_check(tmp_path: Path) -> None:
+def _layers_main(root: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """`tools.layers.main` over the tree at `root`, in this process (the modules it parsed
+    before are not parsed again): its exit status and what it printed. The command itself,
+    a process of its own, is run once (test_a_planted_upward_import_fails_the_check)."""
+    capsys.readouterr()
+    code = main(["--root", str(root)])
+    return code, capsys.readouterr().out
+
+
+def test_a_planted_upward_import_fails_the_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = _copy_of_replicad(tmp_path)
     batch = root / "replicad" / "records" / "batch.py"
     # Inside a function, as a lazy import would be: it counts all the same.
@@ -59,8 +73,8 @@ def test_a_planted_upward_import_fails_the_check(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stdout
     assert "replicad.records.batch:" in done.stdout
     assert "imports replicad.leader.server, a higher layer" in done.stdout
-    untouched = _layers_command(ROOT)
-    assert untouched.returncode == 0, untouched.stdout
+    code, out = _layers_main(ROOT, capsys)
+    assert code == 0, out
 
 
 def test_a_cycle_within_one_layer_fails_and_is_named(tmp_path: Path) -> None:
@@ -115,14 +129,16 @@ def test_the_cores_import_no_io_and_read_no_clock() -> None:
     assert violations == [], "\n".join(v.text for v in violations)
 
 
-def test_a_planted_asyncio_import_in_the_mirror_core_fails_the_check(tmp_path: Path) -> None:
+def test_a_planted_asyncio_import_in_the_mirror_core_fails_the_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = _copy_of_replicad(tmp_path)
     core = root / "replicad" / "mirror" / "partition_mirror.py"
     core.write_text(core.read_text() + "\n\ndef _planted():\n    import asyncio\n")
-    done = _layers_command(root)
-    assert done.returncode == 1, done.stdout
-    assert "replicad.mirror.partition_mirror:" in done.stdout
-    assert "imports asyncio, a sans-I/O core" in done.stdout
+    code, out = _layers_main(root, capsys)
+    assert code == 1, out
+    assert "replicad.mirror.partition_mirror:" in out
+    assert "imports asyncio, a sans-I/O core" in out
 
 
 def test_a_planted_clock_in_a_core_fails_the_check(tmp_path: Path) -> None:

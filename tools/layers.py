@@ -179,21 +179,61 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
+@dataclass(frozen=True, slots=True)
+class _Node:
+    """What the checks read of one node of a module's tree: an import (`kind` "import":
+    `names`), a from-import ("from": `module`, `level`, `names`) or a call of a CLOCK_CALLS
+    attribute ("clock": its name in `names`)."""
+
+    kind: str
+    line: int
+    names: tuple[str, ...]
+    module: str | None = None
+    level: int = 0
+
+
+# A source text's nodes, by the text: the tests check copies of the tree with a file or two
+# changed, and parsing and walking every module is nearly all of a check's time.
+_NODES: dict[str, tuple[_Node, ...]] = {}
+
+
+def _nodes(path: Path) -> tuple[_Node, ...]:
+    """The imports and clock calls of the module at `path`, in `ast.walk` order."""
+    text = path.read_text()
+    found = _NODES.get(text)
+    if found is not None:
+        return found
+    nodes: list[_Node] = []
+    for node in ast.walk(ast.parse(text, filename=str(path))):
+        if isinstance(node, ast.Import):
+            nodes.append(_Node("import", node.lineno, tuple(a.name for a in node.names)))
+        elif isinstance(node, ast.ImportFrom):
+            names = tuple(a.name for a in node.names)
+            nodes.append(_Node("from", node.lineno, names, node.module, node.level))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in CLOCK_CALLS
+        ):
+            nodes.append(_Node("clock", node.lineno, (node.func.attr,)))
+    _NODES[text] = found = tuple(nodes)
+    return found
+
+
 def imports_of(path: Path, module: str, known: set[str]) -> Iterator[Import]:
     """The replicad modules `module` (source at `path`) imports, wherever in the file."""
-    tree = ast.parse(path.read_text(), filename=str(path))
     is_package = path.name == "__init__.py"
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield from _known(module, alias.name, node.lineno, known)
-        elif isinstance(node, ast.ImportFrom):
+    for node in _nodes(path):
+        if node.kind == "import":
+            for name in node.names:
+                yield from _known(module, name, node.line, known)
+        elif node.kind == "from":
             base = _absolute(module, is_package, node.module, node.level)
-            for alias in node.names:
+            for name in node.names:
                 # `from replicad.records import legacy` imports a module, not a name.
-                candidate = f"{base}.{alias.name}"
+                candidate = f"{base}.{name}"
                 target = candidate if candidate in known else base
-                yield from _known(module, target, node.lineno, known)
+                yield from _known(module, target, node.line, known)
 
 
 def _absolute(module: str, is_package: bool, name: str | None, level: int) -> str:
@@ -262,21 +302,17 @@ def core_violations(
         if not is_core(module, cores):
             continue
         is_package = path.name == "__init__.py"
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in _nodes(path):
             names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
+            if node.kind == "import":
+                names = list(node.names)
+            elif node.kind == "from":
                 base = _absolute(module, is_package, node.module, node.level)
-                names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
-            elif (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr in CLOCK_CALLS
-            ):
+                names = [base, *(f"{base}.{name}" for name in node.names)]
+            else:
                 found.append(
                     Violation(
-                        f"{module}:{node.lineno} reads a clock (.{node.func.attr}()), "
+                        f"{module}:{node.line} reads a clock (.{node.names[0]}()), "
                         "a sans-I/O core: take now_ms"
                     )
                 )
@@ -287,7 +323,7 @@ def core_violations(
                 if bad is not None:
                     found.append(
                         Violation(
-                            f"{module}:{node.lineno} imports {bad}, a sans-I/O core "
+                            f"{module}:{node.line} imports {bad}, a sans-I/O core "
                             "(no asyncio, socket, thread or clock: time is passed in)"
                         )
                     )
