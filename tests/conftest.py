@@ -98,12 +98,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # throw-away users (useradd and userdel lock /etc/passwd; one that finds it locked waits
 # 15 s, then fails: "cannot lock /etc/passwd; try again later", seen here with the lock
 # held).
-# And the Spark tests: each worker that runs one starts a local Spark session of its own (a
-# JVM of 1 GiB and 30-40 CPU-s at start, measured at load 50).
+# And the tests of the session's 3-node cluster and the Spark tests (one of them uses both):
+# each worker that runs one starts a cluster of its own (three broker JVMs, each about 40
+# CPU-s over a run: start, storage format and idle) or a local Spark session of its own (a
+# JVM of 1 GiB and 30-40 CPU-s at start, measured at load 50), and the suite is bound by its
+# two cores' CPU. A test file that uses `kafka_cluster` outside the group fails collection.
+CLUSTER_AND_SPARK = "kafka cluster and spark"
 SAME_WORKER = {
     "tests/test_first_hour.py": "throw-away users",
     "tests/test_install.py": "throw-away users",
-    "tests/spark/": "spark",
+    "tests/spark/": CLUSTER_AND_SPARK,
+    "tests/faults/test_leadership.py": CLUSTER_AND_SPARK,
+    "tests/follower/test_restart_with_source_down.py": CLUSTER_AND_SPARK,
+    "tests/mirror/test_group_sync_shell.py": CLUSTER_AND_SPARK,
+    "tests/mirror/test_mirror_kafka.py": CLUSTER_AND_SPARK,
+    "tests/peers/test_kafka_cluster.py": CLUSTER_AND_SPARK,
 }
 # Units of work (a file, or a group above) are handed out longest first, by the seconds each
 # took in a measured run (tests/unit_seconds.txt): xdist would order them by their number of
@@ -186,12 +195,28 @@ def write_unit_seconds(path: Path, seconds: dict[str, float]) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    misplaced = sorted(outside_the_cluster_group(items))
+    if misplaced:
+        raise pytest.UsageError(
+            "tests/conftest.py: add to SAME_WORKER as CLUSTER_AND_SPARK (they use "
+            f"kafka_cluster): {', '.join(misplaced)}"
+        )
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if used & KAFKA_FIXTURES:
             item.add_marker(pytest.mark.kafka)
         if used & TANSU_FIXTURES:
             item.add_marker(pytest.mark.tansu)
+
+
+def outside_the_cluster_group(items: list[pytest.Item]) -> set[str]:
+    """The files of `items` that use the session's cluster but are not in its group."""
+    return {
+        item.nodeid.split("::", 1)[0]
+        for item in items
+        if "kafka_cluster" in getattr(item, "fixturenames", ())
+        and work_unit(item.nodeid) != CLUSTER_AND_SPARK
+    }
 
 
 def _fail_if_not_installed(error: Exception) -> None:

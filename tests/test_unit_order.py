@@ -7,10 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.conftest import (
+    CLUSTER_AND_SPARK,
     SAME_WORKER,
     UNIT_SECONDS,
     UNLISTED_UNIT_S,
     longest_first,
+    outside_the_cluster_group,
     read_unit_seconds,
     work_unit,
     write_unit_seconds,
@@ -18,8 +20,9 @@ from tests.conftest import (
 
 
 def test_a_group_is_one_unit_and_any_other_file_its_own() -> None:
-    assert work_unit("tests/spark/test_follow.py::test_x[a]") == "spark"
-    assert work_unit("tests/spark/test_plan.py::TestPlan::test_y") == "spark"
+    assert work_unit("tests/spark/test_follow.py::test_x[a]") == CLUSTER_AND_SPARK
+    assert work_unit("tests/spark/test_plan.py::TestPlan::test_y") == CLUSTER_AND_SPARK
+    assert work_unit("tests/mirror/test_mirror_kafka.py::test_m") == CLUSTER_AND_SPARK
     assert work_unit("tests/test_install.py::test_z") == "throw-away users"
     assert work_unit("tests/log/test_crash.py::test_kill") == "tests/log/test_crash.py"
 
@@ -44,3 +47,19 @@ def test_the_measured_file_names_every_group() -> None:
     named. (A file it names that is gone only costs a line.)"""
     # timing-ok: a subset of the table's names, no duration
     assert set(SAME_WORKER.values()) <= set(read_unit_seconds(UNIT_SECONDS))
+
+
+class _Item:
+    def __init__(self, nodeid: str, *fixtures: str) -> None:
+        self.nodeid = nodeid
+        self.fixturenames = list(fixtures)
+
+
+def test_a_file_of_the_sessions_cluster_outside_its_group_is_named() -> None:
+    items = [
+        _Item("tests/mirror/test_mirror_kafka.py::test_a", "kafka_cluster"),
+        _Item("tests/spark/test_stream.py::test_b", "kafka_cluster", "spark"),
+        _Item("tests/new/test_new.py::test_c", "tmp_path", "kafka_cluster"),
+        _Item("tests/new/test_other.py::test_d", "kafka_broker"),
+    ]
+    assert outside_the_cluster_group(items) == {"tests/new/test_new.py"}
