@@ -9,7 +9,7 @@ import ctypes
 import dataclasses
 import resource
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +52,11 @@ STATUS_INTERVAL_S = 2.0
 DEFAULT_PROMOTE_TIMEOUT_S = 60.0
 # Exit status when the `serve:` listener cannot start (address taken, TLS files gone).
 EXIT_SERVE_FAILED = 1
+# Exit status when one of the daemon's tasks (serve, mirror, archive, verify, status,
+# watchdog) ended with an error: the daemon stops cleanly and systemd restarts it
+# (Restart=on-failure), rather than replicating on without it -- an archive task that
+# died unseen kept every local segment that waits for the bucket until the disk filled.
+EXIT_TASK_FAILED = 1
 
 # Descriptors besides segment files: sockets (leaders, serve's clients, control), the
 # data directory's lock and checkpoints, the interpreter's own.
@@ -332,22 +337,25 @@ class Daemon:
         control = await self._start_control()
         metrics = self._start_metrics()
         self.server: Any = None
-        tasks = [
-            asyncio.create_task(watchdog_loop(self.notifier, self.stop), name="watchdog"),
-            asyncio.create_task(self._status_loop(), name="status"),
-            asyncio.create_task(self._watch_loop(), name="loop-watch"),
-        ]
+        tasks: list[asyncio.Task[Any]] = []
+
+        def start(coro: Coroutine[Any, Any, Any], name: str) -> None:
+            task = asyncio.create_task(coro, name=name)
+            task.add_done_callback(self._task_ended)
+            tasks.append(task)
+
+        start(watchdog_loop(self.notifier, self.stop), "watchdog")
+        start(self._status_loop(), "status")
+        start(self._watch_loop(), "loop-watch")
         if self.config.serve is not None:
-            tasks.append(asyncio.create_task(self._serve(), name="serve"))
+            start(self._serve(), "serve")
         self.replicator.partition_listener = self._partition_changed
         if self.mirror is not None:
-            tasks.append(asyncio.create_task(self.mirror.run(self.stop), name="mirror"))
+            start(self.mirror.run(self.stop), "mirror")
         if self.archiver is not None:
-            archiver = self.archiver.run(lambda: self.replicator.logs, self.stop)
-            tasks.append(asyncio.create_task(archiver, name="archive"))
+            start(self.archiver.run(lambda: self.replicator.logs, self.stop), "archive")
         if self.verifier is not None:
-            verify = self.verifier.run(lambda: self.replicator.logs, self.stop)
-            tasks.append(asyncio.create_task(verify, name="verify"))
+            start(self.verifier.run(lambda: self.replicator.logs, self.stop), "verify")
 
         def on_ready() -> None:
             self._sample_rates()
@@ -358,7 +366,7 @@ class Daemon:
                 leaders=len(self.replicator.fetchers),
                 data_dir=str(self.config.data_dir),
             )
-            tasks.append(asyncio.create_task(self.notifier.ready(render_status_line(snap))))
+            start(self.notifier.ready(render_status_line(snap)), "ready")
 
         self.replicator.on_ready = on_ready
         try:
@@ -379,6 +387,22 @@ class Daemon:
             self.notifier.close()
             signals.remove()
         return self.exit_code
+
+    def _task_ended(self, task: asyncio.Task[Any]) -> None:
+        """A task that ended with an error stops the daemon with EXIT_TASK_FAILED, named in
+        the log with its error (one that ended without one, or was cancelled, is done)."""
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        log.error(
+            "a task of the daemon failed; stopping",
+            task=task.get_name(),
+            error=f"{type(error).__name__}: {error}",
+            exc_info=error,
+        )
+        if self.exit_code == 0:
+            self.exit_code = EXIT_TASK_FAILED
+        self.stop.set()
 
     async def _serve(self) -> None:
         """The `serve:` section: serve the replica over the Kafka protocol while

@@ -356,6 +356,37 @@ def test_run_stops_with_a_clear_error_when_its_serve_listener_cannot_start(tmp_p
     assert "Traceback" not in proc.output()
 
 
+def test_a_task_that_fails_stops_the_daemon_naming_it_and_its_error(tmp_path):
+    """The archive task ends with an error the config could not check (AWS_ENDPOINT_URL is
+    no URL): the daemon says which task and why, stops cleanly and exits 1 (systemd
+    restarts it), rather than replicating on without uploads while local retention keeps
+    every segment for the bucket."""
+    unreachable = socket.socket()
+    unreachable.bind(("127.0.0.1", 0))  # bound, not listening: nothing answers there
+    proc = replicad_run(
+        f"127.0.0.1:{unreachable.getsockname()[1]}",
+        "t",
+        tmp_path / "data",
+        config={"archive": {"bucket": "b", "region": "us-east-1", "interval_ms": 100}},
+        control_socket=tmp_path / "ctl.sock",
+        env={**os.environ, "AWS_ENDPOINT_URL": "localhost:9"},
+    )
+    try:
+        wait_until(lambda: not proc.running, timeout_s=120, what="the daemon to exit")
+    finally:
+        with contextlib.suppress(Exception):
+            proc.stop()
+        unreachable.close()
+    assert proc.proc is not None and proc.proc.returncode == 1, proc.output()
+    events = []
+    for line in proc.output().splitlines():
+        with contextlib.suppress(ValueError):
+            events.append(json.loads(line))
+    failed = [e for e in events if e.get("event") == "a task of the daemon failed; stopping"]
+    assert [e["task"] for e in failed] == ["archive"], proc.output()
+    assert "localhost:9" in failed[0]["error"], proc.output()
+
+
 # After a large block is freed, glibc's dynamic threshold would serve a smaller large
 # block from the heap; pinned, it is mapped on its own and the heap does not grow.
 MALLOC_PROBE = """
