@@ -240,6 +240,8 @@ class LeaderFetcher:
             # room for a larger one, and a buffer still viewed is not freed, so a view
             # kept past the release is memory over fetch.buffer_memory (VmHWM 11 MiB over
             # it at 2,000 partitions: the outcome and the answered request outlived it).
+            # The held response itself outlives this step (the loop's handle that resumed
+            # us holds its task): its release drops its body first (connection.py).
             release = held.release
             outcome = flight = held = None  # type: ignore[assignment]
             release()
