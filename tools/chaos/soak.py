@@ -14,6 +14,13 @@ thread injects one fault at a time, picked by the seed from `faults`, a few seco
 A fault the source cannot have (a restart of a Tansu on memory storage, sessions on a
 broker that opens none) is counted as skipped, with the reason, and the seed goes on.
 
+The verdict is replicad's: a source fault whose own recovery (a node serving again, every
+replica back in sync) does not come within its deadline is reported apart, as "source not
+recovered in N s" (`SoakResult.source_unrecovered`), and fails nothing; replicad's own
+checks (stalls, the invariant, verify, lag and catch-up, memory, its exit) still fail the
+soak. At the end such a source is waited for once more; a source still not whole then
+leaves the catch-up unjudged (said so), not failed.
+
 The daemon is sampled from outside: /proc/<pid>/status (VmRSS, RssAnon, Threads),
 /proc/<pid>/fd (sockets, files in the data dir, others) and `replicad status --json` (lag,
 the event loop's recent longest block, partitions paused on a full disk). The asyncio task
@@ -77,6 +84,7 @@ from tools.chaos.soak_sources import (
     SOURCES,
     KafkaSource,
     SoakSource,
+    SourceNotRecovered,
     as_source,
     start_peer,
 )
@@ -134,6 +142,8 @@ SHRINK_ATTEMPTS = 20
 # A rolling restart of three nodes on a loaded machine takes minutes: a fault in progress at
 # the end is let finish (a node left down would fail the end's checks).
 FAULT_JOIN_TIMEOUT_S = 1800
+# A source that did not recover from a fault in time is waited for once more at the end.
+END_RECOVERY_TIMEOUT_S = 600
 PAUSED_DISK_FULL = "paused-disk-full"
 STATUS_TIMEOUT_S = 30
 
@@ -212,6 +222,9 @@ class SoakResult:
     verify_clean: bool | None = None
     buffer_memory: int = SOAK_BUFFER_MEMORY
     timeline: tuple[str, ...] = field(default=())  # "at 123 s: fault: what happened"
+    # Source faults the source did not recover from in time: the source's, not replicad's
+    # (they fail nothing; see the module doc).
+    source_unrecovered: tuple[str, ...] = field(default=())
 
     @property
     def ok(self) -> bool:
@@ -265,6 +278,7 @@ class SoakResult:
             + (f"load average mean {load[0]:.1f}, max {load[1]:.1f}; " if load else "")
             + f"counters {self.counters.as_dict()}",
             *(f"  problem: {p}" for p in self.problems),
+            *(f"  source (not replicad's): {s}" for s in self.source_unrecovered),
             *(f"  note: {n}" for n in self.notes),
         ]
         return "\n".join(lines)
@@ -285,8 +299,18 @@ class SoakResult:
             + f" | {self.catch_up_s and round(self.catch_up_s)} s | "
             f"{'clean' if self.verify_clean else 'NOT CLEAN'} | "
             + (f"{load[0]:.0f} (max {load[1]:.0f})" if load else "?")
-            + f" | {'ok' if self.ok else 'FAILED'} |"
+            + f" | {self.verdict()} |"
         )
+
+    def verdict(self) -> str:
+        """replicad's verdict, and apart from it the faults the source did not recover
+        from in time."""
+        mine = "ok" if self.ok else "FAILED"
+        if not self.source_unrecovered:
+            return mine
+        first = self.source_unrecovered[0]
+        more = len(self.source_unrecovered) - 1
+        return f"{mine} (the source's own: {first}" + (f"; and {more} more" if more else "") + ")"
 
 
 TABLE_HEAD = (
@@ -398,6 +422,7 @@ class _Run:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     timeline: list[str] = field(default_factory=list)
+    unrecovered: list[str] = field(default_factory=list)  # the source's, not replicad's
 
     def at(self) -> str:
         return f"at {time.monotonic() - self.started:.0f} s"
@@ -428,6 +453,11 @@ def _fault_loop(
         what = kind
         try:
             what = _one_fault(run, rng, kind, timeout_s, **opts)
+        except SourceNotRecovered as exc:  # the source's own failure: said, fails nothing
+            what = str(exc)
+            run.unrecovered.append(f"{kind} {run.at()}: {exc}"[:500])
+            with contextlib.suppress(Exception):
+                run.source.restore()
         except Exception as exc:  # a fault that failed is the soak's problem, not its end
             run.problems.append(f"{kind} {run.at()}: {type(exc).__name__}: {exc}"[:500])
             with contextlib.suppress(Exception):
@@ -714,6 +744,23 @@ def soak(
             run.stop.wait(max(0.0, sample_every_s - (time.monotonic() - tick)))
         run.stop.set()
         faulting.join()
+        source_whole = True
+        if run.unrecovered:
+            recovered = wait_for(
+                lambda: run.source.recovered(list(run.topics)),
+                END_RECOVERY_TIMEOUT_S,
+                interval_s=1.0,
+            )
+            source_whole = recovered is not None
+            run.notes.append(
+                "the source, at the end: "
+                + (
+                    f"whole again after {recovered:.0f} s more"
+                    if recovered is not None
+                    else f"still not whole after {END_RECOVERY_TIMEOUT_S} s more (the "
+                    "catch-up is not judged)"
+                )
+            )
         if tasks_missing:
             run.notes.append(
                 f"asyncio task count: missing (the status JSON has no `{TASKS_KEY}` field; "
@@ -738,8 +785,13 @@ def soak(
                 catch_up_timeout_s,
                 interval_s=1.0,
             )
-            if catch_up is None or not follower.running:
+            if not follower.running or (catch_up is None and source_whole):
                 problems.append(f"replica did not catch up within {catch_up_timeout_s:.0f} s")
+            elif catch_up is None:
+                run.notes.append(
+                    f"replica did not catch up within {catch_up_timeout_s:.0f} s, with the "
+                    "source not whole: not judged"
+                )
         run.notes.append(
             f"proxies: {sum(p.stats().faults for p in proxies)} fault events delivered (a cut "
             "closes every open connection, a refusal turns away every reconnect)"
@@ -865,6 +917,7 @@ def _result(
         skipped=dict(run.skipped),
         buffer_memory=SOAK_BUFFER_MEMORY,
         timeline=tuple(run.timeline),
+        source_unrecovered=tuple(run.unrecovered),
         **figures,
     )
 

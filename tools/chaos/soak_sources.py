@@ -19,6 +19,12 @@ Session evictions (tools/chaos/evictor.py) need a broker whose session cache has
 per shard (`max.incremental.fetch.session.cache.slots` 8): the soak's own Kafka peers are
 started so (`SMALL_SESSION_CACHE`); a broker without it cannot have the fault.
 
+A source fault has two parts: what it does (a node killed, restarted) and the source's own
+recovery from it (a node serving again, every replica back in sync), each waited for up to
+a deadline. A recovery that does not come in time raises `SourceNotRecovered`: the soak
+reports it as the source's ("source not recovered in N s") and goes on; it does not fail
+replicad's verdict, whose checks (stalls, verify, the invariant, lag, memory) still do.
+
 Each source gives the addresses the fault proxies stand in front of (one per node), the
 source's ends as a consumer sees them (for Tansu the Fetch high watermark: its ListOffsets
 "latest" under-reports), and for Kafka the invariant against the current leaders' own
@@ -60,6 +66,27 @@ IN_SYNC_TIMEOUT_S = 600
 
 # Tansu's high watermark comes with a Fetch; a small one is enough to carry it.
 HW_PROBE_BYTES = 64 * 1024
+
+
+class SourceNotRecovered(PeerError):
+    """The source did not recover from a fault within its deadline: the source's own
+    failure, not replicad's (the soak reports it apart)."""
+
+    def __init__(self, what: str, deadline_s: float) -> None:
+        super().__init__(f"source not recovered in {deadline_s:.0f} s: {what}")
+        self.what = what
+        self.deadline_s = deadline_s
+
+
+def serving_again(start: Callable[[], None], what: str, deadline_s: float) -> None:
+    """`start` a node again; its failure to serve in time is the source's (SourceNotRecovered)."""
+    try:
+        start()
+    except SourceNotRecovered:
+        raise
+    except PeerError as exc:
+        raise SourceNotRecovered(f"{what} not serving again ({exc})"[:300], deadline_s) from exc
+
 
 LEADER_SIGKILL = "leader-sigkill"
 ROLLING_RESTART = "rolling-restart"
@@ -109,6 +136,11 @@ class SoakSource:
 
     def restore(self) -> None:
         """After a fault that failed half-way: every node running again."""
+
+    def recovered(self, topics: Sequence[str]) -> bool:
+        """Whether the source is whole again: every node serving (and, on a cluster, every
+        replica in sync)."""
+        return True
 
 
 def _small_cache(config: Mapping[str, str]) -> bool:
@@ -166,7 +198,7 @@ class KafkaSource(OneBrokerSource):
         load.pause()
         try:
             self.broker.kill()
-            self.broker.start()
+            serving_again(self.broker.start, "the broker", self.broker.start_timeout_s)
         finally:
             load.resume()
         return "the broker SIGKILLed and started again"
@@ -174,7 +206,7 @@ class KafkaSource(OneBrokerSource):
     def rolling_restart(self, rng: random.Random, load: SteadyLoad, topics: Sequence[str]) -> str:
         load.pause()
         try:
-            self.broker.restart()
+            serving_again(self.broker.restart, "the broker", self.broker.start_timeout_s)
         finally:
             load.resume()
         return "the broker restarted (controlled shutdown)"
@@ -182,6 +214,9 @@ class KafkaSource(OneBrokerSource):
     def restore(self) -> None:
         if not self.broker.running:
             self.broker.start()
+
+    def recovered(self, topics: Sequence[str]) -> bool:
+        return self.broker.running
 
     def invariant(
         self, data_dir: Path, partitions: Sequence[TopicPartition]
@@ -238,9 +273,10 @@ class ClusterSource(SoakSource):
         from tools.chaos.leadership import _most_leading
 
         victim = _most_leading(self.cluster, topics[0], rng.randrange(1 << 30))
-        self.cluster.node(victim).kill()
+        node = self.cluster.node(victim)
+        node.kill()
         moved = wait_for(lambda: self._led_without(victim, topics), LEADERS_TIMEOUT_S, interval_s=1)
-        self.cluster.node(victim).start()
+        serving_again(node.start, f"node {victim}", node.start_timeout_s)
         self._wait_in_sync(topics)
         took = "did not move" if moved is None else f"moved in {moved:.0f} s"
         return f"node {victim} SIGKILLed (its leaders {took}), started again, back in sync"
@@ -252,7 +288,7 @@ class ClusterSource(SoakSource):
         for node_id in order:
             node = self.cluster.node(node_id)
             node.stop()
-            node.start()
+            serving_again(node.start, f"node {node_id}", node.start_timeout_s)
             self._wait_in_sync(topics)
         partitions = [TopicPartition(t, p) for t in topics for p in self.cluster.leaders(t)]
         elect(self.cluster, ElectionType.PREFERRED, partitions)
@@ -262,6 +298,9 @@ class ClusterSource(SoakSource):
         from tools.chaos.leadership import all_nodes_running
 
         all_nodes_running(self.cluster)
+
+    def recovered(self, topics: Sequence[str]) -> bool:
+        return all(node.running for node in self.cluster.nodes) and self._in_sync(topics)
 
     def invariant(
         self, data_dir: Path, partitions: Sequence[TopicPartition]
@@ -292,21 +331,21 @@ class ClusterSource(SoakSource):
         except (KafkaException, PeerError):
             return False
 
-    def _wait_in_sync(self, topics: Sequence[str]) -> None:
+    def _in_sync(self, topics: Sequence[str]) -> bool:
         from tools.chaos.leadership import replicas_and_isr
 
-        def in_sync() -> bool:
-            try:
-                return all(
-                    set(replicas) <= set(isr)
-                    for topic in topics
-                    for replicas, isr in replicas_and_isr(self.cluster, topic).values()
-                )
-            except (KafkaException, TimeoutError):
-                return False
+        try:
+            return all(
+                set(replicas) <= set(isr)
+                for topic in topics
+                for replicas, isr in replicas_and_isr(self.cluster, topic).values()
+            )
+        except (KafkaException, PeerError, TimeoutError):
+            return False
 
-        if wait_for(in_sync, IN_SYNC_TIMEOUT_S, interval_s=1) is None:
-            raise PeerError(f"replicas not back in sync within {IN_SYNC_TIMEOUT_S} s")
+    def _wait_in_sync(self, topics: Sequence[str]) -> None:
+        if wait_for(lambda: self._in_sync(topics), IN_SYNC_TIMEOUT_S, interval_s=1) is None:
+            raise SourceNotRecovered("replicas not back in sync", IN_SYNC_TIMEOUT_S)
 
 
 class TansuSource(OneBrokerSource):
