@@ -242,6 +242,10 @@ class FetchConfig:
     # Partitions in one request to a leader that keeps no fetch session (every request
     # full), in turns: Tansu 0.6 answered a 1,000-partition Fetch with no records at all.
     sessionless_max_partitions: int = 100
+    # Such a share's max wait is at least this after an answer that left a partition behind
+    # without records: Tansu reads a request's partitions until its max wait has passed and
+    # answers the rest without records.
+    sessionless_wait_ms: int = 2_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -171,6 +171,7 @@ SCHEMA = Section(
                 "isolation_level": Choice(IsolationLevel),
                 "buffer_memory": Int(1),
                 "sessionless_max_partitions": Int(1, INT32_MAX),
+                "sessionless_wait_ms": Int(0, INT32_MAX),
             },
         ),
         "data_dir": FilePath(),

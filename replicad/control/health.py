@@ -48,6 +48,7 @@ from replicad.control.stalls import (
     DEFAULT_STALL_AFTER_MS,
     connected_leaders,
     is_stalled,
+    sharing_leaders,
     waits_for_disk,
 )
 
@@ -161,6 +162,7 @@ def _partitions(
     stall_after_ms: int,
 ) -> list[Reason]:
     connected = connected_leaders(leaders)
+    sharing = sharing_leaders(leaders)
     groups: dict[str, list[str]] = {
         "offline": [],
         "halted": [],
@@ -184,7 +186,7 @@ def _partitions(
             ago = p.get("disk_full_ago_ms")
             if ago is not None and (disk_full_ago_ms is None or int(ago) < disk_full_ago_ms):
                 disk_full_ago_ms = int(ago)
-        elif is_stalled(p, connected, stall_after_ms):
+        elif is_stalled(p, connected, stall_after_ms, sharing):
             groups["stalled"].append(name)
     texts = {
         "offline": "without a leader on the source (offline)",

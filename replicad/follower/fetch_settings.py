@@ -65,6 +65,8 @@ class FetchSettings:
     buffer_memory: int = _FETCH["buffer_memory"]  # KIP-81 pool, shared by all fetchers
     # Partitions in one request to a sessionless leader (partition_table.py's R11).
     sessionless_max_partitions: int = _FETCH["sessionless_max_partitions"]
+    # The least max wait of such a request (R11).
+    sessionless_wait_ms: int = _FETCH["sessionless_wait_ms"]
 
     @classmethod
     def from_config(cls, config: Config) -> FetchSettings:
@@ -86,4 +88,5 @@ class FetchSettings:
             reconnect_backoff_max_ms=source.reconnect_backoff_max_ms,
             buffer_memory=fetch.buffer_memory,
             sessionless_max_partitions=fetch.sessionless_max_partitions,
+            sessionless_wait_ms=fetch.sessionless_wait_ms,
         )

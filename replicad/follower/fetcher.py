@@ -259,7 +259,8 @@ class LeaderFetcher:
         sent_before, received_before = conn.bytes_sent, conn.bytes_received
         response = conn.send(
             request,
-            timeout_s=(self.settings.request_timeout_ms + self.settings.wait_max_ms) / 1000,
+            # The request's own wait: a sessionless share's may be longer (R11).
+            timeout_s=(self.settings.request_timeout_ms + fetch.request.max_wait_ms) / 1000,
             hold=True,
             # Records stay views of the response's buffer until they are written.
             decode=functools.partial(scan_fetch_response, version=fetch.version),

@@ -31,6 +31,9 @@ class FetcherStats:
     # share of its partitions (partition_table.py's R11).
     last_request_partitions: int = 0
     sessionless_shares: int = 0
+    # The last request was such a share, and the passes over every partition begun.
+    in_shares: bool = False
+    share_passes: int = 0
     last_latency_ms: float = 0.0
     # The round trip of the last answer that carried records: an idle leader's answers
     # wait out the long poll (fetch.max_wait_ms), which is not latency.

@@ -65,14 +65,23 @@ Rules kept here (each repeated where it is kept):
   drops data for a partition that is truncating).
 - R11 a sessionless leader (sessions off, or no full request has made a session so far and
   the last was answered without one, as Tansu always does, or not answered at all) gets at
-  most `sessionless_max_partitions` partitions a request,
-  in turns: the fetchable ones first in rotation order, and each one sent goes to the back,
-  so every partition is asked within a round of requests even when none returns data
-  (Tansu 0.6 answered a Fetch of 1,000 partitions with no records at all, and 4 of them
-  alone with their batches). Should such a request create a session after all (a Kafka
-  whose session cache had no room at first), the next request adds the partitions it left
-  out. A leader that keeps a session, or once made one, gets every partition at once
-  (KIP-227), as before.
+  most `sessionless_max_partitions` partitions a request, in passes: a pass asks every
+  partition once, a share at a time (each one sent goes to the back of the rotation), so
+  every partition is asked within a pass even when none returns data (Tansu 0.6 answered a
+  Fetch of 1,000 partitions with no records at all, and 4 of them alone with their
+  batches). Within a pass the partitions known to be behind go first in each share (the
+  leader's high watermark above our fetch offset, or asked in a share and not served since:
+  no records, not found caught up, or no answer), then the others in rotation order: Tansu
+  reads a request's partitions in order until its max wait has passed and answers the rest
+  without records, so what it cuts is what needed nothing. After an answer that left a
+  partition behind without records (the leader's wait ran out before it read it), the next
+  share's max wait is at least `sessionless_wait_ms` (Kafka, which answers at once when it
+  has data, leaves one behind only when the response is full: a longer wait costs it
+  nothing then). Status says whether a leader is fetched in shares (the stall
+  rule waits for a partition's turn: control/stalls.py). Should such a request create a
+  session after all (a Kafka whose session cache had no room at first), the next request
+  adds the partitions it left out. A leader that keeps a session, or once made one, gets
+  every partition at once (KIP-227), as before.
 """
 
 from __future__ import annotations
@@ -82,7 +91,6 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from itertools import islice
 from typing import Any
 
 import structlog
@@ -180,8 +188,15 @@ class PartitionTable:
         # (see _wanted).
         self._last_wanted: dict[TopicPartition, PartitionFetch] = {}
         self._wanted_changes: list[TopicPartition] = []
-        # The last request was a sessionless leader's share of the partitions (R11).
+        # The last request was a sessionless leader's share of the partitions (R11), the
+        # partitions the current pass has not asked yet, and those asked in a share and not
+        # served since (no records, not found caught up, or no answer).
         self._sent_a_share = False
+        self._pass_left: set[TopicPartition] = set()
+        self._unserved: set[TopicPartition] = set()
+        # The last answer left a partition behind without records: the next share waits
+        # longer (R11).
+        self._cut = False
         self._say = RateLimitedLog(interval_ms=60_000)
 
     # -- membership (metadata answered; state loaded from disk) --------------------------
@@ -196,10 +211,14 @@ class PartitionTable:
         if state.tp not in self.partitions:
             topic = state.tp.topic
             self._topic_members[topic] = self._topic_members.get(topic, 0) + 1
+            if self._pass_left:
+                self._pass_left.add(state.tp)  # R11: asked in the pass under way
         self.partitions[state.tp] = state
 
     def remove(self, tp: TopicPartition) -> PartitionState | None:
         state = self.partitions.pop(tp, None)
+        self._pass_left.discard(tp)
+        self._unserved.discard(tp)
         if state is not None:
             left = self._topic_members[tp.topic] - 1
             if left:
@@ -420,24 +439,60 @@ class PartitionTable:
         plan = self.session.build_request(share or wanted, changed=changed)
         self._wanted_changes = []
         self.stats.last_request_partitions = len(plan.to_send)
+        self.stats.in_shares = share is not None
         if share:
             self._sent_a_share = True
             self.stats.sessionless_shares += 1
+            self._unserved.update(share)
             for tp in share:
                 self.partitions.move_to_end(tp)  # R11: the next request asks the next ones
         version = self.usable_fetch_version(max_version, plan)
         self.stats.requests += 1
-        return NextFetch(plan, version, self.request(plan, version))
+        max_wait_ms = self.settings.wait_max_ms
+        if share and self._cut:
+            max_wait_ms = max(max_wait_ms, self.settings.sessionless_wait_ms)
+        return NextFetch(plan, version, self.request(plan, version, max_wait_ms=max_wait_ms))
 
     def _sessionless_share(
         self, wanted: dict[TopicPartition, PartitionFetch]
     ) -> dict[TopicPartition, PartitionFetch] | None:
-        """R11: this request's share of a sessionless leader's partitions (the first in
-        rotation order), or None to ask them all."""
+        """R11: this request's share of a sessionless leader's partitions, or None to ask
+        them all. The share comes from the pass under way, behind first; when the pass has
+        fewer left than the share holds, the next pass begins (with every partition) and
+        fills the rest."""
         cap = self.settings.sessionless_max_partitions
         if len(wanted) <= cap or not self.session.sessionless_so_far:
+            self._pass_left.clear()
+            self._unserved.clear()
             return None
-        return dict(islice(wanted.items(), cap))
+        share = self._from_pass(wanted, cap)
+        if len(share) < cap:
+            self._pass_left = set(self.partitions).difference(share)
+            self.stats.share_passes += 1
+            share.update(self._from_pass(wanted, cap - len(share)))
+        return share
+
+    def _from_pass(
+        self, wanted: dict[TopicPartition, PartitionFetch], count: int
+    ) -> dict[TopicPartition, PartitionFetch]:
+        """Up to `count` of `wanted` the pass has not asked yet, those known to be behind
+        first, each kind in rotation order; taken out of the pass."""
+        left, unserved = self._pass_left, self._unserved
+        behind: list[TopicPartition] = []
+        others: list[TopicPartition] = []
+        for tp in wanted:
+            if tp not in left:
+                continue
+            state = self.partitions[tp]
+            if tp in unserved or state.high_watermark > state.fetch_offset:
+                behind.append(tp)
+                if len(behind) == count:
+                    break
+            elif len(others) < count:
+                others.append(tp)
+        chosen = (behind + others)[:count]
+        left.difference_update(chosen)
+        return {tp: wanted[tp] for tp in chosen}
 
     def usable_fetch_version(self, version: int, plan: FetchRequestPlan) -> int:
         if version >= FETCH_TOPIC_ID_VERSION and not plan.uses_topic_ids:
@@ -505,8 +560,11 @@ class PartitionTable:
         self._wanted_changes.extend(changed)
         return wanted
 
-    def request(self, plan: FetchRequestPlan, version: int) -> FetchRequest:
-        """What `plan` asks, as a Fetch of `version` says it (forgotten by id from v13)."""
+    def request(
+        self, plan: FetchRequestPlan, version: int, *, max_wait_ms: int | None = None
+    ) -> FetchRequest:
+        """What `plan` asks, as a Fetch of `version` says it (forgotten by id from v13);
+        `max_wait_ms`: fetch.wait_max_ms unless given (a sessionless share's, R11)."""
         use_epochs = version >= FETCH_LAST_FETCHED_EPOCH_VERSION
         if version >= FETCH_TOPIC_ID_VERSION:
             forgotten = tuple(
@@ -519,7 +577,7 @@ class PartitionTable:
                 ForgottenPartition(tp.topic, None, tp.partition) for tp in plan.to_forget
             )
         return FetchRequest(
-            max_wait_ms=self.settings.wait_max_ms,
+            max_wait_ms=self.settings.wait_max_ms if max_wait_ms is None else max_wait_ms,
             min_bytes=self.settings.min_bytes,
             max_bytes=self.response_max_bytes(),
             isolation_level=self.settings.isolation_level,
@@ -686,6 +744,7 @@ class PartitionTable:
             # A leader that keeps refusing must not be hammered: back off, growing.
             return ResponseOutcome(False, retry_in_ms=self._backoff.next_delay_ms())
         self._backoff.reset()
+        self._cut = False
         actions: list[Action] = []
         appends: list[Append] = []
         session = plan.session_partitions
@@ -737,6 +796,11 @@ class PartitionTable:
             state.high_watermark = pd.high_watermark
             state.last_stable_offset = pd.last_stable_offset
             state.leader_log_start_offset = pd.log_start_offset
+            state.answers_since_move += 1  # appended() sets it back to 0
+            if not pd.records and pd.high_watermark > state.fetch_offset:
+                self._cut = True  # R11: behind, and nothing read for it
+            elif self._unserved and (pd.records or pd.high_watermark >= 0):
+                self._unserved.discard(tp)  # R11: served, or nothing to serve
             diverging = pd.diverging_epoch
             if diverging.epoch >= 0 and diverging.end_offset >= 0:
                 # R3, Fetch v12+. The answer's high watermark counts too (R5), once the log
@@ -966,6 +1030,7 @@ class PartitionTable:
         state.fetched_epoch = None
         state.fetch_offset = state.log.log_end_offset
         state.progress_ms = now_ms
+        state.answers_since_move = 0
         state.bytes_replicated += len(fetched.data)
         state.records_replicated += fetched.batches.record_count
         self.stats.bytes_appended += len(fetched.data)

@@ -80,6 +80,11 @@ def _leader(fetcher: LeaderFetcher, rate: float) -> dict[str, Any]:
         "last_request_partitions": s.last_request_partitions,
         # Requests that named only a share of a sessionless leader's partitions (in turns).
         "sessionless_shares": s.sessionless_shares,
+        # The last request was such a share, and the passes over every partition begun: a
+        # partition of such a leader waits for its turn until answered twice since its log
+        # last moved (control/stalls.py).
+        "in_shares": s.in_shares,
+        "share_passes": s.share_passes,
     }
 
 
@@ -168,6 +173,8 @@ def build_snapshot(
                 "disk_retry_ago_ms": (
                     None if st.disk_retry_ms is None else max(0, now_ms - st.disk_retry_ms)
                 ),
+                # Answers since its log last moved (that answer not counted).
+                "answers_since_move": st.answers_since_move,
                 "bytes_replicated": st.bytes_replicated,
                 "records_replicated": st.records_replicated,
                 "crc_failures": st.corrupt_count,

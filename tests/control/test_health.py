@@ -98,6 +98,11 @@ def test_partitions_offline_halted_diverging_and_stalled_are_each_a_reason() -> 
     }
     assert by_code["partitions_offline"].endswith(": t-0")
     assert by_code["partitions_stalled"].endswith(": t-3")
+    # The same partition of a leader fetched in shares, answered once since its last move:
+    # it waits for its turn in the next pass (control/stalls.py), health names no stall.
+    shares = [{"node_id": 1, "address": "h:9092", "connected": True, "in_shares": True}]
+    waiting = partition("t", 3, lag=10, idle_ms=STALL_AFTER_MS, answers_since_move=1)
+    assert assess(snapshot(partitions=[waiting], leaders=shares)).health is Health.HEALTHY
 
 
 def test_partitions_waiting_for_disk_space_say_so_and_when_the_disk_refused_them() -> None:

@@ -14,8 +14,10 @@ from replicad.control.stalls import (
     StallWatch,
     is_stalled,
     one_line_each,
+    sharing_leaders,
     summary_names,
     waits_for_disk,
+    waits_for_turn,
 )
 
 AFTER = 5_000
@@ -63,6 +65,33 @@ def test_a_partition_waiting_for_disk_space_is_not_stalled_until_the_disk_took_a
     assert not waits_for_disk(refused_before_its_last_move, AFTER)
     assert is_stalled(refused_before_its_last_move, CONNECTED, AFTER)
     assert not waits_for_disk(row(0, disk_full_ago_ms=None), AFTER)  # never refused
+
+
+def test_a_partition_of_a_leader_fetched_in_shares_waits_for_its_turn_until_answered() -> None:
+    """A leader that keeps no session is asked a share of its partitions at a time, in
+    passes (the follower's R11): a partition moved by an answer that left it behind, or
+    answered once without records (the leader's wait ran out), waits for its turn in the
+    next pass, however long that takes; answered twice since its last move, it is judged as
+    any other (and a leader asked everything at once never waits)."""
+    sharing = sharing_leaders(
+        [{"node_id": 1, "in_shares": True}, {"node_id": 2, "in_shares": False}]
+    )
+    assert sharing == frozenset({1})
+    long_idle = 10 * AFTER
+    waiting = [row(0, idle_ms=long_idle, answers_since_move=n) for n in (None, 0, 1)]
+    judged = row(0, idle_ms=long_idle, answers_since_move=2)
+    for one in waiting:
+        assert waits_for_turn(one, sharing)
+        assert not is_stalled(one, CONNECTED, AFTER, sharing)
+        assert is_stalled(one, CONNECTED, AFTER)  # a leader asked everything at once
+        assert is_stalled({**one, "leader": 3}, {3: True}, AFTER, sharing)
+    assert not waits_for_turn(judged, sharing)
+    assert is_stalled(judged, CONNECTED, AFTER, sharing)
+    watch = StallWatch(AFTER)
+    leaders = [{"node_id": 1, "connected": True, "in_shares": True}]
+    change = watch.check([waiting[2], row(1, answers_since_move=2)], leaders)
+    assert [p["partition"] for p in change.began] == [1]
+    assert watch.status()["partitions"] == ["t-1"]
 
 
 def test_a_stall_is_reported_once_and_ends_when_the_partition_moves() -> None:

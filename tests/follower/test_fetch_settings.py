@@ -47,6 +47,7 @@ def test_every_key_reaches_the_settings():
                 "isolation_level": "read_committed",
                 "buffer_memory": 64 << 20,
                 "sessionless_max_partitions": 17,
+                "sessionless_wait_ms": 1_717,
             },
             "checkpoint_interval_ms": 1_700,
         }
@@ -69,6 +70,7 @@ def test_every_key_reaches_the_settings():
         reconnect_backoff_max_ms=700,
         buffer_memory=64 << 20,
         sessionless_max_partitions=17,
+        sessionless_wait_ms=1_717,
     )
     # No field is left at its default by accident: each differs from it here.
     unchanged = [

@@ -578,6 +578,60 @@ def test_a_leader_that_keeps_a_session_is_asked_every_partition_at_once():
     assert _asked(table.next_fetch(0, max_version=13)) == list(range(5))
 
 
+def test_a_share_asks_those_known_behind_first_and_every_partition_once_a_pass():
+    """R11's order: within a pass, the partitions whose high watermark is above our fetch
+    offset, or that were asked in a share and not served since, go first (Tansu reads a
+    share in order until its max wait has passed and answers the rest without records);
+    every partition is asked once in each pass. After an answer that left a partition
+    behind without records, the next share waits longer."""
+    table = _table(sessionless_max_partitions=3, wait_max_ms=500, sessionless_wait_ms=2_000)
+    logs = {}
+    for p in range(8):
+        _, logs[TopicPartition("t", p)] = _add(table, TopicPartition("t", p))
+    first = table.next_fetch(0, max_version=13)
+    assert first.request.max_wait_ms == 500 and not table.stats.in_shares
+    # No session; 5 and 7 behind (their high watermark 4, no records), the rest caught up.
+    caught_up_but = {5: 4, 7: 4}
+    answers = [_partition(tp, hw=caught_up_but.get(tp.partition, 0)) for tp in logs]
+    table.on_response(first, _response(first, *answers, session_id=0), 0)
+    shares, waits = [], []
+
+    def share():
+        fetch = table.next_fetch(0, max_version=13)
+        assert table.stats.in_shares
+        shares.append(_asked(fetch))
+        waits.append(fetch.request.max_wait_ms)
+        return fetch
+
+    one = share()
+    tp5, tp7 = TopicPartition("t", 5), TopicPartition("t", 7)
+    outcome = table.on_response(
+        one,
+        _response(
+            one,
+            _partition(tp5, hw=2, records=_batches(0, 1)),  # served
+            _partition(tp7, hw=4),  # still behind: the leader's wait ran out
+            _partition(TP0, hw=0),
+            session_id=0,
+        ),
+        0,
+    )
+    _perform(table, outcome.appends, logs)
+    two = share()
+    table.on_response(two, _response(two, session_id=0), 0)  # none answered: not served
+    three = share()
+    table.on_response(three, _response(three, session_id=0), 0)
+    share()
+    assert shares == [[5, 7, 0], [1, 2, 3], [4, 6, 7], [1, 2, 3]]
+    assert waits == [2_000, 2_000, 500, 500]  # 7 left behind by the first two answers
+    assert sorted(p for s in [*shares[:2], shares[2][:2]] for p in s) == list(range(8))
+    assert table.stats.share_passes == 2
+    # Answers since each log last moved (the stall rule's wait for a turn): 5 moved by its
+    # answer, 7 answered twice without records, 1 asked twice and never answered.
+    counts = {p: table.partitions[TopicPartition("t", p)].answers_since_move for p in (5, 7, 1)}
+    assert counts == {5: 0, 7: 2, 1: 1}
+
+
 def test_with_sessions_off_every_request_is_a_share():
     table = _table(sessionless_max_partitions=2, sessions=False)
     for p in range(3):

@@ -90,9 +90,11 @@ def test_many_partitions_are_fetched_from_tansu_in_turns_of_a_share_each(
     tansu_broker, unique_topic, tmp_path
 ):
     """fetch.sessionless_max_partitions: Tansu keeps no session, so after its first answer
-    each request names at most a share of the partitions, the next ones each time (Tansu
-    0.6 answered a Fetch of 1,000 partitions with no records at all); every partition is
-    replicated, byte for byte."""
+    each request names at most a share of the partitions, in passes that ask each once,
+    those known to be behind first (Tansu 0.6 answered a Fetch of 1,000 partitions with no
+    records at all); every partition is replicated, byte for byte, records produced while
+    it runs too, and status says the leader is fetched in shares (the stall rule waits for a
+    partition's turn in a pass, control/stalls.py) and names no stall."""
     from replicad.control.client import query
 
     topic = unique_topic()
@@ -107,15 +109,17 @@ def test_many_partitions_are_fetched_from_tansu_in_turns_of_a_share_each(
         control_socket=sock,
     ) as proc:
         proc.wait_caught_up({TopicPartition(topic, p): 2 for p in range(MANY)}, timeout_s=600)
-        # A round of shares at least (the first request named every partition).
-        proc.wait_for(
-            lambda: query(sock)["leaders"][0]["sessionless_shares"] >= MANY // SHARE,
-            what="a round of shares",
-        )
-        (leader,) = query(sock)["leaders"]
-    assert not leader["sessionful"]
+        produce_numbered(tansu_broker.bootstrap, topic, MANY, 2, b"w")  # while it runs
+        proc.wait_caught_up({TopicPartition(topic, p): 4 for p in range(MANY)}, timeout_s=600)
+        # A whole pass at least (the first request named every partition).
+        proc.wait_for(lambda: query(sock)["leaders"][0]["share_passes"] >= 2, what="a pass")
+        status = query(sock)
+    (leader,) = status["leaders"]
+    assert not leader["sessionful"] and leader["in_shares"], leader
     assert leader["last_request_partitions"] <= SHARE, leader
+    assert leader["sessionless_shares"] >= MANY // SHARE, leader
+    assert status["stalls"]["stalls_total"] == 0, status["stalls"]
     for p in (0, MANY // 2, MANY - 1):
         assert segment_bytes(data_dir / f"{topic}-{p}") == tansu_batches(
-            tansu_broker.bootstrap, topic, p, 2
+            tansu_broker.bootstrap, topic, p, 4
         )
