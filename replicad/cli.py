@@ -485,6 +485,9 @@ def _cmd_verify_against_source(args: argparse.Namespace) -> int:
         fetch_max_bytes=args.fetch_max_bytes,
         max_bytes_per_second=args.max_bytes_per_second,
         resume=Path(args.resume) if args.resume else None,
+        **(
+            {"partitions_per_fetch": args.partitions_per_fetch} if args.partitions_per_fetch else {}
+        ),
     )
 
     def show(result: object) -> None:
@@ -909,6 +912,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     proof.add_argument(
         "--max-bytes-per-second", type=int, help="bound the load on the source (default none)"
+    )
+    proof.add_argument(
+        "--partitions-per-fetch",
+        type=int,
+        help="at most this many partitions walked at once, those of one leader asked in one "
+        "fetch (default: verify's, 100)",
     )
     proof.add_argument(
         "--resume",

@@ -7,6 +7,7 @@ operator runs it. Retention is DeleteRecords at the source, on a topic of its ow
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from pathlib import Path
@@ -136,6 +137,46 @@ def test_what_retention_removed_at_the_source_is_reported_not_failed(
     assert entry["verified_to"] == 500 and entry["batches_compared"] > 0
     text = _verify(data_dir, kafka_broker.bootstrap).stdout
     assert "no longer at the source (retention): 0..199" in text
+
+
+def _verify_in_process(data_dir: Path, bootstrap: str, **options):
+    """(results, the verifier's source side: its request and byte counts)."""
+    from replicad.protocol.client import ClientSettings
+    from replicad.verify.source import SourceVerifier, VerifyOptions
+
+    verifier = SourceVerifier(data_dir, [bootstrap], ClientSettings(), VerifyOptions(**options))
+    return asyncio.run(verifier.run()), verifier.source
+
+
+MANY = 24
+
+
+def test_the_partitions_of_one_leader_are_asked_in_one_fetch(kafka_broker, unique_topic, tmp_path):
+    """The command walks up to --partitions-per-fetch partitions at once, one Fetch naming
+    those of one leader (the session's broker leads all): fewer requests than partitions,
+    each partition verified to its end; one at a time, a request each."""
+    kafka_broker.create_topic(unique_topic, MANY)
+    produce_numbered(kafka_broker.bootstrap, unique_topic, MANY, 3)
+    data_dir = tmp_path / "data"
+    _replicate(kafka_broker, unique_topic, dict.fromkeys(range(MANY), 3), data_dir)
+    together, source = _verify_in_process(data_dir, kafka_broker.bootstrap)
+    alone, one_by_one = _verify_in_process(data_dir, kafka_broker.bootstrap, partitions_per_fetch=1)
+    for results in (together, alone):
+        assert [r.tp.partition for r in results] == list(range(MANY))
+        assert all(r.clean and r.verified_to == 3 for r in results), results
+    assert source.requests < MANY <= one_by_one.requests
+    assert source.fetched_bytes == one_by_one.fetched_bytes
+
+
+def test_partitions_a_full_answer_left_empty_are_asked_again_first(kafka_broker, replica):
+    """A fetch_max_bytes under what the partitions hold: KIP-74 gives the first partition
+    its batches and the answer is full, the next ones come back empty below their high
+    watermark; they go first in the next request, and every partition ends verified."""
+    _, data_dir, ends = replica
+    results, source = _verify_in_process(data_dir, kafka_broker.bootstrap, fetch_max_bytes=4096)
+    assert {r.tp.partition: r.verified_to for r in results} == ends
+    assert all(r.clean for r in results), results
+    assert source.fetches > source.requests  # more than one partition asked a request
 
 
 def test_the_pace_gives_each_answers_bytes_their_share_of_the_rate():
