@@ -47,6 +47,7 @@ BROKER_JVM_OPTS_ENV = "REPLICAD_KAFKA_BROKER_JVM_OPTS"
 os.environ.setdefault(BROKER_JVM_OPTS_ENV, "-XX:TieredStopAtLevel=1")
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own, which makes the temp path factory
 def pytest_configure(config: pytest.Config) -> None:
     # Each process of the suite (one, or each xdist worker) runs hundreds of tests, their
     # brokers' clients and in-process servers; a user who is not root usually starts with a
@@ -56,6 +57,42 @@ def pytest_configure(config: pytest.Config) -> None:
     from replicad.daemon import raise_open_file_limit
 
     raise_open_file_limit()
+    _suite_tmpdir(config)
+
+
+def _suite_tmpdir(config: pytest.Config) -> None:
+    """One temporary directory for everything the run's processes make with no place of
+    their own (TMPDIR; the JVMs' java.io.tmpdir: Spark's through SPARK_SUBMIT_OPTS, Kafka's
+    on their command lines, tools/peers/kafka.py), removed when the run ends: Spark's
+    spark-*/blockmgr-*/artifacts-* directories, the .so files snappy-java and lz4-java unpack
+    and replicad's scratch files stayed in /tmp after every run (a JVM killed, not stopped,
+    never removes them). Made by the controller (or the single process) before its workers
+    start, so they inherit it; under /tmp, not pytest's base (0700): the throw-away users
+    of test_first_hour and test_install must be able to look into a temp dir."""
+    import tempfile
+    import time
+
+    if hasattr(config, "workerinput"):
+        return  # an xdist worker: the controller's directory came with its environment
+    factory = getattr(config, "_tmp_path_factory", None)
+    if factory is not None:
+        factory.getbasetemp()  # pytest's own base stays where it is (kept for a look)
+    config.stash[_SUITE_STARTED] = time.time()
+    path = Path(tempfile.mkdtemp(prefix=SUITE_TMPDIR_PREFIX))
+    path.chmod(0o755)
+    config.stash[_SUITE_TMPDIR] = path
+    os.environ["TMPDIR"] = str(path)
+    tempfile.tempdir = None  # computed again from TMPDIR
+    # Spark's driver JVM (local mode: its executors too); no hsperfdata file in /tmp either.
+    java = f"-Djava.io.tmpdir={path} -XX:-UsePerfData"
+    os.environ["SPARK_SUBMIT_OPTS"] = " ".join(
+        part for part in (os.environ.get("SPARK_SUBMIT_OPTS"), java) if part
+    )
+
+
+SUITE_TMPDIR_PREFIX = "suite-tmp-"
+_SUITE_TMPDIR = pytest.StashKey[Path]()
+_SUITE_STARTED = pytest.StashKey[float]()
 
 
 KAFKA_FIXTURES = {"kafka_broker", "make_kafka_broker", "kafka_cluster"}
@@ -67,28 +104,65 @@ _topic_counter = itertools.count(1)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """No secret of the suite in any log it wrote: tools/chaos/secret_scan.py over the
-    session's temporary directory (every password file there is a secret, every .log file
-    is searched); a leak fails the run, named by file and line."""
-    from tools.chaos.secret_scan import describe, scan
-
+    """No secret of the suite in any log it wrote, and nothing left on the machine."""
     if hasattr(session.config, "workerinput"):
-        return  # an xdist worker: its directory is inside the controller's, scanned once there
+        return  # an xdist worker: its directory is inside the controller's, checked once there
     if os.environ.get(UNIT_SECONDS_OUT) and _unit_seconds:
         write_unit_seconds(Path(os.environ[UNIT_SECONDS_OUT]), _unit_seconds)
     factory = getattr(session.config, "_tmp_path_factory", None)
-    if factory is None:
-        return
     try:
-        root = factory.getbasetemp()
+        base = None if factory is None else factory.getbasetemp()
     except OSError:
-        return
-    result = scan(root)
+        base = None
+    if base is not None:
+        _scan_for_secrets(session, base)
+    _no_leftovers(session, base)
+
+
+def _say(session: pytest.Session, line: str) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        for line in describe(result):
-            reporter.write_line(line)
+        reporter.write_line(line)
+
+
+def _scan_for_secrets(session: pytest.Session, base: Path) -> None:
+    """tools/chaos/secret_scan.py over the session's temporary directory (every password
+    file there is a secret, every .log file is searched); a leak fails the run, named by
+    file and line."""
+    from tools.chaos.secret_scan import describe, scan
+
+    result = scan(base)
+    for line in describe(result):
+        _say(session, line)
     if result.leaks:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _no_leftovers(session: pytest.Session, base: Path | None) -> None:
+    """The run's temporary directory removed, and a check that the run left nothing else
+    (tools/leftovers.py): a filesystem still mounted under its directories (unmounted here),
+    a file of its kind new in /tmp or /dev/shm. Each is named; the whole suite (no path
+    given) fails on any, a run of some files only says them (another run on this machine
+    may have made them meanwhile)."""
+    import shutil
+    import subprocess
+
+    from tools.leftovers import found, mounts_under
+
+    config = session.config
+    tmpdir = config.stash.get(_SUITE_TMPDIR, None)
+    if tmpdir is None:
+        return
+    roots = [tmpdir] if base is None else [tmpdir, base]
+    mounted = mounts_under(roots)
+    for point in reversed(mounted):  # the deepest first
+        subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
+    shutil.rmtree(tmpdir, ignore_errors=True)
+    left = [f"a filesystem still mounted at {point}" for point in mounted]
+    left += [str(path) for path in found(config.stash[_SUITE_STARTED])]
+    for line in left:
+        _say(session, f"left by the suite: {line}")
+    if left and config.args_source == pytest.Config.ArgsSource.TESTPATHS:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

@@ -26,10 +26,12 @@ forward -- a corrupt byte is never kept.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import json
 import os
+import shutil
 import struct
 import tempfile
 import uuid
@@ -296,7 +298,10 @@ def checkpoints(data: bytes) -> None:
 
 @cache
 def _scratch_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="replicad-fuzz-config-"))
+    """A directory for the config files, removed when this process exits."""
+    path = Path(tempfile.mkdtemp(prefix="replicad-fuzz-config-"))
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def config_text(data: bytes) -> None:

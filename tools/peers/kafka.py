@@ -23,6 +23,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -75,6 +76,14 @@ BROKER_EXTRA_OPTS_ENV = "REPLICAD_KAFKA_BROKER_JVM_OPTS"
 # own tests, `internal.segment.bytes`, has no floor. A batch larger than a
 # segment is refused (RECORD_LIST_TOO_LARGE), so producers must batch smaller.
 MIN_SEGMENT_BYTES = 1024 * 1024
+def jvm_tmpdir_option() -> str:
+    """java.io.tmpdir as this process's temporary directory (TMPDIR; the suite gives its
+    run one of its own, tests/conftest.py): snappy-java and lz4-java unpack their native
+    libraries there and remove them only when the JVM exits cleanly, which a killed broker
+    or a stopped console consumer never does."""
+    return f"-Djava.io.tmpdir={tempfile.gettempdir()}"
+
+
 # Exit codes of a JVM that ran its shutdown hooks (and so wrote its CDS archive).
 CLEAN_JVM_EXITS = (0, 143, -15)
 # Set to "0" to run Kafka's JVMs without class-data sharing (see _cds_options).
@@ -155,6 +164,7 @@ def run_kafka_class(
         "java",
         *TOOL_JVM_OPTS,
         *cds,
+        jvm_tmpdir_option(),
         f"-Dlog4j2.configurationFile={TOOLS_LOG4J}",
         "-cp",
         kafka_classpath(),
@@ -187,6 +197,7 @@ def kafka_tool_argv(main_class: str, *args: str) -> list[str]:
         "java",
         *TOOL_JVM_OPTS,
         *share,
+        jvm_tmpdir_option(),
         f"-Dlog4j2.configurationFile={TOOLS_LOG4J}",
         "-cp",
         kafka_classpath(),
@@ -406,6 +417,7 @@ class KafkaBroker(KafkaTopics, BrokerProcess):
             "-Xms256m",
             *broker_jvm_opts(),
             *cds,
+            jvm_tmpdir_option(),
             f"-Dkafka.logs.dir={self.server_log.parent}",
             f"-Dlog4j2.configurationFile={BROKER_LOG4J}",
             "-cp",
