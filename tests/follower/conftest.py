@@ -29,4 +29,6 @@ def tiered_kafka_broker(
     try:
         yield broker, storage
     finally:
-        broker.stop()
+        # Thrown away with its data, as every session peer (tests/conftest.py): a controlled
+        # shutdown only costs the worker's last seconds.
+        broker.kill()
