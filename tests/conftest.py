@@ -329,7 +329,8 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBrok
 
 @pytest.fixture
 def make_kafka_broker(tmp_path: Path) -> Iterator[Callable[..., KafkaBroker]]:
-    """`make_kafka_broker(**KafkaBroker kwargs)` starts a broker of the test's own."""
+    """`make_kafka_broker(**KafkaBroker kwargs)` starts a broker of the test's own, thrown
+    away when the test ends (KafkaBroker.discard: a test that needs a clean stop says so)."""
     from tools.peers.kafka import KafkaBroker
 
     made: list[KafkaBroker] = []
@@ -348,7 +349,7 @@ def make_kafka_broker(tmp_path: Path) -> Iterator[Callable[..., KafkaBroker]]:
         yield make
     finally:
         for broker in made:
-            broker.stop()
+            broker.discard()  # thrown away: killed, unless it writes the CDS archive
 
 
 @pytest.fixture(scope="session")

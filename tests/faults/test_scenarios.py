@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -34,10 +35,29 @@ from tools.chaos.scenarios import (
     session_cache_pressure,
     slow_disk,
 )
+from tools.peers.kafka import KafkaBroker
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 SUITE = dataclasses.replace(CI, name="suite", rounds=1)
+
+
+@pytest.fixture(scope="module")
+def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """A broker of this module's own, for the scenarios that kill and restart the broker and
+    the one that needs an 8-slot session cache: one broker start (a JVM, 10-30 s) instead of
+    one per test. The leader scenarios run one follower, so the small cache holds its one
+    session; every scenario makes topics of its own."""
+    from tests.conftest import _running
+
+    yield from _running(
+        KafkaBroker(
+            tmp_path_factory.mktemp("own-kafka"),
+            broker_config={
+                "max.incremental.fetch.session.cache.slots": str(TINY_SESSION_CACHE_SLOTS)
+            },
+        )
+    )
 
 
 def assert_survived(result: ScenarioResult) -> None:
@@ -76,8 +96,8 @@ def test_follower_sigkill(kafka_broker, tmp_path) -> None:
     assert result.counters.truncations == 0
 
 
-def test_leader_sigkill_and_restart(make_kafka_broker, tmp_path) -> None:
-    broker = make_kafka_broker()
+def test_leader_sigkill_and_restart(own_broker, tmp_path) -> None:
+    broker = own_broker
     killed = leader_sigkill(broker, tmp_path / "kill", SUITE)
     assert_survived(killed)
     assert killed.faults == {"broker SIGKILL": leader_rounds(SUITE)}
@@ -88,11 +108,8 @@ def test_leader_sigkill_and_restart(make_kafka_broker, tmp_path) -> None:
     assert restarted.counters.session_recoveries >= leader_rounds(SUITE)
 
 
-def test_session_cache_pressure(make_kafka_broker, tmp_path) -> None:
-    broker = make_kafka_broker(
-        broker_config={"max.incremental.fetch.session.cache.slots": str(TINY_SESSION_CACHE_SLOTS)}
-    )
-    result = session_cache_pressure(broker, tmp_path, SUITE)
+def test_session_cache_pressure(own_broker, tmp_path) -> None:
+    result = session_cache_pressure(own_broker, tmp_path, SUITE)
     assert_survived(result)
     assert result.counters.session_recoveries > 0
 

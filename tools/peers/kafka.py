@@ -408,6 +408,16 @@ class KafkaBroker(KafkaTopics, BrokerProcess):
         )
         self._formatted = True
 
+    def discard(self) -> None:
+        """End a broker whose data is thrown away: SIGKILL, as a controlled shutdown writes
+        a producer snapshot for each partition (seconds at the end of a test) -- unless this
+        JVM is the one dumping the class-data archive, which it writes only when it exits
+        cleanly (the first broker of a fresh clone): then a clean stop."""
+        if self._cds_pending is not None:
+            self.stop()
+        else:
+            self.kill()
+
     def _launch(self) -> None:
         self.server_log.parent.mkdir(parents=True, exist_ok=True)
         cds, self._cds_pending = _cds_options("broker")
