@@ -3,9 +3,11 @@
 Kafka checks retention every `log.retention.check.interval.ms` (5 minutes by default, a
 broker setting no topic can lower), so these tests run on a broker of their own config that
 checks every half second, from the start (the one the tiered-storage test shares: the topics
-here are not tiered). Topics roll small segments; size retention is `retention.bytes`, time
-retention `retention.ms` over records stamped older than now, so
-that each expires a few seconds after it was produced, while the follower has long copied it.
+here are not tiered). Topics roll small segments; size retention is `retention.bytes`. Time
+retention is `retention.ms`, lowered to 1 ms once the follower has copied what it should
+remove (Kafka then deletes every closed segment at its next check) and raised to an hour
+again: it removes what the test says when the test says, where records stamped older than
+now waited a fixed 20 s for the clock, in each round.
 
 - Following: while the follower keeps up, the source's log start moves forward under it
   segment by segment; the follower never meets a gap (on_gap=halt would stop it), keeps every
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -37,13 +38,13 @@ pytestmark = pytest.mark.kafka
 SEGMENT_BYTES = 8 * 1024
 ROUND_RECORDS = 40
 VALUE = b"x" * 200
-# Size: keep about four segments. Time: 30 s, over records stamped 10 s in the past, so a
-# segment expires 20 s after its last record (the follower copies each round at once).
-RETENTION_MS = 30_000
-AGE_MS = 10_000
+# Size: keep about four segments. Time: an hour, lowered to 1 ms when a test wants the
+# closed segments gone (expire_by_time).
+HOLD_MS = 3_600_000
+EXPIRE_MS = 1
 POLICIES = {
     "bytes": {"retention.bytes": str(4 * SEGMENT_BYTES)},
-    "ms": {"retention.ms": str(RETENTION_MS)},
+    "ms": {"retention.ms": str(HOLD_MS)},
 }
 
 
@@ -54,15 +55,39 @@ def broker(tiered_kafka_broker):
     return tiered_kafka_broker[0]
 
 
-def produce_round(bootstrap: str, topic: str, first: int, *, old: bool) -> int:
-    """ROUND_RECORDS records into partition 0 (stamped AGE_MS in the past when `old`); the
-    next record's number."""
+def produce_round(bootstrap: str, topic: str, first: int) -> int:
+    """ROUND_RECORDS records into partition 0 (more than a segment: the last one rolls);
+    the next record's number."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2, "batch.size": 2048})
-    stamp = int(time.time() * 1000) - AGE_MS if old else 0
     for i in range(first, first + ROUND_RECORDS):
-        producer.produce(topic, value=b"%08d" % i + VALUE, partition=0, timestamp=stamp)
+        producer.produce(topic, value=b"%08d" % i + VALUE, partition=0)
     assert producer.flush(60) == 0
     return first + ROUND_RECORDS
+
+
+def set_retention_ms(broker, topic: str, ms: int) -> None:
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    change = ConfigEntry("retention.ms", str(ms), incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[change])
+    admin = broker.admin()  # held: futures fail once their client is gone
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(60)
+
+
+def expire_by_time(broker, topic: str) -> int:
+    """Kafka's time retention of every closed segment of partition 0: retention.ms 1 ms
+    until the source's log start has moved, then an hour again. The new log start."""
+    before = source_bounds(broker.bootstrap, topic)[0]
+    set_retention_ms(broker, topic, EXPIRE_MS)
+    try:
+        return wait_until(
+            lambda: (start := source_bounds(broker.bootstrap, topic)[0]) > before and start,
+            interval_s=0.2,
+            what="time retention to move the source's log start",
+        )
+    finally:
+        set_retention_ms(broker, topic, HOLD_MS)
 
 
 def source_bounds(bootstrap: str, topic: str) -> tuple[int, int]:
@@ -118,8 +143,10 @@ def test_the_follower_keeps_up_while_retention_moves_the_source_start(
             """A round produced and copied; done once retention moved the source's start
             several times under the follower."""
             nonlocal produced, rounds_after_start_moved
-            produced = produce_round(broker.bootstrap, topic, produced, old=policy == "ms")
+            produced = produce_round(broker.bootstrap, topic, produced)
             proc.wait_caught_up({TopicPartition(topic, 0): produced})
+            if policy == "ms":
+                expire_by_time(broker, topic)
             if source_bounds(broker.bootstrap, topic)[0] > 0:
                 rounds_after_start_moved += 1
             return rounds_after_start_moved >= 3
@@ -155,7 +182,7 @@ def test_retention_past_a_stopped_followers_end_is_a_gap_by_on_gap(
     config = config_file(tmp_path, on_gap)
     with replicad_run(broker.bootstrap, [topic], data_dir, config=config) as proc:
         proc.wait_ready()
-        produced = produce_round(broker.bootstrap, topic, 0, old=policy == "ms")
+        produced = produce_round(broker.bootstrap, topic, 0)
         proc.wait_caught_up({TopicPartition(topic, 0): produced})
     copied = produced
     before = segment_bytes(data_dir / f"{topic}-0")
@@ -164,7 +191,9 @@ def test_retention_past_a_stopped_followers_end_is_a_gap_by_on_gap(
         nonlocal produced
         if source_bounds(broker.bootstrap, topic)[0] > copied:
             return True
-        produced = produce_round(broker.bootstrap, topic, produced, old=policy == "ms")
+        produced = produce_round(broker.bootstrap, topic, produced)
+        if policy == "ms":
+            expire_by_time(broker, topic)
         return False
 
     wait_until(retention_passed_our_end, interval_s=0.5, what="retention past the replica's end")
