@@ -353,34 +353,40 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
+# Flags that set a source option of their own (flag's dest, option), by the jobs that take them.
+_SELECTION_FLAGS = (
+    ("topics", "topics"),
+    ("topic_pattern", "topicPattern"),
+    ("partitions", "partitions"),
+    ("max_split_bytes", "maxSplitBytes"),
+    ("s3_endpoint", "s3Endpoint"),
+)
+_EXPORT_FLAGS = (
+    ("isolation", "isolation"),
+    ("starting_offsets", "startingOffsets"),
+    ("ending_offsets", "endingOffsets"),
+    ("starting_timestamp", "startingTimestamp"),
+    ("ending_timestamp", "endingTimestamp"),
+)
+_STREAM_FLAGS = (
+    ("max_offsets_per_trigger", "maxOffsetsPerTrigger"),
+    ("max_bytes_per_trigger", "maxBytesPerTrigger"),
+)
+
+
+def _given(args: argparse.Namespace, flags: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    """The options of `flags` whose flag was given, as text."""
+    given = {option: getattr(args, flag, None) for flag, option in flags}
+    return {option: str(value) for option, value in given.items() if value is not None}
+
+
 def _selection(args: argparse.Namespace) -> dict[str, str]:
     """Source options from the flags both jobs share."""
-    options: dict[str, str] = {}
-    for flag, option in (
-        ("topics", "topics"),
-        ("topic_pattern", "topicPattern"),
-        ("partitions", "partitions"),
-        ("max_split_bytes", "maxSplitBytes"),
-        ("s3_endpoint", "s3Endpoint"),
-    ):
-        value = getattr(args, flag, None)
-        if value is not None:
-            options[option] = str(value)
-    return options
+    return _given(args, _SELECTION_FLAGS)
 
 
 def _export_options(args: argparse.Namespace) -> dict[str, str]:
-    options = _selection(args)
-    for flag, option in (
-        ("isolation", "isolation"),
-        ("starting_offsets", "startingOffsets"),
-        ("ending_offsets", "endingOffsets"),
-        ("starting_timestamp", "startingTimestamp"),
-        ("ending_timestamp", "endingTimestamp"),
-    ):
-        value = getattr(args, flag, None)
-        if value is not None:
-            options[option] = str(value)
+    options = {**_selection(args), **_given(args, _EXPORT_FLAGS)}
     if args.include_control:
         options["includeControl"] = "true"
     return options
@@ -521,14 +527,7 @@ def _listed(options: ReadOptions) -> None:
 
 
 def _stream_options(args: argparse.Namespace) -> dict[str, str]:
-    options = {}
-    for flag, option in (
-        ("max_offsets_per_trigger", "maxOffsetsPerTrigger"),
-        ("max_bytes_per_trigger", "maxBytesPerTrigger"),
-    ):
-        value = getattr(args, flag, None)
-        if value is not None:
-            options[option] = str(value)
+    options = _given(args, _STREAM_FLAGS)
     if args.no_fail_on_data_loss:
         options["failOnDataLoss"] = "false"
     return options
