@@ -247,6 +247,16 @@ def listener() -> Iterator[socket.socket]:
 # The client compiler only: a JVM that lives for a test run is done before C2 would pay off,
 # and C2's compile threads compete with the tests for two cores (spark-submit: 65 s -> 36 s).
 QUICK_JVM = "-XX:TieredStopAtLevel=1"
+# The Spark of a process a test starts (`replicad pipeline`, spark-submit): one core, the
+# client compiler only, no web UI.
+LOCAL_SPARK_ARGS = (
+    "--master",
+    "local[1]",
+    "--conf",
+    "spark.ui.enabled=false",
+    "--conf",
+    f"spark.driver.extraJavaOptions={QUICK_JVM}",
+)
 
 
 @pytest.fixture(scope="session")

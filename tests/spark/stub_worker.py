@@ -17,6 +17,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from tools.peers.wire import read_exactly, read_frame
+
 INT = struct.Struct("!i")
 DEADLINE_S = 120
 SECRET = "a-secret"
@@ -76,22 +78,11 @@ def start_worker(
     return subprocess.Popen(argv, env=merged, stderr=stderr)
 
 
-def read_exactly(conn: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = conn.recv(n - len(data))
-        if not chunk:
-            raise EOFError(f"closed after {len(data)} of {n} bytes")
-        data += chunk
-    return data
-
-
 def accept(listener: socket.socket) -> tuple[socket.socket, str]:
     """The worker's connection and the secret it sent."""
     conn, _ = listener.accept()
     conn.settimeout(DEADLINE_S)
-    (length,) = INT.unpack(read_exactly(conn, 4))
-    return conn, read_exactly(conn, length).decode()
+    return conn, read_frame(conn).decode()
 
 
 def handshake(listener: socket.socket, worker: subprocess.Popen) -> socket.socket:

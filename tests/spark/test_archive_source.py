@@ -26,7 +26,7 @@ from replicad.log.manager import LogManager
 from replicad.spark.files import Purpose, read_trace
 from replicad.spark.pipeline import export, main
 from replicad.types import TopicPartition
-from tests.spark.test_source import consumer_rows, rows_by_partition
+from tests.spark.test_source import assert_consumer_rows, rows_by_partition
 from tests.spark.test_stream import available_now, sink_offsets
 from tools.peers.s3 import ACCESS_KEY, REGION, SECRET_KEY
 
@@ -99,17 +99,8 @@ def test_the_bucket_reads_what_a_kafka_consumer_read(spark, replicated, archived
     assert sum(archived.chunks.values()) >= 2
     # read_committed: aborted records dropped, which needs the markers that follow a
     # split, found through a listing of the partition's objects (reader.py's lookahead).
-    expected = replicated.committed
     got = rows_by_partition(load(spark, archived, isolation="read_committed"))
-    want = {
-        (topic, partition): consumer_rows(records)
-        for topic, partitions in expected.items()
-        for partition, records in partitions.items()
-    }
-    assert sorted(got) == sorted(want)
-    for key in want:
-        assert len(got[key]) == len(want[key]) > 0, key
-        assert got[key] == want[key], key
+    assert_consumer_rows(got, replicated.committed)
 
 
 def test_a_narrow_range_reads_only_its_objects_by_range(spark, replicated, archived, tmp_path):

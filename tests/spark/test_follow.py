@@ -17,6 +17,7 @@ from pathlib import Path
 
 from replicad.spark.follow import export_stream, offsets_behind, progress_line
 from replicad.types import TopicPartition
+from tests.spark.conftest import LOCAL_SPARK_ARGS
 from tests.spark.test_stream import (
     REPLICA_CONFIG,
     committed,
@@ -40,12 +41,7 @@ def pipeline(data_dir: Path, out: Path, *flags: str, log: Path) -> subprocess.Po
         str(data_dir),
         "--out",
         str(out),
-        "--master",
-        "local[1]",
-        "--conf",
-        "spark.ui.enabled=false",
-        "--conf",
-        "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1",
+        *LOCAL_SPARK_ARGS,
         *flags,
     )
     with open(log, "w") as f:

@@ -26,6 +26,7 @@ from replicad.spark.pipeline import (
 )
 from replicad.spark.submit import submit_script
 from replicad.types import TopicPartition
+from tests.spark.conftest import LOCAL_SPARK_ARGS
 from tools.replica import replicad_argv
 
 
@@ -89,12 +90,7 @@ def pipeline_run(*args: str) -> subprocess.CompletedProcess:
     argv = replicad_argv(
         "pipeline",
         *args,
-        "--master",
-        "local[1]",
-        "--conf",
-        "spark.ui.enabled=false",
-        "--conf",
-        "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1",
+        *LOCAL_SPARK_ARGS,
     )
     return subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
 
@@ -229,6 +225,29 @@ def test_pipeline_parser_plugs_into_a_command_line(tmp_path):
         parser.parse_args(["pipeline", "verify", str(tmp_path), "--conf", "novalue"])
 
 
+def test_the_flags_given_become_the_sources_options_by_their_spark_names(tmp_path):
+    from replicad.spark.pipeline import _export_options, _stream_options
+
+    parser = argparse.ArgumentParser(prog="replicad")
+    add_pipeline_parser(parser.add_subparsers(dest="command", required=True))
+    export = ["pipeline", "export", str(tmp_path), "--out", "/o"]
+    args = parser.parse_args(
+        [*export, "--topics", "a,b", "--max-split-bytes", "1024", "--isolation", "read_committed",
+         "--ending-offsets", "latest", "--include-control",
+         "--max-offsets-per-trigger", "100", "--no-fail-on-data-loss"]
+    )  # fmt: skip
+    assert _export_options(args) == {
+        "topics": "a,b",
+        "maxSplitBytes": "1024",
+        "isolation": "read_committed",
+        "endingOffsets": "latest",
+        "includeControl": "true",
+    }
+    assert _stream_options(args) == {"maxOffsetsPerTrigger": "100", "failOnDataLoss": "false"}
+    plain = parser.parse_args(export)
+    assert _export_options(plain) == {} and _stream_options(plain) == {}
+
+
 def test_bad_flags_are_usage_errors_before_spark_starts(tmp_path, capsys):
     code = main(["export", str(tmp_path), "--out", "/o", "--starting-offsets", "soon"])
     assert code == 64
@@ -256,12 +275,7 @@ def test_spark_submit_runs_the_jobs(replicated, tmp_path):
     result = subprocess.run(
         [
             str(spark_submit),
-            "--master",
-            "local[1]",
-            "--conf",
-            "spark.ui.enabled=false",
-            "--conf",
-            "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1",
+            *LOCAL_SPARK_ARGS,
             str(submit_script()),
             "verify",
             str(replicated.data_dir),

@@ -39,16 +39,9 @@ def consumer_rows(records) -> list[tuple]:
     return [(r.offset, r.key, r.value, [tuple(h) for h in r.headers]) for r in records]
 
 
-def test_schema_is_the_documented_one(spark, replicated):
-    df = load(spark, replicated.data_dir)
-    assert df.schema == StructType.fromDDL(RECORDS_DDL)
-
-
-@pytest.mark.parametrize("isolation", ["read_uncommitted", "read_committed"])
-def test_dataframe_equals_what_a_kafka_consumer_read(spark, replicated, isolation):
-    expected = replicated.committed if isolation == "read_committed" else replicated.uncommitted
-    df = load(spark, replicated.data_dir, isolation=isolation)
-    got = rows_by_partition(df)
+def assert_consumer_rows(got: dict[tuple[str, int], list[tuple]], expected) -> None:
+    """`got` (rows_by_partition) holds, partition by partition, what a Kafka consumer
+    read (`expected`: topic -> partition -> records), and every partition has rows."""
     want = {
         (topic, partition): consumer_rows(records)
         for topic, partitions in expected.items()
@@ -58,6 +51,18 @@ def test_dataframe_equals_what_a_kafka_consumer_read(spark, replicated, isolatio
     for key in want:
         assert len(got[key]) == len(want[key]) > 0, key
         assert got[key] == want[key], key
+
+
+def test_schema_is_the_documented_one(spark, replicated):
+    df = load(spark, replicated.data_dir)
+    assert df.schema == StructType.fromDDL(RECORDS_DDL)
+
+
+@pytest.mark.parametrize("isolation", ["read_uncommitted", "read_committed"])
+def test_dataframe_equals_what_a_kafka_consumer_read(spark, replicated, isolation):
+    expected = replicated.committed if isolation == "read_committed" else replicated.uncommitted
+    df = load(spark, replicated.data_dir, isolation=isolation)
+    assert_consumer_rows(rows_by_partition(df), expected)
 
 
 def test_the_replica_holds_every_codec_markers_and_many_segments(spark, replicated):

@@ -49,19 +49,23 @@ def wait_replicated(proc, data_dir: Path, want: dict[TopicPartition, int]) -> No
     proc.wait_for(checkpointed, timeout_s=60, what="high watermarks checkpointed")
 
 
-def available_now(spark, data_dir: Path, root: Path, **options: str) -> list[dict]:
-    """One Trigger.AvailableNow run into root/out with root/checkpoint; the progress of its
-    micro-batches that read rows."""
-    reader = spark.readStream.format("replicad")
-    for key, value in options.items():
-        reader = reader.option(key, value)
-    writer = (
-        reader.load(str(data_dir))
+def into_parquet(spark, data_dir: Path, root: Path, options: dict[str, str]):
+    """A stream of data_dir read with `options`, written as parquet into root/out with its
+    checkpoint in root/checkpoint; the caller sets the trigger."""
+    return (
+        spark.readStream.format("replicad")
+        .options(**options)
+        .load(str(data_dir))
         .writeStream.format("parquet")
         .option("checkpointLocation", str(root / "checkpoint"))
         .option("path", str(root / "out"))
-        .trigger(availableNow=True)
     )
+
+
+def available_now(spark, data_dir: Path, root: Path, **options: str) -> list[dict]:
+    """One Trigger.AvailableNow run into root/out with root/checkpoint; the progress of its
+    micro-batches that read rows."""
+    writer = into_parquet(spark, data_dir, root, options).trigger(availableNow=True)
     for attempt in range(1, START_ATTEMPTS + 1):
         query = writer.start()
         try:
@@ -284,16 +288,7 @@ def running_query(spark, data_dir: Path, root: Path, want: dict, **options: str)
     """A query with a 200 ms processing-time trigger into root/out, once it has committed
     `want` (Spark's Kafka source JSON); started again if the driver's Python source process
     could not connect back in time (follow.py)."""
-    reader = spark.readStream.format("replicad")
-    for key, value in options.items():
-        reader = reader.option(key, value)
-    writer = (
-        reader.load(str(data_dir))
-        .writeStream.format("parquet")
-        .option("checkpointLocation", str(root / "checkpoint"))
-        .option("path", str(root / "out"))
-        .trigger(processingTime="200 milliseconds")
-    )
+    writer = into_parquet(spark, data_dir, root, options).trigger(processingTime="200 milliseconds")
     for attempt in range(1, START_ATTEMPTS + 1):
         query = writer.start()
         wait_until(
