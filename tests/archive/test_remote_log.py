@@ -12,7 +12,7 @@ import pytest
 
 from replicad.archive.read_cache import ReadCache
 from replicad.archive.remote_log import RemoteLog
-from replicad.archive.store import BucketSettings, ObjectStore
+from replicad.archive.store import ObjectStore
 from replicad.archive.uploader import Archiver, ArchiverSettings
 from replicad.clock import wall_ms
 from replicad.log.checkpoint import kafka_uuid
@@ -21,7 +21,7 @@ from replicad.log.manager import LogManager
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
-from tools.peers.s3 import ACCESS_KEY, REGION, SECRET_KEY, S3Server
+from tools.peers.s3 import S3Server, bucket_settings
 
 TP = TopicPartition("events", 1)
 CONFIG = LogConfig(segment_bytes=4096, index_interval_bytes=512, segment_index_bytes=4096)
@@ -42,10 +42,7 @@ def archive(
     data = b"".join(batch(i) for i in range(60))
     plog.append(data, scan_batches(data).batches, now_ms=now)
     plog.high_watermark = plog.log_end_offset
-    settings = BucketSettings(
-        s3_bucket, "p", endpoint=s3_server.endpoint, region=REGION,
-        access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY,
-    )  # fmt: skip
+    settings = bucket_settings(s3_server.endpoint, s3_bucket, "p")
     Archiver(ArchiverSettings(settings)).round(logs)
     try:
         yield RemoteLog(ObjectStore(settings), ReadCache(1 << 20)), logs

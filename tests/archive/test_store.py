@@ -23,19 +23,11 @@ from replicad.archive.store import (
     parse_bucket_url,
 )
 from replicad.config.model import PayloadSigning
-from tools.peers.s3 import ACCESS_KEY, REGION, SECRET_KEY, S3Server
+from tools.peers.s3 import S3Server, bucket_settings
 
 
 def store_of(server: S3Server, bucket: str, **kwargs: object) -> ObjectStore:
-    settings = BucketSettings(
-        bucket,
-        endpoint=server.endpoint,
-        region=REGION,
-        access_key_id=ACCESS_KEY,
-        secret_access_key=SECRET_KEY,
-        **kwargs,  # type: ignore[arg-type]
-    )
-    return ObjectStore(settings)
+    return ObjectStore(bucket_settings(server.endpoint, bucket, **kwargs))
 
 
 def test_objects_are_written_and_read_whole_and_by_range(
@@ -62,12 +54,8 @@ def test_objects_are_written_and_read_whole_and_by_range(
 def test_a_wrong_secret_fails_naming_the_key_not_the_secret(
     s3_server: S3Server, s3_bucket: str
 ) -> None:
-    settings = BucketSettings(
-        s3_bucket,
-        endpoint=s3_server.endpoint,
-        region=REGION,
-        access_key_id=ACCESS_KEY,
-        secret_access_key="not-the-secret-1234",
+    settings = bucket_settings(
+        s3_server.endpoint, s3_bucket, secret_access_key="not-the-secret-1234"
     )
     with pytest.raises(ArchiveError) as caught:
         ObjectStore(settings).put_bytes("k", b"x")

@@ -17,7 +17,7 @@ import pytest
 from replicad.archive import manifest as manifest_module
 from replicad.archive.check import verify_archived_partition
 from replicad.archive.manifest import Manifest, decode_manifest, manifest_key, partition_prefix
-from replicad.archive.store import BucketSettings, ObjectStore
+from replicad.archive.store import ObjectStore
 from replicad.archive.uploader import Archiver, ArchiverSettings
 from replicad.clock import wall_ms
 from replicad.log.checkpoint import kafka_uuid
@@ -26,7 +26,7 @@ from replicad.log.manager import LogManager
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from tools.logdata.batches import batch_stream
-from tools.peers.s3 import ACCESS_KEY, REGION, SECRET_KEY, S3Server
+from tools.peers.s3 import ACCESS_KEY, SECRET_KEY, S3Server, bucket_settings
 from tools.peers.s3_proxy import S3FaultProxy
 from tools.wait import until, wait_until
 
@@ -39,13 +39,10 @@ PREFIX = "replicas/east"
 
 def settings(server: S3Server | S3FaultProxy, bucket: str, **kwargs: int) -> ArchiverSettings:
     return ArchiverSettings(
-        BucketSettings(
+        bucket_settings(
+            server.endpoint,
             bucket,
             PREFIX,
-            endpoint=server.endpoint,
-            region=REGION,
-            access_key_id=ACCESS_KEY,
-            secret_access_key=SECRET_KEY,
             connect_timeout_s=2.0,
             read_timeout_s=5.0,
             max_attempts=1,

@@ -46,7 +46,7 @@ from tests.leader.conftest import ServedInThread, control_batch, transactional_b
 from tools.logdata.batches import producer_batch
 from tools.peers.kcat import run_kcat
 from tools.peers.process import free_port
-from tools.peers.s3 import ACCESS_KEY, REGION, SECRET_KEY, S3Server, client_environ
+from tools.peers.s3 import S3Server, bucket_settings, client_environ
 from tools.peers.s3_proxy import S3FaultProxy
 from tools.replica import replicad_serve
 from tools.wait import wait_until
@@ -60,16 +60,8 @@ CONFIG = LogConfig(
 
 
 def bucket(endpoint: str, name: str) -> BucketSettings:
-    return BucketSettings(
-        name,
-        "replicas",
-        endpoint=endpoint,
-        region=REGION,
-        access_key_id=ACCESS_KEY,
-        secret_access_key=SECRET_KEY,
-        connect_timeout_s=5.0,
-        read_timeout_s=60.0,
-        max_attempts=1,
+    return bucket_settings(
+        endpoint, name, "replicas", connect_timeout_s=5.0, read_timeout_s=60.0, max_attempts=1
     )
 
 

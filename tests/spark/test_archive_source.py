@@ -18,7 +18,6 @@ import pytest
 
 from replicad.archive import manifest as manifest_module
 from replicad.archive.manifest import manifest_key
-from replicad.archive.store import BucketSettings
 from replicad.archive.uploader import Archiver, ArchiverSettings
 from replicad.clock import wall_ms
 from replicad.log.config import LogConfig
@@ -28,7 +27,7 @@ from replicad.spark.pipeline import export, main
 from replicad.types import TopicPartition
 from tests.spark.test_source import assert_consumer_rows, rows_by_partition
 from tests.spark.test_stream import available_now, sink_offsets
-from tools.peers.s3 import ACCESS_KEY, REGION, SECRET_KEY
+from tools.peers.s3 import bucket_settings
 
 CHUNKED = 2  # segments a chunk seals here
 
@@ -52,16 +51,7 @@ def archived(replicated, s3_server, tmp_path_factory) -> Archived:
         log.high_watermark = log.log_end_offset  # the consumer read up to the log end
         log.roll_if_idle(now_ms=wall_ms() + 10**10)
     bucket = s3_server.create_bucket("archived-replica")
-    settings = ArchiverSettings(
-        BucketSettings(
-            bucket,
-            "replicas/one",
-            endpoint=s3_server.endpoint,
-            region=REGION,
-            access_key_id=ACCESS_KEY,
-            secret_access_key=SECRET_KEY,
-        )
-    )
+    settings = ArchiverSettings(bucket_settings(s3_server.endpoint, bucket, "replicas/one"))
     archiver = Archiver(settings)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(manifest_module, "CHUNK_SEGMENTS", CHUNKED)

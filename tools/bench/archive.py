@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from replicad.archive.store import BucketSettings, ObjectStore
+from replicad.archive.store import ObjectStore
 from replicad.archive.uploader import Archiver, ArchiverSettings
 from replicad.clock import wall_ms
 from replicad.log.config import LogConfig
@@ -47,7 +47,7 @@ from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from tools.bench.measure import cpu_seconds
 from tools.logdata.batches import producer_batch
-from tools.peers.s3 import ACCESS_KEY, REGION, SECRET_KEY, S3Server, client_environ
+from tools.peers.s3 import ACCESS_KEY, REGION, SECRET_KEY, S3Server, bucket_settings, client_environ
 
 MB = 1024 * 1024
 TP = TopicPartition("bench", 0)
@@ -139,15 +139,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
     with server:
         bucket = server.create_bucket("bench")
         settings = ArchiverSettings(
-            BucketSettings(
-                bucket,
-                "replica",
-                endpoint=server.endpoint,
-                region=REGION,
-                access_key_id=ACCESS_KEY,
-                secret_access_key=SECRET_KEY,
-                max_attempts=1,
-            )
+            bucket_settings(server.endpoint, bucket, "replica", max_attempts=1)
         )
         archiver = Archiver(settings)
         manager = LogManager.open(
@@ -257,15 +249,7 @@ def parquet_row(
     shutil.rmtree(local, ignore_errors=True)
     spark.read.format("replicad").load(str(data_dir)).write.parquet(str(local))
     files = sorted(p for p in local.glob("*.parquet"))
-    store = ObjectStore(
-        BucketSettings(
-            bucket,
-            endpoint=server.endpoint,
-            region=REGION,
-            access_key_id=ACCESS_KEY,
-            secret_access_key=SECRET_KEY,
-        )
-    )
+    store = ObjectStore(bucket_settings(server.endpoint, bucket))
     for path in files:
         store.put_file(f"parquet/{path.name}", path)
     url = f"s3a://{bucket}/parquet"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tools.peers.broker import tail
 from tools.peers.process import (
@@ -26,6 +26,9 @@ from tools.peers.process import (
 )
 from tools.peers.service import Service
 from tools.wait import DEADLINE_S
+
+if TYPE_CHECKING:
+    from replicad.archive.store import BucketSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 BINARY = (
@@ -46,6 +49,15 @@ def client_environ() -> dict[str, str]:
         "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
         "AWS_DEFAULT_REGION": REGION,
     }
+
+
+def bucket_settings(endpoint: str, bucket: str, prefix: str = "", **kwargs: Any) -> BucketSettings:
+    """`BucketSettings` of `bucket` on the test server at `endpoint` (or a fault proxy in
+    front of it), in its region and signed with its account; `kwargs`: other fields."""
+    from replicad.archive.store import BucketSettings
+
+    account = {"region": REGION, "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY}
+    return BucketSettings(bucket, prefix, endpoint=endpoint, **{**account, **kwargs})
 
 
 def archived_end(store: Any, bucket: str, prefix: str, topic: str, partition: int) -> int:
