@@ -136,6 +136,29 @@ def test_a_running_broker_has_them_on_its_command_line(kafka_broker) -> None:
     assert b"-XX:TieredStopAtLevel=1" in argv
 
 
+def test_each_tool_keeps_a_class_archive_of_its_own(tmp_path, monkeypatch) -> None:
+    """The first clean run of a tool dumps the classes it loaded for its later runs; another
+    tool's archive is not used (it holds few of its classes)."""
+    monkeypatch.setenv(kafka.CDS_ENV, "1")
+    monkeypatch.setattr(kafka, "KAFKA_CACHE", tmp_path)
+    kafka._cds_archive.cache_clear()
+    try:
+        storage = kafka._cds_archive(kafka._tool_kind(kafka.STORAGE_TOOL))
+        dump = kafka._cds_archive(kafka._tool_kind(kafka.DUMP_LOG_SEGMENTS))
+        assert storage != dump
+        # The run that dumps warns of classes it cannot archive: on stderr, not in the output.
+        out = kafka.run_kafka_class(kafka.STORAGE_TOOL, "random-uuid").stdout
+        assert len(out.split()) == 1, out
+        assert storage.is_file() and not dump.exists()
+        share = f"-XX:SharedArchiveFile={storage}"
+        assert kafka._cds_options(kafka._tool_kind(kafka.STORAGE_TOOL)) == ([share], None)
+        assert share in kafka.kafka_tool_argv(kafka.STORAGE_TOOL)
+        assert not any("SharedArchive" in a for a in kafka.kafka_tool_argv(kafka.DUMP_LOG_SEGMENTS))
+        assert list((tmp_path / "cds").glob("*.tmp")) == []
+    finally:
+        kafka._cds_archive.cache_clear()
+
+
 def test_a_failing_kafka_tool_raises_with_its_stderr() -> None:
     with pytest.raises(PeerError, match="ClassNotFoundException"):
         run_kafka_class("org.example.NoSuchTool")
