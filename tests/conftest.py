@@ -176,8 +176,12 @@ def _no_leftovers(session: pytest.Session, base: Path | None) -> None:
 # each worker that runs one starts a cluster of its own (three broker JVMs, each about 40
 # CPU-s over a run: start, storage format and idle) or a local Spark session of its own (a
 # JVM of 1 GiB and 30-40 CPU-s at start, measured at load 50), and the suite is bound by its
-# two cores' CPU. A test file that uses `kafka_cluster` outside the group fails collection.
+# two cores' CPU. Likewise the two files of tests/follower's tiered-storage broker (a broker
+# of its own config, for the session). A test file that uses one of these peers outside its
+# group (GROUP_OF_PEER) fails collection.
 CLUSTER_AND_SPARK = "kafka cluster and spark"
+TIERED_BROKER = "tiered-storage broker"
+GROUP_OF_PEER = {"kafka_cluster": CLUSTER_AND_SPARK, "tiered_kafka_broker": TIERED_BROKER}
 SAME_WORKER = {
     "tests/test_first_hour.py": "throw-away users",
     "tests/test_install.py": "throw-away users",
@@ -187,6 +191,8 @@ SAME_WORKER = {
     "tests/mirror/test_group_sync_shell.py": CLUSTER_AND_SPARK,
     "tests/mirror/test_mirror_kafka.py": CLUSTER_AND_SPARK,
     "tests/peers/test_kafka_cluster.py": CLUSTER_AND_SPARK,
+    "tests/follower/test_tiered_kafka.py": TIERED_BROKER,
+    "tests/follower/test_retention_kafka.py": TIERED_BROKER,
 }
 # Units of work (a file, or a group above) are handed out longest first, by the seconds each
 # took in a measured run (tests/unit_seconds.txt): xdist would order them by their number of
@@ -269,11 +275,11 @@ def write_unit_seconds(path: Path, seconds: dict[str, float]) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    misplaced = sorted(outside_the_cluster_group(items))
+    misplaced = sorted(outside_their_peers_group(items))
     if misplaced:
         raise pytest.UsageError(
-            "tests/conftest.py: add to SAME_WORKER as CLUSTER_AND_SPARK (they use "
-            f"kafka_cluster): {', '.join(misplaced)}"
+            "tests/conftest.py: add to SAME_WORKER in the group of the peer they use "
+            f"(GROUP_OF_PEER): {', '.join(misplaced)}"
         )
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
@@ -283,13 +289,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.tansu)
 
 
-def outside_the_cluster_group(items: list[pytest.Item]) -> set[str]:
-    """The files of `items` that use the session's cluster but are not in its group."""
+def outside_their_peers_group(items: list[pytest.Item]) -> set[str]:
+    """The files of `items` that use a peer of GROUP_OF_PEER but are not in its group."""
     return {
         item.nodeid.split("::", 1)[0]
         for item in items
-        if "kafka_cluster" in getattr(item, "fixturenames", ())
-        and work_unit(item.nodeid) != CLUSTER_AND_SPARK
+        for fixture in getattr(item, "fixturenames", ())
+        if fixture in GROUP_OF_PEER and work_unit(item.nodeid) != GROUP_OF_PEER[fixture]
     }
 
 

@@ -12,7 +12,7 @@ from tests.conftest import (
     UNIT_SECONDS,
     UNLISTED_UNIT_S,
     longest_first,
-    outside_the_cluster_group,
+    outside_their_peers_group,
     read_unit_seconds,
     work_unit,
     write_unit_seconds,
@@ -55,11 +55,13 @@ class _Item:
         self.fixturenames = list(fixtures)
 
 
-def test_a_file_of_the_sessions_cluster_outside_its_group_is_named() -> None:
+def test_a_file_of_a_shared_peer_outside_its_group_is_named() -> None:
     items = [
         _Item("tests/mirror/test_mirror_kafka.py::test_a", "kafka_cluster"),
         _Item("tests/spark/test_stream.py::test_b", "kafka_cluster", "spark"),
         _Item("tests/new/test_new.py::test_c", "tmp_path", "kafka_cluster"),
         _Item("tests/new/test_other.py::test_d", "kafka_broker"),
+        _Item("tests/follower/test_tiered_kafka.py::test_e", "tiered_kafka_broker"),
+        _Item("tests/new/test_third.py::test_f", "tiered_kafka_broker"),
     ]
-    assert outside_the_cluster_group(items) == {"tests/new/test_new.py"}
+    assert outside_their_peers_group(items) == {"tests/new/test_new.py", "tests/new/test_third.py"}
