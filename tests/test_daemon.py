@@ -16,12 +16,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from replicad.control.notify import decode_notify
 from tools.peers.produce import produce_numbered
 from tools.replica import (
+    ReplicadProcess,
     replicad_cli,
     replicad_run,
     replicad_run_config,
@@ -328,28 +330,40 @@ def test_status_of_a_daemon_replicating_thousands_of_partitions(tmp_path, free_p
     assert "more (use --json)" in table.stdout or "--all" in table.stdout
 
 
-def test_run_stops_with_a_clear_error_when_its_serve_listener_cannot_start(tmp_path, free_port):
-    """A `serve:` section whose address is taken: the daemon says so and exits 1 at once
-    (systemd sees a failed unit), instead of replicating on with no listener."""
-    holder = socket.socket()
-    holder.bind(("127.0.0.1", free_port))
-    holder.listen()
+def run_until_it_exits(
+    tmp_path: Path, config: dict[str, Any], env: dict[str, str] | None = None
+) -> ReplicadProcess:
+    """`replicad run` with `config` against a source where nothing answers, once it exited
+    (a hang's deadline)."""
     unreachable = socket.socket()
     unreachable.bind(("127.0.0.1", 0))  # bound, not listening: nothing answers there
     proc = replicad_run(
         f"127.0.0.1:{unreachable.getsockname()[1]}",
         "t",
         tmp_path / "data",
-        config={"serve": {"listen": f"127.0.0.1:{free_port}"}},
+        config=config,
         control_socket=tmp_path / "ctl.sock",
+        env=env,
     )
     try:
-        wait_until(lambda: not proc.running, timeout_s=30, what="the daemon to exit")
+        wait_until(lambda: not proc.running, timeout_s=120, what="the daemon to exit")
     finally:
         with contextlib.suppress(Exception):
             proc.stop()
-        holder.close()
         unreachable.close()
+    return proc
+
+
+def test_run_stops_with_a_clear_error_when_its_serve_listener_cannot_start(tmp_path, free_port):
+    """A `serve:` section whose address is taken: the daemon says so and exits 1 at once
+    (systemd sees a failed unit), instead of replicating on with no listener."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", free_port))
+    holder.listen()
+    try:
+        proc = run_until_it_exits(tmp_path, {"serve": {"listen": f"127.0.0.1:{free_port}"}})
+    finally:
+        holder.close()
     assert proc.proc is not None and proc.proc.returncode == 1, proc.output()
     assert "serve: could not listen; stopping" in proc.output()
     assert str(free_port) in proc.output()
@@ -361,22 +375,11 @@ def test_a_task_that_fails_stops_the_daemon_naming_it_and_its_error(tmp_path):
     no URL): the daemon says which task and why, stops cleanly and exits 1 (systemd
     restarts it), rather than replicating on without uploads while local retention keeps
     every segment for the bucket."""
-    unreachable = socket.socket()
-    unreachable.bind(("127.0.0.1", 0))  # bound, not listening: nothing answers there
-    proc = replicad_run(
-        f"127.0.0.1:{unreachable.getsockname()[1]}",
-        "t",
-        tmp_path / "data",
-        config={"archive": {"bucket": "b", "region": "us-east-1", "interval_ms": 100}},
-        control_socket=tmp_path / "ctl.sock",
+    proc = run_until_it_exits(
+        tmp_path,
+        {"archive": {"bucket": "b", "region": "us-east-1", "interval_ms": 100}},
         env={**os.environ, "AWS_ENDPOINT_URL": "localhost:9"},
     )
-    try:
-        wait_until(lambda: not proc.running, timeout_s=120, what="the daemon to exit")
-    finally:
-        with contextlib.suppress(Exception):
-            proc.stop()
-        unreachable.close()
     assert proc.proc is not None and proc.proc.returncode == 1, proc.output()
     events = []
     for line in proc.output().splitlines():
