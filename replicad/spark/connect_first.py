@@ -123,11 +123,12 @@ def run(module: str, args: list[str], sock: socket.socket, sock_file: BinaryIO) 
 
 # -- handing the connection to a forkserver (forkserver.py) -------------------------------
 
-# `1` asks pipeline.spark_session for a server, which then holds its socket's path here for
-# the workers; unset, empty or `0`: none (the default, for now).
+# pipeline.spark_session starts a server for a local session unless this is `0` (the off
+# switch), and then holds its socket's path here for the workers; unset, empty or `1`
+# (on, the default) is not a path yet: a worker that sees it starts cold.
 ENV = "REPLICAD_SPARK_FORKSERVER"
-OFF = ("", "0")
-_ASKED = "1"
+OFF = ("0",)
+NO_PATH = ("", "1")
 
 
 def hand_over(
@@ -137,7 +138,7 @@ def hand_over(
     from it); its exit status, or None when there is no server to take it (the caller runs
     the module itself, over the same connection)."""
     path = os.environ.get(ENV, "")
-    if path in OFF or path == _ASKED:
+    if path in OFF or path in NO_PATH:
         return None
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

@@ -1,16 +1,15 @@
 """A warm start for a local run's driver-side Python: fork from a process that has already
 imported PySpark, pyarrow and the `replicad` source, instead of importing them again.
 
-Spark starts a fresh Python process on the driver for each data source step
-(create_data_source at `load()`, plan_data_source_read at a DataFrame's first read, which
-for a stream falls inside its first micro-batch) and, for each streaming query, the one that
-hosts its source (python_streaming_source_runner). Each imports PySpark, pyarrow and our
-source before doing anything: about 0.9 s of CPU each on this machine, two per query, paid
-by every query however few records it reads (docs/benchmarks.md, session 10).
+Spark starts a fresh Python process on the driver for each streaming query, the one that
+hosts its source (python_streaming_source_runner: a simple worker, never Spark's daemon). It
+imports PySpark, pyarrow and our source before doing anything: about 0.9 s of CPU on this
+machine, paid by every query however few records it reads (docs/benchmarks.md, session 10).
+(Spark 4.3 runs the planner's steps, create_data_source and plan_data_source_read, through
+pyspark.daemon in workers it reuses: those import once and are warm already.)
 
-So a local session (pipeline.spark_session, when REPLICAD_SPARK_FORKSERVER=1: off by
-default until the whole Spark suite has run with it) starts one server that imports them
-once, and
+So a local session (pipeline.spark_session; on by default, off with
+REPLICAD_SPARK_FORKSERVER=0) starts one server that imports them once, and
 connect_first.py, once connected to Spark, hands it that connection: the socket, its own
 stdin/stdout/stderr (SCM_RIGHTS over a Unix socket), the module, its arguments,
 environment, sys.path and working directory. The server forks; the child takes them over
@@ -57,6 +56,9 @@ from replicad.spark.connect_first import (
     MODULES,
     _forward,
     run,
+)
+from replicad.spark.connect_first import (
+    NO_PATH as NO_PATH,
 )
 from replicad.spark.connect_first import (
     OFF as OFF,
@@ -269,6 +271,9 @@ def _child(request: Request) -> None:
         sock = socket.socket(fileno=spark_fd)
         sock.settimeout(int(request.env.get("SPARK_AUTH_SOCKET_TIMEOUT", 15)))
         sock_file = sock.makefile("rwb", int(request.env.get("SPARK_BUFFER_SIZE", 65536)))
+        # Run as `__main__` from its code, as a cold worker would: the preloaded module
+        # object stays out of it (runpy warns when running a module already imported).
+        sys.modules.pop(request.module, None)
         run(request.module, request.args, sock, sock_file)
         code = 0
     except SystemExit as exit:

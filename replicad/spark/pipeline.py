@@ -63,8 +63,13 @@ def spark_session(
     master: str | None = None,
     conf: Mapping[str, str] | None = None,
     app_name: str = "replicad pipeline",
+    *,
+    streams: bool = True,
 ) -> SparkSession:
-    """A session for the jobs, with the `replicad` format registered."""
+    """A session for the jobs, with the `replicad` format registered. `streams`: whether
+    it may run streaming queries, whose sources a local session forks warm (forkserver.py);
+    a batch job's session (export, verify) starts no server: only a stream's source would
+    use it, and its imports cost as much as the cold start they save."""
     from pyspark.sql import SparkSession
 
     from replicad.spark import register
@@ -86,8 +91,10 @@ def spark_session(
 
             python = os.environ.setdefault("PYSPARK_PYTHON", worker_python())
             builder = builder.config("spark.pyspark.python", python)
-            if python == worker_python():
+            if python == worker_python() and streams:
                 _start_forkserver()
+            elif python == worker_python():
+                _no_parents_forkserver()
     builder = builder.config("spark.ui.showConsoleProgress", "false")
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
@@ -104,10 +111,10 @@ _forkserver: list[Server] = []  # the one this process started
 
 def _start_forkserver() -> None:
     """One warm process for the driver-side Python workers of this process's sessions to
-    fork from (forkserver.py), when REPLICAD_SPARK_FORKSERVER asks for it (`1`; off by
-    default until the whole Spark suite has run with it). One inherited from a parent
-    process (the variable holds its socket) is not used: it is the parent's, and ends
-    with it; this process starts its own."""
+    fork from (forkserver.py), unless REPLICAD_SPARK_FORKSERVER is `0` (the off switch:
+    every worker imports PySpark and the source itself, as before). One inherited from a
+    parent process (the variable holds its socket) is not used: it is the parent's, and
+    ends with it; this process starts its own."""
     from replicad.spark import forkserver
     from replicad.spark.worker_python import pyspark_home
 
@@ -119,6 +126,17 @@ def _start_forkserver() -> None:
         )
         _forkserver.append(forkserver.start(sys.executable, pythonpath))
     os.environ[forkserver.ENV] = _forkserver[0].path
+
+
+def _no_parents_forkserver() -> None:
+    """A session that starts no server passes on no parent's server either (it ends with
+    its parent): the switch stays on, with no socket to hand a worker to."""
+    from replicad.spark import forkserver
+
+    value = os.environ.get(forkserver.ENV, "")
+    ours = _forkserver and value == _forkserver[0].path
+    if value not in forkserver.OFF and value not in forkserver.NO_PATH and not ours:
+        os.environ[forkserver.ENV] = forkserver.NO_PATH[-1]
 
 
 def read(spark: SparkSession, options: ReadOptions, raw: Mapping[str, str]) -> DataFrame:
@@ -150,7 +168,7 @@ def export(
         raise ConfigError("mode", f"{mode!r} is not one of {', '.join(WRITE_MODES)}")
     raw = {**(options or {}), "path": data_dir, "view": View.RECORDS.value}
     parsed = parse_options(raw)
-    spark = spark or spark_session()
+    spark = spark or spark_session(streams=False)
     records = read(spark, parsed, raw)
     dated(records).write.format(fmt).mode(mode).partitionBy(*PARTITION_COLUMNS).save(out)
     print(f"exported {data_dir} to {out} ({fmt}, by {'/'.join(PARTITION_COLUMNS)})", file=stdout)
@@ -195,7 +213,7 @@ def verify(
     last_segments = {
         (f.topic, f.partition): f.segments[-1].base_offset for f in listing if f.segments
     }
-    spark = spark or spark_session()
+    spark = spark or spark_session(streams=False)
     checks = check_partitions(
         read(spark, parsed, raw),
         last_segments,
@@ -422,13 +440,13 @@ def quiet_log4j2_file() -> str:
     return path
 
 
-def _session_from(args: argparse.Namespace) -> SparkSession:
+def _session_from(args: argparse.Namespace, *, streams: bool) -> SparkSession:
     conf = dict(args.conf or [])
     verbose = getattr(args, "verbose", False)
     if not verbose:
         quiet = f"-Dlog4j2.configurationFile={quiet_log4j2_file()}"
         conf[JAVA_OPTIONS] = f"{conf[JAVA_OPTIONS]} {quiet}" if JAVA_OPTIONS in conf else quiet
-    spark = spark_session(args.master, conf)
+    spark = spark_session(args.master, conf, streams=streams)
     if not verbose:
         spark.sparkContext.setLogLevel("ERROR")
     return spark
@@ -495,7 +513,7 @@ def _job(args: argparse.Namespace, job: str) -> int:
                 args.out,
                 options=options,
                 mode=args.mode or "errorifexists",
-                spark=_session_from(args),
+                spark=_session_from(args, streams=False),
             )
         if args.mode is not None:
             raise ConfigError("mode", "a streaming export appends; --mode is for a batch export")
@@ -504,7 +522,7 @@ def _job(args: argparse.Namespace, job: str) -> int:
         from replicad.spark.follow import export_stream
 
         return export_stream(
-            _session_from(args),
+            _session_from(args, streams=True),
             args.data_dir,
             args.format,
             args.out,
@@ -515,7 +533,7 @@ def _job(args: argparse.Namespace, job: str) -> int:
         )
     options = _selection(args)
     _listed(parse_options({**options, "path": args.data_dir}))
-    return verify(args.data_dir, options=options, spark=_session_from(args))
+    return verify(args.data_dir, options=options, spark=_session_from(args, streams=False))
 
 
 def _listed(options: ReadOptions) -> None:

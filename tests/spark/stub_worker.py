@@ -93,3 +93,17 @@ def handshake(listener: socket.socket, worker: subprocess.Popen) -> socket.socke
     # Spark knows the worker by the pid of the process it started.
     assert INT.unpack(read_exactly(conn, 4)) == (worker.pid,)
     return conn
+
+
+def child_of(parent: int) -> list[int]:
+    """The process ids whose parent is `parent` (a forkserver's forks)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                stat = (proc / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                found.append(int(proc.name))
+    return found

@@ -16,6 +16,8 @@ import pytest
 
 from replicad.spark.connect_first import MODULES
 from replicad.spark.forkserver import ENV as FORKSERVER_ENV
+from replicad.spark.forkserver import OFF as FORKSERVER_OFF
+from replicad.spark.pipeline import _forkserver
 from replicad.spark.worker_python import pyspark_home, worker_python
 from replicad.types import TopicPartition
 from tests.spark.stub_worker import (
@@ -23,6 +25,7 @@ from tests.spark.stub_worker import (
     INT,
     SECRET,
     accept,
+    child_of,
     handshake,
     read_exactly,
     start_worker,
@@ -151,6 +154,11 @@ def test_a_stream_on_the_sessions_spark_runs_its_source_through_connect_first(
     try:
         wait_until(lambda: source_processes(jvm_pid), timeout_s=DEADLINE_S, what="the source")
         assert "-m replicad.spark.connect_first -m " in source_processes(jvm_pid)[0]
+        if os.environ.get(FORKSERVER_ENV, "") not in FORKSERVER_OFF:  # on unless switched off
+            # ... and handed its connection to the session's server, whose fork runs it
+            # for the query's whole life.
+            (server,) = _forkserver
+            wait_until(lambda: child_of(server.pid), timeout_s=DEADLINE_S, what="the fork")
         query.processAllAvailable()
         rows = spark.sql("select offset from connect_first").collect()
         assert sorted(r.offset for r in rows) == list(range(20))

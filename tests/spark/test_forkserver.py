@@ -21,6 +21,8 @@ from replicad.spark import forkserver
 from tests.spark.stub_worker import (
     DEADLINE_S,
     INT,
+    STUB_MODULE,
+    child_of,
     handshake,
     pythonpath,
     read_exactly,
@@ -57,9 +59,10 @@ def stubs(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def server(tmp_path: Path, stubs: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    """A server preloading the stand-in (its marker set to "warm" once imported)."""
+    """A server preloading the stand-in (its marker set to "warm" once imported) and, as
+    the real server preloads the modules it runs, the routed module itself."""
     path = str(tmp_path / "fork.sock")
-    marker = "import pyspark.preloaded as p; p.MARK = 'warm'"
+    marker = f"import pyspark.preloaded as p; p.MARK = 'warm'; import {STUB_MODULE}"
     (stubs / "warmup.py").write_text(marker + "\n")
     proc = subprocess.Popen(
         [sys.executable, "-m", "replicad.spark.forkserver", path, str(os.getpid()), "warmup"],
@@ -73,9 +76,11 @@ def server(tmp_path: Path, stubs: Path) -> Iterator[tuple[str, subprocess.Popen]
         proc.wait(DEADLINE_S)
 
 
-def worker_of(stubs: Path, listener: socket.socket, server_path: str) -> subprocess.Popen:
+def worker_of(
+    stubs: Path, listener: socket.socket, server_path: str, stderr: int | None = None
+) -> subprocess.Popen:
     env = {forkserver.ENV: server_path, "STUB_ENV": "the worker's"}
-    return start_worker(stubs, listener, env)
+    return start_worker(stubs, listener, env, stderr=stderr)
 
 
 def ping(conn: socket.socket) -> tuple[int, str, str]:
@@ -91,7 +96,7 @@ def test_the_module_runs_in_a_fork_of_the_warm_server_over_the_workers_connectio
 ):
     path, server_proc = server
     for _ in range(2):  # one fork after another
-        worker = worker_of(stubs, listener, path)
+        worker = worker_of(stubs, listener, path, stderr=subprocess.PIPE)
         try:
             conn = handshake(listener, worker)
             pid, mark, env = ping(conn)
@@ -99,9 +104,13 @@ def test_the_module_runs_in_a_fork_of_the_warm_server_over_the_workers_connectio
             assert pid not in (worker.pid, server_proc.pid)
             assert worker.wait(DEADLINE_S) == 0  # the child's status, once it ended
             conn.close()
+            # The module ran as `__main__` from its code, not over the preloaded module
+            # (runpy: "found in sys.modules ... prior to execution", on every stream).
+            assert b"RuntimeWarning" not in worker.stderr.read()
         finally:
             worker.kill()
             worker.wait()
+            worker.stderr.close()
     assert server_proc.poll() is None
 
 
@@ -116,19 +125,6 @@ def test_without_a_server_the_worker_runs_the_module_itself(tmp_path, stubs, lis
     finally:
         worker.kill()
         worker.wait()
-
-
-def child_of(parent: int) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                stat = (proc / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
-                found.append(int(proc.name))
-    return found
 
 
 def gone(pid: int) -> bool:
@@ -183,14 +179,14 @@ def test_exit_codes_follow_the_shell_convention():
     assert forkserver.exit_code(-signal.SIGTERM) == 128 + signal.SIGTERM
 
 
-def test_a_local_session_starts_a_server_only_when_asked(monkeypatch):
+def test_a_local_session_starts_a_server_unless_switched_off(monkeypatch):
     from replicad.spark import pipeline
 
     monkeypatch.setattr(pipeline, "_forkserver", [])
-    monkeypatch.delenv(forkserver.ENV, raising=False)
+    monkeypatch.setenv(forkserver.ENV, "0")  # the off switch
     pipeline._start_forkserver()
-    assert pipeline._forkserver == [] and forkserver.ENV not in os.environ
-    monkeypatch.setenv(forkserver.ENV, "1")
+    assert pipeline._forkserver == [] and os.environ[forkserver.ENV] == "0"
+    monkeypatch.delenv(forkserver.ENV)  # on by default
     pipeline._start_forkserver()
     (server,) = pipeline._forkserver
     try:
@@ -200,3 +196,23 @@ def test_a_local_session_starts_a_server_only_when_asked(monkeypatch):
         assert pipeline._forkserver == [server]
     finally:
         os.kill(server.pid, signal.SIGTERM)
+
+
+def test_a_batch_session_starts_no_server_and_passes_on_no_parents(monkeypatch):
+    """export and verify run no stream: no server (its imports would cost what it saves);
+    a parent's server (its socket in the environment) is not handed to this JVM's workers,
+    the off switch and this process's own server are kept."""
+    from replicad.spark import pipeline
+
+    monkeypatch.setattr(pipeline, "_forkserver", [])
+    monkeypatch.setenv(forkserver.ENV, "/tmp/a-parents/socket")
+    pipeline._no_parents_forkserver()
+    assert pipeline._forkserver == [] and os.environ[forkserver.ENV] in forkserver.NO_PATH
+    monkeypatch.setenv(forkserver.ENV, "0")
+    pipeline._no_parents_forkserver()
+    assert os.environ[forkserver.ENV] == "0"
+    ours = forkserver.Server("/tmp/ours/socket", os.getpid())
+    monkeypatch.setattr(pipeline, "_forkserver", [ours])
+    monkeypatch.setenv(forkserver.ENV, ours.path)
+    pipeline._no_parents_forkserver()
+    assert os.environ[forkserver.ENV] == ours.path
