@@ -47,3 +47,23 @@ def test_a_streams_time_is_split_before_in_and_after_its_micro_batches():
     assert phases["latestOffset"] == pytest.approx(0.11)
     assert phases["triggerExecution"] == pytest.approx(1.02)
     assert phases["stop"] == pytest.approx(3.0 - 2.52)
+
+
+def test_a_processs_own_cpu_leaves_out_the_children_it_reaped():
+    """The JVM's own threads apart from its Python workers: a reaped child's CPU is in the
+    tree's count (cutime) and not in the process's own."""
+    import os
+    import subprocess
+    import sys
+
+    from tools.bench.measure import tree_cpu_seconds
+    from tools.bench.spark_stream_cost import own_cpu_seconds
+
+    before_own, before_tree = own_cpu_seconds(os.getpid()), tree_cpu_seconds(os.getpid())
+    burn = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass"
+    subprocess.run([sys.executable, "-c", burn], check=True)  # waited for: reaped
+    own = own_cpu_seconds(os.getpid()) - before_own
+    tree = tree_cpu_seconds(os.getpid()) - before_tree
+    # timing-ok: CPU the kernel counted for a reaped child (it burnt 0.3 s; ticks round), not
+    # a duration waited for or a speed
+    assert tree - own >= 0.25

@@ -3,7 +3,7 @@ profile, with no broker (a synthetic replica), for A/B runs on a shared machine.
 
     .venv/bin/python -m tools.bench.spark_stream_cost [--mb 200] [--partitions 4]
         [--repeat 3] [--steady-batches 15] [--max-offsets 400] [--trigger "1 second"]
-        [--sink foreachBatch|noop] [--conf KEY=VALUE ...] [--jfr FILE]
+        [--sink foreachBatch|noop] [--conf KEY=VALUE ...] [--jfr FILE] [--py-spy PREFIX]
 
 1. A replica of `--partitions` partitions written by replicad's log store (real segments and
    indexes, producer batches of 1000-byte values from tools.logdata) and its
@@ -17,28 +17,34 @@ profile, with no broker (a synthetic replica), for A/B runs on a shared machine.
    Spark's file stream source over that parquet with Trigger.AvailableNow (its defaults:
    no maxFilesPerTrigger, so one micro-batch) into `noop`; each with its wall time and CPU
    seconds (the JVM's process tree with the driver-side Python processes and the
-   forkserver's, forkserver.py). A stream's time is split as Spark's query progress tells:
-   before its first micro-batch (the query's start: for ours, the source's Python
-   process), its micro-batches by `durationMs`, and after (stopping).
+   forkserver's, forkserver.py), split into the JVM's own threads and the Python
+   processes, and per GB of the replica's segments. A stream's time is split as Spark's
+   query progress tells: before its first micro-batch (the query's start: for ours, the
+   source's Python process), its micro-batches by `durationMs`, and after (stopping).
 3. Steady micro-batches: the stream with a processing-time trigger, `--max-offsets` records
    a micro-batch (maxOffsetsPerTrigger), into `--sink` (foreachBatch collecting the rows,
    as tools.bench.spark_latency, or noop), for `--steady-batches` micro-batches after two
    not counted; the median and p95 of each `durationMs` part and the CPU per micro-batch.
 `--conf` settings go to the session (both parts); `--jfr` records the driver JVM with
-Java Flight Recorder (the steady part is what to read in it). It runs with the forkserver
-(replicad/spark/forkserver.py) unless REPLICAD_SPARK_FORKSERVER=0 is in the environment (the
-A/B of a warm start).
+Java Flight Recorder (the steady part is what to read in it); `--py-spy PREFIX` records the
+executors' Python workers with py-spy (idle samples left out) during each of our batch
+reads and streams, one collapsed-stacks file per read and daemon. It runs with the
+forkserver (replicad/spark/forkserver.py) unless REPLICAD_SPARK_FORKSERVER=0 is in the
+environment (the A/B of a warm start).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -85,18 +91,31 @@ def write_replica(data_dir: Path, partitions: int, mb: float) -> int:
 
 
 class Meter:
-    """CPU seconds of the JVM's process tree and of the forkserver's (its forked workers)."""
+    """CPU seconds of the JVM's process tree and of the forkserver's (its forked workers),
+    and of it the JVM's own threads: the rest is Python (the executors' workers and their
+    daemon, the driver-side processes Spark starts, the forks that host a stream's source)."""
 
     def __init__(self, spark: SparkSession) -> None:
         from replicad.spark.pipeline import _forkserver
 
-        self.pids = [spark.sparkContext._gateway.proc.pid]  # type: ignore[attr-defined]
-        self.pids += [server.pid for server in _forkserver]
+        self.jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[attr-defined]
+        self.pids = [self.jvm] + [server.pid for server in _forkserver]
 
     def read(self) -> float:
+        return self.split()[0]
+
+    def split(self) -> tuple[float, float]:
+        """(all, the JVM's own threads)."""
         from tools.bench.measure import tree_cpu_seconds
 
-        return sum(tree_cpu_seconds(pid) for pid in self.pids)
+        return sum(tree_cpu_seconds(pid) for pid in self.pids), own_cpu_seconds(self.jvm)
+
+
+def own_cpu_seconds(pid: int) -> float:
+    """A process's own CPU seconds, without the children it has reaped."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def progress_ms(stamp: str) -> float:
@@ -137,10 +156,65 @@ def write_parquet(spark: SparkSession, data_dir: Path, out: Path) -> int:
     return sum(p.stat().st_size for p in out.rglob("*.parquet"))
 
 
+class PySpy:
+    """`py-spy record` of the executors' Python workers (their daemon, following its forks)
+    for one read, into PREFIX-NAME.txt (collapsed stacks, idle samples left out)."""
+
+    def __init__(self, spark: SparkSession, prefix: str | None) -> None:
+        self.jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[attr-defined]
+        self.prefix = prefix
+
+    def daemons(self) -> list[int]:
+        from tools.bench.measure import _descendants
+
+        found = []
+        for pid in _descendants(self.jvm):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"pyspark.daemon" in cmdline and b"sql.worker" not in cmdline:
+                found.append(pid)
+        return found
+
+    @contextlib.contextmanager
+    def recording(self, name: str) -> Iterator[None]:
+        if self.prefix is None:
+            yield
+            return
+        import shutil as sh
+        import signal
+        import subprocess
+
+        py_spy = sh.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        procs = []
+        for daemon in self.daemons():
+            out = f"{self.prefix}-{name}-{daemon}.txt"
+            argv = [py_spy, "record", "--pid", str(daemon), "--subprocesses", "--nonblocking"]
+            argv += ["--rate", "200", "--format", "raw", "-o", out]
+            procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL))
+        time.sleep(1.0)  # py-spy attaches
+        try:
+            yield
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(60)
+
+
 def throughput(
-    spark: SparkSession, data_dir: Path, parquet: Path, work: Path, rows: int, repeat: int
+    spark: SparkSession,
+    data_dir: Path,
+    parquet: Path,
+    work: Path,
+    rows: int,
+    repeat: int,
+    py_spy: str | None = None,
 ) -> None:
+    spy = PySpy(spark, py_spy)
     meter = Meter(spark)
+    replica_bytes = sum(p.stat().st_size for p in data_dir.rglob("*.log"))
+    gb = replica_bytes / 1e9
     checkpoints = iter(range(1_000_000))
     # Warm-up: the executors' Python workers, the JIT, the first forks.
     noop(spark.read.format("replicad").option("endingOffsets", "2000").load(str(data_dir)))
@@ -154,28 +228,40 @@ def throughput(
     schema = spark.read.parquet(str(parquet)).schema
     noop(spark.read.parquet(str(parquet)).limit(2000))
 
-    def batch(run: int, name: str, df: DataFrame) -> None:
-        cpu, started = meter.read(), time.perf_counter()
-        noop(df)
-        seconds, cpu = time.perf_counter() - started, meter.read() - cpu
-        print(f"| {run} | {name} | {seconds:.2f} | {rows / seconds:,.0f} | {cpu:.2f} | |")
-
-    def stream(run: int, name: str, df: DataFrame) -> None:
-        cpu, started = meter.read(), time.perf_counter()
-        progress, started_ms, ended_ms = available_now(df, work / "cp" / str(next(checkpoints)))
-        seconds, cpu = time.perf_counter() - started, meter.read() - cpu
-        phases = stream_phases(progress, started_ms, ended_ms)
-        shown = ", ".join(f"{k} {v:.2f}" for k, v in phases.items() if v >= 0.005)
+    def row(run: int, name: str, seconds: float, cpu: tuple[float, float], shown: str) -> None:
+        total, jvm = cpu
         print(
-            f"| {run} | {name} | {seconds:.2f} | {rows / seconds:,.0f} | {cpu:.2f} | {shown} |",
+            f"| {run} | {name} | {seconds:.2f} | {rows / seconds:,.0f} | {total:.2f} | "
+            f"{jvm:.2f} | {total - jvm:.2f} | {total / gb:.2f} | {shown} |",
             flush=True,
         )
 
-    print("| run | read | seconds | rows/s | CPU s | phases (s) |")
-    print("|---:|---|---:|---:|---:|---|")
+    def batch(run: int, name: str, df: DataFrame) -> None:
+        cpu, started = meter.split(), time.perf_counter()
+        noop(df)
+        seconds, after = time.perf_counter() - started, meter.split()
+        row(run, name, seconds, (after[0] - cpu[0], after[1] - cpu[1]), "")
+
+    def stream(run: int, name: str, df: DataFrame) -> None:
+        cpu, started = meter.split(), time.perf_counter()
+        progress, started_ms, ended_ms = available_now(df, work / "cp" / str(next(checkpoints)))
+        seconds, after = time.perf_counter() - started, meter.split()
+        phases = stream_phases(progress, started_ms, ended_ms)
+        shown = ", ".join(f"{k} {v:.2f}" for k, v in phases.items() if v >= 0.005)
+        shown += f"; {len(progress)} micro-batches"
+        row(run, name, seconds, (after[0] - cpu[0], after[1] - cpu[1]), shown)
+
+    print(
+        f"CPU s: the JVM's process tree and the forkserver's; of it the JVM's own threads and "
+        f"the Python processes; CPU s/GB of the replica's {replica_bytes / 1e9:.3f} GB"
+    )
+    print("| run | read | seconds | rows/s | CPU s | JVM | Python | CPU s/GB | phases (s) |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---|")
     for run in range(1, repeat + 1):
-        batch(run, "replicad batch", spark.read.format("replicad").load(str(data_dir)))
-        stream(run, "replicad stream", spark.readStream.format("replicad").load(str(data_dir)))
+        with spy.recording(f"batch{run}"):
+            batch(run, "replicad batch", spark.read.format("replicad").load(str(data_dir)))
+        with spy.recording(f"stream{run}"):
+            stream(run, "replicad stream", spark.readStream.format("replicad").load(str(data_dir)))
         batch(run, "spark.read.parquet (peer)", spark.read.parquet(str(parquet)))
         stream(
             run, "parquet file stream (peer)", spark.readStream.schema(schema).parquet(str(parquet))
@@ -245,6 +331,11 @@ def main() -> int:
     parser.add_argument("--conf", action="append", default=[], help="KEY=VALUE for the session")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--jfr", help="record the driver JVM into this file")
+    parser.add_argument(
+        "--py-spy",
+        metavar="PREFIX",
+        help="py-spy the executors' Python workers for each of our reads: PREFIX-READ-PID.txt",
+    )
     parser.add_argument("--work-dir", help="kept, its replica reused by the next run")
     args = parser.parse_args()
     from replicad.spark.forkserver import ENV, OFF
@@ -286,7 +377,7 @@ def main() -> int:
                     "defaults), read by spark.read.parquet and by Spark's file stream source "
                     "(Trigger.AvailableNow, no maxFilesPerTrigger: one micro-batch)"
                 )
-                throughput(spark, data_dir, parquet, checkpoints, rows, args.repeat)
+                throughput(spark, data_dir, parquet, checkpoints, rows, args.repeat, args.py_spy)
             if args.steady_batches:
                 steady(spark, data_dir, checkpoints, args)
         finally:
