@@ -174,9 +174,17 @@ def _varints(arr: np.ndarray, at: np.ndarray, max_bytes: int) -> tuple[np.ndarra
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     last = len(arr) - 1
     first = arr[np.minimum(at, last)]
-    if (first < CONTINUATION).all():
+    one = first < CONTINUATION
+    if one.all():
         raw = first.astype(np.int64)
         return (raw >> 1) ^ -(raw & 1), np.ones(len(at), np.int64)
+    # One or two bytes: lengths and deltas under 8 KiB (a 1 KB value's length, an offset
+    # delta past 63), most records' fields. Two gathers instead of a row of max_bytes each.
+    second = arr[np.minimum(at + 1, last)]
+    if (one | (second < CONTINUATION)).all():
+        low = first.astype(np.int64)
+        raw = np.where(one, low, (low & PAYLOAD_BITS) | (second.astype(np.int64) << 7))
+        return (raw >> 1) ^ -(raw & 1), np.where(one, 1, 2).astype(np.int64)
     index = at[:, None] + _POSITIONS[max_bytes]
     np.minimum(index, last, out=index)
     octets = arr[index]

@@ -24,7 +24,9 @@ from replicad.records.batch import (
 )
 from replicad.records.records import Header, Record, decode_batch
 from replicad.spark.decode import (
+    VARINT_MAX_BYTES,
     RecordColumns,
+    _varints,
     binary_array,
     columns_from_records,
     decode_v2_columns,
@@ -186,3 +188,28 @@ def test_columns_from_records_are_the_same_columns():
     columns = columns_from_records(recs)
     assert as_records(columns) == recs
     assert columns.rows_per_batch.tolist() == [2]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [0, 1, -1, 63, -64],  # one byte each
+        [0, 64, -65, 1000, 8191, -8192, 5],  # one and two bytes (the two-byte path)
+        [64, 8192, -8193, 2**31 - 1, -(2**31)],  # three to five bytes among two
+    ],
+)
+def test_varints_decode_as_kafkas_writer_wrote_them(values):
+    import io
+
+    from kio.serial.writers import write_signed_varint
+
+    buffer = io.BytesIO()
+    starts = []
+    for value in values:
+        starts.append(buffer.tell())
+        write_signed_varint(buffer, value)
+    arr = np.frombuffer(buffer.getvalue(), np.uint8)
+    at = np.array(starts, np.int64)
+    decoded, sizes = _varints(arr, at, VARINT_MAX_BYTES)
+    assert decoded.tolist() == values
+    assert (at + sizes).tolist() == [*starts[1:], len(arr)]
