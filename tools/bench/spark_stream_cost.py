@@ -3,7 +3,7 @@ profile, with no broker (a synthetic replica), for A/B runs on a shared machine.
 
     .venv/bin/python -m tools.bench.spark_stream_cost [--mb 200] [--partitions 4]
         [--repeat 3] [--steady-batches 15] [--max-offsets 400] [--trigger "1 second"]
-        [--sink foreachBatch|noop] [--conf KEY=VALUE ...] [--jfr FILE] [--py-spy PREFIX]
+        [--sink foreachBatch|noop] [--conf KEY=VALUE ...] [--jfr FILE] [--py-spy PREFIX] [--no-peer]
 
 1. A replica of `--partitions` partitions written by replicad's log store (real segments and
    indexes, producer batches of 1000-byte values from tools.logdata) and its
@@ -205,7 +205,7 @@ class PySpy:
 def throughput(
     spark: SparkSession,
     data_dir: Path,
-    parquet: Path,
+    parquet: Path | None,
     work: Path,
     rows: int,
     repeat: int,
@@ -225,8 +225,9 @@ def throughput(
         "startingOffsets", json.dumps({"cost": near_end})
     )
     available_now(small.load(str(data_dir)), work / "cp" / "warm")
-    schema = spark.read.parquet(str(parquet)).schema
-    noop(spark.read.parquet(str(parquet)).limit(2000))
+    if parquet is not None:
+        schema = spark.read.parquet(str(parquet)).schema
+        noop(spark.read.parquet(str(parquet)).limit(2000))
 
     def row(run: int, name: str, seconds: float, cpu: tuple[float, float], shown: str) -> None:
         total, jvm = cpu
@@ -262,10 +263,10 @@ def throughput(
             batch(run, "replicad batch", spark.read.format("replicad").load(str(data_dir)))
         with spy.recording(f"stream{run}"):
             stream(run, "replicad stream", spark.readStream.format("replicad").load(str(data_dir)))
-        batch(run, "spark.read.parquet (peer)", spark.read.parquet(str(parquet)))
-        stream(
-            run, "parquet file stream (peer)", spark.readStream.schema(schema).parquet(str(parquet))
-        )
+        if parquet is not None:
+            batch(run, "spark.read.parquet (peer)", spark.read.parquet(str(parquet)))
+            peer = spark.readStream.schema(schema).parquet(str(parquet))
+            stream(run, "parquet file stream (peer)", peer)
 
 
 def steady(spark: SparkSession, data_dir: Path, work: Path, args: argparse.Namespace) -> None:
@@ -332,6 +333,9 @@ def main() -> int:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--jfr", help="record the driver JVM into this file")
     parser.add_argument(
+        "--no-peer", action="store_true", help="our reads only (no parquet written or read)"
+    )
+    parser.add_argument(
         "--py-spy",
         metavar="PREFIX",
         help="py-spy the executors' Python workers for each of our reads: PREFIX-READ-PID.txt",
@@ -370,13 +374,15 @@ def main() -> int:
         checkpoints = Path(tempfile.mkdtemp(prefix="run-", dir=work))  # this run's alone
         try:
             if args.repeat:
-                parquet = checkpoints / "parquet"
-                parquet_bytes = write_parquet(spark, data_dir, parquet)
-                print(
-                    f"peer: the same records as parquet ({parquet_bytes / MB:,.0f} MB, Spark's "
-                    "defaults), read by spark.read.parquet and by Spark's file stream source "
-                    "(Trigger.AvailableNow, no maxFilesPerTrigger: one micro-batch)"
-                )
+                parquet = None if args.no_peer else checkpoints / "parquet"
+                if parquet is not None:
+                    parquet_bytes = write_parquet(spark, data_dir, parquet)
+                    print(
+                        f"peer: the same records as parquet ({parquet_bytes / MB:,.0f} MB, "
+                        "Spark's defaults), read by spark.read.parquet and by Spark's file "
+                        "stream source (Trigger.AvailableNow, no maxFilesPerTrigger: one "
+                        "micro-batch)"
+                    )
                 throughput(spark, data_dir, parquet, checkpoints, rows, args.repeat, args.py_spy)
             if args.steady_batches:
                 steady(spark, data_dir, checkpoints, args)
