@@ -24,6 +24,7 @@ from tools.chaos.soak import (
     SoakResult,
     SoakSample,
     _fault_list,
+    _fill,
     _topics,
     soak,
     trends,
@@ -121,6 +122,29 @@ def test_faults_are_named_by_group_or_name() -> None:
     assert _fault_list("source") == SOURCE_FAULTS
     with pytest.raises(Exception, match="no fault 'fire'"):
         _fault_list("cut,fire")
+
+
+def test_a_fill_the_source_cannot_take_is_tried_again_then_left_to_the_steady_load() -> None:
+    """At 10,000 partitions on three nodes (load 28) the producer's reading of 5,000 ends
+    timed out (KafkaException), which ended the soak before replicad started."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from tools.peers.process import PeerError
+
+    calls: list[tuple[str, int]] = []
+
+    def produce(bootstrap: str, topic: str, **kwargs: int) -> None:
+        calls.append((topic, kwargs["seed"]))
+        if topic == "a" and len(calls) == 1:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "watermarks timed out"))
+        if topic == "b":
+            raise PeerError("779 records unsent")
+
+    notes = _fill("k:9092", {"a": 5_000, "b": 5_000}, seed=8, records=2_000, produce=produce)
+    assert [topic for topic, _ in calls] == ["a", "a", "b", "b", "b"]
+    assert len({seed for _, seed in calls}) == len(calls)  # each attempt other data
+    assert len(notes) == 4 and "watermarks timed out" in notes[0]
+    assert all("initial fill of b" in n for n in notes[1:])
 
 
 def test_ten_thousand_partitions_go_into_topics_the_controller_accepts() -> None:

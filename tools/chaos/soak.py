@@ -68,6 +68,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from tools.chaos.disk import DiskFaultUnavailable, SmallFilesystem
 from tools.chaos.evictor import SessionEvictor
 from tools.chaos.follower import DaemonCounters, Follower
@@ -632,24 +634,7 @@ def soak(
     local = partitions_of(topics)
     all_topics = {**topics, **({tiered: tiered_partitions} if tiered else {})}
     tps = partitions_of(all_topics)
-    fill_notes: list[str] = []
-    for i, (topic, count) in enumerate(topics.items()):
-        for attempt in range(1, FILL_ATTEMPTS + 1):
-            # Data before replicad starts; a round the source could not take in time (1,000
-            # partitions on three nodes at load 60 left 779 records unsent after 60 s) is
-            # tried again, then left to the steady load.
-            try:
-                produce_mixed(
-                    source.bootstrap,
-                    topic,
-                    partitions=count,
-                    records=initial_records,
-                    seed=800 + seed + i + 1000 * attempt,
-                    max_batch_bytes=SEGMENT_BYTES // 4,
-                )
-                break
-            except PeerError as exc:
-                fill_notes.append(f"initial fill of {topic}, attempt {attempt}: {exc}"[:300])
+    fill_notes = _fill(source.bootstrap, topics, seed=seed, records=initial_records)
     if tiered is not None:
         produce_mixed(
             source.bootstrap,
@@ -860,6 +845,37 @@ def soak(
             verify=verified,
             verify_clean=not differ,
         )
+
+
+def _fill(
+    bootstrap: str,
+    topics: dict[str, int],
+    *,
+    seed: int,
+    records: int,
+    produce: Callable[..., object] = produce_mixed,
+) -> list[str]:
+    """Data before replicad starts: `records` in each topic. A round the source could not
+    take in time is tried again, then left to the steady load (1,000 partitions on three
+    nodes at load 60 left 779 records unsent after 60 s; at 10,000 partitions and load 28
+    the producer's own reading of the 5,000 ends timed out, KafkaException). Notes of what
+    failed."""
+    notes: list[str] = []
+    for i, (topic, count) in enumerate(topics.items()):
+        for attempt in range(1, FILL_ATTEMPTS + 1):
+            try:
+                produce(
+                    bootstrap,
+                    topic,
+                    partitions=count,
+                    records=records,
+                    seed=800 + seed + i + 1000 * attempt,
+                    max_batch_bytes=SEGMENT_BYTES // 4,
+                )
+                break
+            except (PeerError, KafkaException) as exc:
+                notes.append(f"initial fill of {topic}, attempt {attempt}: {exc}"[:300])
+    return notes
 
 
 def _end_lag(source: SoakSource, follower: Follower, tps: Sequence[Any]) -> EndLag | None:
