@@ -44,6 +44,7 @@ from replicad.records.header import (
     Compression,
     ScanStop,
     TimestampType,
+    header_from,
 )
 from replicad.records.run import (
     BASE_OFFSET,
@@ -273,4 +274,4 @@ def header_at(head: bytes | bytearray | memoryview, position: int) -> BatchHeade
     parsed = entry.parse(mv, 0, 0, False)
     if isinstance(parsed, str):
         return parsed
-    return BatchHeader(position, *parsed)
+    return header_from((position, *parsed))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from kio.serial.errors import BufferUnderflow
 from kio.serial.readers import read_signed_varint, read_signed_varlong
@@ -113,7 +113,7 @@ def first_record_at(
     """In one batch (`entry`: its bytes alone), the first record at or past offset `start`
     whose timestamp is >= `timestamp`; None when none is. Kafka's findOffsetByTimestamp
     inside a batch: a batch reaching the target may begin with older records."""
-    batch = decode_batch(entry, replace(header, position=0))
+    batch = decode_batch(entry, header._replace(position=0))
     for record in batch.records:
         if record.timestamp >= timestamp and record.offset >= start:
             return record

@@ -1,7 +1,7 @@
 """A run of whole log entries laid end to end, held as columns rather than as objects.
 
 The replication path scans a response's batches, checks them and writes them. At 1 KiB
-batches a `BatchHeader` per batch (a frozen dataclass: fourteen attribute stores), a
+batches a `BatchHeader` per batch (then a frozen dataclass: fourteen attribute stores), a
 `dataclasses.replace` to rebase it and a few property calls cost about ten times the scan
 itself. A `BatchRun` keeps what the scan already has instead:
 
@@ -29,7 +29,7 @@ from itertools import accumulate, islice, repeat
 from operator import add, gt, itemgetter
 from typing import overload
 
-from replicad.records.header import LOG_OVERHEAD, MAGIC_V2, BatchHeader
+from replicad.records.header import LOG_OVERHEAD, MAGIC_V2, BatchHeader, header_from
 
 # Where each field sits in an entry's tuple (BatchHeader's order, after the position).
 BASE_OFFSET = 0
@@ -54,21 +54,7 @@ _count = itemgetter(RECORD_COUNT)
 
 def fields_of(header: BatchHeader) -> Fields:
     """A header's fields after its position, as a run holds them."""
-    return (
-        header.base_offset,
-        header.batch_length,
-        header.partition_leader_epoch,
-        header.magic,
-        header.crc,
-        header.attributes,
-        header.last_offset_delta,
-        header.base_timestamp,
-        header.max_timestamp,
-        header.producer_id,
-        header.producer_epoch,
-        header.base_sequence,
-        header.record_count,
-    )
+    return header[1:]
 
 
 class BatchRun(Sequence[BatchHeader]):
@@ -218,12 +204,12 @@ class BatchRun(Sequence[BatchHeader]):
             positions = self.positions()
             end = positions[hi] if hi < len(positions) else self.end
             return BatchRun(self.fields[lo:hi], positions[lo], end, rising=self.rising)
-        return BatchHeader(self.positions()[index], *self.fields[index])
+        return header_from((self.positions()[index], *self.fields[index]))
 
     def __iter__(self) -> Iterator[BatchHeader]:
         position = self.start
         for f in self.fields:
-            yield BatchHeader(position, *f)
+            yield header_from((position, *f))
             position += LOG_OVERHEAD + f[LENGTH]
 
     def __eq__(self, other: object) -> bool:

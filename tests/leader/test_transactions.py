@@ -3,8 +3,6 @@ offset at a high watermark, the aborted transactions a READ_COMMITTED answer lis
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from replicad.errors import LocalProtocolError
@@ -103,7 +101,7 @@ def test_markers_without_an_open_transaction_and_other_control_types_close_nothi
 
 def test_legacy_and_non_transactional_batches_are_only_skipped_over() -> None:
     state = TransactionState()
-    legacy = dataclasses.replace(batch(0, 1, pid=9, txn=True), magic=MAGIC_V1)
+    legacy = batch(0, 1, pid=9, txn=True)._replace(magic=MAGIC_V1)
     state.fold(legacy)
     state.fold(batch(1, 1, pid=9))
     assert state.folded_to == 2

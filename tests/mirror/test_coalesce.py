@@ -3,8 +3,6 @@ in order, with its key, value, headers and timestamp, in one valid batch of the 
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from replicad.mirror.coalesce import PlainReader, RunCut, can_join, coalesce
@@ -54,10 +52,10 @@ def test_a_run_becomes_one_batch_with_every_record(codec: Compression) -> None:
 def test_batches_of_another_codec_or_thinned_do_not_join() -> None:
     first = scan_batches(batch(0, 1, Compression.NONE, 0)).batches[0]
     assert can_join(first, first)
-    gzip = dataclasses.replace(first, attributes=int(Compression.GZIP))
-    log_append_time = dataclasses.replace(first, attributes=0x08)
-    thinned = dataclasses.replace(first, record_count=2, last_offset_delta=2)
-    control = dataclasses.replace(first, attributes=0x30)
+    gzip = first._replace(attributes=int(Compression.GZIP))
+    log_append_time = first._replace(attributes=0x08)
+    thinned = first._replace(record_count=2, last_offset_delta=2)
+    control = first._replace(attributes=0x30)
     for other in (gzip, log_append_time, thinned, control):
         assert not can_join(first, other)
 
@@ -108,7 +106,7 @@ def test_a_run_over_its_decompressed_bound_is_cut_where_the_batch_that_overflows
         assert joined(coalesce(batches, headers, limit)) == 4
         assert joined(coalesce(batches[4:], headers[4:], limit)) == 0
     # The header says two records, the batch holds one: its records do not rewrite.
-    bad = dataclasses.replace(headers[1], record_count=2, last_offset_delta=1)
+    bad = headers[1]._replace(record_count=2, last_offset_delta=1)
     cut = coalesce([tiny[0], tiny[1]], [headers[0], bad], limit)
     assert isinstance(cut, RunCut) and cut.joined == 1 and "source offset 1" in cut.reason
 

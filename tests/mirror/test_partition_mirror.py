@@ -187,7 +187,7 @@ def test_a_batch_thinned_by_compaction_takes_as_many_offsets_as_it_has_records()
 def test_an_unproducible_batch_halts_the_partition_with_its_offset() -> None:
     core = started()
     core.feed([entry(0, 2, attributes=0)])
-    core.feed([LogEntry(dataclasses.replace(entry(2).header, magic=1))])
+    core.feed([LogEntry(entry(2).header._replace(magic=1))])
     drain(core)
     assert core.next_send(NOW, STAMP) is None
     assert core.phase is Phase.HALTED and "source offset 2" in (core.error or "")
@@ -662,7 +662,7 @@ WALL = 100 * DAY
 def stamped(base: int, age_ms: int) -> LogEntry:
     """A batch whose newest record is `age_ms` old at WALL."""
     e = data(base)
-    return dataclasses.replace(e, header=dataclasses.replace(e.header, max_timestamp=WALL - age_ms))
+    return dataclasses.replace(e, header=e.header._replace(max_timestamp=WALL - age_ms))
 
 
 def test_an_expiring_batch_goes_alone_and_so_does_the_one_after_it() -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from replicad.mirror.restamp import (
@@ -61,9 +59,9 @@ def test_transactional_flag_is_cleared() -> None:
 def test_what_cannot_be_produced_is_named() -> None:
     header = scan_batches(producer_batch(10, [b"a", b"b", b"c"])).batches[0]
     assert mirrorable(header) is None
-    legacy = dataclasses.replace(header, magic=1)
+    legacy = header._replace(magic=1)
     assert "magic 1" in mirrorable(legacy).reason
-    control = dataclasses.replace(header, attributes=0x20)
+    control = header._replace(attributes=0x20)
     assert "control" in mirrorable(control).reason
 
 

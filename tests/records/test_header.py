@@ -11,7 +11,9 @@ from replicad.records.header import (
     MAGIC_V1,
     MAGIC_V2,
     TRANSACTIONAL_FLAG_MASK,
+    BatchHeader,
     TimestampType,
+    header_from,
 )
 from tools.logdata.batches import batch_stream, legacy_message_set
 
@@ -37,5 +39,17 @@ def test_header_at_reads_the_same_header_as_the_scan_for_every_format() -> None:
     assert scan_batches(b"".join(batch_stream(0, 1))).batches[0].magic == MAGIC_V2
 
 
-def _fields(header: object) -> dict[str, object]:
-    return {name: getattr(header, name) for name in header.__slots__}  # type: ignore[attr-defined]
+def test_a_header_is_read_only_and_header_from_makes_the_same_one() -> None:
+    """BatchHeader is a NamedTuple (made once a batch: cheap), still read-only; the run's
+    maker (`header_from`, tuple.__new__ with no Python frame) gives an equal header."""
+    scanned = scan_batches(b"".join(batch_stream(3, 2))).batches[0]
+    with pytest.raises(AttributeError):
+        scanned.base_offset = 7  # type: ignore[misc]
+    made = header_from(tuple(scanned))
+    assert made == scanned and type(made) is BatchHeader
+    assert made == BatchHeader(**scanned._asdict())
+    assert made.next_offset == scanned.base_offset + scanned.last_offset_delta + 1
+
+
+def _fields(header: BatchHeader) -> dict[str, object]:
+    return header._asdict()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from replicad.records.batch import Compression, scan_batches
@@ -85,7 +83,7 @@ def test_first_overlap_finds_offsets_that_go_back() -> None:
     data, _ = _stream()
     headers = scan_batches(data).batches
     # The fourth batch claims offsets 12.. (inside the second batch's 11..12).
-    bad = [*headers[:3], dataclasses.replace(headers[3], base_offset=12), headers[4]]
+    bad = [*headers[:3], headers[3]._replace(base_offset=12), headers[4]]
     run = BatchRun.of(bad)
     assert not run.rising
     assert run.first_overlap() == 3
