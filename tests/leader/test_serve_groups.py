@@ -118,6 +118,7 @@ def consume_kafka_python(
         fetch_max_wait_ms=100,
         max_poll_records=50,
     )
+    know_topics(consumer, [replica.topic])
     consumer.subscribe([replica.topic])
     got: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
     deadline = time.monotonic() + DEADLINE_S

@@ -128,6 +128,7 @@ def read_part_with_kafka_python(bootstrap: str, topic: str, group: str) -> dict[
         max_poll_records=7,
         consumer_timeout_ms=60_000,
     )
+    know_topics(consumer, [topic])
     consumer.subscribe([topic])
     counts = [0] * PARTITIONS
     next_offset: dict[int, int] = {}
@@ -155,6 +156,7 @@ def consume_rest_with_kafka_python(bootstrap: str, topic: str, group: str, expec
         isolation_level="read_committed",
         consumer_timeout_ms=60_000,
     )
+    know_topics(consumer, [topic])
     consumer.subscribe([topic])
     read = []
     for message in consumer:
@@ -554,6 +556,7 @@ def test_a_group_that_fails_over_while_replicad_is_stopped_is_left_alone_at_rest
         enable_auto_commit=False,
         metadata_max_age_ms=1_000,  # as the live group's member above
     )
+    know_topics(app, [dest_topic])
     app.subscribe([dest_topic])
     try:
         kafka_wait_assigned(app)

@@ -114,11 +114,12 @@ def know_topics(consumer: Any, topics: list[str], timeout_s: float = 300.0) -> N
     """Wait until `consumer`'s metadata holds each of `topics`, before it subscribes.
 
     kafka-python may join a group before its first metadata answer names the topic: a
-    leader then assigns nothing ("No partition metadata for topic"), rejoins when the
-    metadata arrives, and in that rejoin a leader was seen to never take its SyncGroup
-    answer and be expelled at its session timeout -- against serve (twice) and against
-    Kafka (once) in the suite. Whichever side loses that answer (not settled), a member
-    that knows its topics first joins once with them.
+    leader then assigns nothing ("No partition metadata for topic") and rejoins when the
+    metadata arrives. kafka-python 3.0.12 can strand a leader in that rejoin: if a poll
+    gives up while its SyncGroup is answered, the answer is never applied (no assignment,
+    no heartbeat; expelled at its session timeout) -- the suite's failures against serve
+    and Kafka. tools/peers/rejoin_race.py says why and reproduces it; tests/peers/
+    test_group_member.py shows it. A member that knows its topics first joins with them.
     """
     deadline = time.monotonic() + timeout_s
     while not all(consumer.partitions_for_topic(t) for t in topics):
