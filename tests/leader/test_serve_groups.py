@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from replicad.types import TopicPartition
-from tools.peers.group_member import know_topics
+from tools.peers.group_member import subscribe_knowing
 from tools.peers.kafka import run_kafka_class
 from tools.peers.process import free_port
 from tools.replica import ReplicadProcess, replicad_run, replicad_serve
@@ -118,8 +118,7 @@ def consume_kafka_python(
         fetch_max_wait_ms=100,
         max_poll_records=50,
     )
-    know_topics(consumer, [replica.topic])
-    consumer.subscribe([replica.topic])
+    subscribe_knowing(consumer, [replica.topic])
     got: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
     deadline = time.monotonic() + DEADLINE_S
     try:
@@ -369,8 +368,7 @@ class Member(threading.Thread):
                     **self.settings,
                 },
             )
-            know_topics(consumer, [self.topic])
-            consumer.subscribe([self.topic])
+            subscribe_knowing(consumer, [self.topic])
             try:
                 while not self.leave.is_set():
                     for tp, messages in consumer.poll(timeout_ms=200).items():

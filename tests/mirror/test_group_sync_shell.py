@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from replicad.types import TopicPartition
-from tools.peers.group_member import know_topics
+from tools.peers.group_member import subscribe_knowing
 from tools.peers.kafka import CONSOLE_CONSUMER, run_kafka_class
 from tools.peers.produce import produce_numbered
 from tools.replica import ReplicadProcess, replicad_run
@@ -128,8 +128,7 @@ def read_part_with_kafka_python(bootstrap: str, topic: str, group: str) -> dict[
         max_poll_records=7,
         consumer_timeout_ms=60_000,
     )
-    know_topics(consumer, [topic])
-    consumer.subscribe([topic])
+    subscribe_knowing(consumer, [topic])
     counts = [0] * PARTITIONS
     next_offset: dict[int, int] = {}
     for message in consumer:
@@ -156,8 +155,7 @@ def consume_rest_with_kafka_python(bootstrap: str, topic: str, group: str, expec
         isolation_level="read_committed",
         consumer_timeout_ms=60_000,
     )
-    know_topics(consumer, [topic])
-    consumer.subscribe([topic])
+    subscribe_knowing(consumer, [topic])
     read = []
     for message in consumer:
         read.append((message.partition, message.value))
@@ -276,8 +274,7 @@ def test_a_live_group_is_never_written_and_a_failed_over_one_only_after_resume(
             # metadata is refreshed (seen: "No partition metadata" and no assignment).
             metadata_max_age_ms=1_000,
         )
-        know_topics(member, [dest_topic])
-        member.subscribe([dest_topic])
+        subscribe_knowing(member, [dest_topic])
         try:
             proc.wait_for(
                 lambda: member.poll(timeout_ms=200) is not None and bool(member.assignment()),
@@ -556,8 +553,7 @@ def test_a_group_that_fails_over_while_replicad_is_stopped_is_left_alone_at_rest
         enable_auto_commit=False,
         metadata_max_age_ms=1_000,  # as the live group's member above
     )
-    know_topics(app, [dest_topic])
-    app.subscribe([dest_topic])
+    subscribe_knowing(app, [dest_topic])
     try:
         kafka_wait_assigned(app)
         app.commit({KTP(dest_topic, p): OffsetAndMetadata(25, "", -1) for p in range(PARTITIONS)})

@@ -3,8 +3,8 @@ group members out of (tools/peers/rejoin_race.py), against `replicad serve`'s Le
 in this process (no broker):
 
 - `know_topics` returns once the consumer's metadata names a topic created after the
-  consumer started, and a member that called it is assigned every partition at its first
-  join; for a topic that never comes it raises TimeoutError naming it.
+  consumer started; for a topic that never comes it raises TimeoutError naming it. A
+  member subscribed by `subscribe_knowing` joins once, with every partition.
 - kafka-python 3.0.12 strands a group leader whose rejoin began from a metadata change
   (its topic appeared after its first join) when a poll gives up while its SyncGroup is
   answered: serve's answer arrives, and the member never applies it (no assignment, no
@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from replicad.protocol.apis import ApiKey
-from tools.peers.group_member import know_topics
+from tools.peers.group_member import know_topics, subscribe_knowing
 from tools.peers.rejoin_race import PARTITIONS, InProcessServe, stranded
 from tools.wait import wait_until
 
@@ -67,7 +67,7 @@ def poll_until(consumer: Any, what: str, done: Any) -> None:
     wait_until(polled, timeout_s=HANG_S, interval_s=0, what=what)
 
 
-def test_know_topics_sees_a_new_topic_and_its_members_first_join_assigns_all_of_it(
+def test_know_topics_sees_a_new_topic_and_subscribe_knowing_joins_once_with_all_of_it(
     serve,
 ) -> None:
     from kafka import ConsumerRebalanceListener
@@ -87,10 +87,12 @@ def test_know_topics_sees_a_new_topic_and_its_members_first_join_assigns_all_of_
         serve.create_topic(topic)  # after the consumer has its first metadata
         know_topics(consumer, [topic])
         assert consumer.partitions_for_topic(topic) == set(ALL)
-        consumer.subscribe([topic], listener=Listener())
+        subscribe_knowing(consumer, [topic], Listener())
         poll_until(consumer, "the member assigned", lambda: assigned)
-        # The first join assigns every partition: no empty first assignment to rejoin from.
-        assert assigned[0] == ALL
+        for _ in range(5):  # a rejoin would be on its way by now: its metadata is 500 ms old
+            consumer.poll(timeout_ms=200)
+        # One join, with every partition: nothing assigned first, and no rejoin.
+        assert assigned == [ALL]
     finally:
         consumer.close(autocommit=False)
 
@@ -110,14 +112,14 @@ def test_kafka_python_strands_a_leader_whose_poll_gave_up_while_its_sync_was_ans
     from kafka.structs import MemberState
 
     topic = f"late-{uuid.uuid4().hex[:8]}"
-    held, release = threading.Event(), threading.Event()
+    created, held, release = threading.Event(), threading.Event(), threading.Event()
     groups = serve.server.groups
     answer = groups.answer
 
     async def holding(request: Any, client_host: str) -> Any:
-        """The rejoin's SyncGroup (generation 2 on), answered but held until released."""
+        """A SyncGroup once the topic exists (the rejoin's), answered but held until released."""
         response = await answer(request, client_host)
-        if request.head.api_key == ApiKey.SYNC_GROUP and request.body.generation_id >= 2:
+        if request.head.api_key == ApiKey.SYNC_GROUP and created.is_set():
             held.set()
             await asyncio.to_thread(release.wait, HANG_S)
         return response
@@ -127,8 +129,16 @@ def test_kafka_python_strands_a_leader_whose_poll_gave_up_while_its_sync_was_ans
     try:
         consumer.subscribe([topic])  # no such topic yet: its first join assigns nothing
         coordinator = consumer._coordinator
+        # Its record of the subscription's metadata, made before it joins (else a metadata
+        # answer after the first join would make it rejoin before the topic exists).
+        wait_until(
+            lambda: coordinator._metadata_snapshot == {topic: set()},
+            timeout_s=HANG_S,
+            what="the subscription's metadata",
+        )
         poll_until(consumer, "the first join", lambda: coordinator.state is MemberState.STABLE)
         assert consumer.assignment() == set()
+        created.set()
         serve.create_topic(topic)  # the metadata changes: the leader rejoins
         poll_until(consumer, "the rejoin's SyncGroup answered", held.is_set)
         consumer.poll(timeout_ms=200)  # gives up while the answer is held

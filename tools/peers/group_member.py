@@ -88,8 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         session_timeout_ms=args.session_timeout_ms,
         heartbeat_interval_ms=max(100, args.session_timeout_ms // 10),
     )
-    know_topics(consumer, [args.topic])
-    consumer.subscribe([args.topic], listener=Listener())
+    subscribe_knowing(consumer, [args.topic], Listener())
     try:
         while not stop.is_set():
             try:
@@ -119,13 +118,45 @@ def know_topics(consumer: Any, topics: list[str], timeout_s: float = 300.0) -> N
     gives up while its SyncGroup is answered, the answer is never applied (no assignment,
     no heartbeat; expelled at its session timeout) -- the suite's failures against serve
     and Kafka. tools/peers/rejoin_race.py says why and reproduces it; tests/peers/
-    test_group_member.py shows it. A member that knows its topics first joins with them.
+    test_group_member.py shows it. A member that knows its topics first joins with them
+    (`subscribe_knowing` also closes the window after the subscription).
     """
     deadline = time.monotonic() + timeout_s
     while not all(consumer.partitions_for_topic(t) for t in topics):
         if time.monotonic() > deadline:
             raise TimeoutError(f"no metadata for {topics} within {timeout_s:.0f} s")
         time.sleep(0.1)
+
+
+def subscribe_knowing(
+    consumer: Any, topics: list[str], listener: Any = None, timeout_s: float = 300.0
+) -> None:
+    """Subscribe `consumer` to `topics` (which exist) so that its first join assigns them
+    and nothing in its metadata later makes its leader rejoin (know_topics' race).
+
+    `know_topics` first; then, once subscribed, wait until the consumer's own record of
+    the subscription's metadata -- what its leader compares the assignment with, and
+    rejoins on when they differ -- names every partition. kafka-python builds that record
+    only from a metadata answer that comes after the subscription: a first join before it
+    assigns every partition from the cluster's metadata but keeps an empty record, and so
+    rejoins, by the racy path, when the answer comes (the same start hung one run of
+    tests/peers/test_group_member.py's own member). A kafka-python without that record
+    skips the second wait.
+    """
+    know_topics(consumer, topics, timeout_s)
+    if listener is None:
+        consumer.subscribe(topics)
+    else:
+        consumer.subscribe(topics, listener=listener)
+    coordinator = getattr(consumer, "_coordinator", None)
+    if not hasattr(coordinator, "_metadata_snapshot"):
+        return
+    wanted = {t: consumer.partitions_for_topic(t) for t in topics}
+    deadline = time.monotonic() + timeout_s
+    while not all(coordinator._metadata_snapshot.get(t) == wanted[t] for t in topics):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the subscription's metadata for {topics} within {timeout_s:.0f} s")
+        time.sleep(0.05)
 
 
 def commit(consumer: Any) -> str | None:

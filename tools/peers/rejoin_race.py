@@ -114,6 +114,13 @@ def run_once(
         consumer.subscribe([topic])
         coordinator = consumer._coordinator
         deadline = time.monotonic() + HANG_S
+        # Its record of the subscription's metadata, before it joins (a metadata answer
+        # after the first join would make it rejoin, by the same path, before the topic
+        # exists).
+        while coordinator._metadata_snapshot != {topic: set()}:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no metadata for the subscription within {HANG_S:.0f} s")
+            time.sleep(0.05)
         # The first generation: the leader assigns nothing (no metadata for the topic).
         while coordinator.state is not MemberState.STABLE:
             _poll(consumer, poll_ms, deadline, "the first join")
