@@ -208,6 +208,10 @@ def left_for(member: Member) -> set[tuple[int, int]]:
 def test_kafkas_verifiable_consumer_as_three_members_reads_every_record(served) -> None:
     group = "verifiable"
     outputs = [served.work / f"verifiable-{i}.jsonl" for i in range(3)]
+    # Members that start one after another rebalance at each join; the others hear of it
+    # at their next heartbeat (Java's default: every 3 s) -- every 0.5 s here.
+    config = served.work / "verifiable.properties"
+    config.write_text("heartbeat.interval.ms=500\n")
     files = [open(path, "wb") for path in outputs]  # noqa: SIM115 -- closed below
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -218,6 +222,7 @@ def test_kafkas_verifiable_consumer_as_three_members_reads_every_record(served) 
                         VERIFIABLE_CONSUMER,
                         "--bootstrap-server", served.bootstrap, "--topic", TOPIC,
                         "--group-id", group, "--reset-policy", "earliest",
+                        "--consumer.config", str(config),
                     ),
                     output=out,
                 )
