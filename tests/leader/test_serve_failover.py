@@ -31,6 +31,7 @@ from tests.leader.test_serve_groups import (
     produced_topic,
     running,
 )
+from tools.peers.group_member import subscribe_knowing
 from tools.peers.kafka import CONSOLE_CONSUMER, run_kafka_class
 from tools.peers.process import free_port
 from tools.replica import ReplicadProcess, replicad_run
@@ -118,7 +119,9 @@ def kafka_python_consume(bootstrap: str, topic: str, group: str, *, stop_after: 
         fetch_max_wait_ms=100,
         max_poll_records=25,
     )
-    consumer.subscribe([topic])
+    # Not before its metadata names the topic: kafka-python 3.0.12 strands a leader that
+    # rejoins on a metadata change (tools/peers/rejoin_race.py).
+    subscribe_knowing(consumer, [topic])
 
     def poll() -> Read:
         return [(tp.partition, m.offset) for tp, ms in consumer.poll(500).items() for m in ms]

@@ -47,6 +47,7 @@ from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from tests.leader.test_serve_kafka import Row, kafka_python_rows
 from tools.logdata.batches import producer_batch
+from tools.peers.group_member import subscribe_knowing
 from tools.peers.kcat import run_kcat
 from tools.peers.pki import Pki, make_test_pki
 from tools.peers.process import free_port
@@ -802,7 +803,9 @@ def group_read(bootstrap: str, group: str, want: int, **options: Any) -> list[tu
         fetch_max_wait_ms=100,
         **options,
     )
-    consumer.subscribe([TOPIC])
+    # Not before its metadata names the topic: kafka-python 3.0.12 strands a leader that
+    # rejoins on a metadata change (tools/peers/rejoin_race.py).
+    subscribe_knowing(consumer, [TOPIC])
     read: list[tuple[int, int]] = []
 
     def enough() -> bool:
