@@ -36,7 +36,6 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import structlog
 from kio.schema.errors import ErrorCode
@@ -383,6 +382,8 @@ class SourceReader:
             version = min(version, FETCH_TOPIC_ID_VERSION - 1)
         by_id = version >= FETCH_TOPIC_ID_VERSION
         names = {topic_id: name for name, topic_id in ids.items()}
+        # Sessionless: KIP-227's (INVALID_SESSION_ID, FINAL_EPOCH) is a full fetch that
+        # creates no session.
         request = FetchRequest(
             max_wait_ms=_FETCH_MAX_WAIT_MS,
             min_bytes=1,
@@ -442,43 +443,13 @@ class SourceReader:
         return leader.leader_id
 
     async def _fetch(self, tp: TopicPartition, offset: int) -> _Answer:
-        conn = await self.client.connection(self._leader(tp))
-        assert conn.versions is not None and self._cluster is not None
-        version = conn.versions.require(ApiKey.FETCH)
-        topic_id = self._cluster.topic_id(tp.topic)
-        if topic_id is None:
-            version = min(version, FETCH_TOPIC_ID_VERSION - 1)
-        # Sessionless: KIP-227's (INVALID_SESSION_ID, FINAL_EPOCH) is a full fetch that
-        # creates no session.
-        request = FetchRequest(
-            max_wait_ms=_FETCH_MAX_WAIT_MS,
-            min_bytes=1,
-            max_bytes=self.fetch_max_bytes,
-            isolation_level=READ_UNCOMMITTED,
-            session_id=INVALID_SESSION_ID,
-            session_epoch=FINAL_EPOCH,
-            partitions=(
-                RequestedPartition.of(tp, offset, self.fetch_max_bytes, topic_id=topic_id),
-            ),
-            replica_id=CONSUMER_REPLICA_ID,
-        )
-        body = await conn.request(fetch_request(version, request))
-        self.requests += 1
-        top = error_code_of(getattr(body, "error_code", 0))
-        if top is not ErrorCode.none:
-            raise _Retry(f"{tp}: the source answered {top.name}")
-        partition = _only_partition(body)
-        error = error_code_of(partition.error_code)
-        if error in _REFRESH or (
-            error is not ErrorCode.none and error is not ErrorCode.offset_out_of_range
-        ):
-            raise _Retry(f"{tp}: the source answered {error.name}")
-        records = bytes(partition.records or b"")
-        self.fetched_bytes += len(records)
-        self.fetches += 1
-        return _Answer(
-            error, int(partition.high_watermark), int(partition.log_start_offset), records
-        )
+        """One sessionless Fetch of `tp` alone from `offset` (_fetch_many's request)."""
+        answer = (await self._fetch_many(self._leader(tp), [(tp, offset)])).get(tp)
+        if answer is None:
+            raise _Retry(f"{tp}: the source's Fetch answer does not name it")
+        if isinstance(answer, _Retry):
+            raise answer
+        return answer
 
     async def _bounds(self, tp: TopicPartition) -> tuple[int, int]:
         """The source's log start and high watermark for `tp` (ListOffsets -2 and -1)."""
@@ -607,13 +578,6 @@ async def _compare(
     if theirs:
         ours = await read_replica(offset, theirs[-1].last_offset)
     check.on_answer(SourceAnswer(answer.high_watermark, answer.log_start_offset, theirs), ours)
-
-
-def _only_partition(body: Any) -> Any:
-    for topic in body.responses:
-        for partition in topic.partitions:
-            return partition
-    raise _Retry("the source's Fetch answer names no partition")
 
 
 def replica_offsets(directory: Path) -> OffsetRange:
