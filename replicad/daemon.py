@@ -398,7 +398,9 @@ class Daemon:
             "a task of the daemon failed; stopping",
             task=task.get_name(),
             error=f"{type(error).__name__}: {error}",
-            exc_info=error,
+            # Our own errors name their cause (a bucket, a setting): no traceback for those;
+            # anything else is a bug, whose traceback is what a report needs.
+            exc_info=None if isinstance(error, ReplicadError) else error,
         )
         if self.exit_code == 0:
             self.exit_code = EXIT_TASK_FAILED
