@@ -26,6 +26,7 @@ from tools.chaos.soak import (
     SoakSample,
     _fault_list,
     _fill,
+    _node_heap,
     _topics,
     soak,
     trends,
@@ -37,7 +38,11 @@ from tools.chaos.soak_sources import (
     KafkaSource,
     SourceNotRecovered,
     TansuSource,
+    cluster_node_heap,
+    heap_mib,
+    start_peer,
 )
+from tools.peers.kafka_cluster import CLUSTER_HEAP, KafkaCluster
 
 # Long enough for half a dozen faults and 30 samples a second apart; the 30-minute runs at
 # 1,000 and 10,000 partitions are the tool's. Seed 680 picks a rolling restart the source
@@ -222,3 +227,22 @@ def test_the_source_not_recovering_is_said_apart_and_replicads_own_checks_still_
     assert f"source (not replicad's): {late}" in clean.summary()
     stalled = _half_hour(problems=("3 partition stall(s) reported by replicad",), **common)
     assert not stalled.ok and stalled.verdict().startswith("FAILED (the source's own:")
+
+
+def test_the_cluster_nodes_heap_grows_with_the_partitions_and_the_suites_cluster_keeps_its_own(
+    tmp_path,
+) -> None:
+    # 1,000 partitions ran in the harness's heap (session 11); 10,000 of replication factor 3
+    # ran a 768 MiB node out of heap (session 12).
+    assert cluster_node_heap(1_000) == CLUSTER_HEAP == "768m"
+    assert cluster_node_heap(10_000) == "1536m"
+    assert heap_mib(cluster_node_heap(5_000)) < heap_mib(cluster_node_heap(10_000))
+    assert _node_heap("kafka-cluster", 10_000, None) == "1536m"
+    assert _node_heap("kafka-cluster", 10_000, "2g") == "2g"
+    assert _node_heap("kafka", 10_000, None) is None  # one broker: the harness's heap
+    assert heap_mib("2g") == 2048
+    with pytest.raises(ValueError):
+        heap_mib("1.5g")
+    cluster = start_peer("kafka-cluster", tmp_path, heap="1536m")
+    assert isinstance(cluster, KafkaCluster) and cluster._heap == "1536m"
+    assert KafkaCluster(tmp_path / "suite")._heap == CLUSTER_HEAP

@@ -88,6 +88,8 @@ from tools.chaos.soak_sources import (
     SoakSource,
     SourceNotRecovered,
     as_source,
+    cluster_node_heap,
+    heap_mib,
     start_peer,
 )
 from tools.peers.process import PeerError
@@ -953,6 +955,32 @@ def _fault_list(text: str) -> tuple[str, ...]:
     return tuple(chosen)
 
 
+def _heap(text: str) -> str:
+    try:
+        heap_mib(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return text
+
+
+def _node_heap(source: str, partitions: int, asked: str | None) -> str | None:
+    """A Kafka node's heap: the one asked, else on the cluster one for the partitions, else
+    the harness's (None)."""
+    if asked is not None:
+        return asked
+    return cluster_node_heap(partitions) if source == "kafka-cluster" else None
+
+
+def _settings(args: argparse.Namespace, heap: str | None) -> str:
+    return (
+        f"soak settings: source {args.source}, {args.partitions} partitions, seed {args.seed}, "
+        f"{args.minutes} min, faults {','.join(args.faults)}, node heap "
+        f"{heap or 'the harness default'}, stall_after_ms {SOAK_STALL_AFTER_MS}, "
+        f"fetch.buffer_memory {SOAK_BUFFER_MEMORY // MIB} MiB, disk {args.disk_mb} MiB, "
+        f"{args.records_per_round} records a round"
+    )
+
+
 def _interrupted(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -989,6 +1017,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="also a topic of N partitions in tiered storage (the broker runs LocalTieredStorage)",
     )
+    parser.add_argument(
+        "--node-heap",
+        type=_heap,
+        help="a Kafka node's JVM heap (768m, 2g); on the cluster by default one for the "
+        "partitions (cluster_node_heap: 1536m at 10,000), on one broker the harness's",
+    )
     parser.add_argument("--json", type=Path, help="write every sample and the verdict here")
     parser.add_argument("--workdir", type=Path, help="keep the peers' and replicad's files here")
     args = parser.parse_args(argv)
@@ -1008,7 +1042,11 @@ def main(argv: list[str] | None = None) -> int:
 
             (workdir / "remote").mkdir(parents=True, exist_ok=True)
             broker_config = tiered_broker_config(workdir / "remote")
-        peer = stack.enter_context(start_peer(args.source, workdir / args.source, broker_config))
+        heap = _node_heap(args.source, args.partitions, args.node_heap)
+        print(_settings(args, heap), flush=True)
+        peer = stack.enter_context(
+            start_peer(args.source, workdir / args.source, broker_config, heap=heap)
+        )
         print(f"{args.source} up at {peer.bootstrap}; soaking {args.minutes} min", flush=True)
         result = soak(
             peer,

@@ -45,7 +45,7 @@ from tools.chaos.invariant import InvariantReport, check_partition, check_replic
 from tools.chaos.load import SteadyLoad
 from tools.chaos.scenarios import wait_for
 from tools.peers.kafka import KafkaBroker
-from tools.peers.kafka_cluster import KafkaCluster
+from tools.peers.kafka_cluster import CLUSTER_HEAP, DEFAULT_NODES, KafkaCluster
 from tools.peers.process import PeerError
 from tools.peers.tansu import TansuBroker
 
@@ -63,6 +63,14 @@ LEADERS_TIMEOUT_S = 300
 # load 50: a hang's deadline, not a guess at the time it takes.
 CREATE_TIMEOUT_S = 900
 IN_SYNC_TIMEOUT_S = 600
+# The soak's cluster nodes' heap: a base plus a share per replica a node hosts (3 nodes,
+# replication factor 3: every node hosts every partition). Session 12: a node of 768 MiB
+# died of OutOfMemoryError (Java heap space) with 10,000 partitions, taking over a killed
+# node's leaders; 1,000 partitions ran in it all of session 11. An estimate from those two
+# points, rounded up to HEAP_STEP_MIB, never below the harness's CLUSTER_HEAP.
+NODE_HEAP_BASE_MIB = 512
+NODE_HEAP_PER_REPLICA_KIB = 100
+HEAP_STEP_MIB = 128
 
 # Tansu's high watermark comes with a Fetch; a small one is enough to carry it.
 HW_PROBE_BYTES = 64 * 1024
@@ -386,12 +394,44 @@ def as_source(peer: object) -> SoakSource:
     raise TypeError(f"no soak source for {type(peer).__name__}")
 
 
-def start_peer(kind: str, workdir: Path, broker_config: Mapping[str, str] | None = None) -> object:
-    """A peer of `kind` (not started: use it as a context manager)."""
+def heap_mib(heap: str) -> int:
+    """A JVM heap size (`768m`, `2g`) in MiB."""
+    units = {"m": 1, "g": 1024}
+    number, unit = heap[:-1], heap[-1:].lower()
+    if unit not in units or not number.isdigit():
+        raise ValueError(f"a heap is a number of MiB or GiB (768m, 2g), not {heap!r}")
+    return int(number) * units[unit]
+
+
+def cluster_node_heap(
+    partitions: int, *, nodes: int = DEFAULT_NODES, replication: int = CLUSTER_REPLICATION
+) -> str:
+    """The soak's cluster nodes' heap for `partitions` of `replication` over `nodes`: 768m up
+    to about 2,600 partitions, 1536m at 10,000."""
+    hosted = -(-partitions * min(replication, nodes) // nodes)  # replicas on one node
+    wanted = NODE_HEAP_BASE_MIB + hosted * NODE_HEAP_PER_REPLICA_KIB / 1024
+    stepped = -(-int(wanted) // HEAP_STEP_MIB) * HEAP_STEP_MIB
+    return f"{max(stepped, heap_mib(CLUSTER_HEAP))}m"
+
+
+def start_peer(
+    kind: str,
+    workdir: Path,
+    broker_config: Mapping[str, str] | None = None,
+    *,
+    heap: str | None = None,
+) -> object:
+    """A peer of `kind` (not started: use it as a context manager); `heap`: a Kafka node's
+    (the harness's own when None)."""
+    heaps = {} if heap is None else {"heap": heap}
     if kind == "kafka":
-        return KafkaBroker(workdir, broker_config={**SMALL_SESSION_CACHE, **(broker_config or {})})
+        return KafkaBroker(
+            workdir, broker_config={**SMALL_SESSION_CACHE, **(broker_config or {})}, **heaps
+        )
     if kind == "kafka-cluster":
-        return KafkaCluster(workdir, broker_config={**SMALL_SESSION_CACHE, **(broker_config or {})})
+        return KafkaCluster(
+            workdir, broker_config={**SMALL_SESSION_CACHE, **(broker_config or {})}, **heaps
+        )
     if kind == "tansu":
         return TansuBroker(workdir)
     raise ValueError(f"no source {kind!r}: kafka, kafka-cluster or tansu")

@@ -47,8 +47,10 @@ from tools.peers.service import Service
 from tools.wait import DEADLINE_S
 
 DEFAULT_NODES = 3
-# Small heaps: 10,000 partitions over 3 nodes cost a broker well under this, and
-# three 1 GiB JVMs would compete with the process under test for memory.
+# Small heaps: the suite's topics of replication factor 1 cost a broker well under this,
+# and three 1 GiB JVMs would compete with the process under test for memory. 10,000
+# partitions of replication factor 3 do not fit (a node died of OutOfMemoryError in
+# session 12): the soak gives its nodes more (tools/chaos/soak_sources.cluster_node_heap).
 CLUSTER_HEAP = "768m"
 FIRST_NODE_ID = 1
 # How long one metadata or ListOffsets round over the whole cluster may take.
