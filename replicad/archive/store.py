@@ -194,18 +194,25 @@ class ObjectStore:
 
     def get_to_file(self, key: str, path: Path) -> None:
         """The whole object into `path`, streamed (memory bounded by a block);
-        FileNotFoundError when there is none."""
+        FileNotFoundError when there is none. The bytes go to a temporary name beside
+        `path`, renamed to it once the object is read to its end: a read that fails or a
+        process that dies midway leaves no shorter file at `path` that looks whole (the
+        temporary one is removed on a failure). An object that does not match its stored
+        CRC32C is at `path` as read, and ChecksumMismatch says so (dump-log shows it)."""
         self._count("GET")
         value = 0
+        partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.part")
         try:
             response = self._client.get_object(
                 Bucket=self.settings.bucket, Key=key, ChecksumMode="ENABLED"
             )
-            with open(path, "wb") as out:
+            with open(partial, "wb") as out:
                 for block in response["Body"].iter_chunks(BLOCK_BYTES):
                     out.write(block)
                     value = crc32c.crc32c(block, value)
+            os.replace(partial, path)
         except Exception as error:
+            partial.unlink(missing_ok=True)
             if _error_code(error) in ("NoSuchKey", "404", "NotFound"):
                 raise FileNotFoundError(f"s3://{self.settings.bucket}/{key}") from None
             raise self._fail("GET", key, error) from None

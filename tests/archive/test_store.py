@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -204,3 +205,41 @@ def test_a_whole_object_read_is_checked_against_its_stored_crc32c(
         with pytest.raises(ArchiveError, match="do not match the CRC32C stored"):
             read()
     assert store.get_range("p/0.index", 0, 10) == body[:10]
+
+
+def test_a_read_that_fails_midway_leaves_no_file_at_the_destination(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """get_to_file writes a temporary name and renames it once the object is read to its
+    end: a read cut after its first block leaves nothing at the path (a shorter file there
+    would look whole), nor the temporary file; a whole read replaces what was there."""
+    store = store_of(s3_server, s3_bucket)
+    body = os.urandom(3 * BLOCK_BYTES)
+    store.put_bytes("p/0.log", body)
+    real_get = store._client.get_object
+
+    class CutBody:
+        def __init__(self, body: Any) -> None:
+            self._body = body
+
+        def iter_chunks(self, size: int) -> Iterator[bytes]:
+            chunks = self._body.iter_chunks(size)
+            yield next(chunks)
+            raise ConnectionResetError("the connection was cut")
+
+    def cut_get(**kwargs: Any) -> dict[str, Any]:
+        response = real_get(**kwargs)
+        return {**response, "Body": CutBody(response["Body"])}
+
+    monkeypatch.setattr(store._client, "get_object", cut_get)
+    with pytest.raises(ArchiveError, match=r"p/0\.log: GET failed"):
+        store.get_to_file("p/0.log", tmp_path / "0.log")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "0.log").write_bytes(b"an older copy")
+    with pytest.raises(ArchiveError):
+        store.get_to_file("p/0.log", tmp_path / "0.log")
+    assert (tmp_path / "0.log").read_bytes() == b"an older copy"
+    monkeypatch.setattr(store._client, "get_object", real_get)
+    store.get_to_file("p/0.log", tmp_path / "0.log")
+    assert (tmp_path / "0.log").read_bytes() == body
+    assert [p.name for p in tmp_path.iterdir()] == ["0.log"]
