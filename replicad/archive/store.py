@@ -15,7 +15,9 @@ synchronous: the uploader runs it in a thread of its own, never on the event loo
   in one pass over the file, and the bucket refuses a body that does not match it
   (BadDigest); boto3's own request checksum (a CRC32 in Python's zlib, another pass) is
   off (`request_checksum_calculation="when_required"`). A file changed between that pass
-  and the send fails the same way, and is uploaded again.
+  and the send fails the same way, and is uploaded again. An S3-compatible store without
+  S3's flexible checksums refuses that header: `upload_crc32c` off (archive.upload_crc32c)
+  sends none and skips the pass (the payload signature, where on, still guards the body).
 - Payload signing (`payload_signing`): SigV4 signs a SHA-256 of the whole body, one more
   pass over it, in this process and in the server. Over TLS it is off (UNSIGNED-PAYLOAD, as
   AWS's SDKs do: TLS guards the bytes in transit, the CRC32C their integrity). Over plain
@@ -81,6 +83,8 @@ class BucketSettings:
     # and retries with its own back-off, so that every failure is counted and shown.
     max_attempts: int = 3
     payload_signing: PayloadSigning = PayloadSigning.AUTO
+    # Each PUT carries its body's CRC32C (archive.upload_crc32c; module docstring).
+    upload_crc32c: bool = True
 
     @property
     def signs_payload(self) -> bool:
@@ -140,22 +144,27 @@ class ObjectStore:
         """Uploads the file as it is now; its size."""
         with open(path, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
-            checksum = file_crc32c(f.fileno(), size)
+            checksum = file_crc32c(f.fileno(), size) if self.settings.upload_crc32c else None
             self._put(key, _Blocks(f, size), size, checksum)
         return size
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        self._put(key, data, len(data), crc32c.crc32c(data))
+        self._put(
+            key, data, len(data), crc32c.crc32c(data) if self.settings.upload_crc32c else None
+        )
 
-    def _put(self, key: str, body: Any, size: int, checksum: int) -> None:
+    def _put(self, key: str, body: Any, size: int, checksum: int | None) -> None:
+        """One PutObject; `checksum`: the body's CRC32C, sent for the bucket to check
+        (None: upload_crc32c is off, nothing sent)."""
         self._count("PUT")
+        sums = (
+            {}
+            if checksum is None
+            else {"ChecksumCRC32C": base64.b64encode(checksum.to_bytes(4, "big")).decode()}
+        )
         try:
             self._client.put_object(
-                Bucket=self.settings.bucket,
-                Key=key,
-                Body=body,
-                ContentLength=size,
-                ChecksumCRC32C=base64.b64encode(checksum.to_bytes(4, "big")).decode(),
+                Bucket=self.settings.bucket, Key=key, Body=body, ContentLength=size, **sums
             )
         except Exception as error:
             raise self._fail("PUT", key, error) from None

@@ -104,6 +104,7 @@ class ArchiverSettings:
                 read_timeout_s=timeout_s,
                 max_attempts=1,  # retried by the uploader's back-off, counted
                 payload_signing=archive.payload_signing,
+                upload_crc32c=archive.upload_crc32c,
             ),
             interval_ms=archive.interval_ms,
             retry_backoff_ms=archive.retry_backoff_ms,

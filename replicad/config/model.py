@@ -459,8 +459,12 @@ class ArchiveConfig:
     # Uploads in flight at once (one partition each, its segments in order).
     upload_threads: int = 2
     # SigV4's SHA-256 of each PUT's body: auto = only over plain http (over https, TLS
-    # guards it); every PUT carries a CRC32C the bucket checks either way.
+    # guards it); every PUT carries a CRC32C the bucket checks either way, unless
+    # upload_crc32c is off.
     payload_signing: PayloadSigning = PayloadSigning.AUTO
+    # Each PUT carries its body's CRC32C (x-amz-checksum-crc32c), which the bucket checks;
+    # off for an S3-compatible store without S3's flexible checksums, which refuses it.
+    upload_crc32c: bool = True
 
     @property
     def secret_access_key(self) -> Secret | None:

@@ -307,6 +307,7 @@ SCHEMA = Section(
                 "retention_bytes": Int(-1),
                 "upload_threads": Int(1, 64),
                 "payload_signing": Choice(PayloadSigning),
+                "upload_crc32c": Bool(),
             },
             nullable=True,
         ),

@@ -25,9 +25,10 @@ from replicad.archive.store import (
 )
 from replicad.config.model import PayloadSigning
 from tools.peers.s3 import S3Server, bucket_settings
+from tools.peers.s3_proxy import S3FaultProxy
 
 
-def store_of(server: S3Server, bucket: str, **kwargs: object) -> ObjectStore:
+def store_of(server: S3Server | S3FaultProxy, bucket: str, **kwargs: object) -> ObjectStore:
     return ObjectStore(bucket_settings(server.endpoint, bucket, **kwargs))
 
 
@@ -243,3 +244,28 @@ def test_a_read_that_fails_midway_leaves_no_file_at_the_destination(
     store.get_to_file("p/0.log", tmp_path / "0.log")
     assert (tmp_path / "0.log").read_bytes() == body
     assert [p.name for p in tmp_path.iterdir()] == ["0.log"]
+
+
+def test_a_store_without_flexible_checksums_takes_puts_with_upload_crc32c_off(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    """archive.upload_crc32c: a store that refuses x-amz-checksum-crc32c (501
+    NotImplemented, as one without S3's flexible checksums answers) refuses every PUT that
+    carries it; off, the PUTs carry none and are taken, and reads work as before."""
+    source = tmp_path / "segment"
+    body = os.urandom(BLOCK_BYTES + 3)
+    source.write_bytes(body)
+    with S3FaultProxy(s3_server.endpoint) as proxy:
+        proxy.refuse_checksums(True)
+        with_crc = store_of(proxy, s3_bucket)
+        with pytest.raises(ArchiveError, match=r"a\.log: PUT failed: NotImplemented"):
+            with_crc.put_file("a.log", source)
+        without = store_of(proxy, s3_bucket, upload_crc32c=False)
+        sent = _sent_headers(without)
+        assert without.put_file("a.log", source) == len(body)
+        without.put_bytes("m.json", b"{}")
+        assert not any(k.startswith("x-amz-checksum-") for h in sent for k in h)
+        assert without.get("a.log") == body and without.get("m.json") == b"{}"
+        without.get_to_file("a.log", tmp_path / "copy")
+        assert (tmp_path / "copy").read_bytes() == body
+        assert proxy.stats.refused == 1

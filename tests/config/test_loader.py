@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from replicad.archive.uploader import ArchiverSettings
 from replicad.config import (
     Config,
     HostPort,
@@ -752,14 +753,17 @@ def test_an_archive_endpoint_must_be_an_http_url_naming_a_host(tmp_path: Path) -
 def test_the_archive_uploads_threads_and_payload_signing(tmp_path: Path) -> None:
     default = load_config(write(tmp_path, ARCHIVE_HEAD)).archive
     assert default is not None and default.upload_threads == 2
-    assert default.payload_signing is PayloadSigning.AUTO
-    text = "  upload_threads: 4\n  payload_signing: unsigned\n"
+    assert default.payload_signing is PayloadSigning.AUTO and default.upload_crc32c
+    text = "  upload_threads: 4\n  payload_signing: unsigned\n  upload_crc32c: false\n"
     archive = load_config(write(tmp_path, ARCHIVE_HEAD + text)).archive
     assert archive is not None and archive.upload_threads == 4
     assert archive.payload_signing is PayloadSigning.UNSIGNED
+    assert not archive.upload_crc32c
+    assert ArchiverSettings.from_config(archive).bucket.upload_crc32c is False
     for extra, path in (
         ("  upload_threads: 0\n", "archive.upload_threads"),
         ("  payload_signing: sometimes\n", "archive.payload_signing"),
+        ("  upload_crc32c: sometimes\n", "archive.upload_crc32c"),
     ):
         (problem,) = problems_of(write(tmp_path, ARCHIVE_HEAD + extra))
         assert path in problem, problem

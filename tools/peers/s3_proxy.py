@@ -7,6 +7,9 @@
         proxy.set_delay_ms(200)      # every answer waits 200 ms
         proxy.set_down(True)         # every request answers 503 until set_down(False)
         proxy.hold()                 # requests wait, unanswered, until proxy.release()
+        proxy.refuse_checksums(True) # a request with a x-amz-checksum-<algorithm> header
+                                     # answers 501 NotImplemented, as a store without S3's
+                                     # flexible checksums does
 
 Requests are forwarded whole (method, path, query, headers, body) over a new connection,
 so signatures stay valid (the Host header is the one the client signed); answers come back
@@ -31,12 +34,21 @@ SLOW_DOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message></Error>"
 )
+NOT_IMPLEMENTED = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NotImplemented</Code>'
+    b"<Message>A header you provided implies functionality that is not implemented."
+    b"</Message></Error>"
+)
+# Headers that name a checksum of the body (not x-amz-checksum-mode, a read's request).
+CHECKSUM_HEADER_PREFIX = "x-amz-checksum-"
+CHECKSUM_MODE_HEADER = "x-amz-checksum-mode"
 
 
 @dataclass
 class ProxyStats:
     forwarded: int = 0
     failed: int = 0  # 503 SlowDown answered
+    refused: int = 0  # 501 NotImplemented answered (refuse_checksums)
     reset: int = 0  # connections closed unanswered
     held: int = 0  # requests waiting for release() now
 
@@ -50,6 +62,7 @@ class S3FaultProxy:
         self._reset = 0
         self._down = False
         self._delay_s = 0.0
+        self._refuse_checksums = False
         self._released = threading.Event()
         self._released.set()
         self.stats = ProxyStats()
@@ -76,6 +89,20 @@ class S3FaultProxy:
     def set_delay_ms(self, delay_ms: int) -> None:
         with self._lock:
             self._delay_s = delay_ms / 1000
+
+    def refuse_checksums(self, refuse: bool) -> None:
+        with self._lock:
+            self._refuse_checksums = refuse
+
+    def _refuses(self, headers: dict[str, str]) -> bool:
+        with self._lock:
+            if not self._refuse_checksums or not any(
+                k.lower().startswith(CHECKSUM_HEADER_PREFIX) and k.lower() != CHECKSUM_MODE_HEADER
+                for k in headers
+            ):
+                return False
+            self.stats.refused += 1
+            return True
 
     def hold(self) -> None:
         """Requests from now on wait (unanswered, counted in stats.held) until release()."""
@@ -127,11 +154,10 @@ class S3FaultProxy:
                     self.connection.close()
                     return
                 if fault == "fail":
-                    self.send_response(503)
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(SLOW_DOWN)))
-                    self.end_headers()
-                    self.wfile.write(SLOW_DOWN)
+                    self._error(503, SLOW_DOWN)
+                    return
+                if proxy._refuses(dict(self.headers.items())):
+                    self._error(501, NOT_IMPLEMENTED)
                     return
                 upstream = http.client.HTTPConnection(*proxy._upstream, timeout=60)
                 try:
@@ -154,6 +180,13 @@ class S3FaultProxy:
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
+
+            def _error(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
