@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from tools.peers.admin import create_topic_and_wait
@@ -85,6 +85,8 @@ BROKER_EXTRA_OPTS_ENV = "REPLICAD_KAFKA_BROKER_JVM_OPTS"
 # own tests, `internal.segment.bytes`, has no floor. A batch larger than a
 # segment is refused (RECORD_LIST_TOO_LARGE), so producers must batch smaller.
 MIN_SEGMENT_BYTES = 1024 * 1024
+
+
 def jvm_tmpdir_option() -> str:
     """java.io.tmpdir as this process's temporary directory (TMPDIR; the suite gives its
     run one of its own, tests/conftest.py): snappy-java and lz4-java unpack their native
@@ -170,17 +172,7 @@ def run_kafka_class(
     main_class = _MOVED_CLASSES.get(main_class, main_class)
     kind = _tool_kind(main_class)
     cds, pending = _cds_options(kind)
-    argv = [
-        "java",
-        *TOOL_JVM_OPTS,
-        *cds,
-        jvm_tmpdir_option(),
-        f"-Dlog4j2.configurationFile={TOOLS_LOG4J}",
-        "-cp",
-        kafka_classpath(),
-        main_class,
-        *args,
-    ]
+    argv = _tool_argv(cds, main_class, args)
     try:
         result = subprocess.run(
             argv, capture_output=True, text=True, timeout=timeout_s, check=False
@@ -205,10 +197,16 @@ def kafka_tool_argv(main_class: str, *args: str) -> list[str]:
     main_class = _MOVED_CLASSES.get(main_class, main_class)
     cds = _cds_archive(_tool_kind(main_class))
     share = [f"-XX:SharedArchiveFile={cds}"] if _cds_wanted() and cds.is_file() else []
+    return _tool_argv(share, main_class, args)
+
+
+def _tool_argv(cds: Sequence[str], main_class: str, args: Sequence[str]) -> list[str]:
+    """A Kafka tool's JVM command line: the tools' JVM and log options, the class-data
+    sharing options `cds`, the cached classpath, `main_class` and its `args`."""
     return [
         "java",
         *TOOL_JVM_OPTS,
-        *share,
+        *cds,
         jvm_tmpdir_option(),
         f"-Dlog4j2.configurationFile={TOOLS_LOG4J}",
         "-cp",
