@@ -11,7 +11,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
-from kio.schema.index import api_key_map, schema_name_map
 from kio.static.constants import EntityType
 from kio.static.primitive import i16, i32, i32Timedelta, i64
 
@@ -29,6 +28,7 @@ from tools.chaos.frames import NewerErrorCode
 
 # Importing the fuzz strategies registers kio's Records type for st.from_type.
 from tools.chaos.strategies import records  # noqa: F401
+from tools.chaos.wire_data import kio_message_types
 
 UNKNOWN = 777
 
@@ -101,16 +101,7 @@ def test_the_walk_finds_the_codes_and_the_copy_reads_them_as_unknown_server_erro
 # -- every response of every API kio knows --------------------------------------------------
 
 
-def _responses() -> list[type]:
-    found = []
-    for api_key, name in sorted(api_key_map.items()):
-        for version, kinds in sorted(schema_name_map[name].items()):
-            if EntityType.response in kinds:
-                found.append(response_type(api_key, version))
-    return found
-
-
-RESPONSES = _responses()
+RESPONSES = kio_message_types(EntityType.response)
 
 
 def _plant(entity: Any, unknown: list[bool], planted: list[int]) -> tuple[Any, Any]:

@@ -20,9 +20,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
-from kio.schema.index import api_key_map, schema_name_map
 from kio.serial import entity_reader, entity_writer
 from kio.serial._implicit_defaults import get_tagged_field_default
 from kio.serial._introspect import (
@@ -48,24 +46,18 @@ from replicad.protocol.frame_guard import (
 )
 from replicad.protocol.requests import make_entity, nested_type
 from tools.chaos.strategies import bounded
-from tools.chaos.wire_data import PartitionAnswer, fetch_response_body, fetch_response_claiming
+from tools.chaos.wire_data import (
+    PartitionAnswer,
+    fetch_response_body,
+    fetch_response_claiming,
+    kio_message_types,
+)
 
 HUGE = 2**32 - 1
 
 
-def all_messages() -> list[type]:
-    """Every request and response class kio has, every version."""
-    found = []
-    for api_key, name in sorted(api_key_map.items()):
-        for version, kinds in sorted(schema_name_map[name].items()):
-            if EntityType.request in kinds:
-                found.append(load_request_schema(api_key, version))
-            if EntityType.response in kinds:
-                found.append(load_response_schema(api_key, version))
-    return found
-
-
-MESSAGES = all_messages()
+# Every request and response class kio has, every version.
+MESSAGES = kio_message_types(EntityType.request, EntityType.response)
 
 
 def uvarint(value: int) -> bytes:

@@ -1,5 +1,6 @@
 """Well-formed Kafka responses, built with kio for any version: the proxy's test input
-and the seeds the fuzzers mutate.
+and the seeds the fuzzers mutate; and `kio_message_types`, every message class kio has,
+for the tests that run over the whole protocol.
 
 Each builder fills the superset of fields replicad knows and drops what a version
 lacks (`replicad.protocol.requests.make_entity`), so one call covers v4 to v17 of
@@ -16,7 +17,10 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
+from kio.schema.index import api_key_map, schema_name_map
+from kio.static.constants import EntityType
 
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import encode_entities, response_type
@@ -24,6 +28,19 @@ from replicad.protocol.requests import make_entity, nested_type
 from tools.chaos.frames import METADATA_API_KEY, decode_response
 
 NO_TOPIC_ID = uuid.UUID(int=0)
+
+
+def kio_message_types(*kinds: EntityType) -> list[type]:
+    """Every class kio has of `kinds` (EntityType.request, EntityType.response): each API,
+    each version, in API key, then version, then `kinds` order."""
+    load = {EntityType.request: load_request_schema, EntityType.response: load_response_schema}
+    return [
+        load[kind](api_key, version)
+        for api_key, name in sorted(api_key_map.items())
+        for version, present in sorted(schema_name_map[name].items())
+        for kind in kinds
+        if kind in present
+    ]
 
 
 @dataclass(frozen=True, slots=True)
