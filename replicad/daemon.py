@@ -20,6 +20,7 @@ from replicad.config import Config, load_config
 from replicad.control.health import assess
 from replicad.control.loop_watch import LoopWatch
 from replicad.control.notify import SystemdNotifier, watchdog_loop
+from replicad.control.protocol import JsonRows
 from replicad.control.server import ControlServer
 from replicad.control.stalls import (
     StallChange,
@@ -31,7 +32,7 @@ from replicad.control.stalls import (
 from replicad.control.status_view import render_status_line
 from replicad.errors import ConfigError, ReplicadError
 from replicad.follower.replicator import Replicator, ReplicatorSettings
-from replicad.follower.status import RateMeter, build_snapshot
+from replicad.follower.status import RateMeter, build_snapshot, partition_rows
 from replicad.protocol.metadata import TopicSelection
 from replicad.recent_warnings import RECENT
 from replicad.startup import LoopSignals
@@ -136,17 +137,36 @@ class Daemon:
 
     # -- state for status / metrics / STATUS= ---------------------------------
 
-    def snapshot(self, *, problems_only: bool = False) -> dict[str, Any]:
+    def status_reply(self) -> dict[str, Any]:
+        """The snapshot `replicad status` is answered with: every partition's row, made one
+        at a time as the reply is encoded (JsonRows), not 10,000 rows held at once (issue
+        32: the reply was the daemon's peak); health from the rows it could name, which
+        gives the same health (see build_snapshot)."""
+        now_ms = monotonic_ms()
+        snap = self.snapshot(rows_for_health_only=True, now_ms=now_ms)
+        snap["partitions"] = JsonRows(partition_rows(self.replicator, now_ms))
+        return snap
+
+    def snapshot(
+        self,
+        *,
+        problems_only: bool = False,
+        rows_for_health_only: bool = False,
+        now_ms: int | None = None,
+    ) -> dict[str, Any]:
         """The status snapshot (`replicad status`, metrics); `problems_only`: with only the
         partition rows health and the stall watch read, the mirror's included (the status
         loop's: every row of 10,000 partitions is 10 MiB, every 2 s), the same totals and
-        health."""
+        health. `rows_for_health_only`: only the replicator's rows are so (status_reply)."""
         snap = build_snapshot(
             self.replicator,
             uptime_s=(monotonic_ms() - self.started_ms) / 1000,
             rates=self._rates,
             total_rate=self._total_rate.rate,
-            problems_after_ms=self.stalls.stall_after_ms if problems_only else None,
+            problems_after_ms=(
+                self.stalls.stall_after_ms if problems_only or rows_for_health_only else None
+            ),
+            now_ms=now_ms,
         )
         server = getattr(self, "server", None)
         if server is not None:
@@ -492,7 +512,7 @@ class Daemon:
             "mirror.groups.resume": self.mirror_groups_resume,
             "mirror.promote": self.mirror_promote,
         }
-        server = ControlServer(self.config.control.socket, self.snapshot, commands)
+        server = ControlServer(self.config.control.socket, self.status_reply, commands)
         try:
             await server.start()
         except (ReplicadError, OSError) as exc:

@@ -12,11 +12,16 @@ Rules:
 - Datagrams on a local socket are not lost, but the assembler does not rely on order: it
   places chunks by `seq`, ignores duplicates and other ids, and finishes when all T are in.
   A header that contradicts an earlier one (another total, seq out of range) is an error.
+- A list in a reply may be a `JsonRows`: its rows are made and encoded one at a time, so
+  only their JSON is held, never every row at once (a 10,000-partition status is 10,000
+  dicts of about 1 KB, issue 32). The datagrams are made one at a time as they are sent.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,18 +122,69 @@ def error_reply(message: str) -> dict[str, Any]:
     return {"ok": False, "error": message}
 
 
-def encode_reply(request_id: int, reply: dict[str, Any]) -> list[bytes]:
-    """The datagrams carrying `reply`, in order (the receiver tolerates any order)."""
-    body = json.dumps(reply, separators=(",", ":"), default=str).encode()
-    chunks = [body[start : start + CHUNK_BYTES] for start in range(0, len(body), CHUNK_BYTES)]
-    chunks = chunks or [b""]
-    if len(chunks) > MAX_CHUNKS:
+class JsonRows:
+    """A list of a reply whose rows are made while the reply is encoded, one at a time
+    (iterated once)."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: Iterable[Any]) -> None:
+        self.rows = rows
+
+
+_SEPARATORS = (",", ":")
+
+
+def encode_body(reply: dict[str, Any]) -> bytes | bytearray:
+    """`reply` as UTF-8 JSON; each `JsonRows` in it encoded row by row where it stands."""
+    streams: list[JsonRows] = []
+    # A placeholder no other string of the reply can equal (json escapes the NULs).
+    mark = f"\0{uuid.uuid4().hex}\0"
+
+    def default(value: object) -> object:
+        if isinstance(value, JsonRows):
+            streams.append(value)
+            return mark
+        return str(value)
+
+    text = json.dumps(reply, separators=_SEPARATORS, default=default)
+    if not streams:
+        return text.encode()
+    pieces = text.split(json.dumps(mark))
+    body = bytearray()
+    for piece, stream in zip(pieces, streams, strict=False):
+        body += piece.encode()
+        body += b"["
+        comma = b""
+        for row in stream.rows:
+            body += comma
+            body += json.dumps(row, separators=_SEPARATORS, default=str).encode()
+            comma = b","
+        body += b"]"
+    body += pieces[-1].encode()
+    return body
+
+
+def reply_datagrams(request_id: int, reply: dict[str, Any]) -> Iterator[bytes]:
+    """The datagrams carrying `reply`, in order (the receiver tolerates any order), each
+    made when asked for. The reply is encoded at the call: a reply too large raises
+    ControlError here, before any datagram."""
+    body = encode_body(reply)
+    total = max(1, -(-len(body) // CHUNK_BYTES))
+    if total > MAX_CHUNKS:
         raise ControlError(f"reply of {len(body)} bytes exceeds {MAX_CHUNKS} datagrams")
-    total = len(chunks)
-    return [
-        json.dumps({"id": request_id, "seq": seq, "total": total}).encode() + HEADER_END + chunk
-        for seq, chunk in enumerate(chunks)
-    ]
+    return _datagrams(request_id, memoryview(body), total)
+
+
+def _datagrams(request_id: int, body: memoryview, total: int) -> Iterator[bytes]:
+    for seq in range(total):
+        header = json.dumps({"id": request_id, "seq": seq, "total": total}).encode()
+        yield header + HEADER_END + body[seq * CHUNK_BYTES : (seq + 1) * CHUNK_BYTES]
+
+
+def encode_reply(request_id: int, reply: dict[str, Any]) -> list[bytes]:
+    """Every datagram carrying `reply`, in order."""
+    return list(reply_datagrams(request_id, reply))
 
 
 class ReplyAssembler:

@@ -43,9 +43,9 @@ from replicad.control.creds import (
 from replicad.control.protocol import (
     MAX_DATAGRAM_BYTES,
     decode_request,
-    encode_reply,
     error_reply,
     ok_reply,
+    reply_datagrams,
     request_id_of,
 )
 from replicad.errors import ControlError, ReplicadError
@@ -209,9 +209,9 @@ class ControlServer:
         self, request_id: int, reply: dict[str, Any], address: str | bytes
     ) -> None:
         try:
-            datagrams = encode_reply(request_id, reply)
+            datagrams = reply_datagrams(request_id, reply)
         except ControlError as exc:
-            datagrams = encode_reply(request_id, error_reply(str(exc)))
+            datagrams = reply_datagrams(request_id, error_reply(str(exc)))
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             sock.connect(address)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,10 @@ from replicad import __version__
 from replicad.clock import monotonic_ms, wall_ms
 from replicad.follower.fetcher import LeaderFetcher
 from replicad.follower.partition_phase import PartitionPhase
+from replicad.follower.partition_state import PartitionState
 from replicad.follower.replicator import Replicator
+from replicad.log.partition import PartitionLog
+from replicad.types import TopicPartition
 
 # Phases health names whatever else holds (control/health.py's _partitions).
 _NAMED_PHASES = frozenset({PartitionPhase.HALTED.value, PartitionPhase.TRUNCATING.value})
@@ -100,6 +104,63 @@ def _source_problem(replicator: Replicator) -> dict[str, Any] | None:
     }
 
 
+def _row(
+    tp: TopicPartition, st: PartitionState, plog: PartitionLog | None, now_ms: int
+) -> dict[str, Any]:
+    """One partition's row of `replicad status`."""
+    disk_full_ms = st.disk_full_ms
+    damaged = plog.damaged_reads if plog else 0
+    return {
+        "topic": tp.topic,
+        "partition": tp.partition,
+        "leader": st.leader_id,
+        "log_start_offset": plog.log_start_offset if plog else None,
+        "log_end_offset": plog.log_end_offset if plog else st.fetch_offset,
+        "high_watermark": st.high_watermark,
+        # The leader's, as last reported: a fetch offset below its log start is
+        # out of range (retention upstream outran the replica).
+        "leader_log_start_offset": st.leader_log_start_offset,
+        "leader_last_stable_offset": st.last_stable_offset,
+        "lag": st.lag,
+        "state": st.phase.value,
+        "last_error": st.last_error,
+        # Since the local log last moved (with lag, a long idle is a stall).
+        "idle_ms": max(0, now_ms - st.progress_ms),
+        # Since an append last failed on a full disk (None: never): with that
+        # failure after its last progress, the partition waits for disk space
+        # (control/stalls.py).
+        "disk_full_ago_ms": None if disk_full_ms is None else max(0, now_ms - disk_full_ms),
+        # Since it last left a full-disk pause to try again (None: never).
+        "disk_retry_ago_ms": (
+            None if st.disk_retry_ms is None else max(0, now_ms - st.disk_retry_ms)
+        ),
+        # Answers since its log last moved (that answer not counted).
+        "answers_since_move": st.answers_since_move,
+        "bytes_replicated": st.bytes_replicated,
+        "records_replicated": st.records_replicated,
+        "crc_failures": st.corrupt_count,
+        "errors": st.error_count,
+        # Failures since the last successful append: > 0 while it keeps failing.
+        "consecutive_failures": st.consecutive_failures,
+        # Leader logs that started above ours, and the offsets skipped over them.
+        "gaps": st.gaps,
+        "gap_offsets": st.gap_offsets,
+        # Reads of the local log that found a damaged batch (serve, the mirror,
+        # verify read it), and where the last one did.
+        "damaged_reads": damaged,
+        "damaged_offset": plog.damaged_offset if plog else None,
+    }
+
+
+def partition_rows(replicator: Replicator, now_ms: int) -> Iterator[dict[str, Any]]:
+    """Every partition's row, made one at a time: what a status reply encodes row by row
+    (control/protocol.py's JsonRows) instead of holding 10,000 rows at once."""
+    logs = replicator.logs
+    local = logs.partitions() if logs is not None else {}
+    for tp, st in sorted(replicator.states.items()):
+        yield _row(tp, st, local.get(tp), now_ms)
+
+
 def build_snapshot(
     replicator: Replicator,
     *,
@@ -148,48 +209,7 @@ def build_snapshot(
             )
         ):
             continue
-        partitions.append(
-            {
-                "topic": tp.topic,
-                "partition": tp.partition,
-                "leader": st.leader_id,
-                "log_start_offset": plog.log_start_offset if plog else None,
-                "log_end_offset": plog.log_end_offset if plog else st.fetch_offset,
-                "high_watermark": st.high_watermark,
-                # The leader's, as last reported: a fetch offset below its log start is
-                # out of range (retention upstream outran the replica).
-                "leader_log_start_offset": st.leader_log_start_offset,
-                "leader_last_stable_offset": st.last_stable_offset,
-                "lag": st.lag,
-                "state": st.phase.value,
-                "last_error": st.last_error,
-                # Since the local log last moved (with lag, a long idle is a stall).
-                "idle_ms": max(0, now_ms - st.progress_ms),
-                # Since an append last failed on a full disk (None: never): with that
-                # failure after its last progress, the partition waits for disk space
-                # (control/stalls.py).
-                "disk_full_ago_ms": None if disk_full_ms is None else max(0, now_ms - disk_full_ms),
-                # Since it last left a full-disk pause to try again (None: never).
-                "disk_retry_ago_ms": (
-                    None if st.disk_retry_ms is None else max(0, now_ms - st.disk_retry_ms)
-                ),
-                # Answers since its log last moved (that answer not counted).
-                "answers_since_move": st.answers_since_move,
-                "bytes_replicated": st.bytes_replicated,
-                "records_replicated": st.records_replicated,
-                "crc_failures": st.corrupt_count,
-                "errors": st.error_count,
-                # Failures since the last successful append: > 0 while it keeps failing.
-                "consecutive_failures": st.consecutive_failures,
-                # Leader logs that started above ours, and the offsets skipped over them.
-                "gaps": st.gaps,
-                "gap_offsets": st.gap_offsets,
-                # Reads of the local log that found a damaged batch (serve, the mirror,
-                # verify read it), and where the last one did.
-                "damaged_reads": damaged,
-                "damaged_offset": plog.damaged_offset if plog else None,
-            }
-        )
+        partitions.append(_row(tp, st, plog, now_ms))
     leaders = [
         _leader(f, rates.get(node_id, 0.0)) for node_id, f in sorted(replicator.fetchers.items())
     ]

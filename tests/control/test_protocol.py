@@ -11,11 +11,13 @@ from hypothesis import strategies as st
 
 from replicad.control.protocol import (
     MAX_DATAGRAM_BYTES,
+    JsonRows,
     ReplyAssembler,
     ReplyComplete,
     ReplyIgnored,
     ReplyPending,
     decode_request,
+    encode_body,
     encode_reply,
     encode_request,
     error_reply,
@@ -136,3 +138,51 @@ def test_any_reply_survives_any_order(result: dict, seed: int) -> None:
     datagrams = encode_reply(11, reply)
     random.Random(seed).shuffle(datagrams)
     assert assemble(11, datagrams) == reply
+
+
+def _row(i: int) -> dict:
+    return {"topic": f"topic-{i % 40}", "partition": i, "log_end_offset": i * 1000, "lag": i % 7}
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3, 5_000])
+def test_rows_made_while_encoding_give_the_json_of_a_list(rows: int) -> None:
+    result = {"before": "x\u0000y", "partitions": [_row(i) for i in range(rows)], "after": 1}
+    as_list = ok_reply(result)
+
+    def streamed() -> dict:  # rows are made once: a reply is encoded once
+        return ok_reply(
+            {
+                **result,
+                "partitions": JsonRows(_row(i) for i in range(rows)),
+                "mirror": {"rows": JsonRows(iter([{"a": 1}]))},
+            }
+        )
+
+    body = encode_body(streamed())
+    assert json.loads(body) == {**as_list, "result": {**result, "mirror": {"rows": [{"a": 1}]}}}
+    assert assemble(4, encode_reply(4, streamed())) == json.loads(body)
+    assert json.loads(encode_body(as_list)) == as_list
+
+
+def test_rows_made_while_encoding_are_never_all_held_at_once() -> None:
+    """Issue 32: a 10,000-partition status held every row (a dict of ~20 fields each) and
+    then its JSON: the reply was the daemon's peak. Made one at a time, only the JSON is
+    held (tracemalloc's peak while encoding; the list's own rows are the comparison)."""
+    import tracemalloc
+
+    rows = 5_000
+    tracemalloc.start()
+    try:
+        held = [_row(i) for i in range(rows)]
+        rows_bytes = tracemalloc.get_traced_memory()[0]
+        body_bytes = len(encode_body({"partitions": held}))
+        del held
+        tracemalloc.reset_peak()
+        start = tracemalloc.get_traced_memory()[0]
+        body = encode_body({"partitions": JsonRows(_row(i) for i in range(rows))})
+        peak = tracemalloc.get_traced_memory()[1] - start
+    finally:
+        tracemalloc.stop()
+    assert len(body) == body_bytes
+    # The body (a bytearray grows by ~1/8) and one row at a time; not the rows.
+    assert peak < 2 * body_bytes < rows_bytes + body_bytes

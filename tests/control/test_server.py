@@ -16,6 +16,7 @@ import pytest
 from replicad.control.client import query
 from replicad.control.protocol import (
     MAX_DATAGRAM_BYTES,
+    JsonRows,
     ReplyAssembler,
     ReplyComplete,
     encode_reply,
@@ -114,6 +115,21 @@ async def test_status_of_10000_partitions_round_trips_over_many_datagrams(
     result = await ask(server.path, "status")
     assert result["partitions"] == expected["partitions"]
     assert result["totals"] == expected["totals"]
+
+
+async def test_a_status_whose_rows_are_made_as_it_is_encoded_round_trips(
+    shared_dir: Path,
+) -> None:
+    """The daemon answers status with its partition rows as JsonRows (made one at a time as
+    the reply is encoded): the client gets the same reply as from a list, every time."""
+    expected = snapshot_with(10_000)
+
+    def streamed() -> dict[str, Any]:
+        return {**expected, "partitions": JsonRows(iter(expected["partitions"]))}
+
+    async with ControlServer(shared_dir / "rows.sock", streamed) as control:
+        for _ in range(2):
+            assert await ask(control.path, "status") == expected
 
 
 async def test_socket_mode_and_file_lifecycle(shared_dir: Path) -> None:

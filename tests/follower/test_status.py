@@ -14,7 +14,7 @@ from replicad.errors import DamagedLogError
 from replicad.follower.partition_phase import PartitionPhase
 from replicad.follower.partition_state import PartitionState
 from replicad.follower.replicator import Replicator, ReplicatorSettings
-from replicad.follower.status import build_snapshot
+from replicad.follower.status import build_snapshot, partition_rows
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
 from replicad.protocol.metadata import TopicSelection
@@ -129,6 +129,8 @@ async def test_the_status_loops_snapshot_has_the_rows_health_and_the_stall_watch
         p for p in full["partitions"] if p["partition"] in {2, 3, 4, 5, 6, 8}
     ]
     assert light["totals"] == full["totals"]
+    # What `replicad status` is answered with: every row, made one at a time (JsonRows).
+    assert list(partition_rows(replicator, now)) == full["partitions"]
     assert full["totals"]["partitions"] == 9 and full["totals"]["gaps"] == sum(range(9))
     leaders = [{"node_id": 1, "connected": True}, {"node_id": 2, "connected": False}]
     for snap in (full, light):
