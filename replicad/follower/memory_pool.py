@@ -27,6 +27,11 @@ Rules:
   slightly larger one; when the class does not fit the room left, the frame's own size in
   whole pages (or else its size) is lent. An idle buffer is lent for a frame only when it
   is at most twice the frame's class, so small frames do not tie up large buffers.
+- Idle buffers are kept for reuse only while they are needed: `trim()`, called now and then
+  (the follower calls it every checkpoint interval), frees idle buffers beyond the most bytes
+  lent at once since the last trim. Replicating at full speed keeps them; a follower that
+  has caught up, whose responses are small, gives back what catching up took (issue 32:
+  the 32 MiB a 10,000-partition catch-up left idle was a third of the daemon's RSS).
 - Memory goes back as soon as the response's data is on disk (the caller
   releases its lease after appending). Views of a released buffer must no longer be
   read: the buffer is lent again. Nor kept: an idle buffer the pool frees while something
@@ -98,6 +103,8 @@ class MemoryPool:
         self.reused = 0
         # Bytes of idle buffers freed while something else still held them (see the rules).
         self.freed_in_use = 0
+        # The most bytes lent at once since the last trim.
+        self._lent_most = 0
         # Idle buffers, sorted by size (parallel lists: sizes for bisect, the buffers).
         self._idle_sizes: list[int] = []
         self._idle: list[bytearray] = []
@@ -142,7 +149,17 @@ class MemoryPool:
             self._free_idle(self.account.capacity - self.account.used)
             block = bytearray(grant.charged)
         self.peak = max(self.peak, self.account.used + self.idle)
+        self._lent_most = max(self._lent_most, self.account.used)
         return block
+
+    def trim(self) -> int:
+        """Free idle buffers beyond the most bytes lent at once since the last trim (largest
+        first), and start counting again; returns the bytes freed."""
+        used = self.account.used
+        before = self.idle
+        self._free_idle(max(0, self._lent_most - used))
+        self._lent_most = used
+        return before - self.idle
 
     def _free_idle(self, keep: int) -> None:
         """Free idle buffers, largest first, until at most `keep` bytes are idle."""

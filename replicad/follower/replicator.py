@@ -349,6 +349,8 @@ class Replicator:
                             log.error("high watermarks not written; retrying", error=str(exc))
             if due_checkpoint:
                 next_checkpoint = now + s.checkpoint_interval_ms
+                # Idle fetch buffers a caught-up follower no longer needs (memory_pool.py).
+                self.pool.trim()
                 try:
                     await self._checkpoint()
                 except (OSError, LogError) as exc:

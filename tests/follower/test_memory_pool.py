@@ -122,6 +122,31 @@ async def test_idle_buffers_count_and_are_freed_before_anyone_waits():
     c()
 
 
+async def test_a_trim_frees_the_idle_buffers_beyond_what_was_lent_since_the_last_one():
+    """Issue 32: a 10,000-partition catch-up left the whole pool idle (32 MiB) once caught
+    up. A trim keeps what the interval lent at most; a busy interval keeps its buffers."""
+    capacity = 1 << 20
+    pool = MemoryPool(capacity)
+    big = [await pool.reserve(300_000) for _ in range(3)]
+    for lease in big:
+        lease()
+    assert pool.trim() == 0  # the interval lent all three at once: they are kept
+    assert pool.idle == 3 * size_class(300_000, capacity)
+    # Caught up: small responses, one at a time. The large buffers are not lent for them.
+    for _ in range(5):
+        small = await pool.reserve(2_000)
+        small()
+    freed = pool.trim()
+    assert freed == 3 * size_class(300_000, capacity)
+    assert pool.idle == size_class(2_000, capacity)  # the one small buffer still in use
+    # A lease held across the trim counts as lent: nothing of its size is kept idle beside it.
+    held = await pool.reserve(2_000)
+    assert pool.trim() == 0 and pool.idle == 0
+    held()
+    assert pool.trim() == 0 and pool.idle == size_class(2_000, capacity)
+    assert pool.snapshot()["used"] == 0
+
+
 async def test_a_buffer_given_back_is_freed_before_the_one_lent_in_its_place_is_made():
     # The bytes the process really holds, not the pool's count of them: a given-back buffer
     # the next waiter cannot reuse must be gone before that waiter's buffer is allocated
