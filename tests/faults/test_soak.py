@@ -29,6 +29,7 @@ from tools.chaos.soak import (
     _node_heap,
     _topics,
     soak,
+    started,
     trends,
 )
 from tools.chaos.soak_sources import (
@@ -246,3 +247,13 @@ def test_the_cluster_nodes_heap_grows_with_the_partitions_and_the_suites_cluster
     cluster = start_peer("kafka-cluster", tmp_path, heap="1536m")
     assert isinstance(cluster, KafkaCluster) and cluster._heap == "1536m"
     assert KafkaCluster(tmp_path / "suite")._heap == CLUSTER_HEAP
+
+
+def test_replicad_has_started_once_it_holds_data_or_is_ready_with_every_partition() -> None:
+    ready = {"ready": True, "totals": {"partitions": 10_000}}
+    assert started(1, None, 10_000)  # some of the source's offsets replicated
+    # An empty source (the fill refused): ready with every partition is started.
+    assert started(0, ready, 10_000)
+    assert not started(0, None, 10_000)  # no answer yet
+    assert not started(0, {"ready": False, "totals": {"partitions": 10_000}}, 10_000)
+    assert not started(0, {"ready": True, "totals": {"partitions": 4_000}}, 10_000)

@@ -564,6 +564,19 @@ def _status(follower: Follower) -> dict[str, Any] | None:
         return None
 
 
+def started(replicated: int, snapshot: dict[str, Any] | None, partitions: int) -> bool:
+    """Whether replicad has started: it holds some of the source's offsets, or it answers
+    status ready with every partition in its table (a source the initial fill could not
+    fill is empty: at 10,000 partitions a cluster whose controller was overloaded refused
+    the fill for minutes, and an empty replica of an empty source was taken for a daemon
+    that had not started)."""
+    if replicated > 0:
+        return True
+    snapshot = snapshot or {}
+    totals = snapshot.get("totals") or {}
+    return bool(snapshot.get("ready")) and int(totals.get("partitions") or 0) >= partitions
+
+
 def _sample(run: _Run) -> SoakSample | None:
     """/proc and the status snapshot, once; None when the daemon is gone meanwhile."""
     follower = run.follower
@@ -696,7 +709,10 @@ def soak(
         load.start()
         if (
             wait_for(
-                lambda: sum(follower.ends(tps).values()) > 0 or not follower.running,
+                lambda: (
+                    started(sum(follower.ends(tps).values()), _status(follower), len(tps))
+                    or not follower.running
+                ),
                 STARTUP_TIMEOUT_S,
                 interval_s=1.0,
             )
