@@ -10,11 +10,15 @@ tools.chaos.soak.
 from __future__ import annotations
 
 import os
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tools.chaos.follower import DaemonCounters
+from tools.chaos.priority import PriorityKeeper, autogroup_nice, descendants, read_nice
+from tools.chaos.scenarios import wait_for
 from tools.chaos.soak import (
     ALL_FAULTS,
     DISK_FULL,
@@ -44,6 +48,7 @@ from tools.chaos.soak_sources import (
     start_peer,
 )
 from tools.peers.kafka_cluster import CLUSTER_HEAP, KafkaCluster
+from tools.wait import DEADLINE_S
 
 # Long enough for half a dozen faults and 30 samples a second apart; the 30-minute runs at
 # 1,000 and 10,000 partitions are the tool's. Seed 680 picks a rolling restart the source
@@ -257,3 +262,32 @@ def test_replicad_has_started_once_it_holds_data_or_is_ready_with_every_partitio
     assert not started(0, None, 10_000)  # no answer yet
     assert not started(0, {"ready": False, "totals": {"partitions": 10_000}}, 10_000)
     assert not started(0, {"ready": True, "totals": {"partitions": 4_000}}, 10_000)
+
+
+def test_the_priority_keeper_finds_every_descendant_and_reads_autogroup_lines() -> None:
+    parents = {10: 1, 11: 10, 12: 11, 13: 10, 20: 2}
+    assert descendants(parents, 1) == [10, 11, 13, 12]
+    assert descendants(parents, 12) == []
+    assert autogroup_nice("/autogroup-114 nice -10\n") == -10
+    assert autogroup_nice("/autogroup-7 nice 0") == 0
+    assert autogroup_nice("") is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a process a priority back needs root")
+def test_a_child_in_a_session_of_its_own_gets_the_soaks_priority() -> None:
+    # A peer or replicad starts in a session of its own, so in an autogroup of its own: at
+    # nice 0 while the soak's is at -10 (session 13's 10,000-partition runs).
+    ours = read_nice(os.getpid())
+    if ours is None:
+        pytest.skip("no autogroups on this kernel")
+    child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        other = ours + 5 if ours <= 14 else ours - 5
+        Path(f"/proc/{child.pid}/autogroup").write_text(f"{other}\n")
+        assert read_nice(child.pid) == other
+        with PriorityKeeper(interval_s=0.05) as keeper:
+            assert wait_for(lambda: read_nice(child.pid) == ours, DEADLINE_S) is not None
+        assert keeper.given >= 1 and keeper.refused == 0
+    finally:
+        child.kill()
+        child.wait()

@@ -75,6 +75,7 @@ from tools.chaos.evictor import SessionEvictor
 from tools.chaos.follower import DaemonCounters, Follower
 from tools.chaos.invariant import covers
 from tools.chaos.load import SteadyLoad, wait_stable
+from tools.chaos.priority import PriorityKeeper
 from tools.chaos.proxy import ChaosProxy
 from tools.chaos.scenarios import partitions_of, wait_for
 from tools.chaos.soak_sources import (
@@ -1058,8 +1059,10 @@ def main(argv: list[str] | None = None) -> int:
 
             (workdir / "remote").mkdir(parents=True, exist_ok=True)
             broker_config = tiered_broker_config(workdir / "remote")
+        # The soak's priority to the peers and replicad, each in a session of its own.
+        keeper = stack.enter_context(PriorityKeeper())
         heap = _node_heap(args.source, args.partitions, args.node_heap)
-        print(_settings(args, heap), flush=True)
+        print(_settings(args, heap) + f", priority: {keeper.describe()}", flush=True)
         peer = stack.enter_context(
             start_peer(args.source, workdir / args.source, broker_config, heap=heap)
         )
@@ -1080,6 +1083,7 @@ def main(argv: list[str] | None = None) -> int:
             catch_up_timeout_s=args.catch_up_seconds,
         )
     print(result.summary())
+    print(f"priority: {keeper.given} autogroups given the soak's, {keeper.refused} refused")
     print("\n".join(result.timeline))
     print(TABLE_HEAD)
     print(result.markdown_row())
