@@ -57,7 +57,8 @@ class PartitionState:
     # The highest leader epoch of batches validated but not yet appended (a pipelined
     # request's last_fetched_epoch must already count them).
     fetched_epoch: int | None = None
-    # When the local log last moved (monotonic ms; creation counts): with lag, a partition
+    # When the local log last moved (monotonic ms; creation counts, and so does a new
+    # partition's start, found by ListOffsets): with lag, a partition
     # idle for long is stalled (control/health.py).
     progress_ms: int = 0
     # Answers without an error since its log last moved (the answer that moved it not

@@ -933,6 +933,19 @@ def test_a_new_partition_starts_where_start_from_says(start_from, expected):
     assert state.phase is PartitionPhase.FETCHING and state.fetch_offset == expected
 
 
+def test_a_new_partition_is_idle_from_its_start_not_from_its_creation():
+    """Session 13's 10,000-partition cluster soak: a partition created at metadata time
+    started fetching 20 s later (ListOffsets at load 35) and was stalled 10 s after it could
+    first fetch, its idle time counted from its creation."""
+    table = _table()
+    state, local = _add(table, TP0, phase=PartitionPhase.NEEDS_OFFSET)
+    state.progress_ms = 1_000  # created
+    asked = [s.tp for s in table.offset_questions(21_000)]
+    actions = table.on_offsets(asked, *_offsets(table, 0, 4), 21_000)
+    _perform(table, actions, {TP0: local}, now_ms=21_000)
+    assert state.phase is PartitionPhase.FETCHING and state.progress_ms == 21_000
+
+
 def test_out_of_range_with_the_leader_ending_below_us_truncates_to_its_end():
     table = _table()
     state, local = _add(table, TP0, end=50, hw=40)
