@@ -67,3 +67,29 @@ def test_a_processs_own_cpu_leaves_out_the_children_it_reaped():
     # timing-ok: CPU the kernel counted for a reaped child (it burnt 0.3 s; ticks round), not
     # a duration waited for or a speed
     assert tree - own >= 0.25
+
+
+def test_a_thread_that_ends_during_a_read_is_counted_under_its_name():
+    """A stream's execution thread ends with its query: the sampler keeps what it last saw
+    of each thread, by name with digits as #."""
+    import ctypes
+    import os
+    import threading
+    import time
+
+    from tools.bench.spark_stream_cost import ThreadSampler
+
+    def burn() -> None:
+        ctypes.CDLL(None).prctl(15, b"burner 12", 0, 0, 0)  # PR_SET_NAME, as the JVM names
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            pass
+
+    sampler = ThreadSampler(os.getpid(), every_s=0.02)
+    thread = threading.Thread(target=burn)
+    thread.start()
+    thread.join()
+    spent = dict(part.rsplit(" ", 1) for part in sampler.stop().split(", "))
+    # timing-ok: CPU the kernel counted for a thread that burnt 0.3 s (the last poll may
+    # miss up to 0.02 s of it; ticks round), not a duration waited for or a speed
+    assert float(spent["burner #"]) >= 0.2

@@ -25,8 +25,14 @@ profile, with no broker (a synthetic replica), for A/B runs on a shared machine.
    a micro-batch (maxOffsetsPerTrigger), into `--sink` (foreachBatch collecting the rows,
    as tools.bench.spark_latency, or noop), for `--steady-batches` micro-batches after two
    not counted; the median and p95 of each `durationMs` part and the CPU per micro-batch.
-`--conf` settings go to the session (both parts); `--jfr` records the driver JVM with
-Java Flight Recorder (the steady part is what to read in it); `--py-spy PREFIX` records the
+Each read's CPU is split three ways: the JVM's own threads, the executors' Python workers
+(the `pyspark.daemon` tree), and the driver-side Python (the planner, a stream's source and
+its fork); and the JVM's threads by name (`ThreadSampler`: the executors' task threads, the
+JIT's compiler threads, a stream's execution thread, which ends with its query).
+`--conf` settings go to the session (both parts); `--jfr FILE` records the driver JVM with
+Java Flight Recorder (the `profile` settings with every JIT compilation recorded) and writes
+each read's window to FILE.windows.json, for `tools.bench.spark_jfr FILE` (what the JVM ran
+and compiled in each read); `--py-spy PREFIX` records the
 executors' Python workers with py-spy (idle samples left out) during each of our batch
 reads and streams, one collapsed-stacks file per read and daemon. It runs with the
 forkserver (replicad/spark/forkserver.py) unless REPLICAD_SPARK_FORKSERVER=0 is in the
@@ -39,6 +45,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -104,11 +111,77 @@ class Meter:
     def read(self) -> float:
         return self.split()[0]
 
-    def split(self) -> tuple[float, float]:
-        """(all, the JVM's own threads)."""
+    def split(self) -> tuple[float, float, float]:
+        """(all, the JVM's own threads, the executors' Python workers and their daemon)."""
         from tools.bench.measure import tree_cpu_seconds
 
-        return sum(tree_cpu_seconds(pid) for pid in self.pids), own_cpu_seconds(self.jvm)
+        executors = sum(tree_cpu_seconds(pid) for pid in self.executor_daemons())
+        return sum(tree_cpu_seconds(p) for p in self.pids), own_cpu_seconds(self.jvm), executors
+
+    def executor_daemons(self) -> list[int]:
+        """The JVM's children that run `pyspark.daemon` (the executors' workers are their
+        forks; the rest of the JVM's Python children run on the driver's behalf)."""
+        found = []
+        for task in Path(f"/proc/{self.jvm}/task").glob("*/children"):
+            try:
+                children = [int(child) for child in task.read_text().split()]
+            except (OSError, ValueError):
+                continue
+            for child in children:
+                try:
+                    cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if b"pyspark.daemon" in cmdline:
+                    found.append(child)
+        return found
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
+    """Each live thread of a process: its name with digits as # ("Executor task launch
+    worker for task 3.0" and its peers are one) and its CPU seconds."""
+    found: dict[int, tuple[str, float]] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        name = re.sub(r"[0-9]+", "#", stat[stat.index("(") + 1 : stat.rindex(")")])
+        fields = stat[stat.rindex(")") + 2 :].split()
+        found[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return found
+
+
+class ThreadSampler:
+    """The JVM's threads' CPU over a read, those that end during it too (a stream's
+    execution thread ends with its query): /proc polled every `every_s` on a thread of
+    ours, each thread's last value kept. A thread's CPU after its last poll is missed."""
+
+    def __init__(self, pid: int, every_s: float = 0.1) -> None:
+        import threading
+
+        self.pid, self.every_s = pid, every_s
+        self.before = thread_cpu_seconds(pid)
+        self.last = dict(self.before)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.last.update(thread_cpu_seconds(self.pid))
+
+    def stop(self) -> str:
+        """The read's threads by name, busiest first."""
+        self._stop.set()
+        self._thread.join()
+        self.last.update(thread_cpu_seconds(self.pid))
+        spent: dict[str, float] = {}
+        for tid, (name, cpu) in self.last.items():
+            spent[name] = spent.get(name, 0.0) + cpu - self.before.get(tid, (name, 0.0))[1]
+        top = sorted(((v, k) for k, v in spent.items() if v >= 0.02), reverse=True)
+        return ", ".join(f"{k} {v:.2f}" for v, k in top)
 
 
 def own_cpu_seconds(pid: int) -> float:
@@ -116,6 +189,16 @@ def own_cpu_seconds(pid: int) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def jfr_settings(path: Path) -> Path:
+    """The JDK's `profile` settings with every JIT compilation recorded (its threshold is
+    100 ms): what the compiler threads spend their CPU on, per read (tools.bench.spark_jfr)."""
+    java = Path(shutil.which("java") or "java").resolve()
+    profile = (java.parent.parent / "lib" / "jfr" / "profile.jfc").read_text()
+    compilation = re.compile(r'(<event name="jdk.Compilation">.*?"threshold"[^>]*>)[^<]*', re.S)
+    path.write_text(compilation.sub(r"\g<1>0 ms", profile, count=1))
+    return path
 
 
 def progress_ms(stamp: str) -> float:
@@ -210,7 +293,10 @@ def throughput(
     rows: int,
     repeat: int,
     py_spy: str | None = None,
+    windows: list[dict] | None = None,
 ) -> None:
+    """`windows` gets each read's wall-clock window (epoch seconds), for --jfr."""
+    windows = [] if windows is None else windows
     spy = PySpy(spark, py_spy)
     meter = Meter(spark)
     replica_bytes = sum(p.stat().st_size for p in data_dir.rglob("*.log"))
@@ -229,35 +315,51 @@ def throughput(
         schema = spark.read.parquet(str(parquet)).schema
         noop(spark.read.parquet(str(parquet)).limit(2000))
 
-    def row(run: int, name: str, seconds: float, cpu: tuple[float, float], shown: str) -> None:
-        total, jvm = cpu
+    def row(run: int, name: str, seconds: float, cpu: list[float], shown: str) -> None:
+        total, jvm, executors = cpu
         print(
             f"| {run} | {name} | {seconds:.2f} | {rows / seconds:,.0f} | {total:.2f} | "
-            f"{jvm:.2f} | {total - jvm:.2f} | {total / gb:.2f} | {shown} |",
+            f"{jvm:.2f} | {executors:.2f} | {total - jvm - executors:.2f} | {total / gb:.2f} "
+            f"| {shown} |",
             flush=True,
         )
 
+    threads: list[str] = []
+
+    def noted(run: int, name: str, sampler: ThreadSampler, began: float) -> None:
+        """The read's JVM threads (printed after the table) and its window (for --jfr)."""
+        threads.append(f"{run} {name}: {sampler.stop()}")
+        windows.append({"run": run, "read": name, "start": began, "end": time.time()})
+
     def batch(run: int, name: str, df: DataFrame) -> None:
+        sampler, began = ThreadSampler(meter.jvm), time.time()
         cpu, started = meter.split(), time.perf_counter()
         noop(df)
         seconds, after = time.perf_counter() - started, meter.split()
-        row(run, name, seconds, (after[0] - cpu[0], after[1] - cpu[1]), "")
+        noted(run, name, sampler, began)
+        row(run, name, seconds, [a - b for a, b in zip(after, cpu, strict=True)], "")
 
     def stream(run: int, name: str, df: DataFrame) -> None:
+        sampler, began = ThreadSampler(meter.jvm), time.time()
         cpu, started = meter.split(), time.perf_counter()
         progress, started_ms, ended_ms = available_now(df, work / "cp" / str(next(checkpoints)))
         seconds, after = time.perf_counter() - started, meter.split()
+        noted(run, name, sampler, began)
         phases = stream_phases(progress, started_ms, ended_ms)
         shown = ", ".join(f"{k} {v:.2f}" for k, v in phases.items() if v >= 0.005)
         shown += f"; {len(progress)} micro-batches"
-        row(run, name, seconds, (after[0] - cpu[0], after[1] - cpu[1]), shown)
+        row(run, name, seconds, [a - b for a, b in zip(after, cpu, strict=True)], shown)
 
     print(
-        f"CPU s: the JVM's process tree and the forkserver's; of it the JVM's own threads and "
-        f"the Python processes; CPU s/GB of the replica's {replica_bytes / 1e9:.3f} GB"
+        f"CPU s: the JVM's process tree and the forkserver's; of it the JVM's own threads, "
+        f"the executors' Python workers, and the driver-side Python processes (the planner, "
+        f"a stream's source, their forks); CPU s/GB of the replica's {replica_bytes / 1e9:.3f} GB"
     )
-    print("| run | read | seconds | rows/s | CPU s | JVM | Python | CPU s/GB | phases (s) |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---|")
+    print(
+        "| run | read | seconds | rows/s | CPU s | JVM | Python, executors | Python, driver "
+        "| CPU s/GB | phases (s) |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for run in range(1, repeat + 1):
         with spy.recording(f"batch{run}"):
             batch(run, "replicad batch", spark.read.format("replicad").load(str(data_dir)))
@@ -267,6 +369,9 @@ def throughput(
             batch(run, "spark.read.parquet (peer)", spark.read.parquet(str(parquet)))
             peer = spark.readStream.schema(schema).parquet(str(parquet))
             stream(run, "parquet file stream (peer)", peer)
+    print("\nThe JVM's threads, CPU s by thread name (digits as #), each read:")
+    for line in threads:
+        print(f"- {line}")
 
 
 def steady(spark: SparkSession, data_dir: Path, work: Path, args: argparse.Namespace) -> None:
@@ -359,8 +464,11 @@ def main() -> int:
             rows = write_replica(data_dir, args.partitions, args.mb)
         conf = {"spark.ui.enabled": "false", "spark.driver.memory": "2g"}
         if args.jfr:
+            settings = jfr_settings(Path(f"{args.jfr}.jfc"))
             conf["spark.driver.extraJavaOptions"] = (
-                f"-XX:StartFlightRecording=filename={args.jfr},settings=profile,dumponexit=true"
+                "-XX:FlightRecorderOptions=stackdepth=256 "
+                f"-XX:StartFlightRecording=filename={args.jfr},settings={settings},"
+                "dumponexit=true"
             )
         conf.update(kv.split("=", 1) for kv in args.conf)  # type: ignore[arg-type]
         load = os.getloadavg()[0]
@@ -383,7 +491,12 @@ def main() -> int:
                         "stream source (Trigger.AvailableNow, no maxFilesPerTrigger: one "
                         "micro-batch)"
                     )
-                throughput(spark, data_dir, parquet, checkpoints, rows, args.repeat, args.py_spy)
+                windows: list[dict] = []
+                throughput(
+                    spark, data_dir, parquet, checkpoints, rows, args.repeat, args.py_spy, windows
+                )
+                if args.jfr:
+                    Path(f"{args.jfr}.windows.json").write_text(json.dumps(windows))
             if args.steady_batches:
                 steady(spark, data_dir, checkpoints, args)
         finally:
