@@ -22,7 +22,9 @@ One run, the same data for all three:
      the broker (no maxOffsetsPerTrigger, so one micro-batch each), default and tuned.
      Each streaming run prints where its time went (`phases`): its micro-batches, by
      Spark's own `durationMs`, and outside them (starting and stopping the query).
-   A small read first warms the Python workers and the JVM, so no row pays for start-up.
+   A small read first warms the Python workers and the JVM, and a small stream of each
+   source (the last WARM_RECORDS of each partition) the streaming engine, so no row pays
+   for start-up and neither source's stream for the JIT compiling Spark's micro-batches.
 MB/s is given over each source's own input and over the log bytes (the same volume for
 all three). CPU seconds are the Spark JVM's and its Python workers' (the process tree,
 /proc), and the broker's apart: a Kafka source read costs the broker's CPU too, a replica
@@ -34,6 +36,7 @@ the readers, not the disk.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -57,6 +60,7 @@ WORDS = [
 ]  # fmt: skip
 DISTINCT_VALUES = 4096
 HEADER_EVERY = 4
+WARM_RECORDS = 500  # a partition's records read by each warm-up stream
 
 
 @dataclass(frozen=True)
@@ -281,6 +285,24 @@ def read_three_ways(
     # Warm-up: Python workers, the Kafka consumer classes, the JIT.
     noop(spark.read.format("replicad").option("endingOffsets", "2000").load(str(data_dir)))
     noop(kafka_df.limit(2000))
+    # ... and the streaming engine, for both sources alike: the first stream of a session
+    # pays for the JIT compiling Spark's micro-batch code (spark_stream_cost's threads: the
+    # compiler threads spent as much CPU as the executors' in a session's first reads).
+    warm = json.dumps({topic: near_end(data_dir, topic, WARM_RECORDS)})
+    for source, options in (
+        ("replicad", {"path": str(data_dir)}),
+        ("kafka", {"kafka.bootstrap.servers": bootstrap, "subscribe": topic}),
+    ):
+        small = spark.readStream.format(source).options(**options, includeHeaders="true")
+        query = (
+            small.option("startingOffsets", warm)
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(work / "checkpoints" / f"warm-{source}"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
     repeat = args.repeat
     timings = [
         timed(
@@ -379,6 +401,17 @@ def read_three_ways(
         raise RuntimeError(f"replicad source counted {counted:,} rows, {rows:,} were produced")
     spark.stop()
     return timings
+
+
+def near_end(data_dir: Path, topic: str, records: int) -> dict[str, int]:
+    """Offsets `records` before each partition's end, by the replica's high watermarks."""
+    from replicad.spark.stream import high_watermarks
+
+    return {
+        str(tp.partition): max(0, end - records)
+        for tp, end in high_watermarks(str(data_dir)).items()
+        if tp.topic == topic
+    }
 
 
 def phases(progress: list[dict], seconds: float) -> str:
