@@ -243,6 +243,48 @@ def test_a_micro_batch_is_planned_from_the_look_that_chose_its_end(
     assert len(read_trace(str(trace))) > read_before
 
 
+def test_a_stream_starts_at_a_timestamp_and_reports_the_replicas_end(
+    tmp_path, write_partition, make_batches
+):
+    """startingTimestamp picks each partition's first record at or past it (past every
+    record: the readable end); reportLatestOffset says where the replica ends, beyond a
+    micro-batch cut by maxOffsetsPerTrigger, so query progress shows how far behind it is."""
+    from tests.spark.conftest import TIMESTAMP_MS
+
+    data_dir, tp = tmp_path / "data", TopicPartition("stamps", 0)
+    # Batch at offset o: records stamped TIMESTAMP_MS + o * 1000 + i.
+    batches = [
+        make_batches.data(o, 10, timestamp_ms=TIMESTAMP_MS + o * 1000) for o in range(0, 200, 10)
+    ]
+    directory = write_partition(data_dir, tp, batches, segment_bytes=4096, index_interval_bytes=256)
+    (data_dir / "replication-offset-checkpoint").write_text(f"0\n1\n{tp.topic} 0 200\n")
+
+    def reader(**options: str) -> ReplicadStreamReader:
+        return ReplicadStreamReader(parse_stream_options({"path": str(data_dir), **options}))
+
+    after_55 = reader(startingTimestamp=str(TIMESTAMP_MS + 55_000))
+    assert after_55.initialOffset() == {tp.topic: {"0": 60}}
+    at_55 = reader(startingTimestamp=str(TIMESTAMP_MS + 55_005))
+    assert at_55.initialOffset() == {tp.topic: {"0": 60}}
+    exact = reader(startingTimestamp=str(TIMESTAMP_MS + 50_005))
+    assert exact.initialOffset() == {tp.topic: {"0": 55}}
+    late = reader(startingTimestamp=str(TIMESTAMP_MS + 10_000_000))
+    assert late.initialOffset() == {tp.topic: {"0": 200}}
+
+    limited = reader(startingTimestamp=str(TIMESTAMP_MS + 55_000), maxOffsetsPerTrigger="50")
+    start = limited.initialOffset()
+    assert limited.latestOffset(start, limited.getDefaultReadLimit()) == {tp.topic: {"0": 110}}
+    assert limited.reportLatestOffset() == {tp.topic: {"0": 200}}
+    # replicad appends and checkpoints: the next look reports the new end.
+    last = sorted(directory.glob("*.log"))[-1]
+    with last.open("ab") as f:
+        f.write(make_batches.data(200, 10, timestamp_ms=TIMESTAMP_MS + 200_000))
+    (data_dir / "replication-offset-checkpoint").write_text(f"0\n1\n{tp.topic} 0 210\n")
+    end = limited.latestOffset({tp.topic: {"0": 110}}, limited.getDefaultReadLimit())
+    assert end == {tp.topic: {"0": 160}}
+    assert limited.reportLatestOffset() == {tp.topic: {"0": 210}}
+
+
 def test_read_committed_stops_before_an_open_transaction(
     spark, kafka_broker, unique_topic, tmp_path
 ):
