@@ -272,6 +272,25 @@ async def test_a_flood_of_consumers_cannot_evict_a_followers_session(server, log
 # -- what is not served is answered, not dropped ----------------------------------------------
 
 
+def produce_request(*, acks: int, records: bytes | None) -> Any:
+    """A Produce v9 to topic "t" asking for `acks`: `records` for its partition 0, or no
+    partition at all (None)."""
+    cls = request_type(0, 9)
+    module = sys.modules[cls.__module__]
+    partitions = (
+        ()
+        if records is None
+        else (make_entity(module.PartitionProduceData, index=0, records=records),)
+    )
+    return make_entity(
+        cls,
+        transactional_id=None,
+        acks=acks,
+        timeout=datetime.timedelta(seconds=1),
+        topic_data=(make_entity(module.TopicProduceData, name="t", partition_data=partitions),),
+    )
+
+
 async def test_unserved_apis_get_their_own_errors_and_the_connection_stays_up(server) -> None:
     conn = await connect(server)
     try:
@@ -283,24 +302,7 @@ async def test_unserved_apis_get_their_own_errors_and_the_connection_stays_up(se
             request_type(32, 4), resources=(), include_synonyms=False, include_documentation=False
         )
         assert (await conn.request(configs)).results == ()
-        produce_cls = request_type(0, 9)
-        module = sys.modules[produce_cls.__module__]
-        produce = make_entity(
-            produce_cls,
-            transactional_id=None,
-            acks=1,
-            timeout=datetime.timedelta(seconds=1),
-            topic_data=(
-                make_entity(
-                    module.TopicProduceData,
-                    name="t",
-                    partition_data=(
-                        make_entity(module.PartitionProduceData, index=0, records=b"x"),
-                    ),
-                ),
-            ),
-        )
-        refused = await conn.request(produce)
+        refused = await conn.request(produce_request(acks=1, records=b"x"))
         [[p]] = [t.partition_responses for t in refused.responses]
         assert (
             p.error_code == ErrorCode.topic_authorization_failed and "read-only" in p.error_message
@@ -313,18 +315,9 @@ async def test_unserved_apis_get_their_own_errors_and_the_connection_stays_up(se
 
 async def test_produce_without_acks_closes_the_connection_as_kafka_does(server) -> None:
     conn = await connect(server)
-    produce_cls = request_type(0, 9)
-    module = sys.modules[produce_cls.__module__]
-    produce = make_entity(
-        produce_cls,
-        transactional_id=None,
-        acks=0,
-        timeout=datetime.timedelta(seconds=1),
-        topic_data=(make_entity(module.TopicProduceData, name="t", partition_data=()),),
-    )
     try:
         with pytest.raises(KafkaConnectionError):
-            await conn.request(produce, timeout_s=DEADLINE_S)
+            await conn.request(produce_request(acks=0, records=None), timeout_s=DEADLINE_S)
     finally:
         await conn.close()
 
