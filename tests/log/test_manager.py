@@ -37,7 +37,7 @@ from replicad.log.layout import (
     TEMP_SUFFIX,
 )
 from replicad.log.manager import LogManager
-from replicad.log.partition import PartitionLog
+from replicad.log.partition import PartitionLog, PartitionRecovery
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from tools.logdata.batches import batch_stream, producer_batch
@@ -72,6 +72,20 @@ def filled(tmp_path: Path) -> tuple[Path, dict[TopicPartition, list[bytes]]]:
 def _crashed(data_dir: Path) -> None:
     """What a kill leaves: no clean-shutdown marker."""
     (data_dir / CLEAN_SHUTDOWN_FILE).unlink()
+
+
+def _crashed_mid_append(data_dir: Path, tail: bytes) -> None:
+    """A kill with `tail` after the end of A's last `.log` (an append it cut short)."""
+    _crashed(data_dir)
+    last_log = sorted((data_dir / "orders-0").glob("*.log"))[-1]
+    with open(last_log, "ab") as f:
+        f.write(tail)
+
+
+def _reopened(data_dir: Path) -> tuple[LogManager, PartitionRecovery]:
+    """The store opened again, and what its recovery found in A."""
+    manager = LogManager.open(data_dir, CONFIG, now_ms=0)
+    return manager, next(r for r in manager.recoveries if r.topic_partition == A)
 
 
 def test_second_open_is_refused_with_a_clear_error(tmp_path: Path) -> None:
@@ -189,8 +203,7 @@ def test_high_watermark_never_moves_back_through_checkpoints_or_restarts(
 def test_unclean_restart_scans_from_the_recovery_point(filled: tuple[Path, dict]) -> None:
     data_dir, _ = filled
     _crashed(data_dir)
-    manager = LogManager.open(data_dir, CONFIG, now_ms=0)
-    report = next(r for r in manager.recoveries if r.topic_partition == A)
+    manager, report = _reopened(data_dir)
     segments = manager.partitions()[A].segments
     assert report.recovered_segments == (segments[-1].base_offset,)
     assert report.clean
@@ -199,12 +212,8 @@ def test_unclean_restart_scans_from_the_recovery_point(filled: tuple[Path, dict]
 
 def test_torn_tail_is_truncated_and_reported(filled: tuple[Path, dict]) -> None:
     data_dir, streams = filled
-    _crashed(data_dir)
-    last_log = sorted((data_dir / "orders-0").glob("*.log"))[-1]
-    with open(last_log, "ab") as f:
-        f.write(batch_stream(9, 1, first_offset=10**6)[0][:-7])  # a torn batch
-    manager = LogManager.open(data_dir, CONFIG, now_ms=0)
-    report = next(r for r in manager.recoveries if r.topic_partition == A)
+    _crashed_mid_append(data_dir, batch_stream(9, 1, first_offset=10**6)[0][:-7])  # a torn batch
+    manager, report = _reopened(data_dir)
     assert report.truncated_bytes > 0 and "torn batch" in report.problems[0]
     assert _dir_bytes(data_dir, A) == b"".join(streams[A])
     manager.close()
@@ -212,12 +221,8 @@ def test_torn_tail_is_truncated_and_reported(filled: tuple[Path, dict]) -> None:
 
 def test_zeroed_tail_is_truncated(filled: tuple[Path, dict]) -> None:
     data_dir, streams = filled
-    _crashed(data_dir)
-    last_log = sorted((data_dir / "orders-0").glob("*.log"))[-1]
-    with open(last_log, "ab") as f:
-        f.write(bytes(8192))  # blocks allocated, data never written (power loss)
-    manager = LogManager.open(data_dir, CONFIG, now_ms=0)
-    report = next(r for r in manager.recoveries if r.topic_partition == A)
+    _crashed_mid_append(data_dir, bytes(8192))  # blocks allocated, data never written (power loss)
+    manager, report = _reopened(data_dir)
     assert report.truncated_bytes == 8192
     assert _dir_bytes(data_dir, A) == b"".join(streams[A])
     manager.close()
@@ -237,8 +242,7 @@ def test_flipped_byte_mid_log_truncates_there_and_drops_later_segments(
     with open(victim, "r+b") as f:
         f.seek(bad.position + 80)
         f.write(bytes([data[bad.position + 80] ^ 0x01]))
-    manager = LogManager.open(data_dir, CONFIG, now_ms=0)
-    report = next(r for r in manager.recoveries if r.topic_partition == A)
+    manager, report = _reopened(data_dir)
     assert "CRC32C mismatch" in " ".join(report.problems)
     assert report.deleted_segments == tuple(int(p.name[:20]) for p in logs[2:])
     kept = _dir_bytes(data_dir, A)
@@ -258,8 +262,7 @@ def test_deleted_index_is_rebuilt_identically(filled: tuple[Path, dict]) -> None
     before = (index.read_bytes(), timeindex.read_bytes())
     index.unlink()
     timeindex.unlink()
-    manager = LogManager.open(data_dir, CONFIG, now_ms=0)  # even after a clean shutdown
-    report = next(r for r in manager.recoveries if r.topic_partition == A)
+    manager, report = _reopened(data_dir)  # even after a clean shutdown
     assert report.rebuilt_indexes == (int(index.name[:20]),)
     assert "missing" in report.problems[0]
     assert (index.read_bytes(), timeindex.read_bytes()) == before
@@ -278,8 +281,7 @@ def test_stray_files_are_removed(filled: tuple[Path, dict]) -> None:
     for name in strays:
         (part_dir / name).write_bytes(b"junk")
     (data_dir / "replication-offset-checkpoint.tmp").write_text("junk")
-    manager = LogManager.open(data_dir, CONFIG, now_ms=0)
-    report = next(r for r in manager.recoveries if r.topic_partition == A)
+    manager, report = _reopened(data_dir)
     assert sorted(report.removed_files) == sorted(strays)
     assert not any((part_dir / n).exists() for n in strays)
     assert not (data_dir / "replication-offset-checkpoint.tmp").exists()
