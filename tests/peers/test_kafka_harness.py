@@ -20,7 +20,7 @@ from tools.peers.kafka import (
     kafka_version,
     run_kafka_class,
 )
-from tools.peers.process import PeerError, PeerNotInstalledError
+from tools.peers.process import PeerError, PeerNotInstalledError, taken_port
 from tools.peers.produce import consume_all, produce_mixed, read_broker_batches
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -216,15 +216,10 @@ def test_restart_keeps_ports_and_data_and_a_killed_broker_recovers(make_kafka_br
 
 
 def test_a_port_taken_before_the_broker_binds_it_is_retried(tmp_path, monkeypatch):
-    import socket
-
     import tools.peers.kafka as kafka_module
 
     real = kafka_module._two_free_ports
-    with socket.socket() as squatter:
-        squatter.bind(("127.0.0.1", 0))
-        squatter.listen()
-        taken = squatter.getsockname()[1]
+    with taken_port() as taken:
         calls = iter([(taken, real()[1])])
         monkeypatch.setattr(kafka_module, "_two_free_ports", lambda: next(calls, None) or real())
         broker = KafkaBroker(tmp_path / "broker")

@@ -21,6 +21,7 @@ from tools.peers.process import (
     kill,
     port_accepts,
     spawn,
+    taken_port,
     terminate,
     wait_until,
 )
@@ -52,6 +53,14 @@ def test_free_port_can_be_bound_and_port_accepts_sees_a_listener() -> None:
         server.bind((LOOPBACK, port))
         server.listen()
         assert port_accepts(port)
+
+
+def test_a_taken_port_refuses_another_bind_until_the_block_ends() -> None:
+    with taken_port() as port:
+        assert port_accepts(port)
+        with socket.socket() as late, pytest.raises(OSError):
+            late.bind((LOOPBACK, port))
+    assert not port_accepts(port)
 
 
 def test_wait_until_returns_the_first_result_that_is_not_none() -> None:

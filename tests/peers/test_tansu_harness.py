@@ -13,6 +13,7 @@ from confluent_kafka import Producer, TopicPartition
 from replicad.session.metadata import INITIAL_EPOCH
 from replicad.wire import READ_COMMITTED
 from tools.peers.admin import probe_consumer
+from tools.peers.process import taken_port
 from tools.peers.produce import consume_all, produce_mixed, records_digest
 from tools.peers.tansu import TansuBroker, tansu_binary
 from tools.peers.wire import fetch_once
@@ -121,15 +122,10 @@ def test_a_restarted_tansu_keeps_its_port_and_has_forgotten_everything(tmp_path,
 
 
 def test_a_port_taken_before_tansu_binds_it_is_retried(tmp_path, monkeypatch):
-    import socket
-
     import tools.peers.tansu as tansu_module
 
     real = tansu_module.free_port
-    with socket.socket() as squatter:
-        squatter.bind(("127.0.0.1", 0))
-        squatter.listen()
-        taken = squatter.getsockname()[1]
+    with taken_port() as taken:
         ports = iter([taken])
         monkeypatch.setattr(tansu_module, "free_port", lambda: next(ports, None) or real())
         broker = TansuBroker(tmp_path / "tansu")

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TypeVar
 
@@ -53,6 +53,16 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((LOOPBACK, 0))
         return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def taken_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that a listening socket holds while the block runs: what a peer
+    whose first bind must fail meets (the tests of its retry with another port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        sock.listen()
+        yield int(sock.getsockname()[1])
 
 
 def port_accepts(port: int, host: str = LOOPBACK, timeout_s: float = 0.5) -> bool:
