@@ -100,13 +100,14 @@ dist: $(DEMO_STAMP)
 	rm -rf $(DIST)
 	$(BIN)/pip wheel --quiet --no-deps --wheel-dir $(DIST) .
 
-# The layer and log-field checks also run in the suite (tests/test_layers.py,
-# tests/test_logcheck.py).
+# The layer, log-field and subscription checks also run in the suite (tests/test_layers.py,
+# tests/test_logcheck.py, tests/test_subscribecheck.py).
 lint: $(STAMP)
 	$(BIN)/ruff check replicad tests tools
 	$(BIN)/ruff format --check replicad tests tools
 	$(BIN)/python -m tools.layers
 	$(BIN)/python -m tools.logcheck
+	$(BIN)/python -m tools.subscribecheck
 
 clean:
 	rm -rf $(VENV) var dist build .pytest_cache

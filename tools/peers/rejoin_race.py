@@ -111,6 +111,7 @@ def run_once(
         heartbeat_interval_ms=SESSION_TIMEOUT_MS // 10,
     )
     try:
+        # subscribe-ok: subscribing before the topic exists is the race this reproduces
         consumer.subscribe([topic])
         coordinator = consumer._coordinator
         deadline = time.monotonic() + HANG_S
