@@ -10,6 +10,7 @@ import pytest
 import structlog
 
 from tools.logcheck import DEFAULT_PATHS, ROOT, check, check_source, main
+from tools.sourcecheck import listed
 
 
 def _lines(source: str) -> list[str]:
@@ -19,11 +20,10 @@ def _lines(source: str) -> list[str]:
 
 def test_no_log_field_is_named_event() -> None:
     findings = check(DEFAULT_PATHS)
-    assert findings == [], (
-        "\n"
-        + "\n".join(f.text(ROOT) for f in findings)
-        + "\nname the field for what it is (cause, step, kind); a dict that is never logged"
-        + " says so: # log-fields-ok: why"
+    assert findings == [], listed(
+        findings,
+        "name the field for what it is (cause, step, kind); a dict that is never logged"
+        " says so: # log-fields-ok: why",
     )
 
 

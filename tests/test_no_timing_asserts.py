@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 from tools.clockcheck import ROOT, check, check_source
-from tools.sourcecheck import python_files
+from tools.sourcecheck import listed, python_files
 
 
 def _lines(source: str) -> list[str]:
@@ -19,11 +19,10 @@ def _lines(source: str) -> list[str]:
 
 def test_no_test_waits_by_the_clock() -> None:
     findings = check([ROOT / "tests"])
-    assert findings == [], (
-        "\n"
-        + "\n".join(f.text(ROOT) for f in findings)
-        + "\nwait for the event instead (tools/wait.py); a figure belongs to tools/bench or"
-        + " tools/chaos; a sleep that is the behaviour under test says so: # timing-ok: why"
+    assert findings == [], listed(
+        findings,
+        "wait for the event instead (tools/wait.py); a figure belongs to tools/bench or"
+        " tools/chaos; a sleep that is the behaviour under test says so: # timing-ok: why",
     )
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from tools.subscribecheck import DEFAULT_PATHS, ROOT, check, check_source, main
+from tools.sourcecheck import listed
+from tools.subscribecheck import DEFAULT_PATHS, check, check_source, main
 
 
 def _lines(source: str) -> list[str]:
@@ -16,11 +17,10 @@ def _lines(source: str) -> list[str]:
 
 def test_no_kafka_python_consumer_subscribes_by_hand() -> None:
     findings = check(DEFAULT_PATHS)
-    assert findings == [], (
-        "\n"
-        + "\n".join(f.text(ROOT) for f in findings)
-        + "\nsubscribe through tools.peers.group_member.subscribe_knowing; a subscription"
-        + " that is the point of the code says so: # subscribe-ok: why"
+    assert findings == [], listed(
+        findings,
+        "subscribe through tools.peers.group_member.subscribe_knowing; a subscription"
+        " that is the point of the code says so: # subscribe-ok: why",
     )
 
 

@@ -1,6 +1,7 @@
-"""What the source checks of tools/ share (`tools.clockcheck`, `tools.logcheck`): a finding
-named by file and line, the marker comment that excuses one, the Python files below the
-paths given, and the command that prints the findings and fails on any.
+"""What the source checks of tools/ share (`tools.clockcheck`, `tools.logcheck`,
+`tools.subscribecheck`): a finding named by file and line, the marker comment that excuses
+one, the Python files below the paths given, the command that prints the findings and fails
+on any, and the message a test of the whole tree fails with (`listed`).
 
 The checks read sources with `ast` and import nothing of what they read."""
 
@@ -27,6 +28,11 @@ class Finding:
         except ValueError:
             shown = self.path
         return f"{shown}:{self.line}: {self.what}"
+
+
+def listed(findings: Iterable[Finding], advice: str) -> str:
+    """What a test of the whole tree fails with: each finding on a line, then `advice`."""
+    return "".join(f"\n{f.text(ROOT)}" for f in findings) + f"\n{advice}"
 
 
 def marked(lines: Sequence[str], line: int, marker: re.Pattern[str]) -> bool:
