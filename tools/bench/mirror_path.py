@@ -178,11 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile is not None:
         spy = Path(sys.executable).with_name("py-spy")
         fmt = ["--format", "raw"] if args.profile.suffix == ".txt" else []
-        here = str(Path(__file__).resolve())
+        root = Path(__file__).resolve().parents[2]
         cmd = [str(spy), "record", "-r", "250", "-o", str(args.profile), *fmt, "--"]
-        cmd += [sys.executable, here, f"--batches={args.batches}"]
+        cmd += [sys.executable, "-m", "tools.bench.mirror_path", f"--batches={args.batches}"]
         cmd.append(f"--coalesce-bytes={args.coalesce_bytes}")
-        return subprocess.run(cmd, check=False).returncode
+        # As a module from the checkout's root: run as a script, `tools` was not importable.
+        return subprocess.run(cmd, cwd=root, check=False).returncode
     if args.repeat == 1 and args.baseline is None:
         cpu, sends, wall = one_pass(args)
         print(f"| {shape} | {cpu:.2f} | {sends:,} | {wall:.2f} |")
