@@ -25,8 +25,9 @@ Rules:
   still maps to its own destination offsets (the offset map records each).
 - Bounded: a run holds at most `run_plain_bytes` decompressed bytes and RUN_RECORDS
   records. The partition's core bounds a run by its stored bytes and records; its
-  records are decompressed only here, when the run is coalesced (a worker thread, never
-  the event loop), each batch into what is left of the run's bound: a batch that holds
+  records are decompressed only here, when the run is coalesced (by the shell's send
+  loop, a run at a time: the bound is also what one run holds the event loop for),
+  each batch into what is left of the run's bound: a batch that holds
   more (a few hundred bytes of zstd can hold gigabytes of zeros), or whose records do
   not decompress or rewrite, cuts the run (`RunCut`): the batches before it go as one
   run, and it heads the next one -- alone, as stored, when it does not fit by itself.
@@ -188,8 +189,7 @@ def coalesce(
     """One magic 2 batch holding every record of a run, as the module rules say: `batches`
     are its stored batches, `headers` their headers; their records decompressed within
     `plain_limit` bytes in all (by `reader`, made for the call without one), else where
-    the run must be cut. Base offset 0, producer fields none (restamp sets them). CPU
-    work: a worker thread's."""
+    the run must be cut. Base offset 0, producer fields none (restamp sets them)."""
     first = headers[0]
     codec = Compression(first.attributes & COMPRESSION_CODEC_MASK)
     base_ts = first.base_timestamp

@@ -700,12 +700,7 @@ class Mirror:
                 sends = self._current(sends)
                 if any(s.entry.data is None for _, s in sends):
                     sends = await self._with_data(sends)
-                # Runs are rewritten and compressed again on a worker thread: the loop
-                # never waits on a codec.
-                runs = [s for _, s in sends if s.more]
-                plain_limit = run_plain_bytes(self.settings.coalesce_bytes)
-                made = await asyncio.to_thread(coalesced_runs, runs, plain_limit) if runs else {}
-                sends, coalesced = self._coalesced(sends, made)
+                sends, coalesced = self._coalesced(sends, await self._coalesce(sends))
                 if not sends:
                     continue
                 conn = await self.client.lane_connection(lane.leader, lane.index)
@@ -736,6 +731,34 @@ class Mirror:
                 core.unsent(send)
                 self._mark(tp)
         return out
+
+    async def _coalesce(
+        self, sends: list[tuple[TopicPartition, Send]]
+    ) -> dict[Send, bytes | RunCut]:
+        """Each run of `sends` still in flight coalesced (or where it must be cut), here on
+        the event loop, one run at a time with a turn of the loop between runs.
+
+        Not on a worker thread: the work is Python under the GIL either way, so a thread
+        bought no parallelism, only a second thread taking the GIL from the loop (each
+        LZ4 frame's call releases it), which cost 2-3x the context switches and about a
+        tenth more CPU a record on the tiny-batch bench (docs/benchmarks.md, session 13).
+        A run is bounded (coalesce.py: RUN_RECORDS, run_plain_bytes), so is the loop's
+        wait on one."""
+        made: dict[Send, bytes | RunCut] = {}
+        reader: PlainReader | None = None
+        plain_limit = run_plain_bytes(self.settings.coalesce_bytes)
+        for tp, send in sends:
+            if not send.more:
+                continue
+            core = self.cores.get(tp)
+            if core is None or not core.current(send):
+                continue  # rewound meanwhile: not written (_current says so to its core)
+            if reader is None:
+                reader = PlainReader(plain_limit)
+            else:
+                await asyncio.sleep(0)  # answers and the driver go between runs
+            made[send] = coalesced_run(send, plain_limit, reader)
+        return made
 
     def _coalesced(
         self,
@@ -1216,7 +1239,7 @@ def produced_batch(
     send: Send, coalesced: bytes | None = None
 ) -> tuple[bytearray, bytes | memoryview]:
     """What goes to the destination for `send`: its batch (or its run, coalesced: pass
-    `coalesced_run(send, ...)`, made on a worker thread), restamped with our producer and
+    `coalesced_run(send, ...)`), restamped with our producer and
     sequence, as its new header and its records (a view of the bytes read from the local
     log: never copied on the way to the socket)."""
     data: bytes | memoryview
@@ -1233,7 +1256,7 @@ def coalesced_run(
     send: Send, plain_limit: int, reader: PlainReader | None = None
 ) -> bytes | RunCut:
     """`send`'s run as one batch, its records decompressed within `plain_limit` bytes, or
-    where it must be cut (coalesce.py: CPU work, for a worker thread)."""
+    where it must be cut (coalesce.py)."""
     entries = send.entries
     batches = []
     for e in entries:
@@ -1244,8 +1267,8 @@ def coalesced_run(
 
 
 def coalesced_runs(sends: Sequence[Send], plain_limit: int) -> dict[Send, bytes | RunCut]:
-    """Each run of `sends` coalesced, or where it must be cut (a worker thread's): one
-    PlainReader for them all."""
+    """Each run of `sends` coalesced, or where it must be cut: one PlainReader for them
+    all."""
     reader = PlainReader(plain_limit)
     return {send: coalesced_run(send, plain_limit, reader) for send in sends}
 

@@ -264,3 +264,65 @@ def test_the_status_loops_snapshot_holds_only_halted_rows_and_the_same_totals_an
     }
     health = [assess({"ready": True, "mirror": snap}).as_dict() for snap in (full, light)]
     assert health[0] == health[1] and "mirror_halted" in str(health[0])
+
+
+async def test_runs_are_coalesced_on_the_loop_a_run_at_a_time_and_a_rewound_one_is_not(
+    tmp_path, monkeypatch
+) -> None:
+    """The send loop coalesces each run in the event loop's own thread (the work holds the
+    GIL either way: a worker thread only fought the loop for it), one run at a time with a
+    turn of the loop between runs, and a run rewound before its turn is not coalesced."""
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    from replicad.mirror import shell
+    from replicad.mirror.coalesce import run_plain_bytes
+    from replicad.mirror.partition_mirror import Failure, MirrorTiming, PartitionMirror
+    from replicad.mirror.shell import Mirror, MirrorSettings
+    from replicad.protocol.client import ClientSettings
+    from replicad.records.batch import Compression, scan_batches
+    from tools.logdata.batches import producer_batch
+
+    settings = MirrorSettings(
+        bootstrap_servers=("127.0.0.1:9",),
+        client=ClientSettings(),
+        data_dir=tmp_path,
+        coalesce_bytes=4096,
+    )
+    mirror = Mirror(settings, SimpleNamespace(client=None, logs=None))  # type: ignore[arg-type]
+    timing = MirrorTiming(coalesce_bytes=4096, coalesce_records=2, first_batch_alone=False)
+    sends = []
+    for tp in (A, B, TopicPartition("c", 0)):
+        core = PartitionMirror(position=0, timing=timing)
+        assert core.log_end_wanted(0) and core.on_log_end(STAMP_OF_TEST, 0, 0, 0).done
+        core.first_progress_saved()
+        batches = [producer_batch(i, [b"v%d" % i], codec=Compression.LZ4) for i in range(2)]
+        core.feed(LogEntry(scan_batches(b).batches[0], None, memoryview(b)) for b in batches)
+        send = core.next_send(0, STAMP_OF_TEST)
+        assert send is not None and len(send.entries) == 2
+        mirror.cores[tp] = core
+        sends.append((tp, send))
+    rewound = sends[2]
+    mirror.cores[rewound[0]].failed(rewound[1], Failure.RETRY, 0)
+    threads: list[int] = []
+    between: list[str] = []
+    coalesced_run = shell.coalesced_run
+
+    def on_this_thread(send: Send, plain_limit: int, reader: object = None) -> object:
+        threads.append(threading.get_ident())
+        between.append("run")
+        return coalesced_run(send, plain_limit, reader)  # type: ignore[arg-type]
+
+    async def other_task() -> None:
+        between.append("other")
+
+    monkeypatch.setattr(shell, "coalesced_run", on_this_thread)
+    task = asyncio.create_task(other_task())
+    made = await mirror._coalesce(sends)
+    await task
+    assert threads == [threading.get_ident()] * 2  # this loop's thread, the rewound one not
+    assert between == ["run", "other", "run"]
+    expected = shell.coalesced_runs([s for _, s in sends[:2]], run_plain_bytes(4096))
+    assert made == expected and rewound[1] not in made
+    await mirror.client.close()
