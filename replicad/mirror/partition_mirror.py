@@ -208,7 +208,9 @@ class _Pending:
     def __init__(self, entry: LogEntry, decision: Decision) -> None:
         self.entry = entry
         self.decision = decision
-        # While in flight: the send; once acknowledged, the destination offset it landed at.
+        # On the first entry of a run: while in flight, its send; once acknowledged, the
+        # destination offset the run landed at (the run's other entries follow it there,
+        # in order: their own are never set).
         self.send: Send | None = None
         self.acked_at: int | None = None
         # On the first entry of a coalesced run once sent: how many entries the run holds
@@ -234,6 +236,10 @@ class Send:
     more: tuple[LogEntry, ...] = ()
     # Old enough that the destination may forget our producer after it (see the rules).
     expiring: bool = False
+    # The records of its batches, and their newest timestamp (-1: none given): worked out
+    # once when it is made, not at each answer.
+    records: int = -1
+    newest_ms: int = -1
 
     @property
     def entries(self) -> tuple[LogEntry, ...]:
@@ -241,7 +247,15 @@ class Send:
 
     @property
     def record_count(self) -> int:
+        if self.records >= 0:
+            return self.records
         return sum(e.header.record_count for e in self.entries)
+
+    @property
+    def newest_timestamp(self) -> int:
+        if self.newest_ms >= 0:
+            return self.newest_ms
+        return max(e.header.max_timestamp for e in self.entries)
 
 
 @dataclass(frozen=True, slots=True)
@@ -548,29 +562,46 @@ class PartitionMirror:
         if not self._pending or self._pending[0].decision is not Decision.PRODUCE:
             return None
         run = self._run()
-        for pending in run:
-            refused = mirrorable(pending.entry.header)
-            if refused is not None:
-                self.halt(f"source offset {refused.base_offset}: {refused.reason}")
-                return None
+        head = run[0]
+        # The head is checked here; _run joins to it only batches that pass the same test.
+        refused = mirrorable(head.entry.header)
+        if refused is not None:
+            self.halt(f"source offset {refused.base_offset}: {refused.reason}")
+            return None
         timing = self.timing
         entries = tuple(p.entry for p in run)
-        expiring = self._expiring(entries, wall_ms)
+        count = newest = 0
+        for e in entries:
+            h = e.header
+            count += h.record_count
+            if h.max_timestamp > newest:
+                newest = h.max_timestamp
+        expiring = self._expiring(newest, wall_ms)
         if expiring and self._window_batches() > 0:
             return None  # an expiring batch goes alone: when the window has drained
         deadline = now_ms + timing.produce_timeout_ms + timing.request_timeout_ms
         send = Send(
-            entries[0], stamp, self.sequence, self._send_dest, deadline, entries[1:], expiring
+            entries[0],
+            stamp,
+            self.sequence,
+            self._send_dest,
+            deadline,
+            entries[1:],
+            expiring,
+            records=count,
+            newest_ms=newest,
         )
-        run[0].run = len(run)
-        run[0].rest = run[1:]
+        head.run = len(run)
+        head.rest = run[1:]
+        head.send = send
+        popleft = self._pending.popleft
+        window = self._window
         for pending in run:
-            self._pending.popleft()
-            pending.send = send
-            self._pass(pending)
+            popleft()
+            window.append(pending)
+        self._heads.append(head)
         self._in_flight += 1
         self._outstanding.add(send)
-        count = send.record_count
         self.sequence = next_sequence(self.sequence, count)
         self._send_dest += count
         return send
@@ -614,6 +645,7 @@ class PartitionMirror:
                 or records > max_records
                 or (h.attributes & JOIN_ATTRIBUTES) != kept
                 or not mergeable(h)
+                or h.record_count < 1  # mirrorable's test: such a batch heads a send
             ):
                 break
             run.append(pending)
@@ -666,14 +698,11 @@ class PartitionMirror:
         if slot is None:
             self._maybe_drained()
             return Answered(stale=True)
-        landed = dest_base if dest_base >= 0 else send.expected_dest
-        for p in (slot, *slot.rest):
-            p.send = None
-            p.acked_at = landed
-            landed += p.entry.header.record_count
+        slot.send = None
+        slot.acked_at = dest_base if dest_base >= 0 else send.expected_dest
         self._in_flight -= 1
         # The destination's state for our producer now dates from this batch's timestamps.
-        self._acked_newest = max(e.header.max_timestamp for e in send.entries)
+        self._acked_newest = send.newest_timestamp
         self._backoff.reset()
         done = self._settle()
         self._maybe_drained()
@@ -817,12 +846,12 @@ class PartitionMirror:
             return 1  # nothing beside an expiring batch (see _expiring)
         return self.timing.max_in_flight
 
-    def _expiring(self, entries: tuple[LogEntry, ...], wall_ms: int | None) -> bool:
-        """Whether the destination may forget our producer after these batches (see the
-        module rules)."""
+    def _expiring(self, newest_ms: int, wall_ms: int | None) -> bool:
+        """Whether the destination may forget our producer after batches whose newest
+        timestamp is `newest_ms` (see the module rules)."""
         if not self.timing.first_batch_alone:
             return False
-        return self._old(max(e.header.max_timestamp for e in entries), wall_ms)
+        return self._old(newest_ms, wall_ms)
 
     def _old(self, timestamp_ms: int, wall_ms: int | None) -> bool:
         """Whether producer state dating from `timestamp_ms` may be expired by now."""
@@ -902,25 +931,63 @@ class PartitionMirror:
             self._heads.append(pending)
 
     def _settle(self) -> int:
-        """Acknowledged and skipped entries at the window's head become progress."""
+        """Acknowledged runs and skipped entries at the window's head become progress; a
+        run settles whole (its entries follow its head in the window)."""
         done = 0
-        while self._window:
-            head = self._window[0]
+        window = self._window
+        while window:
+            head = window[0]
             if head.decision is Decision.SKIP:
-                self._window.popleft()
+                window.popleft()
                 self._forget_bytes(head)
                 self.position = head.entry.header.next_offset
                 self.batches_skipped += 1
                 continue
             if head.acked_at is None:
                 break
-            self._window.popleft()
-            if head.run:
-                self._heads.popleft()
+            window.popleft()
+            self._heads.popleft()
+            rest = head.rest
+            for _ in rest:
+                window.popleft()
+            self._advance_run(head, rest)
+            done += 1 + len(rest)
+        return done
+
+    def _advance_run(self, head: _Pending, rest: list[_Pending]) -> None:
+        """`head`'s acknowledged run becomes progress: its batches landed one after the
+        other from `head.acked_at`."""
+        assert head.acked_at is not None
+        first = head.entry.header
+        if not rest:
             self._forget_bytes(head)
             self._advance(head, head.acked_at)
-            done += 1
-        return done
+            return
+        dest = head.acked_at
+        records = first.record_count
+        held = head.entry.held_bytes
+        last = first
+        for p in rest:
+            entry = p.entry
+            h = entry.header
+            records += h.record_count
+            if entry.data is not None:
+                held += len(entry.data)
+            last = h
+        self._pending_bytes -= held
+        if last.next_offset - first.base_offset == records:
+            # No offset between the batches: one difference for all, the first's.
+            self.offset_map.record(first.base_offset, dest)
+        else:
+            at = dest
+            for p in (head, *rest):
+                h = p.entry.header
+                self.offset_map.record(h.base_offset, at)
+                at += h.record_count
+        self.position = last.next_offset
+        self.dest_next = dest + records
+        self.records_mirrored += records
+        self.batches_mirrored += 1 + len(rest)
 
     def _advance(self, pending: _Pending, dest_base: int) -> bool:
         h = pending.entry.header

@@ -463,6 +463,41 @@ def test_small_batches_are_sent_as_one_run_and_map_each_to_its_offsets() -> None
     assert core.offset_map.translate(1) == 101 and core.offset_map.translate(4) == 104
 
 
+def test_a_run_settles_whole_and_a_gap_between_its_batches_is_a_sync_point() -> None:
+    """An acknowledged run becomes progress in one step: its batches landed one after the
+    other, so a run without offsets missing between its batches adds no sync point past its
+    first, and one whose source offsets jump (records compacted away between two batches)
+    adds one where they jump; a run settles only once every run before it did."""
+    core = started(timing=dataclasses.replace(COALESCING, coalesce_bytes=1000))
+    core.feed([data(0), data(1), data(2), data(7), data(8)])  # 3..6 compacted away
+    whole = core.next_send(NOW, STAMP)
+    assert whole is not None and len(whole.entries) == 5 and whole.record_count == 5
+    assert core.acked(whole, -1, NOW).batches_done == 5
+    assert (core.position, core.dest_next, core.records_mirrored) == (9, 5, 5)
+    assert core.batches_mirrored == 5
+    assert core.offset_map.points == [SyncPoint(0, 0), SyncPoint(7, 3)]
+    assert [core.offset_map.translate(o) for o in (2, 5, 7, 8)] == [2, 3, 3, 4]
+    core = started(timing=dataclasses.replace(COALESCING, coalesce_bytes=1000, coalesce_records=2))
+    core.feed([data(i) for i in range(6)])
+    first, second, third = sends(core)
+    assert core.acked(third, -1, NOW).batches_done == 0  # behind two runs not settled
+    assert core.acked(first, -1, NOW).batches_done == 2
+    assert core.acked(second, -1, NOW).batches_done == 4
+    assert (core.position, core.dest_next, core.buffered_bytes) == (6, 6, 0)
+    assert core.offset_map.points == [SyncPoint(0, 0)]
+
+
+def test_an_empty_batch_among_small_ones_ends_the_run_and_halts_at_its_own_send() -> None:
+    """A batch of no records cannot be produced: it is not joined to a run (the run before
+    it goes), and the partition halts naming it when it would be sent."""
+    core = started(timing=dataclasses.replace(COALESCING, coalesce_bytes=1000))
+    core.feed([data(0), data(1), entry(2, count=0), data(3)])
+    run = core.next_send(NOW, STAMP)
+    assert run is not None and [e.header.base_offset for e in run.entries] == [0, 1]
+    assert core.next_send(NOW, STAMP) is None
+    assert core.phase is Phase.HALTED and "source offset 2" in (core.error or "")
+
+
 def test_a_resent_run_is_the_same_batch() -> None:
     core = started(timing=COALESCING)
     core.feed([data(0, 1), data(1, 1)])
