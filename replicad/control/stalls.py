@@ -29,7 +29,9 @@ one empty answer while behind says the pass went on, not that the partition is s
 goes first in the next pass's shares. While its leader is fetched in shares (`in_shares`), a
 partition waits for its turn (`waits_for_turn`), not stalled, until the leader has answered
 it `SHARE_ANSWERS_TO_JUDGE` times since its log last moved (the answer that moved it not
-counted); then the rule applies from its last move as to any other.
+counted) or the disk last refused an answer's records (that answer would have moved it: the
+partition waits for its next turn after its retry, not for the leader); then the rule
+applies from its last move as to any other.
 
 Sans-I/O: `check` reads the status snapshot's partitions and leaders (plain mappings) and
 returns what began and ended; the daemon logs and counts.

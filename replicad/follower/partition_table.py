@@ -1057,6 +1057,12 @@ class PartitionTable:
         if disk_full:
             state.move(PhaseEvent.DISK_FULL)
             state.disk_full_ms = now_ms
+            # The leader served it and the disk refused: for the turn rule that answer is
+            # the one that would have moved it (control/stalls.py, waits_for_turn). Counted
+            # as an answer that left it behind, a partition of a leader fetched in shares was
+            # stalled while it waited for its next turn after the retry (a pass over 10,000
+            # partitions on Tansu took 100 s against the 30 s stall time, session 13).
+            state.answers_since_move = 0
             state.delay(now_ms, max(self.settings.backoff_ms, DISK_FULL_RETRY_MS), "disk full")
             self._say_once(
                 f"enospc:{append.tp}",

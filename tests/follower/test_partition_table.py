@@ -472,6 +472,24 @@ def test_a_full_disk_pauses_the_partition_until_space_is_back():
     assert table.next_fetch(20, max_version=13) is not None
 
 
+def test_an_answer_the_disk_refused_starts_the_turn_count_over():
+    """Session 13's 10,000-partition Tansu soak: a pass of shares took 100 s; a partition
+    whose records the disk refused had its answers counted as answers that left it behind,
+    and was stalled while it waited for its next turn after the retry."""
+    table = _table()
+    state, _ = _add(table, TP0)
+    for now in (0, 10):  # two answers without records while behind
+        fetch = table.next_fetch(now, max_version=13)
+        table.on_response(fetch, _response(fetch, _partition(TP0, hw=4)), now)
+    assert state.answers_since_move == 2
+    fetch = table.next_fetch(20, max_version=13)
+    outcome = table.on_response(
+        fetch, _response(fetch, _partition(TP0, records=_batches(0, 1))), 20
+    )
+    table.append_failed(outcome.appends[0], "ENOSPC", 20, disk_full=True)
+    assert state.answers_since_move == 0 and state.fetch_offset == 0
+
+
 def test_a_full_disk_is_tried_again_after_its_retry_time_without_disk_back():
     table = _table()
     _add(table, TP0)
