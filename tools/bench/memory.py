@@ -77,6 +77,10 @@ STATUS_TIMEOUT_S = 600.0
 # about 40 bytes each, 3,334 partitions per leader here).
 RESPONSE_FRAME_ALLOWANCE = 1 * MIB
 PRODUCE_FLUSH_S = 300.0
+# After catching up, how long before RSS is read again: past one checkpoint interval (5 s
+# by default), when the follower frees the idle fetch buffers it no longer needs
+# (memory_pool.py's trim).
+SETTLE_S = 7.0
 SHM = Path("/dev/shm")
 SEGMENT_SUFFIXES = (".log", ".index", ".timeindex")
 DELETED = " (deleted)"
@@ -132,6 +136,7 @@ class MemoryRun:
     peak_rss: int  # VmHWM, after a status reply too
     peak_rss_replicating: int  # VmHWM when replication had finished, before status
     rss_at_end: int  # VmRSS when replication had finished
+    rss_settled: int  # VmRSS SETTLE_S later (idle buffers trimmed), before status
     pool_capacity: int
     pool_peak: int
     pool_waits: int
@@ -462,6 +467,13 @@ def run(
                 f"VmRSS {caught_up['VmRSS'] / MIB:.1f} MiB",
                 file=sys.stderr,
             )
+            time.sleep(SETTLE_S)
+            settled = proc_status(pid)
+            print(
+                f"{SETTLE_S:.0f} s later: VmHWM {settled['VmHWM'] / MIB:.1f} MiB, "
+                f"VmRSS {settled['VmRSS'] / MIB:.1f} MiB",
+                file=sys.stderr,
+            )
             asked = time.monotonic()
             snap = status_json(socket_path)
             print(f"status answered in {time.monotonic() - asked:.1f} s", file=sys.stderr)
@@ -483,6 +495,7 @@ def run(
         peak_rss=peak_rss,
         peak_rss_replicating=caught_up["VmHWM"],
         rss_at_end=caught_up["VmRSS"],
+        rss_settled=settled["VmRSS"],
         pool_capacity=pool["capacity"],
         pool_peak=pool["peak"],
         pool_waits=pool["waits"],
@@ -500,18 +513,18 @@ def run(
 def table(runs: list[MemoryRun]) -> str:
     head = (
         "| partitions | leaders | buffer.memory | peak RSS (VmHWM) "
-        "| VmHWM before status | RSS when caught up "
+        f"| VmHWM before status | RSS when caught up | RSS {SETTLE_S:.0f} s later "
         "| bound | pool peak | "
         "pool waits | pool buffers freed while held "
         "| max open fds (RLIMIT) | max segment fds (log.max_open_files) | "
         "replicated | replicate s |\n"
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     rows = [
         f"| {r.scenario.partitions:,} | {len(r.leaders)} "
         f"| {r.scenario.buffer_memory / MIB:.0f} MiB "
         f"| {r.peak_rss / MIB:.1f} MiB | {r.peak_rss_replicating / MIB:.1f} MiB "
-        f"| {r.rss_at_end / MIB:.1f} MiB "
+        f"| {r.rss_at_end / MIB:.1f} MiB | {r.rss_settled / MIB:.1f} MiB "
         f"| {r.rss_bound / MIB:.0f} MiB "
         f"| {r.pool_peak / MIB:.1f} MiB | {r.pool_waits} | {r.pool_freed_in_use / MIB:.1f} MiB "
         f"| {r.fds.max_open} ({r.scenario.nofile_limit}) "
