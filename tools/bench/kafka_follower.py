@@ -52,6 +52,7 @@ from confluent_kafka.admin import (
 )
 from kafka import KafkaAdminClient
 
+from tools.bench.kafka_settings import kafka_settings as broker_settings
 from tools.bench.measure import STEADY_FROM, STEADY_TO, cpu_seconds, run_measured
 from tools.bench.replicate import GB, MB, RECORD, child_env, log_bytes, produce
 from tools.peers.kafka_cluster import KafkaCluster
@@ -372,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         "(its controller and housekeeping), counted in its CPU column"
     )
     print(summary(runs))
+    print(f"- {broker_settings(nodes=args.nodes, bench=fetch)}, a 1 GiB heap")
     return 0
 
 

@@ -54,6 +54,7 @@ from confluent_kafka import Producer
 
 from replicad.types import TopicPartition
 from tools.bench import traced
+from tools.bench.kafka_settings import kafka_settings
 from tools.peers.admin import librdkafka_log
 from tools.peers.kafka_cluster import KafkaCluster
 from tools.peers.produce import produce_when_room
@@ -581,6 +582,7 @@ def main() -> int:
             f"setup {result.setup_s:.1f} s, replication {result.replicate_s:.1f} s", file=sys.stderr
         )
         print(table([result]))
+        print(f"\n{kafka_settings(nodes=len(cluster.nodes))}")
         return 0 if not result.mismatched else 1
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

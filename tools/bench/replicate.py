@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.bench import consumers
+from tools.bench.kafka_settings import kafka_settings
 from tools.bench.measure import STEADY_FROM, STEADY_TO, Measured, installed_env, run_measured
 from tools.peers.kafka import KafkaBroker
 from tools.peers.kcat import kcat_binary
@@ -720,6 +721,7 @@ def main() -> int:
     print(table(summaries))
     print()
     print(settings_notes(summaries))
+    print(f"- {kafka_settings()}, a 2 GiB heap")
     print()
     print(limits_notes(summaries, limits))
     print()
