@@ -74,7 +74,7 @@ import ssl
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -89,6 +89,7 @@ from replicad.config.model import SaslMechanism, ServeSecurityConfig
 from replicad.errors import RemoteProtocolError
 from replicad.groups.coordinator import CoordinatorConfig
 from replicad.leader import group_wire, handlers, legacy_codec
+from replicad.leader.assemble import assemble
 from replicad.leader.catalog import Catalog
 from replicad.leader.events import ServeEvent, ServeEvents
 from replicad.leader.fetch import (
@@ -1045,8 +1046,8 @@ class LeaderServer:
         READ_AHEAD_BYTES of regions), the regions read in one hop to a worker thread;
         returns the index of the first part not written."""
         end = start
-        regions: list[FileRegion] = []
-        region_bytes = 0
+        run: list[bytes | FileRegion] = []
+        regions = region_bytes = 0
         while end < len(parts):
             part = parts[end]
             if isinstance(part, FileRegion):
@@ -1054,25 +1055,20 @@ class LeaderServer:
                     regions and region_bytes + part.size > READ_AHEAD_BYTES
                 ):
                     break
-                regions.append(part)
+                regions += 1
                 region_bytes += part.size
             elif not isinstance(part, bytes):
                 break
+            run.append(part)
             end += 1
-        read = await asyncio.to_thread(_read_regions, regions) if regions else []
-        contents = iter(read)
-        for part in parts[start:end]:
-            if isinstance(part, bytes):
-                writer.write(part)
-                continue
-            data = next(contents)
-            writer.write(data)
-            self.counters["copied_region_bytes_total"] += len(data)
-            if len(data) < part.size:
-                # The segment shrank (truncation) or vanished (retention) since it was read.
-                self.counters["short_regions_total"] += 1
-                for piece in overflow_entry(part.size - len(data)):
-                    writer.write(piece)
+        if not regions:  # bytes only
+            writer.write(b"".join(data for data in run if isinstance(data, bytes)))
+        else:
+            assembled = await asyncio.to_thread(assemble, run)
+            writer.write(assembled.buffer)
+            self.counters["copied_region_bytes_total"] += assembled.region_bytes
+            # The segment shrank (truncation) or vanished (retention) since it was read.
+            self.counters["short_regions_total"] += assembled.short_regions
         await writer.drain()
         return end
 
@@ -1114,27 +1110,6 @@ class LeaderServer:
                 writer.write(piece)
         self.counters["downconverted_bytes_total"] += sent
         self.counters["downconverted_records_total"] += conversion.stats.records_converted
-
-
-def _read_regions(regions: Sequence[FileRegion]) -> list[bytes]:
-    """On a worker thread: each region's bytes (fewer when its file shrank, none when it
-    is gone), each file opened once."""
-    fds: dict[Path, int | None] = {}
-    read: list[bytes] = []
-    try:
-        for region in regions:
-            if region.path not in fds:
-                try:
-                    fds[region.path] = os.open(region.path, os.O_RDONLY)
-                except FileNotFoundError:
-                    fds[region.path] = None
-            fd = fds[region.path]
-            read.append(b"" if fd is None else os.pread(fd, region.size, region.position))
-    finally:
-        for fd in fds.values():
-            if fd is not None:
-                os.close(fd)
-    return read
 
 
 # Loop CPU seconds spent, during the request being charged, on awaits that are not its own
