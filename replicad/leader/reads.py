@@ -181,9 +181,13 @@ def read_partition(
             )
     if offset < start or offset > end:
         return PartitionAnswer(tp, offset, error_code=ErrorCode.offset_out_of_range)
-    bound = {Isolation.LOG_END: end, Isolation.HIGH_WATERMARK: hw, Isolation.TXN_COMMITTED: lso}[
-        limits.isolation
-    ]
+    isolation = limits.isolation
+    if isolation is Isolation.HIGH_WATERMARK:
+        bound = hw
+    elif isolation is Isolation.LOG_END:
+        bound = end
+    else:
+        bound = lso
     if offset >= bound:
         return _answer_with_offsets(tp, offset, hw, lso, start, aborted)
     if state is not None:

@@ -333,11 +333,18 @@ class LogSegment:
         """The first batch holding an offset >= `offset` (None: none in this segment).
         `damage_raises`: a position before the segment's end where no batch header parses
         raises DamagedLogError, instead of ending the search as the segment's end does."""
+        header = self._first_header(offset, start_position, damage_raises)
+        return None if header is None else BatchLocation(header)
+
+    def _first_header(
+        self, offset: int, start_position: int, damage_raises: bool
+    ) -> BatchHeader | None:
+        """translate_offset's search, the batch's header itself."""
         position = max(self.offset_index.lookup(offset).position, start_position)
         with self._log.pinned() as fd:
             while (header := self._header_at(position, fd)) is not None:
                 if header.last_offset >= offset:
-                    return BatchLocation(header)
+                    return header
                 position = header.end_position
             if damage_raises and position < self.size:
                 self._raise_damage(position, fd)
@@ -359,11 +366,11 @@ class LogSegment:
     def read(self, offset: int, max_bytes: int) -> FileRegion | None:
         """From the batch holding `offset`: max_bytes at most, but the first batch whole.
         A damaged entry before the batch raises DamagedLogError (see translate_offset)."""
-        location = self.translate_offset(offset, damage_raises=True)
-        if location is None:
+        header = self._first_header(offset, 0, True)
+        if header is None:
             return None
-        start = location.header.position
-        size = min(self.size - start, max(max_bytes, location.header.size))
+        start = header.position
+        size = min(self.size - start, max(max_bytes, header.size))
         return FileRegion(self.log_path, start, size)
 
     def find_offset_by_timestamp(
