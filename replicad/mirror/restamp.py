@@ -150,6 +150,32 @@ def rewrite_records(
 
     The coalescing mirror runs this once per record mirrored: the varints are read and
     written inline (kio's readers and writers cost a call and a buffer per field)."""
+    if count == 1 and len(records) > 4:
+        # One record (a producer with linger.ms 0 stores one a batch) whose timestamp delta
+        # and offset delta are one byte each: what the loop below writes, in fewer steps.
+        first = records[0]
+        if first < 0x80:
+            length, body = (first >> 1) ^ -(first & 1), 1
+        elif records[1] < 0x80:
+            raw = (first & 0x7F) | (records[1] << 7)
+            length, body = (raw >> 1) ^ -(raw & 1), 2
+        else:
+            length = body = -1
+        ts_at = body + 1
+        if body > 0 and length == len(records) - body and len(records) > ts_at + 1:
+            ts_byte, delta_byte = records[ts_at], records[ts_at + 1]
+            if ts_byte < 0x80 and delta_byte < 0x80:
+                if shift_ms:
+                    timestamp = _varint(((ts_byte >> 1) ^ -(ts_byte & 1)) + shift_ms)
+                else:
+                    timestamp = _SMALL_VARINTS[ts_byte]
+                delta = _varint(first_index)
+                out += _varint(length - 2 + len(timestamp) + len(delta))
+                out.append(records[body])  # the record's attributes
+                out += timestamp
+                out += delta
+                out += records[ts_at + 2 :]
+                return first_index + 1
     pos = 0
     index = first_index
     size = len(records)

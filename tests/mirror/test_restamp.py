@@ -97,3 +97,38 @@ def test_a_batch_thinned_by_compaction_claims_as_many_offsets_as_records(codec) 
 def test_sequences_wrap_at_int32_max() -> None:
     assert next_sequence(5, 10) == 15
     assert next_sequence(MAX_SEQUENCE - 1, 3) == 1
+
+
+def test_a_record_rewrites_the_same_alone_as_among_others() -> None:
+    """rewrite_records' one-record path (a batch of one record, the linger.ms 0 case) writes
+    what its loop over many records writes for the same record: offset delta renumbered,
+    timestamp delta moved, length rewritten, the rest copied; a record that does not fill
+    its section is refused the same way."""
+    import random
+
+    from replicad.mirror.restamp import rewrite_records, uvarint
+
+    def zigzag(value: int) -> bytes:
+        return uvarint((value << 1) ^ (value >> 63))
+
+    rng = random.Random(32)
+    for _ in range(2000):
+        body = (
+            bytes([rng.randrange(256)])
+            + zigzag(rng.choice([0, 1, -1, 63, -64, 64, rng.randrange(-(10**6), 10**6)]))
+            + zigzag(rng.choice([0, 1, 70]))
+            + rng.randbytes(rng.choice([0, 5, 60, 1030, 9000]))
+        )
+        record = zigzag(len(body)) + body
+        other = zigzag(3) + b"\x00\x00\x02"  # a second record: offset delta 1
+        index, shift = rng.choice([0, 1, 64, 10**6]), rng.choice([0, 5, -5, 10**7])
+        alone, among = bytearray(), bytearray()
+        next_index = rewrite_records(
+            memoryview(record), 1, alone, first_index=index, shift_ms=shift
+        )
+        assert next_index == index + 1
+        rewrite_records(memoryview(record + other), 2, among, first_index=index, shift_ms=shift)
+        assert among.startswith(alone) and len(among) > len(alone)
+        for bad in (record + b"\x00", record[:-1]):
+            with pytest.raises(ValueError):
+                rewrite_records(memoryview(bad), 1, bytearray(), first_index=index)
