@@ -27,11 +27,12 @@ longer than `stall_after_ms`, and a partition is asked again only in the next pa
 answers the partitions it did not read within the request's max wait without records, so
 one empty answer while behind says the pass went on, not that the partition is stuck: it
 goes first in the next pass's shares. While its leader is fetched in shares (`in_shares`), a
-partition waits for its turn (`waits_for_turn`), not stalled, until the leader has answered
-it `SHARE_ANSWERS_TO_JUDGE` times since its log last moved (the answer that moved it not
-counted) or the disk last refused an answer's records (that answer would have moved it: the
-partition waits for its next turn after its retry, not for the leader); then the rule
-applies from its last move as to any other.
+partition waits for its turn (`waits_for_turn`), not stalled, until `SHARE_ANSWERS_TO_JUDGE`
+requests that named it have ended since its log last moved (the one that moved it not
+counted; answered or not: a partition the leader never answers is judged too) or the disk
+last refused an answer's records (that answer would have moved it: the partition waits for
+its next turn after its retry, not for the leader); then the rule applies from its last move
+as to any other.
 
 Sans-I/O: `check` reads the status snapshot's partitions and leaders (plain mappings) and
 returns what began and ended; the daemon logs and counts.
@@ -98,9 +99,9 @@ def sharing_leaders(leaders: Sequence[Mapping[str, Any]]) -> frozenset[int]:
 
 
 def waits_for_turn(p: Mapping[str, Any], sharing: frozenset[int]) -> bool:
-    """Its leader is fetched in shares and has answered it fewer than
-    SHARE_ANSWERS_TO_JUDGE times since its log last moved (see the rules), for one
-    partition of the snapshot."""
+    """Its leader is fetched in shares and fewer than SHARE_ANSWERS_TO_JUDGE requests that
+    named it have ended since its log last moved (see the rules), for one partition of the
+    snapshot."""
     if int(p.get("leader", -1)) not in sharing:
         return False
     return int(p.get("answers_since_move") or 0) < SHARE_ANSWERS_TO_JUDGE

@@ -61,10 +61,11 @@ class PartitionState:
     # partition's start, found by ListOffsets): with lag, a partition
     # idle for long is stalled (control/health.py).
     progress_ms: int = 0
-    # Answers without an error since its log last moved or the disk last refused its
-    # answer's records (the answer that moved it, or would have, not counted): a partition
-    # of a leader fetched in shares waits for its turn in the next pass until it has had
-    # two, and is not stalled meanwhile (control/stalls.py).
+    # Requests that named it and ended since its log last moved or the disk last refused
+    # its answer's records (the one that moved it, or would have, not counted): answered,
+    # with or without an error, left out of the answer, or never answered. A partition of a
+    # leader fetched in shares waits for its turn in the next pass until it has had two,
+    # and is not stalled meanwhile (control/stalls.py).
     answers_since_move: int = 0
     # When an append last failed because the disk is full (monotonic ms; None: never).
     # A partition paused on a full disk is not stalled (control/stalls.py), and status says

@@ -197,6 +197,10 @@ class PartitionTable:
         # The last answer left a partition behind without records: the next share waits
         # longer (R11).
         self._cut = False
+        # The partitions the request in flight names: when its exchange ends (answered,
+        # refused, failed, or abandoned for a new connection) each counts one answer since
+        # its log last moved, whether the answer named it or not (`_exchange_ended`).
+        self._out: Mapping[TopicPartition, PartitionFetch] = {}
         self._say = RateLimitedLog(interval_ms=60_000)
 
     # -- membership (metadata answered; state loaded from disk) --------------------------
@@ -427,6 +431,7 @@ class PartitionTable:
 
     def next_fetch(self, now_ms: int, *, max_version: int) -> NextFetch | None:
         """The next Fetch request, or None when no partition is fetchable now."""
+        self._exchange_ended()  # a request abandoned unanswered (a new connection)
         wanted = self._wanted(now_ms)
         if not wanted:
             return None
@@ -445,6 +450,7 @@ class PartitionTable:
         self._wanted_changes = []
         self.stats.last_request_partitions = len(plan.to_send)
         self.stats.in_shares = share is not None
+        self._out = plan.to_send
         if share:
             self._sent_a_share = True
             self.stats.sessionless_shares += 1
@@ -732,6 +738,7 @@ class PartitionTable:
                 continue  # an id the plan does not know: the session handler rejects it
             for pd in topic.partitions:
                 entries.append((TopicPartition(name, int(pd.partition_index)), pd))
+        self._exchange_ended([tp for tp, _ in entries])
         verdict = self.session.handle_response(
             plan,
             error_code=body.error_code,
@@ -801,7 +808,6 @@ class PartitionTable:
             state.high_watermark = pd.high_watermark
             state.last_stable_offset = pd.last_stable_offset
             state.leader_log_start_offset = pd.log_start_offset
-            state.answers_since_move += 1  # appended() sets it back to 0
             if not pd.records and pd.high_watermark > state.fetch_offset:
                 self._cut = True  # R11: behind, and nothing read for it
             elif self._unserved and (pd.records or pd.high_watermark >= 0):
@@ -1089,6 +1095,7 @@ class PartitionTable:
 
     def send_failed(self, now_ms: int) -> None:
         """The request in flight got no usable answer: the session starts over (KIP-227)."""
+        self._exchange_ended()
         self._note_recovery(self.session.handle_send_error(now_ms=now_ms), now_ms)
 
     def connection_lost(self, now_ms: int) -> None:
@@ -1112,6 +1119,23 @@ class PartitionTable:
         self.stats.loop_errors += 1
         self.stats.last_error = error
         return self._backoff.next_delay_ms()
+
+    def _exchange_ended(self, answered: Iterable[TopicPartition] = ()) -> None:
+        """The request in flight is over, answered or not: each partition it named, and
+        each the answer names (an incremental session's answer may name partitions the
+        request left out), counts an answer since its log last moved (`appended` sets it
+        back to 0). Counted whether the answer named it, with or without an error, or never
+        came: the stall rule waits for a partition of a leader fetched in shares until it
+        has two (control/stalls.py), and a partition that leader never answers (a
+        sessionless answer may leave partitions out; a share may time out every time) must
+        not wait for its turn forever."""
+        out, self._out = self._out, {}
+        counted = set(answered)
+        counted.update(out)
+        for tp in counted:
+            state = self.partitions.get(tp)
+            if state is not None:
+                state.answers_since_move += 1
 
     def _note_recovery(self, verdict: ResponseVerdict, now_ms: int) -> None:
         reason = verdict.reason

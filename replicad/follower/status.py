@@ -134,7 +134,8 @@ def _row(
         "disk_retry_ago_ms": (
             None if st.disk_retry_ms is None else max(0, now_ms - st.disk_retry_ms)
         ),
-        # Answers since its log last moved (that answer not counted).
+        # Requests that named it and ended since its log last moved (answered or not; the
+        # one that moved it not counted): the stall rule's wait for a turn.
         "answers_since_move": st.answers_since_move,
         "bytes_replicated": st.bytes_replicated,
         "records_replicated": st.records_replicated,

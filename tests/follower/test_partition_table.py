@@ -644,10 +644,46 @@ def test_a_share_asks_those_known_behind_first_and_every_partition_once_a_pass()
     assert waits == [2_000, 2_000, 500, 500]  # 7 left behind by the first two answers
     assert sorted(p for s in [*shares[:2], shares[2][:2]] for p in s) == list(range(8))
     assert table.stats.share_passes == 2
-    # Answers since each log last moved (the stall rule's wait for a turn): 5 moved by its
-    # answer, 7 answered twice without records, 1 asked twice and never answered.
+    # Requests that named each and ended since its log last moved (the stall rule's wait
+    # for a turn): 5 moved by its answer, 7 answered three times without records (the
+    # first request, two shares), 1 named by two that ended (answered by the first, left
+    # out of the second share's answer) and by the one in flight, not counted yet.
     counts = {p: table.partitions[TopicPartition("t", p)].answers_since_move for p in (5, 7, 1)}
-    assert counts == {5: 0, 7: 2, 1: 1}
+    assert counts == {5: 0, 7: 3, 1: 2}
+
+
+def test_a_partition_of_a_share_the_leader_never_answers_is_judged_after_two_requests():
+    """A partition waits for its turn in a pass (control/stalls.py) until two requests that
+    named it have ended since its log last moved -- whether the answer named it or not: a
+    sessionless answer may leave a partition out, and a share may never be answered (a
+    timeout). Counted on answers alone, such a partition waited for its turn forever and
+    was never called stalled."""
+    from replicad.control.stalls import SHARE_ANSWERS_TO_JUDGE, waits_for_turn
+
+    table = _table(sessionless_max_partitions=2)
+    logs = {}
+    for p in range(4):
+        _, logs[TopicPartition("t", p)] = _add(table, TopicPartition("t", p))
+    first = table.next_fetch(0, max_version=13)  # every partition: no session yet
+    table.send_failed(0)  # never answered
+    left_out = TopicPartition("t", 1)
+    asked = []
+    for _ in range(4):  # two passes of two shares
+        fetch = table.next_fetch(0, max_version=13)
+        assert table.stats.in_shares
+        asked.append(_asked(fetch))
+        others = [_partition(tp, hw=4) for tp in fetch.plan.to_send if tp != left_out]
+        table.on_response(fetch, _response(fetch, *others, session_id=0), 0)
+    assert sorted(p for s in asked for p in s) == [0, 0, 1, 1, 2, 2, 3, 3]
+    counts = {tp.partition: s.answers_since_move for tp, s in table.partitions.items()}
+    assert counts == {p: 3 for p in range(4)}  # the first request and two shares each
+    row = {"leader": 1, "answers_since_move": counts[1]}
+    assert counts[1] >= SHARE_ANSWERS_TO_JUDGE and not waits_for_turn(row, frozenset({1}))
+    assert first.plan.is_full
+    # A share abandoned unanswered (its connection replaced) counts when the next is built.
+    fetch = table.next_fetch(0, max_version=13)
+    table.next_fetch(0, max_version=13)
+    assert all(table.partitions[tp].answers_since_move == 4 for tp in fetch.plan.to_send)
 
 
 def test_with_sessions_off_every_request_is_a_share():
