@@ -71,7 +71,8 @@ Rules kept here (each repeated where it is kept):
   Fetch of 1,000 partitions with no records at all, and 4 of them alone with their
   batches). Within a pass the partitions known to be behind go first in each share (the
   leader's high watermark above our fetch offset, or asked in a share and not served since:
-  no records, not found caught up, or no answer), then the others in rotation order: Tansu
+  no records, not found caught up, or no answer; under read_committed the last stable
+  offset stands for the high watermark), then the others in rotation order: Tansu
   reads a request's partitions in order until its max wait has passed and answers the rest
   without records, so what it cuts is what needed nothing. After an answer that left a
   partition behind without records (the leader's wait ran out before it read it), the next
@@ -140,6 +141,7 @@ from replicad.wire import (
     FETCH_CURRENT_LEADER_EPOCH_VERSION,
     FETCH_LAST_FETCHED_EPOCH_VERSION,
     FETCH_TOPIC_ID_VERSION,
+    READ_COMMITTED,
 )
 
 log = structlog.get_logger("replicad.fetcher")
@@ -495,7 +497,8 @@ class PartitionTable:
             if tp not in left:
                 continue
             state = self.partitions[tp]
-            if tp in unserved or state.high_watermark > state.fetch_offset:
+            served_end = self._served_end(state.high_watermark, state.last_stable_offset)
+            if tp in unserved or served_end > state.fetch_offset:
                 behind.append(tp)
                 if len(behind) == count:
                     break
@@ -504,6 +507,20 @@ class PartitionTable:
         chosen = (behind + others)[:count]
         left.difference_update(chosen)
         return {tp: wanted[tp] for tp in chosen}
+
+    def _served_end(self, high_watermark: int, last_stable_offset: int) -> int:
+        """R11: where the leader's answers to us end, for "behind": its high watermark, or
+        under read_committed its last stable offset when it says one (Kafka's Fetch serves
+        a consumer only below it: a partition held by an open transaction is answered
+        without records however far its high watermark is, and is not behind). A replica
+        (replica_id >= 0) is served to the log end whatever the isolation level."""
+        if (
+            self.settings.isolation_level == READ_COMMITTED
+            and self.settings.replica_id < 0
+            and last_stable_offset >= 0
+        ):
+            return min(high_watermark, last_stable_offset)
+        return high_watermark
 
     def usable_fetch_version(self, version: int, plan: FetchRequestPlan) -> int:
         if version >= FETCH_TOPIC_ID_VERSION and not plan.uses_topic_ids:
@@ -808,7 +825,8 @@ class PartitionTable:
             state.high_watermark = pd.high_watermark
             state.last_stable_offset = pd.last_stable_offset
             state.leader_log_start_offset = pd.log_start_offset
-            if not pd.records and pd.high_watermark > state.fetch_offset:
+            served_end = self._served_end(pd.high_watermark, pd.last_stable_offset)
+            if not pd.records and served_end > state.fetch_offset:
                 self._cut = True  # R11: behind, and nothing read for it
             elif self._unserved and (pd.records or pd.high_watermark >= 0):
                 self._unserved.discard(tp)  # R11: served, or nothing to serve

@@ -41,6 +41,7 @@ from replicad.log.epoch import EpochEndOffset as LogEpochEnd
 from replicad.log.epoch import LeaderEpochCache
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
+from replicad.wire import READ_COMMITTED
 from tools.logdata.batches import producer_batch
 
 TP0 = TopicPartition("t", 0)
@@ -684,6 +685,42 @@ def test_a_partition_of_a_share_the_leader_never_answers_is_judged_after_two_req
     fetch = table.next_fetch(0, max_version=13)
     table.next_fetch(0, max_version=13)
     assert all(table.partitions[tp].answers_since_move == 4 for tp in fetch.plan.to_send)
+
+
+def test_under_read_committed_an_open_transaction_is_not_behind():
+    """R11's "behind" is the end the leader serves us: under read_committed a consumer is
+    answered only below the last stable offset, so a partition held by an open transaction
+    (high watermark 10, last stable offset 4 = our fetch offset) is answered without
+    records every time. Taken as behind (by its high watermark), it went first in every
+    share and made every share wait fetch.sessionless_wait_ms. A replica (replica_id 0) is
+    served to the log end: there the high watermark says it."""
+    tp1 = TopicPartition("t", 1)
+    for replica_id, waits in ((-1, [500, 500]), (0, [2_000, 2_000])):
+        table = _table(
+            sessionless_max_partitions=1,
+            wait_max_ms=500,
+            sessionless_wait_ms=2_000,
+            isolation_level=READ_COMMITTED,
+            replica_id=replica_id,
+        )
+        for p in range(3):
+            _add(table, TopicPartition("t", p), end=4)
+        first = table.next_fetch(0, max_version=13)
+        held = replace(_partition(tp1, hw=10), last_stable_offset=4)
+        others = [_partition(tp, hw=4) for tp in first.plan.to_send if tp != tp1]
+        table.on_response(first, _response(first, held, *others, session_id=0), 0)
+        seen = []
+        for _ in range(2):
+            fetch = table.next_fetch(0, max_version=13)
+            seen.append(fetch.request.max_wait_ms)
+            answers = [
+                replace(_partition(tp, hw=10), last_stable_offset=4)
+                if tp == tp1
+                else _partition(tp, hw=4)
+                for tp in fetch.plan.to_send
+            ]
+            table.on_response(fetch, _response(fetch, *answers, session_id=0), 0)
+        assert seen == waits, replica_id
 
 
 def test_with_sessions_off_every_request_is_a_share():
