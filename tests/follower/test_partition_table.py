@@ -534,13 +534,21 @@ def test_a_sessionless_leader_is_asked_its_partitions_in_turns_every_one_in_a_ro
 
 def test_a_first_request_that_got_no_answer_is_followed_by_shares():
     """Tansu under load took longer than the request timeout to read 1,000 partitions: the
-    same full request again would never be answered either."""
+    same full request again would never be answered either. A Kafka whose first full
+    request timed out pays one share: the share's answer makes a session, and the next
+    (incremental) request adds the rest -- every partition in the session after two."""
     table = _table(sessionless_max_partitions=3)
     for p in range(5):
         _add(table, TopicPartition("t", p))
     assert _asked(table.next_fetch(0, max_version=13)) == list(range(5))
     table.send_failed(0)
-    assert _asked(table.next_fetch(0, max_version=13)) == [0, 1, 2]
+    share = table.next_fetch(0, max_version=13)
+    assert _asked(share) == [0, 1, 2] and table.stats.in_shares
+    table.on_response(share, _nothing_new(share, 42), 0)  # Kafka: a session
+    rest = table.next_fetch(0, max_version=13)
+    assert not rest.plan.is_full and sorted(_asked(rest)) == [3, 4]
+    assert sorted(tp.partition for tp in rest.plan.session_partitions) == list(range(5))
+    assert not table.stats.in_shares and not table.session.sessionless_so_far
 
 
 def test_a_share_answered_with_data_moves_on_and_its_records_are_appended():
