@@ -10,11 +10,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# The step is made once the watch has its baseline (an event, not a sleep that a loaded
+# machine may outlast: a step made before the baseline is in it, and never reported).
 _CHILD = """
 import sys, time
 from tools.bench.traced import start
-start()
-time.sleep(0.3)
+baseline = start()
+assert baseline.wait(60), "the watch took no baseline"
 held = [str(i) * 20 for i in range(200_000)]  # the step: about 16 MiB of small strings
 deadline = time.monotonic() + 60
 while time.monotonic() < deadline and not open(sys.argv[1]).read().count("MiB in"):

@@ -35,20 +35,29 @@ PROGRAM = (
 )
 
 
-def start() -> None:
+def start() -> threading.Event:
+    """Tracing on when TRACE_OUT names a file; the event is set once the watch has its
+    first baseline (at once when tracing is off): what is allocated after it is a rise the
+    watch can see."""
+    baseline = threading.Event()
     out = os.environ.get(ENV)
     if not out:
-        return
+        baseline.set()
+        return baseline
     tracemalloc.start(FRAMES)
-    thread = threading.Thread(target=_watch, args=(out,), name="tracemalloc-watch", daemon=True)
+    thread = threading.Thread(
+        target=_watch, args=(out, baseline), name="tracemalloc-watch", daemon=True
+    )
     thread.start()
+    return baseline
 
 
-def _watch(out: str) -> None:
+def _watch(out: str, baseline: threading.Event) -> None:
     began = time.monotonic()
     base = _snapshot()
     base_total = tracemalloc.get_traced_memory()[0]
     based_at = began
+    baseline.set()
     while True:
         time.sleep(POLL_S)
         total = tracemalloc.get_traced_memory()[0]
