@@ -13,13 +13,16 @@ import zstandard
 from replicad.records.batch import RECORD_BATCH_OVERHEAD
 from tools.peers.admin import probe_consumer
 from tools.peers.kafka import dump_log_segments
+from tools.peers.process import PeerError
 from tools.peers.produce import (
     CODECS,
+    CheckedProducer,
     ConsumedRecord,
     ProduceSummary,
     broker_batches,
     consume_all,
     produce_mixed,
+    produce_numbered,
     read_broker_batches,
     records_digest,
 )
@@ -215,3 +218,18 @@ def test_bad_arguments_are_refused_before_any_connection() -> None:
         produce_mixed(unreachable, "t", partitions=0, records=1, seed=1)
     with pytest.raises(ValueError, match="isolation"):
         consume_all(unreachable, "t", partitions=1, isolation="dirty")
+
+
+def test_records_not_delivered_fail_the_flush(free_port: int) -> None:
+    """librdkafka drops a record it gave up on from its queue (here: no broker, a message
+    timeout of 200 ms) and tells only its delivery callback, so flush() returned 0 and
+    produce_numbered passed over records that never reached the broker."""
+    with pytest.raises(PeerError, match=r"lost: records not delivered: 0 unsent, 2 failed"):
+        produce_numbered(f"127.0.0.1:{free_port}", "lost", 1, 2, config={"message.timeout.ms": 200})
+    seen = []
+    config = {"bootstrap.servers": f"127.0.0.1:{free_port}", "message.timeout.ms": 200}
+    producer = CheckedProducer(config)
+    producer.produce("lost", b"v", on_delivery=lambda error, _: seen.append(error))
+    with pytest.raises(PeerError, match="1 failed"):
+        producer.flush(30)
+    assert len(seen) == 1 and seen[0] is not None  # the caller's own callback too

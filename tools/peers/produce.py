@@ -365,6 +365,41 @@ def _producer_config(
     return config
 
 
+class CheckedProducer(Producer):  # type: ignore[misc]
+    """A librdkafka producer whose `flush` raises PeerError unless every record produced
+    through it was delivered: librdkafka removes a record it gave up on (its message
+    timeout, an unknown partition, a refused batch) from the queue and reports it only to
+    the record's delivery callback, so `flush() == 0` alone passes over a lost record.
+    A callback given to `produce` is called too."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        super().__init__(dict(config))
+        self.delivery_errors: list[KafkaError] = []
+
+    def produce(self, *args: Any, **kwargs: Any) -> None:
+        theirs = kwargs.pop("on_delivery", None) or kwargs.pop("callback", None)
+        errors = self.delivery_errors
+
+        def report(error: KafkaError | None, message: Message) -> None:
+            if error is not None:
+                errors.append(error)
+            if theirs is not None:
+                theirs(error, message)
+
+        super().produce(*args, on_delivery=report, **kwargs)
+
+    def flush(self, *args: Any, **kwargs: Any) -> int:
+        """0 once every record is delivered (as librdkafka's); PeerError when one is still
+        unsent at the timeout or was not delivered."""
+        left = int(super().flush(*args, **kwargs))
+        if left or self.delivery_errors:
+            raise PeerError(
+                f"records not delivered: {left} unsent, {len(self.delivery_errors)} failed "
+                f"({', '.join(str(e) for e in self.delivery_errors[:3])})"
+            )
+        return left
+
+
 def produce_numbered(
     bootstrap: str,
     topic: str,
@@ -373,16 +408,20 @@ def produce_numbered(
     tag: bytes = b"v",
     *,
     key: bytes | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> None:
     """`per_partition` small records (values `tag`0, `tag`1, ...) into each of the first
     `partitions` partitions, one plain producer, flushed: for tests that count offsets,
-    not for data that must look real (that is `produce_mixed`)."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    not for data that must look real (that is `produce_mixed`). PeerError unless every
+    record was delivered; `config`: more librdkafka settings."""
+    producer = CheckedProducer({"bootstrap.servers": bootstrap, "linger.ms": 5, **(config or {})})
     for partition in range(partitions):
         for i in range(per_partition):
             producer.produce(topic, value=tag + b"%d" % i, key=key, partition=partition)
-    if producer.flush(30) != 0:
-        raise PeerError(f"{topic}: records still unsent after 30 s")
+    try:
+        producer.flush(30)
+    except PeerError as error:
+        raise PeerError(f"{topic}: {error}") from None
 
 
 def produce_mixed(
