@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,11 +17,44 @@ from replicad.records.records import Record, decode_batch
 from tools.logdata.batches import batch_stream, log_append_time, producer_batch
 
 CONFIG = LogConfig(index_interval_bytes=1024, segment_index_bytes=4096)
+# The segments each test made, closed after it (see _no_descriptor_left).
+_MADE: list[LogSegment] = []
+
+
+def _descriptors_into(directory: Path) -> list[str]:
+    """This process's open descriptors of files under `directory`."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile (the listing's own descriptor)
+        if target.startswith(f"{directory}/"):
+            found.append(target)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_descriptor_left(tmp_path: Path) -> Iterator[None]:
+    """Every segment a test made is closed after it, and no descriptor of its files stays
+    open (the file left about 33 open, one set for each segment it made)."""
+    yield
+    made = list(_MADE)
+    _MADE.clear()
+    for segment in made:
+        segment.close()
+    assert _descriptors_into(tmp_path) == []
+
+
+def _create(tmp_path: Path) -> LogSegment:
+    segment = LogSegment.create(tmp_path, 0, CONFIG, now_ms=0)
+    _MADE.append(segment)
+    return segment
 
 
 def _filled(tmp_path: Path, count: int = 60, seed: int = 7) -> tuple[LogSegment, bytes]:
     data = b"".join(batch_stream(seed, count))
-    segment = LogSegment.create(tmp_path, 0, CONFIG, now_ms=0)
+    segment = _create(tmp_path)
     headers = scan_batches(data).batches
     # In several appends of varying size, as a follower's fetches would come.
     i = 0
@@ -127,7 +161,7 @@ def test_find_offset_by_timestamp_in_log_append_time_batches(tmp_path: Path) -> 
     data = b"".join(raw)
     headers = scan_batches(data).batches
     assert headers[1].timestamp_type == TimestampType.LOG_APPEND_TIME
-    segment = LogSegment.create(tmp_path, 0, CONFIG, now_ms=0)
+    segment = _create(tmp_path)
     segment.append(memoryview(data), headers)
     # The create times inside the batch (ts + 10..14) do not count: ts + 12 lands on offset 5.
     assert segment.find_offset_by_timestamp(ts + 12) == TimestampOffset(ts + 5000, 5)
