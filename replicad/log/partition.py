@@ -904,14 +904,27 @@ class PartitionLog:
             )
 
     def offset_for_timestamp(self, timestamp: int) -> TimestampOffset | None:
-        """The first record at or past the log start with a timestamp >= `timestamp`."""
+        """The first record at or past the log start with a timestamp >= `timestamp`. As a
+        read (see the module rules: reads): the lock is held only to take the segments and
+        the log start; the time index and the batches are read from disk without it, so an
+        append never waits on those preads. A search that fails, or that a truncation
+        overlapped (the offset it found may have been cut and written again), is done again
+        under the lock; so is one over a segment whose index is not loaded yet."""
         with self._lock:
-            for segment in self._segments:
-                if segment.max_timestamp.timestamp >= timestamp:
-                    found = segment.find_offset_by_timestamp(timestamp, self.log_start_offset)
-                    if found is not None:
+            segments = list(self._segments)
+            start = self.log_start_offset
+            truncations = self._truncations
+        if all(segment.index_loaded for segment in segments):
+            try:
+                found = _first_at_or_after(segments, timestamp, start)
+            except Exception:  # anything racing writers caused: again under the lock
+                found = None
+            else:
+                with self._lock:
+                    if self._truncations == truncations:
                         return found
-            return None
+        with self._lock:
+            return _first_at_or_after(self._segments, timestamp, self.log_start_offset)
 
     # -- durability ------------------------------------------------------------------------
 
@@ -1035,6 +1048,19 @@ def _forget_epochs_from(epochs: LeaderEpochCache, offset: int) -> None:
     truncation removed, the file written before it (epoch rule 3), so it goes, and the
     scan adds what the batches hold."""
     epochs.truncate_from_end(offset)
+
+
+def _first_at_or_after(
+    segments: Sequence[LogSegment], timestamp: int, start: int
+) -> TimestampOffset | None:
+    """The first record of `segments` at or past offset `start` whose timestamp is >=
+    `timestamp` (segments whose largest timestamp is below it are not opened)."""
+    for segment in segments:
+        if segment.max_timestamp.timestamp >= timestamp:
+            found = segment.find_offset_by_timestamp(timestamp, start)
+            if found is not None:
+                return found
+    return None
 
 
 def _read_from(segments: list[LogSegment], offset: int, max_bytes: int) -> FileRegion | None:

@@ -320,6 +320,55 @@ def test_offset_for_timestamp_across_segments(tmp_path: Path) -> None:
         assert (found.timestamp, found.offset) == (first.timestamp, first.offset)
 
 
+def _held_elsewhere(lock: threading.RLock) -> bool:
+    """Whether some thread holds `lock` (asked from another thread: an RLock lets its own
+    holder in again)."""
+    got: list[bool] = []
+
+    def probe() -> None:
+        free = lock.acquire(blocking=False)
+        if free:
+            lock.release()
+        got.append(not free)
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    thread.join()
+    return got[0]
+
+
+def test_offset_for_timestamp_reads_the_disk_without_the_partition_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a read: the time index and the batches are read without the partition lock (an
+    append on the event loop must not wait on those preads; the old search held it
+    throughout); a truncation that overlaps the search makes it search again under the
+    lock, whose answer is the log's now."""
+    log, batches = _partition(tmp_path)
+    headers = _headers(batches)
+    real_find = LogSegment.find_offset_by_timestamp
+    locked_during: list[bool] = []
+    race: list[int] = []
+
+    def watched(segment: LogSegment, timestamp: int, starting_offset: int = 0):  # type: ignore[no-untyped-def]
+        locked_during.append(_held_elsewhere(log._lock))
+        if race:
+            log.truncate_to(race.pop())  # a writer cuts the log meanwhile
+        return real_find(segment, timestamp, starting_offset)
+
+    monkeypatch.setattr(LogSegment, "find_offset_by_timestamp", watched)
+    late = headers[100]
+    found = log.offset_for_timestamp(late.max_timestamp)
+    assert found is not None and found.offset <= late.last_offset
+    assert locked_during and not any(locked_during)
+    # Cut below that record while the search runs: searched again, under the lock.
+    race.append(headers[90].base_offset)
+    assert max(h.max_timestamp for h in headers[:90]) < late.max_timestamp
+    again = log.offset_for_timestamp(late.max_timestamp)
+    assert log.log_end_offset == headers[90].base_offset
+    assert again is None  # no record left reaches it: the log's answer now
+
+
 def test_retention_by_bytes_moves_log_start(tmp_path: Path) -> None:
     config = RETAINS_THREE
     log, _ = _partition(tmp_path, config=config)
