@@ -325,12 +325,23 @@ class PartitionLog:
     ) -> PartitionLog:
         """A new partition log; without `handles` (LogManager's), it gets a cache of its own."""
         handles = handles or FileHandles(config.max_open_files)
-        directory.mkdir(parents=True, exist_ok=True)
-        segment = LogSegment.create(directory, start_offset, config, now_ms=now_ms, handles=handles)
-        if topic_id is not None:
-            write_atomically(directory / PARTITION_METADATA, format_partition_metadata(topic_id))
-        fsync_dir(directory)
-        fsync_dir(directory.parent)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            segment = LogSegment.create(
+                directory, start_offset, config, now_ms=now_ms, handles=handles
+            )
+            if topic_id is not None:
+                write_atomically(
+                    directory / PARTITION_METADATA, format_partition_metadata(topic_id)
+                )
+            fsync_dir(directory)
+            fsync_dir(directory.parent)
+        except OSError as exc:
+            # A full disk while a partition's files are made is a pause, not a broken log:
+            # creating it again once there is space finds what this try left and goes on.
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFullError(f"{tp}: no space left creating its log: {exc}") from exc
+            raise
         partition = cls(
             directory,
             tp,

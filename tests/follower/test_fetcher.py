@@ -4,6 +4,7 @@ before the previous response is written) and what happens when that write fails.
 from __future__ import annotations
 
 import asyncio
+import errno
 
 from confluent_kafka import Producer
 
@@ -12,6 +13,7 @@ from replicad.follower.fetch_settings import (
     FetchSettings,
 )
 from replicad.follower.replicator import Replicator, ReplicatorSettings
+from replicad.log import partition as partition_module
 from replicad.log.partition import PartitionLog
 from replicad.protocol.metadata import TopicSelection
 from replicad.types import TopicPartition
@@ -136,3 +138,51 @@ async def test_responses_as_large_as_the_pool_do_not_stall_replication(
         stop.set()
         await asyncio.wait_for(task, 30)
     assert replicator.pool.peak <= pool_bytes
+
+
+async def test_a_full_disk_while_logs_are_created_pauses_them_and_the_leader_goes_on(
+    tmp_path, monkeypatch
+):
+    """The disk is full when the partition's log is first made (ENOSPC from its segment's
+    files, three times): that partition waits and is made again later, and the leader's
+    fetch loop does not fail. Before, the OSError left the loop's turn (a traceback a
+    retry, nothing fetched: session 13's 10,000-partition soak), counted as a loop error."""
+    batches = _batches()
+    leader = ScriptedLeader(TOPIC)
+    leader.set_log(batches, leader_epoch=1)
+    port = await leader.start()
+    refused = 0
+    real_create = partition_module.LogSegment.create
+
+    def full_disk_create(*args, **kwargs):
+        nonlocal refused
+        if refused < 3:
+            refused += 1
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_create(*args, **kwargs)
+
+    monkeypatch.setattr(partition_module.LogSegment, "create", full_disk_create)
+    data_dir = tmp_path / "data"
+    replicator = Replicator(
+        ReplicatorSettings(
+            bootstrap_servers=(f"127.0.0.1:{port}",),
+            data_dir=data_dir,
+            selection=TopicSelection(include=(TOPIC,)),
+            fetch=FetchSettings(backoff_ms=20, wait_max_ms=50),
+        )
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(replicator.run(stop))
+    try:
+        await until(
+            lambda: end_offsets(data_dir).get(TopicPartition(TOPIC, 0)) == BATCHES * PER_BATCH,
+            what="every batch replicated once the disk takes the log",
+        )
+        fetcher = next(iter(replicator.fetchers.values()))
+        assert fetcher.stats.loop_errors == 0
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await leader.close()
+    assert refused == 3
+    assert segment_bytes(data_dir / f"{TOPIC}-0") == b"".join(batches)
