@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+from pathlib import Path
 
 from confluent_kafka import Producer
 
@@ -36,6 +37,36 @@ def _batches() -> list[bytes]:
     ]
 
 
+def _replicator(port: int, data_dir: Path, **fetch: int) -> Replicator:
+    """A replicator of TOPIC from the scripted leader on `port`, retrying quickly."""
+    return Replicator(
+        ReplicatorSettings(
+            bootstrap_servers=(f"127.0.0.1:{port}",),
+            data_dir=data_dir,
+            selection=TopicSelection(include=(TOPIC,)),
+            fetch=FetchSettings(backoff_ms=20, wait_max_ms=50, **fetch),
+        )
+    )
+
+
+async def _replicate_all(replicator: Replicator, data_dir: Path, leader: ScriptedLeader) -> None:
+    """Runs `replicator` until TOPIC's partition holds every batch, with no failed turn of
+    the fetch loop; then stops it and the leader."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(replicator.run(stop))
+    try:
+        await until(
+            lambda: end_offsets(data_dir).get(TopicPartition(TOPIC, 0)) == BATCHES * PER_BATCH,
+            what="every batch replicated",
+        )
+        fetcher = next(iter(replicator.fetchers.values()))
+        assert fetcher.stats.loop_errors == 0
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await leader.close()
+
+
 async def test_a_failed_append_after_the_next_request_went_out_leaves_no_gap(tmp_path, monkeypatch):
     """Small fetches (one batch each), so every response is followed by a pipelined
     request; three appends fail. The replica must still be the leader's log, byte for
@@ -60,27 +91,8 @@ async def test_a_failed_append_after_the_next_request_went_out_leaves_no_gap(tmp
 
     monkeypatch.setattr(PartitionLog, "append", flaky_append)
     data_dir = tmp_path / "data"
-    replicator = Replicator(
-        ReplicatorSettings(
-            bootstrap_servers=(f"127.0.0.1:{port}",),
-            data_dir=data_dir,
-            selection=TopicSelection(include=(TOPIC,)),
-            fetch=FetchSettings(partition_max_bytes=1, backoff_ms=20, wait_max_ms=50),
-        )
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(replicator.run(stop))
-    try:
-        await until(
-            lambda: end_offsets(data_dir).get(TopicPartition(TOPIC, 0)) == BATCHES * PER_BATCH,
-            what="every batch replicated",
-        )
-        fetcher = next(iter(replicator.fetchers.values()))
-        assert fetcher.stats.loop_errors == 0
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-        await leader.close()
+    replicator = _replicator(port, data_dir, partition_max_bytes=1)
+    await _replicate_all(replicator, data_dir, leader)
     assert appends >= BATCHES + 3
     # The case this test is about happened: a write failed with the next request out.
     assert failed_with_next_request_out >= 1
@@ -163,26 +175,7 @@ async def test_a_full_disk_while_logs_are_created_pauses_them_and_the_leader_goe
 
     monkeypatch.setattr(partition_module.LogSegment, "create", full_disk_create)
     data_dir = tmp_path / "data"
-    replicator = Replicator(
-        ReplicatorSettings(
-            bootstrap_servers=(f"127.0.0.1:{port}",),
-            data_dir=data_dir,
-            selection=TopicSelection(include=(TOPIC,)),
-            fetch=FetchSettings(backoff_ms=20, wait_max_ms=50),
-        )
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(replicator.run(stop))
-    try:
-        await until(
-            lambda: end_offsets(data_dir).get(TopicPartition(TOPIC, 0)) == BATCHES * PER_BATCH,
-            what="every batch replicated once the disk takes the log",
-        )
-        fetcher = next(iter(replicator.fetchers.values()))
-        assert fetcher.stats.loop_errors == 0
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-        await leader.close()
+    replicator = _replicator(port, data_dir)
+    await _replicate_all(replicator, data_dir, leader)
     assert refused == 3
     assert segment_bytes(data_dir / f"{TOPIC}-0") == b"".join(batches)
