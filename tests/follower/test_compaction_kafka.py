@@ -12,10 +12,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from confluent_kafka import Producer
-
 from replicad.records.batch import scan_batches
 from replicad.records.records import Record, decode_batch
+from tools.peers.produce import CheckedProducer
 from tools.replica import replicad_run, topic_ends
 from tools.wait import wait_until
 
@@ -33,7 +32,7 @@ CLEANED_WITHIN_S = 240
 
 
 def produce_keyed(bootstrap: str, topic: str, start: int, count: int) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2})
+    producer = CheckedProducer({"bootstrap.servers": bootstrap, "linger.ms": 2})
     for i in range(start, start + count):
         key = b"key-%d" % (i % KEYS)
         producer.produce(topic, key=key, value=b"%s=%d" % (key, i), partition=0)

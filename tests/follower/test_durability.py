@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
 
 from replicad.control.client import query
 from replicad.follower.durability import THREAD_NAME, DurabilityThread
@@ -24,6 +23,7 @@ from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from tools.chaos.disk import SlowDisk
 from tools.logdata.batches import producer_batch
+from tools.peers.produce import CheckedProducer
 from tools.replica import replicad_run
 from tools.wait import DEADLINE_S, until, wait_until
 
@@ -233,7 +233,7 @@ def test_replicad_run_answers_status_while_a_checkpoint_waits_on_a_slow_disk(
     waited for the whole checkpoint: minutes, past the query's deadline)."""
     topic = unique_topic()
     kafka_broker.create_topic(topic, PARTITIONS)
-    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap, "linger.ms": 5})
+    producer = CheckedProducer({"bootstrap.servers": kafka_broker.bootstrap, "linger.ms": 5})
 
     def produce(n: int) -> None:
         for p in range(PARTITIONS):

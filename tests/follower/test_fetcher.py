@@ -7,8 +7,6 @@ import asyncio
 import errno
 from pathlib import Path
 
-from confluent_kafka import Producer
-
 from replicad.errors import LogError
 from replicad.follower.fetch_settings import (
     FetchSettings,
@@ -19,6 +17,7 @@ from replicad.log.partition import PartitionLog
 from replicad.protocol.metadata import TopicSelection
 from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
+from tools.peers.produce import CheckedProducer
 from tools.peers.scripted_leader import ScriptedLeader
 from tools.replica import end_offsets, segment_bytes
 from tools.wait import until
@@ -110,7 +109,7 @@ async def test_responses_as_large_as_the_pool_do_not_stall_replication(
     topic = unique_topic()
     partitions = 200
     kafka_broker.create_topic(topic, partitions)
-    producer = Producer(
+    producer = CheckedProducer(
         {"bootstrap.servers": kafka_broker.bootstrap, "linger.ms": 0, "batch.size": 600}
     )
     for i in range(16):

@@ -317,13 +317,12 @@ async def test_a_released_response_holds_no_view_of_a_buffer_the_pool_frees():
 
 def test_pool_bound_holds_while_replicating_from_kafka(kafka_broker, unique_topic, tmp_path):
 
-    from confluent_kafka import Producer
-
+    from tools.peers.produce import CheckedProducer
     from tools.replica import batches_from, replicad_run, segment_bytes
 
     topic = unique_topic()
     kafka_broker.create_topic(topic, 8)
-    producer = Producer(
+    producer = CheckedProducer(
         {"bootstrap.servers": kafka_broker.bootstrap, "linger.ms": 5, "batch.size": 16384}
     )
     value = bytes(range(256)) * 4
@@ -360,13 +359,12 @@ def test_a_batch_larger_than_the_pool_is_replicated_alone_and_said(
 ):
     """A ~400 KB batch through a 128 KiB pool: replicated (it used to stop that leader
     until buffer_memory was raised), with a warning that names the fix."""
-    from confluent_kafka import Producer
-
+    from tools.peers.produce import CheckedProducer
     from tools.replica import batches_from, replicad_run, segment_bytes
 
     topic = unique_topic()
     kafka_broker.create_topic(topic, 1)
-    producer = Producer(
+    producer = CheckedProducer(
         {"bootstrap.servers": kafka_broker.bootstrap, "linger.ms": 50, "batch.size": 1 << 20}
     )
     for _ in range(400):  # one ~400 KB batch

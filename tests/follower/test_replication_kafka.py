@@ -141,9 +141,9 @@ def test_hot_partition_does_not_starve_cold_ones(kafka_broker, tmp_path):
     topic = f"hotcold-{os.getpid()}"
     partitions = 12
     kafka_broker.create_topic(topic, partitions)
-    from confluent_kafka import Producer
+    from tools.peers.produce import CheckedProducer
 
-    producer = Producer(
+    producer = CheckedProducer(
         {"bootstrap.servers": kafka_broker.bootstrap, "linger.ms": 5, "batch.size": 16384}
     )
     value = os.urandom(1000)

@@ -25,11 +25,11 @@ import re
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from replicad.types import TopicPartition
 from tools.peers.admin import probe_consumer
+from tools.peers.produce import CheckedProducer
 from tools.replica import replicad_cli, replicad_run, segment_bytes, status_json, topic_ends
 from tools.wait import wait_until
 
@@ -58,7 +58,7 @@ def broker(tiered_kafka_broker):
 def produce_round(bootstrap: str, topic: str, first: int) -> int:
     """ROUND_RECORDS records into partition 0 (more than a segment: the last one rolls);
     the next record's number."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2, "batch.size": 2048})
+    producer = CheckedProducer({"bootstrap.servers": bootstrap, "linger.ms": 2, "batch.size": 2048})
     for i in range(first, first + ROUND_RECORDS):
         producer.produce(topic, value=b"%08d" % i + VALUE, partition=0)
     assert producer.flush(60) == 0

@@ -16,13 +16,13 @@ import asyncio
 import json
 
 import pytest
-from confluent_kafka import Producer
 
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.client import ClientSettings, KafkaClient
 from replicad.protocol.requests import OffsetQuery, list_offsets_request
 from replicad.types import TopicPartition
 from replicad.wire import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
+from tools.peers.produce import CheckedProducer
 from tools.peers.tiered import TIERED_TOPIC_CONFIG, batches_by_offset, remote_segment_files
 from tools.replica import replicad_cli, replicad_run, segment_bytes
 from tools.wait import wait_until
@@ -66,7 +66,7 @@ def list_offsets(bootstrap: str, tp: TopicPartition, timestamps: list[int]) -> d
 
 
 def produce_round(bootstrap: str, topic: str, first: int) -> int:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2, "batch.size": 2048})
+    producer = CheckedProducer({"bootstrap.servers": bootstrap, "linger.ms": 2, "batch.size": 2048})
     for i in range(first, first + ROUND_RECORDS):
         producer.produce(topic, value=b"%08d" % i + b"y" * 200, partition=0)
     assert producer.flush(60) == 0
