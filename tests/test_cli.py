@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KafkaTopicPartition
 
@@ -25,6 +24,7 @@ from replicad import __version__
 from replicad.cli import OWN_COMMANDS, _run_overrides, build_parser, main
 from replicad.exits import EX_CANTCREAT, EX_CONFIG, EX_FAILURE
 from replicad.types import TopicPartition
+from tools.peers.produce import CheckedProducer
 from tools.replica import ReplicadProcess, replicad_run, wait_until
 
 REPLICAD = [sys.executable, "-m", "replicad.cli"]
@@ -163,7 +163,7 @@ def test_status_names_a_topic_the_source_lacks_and_is_healthy_without_it(
 ) -> None:
     topic = unique_topic()
     kafka_broker.create_topic(topic, 2)
-    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    producer = CheckedProducer({"bootstrap.servers": kafka_broker.bootstrap})
     for p in range(2):
         producer.produce(topic, value=b"x", partition=p)
     assert producer.flush(30) == 0
@@ -325,7 +325,7 @@ def test_kafka_spellings_replicate_and_run_serves_without_a_config_file(
     first, second = unique_topic("a"), unique_topic("b")
     for topic in (first, second):
         kafka_broker.create_topic(topic, 1)
-    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    producer = CheckedProducer({"bootstrap.servers": kafka_broker.bootstrap})
     for topic in (first, second):
         for i in range(5):
             producer.produce(topic, value=b"v%d" % i, partition=0)

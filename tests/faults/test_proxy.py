@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 
 import pytest
-from confluent_kafka import Producer
 
 from replicad.protocol.codec import decode_response, encode_request, response_type
 from replicad.protocol.requests import metadata_request
@@ -13,6 +12,7 @@ from replicad.records.batch import ScanStop, scan_batches
 from tools.chaos.frames import METADATA_API_KEY
 from tools.chaos.proxy import ChaosProxy, wait_for_delivery
 from tools.peers.process import PeerError
+from tools.peers.produce import CheckedProducer
 from tools.peers.wire import fetch_once, read_frame
 
 pytestmark = pytest.mark.kafka
@@ -23,7 +23,7 @@ METADATA_VERSION = 12
 @pytest.fixture
 def topic(kafka_broker, unique_topic) -> str:
     kafka_broker.create_topic(unique_topic, 1)
-    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap, "linger.ms": 0})
+    producer = CheckedProducer({"bootstrap.servers": kafka_broker.bootstrap, "linger.ms": 0})
     for i in range(30):
         producer.produce(unique_topic, value=b"record-%d" % i * 20, partition=0)
         producer.flush(10)  # one batch per record: many whole batches to damage

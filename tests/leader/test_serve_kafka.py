@@ -445,13 +445,14 @@ def test_max_timestamp_offsets_equal_what_kafka_answers(
     """ListOffsets MAX_TIMESTAMP (-3) through librdkafka's admin client: the replica answers
     what the broker answers -- the first record carrying the largest timestamp, which the
     producer here puts mid-batch (and twice), not the batch's last offset."""
-    from confluent_kafka import Producer
     from confluent_kafka import TopicPartition as KTP
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
+    from tools.peers.produce import CheckedProducer
+
     topic = f"maxts-{os.getpid():x}-{int(time.time() * 1000) % 100000}"
     kafka_broker.create_topic(topic, PARTITIONS)
-    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap, "linger.ms": 200})
+    producer = CheckedProducer({"bootstrap.servers": kafka_broker.bootstrap, "linger.ms": 200})
     base = int(time.time() * 1000) - 60_000
     for p in range(PARTITIONS):
         # One batch per partition: the peak is the 3rd of 8 records and repeats at the 6th.

@@ -857,13 +857,12 @@ class KafkaFetcher:
 async def test_a_real_kafka_broker_accepts_every_plan_and_the_recoveries_work(
     kafka_broker: Any, unique_topic: str
 ) -> None:
-    from confluent_kafka import Producer
-
     from replicad.protocol.connection import BrokerAddress, BrokerConnection
+    from tools.peers.produce import CheckedProducer
 
     partitions = 20
     kafka_broker.create_topic(unique_topic, partitions)
-    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    producer = CheckedProducer({"bootstrap.servers": kafka_broker.bootstrap})
     keys = [tp(unique_topic, p) for p in range(partitions)]
     address = BrokerAddress(1, "127.0.0.1", kafka_broker.port)
     ours = BrokerConnection(address, client_id="h", connect_timeout_s=10, request_timeout_s=30)
