@@ -58,7 +58,7 @@ from replicad.follower.fetch_settings import (
 from replicad.follower.fetcher_stats import FetcherStats
 from replicad.follower.partition_phase import PhaseEvent
 from replicad.follower.partition_state import PartitionState
-from replicad.follower.partition_table import DISK_FULL_RETRY_MS, PartitionTable
+from replicad.follower.partition_table import PartitionTable
 from replicad.follower.perform import ActionPerformer
 from replicad.log.manager import LogManager
 from replicad.log.partition import PartitionLog
@@ -121,8 +121,6 @@ class LeaderFetcher:
         self._request_metadata = request_metadata
         self._reserve = reserve
         self.table = PartitionTable(address.node_id, settings)
-        # No log is opened before this (monotonic ms): the disk was full at the last try.
-        self._open_again_at_ms = 0
         # Told after every append, truncation or high-watermark move (replicad serve
         # wakes its long-polls and its session cache from it).
         self._performer = ActionPerformer(
@@ -278,24 +276,18 @@ class LeaderFetcher:
         (measured with control/loop_watch.py against Tansu; tools/sim opens them inline).
         LogManager's map takes one insert at a time (the GIL), the file handle cache has
         its own lock, and the table is touched here only, on the loop."""
-        pending = list(self.table.without_log())
-        if not pending or monotonic_ms() < self._open_again_at_ms:
+        pending = list(self.table.without_log(monotonic_ms()))
+        if not pending:
             return
         opened = await asyncio.to_thread(self._open_many, pending)
-        disk_full = [r for r in opened if isinstance(r, DiskFullError)]
-        if disk_full:
-            # Left unopened (no fetch names them) and tried again once the disk may have
-            # room: as an append refused by a full disk is. Raised out of the turn, one
-            # partition's full disk stopped the whole leader's loop (session 13's soak).
-            self._open_again_at_ms = monotonic_ms() + max(
-                self.settings.backoff_ms, DISK_FULL_RETRY_MS
-            )
-            log.warning(
-                "disk full, partitions not opened",
-                partitions=len(disk_full),
-                first=str(disk_full[0]),
-                retry_in_ms=self._open_again_at_ms - monotonic_ms(),
-            )
+        full = [
+            (s.tp, r) for s, r in zip(pending, opened, strict=True) if isinstance(r, DiskFullError)
+        ]
+        if full:
+            # Left unopened and made again later (the table decides when): raised out of
+            # the turn, one partition's full disk stopped the whole leader's loop (session
+            # 13's soak).
+            self.table.logs_not_opened([tp for tp, _ in full], str(full[0][1]), monotonic_ms())
         for state, result in zip(pending, opened, strict=True):
             if isinstance(result, DiskFullError):
                 continue

@@ -90,7 +90,7 @@ from __future__ import annotations
 import random
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -204,6 +204,8 @@ class PartitionTable:
         # its log last moved, whether the answer named it or not (`_exchange_ended`).
         self._out: Mapping[TopicPartition, PartitionFetch] = {}
         self._say = RateLimitedLog(interval_ms=60_000)
+        # No log is made before this (monotonic ms): the disk was full at the last try.
+        self._open_logs_after_ms = 0
 
     # -- membership (metadata answered; state loaded from disk) --------------------------
 
@@ -233,14 +235,32 @@ class PartitionTable:
                 del self._topic_members[tp.topic]
         return state
 
-    def without_log(self) -> list[PartitionState]:
+    def without_log(self, now_ms: int) -> list[PartitionState]:
         """Partitions whose log the shell has to open before they take part (a halted one
-        takes no part: its log stays as it is)."""
+        takes no part: its log stays as it is); none while the disk that refused the last
+        ones may still be full (`logs_not_opened`)."""
+        if now_ms < self._open_logs_after_ms:
+            return []
         return [
             s
             for s in self.partitions.values()
             if s.log is None and s.phase is not PartitionPhase.HALTED
         ]
+
+    def logs_not_opened(self, tps: Sequence[TopicPartition], error: str, now_ms: int) -> None:
+        """The disk was full when these partitions' logs were made: each waits unopened, as
+        a partition whose append a full disk refused (status: `last_error`,
+        `disk_full_ago_ms`, health's `partitions_disk_full`; not stalled), and no log is
+        made again before DISK_FULL_RETRY_MS."""
+        self._open_logs_after_ms = now_ms + max(self.settings.backoff_ms, DISK_FULL_RETRY_MS)
+        for tp in tps:
+            state = self.partitions.get(tp)
+            if state is not None:
+                state.disk_full_ms = now_ms
+                state.delay(now_ms, DISK_FULL_RETRY_MS, "disk full: log not created")
+        self._say_once(
+            "enospc:logs", now_ms, "disk full, logs not created", partitions=len(tps), error=error
+        )
 
     def response_max_bytes(self) -> int:
         """This leader's max_bytes: see response_budget (every partition it leads may be in

@@ -36,7 +36,7 @@ from replicad.follower.fetch_settings import (
 )
 from replicad.follower.partition_phase import PartitionPhase
 from replicad.follower.partition_state import PartitionState
-from replicad.follower.partition_table import PartitionTable
+from replicad.follower.partition_table import DISK_FULL_RETRY_MS, PartitionTable
 from replicad.log.epoch import EpochEndOffset as LogEpochEnd
 from replicad.log.epoch import LeaderEpochCache
 from replicad.records.batch import scan_batches
@@ -1136,16 +1136,16 @@ def test_a_partition_waits_for_its_log_to_be_opened():
     waiting.epoch_check_pending = True
     table.add(waiting)
     _add(table, TP0, phase=PartitionPhase.NEEDS_OFFSET)
-    assert table.without_log() == [waiting]
+    assert table.without_log(0) == [waiting]
     assert table.epoch_questions(0, fetch_version=11, ofle_version=3) == {}
     assert [s.tp for s in table.offset_questions(0)] == [TP0]
     waiting.epoch_check_pending = False
     assert table.next_fetch(0, max_version=13) is None
     halted, _ = _add(table, TopicPartition("t", 2))
     halted.log, halted.phase = None, PartitionPhase.HALTED
-    assert table.without_log() == [waiting]  # a halted partition's log stays shut
+    assert table.without_log(0) == [waiting]  # a halted partition's log stays shut
     table.add(waiting, MemoryLog())
-    assert table.without_log() == []
+    assert table.without_log(0) == []
     assert list(table.next_fetch(0, max_version=13).request.by_name()) == [TP1]
 
 
@@ -1158,3 +1158,18 @@ def test_the_leader_backoff_grows_while_failures_go_on_and_resets_on_an_answer()
     fetch = table.next_fetch(0, max_version=13)
     table.on_response(fetch, _response(fetch, _partition(TP0)), 0)
     assert table.connection_failed("refused", 0) <= 120
+
+
+def test_logs_a_full_disk_refused_wait_and_say_so():
+    """The shell could not make these logs (ENOSPC): each partition shows the full disk in
+    status (last_error, disk_full_ms) and no log is tried again before DISK_FULL_RETRY_MS."""
+    table = _table()
+    waiting = PartitionState(
+        tp=TP1, topic_id=TOPIC_ID, leader_id=1, leader_epoch=5, phase=PartitionPhase.FETCHING
+    )
+    table.add(waiting)
+    table.logs_not_opened([TP1], "no space left", now_ms=1_000)
+    assert waiting.disk_full_ms == 1_000
+    assert waiting.last_error == "disk full: log not created"
+    assert table.without_log(1_000 + DISK_FULL_RETRY_MS - 1) == []
+    assert table.without_log(1_000 + DISK_FULL_RETRY_MS) == [waiting]
