@@ -17,7 +17,7 @@ from replicad.log.partition import PartitionLog
 from replicad.protocol.metadata import TopicSelection
 from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
-from tools.peers.produce import CheckedProducer
+from tools.peers.produce import CheckedProducer, produce_numbered
 from tools.peers.scripted_leader import ScriptedLeader
 from tools.replica import end_offsets, segment_bytes
 from tools.wait import until
@@ -152,16 +152,16 @@ async def test_responses_as_large_as_the_pool_do_not_stall_replication(
 
 
 async def test_a_full_disk_while_logs_are_created_pauses_them_and_the_leader_goes_on(
-    tmp_path, monkeypatch
+    kafka_broker, unique_topic, tmp_path, monkeypatch
 ):
-    """The disk is full when the partition's log is first made (ENOSPC from its segment's
-    files, three times): that partition waits and is made again later, and the leader's
-    fetch loop does not fail. Before, the OSError left the loop's turn (a traceback a
-    retry, nothing fetched: session 13's 10,000-partition soak), counted as a loop error."""
-    batches = _batches()
-    leader = ScriptedLeader(TOPIC)
-    leader.set_log(batches, leader_epoch=1)
-    port = await leader.start()
+    """Real Kafka; the disk is full when the partitions' logs are first made (ENOSPC from
+    their segments' files, three times): those partitions wait and are made again later,
+    and the leader's fetch loop does not fail. Before, the OSError left the loop's turn (a
+    traceback a retry, nothing fetched: session 13's 10,000-partition soak), counted as a
+    loop error."""
+    topic = unique_topic()
+    kafka_broker.create_topic(topic, 3)
+    produce_numbered(kafka_broker.bootstrap, topic, 3, 100)
     refused = 0
     real_create = partition_module.LogSegment.create
 
@@ -174,7 +174,26 @@ async def test_a_full_disk_while_logs_are_created_pauses_them_and_the_leader_goe
 
     monkeypatch.setattr(partition_module.LogSegment, "create", full_disk_create)
     data_dir = tmp_path / "data"
-    replicator = _replicator(port, data_dir)
-    await _replicate_all(replicator, data_dir, leader)
+    replicator = Replicator(
+        ReplicatorSettings(
+            bootstrap_servers=(kafka_broker.bootstrap,),
+            data_dir=data_dir,
+            selection=TopicSelection(include=(topic,)),
+            fetch=FetchSettings(backoff_ms=20, wait_max_ms=50),
+        )
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(replicator.run(stop))
+    try:
+        await until(
+            lambda: (
+                {tp.partition: n for tp, n in end_offsets(data_dir).items() if tp.topic == topic}
+                == {0: 100, 1: 100, 2: 100}
+            ),
+            what="every record replicated once the disk takes the logs",
+        )
+        assert all(f.stats.loop_errors == 0 for f in replicator.fetchers.values())
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
     assert refused == 3
-    assert segment_bytes(data_dir / f"{TOPIC}-0") == b"".join(batches)
