@@ -36,14 +36,14 @@ def _batches() -> list[bytes]:
     ]
 
 
-def _replicator(port: int, data_dir: Path, **fetch: int) -> Replicator:
-    """A replicator of TOPIC from the scripted leader on `port`, retrying quickly."""
+def _replicator(bootstrap: str, data_dir: Path, topic: str, fetch: FetchSettings) -> Replicator:
+    """A replicator of `topic` alone from `bootstrap`."""
     return Replicator(
         ReplicatorSettings(
-            bootstrap_servers=(f"127.0.0.1:{port}",),
+            bootstrap_servers=(bootstrap,),
             data_dir=data_dir,
-            selection=TopicSelection(include=(TOPIC,)),
-            fetch=FetchSettings(backoff_ms=20, wait_max_ms=50, **fetch),
+            selection=TopicSelection(include=(topic,)),
+            fetch=fetch,
         )
     )
 
@@ -90,7 +90,12 @@ async def test_a_failed_append_after_the_next_request_went_out_leaves_no_gap(tmp
 
     monkeypatch.setattr(PartitionLog, "append", flaky_append)
     data_dir = tmp_path / "data"
-    replicator = _replicator(port, data_dir, partition_max_bytes=1)
+    replicator = _replicator(
+        f"127.0.0.1:{port}",
+        data_dir,
+        TOPIC,
+        FetchSettings(partition_max_bytes=1, backoff_ms=20, wait_max_ms=50),
+    )
     await _replicate_all(replicator, data_dir, leader)
     assert appends >= BATCHES + 3
     # The case this test is about happened: a write failed with the next request out.
@@ -119,18 +124,16 @@ async def test_responses_as_large_as_the_pool_do_not_stall_replication(
     assert producer.flush(30) == 0
     pool_bytes = 256 * 1024
     data_dir = tmp_path / "data"
-    replicator = Replicator(
-        ReplicatorSettings(
-            bootstrap_servers=(kafka_broker.bootstrap,),
-            data_dir=data_dir,
-            selection=TopicSelection(include=(topic,)),
-            fetch=FetchSettings(
-                response_max_bytes=pool_bytes,
-                buffer_memory=pool_bytes,
-                partition_max_bytes=64 * 1024,
-                wait_max_ms=100,
-            ),
-        )
+    replicator = _replicator(
+        kafka_broker.bootstrap,
+        data_dir,
+        topic,
+        FetchSettings(
+            response_max_bytes=pool_bytes,
+            buffer_memory=pool_bytes,
+            partition_max_bytes=64 * 1024,
+            wait_max_ms=100,
+        ),
     )
     stop = asyncio.Event()
     task = asyncio.create_task(replicator.run(stop))
@@ -174,13 +177,8 @@ async def test_a_full_disk_while_logs_are_created_pauses_them_and_the_leader_goe
 
     monkeypatch.setattr(partition_module.LogSegment, "create", full_disk_create)
     data_dir = tmp_path / "data"
-    replicator = Replicator(
-        ReplicatorSettings(
-            bootstrap_servers=(kafka_broker.bootstrap,),
-            data_dir=data_dir,
-            selection=TopicSelection(include=(topic,)),
-            fetch=FetchSettings(backoff_ms=20, wait_max_ms=50),
-        )
+    replicator = _replicator(
+        kafka_broker.bootstrap, data_dir, topic, FetchSettings(backoff_ms=20, wait_max_ms=50)
     )
     stop = asyncio.Event()
     task = asyncio.create_task(replicator.run(stop))
