@@ -203,6 +203,11 @@ def _metadata_topics(
 
 
 # -- ListOffsets ------------------------------------------------------------------------------
+#
+# In two steps, so that the disk is read off the event loop: `offset_questions` (on the loop:
+# the catalog, the leader epoch, the readable bound) and `answer_offsets` (PartitionLog's
+# methods only, which may run on any thread; a search by timestamp reads the time index and
+# batches). serve runs the second on a worker thread when a question `reads_disk`.
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +218,22 @@ class OffsetAnswer:
     leader_epoch: int = NO_EPOCH
 
 
+@dataclass(frozen=True, slots=True)
+class OffsetQuestion:
+    """One partition of a ListOffsets, resolved on the loop: an answer already (`known`),
+    or the log to answer it from, with what the asker may read of it."""
+
+    timestamp: int
+    known: OffsetAnswer | None = None
+    plog: PartitionLog | None = None
+    bound: int = UNKNOWN_OFFSET
+    leader_epoch: int = NO_EPOCH
+
+    @property
+    def reads_disk(self) -> bool:
+        return self.known is None and (self.timestamp >= 0 or self.timestamp == MAX_TIMESTAMP)
+
+
 def list_offsets_response(
     version: int,
     body: Any,
@@ -221,24 +242,100 @@ def list_offsets_response(
     *,
     now_ms: int,
 ) -> Any:
+    """The whole answer on the calling thread (serve splits it; see above)."""
+    questions = offset_questions(body, catalog, transactions, now_ms=now_ms)
+    return offsets_response(version, body, answer_offsets(questions))
+
+
+def offset_questions(
+    body: Any, catalog: Catalog, transactions: TransactionTracker, *, now_ms: int
+) -> list[OffsetQuestion]:
+    """Each partition of the request, in its order (topics, then partitions)."""
+    isolation = int(getattr(body, "isolation_level", 0))
+    replica_id = int(body.replica_id)
+    return [
+        offset_question(
+            catalog,
+            transactions,
+            TopicPartition(t.name, int(p.partition_index)),
+            int(p.timestamp),
+            current_leader_epoch=int(getattr(p, "current_leader_epoch", -1)),
+            replica_id=replica_id,
+            isolation_level=isolation,
+            now_ms=now_ms,
+        )
+        for t in body.topics
+        for p in t.partitions
+    ]
+
+
+def offset_question(
+    catalog: Catalog,
+    transactions: TransactionTracker,
+    tp: TopicPartition,
+    timestamp: int,
+    *,
+    current_leader_epoch: int,
+    replica_id: int,
+    isolation_level: int,
+    now_ms: int,
+) -> OffsetQuestion:
+    plog = catalog.partition(tp, now_ms=now_ms)
+    if plog is None:
+        return OffsetQuestion(timestamp, OffsetAnswer(ErrorCode.unknown_topic_or_partition))
+    leader_epoch = Catalog.leader_epoch(plog)
+    error = check_leader_epoch(leader_epoch, current_leader_epoch)
+    if error != ErrorCode.none:
+        return OffsetQuestion(timestamp, OffsetAnswer(error))
+    bound = _readable_bound(tp, plog, transactions, replica_id, isolation_level)
+    if timestamp == LATEST_TIMESTAMP:
+        return OffsetQuestion(
+            timestamp, OffsetAnswer(ErrorCode.none, NO_TIMESTAMP, bound, leader_epoch)
+        )
+    if timestamp in (LATEST_TIERED_TIMESTAMP, EARLIEST_PENDING_UPLOAD_TIMESTAMP):
+        return OffsetQuestion(timestamp, OffsetAnswer(ErrorCode.none))
+    if timestamp < 0 and timestamp not in (
+        EARLIEST_TIMESTAMP,
+        EARLIEST_LOCAL_TIMESTAMP,
+        MAX_TIMESTAMP,
+    ):
+        return OffsetQuestion(timestamp, OffsetAnswer(ErrorCode.invalid_request))
+    return OffsetQuestion(timestamp, plog=plog, bound=bound, leader_epoch=leader_epoch)
+
+
+def answer_offsets(questions: list[OffsetQuestion]) -> list[OffsetAnswer]:
+    """The answers, reading the disk for a search by timestamp; any thread."""
+    return [q.known if q.known is not None else _answer_offset(q) for q in questions]
+
+
+def _answer_offset(question: OffsetQuestion) -> OffsetAnswer:
+    plog, timestamp = question.plog, question.timestamp
+    assert plog is not None
+    if timestamp in (EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP):
+        start = plog.log_start_offset
+        return OffsetAnswer(ErrorCode.none, NO_TIMESTAMP, start, epoch_of(plog, start))
+    if timestamp == MAX_TIMESTAMP:
+        peak = plog.largest_timestamp()
+        # Kafka 4 answers the first record carrying the largest timestamp (KAFKA-16310),
+        # not the last offset of the batch that holds it.
+        found = None if peak is None else plog.offset_for_timestamp(peak)
+    else:
+        found = plog.offset_for_timestamp(timestamp)
+    if found is None or found.offset >= question.bound or found.timestamp < 0:
+        return OffsetAnswer(ErrorCode.none)
+    return OffsetAnswer(ErrorCode.none, found.timestamp, found.offset, epoch_of(plog, found.offset))
+
+
+def offsets_response(version: int, body: Any, answers: list[OffsetAnswer]) -> Any:
+    """The response of `version` to `body`, its partitions answered by `answers` in order."""
     cls = response_type(ApiKey.LIST_OFFSETS, version)
     module = sys.modules[cls.__module__]
-    isolation = int(getattr(body, "isolation_level", 0))
+    each = iter(answers)
     topics = []
     for t in body.topics:
         partitions = []
         for p in t.partitions:
-            answer = find_offset(
-                catalog,
-                transactions,
-                t.name,
-                int(p.partition_index),
-                int(p.timestamp),
-                current_leader_epoch=int(getattr(p, "current_leader_epoch", -1)),
-                replica_id=int(body.replica_id),
-                isolation_level=isolation,
-                now_ms=now_ms,
-            )
+            answer = next(each)
             partitions.append(
                 make_entity(
                     module.ListOffsetsPartitionResponse,
@@ -254,50 +351,6 @@ def list_offsets_response(
             make_entity(module.ListOffsetsTopicResponse, name=t.name, partitions=tuple(partitions))
         )
     return make_entity(cls, throttle_time=_no_throttle(), topics=tuple(topics))
-
-
-def find_offset(
-    catalog: Catalog,
-    transactions: TransactionTracker,
-    topic: str,
-    partition: int,
-    timestamp: int,
-    *,
-    current_leader_epoch: int,
-    replica_id: int,
-    isolation_level: int,
-    now_ms: int,
-) -> OffsetAnswer:
-    tp = TopicPartition(topic, partition)
-    plog = catalog.partition(tp, now_ms=now_ms)
-    if plog is None:
-        return OffsetAnswer(ErrorCode.unknown_topic_or_partition)
-    leader_epoch = Catalog.leader_epoch(plog)
-    error = check_leader_epoch(leader_epoch, current_leader_epoch)
-    if error != ErrorCode.none:
-        return OffsetAnswer(error)
-    bound = _readable_bound(tp, plog, transactions, replica_id, isolation_level)
-    if timestamp in (EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP):
-        start = plog.log_start_offset
-        return OffsetAnswer(ErrorCode.none, NO_TIMESTAMP, start, epoch_of(plog, start))
-    if timestamp == LATEST_TIMESTAMP:
-        return OffsetAnswer(ErrorCode.none, NO_TIMESTAMP, bound, leader_epoch)
-    if timestamp in (LATEST_TIERED_TIMESTAMP, EARLIEST_PENDING_UPLOAD_TIMESTAMP):
-        return OffsetAnswer(ErrorCode.none)
-    if timestamp == MAX_TIMESTAMP:
-        peak = max(
-            (s.max_timestamp.timestamp for s in plog.segments if not s.is_empty), default=None
-        )
-        # Kafka 4 answers the first record carrying the largest timestamp (KAFKA-16310),
-        # not the last offset of the batch that holds it.
-        found = None if peak is None else plog.offset_for_timestamp(peak)
-    elif timestamp >= 0:
-        found = plog.offset_for_timestamp(timestamp)
-    else:
-        return OffsetAnswer(ErrorCode.invalid_request)
-    if found is None or found.offset >= bound or found.timestamp < 0:
-        return OffsetAnswer(ErrorCode.none)
-    return OffsetAnswer(ErrorCode.none, found.timestamp, found.offset, epoch_of(plog, found.offset))
 
 
 def _readable_bound(
@@ -324,6 +377,24 @@ def epoch_of(plog: PartitionLog, offset: int) -> int:
     return epoch
 
 
+@dataclass(frozen=True, slots=True)
+class LegacyOffsetsQuestion:
+    """One partition of a ListOffsets v0, resolved on the loop (as OffsetQuestion)."""
+
+    partition: int
+    timestamp: int
+    max_num_offsets: int
+    plog: PartitionLog | None = None
+    bound: int = UNKNOWN_OFFSET
+
+    @property
+    def reads_disk(self) -> bool:
+        return self.plog is not None and self.timestamp not in (
+            LATEST_TIMESTAMP,
+            EARLIEST_TIMESTAMP,
+        )
+
+
 def legacy_list_offsets(
     request: LegacyListOffsetsRequest,
     catalog: Catalog,
@@ -331,37 +402,56 @@ def legacy_list_offsets(
     *,
     now_ms: int,
 ) -> list[tuple[str, list[LegacyOffsetsAnswer]]]:
-    """ListOffsets v0: lists of offsets (see the module rules)."""
+    """ListOffsets v0: lists of offsets (see the module rules), on the calling thread."""
+    return legacy_offsets_answers(
+        legacy_offsets_questions(request, catalog, transactions, now_ms=now_ms)
+    )
+
+
+def legacy_offsets_questions(
+    request: LegacyListOffsetsRequest,
+    catalog: Catalog,
+    transactions: TransactionTracker,
+    *,
+    now_ms: int,
+) -> list[tuple[str, list[LegacyOffsetsQuestion]]]:
     topics = []
     for name, partitions in request.topics:
-        answers = []
+        questions = []
         for p in partitions:
             tp = TopicPartition(name, p.partition)
             plog = catalog.partition(tp, now_ms=now_ms)
             if plog is None:
-                answers.append(
-                    LegacyOffsetsAnswer(p.partition, ErrorCode.unknown_topic_or_partition, ())
-                )
+                questions.append(LegacyOffsetsQuestion(p.partition, p.timestamp, p.max_num_offsets))
                 continue
             bound = _readable_bound(tp, plog, transactions, request.replica_id, 0)
-            if p.timestamp == LATEST_TIMESTAMP:
-                offsets: tuple[int, ...] = (bound,)
-            elif p.timestamp == EARLIEST_TIMESTAMP:
-                offsets = (plog.log_start_offset,)
-            else:
-                older = [
-                    s.base_offset
-                    for s in plog.segments
-                    if not s.is_empty and 0 <= s.max_timestamp.timestamp < p.timestamp
-                ]
-                offsets = tuple(o for o in reversed(older) if o < bound)
-            answers.append(
-                LegacyOffsetsAnswer(
-                    p.partition, ErrorCode.none, offsets[: max(p.max_num_offsets, 0)]
-                )
+            questions.append(
+                LegacyOffsetsQuestion(p.partition, p.timestamp, p.max_num_offsets, plog, bound)
             )
-        topics.append((name, answers))
+        topics.append((name, questions))
     return topics
+
+
+def legacy_offsets_answers(
+    topics: list[tuple[str, list[LegacyOffsetsQuestion]]],
+) -> list[tuple[str, list[LegacyOffsetsAnswer]]]:
+    """The answers; reads the segments' largest timestamps (maybe from disk): any thread."""
+    return [(name, [_legacy_answer(q) for q in questions]) for name, questions in topics]
+
+
+def _legacy_answer(q: LegacyOffsetsQuestion) -> LegacyOffsetsAnswer:
+    if q.plog is None:
+        return LegacyOffsetsAnswer(q.partition, ErrorCode.unknown_topic_or_partition, ())
+    if q.timestamp == LATEST_TIMESTAMP:
+        offsets: tuple[int, ...] = (q.bound,)
+    elif q.timestamp == EARLIEST_TIMESTAMP:
+        offsets = (q.plog.log_start_offset,)
+    else:
+        older = [
+            base for base, largest in q.plog.segment_timestamps() if 0 <= largest < q.timestamp
+        ]
+        offsets = tuple(o for o in reversed(older) if o < q.bound)
+    return LegacyOffsetsAnswer(q.partition, ErrorCode.none, offsets[: max(q.max_num_offsets, 0)])
 
 
 # -- OffsetForLeaderEpoch ---------------------------------------------------------------------

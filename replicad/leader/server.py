@@ -27,6 +27,11 @@ Rules:
   request took to decode and answer (never its waits) is charged to its client address;
   over the quota, the answer carries throttle_time_ms (where the response's first field
   is throttle_time_ms) and the connection is not read again until it has passed.
+- Reads of the disk run on worker threads: a Fetch's small file regions (below), a
+  down-conversion, and a ListOffsets that searches by timestamp (the time index and
+  batches) or, v0, reads the segments' timestamps (handlers.py resolves the partitions on
+  the loop, then answers them on the thread). Still on the loop: a Fetch's lookup of the
+  batch at its fetch offset (the in-memory index, then one header pread a partition).
 - Authentication: SASL steps run on a thread of their own (PLAIN hashes the password with
   PBKDF2), one at a time; a failed one is answered `failed_authentication_delay_ms` later.
 - What clients do wrong is a `ServeEvent` (events.py): counted, logged at a limited rate,
@@ -820,15 +825,15 @@ class LeaderServer:
                 body = await self.groups.answer(decoded, peer.ip)
             return encode_response(body, head.correlation_id)
         now_ms = self._now_ms()
-        if isinstance(decoded.body, legacy_codec.LegacyListOffsetsRequest):
-            answers = handlers.legacy_list_offsets(
-                decoded.body, self.catalog, self.transactions, now_ms=now_ms
-            )
-            return raw_response(
-                response_header_v0(head.correlation_id),
-                legacy_codec.encode_list_offsets_response(answers),
-            )
-        body = self._answer(decoded, now_ms)
+        if api == ApiKey.LIST_OFFSETS:
+            body = await self._list_offsets(decoded, now_ms)
+            if isinstance(decoded.body, legacy_codec.LegacyListOffsetsRequest):
+                return raw_response(
+                    response_header_v0(head.correlation_id),
+                    legacy_codec.encode_list_offsets_response(body),
+                )
+        else:
+            body = self._answer(decoded, now_ms)
         if api == ApiKey.LIST_OFFSETS and self.remote is not None:
             with _not_charged():
                 body = await self.remote.list_offsets(decoded.body, body, self.catalog)
@@ -877,10 +882,6 @@ class LeaderServer:
             return handlers.metadata_response(
                 version, request.body, self.catalog, node, now_ms=now_ms
             )
-        if api == ApiKey.LIST_OFFSETS:
-            return handlers.list_offsets_response(
-                version, request.body, self.catalog, self.transactions, now_ms=now_ms
-            )
         if api == ApiKey.OFFSET_FOR_LEADER_EPOCH:
             return handlers.offset_for_leader_epoch_response(
                 version, request.body, self.catalog, now_ms=now_ms
@@ -893,6 +894,27 @@ class LeaderServer:
                 lambda topic: self.catalog.topic(topic, now_ms=now_ms) is not None,
             )
         raise AssertionError(f"no handler for api {api}")
+
+    async def _list_offsets(self, request: DecodedRequest, now_ms: int) -> Any:
+        """ListOffsets: the partitions resolved on the loop, the answers found on a worker
+        thread when any reads the disk (a search by timestamp: the time index and batches;
+        v0's segment timestamps), as a Fetch's file regions are read (see the rules)."""
+        body = request.body
+        if isinstance(body, legacy_codec.LegacyListOffsetsRequest):
+            legacy = handlers.legacy_offsets_questions(
+                body, self.catalog, self.transactions, now_ms=now_ms
+            )
+            if not any(q.reads_disk for _, questions in legacy for q in questions):
+                return handlers.legacy_offsets_answers(legacy)
+            with _not_charged():
+                return await asyncio.to_thread(handlers.legacy_offsets_answers, legacy)
+        questions = handlers.offset_questions(body, self.catalog, self.transactions, now_ms=now_ms)
+        if any(q.reads_disk for q in questions):
+            with _not_charged():
+                answers = await asyncio.to_thread(handlers.answer_offsets, questions)
+        else:
+            answers = handlers.answer_offsets(questions)
+        return handlers.offsets_response(request.head.api_version, body, answers)
 
     async def _refuse(self, frame: bytes, head: RequestHead) -> ResponseFrame:
         """An API (or version) we do not serve: its own error, in its own version."""

@@ -48,7 +48,9 @@ Rules:
   log end it took (a truncation cut it, or an append rolled past the list it took), is
   done again under the lock, where nothing changes, and only what fails there is the
   caller's error (damage counted once). A segment whose index is not loaded yet (loading
-  may rebuild it, a write) is read under the lock, and is loaded from then on.
+  may rebuild it, a write) is read under the lock, and is loaded from then on; so is, for
+  a search by timestamp, one whose largest timestamp is not in memory yet (working it out
+  sets the state appends index by).
 - Recovery (at load): segments from the one holding the recovery point on, and any segment
   whose index is missing or malformed, are scanned; the first invalid or torn entry ends the
   log there and every later segment is deleted. Stray files are removed. What was done is
@@ -925,9 +927,9 @@ class PartitionLog:
             segments = list(self._segments)
             start = self.log_start_offset
             truncations = self._truncations
-        if all(segment.index_loaded for segment in segments):
+        if all(segment.timestamps_loaded for segment in segments):
             try:
-                found = _first_at_or_after(segments, timestamp, start)
+                found = _first_at_or_after(segments, timestamp, start, locked=False)
             except Exception:  # anything racing writers caused: again under the lock
                 found = None
             else:
@@ -935,7 +937,25 @@ class PartitionLog:
                     if self._truncations == truncations:
                         return found
         with self._lock:
-            return _first_at_or_after(self._segments, timestamp, self.log_start_offset)
+            return _first_at_or_after(self._segments, timestamp, self.log_start_offset, locked=True)
+
+    def largest_timestamp(self) -> int | None:
+        """The largest timestamp of any record in the log (None when it is empty). Under the
+        lock: a segment's is in memory, or read from its tail once (and kept), which only
+        the lock may do (see `offset_for_timestamp`)."""
+        with self._lock:
+            return max(
+                (s.max_timestamp.timestamp for s in self._segments if not s.is_empty),
+                default=None,
+            )
+
+    def segment_timestamps(self) -> list[tuple[int, int]]:
+        """(base offset, largest timestamp) of each segment holding batches, oldest first:
+        what ListOffsets v0 answers from. Under the lock, as `largest_timestamp`."""
+        with self._lock:
+            return [
+                (s.base_offset, s.max_timestamp.timestamp) for s in self._segments if not s.is_empty
+            ]
 
     # -- durability ------------------------------------------------------------------------
 
@@ -1062,12 +1082,16 @@ def _forget_epochs_from(epochs: LeaderEpochCache, offset: int) -> None:
 
 
 def _first_at_or_after(
-    segments: Sequence[LogSegment], timestamp: int, start: int
+    segments: Sequence[LogSegment], timestamp: int, start: int, *, locked: bool
 ) -> TimestampOffset | None:
     """The first record of `segments` at or past offset `start` whose timestamp is >=
-    `timestamp` (segments whose largest timestamp is below it are not opened)."""
+    `timestamp` (segments whose largest timestamp is below it are not opened). Not
+    `locked`: a segment's largest timestamp is taken only if it is in memory (LookupError
+    if not): working it out from the segment's tail sets the segment's index state for
+    appends, which a truncation may have just reset, so only the lock may do it."""
     for segment in segments:
-        if segment.max_timestamp.timestamp >= timestamp:
+        largest = segment.max_timestamp if locked else segment.known_max_timestamp()
+        if largest.timestamp >= timestamp:
             found = segment.find_offset_by_timestamp(timestamp, start)
             if found is not None:
                 return found

@@ -297,6 +297,21 @@ class LogSegment:
         return self.builder.max_timestamp
 
     @property
+    def timestamps_loaded(self) -> bool:
+        """Both indexes and the largest timestamp are in memory (`known_max_timestamp`)."""
+        return self._builder is not None and self.index_loaded
+
+    def known_max_timestamp(self) -> TimestampOffset:
+        """`max_timestamp` if it is in memory; LookupError if it is not. Never works it out
+        from the segment's tail: that sets the index state appends use (`builder`), which
+        a reader without the partition lock must not (a truncation may have just reset it:
+        the state set from the bytes before the cut would then index the next appends)."""
+        builder = self._builder
+        if builder is None:
+            raise LookupError(f"{self.log_path}: largest timestamp not loaded")
+        return builder.max_timestamp
+
+    @property
     def is_empty(self) -> bool:
         return self.size == 0
 

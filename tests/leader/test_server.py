@@ -24,17 +24,27 @@ from replicad.leader.frames import ResponseFrame
 from replicad.leader.security import ServerSecurity
 from replicad.leader.server import LeaderServer
 from replicad.leader.settings import ServeSettings, serve_security_from_options
+from replicad.log.index import TimestampOffset
 from replicad.log.manager import LogManager
-from replicad.log.segment import FileRegion
+from replicad.log.partition import PartitionLog
+from replicad.log.segment import FileRegion, LogSegment
 from replicad.protocol.codec import decode_response, request_type
 from replicad.protocol.connection import BrokerAddress, BrokerConnection
 from replicad.protocol.fetch_request import FetchRequest, RequestedPartition, fetch_request
-from replicad.protocol.requests import make_entity, metadata_request
+from replicad.protocol.requests import (
+    OffsetQuery,
+    list_offsets_request,
+    make_entity,
+    metadata_request,
+)
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
 from tools.peers.pki import make_test_pki
 from tools.wait import DEADLINE_S, until
+
+# The records' timestamp (producer_batch's default).
+TS = 1_700_000_000_000
 
 T0 = TopicPartition("t", 0)
 TID = uuid.UUID(int=0xCAFE)
@@ -217,6 +227,80 @@ async def test_a_change_reported_from_another_thread_reaches_the_loop(server, lo
         assert records_of(body)
     finally:
         await conn.close()
+
+
+# -- ListOffsets reads the disk off the loop -----------------------------------------------
+
+
+async def test_a_list_offsets_by_time_searches_the_disk_off_the_loop(server, monkeypatch) -> None:
+    """A search by timestamp reads the time index and batches: on a worker thread, so a
+    slow disk holds that request only, and another client connects (its ApiVersions) while
+    it is held. Fails on the old code: the search ran on the loop's thread, and the other
+    client's ApiVersions waited until the held search gave up (`released` false)."""
+    real = PartitionLog.offset_for_timestamp
+    release = threading.Event()
+    searched_on: list[int] = []
+    released: list[bool] = []
+
+    def held(plog: PartitionLog, timestamp: int) -> Any:
+        searched_on.append(threading.get_ident())
+        released.append(release.wait(DEADLINE_S / 4))  # a disk that does not answer
+        return real(plog, timestamp)
+
+    monkeypatch.setattr(PartitionLog, "offset_for_timestamp", held)
+    slow = await connect(server)
+    other = None
+    try:
+        request = list_offsets_request(9, {T0: OffsetQuery(TS)})
+        asking = asyncio.create_task(slow.request(request))
+        await until(lambda: searched_on, what="the search by timestamp started")
+        other = await connect(server)  # its ApiVersions answered while the search is held
+        assert other.versions is not None
+        release.set()
+        body = await asking
+    finally:
+        release.set()
+        await slow.close()
+        if other is not None:
+            await other.close()
+    assert released == [True]
+    assert searched_on[0] != server._loop_thread
+    [[answer]] = [t.partitions for t in body.topics]
+    assert (answer.error_code, answer.timestamp, answer.offset) == (ErrorCode.none, TS, 0)
+
+
+def legacy_list_offsets_frame(correlation_id: int, timestamp: int, max_offsets: int) -> bytes:
+    """ListOffsets v0 (kio has no layout for it), partition t-0: size prefix included."""
+    client = b"test"
+    header = struct.pack(">hhih", 2, 0, correlation_id, len(client)) + client
+    body = struct.pack(">iih", -1, 1, 1) + b"t" + struct.pack(">iiqi", 1, 0, timestamp, max_offsets)
+    return SIZE.pack(len(header) + len(body)) + header + body
+
+
+async def test_list_offsets_v0_reads_the_segments_timestamps_off_the_loop(
+    server, monkeypatch
+) -> None:
+    """v0 answers a timestamp with the segments older than it: their largest timestamps may
+    be read from disk (an inactive segment's tail), so on a worker thread. Fails on the old
+    code (read on the loop's thread); LATEST needs no disk and is answered on the loop."""
+    real = LogSegment.max_timestamp
+    read_on: list[int] = []
+
+    def watched(segment: LogSegment) -> TimestampOffset:
+        read_on.append(threading.get_ident())
+        return real.__get__(segment)
+
+    monkeypatch.setattr(LogSegment, "max_timestamp", property(watched))
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(legacy_list_offsets_frame(1, TS + 1, 5))
+        (size,) = SIZE.unpack(await reader.readexactly(4))
+        answer = await reader.readexactly(size)
+    finally:
+        writer.close()
+    # correlation id, one topic "t", one partition 0, no error, one offset: the segment at 0.
+    assert answer == struct.pack(">iih", 1, 1, 1) + b"t" + struct.pack(">iihiq", 1, 0, 0, 1, 0)
+    assert len(read_on) == 1 and read_on[0] != server._loop_thread
 
 
 # -- followers and sessions -----------------------------------------------------------------

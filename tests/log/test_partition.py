@@ -369,6 +369,48 @@ def test_offset_for_timestamp_reads_the_disk_without_the_partition_lock(
     assert again is None  # no record left reaches it: the log's answer now
 
 
+def test_a_search_without_the_lock_never_works_out_a_segments_largest_timestamp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loaded segment's largest timestamp is worked out from its tail on first use, which
+    sets the index state appends go on with: only under the partition lock, or a search on
+    serve's worker thread could set it from bytes a truncation had just cut. With the
+    indexes loaded but not that state, the search is done under the lock (once: it is in
+    memory after). Fails on the old code (worked out by the search without the lock)."""
+    log, batches = _partition(tmp_path)
+    headers = _headers(batches)
+    log.close()
+    loaded = PartitionLog.load(
+        log.directory,
+        TP,
+        SMALL,
+        now_ms=0,
+        recovery_point=log.log_end_offset,
+        log_start_offset=0,
+        high_watermark=log.log_end_offset,
+        clean_shutdown=True,
+    )
+    assert len(loaded.segments) > 3
+    for segment in loaded.segments:
+        segment.offset_index, segment.time_index  # noqa: B018 -- the indexes only
+    real = LogSegment._builder_from_tail
+    locked_when_built: list[bool] = []
+
+    def watched(segment: LogSegment):  # type: ignore[no-untyped-def]
+        locked_when_built.append(loaded._lock._is_owned())  # type: ignore[attr-defined]
+        return real(segment)
+
+    monkeypatch.setattr(LogSegment, "_builder_from_tail", watched)
+    late = headers[100]
+    found = loaded.offset_for_timestamp(late.max_timestamp)
+    assert found is not None and found.offset <= late.last_offset
+    assert locked_when_built and all(locked_when_built)
+    built = len(locked_when_built)
+    assert loaded.offset_for_timestamp(late.max_timestamp) == found
+    assert len(locked_when_built) == built  # in memory from then on
+    assert loaded.largest_timestamp() == max(h.max_timestamp for h in headers)
+
+
 def test_retention_by_bytes_moves_log_start(tmp_path: Path) -> None:
     config = RETAINS_THREE
     log, _ = _partition(tmp_path, config=config)
