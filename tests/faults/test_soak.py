@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
+from replicad.types import TopicPartition
 from tools.chaos.follower import DaemonCounters
 from tools.chaos.priority import PriorityKeeper, autogroup_nice, descendants, read_nice
-from tools.chaos.scenarios import wait_for
+from tools.chaos.scenarios import partitions_of, wait_for
 from tools.chaos.soak import (
     ALL_FAULTS,
     DISK_FULL,
@@ -171,6 +172,35 @@ def test_a_tansu_source_says_why_it_cannot_restart_or_evict() -> None:
     assert "memory storage" in (tansu.cannot("rolling-restart") or "")
     assert "no fetch sessions" in (tansu.cannot(SESSION_EVICTIONS) or "")
     assert tansu.cannot("cut") is None and tansu.cannot(DISK_FULL) is None
+
+
+def test_tansus_ends_are_read_many_partitions_a_request_on_one_connection(
+    tansu_broker, unique_topic
+) -> None:
+    """One connection and a Fetch from offset 0 a partition took more than 10 minutes for
+    10,000 partitions at load 35 (session 13); the old code opens 300 connections here."""
+    from replicad.protocol.apis import ApiKey
+    from tools.chaos.proxy import ChaosProxy
+    from tools.peers.produce import produce_numbered
+
+    topic, partitions = unique_topic(), 300
+    tansu_broker.create_topic(topic, partitions)
+    produce_numbered(tansu_broker.bootstrap, topic, partitions, 2)
+    produce_numbered(tansu_broker.bootstrap, topic, 100, 3)
+    fetches = []
+    with ChaosProxy(lambda: ("127.0.0.1", tansu_broker.port)) as proxy:
+        proxy.rewrite_responses(ApiKey.FETCH, lambda head, body: fetches.append(head) or body)
+        ends = TansuSource(_At(proxy.address)).ends(partitions_of({topic: partitions}))
+        connections = proxy.stats().connections
+    assert ends == {TopicPartition(topic, p): 5 if p < 100 else 2 for p in range(partitions)}
+    assert connections == 1 and 1 <= len(fetches) < partitions, (connections, len(fetches))
+
+
+class _At:
+    """A stand-in broker that only has an address (the proxy's)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
 
 
 def test_a_one_broker_source_stands_one_proxy_before_its_broker_and_creates_its_topics() -> None:

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from confluent_kafka import Producer, TopicPartition
 
 from replicad.session.metadata import INITIAL_EPOCH
 from replicad.wire import READ_COMMITTED
 from tools.peers.admin import probe_consumer
-from tools.peers.process import taken_port
-from tools.peers.produce import consume_all, produce_mixed, records_digest
+from tools.peers.process import PeerError, taken_port
+from tools.peers.produce import consume_all, produce_mixed, produce_numbered, records_digest
 from tools.peers.tansu import TansuBroker, tansu_binary
-from tools.peers.wire import fetch_once
+from tools.peers.wire import PAST_ANY_END, fetch_once
 
 TANSU_NODE_ID = 111
 
@@ -86,6 +87,19 @@ def test_quirk_list_offsets_latest_is_the_last_batch_base_plus_one(tansu_broker,
         consumer.close()
     assert latest == 11  # Kafka: 15
     assert fetch_once(tansu_broker.bootstrap, unique_topic, 0, 0).high_watermark == 15
+
+
+def test_quirk_a_fetch_past_the_end_answers_the_high_watermark_without_error(
+    tansu_broker, unique_topic
+) -> None:
+    """What tools/peers/wire.high_watermarks builds on (Kafka answers OFFSET_OUT_OF_RANGE)."""
+    topic = unique_topic()
+    tansu_broker.create_topic(topic, 1)
+    produce_numbered(tansu_broker.bootstrap, topic, 1, 4)
+    past = fetch_once(tansu_broker.bootstrap, topic, 0, PAST_ANY_END, max_bytes=1024)
+    assert (past.partition_error_code, past.high_watermark, past.records) == (0, 4, b"")
+    with pytest.raises(PeerError, match="0 entries"):  # max_wait 0: none answered
+        fetch_once(tansu_broker.bootstrap, topic, 0, 0, max_wait_ms=0)
 
 
 def test_quirk_fetch_never_opens_a_session(tansu_broker, unique_topic) -> None:

