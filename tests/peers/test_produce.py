@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import zstandard
@@ -233,3 +236,72 @@ def test_records_not_delivered_fail_the_flush(free_port: int) -> None:
     with pytest.raises(PeerError, match="1 failed"):
         producer.flush(30)
     assert len(seen) == 1 and seen[0] is not None  # the caller's own callback too
+
+
+def test_the_log_ends_are_read_in_one_list_offsets_round_not_one_a_partition(
+    kafka_broker, unique_topic
+):
+    """The ends at the start and after each transaction, every partition in one ListOffsets
+    round: the old reads, one partition at a time (1,234 requests with 200 partitions, more
+    than 3 x 100 here), took most of a 10,000-partition soak's producing."""
+    from replicad.protocol.apis import ApiKey
+    from tools.chaos.proxy import ChaosProxy
+
+    topic, partitions = unique_topic(), 100
+    kafka_broker.create_topic(topic, partitions)
+    asked = []
+    with ChaosProxy(lambda: ("127.0.0.1", kafka_broker.port)) as proxy:
+        proxy.rewrite_responses(ApiKey.LIST_OFFSETS, lambda head, body: asked.append(head) or body)
+        proxy.rewrite_responses(ApiKey.FIND_COORDINATOR, _coordinator_at(proxy.port))
+        # 9 rounds spread over every partition, one of them committed and one aborted.
+        summary = produce_mixed(proxy.address, topic, partitions=partitions, records=900, seed=4)
+    assert summary.commit_markers == summary.abort_markers == partitions
+    assert [p.log_end_offset for p in summary.partitions] == [
+        p.records + p.commit_markers + p.abort_markers for p in summary.partitions
+    ]
+    assert 3 <= len(asked) < partitions, len(asked)
+
+
+def _coordinator_at(port: int) -> Callable[[Any, bytes], bytes]:
+    """A FindCoordinator answer rewritten to name the proxy at `port`: the proxy moves only
+    Metadata's brokers, and a client with a group id (the old code's probe consumer) or a
+    transaction then went to the broker itself, around the proxy's count."""
+    from kio.static.primitive import i32
+
+    from replicad.protocol.apis import ApiKey
+    from replicad.protocol.codec import encode_entities
+    from tools.chaos.frames import decode_response
+
+    def rewrite(head: Any, body: bytes) -> bytes:
+        header, entity = decode_response(body, ApiKey.FIND_COORDINATOR, head.api_version)
+        if head.api_version >= 4:  # KIP-699: one entry a key
+            moved = tuple(
+                dataclasses.replace(c, host="127.0.0.1", port=i32(port))
+                for c in entity.coordinators
+            )
+            entity = dataclasses.replace(entity, coordinators=moved)
+        else:
+            entity = dataclasses.replace(entity, host="127.0.0.1", port=i32(port))
+        return encode_entities(header, entity)
+
+    return rewrite
+
+
+def test_a_transaction_waits_for_markers_only_where_it_wrote(tansu_broker, unique_topic):
+    """Tansu's ListOffsets "latest" is a partition's last batch base plus one: a partition the
+    transaction did not touch, whose last batch holds several records, never reached its
+    tally, and produce_mixed failed with "transaction markers not written in time" (here on
+    the old code: partitions written by random rounds, seed 3)."""
+    from replicad.types import TopicPartition
+    from tools.peers.wire import high_watermarks
+
+    topic, partitions = unique_topic(), 20
+    tansu_broker.create_topic(topic, partitions)
+    summary = produce_mixed(
+        tansu_broker.bootstrap, topic, partitions=partitions, records=2000, seed=3
+    )
+    assert summary.commit_markers > 0 and summary.abort_markers > 0
+    ends = high_watermarks(
+        tansu_broker.bootstrap, [TopicPartition(topic, p) for p in range(partitions)]
+    )
+    assert {tp.partition: end for tp, end in ends.items()} == summary.log_end_offsets

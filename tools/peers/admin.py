@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, IsolationLevel
 from confluent_kafka import TopicPartition as KafkaTopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from tools.peers.process import PeerError, wait_until
 from tools.wait import DEADLINE_S
@@ -37,10 +37,32 @@ class _TransientFilter(logging.Filter):
 
 librdkafka_log.addFilter(_TransientFilter())
 PROBE_TIMEOUT_S = 5.0
+# One ListOffsets round for thousands of partitions on a loaded cluster: a hang's deadline.
+LIST_OFFSETS_TIMEOUT_S = 60.0
 
 
 def admin_client(bootstrap: str) -> AdminClient:
     return AdminClient({"bootstrap.servers": bootstrap, "logger": librdkafka_log})
+
+
+def latest_offsets(
+    admin: AdminClient,
+    topic: str,
+    partitions: Iterable[int],
+    *,
+    isolation: IsolationLevel = IsolationLevel.READ_COMMITTED,
+    timeout_s: float = LIST_OFFSETS_TIMEOUT_S,
+) -> dict[int, int]:
+    """{partition: ListOffsets "latest"} for `partitions` of `topic` in one round (librdkafka
+    sends one request per leader, not one per partition). read_committed by default, as a
+    consumer's watermark query asks (the last stable offset). Raises KafkaException when a
+    partition fails (no leader for the moment, a timeout)."""
+    futures = admin.list_offsets(
+        {KafkaTopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
+        isolation_level=isolation,
+        request_timeout=timeout_s,
+    )
+    return {where.partition: future.result().offset for where, future in futures.items()}
 
 
 def probe_consumer(bootstrap: str) -> Consumer:

@@ -36,8 +36,9 @@ from confluent_kafka import (
     Producer,
 )
 from confluent_kafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka.admin import AdminClient
 
-from tools.peers.admin import admin_client, librdkafka_log, probe_consumer
+from tools.peers.admin import admin_client, latest_offsets, librdkafka_log
 from tools.peers.process import PeerError
 from tools.peers.segments import BrokerBatch, broker_batches, read_broker_batches
 
@@ -70,6 +71,8 @@ KEY_SPACE = 1000
 GZIP_LEVEL = 1
 FLUSH_TIMEOUT_S = 60.0
 TXN_TIMEOUT_S = 30.0
+# Between two ListOffsets rounds while a transaction's markers are not all written yet.
+MARKER_POLL_S = 0.02
 
 _WORDS = (
     *("order", "payment", "refund", "invoice", "customer", "account", "session", "click"),
@@ -462,18 +465,15 @@ def produce_mixed(
         transactional=transactional,
         headers=headers,
     )
+    admin = admin_client(bootstrap)
     tallies = [_PartitionTally() for _ in range(partitions)]
-    for tally, end in zip(tallies, _log_end_offsets(bootstrap, topic, partitions), strict=True):
+    for tally, end in zip(tallies, _log_end_offsets(admin, topic, partitions), strict=True):
         tally.log_end_offset = end
     producers = _Producers(bootstrap, topic, seed, plan, max_batch_bytes)
-    probe = probe_consumer(bootstrap)
-    try:
-        for round_ in plan:
-            _produce_round(producers.get(round_.codec, round_.kind), topic, round_, tallies)
-            if round_.kind.transactional:
-                _wait_for_markers(probe, topic, tallies)
-    finally:
-        probe.close()
+    for round_ in plan:
+        touched = _produce_round(producers.get(round_.codec, round_.kind), topic, round_, tallies)
+        if round_.kind.transactional:
+            _wait_for_markers(admin, topic, tallies, touched)
     summaries = tuple(
         PartitionSummary(
             partition=p,
@@ -505,7 +505,8 @@ def produce_when_room(producer: Producer, topic: str, **record: Any) -> None:
 
 def _produce_round(
     producer: Producer, topic: str, round_: _Round, tallies: list[_PartitionTally]
-) -> None:
+) -> set[int]:
+    """The round produced and tallied; the partitions it wrote to."""
     acked: list[int | None] = [None] * len(round_.records)
     errors: list[KafkaError] = []
 
@@ -570,6 +571,7 @@ def _produce_round(
                 tally.commit_markers += 1
             else:
                 tally.abort_markers += 1
+    return touched
 
 
 # -- reading back ---------------------------------------------------------------------
@@ -592,31 +594,34 @@ def _consumer(bootstrap: str, isolation: str) -> Consumer:
 
 
 def _wait_for_markers(
-    probe: Consumer, topic: str, tallies: Sequence[_PartitionTally], timeout_s: float = 60
+    admin: AdminClient,
+    topic: str,
+    tallies: Sequence[_PartitionTally],
+    touched: Iterable[int],
+    timeout_s: float = 60,
 ) -> None:
-    """Until every partition's log end is where its tally puts it. A transaction's commit
-    or abort markers are written by the coordinator after EndTxn has returned; records of
-    the next round produced before they land would take other offsets, and the same seed
-    would not give the same log."""
+    """Until the log end of every partition the transaction `touched` is where its tally
+    puts it. A transaction's commit or abort markers are written by the coordinator after
+    EndTxn has returned; records of the next round produced before they land would take
+    other offsets, and the same seed would not give the same log. Only the touched
+    partitions get a marker; one ListOffsets round asks all those still short (5,000
+    partitions one at a time, every round, took most of a 10,000-partition soak's load)."""
     deadline = time.monotonic() + timeout_s
-    for partition, tally in enumerate(tallies):
-        tp = KafkaTopicPartition(topic, partition)
-        while probe.get_watermark_offsets(tp, timeout=10, cached=False)[1] < tally.log_end_offset:
-            if time.monotonic() > deadline:
-                raise PeerError(f"{topic}-{partition}: transaction markers not written in time")
-            time.sleep(0.005)
+    short = sorted(touched)
+    while short:
+        ends = latest_offsets(admin, topic, short)
+        short = [p for p in short if ends[p] < tallies[p].log_end_offset]
+        if short and time.monotonic() > deadline:
+            raise PeerError(f"{topic}-{short[0]}: transaction markers not written in time")
+        if short:
+            time.sleep(MARKER_POLL_S)
 
 
-def _log_end_offsets(bootstrap: str, topic: str, partitions: int) -> list[int]:
-    """What the broker says each partition's log end is (ListOffsets latest)."""
-    consumer = probe_consumer(bootstrap)
-    try:
-        return [
-            consumer.get_watermark_offsets(KafkaTopicPartition(topic, p), timeout=10)[1]
-            for p in range(partitions)
-        ]
-    finally:
-        consumer.close()
+def _log_end_offsets(admin: AdminClient, topic: str, partitions: int) -> list[int]:
+    """What the broker says each partition's log end is (ListOffsets latest, one round for
+    every partition)."""
+    ends = latest_offsets(admin, topic, range(partitions))
+    return [ends[p] for p in range(partitions)]
 
 
 def _partition_count(bootstrap: str, topic: str) -> int:
