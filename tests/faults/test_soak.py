@@ -46,9 +46,11 @@ from tools.chaos.soak_sources import (
     TansuSource,
     cluster_node_heap,
     heap_mib,
+    serving_again,
     start_peer,
 )
 from tools.peers.kafka_cluster import CLUSTER_HEAP, KafkaCluster
+from tools.peers.process import PeerError
 from tools.wait import DEADLINE_S
 
 # Long enough for half a dozen faults and 30 samples a second apart; the 30-minute runs at
@@ -263,6 +265,34 @@ def test_the_source_not_recovering_is_said_apart_and_replicads_own_checks_still_
     assert f"source (not replicad's): {late}" in clean.summary()
     stalled = _half_hour(problems=("3 partition stall(s) reported by replicad",), **common)
     assert not stalled.ok and stalled.verdict().startswith("FAILED (the source's own:")
+
+
+def test_a_node_that_did_not_start_is_one_line_in_the_verdict_cell() -> None:
+    """SourceNotRecovered carries the node's log tail (session 13: 300 characters of it, with
+    newlines, went into the Verdict cell and broke the table)."""
+    start_failed = PeerError(
+        "Kafka broker on 127.0.0.1:41787: not within 300 s\n"
+        "--- node-1/logs/server.log (tail) ---\n"
+        "[08:47:43,743] INFO [LogLoader partition=chaos-soak-176] Reloading from producer"
+    )
+    with pytest.raises(SourceNotRecovered) as raised:
+        serving_again(lambda: _raise(start_failed), "node 1", 300)
+    unrecovered = f"leader-sigkill at 427 s: {raised.value}"
+    result = _half_hour(
+        problems=(), faults={"leader-sigkill": 1}, source_unrecovered=(unrecovered,)
+    )
+    row = result.markdown_row()
+    assert "\n" not in row and "LogLoader" not in row
+    assert row.endswith(
+        "| ok (the source's own: leader-sigkill at 427 s: source not recovered in 300 s: node 1 "
+        "not serving again (Kafka broker on 127.0.0.1:41787: not within 300 s)) |"
+    )
+    assert row.count("|") == TABLE_HEAD.splitlines()[0].count("|")
+    assert "LogLoader" in result.summary()  # the whole message stays in the summary
+
+
+def _raise(error: Exception) -> None:
+    raise error
 
 
 def test_the_cluster_nodes_heap_grows_with_the_partitions_and_the_suites_cluster_keeps_its_own(

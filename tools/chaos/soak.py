@@ -313,9 +313,17 @@ class SoakResult:
         mine = "ok" if self.ok else "FAILED"
         if not self.source_unrecovered:
             return mine
-        first = self.source_unrecovered[0]
+        first = first_line(self.source_unrecovered[0])
         more = len(self.source_unrecovered) - 1
         return f"{mine} (the source's own: {first}" + (f"; and {more} more" if more else "") + ")"
+
+
+def first_line(text: str) -> str:
+    """`text`'s first line, a parenthesis it leaves open closed: a SourceNotRecovered
+    message carries the node's log tail after its first line, which does not belong in a
+    table cell."""
+    line = text.split("\n", 1)[0].rstrip()
+    return line + ")" * max(0, line.count("(") - line.count(")"))
 
 
 TABLE_HEAD = (
