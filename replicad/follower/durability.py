@@ -1,9 +1,10 @@
 """The follower's disk work off the event loop: one thread of its own for checkpoints.
 
 Rules:
-- Checkpoints (every partition flushed, then the three checkpoint files written), time-based
-  flushes (`log.flush_ms`), retention passes, the final checkpoint and the log store's close
-  run on one dedicated thread, one job at a time, in the order asked. The event loop only
+- Checkpoints (every partition written since the last one flushed, then the checkpoint
+  files whose entries changed written: log/manager.py), time-based flushes
+  (`log.flush_ms`), retention passes, the final checkpoint and the log store's close run on
+  one dedicated thread, one job at a time, in the order asked. The event loop only
   awaits them, so fetching, the control socket and `serve` keep answering while a
   checkpoint waits on thousands of fsyncs or on a slow disk.
 - Why a thread of our own and not aiofiles: aiofiles runs each call on a file object (open,

@@ -10,8 +10,21 @@ Rules:
   recovery-point file means full recovery, a bad log-start file means the first segment's
   base, a bad high-watermark file means the log start (the leader's high watermark
   overrides it on the next fetch) -- each costs time, never data.
-- `checkpoint(high_watermarks)` flushes every partition, then writes the three files
-  atomically (checkpoint.write_atomically), so a recovery point never names unsynced data.
+- `checkpoint(high_watermarks)` flushes every partition written since the last checkpoint,
+  then writes the three files atomically (checkpoint.write_atomically), so a recovery point
+  never names unsynced data.
+- An idle partition costs a checkpoint one read of its mark (`PartitionLog.checkpoint_mark`:
+  log end, truncations, segments, log start, high watermark, holds), not a flush, its locks
+  and a retention plan (at 10,000 partitions every interval held the GIL for about a third
+  of the daemon's samples, session 13's soak). The mark is read when a checkpoint starts,
+  before its flushes: a partition whose mark is still the one the last checkpoint read (the
+  same object) had nothing written since that checkpoint's flush began, which synced all of
+  it, so it is not flushed again; its recovery point is read as it is (a truncation racing
+  this checkpoint can only have lowered it). A file whose entries are those last written is
+  not written again; a checkpoint that finds no mark changed writes nothing.
+  `maybe_flush` passes over the partitions the last checkpoint left unchanged (nothing
+  unflushed), and `enforce_retention` over those whose mark is the one of their last pass
+  until time retention is next due there (policy.next_retention_ms).
 - `write_high_watermarks()` writes `replication-offset-checkpoint` alone, without a flush,
   and only when a high watermark moved since the file was last written: a reader that
   streams from the replica (Spark) sees new records without waiting for the next full
@@ -101,6 +114,13 @@ class LogManager:
         # under a name it names starts with that one: partition.py, epoch rule 3).
         self._checkpointed: dict[TopicPartition, int] = {}
         self.checkpoint_problems: list[str] = []
+        # Each partition's mark when the last checkpoint that flushed it started, and when its
+        # last retention pass started (with the object: one made again under a name is new).
+        self._marks: dict[TopicPartition, tuple[PartitionLog, tuple[object, ...]]] = {}
+        self._retained: dict[TopicPartition, tuple[PartitionLog, tuple[object, ...]]] = {}
+        # What this process last wrote to the recovery-point and log-start files.
+        self._written_recovery_points: dict[TopicPartition, int] | None = None
+        self._written_log_starts: dict[TopicPartition, int] | None = None
         # Set by `hold_for_archive`: every partition, new ones too, starts with a retention
         # hold at 0 until the archive's uploader moves it (nothing unarchived is deleted).
         self.archive_holds = False
@@ -255,20 +275,40 @@ class LogManager:
                     min(hw, partition.log_end_offset),
                 )
         with self._checkpoint_lock:
-            for partition in partitions.values():
+            marks = self._marks
+            changed = _changed_since(marks, partitions)
+            if (
+                not changed
+                and len(marks) == len(partitions)
+                and self._written_log_starts is not None
+            ):
+                return  # nothing written since the last checkpoint: its files still hold
+            for partition, _ in changed.values():
                 partition.flush()
-            recovery_points = {tp: p.recovery_point_to_checkpoint() for tp, p in partitions.items()}
-            write_atomically(
-                self.data_dir / RECOVERY_POINT_CHECKPOINT, format_offsets(recovery_points)
-            )
+            # After every flush (see the rules above); an unchanged partition as it is.
+            recovery_points = {
+                tp: p.recovery_point_to_checkpoint() if tp in changed else p.recovery_point
+                for tp, p in partitions.items()
+            }
+            if recovery_points != self._written_recovery_points:
+                write_atomically(
+                    self.data_dir / RECOVERY_POINT_CHECKPOINT, format_offsets(recovery_points)
+                )
+                self._written_recovery_points = recovery_points
+            checkpointed = self._checkpointed
             self._checkpointed = recovery_points
             for tp, point in recovery_points.items():
-                partitions[tp].recovery_point_checkpointed(point)
-            write_atomically(
-                self.data_dir / LOG_START_OFFSET_CHECKPOINT,
-                format_offsets({tp: p.log_start_offset for tp, p in partitions.items()}),
-            )
-            self._write_high_watermarks(partitions)
+                if tp in changed or checkpointed.get(tp) != point:
+                    partitions[tp].recovery_point_checkpointed(point)
+            log_starts = {tp: p.log_start_offset for tp, p in partitions.items()}
+            if log_starts != self._written_log_starts:
+                write_atomically(
+                    self.data_dir / LOG_START_OFFSET_CHECKPOINT, format_offsets(log_starts)
+                )
+                self._written_log_starts = log_starts
+            self._write_high_watermarks(partitions, only_if_moved=True)
+            marks.update(changed)
+            _forget_gone(marks, partitions)
 
     def write_high_watermarks(self) -> bool:
         """`replication-offset-checkpoint` alone, unflushed (see the rules above), if a high
@@ -290,14 +330,34 @@ class LogManager:
         return True
 
     def maybe_flush(self, now_ms: int) -> None:
+        """Time-based flushes (`log.flush_ms`) of the partitions written since the last
+        checkpoint's flush of them (the others have nothing unflushed)."""
         self._last_now_ms = now_ms
-        for partition in self._partitions.copy().values():
-            partition.maybe_flush(now_ms)
+        marks = self._marks
+        for tp, partition in self._partitions.copy().items():
+            seen = marks.get(tp)
+            if seen is None or seen[0] is not partition or seen[1] != partition.checkpoint_mark():
+                partition.maybe_flush(now_ms)
 
     def enforce_retention(self, now_ms: int) -> None:
+        """A retention pass over the partitions whose plan may differ from their last one:
+        something changed them, or time retention is due (see the rules above)."""
         self._last_now_ms = now_ms
-        for partition in self._partitions.copy().values():
+        retained = self._retained
+        partitions = self._partitions.copy()
+        for tp, partition in partitions.items():
+            mark = partition.checkpoint_mark()
+            seen = retained.get(tp)
+            if (
+                seen is not None
+                and seen[0] is partition
+                and seen[1] == mark
+                and now_ms < partition.retention_due_ms
+            ):
+                continue
             partition.enforce_retention(now_ms)
+            retained[tp] = (partition, mark)
+        _forget_gone(retained, partitions)
 
     def close(self) -> None:
         if self._lock_fd < 0:
@@ -311,6 +371,30 @@ class LogManager:
         os.close(self._lock_fd)
         self._lock_fd = -1
         log.info("data directory closed", data_dir=str(self.data_dir))
+
+
+def _changed_since(
+    marks: Mapping[TopicPartition, tuple[PartitionLog, tuple[object, ...]]],
+    partitions: Mapping[TopicPartition, PartitionLog],
+) -> dict[TopicPartition, tuple[PartitionLog, tuple[object, ...]]]:
+    """The partitions whose mark is not the one in `marks` (or that are new there), with
+    their mark now."""
+    changed = {}
+    for tp, partition in partitions.items():
+        mark = partition.checkpoint_mark()
+        seen = marks.get(tp)
+        if seen is None or seen[0] is not partition or seen[1] != mark:
+            changed[tp] = (partition, mark)
+    return changed
+
+
+def _forget_gone(
+    marks: dict[TopicPartition, tuple[PartitionLog, tuple[object, ...]]],
+    partitions: Mapping[TopicPartition, PartitionLog],
+) -> None:
+    if len(marks) != len(partitions):
+        for tp in [tp for tp in marks if tp not in partitions]:
+            del marks[tp]
 
 
 def _lock(data_dir: Path) -> int:

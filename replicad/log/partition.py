@@ -146,6 +146,7 @@ from replicad.log.policy import (
     ActiveSegmentState,
     RollReason,
     SegmentSummary,
+    next_retention_ms,
     plan_append,
     plan_retention,
     should_flush_messages,
@@ -243,6 +244,7 @@ class PartitionLog:
         "last_recovery",
         "log_start_offset",
         "recovery_point",
+        "retention_due_ms",
         "retention_floor",
         "topic_id",
         "topic_partition",
@@ -305,6 +307,9 @@ class PartitionLog:
         self.retention_floor: int | None = None
         # The same for the archive: what is not uploaded yet (replicad/archive/uploader.py).
         self.archive_floor: int | None = None
+        # When time retention could first delete more than the last pass did, while nothing
+        # changes the segments (policy.next_retention_ms; 0: no pass yet).
+        self.retention_due_ms: float = 0
 
     @property
     def directory(self) -> Path:
@@ -836,6 +841,7 @@ class PartitionLog:
                 for s in self._segments
             ]
             plan = plan_retention(summaries, self.config, now_ms)
+            self.retention_due_ms = next_retention_ms(summaries, self.config, now_ms)
             delete = len(plan.delete)
             holds = [f for f in (self.retention_floor, self.archive_floor) if f is not None]
             floor = min(holds) if holds else None
@@ -987,6 +993,23 @@ class PartitionLog:
             if self._log_end_offset == target:
                 self._flushing.unflushed_messages -= messages
                 self._flushing.first_unflushed_ms = None
+
+    def checkpoint_mark(self) -> tuple[object, ...]:
+        """What a checkpoint and a retention pass of this partition depend on, read without
+        the lock (manager.py: a partition whose mark is the one it had when the last
+        checkpoint started has nothing to flush, no offset to write and no retention plan
+        other than its last). Every write moves the log end or counts a truncation, and only
+        a flush after a write or a truncation moves the recovery point; a roll or a delete
+        changes the segments; the other offsets and the holds are the rest."""
+        return (
+            self._log_end_offset,
+            self._truncations,
+            len(self._segments),
+            self.log_start_offset,
+            self.high_watermark,
+            self.retention_floor,
+            self.archive_floor,
+        )
 
     def recovery_point_to_checkpoint(self) -> int:
         """The recovery point a checkpoint file is about to name. From now on, an epoch

@@ -13,12 +13,16 @@ Rules:
   unflushed append is `flush_ms` old. Rolls and checkpoints flush regardless.
 - Retention: only inactive segments are deleted, oldest first: by time when a segment's
   largest timestamp is older than `retention_ms`, by size while the log minus the oldest
-  segment still holds at least `retention_bytes`. -1 disables either rule.
+  segment still holds at least `retention_bytes`. -1 disables either rule. Between two
+  plans of the same segments (`next_retention_ms`), only time can change the plan, and only
+  once the first inactive segment the time rule keeps is `retention_ms` old: until then a
+  partition nothing was written to needs no plan (manager.py's retention pass).
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -176,6 +180,21 @@ class RetentionReason(enum.Enum):
 class RetentionPlan:
     delete: list[int]  # base offsets of segments to delete, oldest first
     reason: RetentionReason | None
+
+
+def next_retention_ms(segments: Sequence[SegmentSummary], config: LogConfig, now_ms: int) -> float:
+    """When the time rule could first delete more of `segments` than it does at `now_ms`:
+    the first inactive segment it keeps turns `retention_ms` old (inf: never, while the
+    segments stay as they are -- no time rule, no inactive segment kept by time, or one
+    without a timestamp, where the rule stops)."""
+    if config.retention_ms < 0:
+        return math.inf
+    for seg in segments[:-1]:
+        if seg.max_timestamp < 0:
+            return math.inf
+        if now_ms - seg.max_timestamp <= config.retention_ms:
+            return seg.max_timestamp + config.retention_ms + 1
+    return math.inf
 
 
 def plan_retention(

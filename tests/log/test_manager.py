@@ -25,6 +25,7 @@ import pytest
 import structlog
 
 from replicad.errors import LogDirLockedError
+from replicad.log import manager as manager_module
 from replicad.log.checkpoint import parse_offsets
 from replicad.log.config import LogConfig
 from replicad.log.layout import (
@@ -313,6 +314,105 @@ def test_topic_id_and_remove(tmp_path: Path) -> None:
     assert manager.partitions()[A].topic_id == topic_id
     manager.remove(A)
     assert not (tmp_path / "orders-0").exists()
+    manager.close()
+
+
+# -- what a checkpoint touches ----------------------------------------------------------------
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch, *methods: str) -> dict[str, list[TopicPartition]]:
+    """The partitions each of PartitionLog's `methods` is called for, from now on."""
+    calls: dict[str, list[TopicPartition]] = {name: [] for name in methods}
+    for name in methods:
+        real = getattr(PartitionLog, name)
+
+        def counted(self: PartitionLog, *args: object, _real=real, _name=name) -> object:
+            calls[_name].append(self.topic_partition)
+            return _real(self, *args)
+
+        monkeypatch.setattr(PartitionLog, name, counted)
+    return calls
+
+
+def _files_written(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    written: list[str] = []
+    real = manager_module.write_atomically
+
+    def recorded(path: Path, text: str) -> None:
+        written.append(path.name)
+        real(path, text)
+
+    monkeypatch.setattr(manager_module, "write_atomically", recorded)
+    return written
+
+
+def test_a_checkpoint_touches_only_the_partitions_written_since_the_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle partition is not flushed, asked its recovery point, flushed by time or planned
+    for retention at each checkpoint interval, and a checkpoint with nothing written since the
+    last writes no file. On the old code every partition was, every time (the first check:
+    20 flushes), and the three files were written again."""
+    manager = LogManager.open(tmp_path, CONFIG, now_ms=0)
+    tps = [TopicPartition("t", p) for p in range(20)]
+    for tp in tps:
+        _fill(manager, tp, batch_stream(tp.partition, 3))
+    logs = manager.partitions()
+    interval = [manager.checkpoint, lambda: manager.maybe_flush(0)]
+    interval.append(lambda: manager.enforce_retention(0))
+    for step in interval:
+        step()
+    calls = _count_calls(
+        monkeypatch, "flush", "recovery_point_to_checkpoint", "maybe_flush", "enforce_retention"
+    )
+    written = _files_written(monkeypatch)
+    for step in interval:
+        step()
+    assert calls == {name: [] for name in calls} and written == []
+
+    appended, truncated = tps[3], tps[7]
+    more = producer_batch(logs[appended].log_end_offset, [b"more"])
+    logs[appended].append(more, scan_batches(more).batches, now_ms=0)
+    logs[truncated].truncate_to(logs[truncated].log_end_offset - 1)
+    for step in interval:
+        step()
+    # Both flushed by the checkpoint: nothing left for the time-based flush.
+    assert {name: sorted(tps) for name, tps in calls.items()} == {
+        "flush": [appended, truncated],
+        "recovery_point_to_checkpoint": [appended, truncated],
+        "maybe_flush": [],
+        "enforce_retention": [appended, truncated],
+    }
+    assert written == [RECOVERY_POINT_CHECKPOINT]  # log starts and high watermarks as they were
+    claims = parse_offsets((tmp_path / RECOVERY_POINT_CHECKPOINT).read_text(), source="test")
+    assert claims == {tp: log.log_end_offset for tp, log in logs.items()}
+    manager.close()
+
+
+def test_retention_plans_an_idle_partition_again_once_time_retention_is_due(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Time alone can change an idle partition's retention plan, and only when its oldest
+    kept segment turns retention.ms old: the passes before are skipped, that one deletes.
+    On the old code every pass planned (the second check)."""
+    config = LogConfig(
+        segment_bytes=CONFIG.segment_bytes,
+        index_interval_bytes=1024,
+        segment_index_bytes=2048,
+        retention_ms=60_000,
+    )
+    manager = LogManager.open(tmp_path, config, now_ms=0)
+    _fill(manager, A, batch_stream(1, 100))
+    log = manager.partitions()[A]
+    first = log.segments[0]
+    due = first.max_timestamp.timestamp + config.retention_ms + 1
+    calls = _count_calls(monkeypatch, "enforce_retention")
+    manager.enforce_retention(due - 1)
+    assert calls["enforce_retention"] == [A] and log.segments[0] is first
+    manager.enforce_retention(due - 1)
+    assert calls["enforce_retention"] == [A]
+    manager.enforce_retention(due)
+    assert calls["enforce_retention"] == [A, A] and log.segments[0] is not first
     manager.close()
 
 
