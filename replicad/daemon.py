@@ -32,7 +32,7 @@ from replicad.control.stalls import (
 from replicad.control.status_view import render_status_line
 from replicad.errors import ConfigError, ReplicadError
 from replicad.follower.replicator import Replicator, ReplicatorSettings
-from replicad.follower.status import RateMeter, build_snapshot, partition_rows
+from replicad.follower.status import RateMeter, build_snapshot, partition_row, partition_rows
 from replicad.protocol.metadata import TopicSelection
 from replicad.recent_warnings import RECENT
 from replicad.startup import LoopSignals
@@ -205,8 +205,11 @@ class Daemon:
     async def _status_loop(self) -> None:
         while not self.stop.is_set():
             self._sample_rates()
-            snap = self.snapshot(problems_only=True)
-            self._report_stalls(self.stalls.check(snap["partitions"], snap["leaders"]), snap)
+            now_ms = monotonic_ms()
+            snap = self.snapshot(problems_only=True, now_ms=now_ms)
+            change = self.stalls.check(snap["partitions"], snap["leaders"])
+            self._report_stalls(change, snap, now_ms)
+            del change
             # Also before READY: a daemon whose source is down says so in STATUS=.
             line = render_status_line(snap)
             # Not kept through the wait: while the next one was built, two were held (a
@@ -216,12 +219,15 @@ class Daemon:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), STATUS_INTERVAL_S)
 
-    def _report_stalls(self, change: StallChange, snap: dict[str, Any]) -> None:
+    def _report_stalls(self, change: StallChange, snap: dict[str, Any], now_ms: int) -> None:
         """Once per stall, everything needed to debug it: the partition's phase and
-        counters, and its leader's last request and response."""
+        counters (its full row, made for these few: the snapshot's rows are the slim
+        ProblemRows), and its leader's last request and response."""
         leaders = {int(leader["node_id"]): leader for leader in snap["leaders"]}
         began, began_rest = one_line_each(change.began)
-        for p in began:
+        for slim in began:
+            tp = TopicPartition(str(slim.get("topic")), int(slim.get("partition", -1)))
+            p = partition_row(self.replicator, tp, now_ms) or slim
             leader = leaders.get(int(p.get("leader", -1)), {})
             log.warning(
                 "partition stalled: lagging, its leader connected, its log not moving",

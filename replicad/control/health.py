@@ -163,31 +163,32 @@ def _partitions(
 ) -> list[Reason]:
     connected = connected_leaders(leaders)
     sharing = sharing_leaders(leaders)
-    groups: dict[str, list[str]] = {
-        "offline": [],
-        "halted": [],
-        "diverging": [],
-        "disk_full": [],
-        "stalled": [],
-    }
+    # Each group's count and the names a reason shows (NAMED_AT_MOST): while 10,000
+    # partitions catch up nearly all are named stalled, every 2 s (issue 32's memory).
+    counts = {"offline": 0, "halted": 0, "diverging": 0, "disk_full": 0, "stalled": 0}
+    groups: dict[str, list[str]] = {code: [] for code in counts}
     # When the disk last refused an append of a partition it names.
     disk_full_ago_ms: int | None = None
     for p in partitions:
-        name = f"{p.get('topic')}-{p.get('partition')}"
         state = p.get("state")
         if state == "halted":
-            groups["halted"].append(name)
+            code = "halted"
         elif int(p.get("leader", 0)) < 0:
-            groups["offline"].append(name)
+            code = "offline"
         elif state == "truncating":
-            groups["diverging"].append(name)
+            code = "diverging"
         elif waits_for_disk(p, stall_after_ms):
-            groups["disk_full"].append(name)
+            code = "disk_full"
             ago = p.get("disk_full_ago_ms")
             if ago is not None and (disk_full_ago_ms is None or int(ago) < disk_full_ago_ms):
                 disk_full_ago_ms = int(ago)
         elif is_stalled(p, connected, stall_after_ms, sharing):
-            groups["stalled"].append(name)
+            code = "stalled"
+        else:
+            continue
+        counts[code] += 1
+        if len(groups[code]) < NAMED_AT_MOST:
+            groups[code].append(f"{p.get('topic')}-{p.get('partition')}")
     texts = {
         "offline": "without a leader on the source (offline)",
         "halted": "halted (see their last error)",
@@ -203,7 +204,8 @@ def _partitions(
     reasons = []
     for code, names in groups.items():
         if names:
-            text = f"{_partition_count(len(names))} {texts[code]}: {_listed(names)}"
+            count = counts[code]
+            text = f"{_partition_count(count)} {texts[code]}: {_listed(names, count)}"
             reasons.append(Reason(Health.DEGRADED, f"partitions_{code}", text))
     return reasons
 
@@ -323,9 +325,10 @@ def _damaged(partitions: Sequence[Mapping[str, Any]]) -> list[Reason]:
     return [Reason(Health.DEGRADED, "replica_damaged", text)]
 
 
-def _listed(names: Sequence[str]) -> str:
-    """The first NAMED_AT_MOST names, then how many more: "a-0, a-1 and 3 more"."""
-    more = len(names) - NAMED_AT_MOST
+def _listed(names: Sequence[str], count: int | None = None) -> str:
+    """The first NAMED_AT_MOST names, then how many more of `count` (len(names) unless
+    given): "a-0, a-1 and 3 more"."""
+    more = (len(names) if count is None else count) - NAMED_AT_MOST
     return ", ".join(names[:NAMED_AT_MOST]) + (f" and {more} more" if more > 0 else "")
 
 
