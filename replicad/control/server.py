@@ -10,6 +10,13 @@ Rules:
   spoken through asyncio-dgram. A connected datagram socket waits properly while the
   client's queue is full (an unconnected one would spin), and a client that never reads
   only ever blocks its own reply, which is dropped after `reply_timeout_s`.
+- That socket is connected before the reply is built: a client that gave up (the CLI
+  closes its socket when its timeout passes) refuses the connection, and nothing is built
+  or run for it. A status of 10,000 partitions under load took longer than the client's
+  5 s, and each retry queued another full reply for a client already gone: 60 retries and
+  303 s for one answer (session 13, load 46). What was received is still counted
+  (`abandoned`), and a read-only request is dropped before it runs; a mutating command
+  whose sender left is dropped too, as its sender is not told whether it ran.
 - A sender with no address (an unbound socket) cannot be answered; its request is dropped.
 - "status" is built in and read-only; `queries` are more read-only commands; `commands`
   mutate the daemon and need root or the daemon's uid (see `replicad.control.creds`).
@@ -92,6 +99,8 @@ class ControlServer:
         self._inode: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # Requests whose sender was gone before their reply was built (see the rules).
+        self.abandoned = 0
 
     async def start(self) -> None:
         """Bind the socket and start answering; `ControlError` if another daemon listens."""
@@ -168,18 +177,28 @@ class ControlServer:
     async def _serve(
         self, data: bytes, truncated: bool, peer: PeerCredentials | None, address: str | bytes
     ) -> None:
-        request_id = request_id_of(data)
-        if truncated:
-            reply = error_reply(f"request larger than {MAX_DATAGRAM_BYTES} bytes")
-        else:
-            try:
-                request = decode_request(data)
-            except ControlError as exc:
-                reply = error_reply(str(exc))
+        # Before anything is built: is the sender still there (see the rules)?
+        sock = _connected_to(address)
+        if sock is None:
+            self.abandoned += 1
+            log.info("control client gone before its reply was built; not built", peer=peer)
+            return
+        try:
+            request_id = request_id_of(data)
+            if truncated:
+                reply = error_reply(f"request larger than {MAX_DATAGRAM_BYTES} bytes")
             else:
-                request_id = request.id
-                reply = await self._run(request.cmd, request.args, peer)
-        await self._send_reply(request_id, reply, address)
+                try:
+                    request = decode_request(data)
+                except ControlError as exc:
+                    reply = error_reply(str(exc))
+                else:
+                    request_id = request.id
+                    reply = await self._run(request.cmd, request.args, peer)
+        except BaseException:
+            sock.close()
+            raise
+        await self._send_reply(request_id, reply, sock)
 
     async def _run(
         self, cmd: str, args: dict[str, Any], peer: PeerCredentials | None
@@ -206,20 +225,18 @@ class ControlServer:
             return error_reply(f"{cmd} failed: {type(exc).__name__}: {exc}")
 
     async def _send_reply(
-        self, request_id: int, reply: dict[str, Any], address: str | bytes
+        self, request_id: int, reply: dict[str, Any], sock: socket.socket
     ) -> None:
+        """`reply` over `sock`, connected to the client (it is closed after)."""
         try:
-            datagrams = reply_datagrams(request_id, reply)
-        except ControlError as exc:
-            datagrams = reply_datagrams(request_id, error_reply(str(exc)))
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        try:
-            sock.connect(address)
-        except OSError as exc:
+            try:
+                datagrams = reply_datagrams(request_id, reply)
+            except ControlError as exc:
+                datagrams = reply_datagrams(request_id, error_reply(str(exc)))
+            stream = await asyncio_dgram.from_socket(sock)
+        except BaseException:
             sock.close()
-            log.debug("control client gone before the reply", error=str(exc))
-            return
-        stream = await asyncio_dgram.from_socket(sock)
+            raise
         try:
             async with asyncio.timeout(self.reply_timeout_s):
                 for datagram in datagrams:
@@ -228,6 +245,19 @@ class ControlServer:
             log.info("control reply abandoned", error=str(exc) or type(exc).__name__)
         finally:
             stream.close()
+
+
+def _connected_to(address: str | bytes) -> socket.socket | None:
+    """A datagram socket connected to the client's `address`; None if nobody is bound there
+    any more (the client gave up and closed its socket)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock.connect(address)
+    except OSError as exc:
+        sock.close()
+        log.debug("control client gone before the reply", error=str(exc))
+        return None
+    return sock
 
 
 def _clear_stale_socket(path: Path) -> None:

@@ -237,6 +237,31 @@ async def test_a_client_that_never_reads_does_not_hold_up_others(
             assert len(result["partitions"]) == 10_000
 
 
+async def test_no_reply_is_built_for_clients_that_gave_up(shared_dir: Path) -> None:
+    """A retry storm: clients that closed their socket before the server read their request
+    (the CLI does when its timeout passes, then asks again from a new one) get no status
+    built, and the one still waiting gets its answer. On the old code the status was built
+    for every request: 6 builds, not 1 (at 10,000 partitions under load each took longer
+    than the client's 5 s: 60 retries, 303 s for one answer, in session 13)."""
+    builds: list[int] = []
+
+    def counted() -> dict[str, Any]:
+        builds.append(len(builds))
+        return snapshot_with(1_000)
+
+    path = shared_dir / "storm.sock"
+    async with ControlServer(path, counted) as control:
+        for i in range(5):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as gone:
+                gone.bind(f"\0replicad-test-gone-{os.getpid()}-{i}")
+                gone.sendto(encode_request("status", i), str(path))
+        # Read after the five (one socket, in order), and answered.
+        result = await ask(path, "status")
+        assert len(result["partitions"]) == 1_000
+        assert len(builds) == 1
+        assert control.abandoned == 5
+
+
 async def test_a_stale_socket_file_is_replaced_and_a_live_one_refused(
     shared_dir: Path,
 ) -> None:
