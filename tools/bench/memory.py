@@ -148,6 +148,11 @@ class MemoryRun:
     # Bytes of idle pool buffers freed while something still held them (memory_pool.py):
     # each is memory over fetch.buffer_memory while the buffer made in its place lives.
     pool_freed_in_use: int = 0
+    # The daemon's CPU seconds (user + system) when the peak was read, and the machine's
+    # 1-minute load average when it started and then: on a shared machine its wall
+    # seconds say little, these say how loaded the run was.
+    cpu_s: float = 0.0
+    load: tuple[float, float] = (0.0, 0.0)
 
     @property
     def rss_bound(self) -> int:
@@ -442,6 +447,7 @@ def run(
             p for p in (root, daemon.env.get("PYTHONPATH")) if p
         )
     daemon.args = ["prlimit", limit, "--", *program]
+    load_at_start = os.getloadavg()[0]
     started = time.monotonic()
     daemon.start()
     assert daemon.proc is not None
@@ -481,6 +487,7 @@ def run(
             sampler.sample()
             # The high-water mark over the daemon's whole life so far, status reply included.
             peak_rss = proc_status(pid)["VmHWM"]
+            cpu_s, load_at_end = cpu_seconds(pid), os.getloadavg()[0]
     finally:
         code = daemon.stop(timeout_s=120)
     if code != 0:
@@ -505,7 +512,16 @@ def run(
         replicate_s=replicate_s,
         setup_s=setup_s,
         mismatched=mismatched,
+        cpu_s=cpu_s,
+        load=(load_at_start, load_at_end),
     )
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # After the command name: state is field 3, utime field 14, stime field 15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- command line ----------------------------------------------------------------------
@@ -518,8 +534,8 @@ def table(runs: list[MemoryRun]) -> str:
         "| bound | pool peak | "
         "pool waits | pool buffers freed while held "
         "| max open fds (RLIMIT) | max segment fds (log.max_open_files) | "
-        "replicated | replicate s |\n"
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "replicated | replicate s | daemon CPU s | load (1 min) |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     rows = [
         f"| {r.scenario.partitions:,} | {len(r.leaders)} "
@@ -531,7 +547,7 @@ def table(runs: list[MemoryRun]) -> str:
         f"| {r.fds.max_open} ({r.scenario.nofile_limit}) "
         f"| {r.fds.max_segment_files} ({r.scenario.max_open_files}) "
         f"| {r.source_bytes / MIB:.0f} MiB{'' if not r.mismatched else ' MISMATCH'} "
-        f"| {r.replicate_s:.1f} |"
+        f"| {r.replicate_s:.1f} | {r.cpu_s:.1f} | {r.load[0]:.1f}-{r.load[1]:.1f} |"
         for r in runs
     ]
     return "\n".join([head, *rows])
