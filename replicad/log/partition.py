@@ -162,6 +162,7 @@ log = structlog.get_logger("replicad.log")
 # The key of a partition's truncation job on the durability thread (disk_queue.py: one
 # waiting job per key; it reads the partition's state when it runs, so it covers them all).
 TRUNCATION = "truncation"
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full disk (or quota): DiskFullError, a pause
 
 # A damaged partition is read again and again (every fetch of it): one line a minute each.
 _DAMAGE_SAID = RateLimitedLog(interval_ms=60_000)
@@ -346,7 +347,7 @@ class PartitionLog:
         except OSError as exc:
             # A full disk while a partition's files are made is a pause, not a broken log:
             # creating it again once there is space finds what this try left and goes on.
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            if exc.errno in NO_SPACE:
                 raise DiskFullError(f"{tp}: no space left creating its log: {exc}") from exc
             raise
         partition = cls(
@@ -361,7 +362,17 @@ class PartitionLog:
             topic_id=topic_id,
             handles=handles,
         )
-        partition._persist_epochs(force=True)
+        try:
+            partition._persist_epochs(force=True)
+        except OSError as exc:
+            # The epoch file is the first of the log's files that takes bytes: a full disk
+            # shows here more often than at the segment's empty files (session 14's
+            # 10,000-partition soak). The half-made log is let go, made again later.
+            with contextlib.suppress(OSError):
+                partition.close()
+            if exc.errno in NO_SPACE:
+                raise DiskFullError(f"{tp}: no space left creating its log: {exc}") from exc
+            raise
         return partition
 
     @classmethod
@@ -626,7 +637,7 @@ class PartitionLog:
         # If this fails too, the cache stays unsaved and its next change writes it.
         with contextlib.suppress(OSError):
             self._epochs_changed(offset)
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if exc.errno in NO_SPACE:
             raise DiskFullError(
                 f"{self.topic_partition}: no space left appending at offset {offset}; the log "
                 f"ends at {self._log_end_offset} with whole batches only"

@@ -732,6 +732,28 @@ def test_disk_full_leaves_whole_batches_and_resumes(small_fs: Path) -> None:
     assert on_disk == b"".join(written + resumed)
 
 
+def test_a_full_disk_at_the_first_epoch_file_is_a_disk_full_error_and_the_log_is_made_later(
+    small_fs: Path,
+) -> None:
+    """The segment's files are made empty (no space needed) and the epoch file is the first
+    to take bytes: its ENOSPC left `create` as a bare OSError, which failed a leader's whole
+    fetch loop (session 14's 10,000-partition cluster soak) instead of pausing the one
+    partition as DiskFullError does."""
+    config = LogConfig(segment_bytes=64 * 1024, index_interval_bytes=1024, segment_index_bytes=4096)
+    ballast = small_fs / "ballast"
+    with ballast.open("wb", buffering=0) as out, contextlib.suppress(OSError):
+        while True:  # every last block taken
+            out.write(bytes(4096))
+    with pytest.raises(DiskFullError, match="no space left creating its log"):
+        PartitionLog.create(small_fs / "orders-3", TP, config, now_ms=0)
+    ballast.unlink()
+    log = PartitionLog.create(small_fs / "orders-3", TP, config, now_ms=0)
+    batches = batch_stream(2, 3)
+    _append_all(log, batches)
+    assert b"".join(s.log_path.read_bytes() for s in log.segments) == b"".join(batches)
+    log.close()
+
+
 def _during_first_fsync(monkeypatch: pytest.MonkeyPatch, action: object) -> None:
     """Run `action()` inside the first os.fsync call (another thread's append or truncation
     landing while a flush waits on the disk)."""
