@@ -26,6 +26,7 @@ from tools.chaos.soak import (
     NETWORK_FAULTS,
     SOURCE_FAULTS,
     TABLE_HEAD,
+    CatchUp,
     FdCounts,
     SoakResult,
     SoakSample,
@@ -33,6 +34,7 @@ from tools.chaos.soak import (
     _fill,
     _node_heap,
     _topics,
+    catch_up_to,
     soak,
     started,
     trends,
@@ -41,6 +43,7 @@ from tools.chaos.soak_sources import (
     ROLLING_RESTART,
     SEGMENT_BYTES,
     SESSION_EVICTIONS,
+    ClusterSource,
     KafkaSource,
     SourceNotRecovered,
     TansuSource,
@@ -312,6 +315,43 @@ def test_the_cluster_nodes_heap_grows_with_the_partitions_and_the_suites_cluster
     cluster = start_peer("kafka-cluster", tmp_path, heap="1536m")
     assert isinstance(cluster, KafkaCluster) and cluster._heap == "1536m"
     assert KafkaCluster(tmp_path / "suite")._heap == CLUSTER_HEAP
+
+
+def test_the_catch_up_reads_the_sources_ends_again_until_it_can() -> None:
+    """Session 14's 10,000-partition cluster run read the ends once after the last fault's
+    preferred-leader election, got none, and waited 900 s on an empty target: "replica did
+    not catch up", with every partition compared to its end by verify."""
+    tp = TopicPartition("t", 0)
+    answers = iter([None, None, {tp: 5}])
+    caught = catch_up_to(
+        lambda: next(answers, {tp: 5}), lambda: {tp: 5}, lambda: True, DEADLINE_S, settle_s=0
+    )
+    assert caught.ends_known and caught.seconds is not None
+    behind = catch_up_to(lambda: {tp: 5}, lambda: {tp: 4}, lambda: True, 1.0, settle_s=0)
+    assert behind == CatchUp(None, True)
+    unknown = catch_up_to(lambda: None, lambda: {tp: 5}, lambda: True, 1.0, settle_s=0)
+    assert unknown == CatchUp(None, False)
+
+
+def test_the_clusters_ends_are_one_list_offsets_round_a_topic(kafka_broker, unique_topic) -> None:
+    from tools.peers.admin import admin_client
+    from tools.peers.produce import produce_numbered
+
+    topic = unique_topic()
+    kafka_broker.create_topic(topic, 3)
+    produce_numbered(kafka_broker.bootstrap, topic, 3, 4)
+    produce_numbered(kafka_broker.bootstrap, topic, 1, 2)
+
+    class OneNode:
+        def admin(self) -> Any:
+            return admin_client(kafka_broker.bootstrap)
+
+    ends = ClusterSource(OneNode()).ends(partitions_of({topic: 3}))  # type: ignore[arg-type]
+    assert ends == {
+        TopicPartition(topic, 0): 6,
+        TopicPartition(topic, 1): 4,
+        TopicPartition(topic, 2): 4,
+    }
 
 
 def test_replicad_has_started_once_it_holds_data_or_is_ready_with_every_partition() -> None:

@@ -39,12 +39,13 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from confluent_kafka import ElectionType, KafkaException
+from confluent_kafka import ElectionType, IsolationLevel, KafkaException
 
 from replicad.types import TopicPartition
 from tools.chaos.invariant import InvariantReport, check_partition, check_replica, end_offsets
 from tools.chaos.load import SteadyLoad
 from tools.chaos.scenarios import wait_for
+from tools.peers.admin import latest_offsets
 from tools.peers.kafka import KafkaBroker
 from tools.peers.kafka_cluster import CLUSTER_HEAP, DEFAULT_NODES, KafkaCluster
 from tools.peers.process import PeerError
@@ -258,12 +259,21 @@ class ClusterSource(SoakSource):
             )
 
     def ends(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int] | None:
-        from confluent_kafka.admin import OffsetSpec
-
+        """The high watermarks, one ListOffsets round a topic, with a deadline for
+        thousands of partitions on a loaded cluster (LIST_OFFSETS_TIMEOUT_S; the harness's
+        probe gives a round 5 s)."""
+        by_topic: dict[str, list[int]] = {}
+        for tp in partitions:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        admin = self.cluster.admin()
         try:
-            return KafkaCluster._list_offsets(
-                self.cluster.admin(), list(partitions), OffsetSpec.latest()
-            )
+            return {
+                TopicPartition(topic, p): end
+                for topic, numbers in by_topic.items()
+                for p, end in latest_offsets(
+                    admin, topic, numbers, isolation=IsolationLevel.READ_UNCOMMITTED
+                ).items()
+            }
         except (KafkaException, PeerError, TimeoutError):
             return None  # a partition without a leader for the moment
 
