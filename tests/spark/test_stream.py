@@ -1,12 +1,16 @@
 """`spark.readStream.format("replicad")` in Spark local mode over a replica that a real
 `replicad run` is writing from a real Kafka broker: Trigger.AvailableNow into Spark's
 parquet sink, checkpointed offsets, new partitions and topics joining, read_committed
-before an open transaction, data lost to retention; and running queries over a replica the
+before an open transaction, data lost to retention, the options that shape rows
+(includeHeaders, includeControl) and micro-batches (minOffsetsPerTrigger with
+maxTriggerDelay, maxBytesPerTrigger; the query's progress says what each batch read and
+where the replica ends); and running queries over a replica the
 follower truncates under them (an unclean leader election on the session's real three-node
 cluster)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -22,7 +26,7 @@ from replicad.spark.options import parse_stream_options
 from replicad.spark.stream import ReplicadStreamReader, high_watermarks
 from replicad.types import TopicPartition
 from tools.chaos.leadership import elect
-from tools.peers.produce import produce_numbered
+from tools.peers.produce import CheckedProducer, produce_numbered
 from tools.replica import replicad_run
 from tools.wait import wait_until
 
@@ -150,11 +154,15 @@ def test_a_stream_refuses_a_directory_without_high_watermarks(spark, tmp_path):
         available_now(spark, tmp_path / "data", tmp_path)
 
 
+# Small producer batches, so that the replica's small segments roll often.
+PRODUCER_BATCH_BYTES = 4096
+
+
 def produce_sized(bootstrap: str, topic: str, count: int, value_bytes: int, first: int = 0) -> None:
     from confluent_kafka import Producer
 
-    # Small batches, so that the replica's small segments roll often.
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.size": 4096})
+    config = {"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.size": PRODUCER_BATCH_BYTES}
+    producer = Producer(config)
     for i in range(first, first + count):
         producer.produce(topic, value=(b"%d-" % i).ljust(value_bytes, b"x"), partition=0)
     assert producer.flush(30) == 0
@@ -316,6 +324,190 @@ def test_read_committed_stops_before_an_open_transaction(
     rows, offsets = sink_offsets(spark, tmp_path / "out")
     assert rows == len(offsets) == 25
     assert offsets == every_offset({tp: 25})
+
+
+def parquet_rows(spark, out: Path) -> tuple[list[str], list]:
+    """The columns of the sink at `out` and its rows by offset."""
+    frame = spark.read.parquet(str(out))
+    return frame.columns, sorted(frame.collect(), key=lambda r: r.offset)
+
+
+def test_include_headers_false_streams_rows_without_the_headers_column(
+    spark, kafka_broker, unique_topic, tmp_path
+):
+    topic = unique_topic()
+    tp = TopicPartition(topic, 0)
+    kafka_broker.create_topic(topic, 1)
+    producer = CheckedProducer({"bootstrap.servers": kafka_broker.bootstrap, "linger.ms": 5})
+    for i in range(20):
+        producer.produce(topic, value=b"v%d" % i, partition=0, headers=[("h", b"%d" % i)])
+    producer.flush(30)
+    data_dir = tmp_path / "data"
+    with replicad_run(kafka_broker.bootstrap, [topic], data_dir, config=REPLICA_CONFIG) as proc:
+        wait_replicated(proc, data_dir, {tp: 20})
+        available_now(spark, data_dir, tmp_path / "with")
+        available_now(spark, data_dir, tmp_path / "without", includeHeaders="false")
+    with_columns, with_rows = parquet_rows(spark, tmp_path / "with" / "out")
+    without_columns, without_rows = parquet_rows(spark, tmp_path / "without" / "out")
+    assert "headers" in with_columns
+    assert without_columns == [c for c in with_columns if c != "headers"]
+    assert [[(h.key, bytes(h.value)) for h in r.headers] for r in with_rows] == [
+        [("h", b"%d" % i)] for i in range(20)
+    ]
+    # The same records otherwise.
+    assert [(r.offset, bytes(r.value)) for r in without_rows] == [
+        (i, b"v%d" % i) for i in range(20)
+    ]
+
+
+def test_include_control_streams_the_transaction_markers_as_rows(
+    spark, kafka_broker, unique_topic, tmp_path
+):
+    """Offsets 0..4 plain, 5..9 a committed transaction and its marker at 10, 11..13 an
+    aborted one and its marker at 14."""
+    topic = unique_topic()
+    tp = TopicPartition(topic, 0)
+    kafka_broker.create_topic(topic, 1)
+    produce_numbered(kafka_broker.bootstrap, topic, 1, 5)
+    transactional = CheckedProducer(
+        {"bootstrap.servers": kafka_broker.bootstrap, "transactional.id": f"{topic}-txn"}
+    )
+    transactional.init_transactions(30)
+    for count, end in ((5, transactional.commit_transaction), (3, transactional.abort_transaction)):
+        transactional.begin_transaction()
+        for i in range(count):
+            transactional.produce(topic, value=b"t%d" % i, partition=0)
+        transactional.flush(30)
+        end(30)
+    data_dir = tmp_path / "data"
+    with replicad_run(kafka_broker.bootstrap, [topic], data_dir, config=REPLICA_CONFIG) as proc:
+        wait_replicated(proc, data_dir, {tp: 15})  # the abort marker replicated
+        available_now(spark, data_dir, tmp_path / "default")
+        available_now(spark, data_dir, tmp_path / "control", includeControl="true")
+        available_now(
+            spark,
+            data_dir,
+            tmp_path / "committed",
+            includeControl="true",
+            isolation="read_committed",
+        )
+
+    def rows(name: str) -> list[tuple[int, bool]]:
+        return [(r.offset, r.is_control) for r in parquet_rows(spark, tmp_path / name / "out")[1]]
+
+    data = [*range(10), 11, 12, 13]  # read_uncommitted: the aborted records too
+    assert rows("default") == [(o, False) for o in data]
+    assert rows("control") == sorted([(o, False) for o in data] + [(10, True), (14, True)])
+    # read_committed: the aborted records dropped, both markers kept.
+    assert rows("committed") == [(o, False) for o in range(10)] + [(10, True), (14, True)]
+
+
+def started(writer):
+    """A query started from `writer`, once a trigger found nothing new to read
+    (processAllAvailable); started again if the driver's Python source process could not
+    connect back in time (follow.py)."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        query = writer.start()
+        try:
+            query.processAllAvailable()
+            return query
+        except Exception as exc:
+            query.stop()
+            if attempt == START_ATTEMPTS or not worker_start_failed(exc):
+                raise
+    raise AssertionError("unreachable")
+
+
+def read_rows(query) -> list[int]:
+    """Rows of each micro-batch of `query` that read any."""
+    return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"] > 0]
+
+
+def read_up_to(root: Path, topic: str) -> int:
+    """Where the query writing into root/out has committed partition 0 of `topic` to."""
+    return (committed(root / "checkpoint") or {}).get(topic, {}).get("0", 0)
+
+
+def test_min_offsets_per_trigger_waits_for_records_or_max_trigger_delay(
+    spark, kafka_broker, unique_topic, tmp_path
+):
+    topic = unique_topic()
+    tp = TopicPartition(topic, 0)
+    kafka_broker.create_topic(topic, 1)
+    produce_numbered(kafka_broker.bootstrap, topic, 1, 30)
+    data_dir = tmp_path / "data"
+    waiting = tmp_path / "waiting"
+    with replicad_run(kafka_broker.bootstrap, [topic], data_dir, config=REPLICA_CONFIG) as proc:
+        wait_replicated(proc, data_dir, {tp: 30})
+        # 30 offsets below a minimum of 100, and a delay no test waits out: no batch.
+        options = {"minOffsetsPerTrigger": "100", "maxTriggerDelay": "1h"}
+        writer = into_parquet(spark, data_dir, waiting, options)
+        query = started(writer.trigger(processingTime="200 milliseconds"))
+        try:
+            # Nothing read (Spark may commit an empty first batch, ending where it began).
+            assert read_rows(query) == []
+            assert committed(waiting / "checkpoint") in (None, {topic: {"0": 0}})
+            produce_numbered(kafka_broker.bootstrap, topic, 1, 80, b"more-")
+            wait_until(
+                lambda: read_up_to(waiting, topic) >= 100 or not query.isActive,
+                timeout_s=QUERY_TIMEOUT_S,
+                what="a micro-batch of at least 100 offsets",
+            )
+            query.processAllAvailable()  # its progress recorded
+            # One batch from offset 0, of at least 100 (the last few may wait behind it
+            # when the replica's high watermark passed 100 before 110).
+            (rows,) = read_rows(query)
+            assert 100 <= rows <= 110
+            assert committed(waiting / "checkpoint") == {topic: {"0": rows}}
+        finally:
+            query.stop()
+        # A minimum the replica never reaches: the delay lets a smaller batch through.
+        delayed = running_query(
+            spark,
+            data_dir,
+            tmp_path / "delayed",
+            {topic: {"0": 110}},
+            minOffsetsPerTrigger="1000",
+            maxTriggerDelay="1s",
+        )
+        try:
+            delayed.processAllAvailable()  # the batch's progress recorded
+            assert read_rows(delayed) == [110]
+        finally:
+            delayed.stop()
+
+
+def test_max_bytes_per_trigger_cuts_micro_batches_and_progress_shows_the_replicas_end(
+    spark, kafka_broker, unique_topic, tmp_path
+):
+    topic = unique_topic()
+    tp = TopicPartition(topic, 0)
+    kafka_broker.create_topic(topic, 1)
+    value_bytes, count, budget = 1000, 120, 16 * 1024
+    produce_sized(kafka_broker.bootstrap, topic, count, value_bytes)
+    data_dir = tmp_path / "data"
+    with replicad_run(kafka_broker.bootstrap, [topic], data_dir, config=REPLICA_CONFIG) as proc:
+        wait_replicated(proc, data_dir, {tp: count})
+        log_bytes = sum(f.stat().st_size for f in (data_dir / f"{topic}-0").glob("*.log"))
+        progress = available_now(spark, data_dir, tmp_path, maxBytesPerTrigger=str(budget))
+    assert sum(p["numInputRows"] for p in progress) == count
+    rows, offsets = sink_offsets(spark, tmp_path / "out")
+    assert rows == len(offsets) == count
+    # A micro-batch ends at the last offset index entry within its budget (an entry names
+    # a batch's last offset at the batch's position: that batch is read up to it), or at a
+    # segment's first entry past the budget (a segment's first batch has none): at most two
+    # producer batches (PRODUCER_BATCH_BYTES each) past the budget.
+    most = budget + 2 * PRODUCER_BATCH_BYTES
+    assert all(p["numInputRows"] * value_bytes <= most for p in progress)
+    assert len(progress) >= math.ceil(log_bytes / most)
+    # reportLatestOffset: each micro-batch's progress says where the replica ends, past
+    # where the batch did, as Spark's Kafka source says it for avgOffsetsBehindLatest.
+    sources = [p["sources"][0] for p in progress]
+    assert [json.loads(s["latestOffset"]) for s in sources] == [{topic: {"0": count}}] * len(
+        sources
+    )
+    ends = [json.loads(s["endOffset"])[topic]["0"] for s in sources]
+    assert ends == sorted(ends) and ends[-1] == count and ends[0] < count
 
 
 def committed(checkpoint: Path) -> dict | None:
