@@ -24,6 +24,18 @@ PySpark 4.3, tests/spark/test_connect_first.py) go this way; anything else, and 
 not started by a PythonWorkerFactory, is the plain interpreter. Once connected, a local
 session's forkserver (forkserver.py), when there is one, runs the module in a fork of a
 process that has imported it already; otherwise this process imports and runs it.
+
+The script starts this module as a file, `python -S -P .../connect_first.py` (START_FLAGS):
+a stream's query waits on it, and all it does before handing over is connect, so the
+interpreter's own start is most of its cost. `-S` skips `site` (the venv's .pth files, an
+editable install's finder: about 0.03 CPU-s of a plain start's 0.05 here), `-P` keeps this
+file's directory (replicad/spark, whose module names could shadow others) off the path,
+and the standard library modules it needs only after connecting are imported then. `-I`
+(`-E -P -s`) is not used: `-E` would also drop what Spark and the caller set for the worker
+in the environment (PYTHONPATH, PYTHONUNBUFFERED, PYTHONHASHSEED, PYTHONDONTWRITEBYTECODE).
+What `-m` and `site` would have given the module is restored before it runs: the working
+directory first on the path (`-m`'s), then, when this process runs the module itself,
+`site` (the forkserver's child has the server's site-packages, forkserver.py).
 """
 
 from __future__ import annotations
@@ -31,14 +43,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import runpy
-import select
 import signal
 import socket
 import struct
 import sys
-from collections.abc import Iterator
-from typing import BinaryIO
+
+# Neither is imported at run time (typing's import is a third of this module's).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import BinaryIO
 
 # The driver-side modules of PySpark 4.3 that connect back through
 # pyspark.worker_util.get_sock_file_to_executor in their `__main__`.
@@ -52,6 +66,8 @@ MODULES = (
     "pyspark.sql.worker.write_into_data_source",
     "pyspark.sql.worker.python_streaming_sink_runner",
 )
+# How worker_python.py's script starts this file (the module's docstring says why).
+START_FLAGS = ("-S", "-P")
 PORT_ENV = "PYTHON_WORKER_FACTORY_PORT"
 SOCK_PATH_ENV = "PYTHON_WORKER_FACTORY_SOCK_PATH"
 SECRET_ENV = "PYTHON_WORKER_FACTORY_SECRET"
@@ -60,6 +76,26 @@ _INT = struct.Struct("!i")
 
 class HandshakeError(ConnectionError):
     """Spark did not answer the secret with "ok"."""
+
+
+def start_argv(python: str) -> list[str]:
+    """The command that starts this module as worker_python.py's script does."""
+    return [python, *START_FLAGS, os.path.abspath(__file__)]
+
+
+def as_module_path() -> None:
+    """The working directory first on the path, as `python -m` puts it (started as a file
+    with -P, nothing was put there)."""
+    if sys.flags.safe_path:
+        sys.path.insert(0, os.getcwd())
+
+
+def with_site() -> None:
+    """What `site` adds (site-packages, .pth files), when this process started without it."""
+    if sys.flags.no_site:
+        import site
+
+        site.main()
 
 
 def started_by_spark(environ: dict[str, str] | os._Environ[str]) -> bool:
@@ -104,6 +140,8 @@ def _read_string(stream: BinaryIO) -> bytes:
 
 def run(module: str, args: list[str], sock: socket.socket, sock_file: BinaryIO) -> None:
     """Run `module` as `__main__` over the connection already made."""
+    import runpy
+
     import pyspark.worker_util as worker_util
 
     @contextlib.contextmanager
@@ -178,6 +216,8 @@ def _forward(child: int, signum: int) -> None:
 
 
 def _wait_gone(pid: int) -> int:
+    import select
+
     try:
         fd = os.pidfd_open(pid)
     except (OSError, AttributeError):
@@ -200,14 +240,17 @@ def _read_server_int(sock: socket.socket) -> int:
 
 
 def main(argv: list[str]) -> None:
-    """`python -m replicad.spark.connect_first -m MODULE [ARGS...]`, as Spark ran the script."""
+    """`python -S -P .../connect_first.py -m MODULE [ARGS...]` (start_argv), as Spark ran the
+    script (`python -m replicad.spark.connect_first` works too)."""
     if len(argv) >= 2 and argv[0] == "-m" and argv[1] in MODULES and started_by_spark(os.environ):
         sock, sock_file = connect(os.environ)
+        as_module_path()
         # A local session's forkserver runs the module in a process that has its imports
         # done already (forkserver.py); without one, this process imports and runs it.
         status = hand_over(argv[1], argv[2:], sock, sock_file)
         if status is not None:
             sys.exit(status)
+        with_site()
         run(argv[1], argv[2:], sock, sock_file)
         return
     os.execv(sys.executable, [sys.executable, *argv])

@@ -13,7 +13,8 @@ REPLICAD_SPARK_FORKSERVER=0) starts one server that imports them once, and
 connect_first.py, once connected to Spark, hands it that connection: the socket, its own
 stdin/stdout/stderr (SCM_RIGHTS over a Unix socket), the module, its arguments,
 environment, sys.path and working directory. The server forks; the child takes them over
-and runs the module as connect_first would have. Spark's daemon for executor workers works
+and runs the module as connect_first would have (on the worker's path, then the server's
+entries it lacks: the worker starts without `site`). Spark's daemon for executor workers works
 the same way (pyspark/daemon.py); these driver-side processes do not go through it.
 
 Rules:
@@ -263,7 +264,10 @@ def _child(request: Request) -> None:
         os.chdir(request.cwd)
         os.environ.clear()
         os.environ.update(request.env)
-        sys.path[:] = request.path
+        # The worker's path, then the server's entries it lacks: a worker started without
+        # `site` (connect_first's START_FLAGS) has no site-packages on its path, and the
+        # server, the same interpreter started with its site, has.
+        sys.path[:] = [*request.path, *(p for p in sys.path if p not in request.path)]
         import random
 
         random.seed()

@@ -13,7 +13,8 @@ So a local run's workers start through a short shell script that puts the direct
 driver's `pyspark` came from ahead of Spark's path: the same PySpark (the zip is a copy of
 the installed package), with its bytecode cache. Even so, at load 45-62 the imports alone
 ran out the 10 s: the script starts the driver-side modules that connect back through
-connect_first.py, which connects before it imports. Only for local runs: on a cluster the
+connect_first.py, which connects before it imports, started by its file without `site`
+(connect_first.START_FLAGS says why). Only for local runs: on a cluster the
 executors' Python is the operator's to choose.
 """
 
@@ -33,7 +34,7 @@ SCRIPT = """#!/bin/sh
 PYTHONPATH={site}${{PYTHONPATH:+:$PYTHONPATH}}
 export PYTHONPATH
 case "$1 $2" in
-{patterns}) exec {python} -m replicad.spark.connect_first "$@" ;;
+{patterns}) exec {connect_first} "$@" ;;
 esac
 exec {python} "$@"
 """
@@ -47,10 +48,15 @@ def pyspark_home() -> Path:
 
 
 def script(site: Path, python: str) -> str:
-    from replicad.spark.connect_first import MODULES
+    from replicad.spark.connect_first import MODULES, start_argv
 
     patterns = "|".join(f"'-m {module}'" for module in MODULES)
-    return SCRIPT.format(site=shlex.quote(str(site)), python=shlex.quote(python), patterns=patterns)
+    return SCRIPT.format(
+        site=shlex.quote(str(site)),
+        python=shlex.quote(python),
+        connect_first=shlex.join(start_argv(python)),
+        patterns=patterns,
+    )
 
 
 @cache

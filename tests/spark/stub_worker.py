@@ -9,6 +9,7 @@ connect_first hands the module its own connection instead."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import struct
@@ -17,6 +18,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from replicad.spark.connect_first import start_argv
 from tools.peers.wire import read_exactly, read_frame
 
 INT = struct.Struct("!i")
@@ -63,9 +65,9 @@ def start_worker(
     secret: str = SECRET,
     stderr: int | None = None,
 ) -> subprocess.Popen:
-    """`python -m replicad.spark.connect_first -m STUB_MODULE`, as Spark's factory starts
-    it, told to connect to `listener`; `env` on top of this process's environment (a value
-    of None removes the variable)."""
+    """`python -S -P .../connect_first.py -m STUB_MODULE`, as worker_python.py's script
+    starts it for Spark's factory, told to connect to `listener`; `env` on top of this
+    process's environment (a value of None removes the variable)."""
     merged = {
         **os.environ,
         "PYTHONPATH": pythonpath(stubs),
@@ -74,7 +76,7 @@ def start_worker(
         **env,
     }
     merged = {k: v for k, v in merged.items() if v is not None}
-    argv = [sys.executable, "-m", "replicad.spark.connect_first", "-m", STUB_MODULE]
+    argv = [*start_argv(sys.executable), "-m", STUB_MODULE]
     return subprocess.Popen(argv, env=merged, stderr=stderr)
 
 
@@ -107,3 +109,23 @@ def child_of(parent: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
                 found.append(int(proc.name))
     return found
+
+
+def plain_module_path(stubs: Path) -> list[str]:
+    """sys.path of `python -m` (with `site`) run with PYTHONPATH=`stubs` from this
+    process's working directory: what a module Spark names should run with."""
+    (stubs / "print_path.py").write_text("import json, sys\nprint(json.dumps(sys.path))\n")
+    plain = subprocess.run(
+        [sys.executable, "-m", "print_path"],
+        env={**os.environ, "PYTHONPATH": str(stubs)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(plain.stdout)
+
+
+def read_path(conn: socket.socket) -> list[str]:
+    """A sys.path the stand-in module sent as a length-prefixed JSON list."""
+    (length,) = INT.unpack(read_exactly(conn, 4))
+    return json.loads(read_exactly(conn, length))

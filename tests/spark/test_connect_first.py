@@ -2,19 +2,22 @@
 
 The JVM's side of the handshake is played by a socket here only where Spark cannot be made
 to wait (a worker whose imports are held until the test lets them go); the last test runs a
-real stream on the session's Spark and finds its source process started this way."""
+real stream on the session's Spark and finds its source process started this way: by the
+module's file, without `site` (START_FLAGS)."""
 
 from __future__ import annotations
 
 import ast
 import os
+import shlex
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from replicad.spark.connect_first import MODULES
+from replicad.spark.connect_first import MODULES, start_argv
 from replicad.spark.forkserver import ENV as FORKSERVER_ENV
 from replicad.spark.forkserver import OFF as FORKSERVER_OFF
 from replicad.spark.pipeline import _forkserver
@@ -27,7 +30,9 @@ from tests.spark.stub_worker import (
     accept,
     child_of,
     handshake,
+    plain_module_path,
     read_exactly,
+    read_path,
     start_worker,
     stub_pyspark,
 )
@@ -91,6 +96,42 @@ def test_a_refused_secret_ends_the_worker_before_it_imports(tmp_path, listener):
         proc.stderr.close()
 
 
+# Sends its sys.path (length-prefixed JSON) over the connection it was handed.
+PATH_MAIN = """
+import json, sys
+from pyspark.worker_util import get_sock_file_to_executor
+
+if __name__ == "__main__":
+    with get_sock_file_to_executor(timeout=None) as sock_file:
+        said = json.dumps(sys.path).encode()
+        sock_file.write(len(said).to_bytes(4, "big") + said)
+        sock_file.flush()
+"""
+
+
+def test_a_worker_started_without_site_runs_the_module_on_the_path_python_m_gives(
+    tmp_path, listener
+):
+    """Started as a file without `site` (-S -P), the worker that runs the module itself puts
+    back what `python -m` and `site` would have: the working directory first, PYTHONPATH,
+    then site-packages (here only `site` adds it: PYTHONPATH holds only the stand-in)."""
+    stubs = stub_pyspark(tmp_path / "stubs", PATH_MAIN)
+    env = {"PYTHONPATH": str(stubs), FORKSERVER_ENV: None}  # no server: it runs it itself
+    worker = start_worker(stubs, listener, env)
+    try:
+        conn = handshake(listener, worker)
+        path = read_path(conn)
+        assert worker.wait(DEADLINE_S) == 0
+        conn.close()
+    finally:
+        worker.kill()
+        worker.wait()
+    expected = plain_module_path(stubs)
+    assert any(p.endswith("site-packages") for p in expected)
+    assert path == expected
+    assert not Path(path[0]).samefile(Path(start_argv(sys.executable)[-1]).parent)
+
+
 def main_block_calls(source: str) -> set[str]:
     """Names called in the module's `if __name__ == "__main__":` block."""
     for node in ast.parse(source).body:
@@ -116,6 +157,8 @@ def test_the_workers_script_routes_only_those_modules(tmp_path):
     script = Path(worker_python()).read_text()
     for module in MODULES:
         assert f"'-m {module}'" in script
+    # ... through connect_first's file, without `site`.
+    assert f"exec {shlex.join(start_argv(sys.executable))} " in script
     assert "'-m pyspark.daemon'" not in script and "'-m pyspark.worker'" not in script
 
 
@@ -153,7 +196,10 @@ def test_a_stream_on_the_sessions_spark_runs_its_source_through_connect_first(
     )
     try:
         wait_until(lambda: source_processes(jvm_pid), timeout_s=DEADLINE_S, what="the source")
-        assert "-m replicad.spark.connect_first -m " in source_processes(jvm_pid)[0]
+        # Started by connect_first's file, without `site` (-S -P): what the script says.
+        started = " ".join(start_argv(sys.executable))
+        runner = "pyspark.sql.streaming.python_streaming_source_runner"
+        assert source_processes(jvm_pid)[0].startswith(f"{started} -m {runner}")
         if os.environ.get(FORKSERVER_ENV, "") not in FORKSERVER_OFF:  # on unless switched off
             # ... and handed its connection to the session's server, whose fork runs it
             # for the query's whole life.

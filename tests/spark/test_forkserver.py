@@ -24,8 +24,10 @@ from tests.spark.stub_worker import (
     STUB_MODULE,
     child_of,
     handshake,
+    plain_module_path,
     pythonpath,
     read_exactly,
+    read_path,
     start_worker,
     stub_pyspark,
 )
@@ -33,7 +35,7 @@ from tools.wait import wait_until
 
 # Answers b"ping" with b"gnip", then its pid, its PRELOADED marker (set in the server's
 # import, so only a fork of the server sees it set) and a variable of the worker's
-# environment; b"wait" instead: blocks until the connection closes.
+# environment; b"wait" instead: blocks until the connection closes; b"path": its sys.path.
 STUB_MAIN = """
 import os
 import pyspark.preloaded as preloaded
@@ -44,6 +46,10 @@ if __name__ == "__main__":
         asked = sock_file.read(4)
         if asked == b"wait":
             sock_file.read(1)
+        elif asked == b"path":
+            said = __import__("json").dumps(__import__("sys").path).encode()
+            sock_file.write(len(said).to_bytes(4, "big") + said)
+            sock_file.flush()
         else:
             said = f"{os.getpid()} {preloaded.MARK} {os.environ.get('STUB_ENV')}".encode()
             sock_file.write(asked[::-1] + len(said).to_bytes(4, "big") + said)
@@ -125,6 +131,31 @@ def test_without_a_server_the_worker_runs_the_module_itself(tmp_path, stubs, lis
     finally:
         worker.kill()
         worker.wait()
+
+
+def test_the_child_runs_on_the_workers_path_then_the_servers_site_packages(stubs, server, listener):
+    """The worker starts without `site` (-S -P): its path (the working directory,
+    PYTHONPATH, the standard library) comes first in the child, then the entries of the
+    server's it lacks, site-packages among them."""
+    path, server_proc = server
+    env = {forkserver.ENV: path, "PYTHONPATH": str(stubs)}
+    worker = start_worker(stubs, listener, env)
+    try:
+        conn = handshake(listener, worker)
+        conn.sendall(b"path")
+        child_path = read_path(conn)
+        assert worker.wait(DEADLINE_S) == 0
+        conn.close()
+    finally:
+        worker.kill()
+        worker.wait()
+    expected = plain_module_path(stubs)
+    assert any(p.endswith("site-packages") for p in expected)
+    assert [p for p in child_path if p in expected] == expected
+    assert (
+        child_path[: expected.index(str(stubs)) + 1] == expected[: expected.index(str(stubs)) + 1]
+    )
+    assert server_proc.poll() is None
 
 
 def gone(pid: int) -> bool:
