@@ -23,7 +23,7 @@ from replicad.spark.files import read_trace
 from replicad.spark.follow import START_ATTEMPTS, worker_start_failed
 from replicad.spark.handover import offsets_from_checkpoint
 from replicad.spark.options import parse_stream_options
-from replicad.spark.stream import ReplicadStreamReader, high_watermarks
+from replicad.spark.stream import ReplicadStreamReader, StreamSplit, high_watermarks
 from replicad.types import TopicPartition
 from tools.chaos.leadership import elect
 from tools.peers.produce import CheckedProducer, produce_numbered
@@ -247,6 +247,33 @@ def test_a_micro_batch_is_planned_from_the_look_that_chose_its_end(
     ]
     assert {s.log_end.size for s in replayed} == {size + len(more)}
     assert len(read_trace(str(trace))) > read_before
+
+
+def test_a_micro_batch_ends_at_the_high_watermark_not_the_log_end(
+    tmp_path, write_partition, make_batches
+):
+    """Records the follower appended past the checkpointed high watermark (not yet
+    committed at the source: a leader change could truncate them) are not streamed until
+    the checkpoint passes them."""
+    data_dir, tp = tmp_path / "data", TopicPartition("past-hw", 0)
+    batches = [make_batches.data(o, 10) for o in range(0, 200, 10)]
+    write_partition(data_dir, tp, batches, segment_bytes=4096, index_interval_bytes=256)
+    checkpoint = data_dir / "replication-offset-checkpoint"
+    checkpoint.write_text(f"0\n1\n{tp.topic} 0 150\n")  # the log holds 0..199
+    reader = ReplicadStreamReader(parse_stream_options({"path": str(data_dir)}))
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    assert end == {tp.topic: {"0": 150}}
+    splits = [split for group in reader.partitions(start, end) for split in group.splits]
+    assert {s.end_offset for s in splits} == {150}
+    assert sorted(r for s in splits for r in read_offsets(s, reader)) == list(range(150))
+    checkpoint.write_text(f"0\n1\n{tp.topic} 0 200\n")
+    assert reader.latestOffset(end, reader.getDefaultReadLimit()) == {tp.topic: {"0": 200}}
+
+
+def read_offsets(split, reader: ReplicadStreamReader) -> list[int]:
+    """The offsets the executors would read from `split`."""
+    return [o for batch in reader.read(StreamSplit((split,))) for o in batch["offset"].to_pylist()]
 
 
 def test_a_stream_starts_at_a_timestamp_and_reports_the_replicas_end(
