@@ -19,7 +19,9 @@ One run, the same data for all three:
      export` (its time is shown too): the ceiling of a columnar file format;
    - streaming, Trigger.AvailableNow into Spark's `noop` sink (a fresh checkpoint each
      time): `spark.readStream` of the `replicad` source, and of Spark's Kafka source from
-     the broker (no maxOffsetsPerTrigger, so one micro-batch each), default and tuned.
+     the broker (no maxOffsetsPerTrigger, so one micro-batch each), default and tuned;
+     and Spark's own file stream over the exported parquet (`spark.readStream.parquet`):
+     beside `spark.read.parquet`, what the streaming engine adds to a read of any source.
      Each streaming run prints where its time went (`phases`): its micro-batches, by
      Spark's own `durationMs`, and outside them (starting and stopping the query).
    A small read first warms the Python workers and the JVM, and a small stream of each
@@ -348,7 +350,7 @@ def read_three_ways(
     timings.append(exported)
     checkpoints = iter(range(1_000_000))
 
-    def stream_noop(source: str, df: DataFrame) -> Timing:
+    def stream_noop(source: str, df: DataFrame, input_bytes: int = log_bytes) -> Timing:
         """One Trigger.AvailableNow run into `noop`, timed from its start to its end; a start
         whose Python source process did not connect back in time (follow.py) is started
         again and its lost seconds not counted."""
@@ -377,7 +379,7 @@ def read_three_ways(
             print(f"{source}: {phases(query.recentProgress, seconds)}", flush=True)
             if seconds < best[0]:
                 best = (seconds, cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1])
-        return Timing(source, rows, log_bytes, *best)
+        return Timing(source, rows, input_bytes, *best)
 
     replicad_stream = spark.readStream.format("replicad").load(str(data_dir))
     kafka_stream = (
@@ -394,6 +396,14 @@ def read_three_ways(
     timings.append(
         stream_noop(
             "Spark Kafka source stream, AvailableNow, tuned", kafka_stream.options(**tuned).load()
+        )
+    )
+    parquet_stream = spark.readStream.schema(parquet_df.schema).parquet(str(parquet))
+    timings.append(
+        stream_noop(
+            "spark.readStream.parquet (Spark's file stream), AvailableNow",
+            parquet_stream,
+            parquet_bytes,
         )
     )
     counted = replicad_df.count()
