@@ -327,7 +327,13 @@ def test_read_committed_stops_before_an_open_transaction(
     kafka_broker.create_topic(topic, 1)
     produce_numbered(kafka_broker.bootstrap, topic, 1, 10)
     transactional = CheckedProducer(
-        {"bootstrap.servers": kafka_broker.bootstrap, "transactional.id": f"{topic}-txn"}
+        {
+            "bootstrap.servers": kafka_broker.bootstrap,
+            "transactional.id": f"{topic}-txn",
+            # Open across a replica's start and a Spark query: 190 s at load 40, past
+            # librdkafka's 60 s default, after which the broker aborted it and fenced us.
+            "transaction.timeout.ms": 600_000,
+        }
     )
     transactional.init_transactions(30)
     transactional.begin_transaction()
