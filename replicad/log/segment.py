@@ -356,6 +356,13 @@ class LogSegment:
     ) -> BatchHeader | None:
         """translate_offset's search, the batch's header itself."""
         position = max(self.offset_index.lookup(offset).position, start_position)
+        # Most lookups end at the first header the index points to (serve's Fetch: one per
+        # partition): one pread under the handle cache's lock, no pin and unpin for it.
+        header = self._header_at(position)
+        if header is not None:
+            if header.last_offset >= offset:
+                return header
+            position = header.end_position
         with self._log.pinned() as fd:
             while (header := self._header_at(position, fd)) is not None:
                 if header.last_offset >= offset:

@@ -17,7 +17,7 @@ import pytest
 from replicad.errors import DamagedLogError, DiskFullError, LogError, OffsetOutOfRangeError
 from replicad.log.config import LogConfig
 from replicad.log.epoch import EpochEndOffset
-from replicad.log.handles import FileHandles
+from replicad.log.handles import FileHandle, FileHandles
 from replicad.log.layout import LEADER_EPOCH_CHECKPOINT, PARTITION_METADATA
 from replicad.log.partition import PartitionLog
 from replicad.log.segment import LogSegment
@@ -470,19 +470,30 @@ def test_a_read_that_a_truncation_races_is_read_again_under_the_lock_not_called_
     inside = log.active_segment.headers()
     assert len(inside) > 3
     target = inside[-1]
-    real_pread = os.pread
+    real_pread, real_handle_pread = os.pread, FileHandle.pread
     raced: list[bool] = []
     big = producer_batch(inside[-3].base_offset, [bytes(4000)])
 
-    def pread(fd: int, size: int, position: int) -> bytes:
+    def race() -> None:
         if not raced:
             raced.append(True)
             # Cut before the batch asked for and write one large batch over its place (or
             # in a segment it rolls to: then the read finds nothing in the list it took).
             log.truncate_to(inside[-3].base_offset)
             log.append(big, scan_batches(big).batches, now_ms=0)
+
+    # The race comes just before the read's first pread: through a FileHandle (whose
+    # pread holds the handle cache's lock, which the truncation needs: so before it takes
+    # it), or on a pinned descriptor.
+    def handle_pread(handle: FileHandle, size: int, position: int) -> bytes:
+        race()
+        return real_handle_pread(handle, size, position)
+
+    def pread(fd: int, size: int, position: int) -> bytes:
+        race()
         return real_pread(fd, size, position)
 
+    monkeypatch.setattr(FileHandle, "pread", handle_pread)
     monkeypatch.setattr(os, "pread", pread)
     read = log.read(inside[-3].base_offset, 1)
     assert raced
