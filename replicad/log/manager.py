@@ -91,7 +91,7 @@ from replicad.log.layout import (
     parse_partition_dir,
     partition_dir_name,
 )
-from replicad.log.partition import PartitionLog, PartitionRecovery
+from replicad.log.partition import MARK_LOG_START, PartitionLog, PartitionRecovery
 from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.log")
@@ -114,13 +114,9 @@ class LogManager:
         # under a name it names starts with that one: partition.py, epoch rule 3).
         self._checkpointed: dict[TopicPartition, int] = {}
         self.checkpoint_problems: list[str] = []
-        # Each partition's mark when the last checkpoint that flushed it started, and when its
-        # last retention pass started (with the object: one made again under a name is new).
-        self._marks: dict[TopicPartition, tuple[PartitionLog, tuple[object, ...]]] = {}
-        self._retained: dict[TopicPartition, tuple[PartitionLog, tuple[object, ...]]] = {}
-        # What this process last wrote to the recovery-point and log-start files.
-        self._written_recovery_points: dict[TopicPartition, int] | None = None
-        self._written_log_starts: dict[TopicPartition, int] | None = None
+        # This process has written the three files (each partition keeps its marks itself:
+        # PartitionLog.checkpointed_mark, retained_mark).
+        self._files_written = False
         # Set by `hold_for_archive`: every partition, new ones too, starts with a retention
         # hold at 0 until the archive's uploader moves it (nothing unarchived is deleted).
         self.archive_holds = False
@@ -275,40 +271,46 @@ class LogManager:
                     min(hw, partition.log_end_offset),
                 )
         with self._checkpoint_lock:
-            marks = self._marks
-            changed = _changed_since(marks, partitions)
-            if (
-                not changed
-                and len(marks) == len(partitions)
-                and self._written_log_starts is not None
-            ):
+            changed: dict[TopicPartition, tuple[object, ...]] = {}
+            starts_moved = False
+            for tp, partition in partitions.items():
+                mark = partition.checkpoint_mark()
+                seen = partition.checkpointed_mark
+                if mark != seen:
+                    changed[tp] = mark
+                    # A new partition, or its log start moved.
+                    starts_moved = (
+                        starts_moved or seen is None or seen[MARK_LOG_START] != mark[MARK_LOG_START]
+                    )
+            first = not self._files_written
+            gone = len(partitions) != len(self._checkpointed)
+            if not (changed or first or gone):
                 return  # nothing written since the last checkpoint: its files still hold
-            for partition, _ in changed.values():
-                partition.flush()
+            for tp in changed:
+                partitions[tp].flush()
             # After every flush (see the rules above); an unchanged partition as it is.
             recovery_points = {
                 tp: p.recovery_point_to_checkpoint() if tp in changed else p.recovery_point
                 for tp, p in partitions.items()
             }
-            if recovery_points != self._written_recovery_points:
+            checkpointed = self._checkpointed
+            if first or recovery_points != checkpointed:
                 write_atomically(
                     self.data_dir / RECOVERY_POINT_CHECKPOINT, format_offsets(recovery_points)
                 )
-                self._written_recovery_points = recovery_points
-            checkpointed = self._checkpointed
             self._checkpointed = recovery_points
             for tp, point in recovery_points.items():
                 if tp in changed or checkpointed.get(tp) != point:
                     partitions[tp].recovery_point_checkpointed(point)
-            log_starts = {tp: p.log_start_offset for tp, p in partitions.items()}
-            if log_starts != self._written_log_starts:
+            if first or gone or starts_moved:
                 write_atomically(
-                    self.data_dir / LOG_START_OFFSET_CHECKPOINT, format_offsets(log_starts)
+                    self.data_dir / LOG_START_OFFSET_CHECKPOINT,
+                    format_offsets({tp: p.log_start_offset for tp, p in partitions.items()}),
                 )
-                self._written_log_starts = log_starts
             self._write_high_watermarks(partitions, only_if_moved=True)
-            marks.update(changed)
-            _forget_gone(marks, partitions)
+            self._files_written = True
+            for tp, mark in changed.items():
+                partitions[tp].checkpointed_mark = mark
 
     def write_high_watermarks(self) -> bool:
         """`replication-offset-checkpoint` alone, unflushed (see the rules above), if a high
@@ -333,31 +335,23 @@ class LogManager:
         """Time-based flushes (`log.flush_ms`) of the partitions written since the last
         checkpoint's flush of them (the others have nothing unflushed)."""
         self._last_now_ms = now_ms
-        marks = self._marks
-        for tp, partition in self._partitions.copy().items():
-            seen = marks.get(tp)
-            if seen is None or seen[0] is not partition or seen[1] != partition.checkpoint_mark():
+        for partition in self._partitions.copy().values():
+            seen = partition.checkpointed_mark
+            if seen is None or seen != partition.checkpoint_mark():
                 partition.maybe_flush(now_ms)
 
     def enforce_retention(self, now_ms: int) -> None:
         """A retention pass over the partitions whose plan may differ from their last one:
         something changed them, or time retention is due (see the rules above)."""
         self._last_now_ms = now_ms
-        retained = self._retained
-        partitions = self._partitions.copy()
-        for tp, partition in partitions.items():
+        for partition in self._partitions.copy().values():
             mark = partition.checkpoint_mark()
-            seen = retained.get(tp)
-            if (
-                seen is not None
-                and seen[0] is partition
-                and seen[1] == mark
-                and now_ms < partition.retention_due_ms
-            ):
+            if mark == partition.retained_mark and now_ms < partition.retention_due_ms:
                 continue
             partition.enforce_retention(now_ms)
-            retained[tp] = (partition, mark)
-        _forget_gone(retained, partitions)
+            # One tuple for both marks when they are equal: 10,000 partitions hold them.
+            checkpointed = partition.checkpointed_mark
+            partition.retained_mark = checkpointed if checkpointed == mark else mark
 
     def close(self) -> None:
         if self._lock_fd < 0:
@@ -371,30 +365,6 @@ class LogManager:
         os.close(self._lock_fd)
         self._lock_fd = -1
         log.info("data directory closed", data_dir=str(self.data_dir))
-
-
-def _changed_since(
-    marks: Mapping[TopicPartition, tuple[PartitionLog, tuple[object, ...]]],
-    partitions: Mapping[TopicPartition, PartitionLog],
-) -> dict[TopicPartition, tuple[PartitionLog, tuple[object, ...]]]:
-    """The partitions whose mark is not the one in `marks` (or that are new there), with
-    their mark now."""
-    changed = {}
-    for tp, partition in partitions.items():
-        mark = partition.checkpoint_mark()
-        seen = marks.get(tp)
-        if seen is None or seen[0] is not partition or seen[1] != mark:
-            changed[tp] = (partition, mark)
-    return changed
-
-
-def _forget_gone(
-    marks: dict[TopicPartition, tuple[PartitionLog, tuple[object, ...]]],
-    partitions: Mapping[TopicPartition, PartitionLog],
-) -> None:
-    if len(marks) != len(partitions):
-        for tp in [tp for tp in marks if tp not in partitions]:
-            del marks[tp]
 
 
 def _lock(data_dir: Path) -> int:

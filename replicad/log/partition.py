@@ -159,6 +159,9 @@ from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.log")
 
+# Where checkpoint_mark holds the log start (the log store writes its file when one moved).
+MARK_LOG_START = 3
+
 # The key of a partition's truncation job on the durability thread (disk_queue.py: one
 # waiting job per key; it reads the partition's state when it runs, so it covers them all).
 TRUNCATION = "truncation"
@@ -235,6 +238,7 @@ class PartitionLog:
         "_truncation_unlinks",
         "_truncations",
         "archive_floor",
+        "checkpointed_mark",
         "checkpointed_recovery_point",
         "config",
         "damaged_offset",
@@ -245,6 +249,7 @@ class PartitionLog:
         "last_recovery",
         "log_start_offset",
         "recovery_point",
+        "retained_mark",
         "retention_due_ms",
         "retention_floor",
         "topic_id",
@@ -311,6 +316,10 @@ class PartitionLog:
         # When time retention could first delete more than the last pass did, while nothing
         # changes the segments (policy.next_retention_ms; 0: no pass yet).
         self.retention_due_ms: float = 0
+        # Its checkpoint_mark when the log store's last checkpoint that flushed it began, and
+        # when its last retention pass began (None: none yet): manager.py's to keep.
+        self.checkpointed_mark: tuple[object, ...] | None = None
+        self.retained_mark: tuple[object, ...] | None = None
 
     @property
     def directory(self) -> Path:
@@ -1012,7 +1021,7 @@ class PartitionLog:
         other than its last). Every write moves the log end or counts a truncation, and only
         a flush after a write or a truncation moves the recovery point; a roll or a delete
         changes the segments; the other offsets and the holds are the rest."""
-        return (
+        return (  # the log start at MARK_LOG_START
             self._log_end_offset,
             self._truncations,
             len(self._segments),
