@@ -52,6 +52,8 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
+from replicad.control.client import query
+from replicad.errors import ControlError
 from replicad.types import TopicPartition
 from tools.bench import traced
 from tools.bench.kafka_settings import kafka_settings
@@ -59,7 +61,6 @@ from tools.peers.admin import librdkafka_log
 from tools.peers.kafka_cluster import KafkaCluster
 from tools.peers.produce import produce_when_room
 from tools.replica import ReplicadProcess, end_offsets, replicad_argv, wait_until
-from tools.replica import status_json as replica_status_json
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -74,6 +75,8 @@ SAMPLE_INTERVAL_S = 0.05
 HWM_STEP = 4 * MIB
 # How long the daemon's status is asked for (status_json).
 STATUS_TIMEOUT_S = 600.0
+# One ask's wait for the status reply (see status_json).
+STATUS_ASK_S = 120.0
 # Room left in the pool for a fetch response's non-record bytes (partition headers:
 # about 40 bytes each, 3,334 partitions per leader here).
 RESPONSE_FRAME_ALLOWANCE = 1 * MIB
@@ -397,13 +400,16 @@ class FdSampler:
 
 
 def status_json(socket_path: Path) -> dict:
-    """The daemon's status, asked again while `replicad status` gives up: its own 5 s
-    timeout was too short for 10,000 partitions on a loaded machine (session 9, load 26)."""
+    """The daemon's status, each ask waiting STATUS_ASK_S, asked again until
+    STATUS_TIMEOUT_S: `replicad status`'s own 5 s was too short for 10,000 partitions on a
+    loaded machine (session 9, load 26; session 14 at load 28-33: 115 asks in 600 s, none
+    answered), and the daemon builds no reply for a client that gave up (control/server.py)."""
     deadline = time.monotonic() + STATUS_TIMEOUT_S
     while True:
-        snapshot = replica_status_json(socket_path, timeout_s=STATUS_TIMEOUT_S)
-        if snapshot is not None:
-            return snapshot
+        try:
+            return query(socket_path, timeout_s=STATUS_ASK_S)
+        except ControlError:  # not answering (yet)
+            pass
         if time.monotonic() > deadline:
             raise RuntimeError(f"replicad status: no daemon answers on {socket_path}")
         print("replicad status: no answer yet, asking again", file=sys.stderr)
@@ -471,7 +477,8 @@ def run(
             # Said now: a status reply that never comes (a loaded machine) must not lose them.
             print(
                 f"caught up in {replicate_s:.1f} s: VmHWM {caught_up['VmHWM'] / MIB:.1f} MiB, "
-                f"VmRSS {caught_up['VmRSS'] / MIB:.1f} MiB",
+                f"VmRSS {caught_up['VmRSS'] / MIB:.1f} MiB, daemon CPU {cpu_seconds(pid):.1f} s, "
+                f"load {load_at_start:.1f}-{os.getloadavg()[0]:.1f}",
                 file=sys.stderr,
             )
             time.sleep(SETTLE_S)
