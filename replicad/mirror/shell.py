@@ -516,7 +516,16 @@ class Mirror:
         read done) or at the earliest time a core asked for, lets each partition that may
         have something to do step (`_step`), then hands the batches ready for each
         destination leader to that leader's sender. It waits on nothing else: reads,
-        answers, log ends and saves are tasks that mark their partition and wake it."""
+        answers, log ends and saves are tasks that mark their partition and wake it;
+        `stop` wakes it too."""
+        stopping = asyncio.ensure_future(stop.wait())
+        stopping.add_done_callback(lambda _: self._wakeup.set())
+        try:
+            await self._driven(stop)
+        finally:
+            stopping.cancel()
+
+    async def _driven(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             now, wall = _now_ms(), _wall_ms()
             while self._timers and self._timers[0][0] <= now:
@@ -539,8 +548,21 @@ class Mirror:
             if metadata_wake is not None:
                 wakes.append(metadata_wake)
             timeout = (min(wakes) - _now_ms()) / 1000 if wakes else None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(_first(stop.wait(), self._wakeup.wait()), timeout)
+            await self._woken(timeout)
+
+    async def _woken(self, timeout_s: float | None) -> None:
+        """Until the driver's event is set, or `timeout_s` passed (None: no limit; a timer
+        already due: after one turn of the loop). The wait is a coroutine awaited where it
+        is made: asyncio.wait_for with a timeout already past cancels the task it wraps
+        before that task starts, and the waits passed to it were then never awaited (under
+        load, a timer due before the wait began: "coroutine 'Event.wait' was never
+        awaited")."""
+        if timeout_s is not None and timeout_s <= 0:
+            await asyncio.sleep(0)
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._wakeup.wait()
 
     def _mark(self, tp: TopicPartition) -> None:
         self._dirty.add(tp)

@@ -326,3 +326,43 @@ async def test_runs_are_coalesced_on_the_loop_a_run_at_a_time_and_a_rewound_one_
     expected = shell.coalesced_runs([s for _, s in sends[:2]], run_plain_bytes(4096))
     assert made == expected and rewound[1] not in made
     await mirror.client.close()
+
+
+async def test_a_timer_due_before_the_driver_waits_leaves_no_wait_unawaited(
+    tmp_path, monkeypatch
+) -> None:
+    """Under load a core's timer can be due by the time the driver computes how long to
+    wait (a negative timeout): the driver then goes round again without leaving a
+    coroutine it made un-awaited (asyncio.wait_for with a past timeout cancelled its task
+    before it started: "coroutine 'Event.wait' was never awaited"), and `stop` still ends
+    it."""
+    import asyncio
+    import gc
+    import heapq
+    import itertools
+    import warnings
+    from types import SimpleNamespace
+
+    from replicad.mirror import shell
+    from replicad.mirror.shell import Mirror, MirrorSettings
+    from replicad.protocol.client import ClientSettings
+    from tools.wait import until
+
+    clock = itertools.count(0, 10)  # each reading 10 ms after the one before
+    monkeypatch.setattr(shell, "_now_ms", lambda: next(clock))
+    settings = MirrorSettings(
+        bootstrap_servers=("127.0.0.1:9",), client=ClientSettings(), data_dir=tmp_path
+    )
+    mirror = Mirror(settings, SimpleNamespace(client=None, logs=None))  # type: ignore[arg-type]
+    # Not due when the driver's turn starts (at 0), due when it computes its wait (at 10).
+    heapq.heappush(mirror._timers, (5, A))
+    stop = asyncio.Event()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        driver = asyncio.create_task(mirror._drive(stop))
+        await until(lambda: not mirror._timers, what="the timer taken by a second turn")
+        stop.set()
+        await asyncio.wait_for(driver, 60)
+        gc.collect()
+    await mirror.client.close()
+    assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == []
