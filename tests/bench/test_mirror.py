@@ -1,12 +1,30 @@
-"""tools/bench/mirror.py: the order of an A/B's runs and the table's load column (the
-bench itself needs MirrorMaker 2's jars and minutes: it runs by hand)."""
+"""tools/bench/mirror.py: the order of an A/B's runs, the table's load column, and how
+the destination's progress is read (the bench itself needs MirrorMaker 2's jars and
+minutes: it runs by hand)."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from tools.bench.measure import Measured
-from tools.bench.mirror import AS_STORED, MIRRORMAKER2, REPLICAD, Run, Workload, planned, table
+from tools.bench.mirror import (
+    AS_STORED,
+    ASK_TIMEOUT_S,
+    MIRRORMAKER2,
+    PROGRESS_EVERY_S,
+    REPLACE_AFTER,
+    REPLICAD,
+    DestinationProgress,
+    Run,
+    Workload,
+    planned,
+    table,
+)
+from tools.peers.produce import produce_numbered
+from tools.wait import wait_until
 
 
 def test_an_ab_interleaves_the_checkouts_and_runs_mirrormaker_2_once_at_the_end() -> None:
@@ -29,3 +47,71 @@ def test_each_row_says_the_load_it_ran_under_and_compares_with_the_peer_of_its_w
     row = table([ours, peer]).splitlines()[2]
     assert f"| tiny | {REPLICAD} [old] | 500 |" in row
     assert "| 7.2 | 2.00x / - / 0.12 / - |" in row
+
+
+def test_destination_progress_counts_the_destination_topics_records(
+    kafka_broker: Any, unique_topic: Any
+) -> None:
+    """Against Kafka: no records while the topic does not exist (its asks fail), then the
+    sum of its partitions' end offsets."""
+    topic = unique_topic("progress")
+    progress = DestinationProgress(kafka_broker.bootstrap, topic, 2)
+    try:
+        wait_until(lambda: progress.records() == 0 and progress.answers > 0, what="an answer")
+        assert progress.failures > 0 and progress.last_error is not None
+        kafka_broker.create_topic(topic, 2)
+        produce_numbered(kafka_broker.bootstrap, topic, 2, 7)
+        wait_until(lambda: progress.records() == 14, what="14 records")
+    finally:
+        progress.close()
+
+
+class _Client:
+    """A stand-in admin client (a stall of librdkafka's cannot be made on demand): its
+    asks are never answered (`offset` None), fail (`offset` an exception) or answer
+    `offset` for every partition."""
+
+    def __init__(self, offset: Any) -> None:
+        self.offset = offset
+        self.asks = 0
+
+    def list_offsets(self, wanted: dict[Any, Any], request_timeout: float) -> dict[Any, Any]:
+        self.asks += 1
+        futures = {}
+        for tp in wanted:
+            future: Future[Any] = Future()
+            if isinstance(self.offset, Exception):
+                future.set_exception(self.offset)
+            elif self.offset is not None:
+                future.set_result(SimpleNamespace(offset=self.offset))
+            futures[tp] = future
+        return futures
+
+
+def test_destination_progress_replaces_a_client_that_stopped_answering() -> None:
+    """An ask left unanswered past ASK_TIMEOUT_S, or REPLACE_AFTER failed in a row, and
+    the next ask is a new client's: a client stuck after the destination fenced itself no
+    longer stalls the bench (the old progress asked the same consumer forever)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    refused = KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION))
+    clients = [_Client(None), _Client(refused), _Client(50)]
+    made = iter(clients)
+    now = [0.0]
+    progress = DestinationProgress(
+        "unused:9", "t", 3, admin=lambda: next(made), clock=lambda: now[0]
+    )
+    assert progress.records() == 0 and clients[0].asks == 1
+    now[0] += ASK_TIMEOUT_S - 0.01
+    assert progress.records() == 0 and clients[0].asks == 1  # still waiting for it
+    now[0] += 0.01
+    # Stuck: replaced, and the new client asked at once.
+    assert progress.records() == 0 and (progress.clients, clients[1].asks) == (2, 1)
+    for _ in range(REPLACE_AFTER):
+        now[0] += PROGRESS_EVERY_S
+        assert progress.records() == 0
+    # Refused REPLACE_AFTER times in a row: replaced, and the third client asked.
+    assert (progress.clients, clients[1].asks, clients[2].asks) == (3, REPLACE_AFTER, 1)
+    now[0] += PROGRESS_EVERY_S
+    assert progress.records() == 150
+    assert progress.failures == 1 + REPLACE_AFTER

@@ -44,7 +44,6 @@ CPU seconds, not the rates.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import platform
 import random
@@ -55,6 +54,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -71,8 +71,12 @@ PREFIX = "source."
 REPLICAD, MIRRORMAKER2 = "replicad mirror", "MirrorMaker 2"
 AS_STORED = "replicad mirror, coalesce_bytes 0 (as stored)"
 CHOICES = {"replicad": REPLICAD, "as-stored": AS_STORED, "mirrormaker2": MIRRORMAKER2}
-# How often the destination's end offsets are asked (each ask is a request per partition).
+# How often the destination's end offsets are asked (one ListOffsets for every partition).
 PROGRESS_EVERY_S = 0.25
+# An ask of them not answered by then has failed; this many failed in a row, and the
+# client asking is replaced by a new one (DestinationProgress).
+ASK_TIMEOUT_S = 10.0
+REPLACE_AFTER = 3
 
 # MirrorMaker 2's producer and consumer as tuned for throughput (Red Hat's "Handling high
 # volumes of messages", Kafka's producer docs: larger batches, some linger, the source's
@@ -165,34 +169,110 @@ def produce(bootstrap: str, workload: Workload) -> None:
 
 
 class DestinationProgress:
-    """The destination copy's records (its end offsets), asked at most every
-    PROGRESS_EVERY_S."""
+    """The destination copy's records: the sum of its partitions' end offsets, asked in one
+    ListOffsets (an AdminClient's) at most every PROGRESS_EVERY_S, without blocking the
+    measuring loop (`records()` takes an answer when it has come and returns the last
+    count; it never goes down).
 
-    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
-        from confluent_kafka import Consumer
+    A client that stopped answering is replaced: after an ask unanswered for ASK_TIMEOUT_S
+    (its own timeout: librdkafka should have failed it by then), or REPLACE_AFTER asks in
+    a row that failed (0 records while the topic is not created yet). Under load a
+    destination broker fenced itself (KRaft heartbeats) and answered
+    NOT_LEADER_OR_FOLLOWER for minutes; a confluent-kafka client asking it afterwards
+    never saw its offsets again (session 13), and a bench waiting on it waits forever.
+    `admin`: how a client is made (a test's stand-in; default an AdminClient)."""
 
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-progress"})
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        partitions: int,
+        *,
+        admin: Callable[[], Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.topic = topic
         self.partitions = partitions
         self.count = 0
-        self._at = 0.0
+        # Clients made, asks answered, and asks that failed or went unanswered.
+        self.clients = 0
+        self.answers = 0
+        self.failures = 0
+        self.last_error: str | None = None
+        self._make = admin or (lambda: _admin_client(bootstrap))
+        self._clock = clock
+        self._admin: Any = None
+        self._asked: dict[Any, Any] | None = None
+        self._asked_at = 0.0
+        self._at: float | None = None
+        self._failed_in_a_row = 0
 
     def records(self) -> int:
-        from confluent_kafka import KafkaException
-        from confluent_kafka import TopicPartition as KTP
-
-        if time.monotonic() - self._at >= PROGRESS_EVERY_S:
-            self._at = time.monotonic()
-            # Not created yet: still no records.
-            with contextlib.suppress(KafkaException):
-                self.count = sum(
-                    self.consumer.get_watermark_offsets(KTP(self.topic, p), timeout=5)[1]
-                    for p in range(self.partitions)
-                )
+        now = self._clock()
+        if self._asked is not None:
+            if all(f.done() for f in self._asked.values()):
+                self.answers += 1
+                self._take(self._asked)
+                self._asked = None
+            elif now - self._asked_at >= ASK_TIMEOUT_S:
+                self._asked = None
+                self.last_error = f"no answer in {ASK_TIMEOUT_S:.0f} s"
+                self._failed(stuck=True)
+        if self._asked is None and (self._at is None or now - self._at >= PROGRESS_EVERY_S):
+            self._at = now
+            self._ask(now)
         return self.count
 
+    def _ask(self, now: float) -> None:
+        from confluent_kafka import KafkaException
+        from confluent_kafka import TopicPartition as KTP
+        from confluent_kafka.admin import OffsetSpec
+
+        if self._admin is None:
+            self._admin = self._make()
+            self.clients += 1
+        wanted = {KTP(self.topic, p): OffsetSpec.latest() for p in range(self.partitions)}
+        try:
+            self._asked = self._admin.list_offsets(wanted, request_timeout=ASK_TIMEOUT_S)
+        except KafkaException as exc:
+            self.last_error = str(exc)
+            self._failed()
+            return
+        self._asked_at = now
+
+    def _take(self, asked: dict[Any, Any]) -> None:
+        from confluent_kafka import KafkaException
+
+        total = 0
+        for future in asked.values():
+            try:
+                total += future.result().offset
+            except KafkaException as exc:
+                # Also while the topic is not created yet ("No leaders found"): a new
+                # client every REPLACE_AFTER asks costs little.
+                self.last_error = str(exc)
+                self._failed()
+                return
+        self._failed_in_a_row = 0
+        self.count = max(self.count, total)
+
+    def _failed(self, *, stuck: bool = False) -> None:
+        """An ask failed (`stuck`: never answered, past its own timeout)."""
+        self.failures += 1
+        self._failed_in_a_row += 1
+        if stuck or self._failed_in_a_row >= REPLACE_AFTER:
+            self._admin = None  # a new client at the next ask: no state of the old one's
+            self._failed_in_a_row = 0
+
     def close(self) -> None:
-        self.consumer.close()
+        self._admin = None
+        self._asked = None
+
+
+def _admin_client(bootstrap: str) -> Any:
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": bootstrap})
 
 
 def run_replicad(
