@@ -734,10 +734,15 @@ class Mirror:
             # not written (the core counts on it).
             for request in pack_requests(self._current(sends), self.settings.request_bytes):
                 batches = {self._dest(tp): produced_batch(s, coalesced.get(s)) for tp, s in request}
+                # Each send's batch bytes, counted when it is acknowledged: one length a
+                # send (a run coalesced), not one a stored batch.
+                sizes = [len(header) + len(records) for header, records in batches.values()]
                 call = self.destination.produce_many(conn, batches)
                 self.produce_requests += 1
                 call.future.add_done_callback(
-                    lambda future, request=request: self._answered(request, future)
+                    lambda future, request=request, sizes=sizes: self._answered(
+                        request, future, sizes
+                    )
                 )
 
     def _current(
@@ -833,9 +838,13 @@ class Mirror:
         return out
 
     def _answered(
-        self, request: list[tuple[TopicPartition, Send]], future: asyncio.Future[Any]
+        self,
+        request: list[tuple[TopicPartition, Send]],
+        future: asyncio.Future[Any],
+        sizes: Sequence[int],
     ) -> None:
-        """A Produce's answer (or its failure), partition by partition, to the cores."""
+        """A Produce's answer (or its failure), partition by partition, to the cores;
+        `sizes`: the bytes of each send's batch as produced, in `request`'s order."""
         if future.cancelled():
             return
         exc = future.exception()
@@ -845,7 +854,7 @@ class Mirror:
             return
         answers = produce_answers(future.result(), [self._dest(tp) for tp, _ in request])
         now = _now_ms()
-        for tp, send in request:
+        for (tp, send), size in zip(request, sizes, strict=True):
             core = self.cores.get(tp)
             answer = answers[self._dest(tp)]
             if core is None:
@@ -853,7 +862,7 @@ class Mirror:
             failure = answer.failure
             if failure is None:
                 if not core.acked(send, answer.base_offset, now).stale:
-                    self.bytes_produced += sum(len(e.data or b"") for e in send.entries)
+                    self.bytes_produced += size
                 self._failing.pop(tp, None)
             else:
                 self.produce_errors += 1

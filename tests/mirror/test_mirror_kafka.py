@@ -627,13 +627,16 @@ def test_runs_of_one_record_batches_are_coalesced_record_for_record(
 ) -> None:
     """By default (mirror.coalesce_bytes 256 KiB) a source producer with linger.ms 0 (one
     record a batch) is mirrored in fewer, larger batches, every record the same (offsets
-    included)."""
+    included); status's bytes_produced counts the batches as the destination took them
+    (the coalesced ones, not the stored ones they were made of)."""
     topic = unique_topic("tiny")
     kafka_broker.create_topic(topic, PARTITIONS)
     produce_tiny(kafka_broker.bootstrap, topic)
     with start(kafka_broker, kafka_cluster, [topic], tmp_path) as proc:
         wait_mirrored(proc, source_ends(kafka_broker, topic))
+        bytes_produced = (proc.status() or {})["mirror"]["bytes_produced"]
     assert_same(kafka_broker, kafka_cluster, topic, offsets=True)
+    dest_bytes = 0
     for p in range(PARTITIONS):
         src = broker_batches(kafka_broker.log_dir, topic, p)
         leader = kafka_cluster.leaders(topic)[p]
@@ -641,6 +644,8 @@ def test_runs_of_one_record_batches_are_coalesced_record_for_record(
         assert len(src) == 200 and len(dest) < len(src) / 4, (len(src), len(dest))
         # A run keeps its codec (librdkafka stores a record lz4 does not shrink as none).
         assert {b.codec for b in dest} <= {b.codec for b in src}
+        dest_bytes += sum(len(b.raw) for b in dest)
+    assert bytes_produced == dest_bytes
 
 
 TOO_LARGE_EVENT = "destination refused a coalesced batch as too large; sent again in smaller runs"
