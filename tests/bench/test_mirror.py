@@ -15,7 +15,7 @@ from tools.bench.mirror import (
     ASK_TIMEOUT_S,
     MIRRORMAKER2,
     PROGRESS_EVERY_S,
-    REPLACE_AFTER,
+    REPLACE_AFTER_S,
     REPLICAD,
     DestinationProgress,
     Run,
@@ -89,9 +89,10 @@ class _Client:
 
 
 def test_destination_progress_replaces_a_client_that_stopped_answering() -> None:
-    """An ask left unanswered past ASK_TIMEOUT_S, or REPLACE_AFTER failed in a row, and
-    the next ask is a new client's: a client stuck after the destination fenced itself no
-    longer stalls the bench (the old progress asked the same consumer forever)."""
+    """An ask left unanswered past ASK_TIMEOUT_S, or asks failing for REPLACE_AFTER_S in a
+    row, and the next ask is a new client's: a client stuck after the destination fenced
+    itself no longer stalls the bench (the old progress asked the same consumer forever);
+    failing asks make at most one new client every REPLACE_AFTER_S."""
     from confluent_kafka import KafkaError, KafkaException
 
     refused = KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION))
@@ -107,11 +108,14 @@ def test_destination_progress_replaces_a_client_that_stopped_answering() -> None
     now[0] += 0.01
     # Stuck: replaced, and the new client asked at once.
     assert progress.records() == 0 and (progress.clients, clients[1].asks) == (2, 1)
-    for _ in range(REPLACE_AFTER):
+    refusals = 0
+    while progress.clients == 2:
         now[0] += PROGRESS_EVERY_S
         assert progress.records() == 0
-    # Refused REPLACE_AFTER times in a row: replaced, and the third client asked.
-    assert (progress.clients, clients[1].asks, clients[2].asks) == (3, REPLACE_AFTER, 1)
+        refusals += 1
+    # Refused for REPLACE_AFTER_S: replaced, and the third client asked at once.
+    assert refusals == round(REPLACE_AFTER_S / PROGRESS_EVERY_S) == clients[1].asks
+    assert clients[2].asks == 1
     now[0] += PROGRESS_EVERY_S
     assert progress.records() == 150
-    assert progress.failures == 1 + REPLACE_AFTER
+    assert progress.failures == 1 + refusals

@@ -73,10 +73,11 @@ AS_STORED = "replicad mirror, coalesce_bytes 0 (as stored)"
 CHOICES = {"replicad": REPLICAD, "as-stored": AS_STORED, "mirrormaker2": MIRRORMAKER2}
 # How often the destination's end offsets are asked (one ListOffsets for every partition).
 PROGRESS_EVERY_S = 0.25
-# An ask of them not answered by then has failed; this many failed in a row, and the
-# client asking is replaced by a new one (DestinationProgress).
+# An ask of them not answered by then has failed, and its client is replaced by a new
+# one; asks failing for this long in a row, and it is replaced too (at most one new client
+# every REPLACE_AFTER_S: until a mirror creates the topic, every ask fails).
 ASK_TIMEOUT_S = 10.0
-REPLACE_AFTER = 3
+REPLACE_AFTER_S = 30.0
 
 # MirrorMaker 2's producer and consumer as tuned for throughput (Red Hat's "Handling high
 # volumes of messages", Kafka's producer docs: larger batches, some linger, the source's
@@ -175,8 +176,8 @@ class DestinationProgress:
     count; it never goes down).
 
     A client that stopped answering is replaced: after an ask unanswered for ASK_TIMEOUT_S
-    (its own timeout: librdkafka should have failed it by then), or REPLACE_AFTER asks in
-    a row that failed (0 records while the topic is not created yet). Under load a
+    (its own timeout: librdkafka should have failed it by then), or asks failing for
+    REPLACE_AFTER_S in a row (0 records while the topic is not created yet). Under load a
     destination broker fenced itself (KRaft heartbeats) and answered
     NOT_LEADER_OR_FOLLOWER for minutes; a confluent-kafka client asking it afterwards
     never saw its offsets again (session 13), and a bench waiting on it waits forever.
@@ -205,19 +206,20 @@ class DestinationProgress:
         self._asked: dict[Any, Any] | None = None
         self._asked_at = 0.0
         self._at: float | None = None
-        self._failed_in_a_row = 0
+        # Since when every ask failed (None: the last one was answered).
+        self._failing_since: float | None = None
 
     def records(self) -> int:
         now = self._clock()
         if self._asked is not None:
             if all(f.done() for f in self._asked.values()):
                 self.answers += 1
-                self._take(self._asked)
+                self._take(self._asked, now)
                 self._asked = None
             elif now - self._asked_at >= ASK_TIMEOUT_S:
                 self._asked = None
                 self.last_error = f"no answer in {ASK_TIMEOUT_S:.0f} s"
-                self._failed(stuck=True)
+                self._failed(now, stuck=True)
         if self._asked is None and (self._at is None or now - self._at >= PROGRESS_EVERY_S):
             self._at = now
             self._ask(now)
@@ -236,11 +238,11 @@ class DestinationProgress:
             self._asked = self._admin.list_offsets(wanted, request_timeout=ASK_TIMEOUT_S)
         except KafkaException as exc:
             self.last_error = str(exc)
-            self._failed()
+            self._failed(now)
             return
         self._asked_at = now
 
-    def _take(self, asked: dict[Any, Any]) -> None:
+    def _take(self, asked: dict[Any, Any], now: float) -> None:
         from confluent_kafka import KafkaException
 
         total = 0
@@ -249,20 +251,21 @@ class DestinationProgress:
                 total += future.result().offset
             except KafkaException as exc:
                 # Also while the topic is not created yet ("No leaders found"): a new
-                # client every REPLACE_AFTER asks costs little.
+                # client every REPLACE_AFTER_S costs little.
                 self.last_error = str(exc)
-                self._failed()
+                self._failed(now)
                 return
-        self._failed_in_a_row = 0
+        self._failing_since = None
         self.count = max(self.count, total)
 
-    def _failed(self, *, stuck: bool = False) -> None:
+    def _failed(self, now: float, *, stuck: bool = False) -> None:
         """An ask failed (`stuck`: never answered, past its own timeout)."""
         self.failures += 1
-        self._failed_in_a_row += 1
-        if stuck or self._failed_in_a_row >= REPLACE_AFTER:
+        if self._failing_since is None:
+            self._failing_since = now
+        if stuck or now - self._failing_since >= REPLACE_AFTER_S:
             self._admin = None  # a new client at the next ask: no state of the old one's
-            self._failed_in_a_row = 0
+            self._failing_since = now
 
     def close(self) -> None:
         self._admin = None
