@@ -3,19 +3,13 @@ so such a field raises TypeError, and inside an asyncio task that kills the task
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
 import structlog
 
 from tools.logcheck import DEFAULT_PATHS, ROOT, check, check_source, main
-from tools.sourcecheck import listed
-
-
-def _lines(source: str) -> list[str]:
-    findings = check_source(Path("t.py"), textwrap.dedent(source))
-    return [f"{f.line}: {f.what}" for f in findings]
+from tools.sourcecheck import finding_lines, listed
 
 
 def test_no_log_field_is_named_event() -> None:
@@ -52,7 +46,7 @@ def test_keywords_splats_and_field_dicts_are_named_by_line() -> None:
             fields["event"] = "joined"
             return fields
     """
-    assert _lines(source) == [
+    assert finding_lines(check_source, source) == [
         "7: a call given the keyword 'event'",
         "8: a call given the keyword 'event' through **",
         "9: a call given the keyword 'event' through **",
@@ -72,7 +66,7 @@ def test_other_names_and_marked_dicts_pass() -> None:
             other = {"event": message}  # log-fields-ok: a JSON line the test reads
             return view, other
     """
-    assert _lines(source) == []
+    assert finding_lines(check_source, source) == []
 
 
 def test_the_command_names_file_and_line_and_fails(

@@ -5,16 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 from tools.clockcheck import ROOT, check, check_source
-from tools.sourcecheck import listed, python_files
-
-
-def _lines(source: str) -> list[str]:
-    findings = check_source(Path("t.py"), textwrap.dedent(source))
-    return [f"{f.line}: {f.what}" for f in findings]
+from tools.sourcecheck import finding_lines, listed, python_files
 
 
 def test_no_test_waits_by_the_clock() -> None:
@@ -37,7 +31,10 @@ def test_an_elapsed_time_assertion_is_named_by_line() -> None:
             assert took < 2.0
             assert time.perf_counter() - started > 0  # a direct reading too
     """
-    assert _lines(source) == ["8: asserts on elapsed time", "9: asserts on elapsed time"]
+    assert finding_lines(check_source, source) == [
+        "8: asserts on elapsed time",
+        "9: asserts on elapsed time",
+    ]
 
 
 def test_the_clock_is_followed_through_names_and_into_nested_functions() -> None:
@@ -57,7 +54,10 @@ def test_the_clock_is_followed_through_names_and_into_nested_functions() -> None
             def inner():
                 assert now() - begin < 1
     """
-    assert _lines(source) == ["12: asserts on elapsed time", "15: asserts on elapsed time"]
+    assert finding_lines(check_source, source) == [
+        "12: asserts on elapsed time",
+        "15: asserts on elapsed time",
+    ]
 
 
 def test_a_name_that_says_duration_is_flagged_when_ordered() -> None:
@@ -78,7 +78,9 @@ def test_a_name_that_says_duration_is_flagged_when_ordered() -> None:
             assert hot_end < 16000 * 0.9  # a share of a count
     """
     lines = (4, 5, 8, 9, 10, 11, 14)
-    assert _lines(source) == [f"{line}: asserts on elapsed time" for line in lines]
+    assert finding_lines(check_source, source) == [
+        f"{line}: asserts on elapsed time" for line in lines
+    ]
 
 
 def test_sleeps_are_flagged_except_a_yield_and_a_marked_one() -> None:
@@ -98,7 +100,7 @@ def test_sleeps_are_flagged_except_a_yield_and_a_marked_one() -> None:
             time.sleep(0.01)  # timing-ok: pacing a reader that must still be reading
             time.sleep(0.01)  # timing-ok:
     """
-    assert _lines(source) == [
+    assert finding_lines(check_source, source) == [
         "7: sleeps to wait (time.sleep(0.5))",
         "8: sleeps to wait (asyncio.sleep(0.1))",
         "9: sleeps to wait (sleep(1))",
@@ -119,7 +121,7 @@ def test_waiting_on_a_deadline_is_not_flagged() -> None:
             while not done():
                 assert time.monotonic() < deadline, "a hang"
     """
-    assert _lines(source) == []
+    assert finding_lines(check_source, source) == []
 
 
 def test_the_command_names_file_and_line_and_fails(tmp_path: Path) -> None:

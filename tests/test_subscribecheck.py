@@ -3,16 +3,10 @@ through `subscribe_knowing`, which keeps it out of kafka-python 3.0.12's strande
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
-from tools.sourcecheck import listed
+from tools.sourcecheck import finding_lines, listed
 from tools.subscribecheck import DEFAULT_PATHS, check, check_source, main
-
-
-def _lines(source: str) -> list[str]:
-    findings = check_source(Path("t.py"), textwrap.dedent(source))
-    return [f"{f.line}: {f.what}" for f in findings]
 
 
 def test_no_kafka_python_consumer_subscribes_by_hand() -> None:
@@ -38,7 +32,7 @@ def test_a_kafka_python_subscription_is_named_by_line() -> None:
                 self.consumer = KafkaConsumer(group_id="g")
                 self.consumer.subscribe(["t"], listener=None)
     """
-    assert _lines(source) == [
+    assert finding_lines(check_source, source) == [
         "6: a kafka-python consumer subscribes by hand (consumer.subscribe)",
         "11: a kafka-python consumer subscribes by hand (self.consumer.subscribe)",
     ]
@@ -67,7 +61,7 @@ def test_subscribe_knowing_assigned_partitions_confluent_and_the_marker_pass() -
             # subscribe-ok: the race itself, reproduced
             consumer.subscribe([topic])
     """
-    assert _lines(source) == []
+    assert finding_lines(check_source, source) == []
 
 
 def test_the_command_prints_each_finding_and_exits_1(tmp_path: Path, capsys) -> None:

@@ -1,7 +1,8 @@
 """What the source checks of tools/ share (`tools.clockcheck`, `tools.logcheck`,
 `tools.subscribecheck`): a finding named by file and line, the marker comment that excuses
 one, the Python files below the paths given, the command that prints the findings and fails
-on any, and the message a test of the whole tree fails with (`listed`).
+on any, the message a test of the whole tree fails with (`listed`), and what a check finds
+in a test's snippet (`finding_lines`).
 
 The checks read sources with `ast` and import nothing of what they read."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import textwrap
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,12 @@ class Finding:
 def listed(findings: Iterable[Finding], advice: str) -> str:
     """What a test of the whole tree fails with: each finding on a line, then `advice`."""
     return "".join(f"\n{f.text(ROOT)}" for f in findings) + f"\n{advice}"
+
+
+def finding_lines(check_source: Callable[[Path, str], list[Finding]], source: str) -> list[str]:
+    """What `check_source` finds in `source` (a test's indented snippet), as `line: what`."""
+    findings = check_source(Path("t.py"), textwrap.dedent(source))
+    return [f"{f.line}: {f.what}" for f in findings]
 
 
 def marked(lines: Sequence[str], line: int, marker: re.Pattern[str]) -> bool:
