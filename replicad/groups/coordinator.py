@@ -333,6 +333,14 @@ class Step:
     replies: tuple[Reply, ...] = ()
 
 
+def _stepped(token: object, result: JoinResult | SyncResult | None, out: list[Reply]) -> Step:
+    """A JoinGroup's or SyncGroup's Step: the replies now owed (`out`), its own among them
+    when it has its answer now (`result`; None while it waits for its group)."""
+    if result is not None:
+        out.append(Reply(token, result))
+    return Step(None, tuple(out))
+
+
 def random_member_id(prefix: str) -> str:
     """Kafka's form: the client id (or instance id), a dash, a random uuid."""
     return f"{prefix}-{uuid.uuid4()}"
@@ -365,10 +373,7 @@ class GroupCoordinator:
 
     def join(self, request: JoinRequest, token: object, *, now_ms: int) -> Step:
         out: list[Reply] = []
-        result = self._join(request, token, now_ms, out)
-        if result is not None:
-            out.append(Reply(token, result))
-        return Step(None, tuple(out))
+        return _stepped(token, self._join(request, token, now_ms, out), out)
 
     def _join(
         self, req: JoinRequest, token: object, now_ms: int, out: list[Reply]
@@ -643,10 +648,7 @@ class GroupCoordinator:
 
     def sync(self, request: SyncRequest, token: object, *, now_ms: int) -> Step:
         out: list[Reply] = []
-        result = self._sync(request, token, now_ms, out)
-        if result is not None:
-            out.append(Reply(token, result))
-        return Step(None, tuple(out))
+        return _stepped(token, self._sync(request, token, now_ms, out), out)
 
     def _sync(
         self, req: SyncRequest, token: object, now_ms: int, out: list[Reply]
