@@ -78,6 +78,18 @@ def _dotted(node: ast.expr) -> tuple[str, ...] | None:
     return None
 
 
+def _names_one_of(
+    name: tuple[str, ...] | None, imported: set[str], calls: set[tuple[str, str]]
+) -> bool:
+    """Whether a called name is one of `calls` (`module.attr`, the last two parts of a
+    dotted name) or a bare name imported as one of them (`imported`)."""
+    if name is None:
+        return False
+    if len(name) == 1:
+        return name[0] in imported
+    return name[-2:] in calls
+
+
 class _Imports:
     """Which bare names stand for a clock or a sleep (`from time import monotonic`)."""
 
@@ -95,13 +107,10 @@ class _Imports:
 
     def is_clock(self, call: ast.Call) -> bool:
         name = _dotted(call.func)
-        if name is None:
-            return False
-        if len(name) == 1:
-            return name[0] in self.clocks
         # time.monotonic(), and an event loop's own clock: loop.time(),
         # asyncio.get_running_loop().time() (its func is an Attribute on a Call).
-        return tuple(name[-2:]) in _CLOCK_CALLS or (name[-1] == "time" and name[-2] == "loop")
+        loop_clock = name is not None and name[-2:] == ("loop", "time")
+        return loop_clock or _names_one_of(name, self.clocks, _CLOCK_CALLS)
 
     def is_loop_time(self, call: ast.Call) -> bool:
         func = call.func
@@ -113,12 +122,7 @@ class _Imports:
         )
 
     def is_sleep(self, call: ast.Call) -> bool:
-        name = _dotted(call.func)
-        if name is None:
-            return False
-        if len(name) == 1:
-            return name[0] in self.sleeps
-        return tuple(name[-2:]) in _SLEEPERS
+        return _names_one_of(_dotted(call.func), self.sleeps, _SLEEPERS)
 
 
 def _assigned_names(target: ast.expr) -> Iterator[str]:
