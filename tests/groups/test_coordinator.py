@@ -165,6 +165,14 @@ class Harness:
             self.advance(DELAY)
         return [self.answer(t) for t in tokens]
 
+    def static_pair(self, *, assign: bool = True) -> tuple[JoinResult, JoinResult]:
+        """Static members i1 (the leader, the first to join) and i2, joined and synced in
+        generation 1: i1 hands out b"A1" and b"A2" when `assign`, nothing otherwise."""
+        one, two = self.settle([self.join(instance="i1"), self.join(instance="i2")])
+        self.sync(one.member_id, 1, {one.member_id: b"A1", two.member_id: b"A2"} if assign else {})
+        self.sync(two.member_id, 1)
+        return one, two
+
     def state(self, group: str = "g") -> GroupState:
         return self.coordinator.groups[group].state
 
@@ -501,11 +509,7 @@ def test_a_static_member_joins_without_member_id_required() -> None:
 
 def test_a_static_member_restarting_in_a_stable_group_takes_its_place_without_rebalance() -> None:
     h = Harness()
-    tokens = [h.join(instance="i1"), h.join(instance="i2")]
-    h.settle(tokens)
-    one, two = (h.answer(t) for t in tokens)
-    h.sync(one.member_id, 1, {one.member_id: b"A1", two.member_id: b"A2"})
-    h.sync(two.member_id, 1)
+    _, two = h.static_pair()
     # i2 restarts: no member id, the same instance id.
     back = h.answer(h.join(instance="i2"))
     assert back.error == E.none
@@ -530,11 +534,7 @@ def test_the_static_leader_restarting_is_told_to_skip_the_assignment() -> None:
 
 def test_the_static_leader_restarting_before_join_v9_is_answered_as_a_follower() -> None:
     h = Harness()
-    tokens = [h.join(instance="i1"), h.join(instance="i2")]
-    h.settle(tokens)
-    leader, follower = (h.answer(t) for t in tokens)
-    h.sync(leader.member_id, 1, {leader.member_id: b"A1", follower.member_id: b"A2"})
-    h.sync(follower.member_id, 1)
+    leader, _ = h.static_pair()
     back = h.answer(h.join(instance="i1", v9=False))
     # Kafka's answer to a client that cannot skip the assignment: the old id leads, no
     # members; it syncs as a follower and the group does not rebalance.
@@ -569,11 +569,7 @@ def test_a_static_member_changing_protocols_in_a_stable_group_rebalances() -> No
 
 def test_a_static_member_not_rejoining_is_kept_until_its_session_times_out() -> None:
     h = Harness()
-    tokens = [h.join(instance="i1"), h.join(instance="i2")]
-    h.settle(tokens)
-    one, two = (h.answer(t) for t in tokens)
-    h.sync(one.member_id, 1, {})
-    h.sync(two.member_id, 1)
+    one, _ = h.static_pair(assign=False)
     rejoin = h.join(one.member_id, instance="i1", protocols=(("range", subscription("u")),))
     h.advance(SESSION - 1)
     assert h.pending(rejoin)
