@@ -85,6 +85,18 @@ class Served:
     serve: ReplicadProcess
     bootstrap: str
     work: Path
+    partitions: frozenset[int]
+    per_partition: int
+
+    @property
+    def records(self) -> set[tuple[int, int]]:
+        """Every (partition, offset) served: a test that read these read everything."""
+        return {(p, o) for p in self.partitions for o in range(self.per_partition)}
+
+    @property
+    def ends(self) -> dict[int, int]:
+        """Each partition's log end offset: what a group that read everything commits."""
+        return dict.fromkeys(self.partitions, self.per_partition)
 
 
 @contextmanager
@@ -103,7 +115,7 @@ def served_numbered(
         logs.close()
     port = free_port()
     with replicad_serve(data_dir, port, log_path=work / "serve.log", flags=tuple(flags)) as serve:
-        yield Served(serve, f"127.0.0.1:{port}", work)
+        yield Served(serve, f"127.0.0.1:{port}", work, frozenset(range(partitions)), per_partition)
 
 
 # Groups start their first rebalance at the first join, as on the harness's Kafka brokers

@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from tests.leader.conftest import Served
+from tests.leader.test_serve_groups import committed_offsets
 from tools.peers import process
 from tools.peers.kafka import kafka_tool_argv
+from tools.wait import wait_until
 
 VERIFIABLE_CONSUMER = "org.apache.kafka.tools.VerifiableConsumer"
 STOP_TIMEOUT_S = 30
@@ -180,3 +182,13 @@ def stopped_after(members: list[MemberProcess]) -> Iterator[None]:
         for member in members:
             if member.running():
                 member.stop()
+
+
+def committed_to_the_end(served: Served, topic: str, group: str, deadline_s: float) -> None:
+    """Waits until `group` has committed each partition of `topic` at its log end: a group
+    that read everything and committed what it read."""
+    wait_until(
+        lambda: committed_offsets(served.bootstrap, topic, group) == served.ends,
+        timeout_s=deadline_s,
+        what="every partition committed to its end",
+    )

@@ -17,18 +17,14 @@ from collections.abc import Iterator
 import pytest
 
 from tests.leader.conftest import Served, served_numbered
-from tests.leader.members import VerifiableMember, shared_by, stopped_after
-from tests.leader.test_serve_groups import CONSUMER_GROUPS, committed_offsets, describe_rows
+from tests.leader.members import VerifiableMember, committed_to_the_end, shared_by, stopped_after
+from tests.leader.test_serve_groups import CONSUMER_GROUPS, describe_rows
 from tools.peers.kafka import run_kafka_class
 from tools.wait import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
 TOPIC = "kip848"
-PARTITIONS = 6
-PER_PARTITION = 40
-EVERYTHING = {(p, o) for p in range(PARTITIONS) for o in range(PER_PARTITION)}
-ALL = frozenset(range(PARTITIONS))
 DEADLINE_S = 120
 
 
@@ -38,14 +34,14 @@ def served(tmp_path_factory) -> Iterator[Served]:
     # Small polls, so a member stopping at --max-messages has not read everything.
     (work / "consumer.properties").write_text("max.poll.records=5\n")
     flags = ("--group-consumer-protocol", "--group-consumer-heartbeat-interval-ms", "500")
-    with served_numbered(work, TOPIC, PARTITIONS, PER_PARTITION, flags) as served:
+    with served_numbered(work, TOPIC, partitions=6, per_partition=40, flags=flags) as served:
         yield served
 
 
 def test_java_consumers_of_the_consumer_protocol_share_a_topic_across_joins_and_leaves(
     served,
 ) -> None:
-    group = "kip848-group"
+    group, partitions = "kip848-group", served.partitions
     config = served.work / "consumer.properties"
 
     def member(name: str, *args: str) -> VerifiableMember:
@@ -54,7 +50,7 @@ def test_java_consumers_of_the_consumer_protocol_share_a_topic_across_joins_and_
         )
 
     # a reads part of the topic alone, then leaves (closing: a heartbeat of epoch -1).
-    a = member("a", "--max-messages", str(len(EVERYTHING) // 3))
+    a = member("a", "--max-messages", str(len(served.records) // 3))
     members = [a]
     with stopped_after(members):
         assert a.proc.wait(timeout=DEADLINE_S) == 0
@@ -63,38 +59,31 @@ def test_java_consumers_of_the_consumer_protocol_share_a_topic_across_joins_and_
         b, c = member("b"), member("c")
         members += [b, c]
         wait_until(
-            lambda: shared_by(ALL, b, c),
+            lambda: shared_by(partitions, b, c),
             timeout_s=DEADLINE_S,
             what="b and c sharing the partitions",
         )
         wait_until(
-            lambda: set(a.consumed() + b.consumed() + c.consumed()) >= EVERYTHING,
+            lambda: set(a.consumed() + b.consumed() + c.consumed()) >= served.records,
             timeout_s=DEADLINE_S,
             what="every record read",
         )
-        wait_until(
-            lambda: (
-                committed_offsets(served.bootstrap, TOPIC, group)
-                == dict.fromkeys(range(PARTITIONS), PER_PARTITION)
-            ),
-            timeout_s=DEADLINE_S,
-            what="every partition committed to its end",
-        )
+        committed_to_the_end(served, TOPIC, group, DEADLINE_S)
         # One row per partition: committed offset, log end, lag, and the member holding it
         # (from ConsumerGroupDescribe): b and c, three partitions each.
         output = run_kafka_class(
             CONSUMER_GROUPS, "--bootstrap-server", served.bootstrap, "--describe", "--group", group
         ).stdout
-        end = str(PER_PARTITION)
-        assert describe_rows(output, TOPIC) == dict.fromkeys(range(PARTITIONS), (end, end, "0"))
+        end = str(served.per_partition)
+        assert describe_rows(output, TOPIC) == dict.fromkeys(partitions, (end, end, "0"))
         holders = Counter(
             cols[6] for line in output.splitlines() if (cols := line.split())[1:2] == [TOPIC]
         )
-        assert sorted(holders.values()) == [PARTITIONS // 2] * 2, output
+        assert sorted(holders.values()) == [len(partitions) // 2] * 2, output
         c.stop()  # leaves (its shutdown hook closes the consumer): b takes everything
         assert any(e.get("name") == "shutdown_complete" for e in c.events())
-        wait_until(lambda: b.assigned() == ALL, timeout_s=DEADLINE_S, what="b owning all")
+        wait_until(lambda: b.assigned() == partitions, timeout_s=DEADLINE_S, what="b owning all")
         every = Counter(a.consumed() + b.consumed() + c.consumed())
-        assert set(every) == EVERYTHING
+        assert set(every) == served.records
         assert [r for r, n in every.items() if n > 1] == []
         assert all(e["success"] for m in members for e in m.commits())

@@ -18,24 +18,25 @@ from collections.abc import Iterator
 import pytest
 
 from tests.leader.conftest import Served, served_numbered
-from tests.leader.members import KafkaPythonMember, VerifiableMember, shared_by, stopped_after
-from tests.leader.test_serve_groups import committed_offsets
+from tests.leader.members import (
+    KafkaPythonMember,
+    VerifiableMember,
+    committed_to_the_end,
+    shared_by,
+    stopped_after,
+)
 from tools.wait import wait_until
 
 pytestmark = [pytest.mark.timeout(300)]
 
 TOPIC = "rebalanced"
-PARTITIONS = 12
-PER_PARTITION = 40
-EVERYTHING = {(p, o) for p in range(PARTITIONS) for o in range(PER_PARTITION)}
-ALL = frozenset(range(PARTITIONS))
 DEADLINE_S = 90
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> Iterator[Served]:
     with served_numbered(
-        tmp_path_factory.mktemp("rebalance"), TOPIC, PARTITIONS, PER_PARTITION
+        tmp_path_factory.mktemp("rebalance"), TOPIC, partitions=12, per_partition=40
     ) as served:
         yield served
 
@@ -45,44 +46,45 @@ def member(served: Served, group: str, name: str, *args: str) -> KafkaPythonMemb
 
 
 def test_a_late_join_a_sigkilled_member_and_a_clean_leave_lose_no_record(served) -> None:
-    group = "dynamic"
+    group, partitions = "dynamic", served.partitions
     slow = ("--per-record-ms", "40")  # so the group changes while records remain
     a, b = member(served, group, "a", *slow), member(served, group, "b", *slow)
     members = [a, b]
     with stopped_after(members):
-        wait_until(lambda: shared_by(ALL, a, b), timeout_s=DEADLINE_S, what="a and b sharing")
+        wait_until(
+            lambda: shared_by(partitions, a, b), timeout_s=DEADLINE_S, what="a and b sharing"
+        )
         c = member(served, group, "c", *slow)  # joins late
         members.append(c)
-        wait_until(lambda: shared_by(ALL, a, b, c), timeout_s=DEADLINE_S, what="a, b, c sharing")
-        b.kill()  # no LeaveGroup: its partitions move once its session (6 s) times out
-        wait_until(lambda: shared_by(ALL, a, c), timeout_s=DEADLINE_S, what="b's partitions moved")
-        assert c.stop() == 0  # leaves cleanly: a takes everything
-        wait_until(lambda: a.assigned() == ALL, timeout_s=DEADLINE_S, what="a owning all")
         wait_until(
-            lambda: set().union(*(m.read() for m in members)) >= EVERYTHING,
+            lambda: shared_by(partitions, a, b, c), timeout_s=DEADLINE_S, what="a, b, c sharing"
+        )
+        b.kill()  # no LeaveGroup: its partitions move once its session (6 s) times out
+        wait_until(
+            lambda: shared_by(partitions, a, c), timeout_s=DEADLINE_S, what="b's partitions moved"
+        )
+        assert c.stop() == 0  # leaves cleanly: a takes everything
+        wait_until(lambda: a.assigned() == partitions, timeout_s=DEADLINE_S, what="a owning all")
+        wait_until(
+            lambda: set().union(*(m.read() for m in members)) >= served.records,
             timeout_s=DEADLINE_S,
             what="every record read",
         )
-        wait_until(
-            lambda: (
-                committed_offsets(served.bootstrap, TOPIC, group)
-                == dict.fromkeys(range(PARTITIONS), PER_PARTITION)
-            ),
-            timeout_s=DEADLINE_S,
-            what="every partition committed to its end",
-        )
+        committed_to_the_end(served, TOPIC, group, DEADLINE_S)
 
 
 def test_a_static_member_restarts_without_a_rebalance_and_a_fenced_one_commits_nothing(
     served,
 ) -> None:
-    group = "static"
+    group, partitions = "static", served.partitions
     static = ("--instance-id", "static-1", "--session-timeout-ms", "30000", "--per-record-ms", "40")
     s = member(served, group, "s", *static)
     d = member(served, group, "d", "--per-record-ms", "40")
     members = [s, d]
     with stopped_after(members):
-        wait_until(lambda: shared_by(ALL, s, d), timeout_s=DEADLINE_S, what="s and d sharing")
+        wait_until(
+            lambda: shared_by(partitions, s, d), timeout_s=DEADLINE_S, what="s and d sharing"
+        )
         held, rebalances_seen_by_d = s.assigned(), len(d.assignments())
         s.kill()
         again = member(served, group, "s-again", *static)  # within its 30 s session
@@ -92,7 +94,10 @@ def test_a_static_member_restarts_without_a_rebalance_and_a_fenced_one_commits_n
         # d goes on reading (so it would have seen a rebalance by now): none happened.
         reads = len([e for e in d.events() if "read" in e])
         wait_until(
-            lambda: len([e for e in d.events() if "read" in e]) > reads or d.read() >= left_for(d),
+            lambda: (
+                len([e for e in d.events() if "read" in e]) > reads
+                or d.read() >= left_for(served, d)
+            ),
             timeout_s=DEADLINE_S,
             what="d reading on",
         )
@@ -110,9 +115,10 @@ def test_a_static_member_restarts_without_a_rebalance_and_a_fenced_one_commits_n
         assert refused and refused[-1]["error"] == "FencedInstanceIdError", again.errors()
 
 
-def left_for(member: KafkaPythonMember) -> set[tuple[int, int]]:
+def left_for(served: Served, member: KafkaPythonMember) -> set[tuple[int, int]]:
     """The records of `member`'s partitions (all of them read: nothing left to show)."""
-    return {(p, o) for p in member.assigned() for o in range(PER_PARTITION)}
+    held = member.assigned()
+    return {(p, o) for p, o in served.records if p in held}
 
 
 @pytest.mark.kafka
@@ -125,12 +131,12 @@ def test_kafkas_verifiable_consumer_as_three_members_reads_every_record(served) 
     members = [VerifiableMember(served, f"{i}", group, TOPIC, config) for i in range(3)]
     with stopped_after(members):
         wait_until(
-            lambda: set().union(*(m.consumed() for m in members)) >= EVERYTHING,
+            lambda: set().union(*(m.consumed() for m in members)) >= served.records,
             timeout_s=DEADLINE_S,
             what="every record",
         )
         wait_until(
-            lambda: shared_by(ALL, *members),
+            lambda: shared_by(served.partitions, *members),
             timeout_s=DEADLINE_S,
             what="3 members sharing the 12 partitions",
         )
