@@ -6,11 +6,11 @@ import os
 from collections import Counter
 
 import pytest
-from confluent_kafka import Producer
 
 from replicad.types import TopicPartition
 from tools.peers.kafka_cluster import KafkaCluster
 from tools.peers.process import PeerError
+from tools.peers.produce import CheckedProducer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -39,7 +39,7 @@ def test_three_nodes_lead_a_topic_together(kafka_cluster, unique_topic):
     # RF 1 and round-robin placement: every node leads a third.
     assert Counter(leaders.values()) == {1: 10, 2: 10, 3: 10}
 
-    producer = Producer({"bootstrap.servers": cluster.bootstrap, "linger.ms": 5})
+    producer = CheckedProducer({"bootstrap.servers": cluster.bootstrap, "linger.ms": 5})
     for p in range(30):
         for i in range(p + 1):
             producer.produce(topic, value=b"v%d" % i, partition=p)

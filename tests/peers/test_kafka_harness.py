@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError
 
 from tools.peers import kafka
 from tools.peers.kafka import (
@@ -21,13 +21,18 @@ from tools.peers.kafka import (
     run_kafka_class,
 )
 from tools.peers.process import PeerError, PeerNotInstalledError, taken_port
-from tools.peers.produce import consume_all, produce_mixed, read_broker_batches
+from tools.peers.produce import (
+    CheckedProducer,
+    consume_all,
+    produce_mixed,
+    read_broker_batches,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def produce_values(bootstrap: str, topic: str, values: list[bytes], partition: int = 0) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
+    producer = CheckedProducer({"bootstrap.servers": bootstrap, "linger.ms": 1})
     for value in values:
         producer.produce(topic, value=value, partition=partition)
     assert producer.flush(30) == 0

@@ -9,13 +9,19 @@ from __future__ import annotations
 import re
 
 import pytest
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import TopicPartition
 
 from replicad.session.metadata import INITIAL_EPOCH
 from replicad.wire import READ_COMMITTED
 from tools.peers.admin import probe_consumer
 from tools.peers.process import PeerError, taken_port
-from tools.peers.produce import consume_all, produce_mixed, produce_numbered, records_digest
+from tools.peers.produce import (
+    CheckedProducer,
+    consume_all,
+    produce_mixed,
+    produce_numbered,
+    records_digest,
+)
 from tools.peers.tansu import TansuBroker, tansu_binary
 from tools.peers.wire import PAST_ANY_END, fetch_once
 
@@ -25,7 +31,7 @@ TANSU_NODE_ID = 111
 def produce_batches(bootstrap: str, topic: str, sizes: list[int]) -> list[int]:
     """One flush per size, so each size becomes one batch; returns the acked offsets."""
     offsets: list[int] = []
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 100})
+    producer = CheckedProducer({"bootstrap.servers": bootstrap, "linger.ms": 100})
     for size in sizes:
         for i in range(size):
             producer.produce(
