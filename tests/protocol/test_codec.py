@@ -78,28 +78,25 @@ def test_implausible_frame_sizes(size):
         frame_size(struct.pack(">i", size))
 
 
+# A request of a version that has a request header v2 (client id, tagged fields).
+METADATA_REQUEST = make_entity(
+    MetadataRequest,
+    topics=None,
+    allow_auto_topic_creation=False,
+    include_topic_authorized_operations=False,
+)
+
+
 def test_a_request_frame_is_read_back_with_kio() -> None:
-    request = make_entity(
-        MetadataRequest,
-        topics=None,
-        allow_auto_topic_creation=False,
-        include_topic_authorized_operations=False,
-    )
-    frame = encode_request(request, correlation_id=42, client_id="cli")[SIZE.size :]
+    frame = encode_request(METADATA_REQUEST, correlation_id=42, client_id="cli")[SIZE.size :]
     head = peek_request_head(frame)
     assert (head.api_key, head.api_version, head.correlation_id) == (3, 12, 42)
     decoded = decode_request(frame, MetadataRequest)
-    assert (decoded.client_id, decoded.body) == ("cli", request)
+    assert (decoded.client_id, decoded.body) == ("cli", METADATA_REQUEST)
 
 
 def test_bad_request_bytes_are_the_peers_error() -> None:
-    request = make_entity(
-        MetadataRequest,
-        topics=None,
-        allow_auto_topic_creation=False,
-        include_topic_authorized_operations=False,
-    )
-    frame = encode_request(request, correlation_id=1, client_id=None)[SIZE.size :]
+    frame = encode_request(METADATA_REQUEST, correlation_id=1, client_id=None)[SIZE.size :]
     with pytest.raises(RemoteProtocolError, match="trailing"):
         decode_request(frame + b"\x00", MetadataRequest)
     with pytest.raises(RemoteProtocolError):
