@@ -530,6 +530,16 @@ def above(path: str, other: str, *, strictly: bool = False, why: str = "") -> Cr
     return CrossCheck((path, other), check)
 
 
+def must_be_off(path: str, why: str) -> CrossCheck:
+    """`path`, a switch, must be false where this check runs (the checks of a section that
+    is off); `why` says what it would need."""
+
+    def check(values: Values) -> Problem | None:
+        return Problem(path, f"is true, but {why}") if values[path] else None
+
+    return CrossCheck((path,), check)
+
+
 def only_one(values: Values, first: str, second: str) -> Problem | None:
     """Two ways to give one thing (a password from a file or from the environment)."""
     if values[first] is None or values[second] is None:
@@ -909,35 +919,22 @@ SERVE_CHECKS: tuple[CrossCheck, ...] = (
 )
 
 
-def _groups_need_somewhere_to_go(values: Values) -> Problem | None:
-    if values["groups.enabled"]:
-        return Problem(
-            "groups.enabled",
-            "is true, but there is neither a mirror: nor a serve: section: group offsets are "
-            "synced into the mirror's destination cluster and into serve's own coordinator",
-        )
-    return None
-
-
-def _read_only_is_for_serve(values: Values) -> Problem | None:
-    if values["groups.read_only"]:
-        return Problem(
-            "groups.read_only",
-            "is true, but there is no serve: section: it makes serve refuse OffsetCommit "
-            "for the synced groups",
-        )
-    return None
-
-
 # Checks of the groups section run when serve: is off.
 GROUPS_WITHOUT_SERVE_CHECKS: tuple[CrossCheck, ...] = (
-    CrossCheck(("groups.read_only",), _read_only_is_for_serve),
+    must_be_off(
+        "groups.read_only",
+        "there is no serve: section: it makes serve refuse OffsetCommit for the synced groups",
+    ),
 )
 
 
 # Checks of the groups section run when the sections it serves are off (no mirror:, no serve:).
 GROUPS_WITHOUT_DESTINATION_CHECKS: tuple[CrossCheck, ...] = (
-    CrossCheck(("groups.enabled",), _groups_need_somewhere_to_go),
+    must_be_off(
+        "groups.enabled",
+        "there is neither a mirror: nor a serve: section: group offsets are synced into the "
+        "mirror's destination cluster and into serve's own coordinator",
+    ),
 )
 
 
