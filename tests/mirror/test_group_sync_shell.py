@@ -12,14 +12,14 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
 from replicad.types import TopicPartition
 from tools.peers.group_member import subscribe_knowing
 from tools.peers.kafka import CONSOLE_CONSUMER, run_kafka_class
-from tools.peers.produce import produce_numbered
+from tools.peers.produce import CheckedProducer, produce_numbered
 from tools.replica import ReplicadProcess, replicad_run
 from tools.wait import wait_until
 
@@ -86,9 +86,7 @@ def wait_synced(proc: ReplicadProcess, group: str, partitions: int = PARTITIONS)
 def transactional_topic(bootstrap: str, topic: str) -> None:
     """Committed and aborted transactions in each partition: values p<partition>-<i> for
     committed records, "aborted" for the others, so offsets shift at the destination."""
-    from confluent_kafka import Producer
-
-    producer = Producer(
+    producer = CheckedProducer(
         {"bootstrap.servers": bootstrap, "transactional.id": f"{topic}-txn", "linger.ms": 5}
     )
     producer.init_transactions(30)
@@ -105,11 +103,14 @@ def transactional_topic(bootstrap: str, topic: str) -> None:
                         counts[partition] += 1
                     producer.produce(topic, value=value, partition=partition)
             if abort:
+                # Written before the abort (which would purge what is still queued, and
+                # CheckedProducer's flush would count those as lost).
+                producer.flush(30)
                 producer.abort_transaction(30)
             else:
                 producer.commit_transaction(30)
         del round_
-    producer.flush(30)
+    producer.flush(30)  # PeerError unless every record was delivered
 
 
 def read_part_with_kafka_python(bootstrap: str, topic: str, group: str) -> dict[int, int]:
@@ -249,32 +250,71 @@ def commit_at(bootstrap: str, topic: str, group: str, offsets: dict[int, int]) -
     consumer.close()
 
 
+class Names(NamedTuple):
+    """A test's source topic, its copy at the destination, and the application's group."""
+
+    topic: str
+    dest_topic: str
+    group: str
+
+
+def plain_topic(bootstrap: str, topic: str) -> None:
+    produce_numbered(bootstrap, topic, PARTITIONS, PER_PARTITION)
+
+
+def source_topic(
+    broker: Any,
+    unique_topic: Any,
+    label: str,
+    partitions: int = PARTITIONS,
+    *,
+    records: Callable[[str, str], None] | None = None,
+    committed: int | None = None,
+) -> Names:
+    """A new topic `label` at the source `broker`, filled by `records(bootstrap, topic)`
+    (None: empty), with the application's group committed at `committed` on every
+    partition (None: no commit)."""
+    topic = unique_topic(label)
+    names = Names(topic, PREFIX + topic, f"app-{topic}")
+    broker.create_topic(topic, partitions)
+    if records is not None:
+        records(broker.bootstrap, topic)
+    if committed is not None:
+        offsets = dict.fromkeys(range(partitions), committed)
+        commit_at(broker.bootstrap, topic, names.group, offsets)
+    return names
+
+
+def destination_member(bootstrap: str, group: str, topic: str) -> Any:
+    """A kafka-python member of `group` at the destination, subscribed to `topic`."""
+    from kafka import KafkaConsumer
+
+    member = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        # A join whose metadata lacked the new topic is assigned nothing until the
+        # metadata is refreshed (seen: "No partition metadata" and no assignment).
+        metadata_max_age_ms=1_000,
+    )
+    subscribe_knowing(member, [topic])
+    return member
+
+
 def test_a_live_group_is_never_written_and_a_failed_over_one_only_after_resume(
     kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
 ) -> None:
-    from kafka import KafkaConsumer
     from kafka import TopicPartition as KafkaTopicPartition
     from kafka.structs import OffsetAndMetadata
 
-    topic = unique_topic("live")
-    group = f"app-{topic}"
-    kafka_broker.create_topic(topic, PARTITIONS)
-    produce_numbered(kafka_broker.bootstrap, topic, PARTITIONS, PER_PARTITION)
-    commit_at(kafka_broker.bootstrap, topic, group, dict.fromkeys(range(PARTITIONS), 10))
+    topic, dest_topic, group = source_topic(
+        kafka_broker, unique_topic, "live", records=plain_topic, committed=10
+    )
     with start(kafka_broker, kafka_cluster, [topic], tmp_path) as proc:
         wait_synced(proc, group)
-        dest_topic = PREFIX + topic
         assert dest_offset(kafka_cluster.bootstrap, dest_topic, group) == 10
         # The application moves: it joins at the destination and stays.
-        member = KafkaConsumer(
-            bootstrap_servers=kafka_cluster.bootstrap,
-            group_id=group,
-            enable_auto_commit=False,
-            # A join whose metadata lacked the new topic is assigned nothing until the
-            # metadata is refreshed (seen: "No partition metadata" and no assignment).
-            metadata_max_age_ms=1_000,
-        )
-        subscribe_knowing(member, [dest_topic])
+        member = destination_member(kafka_cluster.bootstrap, group, dest_topic)
         try:
             proc.wait_for(
                 lambda: member.poll(timeout_ms=200) is not None and bool(member.assignment()),
@@ -318,15 +358,12 @@ def test_a_live_group_is_never_written_and_a_failed_over_one_only_after_resume(
 def test_promote_hands_the_topic_over_with_every_record_and_the_final_offsets(
     kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
 ) -> None:
-    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import Consumer
     from confluent_kafka import TopicPartition as KTP
 
-    topic = unique_topic("promote")
-    group = f"app-{topic}"
-    dest_topic = PREFIX + topic
-    kafka_broker.create_topic(topic, PARTITIONS)
-    transactional_topic(kafka_broker.bootstrap, topic)
-    commit_at(kafka_broker.bootstrap, topic, group, dict.fromkeys(range(PARTITIONS), 15))
+    topic, dest_topic, group = source_topic(
+        kafka_broker, unique_topic, "promote", records=transactional_topic, committed=15
+    )
     with start(kafka_broker, kafka_cluster, [topic], tmp_path) as proc:
         wait_running(proc)
         # The producers stop (transactional_topic returned); promote waits for the rest.
@@ -352,7 +389,7 @@ def test_promote_hands_the_topic_over_with_every_record_and_the_final_offsets(
             assert ends[p] == sum(1 for q, _, _ in source if q == p)
         assert set(report["groups"][group].values()) < set(range(15))  # translated below 15
         # Producing to the promoted topic at the destination is not disturbed by replicad.
-        producer = Producer({"bootstrap.servers": kafka_cluster.bootstrap})
+        producer = CheckedProducer({"bootstrap.servers": kafka_cluster.bootstrap})
         for p in range(PARTITIONS):
             producer.produce(dest_topic, value=b"after-promotion", partition=p)
         assert producer.flush(30) == 0
@@ -441,13 +478,8 @@ def test_every_client_and_a_three_member_group_fail_over_exactly(
     """One mirror, one topic, four groups: kafka-python, confluent-kafka with one member
     and with three, Kafka's console consumer. `kept`: plain records, the same offsets at
     the destination; `mapped`: committed and aborted transactions, offsets translated."""
-    topic = unique_topic(kind)
-    dest_topic = PREFIX + topic
-    kafka_broker.create_topic(topic, PARTITIONS)
-    if kind == "kept":
-        produce_numbered(kafka_broker.bootstrap, topic, PARTITIONS, PER_PARTITION)
-    else:
-        transactional_topic(kafka_broker.bootstrap, topic)
+    records = plain_topic if kind == "kept" else transactional_topic
+    topic, dest_topic, _ = source_topic(kafka_broker, unique_topic, kind, records=records)
     everything = all_values(kafka_broker.bootstrap, topic)
     assert b"aborted" not in {v for _, _, v in everything}
     kp, single, trio, java = f"kp-{topic}", f"cf-{topic}", f"trio-{topic}", f"java-{topic}"
@@ -533,27 +565,18 @@ def test_every_client_and_a_three_member_group_fail_over_exactly(
 def test_a_group_that_fails_over_while_replicad_is_stopped_is_left_alone_at_restart(
     kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
 ) -> None:
-    from kafka import KafkaConsumer, OffsetAndMetadata
+    from kafka import OffsetAndMetadata
     from kafka import TopicPartition as KTP
 
-    topic = unique_topic("stopped")
-    dest_topic = PREFIX + topic
-    group = f"app-{topic}"
-    kafka_broker.create_topic(topic, PARTITIONS)
-    produce_numbered(kafka_broker.bootstrap, topic, PARTITIONS, PER_PARTITION)
-    commit_at(kafka_broker.bootstrap, topic, group, dict.fromkeys(range(PARTITIONS), 10))
+    topic, dest_topic, group = source_topic(
+        kafka_broker, unique_topic, "stopped", records=plain_topic, committed=10
+    )
     with start(kafka_broker, kafka_cluster, [topic], tmp_path) as proc:
         wait_synced(proc, group)
         assert dest_offset(kafka_cluster.bootstrap, dest_topic, group) == 10
     # replicad is stopped. The application moves: it joins at the destination, reads,
     # commits 25 and stops; its group has no members when replicad starts again.
-    app = KafkaConsumer(
-        bootstrap_servers=kafka_cluster.bootstrap,
-        group_id=group,
-        enable_auto_commit=False,
-        metadata_max_age_ms=1_000,  # as the live group's member above
-    )
-    subscribe_knowing(app, [dest_topic])
+    app = destination_member(kafka_cluster.bootstrap, group, dest_topic)
     try:
         kafka_wait_assigned(app)
         app.commit({KTP(dest_topic, p): OffsetAndMetadata(25, "", -1) for p in range(PARTITIONS)})
@@ -651,14 +674,9 @@ def wait_held(proc: ReplicadProcess, group: str, offsets: int) -> None:
 def test_offsets_wait_at_the_mirrored_end_while_the_mirror_lags_and_promote_force_stops_there(
     kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
 ) -> None:
-    from confluent_kafka import Producer
-
-    topic = unique_topic("lag")
-    dest_topic = PREFIX + topic
-    group = f"app-{topic}"
+    topic, dest_topic, group = source_topic(kafka_broker, unique_topic, "lag", 1)
     source = kafka_broker.bootstrap
-    kafka_broker.create_topic(topic, 1)
-    txn = Producer(
+    txn = CheckedProducer(
         {
             "bootstrap.servers": source,
             "transactional.id": f"{topic}-txn",
