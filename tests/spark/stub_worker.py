@@ -129,3 +129,22 @@ def read_path(conn: socket.socket) -> list[str]:
     """A sys.path the stand-in module sent as a length-prefixed JSON list."""
     (length,) = INT.unpack(read_exactly(conn, 4))
     return json.loads(read_exactly(conn, length))
+
+
+def path_of_a_worker(
+    stubs: Path, listener: socket.socket, env: Mapping[str, str | None], ask: bytes = b""
+) -> list[str]:
+    """The sys.path a worker started as Spark starts it sends (after `ask`, for a
+    forkserver's child), once it has ended with status 0."""
+    worker = start_worker(stubs, listener, env)
+    try:
+        conn = handshake(listener, worker)
+        if ask:
+            conn.sendall(ask)
+        path = read_path(conn)
+        assert worker.wait(DEADLINE_S) == 0
+        conn.close()
+    finally:
+        worker.kill()
+        worker.wait()
+    return path

@@ -30,9 +30,9 @@ from tests.spark.stub_worker import (
     accept,
     child_of,
     handshake,
+    path_of_a_worker,
     plain_module_path,
     read_exactly,
-    read_path,
     start_worker,
     stub_pyspark,
 )
@@ -117,15 +117,7 @@ def test_a_worker_started_without_site_runs_the_module_on_the_path_python_m_give
     then site-packages (here only `site` adds it: PYTHONPATH holds only the stand-in)."""
     stubs = stub_pyspark(tmp_path / "stubs", PATH_MAIN)
     env = {"PYTHONPATH": str(stubs), FORKSERVER_ENV: None}  # no server: it runs it itself
-    worker = start_worker(stubs, listener, env)
-    try:
-        conn = handshake(listener, worker)
-        path = read_path(conn)
-        assert worker.wait(DEADLINE_S) == 0
-        conn.close()
-    finally:
-        worker.kill()
-        worker.wait()
+    path = path_of_a_worker(stubs, listener, env)
     expected = plain_module_path(stubs)
     assert any(p.endswith("site-packages") for p in expected)
     assert path == expected

@@ -24,10 +24,10 @@ from tests.spark.stub_worker import (
     STUB_MODULE,
     child_of,
     handshake,
+    path_of_a_worker,
     plain_module_path,
     pythonpath,
     read_exactly,
-    read_path,
     start_worker,
     stub_pyspark,
 )
@@ -139,16 +139,7 @@ def test_the_child_runs_on_the_workers_path_then_the_servers_site_packages(stubs
     server's it lacks, site-packages among them."""
     path, server_proc = server
     env = {forkserver.ENV: path, "PYTHONPATH": str(stubs)}
-    worker = start_worker(stubs, listener, env)
-    try:
-        conn = handshake(listener, worker)
-        conn.sendall(b"path")
-        child_path = read_path(conn)
-        assert worker.wait(DEADLINE_S) == 0
-        conn.close()
-    finally:
-        worker.kill()
-        worker.wait()
+    child_path = path_of_a_worker(stubs, listener, env, ask=b"path")
     expected = plain_module_path(stubs)
     assert any(p.endswith("site-packages") for p in expected)
     assert [p for p in child_path if p in expected] == expected

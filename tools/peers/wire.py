@@ -114,13 +114,7 @@ def fetch_once(
         forgotten_topics_data=(),
         rack_id="",
     )
-    header = RequestHeader(
-        request_api_key=i16(ApiKey.FETCH),
-        request_api_version=i16(FETCH_VERSION),
-        correlation_id=i32(CORRELATION_ID),
-        client_id=CLIENT_ID,
-    )
-    body = _roundtrip(bootstrap, request_frame(header, request), timeout_s)
+    body = _roundtrip(bootstrap, request_frame(_fetch_header(CORRELATION_ID), request), timeout_s)
     try:
         response_header, used = entity_reader(ResponseHeader)(body, 0)
         response, _ = entity_reader(FetchResponse)(body, used)
@@ -229,13 +223,7 @@ def _fetch_many(
         forgotten_topics_data=(),
         rack_id="",
     )
-    header = RequestHeader(
-        request_api_key=i16(ApiKey.FETCH),
-        request_api_version=i16(FETCH_VERSION),
-        correlation_id=i32(correlation_id),
-        client_id=CLIENT_ID,
-    )
-    sock.sendall(request_frame(header, request))
+    sock.sendall(request_frame(_fetch_header(correlation_id), request))
     body = read_frame(sock)
     try:
         response_header, used = entity_reader(ResponseHeader)(body, 0)
@@ -254,6 +242,15 @@ def _fetch_many(
                 raise PeerError(f"{bootstrap}: {tp} answered error {data.error_code}")
             found[tp] = int(data.high_watermark)
     return found
+
+
+def _fetch_header(correlation_id: int) -> RequestHeader:
+    return RequestHeader(
+        request_api_key=i16(ApiKey.FETCH),
+        request_api_version=i16(FETCH_VERSION),
+        correlation_id=i32(correlation_id),
+        client_id=CLIENT_ID,
+    )
 
 
 def request_frame(header: RequestHeader, request: Any) -> bytes:
