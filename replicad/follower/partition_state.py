@@ -57,9 +57,10 @@ class PartitionState:
     # The highest leader epoch of batches validated but not yet appended (a pipelined
     # request's last_fetched_epoch must already count them).
     fetched_epoch: int | None = None
-    # When the local log last moved (monotonic ms; creation counts, and so does a new
-    # partition's start, found by ListOffsets): with lag, a partition
-    # idle for long is stalled (control/health.py).
+    # When the local log last moved (monotonic ms; creation counts, and so do a new
+    # partition's start, found by ListOffsets, and a new leader or leader epoch:
+    # follower/assignment.py): with lag, a partition idle for long is stalled
+    # (control/health.py).
     progress_ms: int = 0
     # Requests that named it and ended since its log last moved or the disk last refused
     # its answer's records (the one that moved it, or would have, not counted): answered,

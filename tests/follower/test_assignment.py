@@ -104,6 +104,23 @@ def test_a_new_leader_or_epoch_asks_about_divergence_and_a_new_leader_moves_it()
     assert state.epoch_check_pending and plan.moved == (state,) and state.leader_id == 2
 
 
+def test_a_new_leader_or_epoch_starts_the_idle_clock_again_and_the_same_one_does_not():
+    """Idle since before a leader change (a full disk's pause, then the leader SIGKILLed:
+    session 14's soak), a partition is judged from the change, not from its last move: the
+    new leader answers UNKNOWN_LEADER_EPOCH until it has applied the move itself."""
+    state = _state()
+    state.progress_ms = 1_000
+    assign({TP0: state}, {TP0: LeaderInfo(1, 3, OLD)}, {}, now_ms=70_000, is_placed=_placed)
+    assert state.progress_ms == 1_000  # same leader, same epoch: still idle since 1 s
+    assign({TP0: state}, {TP0: LeaderInfo(2, 4, OLD)}, {}, now_ms=75_000, is_placed=_placed)
+    assert state.progress_ms == 75_000
+    assign({TP0: state}, {TP0: LeaderInfo(2, 5, OLD)}, {}, now_ms=90_000, is_placed=_placed)
+    assert state.progress_ms == 90_000  # the same node elected again: a new term
+    state.progress_ms = 95_000  # moved since; a late metadata answer does not turn it back
+    assign({TP0: state}, {TP0: LeaderInfo(3, 6, OLD)}, {}, now_ms=92_000, is_placed=_placed)
+    assert state.progress_ms == 95_000
+
+
 def test_an_unplaced_partition_is_placed_again_and_unchosen_ones_are_removed():
     kept, gone = _state(TP0), _state(TP1)
     plan = assign(
