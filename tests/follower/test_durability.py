@@ -251,11 +251,12 @@ def test_replicad_run_answers_status_while_a_checkpoint_waits_on_a_slow_disk(
         kafka_broker.bootstrap, topic, data_dir, config=config, control_socket=sock, env=slow.env()
     ) as proc:
         proc.wait_caught_up(5 * PARTITIONS)
-        # New data in every partition (their files unsynced), then the slow disk.
-        produce(3)
-        proc.wait_caught_up(8 * PARTITIONS)
+        # The slow disk, then new data in every partition (their files unsynced): a
+        # checkpoint syncs only the partitions written since the last one.
         slow.on()
         delayed_before = slow.delayed_calls()
+        produce(3)
+        proc.wait_caught_up(8 * PARTITIONS)
         wait_until(
             lambda: slow.delayed_calls() > delayed_before,
             what="a checkpoint to wait on the slow disk",
