@@ -9,7 +9,8 @@
   `with kafka_cluster.stopped(node_id): ...`.
 - `tansu_broker`: one Tansu broker (memory storage) for the whole session.
 - `s3_server`: one S3-compatible server (versitygw, tools/peers/s3.py) for the whole session;
-  `s3_bucket`: a new bucket of it for one test (its name).
+  `s3_bucket`: a new bucket of it for one test (its name); `chunk_segments`: the archive's
+  segments per manifest chunk, fewer where a test parametrizes it (indirect).
 - `unique_topic`: a topic name no other test uses; call it for more names.
 - `free_port`: a TCP port on 127.0.0.1 that was free a moment ago.
 
@@ -405,6 +406,19 @@ _bucket_counter = itertools.count(1)
 def s3_bucket(s3_server: S3Server) -> str:
     """A bucket of the session's S3 server that no other test uses."""
     return s3_server.create_bucket(f"t-{os.getpid():x}-{next(_bucket_counter)}")
+
+
+@pytest.fixture
+def chunk_segments(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Segments the uploader seals into one manifest chunk: the product's CHUNK_SEGMENTS
+    (256), or fewer for a test of a chunked archive,
+    `@pytest.mark.parametrize("chunk_segments", [3], indirect=True)`, patched into
+    replicad.archive.manifest for that test."""
+    from replicad.archive import manifest
+
+    chunk = int(getattr(request, "param", manifest.CHUNK_SEGMENTS))
+    monkeypatch.setattr(manifest, "CHUNK_SEGMENTS", chunk)
+    return chunk
 
 
 class TopicNames(str):

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from replicad.archive import manifest as manifest_module
 from replicad.archive.manifest import (
     chunk_name,
     manifest_key,
@@ -37,22 +36,13 @@ CONFIG = LogConfig(segment_bytes=16 * 1024, index_interval_bytes=1024, segment_i
 
 
 @pytest.fixture
-def chunk_segments() -> int | None:
-    """Segments the uploader seals into one manifest chunk (None: the product's 256);
-    parametrized by the tests of a chunked archive."""
-    return None
-
-
-@pytest.fixture
 def archived(
     s3_server: S3Server,
     s3_bucket: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    chunk_segments: int | None,
+    chunk_segments: int,
 ) -> Iterator[ObjectStore]:
-    if chunk_segments is not None:
-        monkeypatch.setattr(manifest_module, "CHUNK_SEGMENTS", chunk_segments)
     for name, value in client_environ().items():
         monkeypatch.setenv(name, value)
     now = wall_ms()
@@ -92,7 +82,7 @@ def test_an_uploaded_archive_verifies_clean_and_its_batches_dump(
     assert f"baseOffset: {manifest.segments[1].base_offset} " in one
 
 
-@pytest.mark.parametrize("chunk_segments", [2])
+@pytest.mark.parametrize("chunk_segments", [2], indirect=True)
 def test_a_chunked_archive_verifies_and_dumps_whole_and_a_missing_chunk_is_named(
     archived: ObjectStore, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -19,7 +19,6 @@ import pytest
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KTP
 
-from replicad.archive import manifest as manifest_module
 from replicad.archive.manifest import manifest_key
 from replicad.archive.read_cache import ReadCache
 from replicad.archive.remote_log import RemoteLog
@@ -77,24 +76,14 @@ class Archived:
 
 
 @pytest.fixture
-def chunk_segments() -> int | None:
-    """Segments the uploader seals into one manifest chunk (None: the product's 256);
-    parametrized by the tests that read through a chunked manifest."""
-    return None
-
-
-@pytest.fixture
 def archived(
     s3_server: S3Server,
     s3_bucket: str,
     tmp_path: Path,
-    chunk_segments: int | None,
-    monkeypatch: pytest.MonkeyPatch,
+    chunk_segments: int,
 ) -> Iterator[Archived]:
     """A partition of RECORDS one-record batches, its closed segments in the bucket and
-    deleted locally by retention."""
-    if chunk_segments is not None:
-        monkeypatch.setattr(manifest_module, "CHUNK_SEGMENTS", chunk_segments)
+    deleted locally by retention (in chunked manifests where a test asks `chunk_segments`)."""
     batches = [producer_batch(i, [value(i)]) for i in range(RECORDS)]
     with archive_of(batches, tmp_path, s3_server, s3_bucket) as done:
         assert done.local_start == done.logs.partitions()[TP].active_segment.base_offset > 0
@@ -386,7 +375,7 @@ def test_read_committed_from_the_bucket_skips_aborted_transactions(
         assert server.metrics()["remote_fetches_total"] > 0
 
 
-@pytest.mark.parametrize("chunk_segments", [3])
+@pytest.mark.parametrize("chunk_segments", [3], indirect=True)
 def test_replicad_serve_with_archive_answers_kcat_from_offset_0(
     archived: Archived, s3_server: S3Server, s3_bucket: str, tmp_path: Path
 ) -> None:
