@@ -100,6 +100,11 @@ class Member:
 
 @dataclass(frozen=True, slots=True)
 class CommittedOffset:
+    """An offset as this coordinator keeps it: a types.OffsetAndMetadata that was committed,
+    plus when (an Empty group's offsets expire counted from it), its metadata a string ("" for
+    a null). Kept apart from OffsetAndMetadata, which is what a member asks or another cluster
+    holds: only a stored offset has a commit time."""
+
     offset: int
     leader_epoch: int
     metadata: str

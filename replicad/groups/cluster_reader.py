@@ -44,7 +44,7 @@ from replicad.protocol.codec import request_type
 from replicad.protocol.connection import BrokerAddress, BrokerConnection
 from replicad.protocol.error_codes import error_code_of, error_name
 from replicad.protocol.requests import make_entity, nested_type
-from replicad.types import TopicPartition
+from replicad.types import OffsetAndMetadata, TopicPartition
 
 log = structlog.get_logger("replicad.groups.reader")
 
@@ -93,16 +93,9 @@ class GroupListing:
 
 
 @dataclass(frozen=True, slots=True)
-class CommittedOffset:
-    offset: int
-    leader_epoch: int = -1
-    metadata: str | None = ""
-
-
-@dataclass(frozen=True, slots=True)
 class GroupOffsets:
     group_id: str
-    offsets: Mapping[TopicPartition, CommittedOffset] = field(default_factory=dict)
+    offsets: Mapping[TopicPartition, OffsetAndMetadata] = field(default_factory=dict)
     # An error name ("coordinator_load_in_progress", "unreachable: ...") when the group's
     # offsets could not be read; partitions that failed alone are in `partition_errors`.
     error: str | None = None
@@ -462,7 +455,7 @@ def _group_offsets(group_id: str, group_error: int, topics: Sequence[Any]) -> Gr
     code = error_code_of(group_error)
     if code != ErrorCode.none:
         return GroupOffsets(group_id, error=code.name)
-    offsets: dict[TopicPartition, CommittedOffset] = {}
+    offsets: dict[TopicPartition, OffsetAndMetadata] = {}
     errors: dict[TopicPartition, str] = {}
     for t in topics:
         for p in t.partitions:
@@ -473,7 +466,7 @@ def _group_offsets(group_id: str, group_error: int, topics: Sequence[Any]) -> Gr
                 continue
             if int(p.committed_offset) == NO_OFFSET:
                 continue
-            offsets[tp] = CommittedOffset(
+            offsets[tp] = OffsetAndMetadata(
                 offset=int(p.committed_offset),
                 leader_epoch=int(getattr(p, "committed_leader_epoch", -1)),
                 metadata=p.metadata,

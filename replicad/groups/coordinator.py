@@ -120,7 +120,7 @@ from replicad.groups.consumer_group import (
     HeartbeatResult,
 )
 from replicad.groups.consumer_protocol import PROTOCOL_TYPE
-from replicad.types import TopicPartition
+from replicad.types import OffsetAndMetadata, TopicPartition
 
 S = GroupState
 E = ErrorCode
@@ -180,13 +180,6 @@ class MemberRef:
 
     member_id: str
     group_instance_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetToCommit:
-    offset: int
-    leader_epoch: int = -1
-    metadata: str | None = ""
 
 
 # -- answers ----------------------------------------------------------------------------------
@@ -881,7 +874,7 @@ class GroupCoordinator:
         group_id: str,
         generation_id: int,
         who: MemberRef,
-        offsets: Mapping[TopicPartition, OffsetToCommit],
+        offsets: Mapping[TopicPartition, OffsetAndMetadata],
         *,
         now_ms: int,
         version: int | None = None,
@@ -928,7 +921,7 @@ class GroupCoordinator:
     def _store_offsets(
         self,
         stored: dict[TopicPartition, CommittedOffset],
-        offsets: Mapping[TopicPartition, OffsetToCommit],
+        offsets: Mapping[TopicPartition, OffsetAndMetadata],
         now_ms: int,
     ) -> CommitResult:
         errors: dict[TopicPartition, ErrorCode] = {}
@@ -963,7 +956,7 @@ class GroupCoordinator:
         return None
 
     def sync_offsets(
-        self, group_id: str, offsets: Mapping[TopicPartition, OffsetToCommit], *, now_ms: int
+        self, group_id: str, offsets: Mapping[TopicPartition, OffsetAndMetadata], *, now_ms: int
     ) -> SyncOutcome:
         """Take a source group's offsets, unless the group is the replica's own (rules)."""
         consumer = self.consumer_groups.get(group_id)

@@ -19,20 +19,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from replicad.groups.coordinator import OffsetToCommit
-from replicad.types import TopicPartition
-
-
-@dataclass(frozen=True, slots=True)
-class SourceOffset:
-    offset: int
-    leader_epoch: int = -1
-    metadata: str | None = ""
+from replicad.types import OffsetAndMetadata, TopicPartition
 
 
 @dataclass(frozen=True, slots=True)
 class GroupSyncPlan:
-    offsets: Mapping[TopicPartition, OffsetToCommit] = field(default_factory=dict)
+    offsets: Mapping[TopicPartition, OffsetAndMetadata] = field(default_factory=dict)
     # Offsets held at the replica's end (the source's was beyond it).
     held: tuple[TopicPartition, ...] = ()
     # Partitions the replica does not hold.
@@ -40,11 +32,11 @@ class GroupSyncPlan:
 
 
 def plan_group_sync(
-    source: Mapping[TopicPartition, SourceOffset], readable_end: Mapping[TopicPartition, int]
+    source: Mapping[TopicPartition, OffsetAndMetadata], readable_end: Mapping[TopicPartition, int]
 ) -> GroupSyncPlan:
     """The offsets to hand the coordinator for one group; `readable_end` is each replicated
     partition's high watermark on the replica."""
-    offsets: dict[TopicPartition, OffsetToCommit] = {}
+    offsets: dict[TopicPartition, OffsetAndMetadata] = {}
     held: list[TopicPartition] = []
     missing: list[TopicPartition] = []
     for tp, committed in source.items():
@@ -55,9 +47,7 @@ def plan_group_sync(
         if committed.offset > end:
             held.append(tp)
             # The epoch named the record at the source's offset, not the one at ours.
-            offsets[tp] = OffsetToCommit(end, -1, committed.metadata)
+            offsets[tp] = OffsetAndMetadata(end, -1, committed.metadata)
         else:
-            offsets[tp] = OffsetToCommit(
-                committed.offset, committed.leader_epoch, committed.metadata
-            )
+            offsets[tp] = committed
     return GroupSyncPlan(offsets, tuple(held), tuple(missing))

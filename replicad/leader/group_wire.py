@@ -57,14 +57,13 @@ from replicad.groups.coordinator import (
     ListedGroup,
     MemberRef,
     OffsetDeleteResult,
-    OffsetToCommit,
     SyncRequest,
     SyncResult,
 )
 from replicad.protocol.apis import ApiKey, VersionRange
 from replicad.protocol.codec import response_type
 from replicad.protocol.requests import make_entity
-from replicad.types import TopicPartition
+from replicad.types import OffsetAndMetadata, TopicPartition
 
 # What serve answers of the group APIs: every version kio types that Kafka 4.0 answers.
 GROUP_VERSIONS: Mapping[int, VersionRange] = {
@@ -352,7 +351,7 @@ class CommitAsk:
     group_id: str
     generation_id: int
     member: MemberRef
-    offsets: Mapping[TopicPartition, OffsetToCommit]
+    offsets: Mapping[TopicPartition, OffsetAndMetadata]
     # Partitions refused before the coordinator is asked (a topic not held here).
     refused: Mapping[TopicPartition, ErrorCode]
 
@@ -360,7 +359,7 @@ class CommitAsk:
 def commit_request(
     body: Any, holds: Callable[[TopicPartition], bool], ids: TopicIds = NO_TOPIC_IDS
 ) -> CommitAsk:
-    offsets: dict[TopicPartition, OffsetToCommit] = {}
+    offsets: dict[TopicPartition, OffsetAndMetadata] = {}
     refused: dict[TopicPartition, ErrorCode] = {}
     for topic in body.topics:
         name = _topic_name(topic, ids)
@@ -372,7 +371,7 @@ def commit_request(
             if not holds(tp):
                 refused[tp] = ErrorCode.unknown_topic_or_partition
                 continue
-            offsets[tp] = OffsetToCommit(
+            offsets[tp] = OffsetAndMetadata(
                 int(p.committed_offset),
                 int(getattr(p, "committed_leader_epoch", NO_EPOCH)),
                 p.committed_metadata,

@@ -52,7 +52,6 @@ from replicad.groups.coordinator import (
     CoordinatorConfig,
     GroupCoordinator,
     MemberRef,
-    OffsetToCommit,
     Reply,
     Step,
     SyncOutcome,
@@ -70,7 +69,7 @@ from replicad.leader.catalog import Catalog
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import DecodedRequest
 from replicad.ratelimit import RateLimitedLog
-from replicad.types import TopicPartition
+from replicad.types import OffsetAndMetadata, TopicPartition
 
 log = structlog.get_logger("replicad.leader.groups")
 
@@ -294,7 +293,7 @@ class GroupService:
         return ends
 
     async def take_synced(
-        self, group_id: str, offsets: Mapping[TopicPartition, OffsetToCommit]
+        self, group_id: str, offsets: Mapping[TopicPartition, OffsetAndMetadata]
     ) -> SyncOutcome:
         """A source group's planned offsets, taken by the coordinator's rule and written to
         the store. A failed write leaves them in memory only (logged, counted); after a

@@ -43,7 +43,7 @@ import structlog
 from replicad.clock import wall_ms
 from replicad.config.model import GroupsConfig
 from replicad.groups.cluster_reader import ClusterGroupsReader
-from replicad.groups.offset_sync import SourceOffset, plan_group_sync
+from replicad.groups.offset_sync import plan_group_sync
 from replicad.groups.sync_rounds import SyncRounds
 from replicad.leader.groups import GroupService
 from replicad.protocol.client import KafkaClient
@@ -106,13 +106,9 @@ class SourceGroupSync:
                     error=read.error,
                 )
                 continue
-            source = {
-                tp: SourceOffset(o.offset, o.leader_epoch, o.metadata)
-                for tp, o in read.offsets.items()
-            }
             # The high watermarks as they are now, after the source was read: never older
             # than the commits they are held to.
-            plan = plan_group_sync(source, self.groups.readable_ends(source))
+            plan = plan_group_sync(read.offsets, self.groups.readable_ends(read.offsets))
             outcome = await self.groups.take_synced(group_id, plan.offsets)
             if outcome.stopped:
                 # A member joined while the source was read: over for good if that made the

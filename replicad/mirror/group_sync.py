@@ -65,10 +65,9 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from replicad.groups.cluster_reader import CommittedOffset
 from replicad.mirror.offset_map import OffsetMap
 from replicad.transitions import move
-from replicad.types import TopicPartition
+from replicad.types import OffsetAndMetadata, TopicPartition
 
 # OffsetCommit as an admin (or kafka-consumer-groups --reset-offsets) sends it: no member.
 ADMIN_GENERATION = -1
@@ -347,7 +346,7 @@ class GroupSync:
 
     def wanted(
         self,
-        source: Mapping[str, Mapping[TopicPartition, CommittedOffset]],
+        source: Mapping[str, Mapping[TopicPartition, OffsetAndMetadata]],
         mirrored_topics: Iterable[str],
     ) -> list[str]:
         """The groups worth asking the destination about this round: not failed over, with
@@ -362,7 +361,7 @@ class GroupSync:
     def plan(
         self,
         now_ms: int,
-        source: Mapping[str, Mapping[TopicPartition, CommittedOffset]],
+        source: Mapping[str, Mapping[TopicPartition, OffsetAndMetadata]],
         destination: Mapping[str, DestinationGroup],
         partitions: Mapping[TopicPartition, MirroredPartition],
     ) -> SyncPlan:
@@ -432,7 +431,7 @@ class GroupSync:
         self,
         now_ms: int,
         group: str,
-        offsets: Mapping[TopicPartition, CommittedOffset],
+        offsets: Mapping[TopicPartition, OffsetAndMetadata],
         dest: DestinationGroup,
         partitions: Mapping[TopicPartition, MirroredPartition],
     ) -> tuple[dict[TopicPartition, Commit], list[Said]]:
@@ -564,7 +563,7 @@ class GroupSync:
     def absent(
         self,
         now_ms: int,
-        source: Mapping[str, Mapping[TopicPartition, CommittedOffset]],
+        source: Mapping[str, Mapping[TopicPartition, OffsetAndMetadata]],
         mirrored_topics: Iterable[str],
         *,
         complete: bool,

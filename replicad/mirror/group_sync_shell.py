@@ -29,14 +29,14 @@ import structlog
 
 from replicad.clock import wall_ms as _wall_ms
 from replicad.config.model import GroupsConfig
-from replicad.groups.cluster_reader import ClusterGroupsReader, CommittedOffset
+from replicad.groups.cluster_reader import ClusterGroupsReader
 from replicad.groups.sync_rounds import SyncRounds
 from replicad.mirror import group_store
 from replicad.mirror.group_store import StoredGroups
 from replicad.mirror.group_sync import DestinationGroup, GroupSync, MirroredPartition, Said
 from replicad.mirror.group_writer import GroupOffsetWriter
 from replicad.protocol.client import KafkaClient
-from replicad.types import TopicPartition
+from replicad.types import OffsetAndMetadata, TopicPartition
 
 log = structlog.get_logger("replicad.mirror.groups")
 
@@ -128,7 +128,7 @@ class GroupSyncShell:
 
     async def _round(self) -> None:
         listing, chosen = await self.loop.chosen(self.source)
-        source: dict[str, dict[TopicPartition, CommittedOffset]] = {}
+        source: dict[str, dict[TopicPartition, OffsetAndMetadata]] = {}
         unreadable = []
         for group_id, offsets in (await self.source.committed_offsets(chosen)).items():
             if offsets.error is not None:

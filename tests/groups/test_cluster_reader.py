@@ -13,14 +13,14 @@ import pytest
 from confluent_kafka import Consumer
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KafkaPythonTopicPartition
-from kafka.structs import OffsetAndMetadata
+from kafka.structs import OffsetAndMetadata as KafkaPythonOffsetAndMetadata
 
-from replicad.groups.cluster_reader import ClusterGroupsReader, CommittedOffset
+from replicad.groups.cluster_reader import ClusterGroupsReader
 from replicad.protocol import apis, connection
 from replicad.protocol.apis import ApiKey, VersionRange
 from replicad.protocol.client import ClientSettings, KafkaClient
 from replicad.protocol.connection import BrokerAddress
-from replicad.types import TopicPartition
+from replicad.types import OffsetAndMetadata, TopicPartition
 
 PARTITIONS = 3
 
@@ -32,7 +32,9 @@ def commit(bootstrap: str, group: str, offsets: dict[TopicPartition, tuple[int, 
     try:
         consumer.commit(
             {
-                KafkaPythonTopicPartition(tp.topic, tp.partition): OffsetAndMetadata(*value)
+                KafkaPythonTopicPartition(tp.topic, tp.partition): KafkaPythonOffsetAndMetadata(
+                    *value
+                )
                 for tp, value in offsets.items()
             }
         )
@@ -110,7 +112,8 @@ def test_reads_groups_offsets_members_and_configs(
     offsets = seen["offsets"]
     assert offsets[simple].error is None
     assert dict(offsets[simple].offsets) == {
-        tp: CommittedOffset(offset, epoch, meta) for tp, (offset, meta, epoch) in committed.items()
+        tp: OffsetAndMetadata(offset, epoch, meta)
+        for tp, (offset, meta, epoch) in committed.items()
     }
     assert offsets[live].offsets == {} and offsets[live].error is None
     assert offsets["never-seen"].offsets == {} and offsets["never-seen"].error is None

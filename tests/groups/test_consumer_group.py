@@ -14,9 +14,8 @@ from replicad.groups.coordinator import (
     GroupCoordinator,
     JoinRequest,
     MemberRef,
-    OffsetToCommit,
 )
-from replicad.types import TopicPartition
+from replicad.types import OffsetAndMetadata, TopicPartition
 
 SESSION = 45_000
 REBALANCE = 30_000
@@ -225,7 +224,7 @@ def test_commits_need_the_members_current_epoch_and_v9() -> None:
     h = Harness()
     h.join("a")
     c = h.coordinator
-    offsets = {TopicPartition("t", 0): OffsetToCommit(5)}
+    offsets = {TopicPartition("t", 0): OffsetAndMetadata(5)}
     ok = c.commit(G, 1, MemberRef("a"), offsets, now_ms=h.now, version=9).result
     assert set(ok.errors.values()) == {E.none}
     stale = c.commit(G, 0, MemberRef("a"), offsets, now_ms=h.now, version=9).result
@@ -242,7 +241,7 @@ def test_commits_need_the_members_current_epoch_and_v9() -> None:
 def test_a_classic_group_with_offsets_becomes_a_consumer_group_and_back() -> None:
     h = Harness()
     c = h.coordinator
-    c.commit(G, -1, MemberRef(""), {TopicPartition("t", 0): OffsetToCommit(7)}, now_ms=h.now)
+    c.commit(G, -1, MemberRef(""), {TopicPartition("t", 0): OffsetAndMetadata(7)}, now_ms=h.now)
     assert G in c.groups
     h.join("a")
     assert G not in c.groups and G in c.consumer_groups
@@ -308,7 +307,7 @@ def test_a_commit_with_a_lagging_epoch_is_taken_for_partitions_still_assigned_ki
     assert h.epoch["a"] == 2 and len(kept) == 2
     c = h.coordinator
     gone = tps(0, 1, 2, 3) - kept
-    offsets = {tp: OffsetToCommit(1) for tp in tps(0, 1, 2, 3)}
+    offsets = {tp: OffsetAndMetadata(1) for tp in tps(0, 1, 2, 3)}
     result = c.commit(G, 1, MemberRef("a"), offsets, now_ms=h.now, version=10).result
     assert {tp for tp, e in result.errors.items() if e == E.none} == kept
     assert {tp for tp, e in result.errors.items() if e == E.stale_member_epoch} == gone
@@ -316,7 +315,7 @@ def test_a_commit_with_a_lagging_epoch_is_taken_for_partitions_still_assigned_ki
     assert set(ahead.errors.values()) == {E.stale_member_epoch}
     # b joined at epoch 2 and got its partitions then: a commit with epoch 1 is not b's.
     h.poll_member("b")
-    b_offsets = {tp: OffsetToCommit(1) for tp in h.owned["b"]}
+    b_offsets = {tp: OffsetAndMetadata(1) for tp in h.owned["b"]}
     assert h.owned["b"] and h.epoch["b"] == 2
     early = c.commit(G, 1, MemberRef("b"), b_offsets, now_ms=h.now, version=10).result
     assert set(early.errors.values()) == {E.stale_member_epoch}

@@ -19,12 +19,11 @@ from replicad.groups.coordinator import (
     JoinRequest,
     JoinResult,
     MemberRef,
-    OffsetToCommit,
     Step,
     SyncRequest,
     SyncResult,
 )
-from replicad.types import TopicPartition
+from replicad.types import OffsetAndMetadata, TopicPartition
 from tests.groups.test_consumer_protocol import encoded
 
 SESSION = 10_000
@@ -147,7 +146,7 @@ class Harness:
             group,
             generation,
             MemberRef(member_id, instance),
-            {tp: OffsetToCommit(o, 3, metadata) for tp, o in offsets.items()},
+            {tp: OffsetAndMetadata(o, 3, metadata) for tp, o in offsets.items()},
             now_ms=self.now,
         )
         return dict(step.result.errors)

@@ -17,7 +17,6 @@ from replicad.groups.coordinator import (
     GroupCoordinator,
     JoinResult,
     MemberRef,
-    OffsetToCommit,
     SyncResult,
 )
 from replicad.leader import group_wire
@@ -31,7 +30,7 @@ from replicad.protocol.codec import (
     response_type,
 )
 from replicad.protocol.requests import make_entity
-from replicad.types import TopicPartition
+from replicad.types import OffsetAndMetadata, TopicPartition
 from tests.groups.test_consumer_protocol import encoded
 
 NODE = Node(3, "replica.example", 9092)
@@ -287,7 +286,7 @@ def test_offset_fetch_single_group_and_batched(version: int) -> None:
         "g",
         -1,
         MemberRef(""),
-        {TP: OffsetToCommit(42, 7, "meta")},
+        {TP: OffsetAndMetadata(42, 7, "meta")},
         now_ms=0,
     )
     batched = version >= group_wire.OFFSET_FETCH_BATCHED_VERSION
@@ -324,7 +323,7 @@ def test_offset_fetch_single_group_and_batched(version: int) -> None:
 @pytest.mark.parametrize("version", versions(ApiKey.OFFSET_FETCH)[1:])
 def test_offset_fetch_of_all_partitions(version: int) -> None:
     coordinator = GroupCoordinator()
-    coordinator.commit("g", -1, MemberRef(""), {TP: OffsetToCommit(42)}, now_ms=0)
+    coordinator.commit("g", -1, MemberRef(""), {TP: OffsetAndMetadata(42)}, now_ms=0)
     if version >= group_wire.OFFSET_FETCH_BATCHED_VERSION:
         group_cls = nested(ApiKey.OFFSET_FETCH, version, "OffsetFetchRequestGroup")
         body = request(
@@ -350,7 +349,7 @@ def test_offset_fetch_of_all_partitions(version: int) -> None:
 @pytest.mark.parametrize("version", versions(ApiKey.LIST_GROUPS))
 def test_list_describe_and_delete_in_every_version(version: int) -> None:
     coordinator = GroupCoordinator()
-    coordinator.commit("g", -1, MemberRef(""), {TP: OffsetToCommit(1)}, now_ms=0)
+    coordinator.commit("g", -1, MemberRef(""), {TP: OffsetAndMetadata(1)}, now_ms=0)
     listed = roundtrip(
         ApiKey.LIST_GROUPS,
         version,
@@ -392,7 +391,7 @@ def test_list_describe_and_delete_in_every_version(version: int) -> None:
 
 def test_offset_delete_answers_each_partition_and_refuses_topics_not_held() -> None:
     coordinator = GroupCoordinator()
-    coordinator.commit("g", -1, MemberRef(""), {TP: OffsetToCommit(1)}, now_ms=0)
+    coordinator.commit("g", -1, MemberRef(""), {TP: OffsetAndMetadata(1)}, now_ms=0)
     topic = nested(ApiKey.OFFSET_DELETE, 0, "OffsetDeleteRequestTopic")
     partition = nested(ApiKey.OFFSET_DELETE, 0, "OffsetDeleteRequestPartition")
     body = request(
@@ -636,7 +635,7 @@ def test_offset_commit_v10_names_topics_by_id_and_refuses_unknown_ids() -> None:
     fetch_group = nested(ApiKey.OFFSET_FETCH, 10, "OffsetFetchRequestGroup")
     fetch_topic = nested(ApiKey.OFFSET_FETCH, 10, "OffsetFetchRequestTopics")
     coordinator.commit(
-        "g", -1, MemberRef(""), {TopicPartition("gone", 0): OffsetToCommit(1)}, now_ms=0
+        "g", -1, MemberRef(""), {TopicPartition("gone", 0): OffsetAndMetadata(1)}, now_ms=0
     )
     for topics in (
         (

@@ -9,7 +9,6 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from replicad.errors import LocalProtocolError
-from replicad.groups.cluster_reader import CommittedOffset
 from replicad.mirror.group_sync import (
     FORGET_AFTER_ROUNDS,
     TRANSITIONS,
@@ -25,7 +24,7 @@ from replicad.mirror.group_sync import (
     translate,
 )
 from replicad.mirror.offset_map import OffsetMap, SyncPoint
-from replicad.types import TopicPartition
+from replicad.types import OffsetAndMetadata, TopicPartition
 
 T0 = TopicPartition("orders", 0)
 T1 = TopicPartition("orders", 1)
@@ -41,11 +40,11 @@ def mapped(position: int, dest_next: int, points: list[tuple[int, int]]) -> Mirr
     return MirroredPartition(D0, position, dest_next, OffsetMap.of(SyncPoint(*p) for p in points))
 
 
-def src(**offsets: int) -> dict[str, dict[TopicPartition, CommittedOffset]]:
+def src(**offsets: int) -> dict[str, dict[TopicPartition, OffsetAndMetadata]]:
     """Group g's offsets: src(p0=5, p1=7)."""
     return {
         "g": {
-            TopicPartition("orders", int(k[1:])): CommittedOffset(v, 3, "meta")
+            TopicPartition("orders", int(k[1:])): OffsetAndMetadata(v, 3, "meta")
             for k, v in offsets.items()
         }
     }
@@ -187,10 +186,10 @@ def test_halted_unmirrored_and_promoted_partitions_are_skipped_and_named() -> No
     halted = MirroredPartition(D1, 10, 10, OffsetMap.of([SyncPoint(0, 0)]), halted="refused")
     source = {
         "g": {
-            T0: CommittedOffset(5),
-            T1: CommittedOffset(5),
-            TopicPartition("audit", 0): CommittedOffset(5),
-            TopicPartition("payments", 0): CommittedOffset(5),
+            T0: OffsetAndMetadata(5),
+            T1: OffsetAndMetadata(5),
+            TopicPartition("audit", 0): OffsetAndMetadata(5),
+            TopicPartition("payments", 0): OffsetAndMetadata(5),
         }
     }
     plan = sync.plan(0, source, idle(), {T0: kept(100), T1: halted})
@@ -204,7 +203,7 @@ def test_halted_unmirrored_and_promoted_partitions_are_skipped_and_named() -> No
 
 def test_groups_without_offsets_on_mirrored_topics_are_not_synced() -> None:
     sync = GroupSync()
-    source = {"other": {TopicPartition("audit", 0): CommittedOffset(5)}, **src(p0=1)}
+    source = {"other": {TopicPartition("audit", 0): OffsetAndMetadata(5)}, **src(p0=1)}
     assert sync.wanted(source, ["orders"]) == ["g"]
 
 
@@ -316,7 +315,7 @@ def test_a_group_found_in_sync_is_synced_as_of_that_round() -> None:
 
 # -- forgetting groups gone at the source and at the destination -------------------------
 
-GONE: dict[str, dict[TopicPartition, CommittedOffset]] = {}
+GONE: dict[str, dict[TopicPartition, OffsetAndMetadata]] = {}
 AFTER = FORGET_AFTER_ROUNDS * 1_000  # with a 1 s sync interval
 
 
@@ -382,7 +381,7 @@ def test_a_partial_listing_or_an_unreadable_group_is_not_absence() -> None:
     assert sync.absent(2 * AFTER, GONE, ["orders"], complete=True, unreadable=["g"]) == []
     assert sync.groups["g"].absent_since_ms is None
     # Offsets only on topics not mirrored: absent.
-    other = {"g": {TopicPartition("audit", 0): CommittedOffset(5)}}
+    other = {"g": {TopicPartition("audit", 0): OffsetAndMetadata(5)}}
     assert absent(sync, 3 * AFTER, other) == []
     assert sync.groups["g"].absent_since_ms == 3 * AFTER
     # Back before the while is out: the clock starts again.
@@ -508,7 +507,7 @@ def test_no_destination_offset_ahead_of_the_data_nor_a_write_to_a_live_group(
         partition = MirroredPartition(
             D0, position, dest_next if points else None, OffsetMap.of(points)
         )
-        source = {"g": {T0: CommittedOffset(committed)}} if at_source else {}
+        source = {"g": {T0: OffsetAndMetadata(committed)}} if at_source else {}
         destination = {
             "g": DestinationGroup(members, "Stable" if members else "Empty", dict(dest_offsets))
         }

@@ -42,9 +42,8 @@ from replicad.groups.coordinator import (
     CoordinatorConfig,
     GroupCoordinator,
     MemberRef,
-    OffsetToCommit,
 )
-from replicad.types import TopicPartition
+from replicad.types import OffsetAndMetadata, TopicPartition
 from tools.sim.seeds import InvariantError, SteppedSeeds
 
 E = ErrorCode
@@ -139,7 +138,7 @@ class ConsumerGroupSim:
         offsets = {}
         for tp in partitions:
             m.position[tp] = m.position.get(tp, 0) + self.rng.randrange(1, 10)
-            offsets[tp] = OffsetToCommit(m.position[tp])
+            offsets[tp] = OffsetAndMetadata(m.position[tp])
         group = self.coordinator.consumer_groups.get(GROUP)
         held = group.members.get(m.member_id) if group is not None else None
         assigned = held.assigned if held is not None else frozenset()

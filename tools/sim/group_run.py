@@ -46,12 +46,11 @@ from replicad.groups.coordinator import (
     JoinRequest,
     JoinResult,
     MemberRef,
-    OffsetToCommit,
     Reply,
     SyncRequest,
     SyncResult,
 )
-from replicad.types import TopicPartition
+from replicad.types import OffsetAndMetadata, TopicPartition
 from tools.sim.seeds import InvariantError, SteppedSeeds
 
 E = ErrorCode
@@ -259,7 +258,7 @@ class GroupSim:
         offsets = {}
         for p in m.partitions:
             m.position[p] = m.position.get(p, 0) + self.rng.randrange(1, 10)
-            offsets[TopicPartition(TOPIC, p)] = OffsetToCommit(m.position[p])
+            offsets[TopicPartition(TOPIC, p)] = OffsetAndMetadata(m.position[p])
         fenced_before = m.member_id in self.fenced or m.generation != self.latest_generation
         step = self.coordinator.commit(
             GROUP, m.generation, MemberRef(m.member_id, m.instance), offsets, now_ms=self.now
