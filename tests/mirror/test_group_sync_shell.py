@@ -113,38 +113,9 @@ def transactional_topic(bootstrap: str, topic: str) -> None:
     producer.flush(30)  # PeerError unless every record was delivered
 
 
-def read_part_with_kafka_python(bootstrap: str, topic: str, group: str) -> dict[int, int]:
-    """A group member (subscribe, read_committed) reads until it has READ_EACH records of
-    every partition, commits what it read (with metadata) and leaves; returns the
-    committed offsets."""
-    from kafka import KafkaConsumer, OffsetAndMetadata
-    from kafka import TopicPartition as KTP
-
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=group,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        isolation_level="read_committed",
-        max_poll_records=7,
-        consumer_timeout_ms=60_000,
-    )
-    subscribe_knowing(consumer, [topic])
-    counts = [0] * PARTITIONS
-    next_offset: dict[int, int] = {}
-    for message in consumer:
-        counts[message.partition] += 1
-        next_offset[message.partition] = message.offset + 1
-        if min(counts) >= READ_EACH:
-            break
-    consumer.commit(
-        {KTP(topic, p): OffsetAndMetadata(o, METADATA, -1) for p, o in next_offset.items()}
-    )
-    consumer.close()
-    return next_offset
-
-
-def consume_rest_with_kafka_python(bootstrap: str, topic: str, group: str, expected: int) -> list:
+def committed_reader(bootstrap: str, topic: str, group: str, **settings: Any) -> Any:
+    """A kafka-python member of `group` subscribed to `topic`: read_committed, from the
+    group's commit, commits by hand; its iteration ends after 60 s without a record."""
     from kafka import KafkaConsumer
 
     consumer = KafkaConsumer(
@@ -155,8 +126,31 @@ def consume_rest_with_kafka_python(bootstrap: str, topic: str, group: str, expec
         auto_offset_reset="earliest",
         isolation_level="read_committed",
         consumer_timeout_ms=60_000,
+        **settings,
     )
     subscribe_knowing(consumer, [topic])
+    return consumer
+
+
+def read_part_with_kafka_python(bootstrap: str, topic: str, group: str) -> dict[int, int]:
+    """A group member (subscribe, read_committed) reads until it has READ_EACH records of
+    every partition, commits what it read (with metadata) and leaves; returns the
+    committed offsets."""
+    consumer = committed_reader(bootstrap, topic, group, max_poll_records=7)
+    counts = [0] * PARTITIONS
+    next_offset: dict[int, int] = {}
+    for message in consumer:
+        counts[message.partition] += 1
+        next_offset[message.partition] = message.offset + 1
+        if min(counts) >= READ_EACH:
+            break
+    consumer.commit(kafka_python_offsets(topic, next_offset, METADATA))
+    consumer.close()
+    return next_offset
+
+
+def consume_rest_with_kafka_python(bootstrap: str, topic: str, group: str, expected: int) -> list:
+    consumer = committed_reader(bootstrap, topic, group)
     read = []
     for message in consumer:
         read.append((message.partition, message.value))
@@ -241,13 +235,26 @@ def dest_offset(bootstrap: str, topic: str, group: str, partition: int = 0) -> i
 
 def commit_at(bootstrap: str, topic: str, group: str, offsets: dict[int, int]) -> None:
     """Commit `offsets` for `group` without joining it (assign, as an admin would)."""
-    from kafka import KafkaConsumer, OffsetAndMetadata
-    from kafka import TopicPartition as KTP
+    from kafka import KafkaConsumer
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
-    consumer.assign([KTP(topic, p) for p in offsets])
-    consumer.commit({KTP(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})
+    commits = kafka_python_offsets(topic, offsets)
+    consumer.assign(list(commits))
+    consumer.commit(commits)
     consumer.close()
+
+
+def kafka_python_offsets(topic: str, offsets: dict[int, int], metadata: str = "") -> dict:
+    """`offsets` (partition -> offset) as kafka-python's commit() takes them, no leader epoch."""
+    from kafka import OffsetAndMetadata
+    from kafka import TopicPartition as KTP
+
+    return {KTP(topic, p): OffsetAndMetadata(o, metadata, -1) for p, o in offsets.items()}
+
+
+def every_partition(offset: int) -> dict[int, int]:
+    """`offset` on each of the test topic's PARTITIONS."""
+    return dict.fromkeys(range(PARTITIONS), offset)
 
 
 class Names(NamedTuple):
@@ -304,9 +311,6 @@ def destination_member(bootstrap: str, group: str, topic: str) -> Any:
 def test_a_live_group_is_never_written_and_a_failed_over_one_only_after_resume(
     kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
 ) -> None:
-    from kafka import TopicPartition as KafkaTopicPartition
-    from kafka.structs import OffsetAndMetadata
-
     topic, dest_topic, group = source_topic(
         kafka_broker, unique_topic, "live", records=plain_topic, committed=10
     )
@@ -316,21 +320,12 @@ def test_a_live_group_is_never_written_and_a_failed_over_one_only_after_resume(
         # The application moves: it joins at the destination and stays.
         member = destination_member(kafka_cluster.bootstrap, group, dest_topic)
         try:
-            proc.wait_for(
-                lambda: member.poll(timeout_ms=200) is not None and bool(member.assignment()),
-                timeout_s=HANG_S,
-                what="the member's assignment",
-            )
+            kafka_wait_assigned(member, proc)
             # Its own commit, 10 on every partition: named, because a poll that fetched
             # records has moved the consumer's position past them (up to 60).
-            member.commit(
-                {
-                    KafkaTopicPartition(dest_topic, p): OffsetAndMetadata(10, "", -1)
-                    for p in range(PARTITIONS)
-                }
-            )
+            member.commit(kafka_python_offsets(dest_topic, every_partition(10)))
             # The source group goes on meanwhile; the destination's must not follow.
-            commit_at(kafka_broker.bootstrap, topic, group, dict.fromkeys(range(PARTITIONS), 30))
+            commit_at(kafka_broker.bootstrap, topic, group, every_partition(30))
             wait_rounds(proc, 10)
             row = group_row(proc, group)
             assert row["state"] == "failed_over", row
@@ -339,7 +334,7 @@ def test_a_live_group_is_never_written_and_a_failed_over_one_only_after_resume(
         finally:
             member.close()
         # Its members left: still never written.
-        commit_at(kafka_broker.bootstrap, topic, group, dict.fromkeys(range(PARTITIONS), 40))
+        commit_at(kafka_broker.bootstrap, topic, group, every_partition(40))
         wait_rounds(proc, 3)
         assert dest_offset(kafka_cluster.bootstrap, dest_topic, group) == 10
         assert "group failed over at the destination" in proc.output()
@@ -565,9 +560,6 @@ def test_every_client_and_a_three_member_group_fail_over_exactly(
 def test_a_group_that_fails_over_while_replicad_is_stopped_is_left_alone_at_restart(
     kafka_broker: Any, kafka_cluster: Any, unique_topic: Any, tmp_path: Path
 ) -> None:
-    from kafka import OffsetAndMetadata
-    from kafka import TopicPartition as KTP
-
     topic, dest_topic, group = source_topic(
         kafka_broker, unique_topic, "stopped", records=plain_topic, committed=10
     )
@@ -579,11 +571,11 @@ def test_a_group_that_fails_over_while_replicad_is_stopped_is_left_alone_at_rest
     app = destination_member(kafka_cluster.bootstrap, group, dest_topic)
     try:
         kafka_wait_assigned(app)
-        app.commit({KTP(dest_topic, p): OffsetAndMetadata(25, "", -1) for p in range(PARTITIONS)})
+        app.commit(kafka_python_offsets(dest_topic, every_partition(25)))
     finally:
         app.close()
     # The source group goes on meanwhile: a sync that forgot what it wrote would follow it.
-    commit_at(kafka_broker.bootstrap, topic, group, dict.fromkeys(range(PARTITIONS), 40))
+    commit_at(kafka_broker.bootstrap, topic, group, every_partition(40))
     with start(kafka_broker, kafka_cluster, [topic], tmp_path) as proc:
         proc.wait_for(
             lambda: group_row(proc, group).get("state") == "failed_over",
@@ -594,7 +586,7 @@ def test_a_group_that_fails_over_while_replicad_is_stopped_is_left_alone_at_rest
         wait_rounds(proc, 3)
         assert {
             p: dest_offset(kafka_cluster.bootstrap, dest_topic, group, p) for p in range(PARTITIONS)
-        } == dict.fromkeys(range(PARTITIONS), 25)
+        } == every_partition(25)
         # The group is deleted at the source, then at the destination: replicad forgets it
         # (its failover, what it wrote) once it is gone on both sides.
         delete_group(kafka_broker.bootstrap, group)
@@ -631,9 +623,11 @@ def delete_group(bootstrap: str, group: str) -> None:
         future.result(timeout=60)
 
 
-def kafka_wait_assigned(consumer: Any) -> None:
-    """Poll until the group gave `consumer` its partitions."""
-    wait_until(
+def kafka_wait_assigned(consumer: Any, proc: ReplicadProcess | None = None) -> None:
+    """Poll until the group gave `consumer` its partitions (failing at once should `proc`,
+    the replicad running meanwhile, exit)."""
+    wait = wait_until if proc is None else proc.wait_for
+    wait(
         lambda: consumer.poll(timeout_ms=200) is not None and bool(consumer.assignment()),
         timeout_s=HANG_S,
         what="the member's assignment",
