@@ -115,13 +115,7 @@ def fetch_once(
         rack_id="",
     )
     body = _roundtrip(bootstrap, request_frame(_fetch_header(CORRELATION_ID), request), timeout_s)
-    try:
-        response_header, used = entity_reader(ResponseHeader)(body, 0)
-        response, _ = entity_reader(FetchResponse)(body, used)
-    except Exception as exc:
-        raise PeerError(f"undecodable Fetch response from {bootstrap}: {exc!r}") from exc
-    if response_header.correlation_id != CORRELATION_ID:
-        raise PeerError(f"{bootstrap} answered correlation id {response_header.correlation_id}")
+    response = _fetch_response(bootstrap, body, CORRELATION_ID)
     found = [
         p
         for t in response.responses
@@ -224,14 +218,7 @@ def _fetch_many(
         rack_id="",
     )
     sock.sendall(request_frame(_fetch_header(correlation_id), request))
-    body = read_frame(sock)
-    try:
-        response_header, used = entity_reader(ResponseHeader)(body, 0)
-        response, _ = entity_reader(FetchResponse)(body, used)
-    except Exception as exc:
-        raise PeerError(f"undecodable Fetch response from {bootstrap}: {exc!r}") from exc
-    if response_header.correlation_id != correlation_id:
-        raise PeerError(f"{bootstrap} answered correlation id {response_header.correlation_id}")
+    response = _fetch_response(bootstrap, read_frame(sock), correlation_id)
     if response.error_code:
         raise PeerError(f"{bootstrap} answered the Fetch with error {response.error_code}")
     found: dict[TopicPartition, int] = {}
@@ -251,6 +238,19 @@ def _fetch_header(correlation_id: int) -> RequestHeader:
         correlation_id=i32(correlation_id),
         client_id=CLIENT_ID,
     )
+
+
+def _fetch_response(bootstrap: str, body: bytes, correlation_id: int) -> FetchResponse:
+    """A Fetch answer's frame decoded; PeerError unless it decodes and answers
+    `correlation_id`."""
+    try:
+        response_header, used = entity_reader(ResponseHeader)(body, 0)
+        response, _ = entity_reader(FetchResponse)(body, used)
+    except Exception as exc:
+        raise PeerError(f"undecodable Fetch response from {bootstrap}: {exc!r}") from exc
+    if response_header.correlation_id != correlation_id:
+        raise PeerError(f"{bootstrap} answered correlation id {response_header.correlation_id}")
+    return response
 
 
 def request_frame(header: RequestHeader, request: Any) -> bytes:
