@@ -20,7 +20,12 @@ from replicad.exits import (
     EX_OSERR,
     EX_USAGE,
 )
-from replicad.startup import catch_early_stop, early_stop_signal, keep_test_libraries_out
+from replicad.startup import (
+    catch_early_stop,
+    early_stop_signal,
+    keep_test_libraries_out,
+    keep_tls_out,
+)
 
 if TYPE_CHECKING:
     from replicad.config.model import ServeSecurityConfig
@@ -73,11 +78,7 @@ def _run_overrides(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    import asyncio
-
     from replicad.config import Config, load_config
-    from replicad.daemon import run_daemon
-    from replicad.logs import configure_logging
 
     try:
         config = load_config(Path(args.config) if args.config else None, _run_overrides(args))
@@ -98,6 +99,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return EX_OK
     if early_stop_signal() is not None:
         return EX_OK  # stopped before it started: nothing to flush
+    # Before asyncio (and anything importing it) is: asyncio imports ssl if it can.
+    keep_tls_out(config)
+    import asyncio
+
+    from replicad.daemon import run_daemon
+    from replicad.logs import configure_logging
+
     configure_logging(str(config.logging.level), str(config.logging.format))
 
     def relog(new: Config) -> None:

@@ -35,7 +35,7 @@ from replicad.follower.replicator import Replicator, ReplicatorSettings
 from replicad.follower.status import RateMeter, build_snapshot, partition_row, partition_rows
 from replicad.protocol.metadata import TopicSelection
 from replicad.recent_warnings import RECENT
-from replicad.startup import LoopSignals
+from replicad.startup import LoopSignals, let_tls_in
 from replicad.types import TopicPartition
 
 if TYPE_CHECKING:
@@ -283,6 +283,7 @@ class Daemon:
         that does not validate is rejected and the running one is kept."""
         async with self._reloading:
             await self.notifier.reloading()
+            let_tls_in()  # the new config's TLS files are checked as it loads
             try:
                 new = load_config(self.config_path, self.overrides)
             except ConfigError as exc:

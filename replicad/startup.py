@@ -15,6 +15,10 @@ stop came early, `remove` gives the signals back when the daemon is done.
 `keep_test_libraries_out`, also called first, keeps a daemon's process free of what only
 tests use, so that a daemon measured in the test venv is the one users run.
 
+`keep_tls_out`, called by `replicad run` once its config is read and before asyncio is
+imported, keeps ssl (and with it OpenSSL) out of a follower that no configured part could
+use it for; `let_tls_in` undoes it for a reload's new config.
+
 Kept free of imports beyond `signal`, `sys` and `contextlib`, so installing it costs nothing.
 """
 
@@ -51,6 +55,39 @@ def keep_test_libraries_out() -> None:
     process of its own: a process that has imported hypothesis already keeps it.
     """
     sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]
+
+
+def keep_tls_out(config: Any) -> bool:
+    """Leave ssl unloaded when nothing `config` (a replicad.config.Config) turns on can use
+    TLS; returns whether it was left out.
+
+    asyncio imports ssl whenever it can, and ssl brings OpenSSL: about 4 MiB of RSS in a
+    follower that connects in plaintext, a tenth of what issue 32 allows a 10,000-partition
+    follower beyond its fetch buffers. Left out only for what cannot change without a
+    restart (the source's security, serve, the mirror, the archive, the metrics endpoint:
+    daemon.py's `_restart_needed`), and only where ssl is not loaded yet. What uses TLS
+    imports ssl where it does (replicad.config.tls); replicad.protocol.security tells ssl's
+    errors apart without loading it.
+    """
+    uses_tls = (
+        config.source.security.protocol.uses_tls
+        or config.serve is not None  # its listener may be TLS; its modules import ssl
+        or config.mirror is not None  # the destination's own security
+        or config.archive is not None  # an object store over https
+        or config.control.metrics_listen is not None  # prometheus_client imports ssl
+    )
+    if uses_tls or "ssl" in sys.modules:
+        return False
+    sys.modules["ssl"] = None  # type: ignore[assignment]  # `import ssl` now fails at once
+    return True
+
+
+def let_tls_in() -> None:
+    """ssl may be imported again (a reload's config may name TLS files, which the config's
+    own check loads). A running follower left out by `keep_tls_out` still makes no TLS
+    connection: everything that would takes effect only after a restart."""
+    if "ssl" in sys.modules and sys.modules["ssl"] is None:
+        del sys.modules["ssl"]
 
 
 def catch_early_stop() -> None:

@@ -4,8 +4,10 @@ daemon's stop and reload, say whether a stop came early, and give the signals ba
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -161,3 +163,94 @@ def test_replicad_run_imports_only_what_a_follower_needs(tmp_path):
         or m.startswith(tuple(f"{name}." for name in NOT_FOR_A_PLAIN_FOLLOWER))
     ]
     assert loaded == []
+
+
+# -- ssl left out of a follower without TLS ---------------------------------------------
+
+
+def _config(**parts):
+    from replicad.config.model import (
+        ArchiveConfig,
+        Config,
+        ControlConfig,
+        HostPort,
+        MirrorConfig,
+        SecurityConfig,
+        SecurityProtocol,
+        ServeConfig,
+        SourceConfig,
+    )
+
+    made = {
+        "source_tls": {
+            "source": SourceConfig(security=SecurityConfig(protocol=SecurityProtocol.SASL_SSL))
+        },
+        "serve": {"serve": ServeConfig(listen=HostPort("127.0.0.1", 9092))},
+        "mirror": {"mirror": MirrorConfig()},
+        "archive": {"archive": ArchiveConfig()},
+        "metrics": {"control": ControlConfig(metrics_listen=HostPort("127.0.0.1", 9100))},
+    }
+    return Config(**{k: v for part in parts for k, v in made[part].items()})
+
+
+@pytest.mark.parametrize("part", ["source_tls", "serve", "mirror", "archive", "metrics"])
+def test_ssl_is_left_out_only_when_nothing_configured_can_use_tls(part, monkeypatch):
+    import sys
+
+    monkeypatch.delitem(sys.modules, "ssl")  # given back as it was after the test
+    assert startup.keep_tls_out(_config(**{part: True})) is False
+    assert "ssl" not in sys.modules
+    assert startup.keep_tls_out(_config()) is True  # plaintext, nothing else
+    assert "ssl" in sys.modules and sys.modules["ssl"] is None  # `import ssl` fails at once
+    startup.let_tls_in()
+    assert "ssl" not in sys.modules  # may be imported again
+
+
+def test_ssl_is_never_left_out_once_loaded():
+    assert startup.keep_tls_out(_config()) is False  # this process has it: kept
+
+
+def _maps_name_openssl(pid: int) -> bool:
+    text = Path(f"/proc/{pid}/maps").read_text()
+    return "libssl" in text or "libcrypto" in text
+
+
+def test_replicad_run_without_tls_loads_no_openssl_and_reloads_a_tls_config(tmp_path, free_port):
+    """Issue 32: a plaintext follower without OpenSSL (~4 MiB of RSS at start). The old code
+    mapped libssl and libcrypto through asyncio. A reload to a config naming TLS files loads
+    them for the config's own check, and the daemon goes on (TLS only after a restart)."""
+    from tools.peers.pki import make_test_pki
+    from tools.replica import ReplicadProcess, status_json
+
+    sock, data_dir, config = tmp_path / "c.sock", tmp_path / "data", tmp_path / "r.yaml"
+    common = (
+        f"topics:\n  include: [t]\ndata_dir: {data_dir}\ncontrol:\n  socket: {sock}\n"
+        "logging:\n  format: json\n"
+    )
+    # Nothing listens on free_port: the follower keeps asking for metadata, in plaintext.
+    source = f"source:\n  bootstrap_servers: ['127.0.0.1:{free_port}']\n"
+    config.write_text(source + common)
+    daemon = ReplicadProcess(
+        ["run", "-c", str(config)], log_path=tmp_path / "replicad.log", as_installed=True
+    )
+    with daemon:
+        daemon.wait_for(lambda: status_json(sock) is not None, timeout_s=120, what="status")
+        assert not _maps_name_openssl(daemon.pid)
+
+        pki = make_test_pki(tmp_path / "pki")
+        config.write_text(
+            source + f"  security:\n    protocol: ssl\n    tls:\n      ca_file: {pki.ca}\n" + common
+        )
+        daemon.proc.send_signal(signal.SIGHUP)
+        daemon.wait_for(
+            lambda: daemon.logged("configuration reloaded"),
+            timeout_s=120,
+            what="the reload",
+        )
+        said = [json.loads(line) for line in daemon.output().splitlines() if line.startswith("{")]
+        assert {"source"} <= {
+            k for e in said if "only after a restart" in e["event"] for k in e["keys"]
+        }
+        daemon.wait_for(lambda: status_json(sock) is not None, timeout_s=120, what="status")
+        assert daemon.running
+    assert "Traceback" not in daemon.output()

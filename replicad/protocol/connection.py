@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -53,6 +52,7 @@ from replicad.protocol.security import (
     SaslClient,
     SaslCredentials,
     SaslStep,
+    is_ssl_error,
 )
 from replicad.ratelimit import RateLimitedLog
 
@@ -500,7 +500,7 @@ class BrokerConnection:
     def _failure_for(self, reason: BaseException | None) -> BaseException:
         if reason is None:
             return KafkaConnectionError(f"{self.address} closed the connection")
-        if isinstance(reason, ssl.SSLError):
+        if is_ssl_error(reason):
             return self.security.read_failure(str(self.address), reason)
         if isinstance(reason, (KafkaConnectionError, RemoteProtocolError)):
             return reason

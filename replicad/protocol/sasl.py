@@ -11,17 +11,33 @@ side `replicad.leader.security` (`replicad serve`); TLS for both is replicad.con
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from typing import Any
 
 from replicad.config.model import SaslMechanism
 
 PLAIN_SEPARATOR = "\0"
-SCRAM_HASHES: dict[SaslMechanism, Callable[..., Any]] = {
-    SaslMechanism.SCRAM_SHA_256: hashlib.sha256,
-    SaslMechanism.SCRAM_SHA_512: hashlib.sha512,
+# The hash of each SCRAM mechanism, by hashlib's name.
+_SCRAM_HASH_NAMES = {
+    SaslMechanism.SCRAM_SHA_256: "sha256",
+    SaslMechanism.SCRAM_SHA_512: "sha512",
 }
+
+
+def __getattr__(name: str) -> Any:
+    """`SCRAM_HASHES` ({mechanism: hashlib constructor}), made on first use: hashlib loads
+    OpenSSL's libcrypto (3.7 MiB of RSS), which a follower without SCRAM or TLS never
+    needs (issue 32's memory at 10,000 partitions; replicad/startup.py's keep_tls_out)."""
+    if name == "SCRAM_HASHES":
+        import hashlib
+
+        hashes: dict[SaslMechanism, Callable[..., Any]] = {
+            mechanism: getattr(hashlib, hash_name)
+            for mechanism, hash_name in _SCRAM_HASH_NAMES.items()
+        }
+        globals()[name] = hashes
+        return hashes
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def refuse_saslprep_changes(**texts: str) -> None:

@@ -25,9 +25,9 @@ Rules this module keeps:
 from __future__ import annotations
 
 import enum
-import ssl
+import sys
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 from kio.schema.errors import ErrorCode
@@ -38,10 +38,14 @@ from replicad.config.model import (
     Secret,
     SecurityConfig,
 )
-from replicad.config.tls import TLS_KEYS, client_tls_context, ssl_reason
 from replicad.errors import AuthenticationError, ConfigError, KafkaConnectionError
 from replicad.protocol.apis import ApiKey, NegotiatedVersions
 from replicad.protocol.sasl import PLAIN_SEPARATOR, refuse_saslprep_changes
+
+if TYPE_CHECKING:
+    # ssl (with OpenSSL, 5.2 MiB of RSS) is loaded by a connection that uses TLS
+    # (replicad.config.tls), not by every follower: replicad/startup.py's keep_tls_out.
+    import ssl
 
 log = structlog.get_logger("replicad.security")
 
@@ -49,6 +53,13 @@ SASL_KEYS = "source.security.sasl"
 # OpenSSL's verify codes for a certificate that does not name the host (RFC 6125).
 X509_V_ERR_HOSTNAME_MISMATCH = 62
 X509_V_ERR_IP_ADDRESS_MISMATCH = 64
+
+
+def is_ssl_error(error: BaseException | None) -> bool:
+    """Whether `error` is one of ssl's. Without ssl loaded (no TLS configured) there can be
+    none, and this does not load it."""
+    loaded = sys.modules.get("ssl")
+    return loaded is not None and isinstance(error, loaded.SSLError)
 
 
 def _authenticate_request_class(version: int) -> type:
@@ -104,7 +115,7 @@ class ConnectionSecurity:
 
     def connect_failure(self, address: str, error: BaseException) -> KafkaConnectionError:
         """The error to report when connecting to `address` failed with `error`."""
-        if isinstance(error, ssl.SSLError):
+        if is_ssl_error(error):
             return tls_failure(address, error, client_certificate=self.client_certificate)
         if self.tls is not None and isinstance(error, _CLOSED_IN_HANDSHAKE):
             return AuthenticationError(
@@ -138,7 +149,11 @@ def connection_security(config: SecurityConfig) -> ConnectionSecurity:
     """The connection settings for a validated `source.security` (ConfigError if the TLS
     files no longer load). Settings that weaken security are logged once, here."""
     protocol = config.protocol
-    tls = client_tls_context(config.tls) if protocol.uses_tls else None
+    tls = None
+    if protocol.uses_tls:
+        from replicad.config.tls import TLS_KEYS, client_tls_context
+
+        tls = client_tls_context(config.tls)
     sasl = _credentials(config.sasl) if protocol.uses_sasl else None
     if tls is not None and not config.tls.verify:
         log.warning(
@@ -205,6 +220,10 @@ def tls_failure(
     address: str, error: ssl.SSLError, *, client_certificate: bool
 ) -> AuthenticationError:
     """The error to report for a TLS failure talking to `address`, with what to check."""
+    import ssl  # loaded already: `error` is one of its errors
+
+    from replicad.config.tls import ssl_reason
+
     if isinstance(error, ssl.SSLCertVerificationError):
         detail = str(error.verify_message or error.reason or error).rstrip(".")
         if error.verify_code in (X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH):
