@@ -126,19 +126,20 @@ def test_open_segment_files_stay_within_log_max_open_files(measured) -> None:
 # against a 32 MiB pool), not steady state: RSS when caught up was 69.1-70.4 MiB in every
 # run.
 NOT_YET_MET_BY = 8 * MIB
-# At 10,000 partitions it is over by more (112 MiB: the steady state is ~80 MiB), strictly.
+# From this many partitions on, the issue's bound itself is asserted, without the slack: the
+# strict xfail below then says exactly "the bound is missed", and an XPASS that it is met.
 OVER_SLACK_FROM = 5_000
 
 
 @pytest.mark.xfail(
     PARTITIONS >= OVER_SLACK_FROM,
     strict=True,
-    reason="at 10,000: VmHWM 112.0-112.3 MiB against 96 MiB (+8 the suite allows today): "
-    "the steady state (79-81 MiB caught up: ~36 MiB of imports, ~26 MiB of log-store objects "
-    "at ~2.6 KB a partition) plus the 32 MiB pool. Issue 32",
+    reason="at 10,000: VmHWM 96.9 MiB against 96 MiB (session 15, load 14-19, after "
+    "ca8966e left ssl out): about 60 MiB before the first response (imports, the 10,000 logs "
+    "and partition states at ~2.9 KB each), the 32 MiB pool lent at once, ~4.6 MiB of heap "
+    "while catching up. Issue 32",
 )
 def test_peak_rss_is_within_buffer_memory_plus_64_mib_and_the_known_gap(measured) -> None:
     result, _, _ = measured
-    assert result.peak_rss <= SCENARIO.buffer_memory + RSS_HEADROOM + NOT_YET_MET_BY, figures(
-        result
-    )
+    slack = NOT_YET_MET_BY if PARTITIONS < OVER_SLACK_FROM else 0
+    assert result.peak_rss <= SCENARIO.buffer_memory + RSS_HEADROOM + slack, figures(result)
