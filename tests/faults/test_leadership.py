@@ -67,3 +67,56 @@ def test_every_scenario_of_the_tool_takes_a_seed() -> None:
 
     for name, scenario in leadership.SCENARIOS.items():
         assert "seed" in inspect.signature(scenario).parameters, name
+
+
+class _StoppedNode:
+    """A node of a stand-in cluster: what all_nodes_running asks of it, in order."""
+
+    def __init__(self, name: str, calls: list[str], *, running: bool, ready: bool = True) -> None:
+        self.name, self.calls, self.running, self.ready = name, calls, running, ready
+        self.start_timeout_s = 1.0
+
+    def prepare(self) -> None:
+        self.calls.append(f"prepare {self.name}")
+
+    def launch(self) -> None:
+        self.calls.append(f"launch {self.name}")
+
+    def wait_ready(self, timeout_s: float) -> None:
+        self.calls.append(f"wait {self.name}")
+        if not self.ready:
+            raise leadership.PeerError(f"{self.name} did not register\nits log's tail")
+
+    def kill(self) -> None:
+        self.calls.append(f"kill {self.name}")
+
+
+class _Cluster:
+    def __init__(self, nodes: list[_StoppedNode]) -> None:
+        self.nodes = nodes
+
+
+def test_every_stopped_node_is_launched_before_any_is_waited_for() -> None:
+    # Two of three down: one started and waited for alone would wait for a quorum that
+    # needs the other (session 15's soak lost its whole cluster that way).
+    calls: list[str] = []
+    nodes = [
+        _StoppedNode("1", calls, running=False),
+        _StoppedNode("2", calls, running=True),
+        _StoppedNode("3", calls, running=False),
+    ]
+    leadership.all_nodes_running(_Cluster(nodes))  # type: ignore[arg-type]
+    assert calls == ["prepare 1", "launch 1", "prepare 3", "launch 3", "wait 1", "wait 3"]
+
+
+def test_a_node_that_does_not_come_back_is_killed_and_named_after_the_others_were_waited_for() -> (
+    None
+):
+    calls: list[str] = []
+    nodes = [
+        _StoppedNode("1", calls, running=False, ready=False),
+        _StoppedNode("3", calls, running=False),
+    ]
+    with pytest.raises(leadership.PeerError, match=r"^1 did not register$"):
+        leadership.all_nodes_running(_Cluster(nodes))  # type: ignore[arg-type]
+    assert calls[-3:] == ["wait 1", "kill 1", "wait 3"]

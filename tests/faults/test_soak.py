@@ -30,9 +30,11 @@ from tools.chaos.soak import (
     FdCounts,
     SoakResult,
     SoakSample,
+    _cannot,
     _fault_list,
     _fill,
     _node_heap,
+    _Run,
     _topics,
     catch_up_to,
     soak,
@@ -40,11 +42,13 @@ from tools.chaos.soak import (
     trends,
 )
 from tools.chaos.soak_sources import (
+    LEADER_SIGKILL,
     ROLLING_RESTART,
     SEGMENT_BYTES,
     SESSION_EVICTIONS,
     ClusterSource,
     KafkaSource,
+    SoakSource,
     SourceNotRecovered,
     TansuSource,
     cluster_node_heap,
@@ -391,3 +395,31 @@ def test_a_child_in_a_session_of_its_own_gets_the_soaks_priority() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+class _HalfDownSource(SoakSource):
+    """A source whose node an earlier fault left down: restore() fails `fails` times."""
+
+    def __init__(self, fails: int) -> None:
+        self.fails, self.restores = fails, 0
+
+    def restore(self) -> None:
+        self.restores += 1
+        if self.restores <= self.fails:
+            raise PeerError("node 3 did not register with the controller quorum")
+
+    def recovered(self, topics) -> bool:
+        return self.restores > self.fails
+
+
+def test_no_node_is_stopped_while_an_earlier_fault_left_the_source_not_whole() -> None:
+    source = _HalfDownSource(fails=1)
+    run = _Run(source, [], None, None, {"t": 1}, None, None, 0.0)  # type: ignore[arg-type]
+    assert _cannot(run, ROLLING_RESTART) is None  # nothing unrecovered: not even asked
+    assert source.restores == 0
+    run.unrecovered.append("rolling-restart at 1500 s: node 3 not serving again")
+    assert _cannot(run, LEADER_SIGKILL) == "the source not whole again since an earlier fault"
+    assert _cannot(run, "cut") is None and _cannot(run, SESSION_EVICTIONS) is None
+    # The next try starts the node again, and node faults go on.
+    assert _cannot(run, ROLLING_RESTART) is None
+    assert source.restores == 2

@@ -300,10 +300,22 @@ def elect(cluster: KafkaCluster, kind: ElectionType, partitions: Sequence[TopicP
 
 
 def all_nodes_running(cluster: KafkaCluster) -> None:
-    """Start again every node a scenario left stopped: the cluster is shared."""
-    for node in cluster.nodes:
-        if not node.running:
-            node.start()
+    """Start again every node a scenario left stopped: the cluster is shared. Every stopped
+    node is launched before any is waited for: a node registers only with a quorum of
+    controllers, so with two of three down, one started alone would wait for the other."""
+    stopped = [node for node in cluster.nodes if not node.running]
+    for node in stopped:
+        node.prepare()
+        node.launch()
+    failed: list[str] = []
+    for node in stopped:
+        try:
+            node.wait_ready(node.start_timeout_s)
+        except PeerError as exc:
+            node.kill()
+            failed.append(str(exc).splitlines()[0])
+    if failed:
+        raise PeerError("; ".join(failed))
 
 
 @contextlib.contextmanager
