@@ -64,13 +64,17 @@ def keep_tls_out(config: Any) -> bool:
     asyncio imports ssl whenever it can, and ssl brings OpenSSL: about 4 MiB of RSS in a
     follower that connects in plaintext, a tenth of what issue 32 allows a 10,000-partition
     follower beyond its fetch buffers. Left out only for what cannot change without a
-    restart (the source's security, serve, the mirror, the archive, the metrics endpoint:
-    daemon.py's `_restart_needed`), and only where ssl is not loaded yet. What uses TLS
+    restart (the source's security, SASL among it, serve, the mirror, the archive, the
+    metrics endpoint: daemon.py's `_restart_needed`), and only where ssl is not loaded
+    yet. What uses TLS
     imports ssl where it does (replicad.config.tls); replicad.protocol.security tells ssl's
     errors apart without loading it.
     """
+    protocol = config.source.security.protocol
     uses_tls = (
-        config.source.security.protocol.uses_tls
+        protocol.uses_tls
+        # SCRAM's library (scramp) imports ssl for channel binding, over plaintext too.
+        or protocol.uses_sasl
         or config.serve is not None  # its listener may be TLS; its modules import ssl
         or config.mirror is not None  # the destination's own security
         or config.archive is not None  # an object store over https

@@ -183,7 +183,13 @@ def _config(**parts):
 
     made = {
         "source_tls": {
-            "source": SourceConfig(security=SecurityConfig(protocol=SecurityProtocol.SASL_SSL))
+            "source": SourceConfig(security=SecurityConfig(protocol=SecurityProtocol.SSL))
+        },
+        # SCRAM over plaintext: scramp imports ssl (its channel binding).
+        "source_sasl": {
+            "source": SourceConfig(
+                security=SecurityConfig(protocol=SecurityProtocol.SASL_PLAINTEXT)
+            )
         },
         "serve": {"serve": ServeConfig(listen=HostPort("127.0.0.1", 9092))},
         "mirror": {"mirror": MirrorConfig()},
@@ -193,7 +199,9 @@ def _config(**parts):
     return Config(**{k: v for part in parts for k, v in made[part].items()})
 
 
-@pytest.mark.parametrize("part", ["source_tls", "serve", "mirror", "archive", "metrics"])
+@pytest.mark.parametrize(
+    "part", ["source_tls", "source_sasl", "serve", "mirror", "archive", "metrics"]
+)
 def test_ssl_is_left_out_only_when_nothing_configured_can_use_tls(part, monkeypatch):
     import sys
 
