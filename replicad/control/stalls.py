@@ -23,16 +23,27 @@ its last move).
 A leader that keeps no fetch session is asked its partitions a share at a time, in passes
 that ask each partition once (the follower's partition table, R11): on a slow leader (Tansu
 under load took 4 s a share of 100 partitions) a pass over thousands of partitions takes
-longer than `stall_after_ms`, and a partition is asked again only in the next pass. Tansu
-answers the partitions it did not read within the request's max wait without records, so
-one empty answer while behind says the pass went on, not that the partition is stuck: it
-goes first in the next pass's shares. While its leader is fetched in shares (`in_shares`), a
-partition waits for its turn (`waits_for_turn`), not stalled, until `SHARE_ANSWERS_TO_JUDGE`
-requests that named it have ended since its log last moved (the one that moved it not
-counted; answered or not: a partition the leader never answers is judged too) or the disk
-last refused an answer's records (that answer would have moved it: the partition waits for
-its next turn after its retry, not for the leader); then the rule applies from its last move
-as to any other.
+longer than `stall_after_ms`. Tansu answers the partitions it did not read within the
+request's max wait without records: a partition so cut short (behind, after the last one
+the answer gave records) keeps its place, goes first in the next share, and the answer is
+not counted (the follower's R11): it waits in a queue that moves at the leader's pace (after
+a full minute, hundreds of partitions behind and Tansu reading 20 of each share of 100,
+session 14). While its leader is fetched in shares (`in_shares`), a partition waits for its
+turn (`waits_for_turn`), not stalled, until `SHARE_ANSWERS_TO_JUDGE` other requests that
+named it have ended since its log last moved (the one that moved it not counted; answered or
+not: a partition the leader never answers is judged too, and so is one the leader read past
+or answered while giving no partition records) or the disk last refused an answer's records
+(that answer would have moved it: the partition waits for its next turn after its retry, not
+for the leader); then the rule applies from its last move as to any other.
+
+Idle time (`idle_ms`) counts from the log's last move, or from the last answer that found the
+partition caught up (R12: as a Kafka leader counts a follower's lag from when it last caught
+up; a partition with no new records for minutes was judged on the first answer that cut it
+short). It does not start again when a full disk's pause ends: the disk rule already holds
+the partition until `stall_after_ms` after its retry, the same moment a clock started at the
+retry would reach the stall time, and the pause is said as its own error (`last_error`
+"disk full", `disk_full_ago_ms`, health's `partitions_disk_full`); `idle_ms` keeps saying how
+long the log has not moved.
 
 Sans-I/O: `check` reads the status snapshot's partitions and leaders (plain mappings) and
 returns what began and ended; the daemon logs and counts.

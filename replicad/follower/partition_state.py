@@ -58,14 +58,15 @@ class PartitionState:
     # request's last_fetched_epoch must already count them).
     fetched_epoch: int | None = None
     # When the local log last moved (monotonic ms; creation counts, and so do a new
-    # partition's start, found by ListOffsets, and a new leader or leader epoch:
-    # follower/assignment.py): with lag, a partition idle for long is stalled
-    # (control/health.py).
+    # partition's start, found by ListOffsets, a new leader or leader epoch:
+    # follower/assignment.py, and an answer that found it caught up: the partition table's
+    # R12): with lag, a partition idle for long is stalled (control/stalls.py).
     progress_ms: int = 0
-    # Requests that named it and ended since its log last moved or the disk last refused
-    # its answer's records (the one that moved it, or would have, not counted): answered,
-    # with or without an error, left out of the answer, or never answered. A partition of a
-    # leader fetched in shares waits for its turn in the next pass until it has had two,
+    # Requests that named it and ended since its log last moved, an answer found it caught
+    # up, or the disk last refused its answer's records (the one that moved it, or would
+    # have, not counted): answered, with or without an error, left out of the answer, or
+    # never answered; not an answer that cut it short in a share (partition table, R11).
+    # A partition of a leader fetched in shares waits for its turn until it has had two,
     # and is not stalled meanwhile (control/stalls.py).
     answers_since_move: int = 0
     # When an append last failed because the disk is full (monotonic ms; None: never).

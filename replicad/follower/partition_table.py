@@ -78,11 +78,23 @@ Rules kept here (each repeated where it is kept):
   partition behind without records (the leader's wait ran out before it read it), the next
   share's max wait is at least `sessionless_wait_ms` (Kafka, which answers at once when it
   has data, leaves one behind only when the response is full: a longer wait costs it
-  nothing then). Status says whether a leader is fetched in shares (the stall
-  rule waits for a partition's turn: control/stalls.py). Should such a request create a
+  nothing then). A partition an answer cut short (behind, answered without records and
+  without an error after the last partition the answer gave records) keeps its place: it
+  goes first in the next share, stays in the pass, and that answer is not counted in its
+  `answers_since_move` (session 14's Tansu soaks: after a full minute hundreds of partitions
+  were behind, Tansu read 20 of each share of 100, and the rest waited a whole pass and were
+  judged after two such answers: 7,670 and 11,442 stalls). An answer that gave no partition
+  records cut nothing short: a leader that does not move on is counted. Status says whether
+  a leader is fetched in shares (the stall rule waits for a partition's turn:
+  control/stalls.py). Should such a request create a
   session after all (a Kafka whose session cache had no room at first), the next request
   adds the partitions it left out. A leader that keeps a session, or once made one, gets
   every partition at once (KIP-227), as before.
+- R12 caught up: an answer without records that finds a partition at the leader's served
+  end (R11's) starts its idle time again (`progress_ms`, `answers_since_move` 0), as a
+  Kafka leader counts a follower's lag from when it last caught up (lastCaughtUpTimeMs):
+  a partition with no new records for minutes is not idle for the stall rule, and once it
+  has some it must move within the stall time of the last answer that found it caught up.
 """
 
 from __future__ import annotations
@@ -775,7 +787,6 @@ class PartitionTable:
                 continue  # an id the plan does not know: the session handler rejects it
             for pd in topic.partitions:
                 entries.append((TopicPartition(name, int(pd.partition_index)), pd))
-        self._exchange_ended([tp for tp, _ in entries])
         verdict = self.session.handle_response(
             plan,
             error_code=body.error_code,
@@ -785,6 +796,9 @@ class PartitionTable:
             throttle_time_ms=body.throttle_time_ms,
             topic_ids=seen_ids,
         )
+        cut = self._cut_short(plan, entries) if verdict.accepted else []
+        self._exchange_ended([tp for tp, _ in entries], cut)
+        self._keep_places(cut)
         self._note_recovery(verdict, now_ms)
         if not verdict.accepted:
             self.stats.rejected_responses += 1
@@ -830,6 +844,47 @@ class PartitionTable:
             self.partitions.move_to_end(append.tp)
         return ResponseOutcome(True, tuple(actions), tuple(appends))
 
+    def _cut_short(
+        self, plan: FetchRequestPlan, entries: Sequence[tuple[TopicPartition, FetchedPartition]]
+    ) -> list[TopicPartition]:
+        """R11: the partitions of a share the leader's wait ran out before, in the request's
+        order: answered without records and without an error while behind (for where we
+        fetch from now), after the last partition the answer gave records (Tansu reads a
+        request in order and answers the rest without records). None when it gave none: a
+        leader that moves on with no partition is not cutting a share short."""
+        unserved = self._unserved
+        if not unserved:
+            return []
+        order = {tp: i for i, tp in enumerate(plan.to_send)}
+        last_served = max((order.get(tp, -1) for tp, pd in entries if pd.records), default=-1)
+        if last_served < 0:
+            return []
+        cut: list[tuple[int, TopicPartition]] = []
+        for tp, pd in entries:
+            at = order.get(tp, -1)
+            if at <= last_served or pd.records or tp not in unserved:
+                continue
+            state = self.partitions.get(tp)
+            asked = plan.to_send.get(tp)
+            if (
+                state is None
+                or asked is None
+                or state.phase is not PartitionPhase.FETCHING
+                or asked.fetch_offset != state.fetch_offset
+                or error_code_of(pd.error_code) is not ErrorCode.none
+            ):
+                continue
+            if self._served_end(pd.high_watermark, pd.last_stable_offset) > state.fetch_offset:
+                cut.append((at, tp))
+        return [tp for _, tp in sorted(cut)]
+
+    def _keep_places(self, cut: Sequence[TopicPartition]) -> None:
+        """R11: partitions a share's answer cut short go first in the next share, in their
+        order, and stay in the pass under way."""
+        for tp in reversed(cut):
+            self.partitions.move_to_end(tp, last=False)
+        self._pass_left.update(cut)
+
     def _partition_answer(
         self,
         state: PartitionState,
@@ -850,6 +905,10 @@ class PartitionTable:
                 self._cut = True  # R11: behind, and nothing read for it
             elif self._unserved and (pd.records or pd.high_watermark >= 0):
                 self._unserved.discard(tp)  # R11: served, or nothing to serve
+            if not pd.records and 0 <= served_end <= state.fetch_offset:
+                # R12: caught up: its idle time counts from here.
+                state.progress_ms = max(state.progress_ms, now_ms)
+                state.answers_since_move = 0
             diverging = pd.diverging_epoch
             if diverging.epoch >= 0 and diverging.end_offset >= 0:
                 # R3, Fetch v12+. The answer's high watermark counts too (R5), once the log
@@ -1158,7 +1217,9 @@ class PartitionTable:
         self.stats.last_error = error
         return self._backoff.next_delay_ms()
 
-    def _exchange_ended(self, answered: Iterable[TopicPartition] = ()) -> None:
+    def _exchange_ended(
+        self, answered: Iterable[TopicPartition] = (), cut: Iterable[TopicPartition] = ()
+    ) -> None:
         """The request in flight is over, answered or not: each partition it named, and
         each the answer names (an incremental session's answer may name partitions the
         request left out), counts an answer since its log last moved (`appended` sets it
@@ -1166,10 +1227,12 @@ class PartitionTable:
         came: the stall rule waits for a partition of a leader fetched in shares until it
         has two (control/stalls.py), and a partition that leader never answers (a
         sessionless answer may leave partitions out; a share may time out every time) must
-        not wait for its turn forever."""
+        not wait for its turn forever. Not counted: the partitions the answer `cut` short
+        (R11, `_cut_short`): they keep their place and wait for the next share."""
         out, self._out = self._out, {}
         counted = set(answered)
         counted.update(out)
+        counted.difference_update(cut)
         for tp in counted:
             state = self.partitions.get(tp)
             if state is not None:

@@ -129,7 +129,8 @@ def _row(
         "lag": st.lag,
         "state": st.phase.value,
         "last_error": st.last_error,
-        # Since the local log last moved (with lag, a long idle is a stall).
+        # Since the local log last moved or an answer found it caught up (with lag, a long
+        # idle is a stall).
         "idle_ms": max(0, now_ms - st.progress_ms),
         # Since an append last failed on a full disk (None: never): with that
         # failure after its last progress, the partition waits for disk space

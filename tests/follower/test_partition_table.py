@@ -649,16 +649,20 @@ def test_a_share_asks_those_known_behind_first_and_every_partition_once_a_pass()
     three = share()
     table.on_response(three, _response(three, session_id=0), 0)
     share()
-    assert shares == [[5, 7, 0], [1, 2, 3], [4, 6, 7], [1, 2, 3]]
+    # 7, cut short by the first share's answer (behind, after 5, which got records), keeps
+    # its place: first in the next share; a pass still asks every partition.
+    assert shares == [[5, 7, 0], [7, 1, 2], [3, 4, 6], [7, 1, 2]]
     assert waits == [2_000, 2_000, 500, 500]  # 7 left behind by the first two answers
-    assert sorted(p for s in [*shares[:2], shares[2][:2]] for p in s) == list(range(8))
+    assert sorted({p for s in shares[:3] for p in s}) == list(range(8))
+    assert sum(len(s) for s in shares[:3]) == 9  # 7 twice: its cut turn and its own
     assert table.stats.share_passes == 2
-    # Requests that named each and ended since its log last moved (the stall rule's wait
-    # for a turn): 5 moved by its answer, 7 answered three times without records (the
-    # first request, two shares), 1 named by two that ended (answered by the first, left
-    # out of the second share's answer) and by the one in flight, not counted yet.
+    # Requests that named each and ended since its log last moved or an answer found it
+    # caught up (the stall rule's wait for a turn): 5 moved by its answer; 7 answered
+    # without records by the first request, not counted for the share that cut it short,
+    # left out of the second share's answer; 1 found caught up by the first answer (R12),
+    # left out of the second share's answer, and named by the one in flight, not counted yet.
     counts = {p: table.partitions[TopicPartition("t", p)].answers_since_move for p in (5, 7, 1)}
-    assert counts == {5: 0, 7: 3, 1: 2}
+    assert counts == {5: 0, 7: 2, 1: 1}
 
 
 def test_a_partition_of_a_share_the_leader_never_answers_is_judged_after_two_requests():
@@ -1173,3 +1177,115 @@ def test_logs_a_full_disk_refused_wait_and_say_so():
     assert waiting.last_error == "disk full: log not created"
     assert table.without_log(1_000 + DISK_FULL_RETRY_MS - 1) == []
     assert table.without_log(1_000 + DISK_FULL_RETRY_MS) == [waiting]
+
+
+# -- a slow sessionless leader after a full disk (R11 and the stall rule, issue 34) -------
+
+
+@dataclass
+class TansuLike:
+    """A sessionless leader as Tansu answers under load: it reads a request's partitions in
+    order and has time to read `reads` of those behind before its max wait runs out; it
+    answers every partition named, the rest without records (their high watermark only).
+    `never_serves` are behind and never given their records, wherever they are named."""
+
+    ends: dict[TopicPartition, int]
+    reads: int
+    never_serves: frozenset[TopicPartition] = frozenset()
+
+    def answer(self, fetch: NextFetch):
+        answers, read = [], 0
+        for tp, asked in fetch.plan.to_send.items():
+            end = self.ends[tp]
+            behind = end > asked.fetch_offset
+            if behind and read < self.reads:
+                read += 1
+                if tp not in self.never_serves:
+                    records = _batches(asked.fetch_offset, (end - asked.fetch_offset) // 2)
+                    answers.append(_partition(tp, hw=end, records=records))
+                    continue
+            answers.append(_partition(tp, hw=end))
+        return _response(fetch, *answers, session_id=0)
+
+
+def _soak_against(leader, table, logs, *, until_ms, disk_full=None, produce_until_ms=None):
+    """The shell's loop and the daemon's stall check, on a simulated clock: one request every
+    2 s, two records produced in each of 4 partitions (in turn) a request until
+    `produce_until_ms`, appends refused while `disk_full` (start, end) holds; the stall
+    watch (30 s, the soak's) checks after each answer the rows the daemon gives it (lagging
+    and idle for the stall time: follower/status.py). The stalls that began, by name."""
+    from replicad.control.stalls import StallWatch
+    from replicad.follower.status import ProblemRow
+
+    watch = StallWatch(stall_after_ms=30_000)
+    tps = list(logs)
+    produced = 0
+    stalls: list[str] = []
+    now = 0
+    while now < until_ms:
+        for _ in range(4 if produce_until_ms is None or now < produce_until_ms else 0):
+            tp = tps[produced % len(tps)]
+            leader.ends[tp] += 2
+            produced += 1
+        fetch = table.next_fetch(now, max_version=13)
+        now += 2_000
+        if fetch is None:
+            continue
+        outcome = table.on_response(fetch, leader.answer(fetch), now)
+        full = disk_full is not None and disk_full[0] <= now < disk_full[1]
+        for append in outcome.appends:
+            if full:
+                table.append_failed(append, "ENOSPC", now, disk_full=True)
+            else:
+                logs[append.tp].append(append)
+                table.appended(append, now)
+        rows = [
+            ProblemRow(tp, st, None, now)
+            for tp, st in table.partitions.items()
+            if st.lag and now - st.progress_ms >= watch.stall_after_ms
+        ]
+        leaders = [{"node_id": 1, "connected": True, "in_shares": table.stats.in_shares}]
+        stalls.extend(f"{p['topic']}-{p['partition']}" for p in watch.check(rows, leaders).began)
+    return stalls
+
+
+def _slow_leader_table(partitions=400):
+    table = _table(sessionless_max_partitions=50, wait_max_ms=500, sessionless_wait_ms=2_000)
+    logs = {}
+    for p in range(partitions):
+        _, logs[TopicPartition("t", p)] = _add(table, TopicPartition("t", p))
+    return table, logs
+
+
+def test_after_a_full_minute_partitions_a_slow_sessionless_leader_cut_short_are_not_stalled():
+    """Session 14's Tansu soaks (1,000 and 10,000 partitions): after each full disk hundreds
+    of partitions were behind, Tansu read 20 of each share of 100 before its max wait ran out
+    and answered the rest without records, and those waited for the next pass; after two
+    such answers the stall rule judged them on idle time counted from before the full disk
+    (7,670 and 11,442 stalls). A partition the leader's wait cut short keeps its place: it
+    goes first in the next share and is not judged for that answer; and, as a Kafka leader
+    counts a follower's lag from when it was last caught up, an answer that finds a partition
+    caught up starts its idle time again (a partition with no new records for minutes was
+    judged on the first answer that cut it short once it had some). Here 400 partitions in
+    shares of 50, the leader reading 10 of those behind a request, a request every 2 s, 4
+    partitions produced to a request, the disk full from 30 to 90 s: the backlog drains at
+    the leader's pace, and nothing is stalled. On the old code: 334 stalls (270 partitions)."""
+    table, logs = _slow_leader_table()
+    leader = TansuLike({tp: 0 for tp in logs}, reads=10)
+    stalls = _soak_against(
+        leader, table, logs, until_ms=300_000, disk_full=(30_000, 90_000), produce_until_ms=200_000
+    )
+    assert stalls == []
+    # The backlog drained: the replica holds everything produced.
+    assert [tp for tp, local in logs.items() if local.log_end_offset != leader.ends[tp]] == []
+
+
+def test_a_partition_a_sessionless_leader_never_serves_is_still_stalled():
+    """The stall a user must see: a partition the leader has records for and never gives
+    them, first in a share or not, while the others move (and the disk is not full), is
+    reported stalled -- once -- and no other partition is (on the old code 245 other stalls
+    were, of partitions cut short twice in a row)."""
+    table, logs = _slow_leader_table()
+    wedged = TopicPartition("t", 7)
+    leader = TansuLike({tp: 0 for tp in logs}, reads=10, never_serves=frozenset({wedged}))
+    assert _soak_against(leader, table, logs, until_ms=240_000) == ["t-7"]
