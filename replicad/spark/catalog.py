@@ -224,8 +224,10 @@ class Planner:
         return sum(split.size for split in self.splits(files, start, end))
 
     def offset_after_bytes(self, files: PartitionFiles, start: int, budget: int) -> int | None:
-        """An offset above `start` about `budget` bytes of the log further, at a batch start
-        (at least one batch further); None when the log ends before the budget does."""
+        """An offset above `start` about `budget` bytes of the log further: one the offset
+        index names (plan.offset_after_position), which is the last offset of the batch at
+        that entry, so a read ending there stops one record short of that batch's end; or
+        the next segment's base offset. None when the log ends before the budget does."""
         remaining = budget
         for i, segment in enumerate(files.segments):
             next_base = files.next_base(i)

@@ -221,9 +221,16 @@ def byte_range(
 def offset_after_position(
     index: OffsetIndex, segment: SegmentFile, position: int, after: int
 ) -> int | None:
-    """An indexed batch start above offset `after`, the last one at or before byte
-    `position` if there is one, else the first one past it; None when the index has no
-    batch start above `after` (the segment's end is the caller's)."""
+    """An offset above `after` from the offset index, to end a byte-limited read near byte
+    `position`: the offset of the last entry at or before `position` when it is above
+    `after`, else of the first entry above `after`; the segment's base offset when no
+    entry is above `after` but the segment starts above it; else None (the segment's end
+    is the caller's).
+
+    An entry names the LAST offset of the batch that starts at its position (Kafka's
+    offset index does the same), not a batch start. As an exclusive end, that offset stops
+    one record before its batch ends: the batch's records below it are read now, its last
+    record by the next read, which decodes the batch again (the rows are right)."""
     entries = _Entries(index)
     chosen = None
     slot = bisect.bisect_right(entries, position, key=lambda e: e.position)
