@@ -73,6 +73,8 @@ class Timing:
     seconds: float
     spark_cpu_s: float = float("nan")
     broker_cpu_s: float = float("nan")
+    jvm_cpu_s: float = float("nan")  # of spark_cpu_s, the JVM's own threads
+    load: str = ""  # the 1-minute load average when the read started
 
 
 # Spark's Kafka source tuned for a throughput read, each from its own docs: the integration
@@ -117,11 +119,22 @@ class Meter:
         self.spark_pids = [spark_pid, *(server.pid for server in _forkserver)]
         self.broker_pid = broker_pid
 
-    def read(self) -> tuple[float, float]:
+    def read(self) -> tuple[float, float, float]:
+        """(Spark's tree, the broker's, the Spark JVM's own threads): the tree less the
+        JVM's own is Python (the executors' workers, the driver-side processes)."""
         from tools.bench.measure import tree_cpu_seconds
+        from tools.bench.spark_stream_cost import own_cpu_seconds
 
         broker = tree_cpu_seconds(self.broker_pid) if self.broker_pid else float("nan")
-        return sum(tree_cpu_seconds(pid) for pid in self.spark_pids), broker
+        spark = sum(tree_cpu_seconds(pid) for pid in self.spark_pids)
+        return spark, broker, own_cpu_seconds(self.spark_pids[0])
+
+
+def load_average() -> str:
+    return Path("/proc/loadavg").read_text().split()[0]
+
+
+NO_CPU = (float("nan"),) * 3
 
 
 def produce(bootstrap: str, topic: str, *, target_bytes: int, value_bytes: int, codec: str) -> int:
@@ -195,16 +208,30 @@ def timed(
 ) -> Timing:
     """The fastest of `repeat` runs (on a shared machine the others' load only slows
     down), with that run's CPU seconds."""
-    best = (float("inf"), float("nan"), float("nan"))
+    best = Timing(source, rows, input_bytes, float("inf"))
     for _ in range(repeat):
-        cpu_before = meter.read() if meter else (float("nan"),) * 2
+        load = load_average()
+        cpu_before = meter.read() if meter else NO_CPU
         started = time.perf_counter()
         action()
         seconds = time.perf_counter() - started
-        cpu_after = meter.read() if meter else (float("nan"),) * 2
-        if seconds < best[0]:
-            best = (seconds, cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1])
-    return Timing(source, rows, input_bytes, *best)
+        cpu_after = meter.read() if meter else NO_CPU
+        if seconds < best.seconds:
+            best = measured(source, rows, input_bytes, seconds, cpu_before, cpu_after, load)
+    return best
+
+
+def measured(
+    source: str,
+    rows: int,
+    input_bytes: int,
+    seconds: float,
+    before: tuple[float, float, float],
+    after: tuple[float, float, float],
+    load: str,
+) -> Timing:
+    spark, broker, jvm = (a - b for a, b in zip(after, before, strict=True))
+    return Timing(source, rows, input_bytes, seconds, spark, broker, jvm, load)
 
 
 def run(args: argparse.Namespace, work: Path) -> list[Timing]:
@@ -356,8 +383,9 @@ def read_three_ways(
         again and its lost seconds not counted."""
         from replicad.spark.follow import START_ATTEMPTS, worker_start_failed
 
-        best = (float("inf"), float("nan"), float("nan"))
+        best = Timing(source, rows, input_bytes, float("inf"))
         for _ in range(repeat):
+            load = load_average()
             for attempt in range(1, START_ATTEMPTS + 1):
                 checkpoint = work / "checkpoints" / str(next(checkpoints))
                 cpu_before = meter.read()
@@ -377,9 +405,9 @@ def read_three_ways(
             seconds = time.perf_counter() - started
             cpu_after = meter.read()
             print(f"{source}: {phases(query.recentProgress, seconds)}", flush=True)
-            if seconds < best[0]:
-                best = (seconds, cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1])
-        return Timing(source, rows, input_bytes, *best)
+            if seconds < best.seconds:
+                best = measured(source, rows, input_bytes, seconds, cpu_before, cpu_after, load)
+        return best
 
     replicad_stream = spark.readStream.format("replicad").load(str(data_dir))
     kafka_stream = (
@@ -446,14 +474,15 @@ def phases(progress: list[dict], seconds: float) -> str:
 def table(timings: list[Timing], log_bytes: int) -> str:
     lines = [
         "| read | rows | input | seconds | rows/s | MB/s (input) | MB/s (log bytes) "
-        "| Spark CPU s | broker CPU s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| Spark CPU s | JVM | Python | broker CPU s | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for t in timings:
         lines.append(
             f"| {t.source} | {t.rows:,} | {t.input_bytes / MB:,.0f} MB | {t.seconds:.1f} | "
             f"{t.rows / t.seconds:,.0f} | {t.input_bytes / MB / t.seconds:,.1f} | "
-            f"{log_bytes / MB / t.seconds:,.1f} | {t.spark_cpu_s:.1f} | {t.broker_cpu_s:.1f} |"
+            f"{log_bytes / MB / t.seconds:,.1f} | {t.spark_cpu_s:.1f} | {t.jvm_cpu_s:.1f} | "
+            f"{t.spark_cpu_s - t.jvm_cpu_s:.1f} | {t.broker_cpu_s:.1f} | {t.load} |"
         )
     return "\n".join(lines)
 
@@ -482,7 +511,9 @@ def main() -> int:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-spark-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
+        print(f"load average at the start: {load_average()}", flush=True)
         timings = run(args, work)
+        print(f"load average at the end: {load_average()}")
         log_bytes = timings[0].input_bytes
         print()
         print(
