@@ -151,6 +151,17 @@ def _os_error_exit_code(exc: OSError) -> int:
     return EX_OSERR
 
 
+def _positive_seconds(text: str) -> float:
+    """A --timeout: seconds, above 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0 seconds: {text!r}")
+    return seconds
+
+
 def _status_socket(args: argparse.Namespace) -> Path:
     if args.socket:
         return Path(args.socket)
@@ -183,9 +194,14 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     path = _status_socket(args)
     if args.watch:
-        return watch(lambda: query(path), args.interval, sys.stdout, all_partitions=args.all)
+        return watch(
+            lambda: query(path, timeout_s=args.timeout),
+            args.interval,
+            sys.stdout,
+            all_partitions=args.all,
+        )
     try:
-        snapshot = query(path)
+        snapshot = query(path, timeout_s=args.timeout)
     except DaemonNotRunning as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_UNREACHABLE
@@ -801,6 +817,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "--interval", type=float, default=2.0, help="seconds between --watch refreshes"
     )
     status.add_argument("--all", action="store_true", help="every partition, not the top 50")
+    status.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="seconds to wait for the answer (5; a daemon of 10,000 partitions under load "
+        "may need longer)",
+    )
     status.set_defaults(func=_cmd_status)
 
     mirror = _command(

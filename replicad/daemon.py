@@ -134,6 +134,8 @@ class Daemon:
         self._reloading = asyncio.Lock()
         self.stalls = StallWatch(config.control.stall_after_ms)
         self.loop_watch = LoopWatch()
+        # The control socket's server, once started (None: not started, or unavailable).
+        self.control: ControlServer | None = None
 
     # -- state for status / metrics / STATUS= ---------------------------------
 
@@ -185,9 +187,14 @@ class Daemon:
         # As of the last check (every STATUS_INTERVAL_S).
         snap["stalls"] = self.stalls.status()
         snap["event_loop"] = self.loop_watch.status()
+        control = self.control
+        # Requests whose client was gone before their reply was built (control/server.py):
+        # a client's timeout shorter than the reply takes to build, at 10,000 partitions.
+        snap["control"] = {"abandoned": control.abandoned if control is not None else 0}
         totals = snap["totals"]
         totals["partitions_stalled"] = snap["stalls"]["stalled"]
         totals["stalls_total"] = snap["stalls"]["stalls_total"]
+        totals["control_abandoned"] = snap["control"]["abandoned"]
         totals["event_loop_max_block_ms"] = snap["event_loop"]["max_block_ms"]
         totals["event_loop_recent_max_block_ms"] = snap["event_loop"]["recent_max_block_ms"]
         snap["health"] = assess(snap).as_dict()
@@ -365,7 +372,7 @@ class Daemon:
             log.info("stopped before start", signal=early.name)
             signals.remove()
             return 0
-        control = await self._start_control()
+        control = self.control = await self._start_control()
         metrics = self._start_metrics()
         self.server: Any = None
         tasks: list[asyncio.Task[Any]] = []

@@ -307,6 +307,12 @@ TOTALS_FAMILIES = (
         "partitions_stalled",
     ),
     Family(COUNTER, "stalls", "Partition stalls that began since start", "stalls_total"),
+    Family(
+        COUNTER,
+        "control_requests_abandoned",
+        "Control requests (replicad status) whose client was gone before the reply was built",
+        "control_abandoned",
+    ),
     # The watchdog of the loop (control/loop_watch.py): a block stops fetching, the
     # control socket and serve alike.
     Family(

@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from kafka import TopicPartition as KafkaTopicPartition
 
 from replicad import __version__
 from replicad.cli import OWN_COMMANDS, _run_overrides, build_parser, main
+from replicad.control.protocol import encode_request
 from replicad.exits import EX_CANTCREAT, EX_CONFIG, EX_FAILURE
 from replicad.types import TopicPartition
 from tools.peers.produce import CheckedProducer
@@ -145,7 +147,23 @@ def test_status_of_a_daemon_whose_source_is_unreachable_is_down(tmp_path: Path) 
     try:
         wait_until(lambda: status(sock).returncode == 2, timeout_s=30, what="status to say down")
         table = status(sock)
-        as_json = json.loads(status(sock, "--json").stdout)
+        # A client gone before its reply was built (its timeout passed): counted in status.
+        # The daemon is stopped while the client asks and leaves, so that it reads the
+        # request only after the client has gone (a quiet daemon would answer first).
+        assert proc.proc is not None
+        os.kill(proc.proc.pid, signal.SIGSTOP)
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as gone:
+                gone.bind(f"\0replicad-test-gone-{os.getpid()}")
+                gone.sendto(encode_request("status", 1), str(sock))
+        finally:
+            os.kill(proc.proc.pid, signal.SIGCONT)
+        wait_until(
+            lambda: json.loads(status(sock, "--json").stdout)["control"]["abandoned"] >= 1,
+            timeout_s=30,
+            what="the gone client counted",
+        )
+        as_json = json.loads(status(sock, "--json", "--timeout", "30").stdout)
     finally:
         assert proc.stop() == 0, proc.output()
         closed.close()
@@ -191,6 +209,22 @@ def test_status_without_a_daemon_exits_3(tmp_path: Path) -> None:
     result = status(tmp_path / "nothing.sock")
     assert result.returncode == 3
     assert "not running" in result.stderr
+
+
+def test_status_waits_for_the_answer_as_long_as_its_timeout_says(tmp_path: Path) -> None:
+    """`--timeout SECONDS`: a daemon of 10,000 partitions under load took longer than the
+    client's fixed 5 s to build its reply, and no client could ever get one (session 14).
+    A socket that never answers: the message names the timeout asked; a timeout that is
+    not above 0 is a usage error (3, as every status usage error)."""
+    silent = tmp_path / "silent.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as never_answers:
+        never_answers.bind(str(silent))
+        result = status(silent, "--timeout", "0.5")
+    assert result.returncode == 3, result.stderr
+    assert "no answer within 0.5s" in result.stderr
+    for bad in ("0", "-1", "soon"):
+        refused = status(silent, "--timeout", bad)
+        assert refused.returncode == 3 and "--timeout" in refused.stderr, refused.stderr
 
 
 def test_status_does_not_load_the_spark_pipeline_and_every_command_is_still_parsed() -> None:

@@ -34,6 +34,7 @@ def snapshot(partitions: int = 2, **extra: Any) -> dict[str, Any]:
             "gaps": 2,
             "gap_offsets": 70,
             "damaged_reads": 5,
+            "control_abandoned": 3,
             "partitions_by_state": {"fetching": partitions - 1, "halted": 1},
         },
         "leaders": [
@@ -125,6 +126,8 @@ def test_totals_and_daemon_state() -> None:
     assert samples[("replicad_gaps_total", ())] == 2
     assert samples[("replicad_gap_offsets_total", ())] == 70
     assert samples[("replicad_damaged_reads_total", ())] == 5
+    # Status requests whose client left before the reply was built (control/server.py).
+    assert samples[("replicad_control_requests_abandoned_total", ())] == 3
     assert samples[("replicad_partitions", (("state", "halted"),))] == 1
     assert samples[("replicad_ready", ())] == 1
     assert samples[("replicad_build_info", (("version", "0.1.0"),))] == 1
