@@ -6,6 +6,7 @@ them, and only ever as CorruptRecordError."""
 from __future__ import annotations
 
 import struct
+import tracemalloc
 
 import numpy as np
 import pyarrow as pa
@@ -213,3 +214,35 @@ def test_varints_decode_as_kafkas_writer_wrote_them(values):
     decoded, sizes = _varints(arr, at, VARINT_MAX_BYTES)
     assert decoded.tolist() == values
     assert (at + sizes).tolist() == [*starts[1:], len(arr)]
+
+
+RECORD_COUNT_POSITION = 57  # of a magic 2 batch's header: after base sequence
+
+
+def test_a_negative_record_length_is_named_at_its_record():
+    """A length of -1 leaves the framing where it was: the record is named, not one after."""
+    raw = bytearray(build(100, [(b"key", b"value", [], 0)] * 5, Compression.NONE))
+    first = reference(bytes(raw))
+    body = (len(raw) - RECORD_BATCH_OVERHEAD) // len(first)  # each record: 1 + its length
+    raw[RECORD_BATCH_OVERHEAD + 2 * body] = 0x01  # record 2's length, zigzag -1
+    headers = scan_batches(bytes(raw), verify_crc=False).batches
+    with pytest.raises(CorruptRecordError, match=r"base offset 100: record 2 .*length -1 overruns"):
+        decode_v2_columns(bytes(raw), headers)
+
+
+def test_a_record_count_beyond_the_records_section_names_the_first_missing_record():
+    raw = bytearray(build(100, [(b"key", b"value", [], 0)] * 5, Compression.NONE))
+    struct.pack_into(">i", raw, RECORD_COUNT_POSITION, 2**31 - 1)
+    data = bytes(raw) + build(105, [(b"k", b"v" * 200, [], 0)] * 50, Compression.NONE)
+    headers = scan_batches(data, verify_crc=False).batches
+    assert headers[0].record_count == 2**31 - 1
+    tracemalloc.start()
+    try:
+        with pytest.raises(
+            CorruptRecordError, match=r"base offset 100: record 5 .*ends before the record count"
+        ):
+            decode_v2_columns(data, headers)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20  # nothing sized by the claimed count (numpy reports to tracemalloc)
