@@ -111,6 +111,22 @@ def test_export_refuses_to_overwrite_in_one_line_and_a_quiet_console(replicated,
     assert (out / "keep").read_text() == "not ours"
 
 
+def test_a_local_session_binds_to_loopback_unless_spark_local_ip_is_set(spark, monkeypatch):
+    """SPARK_LOCAL_IP defaults to 127.0.0.1 for a local master (the session's JVM took it
+    from the environment), and a value the user set is left as it is. A second
+    spark_session() returns the running session: only the environment is looked at."""
+    from replicad.spark.pipeline import spark_session
+
+    jvm_env = spark.sparkContext._jvm.java.lang.System.getenv("SPARK_LOCAL_IP")
+    assert jvm_env == os.environ.get("SPARK_LOCAL_IP") is not None
+    monkeypatch.delenv("SPARK_LOCAL_IP")
+    assert spark_session("local[2]") is spark
+    assert os.environ["SPARK_LOCAL_IP"] == "127.0.0.1"
+    monkeypatch.setenv("SPARK_LOCAL_IP", "192.0.2.7")
+    assert spark_session("local[2]") is spark
+    assert os.environ["SPARK_LOCAL_IP"] == "192.0.2.7"
+
+
 def test_a_missing_directory_is_one_line_before_spark_starts(tmp_path, capsys):
     missing = str(tmp_path / "nothing")
     for job in (["export", missing, "--out", str(tmp_path / "o")], ["verify", missing]):

@@ -277,11 +277,12 @@ def read_offsets(split, reader: ReplicadStreamReader) -> list[int]:
 
 
 def test_a_stream_starts_at_a_timestamp_and_reports_the_replicas_end(
-    tmp_path, write_partition, make_batches
+    spark, tmp_path, write_partition, make_batches
 ):
     """startingTimestamp picks each partition's first record at or past it (past every
     record: the readable end); reportLatestOffset says where the replica ends, beyond a
-    micro-batch cut by maxOffsetsPerTrigger, so query progress shows how far behind it is."""
+    micro-batch cut by maxOffsetsPerTrigger, so query progress shows how far behind it is.
+    Then the same startingTimestamp through a real Spark query (AvailableNow)."""
     from tests.spark.conftest import TIMESTAMP_MS
 
     data_dir, tp = tmp_path / "data", TopicPartition("stamps", 0)
@@ -316,6 +317,14 @@ def test_a_stream_starts_at_a_timestamp_and_reports_the_replicas_end(
     end = limited.latestOffset({tp.topic: {"0": 110}}, limited.getDefaultReadLimit())
     assert end == {tp.topic: {"0": 160}}
     assert limited.reportLatestOffset() == {tp.topic: {"0": 210}}
+
+    progress = available_now(
+        spark, data_dir, tmp_path / "stream", startingTimestamp=str(TIMESTAMP_MS + 55_000)
+    )
+    assert sum(p["numInputRows"] for p in progress) == 150
+    rows, offsets = sink_offsets(spark, tmp_path / "stream" / "out")
+    assert rows == len(offsets) == 150
+    assert offsets == {(tp.topic, 0, o) for o in range(60, 210)}
 
 
 def test_read_committed_stops_before_an_open_transaction(
