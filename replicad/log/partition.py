@@ -30,6 +30,13 @@ Rules:
   file), then unlink. The event loop waits on no fsync at a failover. A crash before that
   job may bring removed batches back, but only above that recovery point, where loading
   scans every batch and claims nothing (and rebuilds the epochs: epoch rule 3).
+  A truncation across segments (either way) renames the segments it removes and fsyncs the
+  directory before it shortens the segment left: a filesystem may make the shorter length
+  durable before names it has not synced (btrfs's fsync log tree does not order the two
+  across files; Kafka does not flush the directory after these renames), and the removed
+  segments would come back after a crash beyond a gap, or overlapping batches appended since
+  (tools/sim/log_run.py, seeds 21 and 33, whose crashes lose unsynced names). This
+  one fsync stays on the calling thread; a divergent tail seldom crosses a segment's start.
 - Reads: a region from the batch holding the offset asked (or the first after it), within
   one segment. A segment whose batches all end below that offset is passed for the next; a
   damaged one never is: where a batch must start (the index's position, or the end of the
@@ -718,6 +725,13 @@ class PartitionLog:
                 if not segment.is_empty:
                     new_end = min(new_end, segment.base_offset)
                 removed.append(segment)
+            renamed: list[Path] = []
+            for segment in removed:
+                renamed.extend(segment.rename_for_deletion())
+            if removed:
+                # The removed segments' names gone on disk before the shorter segment can be
+                # (see the module rules: a truncation across segments).
+                fsync_dir(self.directory)
             active = self.active_segment
             truncation = active.truncate_to(offset)
             if truncation.first_removed_offset is not None:
@@ -726,8 +740,8 @@ class PartitionLog:
             new_end = max(new_end, active.next_offset)
             if new_end < self.log_start_offset:
                 # The removed batch held the log start: see the module rules.
-                for segment in removed:
-                    segment.delete()
+                for path in renamed:
+                    path.unlink(missing_ok=True)
                 self.truncate_fully_and_start_at(offset)
                 return
             self._truncations += 1
@@ -739,16 +753,15 @@ class PartitionLog:
             if self.disk_later is not None and new_end >= self.checkpointed_recovery_point:
                 # Nothing a checkpoint named is cut: the disk work waits for the durability
                 # thread (see the module rules). The segments are only renamed here.
-                for segment in removed:
-                    self._truncation_unlinks.extend(segment.rename_for_deletion())
+                self._truncation_unlinks.extend(renamed)
                 self.disk_later(
                     self._settle_truncation,
                     f"truncation of {self.topic_partition}",
                     (self, TRUNCATION),
                 )
                 return
-            for segment in removed:
-                segment.delete()
+            for path in renamed:
+                path.unlink(missing_ok=True)
             # The shorter length durable (see the module rules), before the epoch file; after
             # the state above, so a failed fsync does not leave a recovery point or log end
             # above what the files now hold.

@@ -201,7 +201,16 @@ class FsyncWitness:
         # The inode each snapshot was taken of: a file deleted and created again under the
         # same name (a segment of the same base offset) has none of its predecessor's.
         self.inodes: dict[str, int] = {}
+        # Each directory's names (name -> inode) as of its last fsync: what a crash keeps of
+        # the creations and renames in it since (`names_synced`).
+        self.listings: dict[str, dict[str, int]] = {}
+        # The bytes of each file a rename replaced (by inode): a crash that loses that rename
+        # brings the file back under its name. Each is held open until its directory is
+        # fsynced (`_held`), so that no new file takes its inode number meanwhile.
+        self.replaced: dict[int, bytes] = {}
+        self._held: dict[str, list[int]] = {}
         self._real_fsync: Any = None
+        self._real_renames: tuple[Any, Any] = (None, None)
         self._depth = 0
 
     def __enter__(self) -> FsyncWitness:
@@ -209,12 +218,37 @@ class FsyncWitness:
         if self._depth == 1:
             self._real_fsync = os.fsync
             os.fsync = self._fsync  # type: ignore[assignment]
+            self._real_renames = (os.rename, os.replace)
+            os.rename = self._renaming(os.rename)  # type: ignore[assignment]
+            os.replace = self._renaming(os.replace)  # type: ignore[assignment]
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._depth -= 1
         if self._depth == 0:
             os.fsync = self._real_fsync
+            os.rename, os.replace = self._real_renames
+            self._release()
+
+    def _renaming(self, real: Any) -> Any:
+        def rename(source: Any, target: Any, **kwargs: Any) -> None:
+            try:
+                fd = os.open(target, os.O_RDONLY)
+            except OSError:
+                fd = None  # no file there: nothing replaced
+            if fd is not None:
+                with open(target, "rb") as f:
+                    self.replaced[os.fstat(fd).st_ino] = f.read()
+                where = os.path.realpath(os.path.dirname(os.fspath(target)))
+                self._held.setdefault(where, []).append(fd)
+            real(source, target, **kwargs)
+
+        return rename
+
+    def _release(self, directory: str | None = None) -> None:
+        for where in [directory] if directory is not None else list(self._held):
+            for fd in self._held.pop(where, []):
+                os.close(fd)
 
     def _fsync(self, fd: int) -> None:
         self._real_fsync(fd)
@@ -226,11 +260,20 @@ class FsyncWitness:
             with open(path, "rb") as f:
                 self.synced[path] = f.read()
             self.inodes[path] = os.fstat(fd).st_ino
+        elif os.path.isdir(path):
+            self.listings[path] = _listing(Path(path))
+            self._release(path)  # no crash can bring back what it replaced now
 
     def settle_on_disk(self, data_dir: Path) -> None:
         paths = list(data_dir.glob("*/*.log"))
         self.synced = {str(p): p.read_bytes() for p in paths}
         self.inodes = {str(p): p.stat().st_ino for p in paths}
+        self.listings = {os.path.realpath(d): _listing(d) for d in data_dir.iterdir() if d.is_dir()}
+        self._release()
+
+    def names_synced(self, directory: Path) -> dict[str, int] | None:
+        """The names (name -> inode) `directory` held at its last fsync (None: never seen)."""
+        return self.listings.get(os.path.realpath(directory))  # as /proc names an fd
 
     def synced_bytes(self, path: Path) -> bytes:
         """The bytes of the file at `path` as of its last fsync (b"": never synced, or
@@ -264,6 +307,10 @@ class FsyncWitness:
                     return end
                 end = max(end, batch.next_offset)
         return end
+
+
+def _listing(directory: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_ino for p in directory.iterdir() if p.is_file()}
 
 
 def check_epoch_file(tp: TopicPartition, plog: Any, checkpointed: int) -> None:

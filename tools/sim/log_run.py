@@ -14,12 +14,16 @@ batches).
 Events, drawn with weights from the seed: appends at the log end (a new leader epoch now
 and then), truncations (anywhere at or above the log start, as at a divergence; half of
 them followed by batches of the epoch that ended there, as when the leader's log went on
-in it), flushes,
-checkpoints (the recovery-point file names each partition's recovery point), log start
-moves (DeleteRecords, retention), clean restarts and crashes. The log store hands its
-deferred disk work (a truncation's fsyncs and unlinks, leader-epoch files) to the real
-durability queue (replicad/follower/disk_queue.py), whose jobs run at `disk` events and
-before each checkpoint (asked of the same thread); a crash loses the jobs not run.
+in it), flushes, checkpoints (the recovery-point file names each partition's recovery
+point), log start moves (DeleteRecords, retention), clean restarts and crashes; and, drawn
+from a Random of their own after any event (so that each seed's other events are those it
+drew before they existed), StartAts (the follower's `truncate_fully_and_start_at`: mostly
+at or past the log end, half the time twice in a row, so that an empty log's StartAt
+comes). The log store hands its deferred disk work (a truncation's fsyncs and unlinks,
+leader-epoch files) to the real durability queue (replicad/follower/disk_queue.py), whose
+jobs run at `disk` events and before most checkpoints (asked of the same thread; now and
+then a job was asked after the checkpoint's turn began, as the event loop may while the
+thread runs it); a crash loses the jobs not run.
 
 A crash loses exactly what was not durable. Every fsync of a segment file is witnessed
 (invariants.FsyncWitness); per `.log` file, what its last fsync covered stays, and its
@@ -28,8 +32,13 @@ other files kept (unsynced pages reach the disk in any order). A truncation sinc
 fsync may be lost too (`resurrect`): the filesystem had not committed the shorter length,
 so the old, synced bytes past what was written since come back. The checkpoint files, the
 leader-epoch file and the partition metadata are written atomically (durable once
-written); a deleted segment stays deleted (its directory is fsynced). Index files are kept
-as they were (loading rebuilds what it scans).
+written). Index files are kept as they were (loading rebuilds what it scans). Names are
+durable only when their directory is fsynced (`lose_names`, on by default): a crash loses,
+half the time, every name change in a partition's directory since its last fsync -- a file
+created since is gone, a file renamed since is back under its old name, and so is a file
+such a rename replaced -- as a filesystem that does not order metadata across files may
+(btrfs's fsync log tree; ext4 and xfs journal it in order). An unlink stays done (its
+bytes are gone: the model cannot bring them back).
 
 After every crash the log store loads, and for each partition:
 1. the log scans whole: every batch intact, each starting where the one before it ends;
@@ -40,7 +49,11 @@ After every crash the log store loads, and for each partition:
    loads (it claims them durable again);
 4. from its first entry on, the leader-epoch cache it loads says what its batches carry:
    each batch the epoch of the entry covering it, each later entry starting at a batch of
-   its epoch (the epoch file may be written late: log/partition.py's epoch-file rules).
+   its epoch (the epoch file may be written late: log/partition.py's epoch-file rules);
+5. it starts at or above the log start the checkpoint file named (or at its end, if that
+   is lower). Below a log start no checkpoint named yet, what a move deleted may come
+   back, whole segments whose renames were lost as the batches below a start inside a
+   segment do (the log held them there: rule 3 counts them as it held them).
 A clean restart loses nothing: each log is exactly what it was.
 """
 
@@ -50,7 +63,7 @@ import random
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from replicad.follower.disk_queue import DiskQueue
@@ -78,18 +91,39 @@ WEIGHTS: dict[str, int] = {
     "tick": 2,
     "disk": 3,
 }
+# After each event, a StartAt of one partition this often (drawn from its own Random).
+START_AT_RATE = 0.08
 
 
 class LogSimulation:
     def __init__(
-        self, seed: int, data_dir: Path, witness: FsyncWitness, *, resurrect: bool = True
+        self,
+        seed: int,
+        data_dir: Path,
+        witness: FsyncWitness,
+        *,
+        resurrect: bool = True,
+        lose_names: bool = True,
+        start_at_rate: float = START_AT_RATE,
+        weights: Mapping[str, int] = WEIGHTS,
     ) -> None:
         self.rng = random.Random(seed)
         rng = self.rng
+        # The StartAts and the directory names a crash loses are drawn from Randoms of their
+        # own: the events the main one draws stay those each seed drew before they existed
+        # (a seeded test's planted defect is found by the seeds it was found by).
+        self.start_rng = random.Random(f"start_at-{seed}")
+        self.names_rng = random.Random(f"names-{seed}")
+        self.order_rng = random.Random(f"order-{seed}")
+        self.start_at_rate = start_at_rate
         self.data_dir = data_dir
         # False: a truncation is always durable at once (the crash keeps what the file holds
         # now, up to its unsynced tail); True: a crash may lose a truncation not yet synced.
         self.resurrect = resurrect
+        # True: a crash may lose every name change in a partition's directory since its last
+        # fsync (files created, renamed); False: they are all durable at once.
+        self.lose_names = lose_names
+        self.weights = dict(weights)
         self.config = LogConfig(
             segment_bytes=rng.choice((300, 600, 1_200)),
             index_interval_bytes=rng.choice((64, 256)),
@@ -106,8 +140,9 @@ class LogSimulation:
         self.top_epoch = {tp: 0 for tp in self.tps}
         self.serial = 0
         # What the log store reported durable: the recovery point the checkpoint file names,
-        # lowered by every truncation since (rule 3).
+        # lowered by every truncation since (rule 3); and the log start it names (rule 5).
         self.durable: dict[TopicPartition, int] = {}
+        self.durable_start: dict[TopicPartition, int] = {}
         # The durability thread's queue, without the thread: its jobs (truncations' disk
         # work, leader-epoch files, unlinks) run at `disk` events; a crash loses those not run.
         self.jobs = DiskQueue()
@@ -123,7 +158,7 @@ class LogSimulation:
     # -- events --------------------------------------------------------------------------
 
     def event(self) -> None:
-        kind = self.rng.choices(list(WEIGHTS), list(WEIGHTS.values()))[0]
+        kind = self.rng.choices(list(self.weights), list(self.weights.values()))[0]
         tp = self.rng.choice(self.tps)
         plog = self.logs.partitions()[tp]
         if kind == "append":
@@ -143,10 +178,13 @@ class LogSimulation:
             plog.flush()
             self._note(f"flush {tp}: recovery point {plog.recovery_point}")
         elif kind == "checkpoint":
-            # Asked of the durability thread, it runs after the jobs asked before it.
-            self._drain()
+            # Asked of the durability thread, it runs after the jobs asked before it; now and
+            # then a job was asked while it ran (after its turn began, before its flushes).
+            if self.order_rng.random() < 0.7:
+                self._drain()
             self.logs.checkpoint()
             self.durable = {t: p.recovery_point for t, p in self.logs.partitions().items()}
+            self.durable_start = {t: p.log_start_offset for t, p in self.logs.partitions().items()}
             self._note(f"checkpoint {sorted(self.durable.items())}")
         elif kind == "start_move" and plog.log_end_offset > plog.log_start_offset:
             offset = self.rng.randint(plog.log_start_offset + 1, plog.log_end_offset)
@@ -162,6 +200,28 @@ class LogSimulation:
             if job is not None:
                 job.run()
                 self._note(f"disk {job.what}")
+        if self.start_rng.random() < self.start_at_rate:
+            tp = self.start_rng.choice(self.tps)
+            self._start_at(tp, self.logs.partitions()[tp])
+
+    def _start_at(self, tp: TopicPartition, plog: PartitionLog) -> None:
+        """The follower's StartAt: the leader's log starts past ours (mostly), or a reset
+        below our end; half the time the leader's start moves on again before anything was
+        fetched (a StartAt of an empty log: the one whose disk work may wait)."""
+        rng = self.start_rng
+        end = plog.log_end_offset
+        if rng.random() < 0.8:
+            offset = end + rng.randint(0, 40)
+        else:
+            offset = rng.randint(plog.log_start_offset, end)
+        for _ in range(2 if rng.random() < 0.5 else 1):
+            plog.truncate_fully_and_start_at(offset)
+            if tp in self.durable:
+                self.durable[tp] = min(self.durable[tp], offset)
+            later = plog._flushing.dir_dirty  # its directory fsync left to the queue
+            self._note(f"start_at {tp} {offset}" + (" (disk work later)" if later else ""))
+            self.counts["start_at_later"] += later
+            offset += rng.randint(0, 40)
 
     def _drain(self) -> None:
         while (job := self.jobs.next()) is not None:
@@ -201,6 +261,7 @@ class LogSimulation:
         else:
             self._drain()  # a clean stop waits for them
         before = {tp: local_bytes(p) for tp, p in self.logs.partitions().items()}
+        below_start = {tp: _deleted_below_start(p) for tp, p in self.logs.partitions().items()}
         outcome = self._crash_outcome() if crash else {}
         self.logs.close()
         if crash:
@@ -216,12 +277,13 @@ class LogSimulation:
         self._note(("crash" if crash else "restart") + self._loaded())
         for tp, plog in self.logs.partitions().items():
             if crash:
-                self._check_crash(tp, plog, before[tp])
+                self._check_crash(tp, plog, before[tp], below_start[tp])
             elif local_bytes(plog) != before[tp]:
                 raise InvariantError(f"{tp}: a clean restart changed the log")
             _check_epochs(tp, plog)
         if not crash:
             self.durable = {t: p.recovery_point for t, p in self.logs.partitions().items()}
+            self.durable_start = {t: p.log_start_offset for t, p in self.logs.partitions().items()}
 
     def _loaded(self) -> str:
         return "".join(
@@ -254,11 +316,45 @@ class LogSimulation:
                 kept += synced[keep:]
                 self.counts["resurrected"] += 1
             outcome[path] = kept
+        if self.lose_names:
+            for directory in sorted(d for d in self.data_dir.iterdir() if d.is_dir()):
+                if self.names_rng.random() < 0.5:
+                    self._names_as_synced(directory, outcome)
         return outcome
+
+    def _names_as_synced(self, directory: Path, outcome: dict[Path, bytes]) -> None:
+        """A crash that kept none of `directory`'s name changes since its last fsync: a
+        file created since is gone, a file renamed since is back under its old name (its
+        bytes as the crash left them), and so is a file such a rename replaced (as it was
+        when replaced: session 14's seed 78 of a StartAt twice at one offset lost both
+        segments without this). An unlink stays (its bytes are gone: the model
+        cannot bring them back)."""
+        synced = self.witness.names_synced(directory)
+        if synced is None:
+            return
+        by_inode = {inode: name for name, inode in synced.items()}
+        now = {p: p.stat().st_ino for p in outcome if p.parent == directory}
+        changed = {p: inode for p, inode in now.items() if synced.get(p.name) != inode}
+        kept = {p: outcome.pop(p) for p in changed}  # every change undone first, then ...
+        for path, inode in changed.items():
+            old = by_inode.get(inode)
+            if old is not None:
+                outcome[directory / old] = kept[path]  # ... the renames back
+        # ... and a file a rename replaced, back under its name.
+        for name, inode in synced.items():
+            path = directory / name
+            if path not in outcome and inode in self.witness.replaced:
+                outcome[path] = self.witness.replaced[inode]
+                changed[path] = inode
+                self.counts["replaced_back"] += 1
+        if changed:
+            self.counts["names_lost"] += 1
 
     # -- invariants ----------------------------------------------------------------------
 
-    def _check_crash(self, tp: TopicPartition, plog: PartitionLog, before: bytes) -> None:
+    def _check_crash(
+        self, tp: TopicPartition, plog: PartitionLog, before: bytes, below_start: dict[int, bytes]
+    ) -> None:
         data = local_bytes(plog)
         scan = scan_batches(memoryview(data))
         if scan.stop is not ScanStop.END:
@@ -271,6 +367,17 @@ class LogSimulation:
             b.base_offset: before[b.position : b.position + b.size]
             for b in scan_batches(memoryview(before)).batches
         }
+        # Segments a log start move renamed, back when the crash lost the renames: as the
+        # batches below a log start inside a segment, they are the log's until a checkpoint
+        # names the new start (rule 5 then hides them).
+        for base, raw in below_start.items():
+            was.setdefault(base, raw)
+        start = min(self.durable_start.get(tp, 0), plog.log_end_offset)
+        if plog.log_start_offset < start:
+            raise InvariantError(
+                f"{tp}: the loaded log starts at {plog.log_start_offset}, below {start}, the "
+                "log start the checkpoint file named"
+            )
         expected = None
         durable = self.durable.get(tp, 0)
         claimed = plog.recovery_point
@@ -334,18 +441,41 @@ def _check_epochs(tp: TopicPartition, plog: PartitionLog) -> None:
             )
 
 
+def _deleted_below_start(plog: PartitionLog) -> dict[int, bytes]:
+    """The batches of the segments a log start move renamed for deletion and has not
+    unlinked yet (wholly below the log start), by base offset."""
+    found = {}
+    for path in plog.directory.glob("*.log.deleted"):
+        data = path.read_bytes()
+        for b in scan_batches(memoryview(data)).batches:
+            if b.next_offset <= plog.log_start_offset:
+                found[b.base_offset] = data[b.position : b.position + b.size]
+    return found
+
+
 def run_seed(
     seed: int,
     *,
     events: int = 200,
     resurrect: bool = True,
+    lose_names: bool = True,
+    start_at_rate: float = START_AT_RATE,
+    weights: Mapping[str, int] = WEIGHTS,
     setup: Callable[[LogSimulation], None] | None = None,
 ) -> SimResult:
     with (
         tempfile.TemporaryDirectory(prefix=f"log-sim-{seed}-", dir=SCRATCH) as tmp,
         FsyncWitness() as witness,
     ):
-        sim = LogSimulation(seed, Path(tmp) / "data", witness, resurrect=resurrect)
+        sim = LogSimulation(
+            seed,
+            Path(tmp) / "data",
+            witness,
+            resurrect=resurrect,
+            lose_names=lose_names,
+            start_at_rate=start_at_rate,
+            weights=weights,
+        )
         if setup is not None:
             setup(sim)
         try:
