@@ -37,6 +37,18 @@ Rules:
   segments would come back after a crash beyond a gap, or overlapping batches appended since
   (tools/sim/log_run.py, seeds 21 and 33, whose crashes lose unsynced names). This
   one fsync stays on the calling thread; a divergent tail seldom crosses a segment's start.
+- A full truncation (`truncate_fully_and_start_at`, the follower's StartAt) deletes the
+  segments, writes the epoch file empty and fsyncs the directory before it returns, unless
+  the log's files hold no batch, the new start is at or above the log end and the
+  checkpointed recovery point, and the epoch file is empty already (a partition the
+  follower has fetched nothing into: thousands at a start). Then it renames the old
+  segment, makes the new one and hands the rest to `disk_later` (the truncation's job:
+  the directory fsync, a flush, the unlinks); the recovery point stays where it was
+  (below the new start) and every flush fsyncs the directory before it raises it while
+  a deferred truncation's names are not durable, so no checkpoint names the new start or
+  anything appended there before the new segment's name is on disk. A crash before that
+  leaves the old empty segment, the new one, or both: nothing lost, nothing back
+  (tools/sim/log_run.py, with crashes that lose a directory's names).
 - Reads: a region from the batch holding the offset asked (or the first after it), within
   one segment. A segment whose batches all end below that offset is passed for the next; a
   damaged one never is: where a batch must start (the index's position, or the end of the
@@ -223,6 +235,7 @@ class PartitionRecovery:
 class _Flushing:
     unflushed_messages: int = 0
     first_unflushed_ms: int | None = None
+    # The directory holds names a deferred truncation changed: the next flush fsyncs it.
     dir_dirty: bool = False
     pending_roll_syncs: list[int] = field(default_factory=list)
 
@@ -776,7 +789,12 @@ class PartitionLog:
         flush: fsyncs, then the epoch file, then the recovery point), then the unlinks."""
         if not self.directory.exists():
             return  # the partition was removed (LogManager.remove) since
+        with self._lock:
+            truncations = self._truncations
         fsync_dir(self.directory)
+        with self._lock:
+            if self._truncations == truncations:
+                self._flushing.dir_dirty = False  # every name changed so far is durable
         self.flush()
         with self._lock:
             unlink, self._truncation_unlinks = self._truncation_unlinks, []
@@ -784,9 +802,17 @@ class PartitionLog:
             self._unlink(unlink)
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
+        """An empty log starting at `offset` (the follower's StartAt). Its disk work (the
+        directory fsync, the unlinks) waits for the durability thread only when a crash
+        before that job can neither lose nor bring back anything (see the module rules:
+        a full truncation); else it is done before this returns."""
         with self._lock:
+            later = self._may_start_later(offset)
             for segment in self._segments:
-                segment.delete()
+                if later:
+                    self._truncation_unlinks.extend(segment.rename_for_deletion())
+                else:
+                    segment.delete()
             segment = LogSegment.create(
                 self._directory,
                 offset,
@@ -799,13 +825,42 @@ class PartitionLog:
             self._truncations += 1
             self._log_end_offset = offset
             self.log_start_offset = offset
-            self.recovery_point = offset
             self.high_watermark = offset
             self._epochs.truncate_from_end(-1)
-            self._persist_epochs(force=True)
             self._flushing = _Flushing()
-            fsync_dir(self.directory)
+            if later:
+                # Nothing below `offset` was ever claimed by this log's files: the recovery
+                # point stays where it was (below `offset`) until the job's flush has synced
+                # the directory, so no checkpoint names `offset` before the new segment's
+                # name is durable.
+                self.recovery_point = min(self.recovery_point, offset)
+                self._flushing.dir_dirty = True
+                assert self.disk_later is not None
+                self.disk_later(
+                    self._settle_truncation,
+                    f"truncation of {self.topic_partition}",
+                    (self, TRUNCATION),
+                )
+            else:
+                self.recovery_point = offset
+                self._persist_epochs(force=True)
+                fsync_dir(self.directory)
             log.info("log truncated fully", partition=str(self.topic_partition), start=offset)
+
+    def _may_start_later(self, offset: int) -> bool:
+        """Whether a full truncation to `offset` may leave its disk work to `disk_later`:
+        the log's files hold no batch (nothing to lose, nothing a crash could bring back:
+        a log start moved to the end may leave batches below it), the new start is at or
+        above its end and the checkpointed recovery point, and the leader-epoch file on
+        disk is already empty (nothing in it to go stale: the epoch file's rules hold)."""
+        return (
+            self.disk_later is not None
+            and all(segment.is_empty for segment in self._segments)
+            and offset >= self._log_end_offset
+            and offset >= self.checkpointed_recovery_point
+            and not self._epochs.entries
+            and self._epochs_saved == self._epochs.version
+        )
 
     def maybe_increment_log_start_offset(self, offset: int) -> None:
         """Move the log start up (never down) and delete the segments wholly below it."""
@@ -1006,6 +1061,7 @@ class PartitionLog:
             truncations = self._truncations
             files = [f for segment in self._segments for f in segment.files if f.dirty]
             messages = self._flushing.unflushed_messages
+            dir_dirty = self._flushing.dir_dirty
         # One descriptor at a time, so a flush adds at most one to the open-file count.
         for handle in files:
             with self._lock:
@@ -1017,11 +1073,17 @@ class PartitionLog:
             finally:
                 os.close(ticket.fd)
             self._handles.synced(handle, ticket.generation)
+        if dir_dirty:
+            # Names a truncation changed and left to the durability thread (renames, a
+            # new segment): durable before a recovery point past them may be claimed.
+            fsync_dir(self.directory)
         # Before the recovery point moves: a checkpoint may name it next (epoch rule 1).
         self.save_epochs()
         with self._lock:
             if self._truncations != truncations:
                 return  # see the module rules: the next flush covers what was rewritten
+            if dir_dirty:
+                self._flushing.dir_dirty = False
             self.recovery_point = max(self.recovery_point, min(target, self._log_end_offset))
             if self._log_end_offset == target:
                 self._flushing.unflushed_messages -= messages

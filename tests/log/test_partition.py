@@ -1125,6 +1125,58 @@ def test_a_truncation_below_the_checkpointed_recovery_point_is_durable_before_it
     assert list(log.directory.glob("*.deleted")) == []
 
 
+def test_a_full_truncation_of_an_empty_log_leaves_its_fsyncs_to_disk_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The follower's StartAt of a partition it has fetched nothing into (thousands at a
+    start): no fsync and no unlink on the event loop. The old segment is renamed, the new
+    one made; the recovery point stays below the new start until the job's flush has
+    synced the directory (the new segment's name). Fails on the old code (three fsyncs
+    before it returned: the epoch file, its directory, the directory)."""
+    log = PartitionLog.create(tmp_path / "orders-3", TP, SMALL, now_ms=0)
+    later = _Later(log)
+    old = log.active_segment
+    synced = _fsyncs(monkeypatch)
+    log.truncate_fully_and_start_at(10_000)
+    assert synced == []
+    assert (log.log_start_offset, log.log_end_offset, log.high_watermark) == (10_000,) * 3
+    assert [s.base_offset for s in log.segments] == [10_000] and log.latest_epoch() is None
+    assert [what for what, _ in later.asked] == [f"truncation of {TP}"]
+    assert old.log_path.with_name(old.log_path.name + ".deleted").exists()
+    assert log.recovery_point == 0
+    # Appended and flushed before the job runs (a checkpoint's flush): the directory is
+    # synced before the recovery point reaches the new start.
+    _append_all(log, batch_stream(5, 3, first_offset=10_000))
+    log.flush()
+    names = [Path(path).name for path, _ in synced]
+    assert log.directory.name in names
+    assert log.recovery_point == log.log_end_offset > 10_000
+    synced.clear()
+    for job in later.jobs:
+        job()
+    assert next(Path(path).name for path, _ in synced) == log.directory.name
+    assert list(log.directory.glob("*.deleted")) == []
+
+
+def test_a_full_truncation_of_a_log_with_batches_is_durable_before_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches (even all below the log start) or an epoch file to empty: a crash before a
+    job could bring them back, so the old segments go and the directory is synced at once."""
+    log, _ = _partition(tmp_path)
+    later = _Later(log)
+    log.maybe_increment_log_start_offset(log.log_end_offset)  # batches below the start
+    later.jobs.clear()
+    later.asked.clear()
+    renamed_before = set(log.directory.glob("*.deleted"))  # the start move's, not run
+    synced = _fsyncs(monkeypatch)
+    log.truncate_fully_and_start_at(log.log_end_offset + 5)
+    assert later.asked == []
+    assert log.directory.name in [Path(path).name for path, _ in synced]
+    assert set(log.directory.glob("*.deleted")) == renamed_before
+    assert log.recovery_point == log.log_end_offset
+
+
 def test_a_partitions_files_share_one_directory_str_and_names_are_interned(tmp_path: Path) -> None:
     """At 10,000 partitions every byte a partition keeps is 10 KB: its segments' file
     handles keep the partition directory's one str (no full path each, no Path), and the

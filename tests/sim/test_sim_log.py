@@ -14,7 +14,8 @@ from replicad.log.partition import PartitionLog
 from replicad.log.segment import LogSegment
 from tests.sim.seeded import assert_replays_exactly, planted_found
 from tests.sim.test_sim_run import flush_without_fsync
-from tools.sim.log_run import run_seed, run_seeds
+from tools.sim.invariants import FsyncWitness
+from tools.sim.log_run import LogSimulation, run_seed, run_seeds
 from tools.sim.seeds import quiet_logs
 
 # Each planted defect below is found within these (by about half the seeds each).
@@ -36,7 +37,7 @@ def test_suite_seeds_hold_every_rule_and_reach_every_kind_of_loss():
             counts[kind] = counts.get(kind, 0) + n
     assert not failed, "\n".join(r.summary() for r in failed)
     kinds = {"append", "truncate", "flush", "checkpoint", "start_move", "start_at", "restart"}
-    kinds |= {"crash", "lost_tail", "resurrected", "names_lost"}
+    kinds |= {"crash", "start_at_later", "lost_tail", "resurrected", "names_lost"}
     assert {kind for kind in kinds if counts.get(kind)} == kinds, counts
 
 
@@ -141,6 +142,66 @@ def test_a_truncation_across_segments_that_cuts_before_its_renames_are_synced_is
     # the shorter length) is rarer: the first seeds that find it are 21 and 33.
     error = planted_found(run_seeds, range(40), "cut before the renames are durable")
     assert "follows one ending at" in error or "durable" in error
+
+
+def test_a_start_at_left_to_later_though_the_log_holds_batches_is_found(monkeypatch):
+    """A StartAt leaves its disk work to the durability thread only when the log's files
+    hold no batch and its epoch file is empty (log/partition.py). Left to it whatever the
+    log holds, a crash before the job brings the old segments (or the old epoch file) back
+    beside what the log store reported durable since."""
+    monkeypatch.setattr(
+        PartitionLog, "_may_start_later", lambda self, offset: self.disk_later is not None
+    )
+    error = planted_found(run_seeds, SUITE_SEEDS, "start at later with batches")
+    assert "durable" in error or "follows one ending at" in error or "epoch" in error
+
+
+def test_a_flush_that_claims_a_start_ats_segment_before_its_name_is_durable_is_found(
+    monkeypatch,
+):
+    """A StartAt left to later makes a segment the directory has not synced: a flush fsyncs
+    the directory before it raises the recovery point past the new start. Without it, a
+    checkpoint names data in a segment a crash can lose whole."""
+    real = PartitionLog.flush
+
+    def planted(self):
+        self._flushing.dir_dirty = False  # the flush no longer syncs the directory
+        return real(self)
+
+    monkeypatch.setattr(PartitionLog, "flush", planted)
+    error = planted_found(run_seeds, SUITE_SEEDS, "flush without the directory")
+    assert "reported durable" in error
+
+
+def test_a_crash_that_loses_a_rename_over_a_file_brings_that_file_back(tmp_path):
+    """The crash model: StartAts at one offset, the first at once (the log held batches),
+    the next two left to later: the second renames the first's new segment over the
+    `.deleted` name the first left. A crash that loses the directory's unsynced names puts
+    back what its last fsync named (the empty segment at that offset), not nothing: the
+    model without the replaced file lost both segments and blamed the log store ("ends at
+    0, below 21", session 14's seed 78)."""
+
+    class Always:
+        def random(self) -> float:
+            return 0.0  # every directory loses its unsynced names
+
+    with FsyncWitness() as witness:
+        sim = LogSimulation(5, tmp_path / "data", witness, start_at_rate=0)
+        sim.names_rng = Always()
+        tp = sim.tps[0]
+        plog = sim.logs.partitions()[tp]
+        for _ in range(5):
+            sim._append(tp, plog)
+        sim.logs.checkpoint()
+        sim.durable = {t: p.recovery_point for t, p in sim.logs.partitions().items()}
+        start = plog.log_end_offset + 10
+        for _ in range(3):
+            plog.truncate_fully_and_start_at(start)
+        sim._restart(crash=True)  # raises InvariantError if a rule breaks
+        loaded = sim.logs.partitions()[tp]
+        assert sim.counts["replaced_back"] and sim.counts["names_lost"]
+        assert loaded.log_end_offset == start
+        sim.close()
 
 
 def test_the_command_line_replays_a_seed():
