@@ -28,9 +28,10 @@ One run, the same data for all three:
    source (the last WARM_RECORDS of each partition) the streaming engine, so no row pays
    for start-up and neither source's stream for the JIT compiling Spark's micro-batches.
 MB/s is given over each source's own input and over the log bytes (the same volume for
-all three). CPU seconds are the Spark JVM's and its Python workers' (the process tree,
-/proc), and the broker's apart: a Kafka source read costs the broker's CPU too, a replica
-read none. A read whose CPU is far below its wall time was waiting, not working.
+all three). CPU seconds are the Spark JVM's and its Python workers' (the process trees,
+/proc polled through the read, so a Python worker that ends during it still counts:
+tools/bench/spark_cpu.py), and the broker's apart: a Kafka source read costs the broker's
+CPU too, a replica read none. A read whose CPU is far below its wall time was waiting, not working.
 Everything sits in the page cache (the data was just written): this measures
 the readers, not the disk.
 """
@@ -53,6 +54,8 @@ from tools.bench.spark_kafka import connector_jars, connector_name
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+
+    from tools.bench.spark_cpu import TreeCpu
 
 GB = 1_000_000_000
 MB = 1_000_000
@@ -111,23 +114,38 @@ def kafka_tuned(master: str) -> dict[str, str]:
 class Meter:
     """CPU seconds of the Spark JVM's process tree (with the forkserver's, whose forks
     are the driver-side Python workers: replicad/spark/forkserver.py) and of the broker
-    around one read."""
+    over one read, the processes that end during it too (tools/bench/spark_cpu.py)."""
 
     def __init__(self, spark_pid: int, broker_pid: int | None) -> None:
-        from replicad.spark.pipeline import _forkserver
-
-        self.spark_pids = [spark_pid, *(server.pid for server in _forkserver)]
+        self.spark_pid = spark_pid
         self.broker_pid = broker_pid
 
-    def read(self) -> tuple[float, float, float]:
-        """(Spark's tree, the broker's, the Spark JVM's own threads): the tree less the
-        JVM's own is Python (the executors' workers, the driver-side processes)."""
-        from tools.bench.measure import tree_cpu_seconds
-        from tools.bench.spark_stream_cost import own_cpu_seconds
+    def spark_roots(self) -> list[int]:
+        from replicad.spark.pipeline import _forkserver
 
-        broker = tree_cpu_seconds(self.broker_pid) if self.broker_pid else float("nan")
-        spark = sum(tree_cpu_seconds(pid) for pid in self.spark_pids)
-        return spark, broker, own_cpu_seconds(self.spark_pids[0])
+        return [self.spark_pid, *(server.pid for server in _forkserver)]
+
+    def start(self) -> MeteredRead:
+        from tools.bench.spark_cpu import TreeCpu
+
+        broker_pid = self.broker_pid
+        broker = TreeCpu(lambda: [broker_pid]) if broker_pid else None
+        return MeteredRead(self.spark_pid, TreeCpu(self.spark_roots), broker)
+
+
+@dataclass
+class MeteredRead:
+    spark_pid: int
+    spark: TreeCpu
+    broker: TreeCpu | None
+
+    def stop(self) -> tuple[float, float, float]:
+        """(Spark's trees, the broker's, the Spark JVM's own threads): Spark's less the
+        JVM's own is Python (the executors' workers, the driver-side processes)."""
+        spark = self.spark.stop()
+        broker = sum(s.total for s in self.broker.stop()) if self.broker else float("nan")
+        jvm = sum(s.own for s in spark if s.pid == self.spark_pid)
+        return sum(s.total for s in spark), broker, jvm
 
 
 def load_average() -> str:
@@ -211,27 +229,14 @@ def timed(
     best = Timing(source, rows, input_bytes, float("inf"))
     for _ in range(repeat):
         load = load_average()
-        cpu_before = meter.read() if meter else NO_CPU
+        metered = meter.start() if meter else None
         started = time.perf_counter()
         action()
         seconds = time.perf_counter() - started
-        cpu_after = meter.read() if meter else NO_CPU
+        cpu = metered.stop() if metered else NO_CPU
         if seconds < best.seconds:
-            best = measured(source, rows, input_bytes, seconds, cpu_before, cpu_after, load)
+            best = Timing(source, rows, input_bytes, seconds, *cpu, load)
     return best
-
-
-def measured(
-    source: str,
-    rows: int,
-    input_bytes: int,
-    seconds: float,
-    before: tuple[float, float, float],
-    after: tuple[float, float, float],
-    load: str,
-) -> Timing:
-    spark, broker, jvm = (a - b for a, b in zip(after, before, strict=True))
-    return Timing(source, rows, input_bytes, seconds, spark, broker, jvm, load)
 
 
 def run(args: argparse.Namespace, work: Path) -> list[Timing]:
@@ -388,7 +393,7 @@ def read_three_ways(
             load = load_average()
             for attempt in range(1, START_ATTEMPTS + 1):
                 checkpoint = work / "checkpoints" / str(next(checkpoints))
-                cpu_before = meter.read()
+                metered = meter.start()
                 started = time.perf_counter()
                 query = (
                     df.writeStream.format("noop")
@@ -400,13 +405,14 @@ def read_three_ways(
                     query.awaitTermination()
                     break
                 except Exception as exc:
+                    metered.stop()
                     if attempt == START_ATTEMPTS or not worker_start_failed(exc):
                         raise
             seconds = time.perf_counter() - started
-            cpu_after = meter.read()
+            cpu = metered.stop()
             print(f"{source}: {phases(query.recentProgress, seconds)}", flush=True)
             if seconds < best.seconds:
-                best = measured(source, rows, input_bytes, seconds, cpu_before, cpu_after, load)
+                best = Timing(source, rows, input_bytes, seconds, *cpu, load)
         return best
 
     replicad_stream = spark.readStream.format("replicad").load(str(data_dir))

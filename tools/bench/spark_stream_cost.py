@@ -59,6 +59,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from tools.bench.spark_cpu import Spent, TreeCpu
+
 MB = 1_000_000
 VALUE_BYTES = 1000
 RECORDS_PER_BATCH = 200
@@ -98,43 +100,32 @@ def write_replica(data_dir: Path, partitions: int, mb: float) -> int:
 
 
 class Meter:
-    """CPU seconds of the JVM's process tree and of the forkserver's (its forked workers),
-    and of it the JVM's own threads: the rest is Python (the executors' workers and their
-    daemon, the driver-side processes Spark starts, the forks that host a stream's source)."""
+    """CPU seconds of the JVM's process tree and of the forkserver's (its forked workers)
+    over one read, the processes that end during it too (tools/bench/spark_cpu.py), and of
+    it the JVM's own threads: the rest is Python (the executors' workers and their daemon,
+    the driver-side processes Spark starts, the forks that host a stream's source)."""
 
     def __init__(self, spark: SparkSession) -> None:
+        self.jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[attr-defined]
+
+    def roots(self) -> list[int]:
         from replicad.spark.pipeline import _forkserver
 
-        self.jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[attr-defined]
-        self.pids = [self.jvm] + [server.pid for server in _forkserver]
+        return [self.jvm, *(server.pid for server in _forkserver)]
 
-    def read(self) -> float:
-        return self.split()[0]
+    def start(self) -> TreeCpu:
+        from tools.bench.spark_cpu import TreeCpu
 
-    def split(self) -> tuple[float, float, float]:
-        """(all, the JVM's own threads, the executors' Python workers and their daemon)."""
-        from tools.bench.measure import tree_cpu_seconds
+        return TreeCpu(self.roots)
 
-        executors = sum(tree_cpu_seconds(pid) for pid in self.executor_daemons())
-        return sum(tree_cpu_seconds(p) for p in self.pids), own_cpu_seconds(self.jvm), executors
-
-    def executor_daemons(self) -> list[int]:
-        """The JVM's children that run `pyspark.daemon` (the executors' workers are their
-        forks; the rest of the JVM's Python children run on the driver's behalf)."""
-        found = []
-        for task in Path(f"/proc/{self.jvm}/task").glob("*/children"):
-            try:
-                children = [int(child) for child in task.read_text().split()]
-            except (OSError, ValueError):
-                continue
-            for child in children:
-                try:
-                    cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-                except OSError:
-                    continue
-                if b"pyspark.daemon" in cmdline:
-                    found.append(child)
-        return found
+    def split(self, spent: list[Spent]) -> list[float]:
+        """[all, the JVM's own threads, the executors' Python workers and their daemon
+        (the processes running `pyspark.daemon`: the executors' workers are its forks)]."""
+        return [
+            sum(s.total for s in spent),
+            sum(s.own for s in spent if s.pid == self.jvm),
+            sum(s.total for s in spent if b"pyspark.daemon" in s.cmdline),
+        ]
 
 
 def thread_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
@@ -333,22 +324,22 @@ def throughput(
 
     def batch(run: int, name: str, df: DataFrame) -> None:
         sampler, began = ThreadSampler(meter.jvm), time.time()
-        cpu, started = meter.split(), time.perf_counter()
+        metered, started = meter.start(), time.perf_counter()
         noop(df)
-        seconds, after = time.perf_counter() - started, meter.split()
+        seconds, spent = time.perf_counter() - started, metered.stop()
         noted(run, name, sampler, began)
-        row(run, name, seconds, [a - b for a, b in zip(after, cpu, strict=True)], "")
+        row(run, name, seconds, meter.split(spent), "")
 
     def stream(run: int, name: str, df: DataFrame) -> None:
         sampler, began = ThreadSampler(meter.jvm), time.time()
-        cpu, started = meter.split(), time.perf_counter()
+        metered, started = meter.start(), time.perf_counter()
         progress, started_ms, ended_ms = available_now(df, work / "cp" / str(next(checkpoints)))
-        seconds, after = time.perf_counter() - started, meter.split()
+        seconds, spent = time.perf_counter() - started, metered.stop()
         noted(run, name, sampler, began)
         phases = stream_phases(progress, started_ms, ended_ms)
         shown = ", ".join(f"{k} {v:.2f}" for k, v in phases.items() if v >= 0.005)
         shown += f"; {len(progress)} micro-batches"
-        row(run, name, seconds, [a - b for a, b in zip(after, cpu, strict=True)], shown)
+        row(run, name, seconds, meter.split(spent), shown)
 
     print(
         f"CPU s: the JVM's process tree and the forkserver's; of it the JVM's own threads, "
@@ -395,11 +386,11 @@ def steady(spark: SparkSession, data_dir: Path, work: Path, args: argparse.Names
         skip = 2
         while len([p for p in query.recentProgress if p["numInputRows"] > 0]) < skip:
             time.sleep(0.05)
-        cpu = meter.read()
+        metered = meter.start()
         counted_from = query.lastProgress["batchId"]
         while query.lastProgress["batchId"] < counted_from + args.steady_batches:
             time.sleep(0.05)
-        cpu = meter.read() - cpu
+        cpu = sum(s.total for s in metered.stop())
         batches = [
             p
             for p in query.recentProgress
