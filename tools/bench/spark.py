@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from tools.bench.spark_cpu import TreeCpu
+    from tools.bench.spark_stream_cost import ThreadSampler
 
 GB = 1_000_000_000
 MB = 1_000_000
@@ -78,6 +79,7 @@ class Timing:
     broker_cpu_s: float = float("nan")
     jvm_cpu_s: float = float("nan")  # of spark_cpu_s, the JVM's own threads
     load: str = ""  # the 1-minute load average when the read started
+    threads: str = ""  # the Spark JVM's threads, CPU s by name (spark_stream_cost.ThreadSampler)
 
 
 # Spark's Kafka source tuned for a throughput read, each from its own docs: the integration
@@ -127,10 +129,12 @@ class Meter:
 
     def start(self) -> MeteredRead:
         from tools.bench.spark_cpu import TreeCpu
+        from tools.bench.spark_stream_cost import ThreadSampler
 
         broker_pid = self.broker_pid
         broker = TreeCpu(lambda: [broker_pid]) if broker_pid else None
-        return MeteredRead(self.spark_pid, TreeCpu(self.spark_roots), broker)
+        threads = ThreadSampler(self.spark_pid)
+        return MeteredRead(self.spark_pid, TreeCpu(self.spark_roots), broker, threads)
 
 
 @dataclass
@@ -138,21 +142,23 @@ class MeteredRead:
     spark_pid: int
     spark: TreeCpu
     broker: TreeCpu | None
+    threads: ThreadSampler
 
-    def stop(self) -> tuple[float, float, float]:
-        """(Spark's trees, the broker's, the Spark JVM's own threads): Spark's less the
-        JVM's own is Python (the executors' workers, the driver-side processes)."""
+    def stop(self) -> tuple[float, float, float, str]:
+        """(Spark's trees, the broker's, the Spark JVM's own threads, those threads by
+        name): Spark's less the JVM's own is Python (the executors' workers, the
+        driver-side processes)."""
         spark = self.spark.stop()
         broker = sum(s.total for s in self.broker.stop()) if self.broker else float("nan")
         jvm = sum(s.own for s in spark if s.pid == self.spark_pid)
-        return sum(s.total for s in spark), broker, jvm
+        return sum(s.total for s in spark), broker, jvm, self.threads.stop()
 
 
 def load_average() -> str:
     return Path("/proc/loadavg").read_text().split()[0]
 
 
-NO_CPU = (float("nan"),) * 3
+NO_CPU = (float("nan"), float("nan"), float("nan"), "")
 
 
 def produce(bootstrap: str, topic: str, *, target_bytes: int, value_bytes: int, codec: str) -> int:
@@ -234,9 +240,29 @@ def timed(
         action()
         seconds = time.perf_counter() - started
         cpu = metered.stop() if metered else NO_CPU
+        print(f"{source}: {seconds:.2f} s, {cpu_line(cpu, load)}", flush=True)
         if seconds < best.seconds:
-            best = Timing(source, rows, input_bytes, seconds, *cpu, load)
+            best = metered_timing(source, rows, input_bytes, seconds, cpu, load)
     return best
+
+
+def cpu_line(cpu: tuple[float, float, float, str], load: str) -> str:
+    """One read's CPU as printed while the bench runs (every repeat, not only the best)."""
+    spark, broker, jvm, _ = cpu
+    split = f"JVM {jvm:.2f}, Python {spark - jvm:.2f}"
+    return f"CPU s {spark:.2f} ({split}), broker {broker:.2f}, load {load}"
+
+
+def metered_timing(
+    source: str,
+    rows: int,
+    input_bytes: int,
+    seconds: float,
+    cpu: tuple[float, float, float, str],
+    load: str,
+) -> Timing:
+    spark, broker, jvm, threads = cpu
+    return Timing(source, rows, input_bytes, seconds, spark, broker, jvm, load, threads)
 
 
 def run(args: argparse.Namespace, work: Path) -> list[Timing]:
@@ -293,6 +319,7 @@ def read_three_ways(
             "spark.driver.memory": "4g",
             "spark.ui.enabled": "false",
             "spark.sql.shuffle.partitions": "4",
+            **dict(kv.split("=", 1) for kv in args.conf),
         },
         app_name="replicad bench",
     )
@@ -411,8 +438,9 @@ def read_three_ways(
             seconds = time.perf_counter() - started
             cpu = metered.stop()
             print(f"{source}: {phases(query.recentProgress, seconds)}", flush=True)
+            print(f"{source}: {cpu_line(cpu, load)}", flush=True)
             if seconds < best.seconds:
-                best = Timing(source, rows, input_bytes, seconds, *cpu, load)
+                best = metered_timing(source, rows, input_bytes, seconds, cpu, load)
         return best
 
     replicad_stream = spark.readStream.format("replicad").load(str(data_dir))
@@ -505,6 +533,9 @@ def main() -> int:
     parser.add_argument(
         "--repeat", type=int, default=1, help="time each read this many times, keep the fastest"
     )
+    parser.add_argument(
+        "--conf", action="append", default=[], help="KEY=VALUE for the Spark session"
+    )
     parser.add_argument("--work-dir", help="where the broker, replica and parquet go")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
@@ -527,10 +558,14 @@ def main() -> int:
             f"best of {args.repeat}, "
             f"{args.value_bytes}-byte values, codec {args.codec}, "
             f"{log_bytes / GB:.2f} GB of segments; Spark {spark_version()}, "
-            f"Kafka source {connector_name(args.kafka_jars)}; forkserver {args.forkserver}"
+            f"Kafka source {connector_name(args.kafka_jars)}; forkserver {args.forkserver}; "
+            f"conf {args.conf or 'none'}"
         )
         print()
         print(table(timings, log_bytes))
+        print("\nThe Spark JVM's threads, CPU s by name (digits as #), in each row's read:")
+        for t in timings:
+            print(f"- {t.source}: {t.threads}")
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
