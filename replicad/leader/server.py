@@ -21,8 +21,10 @@ Rules:
   authenticated within `authentication_timeout_ms` (the TLS handshake has as long, at
   most 60 s).
 - Connections beyond `max_connections` (held below the open-file limit, with room for the
-  log's files) or `max_connections_per_ip` are closed as soon as accepted; accept() failing
-  for want of descriptors is one rate-limited line, never a traceback per attempt.
+  log's files) or `max_connections_per_ip` are closed the moment they are accepted, before
+  anything is made for them (listener.py: serve accepts itself, so a flood never holds more
+  descriptors than the admitted connections); accept() failing for want of descriptors is
+  one rate-limited line, never a traceback per attempt.
 - Quotas (off unless `request_quota_percentage` is set; quotas.py): the loop's CPU time a
   request took to decode and answer (never its waits) is charged to its client address;
   over the quota, the answer carries throttle_time_ms (where the response's first field
@@ -75,6 +77,7 @@ import functools
 import os
 import random
 import resource
+import socket
 import ssl
 import threading
 import time
@@ -113,6 +116,7 @@ from replicad.leader.frames import (
 )
 from replicad.leader.group_wire import CONSUMER_PROTOCOL_VERSIONS, GROUP_VERSIONS, Node
 from replicad.leader.groups import GroupService
+from replicad.leader.listener import Listener, bind_listening
 from replicad.leader.quotas import RequestQuota
 from replicad.leader.reads import TransactionTracker
 from replicad.leader.refusals import READ_ONLY_MESSAGE, error_response
@@ -185,8 +189,6 @@ CLOSE_WAIT_S = 1.0
 # Descriptors kept free of connections, beside the log's own (log.max_open_files): for the
 # control socket, the metrics listener, sendfile's opens and the follower's connections.
 FD_RESERVE = 256
-# asyncio's message when accept() fails for want of descriptors (or memory).
-ACCEPT_OUT_OF_RESOURCES = "socket.accept() out of system resource"
 # How long a connection answers buffered requests before the others get a turn: short
 # enough that a few pipelining clients add milliseconds to anyone's round trip, long
 # enough that a pipelining client is not slowed to one request per turn of the loop.
@@ -344,7 +346,7 @@ class LeaderServer:
         self._cluster_id = handlers.cluster_id_for(logs.data_dir.resolve())
         # The source's topic configs, for DescribeConfigs (leader/topic_configs.py).
         self.topic_configs = TopicConfigs(logs.data_dir)
-        self._server: asyncio.Server | None = None
+        self._listener: Listener | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -380,20 +382,16 @@ class LeaderServer:
         self.max_connections = self._connection_limit()
         self._previous_exception_handler = self._loop.get_exception_handler()
         self._loop.set_exception_handler(self._loop_exception)
-        if self.security is None or self.security.tls is None:
-            self._server = await asyncio.start_server(
-                self._accept, self.settings.host, self.settings.port
-            )
-        else:
-            # TLS is started by each connection (see _accept), so that a failed handshake
-            # reaches this server -- asyncio's own TLS listener drops it without a word.
-            self._server = await self._loop.create_server(
-                lambda: _PausedUntilTls(asyncio.StreamReader(limit=STREAM_LIMIT), self._accept),
-                self.settings.host,
-                self.settings.port,
-            )
-        sockname = self._server.sockets[0].getsockname()
-        self._host, self.port = sockname[0], sockname[1]
+        # serve accepts itself: a connection over the limits is closed the moment it is
+        # accepted (see listener.py's rules).
+        self._listener = Listener(
+            await asyncio.to_thread(bind_listening, self.settings.host, self.settings.port),
+            admit=lambda peer: self._admit(peer[0], str(peer)),
+            connected=self._connected,
+            failed=self._accept_failed,
+        )
+        self._listener.start()
+        self._host, self.port = self._listener.host, self._listener.port
         await self.groups.start()
         await asyncio.to_thread(self.topic_configs.load)
         security: dict[str, Any] = {}
@@ -428,16 +426,14 @@ class LeaderServer:
 
     async def close(self) -> None:
         await self.groups.close()
-        if self._server is not None:
-            self._server.close()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         for task in list(self._connections):
             task.cancel()
         for task in list(self._connections):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
         self._decoder.shutdown(wait=False, cancel_futures=True)
         self._authenticator.shutdown(wait=False, cancel_futures=True)
         if self.remote is not None:
@@ -461,16 +457,15 @@ class LeaderServer:
             )
         return min(self.settings.max_connections, room)
 
+    def _accept_failed(self, error: OSError) -> None:
+        """accept() failed for want of descriptors or memory (the listener rests a second)."""
+        self.events.note(
+            ServeEvent.OUT_OF_FILE_DESCRIPTORS, error=str(error), connections=len(self._connections)
+        )
+
     def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        """asyncio logs a failed accept() with a traceback, at every attempt: here it is
-        one ServeEvent; anything else goes where it went before."""
-        if str(context.get("message", "")).startswith(ACCEPT_OUT_OF_RESOURCES):
-            self.events.note(
-                ServeEvent.OUT_OF_FILE_DESCRIPTORS,
-                error=str(context.get("exception")),
-                connections=len(self._connections),
-            )
-            return
+        """A cancelled callback is not an error (below); anything else goes where it went
+        before."""
         if isinstance(context.get("exception"), asyncio.CancelledError):
             # A connection cancelled while it waited for its transport to close (serve
             # stopping, seen under load in CI): a cancellation, not a failure, and asyncio
@@ -529,16 +524,48 @@ class LeaderServer:
 
     # -- connections -----------------------------------------------------------------------
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        peer = writer.get_extra_info("peername")
-        ip = str(peer[0]) if isinstance(peer, tuple) else str(peer)
-        if not self._admit(ip, str(peer)):
-            writer.transport.abort()
-            return
+    def _connected(self, conn: socket.socket, peer: tuple[str, int]) -> None:
+        """An admitted connection: its slot is counted from now on, until its task ends."""
+        assert self._loop is not None
+        task = self._loop.create_task(self._connection(conn, peer))
         self._connections.add(task)
-        self._per_ip[ip] += 1
+        self._per_ip[peer[0]] += 1
+        task.add_done_callback(lambda done: self._release(done, peer[0]))
+
+    def _release(self, task: asyncio.Task[None], ip: str) -> None:
+        self._connections.discard(task)
+        self._per_ip[ip] -= 1
+        if self._per_ip[ip] <= 0:
+            del self._per_ip[ip]
+            if self.quota is not None:
+                self.quota.forget(ip)
+
+    async def _connection(self, conn: socket.socket, peer: tuple[str, int]) -> None:
+        """One admitted connection, from its transport to its close."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=STREAM_LIMIT)
+        tls = self.security is not None and self.security.tls is not None
+        made: asyncio.Future[asyncio.StreamWriter] = loop.create_future()
+
+        def connection_made(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            # A callback, as a server's stream protocol has: start_tls() takes the server
+            # side only where there is one.
+            made.set_result(writer)
+
+        # A TLS listener reads nothing before the connection's TLS starts (see _accept).
+        kind = _PausedUntilTls if tls else asyncio.StreamReaderProtocol
+        protocol = kind(reader, connection_made)
+        try:
+            await loop.connect_accepted_socket(lambda: protocol, sock=conn)
+        except BaseException:
+            conn.close()
+            raise
+        await self._accept(reader, await made, peer)
+
+    async def _accept(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: tuple[str, int]
+    ) -> None:
+        ip = peer[0]
         try:
             if self.security is not None and self.security.tls is not None:
                 await self._start_tls(writer, str(peer))
@@ -560,20 +587,12 @@ class LeaderServer:
         except Exception:
             self.events.note(ServeEvent.UNEXPECTED_ERROR, exc_info=True, peer=str(peer))
         finally:
-            try:
-                writer.close()
-                # Bounded: after a failed TLS handshake the socket belongs to asyncio's
-                # TLS protocol, and the stream is never told it closed.
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(CLOSE_WAIT_S):
-                        await writer.wait_closed()
-            finally:
-                self._connections.discard(task)
-                self._per_ip[ip] -= 1
-                if self._per_ip[ip] <= 0:
-                    del self._per_ip[ip]
-                    if self.quota is not None:
-                        self.quota.forget(ip)
+            writer.close()
+            # Bounded: after a failed TLS handshake the socket belongs to asyncio's TLS
+            # protocol, and the stream is never told it closed.
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(CLOSE_WAIT_S):
+                    await writer.wait_closed()
 
     def _admit(self, ip: str, address: str) -> bool:
         """Whether a new connection from `ip` is within the connection limits."""
