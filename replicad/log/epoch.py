@@ -33,16 +33,20 @@ class EpochEndOffset:
 
 
 class LeaderEpochCache:
+    # One per partition, thousands at once. The entries are a tuple, replaced whole on each
+    # change: one entry is 48 bytes less than in a list (whose items live in a block of
+    # their own), and no entry at all is the shared empty tuple (a list: 56 bytes each).
     __slots__ = ("_entries", "version")
 
     def __init__(self, entries: list[EpochEntry] | None = None) -> None:
-        self._entries: list[EpochEntry] = list(entries or [])
+        self._entries: tuple[EpochEntry, ...] = tuple(entries or ())
         # Bumped on every change, so the owner knows when to persist.
         self.version = 0
 
     def _set(self, entries: list[EpochEntry]) -> None:
-        if entries != self._entries:
-            self._entries = entries
+        new = tuple(entries)
+        if new != self._entries:
+            self._entries = new
             self.version += 1
 
     @property

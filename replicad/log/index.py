@@ -25,6 +25,7 @@ thin file shell that mirrors appends with pwrite, through a FileHandle (handles.
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from collections.abc import Sequence
@@ -68,7 +69,7 @@ class _Entries:
     def __init__(self, base_offset: int, max_bytes: int, data: bytes = b"") -> None:
         size = self.entry.size
         self.base_offset = base_offset
-        self.max_entries = max(max_bytes // size, 1)
+        self.max_entries = _max_entries(max_bytes, size)
         self._data = bytearray(data[: len(data) - len(data) % size])
 
     @property
@@ -112,6 +113,13 @@ class _Entries:
 
     def reset(self) -> None:
         self._data.clear()
+
+
+@functools.lru_cache(maxsize=16)
+def _max_entries(max_bytes: int, entry_size: int) -> int:
+    """One int object for every index of the same size (1,310,720 is no cached small int:
+    32 bytes an index, two a segment, thousands of segments)."""
+    return max(max_bytes // entry_size, 1)
 
 
 class OffsetIndex(_Entries):
