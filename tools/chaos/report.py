@@ -154,9 +154,9 @@ def render(
     if soak_result is not None:
         lines += _soak_section(soak_result)
     lines += _fuzz_section(fuzz)
-    lines += _checkpoint_block_section()
-    lines += _simulation_section()
-    lines += _serve_section()
+    lines += CHECKPOINT_BLOCK
+    lines += SIMULATION_BLOCK
+    lines += SERVE_BLOCK
     lines += _found_section()
     lines += _limits_section()
     return "\n".join(lines).rstrip() + "\n"
@@ -301,10 +301,6 @@ CHECKPOINT_BLOCK = (
     "archive) never make the loop's appends wait.",
     "",
 )
-
-
-def _checkpoint_block_section() -> list[str]:
-    return list(CHECKPOINT_BLOCK)
 
 
 # Run apart (a long simulation run takes hours): tools/sim's long runs, kept here so each
@@ -592,10 +588,6 @@ SIMULATION_BLOCK = (
 )
 
 
-def _simulation_section() -> list[str]:
-    return list(SIMULATION_BLOCK)
-
-
 # Measured apart as well (the "before" rows need the code before issue 22, which a report
 # run cannot rebuild): `replicad serve` under hostile clients, and its security.
 SERVE_BLOCK = (
@@ -696,10 +688,6 @@ SERVE_BLOCK = (
     "lines kept only in pytest's captured output are not files, and not searched.",
     "",
 )
-
-
-def _serve_section() -> list[str]:
-    return list(SERVE_BLOCK)
 
 
 def _found_section() -> list[str]:
