@@ -55,7 +55,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-DEFAULT_STALL_AFTER_MS = 60_000
+from replicad.config.model import ControlConfig, defaults_of
+
+DEFAULT_STALL_AFTER_MS = defaults_of(ControlConfig)["stall_after_ms"]
 # Stalls logged a line each in one check (see the rules).
 STALL_LINES_AT_ONCE = 10
 # Names listed in the line that counts the rest.

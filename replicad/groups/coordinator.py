@@ -100,6 +100,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from replicad.config.model import GroupsConfig, defaults_of
 from replicad.groups.assignors import ASSIGNORS
 from replicad.groups.classic_group import (
     NO_DEADLINE,
@@ -127,19 +128,23 @@ E = ErrorCode
 NO_ERROR = E.none
 
 
+_GROUPS = defaults_of(GroupsConfig)
+
+
 @dataclass(frozen=True, slots=True)
 class CoordinatorConfig:
-    """Kafka's broker settings of the same names, with Kafka's defaults."""
+    """Kafka's broker settings of the same names, with Kafka's defaults: those the config's
+    `groups:` section sets are its defaults (written there only)."""
 
-    min_session_timeout_ms: int = 6_000
-    max_session_timeout_ms: int = 1_800_000
-    initial_rebalance_delay_ms: int = 3_000
+    min_session_timeout_ms: int = _GROUPS["min_session_timeout_ms"]
+    max_session_timeout_ms: int = _GROUPS["max_session_timeout_ms"]
+    initial_rebalance_delay_ms: int = _GROUPS["initial_rebalance_delay_ms"]
     max_group_size: int = 2**31 - 1
     offset_metadata_max_bytes: int = 4096
     offsets_retention_ms: int = 7 * 24 * 3600 * 1000
     # KIP-848's group.consumer.session.timeout.ms and group.consumer.heartbeat.interval.ms.
-    consumer_session_timeout_ms: int = 45_000
-    consumer_heartbeat_interval_ms: int = 5_000
+    consumer_session_timeout_ms: int = _GROUPS["consumer_session_timeout_ms"]
+    consumer_heartbeat_interval_ms: int = _GROUPS["consumer_heartbeat_interval_ms"]
 
 
 # -- requests ---------------------------------------------------------------------------------

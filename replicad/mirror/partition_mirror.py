@@ -94,6 +94,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from replicad.config.model import MirrorConfig, defaults_of
 from replicad.errors import LocalProtocolError
 from replicad.mirror.coalesce import (
     JOIN_ATTRIBUTES,
@@ -126,6 +127,7 @@ PRODUCER_EXPIRATION_MS = 24 * 3600 * 1000
 # time in flight).
 EXPIRY_MARGIN_MS = 3600 * 1000
 _TXN_OR_CONTROL = TRANSACTIONAL_FLAG_MASK | CONTROL_FLAG_MASK
+_MIRROR = defaults_of(MirrorConfig)
 
 
 class Phase(enum.Enum):
@@ -294,13 +296,14 @@ class Progress:
 
 @dataclass(frozen=True, slots=True)
 class MirrorTiming:
-    """The core's times, from the shell's settings."""
+    """The core's times, from the shell's settings (`Mirror._timing`); the defaults of
+    those the `mirror:` section sets are its own (written there only)."""
 
-    produce_timeout_ms: int = 30_000
+    produce_timeout_ms: int = _MIRROR["produce_timeout_ms"]
     # The connection's own timeout beyond the broker's: how long an answer may take.
-    request_timeout_ms: int = 30_000
-    retry_backoff_ms: int = 100
-    retry_backoff_max_ms: int = 5_000
+    request_timeout_ms: int = _MIRROR["request_timeout_ms"]
+    retry_backoff_ms: int = _MIRROR["reconnect_backoff_ms"]
+    retry_backoff_max_ms: int = _MIRROR["reconnect_backoff_max_ms"]
     max_in_flight: int = MAX_IN_FLIGHT
     # Coalesce runs of consecutive small batches up to this many bytes into one batch
     # (coalesce.py); 0: every batch is produced as stored.
