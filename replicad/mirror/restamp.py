@@ -31,6 +31,7 @@ from replicad.records.batch import (
     MAGIC_V2,
     RECORD_BATCH_OVERHEAD,
     TRANSACTIONAL_FLAG_MASK,
+    V2_CRC_POSITION,
     V2_CRC_START,
     BatchHeader,
     Compression,
@@ -44,7 +45,6 @@ _BASE_OFFSET_AT = 0
 _LEADER_EPOCH = struct.Struct(">i")
 _LEADER_EPOCH_AT = 12
 _CRC = struct.Struct(">I")
-_CRC_AT = 17
 _ATTRIBUTES = struct.Struct(">h")
 _ATTRIBUTES_AT = 21
 # producer id (int64), producer epoch (int16), base sequence (int32).
@@ -128,7 +128,7 @@ def restamped(
     _INT32.pack_into(out, _LENGTH_AT, RECORD_BATCH_OVERHEAD - LOG_OVERHEAD + len(records))
     _PRODUCER.pack_into(out, _PRODUCER_AT, stamp.producer_id, stamp.producer_epoch, base_sequence)
     crc = crc32c(records, crc32c(memoryview(out)[V2_CRC_START:]))
-    _CRC.pack_into(out, _CRC_AT, crc)
+    _CRC.pack_into(out, V2_CRC_POSITION, crc)
     return out, records
 
 
