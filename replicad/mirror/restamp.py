@@ -38,6 +38,7 @@ from replicad.records.batch import (
 )
 from replicad.records.codecs import compress, decompress
 from replicad.records.crc import crc32c
+from replicad.records.records import MAX_SEQUENCE
 
 # Positions inside a magic 2 batch (DefaultRecordBatch's layout).
 _BASE_OFFSET = struct.Struct(">q")
@@ -56,7 +57,6 @@ _LAST_OFFSET_DELTA_AT = 23
 _RECORD_COUNT_AT = 57
 
 UNASSIGNED_LEADER_EPOCH = -1
-MAX_SEQUENCE = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)

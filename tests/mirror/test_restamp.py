@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from replicad.mirror.restamp import (
-    MAX_SEQUENCE,
-    ProducerStamp,
-    mirrorable,
-    next_sequence,
-    restamp,
-)
+from replicad.mirror.restamp import ProducerStamp, mirrorable, next_sequence, restamp
 from replicad.records.batch import RECORD_BATCH_OVERHEAD, Compression, scan_batches
-from replicad.records.records import decode_batch
+from replicad.records.records import MAX_SEQUENCE, decode_batch
 from tools.logdata.batches import producer_batch
 
 STAMP = ProducerStamp(producer_id=4242, producer_epoch=3)
