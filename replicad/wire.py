@@ -21,7 +21,8 @@ DEBUGGING_REPLICA_ID = -2
 # Fetch/ListOffsets isolation_level.
 READ_UNCOMMITTED = 0
 READ_COMMITTED = 1
-# An offset (high watermark, log start, ListOffsets answer) not known or not found.
+# An offset (high watermark, log start, ListOffsets answer) not known or not found; in an
+# OffsetFetch answer, no committed offset.
 UNKNOWN_OFFSET = -1
 # A leader epoch not known (OffsetForLeaderEpoch, ListOffsets answers).
 NO_EPOCH = -1
@@ -40,3 +41,9 @@ FETCH_TOPIC_ID_VERSION = 13
 # asks for none (with INVALID_SESSION_ID: a full, sessionless fetch) or closes one.
 INVALID_SESSION_ID = 0
 FINAL_EPOCH = -1
+# Consumer groups, client (groups/cluster_reader.py) and server (leader/group_wire.py):
+# FindCoordinator's key_type of a group (Kafka's CoordinatorType.GROUP); FindCoordinator
+# v4 batched the keys, OffsetFetch v8 the groups.
+GROUP_KEY_TYPE = 0
+FIND_COORDINATOR_BATCHED_VERSION = 4
+OFFSET_FETCH_BATCHED_VERSION = 8

@@ -45,14 +45,15 @@ from replicad.protocol.connection import BrokerAddress, BrokerConnection
 from replicad.protocol.error_codes import error_code_of, error_name
 from replicad.protocol.requests import make_entity, nested_type
 from replicad.types import OffsetAndMetadata, TopicPartition
+from replicad.wire import (
+    FIND_COORDINATOR_BATCHED_VERSION,
+    GROUP_KEY_TYPE,
+    OFFSET_FETCH_BATCHED_VERSION,
+    UNKNOWN_OFFSET,
+)
 
 log = structlog.get_logger("replicad.groups.reader")
 
-GROUP_KEY_TYPE = 0
-NO_OFFSET = -1
-# FindCoordinator v4 batched the keys; OffsetFetch v8 batched the groups.
-FIND_COORDINATOR_BATCHED_VERSION = 4
-OFFSET_FETCH_BATCHED_VERSION = 8
 # Errors meaning "ask FindCoordinator again".
 COORDINATOR_MOVED = frozenset({ErrorCode.not_coordinator, ErrorCode.coordinator_not_available})
 UNSUPPORTED = "unsupported_version"
@@ -464,7 +465,7 @@ def _group_offsets(group_id: str, group_error: int, topics: Sequence[Any]) -> Gr
             if pcode != ErrorCode.none:
                 errors[tp] = error_name(pcode)
                 continue
-            if int(p.committed_offset) == NO_OFFSET:
+            if int(p.committed_offset) == UNKNOWN_OFFSET:
                 continue
             offsets[tp] = OffsetAndMetadata(
                 offset=int(p.committed_offset),
