@@ -148,7 +148,7 @@ def _topics(snap: Mapping[str, Any]) -> list[Reason]:
     if not missing:
         return []
     what = "topic" if len(missing) == 1 else "topics"
-    text = f"{what} {_listed([repr(t) for t in missing])} not found on the source"
+    text = f"{what} {listed([repr(t) for t in missing])} not found on the source"
     # The totals count every partition (a status loop's snapshot lists only problem rows).
     count = (snap.get("totals") or {}).get("partitions", len(snap.get("partitions") or ()))
     nothing_else = not count
@@ -205,7 +205,7 @@ def _partitions(
     for code, names in groups.items():
         if names:
             count = counts[code]
-            text = f"{_partition_count(count)} {texts[code]}: {_listed(names, count)}"
+            text = f"{_partition_count(count)} {texts[code]}: {listed(names, count)}"
             reasons.append(Reason(Health.DEGRADED, f"partitions_{code}", text))
     return reasons
 
@@ -260,7 +260,7 @@ def _mirror(mirror: Mapping[str, Any]) -> list[Reason]:
             Reason(
                 Health.DEGRADED,
                 "mirror_halted",
-                f"{len(halted)} mirrored partition(s) halted (see their error): {_listed(halted)}",
+                f"{len(halted)} mirrored partition(s) halted (see their error): {listed(halted)}",
             )
         )
     errors = mirror.get("topic_errors") or {}
@@ -277,7 +277,7 @@ def _archive(archive: Mapping[str, Any]) -> list[Reason]:
         return []
     text = (
         f"archive uploads failing for {len(retrying)} partition(s), retried "
-        f"({_listed(retrying)}): {archive.get('last_error')}"
+        f"({listed(retrying)}): {archive.get('last_error')}"
     )
     return [Reason(Health.DEGRADED, "archive_retrying", text)]
 
@@ -305,7 +305,7 @@ def _verify(verify: Mapping[str, Any]) -> list[Reason]:
         )
     text = (
         f"{_partition_count(len(differing))} of the replica "
-        f"differ{'s' if len(differing) == 1 else ''} from the source: {_listed(named)}"
+        f"differ{'s' if len(differing) == 1 else ''} from the source: {listed(named)}"
     )
     return [Reason(Health.DEGRADED, "verify_mismatch", text)]
 
@@ -320,12 +320,12 @@ def _damaged(partitions: Sequence[Mapping[str, Any]]) -> list[Reason]:
     ]
     text = (
         f"{_partition_count(len(damaged))} of the replica "
-        f"{'have' if len(damaged) > 1 else 'has'} a damaged batch on disk: {_listed(named)}"
+        f"{'have' if len(damaged) > 1 else 'has'} a damaged batch on disk: {listed(named)}"
     )
     return [Reason(Health.DEGRADED, "replica_damaged", text)]
 
 
-def _listed(names: Sequence[str], count: int | None = None) -> str:
+def listed(names: Sequence[str], count: int | None = None) -> str:
     """The first NAMED_AT_MOST names, then how many more of `count` (len(names) unless
     given): "a-0, a-1 and 3 more"."""
     more = (len(names) if count is None else count) - NAMED_AT_MOST

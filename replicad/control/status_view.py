@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from replicad.control.health import Assessment, Health, Reason, assess
+from replicad.control.health import Assessment, Health, Reason, assess, listed
 from replicad.errors import DaemonNotRunning
 
 DEFAULT_MAX_ROWS = 50
@@ -302,10 +302,7 @@ def _archive_line(archive: Mapping[str, Any]) -> str:
         line += f", {archive['deleted_segments']:,} deleted by remote retention"
     retrying = archive.get("retrying_partitions") or ()
     if retrying:
-        shown = ", ".join(retrying[:5]) + (
-            f" and {len(retrying) - 5} more" if len(retrying) > 5 else ""
-        )
-        line += f"; retrying {shown}: {archive.get('last_error')}"
+        line += f"; retrying {listed(retrying)}: {archive.get('last_error')}"
     return line
 
 
