@@ -560,29 +560,26 @@ class Daemon:
         return server
 
 
-# Settings a running daemon cannot change in place; everything else but topics and
-# logging too (fetch sizes and the like are read when a fetcher starts).
+# What a reload applies in place: the topic selection and logging. Every other setting is
+# read when the part that uses it starts (fetch sizes when a fetcher starts, start_from and
+# on_gap at a partition's first fetch), so a reload that changes it says a restart is needed.
+# A section added to Config is such a setting until it is made reloadable here.
+_RELOADED = frozenset({"topics", "logging"})
+_TOPICS_READ_AT_START = ("start_from", "on_gap")
+
+
 def _restart_needed(old: Config, new: Config) -> list[str]:
-    checks = {
-        "source": (old.source, new.source),
-        "fetch": (old.fetch, new.fetch),
-        "data_dir": (old.data_dir, new.data_dir),
-        "log": (old.log, new.log),
-        "control": (old.control, new.control),
-        "serve": (old.serve, new.serve),
-        "mirror": (old.mirror, new.mirror),
-        "groups": (old.groups, new.groups),
-        "archive": (old.archive, new.archive),
-        "verify": (old.verify, new.verify),
-        "checkpoint_interval_ms": (old.checkpoint_interval_ms, new.checkpoint_interval_ms),
-        "high_watermark_interval_ms": (
-            old.high_watermark_interval_ms,
-            new.high_watermark_interval_ms,
-        ),
-        "topics.start_from": (old.topics.start_from, new.topics.start_from),
-        "topics.on_gap": (old.topics.on_gap, new.topics.on_gap),
-    }
-    return [key for key, (a, b) in checks.items() if a != b]
+    changed = [
+        f.name
+        for f in dataclasses.fields(old)
+        if f.name not in _RELOADED and getattr(old, f.name) != getattr(new, f.name)
+    ]
+    changed += [
+        f"topics.{key}"
+        for key in _TOPICS_READ_AT_START
+        if getattr(old.topics, key) != getattr(new.topics, key)
+    ]
+    return changed
 
 
 def raise_open_file_limit() -> int:

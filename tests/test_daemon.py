@@ -107,6 +107,35 @@ def test_systemd_sees_ready_status_watchdog_stopping_in_order(kafka_broker, uniq
     assert statuses[-1].startswith("healthy; "), statuses
 
 
+def test_a_reload_names_every_setting_it_cannot_apply_in_place() -> None:
+    from dataclasses import dataclass, replace
+
+    from replicad.config import Config
+    from replicad.config.model import FetchConfig, LoggingConfig, LogLevel, OnGap, TopicsConfig
+    from replicad.daemon import _restart_needed
+
+    old = Config(data_dir=Path("/srv/replica"))
+    new = replace(
+        old,
+        topics=TopicsConfig(include=("orders",), on_gap=OnGap.HALT),
+        logging=LoggingConfig(level=LogLevel.DEBUG),
+        fetch=FetchConfig(min_bytes=2),
+        checkpoint_interval_ms=1000,
+    )
+    # The topic selection and logging are applied in place; on_gap is read at a partition's
+    # first fetch.
+    assert _restart_needed(old, new) == ["fetch", "checkpoint_interval_ms", "topics.on_gap"]
+
+    # A setting the reload does not know of is one it cannot apply (the list of names this
+    # replaced let a new section change unreported).
+    @dataclass(frozen=True)
+    class Grown(Config):
+        new_section: int = 0
+
+    grown = Grown(data_dir=Path("/srv/replica"))
+    assert _restart_needed(grown, replace(grown, new_section=1)) == ["new_section"]
+
+
 def test_reload_adds_and_forgets_topics_and_rejects_a_bad_config(
     kafka_broker, unique_topic, tmp_path
 ):
