@@ -90,11 +90,7 @@ def create_topic_and_wait(
     new_topic = NewTopic(
         name, num_partitions=partitions, replication_factor=1, config=dict(config or {})
     )
-    future = admin.create_topics([new_topic], operation_timeout=timeout_s)[name]
-    try:
-        future.result(timeout=timeout_s)
-    except Exception as exc:
-        raise PeerError(f"creating topic {name!r} on {bootstrap}: {exc}") from exc
+    create_one_topic(admin, bootstrap, new_topic, timeout_s)
 
     def leaders_known() -> bool | None:
         topic = admin.list_topics(topic=name, timeout=PROBE_TIMEOUT_S).topics.get(name)
@@ -114,3 +110,16 @@ def create_topic_and_wait(
             )
     finally:
         consumer.close()
+
+
+def create_one_topic(
+    admin: AdminClient, bootstrap: str, new_topic: NewTopic, timeout_s: float
+) -> None:
+    """CreateTopics of `new_topic` alone, waited for; a refusal is a PeerError naming the
+    topic and the cluster (one topic a request: a controller's cap applies to a request)."""
+    name = new_topic.topic
+    future = admin.create_topics([new_topic], operation_timeout=timeout_s)[name]
+    try:
+        future.result(timeout=timeout_s)
+    except Exception as exc:
+        raise PeerError(f"creating topic {name!r} on {bootstrap}: {exc}") from exc

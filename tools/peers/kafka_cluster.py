@@ -39,7 +39,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from replicad.types import TopicPartition
-from tools.peers.admin import admin_client
+from tools.peers.admin import admin_client, create_one_topic
 from tools.peers.broker import BIND_ATTEMPTS
 from tools.peers.kafka import KafkaBroker, KafkaTopics, _new_cluster_id, topic_config
 from tools.peers.process import LOOPBACK, PeerError, free_port, wait_until
@@ -288,13 +288,7 @@ class KafkaCluster(KafkaTopics, Service):
         admin = self.admin()
         names = [t.topic for t in topics]
         for new_topic in topics:
-            # One request per topic: the controller's cap applies to a whole request.
-            name = new_topic.topic
-            future = admin.create_topics([new_topic], operation_timeout=timeout_s)[name]
-            try:
-                future.result(timeout=timeout_s)
-            except Exception as exc:
-                raise PeerError(f"creating topic {name!r} on {self.bootstrap}: {exc}") from exc
+            create_one_topic(admin, self.bootstrap, new_topic, timeout_s)
         wanted = [
             TopicPartition(t.topic, p)
             for t in topics
