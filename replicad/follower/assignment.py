@@ -18,6 +18,9 @@ Rules:
   (session 14's 10,000-partition soak: 24 s at load 31 after a SIGKILL), and a partition
   idle before it, for example paused on a full disk, was reported stalled for that wait.
 - A partition the selection no longer chooses is forgotten; its data is kept.
+- A partition changed in place (its topic id, leader epoch, a divergence check asked, a
+  halt) and not moved is `updated`: its leader's table is told (`touch`, the partition
+  table's R13), since that table examines again only what it was told of.
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ class Assignment:
     topic_ids: tuple[tuple[PartitionState, uuid.UUID], ...] = ()
     # Halted now because the topic was re-created upstream.
     halted: tuple[PartitionState, ...] = ()
+    # Changed in place: its table must examine it again (the partition table's R13).
+    updated: tuple[PartitionState, ...] = ()
 
 
 def assign(
@@ -78,6 +83,7 @@ def assign(
     moved: list[PartitionState] = []
     topic_ids: list[tuple[PartitionState, uuid.UUID]] = []
     halted: list[PartitionState] = []
+    updated: list[PartitionState] = []
     for tp, info in chosen.items():
         state = states.get(tp)
         if state is None:
@@ -100,6 +106,7 @@ def assign(
                 halted.append(state)
             added.append(state)
             continue
+        before = (state.topic_id, state.leader_epoch, state.epoch_check_pending, state.phase)
         if info.topic_id is not None and info.topic_id != state.topic_id:
             # First id seen (an old metadata version before), or the topic was re-created.
             if state.log is not None:
@@ -121,8 +128,12 @@ def assign(
         if state.leader_id != info.leader_id or not is_placed(state):
             state.leader_id = info.leader_id
             moved.append(state)
+        elif before != (state.topic_id, state.leader_epoch, state.epoch_check_pending, state.phase):
+            updated.append(state)  # among them those in `topic_ids`: the id is new
     removed = tuple(s for tp, s in states.items() if tp not in chosen)
-    return Assignment(tuple(added), tuple(moved), removed, tuple(topic_ids), tuple(halted))
+    return Assignment(
+        tuple(added), tuple(moved), removed, tuple(topic_ids), tuple(halted), tuple(updated)
+    )
 
 
 def place_all(
@@ -131,9 +142,12 @@ def place_all(
     *,
     place: Callable[[PartitionState], None],
     unplace: Callable[[PartitionState], None],
+    touch: Callable[[PartitionState], None],
 ) -> None:
     """The shell's part, the same for every shell: `states` gains `added` and loses
-    `removed`; `place` puts a state with its leader, `unplace` takes it from wherever it is."""
+    `removed`; `place` puts a state with its leader, `unplace` takes it from wherever it is,
+    `touch` tells the table that holds it that it changed in place (`updated`; called after
+    the shell stored the new topic ids, which may have halted a partition)."""
     for state in plan.added:
         states[state.tp] = state
         place(state)
@@ -143,3 +157,5 @@ def place_all(
     for state in plan.removed:
         del states[state.tp]
         unplace(state)
+    for state in plan.updated:
+        touch(state)

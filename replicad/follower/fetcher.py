@@ -161,6 +161,10 @@ class LeaderFetcher:
         self._wakeup.set()
         return state
 
+    def touched(self, tp: TopicPartition) -> None:
+        """The replicator changed this partition's state in place (the table's R13)."""
+        self.table.touched(tp)
+
     def response_max_bytes(self) -> int:
         return self.table.response_max_bytes()
 
@@ -298,6 +302,7 @@ class LeaderFetcher:
                 log.error("partition halted", tp=str(state.tp), error=str(result))
             else:
                 state.log = result
+            self.table.touched(state.tp)  # R13: changed outside the table
 
     def _open_many(self, states: list[PartitionState]) -> list[PartitionLog | LogError]:
         """On a worker thread: each partition's log, or why it could not be opened."""

@@ -6,8 +6,10 @@ cluster) do what it decides. It imports no asyncio, socket or clock: every handl
 
 Events in: a partition added (its state loaded from disk) or removed (metadata
 answered), a parsed Fetch response, OffsetForLeaderEpoch and ListOffsets answers, a
-send or connection failure, disk full / disk back, and the outcome of each action the
-shell performed (`truncated`, `appended`, `append_failed`).
+send or connection failure, disk full / disk back, the outcome of each action the
+shell performed (`truncated`, `appended`, `append_failed`), and a partition's state changed
+by the shell itself (`touched`: a log opened or unusable, metadata's new leader epoch or
+topic id in place).
 
 Actions out (`Action`; actions.py holds them and the answers the table is given):
 truncate P to N, truncate P fully and start at N, append these validated batches, set
@@ -95,10 +97,29 @@ Rules kept here (each repeated where it is kept):
   Kafka leader counts a follower's lag from when it last caught up (lastCaughtUpTimeMs):
   a partition with no new records for minutes is not idle for the stall rule, and once it
   has some it must move within the stall time of the last answer that found it caught up.
+- R13 what to fetch is examined again only where it may have changed (issue 34: at 10,000
+  partitions a walk over every partition cost 24-25 ms of a 26.8 ms request, for a share of
+  100 as for one session). `_want` is one partition's entry (None: not fetchable now), kept
+  in `_last_wanted`; a request examines again only the partitions marked since the last
+  one -- by every handler here that changes a partition (add, remove, an answer naming it,
+  appended, truncated, append_failed, the offsets and epoch answers and questions,
+  logs_not_opened, disk_back, confirm_topic_ids), by the shells through `touched` for what
+  they change themselves, and by the end of its delay or disk-full pause (a heap of
+  `delayed_until_ms`) -- and every partition once FULL_WALK_EVERY_MS has passed since the
+  last full walk: a change nothing marks (a log start moved by local retention, a mark
+  forgotten) is asked at most that late, never lost. The session handler is told the
+  partitions whose entry appeared, went or became another object since the last request
+  built (`_wanted_changes`), as before. A sessionless leader's pass (R11) is walked once
+  when it begins: its fetchable partitions go into two queues in rotation order (behind,
+  the others), a partition examined again is queued again when its kind changed, and a
+  share takes from the queues, checking each entry as it comes out; so a share costs about
+  its own size. A full request lists the partitions in rotation order (KIP-74).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import random
 import uuid
 from collections import OrderedDict
@@ -162,6 +183,9 @@ log = structlog.get_logger("replicad.fetcher")
 # A full disk is tried again this soon at the latest (sooner on `disk_back`).
 DISK_FULL_RETRY_MS = 5_000
 
+# R13: every partition is examined again at least this often, marked or not.
+FULL_WALK_EVERY_MS = 1_000
+
 # Errors after which the partition's leadership must be looked up again (R2).
 METADATA_ERRORS = frozenset(
     {
@@ -182,7 +206,12 @@ class PartitionTable:
     """The partitions one leader serves us, and what to do about each."""
 
     def __init__(
-        self, node_id: int, settings: FetchSettings, *, rng: random.Random | None = None
+        self,
+        node_id: int,
+        settings: FetchSettings,
+        *,
+        rng: random.Random | None = None,
+        full_walk_every_ms: int = FULL_WALK_EVERY_MS,
     ) -> None:
         self.node_id = node_id
         self.settings = settings
@@ -198,16 +227,35 @@ class PartitionTable:
         # Partitions per topic, for the bound on a response's size (response_max_bytes).
         self._topic_members: dict[str, int] = {}
         self.session = FetchSessionHandler(node_id, sessions_enabled=settings.sessions)
-        # The last build's partitions, and what changed since the last request was built
-        # (see _wanted).
+        # The fetchable partitions' entries as last examined, and the partitions whose entry
+        # appeared, went or changed since the last request was built (R13, `_wanted`).
         self._last_wanted: dict[TopicPartition, PartitionFetch] = {}
         self._wanted_changes: list[TopicPartition] = []
-        # The last request was a sessionless leader's share of the partitions (R11), the
-        # partitions the current pass has not asked yet, and those asked in a share and not
-        # served since (no records, not found caught up, or no answer).
+        # R13: the partitions to examine again at the next build (an ordered set: the
+        # simulation's runs repeat only if nothing here iterates in hash order); when each
+        # delay or disk-full pause examined last ends, as a heap of (ms, sequence, tp) with
+        # the ms each partition's live entry has; when the next full walk is due.
+        self._stale: dict[TopicPartition, None] = {}
+        self._delays: list[tuple[int, int, TopicPartition]] = []
+        self._delay_at: dict[TopicPartition, int] = {}
+        self._sequence = itertools.count()
+        self._full_walk_every_ms = full_walk_every_ms
+        self._full_walk_ms = 0
+        # The last request was a sessionless leader's share of the partitions (R11); the
+        # partitions the current pass has not asked yet, each with its place in the pass
+        # (rotation order when the pass began; those an answer cut short go before, those
+        # added after); and those asked in a share and not served since (no records, not
+        # found caught up, or no answer).
         self._sent_a_share = False
-        self._pass_left: set[TopicPartition] = set()
+        self._pass_left: dict[TopicPartition, int] = {}
         self._unserved: set[TopicPartition] = set()
+        # R11 and R13: the pass's fetchable partitions as two heaps of (place, tp), the
+        # others at [False] and those behind at [True], and which heap holds each one's live
+        # entry; the place the next partition cut short takes, and the next one added.
+        self._pass_queues: tuple[list[tuple[int, TopicPartition]], ...] = ([], [])
+        self._pass_queued: dict[TopicPartition, bool] = {}
+        self._pass_front = 0
+        self._pass_next = 0
         # The last answer left a partition behind without records: the next share waits
         # longer (R11).
         self._cut = False
@@ -232,13 +280,21 @@ class PartitionTable:
             topic = state.tp.topic
             self._topic_members[topic] = self._topic_members.get(topic, 0) + 1
             if self._pass_left:
-                self._pass_left.add(state.tp)  # R11: asked in the pass under way
+                # R11: asked in the pass under way, after those there.
+                self._pass_left[state.tp] = self._pass_next
+                self._pass_next += 1
         self.partitions[state.tp] = state
+        self._stale[state.tp] = None  # R13
 
     def remove(self, tp: TopicPartition) -> PartitionState | None:
         state = self.partitions.pop(tp, None)
-        self._pass_left.discard(tp)
+        self._pass_left.pop(tp, None)
+        self._pass_queued.pop(tp, None)
         self._unserved.discard(tp)
+        self._delay_at.pop(tp, None)
+        self._stale.pop(tp, None)
+        if self._last_wanted.pop(tp, None) is not None:
+            self._wanted_changes.append(tp)  # R13: the next request forgets it
         if state is not None:
             left = self._topic_members[tp.topic] - 1
             if left:
@@ -246,6 +302,13 @@ class PartitionTable:
             else:
                 del self._topic_members[tp.topic]
         return state
+
+    def touched(self, tp: TopicPartition) -> None:
+        """R13: a shell changed this partition's state outside the table (opened its log,
+        halted it, or metadata gave it a new leader epoch or topic id in place): what to
+        fetch of it is examined again at the next request."""
+        if tp in self.partitions:
+            self._stale[tp] = None
 
     def without_log(self, now_ms: int) -> list[PartitionState]:
         """Partitions whose log the shell has to open before they take part (a halted one
@@ -270,6 +333,7 @@ class PartitionTable:
             if state is not None:
                 state.disk_full_ms = now_ms
                 state.delay(now_ms, DISK_FULL_RETRY_MS, "disk full: log not created")
+                self._stale[tp] = None
         self._say_once(
             "enospc:logs", now_ms, "disk full, logs not created", partitions=len(tps), error=error
         )
@@ -307,8 +371,10 @@ class PartitionTable:
             latest = state.log.latest_epoch()
             if fetch_version >= FETCH_LAST_FETCHED_EPOCH_VERSION or latest is None:
                 state.epoch_check_pending = False  # Fetch itself will tell, or nothing to check
+                self._stale[state.tp] = None
             elif ofle_version is None:
                 state.epoch_check_pending = False
+                self._stale[state.tp] = None
                 # Nothing can check a new epoch at our end (R10): take it as it comes.
                 state.join_checked = (state.log.log_end_offset, latest)
                 self._say_once(
@@ -335,6 +401,7 @@ class PartitionTable:
             state = self.partitions.get(answer.tp)
             if state is None or answer.tp not in asked:
                 continue
+            self._stale[answer.tp] = None
             error = error_code_of(answer.error_code)  # R6
             if error is not ErrorCode.none:
                 self.stats.partition_errors[error.name] += 1
@@ -386,6 +453,7 @@ class PartitionTable:
             state = self.partitions.get(tp)
             if state is None:
                 continue
+            self._stale[tp] = None
             if state.phase not in ASKS_OFFSETS:
                 # Halted since it was asked (its topic re-created upstream, its log
                 # unusable): the answer must not revive it (partition_phase.py).
@@ -480,6 +548,12 @@ class PartitionTable:
             # partition, so the next request adds the rest.
             changed, self._sent_a_share = None, False
         share = self._sessionless_share(wanted)
+        if share is None and (changed is None or not self.session.is_sessionful):
+            # A full request (or the first after a share made a session) lists the
+            # partitions in rotation order (KIP-74); `_wanted` keeps them in the order they
+            # became fetchable, and an incremental request does not need more.
+            partitions = self.partitions
+            wanted = {tp: wanted[tp] for tp in partitions if tp in wanted}
         plan = self.session.build_request(share or wanted, changed=changed)
         self._wanted_changes = []
         self.stats.last_request_partitions = len(plan.to_send)
@@ -507,38 +581,89 @@ class PartitionTable:
         fills the rest."""
         cap = self.settings.sessionless_max_partitions
         if len(wanted) <= cap or not self.session.sessionless_so_far:
-            self._pass_left.clear()
+            if self._pass_left:
+                self._pass_left = {}
+                self._pass_queues = ([], [])
+                self._pass_queued = {}
             self._unserved.clear()
             return None
-        share = self._from_pass(wanted, cap)
+        share = self._from_pass(cap)
         if len(share) < cap:
-            self._pass_left = set(self.partitions).difference(share)
+            self._begin_pass(share)
             self.stats.share_passes += 1
-            share.update(self._from_pass(wanted, cap - len(share)))
+            share.update(self._from_pass(cap - len(share)))
         return share
 
-    def _from_pass(
-        self, wanted: dict[TopicPartition, PartitionFetch], count: int
-    ) -> dict[TopicPartition, PartitionFetch]:
-        """Up to `count` of `wanted` the pass has not asked yet, those known to be behind
-        first, each kind in rotation order; taken out of the pass."""
-        left, unserved = self._pass_left, self._unserved
-        behind: list[TopicPartition] = []
-        others: list[TopicPartition] = []
-        for tp in wanted:
-            if tp not in left:
+    def _begin_pass(self, taken: Mapping[TopicPartition, PartitionFetch]) -> None:
+        """R11: a new pass over every partition but those `taken`, in rotation order; the
+        fetchable ones queued by kind (R13: the one walk over the table a pass)."""
+        left: dict[TopicPartition, int] = {}
+        queues: tuple[list[tuple[int, TopicPartition]], ...] = ([], [])
+        queued: dict[TopicPartition, bool] = {}
+        wanted = self._last_wanted
+        place = -1
+        for place, (tp, state) in enumerate(self.partitions.items()):
+            if tp in taken:
                 continue
-            state = self.partitions[tp]
-            served_end = self._served_end(state.high_watermark, state.last_stable_offset)
-            if tp in unserved or served_end > state.fetch_offset:
-                behind.append(tp)
-                if len(behind) == count:
-                    break
-            elif len(others) < count:
-                others.append(tp)
-        chosen = (behind + others)[:count]
-        left.difference_update(chosen)
-        return {tp: wanted[tp] for tp in chosen}
+            left[tp] = place
+            if tp in wanted:
+                behind = self._behind(tp, state)
+                queues[behind].append((place, tp))  # in order: a heap already
+                queued[tp] = behind
+        self._pass_left, self._pass_queues, self._pass_queued = left, queues, queued
+        self._pass_front, self._pass_next = 0, place + 1
+
+    def _from_pass(self, count: int) -> dict[TopicPartition, PartitionFetch]:
+        """Up to `count` fetchable partitions the pass has not asked yet, those known to be
+        behind first, each kind in its place in the pass; taken out of the pass. A queue's
+        entry is checked when it comes out (R13): one whose kind changed goes to the other
+        queue, one not fetchable now waits out of the queues until `_queue` puts it back."""
+        left, queued = self._pass_left, self._pass_queued
+        wanted, partitions = self._last_wanted, self.partitions
+        queues = self._pass_queues
+        behind_queue, others_queue = queues[True], queues[False]
+        chosen: tuple[list[tuple[int, TopicPartition]], ...] = ([], [])
+        taken = 0
+        while taken < count:
+            if behind_queue:
+                queue, kind = behind_queue, True
+            elif others_queue:
+                queue, kind = others_queue, False
+            else:
+                break
+            place, tp = heapq.heappop(queue)
+            if left.get(tp) != place or queued.get(tp) is not kind:
+                continue  # superseded: taken, moved in the pass, or queued again
+            if tp not in wanted:
+                del queued[tp]
+                continue
+            if self._behind(tp, partitions[tp]) is not kind:
+                queued[tp] = not kind
+                heapq.heappush(queues[not kind], (place, tp))
+                continue
+            del left[tp], queued[tp]
+            chosen[kind].append((place, tp))
+            taken += 1
+        behind, others = sorted(chosen[True]), sorted(chosen[False])
+        return {tp: wanted[tp] for _, tp in (*behind, *others)}
+
+    def _queue(self, tp: TopicPartition, state: PartitionState) -> None:
+        """R11 and R13: a partition of the pass under way, examined again: in the queue of
+        its kind if fetchable (an entry of the other kind is dropped when it comes out)."""
+        if tp not in self._last_wanted:
+            return
+        behind = self._behind(tp, state)
+        if self._pass_queued.get(tp) is behind:
+            return
+        self._pass_queued[tp] = behind
+        heapq.heappush(self._pass_queues[behind], (self._pass_left[tp], tp))
+
+    def _behind(self, tp: TopicPartition, state: PartitionState) -> bool:
+        """R11: known to be behind: asked in a share and not served since, or the leader's
+        served end above our fetch offset."""
+        return tp in self._unserved or (
+            self._served_end(state.high_watermark, state.last_stable_offset) > state.fetch_offset
+        )
 
     def _served_end(self, high_watermark: int, last_stable_offset: int) -> int:
         """R11: where the leader's answers to us end, for "behind": its high watermark, or
@@ -563,62 +688,83 @@ class PartitionTable:
         return version
 
     def _wanted(self, now_ms: int) -> dict[TopicPartition, PartitionFetch]:
-        """The fetchable partitions in rotation order. Per partition this is a few
-        attribute reads: the PartitionFetch object is rebuilt only when one of its
-        inputs changed, and the session handler skips unchanged objects by identity."""
-        wanted: dict[TopicPartition, PartitionFetch] = {}
-        # What differs from the previous build, for the session handler (O(changes)).
-        changed: list[TopicPartition] = []
-        last = self._last_wanted
-        kept = 0
-        max_bytes = self.settings.partition_max_bytes
-        for tp, state in self.partitions.items():
-            if state.phase is PartitionPhase.PAUSED_DISK_FULL and now_ms >= state.delayed_until_ms:
-                state.move(PhaseEvent.DISK_RETRY)  # try again: space may be back
-                state.disk_retry_ms = now_ms
-            if not state.fetchable(now_ms) or state.log is None:
-                continue
-            local = state.log
-            latest = local.latest_epoch()
-            if state.fetched_epoch is not None and (latest is None or state.fetched_epoch > latest):
-                # Validated, not yet appended: the epoch of what was fetched.
-                latest = state.fetched_epoch
-            last_fetched_epoch = -1 if latest is None else latest
-            want = state.want
-            # The last object is its own key: no tuple per partition per build, none kept.
-            if (
-                want is None
-                or want.fetch_offset != state.fetch_offset
-                or want.log_start_offset != local.log_start_offset
-                or want.current_leader_epoch != state.leader_epoch
-                or want.last_fetched_epoch != last_fetched_epoch
-                or want.topic_id != state.topic_id
-            ):
-                want = state.want = PartitionFetch(
-                    fetch_offset=state.fetch_offset,
-                    log_start_offset=local.log_start_offset,
-                    max_bytes=max_bytes,
-                    current_leader_epoch=state.leader_epoch,
-                    last_fetched_epoch=last_fetched_epoch,
-                    topic_id=state.topic_id,
-                )
-            wanted[tp] = want
-            previous = last.get(tp)
-            if previous is None:
-                changed.append(tp)
-            else:
-                kept += 1
-                if previous is not want:
-                    changed.append(tp)
-        if kept != len(last):
-            changed.extend(tp for tp in last if tp not in wanted)
-        self._last_wanted = wanted
+        """The fetchable partitions (in the order they became so) and their entries, with
+        only what may have changed examined again (R13): the partitions marked since the
+        last build, those whose delay or disk-full pause has ended, and every partition
+        once FULL_WALK_EVERY_MS has passed. Each change (an entry that appeared, went or is
+        another object) is kept for the session handler, which skips the rest."""
+        stale, self._stale = self._stale, {}
+        partitions = self.partitions
+        if now_ms >= self._full_walk_ms:
+            self._full_walk_ms = now_ms + self._full_walk_every_ms
+            marked, stale = stale, dict.fromkeys(partitions)
+            stale.update(marked)
+        delays, delay_at = self._delays, self._delay_at
+        while delays and delays[0][0] <= now_ms:
+            at, _, tp = heapq.heappop(delays)
+            if delay_at.get(tp) == at:
+                del delay_at[tp]
+                stale[tp] = None
+        wanted = self._last_wanted
         # Kept until a request is built: a build that wants nothing builds no request, and
         # the partitions it dropped must still be forgotten by the next one (found by
         # tools/sim, seed 2292: dropped while nothing was fetchable, they stayed in the
         # leader's session and came back in its answers, past the response budget).
-        self._wanted_changes.extend(changed)
+        changes = self._wanted_changes
+        left = self._pass_left
+        for tp in stale:
+            state = partitions.get(tp)
+            if state is None:
+                continue  # removed: `remove` dropped its entry
+            want = self._want(state, now_ms)
+            if want is None:
+                if wanted.pop(tp, None) is not None:
+                    changes.append(tp)
+                until = state.delayed_until_ms
+                if until > now_ms and delay_at.get(tp) != until:
+                    delay_at[tp] = until
+                    heapq.heappush(delays, (until, next(self._sequence), tp))
+            elif wanted.get(tp) is not want:
+                wanted[tp] = want
+                changes.append(tp)
+            if tp in left:
+                self._queue(tp, state)
         return wanted
+
+    def _want(self, state: PartitionState, now_ms: int) -> PartitionFetch | None:
+        """What to ask of one partition now; None when it is not fetchable now. A few
+        attribute reads: the PartitionFetch object is rebuilt only when one of its inputs
+        changed, and the session handler skips unchanged objects by identity."""
+        if state.phase is PartitionPhase.PAUSED_DISK_FULL and now_ms >= state.delayed_until_ms:
+            state.move(PhaseEvent.DISK_RETRY)  # try again: space may be back
+            state.disk_retry_ms = now_ms
+        local = state.log
+        if local is None or not state.fetchable(now_ms):
+            return None
+        latest = local.latest_epoch()
+        if state.fetched_epoch is not None and (latest is None or state.fetched_epoch > latest):
+            # Validated, not yet appended: the epoch of what was fetched.
+            latest = state.fetched_epoch
+        last_fetched_epoch = -1 if latest is None else latest
+        want = state.want
+        # The last object is its own key: no tuple per partition per build, none kept.
+        if (
+            want is None
+            or want.fetch_offset != state.fetch_offset
+            or want.log_start_offset != local.log_start_offset
+            or want.current_leader_epoch != state.leader_epoch
+            or want.last_fetched_epoch != last_fetched_epoch
+            or want.topic_id != state.topic_id
+        ):
+            want = state.want = PartitionFetch(
+                fetch_offset=state.fetch_offset,
+                log_start_offset=local.log_start_offset,
+                max_bytes=self.settings.partition_max_bytes,
+                current_leader_epoch=state.leader_epoch,
+                last_fetched_epoch=last_fetched_epoch,
+                topic_id=state.topic_id,
+            )
+        return want
 
     def request(
         self, plan: FetchRequestPlan, version: int, *, max_wait_ms: int | None = None
@@ -706,6 +852,7 @@ class PartitionTable:
             if tp in dropped:
                 continue
             dropped.add(tp)
+            self._stale[tp] = None
             state = self.partitions[tp]
             state.fetched_epoch = None
             state.fetch_offset = state.log.log_end_offset  # R1: nothing was appended
@@ -787,6 +934,9 @@ class PartitionTable:
                 continue  # an id the plan does not know: the session handler rejects it
             for pd in topic.partitions:
                 entries.append((TopicPartition(name, int(pd.partition_index)), pd))
+        stale = self._stale
+        for tp, _ in entries:
+            stale[tp] = None  # R13: an answer may change what to ask of it
         verdict = self.session.handle_response(
             plan,
             error_code=body.error_code,
@@ -883,7 +1033,10 @@ class PartitionTable:
         order, and stay in the pass under way."""
         for tp in reversed(cut):
             self.partitions.move_to_end(tp, last=False)
-        self._pass_left.update(cut)
+            self._pass_front -= 1
+            self._pass_left[tp] = self._pass_front
+            self._pass_queued.pop(tp, None)
+            self._stale[tp] = None
 
     def _partition_answer(
         self,
@@ -1122,6 +1275,7 @@ class PartitionTable:
         state = self.partitions.get(action.tp)
         if state is None:
             return []
+        self._stale[action.tp] = None
         state.fetch_offset = state.log.log_end_offset
         state.fetched_epoch = None
         actions: list[Action] = []
@@ -1134,6 +1288,7 @@ class PartitionTable:
         state = self.partitions.get(append.tp)
         if state is None:
             return []
+        self._stale[append.tp] = None
         fetched = append.fetched
         state.fetched_epoch = None
         state.fetch_offset = state.log.log_end_offset
@@ -1155,6 +1310,7 @@ class PartitionTable:
         state = self.partitions.get(append.tp)
         if state is None:
             return
+        self._stale[append.tp] = None
         state.fetched_epoch = None
         state.fetch_offset = state.log.log_end_offset
         if disk_full:
@@ -1187,6 +1343,7 @@ class PartitionTable:
                 state.move(PhaseEvent.DISK_BACK)
                 state.delayed_until_ms = now_ms
                 state.disk_retry_ms = now_ms
+                self._stale[state.tp] = None
 
     # -- failures -----------------------------------------------------------------------
 

@@ -231,10 +231,16 @@ class Replicator:
                 state.log.set_topic_id(topic_id)
             except LogError as exc:  # assign() compared the ids: a failing disk
                 state.move(PhaseEvent.LOG_UNUSABLE, f"storing the topic id failed: {exc}")
-        place_all(plan, self.states, place=self._assign, unplace=self._unassign)
+        place_all(plan, self.states, place=self._assign, unplace=self._unassign, touch=self._touch)
         for state in plan.removed:
             log.info("partition no longer replicated; local data kept", tp=str(state.tp))
         return missing
+
+    def _touch(self, state: PartitionState) -> None:
+        """A state changed in place: its fetcher's table examines it again (R13)."""
+        fetcher = self.fetchers.get(state.leader_id)
+        if fetcher is not None:
+            fetcher.touched(state.tp)
 
     def _is_assigned(self, state: PartitionState) -> bool:
         fetcher = self.fetchers.get(state.leader_id)

@@ -149,7 +149,39 @@ def test_place_all_adds_moves_and_removes():
         states,
         place=lambda s: calls.append(("place", s.tp)),
         unplace=lambda s: calls.append(("unplace", s.tp)),
+        touch=lambda s: calls.append(("touch", s.tp)),
     )
     new = TopicPartition("t", 2)
     assert set(states) == {TP0, new}
     assert calls == [("place", new), ("unplace", TP0), ("place", TP0), ("unplace", TP1)]
+
+
+def test_a_partition_changed_in_place_is_touched_in_its_table_and_an_unchanged_one_is_not():
+    """The partition table examines again only the partitions it was told of (its R13): a
+    new leader epoch of the same leader, a first topic id, a re-created topic change a
+    state in place, and its table must be told; the same metadata again changes nothing."""
+    epoch, first_id, recreated, same = (
+        _state(TP0),
+        _state(TP1, topic_id=None, log_topic_id=None),
+        _state(TopicPartition("t", 2)),
+        _state(TopicPartition("t", 3)),
+    )
+    states = {s.tp: s for s in (epoch, first_id, recreated, same)}
+    chosen = {
+        TP0: LeaderInfo(1, 4, OLD),
+        TP1: LeaderInfo(1, 3, OLD),
+        recreated.tp: LeaderInfo(1, 3, NEW),
+        same.tp: LeaderInfo(1, 3, OLD),
+    }
+    plan = assign(states, chosen, {}, now_ms=0, is_placed=_placed)
+    assert [s.tp for s in plan.updated] == [TP0, TP1, recreated.tp]
+    touched: list[TopicPartition] = []
+    place_all(
+        plan,
+        states,
+        place=lambda s: None,
+        unplace=lambda s: None,
+        touch=lambda s: touched.append(s.tp),
+    )
+    assert touched == [TP0, TP1, recreated.tp]
+    assert assign(states, chosen, {}, now_ms=1, is_placed=_placed).updated == ()

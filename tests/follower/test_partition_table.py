@@ -36,7 +36,11 @@ from replicad.follower.fetch_settings import (
 )
 from replicad.follower.partition_phase import PartitionPhase
 from replicad.follower.partition_state import PartitionState
-from replicad.follower.partition_table import DISK_FULL_RETRY_MS, PartitionTable
+from replicad.follower.partition_table import (
+    DISK_FULL_RETRY_MS,
+    FULL_WALK_EVERY_MS,
+    PartitionTable,
+)
 from replicad.log.epoch import EpochEndOffset as LogEpochEnd
 from replicad.log.epoch import LeaderEpochCache
 from replicad.records.batch import scan_batches
@@ -166,7 +170,8 @@ def test_the_request_asks_each_partition_from_its_log_end_with_its_epochs():
 
 
 def test_an_unchanged_partition_keeps_its_partition_fetch_and_a_change_makes_a_new_one():
-    # The session handler skips unchanged partitions by identity (session/client.py).
+    # The session handler skips unchanged partitions by identity (session/client.py). A
+    # change made outside the table's handlers is told by `touched` (R13), as the shells do.
     table = _table()
     state, local = _add(table, TP0, end=40, epochs=[(4, 0)])
     first = table.next_fetch(0, max_version=13).plan.to_send[TP0]
@@ -181,11 +186,29 @@ def test_an_unchanged_partition_keeps_its_partition_fetch_and_a_change_makes_a_n
     ):
         before = state.want
         change()
+        table.touched(TP0)
         table.next_fetch(0, max_version=13)
         assert state.want is not before
     want = state.want
     assert (want.fetch_offset, want.log_start_offset, want.current_leader_epoch) == (41, 1, 6)
     assert (want.last_fetched_epoch, want.topic_id) == (5, uuid.UUID(int=8))
+
+
+def test_a_change_the_table_was_not_told_of_is_asked_after_the_next_full_walk():
+    """R13: a change no handler marked (a log start moved by local retention) is seen when
+    every partition is examined again, FULL_WALK_EVERY_MS after the last full walk."""
+    table = _table()
+    _, local = _add(table, TP0, end=40, epochs=[(4, 0)])
+    first = table.next_fetch(0, max_version=13)
+    table.on_response(first, _response(first, _partition(TP0, hw=40)), 0)  # a session
+    quiet = table.next_fetch(0, max_version=13)
+    table.on_response(quiet, _response(quiet), 0)  # nothing new
+    local.log_start_offset = 10
+    early = table.next_fetch(FULL_WALK_EVERY_MS - 1, max_version=13)
+    assert dict(early.plan.to_send) == {}  # incremental: nothing changed that it knows of
+    table.on_response(early, _response(early), FULL_WALK_EVERY_MS - 1)
+    walked = table.next_fetch(FULL_WALK_EVERY_MS, max_version=13)
+    assert walked.plan.to_send[TP0].log_start_offset == 10
 
 
 def test_below_v12_no_last_fetched_epoch_is_sent():
@@ -741,6 +764,284 @@ def test_with_sessions_off_every_request_is_a_share():
         _add(table, TopicPartition("t", p))
     assert _asked(table.next_fetch(0, max_version=13)) == [0, 1]
     assert _asked(table.next_fetch(0, max_version=13)) == [2, 0]
+
+
+# -- what a request examines (R13) -------------------------------------------------------
+
+
+@dataclass
+class CountingLog(MemoryLog):
+    """A MemoryLog that counts the reads of its latest epoch (once per partition examined
+    for a request: the table's `_want`) in `reads`, shared by every log of a table."""
+
+    reads: list[int] = field(default_factory=lambda: [0])
+
+    def latest_epoch(self) -> int | None:
+        self.reads[0] += 1
+        return super().latest_epoch()
+
+
+def _counting_table(partitions: int, **settings):
+    table, reads = _table(**settings), [0]
+    for p in range(partitions):
+        local = CountingLog(log_end_offset=50, high_watermark=50, reads=reads)
+        local.epochs.assign(5, 0)
+        state = PartitionState(
+            tp=TopicPartition("t", p),
+            topic_id=TOPIC_ID,
+            leader_id=1,
+            leader_epoch=5,
+            phase=PartitionPhase.FETCHING,
+            fetch_offset=50,
+        )
+        table.add(state, local)
+    return table, reads
+
+
+def test_a_share_examines_about_its_own_partitions_not_the_whole_table():
+    """R13 (issue 34): at 10,000 partitions every request walked every partition (24-25 ms
+    of a 26.8 ms request). 1,000 partitions in shares of 100, answered caught up with nothing
+    new, a request every 10 ms: after the first, each request examines the partitions the
+    last answer named (100), not 1,000 (on the old code: 1,000 a request); two passes still
+    ask every partition twice."""
+    table, reads = _counting_table(1_000, sessionless_max_partitions=100)
+    first = table.next_fetch(0, max_version=13)
+    assert len(first.plan.to_send) == 1_000 and reads[0] == 1_000  # new: all examined
+    table.on_response(first, _response(first, session_id=0), 0)
+    examined, asked = [], []
+    for step in range(1, 21):
+        reads[0] = 0
+        fetch = table.next_fetch(step * 10, max_version=13)
+        examined.append(reads[0])
+        asked.extend(fetch.plan.to_send)
+        answers = [_partition(tp, hw=50) for tp in fetch.plan.to_send]
+        table.on_response(fetch, _response(fetch, *answers, session_id=0), step * 10)
+    assert examined == [0] + [100] * 19
+    assert sorted(asked) == sorted(list(table.partitions) * 2)
+
+
+def test_a_sessions_request_examines_what_the_last_answer_named():
+    """R13 with one session (Kafka): an incremental answer names only the partitions with
+    news; the next request examines those, and the full walk once a second examines all
+    (on the old code: 1,000 a request)."""
+    table, reads = _counting_table(1_000)
+    first = table.next_fetch(0, max_version=13)
+    table.on_response(first, _nothing_new(first, 7), 0)
+    examined = []
+    for step in range(1, 101):  # a request every 10 ms for one second
+        reads[0] = 0
+        fetch = table.next_fetch(step * 10, max_version=13)
+        assert not fetch.plan.is_full
+        examined.append(reads[0])
+        news = [_partition(TopicPartition("t", step), hw=60)]
+        table.on_response(fetch, _response(fetch, *news, session_id=7), step * 10)
+    # The first examines the 1,000 the full answer named; the last, at 1,000 ms, is the
+    # full walk.
+    assert examined == [1_000] + [1] * 98 + [1_000]
+
+
+class _WalkingTable(PartitionTable):
+    """The table as it chose before R13, the reference of R13's test: every partition
+    examined at every request (full walks 0 ms apart), and a sessionless leader's share
+    (R11) found by a scan of the fetchable partitions in rotation order, those behind first,
+    among the partitions the pass has not asked yet (a set)."""
+
+    def __init__(self, settings: FetchSettings) -> None:
+        super().__init__(1, settings, full_walk_every_ms=0)
+        self._walk_left: set[TopicPartition] = set()
+
+    def add(self, state, local=None) -> None:
+        if state.tp not in self.partitions and self._walk_left:
+            self._walk_left.add(state.tp)
+        super().add(state, local)
+
+    def remove(self, tp):
+        self._walk_left.discard(tp)
+        return super().remove(tp)
+
+    def _sessionless_share(self, wanted):
+        cap = self.settings.sessionless_max_partitions
+        if len(wanted) <= cap or not self.session.sessionless_so_far:
+            self._walk_left.clear()
+            self._unserved.clear()
+            return None
+        in_order = {tp: wanted[tp] for tp in self.partitions if tp in wanted}
+        share = self._walk_from_pass(in_order, cap)
+        if len(share) < cap:
+            self._walk_left = set(self.partitions).difference(share)
+            self.stats.share_passes += 1
+            share.update(self._walk_from_pass(in_order, cap - len(share)))
+        return share
+
+    def _walk_from_pass(self, wanted, count):
+        behind, others = [], []
+        for tp in wanted:
+            if tp not in self._walk_left:
+                continue
+            if self._behind(tp, self.partitions[tp]):
+                behind.append(tp)
+                if len(behind) == count:
+                    break
+            elif len(others) < count:
+                others.append(tp)
+        chosen = (behind + others)[:count]
+        self._walk_left.difference_update(chosen)
+        return {tp: wanted[tp] for tp in chosen}
+
+    def _keep_places(self, cut) -> None:
+        for tp in reversed(cut):
+            self.partitions.move_to_end(tp, last=False)
+        self._walk_left.update(cut)
+
+
+class _Twins:
+    """Two tables fed the same events (R13's reference test): [0] examines only what was
+    marked and takes shares from its queues, [1] is a `_WalkingTable`. Each has its own
+    logs; answers are made once, for both."""
+
+    def __init__(self, rng, *, partitions: int, **settings) -> None:
+        self.rng = rng
+        self.tables = [
+            _table(**settings),
+            _WalkingTable(FetchSettings(backoff_ms=100, **settings)),
+        ]
+        self.logs: list[dict] = [{}, {}]
+        self.states: list[dict] = [{}, {}]
+        self.ends: dict[TopicPartition, int] = {}  # the leader's
+        self.in_flight: list | None = None
+        self.to_perform: list[list] = [[], []]
+        self.requests = 0
+        for p in range(partitions):
+            self.add(TopicPartition("t", p))
+
+    def add(self, tp) -> None:
+        self.ends.setdefault(tp, 0)
+        for i, table in enumerate(self.tables):
+            self.states[i][tp], self.logs[i][tp] = _add(table, tp, epochs=[(5, 0)])
+
+    def remove(self, tp) -> None:
+        del self.ends[tp]
+        for table in self.tables:
+            table.remove(tp)
+
+    def new_epoch(self, tp) -> None:
+        """Metadata's new leader epoch, made in place by the shell (assignment.py)."""
+        for i, table in enumerate(self.tables):
+            self.states[i][tp].leader_epoch += 1
+            table.touched(tp)
+
+    def questions(self, now) -> None:
+        for i, table in enumerate(self.tables):
+            asked = [st.tp for st in table.offset_questions(now)]
+            earliest, _ = table.offsets_answer([OffsetAnswer(tp, NONE, 0) for tp in asked])
+            latest, _ = table.offsets_answer(
+                [OffsetAnswer(tp, NONE, self.logs[i][tp].log_end_offset) for tp in asked]
+            )
+            _perform(table, table.on_offsets(asked, earliest, latest, now), self.logs[i], now)
+
+    def fetch(self, now) -> None:
+        a, b = fetches = [table.next_fetch(now, max_version=13) for table in self.tables]
+        if a is None or b is None:
+            assert fetches == [None, None]
+            return
+        self.requests += 1
+        assert (a.plan.is_full, a.plan.session_id, a.request.max_wait_ms) == (
+            b.plan.is_full,
+            b.plan.session_id,
+            b.request.max_wait_ms,
+        )
+        if a.plan.is_full:  # in rotation order
+            assert list(a.plan.to_send.items()) == list(b.plan.to_send.items())
+        else:
+            assert dict(a.plan.to_send) == dict(b.plan.to_send)
+            assert sorted(a.plan.to_forget) == sorted(b.plan.to_forget)
+        self.in_flight = fetches
+
+    def answer(self, now, session_id) -> None:
+        rng, outcomes = self.rng, {}
+        for tp, asked in self.in_flight[0].plan.to_send.items():
+            roll, end = rng.random(), self.ends.get(tp, 0)
+            if roll < 0.05:
+                continue  # left out of the answer
+            if roll < 0.1:
+                outcomes[tp] = dict(error=rng.choice((NOT_LEADER, OUT_OF_RANGE)))
+            elif roll < 0.45 and end >= asked.fetch_offset + 2:
+                records = _batches(asked.fetch_offset, min(2, (end - asked.fetch_offset) // 2))
+                outcomes[tp] = dict(hw=end, records=records)
+            else:
+                outcomes[tp] = dict(hw=end)
+        for i, (table, fetch) in enumerate(zip(self.tables, self.in_flight, strict=True)):
+            parts = (_partition(tp, **o) for tp, o in outcomes.items())
+            outcome = table.on_response(fetch, _response(fetch, *parts, session_id=session_id), now)
+            self.to_perform[i].extend((*outcome.actions, *outcome.appends))
+        self.in_flight = None
+
+    def perform(self, now, *, disk_full: bool) -> None:
+        for i, table in enumerate(self.tables):
+            todo, self.to_perform[i] = self.to_perform[i], []
+            for action in todo:
+                if isinstance(action, RequestMetadata) or action.tp not in table.partitions:
+                    continue
+                if isinstance(action, Append) and disk_full:
+                    table.append_failed(action, "ENOSPC", now, disk_full=True)
+                else:
+                    _perform(table, [action], self.logs[i], now)
+
+    def same_states(self) -> None:
+        for tp in self.ends:
+            one, other = self.states[0][tp], self.states[1][tp]
+            assert (one.phase, one.fetch_offset, one.delayed_until_ms) == (
+                other.phase,
+                other.fetch_offset,
+                other.delayed_until_ms,
+            ), tp
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_what_is_asked_is_what_a_walk_over_every_partition_asks(seed):
+    """R13 against its reference: two tables fed the same events in a random order, one
+    examining only what was marked, one walking every partition at every request, ask the
+    same partitions, from the same offsets, in the same shares, at every request: answers
+    with and without records, behind or caught up, left out, errors that back off, out of
+    range (ListOffsets), requests built before the last answer's appends (pipelined), full
+    disks and their retry or disk_back, new leader epochs made in place (told by
+    `touched`), partitions removed and added; with a session (odd seeds) and without."""
+    import random
+
+    rng = random.Random(seed)
+    session_id = 7 if seed % 2 else 0
+    twins = _Twins(
+        rng, partitions=24, sessionless_max_partitions=7, wait_max_ms=500, sessionless_wait_ms=900
+    )
+    now = 0
+    for _ in range(1_500):
+        move = rng.random()
+        if move < 0.2:
+            now += rng.choice((10, 100, 400, 2_000))
+        elif move < 0.22:
+            for table in twins.tables:
+                table.disk_back(now)
+        elif move < 0.24:
+            twins.new_epoch(rng.choice(sorted(twins.ends)))
+        elif move < 0.25 and len(twins.ends) > 8:
+            twins.remove(rng.choice(sorted(twins.ends)))
+        elif move < 0.26:
+            twins.add(TopicPartition("t", 100 + len(twins.ends)))
+        elif move < 0.35:
+            for tp in twins.ends:
+                twins.ends[tp] += rng.choice((0, 0, 0, 2, 4))
+        elif move < 0.45:
+            twins.questions(now)
+        elif move < 0.7:
+            if twins.in_flight is None:
+                twins.fetch(now)
+        elif move < 0.85:
+            if twins.in_flight is not None:
+                twins.answer(now, session_id)
+        else:
+            twins.perform(now, disk_full=rng.random() < 0.2)
+        twins.same_states()
+    assert twins.requests > 100
 
 
 # -- errors (R2, R6) ---------------------------------------------------------------------

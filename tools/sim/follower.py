@@ -255,7 +255,7 @@ class SimFollower:
         )
         for state, topic_id in plan.topic_ids:
             state.log.set_topic_id(topic_id)
-        place_all(plan, self.states, place=self._assign, unplace=self._unassign)
+        place_all(plan, self.states, place=self._assign, unplace=self._unassign, touch=self._touch)
 
     def _assign(self, state: PartitionState) -> None:
         table = self.tables.get(state.leader_id)
@@ -274,6 +274,10 @@ class SimFollower:
         if local is None:
             local = DiskLog(self.logs.get_or_create(state.tp, topic_id=state.topic_id), self.disk)
         table.add(state, local)
+
+    def _touch(self, state: PartitionState) -> None:
+        for table in self.tables.values():
+            table.touched(state.tp)
 
     def _unassign(self, state: PartitionState) -> None:
         for table in self.tables.values():
