@@ -58,6 +58,7 @@ from tools.chaos.soak_sources import (
 )
 from tools.peers.kafka_cluster import CLUSTER_HEAP, KafkaCluster
 from tools.peers.process import PeerError
+from tools.peers.tansu import TansuBroker
 from tools.wait import DEADLINE_S
 
 # Long enough for half a dozen faults and 30 samples a second apart; the 30-minute runs at
@@ -175,12 +176,16 @@ def test_ten_thousand_partitions_go_into_topics_the_controller_accepts() -> None
     assert list(_topics("t", 3).values()) == [3]
 
 
-def test_a_tansu_source_says_why_it_cannot_restart_or_evict() -> None:
-    tansu = TansuSource(broker=None)  # type: ignore[arg-type]
+def test_a_tansu_source_says_why_it_cannot_restart_or_evict(tmp_path) -> None:
+    tansu = TansuSource(TansuBroker(tmp_path))
     assert "memory storage" in (tansu.cannot("leader-sigkill") or "")
     assert "memory storage" in (tansu.cannot("rolling-restart") or "")
     assert "no fetch sessions" in (tansu.cannot(SESSION_EVICTIONS) or "")
     assert tansu.cannot("cut") is None and tansu.cannot(DISK_FULL) is None
+    # On S3 storage what it holds survives a restart: both restart faults are done.
+    on_s3 = TansuSource(TansuBroker.on_s3(tmp_path, "http://127.0.0.1:9", "tansu"))
+    assert on_s3.cannot("leader-sigkill") is None and on_s3.cannot("rolling-restart") is None
+    assert "no fetch sessions" in (on_s3.cannot(SESSION_EVICTIONS) or "")
 
 
 def test_tansus_ends_are_read_many_partitions_a_request_on_one_connection(

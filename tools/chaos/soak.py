@@ -85,6 +85,7 @@ from tools.chaos.soak_sources import (
     SEGMENT_BYTES,
     SESSION_EVICTIONS,
     SOURCES,
+    TANSU_BUCKET,
     KafkaSource,
     SoakSource,
     SourceNotRecovered,
@@ -1056,7 +1057,9 @@ def _node_heap(source: str, partitions: int, asked: str | None) -> str | None:
 
 def _settings(args: argparse.Namespace, heap: str | None) -> str:
     return (
-        f"soak settings: source {args.source}, {args.partitions} partitions, seed {args.seed}, "
+        f"soak settings: source {args.source}"
+        f"{f' on {args.tansu_storage} storage' if args.source == 'tansu' else ''}, "
+        f"{args.partitions} partitions, seed {args.seed}, "
         f"{args.minutes} min, faults {','.join(args.faults)}, node heap "
         f"{heap or 'the harness default'}, stall_after_ms {SOAK_STALL_AFTER_MS}, "
         f"fetch.buffer_memory {SOAK_BUFFER_MEMORY // MIB} MiB, disk {args.disk_mb} MiB, "
@@ -1106,6 +1109,13 @@ def main(argv: list[str] | None = None) -> int:
         help="a Kafka node's JVM heap (768m, 2g); on the cluster by default one for the "
         "partitions (cluster_node_heap: 1536m at 10,000), on one broker the harness's",
     )
+    parser.add_argument(
+        "--tansu-storage",
+        choices=("memory", "s3"),
+        default="memory",
+        help="Tansu's storage engine: memory (a restart empties it, so the restart faults are "
+        "skipped) or a bucket of a local S3 server (versitygw), which survives them",
+    )
     parser.add_argument("--json", type=Path, help="write every sample and the verdict here")
     parser.add_argument("--workdir", type=Path, help="keep the peers' and replicad's files here")
     args = parser.parse_args(argv)
@@ -1115,6 +1125,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _interrupted)
     if args.tiered_partitions and args.source != "kafka":
         parser.error("--tiered-partitions needs --source kafka")
+    if args.tansu_storage != "memory" and args.source != "tansu":
+        parser.error("--tansu-storage needs --source tansu")
     with contextlib.ExitStack() as stack:
         workdir = args.workdir or Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="replicad-soak-"))
@@ -1129,8 +1141,21 @@ def main(argv: list[str] | None = None) -> int:
         keeper = stack.enter_context(PriorityKeeper())
         heap = _node_heap(args.source, args.partitions, args.node_heap)
         print(_settings(args, heap) + f", priority: {keeper.describe()}", flush=True)
+        s3_endpoint = None
+        if args.tansu_storage == "s3":
+            from tools.peers.s3 import S3Server
+
+            s3 = stack.enter_context(S3Server(workdir / "s3"))
+            s3.create_bucket(TANSU_BUCKET)
+            s3_endpoint = s3.endpoint
         peer = stack.enter_context(
-            start_peer(args.source, workdir / args.source, broker_config, heap=heap)
+            start_peer(
+                args.source,
+                workdir / args.source,
+                broker_config,
+                heap=heap,
+                s3_endpoint=s3_endpoint,
+            )
         )
         print(f"{args.source} up at {peer.bootstrap}; soaking {args.minutes} min", flush=True)
         result = soak(

@@ -11,9 +11,12 @@
   is back in sync; a rolling restart is leadership.py's: a controlled shutdown and start of
   each node in the seed's order, each back in sync before the next, then a preferred-leader
   election.
-- `tansu`: one Tansu broker (tools/peers/tansu.py), memory storage. A restart empties it,
-  so a leader SIGKILL and a rolling restart cannot be done; it opens no fetch sessions
-  (KIP-227), so there is no session to evict. `cannot` says so and the soak skips them.
+- `tansu`: one Tansu broker (tools/peers/tansu.py), memory storage by default: a restart
+  empties it, so a leader SIGKILL and a rolling restart cannot be done. On S3 storage (a
+  bucket of the test S3 server, versitygw: `--tansu-storage s3`) what it held survives, and
+  both are done as on one Kafka broker (a SIGTERM restart is its controlled one). It opens
+  no fetch sessions (KIP-227), so there is no session to evict. `cannot` says so and the
+  soak skips them.
 
 Session evictions (tools/chaos/evictor.py) need a broker whose session cache has one slot
 per shard (`max.incremental.fetch.session.cache.slots` 8): the soak's own Kafka peers are
@@ -101,6 +104,10 @@ SESSION_EVICTIONS = "session-evictions"
 DISK_FULL = "disk-full"
 
 
+# The bucket a Tansu on S3 stores in.
+TANSU_BUCKET = "tansu"
+
+
 class SoakSource:
     """What the soak needs of its source; see the module doc for each kind."""
 
@@ -184,23 +191,6 @@ class OneBrokerSource(SoakSource):
         for name, partitions in topics.items():
             self.broker.create_topic(name, partitions, **self.topic_options)
 
-
-class KafkaSource(OneBrokerSource):
-    name = "kafka"
-    topic_options = {"segment_bytes": SEGMENT_BYTES}
-    broker: KafkaBroker
-
-    def ends(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int] | None:
-        return end_offsets(self.broker.log_dir, partitions)
-
-    def cannot(self, fault: str) -> str | None:
-        if fault == SESSION_EVICTIONS:
-            return _no_eviction(getattr(self.broker, "_config", {}))
-        return None
-
-    def evictor_bootstraps(self) -> list[str]:
-        return [self.broker.bootstrap]
-
     def leader_sigkill(self, rng: random.Random, load: SteadyLoad, topics: Sequence[str]) -> str:
         load.pause()
         try:
@@ -224,6 +214,23 @@ class KafkaSource(OneBrokerSource):
 
     def recovered(self, topics: Sequence[str]) -> bool:
         return self.broker.running
+
+
+class KafkaSource(OneBrokerSource):
+    name = "kafka"
+    topic_options = {"segment_bytes": SEGMENT_BYTES}
+    broker: KafkaBroker
+
+    def ends(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int] | None:
+        return end_offsets(self.broker.log_dir, partitions)
+
+    def cannot(self, fault: str) -> str | None:
+        if fault == SESSION_EVICTIONS:
+            return _no_eviction(getattr(self.broker, "_config", {}))
+        return None
+
+    def evictor_bootstraps(self) -> list[str]:
+        return [self.broker.bootstrap]
 
     def invariant(
         self, data_dir: Path, partitions: Sequence[TopicPartition]
@@ -380,8 +387,10 @@ class TansuSource(OneBrokerSource):
             return None
 
     def cannot(self, fault: str) -> str | None:
-        if fault in (LEADER_SIGKILL, ROLLING_RESTART):
-            return "Tansu runs on memory storage here: a restart would empty it"
+        if fault in (LEADER_SIGKILL, ROLLING_RESTART) and not self.broker.durable:
+            return (
+                "Tansu runs on memory storage here: a restart would empty it (--tansu-storage s3)"
+            )
         if fault == SESSION_EVICTIONS:
             return "Tansu opens no fetch sessions (every Fetch is a full one)"
         return None
@@ -426,9 +435,11 @@ def start_peer(
     broker_config: Mapping[str, str] | None = None,
     *,
     heap: str | None = None,
+    s3_endpoint: str | None = None,
 ) -> object:
     """A peer of `kind` (not started: use it as a context manager); `heap`: a Kafka node's
-    (the harness's own when None)."""
+    (the harness's own when None); `s3_endpoint`: Tansu stores in the bucket `tansu` there
+    (it must exist) instead of memory."""
     heaps = {} if heap is None else {"heap": heap}
     if kind == "kafka":
         return KafkaBroker(
@@ -439,6 +450,8 @@ def start_peer(
             workdir, broker_config={**SMALL_SESSION_CACHE, **(broker_config or {})}, **heaps
         )
     if kind == "tansu":
+        if s3_endpoint is not None:
+            return TansuBroker.on_s3(workdir, s3_endpoint, TANSU_BUCKET)
         return TansuBroker(workdir)
     raise ValueError(f"no source {kind!r}: kafka, kafka-cluster or tansu")
 

