@@ -65,7 +65,7 @@ class DivergingEpoch:
     end_offset: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PartitionAnswer:
     """One partition's part of a Fetch answer, its records still on disk."""
 
@@ -151,9 +151,10 @@ def read_partition(
     plog = catalog.partition(tp, now_ms=now_ms)
     if plog is None:
         return PartitionAnswer(tp, offset, error_code=ErrorCode.unknown_topic_or_partition)
-    epoch_error = check_leader_epoch(catalog.leader_epoch(plog), fetch.current_leader_epoch)
-    if epoch_error != ErrorCode.none:
-        return PartitionAnswer(tp, offset, error_code=epoch_error)
+    if fetch.current_leader_epoch >= 0:  # KIP-320: only a request naming one is checked
+        epoch_error = check_leader_epoch(catalog.leader_epoch(plog), fetch.current_leader_epoch)
+        if epoch_error != ErrorCode.none:
+            return PartitionAnswer(tp, offset, error_code=epoch_error)
     hw = plog.high_watermark
     start = plog.log_start_offset
     end = plog.log_end_offset

@@ -141,6 +141,16 @@ class OffsetIndex(_Entries):
             return OffsetPosition(self.base_offset, 0)
         return self.entry_at(slot)
 
+    def position_for(self, offset: int) -> int:
+        """`lookup(offset).position` without the OffsetPosition (a read's: one a partition
+        per Fetch)."""
+        if not self.entries:
+            return 0
+        slot = self._largest_slot_at_most(offset - self.base_offset, 0)
+        if slot < 0:
+            return 0
+        return OFFSET_ENTRY.unpack_from(self._data, slot * OFFSET_ENTRY_SIZE)[1]
+
     def append(self, offset: int, position: int) -> bytes:
         """Add an entry; returns its bytes for the file shell."""
         if self.is_full:

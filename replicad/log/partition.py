@@ -203,7 +203,7 @@ class AppendResult:
     rolled_segments: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReadResult:
     """What a reader asked for at `offset`: a file region (None at the log end)."""
 

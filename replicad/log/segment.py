@@ -60,7 +60,7 @@ from replicad.records.run import MAX_TIMESTAMP
 log = structlog.get_logger("replicad.log.segment")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FileRegion:
     """Bytes [position, position + size) of `path`, ready for sendfile."""
 
@@ -355,7 +355,7 @@ class LogSegment:
         self, offset: int, start_position: int, damage_raises: bool
     ) -> BatchHeader | None:
         """translate_offset's search, the batch's header itself."""
-        position = max(self.offset_index.lookup(offset).position, start_position)
+        position = max(self.offset_index.position_for(offset), start_position)
         # Most lookups end at the first header the index points to (serve's Fetch: one per
         # partition): one pread under the handle cache's lock, no pin and unpin for it.
         header = self._header_at(position)
