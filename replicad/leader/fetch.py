@@ -42,9 +42,10 @@ from replicad.leader.legacy_codec import LegacyFetchRequest
 from replicad.leader.reads import (
     Isolation,
     PartitionAnswer,
+    PlannedReads,
     ReadLimits,
     TransactionTracker,
-    read_partitions,
+    plan_reads,
 )
 from replicad.leader.settings import ServeSettings
 from replicad.protocol.fetch_request import (
@@ -201,20 +202,27 @@ class FetchHandling:
     # -- reading ---------------------------------------------------------------------------
 
     def read(self, *, now_ms: int) -> FetchRound:
+        """One read of the fetch's partitions, both steps on the calling thread."""
+        return self.round(self.plan_read(now_ms=now_ms).read_records())
+
+    def plan_read(self, *, now_ms: int) -> PlannedReads:
+        """A read's first step, on the thread that owns the session cache and the catalog
+        (serve's loop); its records are read by `PlannedReads.read_records` on any thread,
+        and `round` makes the result."""
         if self.context is None:
-            answers = {
-                tp: PartitionAnswer(tp, fetch.fetch_offset, error_code=self._refusal(fetch))
+            refused = [
+                PartitionAnswer(tp, fetch.fetch_offset, error_code=self._refusal(fetch))
                 for tp, fetch in self.partitions.items()
-            }
-            return FetchRound(answers, 0, complete=True)
+            ]
+            return PlannedReads(refused, [], self.limits)
         if self.context.kind is ContextKind.SESSION_ERROR:
-            return FetchRound({}, 0, complete=True)
+            return PlannedReads([], [], self.limits)
         reads = [(r.partition, r.fetch) for r in self.context.to_read()]
         self.last_reads = reads
         for tp, fetch in reads:
             if fetch.topic_id is not None:
                 self.topic_ids.setdefault(tp, fetch.topic_id)
-        answer_list = read_partitions(
+        return plan_reads(
             self._catalog,
             reads,
             self.limits,
@@ -222,7 +230,12 @@ class FetchHandling:
             now_ms=now_ms,
             refuse=lambda tp, fetch: _topic_id_error(self._catalog, tp, fetch, now_ms),
         )
+
+    def round(self, answer_list: list[PartitionAnswer]) -> FetchRound:
+        """What a read found, from its answers with their records (`plan_read`)."""
         answers = {a.partition: a for a in answer_list}
+        if self.context is None or self.context.kind is ContextKind.SESSION_ERROR:
+            return FetchRound(answers, 0, complete=True)
         readable = sum(a.records_size for a in answer_list)
         complete = (
             self.request.max_wait_ms <= 0

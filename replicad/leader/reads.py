@@ -24,6 +24,12 @@ Rules (ReplicaManager.readFromLog, Partition.readRecords, LocalLog/LogSegment.re
   the fold is done on a partition's first READ_COMMITTED read (the whole log is read once)
   and kept up to date after. Other answers report the high watermark as the last stable
   offset (replicad does not fold transactions nobody asked for).
+- Two steps: `plan_reads` answers every partition but its records (the catalog, the
+  offsets, the epochs, the transaction fold: serve's event loop); `PlannedReads.read_records`
+  finds the records, in request order under the budget. Finding a region reads the batch
+  header where it starts (one pread a partition, more when the index points below it), so
+  serve runs that step on a worker thread: its loop never waits on those reads. The fold
+  still reads the log on the loop (a READ_COMMITTED partition's new batches).
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
 
 import structlog
 from kio.schema.errors import ErrorCode
@@ -105,48 +113,127 @@ def read_partitions(
     now_ms: int,
     refuse: Callable[[TopicPartition, PartitionFetch], int] | None = None,
 ) -> list[PartitionAnswer]:
-    """Read `reads` in order under KIP-74's budget; `refuse` may pre-empt a read with an error."""
-    budget = limits.max_bytes
-    min_one = not limits.hard_max_bytes_limit
-    answers = []
-    for tp, fetch in reads:
-        error = refuse(tp, fetch) if refuse is not None else ErrorCode.none
-        if error != ErrorCode.none:
-            answer = PartitionAnswer(tp, fetch.fetch_offset, error_code=error)
-        else:
-            try:
-                answer = read_partition(
-                    catalog, tp, fetch, budget, min_one, limits, transactions, now_ms=now_ms
-                )
-            except (OSError, ReplicadError) as exc:
-                # Kafka: a failing log dir is KAFKA_STORAGE_ERROR; a damaged segment
-                # (CorruptRecordException) CORRUPT_MESSAGE; anything else unknown.
-                if isinstance(exc, OSError):
-                    code = ErrorCode.kafka_storage_error
-                elif isinstance(exc, DamagedLogError):
-                    code = ErrorCode.corrupt_message
-                else:
-                    code = ErrorCode.unknown_server_error
-                log.warning("partition read failed", partition=str(tp), error=str(exc))
-                answer = PartitionAnswer(tp, fetch.fetch_offset, error_code=code)
-        if answer.records_size > 0:
-            min_one = False
-        budget = max(0, budget - answer.records_size)
-        answers.append(answer)
-    return answers
+    """Read `reads` in order under KIP-74's budget; `refuse` may pre-empt a read with an error.
+    Both steps on the calling thread (see PlannedReads for the split serve uses)."""
+    planned = plan_reads(catalog, reads, limits, transactions, now_ms=now_ms, refuse=refuse)
+    return planned.read_records()
 
 
-def read_partition(
+def plan_reads(
     catalog: Catalog,
-    tp: TopicPartition,
-    fetch: PartitionFetch,
-    budget: int,
-    min_one: bool,
+    reads: Sequence[tuple[TopicPartition, PartitionFetch]],
     limits: ReadLimits,
     transactions: TransactionTracker,
     *,
     now_ms: int,
+    refuse: Callable[[TopicPartition, PartitionFetch], int] | None = None,
+) -> PlannedReads:
+    """Every partition's answer but its records: the first step of read_partitions."""
+    answers = []
+    to_read: list[_RecordsToRead] = []
+    for tp, fetch in reads:
+        error = refuse(tp, fetch) if refuse is not None else ErrorCode.none
+        if error != ErrorCode.none:
+            answers.append(PartitionAnswer(tp, fetch.fetch_offset, error_code=error))
+            continue
+        try:
+            answer = _plan_partition(
+                catalog, tp, fetch, limits, transactions, to_read, len(answers), now_ms=now_ms
+            )
+        except (OSError, ReplicadError) as exc:
+            answer = _failed(tp, fetch.fetch_offset, exc)
+        answers.append(answer)
+    return PlannedReads(answers, to_read, limits)
+
+
+class _RecordsToRead(NamedTuple):
+    """A partition whose answer takes records: where, and up to where, to read them."""
+
+    index: int  # its answer's place in PlannedReads.answers
+    plog: PartitionLog
+    bound: int
+    end: int
+    max_bytes: int
+    # The active segment and its size, taken before `end`: where the bytes below `end` stop
+    # in it, however many appends come before the read (it may run on another thread).
+    end_path: Path
+    end_size: int
+
+
+@dataclass(slots=True)
+class PlannedReads:
+    """A Fetch's answers in request order, those that take records still without them.
+
+    The split keeps the disk off serve's event loop: planning needs the catalog and the
+    transaction fold, which the loop owns; `read_records` only reads partition logs (safe
+    from any thread: log/partition.py's reads) and reads the batch headers that find each
+    region, so serve runs it on a worker thread. The budget is spent in request order
+    there: answers without records take none of it."""
+
+    answers: list[PartitionAnswer]
+    to_read: list[_RecordsToRead]
+    limits: ReadLimits
+
+    @property
+    def reads_disk(self) -> bool:
+        return bool(self.to_read)
+
+    def read_records(self) -> list[PartitionAnswer]:
+        """The answers with their records (KIP-74's budget; see the module rules). Call once."""
+        limits = self.limits
+        budget = limits.max_bytes
+        min_one = not limits.hard_max_bytes_limit
+        answers = self.answers
+        for where in self.to_read:
+            index = where.index
+            answer = answers[index]
+            allowance = min(where.max_bytes, budget)
+            if not (min_one or allowance > 0):
+                continue
+            try:
+                region = _records(where, answer.fetch_offset, allowance, min_one, limits)
+            except OffsetOutOfRangeError:
+                # Truncated or deleted under us since the offsets were taken.
+                answers[index] = PartitionAnswer(
+                    answer.partition, answer.fetch_offset, error_code=ErrorCode.offset_out_of_range
+                )
+                continue
+            except (OSError, ReplicadError) as exc:
+                answers[index] = _failed(answer.partition, answer.fetch_offset, exc)
+                continue
+            if region is not None:
+                answer.records = region
+                if region.size > 0:
+                    min_one = False
+                budget = max(0, budget - region.size)
+        return answers
+
+
+def _failed(tp: TopicPartition, offset: int, exc: OSError | ReplicadError) -> PartitionAnswer:
+    # Kafka: a failing log dir is KAFKA_STORAGE_ERROR; a damaged segment
+    # (CorruptRecordException) CORRUPT_MESSAGE; anything else unknown.
+    if isinstance(exc, OSError):
+        code = ErrorCode.kafka_storage_error
+    elif isinstance(exc, DamagedLogError):
+        code = ErrorCode.corrupt_message
+    else:
+        code = ErrorCode.unknown_server_error
+    log.warning("partition read failed", partition=str(tp), error=str(exc))
+    return PartitionAnswer(tp, offset, error_code=code)
+
+
+def _plan_partition(
+    catalog: Catalog,
+    tp: TopicPartition,
+    fetch: PartitionFetch,
+    limits: ReadLimits,
+    transactions: TransactionTracker,
+    to_read: list[_RecordsToRead],
+    index: int,
+    *,
+    now_ms: int,
 ) -> PartitionAnswer:
+    """The partition's answer; when it takes records, `to_read` gets where they are."""
     offset = fetch.fetch_offset
     plog = catalog.partition(tp, now_ms=now_ms)
     if plog is None:
@@ -155,6 +242,8 @@ def read_partition(
         epoch_error = check_leader_epoch(catalog.leader_epoch(plog), fetch.current_leader_epoch)
         if epoch_error != ErrorCode.none:
             return PartitionAnswer(tp, offset, error_code=epoch_error)
+    active = plog.active_segment  # before the log end (see _RecordsToRead)
+    end_path, end_size = active.log_path, active.size
     hw = plog.high_watermark
     start = plog.log_start_offset
     end = plog.log_end_offset
@@ -193,15 +282,8 @@ def read_partition(
         return _answer_with_offsets(tp, offset, hw, lso, start, aborted)
     if state is not None:
         aborted = tuple(state.aborted_overlapping(offset, bound))
-    allowance = min(fetch.max_bytes, budget)
-    region = None
-    if min_one or allowance > 0:
-        try:
-            region = _records(plog, offset, bound, end, allowance, min_one, limits)
-        except OffsetOutOfRangeError:
-            # Truncated or deleted under us since the offsets were taken.
-            return PartitionAnswer(tp, offset, error_code=ErrorCode.offset_out_of_range)
-    return _answer_with_offsets(tp, offset, hw, lso, start, aborted, records=region, more_data=True)
+    to_read.append(_RecordsToRead(index, plog, bound, end, fetch.max_bytes, end_path, end_size))
+    return _answer_with_offsets(tp, offset, hw, lso, start, aborted, more_data=True)
 
 
 def _answer_with_offsets(
@@ -232,16 +314,11 @@ def _answer_with_offsets(
 
 
 def _records(
-    plog: PartitionLog,
-    offset: int,
-    bound: int,
-    end: int,
-    allowance: int,
-    min_one: bool,
-    limits: ReadLimits,
+    where: _RecordsToRead, offset: int, allowance: int, min_one: bool, limits: ReadLimits
 ) -> FileRegion | None:
-    """The records to send from `offset`, below `bound`, within `allowance` (KIP-74: the
-    first batch whole when `min_one`); None when nothing may go."""
+    """The records to send from `offset`, below `where.bound`, within `allowance` (KIP-74:
+    the first batch whole when `min_one`); None when nothing may go."""
+    plog = where.plog
     # One read: from the batch holding `offset`, max(allowance, its first batch) bytes at
     # most, so the first batch fits the allowance exactly when the region does.
     whole = plog.read(offset, max(allowance, 0)).region
@@ -252,8 +329,14 @@ def _records(
         if not limits.hard_max_bytes_limit:
             return None  # the first batch does not fit
         size = allowance
-    if bound < end:
-        size = min(size, _position_of(plog, bound, whole) - whole.position)
+    if where.bound < where.end:
+        size = min(size, _position_of(plog, where.bound, whole) - whole.position)
+    elif whole.path == where.end_path:
+        # Batches appended since the plan took the log end are past the bound: a consumer
+        # must not get what its answer's high watermark does not cover.
+        size = min(size, where.end_size - whole.position)
+    elif whole.path > where.end_path:  # a segment rolled since (names: base offsets)
+        size = min(size, _position_of(plog, where.bound, whole) - whole.position)
     if size <= 0:
         return None
     return whole if size == whole.size else FileRegion(whole.path, whole.position, size)

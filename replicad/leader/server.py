@@ -29,11 +29,13 @@ Rules:
   request took to decode and answer (never its waits) is charged to its client address;
   over the quota, the answer carries throttle_time_ms (where the response's first field
   is throttle_time_ms) and the connection is not read again until it has passed.
-- Reads of the disk run on worker threads: a Fetch's small file regions (below), a
-  down-conversion, and a ListOffsets that searches by timestamp (the time index and
-  batches) or, v0, reads the segments' timestamps (handlers.py resolves the partitions on
-  the loop, then answers them on the thread). Still on the loop: a Fetch's lookup of the
-  batch at its fetch offset (the in-memory index, then one header pread a partition).
+- Reads of the disk run on worker threads: a Fetch's lookup of the batches it sends (one
+  header pread a partition, all of a read's partitions in one hop; the loop plans them,
+  reads.py), its small file regions (below), a down-conversion, and a ListOffsets that
+  searches by timestamp (the time index and batches) or, v0, reads the segments'
+  timestamps (handlers.py resolves the partitions on the loop, then answers them on the
+  thread). Still on the loop: a READ_COMMITTED partition's transaction fold (its new
+  batches), and the kernel's reads of a region sent by sendfile.
 - Authentication: SASL steps run on a thread of their own (PLAIN hashes the password with
   PBKDF2), one at a time; a failed one is answered `failed_authentication_delay_ms` later.
 - What clients do wrong is a `ServeEvent` (events.py): counted, logged at a limited rate,
@@ -102,6 +104,7 @@ from replicad.leader.catalog import Catalog
 from replicad.leader.events import ServeEvent, ServeEvents
 from replicad.leader.fetch import (
     FetchHandling,
+    FetchRound,
     Role,
     legacy_fetch_request,
 )
@@ -1010,14 +1013,14 @@ class LeaderServer:
             )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + request.max_wait_ms / 1000
-        last = handling.read(now_ms=self._now_ms())
+        last = await self._read(handling)
         while not last.complete:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
             with _not_charged():
                 await self._wait_for_change(handling, last.answers.keys(), remaining)
-            last = handling.read(now_ms=self._now_ms())
+            last = await self._read(handling)
         if self.remote is not None:
             # Offsets below the local log start, from the bucket, off the loop.
             with _not_charged():
@@ -1027,6 +1030,16 @@ class LeaderServer:
         return fetch_response_frame(
             outcome, version=version, correlation_id=head.correlation_id, settings=self.settings
         )
+
+    async def _read(self, handling: FetchHandling) -> FetchRound:
+        """One read of the fetch's partitions: planned on the loop, the records (their batch
+        headers) found on a worker thread when any partition takes some (reads.py)."""
+        planned = handling.plan_read(now_ms=self._now_ms())
+        if not planned.reads_disk:
+            return handling.round(planned.read_records())
+        with _not_charged():
+            answers = await asyncio.to_thread(planned.read_records)
+        return handling.round(answers)
 
     def _count_session_use(self, handling: FetchHandling, session_id: int) -> None:
         context = handling.context

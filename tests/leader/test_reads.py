@@ -14,10 +14,12 @@ from replicad.leader.reads import (
     PartitionAnswer,
     ReadLimits,
     TransactionTracker,
+    plan_reads,
     read_partitions,
 )
 from replicad.leader.transactions import AbortedTransaction
 from replicad.log.manager import LogManager
+from replicad.log.segment import FileRegion, LogSegment
 from replicad.records.batch import scan_batches
 from replicad.records.records import ControlType
 from replicad.session.metadata import PartitionFetch
@@ -295,3 +297,75 @@ def test_a_refusal_hook_answers_before_any_read(logs, fill) -> None:
         refuse=lambda tp, f: ErrorCode.unknown_topic_id,
     )
     assert [(a.error_code, a.records) for a in answers] == [(ErrorCode.unknown_topic_id, None)]
+
+
+def test_planning_reads_no_batch_and_the_records_step_spends_the_budget_in_order(
+    logs, fill, monkeypatch
+) -> None:
+    """plan_reads (serve's loop) answers from the offsets alone; read_records (a worker
+    thread) reads the batch headers, in request order under the budget, and a read that
+    fails there answers its own error without touching the others."""
+    fill(logs, A, batches(0, 3, 100))
+    fill(logs, B, batches(0, 3, 100))
+    fill(logs, C, batches(0, 3, 100))
+    catalog = Catalog(logs, rng=random.Random(0))
+    real = LogSegment.read
+    read_from: list[int] = []
+
+    def watched(segment: LogSegment, offset: int, max_bytes: int) -> FileRegion | None:
+        read_from.append(offset)
+        if offset == 1:
+            raise OSError(5, "Input/output error")  # B's disk fails
+        return real(segment, offset, max_bytes)
+
+    monkeypatch.setattr(LogSegment, "read", watched)
+    first = size_of(batches(0, 1, 100)[0])
+    reads = [(A, fetch(0, first)), (B, fetch(1, first)), (C, fetch(2, first)), (C, fetch(3))]
+    limits = ReadLimits(first + first // 2, Isolation.HIGH_WATERMARK, hard_max_bytes_limit=False)
+    planned = plan_reads(catalog, reads, limits, TransactionTracker(), now_ms=0)
+    assert read_from == []
+    assert planned.reads_disk
+    answers = planned.read_records()
+    # A takes one batch of the budget, B's failure none, so C has half a batch left: its
+    # header is read and its batch does not fit; C at 3 is at the high watermark: no read.
+    # (B's failed read is tried once more under its partition lock: log/partition.py.)
+    assert read_from == [0, 1, 1, 2]
+    assert (offsets_in(answers[0]), answers[0].records_size) == ([0], first)
+    assert (answers[1].error_code, answers[1].records) == (ErrorCode.kafka_storage_error, None)
+    assert (answers[2].error_code, answers[2].records, answers[2].more_data) == (
+        ErrorCode.none,
+        None,
+        True,
+    )
+    assert (answers[3].error_code, answers[3].records, answers[3].more_data) == (
+        ErrorCode.none,
+        None,
+        False,
+    )
+
+
+@pytest.mark.parametrize("isolation", [Isolation.HIGH_WATERMARK, Isolation.LOG_END])
+def test_batches_appended_between_the_plan_and_the_read_are_not_sent(logs, fill, isolation) -> None:
+    """serve finds the records on a worker thread while its loop (or the follower) goes on
+    appending: what the plan's bound covered is sent, never a batch appended after it, which
+    the answer's high watermark does not cover (it may yet be truncated). Fails on the
+    commit before (the whole region up to the segment's new end was sent). The same after
+    a roll: the new segment's batches stay out too."""
+    plog = fill(logs, A, batches(0, 2, 100))
+    catalog = Catalog(logs, rng=random.Random(0))
+    limits = ReadLimits(BIG, isolation, hard_max_bytes_limit=False)
+    planned = plan_reads(catalog, [(A, fetch(1))], limits, TransactionTracker(), now_ms=0)
+    later = b"".join(batches(2, 2, 100))
+    plog.append(later, scan_batches(later).batches, now_ms=0)
+    [answer] = planned.read_records()
+    assert (offsets_in(answer), answer.high_watermark) == ([1], 2)
+
+    plog.roll_if_idle(now_ms=1 << 60)  # 0..3 in the old segment, which no longer grows
+    planned = plan_reads(catalog, [(A, fetch(3))], limits, TransactionTracker(), now_ms=0)
+    if isolation is Isolation.HIGH_WATERMARK:
+        assert not planned.reads_disk  # its high watermark is still 2: nothing to read
+        return
+    rolled = b"".join(batches(4, 2, 100))
+    plog.append(rolled, scan_batches(rolled).batches, now_ms=0)
+    [answer] = planned.read_records()
+    assert offsets_in(answer) == [3]

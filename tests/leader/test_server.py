@@ -269,6 +269,67 @@ async def test_a_list_offsets_by_time_searches_the_disk_off_the_loop(server, mon
     assert (answer.error_code, answer.timestamp, answer.offset) == (ErrorCode.none, TS, 0)
 
 
+async def test_a_fetch_finds_its_batches_off_the_loop(server, monkeypatch) -> None:
+    """A Fetch's read of the batch header at each fetch offset runs on a worker thread, so a
+    slow disk holds that Fetch only, and another client connects (its ApiVersions) while it
+    is held. Fails on the old code: the header was read on the loop's thread, and the other
+    client's ApiVersions waited until the held read gave up (`released` false)."""
+    real = LogSegment.read
+    release = threading.Event()
+    read_on: list[int] = []
+    released: list[bool] = []
+
+    def held(segment: LogSegment, offset: int, max_bytes: int) -> FileRegion | None:
+        read_on.append(threading.get_ident())
+        released.append(release.wait(DEADLINE_S / 4))  # a disk that does not answer
+        return real(segment, offset, max_bytes)
+
+    monkeypatch.setattr(LogSegment, "read", held)
+    slow = await connect(server)
+    other = None
+    try:
+        asking = asyncio.create_task(slow.request(fetch(offset=1)))
+        await until(lambda: read_on, what="the fetch's read started")
+        other = await connect(server)  # its ApiVersions answered while the read is held
+        assert other.versions is not None
+        release.set()
+        body = await asking
+    finally:
+        release.set()
+        await slow.close()
+        if other is not None:
+            await other.close()
+    assert released == [True]
+    assert read_on[0] != server._loop_thread
+    batches = scan_batches(records_of(body), verify_crc=False).batches
+    assert [b.base_offset for b in batches] == [1, 2]
+
+
+async def test_a_fetch_with_nothing_to_read_reads_no_batch(server, monkeypatch) -> None:
+    """A consumer at the high watermark is answered from the offsets alone: no header read,
+    on any thread (an idle long-poll's reads cost no hop to a worker thread)."""
+    read_on: list[int] = []
+    real = LogSegment.read
+
+    def watched(segment: LogSegment, offset: int, max_bytes: int) -> FileRegion | None:
+        read_on.append(threading.get_ident())
+        return real(segment, offset, max_bytes)
+
+    monkeypatch.setattr(LogSegment, "read", watched)
+    conn = await connect(server)
+    try:
+        body = await conn.request(fetch(offset=3))
+    finally:
+        await conn.close()
+    [[answer]] = [t.partitions for t in body.responses]
+    assert (answer.error_code, answer.high_watermark, answer.records or b"") == (
+        ErrorCode.none,
+        3,
+        b"",
+    )
+    assert read_on == []
+
+
 def legacy_list_offsets_frame(correlation_id: int, timestamp: int, max_offsets: int) -> bytes:
     """ListOffsets v0 (kio has no layout for it), partition t-0: size prefix included."""
     client = b"test"
