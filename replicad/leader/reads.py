@@ -84,7 +84,7 @@ class PartitionAnswer:
     last_stable_offset: int = UNKNOWN_OFFSET
     log_start_offset: int = UNKNOWN_OFFSET
     # Or the bytes of a read of the archive's bucket (remote_fetch.py: RemoteRecords, bytes
-    # with a `size`), sent as they are.
+    # with a `size`), or of a small read (RecordBytes), sent as they are.
     records: FileRegion | None = None
     aborted: tuple[AbortedTransaction, ...] | None = None
     diverging: DivergingEpoch | None = None
@@ -173,13 +173,29 @@ class PlannedReads:
     answers: list[PartitionAnswer]
     to_read: list[_RecordsToRead]
     limits: ReadLimits
+    # The records read_records found, and those it read too, in bytes.
+    records_bytes: int = 0
+    bytes_read: int = 0
 
     @property
     def reads_disk(self) -> bool:
         return bool(self.to_read)
 
-    def read_records(self) -> list[PartitionAnswer]:
-        """The answers with their records (KIP-74's budget; see the module rules). Call once."""
+    def read_records(self, *, bytes_up_to: int = 0, bytes_from: int = 0) -> list[PartitionAnswer]:
+        """The answers with their records (KIP-74's budget; see the module rules). Call once.
+        When the records found are `bytes_from` to `bytes_up_to` bytes in all, they are read
+        too, each answer's as RecordBytes: serve asks this of a small read it will answer at
+        once, so that reading its bytes takes no second hop to a worker thread."""
+        answers = self._find_records()
+        if bytes_up_to > 0 and bytes_from <= self.records_bytes <= bytes_up_to:
+            for answer in answers:
+                if isinstance(answer.records, FileRegion):
+                    answer.records = records = _record_bytes(answer.records)
+                    if isinstance(records, RecordBytes):
+                        self.bytes_read += records.size
+        return answers
+
+    def _find_records(self) -> list[PartitionAnswer]:
         limits = self.limits
         budget = limits.max_bytes
         min_one = not limits.hard_max_bytes_limit
@@ -203,10 +219,30 @@ class PlannedReads:
                 continue
             if region is not None:
                 answer.records = region
+                self.records_bytes += region.size
                 if region.size > 0:
                     min_one = False
                 budget = max(0, budget - region.size)
         return answers
+
+
+class RecordBytes(bytes):
+    """A partition's records read with its answer (`read_records`), sent as they are; `size`
+    as a FileRegion has (archive's RemoteRecords are the bucket's)."""
+
+    @property
+    def size(self) -> int:
+        return len(self)
+
+
+def _record_bytes(region: FileRegion) -> FileRegion | RecordBytes:
+    """The region's bytes; those left on disk if its segment was cut since the region was
+    found (the answer then says that size); the region itself if the file is gone (its
+    send pads it, as any region gone before it is sent)."""
+    try:
+        return RecordBytes(region.read_bytes())
+    except OSError:
+        return region
 
 
 def _failed(tp: TopicPartition, offset: int, exc: OSError | ReplicadError) -> PartitionAnswer:

@@ -1033,12 +1033,20 @@ class LeaderServer:
 
     async def _read(self, handling: FetchHandling) -> FetchRound:
         """One read of the fetch's partitions: planned on the loop, the records (their batch
-        headers) found on a worker thread when any partition takes some (reads.py)."""
+        headers) found on a worker thread when any partition takes some (reads.py). A read
+        answered at once whose records are SMALL_REGION_BYTES at most has them read in the
+        same hop: the send then takes none (a 1-partition Fetch hops once, as before)."""
         planned = handling.plan_read(now_ms=self._now_ms())
         if not planned.reads_disk:
             return handling.round(planned.read_records())
+        legacy = handling.version in legacy_codec.LEGACY_FETCH_VERSIONS  # may down-convert
         with _not_charged():
-            answers = await asyncio.to_thread(planned.read_records)
+            answers = await asyncio.to_thread(
+                planned.read_records,
+                bytes_up_to=0 if legacy else SMALL_REGION_BYTES,
+                bytes_from=handling.min_bytes if handling.request.max_wait_ms > 0 else 0,
+            )
+        self.counters["copied_region_bytes_total"] += planned.bytes_read
         return handling.round(answers)
 
     def _count_session_use(self, handling: FetchHandling, session_id: int) -> None:

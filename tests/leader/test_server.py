@@ -330,6 +330,36 @@ async def test_a_fetch_with_nothing_to_read_reads_no_batch(server, monkeypatch) 
     assert read_on == []
 
 
+async def test_a_small_fetch_answered_at_once_reads_its_bytes_in_the_same_hop(
+    server, logs, monkeypatch
+) -> None:
+    """A Fetch whose records are at most SMALL_REGION_BYTES and that is answered at once gets
+    them read with its batch headers, on the same worker thread: its send reads nothing
+    more (no `assemble`, no second hop). One answered at its deadline, short of min_bytes,
+    read none in its rounds (they might not have been sent): its send reads them."""
+    import replicad.leader.server as server_module
+
+    assembled: list[int] = []
+    real = server_module.assemble
+
+    def watched(parts: Any) -> Any:
+        assembled.append(len(parts))
+        return real(parts)
+
+    monkeypatch.setattr(server_module, "assemble", watched)
+    on_disk = logs.partitions()[T0].active_segment.log_path.read_bytes()
+    conn = await connect(server)
+    try:
+        small = await conn.request(fetch())
+        assert (records_of(small), assembled) == (on_disk, [])
+        short = await conn.request(fetch(min_bytes=1 << 20, max_wait_ms=50))
+        assert assembled != []
+    finally:
+        await conn.close()
+    assert records_of(short) == on_disk
+    assert server.metrics()["copied_region_bytes_total"] == 2 * len(on_disk)
+
+
 def legacy_list_offsets_frame(correlation_id: int, timestamp: int, max_offsets: int) -> bytes:
     """ListOffsets v0 (kio has no layout for it), partition t-0: size prefix included."""
     client = b"test"
