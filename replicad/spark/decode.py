@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +32,9 @@ import pyarrow as pa
 from replicad.errors import CorruptRecordError
 from replicad.records.batch import RECORD_BATCH_OVERHEAD, BatchHeader, Compression, TimestampType
 from replicad.records.codecs import decompress
-from replicad.records.records import Record
+
+if TYPE_CHECKING:
+    from replicad.records.records import Record  # its module imports kio: reader.py says why
 
 VARINT_MAX_BYTES = 5
 VARLONG_MAX_BYTES = 10

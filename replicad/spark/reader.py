@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -33,7 +34,6 @@ import pyarrow as pa
 from replicad.errors import CorruptRecordError
 from replicad.log.layout import segment_file_name
 from replicad.records.batch import MAGIC_V2, BatchHeader, ScanStop
-from replicad.records.records import ControlType, DecodedBatch, control_marker, decode_batch
 from replicad.spark.columns import ROWS_PER_BATCH, ArrowBatches, Columns
 from replicad.spark.decode import RecordColumns, columns_from_records, decode_v2_columns
 from replicad.spark.files import FileOpener, Purpose, RandomAccess
@@ -46,8 +46,16 @@ from replicad.spark.schema import (
     TIMESTAMP,
     micros,
 )
-from replicad.spark.txn import Outcome, TransactionOutcomes
 from replicad.spark.walk import Chunk, Tail, Walk
+
+# The record-by-record decoder (legacy entries, control markers, naming a corrupt record)
+# and read_committed's outcomes are imported where they are needed: they bring kio (and,
+# where hypothesis is installed, hypothesis: kio registers strategies with it), which a
+# Python worker would otherwise import for every read: 0.17 CPU-s a worker start without
+# hypothesis, 0.9 with it (load 11), where the magic 2 path needs neither.
+if TYPE_CHECKING:
+    from replicad.records.records import ControlType, DecodedBatch
+    from replicad.spark.txn import TransactionOutcomes
 
 PROBLEM_CORRUPT = "corrupt"
 PROBLEM_TORN_TAIL = "torn_tail"
@@ -195,14 +203,16 @@ def _hidden(
     """Whether a batch's records stay out of the view, decided without decoding them."""
     if header.is_control:
         return not options.include_control
-    return (
-        outcomes is not None
-        and header.is_transactional
-        and outcomes.outcome(header.producer_id, header.base_offset) is not Outcome.COMMITTED
-    )
+    if outcomes is None or not header.is_transactional:
+        return False
+    from replicad.spark.txn import Outcome
+
+    return outcomes.outcome(header.producer_id, header.base_offset) is not Outcome.COMMITTED
 
 
 def _decode(split: Split, chunk: Chunk, header: BatchHeader) -> DecodedBatch:
+    from replicad.records.records import decode_batch
+
     try:
         return decode_batch(chunk.data, header)
     except CorruptRecordError as exc:
@@ -226,6 +236,8 @@ def _check_tail(split: Split, tail: Tail | None) -> None:
 
 
 def _marker(split: Split, chunk: Chunk, header: BatchHeader) -> ControlType | None:
+    from replicad.records.records import control_marker
+
     records = _decode(split, chunk, header).records
     if not records:
         return None
@@ -253,6 +265,8 @@ def _transaction_outcomes(
     fd: RandomAccess, split: Split, opener: FileOpener
 ) -> TransactionOutcomes:
     """Fold the split's headers, then as much of the rest of the partition as needed."""
+    from replicad.spark.txn import TransactionOutcomes
+
     outcomes = TransactionOutcomes()
     _observe(
         outcomes,

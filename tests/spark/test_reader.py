@@ -3,6 +3,9 @@ log store, and real data (a real producer -> Kafka -> replicad) against a real c
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -251,3 +254,25 @@ def test_legacy_message_sets_read_as_records(tmp_path, make_batches, write_parti
     # a bound inside a compressed wrapper: the wrapper's first offset is known only inside
     inside = read(tmp_path / "data", startingOffsets="3", endingOffsets="4")
     assert [(r["offset"], r["value"]) for r in inside] == [(3, b"d")]
+
+
+def test_an_executors_read_of_magic_2_batches_imports_no_kio(tmp_path):
+    """What a Python worker imports to read a split: the magic 2 path needs no kio (nor
+    hypothesis, which kio imports where it is installed): 0.17-0.9 CPU-s of every worker's
+    start (reader.py). A fresh interpreter, as a worker is."""
+    from tools.bench.spark_read_cpu import write_replica
+
+    records = write_replica(tmp_path, partitions=2, mb=0.5, codec="lz4")
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from replicad.spark.options import parse_options
+        from replicad.spark.source import ReplicadReader
+
+        reader = ReplicadReader(parse_options({{"path": {str(tmp_path)!r}}}))
+        rows = sum(b.num_rows for p in reader.partitions() for b in reader.read(p))
+        print(rows, sorted(name for name in ("kio", "hypothesis") if name in sys.modules))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split(maxsplit=1) == [str(records), "[]\n"]
