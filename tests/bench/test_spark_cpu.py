@@ -101,6 +101,7 @@ def test_what_an_unreaped_worker_spent_before_it_ended_is_counted(family: Family
     spent = meter.stop()
     child = [s for s in spent if s.pid == family.child]
     assert len(child) == 1
+    assert child[0].ended and not child[0].started
     assert child[0].total >= BURN_S - 0.02  # timing-ok: CPU seconds (clock ticks)
     assert sum(s.total for s in spent) >= BURN_S - 0.02  # timing-ok: CPU seconds
 

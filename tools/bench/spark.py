@@ -151,7 +151,12 @@ class MeteredRead:
         spark = self.spark.stop()
         broker = sum(s.total for s in self.broker.stop()) if self.broker else float("nan")
         jvm = sum(s.own for s in spark if s.pid == self.spark_pid)
-        return sum(s.total for s in spark), broker, jvm, self.threads.stop()
+        # Python processes that started or ended in the read (a worker's start is its
+        # imports: about 1-2 CPU-s on this machine).
+        started = sum(s.started for s in spark)
+        ended = sum(s.ended for s in spark)
+        threads = f"{self.threads.stop()}; processes started {started}, ended {ended}"
+        return sum(s.total for s in spark), broker, jvm, threads
 
 
 def load_average() -> str:

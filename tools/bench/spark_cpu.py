@@ -55,6 +55,8 @@ class Spent:
     cmdline: bytes
     own: float
     reaped: float
+    started: bool = False  # during the read
+    ended: bool = False  # during the read
 
     @property
     def total(self) -> float:
@@ -104,13 +106,16 @@ def spent(first: dict[Key, Seen], last: dict[Key, Seen], end: dict[Key, Seen]) -
     for key, seen in last.items():
         before = first.get(key)
         own0, reaped0 = (before.own, before.reaped) if before else (0.0, 0.0)
-        if key not in end:
+        started, ended = before is None, key not in end
+        if ended:
             parent = in_trees.get(seen.ppid)
             if parent is not None and not parent.ignores_children:
-                out.append(Spent(seen.pid, seen.cmdline, -own0, -reaped0))  # reaped: counted
+                # Reaped: counted by the parent.
+                out.append(Spent(seen.pid, seen.cmdline, -own0, -reaped0, started, ended))
                 continue
         now = end.get(key, seen)
-        out.append(Spent(seen.pid, seen.cmdline, now.own - own0, now.reaped - reaped0))
+        own, reaped = now.own - own0, now.reaped - reaped0
+        out.append(Spent(seen.pid, seen.cmdline, own, reaped, started, ended))
     return out
 
 
