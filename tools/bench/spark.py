@@ -132,9 +132,14 @@ class Meter:
         from tools.bench.spark_stream_cost import ThreadSampler
 
         broker_pid = self.broker_pid
-        broker = TreeCpu(lambda: [broker_pid]) if broker_pid else None
-        threads = ThreadSampler(self.spark_pid)
-        return MeteredRead(self.spark_pid, TreeCpu(self.spark_roots), broker, threads)
+        # The broker starts no process: its two readings suffice. Spark's trees are polled
+        # 4 times a second and its threads twice (a poll of 150 threads is about 10 ms of
+        # the bench's own CPU, beside Spark's on two cores); a worker that ends is an idle
+        # one, and a thread that ends (a stream's) loses at most its last half second.
+        broker = TreeCpu(lambda: [broker_pid], every_s=3600) if broker_pid else None
+        threads = ThreadSampler(self.spark_pid, every_s=0.5)
+        spark = TreeCpu(self.spark_roots, every_s=0.25)
+        return MeteredRead(self.spark_pid, spark, broker, threads)
 
 
 @dataclass
