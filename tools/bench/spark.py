@@ -258,9 +258,9 @@ def timed(
 
 def cpu_line(cpu: tuple[float, float, float, str], load: str) -> str:
     """One read's CPU as printed while the bench runs (every repeat, not only the best)."""
-    spark, broker, jvm, _ = cpu
+    spark, broker, jvm, threads = cpu
     split = f"JVM {jvm:.2f}, Python {spark - jvm:.2f}"
-    return f"CPU s {spark:.2f} ({split}), broker {broker:.2f}, load {load}"
+    return f"CPU s {spark:.2f} ({split}), broker {broker:.2f}, load {load}; {threads}"
 
 
 def metered_timing(
