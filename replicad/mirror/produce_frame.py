@@ -23,11 +23,11 @@ import struct
 from collections.abc import Mapping, Sequence
 
 from replicad.mirror.restamp import uvarint
+from replicad.protocol.apis import ApiKey
 from replicad.protocol.connection import Buffer
 from replicad.types import TopicPartition
 
 FIRST_FLEXIBLE_VERSION = 9
-PRODUCE_API_KEY = 0
 _SIZE = struct.Struct(">i")
 _HEAD = struct.Struct(">hhi")
 _I16 = struct.Struct(">h")
@@ -52,7 +52,7 @@ def produce_frame(
     """The whole request frame (size prefix first) producing, to each partition, the one
     batch made of its buffers in order (see the module rules)."""
     flexible = version >= FIRST_FLEXIBLE_VERSION
-    head = bytearray(_HEAD.pack(PRODUCE_API_KEY, version, correlation_id))
+    head = bytearray(_HEAD.pack(ApiKey.PRODUCE, version, correlation_id))
     head += _string(client_id)  # the header's client id is a legacy string in every version
     if flexible:
         head += _NO_TAGS
