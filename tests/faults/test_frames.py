@@ -8,6 +8,7 @@ import zlib
 import pytest
 from crc32c import crc32c
 
+from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import (
     RequestHead,
     decode_response,
@@ -20,8 +21,6 @@ from replicad.protocol.codec import (
 from replicad.protocol.fetch_request import FetchRequest, fetch_request
 from replicad.records.batch import Compression, ScanStop, scan_batches
 from tools.chaos.frames import (
-    FETCH_API_KEY,
-    METADATA_API_KEY,
     FrameError,
     fetch_batch_spans,
     flip_anywhere,
@@ -67,7 +66,7 @@ def test_request_head_reads_what_replicad_sends() -> None:
     )
     body = encode_request(request, correlation_id=77, client_id="replicad")[4:]
     head = peek_request_head(body)
-    assert (head.api_key, head.api_version, head.correlation_id) == (FETCH_API_KEY, 12, 77)
+    assert (head.api_key, head.api_version, head.correlation_id) == (ApiKey.FETCH, 12, 77)
     with pytest.raises(FrameError):
         peek_request_head(body[:7])
 
@@ -83,7 +82,7 @@ def test_metadata_rewrite_moves_only_the_named_broker(version: int) -> None:
     result = rewrite_metadata(body, version, {("127.0.0.1", 9092): ("127.0.0.1", 40001)})
     assert result.brokers_rewritten == 1
     assert peek_correlation_id(result.body) == 41
-    decoded = decode_response(result.body, response_type(METADATA_API_KEY, version)).body
+    decoded = decode_response(result.body, response_type(ApiKey.METADATA, version)).body
     hosts = {int(b.node_id): (b.host, int(b.port)) for b in decoded.brokers}
     assert hosts == {1: ("127.0.0.1", 40001), 2: ("10.0.0.2", 9092)}
     assert [t.name for t in decoded.topics] == ["orders"]
@@ -105,8 +104,8 @@ def test_a_proxy_in_front_of_one_node_of_a_cluster_advertises_every_nodes_proxy(
     body = metadata_response_body(
         12, [BrokerEntry(1 + i, "127.0.0.1", 9001 + i) for i in range(3)], [("orders", 3)]
     )
-    rewritten = proxy._rewrite_metadata(RequestHead(METADATA_API_KEY, 12, 1), body)
-    decoded = decode_response(rewritten, response_type(METADATA_API_KEY, 12)).body
+    rewritten = proxy._rewrite_metadata(RequestHead(ApiKey.METADATA, 12, 1), body)
+    decoded = decode_response(rewritten, response_type(ApiKey.METADATA, 12)).body
     assert {(b.host, int(b.port)) for b in decoded.brokers} == set(nodes.values())
 
 
@@ -150,7 +149,7 @@ def test_a_flip_in_a_batch_is_always_a_checksum_failure(seed: int) -> None:
     # The damaged batch fails its CRC (or a check before it), never passes.
     assert scan.stop is ScanStop.CORRUPT, scan
     # The frame still decodes: only the batch's bytes changed.
-    decoded = decode_response(flip.body, response_type(FETCH_API_KEY, version)).body
+    decoded = decode_response(flip.body, response_type(ApiKey.FETCH, version)).body
     assert len(decoded.responses) == 2
 
 

@@ -6,10 +6,10 @@ import socket
 
 import pytest
 
+from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import decode_response, encode_request, response_type
 from replicad.protocol.requests import metadata_request
 from replicad.records.batch import ScanStop, scan_batches
-from tools.chaos.frames import METADATA_API_KEY
 from tools.chaos.proxy import ChaosProxy, wait_for_delivery
 from tools.peers.process import PeerError
 from tools.peers.produce import CheckedProducer
@@ -45,7 +45,7 @@ def _metadata(address: str, topic: str):
     host, _, port = address.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         body = _roundtrip(sock, metadata_request(METADATA_VERSION, [topic]))
-    return decode_response(body, response_type(METADATA_API_KEY, METADATA_VERSION)).body
+    return decode_response(body, response_type(ApiKey.METADATA, METADATA_VERSION)).body
 
 
 def test_metadata_through_the_proxy_names_the_proxy(proxy, kafka_broker, topic) -> None:

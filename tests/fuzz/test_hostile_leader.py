@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from replicad.protocol.apis import ApiKey
 from replicad.types import TopicPartition
 from tools.chaos.follower import Follower
-from tools.chaos.frames import FETCH_API_KEY, METADATA_API_KEY
 from tools.chaos.invariant import check_replica
 from tools.chaos.proxy import ChaosProxy, wait_for_delivery
 from tools.chaos.scenarios import fill, new_topic, wait_for
@@ -34,7 +34,7 @@ def test_bytes_damaged_anywhere_in_any_response(kafka_broker, tmp_path) -> None:
         try:
             for i in range(FLIPS):
                 # Mostly Fetch (the bulk of the traffic), every other API now and then.
-                proxy.flip_anywhere(1, api_key=FETCH_API_KEY if i % 4 else None)
+                proxy.flip_anywhere(1, api_key=ApiKey.FETCH if i % 4 else None)
                 wait_for_delivery(proxy, timeout_s=10)
                 assert follower.running, follower.output()[-3000:]
             delivered = proxy.stats().flipped_anywhere
@@ -114,7 +114,7 @@ def test_a_null_broker_list_in_metadata_does_not_kill_the_daemon(kafka_broker, t
         proxy.replace_responses(
             1,
             lambda head, body: metadata_with_null_brokers(body, head.api_version),
-            api_key=METADATA_API_KEY,
+            api_key=ApiKey.METADATA,
         )
         follower = Follower(tmp_path, proxy.address, [topic])
         follower.start()

@@ -31,11 +31,10 @@ from typing import Any
 from kio.static.primitive import i32
 
 from replicad.errors import RemoteProtocolError
+from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import CORRELATION, decode_entities, encode_entities, response_type
 from replicad.records.batch import LOG_OVERHEAD, MAGIC_POSITION, MAGIC_V2, V2_CRC_START
 
-FETCH_API_KEY = 1
-METADATA_API_KEY = 3
 _LENGTH = struct.Struct(">i")
 # First byte each format's checksum covers, counted from the start of the entry (a legacy
 # message's CRC32 covers it from its magic byte on).
@@ -91,7 +90,7 @@ def rewrite_metadata(
     This is how the proxy stays in the path: a client connects to the brokers that
     Metadata names, so the proxy names itself.
     """
-    header, entity = decode_response(body, METADATA_API_KEY, api_version)
+    header, entity = decode_response(body, ApiKey.METADATA, api_version)
     rewritten = 0
     brokers = []
     for broker in entity.brokers:
@@ -109,7 +108,7 @@ def rewrite_metadata(
 
 def fetch_batch_spans(body: bytes, api_version: int) -> tuple[BatchSpan, ...]:
     """The whole record batches of every partition of a Fetch response, in body order."""
-    _, entity = decode_response(body, FETCH_API_KEY, api_version)
+    _, entity = decode_response(body, ApiKey.FETCH, api_version)
     spans: list[BatchSpan] = []
     cursor = 0
     for topic in entity.responses:

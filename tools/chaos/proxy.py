@@ -42,6 +42,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
+from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import (
     MAX_FRAME_BYTES,
     SIZE,
@@ -51,8 +52,6 @@ from replicad.protocol.codec import (
     with_size_prefix,
 )
 from tools.chaos.frames import (
-    FETCH_API_KEY,
-    METADATA_API_KEY,
     Address,
     FrameError,
     fetch_batch_spans,
@@ -134,14 +133,14 @@ class _Plan:
 
     flip_batches: int = 0
     flip_anywhere: int = 0
-    flip_api: int | None = FETCH_API_KEY
+    flip_api: int | None = ApiKey.FETCH
     truncate: int = 0
     truncate_close: bool = True
-    truncate_api: int | None = FETCH_API_KEY
+    truncate_api: int | None = ApiKey.FETCH
     delay_ms: int = 0
     refuse: bool = False
     replace: int = 0
-    replace_api: int | None = FETCH_API_KEY
+    replace_api: int | None = ApiKey.FETCH
     replacement: Callable[[RequestHead, bytes], bytes] | None = None
     # api key -> a rewrite of every response of that api, until healed
     rewrites: dict[int, Callable[[RequestHead, bytes], bytes]] = field(default_factory=dict)
@@ -247,7 +246,7 @@ class ChaosProxy(Service):
             self._plan.refuse = refuse
 
     def truncate_responses(
-        self, count: int = 1, *, close: bool = True, api_key: int | None = FETCH_API_KEY
+        self, count: int = 1, *, close: bool = True, api_key: int | None = ApiKey.FETCH
     ) -> None:
         """Cut short the next `count` responses of `api_key` (None: any API)."""
         with self._lock:
@@ -261,7 +260,7 @@ class ChaosProxy(Service):
         with self._lock:
             self._plan.flip_batches += count
 
-    def flip_anywhere(self, count: int = 1, *, api_key: int | None = FETCH_API_KEY) -> None:
+    def flip_anywhere(self, count: int = 1, *, api_key: int | None = ApiKey.FETCH) -> None:
         """Damage one byte anywhere after the correlation id of the next `count`
         responses of `api_key` (None: any API): hostile bytes, unprotected fields too."""
         with self._lock:
@@ -273,7 +272,7 @@ class ChaosProxy(Service):
         count: int,
         replacement: Callable[[RequestHead, bytes], bytes],
         *,
-        api_key: int | None = FETCH_API_KEY,
+        api_key: int | None = ApiKey.FETCH,
     ) -> None:
         """Answer the next `count` requests of `api_key` with `replacement(head, body)`
         instead of the broker's body (a scripted hostile answer)."""
@@ -483,7 +482,7 @@ class ChaosProxy(Service):
         """(bytes to send, close the connection after them, the counter of the fault)."""
         if head is None:
             return with_size_prefix(body), False, None
-        if head.api_key == METADATA_API_KEY and self._rewrite:
+        if head.api_key == ApiKey.METADATA and self._rewrite:
             body = self._rewrite_metadata(head, body)
         with self._lock:
             plan = self._plan
@@ -501,7 +500,7 @@ class ChaosProxy(Service):
             plan = self._plan
             want_truncate = plan.truncate > 0 and plan.truncate_api in (None, head.api_key)
             want_anywhere = plan.flip_anywhere > 0 and plan.flip_api in (None, head.api_key)
-            want_flip = plan.flip_batches > 0 and head.api_key == FETCH_API_KEY
+            want_flip = plan.flip_batches > 0 and head.api_key == ApiKey.FETCH
             if want_truncate:
                 plan.truncate -= 1
                 close = plan.truncate_close

@@ -25,7 +25,7 @@ from kio.static.constants import EntityType
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import encode_entities, response_type
 from replicad.protocol.requests import make_entity, nested_type
-from tools.chaos.frames import METADATA_API_KEY, decode_response
+from tools.chaos.frames import decode_response
 
 NO_TOPIC_ID = uuid.UUID(int=0)
 
@@ -214,7 +214,7 @@ def metadata_with_null_brokers(body: bytes, version: int) -> bytes:
     (length 0), which the schema does not allow for that field."""
     if version < FIRST_FLEXIBLE_METADATA:
         raise ValueError(f"Metadata v{version} has no compact arrays")
-    header, entity = decode_response(body, METADATA_API_KEY, version)
+    header, entity = decode_response(body, ApiKey.METADATA, version)
     emptied = encode_entities(header, dataclasses.replace(entity, brokers=()))
     position = _METADATA_BROKERS_POSITION
     if emptied[position : position + 1] != _COMPACT_EMPTY:
