@@ -24,19 +24,33 @@ Rules:
   it returns: the removed segments deleted, the shortened one fsynced, then the epoch file,
   then the directory (Kafka's fsyncs nothing and rewrites its recovery-point file instead).
   A truncation at or above it -- a follower's divergent tail, the usual case -- changes the
-  files (renames removed segments to `.deleted`, shortens the last) and hands the rest to
+  files (renames removed segments to `.deleted`, shortens the last, or for a truncation
+  across segments only in memory: below) and hands the rest to
   `disk_later` (the durability thread; one job a partition, however many truncations
   before it runs): fsync the directory, then flush (the shortened segment, then the epoch
   file), then unlink. The event loop waits on no fsync at a failover. A crash before that
   job may bring removed batches back, but only above that recovery point, where loading
   scans every batch and claims nothing (and rebuilds the epochs: epoch rule 3).
-  A truncation across segments (either way) renames the segments it removes and fsyncs the
-  directory before it shortens the segment left: a filesystem may make the shorter length
+  A truncation across segments cuts the segment left only once the removed segments'
+  renames are durable (the directory fsynced): a filesystem may make the shorter length
   durable before names it has not synced (btrfs's fsync log tree does not order the two
   across files; Kafka does not flush the directory after these renames), and the removed
   segments would come back after a crash beyond a gap, or overlapping batches appended since
-  (tools/sim/log_run.py, seeds 21 and 33, whose crashes lose unsynced names). This
-  one fsync stays on the calling thread; a divergent tail seldom crosses a segment's start.
+  (tools/sim/log_run.py, seeds 21 and 33, whose crashes lose unsynced names). At once
+  (below the checkpointed recovery point): rename, fsync the directory, cut, on the calling
+  thread. At or above it, nothing waits on the disk: the segment left is cut in memory only
+  (reads and the log end see the shorter log at once; a segment left with no batch is
+  renamed away too) and a new segment made at the new log end (or the emptied one's base)
+  takes the appends, so nothing written before the directory fsync lands in a file whose
+  content depends on the renames; the job then fsyncs the directory, cuts the segment
+  left's files (the roll's final time index entry and trimmed indexes with them), flushes
+  and unlinks. A flush before that job makes the cut first (directory fsync, cut), and no
+  recovery point passes a segment whose file still holds more than the log. A crash before
+  the cut is durable leaves the segment left whole: with the names lost, the old log (the
+  new segment gone, the removed ones back); with the names kept, the new segment after
+  batches at or past its base -- loading cuts a segment's batches at or past the next
+  segment's base (only a lost cut leaves such batches: segments are made at the log end),
+  for the segment holding the recovery point and those after it, and the one before them.
 - A full truncation (`truncate_fully_and_start_at`, the follower's StartAt) deletes the
   segments, writes the epoch file empty and fsyncs the directory before it returns, unless
   the log's files hold no batch, the new start is at or above the log end and the
@@ -72,8 +86,9 @@ Rules:
   sets the state appends index by).
 - Recovery (at load): segments from the one holding the recovery point on, and any segment
   whose index is missing or malformed, are scanned; the first invalid or torn entry ends the
-  log there and every later segment is deleted. Stray files are removed. What was done is
-  logged and returned as a PartitionRecovery.
+  log there and every later segment is deleted. Batches at or past the next segment's base
+  (a lost cut of a truncation across segments, above) are cut. Stray files are removed.
+  What was done is logged and returned as a PartitionRecovery.
 - `flush.messages`: an append that brings the unsynced records to `config.flush_messages`
   flushes -- itself, or, when the log store has a `flush_later` (the follower's durability
   thread), by handing the flush to it, once until that flush starts, so the appending
@@ -172,7 +187,7 @@ from replicad.log.policy import (
     should_flush_messages,
     should_flush_time,
 )
-from replicad.log.segment import FileRegion, LogSegment
+from replicad.log.segment import BatchLocation, FileRegion, LogSegment, SegmentTruncation
 from replicad.ratelimit import RateLimitedLog
 from replicad.records.batch import MAGIC_V2, BatchHeader, BatchRun
 from replicad.types import TopicPartition
@@ -241,6 +256,13 @@ class _Flushing:
     dir_dirty: bool = False
 
 
+@dataclass(slots=True)
+class _Settling:
+    unlinks: list[Path]
+    # Segments cut in memory whose files wait for the directory fsync (truncate_to).
+    cuts: list[LogSegment]
+
+
 class PartitionLog:
     # Thousands of these live at once (one per replicated partition): no __dict__.
     __slots__ = (
@@ -255,7 +277,7 @@ class PartitionLog:
         "_lock",
         "_log_end_offset",
         "_segments",
-        "_truncation_unlinks",
+        "_settling",
         "_truncations",
         "archive_floor",
         "checkpointed_mark",
@@ -319,9 +341,10 @@ class PartitionLog:
         self.checkpointed_recovery_point = recovery_point
         # Truncations so far: a flush that saw another count when it started claims nothing.
         self._truncations = 0
-        # Segments truncations renamed to `.deleted`, for the durability thread to unlink
-        # (None while there are none: an empty list a partition is 56 bytes).
-        self._truncation_unlinks: list[Path] | None = None
+        # Deferred truncations' disk work for the durability thread: files renamed to
+        # `.deleted` to unlink, segments to cut once the renames are durable (None while
+        # there is none: most partitions, most of the time).
+        self._settling: _Settling | None = None
         # The latest time a caller passed in; used where an API takes no time argument.
         self._last_now_ms = 0
         self.last_recovery: PartitionRecovery | None = None
@@ -456,6 +479,15 @@ class PartitionLog:
         i = 0
         while i < len(segments):
             segment = segments[i]
+            if i >= max(first_to_scan, 1):
+                cut = _cut_at_next_base(segments[i - 1], segment, epochs)
+                if cut is not None:
+                    truncated += cut.bytes_removed
+                    problems.append(
+                        f"segment {segments[i - 1].base_offset}: {cut.bytes_removed} bytes at "
+                        f"or past {segment.base_offset}, where segment {segment.base_offset} "
+                        "starts, cut"
+                    )
             reason = None
             if i >= first_to_scan:
                 reason = "after the recovery point"
@@ -728,42 +760,46 @@ class PartitionLog:
             if offset < self.log_start_offset:
                 self.truncate_fully_and_start_at(offset)
                 return
+            # What goes, found before anything changes: the segments from `keep` on whole,
+            # and in the segment left the batches from `location` on.
+            keep = len(self._segments)
+            while keep > 1 and self._segments[keep - 1].base_offset >= offset:
+                keep -= 1
+            left = self._segments[keep - 1]
+            location = left.translate_offset(offset)
             new_end = offset
-            removed: list[LogSegment] = []
-            while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
-                segment = self._segments.pop()
+            for segment in self._segments[keep:]:
                 if not segment.is_empty:
                     new_end = min(new_end, segment.base_offset)
-                removed.append(segment)
+            if location is not None:
+                new_end = min(new_end, location.header.base_offset)
+            else:
+                new_end = max(new_end, left.next_offset)  # a gap past its last batch
+            if new_end < self.log_start_offset:
+                # The removed batch held the log start: see the module rules.
+                self.truncate_fully_and_start_at(offset)
+                return
+            later = self.disk_later is not None and new_end >= self.checkpointed_recovery_point
+            if later and keep < len(self._segments):
+                self._truncate_across_later(offset, keep, location, new_end)
+                return
+            removed = self._segments[keep:]
+            del self._segments[keep:]
             renamed: list[Path] = []
             for segment in removed:
                 renamed.extend(segment.rename_for_deletion())
             if removed:
-                # The removed segments' names gone on disk before the shorter segment can be
-                # (see the module rules: a truncation across segments).
+                # Below the checkpointed recovery point (at once): the removed segments'
+                # names gone on disk before the shorter segment can be (see the module
+                # rules: a truncation across segments).
                 fsync_dir(self.directory)
             active = self.active_segment
             truncation = active.truncate_to(offset)
-            if truncation.first_removed_offset is not None:
-                new_end = min(new_end, truncation.first_removed_offset)
             active.make_active()
-            new_end = max(new_end, active.next_offset)
-            if new_end < self.log_start_offset:
-                # The removed batch held the log start: see the module rules.
-                for path in renamed:
-                    path.unlink(missing_ok=True)
-                self.truncate_fully_and_start_at(offset)
-                return
-            self._truncations += 1
-            self._log_end_offset = new_end
-            self.recovery_point = min(self.recovery_point, new_end)
-            self.high_watermark = min(self.high_watermark, new_end)
-            self._epochs.truncate_from_end(new_end)
-            log.info("log truncated", partition=str(self.topic_partition), log_end_offset=new_end)
-            if self.disk_later is not None and new_end >= self.checkpointed_recovery_point:
-                # Nothing a checkpoint named is cut: the disk work waits for the durability
-                # thread (see the module rules). The segments are only renamed here.
-                self._unlink_later(renamed)
+            self._truncated(new_end)
+            if later:
+                # Inside the active segment, nothing a checkpoint named cut: the disk work
+                # waits for the durability thread (see the module rules).
                 self.disk_later(
                     self._settle_truncation,
                     f"truncation of {self.topic_partition}",
@@ -780,29 +816,99 @@ class PartitionLog:
             self._persist_epochs()
             fsync_dir(self.directory)
 
-    def _settle_truncation(self) -> None:
-        """The durability thread's half of a truncation at or above the checkpointed recovery
-        point: the renames durable, then the shorter segment and the leader-epoch file (a
-        flush: fsyncs, then the epoch file, then the recovery point), then the unlinks."""
-        if not self.directory.exists():
-            return  # the partition was removed (LogManager.remove) since
+    def _truncated(self, new_end: int) -> None:
+        """Under the lock: the offsets and the epochs after a truncation to `new_end`."""
+        self._truncations += 1
+        self._log_end_offset = new_end
+        self.recovery_point = min(self.recovery_point, new_end)
+        self.high_watermark = min(self.high_watermark, new_end)
+        self._epochs.truncate_from_end(new_end)
+        log.info("log truncated", partition=str(self.topic_partition), log_end_offset=new_end)
+
+    def _truncate_across_later(
+        self, offset: int, keep: int, location: BatchLocation | None, new_end: int
+    ) -> None:
+        """Under the lock: a truncation across segments at or above the checkpointed
+        recovery point, waiting on no disk (see the module rules). The removed segments are
+        renamed; the segment left is cut in memory only and rolled from: a new segment takes
+        the appends, so no byte written before the directory fsync depends on the renames.
+        The durability thread fsyncs the directory, then cuts the segment left's files."""
+        left = self._segments[keep - 1]
+        if (location is not None and location.header.position == 0) or left.is_empty:
+            # Nothing of it stays: it goes too, and the new segment takes its name (a new
+            # file: a crash that loses the names brings the old one back).
+            keep -= 1
+            base = left.base_offset
+        else:
+            base = new_end
+            left.truncate_to(offset, files=False)
+            left.become_inactive_in_memory()
+        removed = self._segments[keep:]
+        del self._segments[keep:]
+        settling = self._settling_now()
+        for segment in removed:
+            settling.unlinks.extend(segment.rename_for_deletion())
+        if keep and all(cut is not left for cut in settling.cuts):
+            # Its files are cut once the renames are durable (even with nothing cut: the
+            # roll's final time index entry and trimmed indexes).
+            settling.cuts.append(left)
+        self._segments.append(
+            LogSegment.create(
+                self._directory, base, self.config, now_ms=self._last_now_ms, handles=self._handles
+            )
+        )
+        self._flushing.dir_dirty = True
+        self._truncated(new_end)
+        assert self.disk_later is not None
+        self.disk_later(
+            self._settle_truncation,
+            f"truncation of {self.topic_partition}",
+            (self, TRUNCATION),
+        )
+
+    def _settling_now(self) -> _Settling:
+        """Under the lock: the deferred truncations' disk work, made when first needed."""
+        if self._settling is None:
+            self._settling = _Settling([], [])
+        return self._settling
+
+    def _settle_names(self) -> None:
+        """The directory fsynced, then the cuts truncations across segments left for after
+        it (see the module rules). A truncation meanwhile may have renamed more than the
+        fsync covered: then nothing is cut now (its own job, next, does it)."""
         with self._lock:
             truncations = self._truncations
         fsync_dir(self.directory)
         with self._lock:
-            if self._truncations == truncations:
-                self._flushing.dir_dirty = False  # every name changed so far is durable
+            if self._truncations != truncations:
+                return
+            self._flushing.dir_dirty = False  # every name changed so far is durable
+            settling = self._settling
+            if settling is None or not settling.cuts:
+                return
+            cuts, settling.cuts = settling.cuts, []
+            for segment in cuts:
+                if any(segment is kept for kept in self._segments):  # not removed since
+                    segment.cut_files()
+
+    def _settle_truncation(self) -> None:
+        """The durability thread's half of a truncation at or above the checkpointed recovery
+        point: the renames durable, then the cuts left for after them, then the shorter
+        segments and the leader-epoch file (a flush: fsyncs, then the epoch file, then the
+        recovery point), then the unlinks."""
+        if not os.path.isdir(self._directory):
+            return  # the partition was removed (LogManager.remove) since
+        self._settle_names()
         self.flush()
         with self._lock:
-            unlink, self._truncation_unlinks = self._truncation_unlinks, None
+            settling = self._settling
+            unlink = settling.unlinks if settling is not None else []
+            if settling is not None:
+                settling.unlinks = []
+                if not settling.cuts:
+                    self._settling = None
         if unlink:
             self._unlink(unlink)
-
-    def _unlink_later(self, paths: list[Path]) -> None:
-        """Under the lock: renamed files for the truncation job to unlink."""
-        if self._truncation_unlinks is None:
-            self._truncation_unlinks = []
-        self._truncation_unlinks.extend(paths)
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """An empty log starting at `offset` (the follower's StartAt). Its disk work (the
@@ -813,7 +919,7 @@ class PartitionLog:
             later = self._may_start_later(offset)
             for segment in self._segments:
                 if later:
-                    self._unlink_later(segment.rename_for_deletion())
+                    self._settling_now().unlinks.extend(segment.rename_for_deletion())
                 else:
                     segment.delete()
             segment = LogSegment.create(
@@ -824,6 +930,8 @@ class PartitionLog:
                 handles=self._handles,
             )
             self._segments = [segment]
+            if self._settling is not None:
+                self._settling.cuts = []  # every segment they named is gone
             self._truncations += 1
             self._log_end_offset = offset
             self.log_start_offset = offset
@@ -1060,6 +1168,10 @@ class PartitionLog:
 
     def flush(self) -> None:
         """fsync everything appended so far and move the recovery point to the log end."""
+        if self._settling is not None and self._settling.cuts:
+            # A segment's cut waits for the directory (see the module rules); the recovery
+            # point passes no segment whose file still holds more than the log.
+            self._settle_names()
         with self._lock:
             self._flush_queued = False  # appends from now on may ask for another
             target = self._log_end_offset
@@ -1087,6 +1199,8 @@ class PartitionLog:
         with self._lock:
             if self._truncations != truncations:
                 return  # see the module rules: the next flush covers what was rewritten
+            if self._settling is not None and self._settling.cuts:
+                return  # a truncation meanwhile left a cut: the next flush makes it
             if dir_dirty:
                 self._flushing.dir_dirty = False
             self.recovery_point = max(self.recovery_point, min(target, self._log_end_offset))
@@ -1187,7 +1301,14 @@ class PartitionLog:
         fsync_dir(self.directory)
 
     def close(self) -> None:
-        """Final time index entry and trimmed indexes for the active segment, synced; close."""
+        """Final time index entry and trimmed indexes for the active segment, synced; close.
+        Cuts a deferred truncation left are made (after the directory fsync) and synced."""
+        if self._settling is not None and self._settling.cuts:
+            cuts = list(self._settling.cuts)
+            self._settle_names()
+            for segment in cuts:
+                if any(segment is kept for kept in self._segments):
+                    segment.flush()
         with self._lock:
             active = self.active_segment
             active.on_become_inactive()
@@ -1202,6 +1323,20 @@ def _forget_epochs_from(epochs: LeaderEpochCache, offset: int) -> None:
     truncation removed, the file written before it (epoch rule 3), so it goes, and the
     scan adds what the batches hold."""
     epochs.truncate_from_end(offset)
+
+
+def _cut_at_next_base(
+    before: LogSegment, after: LogSegment, epochs: LeaderEpochCache
+) -> SegmentTruncation | None:
+    """Loading: the batches of `before` at or past `after`'s base cut, as the truncation
+    across segments whose cut a crash lost did (the segment after holds the log from there
+    on: see the module rules), and the epochs from there forgotten (its scan adds its own);
+    None when `before` ends at or below that base (always, but after such a crash)."""
+    if before.next_offset <= after.base_offset:
+        return None
+    cut = before.truncate_to(after.base_offset)
+    epochs.truncate_from_end(after.base_offset)
+    return cut
 
 
 def _first_at_or_after(

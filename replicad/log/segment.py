@@ -464,22 +464,28 @@ class LogSegment:
     def _restore_builder_state(self, state: tuple[TimestampOffset, int]) -> None:
         self.builder.max_timestamp, self.builder.bytes_since_last_entry = state
 
-    def truncate_to(self, offset: int) -> SegmentTruncation:
-        """Drop every batch whose last offset is >= `offset`."""
+    def truncate_to(self, offset: int, *, files: bool = True) -> SegmentTruncation:
+        """Drop every batch whose last offset is >= `offset`. Not `files`: in memory only
+        (the size, the indexes, the index state: reads and appends see the shorter segment
+        at once), the files are cut by `cut_files` later (log/partition.py: a truncation
+        across segments cuts the segment left only once the removed ones' names are
+        durable)."""
         location = self.translate_offset(offset)
         if location is None:
             return SegmentTruncation(0, None)
         # A batch holding `offset` is removed whole: batches are never split.
         position = location.header.position
         removed = self.size - position
-        self._log.truncate(position)
+        if files:
+            self._log.truncate(position)
         self.size = position
         # Index entries name a batch's last offset, so these cuts drop exactly the entries of
         # the removed batches.
         self.offset_index.truncate_to(offset)
         self.time_index.truncate_to(location.header.base_offset)
-        self._offset_file.rewrite()
-        self._time_file.rewrite()
+        if files:
+            self._offset_file.rewrite()
+            self._time_file.rewrite()
         self._builder = None
         self._next_offset = None
         if self.size == 0:
@@ -553,6 +559,21 @@ class LogSegment:
         self._offset_file.replace(offset_index)
         self._time_file.replace(time_index)
         self._builder = builder
+
+    def cut_files(self) -> None:
+        """The files of a segment truncated in memory only (`truncate_to(files=False)`) and
+        left behind by a roll (`become_inactive_in_memory`): the `.log` cut to the size,
+        both indexes rewritten to the entries held (which trims them, as a roll does)."""
+        self._log.truncate(self.size)
+        self._offset_file.rewrite()
+        self._time_file.rewrite()
+
+    def become_inactive_in_memory(self) -> None:
+        """`on_become_inactive` without the files: the final time index entry in memory
+        only; `cut_files` writes it."""
+        if self.size:
+            ts = self.builder.max_timestamp
+            self.time_index.maybe_append(ts.timestamp, ts.offset, skip_full_check=True)
 
     def on_become_inactive(self) -> None:
         """Final time index entry, then both index files trimmed (Kafka's roll)."""

@@ -1030,20 +1030,24 @@ def test_a_truncation_above_the_checkpointed_recovery_point_leaves_its_fsyncs_to
     epochs_before = _epoch_file(log)
     synced = _fsyncs(monkeypatch)
     log.truncate_to(cut.base_offset)
-    # Whole segments removed: only their renames were made durable (one directory fsync,
-    # before the shorter segment: see the next test); nothing else waited on the disk.
-    assert [Path(path).name for path, _ in synced] == [log.directory.name]
-    synced.clear()
-    assert log.log_end_offset == cut.base_offset and log.active_segment is log.segments[2]
+    # Whole segments removed, and still nothing waited on the disk: the segment left is cut
+    # in memory only (its files once the renames are durable: see the next test), and a new
+    # segment at the cut takes the appends. Session 15's code fsynced the directory here.
+    assert synced == []
+    assert log.log_end_offset == cut.base_offset
+    assert [s.base_offset for s in log.segments[2:]] == [third.base_offset, cut.base_offset]
+    assert third.size == cut.position and third.log_path.stat().st_size > cut.position
     assert [what for what, _ in later.asked] == [f"truncation of {TP}"]
     assert {p.name for p in log.directory.glob("*.deleted")}  # renamed, not yet unlinked
     assert _epoch_file(log) == epochs_before
     log.truncate_to(cut.base_offset - 1)  # asked again: the same key, one job waits
+    assert synced == []
     assert len({key for _, key in later.asked}) == 1
     for job in later.jobs:
         job()
     names = [Path(path).name for path, _ in synced]
     assert names[0] == log.directory.name  # the renames durable first
+    assert third.log_path.stat().st_size == third.size < cut.position  # cut at last
     assert (str(third.log_path), third.size) in synced  # the shorter length
     epoch_writes = [i for i, name in enumerate(names) if name.startswith(LEADER_EPOCH_CHECKPOINT)]
     assert all(i > names.index(third.log_path.name) for i in epoch_writes)
@@ -1062,7 +1066,7 @@ def test_a_truncation_across_segments_syncs_their_removal_before_it_shortens_the
     seed 21, "batch at 26 follows one ending at 18"). Fails on the old code: deferred, no
     directory fsync at all; at once, the directory fsync came after the cut."""
     log, _ = _partition(tmp_path)
-    _Later(log)
+    later = _Later(log)
     log.flush()
     if checkpointed:
         log.recovery_point_checkpointed(log.recovery_point_to_checkpoint())
@@ -1086,9 +1090,101 @@ def test_a_truncation_across_segments_syncs_their_removal_before_it_shortens_the
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "ftruncate", ftruncate)
     log.truncate_to(cut.base_offset)
+    assert log.log_end_offset == cut.base_offset
+    if not checkpointed:
+        # Deferred: the calling thread cut no file and fsynced nothing; the job does both.
+        assert not any(kind == "directory" for kind, _ in events), events
+        assert ("cut", third.log_path.name) not in events, events
+        for job in later.jobs:
+            job()
     cut_at = events.index(("cut", third.log_path.name))
     assert ("directory", "removed gone") in events[:cut_at], events
-    assert log.log_end_offset == cut.base_offset
+    assert third.log_path.stat().st_size == cut.position
+
+
+def test_a_deferred_truncation_across_segments_reads_and_appends_the_shorter_log_at_once(
+    tmp_path: Path,
+) -> None:
+    """Before its job runs, the truncated log is what reads, appends and a reload after the
+    job see; the segment left keeps its old bytes on disk until then, and no append lands
+    in it (a new segment at the cut takes them)."""
+    log, batches = _partition(tmp_path)
+    later = _Later(log)
+    log.flush()
+    third = log.segments[2]
+    cut = third.headers()[2]
+    log.truncate_to(cut.base_offset)
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(cut.base_offset + 1, 1 << 20)
+    region = log.read(third.base_offset, 1 << 20).region
+    assert region is not None and region.position + region.size == cut.position
+    assert log.read(cut.base_offset, 1 << 20).region is None  # the log end
+    after = batch_stream(13, 5, first_offset=cut.base_offset)
+    _append_all(log, after)
+    assert log.active_segment.base_offset == cut.base_offset
+    assert log.active_segment.log_path.read_bytes() == b"".join(after)
+    assert third.log_path.stat().st_size > cut.position  # not cut yet: the job does it
+    for job in later.jobs:
+        job()
+    expected = b"".join(batches)[: sum(s.size for s in log.segments[:2]) + cut.position]
+    log.close()
+    loaded = PartitionLog.load(
+        log.directory,
+        TP,
+        SMALL,
+        now_ms=0,
+        recovery_point=0,
+        log_start_offset=0,
+        high_watermark=0,
+        clean_shutdown=True,
+    )
+    assert loaded.last_recovery is not None and loaded.last_recovery.clean
+    data = b"".join(s.log_path.read_bytes() for s in loaded.segments)
+    assert data == expected + b"".join(after)
+    loaded.close()
+
+
+def test_loading_cuts_batches_at_or_past_the_next_segments_base(tmp_path: Path) -> None:
+    """A crash after a deferred truncation across segments made its new segment's name
+    durable but not the cut of the segment left (the job had not run, or the shorter length
+    was lost): loading cuts that segment where the next begins, as the truncation did.
+    Without that rule in loading (checked), the loaded log held the old batches, then the new
+    segment's from an offset below their end."""
+    log, _ = _partition(tmp_path)
+    later = _Later(log)
+    log.flush()
+    third = log.segments[2]
+    cut = third.headers()[2]
+    kept = (
+        b"".join(s.log_path.read_bytes() for s in log.segments[:2])
+        + (third.log_path.read_bytes()[: cut.position])
+    )
+    log.truncate_to(cut.base_offset)
+    after = batch_stream(13, 5, first_offset=cut.base_offset)
+    _append_all(log, after)
+    for segment in log.segments:
+        segment.flush()  # the appends durable; the job (the cut) never ran
+    assert later.jobs and third.log_path.stat().st_size > cut.position
+    for path in log.directory.glob("*.deleted"):
+        path.unlink()
+    loaded = PartitionLog.load(
+        log.directory,
+        TP,
+        SMALL,
+        now_ms=0,
+        recovery_point=third.base_offset,
+        log_start_offset=0,
+        high_watermark=0,
+        clean_shutdown=False,
+        handles=FileHandles(64),
+    )
+    data = b"".join(s.log_path.read_bytes() for s in loaded.segments)
+    assert data == kept + b"".join(after)
+    assert loaded.log_end_offset == scan_batches(after[-1]).batches[0].next_offset
+    report = loaded.last_recovery
+    assert report is not None
+    assert any(f"where segment {cut.base_offset} starts" in p for p in report.problems)
+    loaded.close()
 
 
 def test_a_truncation_inside_the_active_segment_waits_on_no_fsync(

@@ -123,11 +123,30 @@ def test_a_truncation_across_segments_that_cuts_before_its_renames_are_synced_is
     monkeypatch,
 ):
     """The truncation rule for whole segments (log/partition.py): their renames are made
-    durable (the directory fsynced) before the segment left is cut. Without it, a crash that
-    loses the unsynced names keeps the shorter segment and brings the removed ones back,
-    beyond a gap or over batches appended since."""
-    real = PartitionLog.truncate_to
+    durable (the directory fsynced) before the segment left is cut. Planted back broken the
+    way a move of that fsync to the durability thread would break it -- the segment left
+    cut at once, the fsync left to the job -- a crash before the job that loses the unsynced
+    names keeps the shorter segment and brings the removed ones back, beyond a gap or over
+    batches appended since."""
+    real = LogSegment.truncate_to
 
+    def planted(self, offset, *, files=True):
+        return real(self, offset, files=True)  # the file cut now, whatever was asked
+
+    monkeypatch.setattr(LogSegment, "truncate_to", planted)
+    # Its window (a truncation across segments, then a crash that loses the names but keeps
+    # the shorter length) is rarer: the first seed that finds it is 15.
+    error = planted_found(run_seeds, range(40), "cut before the renames are durable")
+    assert "follows one ending at" in error or "durable" in error
+
+
+def test_a_truncation_across_segments_at_once_that_cuts_before_its_fsync_is_found(
+    monkeypatch,
+):
+    """The same rule for a truncation across segments below the checkpointed recovery
+    point, done at once on the calling thread: rename, fsync the directory, cut. Without
+    that directory fsync, a crash that loses the names keeps the shorter segment."""
+    real = PartitionLog.truncate_to
     real_fsync_dir = partition_module.fsync_dir
 
     def planted(self, offset):
@@ -138,10 +157,19 @@ def test_a_truncation_across_segments_that_cuts_before_its_renames_are_synced_is
             partition_module.fsync_dir = real_fsync_dir
 
     monkeypatch.setattr(PartitionLog, "truncate_to", planted)
-    # Its window (a truncation across segments, then a crash that loses the names but keeps
-    # the shorter length) is rarer: the first seeds that find it are 21 and 33.
-    error = planted_found(run_seeds, range(40), "cut before the renames are durable")
+    # Rarer still (below the checkpointed recovery point): the first seed that finds it is 33.
+    error = planted_found(run_seeds, range(40), "cut before the renames are durable, at once")
     assert "follows one ending at" in error or "durable" in error
+
+
+def test_loading_that_keeps_batches_past_the_next_segments_base_is_found(monkeypatch):
+    """A deferred truncation across segments rolls to a new segment before the segment left
+    is cut on disk (log/partition.py): a crash that keeps the names but not that cut leaves
+    the old batches under the new segment's. Loading cuts them; without it, the loaded log
+    goes back in offsets where the new segment starts."""
+    monkeypatch.setattr(partition_module, "_cut_at_next_base", lambda before, after, e: None)
+    error = planted_found(run_seeds, SUITE_SEEDS, "batches past the next segment's base kept")
+    assert "follows one ending at" in error
 
 
 def test_a_start_at_left_to_later_though_the_log_holds_batches_is_found(monkeypatch):

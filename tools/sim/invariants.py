@@ -52,10 +52,14 @@ class LogFacts:
 
 
 def local_bytes(plog) -> bytes:
-    """A partition's whole log as stored (its segments' .log files, in order)."""
+    """A partition's whole log as stored: its segments' .log files, in order, each up to
+    the size the log store holds it at (a deferred truncation across segments cuts the
+    segment left in memory first and its file only once the removed ones' renames are
+    durable: log/partition.py)."""
     out = bytearray()
-    for segment in sorted(plog.directory.glob("*.log")):
-        out += segment.read_bytes()
+    for segment in plog.segments:
+        with open(segment.log_path, "rb") as f:
+            out += f.read(segment.size)
     return bytes(out)
 
 

@@ -281,6 +281,14 @@ class LogSimulation:
             elif local_bytes(plog) != before[tp]:
                 raise InvariantError(f"{tp}: a clean restart changed the log")
             _check_epochs(tp, plog)
+            latest = plog.latest_epoch()
+            if crash and latest is not None and latest > self.epoch[tp]:
+                # The crash undid a truncation whose disk work had not run (its cut, or with
+                # the names lost the whole of one across segments): its old tail is back. A
+                # follower goes on from there only in the newest epoch the log holds (its
+                # OffsetForLeaderEpoch truncates first whatever the leader lacks), never
+                # appending an older epoch's batches after it.
+                self.epoch[tp] = latest
         if not crash:
             self.durable = {t: p.recovery_point for t, p in self.logs.partitions().items()}
             self.durable_start = {t: p.log_start_offset for t, p in self.logs.partitions().items()}
