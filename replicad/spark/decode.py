@@ -22,6 +22,8 @@ decoded column by column instead of record by record. Rules:
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -132,11 +134,25 @@ def _frame(
     """
     heads: list[int] = []
     add = heads.append
+    # A record's length is mostly one or two bytes long: the two bytes at a position,
+    # read as one 16-bit number (of the view of its parity), index the step to the next
+    # record (_length_steps); 0 sends the rest (longer varints, the data's last byte) the
+    # long way, which computes the same step.
+    steps = _length_steps()
+    mv = memoryview(data)
+    n = len(mv)
+    pairs = (mv[: n & ~1].cast("H"), mv[1 : 1 + ((n - 1) & ~1)].cast("H"))
     try:
         for count, (pos, section_end) in zip(counts, ranges, strict=True):
             for _ in range(min(count, section_end - pos + 1)):
                 add(pos)
-                # Record lengths are mostly one or two bytes long: those inline.
+                try:
+                    step = steps[pairs[pos & 1][pos >> 1]]
+                except IndexError:
+                    step = 0
+                if step:
+                    pos += step
+                    continue
                 b = data[pos]
                 if b < CONTINUATION:
                     pos += 1 + ((b >> 1) ^ -(b & 1))
@@ -153,6 +169,20 @@ def _frame(
     except (IndexError, _Corrupt):
         pass  # the checks below name the first record at fault
     return _checked_frame(data, ranges, counts, np.array(heads, dtype=np.int64))
+
+
+@functools.cache
+def _length_steps() -> list[int]:
+    """For each 16-bit number two bytes make in this machine's byte order: the size of the
+    zigzag varint they start plus its value (the step from a record's length to the next
+    record), when it is one or two bytes long; else 0."""
+    v = np.arange(1 << 16, dtype=np.int64)
+    first, second = (v & 0xFF, v >> 8) if sys.byteorder == "little" else (v >> 8, v & 0xFF)
+    one = first < CONTINUATION
+    raw = np.where(one, first, (first & PAYLOAD_BITS) | (second << 7))
+    steps = np.where(one, 1, 2) + ((raw >> 1) ^ -(raw & 1))
+    steps[~one & (second >= CONTINUATION)] = 0
+    return steps.tolist()
 
 
 def _checked_frame(

@@ -246,3 +246,14 @@ def test_a_record_count_beyond_the_records_section_names_the_first_missing_recor
     finally:
         tracemalloc.stop()
     assert peak < 16 * 2**20  # nothing sized by the claimed count (numpy reports to tracemalloc)
+
+
+def test_record_lengths_of_one_two_and_three_bytes_frame_alike():
+    """The framing loop's table covers lengths of one and two bytes; longer ones, and
+    lengths next to the table's bounds, take the long way to the same records."""
+    sizes = [0, 40, 60, 70, 8100, 8170, 8200, 20_000, 3, 70_000, 1]
+    recs = [(b"k", b"v" * n, [], 0) for n in sizes]
+    data = build(0, recs, Compression.NONE) + build(len(recs), recs[::-1], Compression.NONE)
+    columns = decode_v2_columns(data, scan_batches(data).batches)
+    assert [len(v) for v in columns.values.to_pylist()] == sizes + sizes[::-1]
+    assert as_records(columns) == without_sequence(reference(data))
