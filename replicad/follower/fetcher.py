@@ -362,10 +362,7 @@ class LeaderFetcher:
 
     async def _check_epochs(self, conn: BrokerConnection) -> None:
         """OffsetForLeaderEpoch for the partitions the table asks about."""
-        now = monotonic_ms()
-        if not any(
-            s.epoch_check_pending and now >= s.delayed_until_ms for s in self.partitions.values()
-        ):
+        if not self.table.epoch_check_due(monotonic_ms()):
             return
         fetch_version = conn.versions.require(ApiKey.FETCH) if conn.versions else 0
         ofle_version = None

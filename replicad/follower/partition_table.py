@@ -109,11 +109,15 @@ Rules kept here (each repeated where it is kept):
   last full walk: a change nothing marks (a log start moved by local retention, a mark
   forgotten) is asked at most that late, never lost. The session handler is told the
   partitions whose entry appeared, went or became another object since the last request
-  built (`_wanted_changes`), as before. A sessionless leader's pass (R11) is walked once
-  when it begins: its fetchable partitions go into two queues in rotation order (behind,
-  the others), a partition examined again is queued again when its kind changed, and a
-  share takes from the queues, checking each entry as it comes out; so a share costs about
-  its own size. A full request lists the partitions in rotation order (KIP-74).
+  built (`_wanted_changes`), as before. The same examination (`_refresh`) keeps the
+  partitions without a log, asking ListOffsets, or waiting for a divergence check, and the
+  questions before a request read those (without_log, offset_questions, epoch_questions,
+  epoch_check_due, may_pipeline), each after examining what was marked. A sessionless
+  leader's pass (R11) is walked once when it begins: its fetchable partitions go into two
+  queues in rotation order (behind, the others), a partition examined again is queued
+  again when its kind changed, and a share takes from the queues, checking each entry as
+  it comes out; so a share costs about its own size. A full request lists the partitions
+  in rotation order (KIP-74).
 """
 
 from __future__ import annotations
@@ -185,6 +189,9 @@ DISK_FULL_RETRY_MS = 5_000
 
 # R13: every partition is examined again at least this often, marked or not.
 FULL_WALK_EVERY_MS = 1_000
+# ASKS_OFFSETS as a tuple: `in` finds a member by identity, with no Enum.__hash__ (a
+# Python-level call) per partition examined.
+_ASKS_OFFSETS = tuple(ASKS_OFFSETS)
 
 # Errors after which the partition's leadership must be looked up again (R2).
 METADATA_ERRORS = frozenset(
@@ -241,6 +248,11 @@ class PartitionTable:
         self._sequence = itertools.count()
         self._full_walk_every_ms = full_walk_every_ms
         self._full_walk_ms = 0
+        # R13: as last examined, the partitions without a log, those asking ListOffsets
+        # (ASKS_OFFSETS) and those waiting for a divergence check (ordered sets).
+        self._logless: dict[TopicPartition, None] = {}
+        self._asking: dict[TopicPartition, None] = {}
+        self._checking: dict[TopicPartition, None] = {}
         # The last request was a sessionless leader's share of the partitions (R11); the
         # partitions the current pass has not asked yet, each with its place in the pass
         # (rotation order when the pass began; those an answer cut short go before, those
@@ -293,6 +305,9 @@ class PartitionTable:
         self._unserved.discard(tp)
         self._delay_at.pop(tp, None)
         self._stale.pop(tp, None)
+        self._logless.pop(tp, None)
+        self._asking.pop(tp, None)
+        self._checking.pop(tp, None)
         if self._last_wanted.pop(tp, None) is not None:
             self._wanted_changes.append(tp)  # R13: the next request forgets it
         if state is not None:
@@ -316,10 +331,10 @@ class PartitionTable:
         ones may still be full (`logs_not_opened`)."""
         if now_ms < self._open_logs_after_ms:
             return []
+        self._refresh(now_ms)
+        partitions = self.partitions
         return [
-            s
-            for s in self.partitions.values()
-            if s.log is None and s.phase is not PartitionPhase.HALTED
+            s for tp in self._logless if (s := partitions[tp]).phase is not PartitionPhase.HALTED
         ]
 
     def logs_not_opened(self, tps: Sequence[TopicPartition], error: str, now_ms: int) -> None:
@@ -361,7 +376,9 @@ class PartitionTable:
         """OffsetForLeaderEpoch questions for partitions whose leader changed (R3), when
         the leader's Fetch cannot say DivergingEpoch itself (below v12)."""
         questions: dict[TopicPartition, EpochQuestion] = {}
-        for state in self.partitions.values():
+        self._refresh(now_ms)
+        partitions = self.partitions
+        for state in [partitions[tp] for tp in self._checking]:
             if (
                 not state.epoch_check_pending
                 or now_ms < state.delayed_until_ms
@@ -416,12 +433,21 @@ class PartitionTable:
             state.epoch_check_pending = not complete
         return actions
 
+    def epoch_check_due(self, now_ms: int) -> bool:
+        """Whether a partition waits for a divergence check (R3) whose delay has passed:
+        the shell then asks `epoch_questions`."""
+        self._refresh(now_ms)
+        partitions = self.partitions
+        return any(now_ms >= partitions[tp].delayed_until_ms for tp in self._checking)
+
     def offset_questions(self, now_ms: int) -> list[PartitionState]:
         """Partitions that need ListOffsets: no start yet, or out of range (R4)."""
+        self._refresh(now_ms)
+        partitions = self.partitions
         return [
             s
-            for s in self.partitions.values()
-            if s.phase in ASKS_OFFSETS and now_ms >= s.delayed_until_ms and s.log is not None
+            for tp in self._asking
+            if now_ms >= (s := partitions[tp]).delayed_until_ms and s.log is not None
         ]
 
     def offsets_answer(self, answers: Iterable[OffsetAnswer]) -> tuple[OffsetsAnswer, list[Action]]:
@@ -688,17 +714,22 @@ class PartitionTable:
         return version
 
     def _wanted(self, now_ms: int) -> dict[TopicPartition, PartitionFetch]:
-        """The fetchable partitions (in the order they became so) and their entries, with
-        only what may have changed examined again (R13): the partitions marked since the
-        last build, those whose delay or disk-full pause has ended, and every partition
-        once FULL_WALK_EVERY_MS has passed. Each change (an entry that appeared, went or is
-        another object) is kept for the session handler, which skips the rest."""
+        """The fetchable partitions (in the order they became so) and their entries."""
+        self._refresh(now_ms)
+        return self._last_wanted
+
+    def _refresh(self, now_ms: int) -> None:
+        """R13: examine again only what may have changed: the partitions marked since the
+        last time, those whose delay or disk-full pause has ended, and every partition once
+        FULL_WALK_EVERY_MS has passed. Each change of a fetchable partition's entry (one
+        that appeared, went or is another object) is kept for the session handler, which
+        skips the rest; the partitions without a log, asking ListOffsets or waiting for a
+        divergence check are kept for the questions before a request."""
         stale, self._stale = self._stale, {}
         partitions = self.partitions
-        if now_ms >= self._full_walk_ms:
+        full = now_ms >= self._full_walk_ms
+        if full:
             self._full_walk_ms = now_ms + self._full_walk_every_ms
-            marked, stale = stale, dict.fromkeys(partitions)
-            stale.update(marked)
         delays, delay_at = self._delays, self._delay_at
         while delays and delays[0][0] <= now_ms:
             at, _, tp = heapq.heappop(delays)
@@ -712,11 +743,26 @@ class PartitionTable:
         # leader's session and came back in its answers, past the response budget).
         changes = self._wanted_changes
         left = self._pass_left
-        for tp in stale:
+        logless, asking, checking = self._logless, self._asking, self._checking
+        # A full walk examines every partition: those marked are among them (a mark of a
+        # partition not here changes nothing).
+        for tp in partitions if full else stale:
             state = partitions.get(tp)
             if state is None:
                 continue  # removed: `remove` dropped its entry
             want = self._want(state, now_ms)
+            if state.log is None:
+                logless[tp] = None
+            else:
+                logless.pop(tp, None)
+            if state.phase in _ASKS_OFFSETS:
+                asking[tp] = None
+            else:
+                asking.pop(tp, None)
+            if state.epoch_check_pending:
+                checking[tp] = None
+            else:
+                checking.pop(tp, None)
             if want is None:
                 if wanted.pop(tp, None) is not None:
                     changes.append(tp)
@@ -729,7 +775,13 @@ class PartitionTable:
                 changes.append(tp)
             if tp in left:
                 self._queue(tp, state)
-        return wanted
+        # An emptied dict keeps its size (10,000 new partitions fill the first two at start).
+        if not logless:
+            self._logless = {}
+        if not asking:
+            self._asking = {}
+        if not checking:
+            self._checking = {}
 
     def _want(self, state: PartitionState, now_ms: int) -> PartitionFetch | None:
         """What to ask of one partition now; None when it is not fetchable now. A few
@@ -895,12 +947,11 @@ class PartitionTable:
             return False
         if any(a.fetched.restart_at is not None for a in outcome.appends):
             return False
-        return not any(
-            s.epoch_check_pending
-            or s.log is None
-            or (s.phase in ASKS_OFFSETS and now_ms >= s.delayed_until_ms)
-            for s in self.partitions.values()
-        )
+        self._refresh(now_ms)
+        if self._checking or self._logless:
+            return False
+        partitions = self.partitions
+        return not any(now_ms >= partitions[tp].delayed_until_ms for tp in self._asking)
 
     def next_wakeup_ms(self, now_ms: int, *, idle_ms: int = 1000) -> int:
         """When to look again with nothing to send: the first back-off to end, within idle_ms."""

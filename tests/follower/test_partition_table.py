@@ -34,7 +34,7 @@ from replicad.follower.fetch_settings import (
     TOPIC_OVERHEAD_BYTES,
     FetchSettings,
 )
-from replicad.follower.partition_phase import PartitionPhase
+from replicad.follower.partition_phase import ASKS_OFFSETS, PartitionPhase
 from replicad.follower.partition_state import PartitionState
 from replicad.follower.partition_table import (
     DISK_FULL_RETRY_MS,
@@ -842,9 +842,10 @@ def test_a_sessions_request_examines_what_the_last_answer_named():
 
 class _WalkingTable(PartitionTable):
     """The table as it chose before R13, the reference of R13's test: every partition
-    examined at every request (full walks 0 ms apart), and a sessionless leader's share
-    (R11) found by a scan of the fetchable partitions in rotation order, those behind first,
-    among the partitions the pass has not asked yet (a set)."""
+    examined at every request (full walks 0 ms apart), a sessionless leader's share (R11)
+    found by a scan of the fetchable partitions in rotation order, those behind first,
+    among the partitions the pass has not asked yet (a set), and the questions before a
+    request answered by a walk over every partition."""
 
     def __init__(self, settings: FetchSettings) -> None:
         super().__init__(1, settings, full_walk_every_ms=0)
@@ -893,6 +894,41 @@ class _WalkingTable(PartitionTable):
             self.partitions.move_to_end(tp, last=False)
         self._walk_left.update(cut)
 
+    # The questions before a request, each a walk over every partition (after the full
+    # walk the table makes there too: a disk-full pause that ended is over from then on).
+
+    def without_log(self, now_ms):
+        if now_ms < self._open_logs_after_ms:
+            return []
+        self._refresh(now_ms)
+        halted = PartitionPhase.HALTED
+        return [s for s in self.partitions.values() if s.log is None and s.phase is not halted]
+
+    def epoch_check_due(self, now_ms):
+        self._refresh(now_ms)
+        return any(
+            s.epoch_check_pending and now_ms >= s.delayed_until_ms for s in self.partitions.values()
+        )
+
+    def offset_questions(self, now_ms):
+        self._refresh(now_ms)
+        return [
+            s
+            for s in self.partitions.values()
+            if s.phase in ASKS_OFFSETS and now_ms >= s.delayed_until_ms and s.log is not None
+        ]
+
+    def may_pipeline(self, outcome, now_ms):
+        if not outcome.accepted or any(a.fetched.restart_at is not None for a in outcome.appends):
+            return False
+        self._refresh(now_ms)
+        return not any(
+            s.epoch_check_pending
+            or s.log is None
+            or (s.phase in ASKS_OFFSETS and now_ms >= s.delayed_until_ms)
+            for s in self.partitions.values()
+        )
+
 
 class _Twins:
     """Two tables fed the same events (R13's reference test): [0] examines only what was
@@ -911,13 +947,28 @@ class _Twins:
         self.in_flight: list | None = None
         self.to_perform: list[list] = [[], []]
         self.requests = 0
+        self.added = 0
         for p in range(partitions):
             self.add(TopicPartition("t", p))
 
-    def add(self, tp) -> None:
-        self.ends.setdefault(tp, 0)
+    def add(self, tp, *, opened: bool = True) -> None:
+        """A new partition; not `opened`: its log is opened later (`open_logs`)."""
+        assert tp not in self.ends
+        self.added += 1
+        self.ends[tp] = 0
         for i, table in enumerate(self.tables):
             self.states[i][tp], self.logs[i][tp] = _add(table, tp, epochs=[(5, 0)])
+            if not opened:
+                self.states[i][tp].log = None
+
+    def open_logs(self, now) -> None:
+        """What fetcher._open_logs does: each log the table waits for, opened, told."""
+        waiting = [[s.tp for s in table.without_log(now)] for table in self.tables]
+        assert waiting[0] == waiting[1]
+        for i, table in enumerate(self.tables):
+            for tp in waiting[i]:
+                self.states[i][tp].log = self.logs[i][tp]
+                table.touched(tp)
 
     def remove(self, tp) -> None:
         del self.ends[tp]
@@ -928,9 +979,18 @@ class _Twins:
         """Metadata's new leader epoch, made in place by the shell (assignment.py)."""
         for i, table in enumerate(self.tables):
             self.states[i][tp].leader_epoch += 1
+            self.states[i][tp].epoch_check_pending = True
             table.touched(tp)
 
     def questions(self, now) -> None:
+        due = [table.epoch_check_due(now) for table in self.tables]
+        assert due[0] == due[1]
+        epochs = [
+            table.epoch_questions(now, fetch_version=13, ofle_version=3) for table in self.tables
+        ]
+        assert epochs == [{}, {}]  # Fetch v12+ says divergence itself: nothing is asked
+        offsets = [sorted(st.tp for st in table.offset_questions(now)) for table in self.tables]
+        assert offsets[0] == offsets[1]
         for i, table in enumerate(self.tables):
             asked = [st.tp for st in table.offset_questions(now)]
             earliest, _ = table.offsets_answer([OffsetAnswer(tp, NONE, 0) for tp in asked])
@@ -970,10 +1030,13 @@ class _Twins:
                 outcomes[tp] = dict(hw=end, records=records)
             else:
                 outcomes[tp] = dict(hw=end)
+        pipelined = []
         for i, (table, fetch) in enumerate(zip(self.tables, self.in_flight, strict=True)):
             parts = (_partition(tp, **o) for tp, o in outcomes.items())
             outcome = table.on_response(fetch, _response(fetch, *parts, session_id=session_id), now)
+            pipelined.append(table.may_pipeline(outcome, now))
             self.to_perform[i].extend((*outcome.actions, *outcome.appends))
+        assert pipelined[0] == pipelined[1]
         self.in_flight = None
 
     def perform(self, now, *, disk_full: bool) -> None:
@@ -990,10 +1053,18 @@ class _Twins:
     def same_states(self) -> None:
         for tp in self.ends:
             one, other = self.states[0][tp], self.states[1][tp]
-            assert (one.phase, one.fetch_offset, one.delayed_until_ms) == (
+            assert (
+                one.phase,
+                one.fetch_offset,
+                one.delayed_until_ms,
+                one.epoch_check_pending,
+                one.log is None,
+            ) == (
                 other.phase,
                 other.fetch_offset,
                 other.delayed_until_ms,
+                other.epoch_check_pending,
+                other.log is None,
             ), tp
 
 
@@ -1001,11 +1072,13 @@ class _Twins:
 def test_what_is_asked_is_what_a_walk_over_every_partition_asks(seed):
     """R13 against its reference: two tables fed the same events in a random order, one
     examining only what was marked, one walking every partition at every request, ask the
-    same partitions, from the same offsets, in the same shares, at every request: answers
-    with and without records, behind or caught up, left out, errors that back off, out of
-    range (ListOffsets), requests built before the last answer's appends (pipelined), full
-    disks and their retry or disk_back, new leader epochs made in place (told by
-    `touched`), partitions removed and added; with a session (odd seeds) and without."""
+    same partitions, from the same offsets, in the same shares, at every request, and the
+    same questions first (logs to open, divergence checks, ListOffsets; whether to
+    pipeline): answers with and without records, behind or caught up, left out, errors that
+    back off, out of range (ListOffsets), requests built before the last answer's appends
+    (pipelined), full disks and their retry or disk_back, new leader epochs made in place
+    (told by `touched`), partitions removed and added, logs opened later; with a session
+    (odd seeds) and without."""
     import random
 
     rng = random.Random(seed)
@@ -1026,7 +1099,9 @@ def test_what_is_asked_is_what_a_walk_over_every_partition_asks(seed):
         elif move < 0.25 and len(twins.ends) > 8:
             twins.remove(rng.choice(sorted(twins.ends)))
         elif move < 0.26:
-            twins.add(TopicPartition("t", 100 + len(twins.ends)))
+            twins.add(TopicPartition("t", 100 + twins.added), opened=rng.random() < 0.5)
+        elif move < 0.28:
+            twins.open_logs(now)
         elif move < 0.35:
             for tp in twins.ends:
                 twins.ends[tp] += rng.choice((0, 0, 0, 2, 4))
@@ -1411,6 +1486,7 @@ def test_no_pipelining_while_a_question_waits():
     outcome = table.on_response(fetch, _response(fetch, _partition(TP0, records=_batches(0, 1))), 0)
     assert not table.may_pipeline(outcome, 0)
     waiting.phase = PartitionPhase.FETCHING
+    table.touched(TP1)  # changed outside the table's handlers (R13)
     assert table.may_pipeline(outcome, 0)
     assert not table.may_pipeline(type(outcome)(False), 0)
 
