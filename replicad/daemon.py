@@ -248,6 +248,11 @@ class Daemon:
                 last_error=p.get("last_error"),
                 errors=p.get("errors"),
                 consecutive_failures=p.get("consecutive_failures"),
+                # The stall rules' own inputs (control/stalls.py): turns of a leader fetched
+                # in shares, and the last full disk's refusal and retry.
+                answers_since_move=p.get("answers_since_move"),
+                disk_full_ago_ms=p.get("disk_full_ago_ms"),
+                disk_retry_ago_ms=p.get("disk_retry_ago_ms"),
                 leader=p.get("leader"),
                 leader_address=leader.get("address"),
                 session_id=leader.get("session_id"),

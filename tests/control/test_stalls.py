@@ -205,6 +205,9 @@ def test_a_wedged_partition_is_detected_once_and_the_others_are_not(
     (line,) = [entry for entry in log.splitlines() if "partition stalled" in entry]
     for field in ("last_request_bytes", "last_response_bytes", "high_watermark", f"{topic}-0"):
         assert field in line
+    # The stall rules' inputs, so that a soak's stall lines explain themselves.
+    for field in ("answers_since_move", "disk_full_ago_ms", "disk_retry_ago_ms"):
+        assert field in line
     assert "partition moving again after a stall" in log
 
 
