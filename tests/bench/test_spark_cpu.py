@@ -126,3 +126,25 @@ def test_a_parent_ignoring_sigchld_is_told_from_proc(family: Family) -> None:
     ignoring = family.parent.args[-1] == "ignore"
     assert seen[family.parent.pid].ignores_children is ignoring
     assert seen[family.child].ppid == family.parent.pid
+
+
+def test_a_process_that_ends_while_its_threads_are_listed_is_kept_not_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process can end between the read of its stat and the listing of its threads
+    (/proc/PID/task is gone): the poll keeps what it read and goes on. It raised in the
+    meter's thread (a quiet run of tools.bench.spark, 2026-11-27), which then stopped
+    polling for the rest of that read."""
+    import os
+    from pathlib import Path
+
+    real_glob = Path.glob
+
+    def glob_of_a_process_gone(self: Path, pattern: str):  # type: ignore[no-untyped-def]
+        if pattern.startswith("task/"):
+            raise FileNotFoundError(2, "No such file or directory", str(self / "task"))
+        return real_glob(self, pattern)
+
+    monkeypatch.setattr(Path, "glob", glob_of_a_process_gone)
+    seen = {s.pid for s in snapshot([os.getpid()]).values()}
+    assert seen == {os.getpid()}

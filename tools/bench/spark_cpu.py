@@ -90,7 +90,11 @@ def snapshot(roots: Iterable[int]) -> dict[Key, Seen]:
             ignores_children=bool(int(ignored.split()[1], 16) & SIGCHLD_BIT),
             cmdline=cmdline,
         )
-        for task in proc.glob("task/*/children"):
+        try:
+            tasks = list(proc.glob("task/*/children"))
+        except OSError:
+            continue  # ended between its stat and the listing of its threads
+        for task in tasks:
             try:
                 todo.extend(int(child) for child in task.read_text().split())
             except (OSError, ValueError):
