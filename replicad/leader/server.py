@@ -560,6 +560,11 @@ class LeaderServer:
         protocol = kind(reader, connection_made)
         try:
             await loop.connect_accepted_socket(lambda: protocol, sock=conn)
+        except OSError as exc:
+            # The client reset before its transport was made: its mistake, no traceback.
+            conn.close()
+            log.debug("connection gone before it was served", peer=str(peer), error=str(exc))
+            return
         except BaseException:
             conn.close()
             raise

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import datetime
 import random
+import socket
 import ssl
 import struct
 import sys
@@ -586,6 +587,28 @@ async def test_small_regions_are_read_with_the_response_and_padded_when_they_shr
     assert body[-4:] == b"tail"
     assert server.metrics()["short_regions_total"] == 2
     assert server.metrics()["copied_region_bytes_total"] == 30
+
+
+async def test_a_connection_reset_before_its_transport_is_made_frees_its_slot_quietly(
+    server: LeaderServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An admitted connection whose client resets before asyncio makes its transport: the
+    connection's task ends without an exception (none left for asyncio to log with a
+    traceback) and its slot, overall and for its address, is free again."""
+    loop = asyncio.get_running_loop()
+
+    async def reset(*_args: Any, **_kwargs: Any) -> None:
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    monkeypatch.setattr(loop, "connect_accepted_socket", reset)
+    ours, theirs = socket.socketpair()
+    with theirs:
+        server._connected(ours, ("127.0.0.1", 1))
+        (task,) = server._connections
+        await task
+    assert task.exception() is None
+    assert not server._connections and not server._per_ip
+    assert ours.fileno() == -1  # closed
 
 
 async def test_a_cancelled_callback_is_not_logged_as_an_error(server: LeaderServer) -> None:
