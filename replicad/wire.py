@@ -24,7 +24,8 @@ READ_COMMITTED = 1
 # An offset (high watermark, log start, ListOffsets answer) not known or not found; in an
 # OffsetFetch answer, no committed offset.
 UNKNOWN_OFFSET = -1
-# A leader epoch not known (OffsetForLeaderEpoch, ListOffsets answers).
+# A leader epoch not known (OffsetForLeaderEpoch, ListOffsets answers; a committed offset's
+# leader epoch in OffsetFetch).
 NO_EPOCH = -1
 # Fetch answers: no preferred read replica (KIP-392).
 NO_PREFERRED_READ_REPLICA = -1

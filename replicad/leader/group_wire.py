@@ -64,6 +64,13 @@ from replicad.protocol.apis import ApiKey, VersionRange
 from replicad.protocol.codec import response_type
 from replicad.protocol.requests import make_entity
 from replicad.types import OffsetAndMetadata, TopicPartition
+from replicad.wire import (
+    FIND_COORDINATOR_BATCHED_VERSION,
+    GROUP_KEY_TYPE,
+    NO_EPOCH,
+    OFFSET_FETCH_BATCHED_VERSION,
+    UNKNOWN_OFFSET,
+)
 
 # What serve answers of the group APIs: every version kio types that Kafka 4.0 answers.
 GROUP_VERSIONS: Mapping[int, VersionRange] = {
@@ -88,18 +95,13 @@ CONSUMER_PROTOCOL_VERSIONS: Mapping[int, VersionRange] = {
     ApiKey.OFFSET_FETCH: VersionRange(1, 10),
 }
 
-GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
 JOIN_REQUIRES_MEMBER_ID_VERSION = 4
 JOIN_NULLABLE_PROTOCOL_VERSION = 7
 JOIN_SKIP_ASSIGNMENT_VERSION = 9
 LEAVE_BATCHED_VERSION = 3
-FIND_COORDINATOR_BATCHED_VERSION = 4
-OFFSET_FETCH_BATCHED_VERSION = 8
 OFFSET_BY_TOPIC_ID_VERSION = 10
 DESCRIBE_NOT_FOUND_VERSION = 6
-NO_OFFSET = -1
-NO_EPOCH = -1
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 # ConsumerGroupDescribe v1's member type: a member of the consumer protocol.
 CONSUMER_MEMBER_TYPE = 1
@@ -449,7 +451,7 @@ def fetch_response(
                 make_entity(
                     partition_cls,
                     partition_index=tp.partition,
-                    committed_offset=NO_OFFSET if entry is None else entry.offset,
+                    committed_offset=UNKNOWN_OFFSET if entry is None else entry.offset,
                     committed_leader_epoch=NO_EPOCH if entry is None else entry.leader_epoch,
                     metadata="" if entry is None else entry.metadata,
                     error_code=ErrorCode.unknown_topic_id if unknown else ErrorCode.none,

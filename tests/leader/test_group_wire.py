@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from kio.schema.errors import ErrorCode
 
+from replicad import wire
 from replicad.groups.consumer_group import ConsumerHeartbeat, HeartbeatResult
 from replicad.groups.coordinator import (
     CoordinatorConfig,
@@ -68,7 +69,7 @@ def test_every_group_api_is_served_in_the_versions_kafka_4_answers() -> None:
 
 @pytest.mark.parametrize("version", versions(ApiKey.FIND_COORDINATOR))
 def test_find_coordinator_names_this_node_for_groups_only(version: int) -> None:
-    batched = version >= group_wire.FIND_COORDINATOR_BATCHED_VERSION
+    batched = version >= wire.FIND_COORDINATOR_BATCHED_VERSION
     keys = {"coordinator_keys": ("a", "b")} if batched else {"key": "a"}
     body = roundtrip(
         ApiKey.FIND_COORDINATOR,
@@ -289,7 +290,7 @@ def test_offset_fetch_single_group_and_batched(version: int) -> None:
         {TP: OffsetAndMetadata(42, 7, "meta")},
         now_ms=0,
     )
-    batched = version >= group_wire.OFFSET_FETCH_BATCHED_VERSION
+    batched = version >= wire.OFFSET_FETCH_BATCHED_VERSION
     topics_cls = nested(
         ApiKey.OFFSET_FETCH,
         version,
@@ -324,7 +325,7 @@ def test_offset_fetch_single_group_and_batched(version: int) -> None:
 def test_offset_fetch_of_all_partitions(version: int) -> None:
     coordinator = GroupCoordinator()
     coordinator.commit("g", -1, MemberRef(""), {TP: OffsetAndMetadata(42)}, now_ms=0)
-    if version >= group_wire.OFFSET_FETCH_BATCHED_VERSION:
+    if version >= wire.OFFSET_FETCH_BATCHED_VERSION:
         group_cls = nested(ApiKey.OFFSET_FETCH, version, "OffsetFetchRequestGroup")
         body = request(
             ApiKey.OFFSET_FETCH,
@@ -424,7 +425,7 @@ REFUSED = ErrorCode.group_authorization_failed
 
 @pytest.mark.parametrize("version", versions(ApiKey.FIND_COORDINATOR))
 def test_a_refused_find_coordinator_names_no_coordinator(version: int) -> None:
-    batched = version >= group_wire.FIND_COORDINATOR_BATCHED_VERSION
+    batched = version >= wire.FIND_COORDINATOR_BATCHED_VERSION
     keys = {"coordinator_keys": ("a", "b")} if batched else {"key": "a"}
     asked = request(ApiKey.FIND_COORDINATOR, version, key_type=0, **keys)
     body = roundtrip(
