@@ -45,13 +45,14 @@ from urllib.parse import urlsplit
 
 import crc32c
 
-from replicad.config.model import PayloadSigning
+from replicad.config.model import ArchiveConfig, PayloadSigning, defaults_of
 from replicad.errors import ReplicadError
 
 SCHEMES = ("s3", "s3a")
 # The file is read in blocks this large for its CRC32C and for the send: one Python turn
 # a block, the copy and the CRC outside the GIL.
 BLOCK_BYTES = 1024 * 1024
+_ARCHIVE = defaults_of(ArchiveConfig)
 
 
 class ArchiveError(ReplicadError):
@@ -65,6 +66,12 @@ class ChecksumMismatch(ArchiveError):
 
 @dataclass(frozen=True, slots=True)
 class BucketSettings:
+    """How to reach one bucket: from `archive:` (the uploader, serve's remote reads) or from
+    a bucket URL (Spark, `serve --archive`, `verify` and `dump-log` of a bucket). The
+    defaults of the keys `archive:` sets are that section's, written there only; the
+    timeouts and attempts are the client's own (`archive:` sets both timeouts from one
+    `request_timeout_ms`)."""
+
     bucket: str
     prefix: str = ""
     # None: AWS's own endpoint for the region, or AWS_ENDPOINT_URL when set.
@@ -75,16 +82,16 @@ class BucketSettings:
     secret_access_key: str | None = field(default=None, repr=False)
     # Path-style addressing (http://host/bucket/key), which every S3-compatible server
     # accepts; false: virtual-hosted style (http://bucket.host/key), AWS's preference.
-    path_style: bool = True
+    path_style: bool = _ARCHIVE["path_style"]
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 30.0
     # boto3's own attempts per request (its "standard" retries of throttling, 5xx and
     # resets, with jittered back-off): Spark's reads keep them; the uploader asks for 1
     # and retries with its own back-off, so that every failure is counted and shown.
     max_attempts: int = 3
-    payload_signing: PayloadSigning = PayloadSigning.AUTO
+    payload_signing: PayloadSigning = _ARCHIVE["payload_signing"]
     # Each PUT carries its body's CRC32C (archive.upload_crc32c; module docstring).
-    upload_crc32c: bool = True
+    upload_crc32c: bool = _ARCHIVE["upload_crc32c"]
 
     @property
     def signs_payload(self) -> bool:

@@ -65,7 +65,7 @@ from replicad.archive.uploads import (
     to_upload,
 )
 from replicad.clock import wall_ms
-from replicad.config.model import ArchiveConfig
+from replicad.config.model import ArchiveConfig, defaults_of
 from replicad.errors import LogError
 from replicad.log.checkpoint import kafka_uuid
 from replicad.log.layout import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
@@ -75,17 +75,21 @@ from replicad.log.segment import LogSegment
 from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.archive")
+_ARCHIVE = defaults_of(ArchiveConfig)
 
 
 @dataclass(frozen=True, slots=True)
 class ArchiverSettings:
+    """The uploader's settings (`from_config`); the defaults of those `archive:` sets are
+    its own, written there only."""
+
     bucket: BucketSettings
-    interval_ms: int = 1_000
-    retry_backoff_ms: int = 500
-    retry_backoff_max_ms: int = 30_000
-    retention_ms: int = -1
-    retention_bytes: int = -1
-    upload_threads: int = 2
+    interval_ms: int = _ARCHIVE["interval_ms"]
+    retry_backoff_ms: int = _ARCHIVE["retry_backoff_ms"]
+    retry_backoff_max_ms: int = _ARCHIVE["retry_backoff_max_ms"]
+    retention_ms: int = _ARCHIVE["retention_ms"]
+    retention_bytes: int = _ARCHIVE["retention_bytes"]
+    upload_threads: int = _ARCHIVE["upload_threads"]
 
     @classmethod
     def from_config(cls, archive: ArchiveConfig) -> ArchiverSettings:
