@@ -30,9 +30,11 @@ not counted (the follower's R11): it waits in a queue that moves at the leader's
 a full minute, hundreds of partitions behind and Tansu reading 20 of each share of 100,
 session 14). While its leader is fetched in shares (`in_shares`), a partition waits for its
 turn (`waits_for_turn`), not stalled, until `SHARE_ANSWERS_TO_JUDGE` other requests that
-named it have ended since its log last moved (the one that moved it not counted; answered or
-not: a partition the leader never answers is judged too, and so is one the leader read past
-or answered while giving no partition records) or the disk last refused an answer's records
+named it have ended since its log last moved (the one that moved it not counted; answered,
+or failed by the leader -- no answer in time, or a malformed one -- on a connection that had
+answered: a partition the leader never answers is judged too, and so is one the leader read
+past or answered while giving no partition records; a request lost with its connection, as
+while the leader restarts, is no turn: the follower's R14) or the disk last refused an answer's records
 (that answer would have moved it: the partition waits for its next turn after its retry, not
 for the leader); then the rule applies from its last move as to any other.
 

@@ -43,6 +43,7 @@ from replicad.errors import (
     LogError,
     ProtocolError,
     RemoteProtocolError,
+    RequestTimeoutError,
 )
 from replicad.follower.actions import (
     Action,
@@ -209,7 +210,9 @@ class LeaderFetcher:
         try:
             held = await flight.response
         except (KafkaConnectionError, RemoteProtocolError) as exc:
-            self.table.send_failed(monotonic_ms())
+            # The leader had it and failed it (R14), or it was lost with the connection.
+            failed = isinstance(exc, (RequestTimeoutError, RemoteProtocolError))
+            self.table.send_failed(monotonic_ms(), leader_failed_it=failed)
             raise exc
         self.stats.last_latency_ms = (time.perf_counter() - flight.started) * 1000
         # Only fetches travel on this connection, one response at a time: the deltas are

@@ -118,6 +118,17 @@ Rules kept here (each repeated where it is kept):
   again when its kind changed, and a share takes from the queues, checking each entry as
   it comes out; so a share costs about its own size. A full request lists the partitions
   in rotation order (KIP-74).
+- R14 a request that ended without an answer counts a turn for the partitions it named
+  (`answers_since_move`, the stall rule's wait for a turn: control/stalls.py) only when the
+  leader had it and failed it: it timed out, or its answer was malformed, on a connection
+  that had answered a Fetch before. A request lost with its connection (closed or reset by
+  the peer, abandoned for a new connection, or the first on a new connection not answered
+  in time: a broker restarting) gave its partitions no turn: the leader, not they, was
+  away, and health names a leader that does not answer (`failing_since_ms`). Counted, the
+  Tansu-on-S3 soak's restarts and network faults ended two requests naming a partition
+  while it waited for its turn after a full disk, and 104 partitions were called stalled
+  the moment the leader answered again (session 16). A leader that answers other shares
+  and times out on one, every time, still has that share's partitions judged.
 """
 
 from __future__ import annotations
@@ -275,6 +286,8 @@ class PartitionTable:
         # refused, failed, or abandoned for a new connection) each counts one answer since
         # its log last moved, whether the answer named it or not (`_exchange_ended`).
         self._out: Mapping[TopicPartition, PartitionFetch] = {}
+        # R14: the connection under the request has answered a Fetch.
+        self._connection_answered = False
         self._say = RateLimitedLog(interval_ms=60_000)
         # No log is made before this (monotonic ms): the disk was full at the last try.
         self._open_logs_after_ms = 0
@@ -559,7 +572,7 @@ class PartitionTable:
 
     def next_fetch(self, now_ms: int, *, max_version: int) -> NextFetch | None:
         """The next Fetch request, or None when no partition is fetchable now."""
-        self._exchange_ended()  # a request abandoned unanswered (a new connection)
+        self._out = {}  # a request abandoned unanswered (a new connection): no turn (R14)
         wanted = self._wanted(now_ms)
         if not wanted:
             return None
@@ -970,6 +983,7 @@ class PartitionTable:
         plan = fetch.plan
         self.stats.responses += 1
         self.stats.failing_since_ms = None
+        self._connection_answered = True
         names = plan.topic_names
         by_id = fetch.version >= FETCH_TOPIC_ID_VERSION
         entries: list[tuple[TopicPartition, FetchedPartition]] = []
@@ -1398,20 +1412,28 @@ class PartitionTable:
 
     # -- failures -----------------------------------------------------------------------
 
-    def send_failed(self, now_ms: int) -> None:
-        """The request in flight got no usable answer: the session starts over (KIP-227)."""
-        self._exchange_ended()
+    def send_failed(self, now_ms: int, *, leader_failed_it: bool = False) -> None:
+        """The request in flight got no usable answer: the session starts over (KIP-227).
+        `leader_failed_it`: it timed out or was answered malformed, rather than lost with its
+        connection; a turn for its partitions only if the connection had answered (R14)."""
+        if leader_failed_it and self._connection_answered:
+            self._exchange_ended()
+        else:
+            self._out = {}
+        self._connection_answered = False  # the shell closes the connection
         self._note_recovery(self.session.handle_send_error(now_ms=now_ms), now_ms)
 
     def connection_lost(self, now_ms: int) -> None:
         """The connection closed between requests: Kafka's rule for a network error all
         the same -- close the session, next request (ID, 0)."""
+        self._connection_answered = False
         if self.session.is_sessionful:
             self._note_recovery(self.session.handle_send_error(now_ms=now_ms), now_ms)
 
     def connection_failed(self, error: str, now_ms: int) -> int:
         """How long to wait before connecting again (growing, with jitter); for the health
         model, since when this leader keeps failing."""
+        self._connection_answered = False
         self.stats.connection_errors += 1
         self.stats.last_error = error
         if self.stats.failing_since_ms is None:
@@ -1428,15 +1450,16 @@ class PartitionTable:
     def _exchange_ended(
         self, answered: Iterable[TopicPartition] = (), cut: Iterable[TopicPartition] = ()
     ) -> None:
-        """The request in flight is over, answered or not: each partition it named, and
-        each the answer names (an incremental session's answer may name partitions the
-        request left out), counts an answer since its log last moved (`appended` sets it
-        back to 0). Counted whether the answer named it, with or without an error, or never
-        came: the stall rule waits for a partition of a leader fetched in shares until it
-        has two (control/stalls.py), and a partition that leader never answers (a
-        sessionless answer may leave partitions out; a share may time out every time) must
-        not wait for its turn forever. Not counted: the partitions the answer `cut` short
-        (R11, `_cut_short`): they keep their place and wait for the next share."""
+        """The request in flight is over, answered or failed by the leader (R14): each
+        partition it named, and each the answer names (an incremental session's answer may
+        name partitions the request left out), counts an answer since its log last moved
+        (`appended` sets it back to 0). Counted whether the answer named it, with or without
+        an error, or never came in time: the stall rule waits for a partition of a leader
+        fetched in shares until it has two (control/stalls.py), and a partition that leader
+        never answers (a sessionless answer may leave partitions out; a share may time out
+        every time) must not wait for its turn forever. Not counted: the partitions the
+        answer `cut` short (R11, `_cut_short`): they keep their place and wait for the next
+        share."""
         out, self._out = self._out, {}
         counted = set(answered)
         counted.update(out)

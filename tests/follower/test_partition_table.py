@@ -3,6 +3,7 @@ partition_table.py (R1..R9) and every event and action kind, without a socket or
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from dataclasses import dataclass, field, replace
 
@@ -701,7 +702,7 @@ def test_a_partition_of_a_share_the_leader_never_answers_is_judged_after_two_req
     for p in range(4):
         _, logs[TopicPartition("t", p)] = _add(table, TopicPartition("t", p))
     first = table.next_fetch(0, max_version=13)  # every partition: no session yet
-    table.send_failed(0)  # never answered
+    table.send_failed(0, leader_failed_it=True)  # the first on its connection: no turn (R14)
     left_out = TopicPartition("t", 1)
     asked = []
     for _ in range(4):  # two passes of two shares
@@ -712,14 +713,26 @@ def test_a_partition_of_a_share_the_leader_never_answers_is_judged_after_two_req
         table.on_response(fetch, _response(fetch, *others, session_id=0), 0)
     assert sorted(p for s in asked for p in s) == [0, 0, 1, 1, 2, 2, 3, 3]
     counts = {tp.partition: s.answers_since_move for tp, s in table.partitions.items()}
-    assert counts == {p: 3 for p in range(4)}  # the first request and two shares each
+    assert counts == {p: 2 for p in range(4)}  # two shares each
     row = {"leader": 1, "answers_since_move": counts[1]}
     assert counts[1] >= SHARE_ANSWERS_TO_JUDGE and not waits_for_turn(row, frozenset({1}))
     assert first.plan.is_full
-    # A share abandoned unanswered (its connection replaced) counts when the next is built.
+    # A share that times out on a connection that has answered counts (R14)...
     fetch = table.next_fetch(0, max_version=13)
+    table.send_failed(0, leader_failed_it=True)
+    assert all(table.partitions[tp].answers_since_move == 3 for tp in fetch.plan.to_send)
+    # ... one lost with its connection, or abandoned for a new one, does not.
+    before = {tp: s.answers_since_move for tp, s in table.partitions.items()}
+    table.connection_failed("reset", 0)
     table.next_fetch(0, max_version=13)
-    assert all(table.partitions[tp].answers_since_move == 4 for tp in fetch.plan.to_send)
+    table.send_failed(0, leader_failed_it=True)  # the first on the new connection
+    again = table.next_fetch(0, max_version=13)
+    table.on_response(again, _response(again, session_id=0), 0)  # answered: left out
+    table.next_fetch(0, max_version=13)
+    table.send_failed(0)  # reset by the peer
+    table.next_fetch(0, max_version=13)  # abandoned: a new connection
+    after = {tp: s.answers_since_move for tp, s in table.partitions.items()}
+    assert after == {tp: n + (tp in again.plan.to_send) for tp, n in before.items()}
 
 
 def test_under_read_committed_an_open_transaction_is_not_behind():
@@ -1585,12 +1598,18 @@ class TansuLike:
         return _response(fetch, *answers, session_id=0)
 
 
-def _soak_against(leader, table, logs, *, until_ms, disk_full=None, produce_until_ms=None):
+def _soak_against(
+    leader, table, logs, *, until_ms, disk_full=None, produce_until_ms=None, fails=None
+):
     """The shell's loop and the daemon's stall check, on a simulated clock: one request every
     2 s, two records produced in each of 4 partitions (in turn) a request until
-    `produce_until_ms`, appends refused while `disk_full` (start, end) holds; the stall
-    watch (30 s, the soak's) checks after each answer the rows the daemon gives it (lagging
-    and idle for the stall time: follower/status.py). The stalls that began, by name."""
+    `produce_until_ms`, appends refused while `disk_full` (start, end) holds; `fails(now,
+    fetch)` says how a request fails ("reset": lost with its connection, "timeout": no answer
+    in time) or None (answered), and a failed one's connection is made again (the shell's
+    `_connection_failed`); the stall watch (30 s, the soak's) checks after each request the
+    rows the daemon gives it (lagging and idle for the stall time: follower/status.py), with
+    the leader connected as status says (answered since its last failure). The stalls that
+    began, by name."""
     from replicad.control.stalls import StallWatch
     from replicad.follower.status import ProblemRow
 
@@ -1608,20 +1627,26 @@ def _soak_against(leader, table, logs, *, until_ms, disk_full=None, produce_unti
         now += 2_000
         if fetch is None:
             continue
-        outcome = table.on_response(fetch, leader.answer(fetch), now)
-        full = disk_full is not None and disk_full[0] <= now < disk_full[1]
-        for append in outcome.appends:
-            if full:
-                table.append_failed(append, "ENOSPC", now, disk_full=True)
-            else:
-                logs[append.tp].append(append)
-                table.appended(append, now)
+        failure = fails(now, fetch) if fails is not None else None
+        if failure is not None:
+            table.send_failed(now, leader_failed_it=failure == "timeout")
+            table.connection_failed(failure, now)
+        else:
+            outcome = table.on_response(fetch, leader.answer(fetch), now)
+            full = disk_full is not None and disk_full[0] <= now < disk_full[1]
+            for append in outcome.appends:
+                if full:
+                    table.append_failed(append, "ENOSPC", now, disk_full=True)
+                else:
+                    logs[append.tp].append(append)
+                    table.appended(append, now)
         rows = [
             ProblemRow(tp, st, None, now)
             for tp, st in table.partitions.items()
             if st.lag and now - st.progress_ms >= watch.stall_after_ms
         ]
-        leaders = [{"node_id": 1, "connected": True, "in_shares": table.stats.in_shares}]
+        connected = table.stats.failing_since_ms is None
+        leaders = [{"node_id": 1, "connected": connected, "in_shares": table.stats.in_shares}]
         stalls.extend(f"{p['topic']}-{p['partition']}" for p in watch.check(rows, leaders).began)
     return stalls
 
@@ -1666,3 +1691,50 @@ def test_a_partition_a_sessionless_leader_never_serves_is_still_stalled():
     wedged = TopicPartition("t", 7)
     leader = TansuLike({tp: 0 for tp in logs}, reads=10, never_serves=frozenset({wedged}))
     assert _soak_against(leader, table, logs, until_ms=240_000) == ["t-7"]
+
+
+def test_requests_lost_while_a_leader_restarts_are_no_turns_after_a_full_disk():
+    """Session 16's soak on Tansu with S3 storage: after a full disk the leader was SIGKILLed
+    and restarted, and connections were cut and reset; the requests lost so were counted as
+    turns, and 104 partitions still behind since the disk refused their records were called
+    stalled the moment the leader answered again, each moving 5-15 s later at its turn. A
+    request lost with its connection, or the first on a new connection not answered in time,
+    is no turn (R14). Here 400 partitions in shares of 50, the disk full from 30 to 90 s,
+    then 40 s of a leader restarting: every request reset, or not answered in time on its new
+    connection. On the old code: 288 stalls."""
+    table, logs = _slow_leader_table()
+    leader = TansuLike({tp: 0 for tp in logs}, reads=10)
+    failures = itertools.cycle(["reset", "timeout"])
+
+    def restarting(now, fetch):
+        return next(failures) if 90_000 <= now < 130_000 else None
+
+    stalls = _soak_against(
+        leader,
+        table,
+        logs,
+        until_ms=300_000,
+        disk_full=(30_000, 90_000),
+        produce_until_ms=200_000,
+        fails=restarting,
+    )
+    assert stalls == []
+    assert [tp for tp, local in logs.items() if local.log_end_offset != leader.ends[tp]] == []
+
+
+def test_a_share_that_times_out_every_time_while_others_are_answered_is_stalled():
+    """What R14 must not hide: a leader that answers the other shares and never answers the
+    share naming one partition (no answer in time, on a connection that answered) has that
+    partition judged: it is reported stalled, while the disk has room (and so are the
+    partitions that keep sharing its request: they do not move either)."""
+    table, logs = _slow_leader_table()
+    wedged = TopicPartition("t", 7)
+    # Behind from the start: its first answer says so and gives nothing; then no answer.
+    leader = TansuLike({tp: 0 for tp in logs}, reads=10, never_serves=frozenset({wedged}))
+    leader.ends[wedged] = 10
+
+    def times_out(now, fetch):
+        return "timeout" if wedged in fetch.plan.to_send and now > 10_000 else None
+
+    stalls = _soak_against(leader, table, logs, until_ms=240_000, fails=times_out)
+    assert "t-7" in stalls
