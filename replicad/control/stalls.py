@@ -34,9 +34,10 @@ named it have ended since its log last moved (the one that moved it not counted;
 or failed by the leader -- no answer in time, or a malformed one -- on a connection that had
 answered: a partition the leader never answers is judged too, and so is one the leader read
 past or answered while giving no partition records; a request lost with its connection, as
-while the leader restarts, is no turn: the follower's R14) or the disk last refused an answer's records
-(that answer would have moved it: the partition waits for its next turn after its retry, not
-for the leader); then the rule applies from its last move as to any other.
+while the leader restarts, is no turn: the follower's R14) or the disk last refused an
+answer's records (that answer would have moved it: the partition waits for its next turn
+after its retry, not for the leader); then the rule applies from its last move as to any
+other.
 
 Idle time (`idle_ms`) counts from the log's last move, or from the last answer that found the
 partition caught up (R12: as a Kafka leader counts a follower's lag from when it last caught

@@ -1,5 +1,6 @@
 """The fetch loop in process, against a scripted leader: the pipelined request (sent
-before the previous response is written) and what happens when that write fails."""
+before the previous response is written) and what happens when that write fails; how a
+request that ended without an answer is told to the table (R14)."""
 
 from __future__ import annotations
 
@@ -102,6 +103,53 @@ async def test_a_failed_append_after_the_next_request_went_out_leaves_no_gap(tmp
     assert failed_with_next_request_out >= 1
     assert segment_bytes(data_dir / f"{TOPIC}-0") == b"".join(batches)
     assert replicator.pool.account.used == 0
+
+
+async def test_a_request_lost_with_its_connection_is_told_apart_from_one_not_answered(
+    tmp_path, monkeypatch
+):
+    """R14: the table is told whether the leader had a failed request and failed it (no
+    answer within the request's timeout) or the request was lost with its connection
+    (closed by the leader); only the first may count as a turn for the stall rule. After
+    both, replication goes on to the leader's end."""
+    from replicad.follower.partition_table import PartitionTable
+
+    batches = _batches()
+    leader = ScriptedLeader(TOPIC)
+    leader.set_log(batches, leader_epoch=1)
+    leader.fetch_faults = ["close", "silent"]
+    port = await leader.start()
+    told: list[bool] = []
+    real_send_failed = PartitionTable.send_failed
+
+    def send_failed(self, now_ms, *, leader_failed_it=False):
+        told.append(leader_failed_it)
+        return real_send_failed(self, now_ms, leader_failed_it=leader_failed_it)
+
+    monkeypatch.setattr(PartitionTable, "send_failed", send_failed)
+    data_dir = tmp_path / "data"
+    replicator = _replicator(
+        f"127.0.0.1:{port}",
+        data_dir,
+        TOPIC,
+        FetchSettings(
+            backoff_ms=20, wait_max_ms=50, request_timeout_ms=300, reconnect_backoff_ms=20
+        ),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(replicator.run(stop))
+    try:
+        await until(
+            lambda: end_offsets(data_dir).get(TopicPartition(TOPIC, 0)) == BATCHES * PER_BATCH,
+            what="every batch replicated after both failures",
+        )
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await leader.close()
+    assert told == [False, True]
+    assert leader.fetch_faults == []
+    assert segment_bytes(data_dir / f"{TOPIC}-0") == b"".join(batches)
 
 
 async def test_responses_as_large_as_the_pool_do_not_stall_replication(

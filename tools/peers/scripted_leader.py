@@ -8,6 +8,10 @@ follower fall back to OffsetForLeaderEpoch). No sessions (session id 0).
 
 Its log is a list of whole record batches; the test replaces it with
 `set_log(batches, leader_epoch)`, as if another broker had taken over.
+
+`fetch_faults` scripts how the next Fetches fail, one entry each, in order: "close" closes
+the connection instead of answering (a broker going away), "silent" never answers it (a
+broker that has the request and does not answer in time).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class ScriptedLeader:
         self.port = 0
         self.requests: list[tuple[int, int]] = []  # (api key, version) as received
         self.diverging_answers = 0
+        self.fetch_faults: list[str] = []
         self._server: asyncio.Server | None = None
 
     def set_log(self, batches: list[bytes], leader_epoch: int) -> None:
@@ -97,6 +102,12 @@ class ScriptedLeader:
                 frame = await reader.readexactly(size)
                 api_key, version = struct.unpack_from(">hh", frame)
                 self.requests.append((api_key, version))
+                if api_key == ApiKey.FETCH and self.fetch_faults:
+                    fault = self.fetch_faults.pop(0)
+                    if fault == "close":
+                        break
+                    assert fault == "silent", fault
+                    continue
                 req_cls = load_request_schema(api_key, version)
                 header, used = entity_reader(req_cls.__header_schema__)(frame, 0)
                 body, _ = entity_reader(req_cls)(frame, used)
