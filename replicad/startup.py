@@ -12,8 +12,9 @@ loop handles signals itself, asks `early_stop_signal` and shuts down cleanly (ex
 and SIGINT call the daemon's stop, SIGHUP its reload (run only); `install` says whether a
 stop came early, `remove` gives the signals back when the daemon is done.
 
-`keep_test_libraries_out`, also called first, keeps a daemon's process free of what only
-tests use, so that a daemon measured in the test venv is the one users run.
+`keep_test_libraries_out`, called first by every command run as a process of its own, keeps
+it free of what only tests use, so that a daemon measured in the test venv is the one users
+run (and a one-shot command does not pay hypothesis's import).
 
 `keep_tls_out`, called by `replicad run` once its config is read and before asyncio is
 imported, keeps ssl (and with it OpenSSL) out of a follower that no configured part could
@@ -46,7 +47,7 @@ def _record(signum: int, _frame: FrameType | None) -> None:
 
 
 def keep_test_libraries_out() -> None:
-    """A daemon never imports hypothesis, even where it is installed (a test venv).
+    """A replicad process never imports hypothesis, even where it is installed (a test venv).
 
     kio imports `hypothesis.strategies` whenever it can, to offer strategies for its
     types to tests; the daemon never uses them. Where the test extra is installed that
