@@ -27,12 +27,19 @@ from dataclasses import dataclass
 
 from replicad.records.batch import (
     COMPRESSION_CODEC_MASK,
+    LENGTH_POSITION,
     LOG_OVERHEAD,
     MAGIC_V2,
+    NO_PARTITION_LEADER_EPOCH,
     RECORD_BATCH_OVERHEAD,
     TRANSACTIONAL_FLAG_MASK,
+    V2_ATTRIBUTES_POSITION,
     V2_CRC_POSITION,
     V2_CRC_START,
+    V2_LAST_OFFSET_DELTA_POSITION,
+    V2_LEADER_EPOCH_POSITION,
+    V2_PRODUCER_ID_POSITION,
+    V2_RECORD_COUNT_POSITION,
     BatchHeader,
     Compression,
 )
@@ -40,23 +47,14 @@ from replicad.records.codecs import compress, decompress
 from replicad.records.crc import crc32c
 from replicad.records.records import MAX_SEQUENCE
 
-# Positions inside a magic 2 batch (DefaultRecordBatch's layout).
+# The fields of a magic 2 header this module rewrites (their positions: records/header.py).
 _BASE_OFFSET = struct.Struct(">q")
-_BASE_OFFSET_AT = 0
 _LEADER_EPOCH = struct.Struct(">i")
-_LEADER_EPOCH_AT = 12
 _CRC = struct.Struct(">I")
 _ATTRIBUTES = struct.Struct(">h")
-_ATTRIBUTES_AT = 21
-# producer id (int64), producer epoch (int16), base sequence (int32).
+# producer id (int64), producer epoch (int16), base sequence (int32), one after another.
 _PRODUCER = struct.Struct(">qhi")
-_PRODUCER_AT = 43
 _INT32 = struct.Struct(">i")
-_LENGTH_AT = 8
-_LAST_OFFSET_DELTA_AT = 23
-_RECORD_COUNT_AT = 57
-
-UNASSIGNED_LEADER_EPOCH = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,19 +112,21 @@ def restamped(
         raise ValueError(f"a batch is at least {RECORD_BATCH_OVERHEAD} bytes, got {len(view)}")
     out = bytearray(view[:RECORD_BATCH_OVERHEAD])
     records: bytes | memoryview = view[RECORD_BATCH_OVERHEAD:]
-    _BASE_OFFSET.pack_into(out, _BASE_OFFSET_AT, 0)
-    _LEADER_EPOCH.pack_into(out, _LEADER_EPOCH_AT, UNASSIGNED_LEADER_EPOCH)
-    (attributes,) = _ATTRIBUTES.unpack_from(out, _ATTRIBUTES_AT)
-    _ATTRIBUTES.pack_into(out, _ATTRIBUTES_AT, attributes & ~TRANSACTIONAL_FLAG_MASK)
-    (last_offset_delta,) = _INT32.unpack_from(out, _LAST_OFFSET_DELTA_AT)
-    (count,) = _INT32.unpack_from(out, _RECORD_COUNT_AT)
+    _BASE_OFFSET.pack_into(out, 0, 0)  # the base offset opens every entry
+    _LEADER_EPOCH.pack_into(out, V2_LEADER_EPOCH_POSITION, NO_PARTITION_LEADER_EPOCH)
+    (attributes,) = _ATTRIBUTES.unpack_from(out, V2_ATTRIBUTES_POSITION)
+    _ATTRIBUTES.pack_into(out, V2_ATTRIBUTES_POSITION, attributes & ~TRANSACTIONAL_FLAG_MASK)
+    (last_offset_delta,) = _INT32.unpack_from(out, V2_LAST_OFFSET_DELTA_POSITION)
+    (count,) = _INT32.unpack_from(out, V2_RECORD_COUNT_POSITION)
     if last_offset_delta != count - 1:
-        _INT32.pack_into(out, _LAST_OFFSET_DELTA_AT, count - 1)
+        _INT32.pack_into(out, V2_LAST_OFFSET_DELTA_POSITION, count - 1)
         codec = Compression(attributes & COMPRESSION_CODEC_MASK)
         records = compress(codec, renumbered(memoryview(decompress(codec, records)), count))
     # The header's length counts from after itself to the end of the records.
-    _INT32.pack_into(out, _LENGTH_AT, RECORD_BATCH_OVERHEAD - LOG_OVERHEAD + len(records))
-    _PRODUCER.pack_into(out, _PRODUCER_AT, stamp.producer_id, stamp.producer_epoch, base_sequence)
+    _INT32.pack_into(out, LENGTH_POSITION, RECORD_BATCH_OVERHEAD - LOG_OVERHEAD + len(records))
+    _PRODUCER.pack_into(
+        out, V2_PRODUCER_ID_POSITION, stamp.producer_id, stamp.producer_epoch, base_sequence
+    )
     crc = crc32c(records, crc32c(memoryview(out)[V2_CRC_START:]))
     _CRC.pack_into(out, V2_CRC_POSITION, crc)
     return out, records

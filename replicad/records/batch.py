@@ -30,6 +30,9 @@ from replicad.records.header import (
     CONTROL_FLAG_MASK,
     DELETE_HORIZON_FLAG_MASK,
     HEADER_SIZE_UP_TO_MAGIC,
+    LEGACY_CRC_POSITION,
+    LEGACY_CRC_START,
+    LENGTH_POSITION,
     LOG_OVERHEAD,
     MAGIC_POSITION,
     MAGIC_V0,
@@ -40,6 +43,15 @@ from replicad.records.header import (
     NO_TIMESTAMP,
     TIMESTAMP_TYPE_MASK,
     TRANSACTIONAL_FLAG_MASK,
+    V1_TIMESTAMP_POSITION,
+    V2_ATTRIBUTES_POSITION,
+    V2_CRC_POSITION,
+    V2_CRC_START,
+    V2_LAST_OFFSET_DELTA_POSITION,
+    V2_LEADER_EPOCH_POSITION,
+    V2_MAX_TIMESTAMP_POSITION,
+    V2_PRODUCER_ID_POSITION,
+    V2_RECORD_COUNT_POSITION,
     BatchHeader,
     Compression,
     ScanStop,
@@ -61,10 +73,6 @@ from replicad.records.run import (
 V2_HEADER = struct.Struct(">qiibIhiqqqhii")
 RECORD_BATCH_OVERHEAD = V2_HEADER.size  # 61
 assert RECORD_BATCH_OVERHEAD == 61
-# Where the stored CRC32C sits (after the magic byte), and where what it covers starts:
-# everything from the attributes to the end of the batch.
-V2_CRC_POSITION = 17
-V2_CRC_START = 21
 V2_MIN_BATCH_LENGTH = RECORD_BATCH_OVERHEAD - LOG_OVERHEAD
 
 _LENGTH_AT_8 = struct.Struct(">i")
@@ -79,6 +87,9 @@ __all__ = [
     "CONTROL_FLAG_MASK",
     "DELETE_HORIZON_FLAG_MASK",
     "HEADER_SIZE_UP_TO_MAGIC",
+    "LEGACY_CRC_POSITION",
+    "LEGACY_CRC_START",
+    "LENGTH_POSITION",
     "LOG_OVERHEAD",
     "MAGIC_POSITION",
     "MAGIC_V0",
@@ -90,10 +101,17 @@ __all__ = [
     "RECORD_BATCH_OVERHEAD",
     "TIMESTAMP_TYPE_MASK",
     "TRANSACTIONAL_FLAG_MASK",
+    "V1_TIMESTAMP_POSITION",
+    "V2_ATTRIBUTES_POSITION",
     "V2_CRC_POSITION",
     "V2_CRC_START",
     "V2_HEADER",
+    "V2_LAST_OFFSET_DELTA_POSITION",
+    "V2_LEADER_EPOCH_POSITION",
+    "V2_MAX_TIMESTAMP_POSITION",
     "V2_MIN_BATCH_LENGTH",
+    "V2_PRODUCER_ID_POSITION",
+    "V2_RECORD_COUNT_POSITION",
     "BatchHeader",
     "BatchRun",
     "Compression",

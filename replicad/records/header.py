@@ -14,10 +14,33 @@ from typing import NamedTuple
 
 # Every log entry starts with base offset (int64) and length (int32): Kafka's LOG_OVERHEAD.
 LOG_OVERHEAD = 12
+LENGTH_POSITION = 8
 # Position of the magic byte in every entry format (v2: after the partition leader epoch;
 # v0/v1: after the CRC).
 MAGIC_POSITION = 16
 HEADER_SIZE_UP_TO_MAGIC = MAGIC_POSITION + 1
+
+# Where each field of a magic 2 batch's header sits (Kafka's DefaultRecordBatch *_OFFSET;
+# batch.py's V2_HEADER unpacks them all at once, and tests/records/test_header.py holds the
+# two to each other). The CRC32C stored at V2_CRC_POSITION covers everything from the
+# attributes to the end of the batch; base offset and leader epoch are outside it, so a
+# broker sets them without computing it again.
+V2_LEADER_EPOCH_POSITION = 12
+V2_CRC_POSITION = 17
+V2_ATTRIBUTES_POSITION = 21
+V2_CRC_START = V2_ATTRIBUTES_POSITION
+V2_LAST_OFFSET_DELTA_POSITION = 23
+V2_BASE_TIMESTAMP_POSITION = 27
+V2_MAX_TIMESTAMP_POSITION = 35
+V2_PRODUCER_ID_POSITION = 43
+V2_PRODUCER_EPOCH_POSITION = 51
+V2_BASE_SEQUENCE_POSITION = 53
+V2_RECORD_COUNT_POSITION = 57
+# A magic 0/1 message (Kafka's LegacyRecord): its CRC32 follows the length and covers
+# everything from the magic byte on; v1's timestamp follows magic and attributes.
+LEGACY_CRC_POSITION = LOG_OVERHEAD
+LEGACY_CRC_START = MAGIC_POSITION
+V1_TIMESTAMP_POSITION = MAGIC_POSITION + 2
 
 MAGIC_V0 = 0
 MAGIC_V1 = 1

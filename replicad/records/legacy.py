@@ -20,13 +20,13 @@ import struct
 import zlib
 
 from replicad.records.header import (
-    LOG_OVERHEAD,
-    MAGIC_POSITION,
+    LEGACY_CRC_START,
     MAGIC_V0,
     MAGIC_V1,
     NO_PARTITION_LEADER_EPOCH,
     NO_PRODUCER_ID,
     NO_TIMESTAMP,
+    V1_TIMESTAMP_POSITION,
     BatchHeader,
 )
 
@@ -56,7 +56,7 @@ def entry_header(mv: memoryview, pos: int, end: int, verify_crc: bool) -> BatchH
     if codec > LEGACY_MAX_CODEC:
         return f"unknown compression codec {codec} in magic {magic} message at position {pos}"
     if verify_crc:
-        computed = zlib.crc32(mv[pos + MAGIC_POSITION : end])
+        computed = zlib.crc32(mv[pos + LEGACY_CRC_START : end])
         if computed != crc:
             return (
                 f"CRC32 mismatch in magic {magic} message at position {pos} (offset {offset}): "
@@ -64,7 +64,7 @@ def entry_header(mv: memoryview, pos: int, end: int, verify_crc: bool) -> BatchH
             )
     timestamp = NO_TIMESTAMP
     if magic == MAGIC_V1:
-        (timestamp,) = _TIMESTAMP.unpack_from(mv, pos + LOG_OVERHEAD + 6)
+        (timestamp,) = _TIMESTAMP.unpack_from(mv, pos + V1_TIMESTAMP_POSITION)
     return BatchHeader(
         position=pos,
         base_offset=offset,

@@ -33,12 +33,16 @@ from kio.static.primitive import i32
 from replicad.errors import RemoteProtocolError
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import CORRELATION, decode_entities, encode_entities, response_type
-from replicad.records.batch import LOG_OVERHEAD, MAGIC_POSITION, MAGIC_V2, V2_CRC_START
+from replicad.records.batch import (
+    LEGACY_CRC_START,
+    LENGTH_POSITION,
+    LOG_OVERHEAD,
+    MAGIC_POSITION,
+    MAGIC_V2,
+    V2_CRC_START,
+)
 
 _LENGTH = struct.Struct(">i")
-# First byte each format's checksum covers, counted from the start of the entry (a legacy
-# message's CRC32 covers it from its magic byte on).
-LEGACY_CRC_START = MAGIC_POSITION
 
 Address = tuple[str, int]
 
@@ -131,7 +135,7 @@ def whole_batches(records: bytes, base: int = 0) -> list[BatchSpan]:
     spans: list[BatchSpan] = []
     pos = 0
     while len(records) - pos > MAGIC_POSITION:
-        (length,) = _LENGTH.unpack_from(records, pos + 8)
+        (length,) = _LENGTH.unpack_from(records, pos + LENGTH_POSITION)
         end = pos + LOG_OVERHEAD + length
         if length <= 0 or end > len(records):
             break

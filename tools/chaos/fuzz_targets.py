@@ -80,6 +80,8 @@ from replicad.protocol.requests import make_entity, nested_type
 from replicad.records.batch import (
     CONTROL_FLAG_MASK,
     TRANSACTIONAL_FLAG_MASK,
+    V2_ATTRIBUTES_POSITION,
+    V2_CRC_POSITION,
     V2_CRC_START,
     Compression,
     ScanStop,
@@ -112,8 +114,6 @@ TOPIC_IDS = {name: uuid.uuid5(uuid.NAMESPACE_URL, name) for name in TOPICS}
 WANTED_OFFSET = 0
 _CRC = struct.Struct(">I")
 _ATTRIBUTES = struct.Struct(">h")
-_ATTRIBUTES_POSITION = 21
-_CRC_POSITION = 17
 
 
 class FuzzFinding(AssertionError):
@@ -452,11 +452,11 @@ def control_batch(offset: int, *, commit: bool, coordinator_epoch: int = 5) -> b
     key = struct.pack(">hh", 0, 1 if commit else 0)
     value = struct.pack(">hi", 0, coordinator_epoch)
     raw = bytearray(producer_batch(offset, [value], keys=[key], producer_id=7, producer_epoch=0))
-    (attributes,) = _ATTRIBUTES.unpack_from(raw, _ATTRIBUTES_POSITION)
+    (attributes,) = _ATTRIBUTES.unpack_from(raw, V2_ATTRIBUTES_POSITION)
     _ATTRIBUTES.pack_into(
-        raw, _ATTRIBUTES_POSITION, attributes | TRANSACTIONAL_FLAG_MASK | CONTROL_FLAG_MASK
+        raw, V2_ATTRIBUTES_POSITION, attributes | TRANSACTIONAL_FLAG_MASK | CONTROL_FLAG_MASK
     )
-    _CRC.pack_into(raw, _CRC_POSITION, crc32c(bytes(raw[V2_CRC_START:])))
+    _CRC.pack_into(raw, V2_CRC_POSITION, crc32c(bytes(raw[V2_CRC_START:])))
     return bytes(raw)
 
 

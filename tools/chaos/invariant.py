@@ -31,16 +31,20 @@ from pathlib import Path
 
 from crc32c import crc32c
 
-from replicad.records.batch import LOG_OVERHEAD, MAGIC_POSITION, V2_CRC_POSITION, V2_CRC_START
+from replicad.records.batch import (
+    LEGACY_CRC_POSITION,
+    LEGACY_CRC_START,
+    LENGTH_POSITION,
+    LOG_OVERHEAD,
+    V2_CRC_POSITION,
+    V2_CRC_START,
+    V2_RECORD_COUNT_POSITION,
+)
 from replicad.types import TopicPartition
 from tools.peers.segments import BrokerBatch, iter_batches
 
 _V2_CRC = struct.Struct(">I")
 _V2_RECORD_COUNT = struct.Struct(">i")
-V2_RECORD_COUNT_POSITION = 57
-# A legacy message's CRC32 follows the entry's head and covers it from its magic byte on.
-LEGACY_CRC_POSITION = LOG_OVERHEAD
-LEGACY_CRC_START = MAGIC_POSITION
 # A magic 0 message without key and value (Kafka's LegacyRecord.RECORD_OVERHEAD_V0).
 MIN_ENTRY_LENGTH = 14
 _LENGTH = struct.Struct(">i")
@@ -130,7 +134,7 @@ def _batches(data: bytes) -> tuple[list[BrokerBatch], bool]:
     view = memoryview(data)
     pos = 0
     while len(view) - pos >= LOG_OVERHEAD:
-        (length,) = _LENGTH.unpack_from(view, pos + 8)
+        (length,) = _LENGTH.unpack_from(view, pos + LENGTH_POSITION)
         if length < MIN_ENTRY_LENGTH or pos + LOG_OVERHEAD + length > len(view):
             break
         pos += LOG_OVERHEAD + length

@@ -18,25 +18,25 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
 
 from replicad.records.batch import (
+    LEGACY_CRC_POSITION,
+    LEGACY_CRC_START,
     MAGIC_V2,
     TIMESTAMP_TYPE_MASK,
+    V1_TIMESTAMP_POSITION,
+    V2_ATTRIBUTES_POSITION,
     V2_CRC_POSITION,
     V2_CRC_START,
+    V2_LEADER_EPOCH_POSITION,
+    V2_MAX_TIMESTAMP_POSITION,
     Compression,
 )
 
 _BASE_OFFSET = struct.Struct(">q")
 _LEADER_EPOCH = struct.Struct(">i")
-_LEADER_EPOCH_POSITION = 12
 _UNLIMITED = 1 << 30
 _TIMESTAMP = struct.Struct(">q")
 _CRC = struct.Struct(">I")
 _ATTRIBUTES = struct.Struct(">h")
-_ATTRIBUTES_POSITION = 21
-_MAX_TIMESTAMP_POSITION = 35
-_LEGACY_CRC_POSITION = 12
-_LEGACY_MAGIC_POSITION = 16
-_LEGACY_TIMESTAMP_POSITION = 18
 
 
 def producer_batch(
@@ -70,7 +70,7 @@ def producer_batch(
             raise ValueError("kafka-python's builder refused a record")
     data = bytearray(builder.build())
     _BASE_OFFSET.pack_into(data, 0, base_offset)
-    _LEADER_EPOCH.pack_into(data, _LEADER_EPOCH_POSITION, leader_epoch)
+    _LEADER_EPOCH.pack_into(data, V2_LEADER_EPOCH_POSITION, leader_epoch)
     return bytes(data)
 
 
@@ -79,9 +79,9 @@ def log_append_time(raw: bytes, append_ms: int) -> bytes:
     type bit set and the max timestamp replaced (record deltas untouched), the CRC32C
     recomputed."""
     data = bytearray(raw)
-    (attributes,) = _ATTRIBUTES.unpack_from(data, _ATTRIBUTES_POSITION)
-    _ATTRIBUTES.pack_into(data, _ATTRIBUTES_POSITION, attributes | TIMESTAMP_TYPE_MASK)
-    _TIMESTAMP.pack_into(data, _MAX_TIMESTAMP_POSITION, append_ms)
+    (attributes,) = _ATTRIBUTES.unpack_from(data, V2_ATTRIBUTES_POSITION)
+    _ATTRIBUTES.pack_into(data, V2_ATTRIBUTES_POSITION, attributes | TIMESTAMP_TYPE_MASK)
+    _TIMESTAMP.pack_into(data, V2_MAX_TIMESTAMP_POSITION, append_ms)
     _CRC.pack_into(data, V2_CRC_POSITION, crc32c(bytes(data[V2_CRC_START:])))
     return bytes(data)
 
@@ -109,9 +109,9 @@ def legacy_message_set(
         if magic >= 1:
             # A broker gives a magic 1 wrapper the max timestamp of its messages (the client
             # leaves it 0); the timestamp is under the CRC32, so that is recomputed.
-            _TIMESTAMP.pack_into(data, _LEGACY_TIMESTAMP_POSITION, timestamp_ms + len(values) - 1)
-            crc = zlib.crc32(bytes(data[_LEGACY_MAGIC_POSITION:]))
-            _CRC.pack_into(data, _LEGACY_CRC_POSITION, crc)
+            _TIMESTAMP.pack_into(data, V1_TIMESTAMP_POSITION, timestamp_ms + len(values) - 1)
+            crc = zlib.crc32(bytes(data[LEGACY_CRC_START:]))
+            _CRC.pack_into(data, LEGACY_CRC_POSITION, crc)
     return bytes(data)
 
 
