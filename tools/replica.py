@@ -34,6 +34,7 @@ import yaml
 
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
+from tools.peers.process import dies_with_us
 from tools.wait import DEADLINE_S, wait_until
 
 # `python -m replicad.cli` as installed for production: without the test extra's hypothesis,
@@ -112,8 +113,15 @@ class ReplicadProcess:
     def start(self) -> ReplicadProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
+        # Its own session (a signal to the test's group is not one to the daemon), and it
+        # dies with the test's process: a killed test run left `replicad run` daemons.
         self.proc = subprocess.Popen(
-            self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            self.args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,
+            preexec_fn=dies_with_us(),
         )
         log.close()
         return self

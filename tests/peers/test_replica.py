@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+
 import pytest
 import yaml
 
@@ -128,3 +133,36 @@ def test_status_json_is_what_replicad_status_json_prints(tmp_path) -> None:
     assert mine is not None and sorted(mine) == sorted(theirs)
     assert mine["health"]["state"] == theirs["health"]["state"] == "down"
     assert [p["topic"] for p in mine["partitions"]] == [p["topic"] for p in theirs["partitions"]]
+
+
+_RUNNER = """
+import sys, time
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from tools.replica import replicad_run
+daemon = replicad_run("127.0.0.1:{port}", ["t"], Path({data!r}))
+print(daemon.pid, flush=True)
+time.sleep(300)  # the test SIGKILLs us here
+"""
+
+
+def test_a_daemon_dies_with_the_process_that_started_it(tmp_path) -> None:
+    """A test run killed outright (SIGKILL, a CI timeout) left its `replicad run` daemons
+    running: each leads a session of its own. Now the kernel kills it with its parent."""
+    from tests.peers.test_process import ROOT, pid_alive, wait_dead
+
+    code = _RUNNER.format(root=str(ROOT), port=free_port(), data=str(tmp_path / "data"))
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    daemon_pid = None
+    try:
+        assert parent.stdout is not None
+        daemon_pid = int(parent.stdout.readline())
+        assert pid_alive(daemon_pid)
+        parent.kill()
+        parent.wait(30)
+        assert wait_dead(daemon_pid), "the daemon outlived the process that started it"
+    finally:
+        parent.kill()
+        parent.wait()
+        if daemon_pid is not None and pid_alive(daemon_pid):
+            os.kill(daemon_pid, signal.SIGKILL)

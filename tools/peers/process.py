@@ -116,6 +116,13 @@ def _set_parent_death_signal() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+def dies_with_us() -> Callable[[], None] | None:
+    """A `preexec_fn` that has the kernel SIGKILL the child when this process dies (see the
+    module doc: Linux, and only from the main thread), or None where it cannot."""
+    tied = sys.platform == "linux" and threading.current_thread() is threading.main_thread()
+    return _set_parent_death_signal if tied else None
+
+
 def spawn(
     argv: Sequence[str],
     *,
@@ -124,7 +131,6 @@ def spawn(
     output: IO[bytes] | int | None = subprocess.DEVNULL,
 ) -> subprocess.Popen[bytes]:
     """Start a peer in its own process group; see the module doc for how it is reaped."""
-    tied_to_us = sys.platform == "linux" and threading.current_thread() is threading.main_thread()
     proc = subprocess.Popen(
         list(argv),
         cwd=cwd,
@@ -133,7 +139,7 @@ def spawn(
         stdout=output,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        preexec_fn=_set_parent_death_signal if tied_to_us else None,
+        preexec_fn=dies_with_us(),
     )
     with _live_lock:
         _live.add(proc)
