@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from tools.peers.process import free_port
+from tools.peers.process import dies_with_us, free_port
 from tools.peers.produce import READ_UNCOMMITTED, consume_all, produce_mixed
 from tools.readme import blocks, shell_commands
 from tools.replica import end_offsets, wait_until
@@ -39,7 +39,9 @@ def readme_commands(port: int) -> list[list[str]]:
 def the_readmes_commands_replicate_the_sample_topic(port: int, cwd: Path) -> None:
     run, status, verify = readme_commands(port)
     assert run[1] == "run" and status[1] == "status" and verify[1] == "verify"
-    daemon = subprocess.Popen(run, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    daemon = subprocess.Popen(
+        run, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=dies_with_us()
+    )
     try:
         source = consume_all(f"127.0.0.1:{port}", "demo", isolation=READ_UNCOMMITTED)
         data_dir = cwd / "var" / "try" / "data"
@@ -152,7 +154,11 @@ def test_a_second_local_kafka_is_the_mirrors_destination_as_the_readme_says(
         run_argv = [venv.get(w, w) for w in shlex.split(run)]
         status_argv = [venv.get(w, w) for w in shlex.split(status)]
         daemon = subprocess.Popen(
-            run_argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            run_argv,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            preexec_fn=dies_with_us(),
         )
         try:
 
