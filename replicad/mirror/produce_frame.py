@@ -22,9 +22,9 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping, Sequence
 
-from replicad.mirror.restamp import uvarint
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.connection import Buffer
+from replicad.records.varint import uvarint
 from replicad.types import TopicPartition
 
 FIRST_FLEXIBLE_VERSION = 9

@@ -46,6 +46,7 @@ from replicad.records.batch import (
 from replicad.records.codecs import compress, decompress
 from replicad.records.crc import crc32c
 from replicad.records.records import MAX_SEQUENCE
+from replicad.records.varint import SMALL_UVARINTS, varint
 
 # The fields of a magic 2 header this module rewrites (their positions: records/header.py).
 _BASE_OFFSET = struct.Struct(">q")
@@ -166,11 +167,11 @@ def rewrite_records(
             ts_byte, delta_byte = records[ts_at], records[ts_at + 1]
             if ts_byte < 0x80 and delta_byte < 0x80:
                 if shift_ms:
-                    timestamp = _varint(((ts_byte >> 1) ^ -(ts_byte & 1)) + shift_ms)
+                    timestamp = varint(((ts_byte >> 1) ^ -(ts_byte & 1)) + shift_ms)
                 else:
-                    timestamp = _SMALL_VARINTS[ts_byte]
-                delta = _varint(first_index)
-                out += _varint(length - 2 + len(timestamp) + len(delta))
+                    timestamp = SMALL_UVARINTS[ts_byte]
+                delta = varint(first_index)
+                out += varint(length - 2 + len(timestamp) + len(delta))
                 out.append(records[body])  # the record's attributes
                 out += timestamp
                 out += delta
@@ -188,9 +189,9 @@ def rewrite_records(
             ts_at = body + 1  # after the attributes byte
             ts_delta, delta_at = _read_varint(records, ts_at)
             delta_end = _skip_varint(records, delta_at)
-            timestamp = _varint(ts_delta + shift_ms) if shift_ms else records[ts_at:delta_at]
-            delta = _varint(index)
-            out += _varint(1 + len(timestamp) + len(delta) + (end - delta_end))
+            timestamp = varint(ts_delta + shift_ms) if shift_ms else records[ts_at:delta_at]
+            delta = varint(index)
+            out += varint(1 + len(timestamp) + len(delta) + (end - delta_end))
             out.append(records[body])  # the record's attributes
             out += timestamp
             out += delta
@@ -226,26 +227,3 @@ def _skip_varint(buf: memoryview, pos: int) -> int:
     while buf[pos] >= 0x80:
         pos += 1
     return pos + 1
-
-
-def _varint(value: int) -> bytes:
-    """`value` as a zigzag varint (a varlong for 64-bit values)."""
-    raw = (value << 1) ^ (value >> 63)
-    if raw < len(_SMALL_VARINTS):
-        return _SMALL_VARINTS[raw]
-    return uvarint(raw)
-
-
-def uvarint(raw: int) -> bytes:
-    """`raw` (not negative) as an unsigned varint (also produce_frame.py's compact
-    lengths)."""
-    out = bytearray()
-    while raw > 0x7F:
-        out.append((raw & 0x7F) | 0x80)
-        raw >>= 7
-    out.append(raw)
-    return bytes(out)
-
-
-# Zigzag varints of 0..8191 and -8192..-1 (raw values below 2**14), made once.
-_SMALL_VARINTS = tuple(uvarint(raw) for raw in range(1 << 14))

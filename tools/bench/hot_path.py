@@ -37,6 +37,7 @@ from replicad.follower.validate import validate_fetched
 from replicad.log.config import LogConfig
 from replicad.log.partition import PartitionLog
 from replicad.records.batch import scan_batches
+from replicad.records.varint import uvarint
 from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
 
@@ -45,18 +46,6 @@ MIB = 1024 * KIB
 GB = 1_000_000_000
 TOPIC = "bench"
 VALUE_BYTES = 1000
-
-
-def uvarint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
 
 
 def records_for(batch_kib: int, partition_kib: int) -> tuple[bytes, int, int]:
