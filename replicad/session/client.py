@@ -11,6 +11,11 @@ Rules this handler keeps:
    changes no state, so a plan that is never sent leaves no trace; only
    `handle_response`, `handle_send_error` and `close_request` move the state.
    At most one plan is in flight: `handle_response` takes the last plan built.
+   No request copies the session (O(changes) at any size): an incremental plan's
+   `session_partitions` is the session it was built on with the plan's changes laid over
+   it, and an accepted incremental response applies those changes in place. A reset
+   starts a new session map, so a plan keeps reading what it was built on; a plan read
+   after a later plan was accepted on the same session raises (it would read that one's).
 2. A full request lists every wanted partition in the caller's order (KIP-74: under
    `max_bytes` the leader fills the response front to back, so the order is the
    priority; the follower rotates partitions that returned data to the back).
@@ -65,7 +70,7 @@ from __future__ import annotations
 import enum
 import uuid
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -153,6 +158,86 @@ _REASON_FOR_ERROR: Mapping[int, RecoveryReason] = MappingProxyType(
 
 _EMPTY_PARTITIONS: Mapping[TopicPartition, PartitionFetch] = MappingProxyType({})
 _EMPTY_NAMES: Mapping[uuid.UUID, str] = MappingProxyType({})
+
+
+class _Session:
+    """What the leader holds for us, in session order. Changed in place only by an
+    accepted incremental response (rule 1: O(changes)); every reset makes a new one."""
+
+    __slots__ = ("last_applied", "moves", "partitions")
+
+    def __init__(self, partitions: dict[TopicPartition, PartitionFetch]) -> None:
+        self.partitions = partitions
+        # In-place changes so far, and the plan view the last one applied.
+        self.moves = 0
+        self.last_applied: _PlannedSession | None = None
+
+
+class _PlannedSession(Mapping[TopicPartition, PartitionFetch]):
+    """An incremental plan's `session_partitions` without a copy of the session (rule 1):
+    the session it was built on, minus the forgotten partitions, with the partitions the
+    plan sends laid over it (changed ones in their place, added ones last, as the leader
+    keeps them). Readable until a plan built after it is accepted on the same session
+    (before its own acceptance the base is as built; after it, the base holds exactly
+    this view's content, in the same order)."""
+
+    __slots__ = ("_built_at", "_forgotten", "_sent", "_session")
+
+    def __init__(
+        self,
+        session: _Session,
+        sent: Mapping[TopicPartition, PartitionFetch],
+        forgotten: frozenset[TopicPartition],
+    ) -> None:
+        self._session = session
+        self._built_at = session.moves
+        self._sent = sent
+        self._forgotten = forgotten
+
+    def _base(self) -> dict[TopicPartition, PartitionFetch]:
+        session = self._session
+        if session.moves != self._built_at and not (
+            session.moves == self._built_at + 1 and session.last_applied is self
+        ):
+            raise LocalProtocolError(
+                "a plan's session partitions read after a later plan was accepted"
+            )
+        return session.partitions
+
+    def get(self, key: object, default: object = None) -> object:  # type: ignore[override]
+        base = self._base()
+        if key in self._forgotten:
+            return default
+        found = self._sent.get(key)  # type: ignore[call-overload]
+        if found is not None:
+            return found
+        return base.get(key, default)  # type: ignore[call-overload]
+
+    def __getitem__(self, key: TopicPartition) -> PartitionFetch:
+        found = self.get(key)
+        if found is None:
+            raise KeyError(key)
+        return found  # type: ignore[return-value]
+
+    def __contains__(self, key: object) -> bool:
+        base = self._base()
+        return key not in self._forgotten and (key in self._sent or key in base)
+
+    def __iter__(self) -> Iterator[TopicPartition]:
+        base, forgotten = self._base(), self._forgotten
+        for tp in base:
+            if tp not in forgotten:
+                yield tp
+        for tp in self._sent:
+            if tp not in base:
+                yield tp  # added: last, in the order sent
+
+    def __len__(self) -> int:
+        base = self._base()
+        if self._session.moves != self._built_at:
+            return len(base)  # applied: the base is this view
+        added = sum(1 for tp in self._sent if tp not in base)
+        return len(base) - len(self._forgotten) + added
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +329,7 @@ class FetchSessionHandler:
         self._sessions_enabled = sessions_enabled
         self._next: FetchMetadata = INITIAL if sessions_enabled else LEGACY
         # What the leader holds for us, in session order (empty while the next request is full).
-        self._session: dict[TopicPartition, PartitionFetch] = {}
+        self._session = _Session({})
         self._session_uses_topic_ids = False
         self._session_topic_names: Mapping[uuid.UUID, str] = _EMPTY_NAMES
         # Partitions reported changed since the session last moved (rule 3), in order.
@@ -298,7 +383,7 @@ class FetchSessionHandler:
 
     @property
     def session_partitions(self) -> Mapping[TopicPartition, PartitionFetch]:
-        return MappingProxyType(dict(self._session))
+        return MappingProxyType(dict(self._session.partitions))
 
     def status(self) -> SessionStatus:
         return SessionStatus(
@@ -307,7 +392,7 @@ class FetchSessionHandler:
             session_id=self._next.session_id,
             next_epoch=self._next.epoch,
             is_sessionful=self.is_sessionful,
-            partition_count=len(self._session),
+            partition_count=len(self._session.partitions),
             uses_topic_ids=self._session_uses_topic_ids,
             full_requests=self._full_requests,
             incremental_requests=self._incremental_requests,
@@ -328,8 +413,8 @@ class FetchSessionHandler:
         """The next request for the partitions `wanted` now (ordered: full requests keep it).
 
         `changed`: the partitions whose entry in `wanted` may differ from the caller's
-        previous build (added, gone, or another object); None: compare every partition."""
-        wanted = dict(wanted)
+        previous build (added, gone, or another object); None: compare every partition.
+        `wanted` is not kept: a full plan copies it, an incremental one reads it only here."""
         if changed is not None:
             self._dirty.update(dict.fromkeys(changed))
         if self._next.is_full:
@@ -369,11 +454,11 @@ class FetchSessionHandler:
         return plan
 
     def _full_plan(
-        self, meta: FetchMetadata, wanted: dict[TopicPartition, PartitionFetch]
+        self, meta: FetchMetadata, wanted: Mapping[TopicPartition, PartitionFetch]
     ) -> FetchRequestPlan:
         if not self._sessions_enabled:
             meta = LEGACY
-        partitions = MappingProxyType(wanted)
+        partitions = MappingProxyType(dict(wanted))
         uses_ids = all(pf.topic_id is not None for pf in wanted.values())
         return FetchRequestPlan(
             session_id=meta.session_id,
@@ -388,13 +473,13 @@ class FetchSessionHandler:
 
     def _incremental_plan(
         self,
-        wanted: dict[TopicPartition, PartitionFetch],
+        wanted: Mapping[TopicPartition, PartitionFetch],
         dirty: Mapping[TopicPartition, None] | None,
     ) -> FetchRequestPlan:
         changed: list[TopicPartition] = []
         forgotten: list[TopicIdPartition] = []
         replaced: list[TopicIdPartition] = []
-        session_map = self._session
+        session_map = self._session.partitions
         # Rule 3: only what was reported changed, or everything.
         candidates = session_map if dirty is None else dirty
         ids_kept = True  # every partition kept its topic id: the session's ids still hold
@@ -418,14 +503,9 @@ class FetchSessionHandler:
         else:
             added = [tp for tp in dirty if tp in wanted and tp not in session_map]
         to_send = {tp: wanted[tp] for tp in (*added, *changed)}
-        if added or forgotten:
-            # Session order: what the leader already holds keeps its place, new ones go
-            # last (the leader appends them in the same way).
-            session = {tp: wanted[tp] for tp in session_map if tp in wanted}
-            session.update((tp, wanted[tp]) for tp in added)
-        else:
-            session = dict(session_map)
-            session.update((tp, wanted[tp]) for tp in changed)
+        # Session order: what the leader already holds keeps its place, new ones go last
+        # (the leader appends them in the same way).
+        session = _PlannedSession(self._session, to_send, frozenset(f.partition for f in forgotten))
         if not (added or forgotten or replaced) and ids_kept:
             uses_ids = self._session_uses_topic_ids
             names = self._session_topic_names
@@ -440,7 +520,7 @@ class FetchSessionHandler:
             is_full=False,
             to_send=MappingProxyType(to_send),
             to_forget=tuple(f.partition for f in forgotten),
-            session_partitions=MappingProxyType(session),
+            session_partitions=session,
             to_forget_ids=tuple(forgotten),
             to_replace=tuple(replaced),
             uses_topic_ids=uses_ids,
@@ -535,7 +615,7 @@ class FetchSessionHandler:
         if creates_session:
             self._sessions_created += 1
             self._next = FetchMetadata.new_incremental(session_id)
-            self._session = dict(plan.session_partitions)
+            self._session = _Session(dict(plan.session_partitions))
             self._session_uses_topic_ids = plan.uses_topic_ids
             self._session_topic_names = plan.topic_names
             self._dirty = {}
@@ -583,7 +663,15 @@ class FetchSessionHandler:
                 now_ms,
             )
         self._next = FetchMetadata(plan.session_id, plan.epoch).next_incremental()
-        self._session = dict(plan.session_partitions)
+        # Rule 1: the plan's changes applied in place; its view now reads the result.
+        session = self._session
+        held = session.partitions
+        for tp in plan.to_forget:
+            del held[tp]
+        held.update(plan.to_send)  # changed ones keep their place, added ones go last
+        session.moves += 1
+        view = plan.session_partitions
+        session.last_applied = view if isinstance(view, _PlannedSession) else None
         self._session_topic_names = plan.topic_names
         self._dirty = {}
         return self._verdict(True, None, f"{who}: incremental response")
@@ -619,7 +707,7 @@ class FetchSessionHandler:
 
     def _reset_to(self, meta: FetchMetadata) -> None:
         self._next = meta if self._sessions_enabled else LEGACY
-        self._session = {}
+        self._session = _Session({})  # a new map: plans over the old one still read it
         self._session_uses_topic_ids = False
         self._session_topic_names = _EMPTY_NAMES
         self._dirty = {}

@@ -197,6 +197,54 @@ def test_a_plan_that_is_never_sent_leaves_no_trace() -> None:
         answer(handler, first)
 
 
+def _sessions_alike(handler: FetchSessionHandler) -> list[tuple[TopicPartition, PartitionFetch]]:
+    return list(handler.session_partitions.items())
+
+
+def test_planning_and_failing_a_request_leave_the_session_as_it_was() -> None:
+    # Rule 1 without copies: a plan lays its changes over the session, it does not make
+    # them. Built, not sent; built, sent, refused; both leave the session untouched.
+    handler = in_session(wants("a", "b", "c"))
+    held = _sessions_alike(handler)
+    wanted = {tp("c"): pf(7), tp("a"): pf(), tp("d"): pf()}
+    unsent = handler.build_request(wanted)
+    assert _sessions_alike(handler) == held
+    assert list(unsent.session_partitions.items()) == [
+        (tp("a"), pf()),
+        (tp("c"), pf(7)),
+        (tp("d"), pf()),
+    ]
+    wanted[tp("e")] = pf()  # the caller's map changes after the build: the plan does not
+    assert tp("e") not in unsent.session_partitions and len(unsent.session_partitions) == 3
+    refused = handler.build_request(wanted)
+    assert list(refused.to_send) == [tp("d"), tp("e"), tp("c")]
+    assert _sessions_alike(handler) == held
+    verdict = answer(handler, refused, partitions=[tp("zz")])  # a partition never asked
+    assert not verdict.accepted
+    # Reset to a full request; the refused plan still reads what it was built on.
+    assert list(refused.session_partitions) == [tp("a"), tp("c"), tp("d"), tp("e")]
+    retry = handler.build_request(wanted)
+    assert retry.is_full and list(retry.to_send) == list(wanted)
+
+
+def test_an_accepted_plan_is_the_session_in_its_order_and_a_stale_plan_is_not_read() -> None:
+    handler = in_session(wants("a", "b", "c"))
+    plan = handler.build_request({tp("c"): pf(7), tp("a"): pf(), tp("d"): pf(), tp("e"): pf()})
+    expected = list(plan.session_partitions.items())
+    assert answer(handler, plan).accepted
+    # The view and the session after it agree, entry for entry and in order (what the
+    # partition table reads right after the answer).
+    assert list(plan.session_partitions.items()) == expected == _sessions_alike(handler)
+    assert len(plan.session_partitions) == 4 and plan.session_partitions.get(tp("b")) is None
+    later = handler.build_request({tp("a"): pf(3), tp("d"): pf()})
+    assert answer(handler, later).accepted
+    assert _sessions_alike(handler) == [(tp("a"), pf(3)), (tp("d"), pf())]
+    # Two plans on, the first plan's view would read the second's changes: it refuses.
+    with pytest.raises(LocalProtocolError):
+        plan.session_partitions.get(tp("a"))
+    assert list(later.session_partitions) == [tp("a"), tp("d")]
+
+
 def test_full_request_after_reset_lists_everything_wanted() -> None:
     handler = in_session(wants("a", "b"))
     answer(
@@ -730,6 +778,7 @@ def test_random_sequences_never_build_a_request_a_correct_leader_refuses(
         now += 10
         plan = handler.build_request(want)
         assert {**plan.session_partitions} == want, "the plan lost track of a partition"
+        planned = list(plan.session_partitions.items())
         if not sessions_enabled:
             assert (plan.session_id, plan.epoch) == (0, FINAL_EPOCH)
         if fault == "lose_request":
@@ -754,6 +803,8 @@ def test_random_sequences_never_build_a_request_a_correct_leader_refuses(
             # The leader fetches exactly what the follower wants, field for field.
             assert leader.sessions[handler.session_id].by_name() == want
             assert dict(handler.session_partitions) == want
+            # ...in the order the plan said (rule 1: changes applied in place).
+            assert list(handler.session_partitions.items()) == planned
             assert leader.sessions[handler.session_id].epoch == handler.epoch
         elif verdict.accepted and plan.is_full:
             # Sessionless: the request itself named everything wanted.
