@@ -1186,6 +1186,13 @@ class PartitionTable:
     ) -> Append | None:
         """What of the records may be written (R7, R10); the fetch offset moves past it
         (R1)."""
+        if not records:
+            # Nothing to validate: no batch, so no partial, corrupt, foreign or unchecked
+            # one (what an empty answer says, its high watermark, log start, diverging
+            # epoch or error, the caller took). It still uses up the join check (R10): a
+            # check is for the answer to the request it was made before.
+            state.join_checked = None
+            return None
         tp = state.tp
         local = state.log
         empty = local.log_end_offset == local.log_start_offset
