@@ -967,11 +967,28 @@ class PartitionTable:
         return not any(now_ms >= partitions[tp].delayed_until_ms for tp in self._asking)
 
     def next_wakeup_ms(self, now_ms: int, *, idle_ms: int = 1000) -> int:
-        """When to look again with nothing to send: the first back-off to end, within idle_ms."""
+        """When to look again with nothing to send: the first back-off to end, within idle_ms.
+        R13: read off the heap of delays, not a walk over every partition. After the
+        examination, every partition waiting out a delay or a disk-full pause is in it at
+        its `delayed_until_ms`; entries superseded (another delay since) are dropped as
+        `_refresh` drops them, and one whose partition no longer waits until then (its
+        pause ended early: disk_back) is kept for `_refresh` but wakes nobody."""
+        self._refresh(now_ms)
         wake = now_ms + idle_ms
-        for s in self.partitions.values():
-            if now_ms < s.delayed_until_ms < wake:
-                wake = s.delayed_until_ms
+        delays, delay_at, partitions = self._delays, self._delay_at, self.partitions
+        kept: list[tuple[int, int, TopicPartition]] = []
+        while delays and delays[0][0] < wake:
+            entry = heapq.heappop(delays)
+            at, _, tp = entry
+            if delay_at.get(tp) != at:
+                continue  # superseded
+            kept.append(entry)
+            state = partitions.get(tp)
+            if state is not None and state.delayed_until_ms == at:
+                wake = at  # after the examination every entry left ends after now_ms
+                break
+        for entry in kept:
+            heapq.heappush(delays, entry)
         return wake
 
     # -- the response -------------------------------------------------------------------

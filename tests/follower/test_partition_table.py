@@ -963,6 +963,14 @@ class _WalkingTable(PartitionTable):
             if s.phase in ASKS_OFFSETS and now_ms >= s.delayed_until_ms and s.log is not None
         ]
 
+    def next_wakeup_ms(self, now_ms, *, idle_ms=1000):
+        self._refresh(now_ms)
+        wake = now_ms + idle_ms
+        for s in self.partitions.values():
+            if now_ms < s.delayed_until_ms < wake:
+                wake = s.delayed_until_ms
+        return wake
+
     def may_pipeline(self, outcome, now_ms):
         if not outcome.accepted or any(a.fetched.restart_at is not None for a in outcome.appends):
             return False
@@ -1028,6 +1036,9 @@ class _Twins:
             table.touched(tp)
 
     def questions(self, now) -> None:
+        # When to look again, asked before anything else examined what was marked.
+        wakes = [table.next_wakeup_ms(now, idle_ms=5_000) for table in self.tables]
+        assert wakes[0] == wakes[1]
         due = [table.epoch_check_due(now) for table in self.tables]
         assert due[0] == due[1]
         epochs = [
@@ -1048,6 +1059,10 @@ class _Twins:
         a, b = fetches = [table.next_fetch(now, max_version=13) for table in self.tables]
         if a is None or b is None:
             assert fetches == [None, None]
+            # Nothing to send: when to look again (the delay heap against a walk).
+            idle = self.rng.choice((50, 1_000, 5_000))
+            wakes = [table.next_wakeup_ms(now, idle_ms=idle) for table in self.tables]
+            assert wakes[0] == wakes[1]
             return
         self.requests += 1
         assert (a.plan.is_full, a.plan.session_id, a.request.max_wait_ms) == (
