@@ -30,7 +30,10 @@ a stream's query waits on it, and all it does before handing over is connect, so
 interpreter's own start is most of its cost. `-S` skips `site` (the venv's .pth files, an
 editable install's finder: about 0.03 CPU-s of a plain start's 0.05 here), `-P` keeps this
 file's directory (replicad/spark, whose module names could shadow others) off the path,
-and the standard library modules it needs only after connecting are imported then. `-I`
+and the standard library modules it needs only after connecting are imported then. To
+connect and hand over it imports only C modules (`_socket`, `_signal`, `_struct`, `_json`'s
+string escape), not socket.py, signal.py or json: their Python imports (enums, selectors,
+re) were 0.03 of a stand-in's 0.055 CPU-s, and a query waits for its connection. `-I`
 (`-E -P -s`) is not used: `-E` would also drop what Spark and the caller set for the worker
 in the environment (PYTHONPATH, PYTHONUNBUFFERED, PYTHONHASHSEED, PYTHONDONTWRITEBYTECODE).
 What `-m` and `site` would have given the module is restored before it runs: the working
@@ -40,17 +43,20 @@ directory first on the path (`-m`'s), then, when this process runs the module it
 
 from __future__ import annotations
 
-import contextlib
-import json
+# The C modules beneath socket, signal, struct and json, not those: a stream's query waits
+# for this process to connect, and socket.py's import alone (its enums, selectors) cost
+# about 24 ms of CPU, json's (re) 8 ms, of a stand-in's 55 ms (load 4); the C modules, none
+# of it. What only a cold start needs (socket's file object) is imported on that path.
+import _signal
+import _socket
+import _struct
 import os
-import signal
-import socket
-import struct
 import sys
 
 # Neither is imported at run time (typing's import is a third of this module's).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import socket
     from collections.abc import Iterator
     from typing import BinaryIO
 
@@ -71,7 +77,7 @@ START_FLAGS = ("-S", "-P")
 PORT_ENV = "PYTHON_WORKER_FACTORY_PORT"
 SOCK_PATH_ENV = "PYTHON_WORKER_FACTORY_SOCK_PATH"
 SECRET_ENV = "PYTHON_WORKER_FACTORY_SECRET"
-_INT = struct.Struct("!i")
+_INT = _struct.Struct("!i")
 
 
 class HandshakeError(ConnectionError):
@@ -102,44 +108,62 @@ def started_by_spark(environ: dict[str, str] | os._Environ[str]) -> bool:
     return PORT_ENV in environ or SOCK_PATH_ENV in environ
 
 
-def connect(environ: dict[str, str] | os._Environ[str]) -> tuple[socket.socket, BinaryIO]:
-    """Connect to the waiting PythonWorkerFactory, authenticate, send our process id."""
+def connect(environ: dict[str, str] | os._Environ[str]) -> _socket.socket:
+    """Connect to the waiting PythonWorkerFactory, authenticate, send our process id: the
+    connection, a bare `_socket.socket` (the handshake's timeout set on it)."""
     timeout = int(environ.get("SPARK_AUTH_SOCKET_TIMEOUT", 15))
-    buffer_size = int(environ.get("SPARK_BUFFER_SIZE", 65536))
     secret = environ.get(SECRET_ENV)
     sock_path = environ.get(SOCK_PATH_ENV)
     if sock_path is not None and secret is None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         sock.settimeout(timeout)
         sock.connect(sock_path)
-        sock_file = sock.makefile("rwb", buffer_size)
     else:
         ipv6 = environ.get("SPARK_PREFER_IPV6", "false").lower() == "true"
-        host = "::1" if ipv6 else "127.0.0.1"
-        sock = socket.create_connection((host, int(environ[PORT_ENV])), timeout=timeout)
-        sock_file = sock.makefile("rwb", buffer_size)
-        encoded = (secret or "").encode("utf-8")
-        sock_file.write(_INT.pack(len(encoded)) + encoded)
-        sock_file.flush()
-        if _read_string(sock_file) != b"ok":
-            sock_file.close()
+        family, host = (_socket.AF_INET6, "::1") if ipv6 else (_socket.AF_INET, "127.0.0.1")
+        sock = _socket.socket(family, _socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect((host, int(environ[PORT_ENV])))
+            encoded = (secret or "").encode("utf-8")
+            sock.sendall(_INT.pack(len(encoded)) + encoded)
+            if _read_string(sock) != b"ok":
+                raise HandshakeError("Spark refused this Python worker's secret")
+        except BaseException:
             sock.close()
-            raise HandshakeError("Spark refused this Python worker's secret")
-    sock_file.write(_INT.pack(os.getpid()))
-    sock_file.flush()
-    return sock, sock_file
+            raise
+    sock.sendall(_INT.pack(os.getpid()))
+    return sock
 
 
-def _read_string(stream: BinaryIO) -> bytes:
-    head = stream.read(_INT.size)
-    if len(head) < _INT.size:
-        raise HandshakeError("Spark closed the connection during the handshake")
-    (length,) = _INT.unpack(head)
-    return stream.read(length)
+def _read_string(sock: _socket.socket) -> bytes:
+    (length,) = _INT.unpack(_read_exactly(sock, _INT.size))
+    return _read_exactly(sock, length)
+
+
+def _read_exactly(sock: _socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise HandshakeError("Spark closed the connection during the handshake")
+        data += chunk
+    return data
+
+
+def full_socket(sock: _socket.socket) -> socket.socket:
+    """`sock` as a `socket.socket` (what PySpark's modules are given), its timeout kept."""
+    import socket
+
+    timeout = sock.gettimeout()
+    full = socket.socket(fileno=sock.detach())
+    full.settimeout(timeout)
+    return full
 
 
 def run(module: str, args: list[str], sock: socket.socket, sock_file: BinaryIO) -> None:
     """Run `module` as `__main__` over the connection already made."""
+    import contextlib
     import runpy
 
     import pyspark.worker_util as worker_util
@@ -170,18 +194,21 @@ NO_PATH = ("", "1")
 
 
 def hand_over(
-    module: str, args: list[str], spark: socket.socket, spark_file: BinaryIO
+    module: str,
+    args: list[str],
+    spark: _socket.socket | socket.socket,
+    spark_file: BinaryIO | None = None,
 ) -> int | None:
     """Have the server run `module` over the connection `spark` (and `spark_file`, made
-    from it); its exit status, or None when there is no server to take it (the caller runs
-    the module itself, over the same connection)."""
+    from it, if any); its exit status, or None when there is no server to take it (the
+    caller runs the module itself, over the same connection)."""
     path = os.environ.get(ENV, "")
     if path in OFF or path in NO_PATH:
         return None
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         server.connect(path)
-        payload = json.dumps(
+        payload = json_text(
             {
                 "module": module,
                 "args": args,
@@ -192,16 +219,22 @@ def hand_over(
             }
         ).encode("utf-8")
         fds = [spark.fileno(), 0, 1, 2]
-        socket.send_fds(server, [_INT.pack(len(payload)) + payload], fds)
+        # socket.send_fds's message: the descriptors as C ints (its array "i").
+        rights = b"".join(fd.to_bytes(_FD_BYTES, sys.byteorder, signed=True) for fd in fds)
+        server.sendmsg(
+            [_INT.pack(len(payload)) + payload],
+            [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)],
+        )
         child = _read_server_int(server)
     except (OSError, EOFError):
         server.close()
         return None
     # From here the child has the connection: this process only stands in for it.
-    spark_file.close()
+    if spark_file is not None:
+        spark_file.close()
     spark.close()
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, lambda signum, _frame: _forward(child, signum))
+    for signum in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+        _signal.signal(signum, lambda signum, _frame: _forward(child, signum))
     try:
         return _read_server_int(server)
     except (OSError, EOFError):
@@ -210,9 +243,36 @@ def hand_over(
         server.close()
 
 
+_FD_BYTES = 4  # a C int on the platforms Spark runs on (array("i").itemsize)
+
+
+def json_text(value: object) -> str:
+    """`json.dumps(value)` for the str, int, list and dict (str keys) a request holds,
+    without importing json (its decoder imports re): strings escaped by json's own C
+    function (ASCII, lone surrogates of a non-UTF-8 environment as \\udcXX, as json does)."""
+    if isinstance(value, str):
+        return _quote(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(json_text(item) for item in value) + "]"
+    if isinstance(value, dict):
+        items = (f"{_quote(key)}: {json_text(item)}" for key, item in value.items())
+        return "{" + ", ".join(items) + "}"
+    raise TypeError(f"not in a forkserver request: {type(value).__name__}")
+
+
+def _quote(text: str) -> str:
+    from _json import encode_basestring_ascii
+
+    return encode_basestring_ascii(text)
+
+
 def _forward(child: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
+    try:  # noqa: SIM105 -- contextlib's import is what this module does without
         os.kill(child, signum)
+    except ProcessLookupError:
+        pass
 
 
 def _wait_gone(pid: int) -> int:
@@ -229,7 +289,7 @@ def _wait_gone(pid: int) -> int:
     return 1  # not our child: its status is unknown
 
 
-def _read_server_int(sock: socket.socket) -> int:
+def _read_server_int(sock: _socket.socket) -> int:
     data = b""
     while len(data) < _INT.size:
         chunk = sock.recv(_INT.size - len(data))
@@ -243,14 +303,16 @@ def main(argv: list[str]) -> None:
     """`python -S -P .../connect_first.py -m MODULE [ARGS...]` (start_argv), as Spark ran the
     script (`python -m replicad.spark.connect_first` works too)."""
     if len(argv) >= 2 and argv[0] == "-m" and argv[1] in MODULES and started_by_spark(os.environ):
-        sock, sock_file = connect(os.environ)
+        raw = connect(os.environ)
         as_module_path()
         # A local session's forkserver runs the module in a process that has its imports
         # done already (forkserver.py); without one, this process imports and runs it.
-        status = hand_over(argv[1], argv[2:], sock, sock_file)
+        status = hand_over(argv[1], argv[2:], raw)
         if status is not None:
             sys.exit(status)
         with_site()
+        sock = full_socket(raw)
+        sock_file = sock.makefile("rwb", int(os.environ.get("SPARK_BUFFER_SIZE", 65536)))
         run(argv[1], argv[2:], sock, sock_file)
         return
     os.execv(sys.executable, [sys.executable, *argv])

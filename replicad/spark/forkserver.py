@@ -67,6 +67,9 @@ from replicad.spark.connect_first import (
 from replicad.spark.connect_first import (
     hand_over as hand_over,
 )
+from replicad.spark.connect_first import (
+    json_text as json_text,
+)
 
 _INT = struct.Struct("!i")
 _FDS = 4  # the connection to Spark, then stdin, stdout, stderr

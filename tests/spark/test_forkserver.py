@@ -120,6 +120,51 @@ def test_the_module_runs_in_a_fork_of_the_warm_server_over_the_workers_connectio
     assert server_proc.poll() is None
 
 
+# What the stand-in imports before and while it hands over must not hold up the query, which
+# waits for it: socket.py's and json's imports were most of its start (connect_first.py).
+SLOW_TO_IMPORT = {"socket", "json", "signal", "struct", "contextlib", "enum", "re", "selectors"}
+
+
+def test_the_stand_in_hands_over_importing_none_of_the_slow_standard_modules(
+    stubs, server, listener
+):
+    path, _ = server
+    env = {forkserver.ENV: path, "PYTHONPROFILEIMPORTTIME": "1"}
+    worker = start_worker(stubs, listener, env, stderr=subprocess.PIPE)
+    try:
+        conn = handshake(listener, worker)
+        _, mark, _ = ping(conn)
+        assert mark == "warm"  # handed over: the server's fork ran the module
+        assert worker.wait(DEADLINE_S) == 0
+        conn.close()
+        imported = {
+            line.rsplit("|", 1)[1].strip()
+            for line in worker.stderr.read().decode().splitlines()
+            if line.startswith("import time:") and "|" in line
+        }
+    finally:
+        worker.kill()
+        worker.wait()
+        worker.stderr.close()
+    assert "_socket" in imported  # the profile was read
+    assert imported & SLOW_TO_IMPORT == set()
+
+
+def test_a_request_is_json_as_json_dumps_writes_it():
+    import json
+
+    request = {
+        "module": STUB_MODULE,
+        "args": ["--x", "é", ""],
+        "env": {"A": "b c", "Q": '"\\', "U": "\udcff\u2028\n\t", "N": "ü"},
+        "path": ["/a b", ""],
+        "cwd": "/",
+        "client_pid": 4242,
+    }
+    assert forkserver.json_text(request) == json.dumps(request)
+    assert json.loads(forkserver.json_text(request)) == request
+
+
 def test_without_a_server_the_worker_runs_the_module_itself(tmp_path, stubs, listener):
     worker = worker_of(stubs, listener, str(tmp_path / "no-server.sock"))
     try:
