@@ -107,3 +107,21 @@ def test_a_thread_that_ends_during_a_read_is_counted_under_its_name():
     # timing-ok: CPU the kernel counted for a thread that burnt 0.3 s (the last poll may
     # miss up to 0.02 s of it; ticks round), not a duration waited for or a speed
     assert float(spent["burner #"]) >= 0.2
+
+
+def test_python_is_split_by_process_with_what_the_jvm_and_the_forkserver_reaped_apart():
+    from tools.bench.spark_cpu import Spent
+    from tools.bench.spark_stream_cost import python_by_process
+
+    python = b"/v/bin/python\0"
+    spent = [
+        Spent(10, b"java\0", own=5.0, reaped=0.25),  # the JVM: a stand-in it reaped
+        Spent(20, python + b"-m\0replicad.spark.forkserver\0/s\0" + b"1\0", own=0.01, reaped=0.5),
+        Spent(21, python + b"-m\0replicad.spark.forkserver\0/s\0" + b"1\0", own=0.125, reaped=0),
+        Spent(30, python + b"-m\0pyspark.daemon\0pyspark.worker\0", own=0.75, reaped=0),
+        Spent(31, python + b"-m\0pyspark.daemon\0pyspark.worker\0", own=0.5, reaped=0),
+    ]
+    assert python_by_process(spent, jvm=10, servers=[20]) == (
+        "pyspark.daemon pyspark.worker 1.250, forkserver's forks, reaped 0.500, "
+        "reaped by the JVM 0.250, forkserver's forks, live 0.125, forkserver 0.010"
+    )

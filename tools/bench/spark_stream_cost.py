@@ -33,8 +33,9 @@ JIT's compiler threads, a stream's execution thread, which ends with its query).
 Java Flight Recorder (the `profile` settings with every JIT compilation recorded) and writes
 each read's window to FILE.windows.json, for `tools.bench.spark_jfr FILE` (what the JVM ran
 and compiled in each read); `--py-spy PREFIX` records the
-executors' Python workers with py-spy (idle samples left out) during each of our batch
-reads and streams, one collapsed-stacks file per read and daemon. It runs with the
+executors' Python workers and the forkserver's forks (a stream's source) with py-spy (idle
+samples left out) during each of our batch reads and streams and the steady part, one
+collapsed-stacks file per read and process. It runs with the
 forkserver (replicad/spark/forkserver.py) unless REPLICAD_SPARK_FORKSERVER=0 is in the
 environment (the A/B of a warm start).
 """
@@ -51,7 +52,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -126,6 +127,40 @@ class Meter:
             sum(s.own for s in spent if s.pid == self.jvm),
             sum(s.total for s in spent if b"pyspark.daemon" in s.cmdline),
         ]
+
+
+def process_label(cmdline: bytes) -> str:
+    """A short name for a process: the module after `-m` (its argument too for
+    pyspark.daemon, whose argument says executors' or a planner's), else the program's file."""
+    argv = [a.decode(errors="replace") for a in cmdline.split(b"\0") if a]
+    if "-m" in argv[:-1]:
+        at = argv.index("-m") + 1
+        return " ".join(argv[at : at + 2]) if argv[at] == "pyspark.daemon" else argv[at]
+    return Path(argv[1] if len(argv) > 1 and argv[0].endswith(("sh", "python")) else argv[0]).name
+
+
+def python_by_process(spent: list[Spent], jvm: int, servers: Sequence[int] = ()) -> str:
+    """CPU s of the read's processes other than the JVM's own threads, by process_label;
+    what the JVM reaped (its simple workers that ended: a stream's stand-in) and what a
+    forkserver reaped (its forks that ended: a stream's source) apart from their own."""
+    totals: dict[str, float] = {}
+
+    def add(label: str, cpu: float) -> None:
+        totals[label] = totals.get(label, 0.0) + cpu
+
+    for s in spent:
+        if s.pid == jvm:
+            add("reaped by the JVM", s.reaped)
+        elif s.pid in servers:
+            add("forkserver", s.own)
+            add("forkserver's forks, reaped", s.reaped)
+        else:
+            label = process_label(s.cmdline) if s.cmdline else str(s.pid)
+            if label == "replicad.spark.forkserver":
+                label = "forkserver's forks, live"
+            add(label, s.total)
+    top = sorted(((v, k) for k, v in totals.items() if abs(v) >= 0.005), reverse=True)
+    return ", ".join(f"{k} {v:.3f}" for v, k in top)
 
 
 def thread_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
@@ -232,7 +267,8 @@ def write_parquet(spark: SparkSession, data_dir: Path, out: Path) -> int:
 
 class PySpy:
     """`py-spy record` of the executors' Python workers (their daemon, following its forks)
-    for one read, into PREFIX-NAME.txt (collapsed stacks, idle samples left out)."""
+    and of the forkserver (a stream's source process on the driver is its fork) for one
+    read, into PREFIX-NAME-PID.txt (collapsed stacks, idle samples left out)."""
 
     def __init__(self, spark: SparkSession, prefix: str | None) -> None:
         self.jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[attr-defined]
@@ -251,6 +287,12 @@ class PySpy:
                 found.append(pid)
         return found
 
+    def driver_side(self) -> list[int]:
+        """The forkserver (pipeline.spark_session's): a stream's source process is its fork."""
+        from replicad.spark.pipeline import _forkserver
+
+        return [server.pid for server in _forkserver]
+
     @contextlib.contextmanager
     def recording(self, name: str) -> Iterator[None]:
         if self.prefix is None:
@@ -262,7 +304,7 @@ class PySpy:
 
         py_spy = sh.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         procs = []
-        for daemon in self.daemons():
+        for daemon in [*self.daemons(), *self.driver_side()]:
             out = f"{self.prefix}-{name}-{daemon}.txt"
             argv = [py_spy, "record", "--pid", str(daemon), "--subprocesses", "--nonblocking"]
             argv += ["--rate", "200", "--format", "raw", "-o", out]
@@ -317,9 +359,15 @@ def throughput(
 
     threads: list[str] = []
 
-    def noted(run: int, name: str, sampler: ThreadSampler, began: float) -> None:
-        """The read's JVM threads (printed after the table) and its window (for --jfr)."""
-        threads.append(f"{run} {name}: {sampler.stop()}")
+    def noted(
+        run: int, name: str, sampler: ThreadSampler, began: float, spent: list[Spent]
+    ) -> None:
+        """The read's JVM threads and Python processes (printed after the table) and its
+        window (for --jfr)."""
+        threads.append(
+            f"{run} {name}: {sampler.stop()}; "
+            f"Python: {python_by_process(spent, meter.jvm, meter.roots()[1:])}"
+        )
         windows.append({"run": run, "read": name, "start": began, "end": time.time()})
 
     def batch(run: int, name: str, df: DataFrame) -> None:
@@ -327,7 +375,7 @@ def throughput(
         metered, started = meter.start(), time.perf_counter()
         noop(df)
         seconds, spent = time.perf_counter() - started, metered.stop()
-        noted(run, name, sampler, began)
+        noted(run, name, sampler, began, spent)
         row(run, name, seconds, meter.split(spent), "")
 
     def stream(run: int, name: str, df: DataFrame) -> None:
@@ -335,7 +383,7 @@ def throughput(
         metered, started = meter.start(), time.perf_counter()
         progress, started_ms, ended_ms = available_now(df, work / "cp" / str(next(checkpoints)))
         seconds, spent = time.perf_counter() - started, metered.stop()
-        noted(run, name, sampler, began)
+        noted(run, name, sampler, began, spent)
         phases = stream_phases(progress, started_ms, ended_ms)
         shown = ", ".join(f"{k} {v:.2f}" for k, v in phases.items() if v >= 0.005)
         shown += f"; {len(progress)} micro-batches"
@@ -360,7 +408,10 @@ def throughput(
             batch(run, "spark.read.parquet (peer)", spark.read.parquet(str(parquet)))
             peer = spark.readStream.schema(schema).parquet(str(parquet))
             stream(run, "parquet file stream (peer)", peer)
-    print("\nThe JVM's threads, CPU s by thread name (digits as #), each read:")
+    print(
+        "\nThe JVM's threads, CPU s by thread name (digits as #), and the Python processes by "
+        "command, each read:"
+    )
     for line in threads:
         print(f"- {line}")
 
@@ -489,7 +540,8 @@ def main() -> int:
                 if args.jfr:
                     Path(f"{args.jfr}.windows.json").write_text(json.dumps(windows))
             if args.steady_batches:
-                steady(spark, data_dir, checkpoints, args)
+                with PySpy(spark, args.py_spy).recording("steady"):
+                    steady(spark, data_dir, checkpoints, args)
         finally:
             spark.stop()
             shutil.rmtree(checkpoints, ignore_errors=True)
