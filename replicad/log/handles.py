@@ -52,6 +52,7 @@ from typing import Any, Generic, TypeVar
 import structlog
 
 from replicad.errors import LogError
+from replicad.log import nowait
 
 log = structlog.get_logger("replicad.log.handles")
 
@@ -292,7 +293,7 @@ class FileHandle:
         with cache._lock:
             fd = cache._ready(self)
             try:
-                return os.pread(fd, size, position)
+                return nowait.pread(fd, size, position)  # see nowait.py: serve's loop
             finally:
                 cache._trim()
 

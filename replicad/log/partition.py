@@ -84,6 +84,10 @@ Rules:
   may rebuild it, a write) is read under the lock, and is loaded from then on; so is, for
   a search by timestamp, one whose largest timestamp is not in memory yet (working it out
   sets the state appends index by).
+- Inside nowait.py's `not_waiting()` (serve's event loop) a read whose header bytes are not
+  in the page cache, or whose segment's offset index is not loaded, raises
+  nowait.WouldWait: never read again under the lock (it is no race), the caller reads
+  where it may wait.
 - Recovery (at load): segments from the one holding the recovery point on, and any segment
   whose index is missing or malformed, are scanned; the first invalid or torn entry ends the
   log there and every later segment is deleted. Batches at or past the next segment's base
@@ -157,6 +161,7 @@ import structlog
 
 from replicad.clock import monotonic_ms
 from replicad.errors import DamagedLogError, DiskFullError, LogError, OffsetOutOfRangeError
+from replicad.log import nowait
 from replicad.log.checkpoint import (
     EpochEntry,
     format_epochs,
@@ -177,6 +182,7 @@ from replicad.log.layout import (
     PARTITION_METADATA,
     classify_partition_files,
 )
+from replicad.log.nowait import WouldWait
 from replicad.log.policy import (
     ActiveSegmentState,
     RollReason,
@@ -1074,6 +1080,8 @@ class PartitionLog:
         if all(segment.index_loaded for segment in segments):
             try:
                 region = _read_from(segments, offset, max_bytes)
+            except WouldWait:  # nowait.py: not a race; read again where waiting is allowed
+                raise
             except Exception:  # anything racing writers caused: read again under the lock
                 return self._read_locked(offset, max_bytes)
             # Nothing found below the log end: maybe cut, or rolled past the list taken.
@@ -1361,6 +1369,8 @@ def _read_from(segments: list[LogSegment], offset: int, max_bytes: int) -> FileR
     below `offset` gives None: the next one holds it. A damaged one raises DamagedLogError:
     never passed over (see the module rules)."""
     for segment in segments:
+        if not segment.offset_index_loaded and not nowait.waiting_allowed():
+            raise WouldWait(f"{segment.log_path}: its offset index is not loaded")
         region = segment.read(offset, max_bytes)
         if region is not None:
             return region

@@ -28,6 +28,7 @@ from pathlib import Path
 import structlog
 
 from replicad.errors import DamagedLogError, LogError
+from replicad.log import nowait
 from replicad.log.config import LogConfig
 from replicad.log.epoch import LeaderEpochCache
 from replicad.log.handles import FileHandle, FileHandles, StrPath
@@ -238,6 +239,11 @@ class LogSegment:
         """Both indexes are in memory (a lookup writes nothing, not even a rebuild)."""
         return self._offset_file.is_loaded and self._time_file.is_loaded
 
+    @property
+    def offset_index_loaded(self) -> bool:
+        """The offset index is in memory: `read` reads no index file (log/nowait.py)."""
+        return self._offset_file.is_loaded
+
     def index_problem(self) -> str | None:
         """Why an index of this segment cannot be used as is (missing, malformed), if so."""
         for f in (self._offset_file, self._time_file):
@@ -324,7 +330,7 @@ class LogSegment:
         if fd is None:
             head = self._log.pread(RECORD_BATCH_OVERHEAD, position)
         else:
-            head = os.pread(fd, RECORD_BATCH_OVERHEAD, position)
+            head = nowait.pread(fd, RECORD_BATCH_OVERHEAD, position)  # serve's loop: nowait.py
         header = header_at(head, position)
         if isinstance(header, str) or header.end_position > self.size:
             return None
