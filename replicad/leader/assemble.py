@@ -1,4 +1,5 @@
-"""A run of a response's small parts as one buffer, read on a worker thread.
+"""A run of a response's small parts as one buffer, read on serve's loop from the page
+cache, or on a worker thread.
 
 Rules:
 - A run is bytes (the response's own fields) and file regions up to SMALL_REGION_BYTES (a
@@ -12,6 +13,9 @@ Rules:
   made fills what is missing with an overflow entry (KIP-283's trailing partial entry): the
   buffer is always the size the frame announced, and the client drops the partial entry.
 - Each file is opened once per run, and closed before the run is returned.
+- Inside log/nowait.py's `not_waiting()` (serve's loop) a region not all in the page cache
+  raises WouldWait (the files are closed, the buffer dropped): the caller assembles the run
+  again on a worker thread, where a file that ends early is found out (above).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from replicad.log import nowait
 from replicad.log.segment import FileRegion
 from replicad.records.downconvert import overflow_entry
 
@@ -70,10 +75,11 @@ def assemble(parts: Sequence[bytes | FileRegion]) -> Assembled:
 
 
 def _read_into(fd: int, into: memoryview, position: int) -> int:
-    """Read into all of `into` from `position` on; fewer bytes at the file's end."""
+    """Read into all of `into` from `position` on; fewer bytes at the file's end (inside
+    log/nowait.py's `not_waiting()`: WouldWait where a byte is not in the page cache)."""
     got = 0
     while got < len(into):
-        n = os.preadv(fd, [into[got:]], position + got)
+        n = nowait.preadv(fd, into[got:], position + got)
         if n == 0:
             break
         got += n

@@ -47,7 +47,9 @@ from kio.schema.errors import ErrorCode
 from replicad.errors import DamagedLogError, OffsetOutOfRangeError, ReplicadError
 from replicad.leader.catalog import Catalog
 from replicad.leader.transactions import AbortedTransaction, TransactionState
+from replicad.log import nowait
 from replicad.log.epoch import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+from replicad.log.nowait import WouldWait
 from replicad.log.partition import PartitionLog
 from replicad.log.segment import FileRegion
 from replicad.records.batch import BatchHeader, header_at, scan_batches
@@ -183,24 +185,42 @@ class PlannedReads:
         return bool(self.to_read)
 
     def read_records(self, *, bytes_up_to: int = 0, bytes_from: int = 0) -> list[PartitionAnswer]:
-        """The answers with their records (KIP-74's budget; see the module rules). Call once.
+        """The answers with their records (KIP-74's budget; see the module rules). Call once,
+        but for a WouldWait: inside log/nowait.py's `not_waiting()` (serve's loop) a read of
+        bytes not in the page cache raises it before anything here has changed, and the
+        caller reads again where it may wait (a worker thread).
         When the records found are `bytes_from` to `bytes_up_to` bytes in all, they are read
         too, each answer's as RecordBytes: serve asks this of a small read it will answer at
-        once, so that reading its bytes takes no second hop to a worker thread."""
-        answers = self._find_records()
-        if bytes_up_to > 0 and bytes_from <= self.records_bytes <= bytes_up_to:
-            for answer in answers:
-                if isinstance(answer.records, FileRegion):
-                    answer.records = records = _record_bytes(answer.records)
-                    if isinstance(records, RecordBytes):
-                        self.bytes_read += records.size
+        once, so that reading its bytes takes no second read (a hop) when it is sent."""
+        found = self._find_records()
+        records_bytes = sum(got.size for _, got in found if isinstance(got, FileRegion))
+        bytes_read = 0
+        if bytes_up_to > 0 and bytes_from <= records_bytes <= bytes_up_to:
+            found = [
+                (index, _record_bytes(got) if isinstance(got, FileRegion) else got)
+                for index, got in found
+            ]
+        # Nothing raised: the answers take what was found.
+        answers = self.answers
+        for index, got in found:
+            if isinstance(got, PartitionAnswer):
+                answers[index] = got
+                continue
+            answers[index].records = got
+            if isinstance(got, RecordBytes):
+                bytes_read += got.size
+        self.records_bytes += records_bytes
+        self.bytes_read += bytes_read
         return answers
 
-    def _find_records(self) -> list[PartitionAnswer]:
+    def _find_records(self) -> list[tuple[int, FileRegion | PartitionAnswer]]:
+        """Each partition's region, or the answer that replaces its own (an error), by the
+        index of its answer; the answers themselves unchanged (see read_records)."""
         limits = self.limits
         budget = limits.max_bytes
         min_one = not limits.hard_max_bytes_limit
         answers = self.answers
+        found: list[tuple[int, FileRegion | PartitionAnswer]] = []
         for where in self.to_read:
             index = where.index
             answer = answers[index]
@@ -211,20 +231,26 @@ class PlannedReads:
                 region = _records(where, answer.fetch_offset, allowance, min_one, limits)
             except OffsetOutOfRangeError:
                 # Truncated or deleted under us since the offsets were taken.
-                answers[index] = PartitionAnswer(
-                    answer.partition, answer.fetch_offset, error_code=ErrorCode.offset_out_of_range
+                found.append(
+                    (
+                        index,
+                        PartitionAnswer(
+                            answer.partition,
+                            answer.fetch_offset,
+                            error_code=ErrorCode.offset_out_of_range,
+                        ),
+                    )
                 )
                 continue
             except (OSError, ReplicadError) as exc:
-                answers[index] = _failed(answer.partition, answer.fetch_offset, exc)
+                found.append((index, _failed(answer.partition, answer.fetch_offset, exc)))
                 continue
             if region is not None:
-                answer.records = region
-                self.records_bytes += region.size
+                found.append((index, region))
                 if region.size > 0:
                     min_one = False
                 budget = max(0, budget - region.size)
-        return answers
+        return found
 
 
 class RecordBytes(bytes):
@@ -245,7 +271,7 @@ def _record_bytes(region: FileRegion) -> FileRegion | RecordBytes:
     except OSError:
         return region
     try:
-        return RecordBytes(os.pread(fd, region.size, region.position))
+        return RecordBytes(nowait.pread(fd, region.size, region.position))
     except OSError:
         return region
     finally:
@@ -421,6 +447,11 @@ class TransactionTracker:
     bytes_read: int = 0
 
     def state(self, tp: TopicPartition, plog: PartitionLog) -> TransactionState:
+        """`tp`'s state, folded up to its log end. Inside log/nowait.py's `not_waiting()`
+        (serve's loop) a fold that would read bytes not in the page cache stops at a batch
+        (the state is whole, folded less far) and raises FoldWouldWait: its `read_ahead`,
+        on a worker thread, reads what it needs next into the cache, and a call again
+        folds on from where this one stopped."""
         entry = self._folded.get(tp)
         if entry is None or entry.plog is not plog or not self._still_valid(entry):
             entry = _Folded(plog, TransactionState())
@@ -440,11 +471,13 @@ class TransactionTracker:
             return True
         try:
             region = plog.read(entry.last.base_offset, 0).region
+            if region is None:
+                return False
+            head = header_at(_read_region(region, min(region.size, 64)), region.position)
         except OffsetOutOfRangeError:
             return False
-        if region is None:
-            return False
-        head = header_at(_pread(region, min(region.size, 64)), region.position)
+        except WouldWait:
+            raise FoldWouldWait(plog, entry.last.base_offset) from None
         return not isinstance(head, str) and (head.base_offset, head.crc) == (
             entry.last.base_offset,
             entry.last.crc,
@@ -456,11 +489,13 @@ class TransactionTracker:
         while offset < plog.log_end_offset:
             try:
                 region = plog.read(offset, self.fold_read_bytes).region
+                if region is None:
+                    return
+                data = _read_region(region, region.size)
             except OffsetOutOfRangeError:
                 return
-            if region is None:
-                return
-            data = region.read_bytes()
+            except WouldWait:  # the batches before `offset` are folded: a whole state
+                raise FoldWouldWait(plog, offset) from None
             self.bytes_read += len(data)
             scan = scan_batches(data, verify_crc=False)
             if not scan.batches:
@@ -477,5 +512,56 @@ class TransactionTracker:
             offset = scan.batches[-1].next_offset
 
 
-def _pread(region: FileRegion, size: int) -> bytes:
-    return FileRegion(region.path, region.position, size).read_bytes()
+def _read_region(region: FileRegion, size: int) -> bytes:
+    """The first `size` bytes of `region` (fewer where its file ends), through nowait.pread
+    (so a fold on serve's loop does not wait: see TransactionTracker.state)."""
+    fd = os.open(region.path, os.O_RDONLY)
+    try:
+        return nowait.pread(fd, size, region.position)
+    finally:
+        os.close(fd)
+
+
+# How far a fold that would have waited is read ahead (FoldWouldWait.read_ahead): a fold
+# of a whole log on the loop (its first READ_COMMITTED read) then hops once per this many
+# bytes, not once per FOLD_READ_BYTES.
+FOLD_READ_AHEAD_BYTES = 16 * FOLD_READ_BYTES
+
+
+class FoldWouldWait(WouldWait):
+    """A transaction fold inside `not_waiting()` stopped at `offset` of `plog`: its next
+    bytes are not in the page cache (TransactionTracker.state)."""
+
+    def __init__(self, plog: PartitionLog, offset: int) -> None:
+        super().__init__(f"{plog.topic_partition}: the fold's read at offset {offset} would wait")
+        self.plog = plog
+        self.offset = offset
+
+    def read_ahead(self) -> int:
+        """On a worker thread: the fold's next bytes (FOLD_READ_AHEAD_BYTES at most, in one
+        segment) read into the page cache; the bytes read. A log changed since (cut, rolled,
+        gone) reads what is there, or nothing: the fold that follows finds out."""
+        try:
+            region = self.plog.read(self.offset, FOLD_READ_AHEAD_BYTES).region
+        except (OSError, ReplicadError):
+            return 0
+        if region is None:
+            return 0
+        scratch = bytearray(min(region.size, FOLD_READ_BYTES))
+        got = 0
+        try:
+            fd = os.open(region.path, os.O_RDONLY)
+        except OSError:
+            return 0
+        try:
+            while got < region.size:
+                view = memoryview(scratch)[: min(len(scratch), region.size - got)]
+                n = os.preadv(fd, [view], region.position + got)
+                if n <= 0:
+                    break
+                got += n
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        return got

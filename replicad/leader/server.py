@@ -29,13 +29,20 @@ Rules:
   request took to decode and answer (never its waits) is charged to its client address;
   over the quota, the answer carries throttle_time_ms (where the response's first field
   is throttle_time_ms) and the connection is not read again until it has passed.
-- Reads of the disk run on worker threads: a Fetch's lookup of the batches it sends (one
-  header pread a partition, all of a read's partitions in one hop; the loop plans them,
-  reads.py), its small file regions (below), a down-conversion, and a ListOffsets that
-  searches by timestamp (the time index and batches) or, v0, reads the segments'
-  timestamps (handlers.py resolves the partitions on the loop, then answers them on the
-  thread). Still on the loop: a READ_COMMITTED partition's transaction fold (its new
-  batches), and the kernel's reads of a region sent by sendfile.
+- The loop never waits on the disk. What it reads itself it reads only from the page
+  cache (log/nowait.py: preadv2's RWF_NOWAIT, where the file system takes it): a Fetch's
+  lookup of the batches it sends (one header pread a partition) and its small regions'
+  bytes are read on the loop when all are cached, else all of the read on a worker thread
+  in one hop (reads.py: nothing is kept of the try); a READ_COMMITTED partition's
+  transaction fold (a Fetch's plan, a ListOffsets) stops where its bytes are not cached,
+  has them read ahead on a worker thread, and goes on (`_without_waiting`). On worker
+  threads always: a down-conversion, a ListOffsets that searches by timestamp (the time
+  index and batches) or, v0, reads the segments' timestamps (handlers.py resolves the
+  partitions on the loop, then answers them on the thread). A region sent by sendfile
+  (the kernel reads it on the loop's thread) is read into the page cache on a worker
+  thread first unless all its pages are there (nowait.all_cached: cachestat). Still on
+  the loop: the fold of a partition read from the archive (remote_fetch.py: the batches
+  appended since its plan folded it).
 - Authentication: SASL steps run on a thread of their own (PLAIN hashes the password with
   PBKDF2), one at a time; a failed one is answered `failed_authentication_delay_ms` later.
 - What clients do wrong is a `ServeEvent` (events.py): counted, logged at a limited rate,
@@ -45,12 +52,12 @@ Rules:
   transport. A file region goes out by `loop.sendfile`, which first waits for the
   transport's buffer to drain and pauses reading while the kernel copies the file, so it
   never interleaves with buffered writes; file regions up to `SMALL_REGION_BYTES` are read
-  instead (on a worker thread, many in one hop) and written with the bytes around them. A
-  lazy down-conversion is converted a chunk at a time off the event loop and written with
-  flow control (drain), so at most a chunk and the transport's buffer are held. If a
-  segment shrank or vanished before it was sent, the bytes still owed are an overflow
-  entry (KIP-283's trailing partial message): the frame stays the size it announced and
-  the client drops the partial entry.
+  instead (on the loop from the page cache, or many in one hop to a worker thread) and
+  written with the bytes around them. A lazy down-conversion is converted a chunk at a
+  time off the event loop and written with flow control (drain), so at most a chunk and
+  the transport's buffer are held. If a segment shrank or vanished before it was sent,
+  the bytes still owed are an overflow entry (KIP-283's trailing partial message): the
+  frame stays the size it announced and the client drops the partial entry.
 - Security (`ServerSecurity`, see leader/security.py for its rules): with TLS the listener
   speaks TLS only, started per connection so that a failed handshake is logged (info, as
   Kafka does) and counted. A connection holds no TLS state until its client has sent
@@ -87,7 +94,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from kio.index import UnknownAPIKey, UnknownEntity
@@ -121,7 +128,7 @@ from replicad.leader.group_wire import CONSUMER_PROTOCOL_VERSIONS, GROUP_VERSION
 from replicad.leader.groups import GroupService
 from replicad.leader.listener import Listener, bind_listening
 from replicad.leader.quotas import RequestQuota
-from replicad.leader.reads import TransactionTracker
+from replicad.leader.reads import FoldWouldWait, TransactionTracker
 from replicad.leader.refusals import READ_ONLY_MESSAGE, error_response
 from replicad.leader.remote_fetch import RemoteFetch, hold_for_request
 from replicad.leader.request_limits import (
@@ -143,6 +150,7 @@ from replicad.leader.settings import ServeSettings
 from replicad.leader.topic_configs import TopicConfigs, describe_configs_response
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
+from replicad.log.nowait import WouldWait, all_cached, not_waiting, read_into_cache
 from replicad.log.segment import FileRegion
 from replicad.protocol.apis import ApiKey, VersionRange
 from replicad.protocol.codec import (
@@ -198,6 +206,8 @@ FD_RESERVE = 256
 TURN_S = 0.005
 # Requests counted under one label whatever API or version they claimed (see the rules).
 UNSUPPORTED_LABEL = "unsupported"
+
+T = TypeVar("T")
 
 
 class _Close(Exception):
@@ -928,14 +938,18 @@ class LeaderServer:
         v0's segment timestamps), as a Fetch's file regions are read (see the rules)."""
         body = request.body
         if isinstance(body, legacy_codec.LegacyListOffsetsRequest):
-            legacy = handlers.legacy_offsets_questions(
-                body, self.catalog, self.transactions, now_ms=now_ms
+            legacy = await self._without_waiting(
+                lambda: handlers.legacy_offsets_questions(
+                    body, self.catalog, self.transactions, now_ms=now_ms
+                )
             )
             if not any(q.reads_disk for _, questions in legacy for q in questions):
                 return handlers.legacy_offsets_answers(legacy)
             with _not_charged():
                 return await asyncio.to_thread(handlers.legacy_offsets_answers, legacy)
-        questions = handlers.offset_questions(body, self.catalog, self.transactions, now_ms=now_ms)
+        questions = await self._without_waiting(
+            lambda: handlers.offset_questions(body, self.catalog, self.transactions, now_ms=now_ms)
+        )
         if any(q.reads_disk for q in questions):
             with _not_charged():
                 answers = await asyncio.to_thread(handlers.answer_offsets, questions)
@@ -1037,22 +1051,55 @@ class LeaderServer:
         )
 
     async def _read(self, handling: FetchHandling) -> FetchRound:
-        """One read of the fetch's partitions: planned on the loop, the records (their batch
-        headers) found on a worker thread when any partition takes some (reads.py). A read
-        answered at once whose records are SMALL_REGION_BYTES at most has them read in the
-        same hop: the send then takes none (a 1-partition Fetch hops once, as before)."""
-        planned = handling.plan_read(now_ms=self._now_ms())
+        """One read of the fetch's partitions: planned on the loop (`_without_waiting`: a
+        transaction fold's reads), the records (their batch headers) found on the loop when
+        their bytes are all in the page cache (log/nowait.py), else on a worker thread
+        (reads.py). A read answered at once whose records are SMALL_REGION_BYTES at most has
+        them read with the headers, the same way: the send then reads nothing more (a
+        1-partition Fetch of cached bytes makes no hop to a worker thread; one not cached
+        makes one)."""
+        planned = await self._without_waiting(lambda: handling.plan_read(now_ms=self._now_ms()))
         if not planned.reads_disk:
             return handling.round(planned.read_records())
         legacy = handling.version in legacy_codec.LEGACY_FETCH_VERSIONS  # may down-convert
-        with _not_charged():
-            answers = await asyncio.to_thread(
-                planned.read_records,
-                bytes_up_to=0 if legacy else SMALL_REGION_BYTES,
-                bytes_from=handling.min_bytes if handling.request.max_wait_ms > 0 else 0,
-            )
+        bytes_up_to = 0 if legacy else SMALL_REGION_BYTES
+        bytes_from = handling.min_bytes if handling.request.max_wait_ms > 0 else 0
+        try:
+            with not_waiting():
+                answers = planned.read_records(bytes_up_to=bytes_up_to, bytes_from=bytes_from)
+        except WouldWait:  # nothing read yet (reads.py): all of it where it may wait
+            self.counters["fetch_reads_off_loop_total"] += 1
+            with _not_charged():
+                answers = await asyncio.to_thread(
+                    planned.read_records, bytes_up_to=bytes_up_to, bytes_from=bytes_from
+                )
         self.counters["copied_region_bytes_total"] += planned.bytes_read
         return handling.round(answers)
+
+    async def _without_waiting(self, step: Callable[[], T]) -> T:
+        """`step()` on the loop, its transaction folds not waiting on the disk (reads.py's
+        TransactionTracker.state, inside log/nowait.py's `not_waiting()`): each time one
+        would, its next bytes are read into the page cache on a worker thread, and `step`
+        runs again (the fold goes on from where it stopped). A fold that would wait again
+        where it did (the bytes read ahead left the cache before it ran) runs as it did
+        before this rule, waiting: the loop never hops without the fold moving on."""
+        stopped: FoldWouldWait | None = None
+        while True:
+            try:
+                with not_waiting():
+                    return step()
+            except FoldWouldWait as waiting:
+                if stopped is not None and (waiting.plog, waiting.offset) == (
+                    stopped.plog,
+                    stopped.offset,
+                ):
+                    return step()
+                stopped = waiting
+            except WouldWait:  # not a fold's (none other is planned): read as before
+                return step()
+            self.counters["fold_reads_off_loop_total"] += 1
+            with _not_charged():
+                await asyncio.to_thread(stopped.read_ahead)
 
     def _count_session_use(self, handling: FetchHandling, session_id: int) -> None:
         context = handling.context
@@ -1110,8 +1157,9 @@ class LeaderServer:
         self, writer: asyncio.StreamWriter, parts: tuple[Part, ...], start: int
     ) -> int:
         """Write parts from `start` on while they are bytes or small file regions (up to
-        READ_AHEAD_BYTES of regions), the regions read in one hop to a worker thread;
-        returns the index of the first part not written."""
+        READ_AHEAD_BYTES of regions), the regions read on the loop when all are in the page
+        cache, else in one hop to a worker thread; returns the index of the first part not
+        written."""
         end = start
         run: list[bytes | FileRegion] = []
         regions = region_bytes = 0
@@ -1131,7 +1179,13 @@ class LeaderServer:
         if not regions:  # bytes only
             writer.write(b"".join(data for data in run if isinstance(data, bytes)))
         else:
-            assembled = await asyncio.to_thread(assemble, run)
+            try:
+                with not_waiting():
+                    assembled = assemble(run)
+            except WouldWait:  # a region not in the page cache: all of the run off the loop
+                self.counters["send_reads_off_loop_total"] += 1
+                with _not_charged():
+                    assembled = await asyncio.to_thread(assemble, run)
             writer.write(assembled.buffer)
             self.counters["copied_region_bytes_total"] += assembled.region_bytes
             # The segment shrank (truncation) or vanished (retention) since it was read.
@@ -1144,6 +1198,13 @@ class LeaderServer:
         sent = 0
         try:
             with open(region.path, "rb") as f:
+                if not all_cached(f.fileno(), region.position, region.size):
+                    # sendfile would wait on the disk on the loop: read it in first.
+                    self.counters["sendfile_reads_off_loop_total"] += 1
+                    with _not_charged():
+                        await asyncio.to_thread(
+                            read_into_cache, f.fileno(), region.position, region.size
+                        )
                 sent = await asyncio.get_running_loop().sendfile(
                     writer.transport, f, region.position, region.size
                 )

@@ -3,22 +3,27 @@ reader's bound (log end, high watermark, last stable offset), errors and diverge
 
 from __future__ import annotations
 
+import os
 import random
+from pathlib import Path
 
 import pytest
 from kio.schema.errors import ErrorCode
 
 from replicad.leader.catalog import Catalog
 from replicad.leader.reads import (
+    FoldWouldWait,
     Isolation,
     PartitionAnswer,
     ReadLimits,
+    RecordBytes,
     TransactionTracker,
     plan_reads,
     read_partitions,
 )
 from replicad.leader.transactions import AbortedTransaction
 from replicad.log.manager import LogManager
+from replicad.log.nowait import WouldWait, not_waiting, pread_cached
 from replicad.log.segment import FileRegion, LogSegment
 from replicad.records.batch import scan_batches
 from replicad.records.records import ControlType
@@ -59,7 +64,9 @@ def offsets_in(answer: PartitionAnswer) -> list[int]:
     """Offsets of the whole batches a client finds in the answer's records."""
     if answer.records is None:
         return []
-    scan = scan_batches(answer.records.read_bytes(), verify_crc=False)
+    records = answer.records
+    data = records if isinstance(records, bytes) else records.read_bytes()
+    scan = scan_batches(data, verify_crc=False)
     return [b.base_offset for b in scan.batches]
 
 
@@ -369,3 +376,101 @@ def test_batches_appended_between_the_plan_and_the_read_are_not_sent(logs, fill,
     plog.append(rolled, scan_batches(rolled).batches, now_ms=0)
     [answer] = planned.read_records()
     assert offsets_in(answer) == [3]
+
+
+# -- reads that do not wait (log/nowait.py: serve's loop) ------------------------------------
+
+
+def dropped(path: Path) -> None:
+    """`path`'s bytes out of the page cache (fsync first: only clean pages are dropped)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def cached(path: Path) -> None:
+    """`path`'s bytes in the page cache; skipped where no read can say it would not wait."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        os.pread(fd, size, 0)
+        try:
+            pread_cached(fd, size, 0)
+        except WouldWait as exc:
+            pytest.skip(f"no read without waiting on {path.parent}: {exc}")
+    finally:
+        os.close(fd)
+
+
+def test_a_read_that_would_wait_changes_nothing_and_is_read_again_whole(logs, fill) -> None:
+    """serve tries a read on its loop; the partition whose header is not cached raises
+    WouldWait after another partition's records were found (and read: a small read), and
+    nothing of the try is kept: the read again (a worker thread) answers as one read does,
+    its records and the bytes it read counted once. Fails on the code before: the try set
+    the first partition's records and counted its bytes."""
+    fill(logs, A, batches(0, 3, 100))
+    fill(logs, B, batches(0, 3, 100))
+    cached(logs.partitions()[A].active_segment.log_path)
+    dropped(logs.partitions()[B].active_segment.log_path)
+    catalog = Catalog(logs, rng=random.Random(0))
+    limits = ReadLimits(BIG, Isolation.HIGH_WATERMARK, hard_max_bytes_limit=False)
+    planned = plan_reads(
+        catalog, [(A, fetch(1)), (B, fetch(1))], limits, TransactionTracker(), now_ms=0
+    )
+    with pytest.raises(WouldWait), not_waiting():
+        planned.read_records(bytes_up_to=1 << 16)
+    assert [a.records for a in planned.answers] == [None, None]
+    assert (planned.records_bytes, planned.bytes_read) == (0, 0)
+    answers = planned.read_records(bytes_up_to=1 << 16)
+    assert [offsets_in(a) for a in answers] == [[1, 2], [1, 2]]
+    assert all(isinstance(a.records, RecordBytes) for a in answers)
+    both = sum(a.records_size for a in answers)
+    assert (planned.records_bytes, planned.bytes_read) == (both, both)
+
+
+def test_a_read_of_cached_bytes_reads_them_without_waiting(logs, fill) -> None:
+    fill(logs, A, batches(0, 3, 100))
+    cached(logs.partitions()[A].active_segment.log_path)
+    catalog = Catalog(logs, rng=random.Random(0))
+    limits = ReadLimits(BIG, Isolation.HIGH_WATERMARK, hard_max_bytes_limit=False)
+    planned = plan_reads(catalog, [(A, fetch(1))], limits, TransactionTracker(), now_ms=0)
+    with not_waiting():
+        [answer] = planned.read_records(bytes_up_to=1 << 16)
+    assert isinstance(answer.records, RecordBytes)
+    assert offsets_in(answer) == [1, 2]
+
+
+def test_a_fold_that_would_wait_stops_whole_and_goes_on_after_its_read_ahead(
+    logs, fill, txn
+) -> None:
+    """A READ_COMMITTED fold on serve's loop stops where its bytes are not cached: the state
+    is whole up to where it stopped (FoldWouldWait names it), `read_ahead` (a worker
+    thread) reads what comes next into the cache, and the fold then goes on without
+    waiting, to the same state a fold that may wait reaches. Before (no such rule) the fold
+    read the disk on the loop."""
+    plog = fill(
+        logs,
+        A,
+        [
+            txn.data(0, [b"aborted"], producer_id=11),
+            txn.marker(1, producer_id=11, control_type=ControlType.ABORT),
+            txn.data(2, [b"open"], producer_id=12),
+        ],
+    )
+    path = plog.active_segment.log_path
+    dropped(path)
+    tracker = TransactionTracker()
+    with pytest.raises(FoldWouldWait) as stopped, not_waiting():
+        tracker.state(A, plog)
+    assert (stopped.value.plog, stopped.value.offset) == (plog, 0)
+    assert stopped.value.read_ahead() == path.stat().st_size
+    cached(path)  # what read_ahead read is in the cache (or: no read here can say so)
+    with not_waiting():
+        state = tracker.state(A, plog)
+    assert state.last_stable_offset(plog.high_watermark) == 2
+    assert tuple(state.aborted_overlapping(0, 2)) == (AbortedTransaction(0, 11, 1),)
+    fresh = TransactionTracker().state(A, plog)
+    assert fresh.last_stable_offset(plog.high_watermark) == 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import os
 import random
 import socket
 import ssl
@@ -14,6 +15,7 @@ import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,11 +24,13 @@ from kio.schema.errors import ErrorCode
 
 from replicad.errors import KafkaConnectionError
 from replicad.leader.frames import ResponseFrame
+from replicad.leader.reads import FoldWouldWait
 from replicad.leader.security import ServerSecurity
-from replicad.leader.server import LeaderServer
+from replicad.leader.server import SMALL_REGION_BYTES, LeaderServer
 from replicad.leader.settings import ServeSettings, serve_security_from_options
 from replicad.log.index import TimestampOffset
 from replicad.log.manager import LogManager
+from replicad.log.nowait import WouldWait, all_cached, pread_cached
 from replicad.log.partition import PartitionLog
 from replicad.log.segment import FileRegion, LogSegment
 from replicad.protocol.codec import decode_response, request_type
@@ -39,6 +43,7 @@ from replicad.protocol.requests import (
     metadata_request,
 )
 from replicad.records.batch import scan_batches
+from replicad.records.records import ControlType
 from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
 from tools.peers.pki import make_test_pki
@@ -270,11 +275,41 @@ async def test_a_list_offsets_by_time_searches_the_disk_off_the_loop(server, mon
     assert (answer.error_code, answer.timestamp, answer.offset) == (ErrorCode.none, TS, 0)
 
 
-async def test_a_fetch_finds_its_batches_off_the_loop(server, monkeypatch) -> None:
-    """A Fetch's read of the batch header at each fetch offset runs on a worker thread, so a
-    slow disk holds that Fetch only, and another client connects (its ApiVersions) while it
-    is held. Fails on the old code: the header was read on the loop's thread, and the other
-    client's ApiVersions waited until the held read gave up (`released` false)."""
+def drop_from_page_cache(path: Path) -> None:
+    """`path`'s bytes out of the page cache (written back first: only clean pages go). Not
+    checked by a read without waiting: the kernel starts reading ahead where one fails.
+    (On tmpfs nothing is dropped, but no read there can say it would not wait.)"""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def in_page_cache(path: Path) -> None:
+    """`path`'s bytes read (into the page cache); the test is skipped on a file system whose
+    reads cannot say they would not wait (tmpfs): its reads always leave the loop."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        os.pread(fd, size, 0)
+        try:
+            pread_cached(fd, size, 0)
+        except WouldWait as exc:
+            pytest.skip(f"no read without waiting on {path.parent}: {exc}")
+    finally:
+        os.close(fd)
+
+
+async def test_a_fetch_of_bytes_not_in_the_page_cache_finds_them_off_the_loop(
+    server, logs, monkeypatch
+) -> None:
+    """A Fetch whose batch header is not in the page cache is read on a worker thread (the
+    loop's try, log/nowait.py, gives up at once), so a slow disk holds that Fetch only, and
+    another client connects (its ApiVersions) while it is held. Failed on the code before
+    dda9bfb: the header was read on the loop's thread, and the other client's ApiVersions
+    waited until the held read gave up (`released` false)."""
     real = LogSegment.read
     release = threading.Event()
     read_on: list[int] = []
@@ -282,15 +317,17 @@ async def test_a_fetch_finds_its_batches_off_the_loop(server, monkeypatch) -> No
 
     def held(segment: LogSegment, offset: int, max_bytes: int) -> FileRegion | None:
         read_on.append(threading.get_ident())
-        released.append(release.wait(DEADLINE_S / 4))  # a disk that does not answer
+        if threading.get_ident() != server._loop_thread:
+            released.append(release.wait(DEADLINE_S / 4))  # a disk that does not answer
         return real(segment, offset, max_bytes)
 
+    drop_from_page_cache(logs.partitions()[T0].active_segment.log_path)
     monkeypatch.setattr(LogSegment, "read", held)
     slow = await connect(server)
     other = None
     try:
         asking = asyncio.create_task(slow.request(fetch(offset=1)))
-        await until(lambda: read_on, what="the fetch's read started")
+        await until(lambda: len(read_on) > 1, what="the fetch's read left the loop")
         other = await connect(server)  # its ApiVersions answered while the read is held
         assert other.versions is not None
         release.set()
@@ -301,9 +338,104 @@ async def test_a_fetch_finds_its_batches_off_the_loop(server, monkeypatch) -> No
         if other is not None:
             await other.close()
     assert released == [True]
-    assert read_on[0] != server._loop_thread
+    assert [t == server._loop_thread for t in read_on] == [True, False]
+    assert server.metrics()["fetch_reads_off_loop_total"] == 1
     batches = scan_batches(records_of(body), verify_crc=False).batches
     assert [b.base_offset for b in batches] == [1, 2]
+
+
+async def test_a_fetch_of_bytes_in_the_page_cache_reads_them_on_the_loop(
+    server, logs, monkeypatch
+) -> None:
+    """A Fetch whose batch headers and records are all in the page cache reads them on the
+    loop (RWF_NOWAIT): no hop to a worker thread, not even for the send. Fails on the code
+    before (5473483): the header was found on a worker thread (`read_on` another thread)."""
+    import replicad.leader.server as server_module
+
+    real = LogSegment.read
+    read_on: list[int] = []
+    assembled: list[int] = []
+
+    def watched(segment: LogSegment, offset: int, max_bytes: int) -> FileRegion | None:
+        read_on.append(threading.get_ident())
+        return real(segment, offset, max_bytes)
+
+    real_assemble = server_module.assemble
+
+    def watched_assemble(parts: Any) -> Any:
+        assembled.append(len(parts))
+        return real_assemble(parts)
+
+    on_disk = logs.partitions()[T0].active_segment.log_path
+    in_page_cache(on_disk)
+    monkeypatch.setattr(LogSegment, "read", watched)
+    monkeypatch.setattr(server_module, "assemble", watched_assemble)
+    conn = await connect(server)
+    try:
+        body = await conn.request(fetch(offset=1))
+    finally:
+        await conn.close()
+    assert read_on == [server._loop_thread]
+    assert assembled == []
+    assert server.metrics().get("fetch_reads_off_loop_total", 0) == 0
+    batches = scan_batches(records_of(body), verify_crc=False).batches
+    assert [b.base_offset for b in batches] == [1, 2]
+
+
+async def test_a_read_committed_fetch_folds_on_the_loop_what_a_worker_read_ahead(
+    logs, fill, txn, monkeypatch
+) -> None:
+    """A READ_COMMITTED partition's transaction fold (its first: the whole log) does not
+    wait on the disk on the loop: where its bytes are not cached it stops, a worker thread
+    reads them ahead, and the fold goes on on the loop. The answer is the fold's, as
+    before. Fails on the code before (the fold read the disk on the loop: no read ahead)."""
+    tp = TopicPartition("x", 0)
+    plog = fill(
+        logs,
+        tp,
+        [
+            producer_batch(0, [b"plain"]),
+            txn.data(1, [b"aborted"], producer_id=11),
+            txn.marker(2, producer_id=11, control_type=ControlType.ABORT),
+            txn.data(3, [b"open"], producer_id=12),
+        ],
+    )
+    drop_from_page_cache(plog.active_segment.log_path)
+    read_ahead_on: list[int] = []
+    real = FoldWouldWait.read_ahead
+
+    def watched(waiting: FoldWouldWait) -> int:
+        read_ahead_on.append(threading.get_ident())
+        return real(waiting)
+
+    monkeypatch.setattr(FoldWouldWait, "read_ahead", watched)
+    srv = LeaderServer(logs, ServeSettings(), rng=random.Random(4))
+    await srv.start()
+    try:
+        conn = await connect(srv)
+        try:
+            request = FetchRequest(
+                max_wait_ms=0,
+                min_bytes=1,
+                max_bytes=1 << 20,
+                isolation_level=1,
+                session_id=0,
+                session_epoch=-1,
+                partitions=(RequestedPartition.of(tp, 0, 1 << 20),),
+            )
+            body = await conn.request(fetch_request(12, request))
+        finally:
+            await conn.close()
+        metrics = srv.metrics()
+    finally:
+        await srv.close()
+    [[answer]] = [t.partitions for t in body.responses]
+    assert (answer.error_code, answer.last_stable_offset) == (ErrorCode.none, 3)
+    assert [(a.producer_id, a.first_offset) for a in answer.aborted_transactions] == [(11, 1)]
+    batches = scan_batches(answer.records, verify_crc=False).batches
+    assert [b.base_offset for b in batches] == [0, 1, 2]
+    assert read_ahead_on and srv._loop_thread not in read_ahead_on
+    assert metrics["fold_reads_off_loop_total"] == len(read_ahead_on)
 
 
 async def test_a_fetch_with_nothing_to_read_reads_no_batch(server, monkeypatch) -> None:
@@ -587,6 +719,89 @@ async def test_small_regions_are_read_with_the_response_and_padded_when_they_shr
     assert body[-4:] == b"tail"
     assert server.metrics()["short_regions_total"] == 2
     assert server.metrics()["copied_region_bytes_total"] == 30
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "not-cached"])
+async def test_a_region_sent_by_sendfile_is_read_into_the_cache_off_the_loop_first(
+    server, tmp_path, monkeypatch, cached: bool
+) -> None:
+    """sendfile's kernel read runs on the loop's thread and waits for the disk: a region
+    over SMALL_REGION_BYTES whose pages are not all cached is read in on a worker thread
+    first (nowait.read_into_cache), then sent; one all cached is sent at once. Fails on
+    the code before (nothing read it in: `read_on` empty when not cached)."""
+    import replicad.leader.server as server_module
+
+    data = os.urandom(4 * SMALL_REGION_BYTES)
+    segment = tmp_path / "big.log"
+    segment.write_bytes(data)
+    fd = os.open(segment, os.O_RDONLY)
+    try:
+        if cached:
+            os.pread(fd, len(data), 0)
+            if not all_cached(fd, 0, len(data)):
+                pytest.skip("no cachestat here: every large region is read in first")
+        else:
+            drop_from_page_cache(segment)
+            if all_cached(fd, 0, len(data)):
+                pytest.skip(f"pages not dropped on {tmp_path} (tmpfs)")
+    finally:
+        os.close(fd)
+    read_on: list[int] = []
+    real = server_module.read_into_cache
+
+    def watched(fd: int, position: int, size: int) -> int:
+        read_on.append(threading.get_ident())
+        return real(fd, position, size)
+
+    monkeypatch.setattr(server_module, "read_into_cache", watched)
+    region = FileRegion(segment, 100, 3 * SMALL_REGION_BYTES)
+    async with sink_connection() as (writer, received):
+        await server._send(writer, ResponseFrame((b"head", region, b"tail")))
+        writer.close()
+        body = (await asyncio.wait_for(received, DEADLINE_S))[4:]
+    assert body == b"head" + data[100 : 100 + region.size] + b"tail"
+    assert server.metrics()["sendfile_bytes_total"] == region.size
+    if cached:
+        assert read_on == []
+    else:
+        assert len(read_on) == 1 and read_on[0] != server._loop_thread
+    assert server.metrics().get("sendfile_reads_off_loop_total", 0) == len(read_on)
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "not-cached"])
+async def test_small_regions_are_read_on_the_loop_when_cached_else_off_it(
+    server, tmp_path, monkeypatch, cached: bool
+) -> None:
+    """A run of small regions the Fetch did not read with its answer (a long-poll answered
+    short of min_bytes; more than SMALL_REGION_BYTES in all) is assembled on the loop when
+    all its bytes are cached, else on a worker thread. Fails on the code before when
+    cached (the run was always assembled on a worker thread)."""
+    import replicad.leader.server as server_module
+
+    data = os.urandom(3 * 4096)
+    segment = tmp_path / "small.log"
+    segment.write_bytes(data)
+    if cached:
+        in_page_cache(segment)
+    else:
+        drop_from_page_cache(segment)
+    assembled_on: list[int] = []
+    real = server_module.assemble
+
+    def watched(parts: Any) -> Any:
+        assembled_on.append(threading.get_ident())
+        return real(parts)
+
+    monkeypatch.setattr(server_module, "assemble", watched)
+    frame = ResponseFrame((b"head", FileRegion(segment, 10, 5000), FileRegion(segment, 6000, 10)))
+    async with sink_connection() as (writer, received):
+        await server._send(writer, frame)
+        writer.close()
+        body = (await asyncio.wait_for(received, DEADLINE_S))[4:]
+    assert body == b"head" + data[10:5010] + data[6000:6010]
+    on_loop = [t == server._loop_thread for t in assembled_on]
+    assert on_loop == ([True] if cached else [True, False])
+    assert server.metrics().get("send_reads_off_loop_total", 0) == (0 if cached else 1)
 
 
 async def test_a_connection_reset_before_its_transport_is_made_frees_its_slot_quietly(
