@@ -476,8 +476,8 @@ class TransactionTracker:
             head = header_at(_read_region(region, min(region.size, 64)), region.position)
         except OffsetOutOfRangeError:
             return False
-        except WouldWait:
-            raise FoldWouldWait(plog, entry.last.base_offset) from None
+        except WouldWait as exc:
+            raise FoldWouldWait(plog, entry.last.base_offset, exc.cannot_tell) from None
         return not isinstance(head, str) and (head.base_offset, head.crc) == (
             entry.last.base_offset,
             entry.last.crc,
@@ -494,8 +494,8 @@ class TransactionTracker:
                 data = _read_region(region, region.size)
             except OffsetOutOfRangeError:
                 return
-            except WouldWait:  # the batches before `offset` are folded: a whole state
-                raise FoldWouldWait(plog, offset) from None
+            except WouldWait as exc:  # the batches before `offset` are folded: a whole state
+                raise FoldWouldWait(plog, offset, exc.cannot_tell) from None
             self.bytes_read += len(data)
             scan = scan_batches(data, verify_crc=False)
             if not scan.batches:
@@ -532,8 +532,11 @@ class FoldWouldWait(WouldWait):
     """A transaction fold inside `not_waiting()` stopped at `offset` of `plog`: its next
     bytes are not in the page cache (TransactionTracker.state)."""
 
-    def __init__(self, plog: PartitionLog, offset: int) -> None:
-        super().__init__(f"{plog.topic_partition}: the fold's read at offset {offset} would wait")
+    def __init__(self, plog: PartitionLog, offset: int, cannot_tell: bool) -> None:
+        super().__init__(
+            f"{plog.topic_partition}: the fold's read at offset {offset} would wait",
+            cannot_tell=cannot_tell,
+        )
         self.plog = plog
         self.offset = offset
 

@@ -1081,17 +1081,18 @@ class LeaderServer:
         TransactionTracker.state, inside log/nowait.py's `not_waiting()`): each time one
         would, its next bytes are read into the page cache on a worker thread, and `step`
         runs again (the fold goes on from where it stopped). A fold that would wait again
-        where it did (the bytes read ahead left the cache before it ran) runs as it did
-        before this rule, waiting: the loop never hops without the fold moving on."""
+        where it did (the bytes read ahead left the cache before it ran), or on a file
+        system that cannot tell (tmpfs: memory), runs as it did before this rule, waiting:
+        the loop never hops without the fold moving on."""
         stopped: FoldWouldWait | None = None
         while True:
             try:
                 with not_waiting():
                     return step()
             except FoldWouldWait as waiting:
-                if stopped is not None and (waiting.plog, waiting.offset) == (
-                    stopped.plog,
-                    stopped.offset,
+                if waiting.cannot_tell or (
+                    stopped is not None
+                    and (waiting.plog, waiting.offset) == (stopped.plog, stopped.offset)
                 ):
                     return step()
                 stopped = waiting

@@ -36,12 +36,15 @@ from types import TracebackType
 
 # preadv2's flag (Linux 4.14 for buffered reads); 0 where the platform has none.
 RWF_NOWAIT: int = getattr(os, "RWF_NOWAIT", 0)
-# What a read without waiting answers when it cannot: not cached, or not supported here.
-_WOULD_WAIT_ERRNOS = frozenset({errno.EAGAIN, errno.EOPNOTSUPP})
 
 
 class WouldWait(Exception):
-    """A read inside `not_waiting()` found bytes that are not in the page cache."""
+    """A read inside `not_waiting()` found bytes that are not in the page cache, or
+    (`cannot_tell`) could not ask: no RWF_NOWAIT here, or the file system refuses it."""
+
+    def __init__(self, why: str, *, cannot_tell: bool = False) -> None:
+        super().__init__(why)
+        self.cannot_tell = cannot_tell
 
 
 class _Mode(threading.local):
@@ -95,33 +98,31 @@ def preadv(fd: int, into: memoryview, position: int) -> int:
     cache, else WouldWait (see the module rules: a short read would wait)."""
     if not _MODE.on:
         return os.preadv(fd, [into], position)
-    if not RWF_NOWAIT:
-        raise WouldWait("no RWF_NOWAIT on this platform")
-    try:
-        got = os.preadv(fd, [into], position, RWF_NOWAIT)
-    except OSError as exc:
-        if exc.errno in _WOULD_WAIT_ERRNOS:
-            raise WouldWait(os.strerror(exc.errno)) from None
-        raise
-    if got < len(into):
-        raise WouldWait(f"{got} of {len(into)} bytes cached")
-    return got
+    return _preadv_cached(fd, into, position)
 
 
 def pread_cached(fd: int, size: int, position: int) -> bytes:
     """`size` bytes at `position` if all are in the page cache; else WouldWait."""
-    if not RWF_NOWAIT:
-        raise WouldWait("no RWF_NOWAIT on this platform")
     buffer = bytearray(size)
-    try:
-        got = os.preadv(fd, [buffer], position, RWF_NOWAIT)
-    except OSError as exc:
-        if exc.errno in _WOULD_WAIT_ERRNOS:
-            raise WouldWait(os.strerror(exc.errno)) from None
-        raise
-    if got < size:
-        raise WouldWait(f"{got} of {size} bytes cached")
+    _preadv_cached(fd, memoryview(buffer), position)
     return bytes(buffer)  # one copy of a few bytes (headers) to a small region's 64 KiB
+
+
+def _preadv_cached(fd: int, into: memoryview, position: int) -> int:
+    """All of `into` from `position`, read without waiting; else WouldWait."""
+    if not RWF_NOWAIT:
+        raise WouldWait("no RWF_NOWAIT on this platform", cannot_tell=True)
+    try:
+        got = os.preadv(fd, [into], position, RWF_NOWAIT)
+    except OSError as exc:
+        if exc.errno == errno.EAGAIN:
+            raise WouldWait("not in the page cache") from None
+        if exc.errno == errno.EOPNOTSUPP:
+            raise WouldWait("RWF_NOWAIT refused by the file system", cannot_tell=True) from None
+        raise
+    if got < len(into):
+        raise WouldWait(f"{got} of {len(into)} bytes cached")
+    return got
 
 
 # -- regions the kernel sends (sendfile) -----------------------------------------------------

@@ -28,6 +28,7 @@ from replicad.leader.reads import FoldWouldWait
 from replicad.leader.security import ServerSecurity
 from replicad.leader.server import SMALL_REGION_BYTES, LeaderServer
 from replicad.leader.settings import ServeSettings, serve_security_from_options
+from replicad.log import nowait
 from replicad.log.index import TimestampOffset
 from replicad.log.manager import LogManager
 from replicad.log.nowait import WouldWait, all_cached, pread_cached
@@ -436,6 +437,53 @@ async def test_a_read_committed_fetch_folds_on_the_loop_what_a_worker_read_ahead
     assert [b.base_offset for b in batches] == [0, 1, 2]
     assert read_ahead_on and srv._loop_thread not in read_ahead_on
     assert metrics["fold_reads_off_loop_total"] == len(read_ahead_on)
+
+
+async def test_a_read_committed_fold_where_no_read_can_tell_is_not_read_ahead(
+    logs, fill, txn, monkeypatch
+) -> None:
+    """On a file system that refuses RWF_NOWAIT (tmpfs: memory), or a platform without it,
+    the fold cannot learn whether it would wait: it folds as before this rule, on the
+    loop, and no worker reads its bytes ahead first (they would be read twice). Fails on
+    1f1f0e2 (one read ahead, then the same stop, then the fold)."""
+    tp = TopicPartition("x", 0)
+    fill(
+        logs,
+        tp,
+        [
+            txn.data(0, [b"aborted"], producer_id=11),
+            txn.marker(1, producer_id=11, control_type=ControlType.ABORT),
+        ],
+    )
+    monkeypatch.setattr(nowait, "RWF_NOWAIT", 0)
+    read_ahead: list[int] = []
+    monkeypatch.setattr(FoldWouldWait, "read_ahead", lambda waiting: read_ahead.append(1) or 0)
+    srv = LeaderServer(logs, ServeSettings(), rng=random.Random(4))
+    await srv.start()
+    try:
+        conn = await connect(srv)
+        try:
+            request = FetchRequest(
+                max_wait_ms=0,
+                min_bytes=1,
+                max_bytes=1 << 20,
+                isolation_level=1,
+                session_id=0,
+                session_epoch=-1,
+                partitions=(RequestedPartition.of(tp, 0, 1 << 20),),
+            )
+            body = await conn.request(fetch_request(12, request))
+        finally:
+            await conn.close()
+        metrics = srv.metrics()
+    finally:
+        await srv.close()
+    [[answer]] = [t.partitions for t in body.responses]
+    assert (answer.error_code, answer.last_stable_offset) == (ErrorCode.none, 2)
+    assert [(a.producer_id, a.first_offset) for a in answer.aborted_transactions] == [(11, 0)]
+    assert read_ahead == []
+    assert metrics.get("fold_reads_off_loop_total", 0) == 0
+    assert metrics["fetch_reads_off_loop_total"] == 1  # the records: a worker, as ever
 
 
 async def test_a_fetch_with_nothing_to_read_reads_no_batch(server, monkeypatch) -> None:

@@ -117,20 +117,23 @@ def test_without_rwf_nowait_every_read_in_the_block_would_wait(
     monkeypatch.setattr(nowait, "RWF_NOWAIT", 0)
     fd = os.open(path, os.O_RDONLY)
     try:
-        with pytest.raises(WouldWait, match="no RWF_NOWAIT"), not_waiting():
+        with pytest.raises(WouldWait, match="no RWF_NOWAIT") as raised, not_waiting():
             pread(fd, 10, 0)
+        assert raised.value.cannot_tell
     finally:
         os.close(fd)
 
 
 @pytest.mark.parametrize(
-    ("code", "would_wait"),
-    [(errno.EAGAIN, True), (errno.EOPNOTSUPP, True), (errno.EIO, False)],
+    ("code", "would_wait", "cannot_tell"),
+    [(errno.EAGAIN, True, False), (errno.EOPNOTSUPP, True, True), (errno.EIO, False, False)],
 )
 def test_only_not_cached_and_not_supported_would_wait(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, would_wait: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, would_wait: bool, cannot_tell: bool
 ) -> None:
-    """A failing disk (EIO) stays an OSError: serve answers KAFKA_STORAGE_ERROR for it."""
+    """A failing disk (EIO) stays an OSError: serve answers KAFKA_STORAGE_ERROR for it. A
+    file system that refuses the flag (tmpfs) cannot tell: a caller may read there as before
+    (serve's transaction fold does: reading it ahead on a worker would not help)."""
     path = written(tmp_path / "f", os.urandom(4096))
 
     def preadv(fd: int, buffers: object, position: int, flags: int = 0) -> int:
@@ -144,6 +147,7 @@ def test_only_not_cached_and_not_supported_would_wait(
         with pytest.raises(WouldWait if would_wait else OSError) as raised:
             pread_cached(fd, 10, 0)
         assert isinstance(raised.value, OSError) is not would_wait
+        assert getattr(raised.value, "cannot_tell", False) is cannot_tell
     finally:
         os.close(fd)
 
