@@ -370,7 +370,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     from replicad.config.model import GroupsConfig
     from replicad.daemon import raise_open_file_limit
-    from replicad.leader.groups import coordinator_config
+    from replicad.groups.coordinator import CoordinatorConfig
     from replicad.leader.server import serve_forever
     from replicad.leader.settings import ServeSettings
     from replicad.logs import configure_logging
@@ -396,7 +396,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 allowed_followers=frozenset(args.allow_follower or ()),
                 security=security,
                 settings=ServeSettings(downconversion_enable=args.message_downconversion),
-                group_config=coordinator_config(
+                group_config=CoordinatorConfig.from_config(
                     GroupsConfig(**{key: getattr(args, f"group_{key}") for key in _GROUP_FLAGS})
                 ),
                 consumer_group_protocol=args.group_consumer_protocol,

@@ -459,7 +459,7 @@ class Daemon:
         assert serve is not None
         await self.replicator.logs_ready.wait()
         assert self.replicator.logs is not None
-        from replicad.leader.groups import coordinator_config
+        from replicad.groups.coordinator import CoordinatorConfig
         from replicad.leader.source_group_sync import SourceGroupSync, read_only_groups
         from replicad.leader.topic_configs import TopicConfigSync
 
@@ -488,7 +488,7 @@ class Daemon:
             allowed_followers=frozenset(serve.allowed_followers),
             security=server_security(serve.security, frozenset(serve.allowed_followers)),
             read_only_groups=read_only_groups(self.config.groups),
-            group_config=coordinator_config(self.config.groups),
+            group_config=CoordinatorConfig.from_config(self.config.groups),
             consumer_group_protocol=self.config.groups.consumer_protocol,
             remote=remote,
         )

@@ -411,8 +411,8 @@ def test_serves_group_flags_reach_its_coordinator_with_the_config_models_default
 ) -> None:
     from replicad import logs
     from replicad.config.model import GroupsConfig
+    from replicad.groups.coordinator import CoordinatorConfig
     from replicad.leader import server
-    from replicad.leader.groups import coordinator_config
 
     given: dict[str, Any] = {}
 
@@ -425,8 +425,8 @@ def test_serves_group_flags_reach_its_coordinator_with_the_config_models_default
     serve = ["serve", "--data-dir", str(tmp_path), "--listen", "127.0.0.1:0"]
     assert main([*serve, "--group-max-session-timeout-ms", "7000"]) == 0
     groups = GroupsConfig(max_session_timeout_ms=7000)
-    assert given["group_config"] == coordinator_config(groups)
+    assert given["group_config"] == CoordinatorConfig.from_config(groups)
     assert given["consumer_group_protocol"] is GroupsConfig().consumer_protocol
     assert main([*serve, "--no-group-consumer-protocol"]) == 0
-    assert given["group_config"] == coordinator_config(GroupsConfig())
+    assert given["group_config"] == CoordinatorConfig.from_config(GroupsConfig())
     assert given["consumer_group_protocol"] is False

@@ -146,6 +146,17 @@ class CoordinatorConfig:
     consumer_session_timeout_ms: int = _GROUPS["consumer_session_timeout_ms"]
     consumer_heartbeat_interval_ms: int = _GROUPS["consumer_heartbeat_interval_ms"]
 
+    @classmethod
+    def from_config(cls, groups: GroupsConfig) -> CoordinatorConfig:
+        """The coordinator's settings from the `groups:` section (Kafka's defaults otherwise)."""
+        return cls(
+            min_session_timeout_ms=groups.min_session_timeout_ms,
+            max_session_timeout_ms=groups.max_session_timeout_ms,
+            initial_rebalance_delay_ms=groups.initial_rebalance_delay_ms,
+            consumer_session_timeout_ms=groups.consumer_session_timeout_ms,
+            consumer_heartbeat_interval_ms=groups.consumer_heartbeat_interval_ms,
+        )
+
 
 # -- requests ---------------------------------------------------------------------------------
 

@@ -45,7 +45,6 @@ import structlog
 from kio.schema.errors import ErrorCode
 
 from replicad.clock import wall_ms
-from replicad.config.model import GroupsConfig
 from replicad.groups.classic_group import NO_DEADLINE
 from replicad.groups.coordinator import (
     CommitResult,
@@ -77,17 +76,6 @@ log = structlog.get_logger("replicad.leader.groups")
 MAX_TIMER_WAIT_S = 1.0
 # Kafka's offsets.retention.check.interval.ms.
 RETENTION_CHECK_INTERVAL_MS = 600_000
-
-
-def coordinator_config(groups: GroupsConfig) -> CoordinatorConfig:
-    """The coordinator's settings from the `groups:` section (Kafka's defaults otherwise)."""
-    return CoordinatorConfig(
-        min_session_timeout_ms=groups.min_session_timeout_ms,
-        max_session_timeout_ms=groups.max_session_timeout_ms,
-        initial_rebalance_delay_ms=groups.initial_rebalance_delay_ms,
-        consumer_session_timeout_ms=groups.consumer_session_timeout_ms,
-        consumer_heartbeat_interval_ms=groups.consumer_heartbeat_interval_ms,
-    )
 
 
 class GroupService:

@@ -148,14 +148,16 @@ def test_the_initial_rebalance_delay_comes_from_the_groups_section(tmp_path: Pat
     delay_ms; a bad value is named with its path, and Kafka's name points to ours."""
     from replicad.config import load_config
     from replicad.errors import ConfigErrors
-    from replicad.leader.groups import coordinator_config
+    from replicad.groups.coordinator import CoordinatorConfig
 
     base = "source: {bootstrap_servers: [k:9092]}\ntopics: {include: [t]}\n"
     path = tmp_path / "replicad.yaml"
     path.write_text(base)
-    assert coordinator_config(load_config(path).groups).initial_rebalance_delay_ms == 3_000
+    coordinator = CoordinatorConfig.from_config(load_config(path).groups)
+    assert coordinator.initial_rebalance_delay_ms == 3_000
     path.write_text(base + "groups: {initial_rebalance_delay_ms: 0}\n")
-    assert coordinator_config(load_config(path).groups).initial_rebalance_delay_ms == 0
+    coordinator = CoordinatorConfig.from_config(load_config(path).groups)
+    assert coordinator.initial_rebalance_delay_ms == 0
     for bad in ("-1", "soon"):
         path.write_text(base + f"groups: {{initial_rebalance_delay_ms: {bad}}}\n")
         with pytest.raises(ConfigErrors, match=r"groups\.initial_rebalance_delay_ms"):
