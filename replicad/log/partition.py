@@ -7,10 +7,27 @@ Rules:
   it (a gap: the next append may start anywhere at or above it).
 - Append takes whole, validated batches as bytes and writes them unchanged; the first batch
   must start at or after the log end (gaps allowed, overlap is a LogError). Batches are
-  split over segments by policy.plan_append; rolling fsyncs the segment left behind.
+  split over segments by policy.plan_append.
   An append that fails for lack of space leaves only whole batches (those written before
   the failure stay; the log end says up to where) and raises DiskFullError; a later append
   works once there is space.
+- A roll (plan_append's split, `roll_if_idle`) makes the next segment at once, and the
+  segment it leaves (its final time index entry and trimmed indexes written) and the
+  directory (the new name) are fsynced: above the checkpointed recovery point with a
+  `disk_later`, by the durability thread's job (`_settle_rolls`: the event loop appends,
+  and waits on no fsync); else before the roll returns. Why late is safe: a flush fsyncs
+  every file written since its last sync, the segments rolls left included, and the
+  directory while a roll's name may not be durable (`dir_dirty`), before it raises the
+  recovery point; so no checkpoint names an offset of a segment left unsynced or of a new
+  segment whose name may be lost. A crash before the job: the segment left lies at or
+  after the segment holding the checkpointed recovery point (its base is above it), so
+  loading scans it and cuts a torn tail, as it always did the active segment's; the new
+  segment's name lost, the log ends where the segment left ends, at or above every
+  recovery point named; a lost index trim is a malformed index, rebuilt on first use
+  (segment.py). At or below that point (a checkpoint file stale after a truncation below
+  it), loading would not scan the segment left: hence at once (tools/sim/log_run.py). An
+  empty active segment (rolled only for an offset that does not fit it) is replaced at
+  once.
 - Truncation removes whole batches: truncating to an offset inside a batch removes that
   batch and the log end becomes its base offset. When that batch held the log start too
   (a log may start inside its first batch: a crash's log start checkpoint, DeleteRecords),
@@ -91,7 +108,16 @@ Rules:
 - Recovery (at load): segments from the one holding the recovery point on, and any segment
   whose index is missing or malformed, are scanned; the first invalid or torn entry ends the
   log there and every later segment is deleted. Batches at or past the next segment's base
-  (a lost cut of a truncation across segments, above) are cut. Stray files are removed.
+  (a lost cut of a truncation across segments, above) are cut, and so are bytes that are no
+  whole batch before it (that stale tail torn: its segment may be one a deferred roll left
+  unsynced, cut in memory by a truncation at the checkpointed recovery point, and then it is
+  the one segment loading does not scan that may hold unsynced bytes). A scanned segment
+  that ends at or above the recovery point, below the next segment's base, may have lost a
+  tail at a batch boundary (a deferred roll's segment: its tail and the next segments'
+  bytes reach the disk in any order), which no scan sees: the log ends there too, and the
+  later segments (above the recovery point: fetched again) are deleted. A gap that holds
+  the recovery point is the log's own (an append that rolled past a gap), kept. Stray files
+  are removed.
   What was done is logged and returned as a PartitionRecovery.
 - `flush.messages`: an append that brings the unsynced records to `config.flush_messages`
   flushes -- itself, or, when the log store has a `flush_later` (the follower's durability
@@ -175,7 +201,7 @@ from replicad.log.checkpoint import (
 )
 from replicad.log.config import LogConfig
 from replicad.log.epoch import EpochEndOffset, LeaderEpochCache
-from replicad.log.handles import FileHandles
+from replicad.log.handles import FileHandle, FileHandles
 from replicad.log.index import TimestampOffset
 from replicad.log.layout import (
     LEADER_EPOCH_CHECKPOINT,
@@ -206,6 +232,8 @@ MARK_LOG_START = 3
 # The key of a partition's truncation job on the durability thread (disk_queue.py: one
 # waiting job per key; it reads the partition's state when it runs, so it covers them all).
 TRUNCATION = "truncation"
+# The key of a partition's roll job there (one job covers every roll before it runs).
+ROLL = "roll"
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full disk (or quota): DiskFullError, a pause
 _BASE_OFFSET = operator.attrgetter("base_offset")
 
@@ -521,7 +549,14 @@ class PartitionLog:
             if result.problem is not None and result.truncated_bytes:
                 problems.append(f"segment {segment.base_offset}: {result.problem}")
             truncated += result.truncated_bytes
-            if result.truncated_bytes and i + 1 < len(segments):
+            lost = i + 1 < len(segments) and _lost_tail(segment, segments[i + 1], recovery_point)
+            if lost:
+                problems.append(
+                    f"segment {segment.base_offset} ends at {segment.next_offset}, at or above "
+                    f"the recovery point and below {segments[i + 1].base_offset}, where the "
+                    "next segment starts: a tail lost in the crash may have been there"
+                )
+            if (result.truncated_bytes or lost) and i + 1 < len(segments):
                 for later in segments[i + 1 :]:
                     deleted.append(later.base_offset)
                     later.delete()
@@ -736,19 +771,35 @@ class PartitionLog:
             return True
 
     def _roll(self, base_offset: int, reason: RollReason, now_ms: int) -> None:
+        """Under the lock: a new active segment at `base_offset` (see the module rules: a
+        roll). Above the checkpointed recovery point, with a `disk_later`, nothing waits on
+        the disk: the durability thread's job (`_settle_rolls`) fsyncs the segment left and
+        the directory; else both are fsynced before it returns."""
         old = self.active_segment
+        # An empty active segment is replaced rather than kept behind the new one: at once
+        # (only an offset that does not fit it rolls an empty segment, a gap of 2**31).
+        later = (
+            self.disk_later is not None
+            and base_offset > self.checkpointed_recovery_point
+            and not old.is_empty
+        )
         if old.is_empty:
-            # An empty active segment is replaced rather than kept behind the new one.
             old.delete()
             self._segments.pop()
         else:
             old.on_become_inactive()
-            old.flush()
+            if not later:
+                old.flush()
         segment = LogSegment.create(
             self._directory, base_offset, self.config, now_ms=now_ms, handles=self._handles
         )
         self._segments.append(segment)
-        fsync_dir(self.directory)
+        if later:
+            self._flushing.dir_dirty = True  # no recovery point past it before the fsync
+            assert self.disk_later is not None
+            self.disk_later(self._settle_rolls, f"roll of {self.topic_partition}", (self, ROLL))
+        else:
+            fsync_dir(self.directory)
         log.info(
             "segment rolled",
             partition=str(self.topic_partition),
@@ -883,12 +934,13 @@ class PartitionLog:
         it (see the module rules). A truncation meanwhile may have renamed more than the
         fsync covered: then nothing is cut now (its own job, next, does it)."""
         with self._lock:
-            truncations = self._truncations
+            truncations, active = self._truncations, self._segments[-1]
         fsync_dir(self.directory)
         with self._lock:
             if self._truncations != truncations:
                 return
-            self._flushing.dir_dirty = False  # every name changed so far is durable
+            if self._segments[-1] is active:  # no roll since: every name changed is durable
+                self._flushing.dir_dirty = False
             settling = self._settling
             if settling is None or not settling.cuts:
                 return
@@ -915,6 +967,25 @@ class PartitionLog:
                     self._settling = None
         if unlink:
             self._unlink(unlink)
+
+    def _settle_rolls(self) -> None:
+        """The durability thread's half of the rolls above the checkpointed recovery point
+        (one job covers every roll before it runs): the segments left behind fsynced, then
+        the directory, so the new segments' names are durable. It claims nothing: a flush
+        still moves the recovery point (it fsyncs the same files and the directory first)."""
+        if not os.path.isdir(self._directory):
+            return  # the partition was removed (LogManager.remove) since
+        with self._lock:
+            files = [f for segment in self._segments[:-1] for f in segment.files if f.dirty]
+        self._sync_files(files)
+        with self._lock:
+            truncations, active = self._truncations, self._segments[-1]
+        fsync_dir(self.directory)
+        with self._lock:
+            # Names changed since the fsync began (a roll, a truncation's renames) stay for
+            # the next fsync of the directory (a flush's, a truncation's job).
+            if self._truncations == truncations and self._segments[-1] is active:
+                self._flushing.dir_dirty = False
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """An empty log starting at `offset` (the follower's StartAt). Its disk work (the
@@ -1184,10 +1255,33 @@ class PartitionLog:
             self._flush_queued = False  # appends from now on may ask for another
             target = self._log_end_offset
             truncations = self._truncations
+            active = self._segments[-1]
             files = [f for segment in self._segments for f in segment.files if f.dirty]
             messages = self._flushing.unflushed_messages
             dir_dirty = self._flushing.dir_dirty
-        # One descriptor at a time, so a flush adds at most one to the open-file count.
+        self._sync_files(files)
+        if dir_dirty:
+            # Names a truncation or a roll changed and left to the durability thread
+            # (renames, a new segment): durable before a recovery point past them may be
+            # claimed.
+            fsync_dir(self.directory)
+        # Before the recovery point moves: a checkpoint may name it next (epoch rule 1).
+        self.save_epochs()
+        with self._lock:
+            if self._truncations != truncations:
+                return  # see the module rules: the next flush covers what was rewritten
+            if self._settling is not None and self._settling.cuts:
+                return  # a truncation meanwhile left a cut: the next flush makes it
+            if dir_dirty and self._segments[-1] is active:  # no roll since the fsync
+                self._flushing.dir_dirty = False
+            self.recovery_point = max(self.recovery_point, min(target, self._log_end_offset))
+            if self._log_end_offset == target:
+                self._flushing.unflushed_messages -= messages
+                self._flushing.first_unflushed_ms = None
+
+    def _sync_files(self, files: list[FileHandle]) -> None:
+        """fsync `files` outside the lock, one descriptor at a time (so a flush adds at
+        most one to the open-file count)."""
         for handle in files:
             with self._lock:
                 ticket = self._handles.sync_ticket(handle)
@@ -1198,23 +1292,6 @@ class PartitionLog:
             finally:
                 os.close(ticket.fd)
             self._handles.synced(handle, ticket.generation)
-        if dir_dirty:
-            # Names a truncation changed and left to the durability thread (renames, a
-            # new segment): durable before a recovery point past them may be claimed.
-            fsync_dir(self.directory)
-        # Before the recovery point moves: a checkpoint may name it next (epoch rule 1).
-        self.save_epochs()
-        with self._lock:
-            if self._truncations != truncations:
-                return  # see the module rules: the next flush covers what was rewritten
-            if self._settling is not None and self._settling.cuts:
-                return  # a truncation meanwhile left a cut: the next flush makes it
-            if dir_dirty:
-                self._flushing.dir_dirty = False
-            self.recovery_point = max(self.recovery_point, min(target, self._log_end_offset))
-            if self._log_end_offset == target:
-                self._flushing.unflushed_messages -= messages
-                self._flushing.first_unflushed_ms = None
 
     def checkpoint_mark(self) -> tuple[object, ...]:
         """What a checkpoint and a retention pass of this partition depend on, read without
@@ -1310,13 +1387,18 @@ class PartitionLog:
 
     def close(self) -> None:
         """Final time index entry and trimmed indexes for the active segment, synced; close.
-        Cuts a deferred truncation left are made (after the directory fsync) and synced."""
+        Cuts a deferred truncation left are made (after the directory fsync) and synced, and
+        so are the segments deferred rolls left, and the directory."""
         if self._settling is not None and self._settling.cuts:
             cuts = list(self._settling.cuts)
             self._settle_names()
             for segment in cuts:
                 if any(segment is kept for kept in self._segments):
                     segment.flush()
+        if self._flushing.dir_dirty or any(
+            f.dirty for segment in self._segments[:-1] for f in segment.files
+        ):
+            self._settle_rolls()
         with self._lock:
             active = self.active_segment
             active.on_become_inactive()
@@ -1340,11 +1422,22 @@ def _cut_at_next_base(
     across segments whose cut a crash lost did (the segment after holds the log from there
     on: see the module rules), and the epochs from there forgotten (its scan adds its own);
     None when `before` ends at or below that base (always, but after such a crash)."""
-    if before.next_offset <= after.base_offset:
+    cut = before.cut_from(after.base_offset)
+    if cut is None:
         return None
-    cut = before.truncate_to(after.base_offset)
     epochs.truncate_from_end(after.base_offset)
     return cut
+
+
+def _lost_tail(segment: LogSegment, after: LogSegment, recovery_point: int) -> bool:
+    """Loading, a scanned segment followed by another: whether the crash may have lost its
+    tail at a batch boundary, which no scan can see. Only above the recovery point, where
+    a segment that rolls left unsynced (see the module rules: a roll) may end: when it ends
+    there below the next segment's base, the batches between are gone or never were (an
+    append that rolled past a gap), and the later segments, unsynced above the recovery
+    point too, go as after a torn batch (a follower fetches them again)."""
+    end = segment.next_offset
+    return recovery_point <= end < after.base_offset
 
 
 def _first_at_or_after(

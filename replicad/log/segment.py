@@ -498,6 +498,31 @@ class LogSegment:
             self.rolling_timestamp = None
         return SegmentTruncation(removed, location.header.base_offset)
 
+    def cut_from(self, offset: int) -> SegmentTruncation | None:
+        """Loading, for a segment followed by one starting at `offset` (log/partition.py):
+        the file cut from its first batch holding `offset` or more, or from the first bytes
+        that are no whole batch before it (a stale tail a crash tore), files and indexes;
+        None when it ends at a batch below `offset` already. The offset index is trusted
+        only below `offset` (an entry of a stale tail may point into the torn bytes)."""
+        position = self.offset_index.position_for(offset - 1)
+        first_removed = None
+        with self._log.pinned() as fd:
+            while (header := self._header_at(position, fd)) is not None:
+                if header.last_offset >= offset:
+                    first_removed = header.base_offset
+                    break
+                position = header.end_position
+        if position >= self.size:
+            return None
+        removed = self.size - position
+        self._log.truncate(position)
+        self.size = position
+        self.rebuild_indexes()  # rare (after a crash): entries past the cut go too
+        self._next_offset = None
+        if self.size == 0:
+            self.rolling_timestamp = None
+        return SegmentTruncation(removed, first_removed)
+
     def recover(self, epochs: LeaderEpochCache | None) -> SegmentRecovery:
         """Validate every batch, truncate what is not valid, rebuild the indexes."""
         scan_stop_problem: str | None = None

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import itertools
 import os
+import queue
 import subprocess
 import threading
 import uuid
@@ -116,6 +117,108 @@ def test_a_roll_fsyncs_the_segment_it_leaves_before_it_returns(
         for left in before[:-1] if len(log.segments) == len(before) else before:
             assert str(left) in synced, f"{left.name} left behind unsynced"
     assert len(log.segments) > 3
+
+
+def test_a_roll_above_the_checkpointed_recovery_point_leaves_its_fsyncs_to_disk_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The follower appends on the event loop: a roll there waits on no fsync. The segment
+    it leaves and the directory (the new name) are the durability thread's job, which claims
+    nothing; the next flush raises the recovery point. Fails on the old code (the segment
+    left and the directory fsynced by the append that rolled)."""
+    log = PartitionLog.create(tmp_path / "orders-3", TP, SMALL, now_ms=0)
+    later = _Later(log)
+    synced = _fsyncs(monkeypatch)
+    _append_all(log, batch_stream(11, 120, epoch_every=1000))
+    assert len(log.segments) > 3
+    assert synced == []
+    rolls = [key for what, key in later.asked if what == f"roll of {TP}"]
+    assert rolls and all(key == rolls[0] for key in rolls)  # one key: the queue merges them
+    assert log.recovery_point == 0 and log._flushing.dir_dirty
+    for (what, _), job in zip(later.asked, later.jobs, strict=True):
+        if what == f"roll of {TP}":
+            job()
+            break  # one job covers every roll before it runs
+    names = {Path(path).name for path, _ in synced}
+    for left in log.segments[:-1]:
+        assert {left.log_path.name, left.index_path.name, left.time_index_path.name} <= names
+        assert left.index_path.stat().st_size == left.offset_index.entries * 8  # trimmed
+    assert log.directory.name in names and log.active_segment.log_path.name not in names
+    assert log.recovery_point == 0 and not log._flushing.dir_dirty
+    log.flush()
+    assert log.recovery_point == log.log_end_offset
+
+
+def test_an_append_after_a_roll_does_not_wait_on_a_slow_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An fsync that does not return (a slow disk) on the durability thread: appends roll
+    and go on. Fails on the old code, whose roll fsynced on the appending thread (here an
+    fsync there raises)."""
+    log = PartitionLog.create(tmp_path / "orders-3", TP, SMALL, now_ms=0)
+    jobs: queue.Queue = queue.Queue()
+    log.disk_later = lambda job, what, key: jobs.put(job)
+    release, blocked = threading.Event(), threading.Event()
+    appending = threading.current_thread()
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        if threading.current_thread() is appending:
+            raise AssertionError("fsync on the appending thread")
+        blocked.set()
+        release.wait()
+        real_fsync(fd)
+
+    def durability() -> None:
+        while (job := jobs.get()) is not None:
+            job()
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    worker = threading.Thread(target=durability, daemon=True)
+    worker.start()
+    try:
+        batches = batch_stream(11, 120, epoch_every=1000)
+        _append_all(log, batches[:40])
+        assert blocked.wait(timeout=60)  # timing-ok: a bound on a hang, not a duration
+        segments = len(log.segments)
+        _append_all(log, batches[40:])  # while the durability thread is stuck in an fsync
+        assert len(log.segments) > segments > 1
+        assert log.log_end_offset == scan_batches(batches[-1]).batches[0].next_offset
+    finally:
+        release.set()
+        jobs.put(None)
+        worker.join()
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    log.flush()
+    assert log.recovery_point == log.log_end_offset
+
+
+def test_a_roll_at_or_below_the_checkpointed_recovery_point_is_durable_before_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a truncation below the recovery point a checkpoint file names (stale until
+    the next checkpoint), a roll at or below that point fsyncs the segment it leaves and
+    the directory before it returns: loading trusts the stale point and would not scan the
+    segment left (tools/sim/log_run.py: the roll rule)."""
+    log, _ = _partition(tmp_path)
+    later = _Later(log)
+    log.flush()
+    log.recovery_point_checkpointed(log.recovery_point_to_checkpoint())
+    checkpointed = log.recovery_point
+    third = log.segments[2]
+    log.truncate_to(third.headers()[1].base_offset)  # at once: below the checkpointed point
+    synced = _fsyncs(monkeypatch)
+    for raw in batch_stream(12, 200, first_offset=log.log_end_offset):
+        before = log.active_segment
+        log.append(raw, scan_batches(raw).batches, now_ms=0)
+        if log.active_segment is not before:
+            assert log.active_segment.base_offset <= checkpointed
+            names = {Path(path).name for path, _ in synced}
+            assert before.log_path.name in names and log.directory.name in names
+            break
+    else:
+        raise AssertionError("no roll below the checkpointed recovery point")
+    assert not any(what == f"roll of {TP}" for what, _ in later.asked)
 
 
 def test_a_truncation_fsyncs_the_segment_it_shortened_before_it_returns(
@@ -1184,6 +1287,82 @@ def test_loading_cuts_batches_at_or_past_the_next_segments_base(tmp_path: Path) 
     report = loaded.last_recovery
     assert report is not None
     assert any(f"where segment {cut.base_offset} starts" in p for p in report.problems)
+    loaded.close()
+
+
+def _load_unclean(log: PartitionLog, recovery_point: int) -> PartitionLog:
+    return PartitionLog.load(
+        log.directory,
+        TP,
+        SMALL,
+        now_ms=0,
+        recovery_point=recovery_point,
+        log_start_offset=0,
+        high_watermark=0,
+        clean_shutdown=False,
+        handles=FileHandles(64),
+    )
+
+
+def test_loading_cuts_a_torn_tail_of_the_segment_before_the_first_it_scans(
+    tmp_path: Path,
+) -> None:
+    """A deferred roll leaves its segment unsynced; a deferred truncation across segments
+    at the checkpointed recovery point then cuts it in memory and makes the next segment
+    there; a crash tears the old tail past the cut. Loading scans from that next segment
+    on, and cuts the segment before it where the next begins -- torn bytes too (a header
+    that does not parse, or a batch that runs past the end). Fails on the old code, which
+    cut whole batches only (tools/sim/log_run.py, seed 51: "does not scan to its end")."""
+    log, _ = _partition(tmp_path)
+    log.close()
+    left, after = log.segments[1], log.segments[2]
+    kept = b"".join(s.log_path.read_bytes() for s in log.segments)
+    torn = after.log_path.read_bytes()[:40]  # the first 40 bytes of a batch at its base
+    with open(left.log_path, "ab") as f:
+        f.write(torn)
+    loaded = _load_unclean(log, after.base_offset)
+    assert loaded.last_recovery is not None
+    assert loaded.last_recovery.recovered_segments[0] == after.base_offset  # left unscanned
+    assert b"".join(s.log_path.read_bytes() for s in loaded.segments) == kept
+    assert loaded.segments[1].size == left.size
+    assert any(
+        f"where segment {after.base_offset} starts" in p for p in loaded.last_recovery.problems
+    )
+    loaded.close()
+
+
+@pytest.mark.parametrize("where", ["at the tail", "below the gap"])
+def test_loading_ends_the_log_where_a_scanned_segment_lost_its_tail(
+    tmp_path: Path, where: str
+) -> None:
+    """A segment a deferred roll left unsynced may lose its tail at a batch boundary in a
+    crash, which no scan sees, while the next segments' bytes reached the disk: the log
+    would go on past a hole. Loading ends the log where a scanned segment ends at or above
+    the recovery point below the next segment's base (those later segments are unsynced
+    too, above it: a follower fetches them again). A gap the recovery point lies in is the
+    log's own (an append past a gap rolled): kept. Fails on the old code ("at the tail":
+    the loaded log went on past the hole; tools/sim/log_run.py, seed 97)."""
+    log, _ = _partition(tmp_path)
+    segment, following = log.segments[1], log.segments[2:]
+    headers = segment.headers()
+    log.close()
+    last = headers[-1]
+    os.truncate(segment.log_path, last.position)  # its last batch lost
+    # At the tail: below the segment's new end. Below the gap: inside it (the log's own).
+    assert last.base_offset < last.last_offset
+    recovery_point = headers[-2].base_offset if where == "at the tail" else last.last_offset
+    loaded = _load_unclean(log, recovery_point)
+    report = loaded.last_recovery
+    assert report is not None
+    if where == "at the tail":
+        assert loaded.log_end_offset == last.base_offset
+        assert [s.base_offset for s in loaded.segments] == [s.base_offset for s in log.segments[:2]]
+        assert report.deleted_segments == tuple(s.base_offset for s in following)
+        assert any("a tail lost in the crash" in p for p in report.problems)
+    else:
+        assert [s.base_offset for s in loaded.segments] == [s.base_offset for s in log.segments]
+        assert loaded.log_end_offset == log.log_end_offset
+        assert report.deleted_segments == ()
     loaded.close()
 
 

@@ -19,11 +19,12 @@ point), log start moves (DeleteRecords, retention), clean restarts and crashes; 
 from a Random of their own after any event (so that each seed's other events are those it
 drew before they existed), StartAts (the follower's `truncate_fully_and_start_at`: mostly
 at or past the log end, half the time twice in a row, so that an empty log's StartAt
-comes). The log store hands its deferred disk work (a truncation's fsyncs and unlinks,
-leader-epoch files) to the real durability queue (replicad/follower/disk_queue.py), whose
-jobs run at `disk` events and before most checkpoints (asked of the same thread; now and
-then a job was asked after the checkpoint's turn began, as the event loop may while the
-thread runs it); a crash loses the jobs not run.
+comes). The log store hands its deferred disk work (a truncation's fsyncs and unlinks, a
+roll's fsyncs, leader-epoch files) to the real durability queue
+(replicad/follower/disk_queue.py), whose jobs run at `disk` events and before most
+checkpoints (asked of the same thread; now and then a job was asked after the checkpoint's
+turn began, as the event loop may while the thread runs it); a crash loses the jobs not
+run.
 
 A crash loses exactly what was not durable. Every fsync of a segment file is witnessed
 (invariants.FsyncWitness); per `.log` file, what its last fsync covered stays, and its
@@ -136,6 +137,9 @@ class LogSimulation:
         self.counts: Counter[str] = Counter()
         # Every batch each partition's log ever held, by base offset (rule 2).
         self.written: dict[TopicPartition, dict[int, set[bytes]]] = {tp: {} for tp in self.tps}
+        # The batch the log held at each offset a log start move passed, when it passed it
+        # (what rule 5 lets a crash bring back from a `.deleted` segment).
+        self.moved_past: dict[TopicPartition, dict[int, bytes]] = {tp: {} for tp in self.tps}
         self.epoch = {tp: 0 for tp in self.tps}
         self.top_epoch = {tp: 0 for tp in self.tps}
         self.serial = 0
@@ -188,6 +192,10 @@ class LogSimulation:
             self._note(f"checkpoint {sorted(self.durable.items())}")
         elif kind == "start_move" and plog.log_end_offset > plog.log_start_offset:
             offset = self.rng.randint(plog.log_start_offset + 1, plog.log_end_offset)
+            data = local_bytes(plog)
+            for b in scan_batches(memoryview(data)).batches:
+                if b.next_offset <= offset:
+                    self.moved_past[tp][b.base_offset] = data[b.position : b.position + b.size]
             plog.maybe_increment_log_start_offset(offset)
             self._note(f"start_move {tp} to {offset}")
         elif kind in ("restart", "crash"):
@@ -245,7 +253,11 @@ class LogSimulation:
             data += raw
             offset += len(values)
         view = memoryview(bytes(data))
+        checkpointed = plog.checkpointed_recovery_point
         result = plog.append(view, scan_batches(view).batches, now_ms=self.now_ms)
+        for base in result.rolled_segments:
+            # Above the checkpointed recovery point a roll's fsyncs are the queue's.
+            self.counts["roll_later" if base > checkpointed else "roll_at_once"] += 1
         rolled = f", rolled {list(result.rolled_segments)}" if result.rolled_segments else ""
         self._note(f"append {tp} [{result.first_offset}, {result.log_end_offset}){rolled}")
 
@@ -261,7 +273,10 @@ class LogSimulation:
         else:
             self._drain()  # a clean stop waits for them
         before = {tp: local_bytes(p) for tp, p in self.logs.partitions().items()}
-        below_start = {tp: _deleted_below_start(p) for tp, p in self.logs.partitions().items()}
+        below_start = {
+            tp: _deleted_below_start(p, self.moved_past[tp])
+            for tp, p in self.logs.partitions().items()
+        }
         outcome = self._crash_outcome() if crash else {}
         self.logs.close()
         if crash:
@@ -449,15 +464,19 @@ def _check_epochs(tp: TopicPartition, plog: PartitionLog) -> None:
             )
 
 
-def _deleted_below_start(plog: PartitionLog) -> dict[int, bytes]:
+def _deleted_below_start(plog: PartitionLog, moved_past: dict[int, bytes]) -> dict[int, bytes]:
     """The batches of the segments a log start move renamed for deletion and has not
-    unlinked yet (wholly below the log start), by base offset."""
+    unlinked yet (wholly below the log start), by base offset: as the log held them when a
+    move passed them (`moved_past`). Not as a `.deleted` file holds them: a segment a
+    deferred truncation cut in memory keeps its old tail in its file until the truncation's
+    job, and a move may rename it before that (the later segment's file then holds the
+    log's batch at the same offset: seed 55)."""
     found = {}
     for path in plog.directory.glob("*.log.deleted"):
         data = path.read_bytes()
         for b in scan_batches(memoryview(data)).batches:
-            if b.next_offset <= plog.log_start_offset:
-                found[b.base_offset] = data[b.position : b.position + b.size]
+            if b.next_offset <= plog.log_start_offset and b.base_offset in moved_past:
+                found[b.base_offset] = moved_past[b.base_offset]
     return found
 
 
