@@ -6,10 +6,16 @@ position, timestamp, size, magic, codec, CRC and whether it is valid); with `dee
 per record below it. The segment's `.index` and `.timeindex` are checked against the batches.
 Exit status 0 when everything is valid, 1 when a CRC fails, bytes trail the last whole
 batch, records do not decode or an index does not match.
+
+For a partition directory, batches of a segment at or past the next segment's base are
+marked as not in the log: a running replicad's truncation across segments leaves them in
+the file until its durability thread cuts it (log/partition.py), for milliseconds usually;
+loading cuts them after a crash.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import zlib
 from pathlib import Path
@@ -69,14 +75,28 @@ def _batch_line(batch: BatchHeader, valid: bool) -> str:
     )
 
 
-def _dump_segment_log(path: Path, *, deep: bool, out: TextIO) -> list[str]:
+def _dump_segment_log(
+    path: Path, *, deep: bool, out: TextIO, next_base: int | None = None
+) -> list[str]:
     problems: list[str] = []
     base = int(path.name.split(".")[0])
     print(f"Dumping {path}", file=out)
     print(f"Log starting offset: {base}", file=out)
     scan = scan_file(path, verify_crc=False)
     data = path.read_bytes() if scan.batches else b""
+    past_next = False
     for batch in scan.batches:
+        if next_base is not None and batch.last_offset >= next_base and not past_next:
+            # A truncation across segments cuts this segment's files only after its renames
+            # are durable (log/partition.py); loading cuts them the same way after a crash.
+            past_next = True
+            print(
+                f"Batches from position {batch.position} on hold offsets at or past "
+                f"{next_base}, where the next segment starts: a truncation's tail that a "
+                "running replicad has not cut from the file yet (loading cuts it): not in "
+                "the log",
+                file=out,
+            )
         valid = _crc_valid(data, batch)
         if not valid:
             problems.append(f"{path.name}: CRC mismatch in batch at position {batch.position}")
@@ -147,12 +167,19 @@ def dump_log(path: Path, *, deep: bool, out: TextIO) -> int:
         targets = sorted(p for p in path.iterdir() if p.suffix == LOG_SUFFIX)
     else:
         targets = [path]
+    # In a partition directory, where each segment's offsets end: the next one's base.
+    next_bases = {
+        target: int(following.name.split(".")[0])
+        for target, following in itertools.pairwise(targets)
+    }
     problems: list[str] = []
     for target in targets:
         if not target.exists():
             problems.append(f"{target}: no such file")
         elif target.suffix == LOG_SUFFIX:
-            problems += _dump_segment_log(target, deep=deep, out=out)
+            problems += _dump_segment_log(
+                target, deep=deep, out=out, next_base=next_bases.get(target)
+            )
         elif target.suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
             problems += _dump_index(target, out)
         else:

@@ -66,3 +66,43 @@ def test_dump_index_file_and_directory(tmp_path: Path) -> None:
     out = io.StringIO()
     assert dump_log(part, deep=False, out=out) == 0
     assert out.getvalue().count("Dumping") == len(list(part.glob("*.log")))
+
+
+def test_dump_of_a_directory_marks_a_truncations_tail_not_cut_yet(tmp_path: Path) -> None:
+    """What a reader of the raw files sees in a deferred truncation's window (before the
+    durability thread's job): the segment left keeps the removed batches in its file, and
+    the new segment at the cut holds the batches appended since, from lower offsets. The dump
+    marks the old ones as not in the log; after the job they are gone from the file. Fails on
+    the old code (the removed batches were dumped as the log's, with no mark)."""
+    manager = LogManager.open(tmp_path, CONFIG, now_ms=0)
+    log = manager.get_or_create(TP)
+    jobs: list = []
+    log.disk_later = lambda job, what, key: jobs.append(job)
+    for raw in batch_stream(5, 60):
+        log.append(raw, scan_batches(raw).batches, now_ms=0)
+    for job in jobs:
+        job()  # the rolls' fsyncs
+    jobs.clear()
+    log.flush()
+    left = log.segments[1]
+    cut = left.headers()[2]
+    log.truncate_to(cut.base_offset)  # across segments: the file of `left` is cut later
+    after = batch_stream(6, 3, first_offset=cut.base_offset)
+    for raw in after:
+        log.append(raw, scan_batches(raw).batches, now_ms=0)
+    out = io.StringIO()
+    dump_log(log.directory, deep=False, out=out)  # the active segment's preallocated index:
+    text = out.getvalue()  # zero entries, problems to the dump (as before)
+    assert f"PROBLEM {left.log_path.stem}" not in text  # nothing of the segment left
+    dumped = [int(o) for o in re.findall(r"^baseOffset: (\d+)", text, re.M)]
+    back = next(i for i in range(1, len(dumped)) if dumped[i] <= dumped[i - 1])
+    assert dumped[back] == cut.base_offset  # the new segment's first batch, after the old tail
+    mark = f"Batches from position {cut.position} on hold offsets at or past {cut.base_offset}"
+    assert mark in text and text.index(mark) < text.index(f"Dumping {log.active_segment.log_path}")
+    for job in jobs:
+        job()  # the truncation's: the directory fsynced, the file cut
+    out = io.StringIO()
+    dump_log(log.directory, deep=False, out=out)
+    dumped = [int(o) for o in re.findall(r"^baseOffset: (\d+)", out.getvalue(), re.M)]
+    assert dumped == sorted(set(dumped)) and "not in the log" not in out.getvalue()
+    manager.close()
