@@ -68,6 +68,14 @@ Rules:
   batches at or past its base -- loading cuts a segment's batches at or past the next
   segment's base (only a lost cut leaves such batches: segments are made at the log end),
   for the segment holding the recovery point and those after it, and the one before them.
+  The new segment stays, a small one until retention takes it, each time a truncation
+  crosses a segment start this way. Not avoided: appending into the segment left before
+  the directory fsync, a crash that loses the names brings the removed segments back after
+  the new batches (cut at their base by loading: two lineages in one log, an older epoch
+  after a newer one). Not merged back yet: once the job has cut the segment left, an empty
+  new segment could be renamed away and the segment left made active again, and one
+  holding batches copied into it before the job's flush (no recovery point is past its
+  base then); each needs its own planted defects in the log simulation.
 - A full truncation (`truncate_fully_and_start_at`, the follower's StartAt) deletes the
   segments, writes the epoch file empty and fsyncs the directory before it returns, unless
   the log's files hold no batch, the new start is at or above the log end and the
