@@ -505,15 +505,29 @@ class FetchSessionHandler:
         to_send = {tp: wanted[tp] for tp in (*added, *changed)}
         # Session order: what the leader already holds keeps its place, new ones go last
         # (the leader appends them in the same way).
-        session = _PlannedSession(self._session, to_send, frozenset(f.partition for f in forgotten))
+        gone = frozenset(f.partition for f in forgotten)
+        session = _PlannedSession(self._session, to_send, gone)
         if not (added or forgotten or replaced) and ids_kept:
             uses_ids = self._session_uses_topic_ids
             names = self._session_topic_names
+        elif self._session_uses_topic_ids and not (forgotten or replaced) and ids_kept:
+            # Only partitions added to a session whose every partition has a topic id (rule
+            # 4 keeps it so): O(added), the names of new topics after the session's.
+            uses_ids = all(wanted[tp].topic_id is not None for tp in added)
+            names = _EMPTY_NAMES
+            if uses_ids:
+                more = dict(self._session_topic_names)
+                for tp in added:
+                    more.setdefault(wanted[tp].topic_id, tp.topic)  # type: ignore[arg-type]
+                names = MappingProxyType(more)
         else:
-            uses_ids = all(pf.topic_id is not None for pf in session.values()) and all(
+            # The session after the plan, in its order, read off the map (not the view).
+            after = [(tp, to_send.get(tp, pf)) for tp, pf in session_map.items() if tp not in gone]
+            after.extend((tp, to_send[tp]) for tp in added)
+            uses_ids = all(pf.topic_id is not None for _, pf in after) and all(
                 f.topic_id is not None for f in forgotten
             )
-            names = _topic_names(session) if uses_ids else _EMPTY_NAMES
+            names = _topic_names(dict(after)) if uses_ids else _EMPTY_NAMES
         return FetchRequestPlan(
             session_id=self._next.session_id,
             epoch=self._next.epoch,

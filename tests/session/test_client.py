@@ -779,6 +779,17 @@ def test_random_sequences_never_build_a_request_a_correct_leader_refuses(
         plan = handler.build_request(want)
         assert {**plan.session_partitions} == want, "the plan lost track of a partition"
         planned = list(plan.session_partitions.items())
+        # Topic ids (rule 4) as defined, from the whole session after the plan: what the
+        # handler keeps O(changes) must be it.
+        uses_ids = all(pf.topic_id is not None for _, pf in planned) and all(
+            f.topic_id is not None for f in plan.to_forget_ids
+        )
+        assert plan.uses_topic_ids == uses_ids
+        names: dict[uuid.UUID, str] = {}
+        for part, data in planned:
+            if data.topic_id is not None:
+                names.setdefault(data.topic_id, part.topic)
+        assert dict(plan.topic_names) == (names if uses_ids else {})
         if not sessions_enabled:
             assert (plan.session_id, plan.epoch) == (0, FINAL_EPOCH)
         if fault == "lose_request":
