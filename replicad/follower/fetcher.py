@@ -334,8 +334,12 @@ class LeaderFetcher:
         if not todo:
             return
         control = await self.client.connection(self.address.node_id)
-        latest = await self._list_offsets(control, todo, LATEST_TIMESTAMP)
-        earliest = await self._list_offsets(control, todo, EARLIEST_TIMESTAMP)
+        try:
+            latest = await self._list_offsets(control, todo, LATEST_TIMESTAMP)
+            earliest = await self._list_offsets(control, todo, EARLIEST_TIMESTAMP)
+        except RequestTimeoutError:
+            self.table.offsets_not_answered()  # R15: fewer next time
+            raise
         now = monotonic_ms()
         actions = self.table.on_offsets([s.tp for s in todo], earliest, latest, now)
         ids = await self._confirming_ids(actions)  # R9: ListOffsets names topics

@@ -129,6 +129,14 @@ Rules kept here (each repeated where it is kept):
   while it waited for its turn after a full disk, and 104 partitions were called stalled
   the moment the leader answered again (session 16). A leader that answers other shares
   and times out on one, every time, still has that share's partitions judged.
+- R15 ListOffsets asks at most `_offsets_share` partitions a request (OFFSETS_SHARE_MAX at
+  first), those not yet asked first in the order they need it: a leader that does not
+  answer one in time (`offsets_not_answered`) is asked half as many next (down to one), and
+  an answer doubles the share again. Tansu on S3 storage answers ListOffsets in about 35 ms
+  a partition, one at a time: a request for 10,000 partitions never came back within the
+  request timeout, was asked again whole, and nothing was replicated in 11 minutes
+  (session 17's soak at 10,000 partitions). The partitions answered start fetching while
+  the others wait for their share.
 """
 
 from __future__ import annotations
@@ -200,6 +208,9 @@ DISK_FULL_RETRY_MS = 5_000
 
 # R13: every partition is examined again at least this often, marked or not.
 FULL_WALK_EVERY_MS = 1_000
+# R15: the most partitions one ListOffsets request asks (Kafka answers 1,000 in milliseconds;
+# a leader that cannot in time is asked fewer).
+OFFSETS_SHARE_MAX = 1_000
 # ASKS_OFFSETS as a tuple: `in` finds a member by identity, with no Enum.__hash__ (a
 # Python-level call) per partition examined.
 _ASKS_OFFSETS = tuple(ASKS_OFFSETS)
@@ -263,6 +274,8 @@ class PartitionTable:
         # (ASKS_OFFSETS) and those waiting for a divergence check (ordered sets).
         self._logless: dict[TopicPartition, None] = {}
         self._asking: dict[TopicPartition, None] = {}
+        # R15: partitions a ListOffsets request asks at most.
+        self._offsets_share = OFFSETS_SHARE_MAX
         self._checking: dict[TopicPartition, None] = {}
         # The last request was a sessionless leader's share of the partitions (R11); the
         # partitions the current pass has not asked yet, each with its place in the pass
@@ -454,14 +467,20 @@ class PartitionTable:
         return any(now_ms >= partitions[tp].delayed_until_ms for tp in self._checking)
 
     def offset_questions(self, now_ms: int) -> list[PartitionState]:
-        """Partitions that need ListOffsets: no start yet, or out of range (R4)."""
+        """Partitions that need ListOffsets now: no start yet, or out of range (R4); at most
+        the share a request asks (R15)."""
         self._refresh(now_ms)
         partitions = self.partitions
-        return [
+        due = (
             s
             for tp in self._asking
             if now_ms >= (s := partitions[tp]).delayed_until_ms and s.log is not None
-        ]
+        )
+        return list(itertools.islice(due, self._offsets_share))
+
+    def offsets_not_answered(self) -> None:
+        """R15: a ListOffsets request got no answer in time: the next asks half as many."""
+        self._offsets_share = max(1, self._offsets_share // 2)
 
     def offsets_answer(self, answers: Iterable[OffsetAnswer]) -> tuple[OffsetsAnswer, list[Action]]:
         """Read one ListOffsets answer (R6: an unknown code is an error of its partition)."""
@@ -487,6 +506,7 @@ class PartitionTable:
         now_ms: int,
     ) -> list[Action]:
         """Where each asked partition starts (NEEDS_OFFSET) or resumes (TRUNCATING, R4)."""
+        self._offsets_share = min(OFFSETS_SHARE_MAX, self._offsets_share * 2)  # R15
         actions: list[Action] = []
         for tp in asked:
             state = self.partitions.get(tp)

@@ -152,6 +152,39 @@ async def test_a_request_lost_with_its_connection_is_told_apart_from_one_not_ans
     assert segment_bytes(data_dir / f"{TOPIC}-0") == b"".join(batches)
 
 
+async def test_a_list_offsets_not_answered_in_time_makes_the_next_ask_fewer(tmp_path, monkeypatch):
+    """R15: a ListOffsets request the leader does not answer in time is told to the table,
+    which asks fewer partitions next; the partition then starts and is replicated."""
+    from replicad.follower.partition_table import PartitionTable
+
+    batches = _batches()
+    leader = ScriptedLeader(TOPIC)
+    leader.set_log(batches, leader_epoch=1)
+    leader.list_offsets_faults = ["silent"]
+    port = await leader.start()
+    told = 0
+    real = PartitionTable.offsets_not_answered
+
+    def offsets_not_answered(self):
+        nonlocal told
+        told += 1
+        return real(self)
+
+    monkeypatch.setattr(PartitionTable, "offsets_not_answered", offsets_not_answered)
+    data_dir = tmp_path / "data"
+    replicator = _replicator(
+        f"127.0.0.1:{port}",
+        data_dir,
+        TOPIC,
+        FetchSettings(
+            backoff_ms=20, wait_max_ms=50, request_timeout_ms=300, reconnect_backoff_ms=20
+        ),
+    )
+    await _replicate_all(replicator, data_dir, leader)
+    assert told == 1 and leader.list_offsets_faults == []
+    assert segment_bytes(data_dir / f"{TOPIC}-0") == b"".join(batches)
+
+
 async def test_responses_as_large_as_the_pool_do_not_stall_replication(
     kafka_broker, unique_topic, tmp_path
 ):

@@ -1460,6 +1460,38 @@ def _offsets(table, lo, hi, tp=TP0):
     return earliest, latest
 
 
+def test_list_offsets_asks_a_share_halved_when_not_answered_in_time_and_grown_again():
+    """R15: Tansu on S3 answers ListOffsets in about 35 ms a partition; a request for all of
+    10,000 new partitions never came back within the request timeout, was asked again
+    whole, and nothing was replicated in 11 minutes. A request asks at most
+    OFFSETS_SHARE_MAX; one not answered in time halves the next, an answer doubles it; the
+    partitions answered start while the others wait."""
+    from replicad.follower.partition_table import OFFSETS_SHARE_MAX
+
+    table = _table()
+    tps = [TopicPartition("t", p) for p in range(2 * OFFSETS_SHARE_MAX + 5)]
+    for tp in tps:
+        _add(table, tp, phase=PartitionPhase.NEEDS_OFFSET)
+    first = [s.tp for s in table.offset_questions(0)]
+    assert first == tps[:OFFSETS_SHARE_MAX]  # in the order they need it
+    sizes = []
+    for _ in range(3):  # three requests not answered in time
+        table.offsets_not_answered()
+        sizes.append(len(table.offset_questions(0)))
+    assert sizes == [OFFSETS_SHARE_MAX // 2, OFFSETS_SHARE_MAX // 4, OFFSETS_SHARE_MAX // 8]
+    asked = [s.tp for s in table.offset_questions(0)]
+    answers = [OffsetAnswer(tp, NONE, 0) for tp in asked]
+    earliest, _ = table.offsets_answer(answers)
+    latest, _ = table.offsets_answer(answers)
+    table.on_offsets(asked, earliest, latest, 0)
+    assert all(table.partitions[tp].phase is PartitionPhase.FETCHING for tp in asked)
+    after = [s.tp for s in table.offset_questions(0)]
+    assert len(after) == OFFSETS_SHARE_MAX // 4 and after[0] == tps[len(asked)]
+    for _ in range(20):
+        table.offsets_not_answered()
+    assert len(table.offset_questions(0)) == 1  # never none
+
+
 @pytest.mark.parametrize(("start_from", "expected"), [("earliest", 10), ("latest", 90)])
 def test_a_new_partition_starts_where_start_from_says(start_from, expected):
     table = _table(start_from=start_from)

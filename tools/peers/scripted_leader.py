@@ -11,7 +11,8 @@ Its log is a list of whole record batches; the test replaces it with
 
 `fetch_faults` scripts how the next Fetches fail, one entry each, in order: "close" closes
 the connection instead of answering (a broker going away), "silent" never answers it (a
-broker that has the request and does not answer in time).
+broker that has the request and does not answer in time); `list_offsets_faults` the same
+for ListOffsets.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class ScriptedLeader:
         self.requests: list[tuple[int, int]] = []  # (api key, version) as received
         self.diverging_answers = 0
         self.fetch_faults: list[str] = []
+        self.list_offsets_faults: list[str] = []
         self._server: asyncio.Server | None = None
 
     def set_log(self, batches: list[bytes], leader_epoch: int) -> None:
@@ -102,8 +104,12 @@ class ScriptedLeader:
                 frame = await reader.readexactly(size)
                 api_key, version = struct.unpack_from(">hh", frame)
                 self.requests.append((api_key, version))
-                if api_key == ApiKey.FETCH and self.fetch_faults:
-                    fault = self.fetch_faults.pop(0)
+                faults = {
+                    ApiKey.FETCH: self.fetch_faults,
+                    ApiKey.LIST_OFFSETS: self.list_offsets_faults,
+                }.get(api_key)
+                if faults:
+                    fault = faults.pop(0)
                     if fault == "close":
                         break
                     assert fault == "silent", fault
