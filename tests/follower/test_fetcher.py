@@ -105,6 +105,28 @@ async def test_a_failed_append_after_the_next_request_went_out_leaves_no_gap(tmp
     assert replicator.pool.account.used == 0
 
 
+# Timeouts short enough that a request left unanswered fails within the test.
+IMPATIENT = FetchSettings(
+    backoff_ms=20, wait_max_ms=50, request_timeout_ms=300, reconnect_backoff_ms=20
+)
+
+
+async def _replicate_through_faults(tmp_path, **faults: list[str]) -> None:
+    """The scripted leader fails requests as `faults` (its fields) say; every batch must
+    still be replicated, byte for byte, and every fault used."""
+    batches = _batches()
+    leader = ScriptedLeader(TOPIC)
+    leader.set_log(batches, leader_epoch=1)
+    for field, script in faults.items():
+        setattr(leader, field, list(script))
+    port = await leader.start()
+    data_dir = tmp_path / "data"
+    replicator = _replicator(f"127.0.0.1:{port}", data_dir, TOPIC, IMPATIENT)
+    await _replicate_all(replicator, data_dir, leader)
+    assert all(getattr(leader, field) == [] for field in faults)
+    assert segment_bytes(data_dir / f"{TOPIC}-0") == b"".join(batches)
+
+
 async def test_a_request_lost_with_its_connection_is_told_apart_from_one_not_answered(
     tmp_path, monkeypatch
 ):
@@ -114,11 +136,6 @@ async def test_a_request_lost_with_its_connection_is_told_apart_from_one_not_ans
     both, replication goes on to the leader's end."""
     from replicad.follower.partition_table import PartitionTable
 
-    batches = _batches()
-    leader = ScriptedLeader(TOPIC)
-    leader.set_log(batches, leader_epoch=1)
-    leader.fetch_faults = ["close", "silent"]
-    port = await leader.start()
     told: list[bool] = []
     real_send_failed = PartitionTable.send_failed
 
@@ -127,29 +144,8 @@ async def test_a_request_lost_with_its_connection_is_told_apart_from_one_not_ans
         return real_send_failed(self, now_ms, leader_failed_it=leader_failed_it)
 
     monkeypatch.setattr(PartitionTable, "send_failed", send_failed)
-    data_dir = tmp_path / "data"
-    replicator = _replicator(
-        f"127.0.0.1:{port}",
-        data_dir,
-        TOPIC,
-        FetchSettings(
-            backoff_ms=20, wait_max_ms=50, request_timeout_ms=300, reconnect_backoff_ms=20
-        ),
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(replicator.run(stop))
-    try:
-        await until(
-            lambda: end_offsets(data_dir).get(TopicPartition(TOPIC, 0)) == BATCHES * PER_BATCH,
-            what="every batch replicated after both failures",
-        )
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-        await leader.close()
+    await _replicate_through_faults(tmp_path, fetch_faults=["close", "silent"])
     assert told == [False, True]
-    assert leader.fetch_faults == []
-    assert segment_bytes(data_dir / f"{TOPIC}-0") == b"".join(batches)
 
 
 async def test_a_list_offsets_not_answered_in_time_makes_the_next_ask_fewer(tmp_path, monkeypatch):
@@ -157,11 +153,6 @@ async def test_a_list_offsets_not_answered_in_time_makes_the_next_ask_fewer(tmp_
     which asks fewer partitions next; the partition then starts and is replicated."""
     from replicad.follower.partition_table import PartitionTable
 
-    batches = _batches()
-    leader = ScriptedLeader(TOPIC)
-    leader.set_log(batches, leader_epoch=1)
-    leader.list_offsets_faults = ["silent"]
-    port = await leader.start()
     told = 0
     real = PartitionTable.offsets_not_answered
 
@@ -171,18 +162,8 @@ async def test_a_list_offsets_not_answered_in_time_makes_the_next_ask_fewer(tmp_
         return real(self)
 
     monkeypatch.setattr(PartitionTable, "offsets_not_answered", offsets_not_answered)
-    data_dir = tmp_path / "data"
-    replicator = _replicator(
-        f"127.0.0.1:{port}",
-        data_dir,
-        TOPIC,
-        FetchSettings(
-            backoff_ms=20, wait_max_ms=50, request_timeout_ms=300, reconnect_backoff_ms=20
-        ),
-    )
-    await _replicate_all(replicator, data_dir, leader)
-    assert told == 1 and leader.list_offsets_faults == []
-    assert segment_bytes(data_dir / f"{TOPIC}-0") == b"".join(batches)
+    await _replicate_through_faults(tmp_path, list_offsets_faults=["silent"])
+    assert told == 1
 
 
 async def test_responses_as_large_as_the_pool_do_not_stall_replication(
