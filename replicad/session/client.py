@@ -521,13 +521,29 @@ class FetchSessionHandler:
                     more.setdefault(wanted[tp].topic_id, tp.topic)  # type: ignore[arg-type]
                 names = MappingProxyType(more)
         else:
-            # The session after the plan, in its order, read off the map (not the view).
-            after = [(tp, to_send.get(tp, pf)) for tp, pf in session_map.items() if tp not in gone]
-            after.extend((tp, to_send[tp]) for tp in added)
-            uses_ids = all(pf.topic_id is not None for _, pf in after) and all(
-                f.topic_id is not None for f in forgotten
+            # The session after the plan, read off the map (not the view). A session whose
+            # every partition has an id keeps them but for what the plan sends (rule 4).
+            uses_ids = (
+                all(f.topic_id is not None for f in forgotten)
+                and all(pf.topic_id is not None for pf in to_send.values())
+                and (
+                    self._session_uses_topic_ids
+                    or all(
+                        pf.topic_id is not None
+                        for tp, pf in session_map.items()
+                        if tp not in gone and tp not in to_send
+                    )
+                )
             )
-            names = _topic_names(dict(after)) if uses_ids else _EMPTY_NAMES
+            names = _EMPTY_NAMES
+            if uses_ids:
+                found: dict[uuid.UUID, str] = {}
+                for tp, pf in session_map.items():
+                    if tp not in gone:
+                        found.setdefault(to_send.get(tp, pf).topic_id, tp.topic)  # type: ignore[arg-type]
+                for tp in added:
+                    found.setdefault(to_send[tp].topic_id, tp.topic)  # type: ignore[arg-type]
+                names = MappingProxyType(found)
         return FetchRequestPlan(
             session_id=self._next.session_id,
             epoch=self._next.epoch,

@@ -527,6 +527,28 @@ def test_topic_ids_used_only_when_every_partition_has_one() -> None:
     assert dict(plan.topic_names) == {}
 
 
+def test_a_session_of_names_keeps_them_while_a_partition_without_an_id_stays() -> None:
+    # Rule 4, where the handler reads ids O(changes): forgetting or adding partitions
+    # with ids beside one without keeps the session by names (as does forgetting the one
+    # without: v13 would forget it by an id it has not); once none is left without, the
+    # next change could use ids, a flip the handler makes a full request of.
+    a, d = pf(topic_id=T_A), pf(topic_id=T_B)
+    handler = in_session({tp("a"): a, tp("b"): pf(topic_id=T_B), tp("c"): pf()})
+    plan = handler.build_request({tp("a"): a, tp("c"): pf()})
+    assert not plan.is_full and list(plan.to_forget) == [tp("b")]
+    assert not plan.uses_topic_ids and dict(plan.topic_names) == {}
+    assert answer(handler, plan).accepted
+    plan = handler.build_request({tp("a"): a, tp("c"): pf(), tp("d"): d})
+    assert not plan.is_full and not plan.uses_topic_ids
+    assert answer(handler, plan).accepted
+    plan = handler.build_request({tp("a"): a, tp("d"): d})
+    assert not plan.is_full and not plan.uses_topic_ids and list(plan.to_forget) == [tp("c")]
+    assert answer(handler, plan).accepted
+    plan = handler.build_request({tp("a"): a, tp("d"): d, tp("e"): pf(topic_id=T_A2)})
+    assert plan.is_full and plan.uses_topic_ids
+    assert dict(plan.topic_names) == {T_A: "a", T_B: "d", T_A2: "e"}
+
+
 def test_recreated_topic_is_replaced_in_the_session() -> None:
     handler = in_session({tp("a"): pf(topic_id=T_A), tp("b"): pf(topic_id=T_B)})
     plan = handler.build_request({tp("a"): pf(topic_id=T_A2), tp("b"): pf(topic_id=T_B)})
@@ -779,17 +801,20 @@ def test_random_sequences_never_build_a_request_a_correct_leader_refuses(
         plan = handler.build_request(want)
         assert {**plan.session_partitions} == want, "the plan lost track of a partition"
         planned = list(plan.session_partitions.items())
-        # Topic ids (rule 4) as defined, from the whole session after the plan: what the
-        # handler keeps O(changes) must be it.
-        uses_ids = all(pf.topic_id is not None for _, pf in planned) and all(
-            f.topic_id is not None for f in plan.to_forget_ids
-        )
-        assert plan.uses_topic_ids == uses_ids
+        # Topic ids (rule 4), against the whole session after the plan: what the handler
+        # keeps O(changes) uses ids only where every partition has one, and then names
+        # every topic. (A session that could use ids but did not keeps not using them:
+        # a flip would need a full request.)
         names: dict[uuid.UUID, str] = {}
         for part, data in planned:
             if data.topic_id is not None:
                 names.setdefault(data.topic_id, part.topic)
-        assert dict(plan.topic_names) == (names if uses_ids else {})
+        if plan.uses_topic_ids:
+            assert all(pf.topic_id is not None for _, pf in planned)
+            assert all(f.topic_id is not None for f in plan.to_forget_ids)
+            assert dict(plan.topic_names) == names
+        else:
+            assert dict(plan.topic_names) == {}
         if not sessions_enabled:
             assert (plan.session_id, plan.epoch) == (0, FINAL_EPOCH)
         if fault == "lose_request":
