@@ -65,6 +65,9 @@ if TYPE_CHECKING:
 MB = 1_000_000
 VALUE_BYTES = 1000
 RECORDS_PER_BATCH = 200
+# Each partition's records read by the warm-up stream (and batch read, 2,000 at least) before
+# anything is timed.
+WARM_RECORDS = 500
 
 
 def write_replica(data_dir: Path, partitions: int, mb: float) -> int:
@@ -327,8 +330,11 @@ def throughput(
     repeat: int,
     py_spy: str | None = None,
     windows: list[dict] | None = None,
+    warm_records: int = WARM_RECORDS,
 ) -> None:
-    """`windows` gets each read's wall-clock window (epoch seconds), for --jfr."""
+    """`windows` gets each read's wall-clock window (epoch seconds), for --jfr;
+    `warm_records`: each partition's records read by the warm-up stream (and batch read,
+    2,000 at least)."""
     windows = [] if windows is None else windows
     spy = PySpy(spark, py_spy)
     meter = Meter(spark)
@@ -336,10 +342,13 @@ def throughput(
     gb = replica_bytes / 1e9
     checkpoints = iter(range(1_000_000))
     # Warm-up: the executors' Python workers, the JIT, the first forks.
-    noop(spark.read.format("replicad").option("endingOffsets", "2000").load(str(data_dir)))
-    # ... and a small stream: the last 500 records of each partition, one micro-batch.
+    warm = spark.read.format("replicad").option("endingOffsets", str(max(2000, warm_records)))
+    noop(warm.load(str(data_dir)))
+    # ... and a small stream: the last `warm_records` of each partition, one micro-batch.
     checkpoint = (data_dir / "replication-offset-checkpoint").read_text().split("\n")[2:]
-    near_end = {line.split()[1]: max(0, int(line.split()[2]) - 500) for line in checkpoint if line}
+    near_end = {
+        line.split()[1]: max(0, int(line.split()[2]) - warm_records) for line in checkpoint if line
+    }
     small = spark.readStream.format("replicad").option(
         "startingOffsets", json.dumps({"cost": near_end})
     )
@@ -487,6 +496,12 @@ def main() -> int:
         metavar="PREFIX",
         help="py-spy the executors' Python workers for each of our reads: PREFIX-READ-PID.txt",
     )
+    parser.add_argument(
+        "--warm-records",
+        type=int,
+        default=WARM_RECORDS,
+        help="each partition's records read by the warm-up stream (and read, at least 2,000)",
+    )
     parser.add_argument("--work-dir", help="kept, its replica reused by the next run")
     args = parser.parse_args()
     from replicad.spark.forkserver import ENV, OFF
@@ -518,7 +533,8 @@ def main() -> int:
         spark.sparkContext.setLogLevel("ERROR")
         print(
             f"{rows:,} records of {VALUE_BYTES} bytes in {args.partitions} partitions, "
-            f"{args.master}, {forks} the forkserver, conf {args.conf or 'none'}; "
+            f"{args.master}, {forks} the forkserver, conf {args.conf or 'none'}, warm-up "
+            f"{args.warm_records:,} records a partition; "
             f"load average {load:.1f} at the start"
         )
         checkpoints = Path(tempfile.mkdtemp(prefix="run-", dir=work))  # this run's alone
@@ -535,7 +551,15 @@ def main() -> int:
                     )
                 windows: list[dict] = []
                 throughput(
-                    spark, data_dir, parquet, checkpoints, rows, args.repeat, args.py_spy, windows
+                    spark,
+                    data_dir,
+                    parquet,
+                    checkpoints,
+                    rows,
+                    args.repeat,
+                    args.py_spy,
+                    windows,
+                    args.warm_records,
                 )
                 if args.jfr:
                     Path(f"{args.jfr}.windows.json").write_text(json.dumps(windows))
