@@ -46,12 +46,14 @@ from __future__ import annotations
 # The C modules beneath socket, signal, struct and json, not those: a stream's query waits
 # for this process to connect, and socket.py's import alone (its enums, selectors) cost
 # about 24 ms of CPU, json's (re) 8 ms, of a stand-in's 55 ms (load 4); the C modules, none
-# of it. What only a cold start needs (socket's file object) is imported on that path.
+# of it. What only a cold start needs (socket's file object) is imported on that path; the
+# rest before PYTHONPATH is put back (restore_pythonpath), so no import searches it.
 import _signal
 import _socket
 import _struct
 import os
 import sys
+from _json import encode_basestring_ascii as _quote
 
 # Neither is imported at run time (typing's import is a third of this module's).
 TYPE_CHECKING = False
@@ -74,6 +76,8 @@ MODULES = (
 )
 # How worker_python.py's script starts this file (the module's docstring says why).
 START_FLAGS = ("-S", "-P")
+# worker_python.py's script starts this file with PYTHONPATH moved here: restore_pythonpath.
+HELD_PYTHONPATH = "REPLICAD_HELD_PYTHONPATH"
 PORT_ENV = "PYTHON_WORKER_FACTORY_PORT"
 SOCK_PATH_ENV = "PYTHON_WORKER_FACTORY_SOCK_PATH"
 SECRET_ENV = "PYTHON_WORKER_FACTORY_SECRET"
@@ -87,6 +91,20 @@ class HandshakeError(ConnectionError):
 def start_argv(python: str) -> list[str]:
     """The command that starts this module as worker_python.py's script does."""
     return [python, *START_FLAGS, os.path.abspath(__file__)]
+
+
+def restore_pythonpath() -> None:
+    """PYTHONPATH back where the worker script held it aside (HELD_PYTHONPATH): in the
+    environment (the module's, the forkserver child's) and on sys.path as the interpreter's
+    start puts it (each entry made absolute, an empty one the working directory, ahead of
+    the standard library). Started with it, the interpreter would have searched its entries
+    (pyspark.zip among them) for the modules of its own start."""
+    held = os.environ.pop(HELD_PYTHONPATH, None)
+    if held is None:
+        return
+    os.environ["PYTHONPATH"] = held
+    if held:
+        sys.path[0:0] = [os.path.abspath(entry) for entry in held.split(os.pathsep)]
 
 
 def as_module_path() -> None:
@@ -262,12 +280,6 @@ def json_text(value: object) -> str:
     raise TypeError(f"not in a forkserver request: {type(value).__name__}")
 
 
-def _quote(text: str) -> str:
-    from _json import encode_basestring_ascii
-
-    return encode_basestring_ascii(text)
-
-
 def _forward(child: int, signum: int) -> None:
     try:  # noqa: SIM105 -- contextlib's import is what this module does without
         os.kill(child, signum)
@@ -302,6 +314,7 @@ def _read_server_int(sock: _socket.socket) -> int:
 def main(argv: list[str]) -> None:
     """`python -S -P .../connect_first.py -m MODULE [ARGS...]` (start_argv), as Spark ran the
     script (`python -m replicad.spark.connect_first` works too)."""
+    restore_pythonpath()
     if len(argv) >= 2 and argv[0] == "-m" and argv[1] in MODULES and started_by_spark(os.environ):
         raw = connect(os.environ)
         as_module_path()

@@ -14,8 +14,10 @@ driver's `pyspark` came from ahead of Spark's path: the same PySpark (the zip is
 the installed package), with its bytecode cache. Even so, at load 45-62 the imports alone
 ran out the 10 s: the script starts the driver-side modules that connect back through
 connect_first.py, which connects before it imports, started by its file without `site`
-(connect_first.START_FLAGS says why). Only for local runs: on a cluster the
-executors' Python is the operator's to choose.
+(connect_first.START_FLAGS says why) and without PYTHONPATH (held in HELD_PYTHONPATH until
+it has connected: an interpreter's own start searches every PYTHONPATH entry for the
+modules it imports, and reading pyspark.zip's 4 MB index doubled a stand-in's start). Only
+for local runs: on a cluster the executors' Python is the operator's to choose.
 """
 
 from __future__ import annotations
@@ -30,11 +32,16 @@ from pathlib import Path
 
 SCRIPT = """#!/bin/sh
 # Written by replicad (replicad/spark/worker_python.py): PySpark from {site}, not pyspark.zip;
-# the driver-side modules connect back to Spark before they import (connect_first.py).
+# the driver-side modules connect back to Spark before they import (connect_first.py), and
+# start with PYTHONPATH held aside in {held} (it puts it back once connected).
 PYTHONPATH={site}${{PYTHONPATH:+:$PYTHONPATH}}
 export PYTHONPATH
 case "$1 $2" in
-{patterns}) exec {connect_first} "$@" ;;
+{patterns})
+    {held}=$PYTHONPATH
+    export {held}
+    unset PYTHONPATH
+    exec {connect_first} "$@" ;;
 esac
 exec {python} "$@"
 """
@@ -48,7 +55,7 @@ def pyspark_home() -> Path:
 
 
 def script(site: Path, python: str) -> str:
-    from replicad.spark.connect_first import MODULES, start_argv
+    from replicad.spark.connect_first import HELD_PYTHONPATH, MODULES, start_argv
 
     patterns = "|".join(f"'-m {module}'" for module in MODULES)
     return SCRIPT.format(
@@ -56,6 +63,7 @@ def script(site: Path, python: str) -> str:
         python=shlex.quote(python),
         connect_first=shlex.join(start_argv(python)),
         patterns=patterns,
+        held=HELD_PYTHONPATH,
     )
 
 

@@ -64,10 +64,12 @@ def start_worker(
     *,
     secret: str = SECRET,
     stderr: int | None = None,
+    program: list[str] | None = None,
 ) -> subprocess.Popen:
     """`python -S -P .../connect_first.py -m STUB_MODULE`, as worker_python.py's script
-    starts it for Spark's factory, told to connect to `listener`; `env` on top of this
-    process's environment (a value of None removes the variable)."""
+    starts it for Spark's factory (or `program` `-m STUB_MODULE`: the script itself), told
+    to connect to `listener`; `env` on top of this process's environment (a value of None
+    removes the variable)."""
     merged = {
         **os.environ,
         "PYTHONPATH": pythonpath(stubs),
@@ -76,7 +78,7 @@ def start_worker(
         **env,
     }
     merged = {k: v for k, v in merged.items() if v is not None}
-    argv = [*start_argv(sys.executable), "-m", STUB_MODULE]
+    argv = [*(program or start_argv(sys.executable)), "-m", STUB_MODULE]
     return subprocess.Popen(argv, env=merged, stderr=stderr)
 
 

@@ -12,12 +12,14 @@ import signal
 import socket
 import subprocess
 import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from replicad.spark import forkserver
+from replicad.spark.worker_python import worker_python
 from tests.spark.stub_worker import (
     DEADLINE_S,
     INT,
@@ -28,6 +30,7 @@ from tests.spark.stub_worker import (
     plain_module_path,
     pythonpath,
     read_exactly,
+    read_path,
     start_worker,
     stub_pyspark,
 )
@@ -148,6 +151,38 @@ def test_the_stand_in_hands_over_importing_none_of_the_slow_standard_modules(
         worker.stderr.close()
     assert "_socket" in imported  # the profile was read
     assert imported & SLOW_TO_IMPORT == set()
+
+
+def test_the_stand_in_starts_without_searching_pythonpath_and_hands_it_on(
+    tmp_path, stubs, server, listener
+):
+    """Started by the workers' script, the stand-in's own start searches no PYTHONPATH entry
+    (reading pyspark.zip's index was half of it): the script holds PYTHONPATH aside and
+    connect_first puts it back, so the module still runs on it."""
+    path, _ = server
+    zipped = tmp_path / "on-pythonpath.zip"
+    with zipfile.ZipFile(zipped, "w") as archive:
+        archive.writestr("unused.py", "")
+    env = {
+        forkserver.ENV: path,
+        "PYTHONPATH": f"{stubs}{os.pathsep}{zipped}",
+        "PYTHONVERBOSE": "1",  # a zip searched says "zipimport: found N names in '...'"
+    }
+    worker = start_worker(stubs, listener, env, stderr=subprocess.PIPE, program=[worker_python()])
+    try:
+        conn = handshake(listener, worker)
+        conn.sendall(b"path")
+        child_path = read_path(conn)
+        assert worker.wait(DEADLINE_S) == 0
+        conn.close()
+        said = worker.stderr.read().decode()
+    finally:
+        worker.kill()
+        worker.wait()
+        worker.stderr.close()
+    assert str(zipped) in child_path and str(stubs) in child_path  # the module's path has it
+    assert "# installed zipimport hook" in said  # the stand-in spoke verbosely
+    assert "zipimport: found" not in said
 
 
 def test_a_request_is_json_as_json_dumps_writes_it():
