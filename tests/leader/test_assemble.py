@@ -11,6 +11,7 @@ from replicad.leader.assemble import assemble
 from replicad.log.nowait import WouldWait, not_waiting, pread_cached
 from replicad.log.segment import FileRegion
 from replicad.records.downconvert import overflow_entry
+from tests.page_cache import dropped
 
 
 def test_bytes_and_regions_are_laid_out_in_order_each_file_read_in_place(tmp_path: Path) -> None:
@@ -38,15 +39,6 @@ def test_a_region_of_a_file_that_shrank_or_vanished_ends_in_an_overflow_entry(
     assert done.buffer[40:43] == b"mid"
     assert done.buffer[43:] == b"".join(overflow_entry(16))
     assert (done.region_bytes, done.short_regions) == (20, 2)
-
-
-def _dropped(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def _open_fds() -> int:
@@ -80,7 +72,7 @@ def test_on_the_loop_a_region_not_cached_would_wait_and_leaves_no_file_open(
     a, b = tmp_path / "a.log", tmp_path / "b.log"
     a.write_bytes(bytes(range(200)))
     b.write_bytes(os.urandom(3 * 4096))
-    _dropped(b)
+    dropped(b)
     before = _open_fds()
     with pytest.raises(WouldWait), not_waiting():
         assemble([FileRegion(a, 0, 10), FileRegion(b, 5000, 100)])

@@ -3,9 +3,7 @@ reader's bound (log end, high watermark, last stable offset), errors and diverge
 
 from __future__ import annotations
 
-import os
 import random
-from pathlib import Path
 
 import pytest
 from kio.schema.errors import ErrorCode
@@ -23,12 +21,13 @@ from replicad.leader.reads import (
 )
 from replicad.leader.transactions import AbortedTransaction
 from replicad.log.manager import LogManager
-from replicad.log.nowait import WouldWait, not_waiting, pread_cached
+from replicad.log.nowait import WouldWait, not_waiting
 from replicad.log.segment import FileRegion, LogSegment
 from replicad.records.batch import scan_batches
 from replicad.records.records import ControlType
 from replicad.session.metadata import PartitionFetch
 from replicad.types import TopicPartition
+from tests.page_cache import cached, dropped
 from tools.logdata.batches import producer_batch
 
 A, B, C = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("t", 2)
@@ -379,30 +378,6 @@ def test_batches_appended_between_the_plan_and_the_read_are_not_sent(logs, fill,
 
 
 # -- reads that do not wait (log/nowait.py: serve's loop) ------------------------------------
-
-
-def dropped(path: Path) -> None:
-    """`path`'s bytes out of the page cache (fsync first: only clean pages are dropped)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def cached(path: Path) -> None:
-    """`path`'s bytes in the page cache; skipped where no read can say it would not wait."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        os.pread(fd, size, 0)
-        try:
-            pread_cached(fd, size, 0)
-        except WouldWait as exc:
-            pytest.skip(f"no read without waiting on {path.parent}: {exc}")
-    finally:
-        os.close(fd)
 
 
 def test_a_read_that_would_wait_changes_nothing_and_is_read_again_whole(logs, fill) -> None:

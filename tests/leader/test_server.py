@@ -15,7 +15,6 @@ import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,7 +30,7 @@ from replicad.leader.settings import ServeSettings, serve_security_from_options
 from replicad.log import nowait
 from replicad.log.index import TimestampOffset
 from replicad.log.manager import LogManager
-from replicad.log.nowait import WouldWait, all_cached, pread_cached
+from replicad.log.nowait import all_cached
 from replicad.log.partition import PartitionLog
 from replicad.log.segment import FileRegion, LogSegment
 from replicad.protocol.codec import decode_response, request_type
@@ -46,6 +45,7 @@ from replicad.protocol.requests import (
 from replicad.records.batch import scan_batches
 from replicad.records.records import ControlType
 from replicad.types import TopicPartition
+from tests.page_cache import cached, dropped
 from tools.logdata.batches import producer_batch
 from tools.peers.pki import make_test_pki
 from tools.wait import DEADLINE_S, until
@@ -276,33 +276,6 @@ async def test_a_list_offsets_by_time_searches_the_disk_off_the_loop(server, mon
     assert (answer.error_code, answer.timestamp, answer.offset) == (ErrorCode.none, TS, 0)
 
 
-def drop_from_page_cache(path: Path) -> None:
-    """`path`'s bytes out of the page cache (written back first: only clean pages go). Not
-    checked by a read without waiting: the kernel starts reading ahead where one fails.
-    (On tmpfs nothing is dropped, but no read there can say it would not wait.)"""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def in_page_cache(path: Path) -> None:
-    """`path`'s bytes read (into the page cache); the test is skipped on a file system whose
-    reads cannot say they would not wait (tmpfs): its reads always leave the loop."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        os.pread(fd, size, 0)
-        try:
-            pread_cached(fd, size, 0)
-        except WouldWait as exc:
-            pytest.skip(f"no read without waiting on {path.parent}: {exc}")
-    finally:
-        os.close(fd)
-
-
 async def test_a_fetch_of_bytes_not_in_the_page_cache_finds_them_off_the_loop(
     server, logs, monkeypatch
 ) -> None:
@@ -322,7 +295,7 @@ async def test_a_fetch_of_bytes_not_in_the_page_cache_finds_them_off_the_loop(
             released.append(release.wait(DEADLINE_S / 4))  # a disk that does not answer
         return real(segment, offset, max_bytes)
 
-    drop_from_page_cache(logs.partitions()[T0].active_segment.log_path)
+    dropped(logs.partitions()[T0].active_segment.log_path)
     monkeypatch.setattr(LogSegment, "read", held)
     slow = await connect(server)
     other = None
@@ -368,7 +341,7 @@ async def test_a_fetch_of_bytes_in_the_page_cache_reads_them_on_the_loop(
         return real_assemble(parts)
 
     on_disk = logs.partitions()[T0].active_segment.log_path
-    in_page_cache(on_disk)
+    cached(on_disk)
     monkeypatch.setattr(LogSegment, "read", watched)
     monkeypatch.setattr(server_module, "assemble", watched_assemble)
     conn = await connect(server)
@@ -401,8 +374,8 @@ async def test_a_read_committed_fetch_folds_on_the_loop_what_a_worker_read_ahead
             txn.data(3, [b"open"], producer_id=12),
         ],
     )
-    in_page_cache(plog.active_segment.log_path)  # skipped where no read can tell (tmpfs)
-    drop_from_page_cache(plog.active_segment.log_path)
+    cached(plog.active_segment.log_path)  # skipped where no read can tell (tmpfs)
+    dropped(plog.active_segment.log_path)
     read_ahead_on: list[int] = []
     real = FoldWouldWait.read_ahead
 
@@ -770,9 +743,9 @@ async def test_small_regions_are_read_with_the_response_and_padded_when_they_shr
     assert server.metrics()["copied_region_bytes_total"] == 30
 
 
-@pytest.mark.parametrize("cached", [True, False], ids=["cached", "not-cached"])
+@pytest.mark.parametrize("in_cache", [True, False], ids=["cached", "not-cached"])
 async def test_a_region_sent_by_sendfile_is_read_into_the_cache_off_the_loop_first(
-    server, tmp_path, monkeypatch, cached: bool
+    server, tmp_path, monkeypatch, in_cache: bool
 ) -> None:
     """sendfile's kernel read runs on the loop's thread and waits for the disk: a region
     over SMALL_REGION_BYTES whose pages are not all cached is read in on a worker thread
@@ -785,12 +758,12 @@ async def test_a_region_sent_by_sendfile_is_read_into_the_cache_off_the_loop_fir
     segment.write_bytes(data)
     fd = os.open(segment, os.O_RDONLY)
     try:
-        if cached:
+        if in_cache:
             os.pread(fd, len(data), 0)
             if not all_cached(fd, 0, len(data)):
                 pytest.skip("no cachestat here: every large region is read in first")
         else:
-            drop_from_page_cache(segment)
+            dropped(segment)
             if all_cached(fd, 0, len(data)):
                 pytest.skip(f"pages not dropped on {tmp_path} (tmpfs)")
     finally:
@@ -810,16 +783,16 @@ async def test_a_region_sent_by_sendfile_is_read_into_the_cache_off_the_loop_fir
         body = (await asyncio.wait_for(received, DEADLINE_S))[4:]
     assert body == b"head" + data[100 : 100 + region.size] + b"tail"
     assert server.metrics()["sendfile_bytes_total"] == region.size
-    if cached:
+    if in_cache:
         assert read_on == []
     else:
         assert len(read_on) == 1 and read_on[0] != server._loop_thread
     assert server.metrics().get("sendfile_reads_off_loop_total", 0) == len(read_on)
 
 
-@pytest.mark.parametrize("cached", [True, False], ids=["cached", "not-cached"])
+@pytest.mark.parametrize("in_cache", [True, False], ids=["cached", "not-cached"])
 async def test_small_regions_are_read_on_the_loop_when_cached_else_off_it(
-    server, tmp_path, monkeypatch, cached: bool
+    server, tmp_path, monkeypatch, in_cache: bool
 ) -> None:
     """A run of small regions the Fetch did not read with its answer (a long-poll answered
     short of min_bytes; more than SMALL_REGION_BYTES in all) is assembled on the loop when
@@ -830,10 +803,10 @@ async def test_small_regions_are_read_on_the_loop_when_cached_else_off_it(
     data = os.urandom(3 * 4096)
     segment = tmp_path / "small.log"
     segment.write_bytes(data)
-    if cached:
-        in_page_cache(segment)
+    if in_cache:
+        cached(segment)
     else:
-        drop_from_page_cache(segment)
+        dropped(segment)
     assembled_on: list[int] = []
     real = server_module.assemble
 
@@ -849,8 +822,8 @@ async def test_small_regions_are_read_on_the_loop_when_cached_else_off_it(
         body = (await asyncio.wait_for(received, DEADLINE_S))[4:]
     assert body == b"head" + data[10:5010] + data[6000:6010]
     on_loop = [t == server._loop_thread for t in assembled_on]
-    assert on_loop == ([True] if cached else [True, False])
-    assert server.metrics().get("send_reads_off_loop_total", 0) == (0 if cached else 1)
+    assert on_loop == ([True] if in_cache else [True, False])
+    assert server.metrics().get("send_reads_off_loop_total", 0) == (0 if in_cache else 1)
 
 
 async def test_a_connection_reset_before_its_transport_is_made_frees_its_slot_quietly(

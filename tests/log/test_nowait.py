@@ -16,6 +16,7 @@ from replicad.log.nowait import WouldWait, not_waiting, pread, pread_cached, wai
 from replicad.log.partition import PartitionLog
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
+from tests.page_cache import cached, dropped
 from tools.logdata.batches import batch_stream
 
 TP = TopicPartition("orders", 3)
@@ -25,31 +26,6 @@ SMALL = LogConfig(segment_bytes=16 * 1024, index_interval_bytes=1024, segment_in
 def written(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
-
-
-def cached(path: Path) -> None:
-    """`path`'s bytes in the page cache; skipped where no read can say it would not wait."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        os.pread(fd, size, 0)
-        try:
-            pread_cached(fd, size, 0)
-        except WouldWait as exc:
-            pytest.skip(f"no read without waiting on {path.parent}: {exc}")
-    finally:
-        os.close(fd)
-
-
-def dropped(path: Path) -> None:
-    """`path`'s bytes out of the page cache (fsync first: only clean pages are dropped). A
-    failed read without waiting starts the kernel's read-ahead: no check reads it here."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def test_outside_the_block_pread_reads_what_is_not_cached(tmp_path: Path) -> None:
