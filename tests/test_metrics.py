@@ -13,17 +13,12 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from replicad.metrics import build_registry, on_loop, start_metrics_server
+from tests.status_snapshot import leader_entry, partition_entry, status_snapshot
 
 
 def snapshot(partitions: int = 2, **extra: Any) -> dict[str, Any]:
-    return {
-        "version": "0.1.0",
-        "pid": 123,
-        "uptime_s": 12.5,
-        "ready": True,
-        "data_dir": "/var/lib/replicad/data",
-        "source": ["h:9092"],
-        "totals": {
+    return status_snapshot(
+        totals={
             "leaders": 1,
             "partitions": partitions,
             "lag": 1000,
@@ -37,47 +32,33 @@ def snapshot(partitions: int = 2, **extra: Any) -> dict[str, Any]:
             "control_abandoned": 3,
             "partitions_by_state": {"fetching": partitions - 1, "halted": 1},
         },
-        "leaders": [
-            {
-                "node_id": 1,
-                "address": "h:9092",
-                "session_id": 123,
-                "epoch": 5,
-                "sessionful": True,
-                "partitions": partitions,
-                "last_fetch_latency_ms": 2.5,
-                "bytes_per_s": 1.0e6,
-                "requests": 100,
-                "errors": 4,
-                "last_error": None,
-                "session_recoveries": {
+        leaders=[
+            leader_entry(
+                partitions=partitions,
+                last_fetch_latency_ms=2.5,
+                errors=4,
+                session_recoveries={
                     "fetch_session_id_not_found": 1,
                     "invalid_fetch_session_epoch": 2,
                 },
-            }
+            )
         ],
-        "partitions": [
-            {
-                "topic": f"t{i % 2}",
-                "partition": i // 2,
-                "leader": 1,
-                "log_start_offset": 0,
-                "log_end_offset": 10 * i,
-                "high_watermark": 10 * i + i,
-                "lag": i,
-                "state": "fetching",
-                "last_error": None,
-                "bytes_replicated": 100 * i,
-                "crc_failures": int(i % 3 == 0),
-                "gaps": int(i == 3),
-                "gap_offsets": 70 if i == 3 else 0,
-                "damaged_reads": 5 if i == 3 else 0,
-            }
+        partitions=[
+            partition_entry(
+                f"t{i % 2}",
+                i // 2,
+                10 * i,
+                10 * i + i,
+                bytes_replicated=100 * i,
+                crc_failures=int(i % 3 == 0),
+                gaps=int(i == 3),
+                gap_offsets=70 if i == 3 else 0,
+                damaged_reads=5 if i == 3 else 0,
+            )
             for i in range(partitions)
         ],
-        "serve": None,
         **extra,
-    }
+    )
 
 
 def scrape(snap: dict[str, Any], **options: Any) -> dict[tuple[str, tuple], float]:

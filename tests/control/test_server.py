@@ -25,6 +25,7 @@ from replicad.control.protocol import (
 )
 from replicad.control.server import ControlServer
 from replicad.errors import ControlError, DaemonNotRunning, ReplicadError
+from tests.status_snapshot import partition_entry, status_snapshot
 from tools.wait import until
 
 NOBODY_UID = 65534
@@ -33,30 +34,22 @@ QUERY_TIMEOUT_S = 60.0
 
 
 def snapshot_with(partitions: int) -> dict[str, Any]:
-    return {
-        "version": "0.1.0",
-        "pid": os.getpid(),
-        "ready": True,
-        "totals": {"partitions": partitions, "lag": partitions},
-        "leaders": [],
-        "partitions": [
-            {
-                "topic": f"topic-{i % 40}",
-                "partition": i // 40,
-                "leader": 1 + i % 3,
-                "log_start_offset": 0,
-                "log_end_offset": 1_000_000 + i,
-                "high_watermark": 1_000_001 + i,
-                "lag": 1,
-                "state": "fetching",
-                "last_error": None,
-                "bytes_replicated": 123_456_789,
-                "crc_failures": 0,
-            }
+    """A snapshot of `partitions` partitions (10,000 take many datagrams)."""
+    return status_snapshot(
+        totals={"partitions": partitions, "lag": partitions},
+        leaders=[],
+        partitions=[
+            partition_entry(
+                f"topic-{i % 40}",
+                i // 40,
+                1_000_000 + i,
+                1_000_001 + i,
+                leader=1 + i % 3,
+                bytes_replicated=123_456_789,
+            )
             for i in range(partitions)
         ],
-        "serve": None,
-    }
+    )
 
 
 class Reloads:

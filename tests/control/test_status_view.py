@@ -22,18 +22,13 @@ from replicad.control.status_view import (
     watch,
 )
 from replicad.errors import DaemonNotRunning
+from tests.status_snapshot import leader_entry, partition_entry, status_snapshot
 
 
 def lead_snapshot() -> dict[str, Any]:
     """Exactly the shape the daemon produces (see the lead's interface note)."""
-    return {
-        "version": "0.1.0",
-        "pid": 123,
-        "uptime_s": 12.5,
-        "ready": True,
-        "data_dir": "/var/lib/replicad/data",
-        "source": ["h:9092"],
-        "totals": {
+    return status_snapshot(
+        totals={
             "leaders": 3,
             "partitions": 24,
             "lag": 1000,
@@ -43,58 +38,17 @@ def lead_snapshot() -> dict[str, Any]:
             "session_recoveries": 0,
             "partitions_by_state": {"fetching": 24},
         },
-        "leaders": [
-            {
-                "node_id": 1,
-                "address": "h:9092",
-                "session_id": 123,
-                "epoch": 5,
-                "sessionful": True,
-                "partitions": 8,
+        leaders=[
+            leader_entry(
+                partitions=8,
                 # the last answer waited out the long poll; the last one with records took 2.1
-                "last_fetch_latency_ms": 505.3,
-                "last_data_latency_ms": 2.1,
-                "bytes_per_s": 1.0e6,
-                "requests": 100,
-                "errors": 0,
-                "last_error": None,
-                "session_recoveries": {"fetch_session_id_not_found": 1},
-            }
+                last_fetch_latency_ms=505.3,
+                last_data_latency_ms=2.1,
+                session_recoveries={"fetch_session_id_not_found": 1},
+            )
         ],
-        "partitions": [
-            {
-                "topic": "t",
-                "partition": 0,
-                "leader": 1,
-                "log_start_offset": 0,
-                "log_end_offset": 10,
-                "high_watermark": 12,
-                "lag": 2,
-                "state": "fetching",
-                "last_error": None,
-                "bytes_replicated": 1234,
-                "crc_failures": 0,
-            }
-        ],
-        "serve": None,
-    }
-
-
-def partition(topic: str, number: int, end: int, high: int, **extra: Any) -> dict[str, Any]:
-    return {
-        "topic": topic,
-        "partition": number,
-        "leader": 1,
-        "log_start_offset": 0,
-        "log_end_offset": end,
-        "high_watermark": high,
-        "lag": high - end,
-        "state": "fetching",
-        "last_error": None,
-        "bytes_replicated": 0,
-        "crc_failures": 0,
-        **extra,
-    }
+        partitions=[partition_entry("t", 0, 10, 12, bytes_replicated=1234)],
+    )
 
 
 def with_partitions(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -178,7 +132,7 @@ def test_serve_and_memory_pool_lines_appear_when_present() -> None:
 
 
 def test_10000_partitions_are_capped_largest_lag_first() -> None:
-    parts = [partition("t", i, 1000, 1000 + (i * 7919) % 10_000) for i in range(10_000)]
+    parts = [partition_entry("t", i, 1000, 1000 + (i * 7919) % 10_000) for i in range(10_000)]
     table = render_table(with_partitions(parts))
     rows = rows_of(table, "PARTITIONS")
     assert len(rows) == 51
@@ -192,10 +146,10 @@ def test_10000_partitions_are_capped_largest_lag_first() -> None:
 
 def test_partitions_needing_attention_come_before_larger_lags() -> None:
     parts = [
-        partition("t", 0, 0, 5000),
-        partition("t", 1, 90, 100, state="halted"),
-        partition("t", 2, 100, 100, last_error="CORRUPT_MESSAGE"),
-        partition("t", 3, 0, 10),
+        partition_entry("t", 0, 0, 5000),
+        partition_entry("t", 1, 90, 100, state="halted"),
+        partition_entry("t", 2, 100, 100, last_error="CORRUPT_MESSAGE"),
+        partition_entry("t", 3, 0, 10),
     ]
     rows = rows_of(render_table(with_partitions(parts)), "PARTITIONS")
     assert [row.split()[0] for row in rows] == ["t-1", "t-2", "t-0", "t-3"]
@@ -216,9 +170,13 @@ def test_json_is_the_snapshot_itself() -> None:
 
 
 def test_progress_rate_eta_and_fraction() -> None:
-    prev = with_partitions([partition("t", 0, 2000, 10_000), partition("t", 1, 500, 500)])
+    prev = with_partitions(
+        [partition_entry("t", 0, 2000, 10_000), partition_entry("t", 1, 500, 500)]
+    )
     # 10s later: fetched 3000 offsets while the leader appended 1000 -> lag shrank by 2000.
-    cur = with_partitions([partition("t", 0, 5000, 11_000), partition("t", 1, 500, 500)])
+    cur = with_partitions(
+        [partition_entry("t", 0, 5000, 11_000), partition_entry("t", 1, 500, 500)]
+    )
     report = progress(prev, cur, 10.0)
     (row,) = report.partitions  # t-1 is caught up
     assert (row.topic, row.partition, row.lag) == ("t", 0, 6000)
@@ -230,8 +188,8 @@ def test_progress_rate_eta_and_fraction() -> None:
 
 
 def test_a_lag_that_is_not_shrinking_has_no_eta() -> None:
-    prev = with_partitions([partition("t", 0, 1000, 2000)])
-    cur = with_partitions([partition("t", 0, 1500, 3000)])
+    prev = with_partitions([partition_entry("t", 0, 1000, 2000)])
+    cur = with_partitions([partition_entry("t", 0, 1500, 3000)])
     report = progress(prev, cur, 5.0)
     assert report.partitions[0].rate == pytest.approx(100.0)
     assert report.partitions[0].eta_s is None
@@ -239,20 +197,20 @@ def test_a_lag_that_is_not_shrinking_has_no_eta() -> None:
 
 
 def test_first_snapshot_has_no_rate_yet() -> None:
-    report = progress(None, with_partitions([partition("t", 0, 0, 100)]), 0.0)
+    report = progress(None, with_partitions([partition_entry("t", 0, 0, 100)]), 0.0)
     assert report.partitions[0].rate == 0.0
     assert report.partitions[0].eta_s is None
 
 
 def test_progress_rendering() -> None:
-    prev = with_partitions([partition("t", i, 0, 1000) for i in range(12)])
-    cur = with_partitions([partition("t", i, 500, 1000) for i in range(12)])
+    prev = with_partitions([partition_entry("t", i, 0, 1000) for i in range(12)])
+    cur = with_partitions([partition_entry("t", i, 500, 1000) for i in range(12)])
     text = render_progress(progress(prev, cur, 5.0))
     lines = text.splitlines()
     assert lines[0].startswith("CATCHING UP  12 partitions  lag 6,000  1,200 msg/s  ETA 5s")
     assert lines[1] == "t-0  [############------------]  50.0%  lag 500  100 msg/s  ETA 5s"
     assert lines[-1] == "... 2 more catching up"
-    caught_up = with_partitions([partition("t", 0, 10, 10)])
+    caught_up = with_partitions([partition_entry("t", 0, 10, 10)])
     assert "all partitions caught up" in render_progress(progress(cur, caught_up, 1.0))
 
 
@@ -274,8 +232,8 @@ class FakeTerminal(io.StringIO):
 
 
 def test_watch_redraws_with_progress_and_survives_a_restart() -> None:
-    first = with_partitions([partition("t", 0, 0, 10_000)])
-    second = with_partitions([partition("t", 0, 4000, 10_000)])
+    first = with_partitions([partition_entry("t", 0, 0, 10_000)])
+    second = with_partitions([partition_entry("t", 0, 4000, 10_000)])
     answers: list[Any] = [first, second, DaemonNotRunning("/run/replicad/control.sock"), first]
     now = [100.0]
     slept: list[float] = []
