@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -64,6 +65,14 @@ def filled(data_dir: Path, *, seed: int = 1, batches: int = 120) -> tuple[LogMan
     return manager, topic_id
 
 
+@pytest.fixture
+def manager(tmp_path: Path) -> Iterator[LogManager]:
+    """`filled(tmp_path)`'s log manager, closed after the test (also one that failed)."""
+    manager, _ = filled(tmp_path)
+    yield manager
+    manager.close()
+
+
 def store_of(server: S3Server, bucket: str) -> ObjectStore:
     return ObjectStore(settings(server, bucket).bucket)
 
@@ -117,9 +126,8 @@ def test_rolled_segments_go_up_byte_for_byte_then_the_manifest(
 
 
 def test_nothing_above_the_high_watermark_goes_up(
-    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+    s3_server: S3Server, s3_bucket: str, manager: LogManager
 ) -> None:
-    manager, _ = filled(tmp_path)
     log = manager.partitions()[TP]
     log.high_watermark = log.segments[1].base_offset  # only the first segment is committed
     archiver = Archiver(settings(s3_server, s3_bucket))
@@ -127,13 +135,11 @@ def test_nothing_above_the_high_watermark_goes_up(
     assert archiver.snapshot()["pending_segments"] == 0
     log.high_watermark = log.log_end_offset
     assert archiver.round(manager) == len(log.segments) - 2
-    manager.close()
 
 
 def test_a_quiet_partition_is_rolled_after_segment_ms_and_uploaded(
-    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+    s3_server: S3Server, s3_bucket: str, manager: LogManager
 ) -> None:
-    manager, _ = filled(tmp_path)
     log = manager.partitions()[TP]
     segments, end = len(log.segments), log.log_end_offset
     archiver = Archiver(settings(s3_server, s3_bucket))
@@ -141,13 +147,11 @@ def test_a_quiet_partition_is_rolled_after_segment_ms_and_uploaded(
     later = log.active_segment.created_ms + CONFIG.segment_ms + 1
     assert archiver.round(manager, now_ms=later) == 1
     assert log.archive_floor == end and log.active_segment.is_empty
-    manager.close()
 
 
 def test_a_restart_after_a_crash_mid_upload_writes_each_object_once(
-    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+    s3_server: S3Server, s3_bucket: str, manager: LogManager
 ) -> None:
-    manager, _ = filled(tmp_path)
     log = manager.partitions()[TP]
     first = Archiver(settings(s3_server, s3_bucket))
     log.high_watermark = log.segments[2].base_offset
@@ -168,7 +172,6 @@ def test_a_restart_after_a_crash_mid_upload_writes_each_object_once(
     assert store.list_keys(f"{segment_dir}/") == [f"{segment_dir}/{n}" for n in names]
     manifest = manifest_in(store)
     assert [s.base_offset for s in manifest.segments] == [s.base_offset for s in closed]
-    manager.close()
 
 
 # The uploader of the SIGKILL test, in a process of its own: rounds until killed.
@@ -248,14 +251,13 @@ def test_a_topic_created_again_is_not_mixed_into_the_old_archive(
 
 
 def test_a_manifest_that_does_not_decode_is_that_partitions_retried_failure(
-    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+    s3_server: S3Server, s3_bucket: str, manager: LogManager
 ) -> None:
     """A manifest in the bucket this replicad cannot read (another version's, damaged
     before objects carried a CRC32C, edited by hand) fails its own partition, counted,
     shown and retried, with the retention hold unraised; the round goes on with the other
     partitions. (It raised LogError out of the round: the uploader's task ended for good,
     no line said so, and local retention waited for it forever.)"""
-    manager, _ = filled(tmp_path)
     other = TopicPartition("orders", 3)
     log = manager.get_or_create(other, topic_id=uuid.uuid4())
     now = wall_ms()
@@ -277,7 +279,6 @@ def test_a_manifest_that_does_not_decode_is_that_partitions_retried_failure(
         read=lambda name: store.get(directory + name),
     )
     assert [s.base_offset for s in uploaded.segments] == [s.base_offset for s in log.segments[:-1]]
-    manager.close()
 
 
 def test_local_retention_between_uploads_does_not_move_the_archives_log_start(
@@ -337,9 +338,8 @@ def test_a_bucket_that_is_down_is_retried_counted_and_caught_up(
 
 
 def test_slow_down_answers_and_resets_are_retried_and_counted(
-    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+    s3_server: S3Server, s3_bucket: str, manager: LogManager
 ) -> None:
-    manager, _ = filled(tmp_path)
     log = manager.partitions()[TP]
     expected = len(log.segments) - 1
     with S3FaultProxy(s3_server.endpoint) as proxy:
@@ -362,16 +362,14 @@ def test_slow_down_answers_and_resets_are_retried_and_counted(
     store = store_of(s3_server, s3_bucket)
     manifest = manifest_in(store)
     assert [s.base_offset for s in manifest.segments] == [s.base_offset for s in log.segments[:-1]]
-    manager.close()
 
 
 def test_a_request_the_bucket_never_answers_times_out_and_is_retried(
-    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+    s3_server: S3Server, s3_bucket: str, manager: LogManager
 ) -> None:
     """The bucket takes a request and answers nothing (held in the fault proxy): the
     uploader's read timeout ends the round, the failure is counted and shown, and once the
     bucket answers again every segment goes up."""
-    manager, _ = filled(tmp_path)
     expected = len(manager.partitions()[TP].segments) - 1
     with S3FaultProxy(s3_server.endpoint) as proxy:
         base = settings(proxy, s3_bucket)
@@ -397,16 +395,14 @@ def test_a_request_the_bucket_never_answers_times_out_and_is_retried(
     assert [s.base_offset for s in manifest.segments] == [
         s.base_offset for s in manager.partitions()[TP].segments[:-1]
     ]
-    manager.close()
 
 
 def test_partitions_upload_at_once_each_in_order(
-    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+    s3_server: S3Server, s3_bucket: str, manager: LogManager
 ) -> None:
     """Three partitions, two upload threads: two partitions' requests are in flight at once
     (held in the fault proxy until both are), and each partition's archive ends complete
     and in order."""
-    manager, _ = filled(tmp_path)
     now = wall_ms()
     others = [TopicPartition("orders", 3), TopicPartition("orders", 4)]
     for seed, tp in enumerate(others, start=2):
@@ -443,13 +439,11 @@ def test_partitions_upload_at_once_each_in_order(
         assert [s.base_offset for s in manifest.segments] == [s.base_offset for s in closed]
         report = verify_archived_partition(store, tp, head)  # each object there, batches checked
         assert not report.problems, report.problems
-    manager.close()
 
 
 def test_the_shell_uploads_off_the_event_loop_until_stopped(
-    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+    s3_server: S3Server, s3_bucket: str, manager: LogManager
 ) -> None:
-    manager, _ = filled(tmp_path)
     archiver = Archiver(settings(s3_server, s3_bucket, interval_ms=5))
     expected = len(manager.partitions()[TP].segments) - 1
 
@@ -465,7 +459,6 @@ def test_the_shell_uploads_off_the_event_loop_until_stopped(
 
     asyncio.run(main())
     assert archiver.snapshot()["uploaded_segments"] == expected
-    manager.close()
 
 
 @pytest.fixture(autouse=True)
@@ -476,9 +469,8 @@ def _no_aws_profile(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_remote_retention_deletes_the_oldest_after_the_manifest_and_a_crash_leftover_next(
-    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+    s3_server: S3Server, s3_bucket: str, manager: LogManager
 ) -> None:
-    manager, _ = filled(tmp_path)
     log = manager.partitions()[TP]
     closed = log.segments[:-1]
     keep_bytes = closed[-1].size + closed[-2].size  # the two newest stay
@@ -505,7 +497,6 @@ def test_remote_retention_deletes_the_oldest_after_the_manifest_and_a_crash_left
     assert [k.rsplit("/", 1)[1] for k in store.list_keys(directory)] == [
         closed[-1].log_path.stem + suffix for suffix in (".index", ".log", ".timeindex")
     ]
-    manager.close()
 
 
 def test_a_long_archive_writes_a_bounded_manifest_its_chunks_once(
