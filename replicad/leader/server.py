@@ -48,10 +48,14 @@ Rules:
 - What clients do wrong is a `ServeEvent` (events.py): counted, logged at a limited rate,
   never with a traceback unless the fault is ours. Nothing is keyed by values a client
   chose: requests are counted per API and version served, the rest under one label.
-- Writing a response: its size prefix, then its parts in order on the connection's
-  transport. A file region goes out by `loop.sendfile`, which first waits for the
-  transport's buffer to drain and pauses reading while the kernel copies the file, so it
-  never interleaves with buffered writes; file regions up to `SMALL_REGION_BYTES` are read
+- Writing a response: its size prefix, then its parts in order. On a plaintext
+  connection a response with file regions (a Fetch's records) goes straight on the
+  socket once the transport has written all it holds: its bytes by writev, each region by
+  sendfile from its segment, the socket corked meanwhile (direct_send.py: Kafka's
+  transferTo). Elsewhere (TLS, which encrypts in the process) its parts go through the
+  transport: a file region by `loop.sendfile`, which first waits for the transport's
+  buffer to drain and pauses reading while the kernel copies the file, so it never
+  interleaves with buffered writes; file regions up to `SMALL_REGION_BYTES` are read
   instead (on the loop from the page cache, or many in one hop to a worker thread) and
   written with the bytes around them. A lazy down-conversion is converted a chunk at a
   time off the event loop and written with flow control (drain), so at most a chunk and
@@ -105,7 +109,7 @@ from replicad.clock import monotonic_ms, wall_ms
 from replicad.config.model import SaslMechanism, ServeSecurityConfig
 from replicad.errors import RemoteProtocolError
 from replicad.groups.coordinator import CoordinatorConfig
-from replicad.leader import group_wire, handlers, legacy_codec
+from replicad.leader import direct_send, group_wire, handlers, legacy_codec
 from replicad.leader.assemble import assemble
 from replicad.leader.catalog import Catalog
 from replicad.leader.events import ServeEvent, ServeEvents
@@ -386,6 +390,8 @@ class LeaderServer:
         self._previous_exception_handler: Any = None
         self._handshakes = asyncio.Semaphore(TLS_HANDSHAKES_AT_ONCE)
         self._handshaking = 0  # connections holding TLS state before their handshake ended
+        # Plaintext responses with file regions go straight on the socket (direct_send.py).
+        self._direct = direct_send.available()
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -1140,6 +1146,31 @@ class LeaderServer:
 
     async def _send(self, writer: asyncio.StreamWriter, response: ResponseFrame) -> None:
         parts = response.with_size_prefix()
+        if self._direct and direct_send.takes(writer.transport, parts):
+            await self._send_direct(writer, parts)  # type: ignore[arg-type]
+        else:
+            await self._send_assembled(writer, parts)
+        self.counters["responses_total"] += 1
+
+    async def _send_direct(
+        self, writer: asyncio.StreamWriter, parts: tuple[bytes | FileRegion, ...]
+    ) -> None:
+        """A plaintext connection's response with file regions: straight on its socket
+        (direct_send.py), once the transport has written all it holds."""
+        transport = writer.transport
+        if transport.get_write_buffer_size():
+            # drain() waits only down to the low-water mark; at 0 it waits for all of it.
+            transport.set_write_buffer_limits(high=0)
+            try:
+                await writer.drain()
+            finally:
+                transport.set_write_buffer_limits()
+        await direct_send.send(transport, parts, self.counters)
+
+    async def _send_assembled(self, writer: asyncio.StreamWriter, parts: tuple[Part, ...]) -> None:
+        """Any response on any connection (TLS's with file regions among them): bytes and
+        small regions through the transport, assembled into one buffer a run; large
+        regions by loop.sendfile; down-conversions a chunk at a time."""
         i = 0
         while i < len(parts):
             part = parts[i]
@@ -1152,7 +1183,6 @@ class LeaderServer:
                 await self._send_converted(writer, part)
                 i += 1
         await writer.drain()
-        self.counters["responses_total"] += 1
 
     async def _send_small(
         self, writer: asyncio.StreamWriter, parts: tuple[Part, ...], start: int

@@ -150,6 +150,12 @@ def all_cached(fd: int, position: int, size: int) -> bool:
     return cached is not None and cached >= pages
 
 
+def can_tell_cached() -> bool:
+    """Whether `all_cached` can ask the kernel (cachestat) here, rather than answering False
+    because it cannot tell."""
+    return _cachestat() is not None
+
+
 def read_into_cache(fd: int, position: int, size: int) -> int:
     """On a worker thread: `size` bytes at `position` read into the page cache (not into
     this process: sendfile into /dev/null, else preadv into a scratch buffer); the bytes
@@ -203,10 +209,25 @@ def _cachestat() -> Callable[[int, int, int], int | None] | None:
             for name in ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recent")
         )
 
+    class Arguments(threading.local):
+        """A thread's own range and answer, made once: a Fetch asks once a partition, and
+        making two ctypes structures a call was most of a call's cost."""
+
+        def __init__(self) -> None:
+            self.range = Range()
+            self.stat = Stat()
+            self.range_ref = ctypes.byref(self.range)
+            self.stat_ref = ctypes.byref(self.stat)
+
+    arguments = Arguments()
+
     def cachestat(fd: int, position: int, size: int) -> int | None:
-        stat = Stat()
-        done = call(_CACHESTAT, fd, ctypes.byref(Range(position, size)), ctypes.byref(stat), 0)
-        return None if done < 0 else int(stat.nr_cache)
+        mine = arguments
+        mine.range.off = position
+        mine.range.len = size
+        if call(_CACHESTAT, fd, mine.range_ref, mine.stat_ref, 0) < 0:
+            return None
+        return int(mine.stat.nr_cache)
 
     probe = os.open(os.devnull, os.O_RDONLY)
     try:

@@ -22,6 +22,7 @@ from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersio
 from kio.schema.errors import ErrorCode
 
 from replicad.errors import KafkaConnectionError
+from replicad.leader import direct_send
 from replicad.leader.frames import ResponseFrame
 from replicad.leader.reads import FoldWouldWait
 from replicad.leader.security import ServerSecurity
@@ -42,6 +43,7 @@ from replicad.protocol.requests import (
     make_entity,
     metadata_request,
 )
+from replicad.protocol.security import ConnectionSecurity
 from replicad.records.batch import scan_batches
 from replicad.records.records import ControlType
 from replicad.types import TopicPartition
@@ -491,7 +493,8 @@ async def test_a_small_fetch_answered_at_once_reads_its_bytes_in_the_same_hop(
     """A Fetch whose records are at most SMALL_REGION_BYTES and that is answered at once gets
     them read with its batch headers, on the same worker thread: its send reads nothing
     more (no `assemble`, no second hop). One answered at its deadline, short of min_bytes,
-    read none in its rounds (they might not have been sent): its send reads them."""
+    read none in its rounds (they might not have been sent): its send sends them from the
+    segment (sendfile, on this plaintext connection: direct_send.py)."""
     import replicad.leader.server as server_module
 
     assembled: list[int] = []
@@ -508,11 +511,11 @@ async def test_a_small_fetch_answered_at_once_reads_its_bytes_in_the_same_hop(
         small = await conn.request(fetch())
         assert (records_of(small), assembled) == (on_disk, [])
         short = await conn.request(fetch(min_bytes=1 << 20, max_wait_ms=50))
-        assert assembled != []
     finally:
         await conn.close()
-    assert records_of(short) == on_disk
-    assert server.metrics()["copied_region_bytes_total"] == 2 * len(on_disk)
+    assert (records_of(short), assembled) == (on_disk, [])
+    assert server.metrics()["copied_region_bytes_total"] == len(on_disk)
+    assert server.metrics()["sendfile_bytes_total"] == len(on_disk)
 
 
 def legacy_list_offsets_frame(correlation_id: int, timestamp: int, max_offsets: int) -> bytes:
@@ -714,8 +717,9 @@ async def test_a_region_that_shrank_before_it_was_sent_is_padded_to_its_size(
 async def test_small_regions_are_read_with_the_response_and_padded_when_they_shrank(
     server, tmp_path
 ) -> None:
-    """Regions under SMALL_REGION_BYTES are read (not sent by sendfile), in order with the
-    bytes around them; one that shrank or vanished is padded as _send_region pads it."""
+    """Where responses are assembled (a TLS connection's), regions under SMALL_REGION_BYTES
+    are read (not sent by sendfile), in order with the bytes around them; one that shrank
+    or vanished is padded as _send_region pads it."""
     segment = tmp_path / "small.log"
     segment.write_bytes(bytes(range(100)))
     frame = ResponseFrame(
@@ -729,7 +733,7 @@ async def test_small_regions_are_read_with_the_response_and_padded_when_they_shr
         )
     )
     async with sink_connection() as (writer, received):
-        await server._send(writer, frame)
+        await server._send_assembled(writer, frame.with_size_prefix())
         writer.close()
         data = await asyncio.wait_for(received, DEADLINE_S)
     assert len(data) == 4 + frame.size
@@ -747,10 +751,12 @@ async def test_small_regions_are_read_with_the_response_and_padded_when_they_shr
 async def test_a_region_sent_by_sendfile_is_read_into_the_cache_off_the_loop_first(
     server, tmp_path, monkeypatch, in_cache: bool
 ) -> None:
-    """sendfile's kernel read runs on the loop's thread and waits for the disk: a region
-    over SMALL_REGION_BYTES whose pages are not all cached is read in on a worker thread
-    first (nowait.read_into_cache), then sent; one all cached is sent at once. Fails on
-    the code before (nothing read it in: `read_on` empty when not cached)."""
+    """sendfile's kernel read runs on the loop's thread and waits for the disk: where
+    responses are assembled (TLS), a region over SMALL_REGION_BYTES whose pages are not all
+    cached is read in on a worker thread first (nowait.read_into_cache), then sent by
+    loop.sendfile; one all cached is sent at once. Fails on the code before (nothing read
+    it in: `read_on` empty when not cached). The plaintext path's own test:
+    test_direct_send.py."""
     import replicad.leader.server as server_module
 
     data = os.urandom(4 * SMALL_REGION_BYTES)
@@ -778,7 +784,9 @@ async def test_a_region_sent_by_sendfile_is_read_into_the_cache_off_the_loop_fir
     monkeypatch.setattr(server_module, "read_into_cache", watched)
     region = FileRegion(segment, 100, 3 * SMALL_REGION_BYTES)
     async with sink_connection() as (writer, received):
-        await server._send(writer, ResponseFrame((b"head", region, b"tail")))
+        await server._send_assembled(
+            writer, ResponseFrame((b"head", region, b"tail")).with_size_prefix()
+        )
         writer.close()
         body = (await asyncio.wait_for(received, DEADLINE_S))[4:]
     assert body == b"head" + data[100 : 100 + region.size] + b"tail"
@@ -790,14 +798,96 @@ async def test_a_region_sent_by_sendfile_is_read_into_the_cache_off_the_loop_fir
     assert server.metrics().get("sendfile_reads_off_loop_total", 0) == len(read_on)
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "tls"])
+async def test_a_fetch_goes_by_sendfile_on_plaintext_and_is_assembled_over_tls(
+    logs, fill, tmp_path, tls: bool
+) -> None:
+    """Records over SMALL_REGION_BYTES: a plaintext connection's response goes straight on
+    its socket (direct_send.py: sendfile), a TLS connection's is assembled and encrypted;
+    both bytes as on disk."""
+    batches = [producer_batch(10 * i, [os.urandom(10_000) for _ in range(10)]) for i in range(3)]
+    fill(logs, T0, batches, topic_id=TID)
+    security, client = None, ConnectionSecurity()
+    if tls:
+        pki = make_test_pki(tmp_path / "pki")
+        options = {
+            "serve.security.tls.cert_file": str(pki.broker_cert),
+            "serve.security.tls.key_file": str(pki.broker_key),
+        }
+        security = ServerSecurity.from_config(serve_security_from_options(options), frozenset())
+        client = ConnectionSecurity(tls=ssl.create_default_context(cafile=str(pki.ca)))
+    srv = LeaderServer(logs, ServeSettings(), security=security, rng=random.Random(4))
+    await srv.start()
+    try:
+        conn = BrokerConnection(
+            BrokerAddress(0, "127.0.0.1", srv.port),
+            client_id="test",
+            connect_timeout_s=DEADLINE_S,
+            request_timeout_s=DEADLINE_S,
+            security=client,
+        )
+        await conn.connect()
+        try:
+            body = await conn.request(fetch())
+        finally:
+            await conn.close()
+    finally:
+        await srv.close()
+    on_disk = logs.partitions()[T0].active_segment.log_path.read_bytes()
+    assert len(on_disk) > SMALL_REGION_BYTES
+    assert records_of(body) == on_disk
+    direct = srv.metrics().get("direct_sends_total", 0)
+    assert direct == (0 if tls else 1) or not direct_send.available()
+
+
+async def test_a_direct_send_waits_for_what_the_transport_still_holds(server, tmp_path) -> None:
+    """A response sent straight on the socket starts once the transport has written what
+    it holds (a previous response's tail): the bytes arrive in order. Fails without the
+    drain to empty (the transport's bytes came after the response's)."""
+    if not direct_send.available():
+        pytest.skip("no direct sends here")
+    segment = tmp_path / "seg.log"
+    data = os.urandom(200_000)
+    segment.write_bytes(data)
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", listener.getsockname()[1])
+        far, _ = await asyncio.get_running_loop().sock_accept(listener)
+    finally:
+        listener.close()
+    try:
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+        far.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+        held = b"P" * (4 << 20)
+        writer.write(held)  # nobody reads yet: most of it stays in the transport
+        assert writer.transport.get_write_buffer_size() > 0
+        frame = ResponseFrame((b"head", FileRegion(segment, 0, len(data)), b"tail"))
+        sending = asyncio.create_task(server._send(writer, frame))
+        want = len(held) + 4 + frame.size
+        got = bytearray()
+        far.setblocking(False)
+        loop = asyncio.get_running_loop()
+        while len(got) < want:
+            chunk = await asyncio.wait_for(loop.sock_recv(far, 65536), DEADLINE_S)
+            assert chunk, "closed early"
+            got += chunk
+        await asyncio.wait_for(sending, DEADLINE_S)
+    finally:
+        writer.close()
+        far.close()
+    assert bytes(got) == held + SIZE.pack(frame.size) + b"head" + data + b"tail"
+    assert server.metrics()["direct_sends_total"] == 1
+
+
 @pytest.mark.parametrize("in_cache", [True, False], ids=["cached", "not-cached"])
 async def test_small_regions_are_read_on_the_loop_when_cached_else_off_it(
     server, tmp_path, monkeypatch, in_cache: bool
 ) -> None:
     """A run of small regions the Fetch did not read with its answer (a long-poll answered
-    short of min_bytes; more than SMALL_REGION_BYTES in all) is assembled on the loop when
-    all its bytes are cached, else on a worker thread. Fails on the code before when
-    cached (the run was always assembled on a worker thread)."""
+    short of min_bytes; more than SMALL_REGION_BYTES in all) on a connection whose responses
+    are assembled (TLS) is assembled on the loop when all its bytes are cached, else on a
+    worker thread. Fails on the code before when cached (the run was always assembled on a
+    worker thread)."""
     import replicad.leader.server as server_module
 
     data = os.urandom(3 * 4096)
@@ -817,7 +907,7 @@ async def test_small_regions_are_read_on_the_loop_when_cached_else_off_it(
     monkeypatch.setattr(server_module, "assemble", watched)
     frame = ResponseFrame((b"head", FileRegion(segment, 10, 5000), FileRegion(segment, 6000, 10)))
     async with sink_connection() as (writer, received):
-        await server._send(writer, frame)
+        await server._send_assembled(writer, frame.with_size_prefix())
         writer.close()
         body = (await asyncio.wait_for(received, DEADLINE_S))[4:]
     assert body == b"head" + data[10:5010] + data[6000:6010]

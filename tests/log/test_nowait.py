@@ -224,3 +224,33 @@ def test_a_partition_read_of_a_segment_whose_index_is_not_loaded_would_wait(
             assert loaded.read(1, 100).region == expected
     finally:
         loaded.close()
+
+
+def test_all_cached_answers_for_each_range_on_every_thread(tmp_path: Path) -> None:
+    """cachestat's arguments are made once per thread and reused: each call answers for its
+    own file and range, whichever thread asked before it."""
+    if not nowait.can_tell_cached():
+        pytest.skip("no cachestat here: all_cached cannot tell")
+    warm = written(tmp_path / "warm", os.urandom(8 * 4096))
+    cold = written(tmp_path / "cold", os.urandom(8 * 4096))
+    cached(warm)
+    dropped(cold)
+    answers: dict[str, list[bool]] = {}
+
+    def ask(name: str) -> None:
+        seen = []
+        for path in (warm, cold, warm):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                seen.append(nowait.all_cached(fd, 4096, 3 * 4096))
+            finally:
+                os.close(fd)
+        answers[name] = seen
+
+    ask("main")
+    if answers["main"][1]:
+        pytest.skip(f"pages not dropped on {tmp_path} (tmpfs)")
+    other = threading.Thread(target=ask, args=("thread",))
+    other.start()
+    other.join()
+    assert answers == {"main": [True, False, True], "thread": [True, False, True]}
