@@ -310,6 +310,9 @@ def _refusal(fetch: PartitionFetch) -> int:
     return ErrorCode.not_leader_or_follower
 
 
+_UNRESOLVED_MARK = unresolved_topic_name(uuid.UUID(int=0))[:1]
+
+
 def _topic_id_error(
     catalog: Catalog, tp: TopicPartition, fetch: PartitionFetch, now_ms: int
 ) -> int:
@@ -320,7 +323,10 @@ def _topic_id_error(
     old id (found by tools/sim in its leader model, seed 78948; serve did the same)."""
     if fetch.topic_id is None:
         return ErrorCode.none
-    if tp.topic == unresolved_topic_name(fetch.topic_id):
+    # A name the leader made for an id it lacks; no topic's name starts so (Kafka's names
+    # are [a-zA-Z0-9._-]), so nearly every partition is told apart without formatting the
+    # uuid (3% of a 200-partition Fetch).
+    if tp.topic[:1] == _UNRESOLVED_MARK and tp.topic == unresolved_topic_name(fetch.topic_id):
         return ErrorCode.unknown_topic_id
     current = catalog.topic_id(tp.topic, now_ms=now_ms)
     if current is not None and current != fetch.topic_id:
