@@ -8,7 +8,7 @@ Rules:
   writes. A frame larger than request_limits.py allows (at most `max_request_bytes`),
   undecodable bytes, a request naming more than request_limits.py allows, or an
   API/version no codec can answer closes the connection; anything else gets an answer.
-- No connection holds the loop: once a connection has held it for `TURN_S` (answering
+- No connection holds the loop: once a connection has held it for `TURN_MS` (answering
   requests it had buffered, which never waits), it yields to the loop before it reads the
   next, so a client pipelining requests takes turns with the others; one request is the
   most a turn overruns by. Frames larger than `DECODE_INLINE_BYTES` are decoded on a
@@ -207,7 +207,7 @@ FD_RESERVE = 256
 # How long a connection answers buffered requests before the others get a turn: short
 # enough that a few pipelining clients add milliseconds to anyone's round trip, long
 # enough that a pipelining client is not slowed to one request per turn of the loop.
-TURN_S = 0.005
+TURN_MS = 5
 # Requests counted under one label whatever API or version they claimed (see the rules).
 UNSUPPORTED_LABEL = "unsupported"
 
@@ -296,8 +296,8 @@ class _Peer:
     # The SASL exchange still to go (None: no SASL on this listener).
     sasl: SaslServer | None = None
     told_unauthorized: bool = False
-    # Loop time by which a SASL listener's connection must have authenticated.
-    authenticate_by: float = float("inf")
+    # When (monotonic_ms) a SASL listener's connection must have authenticated by.
+    authenticate_by_ms: int | None = None
     # The client's address without its port: what connection limits and quotas count by.
     ip: str = ""
 
@@ -638,10 +638,9 @@ class LeaderServer:
     async def _serve(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: _Peer
     ) -> None:
-        loop = asyncio.get_running_loop()
-        turn_started = loop.time()
+        turn_started_ms = monotonic_ms()
         if peer.sasl is not None:
-            peer.authenticate_by = loop.time() + self.settings.authentication_timeout_ms / 1000
+            peer.authenticate_by_ms = turn_started_ms + self.settings.authentication_timeout_ms
         while True:
             size = await self._next_frame_size(reader, peer)
             if size < 8:
@@ -685,10 +684,10 @@ class LeaderServer:
             if throttle_ms:
                 # KIP-219: the client was told, and this connection is muted meanwhile.
                 await asyncio.sleep(throttle_ms / 1000)
-            if loop.time() - turn_started >= TURN_S:
+            if monotonic_ms() - turn_started_ms >= TURN_MS:
                 # The others' turn: with requests already buffered, nothing above waits.
                 await asyncio.sleep(0)
-                turn_started = loop.time()
+                turn_started_ms = monotonic_ms()
 
     def _charge(self, peer: _Peer, used_ms: float) -> int:
         """Charge a request's loop time to its client; the throttle time it earned."""
@@ -715,9 +714,9 @@ class LeaderServer:
         return min(self.settings.request_frame_timeout_ms / 1000, self._authentication_left_s(peer))
 
     def _authentication_left_s(self, peer: _Peer) -> float:
-        if not peer.authenticating:
+        if not peer.authenticating or peer.authenticate_by_ms is None:
             return float("inf")
-        return max(0.0, peer.authenticate_by - asyncio.get_running_loop().time())
+        return max(0.0, (peer.authenticate_by_ms - monotonic_ms()) / 1000)
 
     def _timed_out(self, peer: _Peer, event: ServeEvent, **fields: Any) -> _Refused:
         """What a deadline's passing closes the connection as: running out of time to
@@ -1036,11 +1035,10 @@ class LeaderServer:
             self.events.note(
                 ServeEvent.REFUSED_FOLLOWER, peer=peer.address, replica_id=request.replica_id
             )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + request.max_wait_ms / 1000
+        deadline_ms = monotonic_ms() + request.max_wait_ms
         last = await self._read(handling)
         while not last.complete:
-            remaining = deadline - loop.time()
+            remaining = (deadline_ms - monotonic_ms()) / 1000
             if remaining <= 0:
                 break
             with _not_charged():

@@ -36,6 +36,7 @@ from typing import Any
 import structlog
 from kio.schema.errors import ErrorCode
 
+from replicad.clock import monotonic_ms
 from replicad.errors import KafkaConnectionError, ProtocolError
 from replicad.groups.cluster_reader import ClusterGroupsReader, ConfigEntry
 from replicad.protocol.apis import ApiKey
@@ -180,22 +181,21 @@ class TopicConfigSync:
         self._asked: set[str] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        loop = asyncio.get_running_loop()
-        next_refresh = loop.time()
+        next_refresh_ms = monotonic_ms()
         while not stop.is_set():
             topics = set(self.replicated_topics())
-            due = loop.time() >= next_refresh
+            due = monotonic_ms() >= next_refresh_ms
             wanted = topics if due else topics - self._asked
             if wanted:
                 try:
                     await self.refresh(wanted)
                     self.problem = None
                     if due:
-                        next_refresh = loop.time() + self.refresh_interval_s
+                        next_refresh_ms = monotonic_ms() + int(self.refresh_interval_s * 1000)
                 except (KafkaConnectionError, ProtocolError, TimeoutError, OSError) as exc:
                     self.problem = str(exc)
                     log.warning("source topic configs not read", error=str(exc))
-                    next_refresh = loop.time() + self.refresh_interval_s
+                    next_refresh_ms = monotonic_ms() + int(self.refresh_interval_s * 1000)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), NEW_TOPIC_CHECK_S)
 

@@ -200,7 +200,7 @@ def test_pipelining_clients_leave_a_normal_consumer_its_turns(replica, serve_in_
             wait_until(lambda: pipelined() > after_reader, what="the flood to go on")
     shared.assert_read_everything()
     assert not normal.failures, normal.failures
-    # Each connection answers for at most TURN_S (5 ms) before the others' turn, so a
+    # Each connection answers for at most TURN_MS (5 ms) before the others' turn, so a
     # plain Fetch waits a few turns at most (measured: p90 50 ms, max 80-190 ms; before,
     # p90 3,170 ms): figures of `python -m tools.chaos.hostile table`, not asserted here.
 
