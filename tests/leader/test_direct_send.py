@@ -11,17 +11,26 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from replicad.clock import wall_ms
 from replicad.leader import direct_send
 from replicad.log import nowait
+from replicad.log.config import LogConfig
+from replicad.log.manager import LogManager
 from replicad.log.segment import FileRegion
+from replicad.records.batch import scan_batches
 from replicad.records.downconvert import LazyDownConversion
+from replicad.types import TopicPartition
 from tests.page_cache import cached, dropped
+from tools.logdata.batches import producer_batch
+from tools.peers.kcat import run_kcat
 from tools.peers.pki import make_test_pki
 from tools.wait import DEADLINE_S
 
@@ -218,3 +227,126 @@ async def test_only_a_plaintext_response_with_regions_is_sent_here(tmp_path: Pat
         assert not direct_send.takes(writer.transport, (b"x", region, conversion))
     async with connection(server_ssl=server_ssl, client_ssl=client_ssl) as (writer, _):
         assert not direct_send.takes(writer.transport, (b"x", region))
+
+
+# -- real clients reading responses of megabytes sent straight -------------------------------
+
+TOPIC = "direct"
+PARTITIONS = 3
+BATCHES = 40
+PER_BATCH = 50
+VALUE_BYTES = 2000  # 100 KB a batch, 4 MB a partition: responses of megabytes
+
+Row = tuple[int, int, bytes]
+
+
+def value(partition: int, offset: int) -> bytes:
+    return f"p{partition}-o{offset}-".encode().ljust(VALUE_BYTES, b"v")
+
+
+@pytest.fixture(scope="module")
+def replica(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Row]]:
+    """PARTITIONS partitions of real producer batches; the rows a consumer must read."""
+    data_dir = tmp_path_factory.mktemp("direct") / "data"
+    logs = LogManager.open(data_dir, LogConfig(), now_ms=wall_ms())
+    rows: list[Row] = []
+    try:
+        ends = {}
+        for p in range(PARTITIONS):
+            tp = TopicPartition(TOPIC, p)
+            plog = logs.get_or_create(tp)
+            for b in range(BATCHES):
+                first = b * PER_BATCH
+                data = producer_batch(first, [value(p, first + i) for i in range(PER_BATCH)])
+                plog.append(data, scan_batches(data).batches, now_ms=wall_ms())
+            ends[tp] = plog.log_end_offset
+            rows += [(p, o, value(p, o)) for o in range(BATCHES * PER_BATCH)]
+        logs.checkpoint(ends)
+    finally:
+        logs.close()
+    return data_dir, sorted(rows)
+
+
+@pytest.fixture
+def served(replica, serve_in_thread) -> Iterator[Any]:
+    logs = LogManager.open(replica[0], LogConfig(), now_ms=wall_ms())
+    try:
+        yield serve_in_thread(logs)
+    finally:
+        logs.close()
+
+
+def sent_straight(served: Any) -> None:
+    metrics = served.call(served.server.metrics)
+    assert metrics.get("direct_sends_total", 0) > 0, metrics
+
+
+def test_kcat_reads_every_record_sent_straight(served, replica) -> None:
+    result = run_kcat(
+        "-b", served.bootstrap, "-C", "-t", TOPIC, "-o", "beginning", "-e", "-q",
+        "-X", "fetch.message.max.bytes=4194304",
+        "-f", "%p %o %s\\n",
+    )  # fmt: skip
+    got = sorted(
+        (int(p), int(o), v.encode())
+        for p, o, v in (line.split(" ") for line in result.stdout.decode().splitlines())
+    )
+    assert got == replica[1]
+    sent_straight(served)
+
+
+def test_librdkafka_reads_every_record_sent_straight(served, replica) -> None:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer
+    from confluent_kafka import TopicPartition as KTP
+
+    errors: list[Any] = []
+    consumer = Consumer(
+        {
+            "bootstrap.servers": served.bootstrap,
+            "group.id": "direct-readers",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 16 << 20,
+            "max.partition.fetch.bytes": 8 << 20,
+            "log_level": 3,
+            "error_cb": errors.append,
+        }
+    )
+    got: list[Row] = []
+    want = len(replica[1])
+    try:
+        consumer.assign([KTP(TOPIC, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        deadline = time.monotonic() + DEADLINE_S
+        while len(got) < want and time.monotonic() < deadline:
+            for m in consumer.consume(num_messages=1000, timeout=0.5):
+                assert m.error() is None, m.error()
+                got.append((m.partition(), m.offset(), m.value()))
+    finally:
+        consumer.close()
+    assert sorted(got) == replica[1], errors
+    sent_straight(served)
+
+
+def test_kafka_python_reads_every_record_sent_straight(served, replica) -> None:
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KTP
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=served.bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=8 << 20,
+        fetch_max_bytes=16 << 20,
+    )
+    consumer.assign([KTP(TOPIC, p) for p in range(PARTITIONS)])
+    got: list[Row] = []
+    want = len(replica[1])
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while len(got) < want and time.monotonic() < deadline:
+            for tp, messages in consumer.poll(timeout_ms=500).items():
+                got += [(tp.partition, m.offset, m.value) for m in messages]
+    finally:
+        consumer.close()
+    assert sorted(got) == replica[1]
+    sent_straight(served)
