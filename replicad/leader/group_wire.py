@@ -185,7 +185,7 @@ def _answer(api: ApiKey, version: int, **fields: Any) -> Any:
 
 def _members(cls: type, members: Iterable[Any], **fields: Callable[[Any], Any]) -> tuple[Any, ...]:
     """One `cls` per member: its member id and instance id, and each of `fields` read from
-    it (JoinGroup's members, LeaveGroup's answers)."""
+    it (JoinGroup's members, LeaveGroup's answers, DescribeGroups' members)."""
     return tuple(
         make_entity(
             cls,
@@ -531,17 +531,13 @@ def describe_groups_response(
         found = group or DescribedGroup(group_id, "Dead", "", "", ())
         missing = group is None and not_found
         error = ErrorCode.group_id_not_found if missing else ErrorCode.none
-        members = tuple(
-            make_entity(
-                module.DescribedGroupMember,
-                member_id=m.member_id,
-                group_instance_id=m.group_instance_id,
-                client_id=m.client_id,
-                client_host=m.client_host,
-                member_metadata=m.metadata,
-                member_assignment=m.assignment,
-            )
-            for m in found.members
+        members = _members(
+            module.DescribedGroupMember,
+            found.members,
+            client_id=lambda m: m.client_id,
+            client_host=lambda m: m.client_host,
+            member_metadata=lambda m: m.metadata,
+            member_assignment=lambda m: m.assignment,
         )
         described.append(
             make_entity(
@@ -601,15 +597,11 @@ def refused_response(api: int, version: int, body: Any, error: ErrorCode) -> Any
     if api == ApiKey.OFFSET_DELETE:
         return offset_delete_response(body, OffsetDeleteResult(error), {})
     if api == ApiKey.CONSUMER_GROUP_HEARTBEAT:
-        return consumer_heartbeat_response(version, HeartbeatResult(error), _no_ids)
+        return consumer_heartbeat_response(version, HeartbeatResult(error), _no_id)
     if api == ApiKey.CONSUMER_GROUP_DESCRIBE:
         refused = tuple(DescribedConsumerGroup(str(g), error) for g in body.group_ids)
-        return consumer_describe_response(version, refused, _no_ids)
+        return consumer_describe_response(version, refused, _no_id)
     raise AssertionError(f"not a group api: {api}")
-
-
-def _no_ids(_name: str) -> uuid.UUID | None:
-    return None
 
 
 # -- ConsumerGroupHeartbeat, ConsumerGroupDescribe (KIP-848) ---------------------------------
