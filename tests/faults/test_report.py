@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from tests.faults.soak_results import made_up_soak
 from tools.chaos.follower import DaemonCounters
 from tools.chaos.fuzz import FuzzRun
 from tools.chaos.report import TESTS, Meta, render
 from tools.chaos.scenarios import SCENARIOS, ScenarioResult
-from tools.chaos.soak import FdCounts, SoakResult, SoakSample, trends
+from tools.chaos.soak import FdCounts, SoakResult, SoakSample
 
 META = Meta("python -m tools.chaos.report", "ci", "4.3.1", "2026-01-01", "2 cores", 300.0)
 
@@ -34,19 +35,14 @@ def result(name: str, **changes: object) -> ScenarioResult:
 
 
 def soak_result() -> SoakResult:
-    samples = tuple(
+    samples = [
         SoakSample(float(i), 50_000, 30_000, 2, FdCounts(5, i, 4), None, i * 10) for i in range(20)
-    )
-    return SoakResult(
+    ]
+    return made_up_soak(
+        samples,
         duration_s=120,
         faults={"cut": 4},
-        samples=samples,
-        trends=trends(list(samples)),
         records_checked=999,
-        lost=0,
-        duplicated=0,
-        counters=DaemonCounters(),
-        problems=(),
         notes=("asyncio task count: missing",),
     )
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from replicad.types import TopicPartition
-from tools.chaos.follower import DaemonCounters
+from tests.faults.soak_results import made_up_soak
 from tools.chaos.priority import PriorityKeeper, autogroup_nice, descendants, read_nice
 from tools.chaos.scenarios import partitions_of, wait_for
 from tools.chaos.soak import (
@@ -241,17 +241,7 @@ def test_a_one_broker_source_stands_one_proxy_before_its_broker_and_creates_its_
 
 def _half_hour(**fields: Any) -> SoakResult:
     """A 30-minute soak's result of twelve samples, nothing lost, with `fields` on top."""
-    samples = tuple(_sample(i, 50_000) for i in range(12))
-    found: dict[str, Any] = dict(
-        duration_s=1800,
-        samples=samples,
-        trends=trends(list(samples)),
-        records_checked=10,
-        lost=0,
-        duplicated=0,
-        counters=DaemonCounters(),
-    )
-    return SoakResult(**{**found, **fields})
+    return made_up_soak([_sample(i, 50_000) for i in range(12)], **fields)
 
 
 def test_the_table_row_has_a_cell_per_column() -> None:
