@@ -9,18 +9,14 @@ import struct
 from collections.abc import Sequence
 
 import pytest
-from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka.record import MemoryRecords
-from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from replicad.records.batch import (
-    CONTROL_FLAG_MASK,
     LOG_OVERHEAD,
     MAGIC_V0,
     MAGIC_V1,
-    TRANSACTIONAL_FLAG_MASK,
     Compression,
     scan_batches,
 )
@@ -33,14 +29,17 @@ from replicad.records.downconvert import (
     prepare_down_conversion,
 )
 from replicad.records.records import decode_batch
-from tools.logdata.batches import batch_stream, legacy_message_set, producer_batch
+from tools.logdata.batches import (
+    batch_stream,
+    control_batch,
+    legacy_message_set,
+    log_append_time,
+    producer_batch,
+)
 
 TS = 1_700_000_000_000
 LEGACY_CODECS = (Compression.NONE, Compression.GZIP, Compression.SNAPPY, Compression.LZ4)
 LOG_APPEND_TIME_ATTRIBUTE = 0x08
-# Where a v2 batch keeps its CRC32C and its attributes (int16; the CRC covers from there).
-CRC_POSITION = 17
-ATTRIBUTES_POSITION = 21
 _HEAD = struct.Struct(">qi")
 
 
@@ -142,12 +141,9 @@ def test_compressed_batches_keep_every_record_with_relative_inner_offsets() -> N
 
 
 def test_log_append_time_is_kept_as_the_timestamp_type_bit() -> None:
-    data = bytearray(producer_batch(0, [b"a", b"b"]))
-    data[ATTRIBUTES_POSITION + 1] |= LOG_APPEND_TIME_ATTRIBUTE  # attributes are int16
-    # The CRC32C covers the attributes: recompute it as a broker would have written it.
-    struct.pack_into(">I", data, CRC_POSITION, crc32c(bytes(data[ATTRIBUTES_POSITION:])))
-    header = scan_batches(bytes(data)).batches[0]
-    out = convert_entry(bytes(data), header, MAGIC_V1, 0)
+    data = log_append_time(producer_batch(0, [b"a", b"b"]), append_ms=TS + 1)
+    header = scan_batches(data).batches[0]
+    out = convert_entry(data, header, MAGIC_V1, 0)
     for message in scan_batches(out).batches:
         assert message.attributes & LOG_APPEND_TIME_ATTRIBUTE
         assert message.max_timestamp == header.max_timestamp
@@ -161,25 +157,9 @@ def test_control_batches_are_dropped() -> None:
 
 
 def batch_with_commit_marker() -> bytes:
-    """Two transactional records of producer 9, then its COMMIT marker (a control batch)."""
-    data = bytearray(
-        producer_batch(0, [b"tx-0", b"tx-1"], producer_id=9, producer_epoch=0, base_sequence=0)
-    )
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=True,
-        producer_id=9,
-        producer_epoch=0,
-        base_sequence=-1,
-        batch_size=1 << 20,
-    )
-    builder.append(0, TS, struct.pack(">hh", 0, 1), struct.pack(">hi", 0, 0), [])
-    marker = bytearray(builder.build())
-    marker[ATTRIBUTES_POSITION + 1] |= CONTROL_FLAG_MASK | TRANSACTIONAL_FLAG_MASK
-    struct.pack_into(">q", marker, 0, 2)
-    struct.pack_into(">I", marker, CRC_POSITION, crc32c(bytes(marker[ATTRIBUTES_POSITION:])))
-    return bytes(data + marker)
+    """Two records of producer 9, then its COMMIT marker (a control batch)."""
+    data = producer_batch(0, [b"tx-0", b"tx-1"], producer_id=9, producer_epoch=0, base_sequence=0)
+    return data + control_batch(2, producer_id=9)
 
 
 def test_magic_0_and_1_entries_are_copied_when_already_old_enough() -> None:

@@ -5,15 +5,9 @@ from __future__ import annotations
 import struct
 
 import pytest
-from crc32c import crc32c
-from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from replicad.errors import CorruptRecordError
 from replicad.records.batch import (
-    CONTROL_FLAG_MASK,
-    TIMESTAMP_TYPE_MASK,
-    TRANSACTIONAL_FLAG_MASK,
-    V2_CRC_START,
     Compression,
     scan_batches,
 )
@@ -24,15 +18,7 @@ from replicad.records.records import (
     decode_batch,
     first_record_at,
 )
-from tools.logdata.batches import legacy_message_set, producer_batch
-
-
-def _set_attributes(batch: bytes, extra: int) -> bytes:
-    data = bytearray(batch)
-    (attributes,) = struct.unpack_from(">h", data, 21)
-    struct.pack_into(">h", data, 21, attributes | extra)
-    struct.pack_into(">I", data, 17, crc32c(bytes(data[V2_CRC_START:])))
-    return bytes(data)
+from tools.logdata.batches import control_batch, legacy_message_set, log_append_time, producer_batch
 
 
 @pytest.mark.parametrize("codec", list(Compression), ids=[c.name for c in Compression])
@@ -70,17 +56,13 @@ def test_decode_producer_batch(codec: Compression) -> None:
 
 
 def test_log_append_time_gives_every_record_the_batch_max_timestamp() -> None:
-    data = _set_attributes(producer_batch(0, [b"a", b"b"], timestamps=[5, 9]), TIMESTAMP_TYPE_MASK)
+    data = log_append_time(producer_batch(0, [b"a", b"b"], timestamps=[5, 9]), append_ms=9)
     header = scan_batches(data).batches[0]
     assert [r.timestamp for r in decode_batch(data, header).records] == [9, 9]
 
 
 def test_control_batch_commit_marker() -> None:
-    builder = DefaultRecordBatchBuilder(2, 0, True, 9, 0, -1, 1 << 20)
-    builder.append(
-        0, 1234, struct.pack(">hh", 0, ControlType.COMMIT), struct.pack(">hi", 0, 42), []
-    )
-    data = _set_attributes(bytes(builder.build()), CONTROL_FLAG_MASK | TRANSACTIONAL_FLAG_MASK)
+    data = control_batch(0, producer_id=9, coordinator_epoch=42, timestamp_ms=1234)
     header = scan_batches(data).batches[0]
     assert header.is_control and header.is_transactional
     (record,) = decode_batch(data, header).records

@@ -32,7 +32,6 @@ import datetime
 import json
 import os
 import shutil
-import struct
 import tempfile
 import uuid
 from collections.abc import Callable, Sequence
@@ -41,7 +40,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from crc32c import crc32c
 from kio.schema.errors import ErrorCode
 
 from replicad.config import load_config
@@ -78,17 +76,12 @@ from replicad.protocol.error_codes import error_code_of
 from replicad.protocol.metadata import ClusterMetadata, TopicSelection
 from replicad.protocol.requests import make_entity, nested_type
 from replicad.records.batch import (
-    CONTROL_FLAG_MASK,
-    TRANSACTIONAL_FLAG_MASK,
-    V2_ATTRIBUTES_POSITION,
-    V2_CRC_POSITION,
-    V2_CRC_START,
     Compression,
     ScanStop,
     header_at,
     scan_batches,
 )
-from replicad.records.records import control_marker, decode_batch
+from replicad.records.records import ControlType, control_marker, decode_batch
 from replicad.session.client import FetchSessionHandler
 from replicad.session.metadata import PartitionFetch
 from replicad.types import TopicPartition
@@ -99,7 +92,7 @@ from tools.chaos.wire_data import (
     fetch_response_body,
     metadata_response_body,
 )
-from tools.logdata.batches import batch_stream, legacy_message_set, producer_batch
+from tools.logdata.batches import batch_stream, control_batch, legacy_message_set
 
 FETCH_VERSIONS = tuple(range(4, 18))
 RESPONSE_APIS: tuple[tuple[ApiKey, tuple[int, ...]], ...] = (
@@ -112,8 +105,6 @@ RESPONSE_APIS: tuple[tuple[ApiKey, tuple[int, ...]], ...] = (
 TOPICS = {"orders": 3, "audit": 4}
 TOPIC_IDS = {name: uuid.uuid5(uuid.NAMESPACE_URL, name) for name in TOPICS}
 WANTED_OFFSET = 0
-_CRC = struct.Struct(">I")
-_ATTRIBUTES = struct.Struct(">h")
 
 
 class FuzzFinding(AssertionError):
@@ -447,19 +438,6 @@ def _one_partition_response(
     )
 
 
-def control_batch(offset: int, *, commit: bool, coordinator_epoch: int = 5) -> bytes:
-    """An end-transaction marker batch as a broker writes it (transactional + control)."""
-    key = struct.pack(">hh", 0, 1 if commit else 0)
-    value = struct.pack(">hi", 0, coordinator_epoch)
-    raw = bytearray(producer_batch(offset, [value], keys=[key], producer_id=7, producer_epoch=0))
-    (attributes,) = _ATTRIBUTES.unpack_from(raw, V2_ATTRIBUTES_POSITION)
-    _ATTRIBUTES.pack_into(
-        raw, V2_ATTRIBUTES_POSITION, attributes | TRANSACTIONAL_FLAG_MASK | CONTROL_FLAG_MASK
-    )
-    _CRC.pack_into(raw, V2_CRC_POSITION, crc32c(bytes(raw[V2_CRC_START:])))
-    return bytes(raw)
-
-
 def _batch_seeds() -> list[bytes]:
     seeds = [
         b"".join(batch_stream(seed, 4, codecs=[codec])) for seed, codec in enumerate(Compression)
@@ -467,8 +445,10 @@ def _batch_seeds() -> list[bytes]:
     seeds.append(b"".join(batch_stream(9, 3, gap_every=1)))
     stream = batch_stream(11, 3)
     end = scan_batches(stream[-1]).batches[0].next_offset
-    seeds.append(b"".join([*stream, control_batch(end, commit=True)]))
-    seeds.append(control_batch(0, commit=False))
+    commit = control_batch(end, producer_id=7, coordinator_epoch=5)
+    seeds.append(b"".join([*stream, commit]))
+    abort = control_batch(0, producer_id=7, control_type=ControlType.ABORT, coordinator_epoch=5)
+    seeds.append(abort)
     return seeds
 
 

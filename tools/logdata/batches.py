@@ -18,6 +18,7 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
 
 from replicad.records.batch import (
+    CONTROL_FLAG_MASK,
     LEGACY_CRC_POSITION,
     LEGACY_CRC_START,
     MAGIC_V2,
@@ -30,6 +31,7 @@ from replicad.records.batch import (
     V2_MAX_TIMESTAMP_POSITION,
     Compression,
 )
+from replicad.records.records import ControlType
 
 _BASE_OFFSET = struct.Struct(">q")
 _LEADER_EPOCH = struct.Struct(">i")
@@ -37,6 +39,10 @@ _UNLIMITED = 1 << 30
 _TIMESTAMP = struct.Struct(">q")
 _CRC = struct.Struct(">I")
 _ATTRIBUTES = struct.Struct(">h")
+# A control record's key (version, type) and a transaction marker's value (version,
+# coordinator epoch): Kafka's ControlRecordType and EndTransactionMarker, version 0.
+_CONTROL_KEY = struct.Struct(">hh")
+_END_TXN_MARKER = struct.Struct(">hi")
 
 
 def producer_batch(
@@ -52,12 +58,14 @@ def producer_batch(
     producer_epoch: int = -1,
     base_sequence: int = -1,
     timestamps: Sequence[int] | None = None,
+    transactional: bool = False,
 ) -> bytes:
-    """One magic 2 batch holding `values` at offsets base_offset, base_offset + 1, ..."""
+    """One magic 2 batch holding `values` at offsets base_offset, base_offset + 1, ...
+    (`transactional`: in a transaction of `producer_id`)."""
     builder = DefaultRecordBatchBuilder(
         magic=MAGIC_V2,
         compression_type=int(codec),
-        is_transactional=False,
+        is_transactional=transactional,
         producer_id=producer_id,
         producer_epoch=producer_epoch,
         base_sequence=base_sequence,
@@ -71,6 +79,39 @@ def producer_batch(
     data = bytearray(builder.build())
     _BASE_OFFSET.pack_into(data, 0, base_offset)
     _LEADER_EPOCH.pack_into(data, V2_LEADER_EPOCH_POSITION, leader_epoch)
+    return bytes(data)
+
+
+def control_batch(
+    offset: int,
+    *,
+    producer_id: int,
+    control_type: ControlType = ControlType.COMMIT,
+    producer_epoch: int = 0,
+    coordinator_epoch: int = 0,
+    leader_epoch: int = 0,
+    timestamp_ms: int = 1_700_000_000_000,
+) -> bytes:
+    """The COMMIT or ABORT marker a transaction coordinator writes at `offset` for
+    `producer_id`: a transactional control batch of one record and no sequence.
+    kafka-python builds no control batch: the flag is set here, then the CRC32C it is under."""
+    key = _CONTROL_KEY.pack(0, control_type)
+    value = _END_TXN_MARKER.pack(0, coordinator_epoch)
+    data = bytearray(
+        producer_batch(
+            offset,
+            [value],
+            keys=[key],
+            leader_epoch=leader_epoch,
+            timestamp_ms=timestamp_ms,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            transactional=True,
+        )
+    )
+    (attributes,) = _ATTRIBUTES.unpack_from(data, V2_ATTRIBUTES_POSITION)
+    _ATTRIBUTES.pack_into(data, V2_ATTRIBUTES_POSITION, attributes | CONTROL_FLAG_MASK)
+    _CRC.pack_into(data, V2_CRC_POSITION, crc32c(bytes(data[V2_CRC_START:])))
     return bytes(data)
 
 

@@ -33,7 +33,6 @@ every record.
 from __future__ import annotations
 
 import random
-import struct
 import sys
 import tempfile
 import traceback
@@ -43,7 +42,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from crc32c import crc32c
 from kio.schema.errors import ErrorCode
 
 from replicad.log.config import LogConfig
@@ -63,14 +61,11 @@ from replicad.mirror.restamp import ProducerStamp
 from replicad.mirror.shell import coalesced_run, produced_batch, read_batch, read_entries
 from replicad.protocol.error_codes import error_code_of
 from replicad.records.batch import (
-    CONTROL_FLAG_MASK,
-    TRANSACTIONAL_FLAG_MASK,
-    V2_CRC_POSITION,
-    V2_CRC_START,
     scan_batches,
 )
+from replicad.records.records import ControlType
 from replicad.types import TopicPartition
-from tools.logdata.batches import producer_batch
+from tools.logdata.batches import control_batch, producer_batch
 from tools.sim.invariants import InvariantError
 from tools.sim.mirror_destination import PRODUCER_EXPIRATION_MS, SimDestination
 from tools.sim.seeds import SCRATCH, SimResult, seed_main
@@ -94,11 +89,7 @@ WEIGHTS: dict[str, int] = {
     "save": 4,
     "crash": 1,
 }
-_ATTRIBUTES = struct.Struct(">h")  # the first field the CRC covers
-_CRC = struct.Struct(">I")
-_CONTROL_KEY = struct.Struct(">hh")
-_END_TXN_VALUE = struct.Struct(">hi")
-COMMIT, ABORT = 1, 0
+COMMIT, ABORT = ControlType.COMMIT, ControlType.ABORT
 REPLAY = "python -m tools.sim.mirror_run --seed {seed} -v"
 # How often a new partition's first progress save fails (a full or failing disk).
 FIRST_SAVE_FAILS = 0.3
@@ -106,14 +97,6 @@ FIRST_SAVE_FAILS = 0.3
 WALL_BASE_MS = 1_700_000_000_000
 
 CoreFactory = Callable[..., PartitionMirror]
-
-
-def _flagged(batch: bytes, flags: int) -> bytes:
-    out = bytearray(batch)
-    (attributes,) = _ATTRIBUTES.unpack_from(out, V2_CRC_START)
-    _ATTRIBUTES.pack_into(out, V2_CRC_START, attributes | flags)
-    _CRC.pack_into(out, V2_CRC_POSITION, crc32c(memoryview(out)[V2_CRC_START:]))
-    return bytes(out)
 
 
 @dataclass
@@ -413,14 +396,7 @@ class MirrorSimulation:
                 return
             pid = self.rng.choice(sorted(source.open))
             fate = COMMIT if self.rng.random() < 0.7 else ABORT
-            batch = producer_batch(
-                base,
-                [_END_TXN_VALUE.pack(0, 0)],
-                keys=[_CONTROL_KEY.pack(0, fate)],
-                producer_id=pid,
-                producer_epoch=0,
-            )
-            batch = _flagged(batch, TRANSACTIONAL_FLAG_MASK | CONTROL_FLAG_MASK)
+            batch = control_batch(base, producer_id=pid, control_type=fate)
             txn = (pid, source.open.pop(pid))
             source.fate[txn] = fate
             record = _SourceBatch(base, 1, pid, control=True)
@@ -434,9 +410,8 @@ class MirrorSimulation:
                 if pid not in source.open:
                     self.next_txn += 1
                     source.open[pid] = self.next_txn
-                batch = _flagged(
-                    producer_batch(base, values, producer_id=pid, producer_epoch=0, **at),
-                    TRANSACTIONAL_FLAG_MASK,
+                batch = producer_batch(
+                    base, values, producer_id=pid, producer_epoch=0, transactional=True, **at
                 )
                 source.txn_of[base] = (pid, source.open[pid])
                 record = _SourceBatch(base, count, pid)
