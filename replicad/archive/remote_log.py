@@ -45,7 +45,7 @@ from replicad.archive.read_cache import CHUNK_BYTES, WHOLE, ReadCache
 from replicad.archive.store import ObjectStore
 from replicad.log.index import OffsetIndex, TimeIndex, TimestampOffset
 from replicad.log.layout import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
-from replicad.records.batch import RECORD_BATCH_OVERHEAD, header_at, scan_batches
+from replicad.records.batch import RECORD_BATCH_OVERHEAD, BatchHeader, header_at, scan_batches
 from replicad.types import TopicPartition
 
 MANIFEST_REFRESH_MS = 1_000
@@ -160,15 +160,10 @@ class RemoteLog:
             index = self._whole(index_key)
             position = OffsetIndex(segment.base_offset, len(index), index).lookup(offset).position
         start = manifest.log_start_offset
-        while position < segment.size:
-            head = header_at(
-                self._range(log_key, segment.size, position, RECORD_BATCH_OVERHEAD), position
-            )
-            if isinstance(head, str):
-                raise ValueError(f"s3://{self.store.settings.bucket}/{log_key}: {head}")
+        for head in self._headers(log_key, segment, position):
             if head.last_offset >= offset:
+                position = head.position
                 break
-            position = head.end_position
         else:
             return RemoteRead(RemoteRecords(), segment, start)
         left = segment.size - position
@@ -250,19 +245,27 @@ class RemoteLog:
         from_offset = max(entry.offset, start)
         position = OffsetIndex(base, len(index), index).lookup(from_offset).position
         log_key = segment_key(self.prefix, tp, manifest.topic_id, base, LOG_SUFFIX)
+        for head in self._headers(log_key, segment, position):
+            if head.max_timestamp >= timestamp and head.last_offset >= start:
+                data = self._range(log_key, segment.size, head.position, head.size)
+                record = first_record_at(data, head, timestamp, start)
+                if record is not None:
+                    return TimestampOffset(record.timestamp, record.offset)
+        return None
+
+    def _headers(
+        self, log_key: str, segment: ArchivedSegment, position: int
+    ) -> Iterator[BatchHeader]:
+        """The headers of the segment's batches from `position` on, each read alone (a
+        range of the object, through the cache); ValueError for bytes that are none."""
         while position < segment.size:
             head = header_at(
                 self._range(log_key, segment.size, position, RECORD_BATCH_OVERHEAD), position
             )
             if isinstance(head, str):
                 raise ValueError(f"s3://{self.store.settings.bucket}/{log_key}: {head}")
-            if head.max_timestamp >= timestamp and head.last_offset >= start:
-                data = self._range(log_key, segment.size, position, head.size)
-                record = first_record_at(data, head, timestamp, start)
-                if record is not None:
-                    return TimestampOffset(record.timestamp, record.offset)
+            yield head
             position = head.end_position
-        return None
 
     # -- bytes through the cache ----------------------------------------------------------
 
