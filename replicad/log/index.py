@@ -283,7 +283,12 @@ class IndexBuilder:
         base = offset_index.base_offset
         time_base = time_index.base_offset
         n_offsets, n_times = offset_index.entries, time_index.entries
+        max_offsets, max_times = offset_index.max_entries, time_index.max_entries
         last_offset = offset_index.last_entry().offset if n_offsets else None
+        # An entry's offset must be above the last entry's and fit the segment: one chained
+        # compare a batch (`above < offset <= top`); what broke is told by _offset_refused.
+        above = base - 1 if last_offset is None else max(last_offset, base - 1)
+        top = base + MAX_RELATIVE_OFFSET
         last_time = time_index.last_entry()
         last_ts, last_ts_offset = last_time.timestamp, last_time.offset
         offset_raw = bytearray()
@@ -297,16 +302,14 @@ class IndexBuilder:
                 ts, ts_offset = max_ts, base_offset + delta
             if since > interval:
                 offset = base_offset + delta
-                if n_offsets >= offset_index.max_entries:
-                    raise ValueError(f"offset index of segment {base} is full")
-                if last_offset is not None and offset <= last_offset:
-                    raise ValueError(f"index offset {offset} not above {last_offset}")
-                if not fits_relative(base, offset):
-                    raise ValueError(f"offset {offset} does not fit segment {base}")
+                if n_offsets >= max_offsets or not above < offset <= top:
+                    raise _offset_refused(
+                        offset_index, n_offsets, last_offset if above < base else above, offset
+                    )
                 offset_raw += pack_offset(offset - base, position)
                 n_offsets += 1
-                last_offset = offset
-                if n_times >= time_index.max_entries:
+                above = offset
+                if n_times >= max_times:
                     raise ValueError(f"time index of segment {time_base} is full")
                 if n_times and ts_offset < last_ts_offset:
                     raise ValueError(f"time index offset {ts_offset} below {last_ts_offset}")
@@ -324,6 +327,18 @@ class IndexBuilder:
         offset_index.extend_raw(offset_raw)
         time_index.extend_raw(time_raw)
         return bytes(offset_raw), bytes(time_raw)
+
+
+def _offset_refused(
+    index: OffsetIndex, entries: int, last_offset: int | None, offset: int
+) -> ValueError:
+    """Why `offset` may not be the next entry of `index` holding `entries` entries, the
+    last at `last_offset`: the rules in OffsetIndex.append's order."""
+    if entries >= index.max_entries:
+        return ValueError(f"offset index of segment {index.base_offset} is full")
+    if last_offset is not None and offset <= last_offset:
+        return ValueError(f"index offset {offset} not above {last_offset}")
+    return ValueError(f"offset {offset} does not fit segment {index.base_offset}")
 
 
 class IndexFile:
