@@ -45,7 +45,7 @@ from typing import Any
 
 from lz4.frame import decompress_chunk, reset_decompression_context
 
-from replicad.mirror.restamp import rewrite_records
+from replicad.mirror.restamp import rewrite_one, rewrite_records
 from replicad.records.batch import (
     COMPRESSION_CODEC_MASK,
     LOG_OVERHEAD,
@@ -118,6 +118,13 @@ class PlainReader:
         self.limit = limit
         self._scratch: mmap.mmap | None = None
         self._lz4: Any = None
+
+    def lz4_context(self) -> Any:
+        """The reader's LZ4 context (made at the first ask), ready for a frame's start: a
+        caller that stops inside a frame resets it."""
+        if self._lz4 is None:
+            self._lz4 = new_lz4_context()
+        return self._lz4
 
     def __call__(
         self, header: BatchHeader, batch: memoryview, at_most: int
@@ -198,7 +205,26 @@ def coalesce(
     out = bytearray()
     index = 0
     left = plain_limit
+    lz4_context = reader.lz4_context() if codec == Compression.LZ4 else None
     for joined, (batch, h) in enumerate(zip(batches, headers, strict=True)):
+        if lz4_context is not None and h.record_count == 1:
+            # The tiny workload's batch (one record, LZ4): PlainReader's and
+            # rewrite_records' first steps without their calls around them (a third of
+            # the time a batch took); anything else goes the general way below.
+            try:
+                plain, _, eof = decompress_chunk(
+                    lz4_context,
+                    batch[RECORD_BATCH_OVERHEAD:],
+                    max_length=min(left + 1, LZ4_STEP),
+                )
+            except RuntimeError:
+                eof = False
+            if not eof:
+                reset_decompression_context(lz4_context)
+            elif len(plain) <= left and rewrite_one(plain, out, index, h.base_timestamp - base_ts):
+                left -= len(plain)
+                index += 1
+                continue
         plain = reader(h, memoryview(batch), left)
         if plain is None:
             return RunCut(

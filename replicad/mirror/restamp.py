@@ -56,6 +56,9 @@ _ATTRIBUTES = struct.Struct(">h")
 # producer id (int64), producer epoch (int16), base sequence (int32), one after another.
 _PRODUCER = struct.Struct(">qhi")
 _INT32 = struct.Struct(">i")
+# Zigzag values SMALL_UVARINTS holds, and the non-negative ints whose zigzag it holds.
+_SMALL = len(SMALL_UVARINTS)
+_SMALL_POSITIVE = _SMALL >> 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,32 +154,8 @@ def rewrite_records(
 
     The coalescing mirror runs this once per record mirrored: the varints are read and
     written inline (kio's readers and writers cost a call and a buffer per field)."""
-    if count == 1 and len(records) > 4:
-        # One record (a producer with linger.ms 0 stores one a batch) whose timestamp delta
-        # and offset delta are one byte each: what the loop below writes, in fewer steps.
-        first = records[0]
-        if first < 0x80:
-            length, body = (first >> 1) ^ -(first & 1), 1
-        elif records[1] < 0x80:
-            raw = (first & 0x7F) | (records[1] << 7)
-            length, body = (raw >> 1) ^ -(raw & 1), 2
-        else:
-            length = body = -1
-        ts_at = body + 1
-        if body > 0 and length == len(records) - body and len(records) > ts_at + 1:
-            ts_byte, delta_byte = records[ts_at], records[ts_at + 1]
-            if ts_byte < 0x80 and delta_byte < 0x80:
-                if shift_ms:
-                    timestamp = varint(((ts_byte >> 1) ^ -(ts_byte & 1)) + shift_ms)
-                else:
-                    timestamp = SMALL_UVARINTS[ts_byte]
-                delta = varint(first_index)
-                out += varint(length - 2 + len(timestamp) + len(delta))
-                out.append(records[body])  # the record's attributes
-                out += timestamp
-                out += delta
-                out += records[ts_at + 2 :]
-                return first_index + 1
+    if count == 1 and rewrite_one(records, out, first_index, shift_ms):
+        return first_index + 1
     pos = 0
     index = first_index
     size = len(records)
@@ -203,6 +182,45 @@ def rewrite_records(
     if pos != size:
         raise ValueError(f"{size - pos} bytes left after {count} records")
     return index
+
+
+def rewrite_one(records: bytes | memoryview, out: bytearray, index: int, shift_ms: int) -> bool:
+    """`rewrite_records` of a section holding one record (a producer with linger.ms 0
+    stores one a batch) whose timestamp delta and offset delta are one byte each, in fewer
+    steps: appends it to `out` with offset delta `index` and returns True; False (nothing
+    appended) for any other section, which the loop of `rewrite_records` takes. The
+    coalescing mirror calls it once per one-record batch, without rewrite_records' call."""
+    size = len(records)
+    if size < 5:
+        return False
+    first = records[0]
+    if first < 0x80:
+        length, body = (first >> 1) ^ -(first & 1), 1
+    elif records[1] < 0x80:
+        raw = (first & 0x7F) | (records[1] << 7)
+        length, body = (raw >> 1) ^ -(raw & 1), 2
+    else:
+        return False
+    ts_at = body + 1
+    if length != size - body or size <= ts_at + 1:
+        return False
+    ts_byte = records[ts_at]
+    if ts_byte >= 0x80 or records[ts_at + 1] >= 0x80:
+        return False
+    if shift_ms:
+        moved = ((ts_byte >> 1) ^ -(ts_byte & 1)) + shift_ms
+        raw = (moved << 1) ^ (moved >> 63)  # zigzag (varint's, without its call)
+        timestamp = SMALL_UVARINTS[raw] if raw < _SMALL else varint(moved)
+    else:
+        timestamp = SMALL_UVARINTS[ts_byte]
+    delta = SMALL_UVARINTS[index << 1] if index < _SMALL_POSITIVE else varint(index)
+    length += len(timestamp) + len(delta) - 2
+    out += SMALL_UVARINTS[length << 1] if length < _SMALL_POSITIVE else varint(length)
+    out.append(records[body])  # the record's attributes
+    out += timestamp
+    out += delta
+    out += records[ts_at + 2 :]
+    return True
 
 
 def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:

@@ -127,3 +127,60 @@ def test_a_plain_reader_reads_an_lz4_frame_of_several_steps_whole_and_goes_on() 
         assert len(want) > LZ4_STEP or b is small
         assert reader(h, memoryview(b), 1 << 20) == want
         assert reader(h, memoryview(b), len(want) - 1) is None
+
+
+def test_one_record_lz4_batches_keep_every_record_across_deltas_of_every_width() -> None:
+    """The tiny workload's shape (one record a batch, LZ4), the way coalesce takes it
+    without its general calls: hundreds of batches (offset deltas past one varint byte),
+    timestamps before and after the first batch's (shifts of one byte, two, and beyond
+    SMALL_UVARINTS' table), values from empty to 2 KiB (one- and two-byte record lengths),
+    keys and headers on some, a three-record batch among them; every record comes back
+    with its own offset, key, value, headers and timestamp."""
+    base_ts = 1_700_000_000_000
+    batches = []
+    for i in range(300):
+        value = None if i == 7 else bytes([i % 251]) * (i * 7 % 2_100)
+        ts = base_ts + (i * 37 if i % 2 else -i) + (1 << 24 if i % 50 == 9 else 0)
+        batches.append(
+            producer_batch(
+                i,
+                [value] if i != 150 else [b"a", b"b" * 300, None],
+                codec=Compression.LZ4,
+                keys=[b"k%d" % i if i % 3 else None] * (1 if i != 150 else 3),
+                headers=[("h", b"%d" % i)] if i % 5 == 0 else [],
+                timestamps=[ts] if i != 150 else [ts, ts + 1, ts - 1],
+            )
+        )
+    headers = [scan_batches(b).batches[0] for b in batches]
+    made = coalesce([memoryview(b) for b in batches], headers, 4 << 20)
+    assert isinstance(made, bytes)
+    merged = restamp(made, ProducerStamp(7, 0), 0)
+    (h,) = scan_batches(merged).batches
+    got = decode_batch(merged, h).records
+    want = [r for b, hh in zip(batches, headers, strict=True) for r in decode_batch(b, hh).records]
+    assert len(got) == 302
+    assert [(r.offset, r.key, r.value, r.headers, r.timestamp) for r in got] == [
+        (i, r.key, r.value, r.headers, r.timestamp) for i, r in enumerate(want)
+    ]
+    assert h.max_timestamp == max(r.timestamp for r in want)
+
+
+def test_a_one_record_lz4_batch_over_the_bound_cuts_the_run_and_the_next_run_is_whole() -> None:
+    """A one-record LZ4 batch whose records do not fit what is left of the run's bound cuts
+    the run where it starts (the fast way stops inside its frame): the next run, through
+    the same reader, opening with it alone, and one of small batches, come back whole."""
+    small = [producer_batch(i, [b"x%03d" % i * 60], codec=Compression.LZ4) for i in range(3)]
+    zeros = producer_batch(3, [bytes(200_000)], codec=Compression.LZ4)
+    batches = [*small, zeros, *small]
+    headers = [scan_batches(b).batches[0] for b in batches]
+    reader = PlainReader(100_000)
+    cut = coalesce(batches, headers, 100_000, reader)
+    assert isinstance(cut, RunCut) and cut.joined == 3 and "source offset 3" in cut.reason
+    assert joined(coalesce(batches[3:], headers[3:], 100_000, reader)) == 0
+    again = coalesce(batches[4:], headers[4:], 100_000, reader)
+    assert isinstance(again, bytes)
+    merged = restamp(again, ProducerStamp(7, 0), 0)
+    (h,) = scan_batches(merged).batches
+    assert [r.value for r in decode_batch(merged, h).records] == [
+        b"x%03d" % i * 60 for i in range(3)
+    ]
