@@ -91,7 +91,7 @@ import enum
 import itertools
 import random
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from replicad.config.model import MirrorConfig, defaults_of
@@ -101,7 +101,6 @@ from replicad.mirror.coalesce import (
     RUN_RECORDS,
     SMALL_BATCH_BYTES,
     can_join,
-    mergeable,
 )
 from replicad.mirror.offset_map import OffsetMap, SyncPoint
 from replicad.mirror.restamp import ProducerStamp, mirrorable, next_sequence
@@ -220,7 +219,7 @@ class _Pending:
         self.run = 0
         # On the first entry of a run once sent: the run's other entries (not itself: no
         # reference cycle keeps a settled entry's bytes alive until the collector runs).
-        self.rest: list[_Pending] = []
+        self.rest: Sequence[_Pending] = ()  # shared: no list made a batch
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -572,7 +571,7 @@ class PartitionMirror:
             self.halt(f"source offset {refused.base_offset}: {refused.reason}")
             return None
         timing = self.timing
-        entries = tuple(p.entry for p in run)
+        entries = tuple([p.entry for p in run])
         count = newest = 0
         for e in entries:
             h = e.header
@@ -630,28 +629,38 @@ class PartitionMirror:
         records = first.header.record_count
         max_records = self.timing.coalesce_records
         kept = first.header.attributes & JOIN_ATTRIBUTES
+        produce = Decision.PRODUCE
+        append = run.append
         for pending in itertools.islice(self._pending, 1, None):
-            data = pending.entry.data
+            entry = pending.entry
+            data = entry.data
             if (
-                pending.decision is not Decision.PRODUCE
+                pending.decision is not produce
                 or pending.run  # opens a run sent before: resent as it was, never joined
                 or data is None
             ):
                 break
             length = len(data)
-            h = pending.entry.header
-            records += h.record_count
+            h = entry.header
+            count = h.record_count
+            records += count
             size += length
+            attributes = h.attributes
+            # can_join(first, h) inline (it runs once a batch): the head passed it, so
+            # an equal timestamp type is create time; magic, control and thinned as
+            # coalesce.mergeable tests them.
             if (
                 length > small_limit
                 or size > limit
                 or records > max_records
-                or (h.attributes & JOIN_ATTRIBUTES) != kept
-                or not mergeable(h)
-                or h.record_count < 1  # mirrorable's test: such a batch heads a send
+                or (attributes & JOIN_ATTRIBUTES) != kept
+                or h.magic != MAGIC_V2
+                or attributes & CONTROL_FLAG_MASK
+                or h.last_offset_delta != count - 1
+                or count < 1  # mirrorable's test: such a batch heads a send
             ):
                 break
-            run.append(pending)
+            append(pending)
         return run
 
     def run_cut(self, send: Send, joined: int) -> None:
