@@ -56,7 +56,13 @@ from replicad.groups.cluster_reader import ClusterGroupsReader
 from replicad.log.partition import PartitionLog
 from replicad.mirror import progress_store, promotion
 from replicad.mirror.chore import Chore
-from replicad.mirror.coalesce import PlainReader, RunCut, coalesce, run_plain_bytes
+from replicad.mirror.coalesce import (
+    SMALL_BATCH_BYTES,
+    PlainReader,
+    RunCut,
+    coalesce,
+    run_plain_bytes,
+)
 from replicad.mirror.destination import Destination, produce_answers
 from replicad.mirror.group_sync import MirroredPartition
 from replicad.mirror.group_sync_shell import GroupSyncShell
@@ -76,7 +82,9 @@ from replicad.protocol.client import ClientSettings, KafkaClient
 from replicad.protocol.metadata import ClusterMetadata
 from replicad.ratelimit import RateLimitedLog
 from replicad.records.batch import CONTROL_FLAG_MASK, LOG_OVERHEAD, MAGIC_V2, scan_batches
+from replicad.records.header import header_from
 from replicad.records.records import control_marker, decode_batch
+from replicad.records.run import BASE_OFFSET, LAST_OFFSET_DELTA, LENGTH
 from replicad.types import TopicPartition
 
 log = structlog.get_logger("replicad.mirror")
@@ -1349,25 +1357,36 @@ def read_entries(
         return []
     data = region.read_bytes()
     view = memoryview(data)
-    scan = scan_batches(view, verify_crc=False)
+    run = scan_batches(view, verify_crc=False).run
     entries: list[LogEntry] = []
     append = entries.append
-    for h in scan.batches:
-        base = h.base_offset
+    end = run.start
+    # The run's entries one after another (BatchRun's iteration, inline: once a batch).
+    for fields in run.fields:
+        start = end
+        end = start + LOG_OVERHEAD + fields[LENGTH]
+        base = fields[BASE_OFFSET]
         if base < offset:
             continue
-        if base + h.last_offset_delta >= high_watermark:  # its next offset above it
+        if base + fields[LAST_OFFSET_DELTA] >= high_watermark:  # its next offset above it
             break
+        h = header_from((start, *fields))
         marker = None
         if h.magic >= MAGIC_V2 and h.attributes & CONTROL_FLAG_MASK:  # h.is_control
             records = decode_batch(data, h).records
             marker = control_marker(records[0]).type if records else None
-        # A view, not a copy: the read's bytes stay alive while a batch of them is held.
-        if keep_data:
-            start = h.position
-            append(LogEntry(h, marker, view[start : start + LOG_OVERHEAD + h.batch_length]))
-        else:
+        if not keep_data:
             append(LogEntry(h, marker))
+        elif end - start <= SMALL_BATCH_BYTES:
+            # A small batch is copied: a bytes object is not tracked by the cyclic
+            # collector (a view is, and a read of one-record batches made a thousand
+            # views: the collector's passes over them were a sixth of the mirror's
+            # path), and the read's buffer is not held by its last small batch.
+            append(LogEntry(h, marker, data[start:end]))
+        else:
+            # A view, not a copy: the read's bytes stay alive while a batch of them is
+            # held, and go to the socket as they are.
+            append(LogEntry(h, marker, view[start:end]))
     return entries
 
 
