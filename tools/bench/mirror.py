@@ -28,7 +28,8 @@ destination's end offsets, polled. replicad starts compiled as installed (its by
 compiled beforehand, as pip does), from a directory without a checkout.
 
 `--profile DIR`: replicad's runs are sampled by py-spy instead of measured (no table);
-the top of each profile is printed and its raw samples kept in DIR.
+the top of each profile is printed and its raw samples kept in DIR (`--native`: with C
+frames, e.g. the cyclic collector's passes).
 
 `--baseline NAME=DIR` (repeatable): the replicad rows run from the checkout DIR too (an
 A/B: its code, this checkout's bench), and with `--repeat N` every replicad row runs N
@@ -38,7 +39,7 @@ CPU seconds, not the rates.
 
     .venv/bin/python -m tools.bench.mirror [--records 1000000] [--tiny-records 200000]
         [--partitions 6] [--only replicad,as-stored,mirrormaker2] [--workloads batched,tiny]
-        [--profile DIR] [--baseline NAME=DIR ...] [--repeat 1]
+        [--profile DIR [--native]] [--baseline NAME=DIR ...] [--repeat 1]
 """
 
 from __future__ import annotations
@@ -287,6 +288,7 @@ def run_replicad(
     coalesce_bytes: int | None = None,
     profile: Path | None = None,
     checkout: Path | None = None,
+    native: bool = False,
 ) -> Measured | None:
     """One `replicad run` mirroring `workload` into `dest` (`coalesce_bytes` None: the
     default): measured, or with `profile` sampled by py-spy into that file (then None).
@@ -313,7 +315,7 @@ def run_replicad(
         sampled(
             argv,
             profile,
-            native=False,
+            native=native,
             done=lambda: progress.records() >= workload.records,
             env=env,
             cwd=work,
@@ -387,6 +389,7 @@ def runner(
     profile: Path | None = None,
     coalesce_bytes: int | None = None,
     checkout: Path | None = None,
+    native: bool = False,
 ) -> Callable[[Path, str, str, Workload], Measured | None]:
     """How `mirror` runs (a replicad row sampled into `profile` when given; MirrorMaker 2
     is never sampled; `coalesce_bytes` for the default row, None: replicad's default;
@@ -396,7 +399,7 @@ def runner(
     if mirror == AS_STORED:
         coalesce_bytes = 0
     return lambda *args: run_replicad(
-        *args, coalesce_bytes=coalesce_bytes, profile=profile, checkout=checkout
+        *args, coalesce_bytes=coalesce_bytes, profile=profile, checkout=checkout, native=native
     )
 
 
@@ -483,6 +486,9 @@ def main() -> int:
     parser.add_argument("--profile", type=Path, help="sample replicad's runs into this directory")
     parser.add_argument("--top", type=int, default=25, help="functions shown per profile")
     parser.add_argument(
+        "--native", action="store_true", help="with --profile: C frames too (the collector)"
+    )
+    parser.add_argument(
         "--coalesce-bytes",
         type=int,
         help="mirror.coalesce_bytes of the default replicad row (to compare a checkout "
@@ -551,7 +557,7 @@ def main() -> int:
                         raw = args.profile / f"{run_dir.name}.txt"
                     at_load = os.getloadavg()[0]
                     try:
-                        measured = runner(mirror, raw, args.coalesce_bytes, checkout)(
+                        measured = runner(mirror, raw, args.coalesce_bytes, checkout, args.native)(
                             run_dir, source.bootstrap, dest.bootstrap, workload
                         )
                     finally:
