@@ -289,6 +289,7 @@ def run_replicad(
     profile: Path | None = None,
     checkout: Path | None = None,
     native: bool = False,
+    log: Path | None = None,
 ) -> Measured | None:
     """One `replicad run` mirroring `workload` into `dest` (`coalesce_bytes` None: the
     default): measured, or with `profile` sampled by py-spy into that file (then None).
@@ -309,7 +310,11 @@ def run_replicad(
     # Compiled as installed, and started where no checkout shadows PYTHONPATH's.
     env = child_env(work, checkout)
     if profile is None:
-        return _measure(argv, dest, workload, env=env, cwd=work)
+        if log is not None:
+            # Its log is on stderr, which the measuring drops: into stdout, by a shell
+            # that execs it (the same process, so the same CPU seconds).
+            argv = ["sh", "-c", 'exec "$@" 2>&1', "sh", *argv]
+        return _measure(argv, dest, workload, log, env=env, cwd=work)
     progress = DestinationProgress(dest, PREFIX + workload.topic, workload.partitions)
     try:
         sampled(
@@ -390,16 +395,23 @@ def runner(
     coalesce_bytes: int | None = None,
     checkout: Path | None = None,
     native: bool = False,
+    log: Path | None = None,
 ) -> Callable[[Path, str, str, Workload], Measured | None]:
     """How `mirror` runs (a replicad row sampled into `profile` when given; MirrorMaker 2
     is never sampled; `coalesce_bytes` for the default row, None: replicad's default;
-    `checkout`: a replicad row's code from another checkout)."""
+    `checkout`: a replicad row's code from another checkout; `log`: where a replicad
+    row's log is kept, None: not kept)."""
     if mirror == MIRRORMAKER2:
         return run_mirrormaker2
     if mirror == AS_STORED:
         coalesce_bytes = 0
     return lambda *args: run_replicad(
-        *args, coalesce_bytes=coalesce_bytes, profile=profile, checkout=checkout, native=native
+        *args,
+        coalesce_bytes=coalesce_bytes,
+        profile=profile,
+        checkout=checkout,
+        native=native,
+        log=log,
     )
 
 
@@ -486,6 +498,9 @@ def main() -> int:
     parser.add_argument("--profile", type=Path, help="sample replicad's runs into this directory")
     parser.add_argument("--top", type=int, default=25, help="functions shown per profile")
     parser.add_argument(
+        "--logs", type=Path, help="keep each replicad row's log (JSON lines) in this directory"
+    )
+    parser.add_argument(
         "--native", action="store_true", help="with --profile: C frames too (the collector)"
     )
     parser.add_argument(
@@ -557,9 +572,13 @@ def main() -> int:
                         raw = args.profile / f"{run_dir.name}.txt"
                     at_load = os.getloadavg()[0]
                     try:
-                        measured = runner(mirror, raw, args.coalesce_bytes, checkout, args.native)(
-                            run_dir, source.bootstrap, dest.bootstrap, workload
-                        )
+                        log = None
+                        if args.logs is not None:
+                            args.logs.mkdir(parents=True, exist_ok=True)
+                            log = args.logs / f"{run_dir.name}-{label}.log".replace(" ", "_")
+                        measured = runner(
+                            mirror, raw, args.coalesce_bytes, checkout, args.native, log
+                        )(run_dir, source.bootstrap, dest.bootstrap, workload)
                     finally:
                         dest.stop()
                     if measured is None:
