@@ -648,11 +648,12 @@ class Mirror:
             # Beyond the budget (a transaction waiting for its marker, a reconcile walking
             # the log) only headers are kept; their bytes are read again when sent.
             keep = core.buffered_bytes < self.settings.buffer_bytes
-            entries = await asyncio.to_thread(
-                read_entries, plog, offset, plog.high_watermark, self.settings.read_bytes, keep
-            )
-            if entries and core.scanned_to == offset and self.cores.get(tp) is core:
-                core.feed(entries)
+            high_watermark = plog.high_watermark
+            data = await asyncio.to_thread(read_stored, plog, offset, self.settings.read_bytes)
+            if core.scanned_to == offset and self.cores.get(tp) is core:
+                entries = entries_of(data, offset, high_watermark, keep)
+                if entries:
+                    core.feed(entries)
         except (OSError, LogError) as exc:
             self._warn(
                 "read", "local log unreadable, trying again", partition=str(tp), error=str(exc)
@@ -1350,12 +1351,25 @@ def pack_requests(
 def read_entries(
     plog: PartitionLog, offset: int, high_watermark: int, max_bytes: int, keep_data: bool
 ) -> list[LogEntry]:
-    """Whole batches from `offset` up to the high watermark (blocking: a worker thread).
-    Nothing is decompressed here: a run's records are, when it is coalesced."""
+    """Whole batches from `offset` up to the high watermark (blocking): `read_stored`
+    then `entries_of`, which the shell runs apart (the read on a worker thread, the rest
+    on the event loop)."""
+    return entries_of(read_stored(plog, offset, max_bytes), offset, high_watermark, keep_data)
+
+
+def read_stored(plog: PartitionLog, offset: int, max_bytes: int) -> bytes:
+    """The stored bytes from the batch holding `offset` on, about `max_bytes` (blocking:
+    the log's index and segment are read, so a worker thread)."""
     region = plog.read(offset, max_bytes).region
-    if region is None:
-        return []
-    data = region.read_bytes()
+    return b"" if region is None else region.read_bytes()
+
+
+def entries_of(data: bytes, offset: int, high_watermark: int, keep_data: bool) -> list[LogEntry]:
+    """The whole batches of `data` (read_stored's) from `offset` up to the high
+    watermark. Nothing is decompressed here: a run's records are, when it is coalesced.
+    No disk: the shell runs it on the event loop (Python work under the GIL either way:
+    on the reading thread it took the GIL from the loop, as coalescing did, session 13),
+    and its work is bounded by a read's bytes."""
     view = memoryview(data)
     run = scan_batches(view, verify_crc=False).run
     entries: list[LogEntry] = []
@@ -1379,9 +1393,9 @@ def read_entries(
             append(LogEntry(h, marker))
         elif end - start <= SMALL_BATCH_BYTES:
             # A small batch is copied: a bytes object is not tracked by the cyclic
-            # collector (a view is, and a read of one-record batches made a thousand
-            # views: the collector's passes over them were a sixth of the mirror's
-            # path), and the read's buffer is not held by its last small batch.
+            # collector, a view is (the collector's passes were about a sixth of the
+            # mirror's path on one-record batches: one object a batch fewer for them),
+            # and the read's buffer is not held by its last small batch.
             append(LogEntry(h, marker, data[start:end]))
         else:
             # A view, not a copy: the read's bytes stay alive while a batch of them is
