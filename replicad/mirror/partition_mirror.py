@@ -390,6 +390,7 @@ class PartitionMirror:
         pending_list = self._pending
         scanned_to = self.scanned_to
         added = 0
+        produce = Decision.PRODUCE  # looked up once, not once a batch
         try:
             for entry in entries:
                 h = entry.header
@@ -399,7 +400,7 @@ class PartitionMirror:
                     )
                 # Neither flag on (the common case): one test for both.
                 if h.magic < MAGIC_V2 or not h.attributes & _TXN_OR_CONTROL:
-                    pending = _Pending(entry, Decision.PRODUCE)
+                    pending = _Pending(entry, produce)
                 elif h.is_control:
                     pending = _Pending(entry, Decision.SKIP)
                     if entry.marker in (ControlType.COMMIT, ControlType.ABORT):
@@ -414,8 +415,9 @@ class PartitionMirror:
                     pending = _Pending(entry, Decision.HOLD)
                     self._open.setdefault(h.producer_id, []).append(pending)
                 pending_list.append(pending)
-                if entry.data is not None:
-                    added += len(entry.data)
+                data = entry.data
+                if data is not None:
+                    added += len(data)
                 scanned_to = h.base_offset + h.last_offset_delta + 1
         finally:
             self.scanned_to = scanned_to
