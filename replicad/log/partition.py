@@ -109,6 +109,14 @@ Rules:
   may rebuild it, a write) is read under the lock, and is loaded from then on; so is, for
   a search by timestamp, one whose largest timestamp is not in memory yet (working it out
   sets the state appends index by).
+- A read keeps the offset it was asked and the batch it found (`_ReadMemo`), and a read of
+  the same offset while the log has been truncated as many times takes that batch again
+  with no index lookup and no header read (a long-poll's next round, consumers of
+  several groups at the same place, the same Fetch asked again). A batch's bytes and
+  place never change but by a truncation (appends go after it; retention removes only
+  segments below the log start, which the offset check refuses), so the count says
+  whether it is still there; a memo made by a read that a truncation raced carries the
+  count from before it, and is never used.
 - Inside nowait.py's `not_waiting()` (serve's event loop) a read whose header bytes are not
   in the page cache, or whose segment's offset index is not loaded, raises
   nowait.WouldWait: never read again under the lock (it is no race), the caller reads
@@ -190,6 +198,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import structlog
 
@@ -318,6 +327,7 @@ class PartitionLog:
         "_last_now_ms",
         "_lock",
         "_log_end_offset",
+        "_read_memo",
         "_segments",
         "_settling",
         "_truncations",
@@ -383,6 +393,8 @@ class PartitionLog:
         self.checkpointed_recovery_point = recovery_point
         # Truncations so far: a flush that saw another count when it started claims nothing.
         self._truncations = 0
+        # The last read's offset and the batch it began at (see the module rules: reads).
+        self._read_memo: _ReadMemo | None = None
         # Deferred truncations' disk work for the durability thread: files renamed to
         # `.deleted` to unlink, segments to cut once the renames are durable (None while
         # there is none: most partitions, most of the time).
@@ -1158,19 +1170,35 @@ class PartitionLog:
         without it, so serve's and verify's reads never make an append wait on a pread."""
         with self._lock:
             self._check_readable(offset)
-            segments = self._segments[self._segment_at(offset) :]
             facts = (self.log_start_offset, self._log_end_offset, self.high_watermark)
+            truncations = self._truncations
+            memo = self._read_memo
+            if memo is not None and memo.offset == offset and memo.truncations == truncations:
+                return ReadResult(offset, memo.segment.region_from(memo.header, max_bytes), *facts)
+            segments = self._segments[self._segment_at(offset) :]
         if all(segment.index_loaded for segment in segments):
             try:
-                region = _read_from(segments, offset, max_bytes)
+                found = _first_batch(segments, offset)
             except WouldWait:  # nowait.py: not a race; read again where waiting is allowed
                 raise
             except Exception:  # anything racing writers caused: read again under the lock
                 return self._read_locked(offset, max_bytes)
-            # Nothing found below the log end: maybe cut, or rolled past the list taken.
-            if region is not None or offset >= facts[1]:
+            if found is not None:
+                region = self._remember(truncations, offset, found, max_bytes)
                 return ReadResult(offset, region, *facts)
+            # Nothing found below the log end: maybe cut, or rolled past the list taken.
+            if offset >= facts[1]:
+                return ReadResult(offset, None, *facts)
         return self._read_locked(offset, max_bytes)
+
+    def _remember(
+        self, truncations: int, offset: int, found: tuple[LogSegment, BatchHeader], max_bytes: int
+    ) -> FileRegion:
+        """The region of the batch a read found, the batch kept for the next read of the same
+        offset (`truncations`: the count when the read took its segments)."""
+        segment, header = found
+        self._read_memo = _ReadMemo(truncations, offset, segment, header)
+        return segment.region_from(header, max_bytes)
 
     def _segment_at(self, offset: int) -> int:
         """Under the lock: the index of the segment holding `offset` (the first if none).
@@ -1183,10 +1211,15 @@ class PartitionLog:
         with self._lock:
             self._check_readable(offset)
             try:
-                region = _read_from(self._segments[self._segment_at(offset) :], offset, max_bytes)
+                found = _first_batch(self._segments[self._segment_at(offset) :], offset)
             except DamagedLogError as exc:
                 self._damaged(offset, exc)
                 raise
+            region = (
+                self._remember(self._truncations, offset, found, max_bytes)
+                if found is not None
+                else None
+            )
             return ReadResult(
                 offset, region, self.log_start_offset, self._log_end_offset, self.high_watermark
             )
@@ -1469,16 +1502,26 @@ def _first_at_or_after(
     return None
 
 
-def _read_from(segments: list[LogSegment], offset: int, max_bytes: int) -> FileRegion | None:
-    """The first region of `segments` at or past `offset`. A segment whose batches all end
-    below `offset` gives None: the next one holds it. A damaged one raises DamagedLogError:
-    never passed over (see the module rules)."""
+class _ReadMemo(NamedTuple):
+    """A read's offset and the batch it began at, in its segment; good while the log has
+    been truncated `truncations` times (see the module rules: reads)."""
+
+    truncations: int
+    offset: int
+    segment: LogSegment
+    header: BatchHeader
+
+
+def _first_batch(segments: list[LogSegment], offset: int) -> tuple[LogSegment, BatchHeader] | None:
+    """The first batch of `segments` at or past `offset`, and its segment. A segment whose
+    batches all end below `offset` gives None: the next one holds it. A damaged one raises
+    DamagedLogError: never passed over (see the module rules)."""
     for segment in segments:
         if not segment.offset_index_loaded and not nowait.waiting_allowed():
             raise WouldWait(f"{segment.log_path}: its offset index is not loaded")
-        region = segment.read(offset, max_bytes)
-        if region is not None:
-            return region
+        header = segment.first_batch(offset)
+        if header is not None:
+            return segment, header
     return None
 
 

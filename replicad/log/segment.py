@@ -394,9 +394,17 @@ class LogSegment:
     def read(self, offset: int, max_bytes: int) -> FileRegion | None:
         """From the batch holding `offset`: max_bytes at most, but the first batch whole.
         A damaged entry before the batch raises DamagedLogError (see translate_offset)."""
-        header = self._first_header(offset, 0, True)
-        if header is None:
-            return None
+        header = self.first_batch(offset)
+        return self.region_from(header, max_bytes) if header is not None else None
+
+    def first_batch(self, offset: int) -> BatchHeader | None:
+        """The header of the batch holding `offset` (or the first after it); None when every
+        batch here ends below it. Damage raises as `read` says."""
+        return self._first_header(offset, 0, True)
+
+    def region_from(self, header: BatchHeader, max_bytes: int) -> FileRegion:
+        """The region `read` gives from the batch of `header`: max_bytes at most, but that
+        batch whole."""
         start = header.position
         size = min(self.size - start, max(max_bytes, header.size))
         return FileRegion(self.log_path, start, size)

@@ -22,8 +22,8 @@ from replicad.leader.reads import (
 from replicad.leader.transactions import AbortedTransaction
 from replicad.log.manager import LogManager
 from replicad.log.nowait import WouldWait, not_waiting
-from replicad.log.segment import FileRegion, LogSegment
-from replicad.records.batch import scan_batches
+from replicad.log.segment import LogSegment
+from replicad.records.batch import BatchHeader, scan_batches
 from replicad.records.records import ControlType
 from replicad.session.metadata import PartitionFetch
 from replicad.types import TopicPartition
@@ -315,16 +315,16 @@ def test_planning_reads_no_batch_and_the_records_step_spends_the_budget_in_order
     fill(logs, B, batches(0, 3, 100))
     fill(logs, C, batches(0, 3, 100))
     catalog = Catalog(logs, rng=random.Random(0))
-    real = LogSegment.read
+    real = LogSegment.first_batch
     read_from: list[int] = []
 
-    def watched(segment: LogSegment, offset: int, max_bytes: int) -> FileRegion | None:
+    def watched(segment: LogSegment, offset: int) -> BatchHeader | None:
         read_from.append(offset)
         if offset == 1:
             raise OSError(5, "Input/output error")  # B's disk fails
-        return real(segment, offset, max_bytes)
+        return real(segment, offset)
 
-    monkeypatch.setattr(LogSegment, "read", watched)
+    monkeypatch.setattr(LogSegment, "first_batch", watched)
     first = size_of(batches(0, 1, 100)[0])
     reads = [(A, fetch(0, first)), (B, fetch(1, first)), (C, fetch(2, first)), (C, fetch(3))]
     limits = ReadLimits(first + first // 2, Isolation.HIGH_WATERMARK, hard_max_bytes_limit=False)

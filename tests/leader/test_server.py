@@ -44,7 +44,7 @@ from replicad.protocol.requests import (
     metadata_request,
 )
 from replicad.protocol.security import ConnectionSecurity
-from replicad.records.batch import scan_batches
+from replicad.records.batch import BatchHeader, scan_batches
 from replicad.records.records import ControlType
 from replicad.types import TopicPartition
 from tests.page_cache import cached, dropped
@@ -286,19 +286,19 @@ async def test_a_fetch_of_bytes_not_in_the_page_cache_finds_them_off_the_loop(
     another client connects (its ApiVersions) while it is held. Failed on the code before
     dda9bfb: the header was read on the loop's thread, and the other client's ApiVersions
     waited until the held read gave up (`released` false)."""
-    real = LogSegment.read
+    real = LogSegment.first_batch
     release = threading.Event()
     read_on: list[int] = []
     released: list[bool] = []
 
-    def held(segment: LogSegment, offset: int, max_bytes: int) -> FileRegion | None:
+    def held(segment: LogSegment, offset: int) -> BatchHeader | None:
         read_on.append(threading.get_ident())
         if threading.get_ident() != server._loop_thread:
             released.append(release.wait(DEADLINE_S / 4))  # a disk that does not answer
-        return real(segment, offset, max_bytes)
+        return real(segment, offset)
 
     dropped(logs.partitions()[T0].active_segment.log_path)
-    monkeypatch.setattr(LogSegment, "read", held)
+    monkeypatch.setattr(LogSegment, "first_batch", held)
     slow = await connect(server)
     other = None
     try:
@@ -328,13 +328,13 @@ async def test_a_fetch_of_bytes_in_the_page_cache_reads_them_on_the_loop(
     before (5473483): the header was found on a worker thread (`read_on` another thread)."""
     import replicad.leader.server as server_module
 
-    real = LogSegment.read
+    real = LogSegment.first_batch
     read_on: list[int] = []
     assembled: list[int] = []
 
-    def watched(segment: LogSegment, offset: int, max_bytes: int) -> FileRegion | None:
+    def watched(segment: LogSegment, offset: int) -> BatchHeader | None:
         read_on.append(threading.get_ident())
-        return real(segment, offset, max_bytes)
+        return real(segment, offset)
 
     real_assemble = server_module.assemble
 
@@ -344,7 +344,7 @@ async def test_a_fetch_of_bytes_in_the_page_cache_reads_them_on_the_loop(
 
     on_disk = logs.partitions()[T0].active_segment.log_path
     cached(on_disk)
-    monkeypatch.setattr(LogSegment, "read", watched)
+    monkeypatch.setattr(LogSegment, "first_batch", watched)
     monkeypatch.setattr(server_module, "assemble", watched_assemble)
     conn = await connect(server)
     try:
@@ -466,13 +466,13 @@ async def test_a_fetch_with_nothing_to_read_reads_no_batch(server, monkeypatch) 
     """A consumer at the high watermark is answered from the offsets alone: no header read,
     on any thread (an idle long-poll's reads cost no hop to a worker thread)."""
     read_on: list[int] = []
-    real = LogSegment.read
+    real = LogSegment.first_batch
 
-    def watched(segment: LogSegment, offset: int, max_bytes: int) -> FileRegion | None:
+    def watched(segment: LogSegment, offset: int) -> BatchHeader | None:
         read_on.append(threading.get_ident())
-        return real(segment, offset, max_bytes)
+        return real(segment, offset)
 
-    monkeypatch.setattr(LogSegment, "read", watched)
+    monkeypatch.setattr(LogSegment, "first_batch", watched)
     conn = await connect(server)
     try:
         body = await conn.request(fetch(offset=3))

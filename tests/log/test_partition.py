@@ -607,6 +607,57 @@ def test_a_read_that_a_truncation_races_is_read_again_under_the_lock_not_called_
         log.read(target.base_offset, 1)
 
 
+def test_a_read_of_the_offset_read_last_reads_no_header_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The offset asked again (a long-poll's next round, another group at the same place)
+    gets the batch the last read found, without the index or a header's pread: within its
+    own max_bytes, to the segment's end as it is now. Another offset is read as before.
+    Fails on the code before (a pread a read)."""
+    log, _ = _partition(tmp_path)
+    inside = log.active_segment.headers()
+    target = inside[1]
+    first = log.read(target.base_offset, 1)
+    real_pread = FileHandle.pread
+    preads: list[int] = []
+
+    def pread(handle: FileHandle, size: int, position: int) -> bytes:
+        preads.append(position)
+        return real_pread(handle, size, position)
+
+    monkeypatch.setattr(FileHandle, "pread", pread)
+    again = log.read(target.base_offset, 1)
+    more = producer_batch(log.log_end_offset, [b"later"])
+    log.append(more, scan_batches(more).batches, now_ms=0)
+    wider = log.read(target.base_offset, 1 << 20)
+    assert preads == []
+    assert again.region == first.region and first.region is not None
+    assert first.region.size == target.size
+    assert wider.region is not None and wider.region.position == target.position
+    assert wider.region.size == log.active_segment.size - target.position
+    other = log.read(inside[2].base_offset, 1)
+    assert preads != [] and other.region is not None
+    assert other.region.position == inside[2].position
+
+
+def test_a_read_after_a_truncation_finds_the_batch_written_since_not_the_one_it_found(
+    tmp_path: Path,
+) -> None:
+    """A read's batch is kept for the next read of its offset only while the log is not
+    truncated: cut and written again with another batch at that offset, the read finds
+    that one (fails if the kept batch outlived the truncation: its size was the old one)."""
+    log, _ = _partition(tmp_path)
+    inside = log.active_segment.headers()
+    offset = inside[-2].base_offset
+    before = log.read(offset, 1)
+    assert before.region is not None and before.region.size == inside[-2].size
+    log.truncate_to(offset)
+    big = producer_batch(offset, [bytes(4000)])
+    log.append(big, scan_batches(big).batches, now_ms=0)
+    after = log.read(offset, 1)
+    assert after.region is not None and after.region.read_bytes() == big
+
+
 def test_retention_unlinks_segments_without_holding_the_append_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
