@@ -61,9 +61,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+import functools
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -80,7 +81,7 @@ from replicad.leader.catalog import Catalog
 from replicad.leader.fetch import FetchHandling, FetchRound
 from replicad.leader.reads import Isolation, PartitionAnswer, TransactionTracker
 from replicad.leader.request_pool import RequestMemoryPool
-from replicad.leader.transactions import AbortedTransaction
+from replicad.leader.transactions import AbortedTransaction, TransactionState
 from replicad.log.checkpoint import kafka_uuid
 from replicad.log.epoch import LeaderEpochCache
 from replicad.log.index import TimestampOffset
@@ -219,8 +220,14 @@ class RemoteFetch:
         last: FetchRound,
         catalog: Catalog,
         transactions: TransactionTracker,
+        *,
+        without_waiting: Callable[[Callable[[], TransactionState]], Awaitable[TransactionState]]
+        | None = None,
     ) -> FetchRound:
-        """`last` with the partitions below the local log start read from the bucket."""
+        """`last` with the partitions below the local log start read from the bucket. A
+        READ_COMMITTED answer's last stable offset comes from the local log's transaction
+        fold (the batches appended since the plan folded it), through `without_waiting`
+        where given (serve's: the fold does not wait on the disk on the loop)."""
         below = [a for a in last.answers.values() if a.error_code == ErrorCode.offset_out_of_range]
         if not below:
             return last
@@ -299,7 +306,9 @@ class RemoteFetch:
                 continue  # not in the archive either: OFFSET_OUT_OF_RANGE
             lso = hw
             if handling.limits.isolation is Isolation.TXN_COMMITTED:
-                lso = transactions.state(tp, plog).last_stable_offset(hw)
+                fold = functools.partial(transactions.state, tp, plog)
+                state = fold() if without_waiting is None else await without_waiting(fold)
+                lso = state.last_stable_offset(hw)
             self.counters["remote_fetches_total"] += 1
             self.counters["remote_fetch_bytes_total"] += records.size
             readable += records.size

@@ -40,9 +40,9 @@ Rules:
   index and batches) or, v0, reads the segments' timestamps (handlers.py resolves the
   partitions on the loop, then answers them on the thread). A region sent by sendfile
   (the kernel reads it on the loop's thread) is read into the page cache on a worker
-  thread first unless all its pages are there (nowait.all_cached: cachestat). Still on
-  the loop: the fold of a partition read from the archive (remote_fetch.py: the batches
-  appended since its plan folded it).
+  thread first unless all its pages are there (nowait.all_cached: cachestat). The fold
+  of a partition read from the archive (remote_fetch.py: the batches appended since its
+  plan folded it) goes through `_without_waiting` too.
 - Authentication: SASL steps run on a thread of their own (PLAIN hashes the password with
   PBKDF2), one at a time; a failed one is answered `failed_authentication_delay_ms` later.
 - What clients do wrong is a `ServeEvent` (events.py): counted, logged at a limited rate,
@@ -1047,7 +1047,13 @@ class LeaderServer:
         if self.remote is not None:
             # Offsets below the local log start, from the bucket, off the loop.
             with _not_charged():
-                last = await self.remote.complete(handling, last, self.catalog, self.transactions)
+                last = await self.remote.complete(
+                    handling,
+                    last,
+                    self.catalog,
+                    self.transactions,
+                    without_waiting=self._without_waiting,
+                )
         outcome = handling.finish(last, now_ms=self._now_ms())
         self._count_session_use(handling, outcome.session_id)
         return fetch_response_frame(

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kafka import KafkaConsumer
@@ -34,6 +35,7 @@ from replicad.leader.remote_fetch import (
     LATEST_TIERED_TIMESTAMP,
     RemoteFetch,
 )
+from replicad.log import nowait
 from replicad.log.config import LogConfig
 from replicad.log.manager import LogManager
 from replicad.protocol.requests import OffsetQuery, list_offsets_request
@@ -42,6 +44,7 @@ from replicad.records.records import ControlType
 from replicad.types import TopicPartition
 from replicad.wire import EARLIEST_TIMESTAMP, READ_COMMITTED
 from tests.leader.conftest import ServedInThread, control_batch, transactional_batch
+from tests.page_cache import cached
 from tools.logdata.batches import producer_batch
 from tools.peers.kcat import run_kcat
 from tools.peers.process import free_port
@@ -347,11 +350,28 @@ def test_list_offsets_answers_the_buckets_start_and_the_local_start(
 
 
 def test_read_committed_from_the_bucket_skips_aborted_transactions(
-    s3_server: S3Server, s3_bucket: str, tmp_path: Path, served: Callable[..., ServedInThread]
+    s3_server: S3Server,
+    s3_bucket: str,
+    tmp_path: Path,
+    served: Callable[..., ServedInThread],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Aborted and committed transactions in archived segments, and one aborted only in the
     local log (its marker found past the archive's end): a read_committed consumer from 0
-    gets every committed record and nothing else."""
+    gets every committed record and nothing else. Every transaction fold on serve's loop,
+    the one for an answer from the bucket's included, runs where it may not wait on the
+    disk (log/nowait.py); the bucket's answer's fold waited before (fails on the code
+    before: a fold with waiting allowed)."""
+    on_loop: list[bool] = []
+    real_state = TransactionTracker.state
+    loop_thread: list[int] = []
+
+    def state(tracker: TransactionTracker, tp: TopicPartition, plog: Any) -> Any:
+        if threading.get_ident() in loop_thread:
+            on_loop.append(nowait.waiting_allowed())
+        return real_state(tracker, tp, plog)
+
+    monkeypatch.setattr(TransactionTracker, "state", state)
     batches, committed = [], []
     for i in range(400):
         if i in (100, 102):
@@ -369,10 +389,13 @@ def test_read_committed_from_the_bucket_skips_aborted_transactions(
             committed.append(i)
     with archive_of(batches, tmp_path, s3_server, s3_bucket) as done:
         assert 200 < done.local_start <= 399  # the last transaction ends locally
+        cached(done.logs.partitions()[TP].active_segment.log_path)  # skips on tmpfs
         server = served(done.logs, remote_fetch(s3_server.endpoint, s3_bucket))
+        loop_thread.append(server.server._loop_thread)
         got = read_from_the_start(server.bootstrap, committed[-1] + 1)
         assert got == [(i, value(i)) for i in committed]
         assert server.metrics()["remote_fetches_total"] > 0
+    assert on_loop and not any(on_loop), on_loop
 
 
 @pytest.mark.parametrize("chunk_segments", [3], indirect=True)
