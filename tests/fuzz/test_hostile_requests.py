@@ -13,12 +13,8 @@ import socket
 import struct
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
-from kafka.protocol.consumer.fetch import FetchRequest
-from kafka.protocol.consumer.offsets import ListOffsetsRequest
-from kafka.protocol.metadata.metadata import MetadataRequest
 from kio.schema.create_topics.v7.request import CreatableTopic, CreateTopicsRequest
 from kio.schema.create_topics.v7.response import CreateTopicsResponse
 from kio.static.primitive import i16, i32
@@ -29,6 +25,12 @@ from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import decode_response, encode_request, response_type
 from replicad.records.batch import scan_batches
 from replicad.types import TopicPartition
+from tests.fuzz.kafka_python_requests import (
+    encoded,
+    fetch_request,
+    list_offsets_request,
+    metadata_request,
+)
 from tools.logdata.batches import producer_batch
 from tools.peers.process import free_port
 from tools.replica import replicad_serve
@@ -55,65 +57,17 @@ def data_dir_with_records(path: Path) -> bytes:
     return batch
 
 
-def encoded(request: Any, correlation_id: int) -> bytes:
-    request.with_header(correlation_id=correlation_id, client_id=CLIENT_ID)
-    return bytes(request.encode(header=True))
-
-
 def metadata(correlation_id: int) -> bytes:
-    topic = MetadataRequest.MetadataRequestTopic(topic_id=None, name=TOPIC)
-    return encoded(
-        MetadataRequest(
-            topics=[topic],
-            allow_auto_topic_creation=False,
-            include_cluster_authorized_operations=False,
-            include_topic_authorized_operations=False,
-            version=12,
-        ),
-        correlation_id,
-    )
+    return encoded(metadata_request(TOPIC, 12), correlation_id, CLIENT_ID)
 
 
 def fetch(correlation_id: int) -> bytes:
-    part = FetchRequest.FetchTopic.FetchPartition(
-        partition=0,
-        current_leader_epoch=-1,
-        fetch_offset=0,
-        last_fetched_epoch=-1,
-        log_start_offset=-1,
-        partition_max_bytes=65536,
-    )
-    return encoded(
-        FetchRequest(
-            replica_id=-1,
-            max_wait_ms=0,
-            min_bytes=0,
-            max_bytes=65536,
-            isolation_level=0,
-            session_id=0,
-            session_epoch=-1,
-            topics=[FetchRequest.FetchTopic(topic=TOPIC, partitions=[part])],
-            forgotten_topics_data=[],
-            rack_id="",
-            version=12,
-        ),
-        correlation_id,
-    )
+    request = fetch_request(TOPIC, [0], 12, partition_max_bytes=65536)
+    return encoded(request, correlation_id, CLIENT_ID)
 
 
 def list_offsets(correlation_id: int) -> bytes:
-    part = ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(
-        partition_index=0, current_leader_epoch=-1, timestamp=-1
-    )
-    return encoded(
-        ListOffsetsRequest(
-            replica_id=-1,
-            isolation_level=0,
-            topics=[ListOffsetsRequest.ListOffsetsTopic(name=TOPIC, partitions=[part])],
-            version=7,
-        ),
-        correlation_id,
-    )
+    return encoded(list_offsets_request(TOPIC, [0], 7), correlation_id, CLIENT_ID)
 
 
 def claiming_huge(frame: bytes, body_offset: int) -> bytes:

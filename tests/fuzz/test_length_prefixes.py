@@ -23,16 +23,20 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
-from kafka.protocol.consumer.fetch import FetchRequest
-from kafka.protocol.consumer.offsets import ListOffsetsRequest, OffsetForLeaderEpochRequest
+from kafka.protocol.consumer.offsets import OffsetForLeaderEpochRequest
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest
-from kafka.protocol.metadata.metadata import MetadataRequest
 
 from replicad.errors import RemoteProtocolError
 from replicad.follower.fetch_response import scan_fetch_response
 from replicad.protocol.apis import ApiKey
 from replicad.protocol.codec import decode_request, decode_response, request_type, response_type
 from replicad.protocol.frame_guard import check_message
+from tests.fuzz.kafka_python_requests import (
+    encoded,
+    fetch_request,
+    list_offsets_request,
+    metadata_request,
+)
 from tools.chaos.isolate import Outcome, run_batch
 from tools.chaos.scenarios import fill, new_topic
 from tools.chaos.strategies import bounded
@@ -44,6 +48,9 @@ HUGE_VARINT = b"\xff\xff\xff\xff\x0f"  # 2^32 - 1 as an unsigned varint
 HUGE_I32 = struct.pack(">i", 2**31 - 1)
 HUGE_I16 = struct.pack(">h", 2**15 - 1)
 SIZE = struct.Struct(">i")
+CLIENT_ID = "kafka-python"
+# The partitions each request asks for (the topic has two).
+PARTITIONS = (0, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,64 +70,16 @@ class Sample:
 def kafka_python_requests(topic: str, topic_id: uuid.UUID) -> list[tuple[int, int, Any]]:
     """(api key, version, kafka-python request) for the APIs replicad's two sides decode,
     flexible versions and old ones (legacy i32/i16 lengths) alike."""
-    ft, fp = FetchRequest.FetchTopic, FetchRequest.FetchTopic.FetchPartition
-    lt, lp = (
-        ListOffsetsRequest.ListOffsetsTopic,
-        ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition,
-    )
     et = OffsetForLeaderEpochRequest.OffsetForLeaderTopic
     ep = et.OffsetForLeaderPartition
 
     def fetch(version: int) -> Any:
-        parts = [
-            fp(
-                partition=p,
-                current_leader_epoch=-1,
-                fetch_offset=0,
-                last_fetched_epoch=-1,
-                log_start_offset=-1,
-                partition_max_bytes=1500,
-            )
-            for p in (0, 1)
-        ]
-        return FetchRequest(
-            replica_id=-1,
-            max_wait_ms=0,
-            min_bytes=0,
-            max_bytes=3000,
-            isolation_level=0,
-            session_id=0,
-            session_epoch=-1,
-            topics=[ft(topic=topic, topic_id=topic_id, partitions=parts)],
-            forgotten_topics_data=[],
-            rack_id="",
-            version=version,
-        )
-
-    def metadata(version: int) -> Any:
-        return MetadataRequest(
-            topics=[MetadataRequest.MetadataRequestTopic(topic_id=None, name=topic)],
-            allow_auto_topic_creation=False,
-            include_cluster_authorized_operations=False,
-            include_topic_authorized_operations=False,
-            version=version,
-        )
-
-    def list_offsets(version: int) -> Any:
-        parts = [
-            lp(partition_index=p, current_leader_epoch=-1, timestamp=-1, max_num_offsets=1)
-            for p in (0, 1)
-        ]
-        return ListOffsetsRequest(
-            replica_id=-1,
-            isolation_level=0,
-            topics=[lt(name=topic, partitions=parts)],
-            timeout_ms=1000,
-            version=version,
+        return fetch_request(
+            topic, PARTITIONS, version, partition_max_bytes=1500, topic_id=topic_id
         )
 
     def epochs(version: int) -> Any:
-        parts = [ep(partition=p, current_leader_epoch=-1, leader_epoch=0) for p in (0, 1)]
+        parts = [ep(partition=p, current_leader_epoch=-1, leader_epoch=0) for p in PARTITIONS]
         return OffsetForLeaderEpochRequest(
             replica_id=-2, topics=[et(topic=topic, partitions=parts)], version=version
         )
@@ -133,21 +92,16 @@ def kafka_python_requests(topic: str, topic_id: uuid.UUID) -> list[tuple[int, in
                 client_software_name="kafka-python", client_software_version="3", version=3
             ),
         ),
-        (ApiKey.METADATA, 4, metadata(4)),
-        (ApiKey.METADATA, 12, metadata(12)),
-        (ApiKey.LIST_OFFSETS, 2, list_offsets(2)),
-        (ApiKey.LIST_OFFSETS, 7, list_offsets(7)),
+        (ApiKey.METADATA, 4, metadata_request(topic, 4)),
+        (ApiKey.METADATA, 12, metadata_request(topic, 12)),
+        (ApiKey.LIST_OFFSETS, 2, list_offsets_request(topic, PARTITIONS, 2)),
+        (ApiKey.LIST_OFFSETS, 7, list_offsets_request(topic, PARTITIONS, 7)),
         (ApiKey.OFFSET_FOR_LEADER_EPOCH, 3, epochs(3)),
         (ApiKey.OFFSET_FOR_LEADER_EPOCH, 4, epochs(4)),
         (ApiKey.FETCH, 11, fetch(11)),
         (ApiKey.FETCH, 12, fetch(12)),
         (ApiKey.FETCH, 16, fetch(16)),
     ]
-
-
-def encoded(request: Any, correlation_id: int) -> bytes:
-    request.with_header(correlation_id=correlation_id, client_id="kafka-python")
-    return bytes(request.encode(header=True))
 
 
 def exchange(sock: socket.socket, frame: bytes) -> bytes:
@@ -162,11 +116,11 @@ def samples(kafka_broker) -> list[Sample]:
     found: list[Sample] = []
     with socket.create_connection(("127.0.0.1", kafka_broker.port), timeout=30) as sock:
         # The topic id, for Fetch v13+, from the broker's own Metadata answer.
-        meta = encoded(kafka_python_requests(topic, uuid.UUID(int=0))[2][2], 1)
+        meta = encoded(metadata_request(topic, 12), 1, CLIENT_ID)
         body = decode_response(exchange(sock, meta), response_type(ApiKey.METADATA, 12)).body
         topic_id = body.topics[0].topic_id
         for i, (api, version, request) in enumerate(kafka_python_requests(topic, topic_id)):
-            frame = encoded(request, 100 + i)
+            frame = encoded(request, 100 + i, CLIENT_ID)
             name = f"{ApiKey(api).name} v{version}"
             found.append(Sample(f"{name} request", True, request_type(api, version), frame))
             answer = exchange(sock, frame)
