@@ -49,8 +49,9 @@ Rules:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import Enum
+from typing import Any
 
 from replicad.errors import LocalProtocolError
 from replicad.records.batch import (
@@ -104,6 +105,10 @@ class Mismatch:
     last_offset: int
     kind: Kind
     detail: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """Its JSON form (`replicad verify --json`, the continuous check's status)."""
+        return {**asdict(self), "kind": self.kind.value}
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,15 +72,7 @@ class PartitionProof:
             "log_end_offset": self.log_end_offset,
             "unverified_offsets": max(0, self.log_end_offset - self.verified_offset),
             "mismatch_count": self.mismatch_count,
-            "mismatches": [
-                {
-                    "offset": m.offset,
-                    "last_offset": m.last_offset,
-                    "kind": m.kind.value,
-                    "detail": m.detail,
-                }
-                for m in self.mismatches
-            ],
+            "mismatches": [m.as_dict() for m in self.mismatches],
             "batches_compared": self.batches_compared,
             "bytes_compared": self.bytes_compared,
             "gone_at_source": self.gone_at_source,

@@ -95,15 +95,7 @@ def as_json(results: Sequence[PartitionResult], *, seed: int | None) -> dict[str
                 "verified_to": r.verified_to,
                 "batches_compared": r.batches_compared,
                 "bytes_compared": r.bytes_compared,
-                "mismatches": [
-                    {
-                        "offset": m.offset,
-                        "last_offset": m.last_offset,
-                        "kind": m.kind.value,
-                        "detail": m.detail,
-                    }
-                    for m in r.mismatches
-                ],
+                "mismatches": [m.as_dict() for m in r.mismatches],
                 "gone_at_source": ranges(r.gone_at_source),
                 "rewritten_at_source": ranges(r.rewritten_at_source),
                 "not_at_source": ranges([r.not_at_source] if r.not_at_source else []),
