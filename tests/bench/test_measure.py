@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -110,3 +111,16 @@ def test_tree_cpu_counts_reaped_and_live_descendants_the_process_alone_does_not(
     finally:
         parent.kill()
         parent.wait()
+
+
+def test_cpu_seconds_are_the_process_own_user_and_system_time() -> None:
+    """The table's daemon CPU seconds: /proc/<pid>/stat's utime + stime, as os.times gives
+    them for this process (both read in clock ticks)."""
+    sum(i * i for i in range(200_000))  # some CPU of our own to count
+    before = sum(os.times()[:2])
+    read = cpu_seconds(os.getpid())
+    after = sum(os.times()[:2])
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    # timing-ok: two readings of one CPU counter compared, not how long anything took
+    assert before - tick <= read <= after + tick
+    assert read > 0

@@ -4,11 +4,10 @@ Kafka cluster: tests/follower/test_memory_10k.py runs it)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
-from tools.bench.memory import MIB, anonymous_mappings, cpu_seconds, explain_step
+from tools.bench.memory import MIB, anonymous_mappings, explain_step
 
 _CHILD = """
 import sys
@@ -39,16 +38,3 @@ def test_a_buffer_allocated_between_samples_is_named_as_a_new_mapping_of_its_siz
     finally:
         child.stdin.close()
         child.wait(timeout=60)
-
-
-def test_cpu_seconds_are_the_process_own_user_and_system_time() -> None:
-    """The table's daemon CPU seconds: /proc/<pid>/stat's utime + stime, as os.times gives
-    them for this process (both read in clock ticks)."""
-    sum(i * i for i in range(200_000))  # some CPU of our own to count
-    before = sum(os.times()[:2])
-    read = cpu_seconds(os.getpid())
-    after = sum(os.times()[:2])
-    tick = 1 / os.sysconf("SC_CLK_TCK")
-    # timing-ok: two readings of one CPU counter compared, not how long anything took
-    assert before - tick <= read <= after + tick
-    assert read > 0

@@ -20,6 +20,8 @@ from tools.peers.process import (
     free_port,
     kill,
     port_accepts,
+    proc_status,
+    rss_mib,
     spawn,
     taken_port,
     terminate,
@@ -138,3 +140,17 @@ def test_a_peer_dies_with_the_interpreter_that_spawned_it(how: str) -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_proc_status_reads_the_kernels_sizes_and_counts() -> None:
+    """VmRSS and VmHWM in kB, Threads a count, as /proc/<pid>/status writes them; a process
+    that is not there raises."""
+    held = bytearray(16 << 20)  # touched below: resident
+    held[::4096] = b"x" * len(held[::4096])
+    status = proc_status(os.getpid())
+    assert status["VmHWM"] >= status["VmRSS"] >= 16 << 10
+    assert status["Threads"] >= 1
+    assert rss_mib(os.getpid()) >= 16
+    no_such_pid = int(Path("/proc/sys/kernel/pid_max").read_text())  # pids stay below it
+    with pytest.raises(OSError):
+        proc_status(no_such_pid)

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from tools.peers.process import proc_status
+
 POLL_S = 0.02
 MARK_PERCENTS = tuple(range(10, 101, 10))
 STEADY_FROM, STEADY_TO = 10, 90
@@ -95,12 +97,10 @@ def hwm_mib(pid: int) -> float | None:
     """The process's own peak RSS (VmHWM); it restarts at exec, unlike ru_maxrss, which
     also counts the forked parent's pages before exec."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
+        hwm = proc_status(pid).get("VmHWM")
     except OSError:
         return None
-    return None
+    return None if hwm is None else hwm / 1024
 
 
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")

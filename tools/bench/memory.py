@@ -57,8 +57,10 @@ from replicad.errors import ControlError
 from replicad.types import TopicPartition
 from tools.bench import traced
 from tools.bench.kafka_settings import kafka_settings
+from tools.bench.measure import cpu_seconds
 from tools.peers.admin import librdkafka_log
 from tools.peers.kafka_cluster import KafkaCluster
+from tools.peers.process import proc_status
 from tools.peers.produce import produce_when_room
 from tools.replica import ReplicadProcess, end_offsets, replicad_argv, wait_until
 
@@ -250,16 +252,9 @@ def daemon_config(
     )
 
 
-def proc_status(pid: int) -> dict[str, int]:
-    """The kB fields of /proc/<pid>/status, in bytes (VmHWM, VmRSS, RssAnon, ...)."""
-    found: dict[str, int] = {}
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if len(parts) == 2 and parts[1] == "kB":
-                found[key] = int(parts[0]) * KIB
-    return found
+def status_bytes(pid: int) -> dict[str, int]:
+    """The sizes of /proc/<pid>/status (VmHWM, VmRSS, RssAnon, ...) in bytes."""
+    return {key: kib * KIB for key, kib in proc_status(pid).items()}
 
 
 def anonymous_mappings(pid: int) -> dict[str, int]:
@@ -341,7 +336,7 @@ class FdSampler:
         """Each rise of the daemon's VmHWM by HWM_STEP, with when: where the peak comes from
         (session 9: one step of 31 MiB at the first stall report of 9,804 partitions)."""
         try:
-            status = proc_status(self._pid)
+            status = status_bytes(self._pid)
         except OSError:  # the process is gone
             return
         hwm = status.get("VmHWM", 0)
@@ -473,7 +468,7 @@ def run(
                 what=f"{source_bytes:,} bytes replicated",
             )
             replicate_s = time.monotonic() - started
-            caught_up = proc_status(pid)
+            caught_up = status_bytes(pid)
             # Said now: a status reply that never comes (a loaded machine) must not lose them.
             print(
                 f"caught up in {replicate_s:.1f} s: VmHWM {caught_up['VmHWM'] / MIB:.1f} MiB, "
@@ -482,7 +477,7 @@ def run(
                 file=sys.stderr,
             )
             time.sleep(SETTLE_S)
-            settled = proc_status(pid)
+            settled = status_bytes(pid)
             print(
                 f"{SETTLE_S:.0f} s later: VmHWM {settled['VmHWM'] / MIB:.1f} MiB, "
                 f"VmRSS {settled['VmRSS'] / MIB:.1f} MiB",
@@ -493,7 +488,7 @@ def run(
             print(f"status answered in {time.monotonic() - asked:.1f} s", file=sys.stderr)
             sampler.sample()
             # The high-water mark over the daemon's whole life so far, status reply included.
-            peak_rss = proc_status(pid)["VmHWM"]
+            peak_rss = status_bytes(pid)["VmHWM"]
             cpu_s, load_at_end = cpu_seconds(pid), os.getloadavg()[0]
     finally:
         code = daemon.stop(timeout_s=120)
@@ -522,13 +517,6 @@ def run(
         cpu_s=cpu_s,
         load=(load_at_start, load_at_end),
     )
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far (/proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    # After the command name: state is field 3, utime field 14, stime field 15.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- command line ----------------------------------------------------------------------

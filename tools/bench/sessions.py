@@ -20,15 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from tools.bench.measure import cpu_seconds
 from tools.peers.kafka import KafkaBroker
 from tools.replica import replicad_run, status_json, wait_until
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
 
 
 def status(sock: Path) -> dict | None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.peers.pki import make_test_pki
-from tools.peers.process import free_port, port_accepts
+from tools.peers.process import free_port, port_accepts, rss_mib
 from tools.replica import replicad_argv, wait_until
 
 MIB = 1024 * 1024
@@ -49,13 +49,6 @@ class Result:
     peak_mib: float
     after_mib: float
     served_after: bool
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 @contextlib.contextmanager

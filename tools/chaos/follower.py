@@ -26,6 +26,7 @@ import yaml
 from replicad.config.rules import UNIX_SOCKET_PATH_MAX
 from replicad.types import TopicPartition
 from tools.chaos.invariant import end_offsets
+from tools.peers.process import proc_status
 from tools.replica import ReplicadProcess, run_args, status_json
 
 # Lines of a daemon's log that mean something escaped the handling it should have had.
@@ -108,16 +109,11 @@ class ProcSample:
 def proc_sample(pid: int) -> ProcSample | None:
     """RSS, open file descriptors and threads of `pid`; None once it is gone."""
     try:
-        status = Path(f"/proc/{pid}/status").read_text()
+        status = proc_status(pid)
         fds = len(os.listdir(f"/proc/{pid}/fd"))
     except (FileNotFoundError, ProcessLookupError):
         return None
-    values: dict[str, int] = {}
-    for line in status.splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("VmRSS", "Threads"):
-            values[key] = int(rest.split()[0])
-    return ProcSample(rss_kb=values.get("VmRSS", 0), fds=fds, threads=values.get("Threads", 0))
+    return ProcSample(rss_kb=status.get("VmRSS", 0), fds=fds, threads=status.get("Threads", 0))
 
 
 def merge_config(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from replicad.clock import wall_ms
+from tools.peers.process import rss_mib
 from tools.wait import DEADLINE_S, wait_until
 
 FETCH, LIST_OFFSETS, SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE = 1, 2, 17, 18, 36
@@ -496,14 +497,6 @@ class TableRow:
     outcome: str
 
 
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def _probes(address: tuple[str, int]) -> list[tuple[str, Callable[[], ProbeResult]]]:
     def flood() -> ProbeResult:
         start = time.monotonic()
@@ -570,7 +563,7 @@ def run_table(work: Path, topic: str = "t") -> list[TableRow]:
         address = ("127.0.0.1", port)
         for name, probe in _probes(address):
             lines_before = len(log_path.read_text().splitlines())
-            rss_before = rss_mb(pid)
+            rss_before = rss_mib(pid)
             with FetchLatency(address, topic) as normal:
                 time.sleep(0.2)
                 result = probe()
@@ -582,7 +575,7 @@ def run_table(work: Path, topic: str = "t") -> list[TableRow]:
                     result.connections,
                     result.bytes_sent,
                     rss_before,
-                    rss_mb(pid),
+                    rss_mib(pid),
                     normal.quantile_ms(0.5),
                     normal.max_ms,
                     len(normal.latencies_s),

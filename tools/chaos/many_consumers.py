@@ -19,8 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.chaos.hostile import rss_mb
-from tools.peers.process import free_port
+from tools.peers.process import free_port, rss_mib
 from tools.peers.produce import produce_numbered
 from tools.replica import replicad_run
 
@@ -111,7 +110,7 @@ def many_consumers(
         proc.wait_caught_up(want, timeout_s=120)
         assert proc.proc is not None
         pid = proc.proc.pid
-        result.rss_before_mb = rss_mb(pid)
+        result.rss_before_mb = rss_mib(pid)
         served = f"127.0.0.1:{port}"
         readers = [_kafka_python] * kafka_python + [_librdkafka] * librdkafka
         durations: list[float] = []
@@ -143,7 +142,7 @@ def many_consumers(
             result.status_asked += 1
             if snapshot is not None:
                 result.lag_max = max(result.lag_max, int(snapshot.get("lag") or 0))
-            result.rss_peak_mb = max(result.rss_peak_mb, rss_mb(pid))
+            result.rss_peak_mb = max(result.rss_peak_mb, rss_mib(pid))
             time.sleep(0.5)
         result.slowest_s = max(durations, default=0.0)
     return result

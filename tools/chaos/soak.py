@@ -94,7 +94,7 @@ from tools.chaos.soak_sources import (
     heap_mib,
     start_peer,
 )
-from tools.peers.process import PeerError
+from tools.peers.process import PeerError, proc_status
 from tools.peers.produce import produce_mixed
 
 MIB_KB = 1024
@@ -360,20 +360,6 @@ def fd_counts(pid: int, data_dir: Path) -> FdCounts | None:
     return FdCounts(sockets, data, other)
 
 
-def memory_kb(pid: int) -> tuple[int, int, int] | None:
-    """(VmRSS, RssAnon, Threads) from /proc/<pid>/status."""
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return None
-    values: dict[str, int] = {}
-    for line in text.splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("VmRSS", "RssAnon", "Threads"):
-            values[key] = int(rest.split()[0])
-    return values.get("VmRSS", 0), values.get("RssAnon", 0), values.get("Threads", 0)
-
-
 def trends(samples: list[SoakSample]) -> tuple[Trend, ...]:
     quarter = max(1, len(samples) // 4)
     early = samples[quarter : 2 * quarter] or samples
@@ -613,17 +599,21 @@ def _sample(run: _Run) -> SoakSample | None:
     if pid is None:
         return None
     snapshot = _status(follower)
-    memory, fds = memory_kb(pid), fd_counts(pid, follower.data_dir)
-    if memory is None or fds is None:
+    try:
+        memory = proc_status(pid)
+    except OSError:
+        return None
+    fds = fd_counts(pid, follower.data_dir)
+    if fds is None:
         return None
     totals = (snapshot or {}).get("totals") or {}
     loop = (snapshot or {}).get("event_loop") or {}
     states = totals.get("partitions_by_state") or {}
     return SoakSample(
         elapsed_s=time.monotonic() - run.started,
-        rss_kb=memory[0],
-        anon_kb=memory[1],
-        threads=memory[2],
+        rss_kb=memory.get("VmRSS", 0),
+        anon_kb=memory.get("RssAnon", 0),
+        threads=memory.get("Threads", 0),
         fds=fds,
         tasks=snapshot.get(TASKS_KEY) if snapshot else None,
         replica_offsets=sum(

@@ -1,4 +1,5 @@
-"""Child processes of the peer harness: free ports, spawning, and never leaking a broker.
+"""Child processes of the peer harness: free ports, spawning, never leaking a broker, and
+what /proc says of a process (`proc_status`, `rss_mib`).
 
 Every peer (the Kafka JVM, Tansu) is started through `spawn`, which puts it in a
 process group of its own and registers it, so that
@@ -109,6 +110,23 @@ def wait_until(
 
 _live: set[subprocess.Popen[bytes]] = set()
 _live_lock = threading.Lock()
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """The numbers of /proc/<pid>/status as the kernel writes them: VmRSS, VmHWM, RssAnon
+    and the other sizes in kB, Threads a count. OSError once the process is gone."""
+    found: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        value = rest.split()
+        if value and value[0].isdigit():
+            found[key] = int(value[0])
+    return found
+
+
+def rss_mib(pid: int) -> float:
+    """The process's resident set now (VmRSS), in MiB; OSError once it is gone."""
+    return proc_status(pid).get("VmRSS", 0) / 1024
 
 
 def _set_parent_death_signal() -> None:
