@@ -807,7 +807,9 @@ def test_with_sessions_off_every_request_is_a_share():
     table = _table(sessionless_max_partitions=2, sessions=False)
     for p in range(3):
         _add(table, TopicPartition("t", p))
-    assert _asked(table.next_fetch(0, max_version=13)) == [0, 1]
+    share = table.next_fetch(0, max_version=13)
+    assert _asked(share) == [0, 1]
+    table.on_response(share, _response(share, session_id=0), 0)
     assert _asked(table.next_fetch(0, max_version=13)) == [2, 0]
 
 
@@ -1678,10 +1680,19 @@ class TansuLike:
 
 
 def _soak_against(
-    leader, table, logs, *, until_ms, disk_full=None, produce_until_ms=None, fails=None
+    leader,
+    table,
+    logs,
+    *,
+    until_ms,
+    disk_full=None,
+    produce_until_ms=None,
+    fails=None,
+    produced_a_request=4,
 ):
     """The shell's loop and the daemon's stall check, on a simulated clock: one request every
-    2 s, two records produced in each of 4 partitions (in turn) a request until
+    2 s, two records produced in each of `produced_a_request` partitions (in turn) a request
+    until
     `produce_until_ms`, appends refused while `disk_full` (start, end) holds; `fails(now,
     fetch)` says how a request fails ("reset": lost with its connection, "timeout": no answer
     in time) or None (answered), and a failed one's connection is made again (the shell's
@@ -1698,7 +1709,8 @@ def _soak_against(
     stalls: list[str] = []
     now = 0
     while now < until_ms:
-        for _ in range(4 if produce_until_ms is None or now < produce_until_ms else 0):
+        producing = produce_until_ms is None or now < produce_until_ms
+        for _ in range(produced_a_request if producing else 0):
             tp = tps[produced % len(tps)]
             leader.ends[tp] += 2
             produced += 1
@@ -1799,6 +1811,56 @@ def test_requests_lost_while_a_leader_restarts_are_no_turns_after_a_full_disk():
     )
     assert stalls == []
     assert [tp for tp, local in logs.items() if local.log_end_offset != leader.ends[tp]] == []
+
+
+def test_a_share_failed_by_the_leader_or_lost_with_its_connection_is_asked_again_first():
+    """Session 18's soak on Tansu with S3 storage at 10,000 partitions: a pass over the
+    partitions took 46-90 s, longer than the stall time, and the network faults (a request
+    not answered in time, an answer cut short by the proxy, a connection reset) ended a
+    share now and then without an answer. Its partitions, taken out of the pass when sent,
+    waited for the next pass. A share without a usable answer keeps its place (R16): asked
+    again in the next request, counted as a turn only as R14 says; once (a retry that fails
+    too waits for the next pass, or a share never answered would hold the others back)."""
+    table = _table(sessionless_max_partitions=2)
+    for p in range(6):
+        _add(table, TopicPartition("t", p))
+    first = table.next_fetch(0, max_version=13)
+    table.on_response(first, _response(first, session_id=0), 0)  # no session: shares
+    answered = table.next_fetch(0, max_version=13)
+    table.on_response(answered, _response(answered, session_id=0), 0)
+    failed = table.next_fetch(0, max_version=13)
+    assert _asked(failed) == [2, 3]
+    table.send_failed(0, leader_failed_it=True)  # no answer in time: a turn (R14)
+    table.connection_failed("timeout", 0)
+    again = table.next_fetch(0, max_version=13)
+    assert _asked(again) == [2, 3]
+    turns = {tp.partition: st.answers_since_move for tp, st in table.partitions.items()}
+    table.send_failed(0)  # reset by the peer: no turn, and the retry failed: next pass
+    assert {tp.partition: st.answers_since_move for tp, st in table.partitions.items()} == turns
+    assert turns[2] == turns[3] == turns[4] + 1  # the first (full) answer, and the timeout
+    assert _asked(table.next_fetch(0, max_version=13)) == [4, 5]
+    table.send_failed(0)  # lost with its connection: asked again first
+    assert _asked(table.next_fetch(0, max_version=13)) == [4, 5]
+
+
+def test_a_share_the_leader_refuses_or_a_new_connection_abandons_is_asked_again_first():
+    """R16 for the other two ways a share ends without records: an answer refused whole (a
+    top-level error) and a request abandoned for a new connection."""
+    table = _table(sessionless_max_partitions=2)
+    for p in range(6):
+        _add(table, TopicPartition("t", p))
+    first = table.next_fetch(0, max_version=13)
+    table.on_response(first, _response(first, session_id=0), 0)  # no session: shares
+    share = table.next_fetch(0, max_version=13)
+    assert _asked(share) == [0, 1]
+    refused = _response(share, error=UNKNOWN_SERVER_ERROR, session_id=0)
+    assert not table.on_response(share, refused, 0).accepted
+    again = table.next_fetch(0, max_version=13)
+    assert _asked(again) == [0, 1]
+    table.on_response(again, _response(again, session_id=0), 0)
+    assert _asked(table.next_fetch(0, max_version=13)) == [2, 3]
+    table.connection_failed("reset", 0)  # abandoned: the shell connects again
+    assert _asked(table.next_fetch(0, max_version=13)) == [2, 3]
 
 
 def test_a_share_that_times_out_every_time_while_others_are_answered_is_stalled():
