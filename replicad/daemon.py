@@ -251,6 +251,7 @@ class Daemon:
                 # The stall rules' own inputs (control/stalls.py): turns of a leader fetched
                 # in shares, and the last full disk's refusal and retry.
                 answers_since_move=p.get("answers_since_move"),
+                turns_since_move=p.get("turns_since_move"),
                 disk_full_ago_ms=p.get("disk_full_ago_ms"),
                 disk_retry_ago_ms=p.get("disk_retry_ago_ms"),
                 leader=p.get("leader"),

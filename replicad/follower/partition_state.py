@@ -20,6 +20,17 @@ from typing import Any
 from replicad.follower.partition_phase import PartitionPhase, PhaseEvent, next_phase
 from replicad.types import TopicPartition
 
+# The kinds of turn `turns` records (the partition table's `_exchange_ended`).
+TURN_KINDS = {
+    "f": "failed by the leader",  # no answer in time, or a malformed one (R14)
+    "r": "refused whole",  # a top-level error
+    "o": "left out of the answer",
+    "e": "no partition of the answer served",  # the leader moved on with none (R11)
+    "n": "answered without records",  # while the answer served others
+    "d": "records not appended",  # corrupt, or out of place
+}
+TURNS_KEPT = 4
+
 
 @dataclass(slots=True)
 class PartitionState:
@@ -69,6 +80,10 @@ class PartitionState:
     # A partition of a leader fetched in shares waits for its turn until it has had two,
     # and is not stalled meanwhile (control/stalls.py).
     answers_since_move: int = 0
+    # What each of those (the last TURNS_KEPT) was, oldest first, a letter each
+    # (TURN_KINDS): a stall line says what its turns were (session 18's soak at 10,000
+    # partitions on Tansu on S3: 103 stalls, and nothing said which answers counted).
+    turns: str = ""
     # When an append last failed because the disk is full (monotonic ms; None: never).
     # A partition paused on a full disk is not stalled (control/stalls.py), and status says
     # when the disk last refused it.

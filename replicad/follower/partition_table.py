@@ -183,7 +183,7 @@ from replicad.follower.fetch_response import FetchedPartition, FetchResponseView
 from replicad.follower.fetch_settings import FetchSettings, response_budget
 from replicad.follower.fetcher_stats import FetcherStats
 from replicad.follower.partition_phase import ASKS_OFFSETS, PartitionPhase, PhaseEvent
-from replicad.follower.partition_state import PartitionState
+from replicad.follower.partition_state import TURNS_KEPT, PartitionState
 from replicad.follower.truncation import decide_truncation
 from replicad.follower.validate import validate_fetched
 from replicad.log.epoch import EpochEndOffset
@@ -1064,7 +1064,8 @@ class PartitionTable:
             topic_ids=seen_ids,
         )
         cut = self._cut_short(plan, entries) if verdict.accepted else []
-        self._exchange_ended([tp for tp, _ in entries], cut)
+        served = frozenset(tp for tp, pd in entries if pd.records)
+        self._exchange_ended([tp for tp, _ in entries], cut, served, refused=not verdict.accepted)
         self._keep_places(cut)
         if verdict.accepted:
             self._kept_share = frozenset()
@@ -1195,6 +1196,7 @@ class PartitionTable:
                 # R12: caught up: its idle time counts from here.
                 state.progress_ms = max(state.progress_ms, now_ms)
                 state.answers_since_move = 0
+                state.turns = ""
             diverging = pd.diverging_epoch
             if diverging.epoch >= 0 and diverging.end_offset >= 0:
                 # R3, Fetch v12+. The answer's high watermark counts too (R5), once the log
@@ -1434,6 +1436,7 @@ class PartitionTable:
         state.fetch_offset = state.log.log_end_offset
         state.progress_ms = now_ms
         state.answers_since_move = 0
+        state.turns = ""
         state.bytes_replicated += len(fetched.data)
         state.records_replicated += fetched.batches.record_count
         self.stats.bytes_appended += len(fetched.data)
@@ -1462,6 +1465,7 @@ class PartitionTable:
             # stalled while it waited for its next turn after the retry (a pass over 10,000
             # partitions on Tansu took 100 s against the 30 s stall time, session 13).
             state.answers_since_move = 0
+            state.turns = ""
             state.delay(now_ms, max(self.settings.backoff_ms, DISK_FULL_RETRY_MS), "disk full")
             self._say_once(
                 f"enospc:{append.tp}",
@@ -1493,7 +1497,7 @@ class PartitionTable:
         connection; a turn for its partitions only if the connection had answered (R14)."""
         out = self._out
         if leader_failed_it and self._connection_answered:
-            self._exchange_ended()
+            self._exchange_ended(failed=True)
         else:
             self._out = {}
         self._keep_share(out)
@@ -1525,7 +1529,13 @@ class PartitionTable:
         return self._backoff.next_delay_ms()
 
     def _exchange_ended(
-        self, answered: Iterable[TopicPartition] = (), cut: Iterable[TopicPartition] = ()
+        self,
+        answered: Iterable[TopicPartition] = (),
+        cut: Iterable[TopicPartition] = (),
+        served: frozenset[TopicPartition] = frozenset(),
+        *,
+        refused: bool = False,
+        failed: bool = False,
     ) -> None:
         """The request in flight is over, answered or failed by the leader (R14): each
         partition it named, and each the answer names (an incremental session's answer may
@@ -1536,15 +1546,29 @@ class PartitionTable:
         never answers (a sessionless answer may leave partitions out; a share may time out
         every time) must not wait for its turn forever. Not counted: the partitions the
         answer `cut` short (R11, `_cut_short`): they keep their place and wait for the next
-        share."""
+        share. Each counted turn is recorded by its kind (`PartitionState.turns`): `served`
+        are the partitions the answer gave records (not moved by them: not appended),
+        `refused` an answer refused whole, `failed` no answer (in time, or well-formed)."""
         out, self._out = self._out, {}
-        counted = set(answered)
+        named = set(answered)
+        counted = set(named)
         counted.update(out)
         counted.difference_update(cut)
         for tp in counted:
             state = self.partitions.get(tp)
             if state is not None:
                 state.answers_since_move += 1
+                if failed:
+                    kind = "f"
+                elif refused:
+                    kind = "r"
+                elif tp not in named:
+                    kind = "o"
+                elif tp in served:
+                    kind = "d"
+                else:
+                    kind = "n" if served else "e"
+                state.turns = (state.turns + kind)[-TURNS_KEPT:]
 
     def _note_recovery(self, verdict: ResponseVerdict, now_ms: int) -> None:
         reason = verdict.reason

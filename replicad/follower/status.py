@@ -27,7 +27,7 @@ from replicad import __version__
 from replicad.clock import monotonic_ms, wall_ms
 from replicad.follower.fetcher import LeaderFetcher
 from replicad.follower.partition_phase import PartitionPhase
-from replicad.follower.partition_state import PartitionState
+from replicad.follower.partition_state import TURN_KINDS, PartitionState
 from replicad.follower.replicator import Replicator
 from replicad.log.partition import PartitionLog
 from replicad.types import TopicPartition
@@ -143,6 +143,8 @@ def _row(
         # Requests that named it and ended since its log last moved (answered or not; the
         # one that moved it not counted): the stall rule's wait for a turn.
         "answers_since_move": st.answers_since_move,
+        # What those were, oldest first (the last few; follower/partition_state.py).
+        "turns_since_move": [TURN_KINDS[kind] for kind in st.turns],
         "bytes_replicated": st.bytes_replicated,
         "records_replicated": st.records_replicated,
         "crc_failures": st.corrupt_count,

@@ -1843,6 +1843,38 @@ def test_a_share_failed_by_the_leader_or_lost_with_its_connection_is_asked_again
     assert _asked(table.next_fetch(0, max_version=13)) == [4, 5]
 
 
+def test_each_turn_since_a_partition_last_moved_is_recorded_by_its_kind():
+    """Session 18's soak: 103 stalls of partitions with two turns since they last moved,
+    and nothing said what the turns were. Status (and a stall's line) says each: here one
+    answer that served no partition, one that served another but not this one, one that
+    left it out, one failed by the leader and one refused whole; the last four kept
+    (tests/follower/test_status.py: status spells them out)."""
+    tp0, tp1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    table = _table()
+    _add(table, tp0)
+    _add(table, tp1)
+    fetch = table.next_fetch(0, max_version=13)
+    table.on_response(
+        fetch, _response(fetch, _partition(tp0, hw=4), _partition(tp1, hw=4), session_id=0), 0
+    )
+    fetch = table.next_fetch(0, max_version=13)
+    served = _partition(tp1, hw=4, records=_batches(0, 2))
+    outcome = table.on_response(
+        fetch, _response(fetch, _partition(tp0, hw=4), served, session_id=0), 0
+    )
+    for append in outcome.appends:
+        table.appended(append, 0)
+    fetch = table.next_fetch(0, max_version=13)
+    table.on_response(fetch, _response(fetch, _partition(tp1, hw=4), session_id=0), 0)
+    table.next_fetch(0, max_version=13)
+    table.send_failed(0, leader_failed_it=True)
+    fetch = table.next_fetch(0, max_version=13)
+    table.on_response(fetch, _response(fetch, error=UNKNOWN_SERVER_ERROR, session_id=0), 0)
+    state = table.partitions[tp0]
+    assert state.answers_since_move == 5 and state.turns == "nofr"  # "e" dropped
+    assert table.partitions[tp1].turns == "efr"  # moved by its records, then three turns
+
+
 def test_a_share_the_leader_refuses_or_a_new_connection_abandons_is_asked_again_first():
     """R16 for the other two ways a share ends without records: an answer refused whole (a
     top-level error) and a request abandoned for a new connection."""

@@ -59,6 +59,12 @@ async def test_a_partition_shows_its_records_and_whether_it_is_failing_now(tmp_p
     recovered = _partition(replicator)
     assert (recovered["errors"], recovered["consecutive_failures"]) == (2, 0)
     assert recovered["records_replicated"] == 42
+    state.answers_since_move, state.turns = 2, "ef"  # the partition table's record
+    assert recovered["turns_since_move"] == []
+    assert _partition(replicator)["turns_since_move"] == [
+        "no partition of the answer served",
+        "failed by the leader",
+    ]
     assert (recovered["leader_log_start_offset"], recovered["leader_last_stable_offset"]) == (7, 40)
     await replicator.client.close()
 
