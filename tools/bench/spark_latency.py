@@ -3,7 +3,7 @@ then Spark's Kafka source over the broker, one query at a time, the same load.
 
     .venv/bin/python -m tools.bench.spark_latency [--seconds 30] [--rate 200]
         [--trigger "1 second"] [--master local[2]] [--hw-interval-ms 200]
-        [--conf KEY=VALUE ...]
+        [--conf KEY=VALUE ...] [--only replicad[,kafka-defaults,kafka-tuned]]
 
 A local Apache Kafka broker (tools.peers) holds three topics of 2 partitions whose records
 carry the broker's append time (`message.timestamp.type` LogAppendTime). confluent-kafka
@@ -21,6 +21,15 @@ sends `--rate` records/s for `--seconds` (linger.ms 0) into one topic after anot
    Latency: the time its micro-batch held the row minus its LogAppendTime: from the
    record reaching the broker.
 
+Where the time goes: each row's latency is cut where its high watermark was written (the
+replica only: the watcher also reads `replication-offset-checkpoint`) and where its
+micro-batch's trigger started (query progress), and each micro-batch's `durationMs` parts
+are given, with the high watermark file's age when the trigger looked (the phase between
+replicad's timer and Spark's trigger clock, which runs on whole multiples of the trigger).
+CPU seconds of the measured part of each query: Spark's JVM and its Python processes, the
+replicad daemon, the broker. `--only replicad` runs the `replicad` stream alone (A/B runs
+of the source).
+
 Each query runs with a processing-time trigger (`--trigger`) and has run its first (empty)
 micro-batch before a record is sent; the issue's goal is the trigger plus 1 s. Each query
 then takes `--warmup-seconds` of records that are not measured: its first micro-batches
@@ -35,6 +44,7 @@ the two cores and not a source.
 from __future__ import annotations
 
 import argparse
+import bisect
 import os
 import shutil
 import tempfile
@@ -42,6 +52,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -68,6 +79,7 @@ class Sink:
     name: str
     held_ms: dict[tuple[int, int], int] = field(default_factory=dict)
     timestamp_ms: dict[tuple[int, int], int] = field(default_factory=dict)
+    batch_of: dict[tuple[int, int], int] = field(default_factory=dict)  # the micro-batch id
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def batch(self, df: DataFrame, batch_id: int) -> None:
@@ -79,6 +91,7 @@ class Sink:
                 if key not in self.held_ms:
                     self.held_ms[key] = held
                     self.timestamp_ms[key] = r.ts
+                    self.batch_of[key] = batch_id
 
     def count(self) -> int:
         with self.lock:
@@ -89,6 +102,7 @@ class Sink:
         with self.lock:
             self.held_ms.clear()
             self.timestamp_ms.clear()
+            self.batch_of.clear()
 
     def latencies_from(self, arrived_ms: dict[tuple[int, int], int] | None) -> list[int]:
         """Held minus arrival (`arrived_ms`, by partition and offset), or minus the record's
@@ -100,11 +114,14 @@ class Sink:
 
 class ReplicaArrivals:
     """When each offset of a replica's partitions reached its segment files: a thread reads
-    what each partition's last segment gained since the last look (whole batches only)."""
+    what each partition's last segment gained since the last look (whole batches only); and
+    when the high watermark file (what a stream may read) first covered it (`safe_ms`)."""
 
     def __init__(self, data_dir: Path, topic: str, interval_s: float = WATCH_INTERVAL_S) -> None:
         self.data_dir, self.topic, self.interval_s = data_dir, topic, interval_s
         self.arrived_ms: dict[tuple[int, int], int] = {}
+        self.safe_ms: dict[tuple[int, int], int] = {}
+        self._safe_to: dict[int, int] = {}  # partition -> the high watermark last seen
         self._read_to: dict[Path, int] = {}  # segment file -> position of its next batch
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="replica-arrivals", daemon=True)
@@ -140,6 +157,24 @@ class ReplicaArrivals:
                     for offset in range(batch.base_offset, batch.next_offset):
                         self.arrived_ms.setdefault((partition, offset), seen)
                 self._read_to[segment] = at + scan.valid_bytes
+        self._look_at_high_watermarks()
+
+    def _look_at_high_watermarks(self) -> None:
+        from replicad.errors import LogError
+        from replicad.log.checkpoint import parse_offsets
+
+        path = self.data_dir / "replication-offset-checkpoint"
+        try:
+            marks = parse_offsets(path.read_text(encoding="utf-8"), source=str(path))
+        except (OSError, LogError):
+            return  # not written yet, or replaced as it was read: the next look
+        seen = now_ms()
+        for tp, mark in marks.items():
+            if tp.topic != self.topic:
+                continue
+            for offset in range(self._safe_to.get(tp.partition, 0), mark):
+                self.safe_ms.setdefault((tp.partition, offset), seen)
+            self._safe_to[tp.partition] = max(self._safe_to.get(tp.partition, 0), mark)
 
 
 def percentile(values: list[int], p: float) -> int:
@@ -187,16 +222,98 @@ def start_query(df: DataFrame, sink: Sink, checkpoint: Path, trigger: str):
     raise AssertionError("unreachable")
 
 
+@dataclass(frozen=True)
+class Progress:
+    """A micro-batch as its query progress tells it: when its trigger started (wall ms) and
+    its `durationMs` parts."""
+
+    batch_id: int
+    started_ms: int
+    duration_ms: dict[str, int]
+
+    @classmethod
+    def of(cls, progress: dict) -> Progress:
+        started = datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00"))
+        return cls(
+            progress["batchId"],
+            round(started.timestamp() * 1000),
+            {k: int(v) for k, v in progress.get("durationMs", {}).items()},
+        )
+
+
+@dataclass(frozen=True)
+class Cpu:
+    """CPU seconds over a query's measured records (tools/bench/spark_cpu.py): Spark's JVM,
+    Spark's Python (the executors' workers, the driver-side source processes and the
+    forkserver they fork from, foreachBatch's callback runs in this process: not counted),
+    the replicad daemon (replicating the first topic throughout), the broker."""
+
+    spark_jvm: float
+    spark_python: float
+    replicad: float
+    broker: float
+
+
+class CpuMeter:
+    """Starts the meters of one query's measured part; `stop()` gives its Cpu."""
+
+    def __init__(self, spark_pid: int, replicad_pid: int, broker_pid: int) -> None:
+        from tools.bench.spark_cpu import TreeCpu
+
+        self.spark_pid = spark_pid
+        self.spark = TreeCpu(self._spark_roots, every_s=0.25)
+        self.replicad = TreeCpu(lambda: [replicad_pid], every_s=3600)
+        self.broker = TreeCpu(lambda: [broker_pid], every_s=3600)
+
+    def _spark_roots(self) -> list[int]:
+        from replicad.spark.pipeline import _forkserver
+
+        return [self.spark_pid, *(server.pid for server in _forkserver)]
+
+    def stop(self) -> Cpu:
+        spark = self.spark.stop()
+        jvm = sum(s.own for s in spark if s.pid == self.spark_pid)
+        return Cpu(
+            jvm,
+            sum(s.total for s in spark) - jvm,
+            sum(s.total for s in self.replicad.stop()),
+            sum(s.total for s in self.broker.stop()),
+        )
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One query's run: records sent, its progress, the CPU of its measured part."""
+
+    sent: int
+    progress: list[Progress]
+    cpu: Cpu | None
+
+
+def stop_between_batches(query, timeout_s: float = 10.0) -> None:
+    """Stop the query once no micro-batch runs (or after `timeout_s`). Stopped inside
+    foreachBatch, Spark 4.3's stream thread dies of a StackOverflowError: it matches the
+    interrupted callback's long Py4J message against a backtracking regular expression
+    (StreamExecution.isInterruptionException), and prints a thousand-line trace."""
+    deadline = time.monotonic() + timeout_s
+    while query.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    query.stop()
+
+
 def run_alone(
     df: DataFrame,
     sink: Sink,
     checkpoint: Path,
     args: argparse.Namespace,
     send: Callable[[float], int],
-) -> int:
+    meter: Callable[[], CpuMeter] | None = None,
+) -> Measured:
     """One query alone in the session: started, warmed up by `send(--warmup-seconds)` (not
     measured), fed by `send(--seconds)`, stopped once its sink holds every record sent (or
-    after 120 s)."""
+    after 120 s). Returns the records sent, the query's progress (its last 100 batches:
+    Spark's spark.sql.streaming.numRecentProgressUpdates) and, with `meter`, the CPU from
+    the measured records' first send to the last row held."""
     query = start_query(df, sink, checkpoint, args.trigger)
     try:
         if args.warmup_seconds > 0:
@@ -205,13 +322,16 @@ def run_alone(
             while sink.count() < warm and time.monotonic() < deadline:
                 time.sleep(0.1)
             sink.clear()
+        metered = meter() if meter else None
         sent = send(args.seconds)
         deadline = time.monotonic() + 120
         while sink.count() < sent and time.monotonic() < deadline:
             time.sleep(0.1)
-        return sent
+        cpu = metered.stop() if metered else None
+        time.sleep(0.5)  # the last batch's progress is reported after foreachBatch returns
+        return Measured(sent, [Progress.of(p) for p in query.recentProgress], cpu)
     finally:
-        query.stop()
+        stop_between_batches(query)
 
 
 def session(master: str, jars: str, conf: list[str] | None = None) -> SparkSession:
@@ -238,7 +358,116 @@ class Row:
     latencies_ms: list[int]
 
 
-def run(args: argparse.Namespace, work: Path) -> list[Row]:
+# What a record's latency is made of, in order (breakdown()).
+PARTS = (
+    ("reached the replica -> its high watermark written", "hw"),
+    ("-> its micro-batch's trigger", "wait"),
+    ("trigger -> the row in foreachBatch", "batch"),
+)
+# The micro-batches' own parts (query progress `durationMs`), in Spark's order.
+BATCH_PARTS = ("latestOffset", "walCommit", "addBatch", "commitOffsets", "triggerExecution")
+# Between a micro-batch and what came before it: the trigger before, and the high watermark
+# file's last move before its trigger (a record made safe after the trigger's look waits
+# for the next trigger: how old that file is when a trigger looks is the phase between
+# replicad's timer and Spark's trigger clock).
+BETWEEN = ("between triggers", "high watermark's age at the trigger")
+
+
+@dataclass
+class Breakdown:
+    """Where one stream's latency goes: per record (`PARTS`: from `since`, the replica or the
+    broker, to the row) and per micro-batch that held rows (`BATCH_PARTS`, and the time
+    from one trigger to the next)."""
+
+    stream: str
+    records: dict[str, list[int]]
+    batches: dict[str, list[int]]
+    cpu: Cpu | None = None
+
+
+def breakdown(
+    sink: Sink,
+    measured: Measured,
+    since_ms: dict[tuple[int, int], int] | None,
+    safe_ms: dict[tuple[int, int], int] | None,
+) -> Breakdown:
+    """Each held row's latency cut at its high watermark's writing (`safe_ms`, the replica
+    only) and at its micro-batch's trigger; `since_ms` None: from the record's timestamp."""
+    progress = measured.progress
+    started = {p.batch_id: p.started_ms for p in progress}
+    records: dict[str, list[int]] = {key: [] for _, key in PARTS}
+    with sink.lock:
+        since = sink.timestamp_ms if since_ms is None else since_ms
+        for key, held in sink.held_ms.items():
+            trigger = started.get(sink.batch_of[key])
+            if key not in since or trigger is None:
+                continue
+            safe = (safe_ms or {}).get(key)
+            if safe is not None:
+                records["hw"].append(safe - since[key])
+            records["wait"].append(trigger - (since[key] if safe is None else safe))
+            records["batch"].append(held - trigger)
+        held_batches = set(sink.batch_of.values())
+    batches: dict[str, list[int]] = {key: [] for key in (*BATCH_PARTS, *BETWEEN)}
+    writes = sorted(set((safe_ms or {}).values()))  # when the watcher saw the file move
+    ordered = sorted(progress, key=lambda p: p.batch_id)
+    for before, p in zip([None, *ordered], ordered, strict=False):
+        if p.batch_id not in held_batches:
+            continue
+        for key in BATCH_PARTS:
+            if key in p.duration_ms:
+                batches[key].append(p.duration_ms[key])
+        if before is not None and before.batch_id == p.batch_id - 1:
+            batches["between triggers"].append(p.started_ms - before.started_ms)
+        last_write = bisect.bisect_right(writes, p.started_ms)
+        if last_write:
+            batches["high watermark's age at the trigger"].append(
+                p.started_ms - writes[last_write - 1]
+            )
+    return Breakdown(sink.name, records, batches, measured.cpu)
+
+
+def breakdown_table(breakdowns: list[Breakdown]) -> str:
+    """p50 / p95 of each part, records then micro-batches."""
+
+    def cell(values: list[int]) -> str:
+        if not values:
+            return ""
+        return f"{percentile(values, 50):,} / {percentile(values, 95):,}"
+
+    names = [name for name, _ in PARTS] + [f"batch: {key}" for key in (*BATCH_PARTS, *BETWEEN)]
+    lines = [
+        "| stream | micro-batches | " + " | ".join(names) + " |",
+        "|---|---:|" + "---:|" * len(names),
+    ]
+    for b in breakdowns:
+        cells = [cell(b.records[key]) for _, key in PARTS]
+        cells += [cell(b.batches[key]) for key in (*BATCH_PARTS, *BETWEEN)]
+        count = len(b.batches["triggerExecution"])
+        lines.append(f"| {b.stream} | {count} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def cpu_table(breakdowns: list[Breakdown]) -> str:
+    """Each query's CPU seconds over its measured records, and Spark's per micro-batch."""
+    lines = [
+        "| stream | micro-batches | Spark JVM CPU s | Spark Python CPU s | Spark CPU s a "
+        "micro-batch | replicad CPU s | broker CPU s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for b in breakdowns:
+        if b.cpu is None:
+            continue
+        c, count = b.cpu, len(b.batches["triggerExecution"])
+        each = f"{(c.spark_jvm + c.spark_python) / count:.3f}" if count else ""
+        lines.append(
+            f"| {b.stream} | {count} | {c.spark_jvm:.2f} | {c.spark_python:.2f} | {each} "
+            f"| {c.replicad:.2f} | {c.broker:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace, work: Path) -> tuple[list[Row], list[Breakdown]]:
     from tools.peers.kafka import KafkaBroker
     from tools.replica import replicad_run
 
@@ -251,6 +480,14 @@ def run(args: argparse.Namespace, work: Path) -> list[Row]:
         broker.create_topics([ours, theirs, theirs_tuned], PARTITIONS, LOG_APPEND_TIME)
         data_dir = work / "replica"
         config = {"high_watermark_interval_ms": args.hw_interval_ms}
+        kafka_queries = [
+            (topic, tuned, settings)
+            for topic, tuned, settings in (
+                (theirs, "defaults", {}),
+                (theirs_tuned, "tuned", kafka_tuned(args.master)),
+            )
+            if f"kafka-{tuned}" in args.only
+        ]
         with replicad_run(broker.bootstrap, [ours], data_dir, config=config) as proc:
             proc.wait_ready()
             # A stream refuses a directory before its first high watermarks.
@@ -263,19 +500,22 @@ def run(args: argparse.Namespace, work: Path) -> list[Row]:
                 name = f"replicad stream (high_watermark_interval_ms {args.hw_interval_ms})"
                 replica_sink = Sink(name)
                 df = spark.readStream.format("replicad").load(str(data_dir))
+                spark_pid = spark.sparkContext._gateway.proc.pid  # type: ignore[attr-defined]
+
+                def meter() -> CpuMeter:
+                    return CpuMeter(spark_pid, proc.pid, broker.pid)
+
                 with ReplicaArrivals(data_dir, ours) as arrivals:
-                    sent = run_alone(
+                    ran = run_alone(
                         df,
                         replica_sink,
                         work / "checkpoint-replicad",
                         args,
                         lambda secs: produce_steadily(broker.bootstrap, ours, args.rate, secs),
+                        meter,
                     )
-                kafka = []  # (sink, records sent) at the defaults, then tuned
-                for topic, tuned, settings in (
-                    (theirs, "defaults", {}),
-                    (theirs_tuned, "tuned", kafka_tuned(args.master)),
-                ):
+                kafka = []  # (sink, Measured) at the defaults, then tuned
+                for topic, tuned, settings in kafka_queries:
                     sink = Sink(f"Spark Kafka source stream, {tuned} ({connector_name(jars)})")
                     kafka_df = (
                         spark.readStream.format("kafka")
@@ -285,36 +525,42 @@ def run(args: argparse.Namespace, work: Path) -> list[Row]:
                         .options(**settings)
                         .load()
                     )
-                    kafka_sent = run_alone(
+                    measured = run_alone(
                         kafka_df,
                         sink,
                         work / f"checkpoint-kafka-{tuned}",
                         args,
                         lambda s, t=topic: produce_steadily(broker.bootstrap, t, args.rate, s),
+                        meter,
                     )
-                    kafka.append((sink, kafka_sent))
+                    kafka.append((sink, measured))
             finally:
                 spark.stop()
-        return [
+        rows = [
             Row(
                 replica_sink.name,
                 "the replica",
-                sent,
+                ran.sent,
                 replica_sink.count(),
                 replica_sink.latencies_from(arrivals.arrived_ms),
             ),
             Row(
                 replica_sink.name,
                 "the broker",
-                sent,
+                ran.sent,
                 replica_sink.count(),
                 replica_sink.latencies_from(None),
             ),
             *(
-                Row(sink.name, "the broker", sent, sink.count(), sink.latencies_from(None))
-                for sink, sent in kafka
+                Row(sink.name, "the broker", m.sent, sink.count(), sink.latencies_from(None))
+                for sink, m in kafka
             ),
         ]
+        parts = [
+            breakdown(replica_sink, ran, arrivals.arrived_ms, arrivals.safe_ms),
+            *(breakdown(sink, m, None, None) for sink, m in kafka),
+        ]
+        return rows, parts
     finally:
         broker.stop()
 
@@ -349,7 +595,14 @@ def main() -> int:
     parser.add_argument(
         "--conf", action="append", default=[], help="KEY=VALUE, a Spark setting of both queries"
     )
+    parser.add_argument(
+        "--only",
+        default="replicad,kafka-defaults,kafka-tuned",
+        help="the queries after the replicad stream, e.g. `replicad` alone (comma-separated)",
+    )
     args = parser.parse_args()
+    args.only = set(args.only.split(","))
+    import replicad
     from replicad.spark.forkserver import ENV, OFF
 
     os.environ.setdefault(ENV, "1")  # replicad/spark/forkserver.py, unless told `0`
@@ -358,7 +611,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     try:
         load_before = os.getloadavg()[0]
-        rows = run(args, work)
+        rows, parts = run(args, work)
         load_after = os.getloadavg()[0]
         print()
         print(
@@ -372,8 +625,15 @@ def main() -> int:
         for name, settings in (("defaults", KAFKA_DEFAULTS), ("tuned", kafka_tuned(args.master))):
             shown = ", ".join(f"{k}={v}" for k, v in settings.items())
             print(f"Spark Kafka source, {name}: {shown}")
+        print(f"replicad from {Path(replicad.__file__).parent}")
         print()
         print(table(rows))
+        print()
+        print("Where it goes, p50 / p95 ms (the Kafka source's from the record at the broker):")
+        print()
+        print(breakdown_table(parts))
+        print()
+        print(cpu_table(parts))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -426,6 +426,8 @@ def throughput(
 
 
 def steady(spark: SparkSession, data_dir: Path, work: Path, args: argparse.Namespace) -> None:
+    from tools.bench.spark_latency import stop_between_batches
+
     meter = Meter(spark)
     df = (
         spark.readStream.format("replicad")
@@ -457,7 +459,7 @@ def steady(spark: SparkSession, data_dir: Path, work: Path, args: argparse.Names
             if counted_from < p["batchId"] <= counted_from + args.steady_batches
         ]
     finally:
-        query.stop()
+        stop_between_batches(query)
     keys = sorted({k for p in batches for k in p["durationMs"]})
     print(f"\n{len(batches)} steady micro-batches of {args.max_offsets} records into {args.sink}:")
     print("| durationMs | median ms | p95 ms |")
