@@ -20,6 +20,9 @@ What it does where:
   read_committed) are read once (catalog.Planner's `remember_bytes`). A batch planned
   without that look (a restart replaying the last batch) looks afresh. Segments retention
   deletes meanwhile are met by the read, as any read after planning meets them.
+- One look at the query's start: prepareForTriggerAvailableNow, initialOffset and the first
+  latestOffset (and a reportLatestOffset before it) share it, unless read_committed's last
+  stable offsets were looked for from elsewhere than the first batch's start.
 - The executors read the splits with the batch reader (reader.py): same decoding, pruning
   by the offset index, read_committed visibility.
 - Replaying a batch after a crash plans the same offsets again: the records are the same,
@@ -43,7 +46,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -127,10 +130,21 @@ def high_watermarks(data_dir: str) -> dict[TopicPartition, int]:
 
 @dataclass(frozen=True, slots=True)
 class Look:
-    """One look at the data directory."""
+    """One look at the data directory; with read_committed, `stable_from` says where each
+    partition's last stable offset was looked for from (empty without it)."""
 
     files: dict[TopicPartition, PartitionFiles]
     available: dict[TopicPartition, Available]
+    stable_from: dict[TopicPartition, int] = field(default_factory=dict)
+
+    def serves(self, begins: Offsets | None) -> bool:
+        """Whether a look from `begins` would have found the same last stable offsets: it
+        would look for them from the same places (always, without read_committed)."""
+        for tp, looked_from in self.stable_from.items():
+            log_start = self.available[tp].log_start
+            if max((begins or {}).get(tp, log_start), log_start) != looked_from:
+                return False
+        return True
 
 
 class ReplicadStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -152,6 +166,9 @@ class ReplicadStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # The end latestOffset last chose and the look it chose it from: partitions() of
         # that batch plans from the same look.
         self.chosen: tuple[Offsets, Look] | None = None
+        # The query's start (below, `_look_at_start`) until its first latestOffset.
+        self.starting = True
+        self.start_look: Look | None = None
 
     # -- looking at the replica ------------------------------------------------------------
 
@@ -172,6 +189,7 @@ class ReplicadStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             listed = list_partitions(self.read_options)
         files: dict[TopicPartition, PartitionFiles] = {}
         available: dict[TopicPartition, Available] = {}
+        stable_from: dict[TopicPartition, int] = {}
         for found in listed:
             tp = found.topic_partition
             first = found.segments[0].base_offset if found.segments else 0
@@ -180,12 +198,27 @@ class ReplicadStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             committed = self.read_options.isolation is Isolation.READ_COMMITTED
             if committed and stable and found.segments:
                 begin = max((begins or {}).get(tp, log_start), log_start)
+                stable_from[tp] = begin
                 if begin < end:
                     splits = self.planner.splits(found, begin, end)
                     end = last_stable_offset(splits, begin, end, self.planner._opener)
             files[tp] = found
             available[tp] = Available(log_start, end)
-        return Look(files, available)
+        return Look(files, available, stable_from)
+
+    def _look_at_start(self, begins: Offsets | None = None) -> Look:
+        """One look serves the query's start: prepareForTriggerAvailableNow, initialOffset,
+        a reportLatestOffset before any batch, and the first latestOffset, which Spark calls
+        one after the other before the first micro-batch. Each looked afresh before: four
+        listings of the directory for an AvailableNow query (with the last latestOffset's),
+        and with read_committed three walks of every partition's headers from its log start
+        before reading it. Using the look of a moment before is what a replica that did not
+        change in that moment gives; a look that searched for the last stable offsets from
+        elsewhere than `begins` would is not used (Look.serves)."""
+        if self.start_look is not None and self.start_look.serves(begins):
+            return self.start_look
+        self.start_look = self.look(begins)
+        return self.start_look
 
     def lost(self, loss: DataLoss) -> None:
         if self.options.fail_on_data_loss:
@@ -196,7 +229,7 @@ class ReplicadStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- Spark's calls ---------------------------------------------------------------------
 
     def initialOffset(self) -> dict:
-        look = self.look()
+        look = self._look_at_start()
         offsets: Offsets = {}
         for tp, available in look.available.items():
             offsets[tp] = self._initial(look.files[tp], available)
@@ -224,17 +257,21 @@ class ReplicadStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.target = {tp: a.end for tp, a in self.look().available.items()}
+        self.target = {tp: a.end for tp, a in self._at_start().available.items()}
 
     def reportLatestOffset(self) -> dict | None:
         if self.last_available is None:
-            self.last_available = {tp: a.end for tp, a in self.look().available.items()}
+            self.last_available = {tp: a.end for tp, a in self._at_start().available.items()}
         return to_json(self.last_available)
+
+    def _at_start(self) -> Look:
+        return self._look_at_start() if self.starting else self.look()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         starts = from_json(start)
         self.chosen = None
-        look = self.look(starts)
+        look = self._look_at_start(starts) if self.starting else self.look(starts)
+        self.starting, self.start_look = False, None
         self.last_available = {tp: a.end for tp, a in look.available.items()}
         begins: Offsets = {}
         ends: Offsets = {}

@@ -19,10 +19,12 @@ from pathlib import Path
 import pytest
 from confluent_kafka import ElectionType
 
+from replicad.spark.catalog import list_partitions
 from replicad.spark.files import read_trace
 from replicad.spark.follow import START_ATTEMPTS, worker_start_failed
 from replicad.spark.handover import offsets_from_checkpoint
 from replicad.spark.options import parse_stream_options
+from replicad.spark.stable import last_stable_offset
 from replicad.spark.stream import ReplicadStreamReader, StreamSplit, high_watermarks
 from replicad.types import TopicPartition
 from tools.chaos.leadership import elect
@@ -653,3 +655,69 @@ def test_an_unclean_election_on_a_real_cluster_truncates_under_running_streams(
     )
     strict_rows, strict_offsets = sink_offsets(spark, strict / "out")
     assert strict_rows == len(strict_offsets) == 100
+
+
+@pytest.mark.parametrize("isolation", ["read_uncommitted", "read_committed"])
+def test_the_query_s_start_looks_at_the_replica_once(
+    tmp_path, write_partition, make_batches, monkeypatch, isolation
+):
+    """prepareForTriggerAvailableNow, initialOffset, reportLatestOffset and the first
+    latestOffset, which Spark calls one after the other before the first micro-batch, share
+    one listing of the directory (and with read_committed one walk of the headers for the
+    last stable offset); the micro-batch plans from it; the next latestOffset looks again."""
+    from replicad.spark import stream
+
+    data_dir, tp = tmp_path / "data", TopicPartition("start-look", 0)
+    batches = [make_batches.data(o, 10) for o in range(0, 200, 10)]
+    write_partition(data_dir, tp, batches, segment_bytes=4096, index_interval_bytes=256)
+    (data_dir / "replication-offset-checkpoint").write_text(f"0\n1\n{tp.topic} 0 200\n")
+    listings, walks = [], []
+    monkeypatch.setattr(
+        stream, "list_partitions", lambda options: listings.append(1) or list_partitions(options)
+    )
+    monkeypatch.setattr(
+        stream,
+        "last_stable_offset",
+        lambda *args: walks.append(1) or last_stable_offset(*args),
+    )
+    reader = ReplicadStreamReader(
+        parse_stream_options({"path": str(data_dir), "isolation": isolation})
+    )
+    reader.prepareForTriggerAvailableNow()
+    start = reader.initialOffset()
+    assert reader.reportLatestOffset() == {tp.topic: {"0": 200}}
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    assert (start, end) == ({tp.topic: {"0": 0}}, {tp.topic: {"0": 200}})
+    splits = [split for group in reader.partitions(start, end) for split in group.splits]
+    assert sorted(r for s in splits for r in read_offsets(s, reader)) == list(range(200))
+    assert len(listings) == 1
+    assert len(walks) == (1 if isolation == "read_committed" else 0)
+    assert reader.latestOffset(end, reader.getDefaultReadLimit()) == end
+    assert len(listings) == 2
+
+
+def test_a_start_look_from_elsewhere_is_not_used_for_the_first_batch_with_read_committed(
+    tmp_path, write_partition, make_batches
+):
+    """With read_committed, a look at the start that searched for the last stable offset
+    from the log start (here: reportLatestOffset's, before any batch) finds a transaction
+    open below a stream restarted from a checkpoint past its batches; searched from the
+    stream's position, the records after it are stable. The first latestOffset looks from
+    there, as it did before the start's look was shared."""
+    data_dir, tp = tmp_path / "data", TopicPartition("start-look-txn", 0)
+    batches = [
+        make_batches.data(0, 10),
+        make_batches.transactional(10, 5, producer_id=7),  # open: no marker
+        make_batches.data(15, 1),
+        make_batches.data(16, 10),
+    ]
+    # Every batch indexed (an entry names its batch's last offset): a search from 16
+    # starts at the batch of 15, past the transaction's.
+    write_partition(data_dir, tp, batches, segment_bytes=1 << 20, index_interval_bytes=1)
+    (data_dir / "replication-offset-checkpoint").write_text(f"0\n1\n{tp.topic} 0 26\n")
+    reader = ReplicadStreamReader(
+        parse_stream_options({"path": str(data_dir), "isolation": "read_committed"})
+    )
+    assert reader.reportLatestOffset() == {tp.topic: {"0": 10}}  # from the log start
+    end = reader.latestOffset({tp.topic: {"0": 16}}, reader.getDefaultReadLimit())
+    assert end == {tp.topic: {"0": 26}}
