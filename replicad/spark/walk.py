@@ -21,11 +21,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from replicad.records.batch import LOG_OVERHEAD, BatchHeader, ScanStop, scan_batches
+from replicad.records.header import LENGTH_POSITION
 from replicad.spark.files import LocalFile, RandomAccess
 
 CHUNK_BYTES = 8 * 1024 * 1024
 _LENGTH = struct.Struct(">i")
-_LENGTH_POSITION = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,5 +96,5 @@ class Walk:
 
 
 def _entry_size(data: bytes) -> int:
-    (length,) = _LENGTH.unpack_from(data, _LENGTH_POSITION)
+    (length,) = _LENGTH.unpack_from(data, LENGTH_POSITION)
     return LOG_OVERHEAD + max(length, 0)
