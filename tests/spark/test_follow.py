@@ -25,6 +25,7 @@ from tests.spark.test_stream import (
     sink_offsets,
     wait_replicated,
 )
+from tools.peers.process import kill, spawn
 from tools.peers.produce import produce_numbered
 from tools.replica import replicad_argv, replicad_run
 from tools.wait import wait_until
@@ -44,12 +45,12 @@ def pipeline(data_dir: Path, out: Path, *flags: str, log: Path) -> subprocess.Po
         *LOCAL_SPARK_ARGS,
         *flags,
     )
-    with open(log, "w") as f:
-        # A session of its own: the driver is the Python process, its JVM and the Python
-        # workers, killed together as a machine's crash would.
-        return subprocess.Popen(
-            argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+    with open(log, "wb") as f:
+        # A session of its own (tools.peers.process.spawn): the driver is the Python process,
+        # its JVM and the Python workers, killed together as a machine's crash would. The
+        # driver dies with this test's process, and its JVM with it (PySpark's gateway exits
+        # when its stdin, a pipe from the driver, closes).
+        return spawn(argv, env=env, output=f)
 
 
 def finish(proc: subprocess.Popen, log: Path) -> str:
@@ -62,9 +63,7 @@ def finish(proc: subprocess.Popen, log: Path) -> str:
 
 def kill_driver(proc: subprocess.Popen) -> None:
     """SIGKILL to the driver's whole process group (its JVM and workers too), then reaped."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill(proc)
 
 
 def batch_in_flight(checkpoint: Path) -> int | None:
