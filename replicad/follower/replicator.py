@@ -19,6 +19,8 @@ Rules:
 - With `high_watermark_interval_ms`, the high watermarks alone are written that often in
   between, unflushed and only when one moved (LogManager.write_high_watermarks), also on
   the durability thread: a Spark stream over the replica reads no further than that file.
+  They are written a moment before the wall clock's whole multiples of the interval, where
+  Spark's processing-time triggers fire (_next_high_watermarks).
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ log = structlog.get_logger("replicad.replicator")
 
 # A listed topic the source does not have yet is looked for again this soon.
 MISSING_TOPIC_RETRY_MS = 10_000
+# With high_watermark_interval_ms, the high watermarks alone are written this long before
+# the wall clock's whole multiples of the interval (_next_high_watermarks): time for the
+# write (two fsyncs) to be done before a Spark trigger on such a multiple looks.
+HIGH_WATERMARKS_LEAD_MS = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,7 +301,7 @@ class Replicator:
         s = self.settings
         next_metadata = monotonic_ms() + s.metadata_max_age_ms
         next_checkpoint = monotonic_ms() + s.checkpoint_interval_ms
-        next_high_watermarks = _next_high_watermarks(monotonic_ms(), s)
+        next_high_watermarks = _next_high_watermarks(monotonic_ms(), wall_ms(), s)
         last_refresh = -s.metadata_min_interval_ms
         # Failed refreshes back off like reconnects; logged once a minute with a count.
         retry = Backoff(s.client.reconnect_backoff_ms, s.client.reconnect_backoff_max_ms)
@@ -345,7 +351,7 @@ class Replicator:
                     self._refresh.set()
             due_checkpoint = now >= next_checkpoint
             if now >= next_high_watermarks:
-                next_high_watermarks = _next_high_watermarks(now, s)
+                next_high_watermarks = _next_high_watermarks(now, wall_ms(), s)
                 if not due_checkpoint:
                     try:
                         await self.durability.run(_high_watermarks_job, self.logs)
@@ -386,11 +392,20 @@ class Replicator:
         return sum(s.lag for s in self.states.values())
 
 
-def _next_high_watermarks(now: int, s: ReplicatorSettings) -> float:
-    """When the high watermarks alone are next written (never without the setting)."""
-    if s.high_watermark_interval_ms is None:
+def _next_high_watermarks(now: int, wall: int, s: ReplicatorSettings) -> float:
+    """When the high watermarks alone are next written (never without the setting), on the
+    monotonic clock that reads `now` when the wall clock reads `wall`: HIGH_WATERMARKS_LEAD_MS
+    before the wall clock's next whole multiple of the interval. Spark's processing-time
+    triggers fire on whole multiples of their interval (epoch milliseconds), so a trigger
+    whose interval is a multiple of this one finds the file written a moment before it
+    looks. A period counted from replicad's start left the file anywhere from 0 to a whole
+    interval old when a trigger looked, by the phase between the two processes: a record
+    made safe just after the look waits for the next trigger, so a stream's latency moved
+    by up to the interval from one run to the next."""
+    interval = s.high_watermark_interval_ms
+    if interval is None:
         return float("inf")
-    return now + s.high_watermark_interval_ms
+    return now + interval - (wall + HIGH_WATERMARKS_LEAD_MS) % interval
 
 
 def _high_watermarks_job(logs: LogManager | None) -> None:

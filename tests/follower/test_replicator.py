@@ -7,10 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path
 
 from replicad.follower.fetch_settings import FetchSettings
 from replicad.follower.partition_phase import PartitionPhase
-from replicad.follower.replicator import Replicator, ReplicatorSettings
+from replicad.follower.replicator import (
+    HIGH_WATERMARKS_LEAD_MS,
+    Replicator,
+    ReplicatorSettings,
+    _next_high_watermarks,
+)
 from replicad.protocol.metadata import TopicSelection
 from replicad.types import TopicPartition
 from tools.logdata.batches import producer_batch
@@ -116,3 +122,28 @@ async def test_high_watermarks_are_written_between_checkpoints_when_asked(tmp_pa
     finally:
         await leader.close()
     assert written(RECOVERY_POINT_CHECKPOINT) == 40  # the checkpoint at shutdown
+
+
+def test_high_watermarks_alone_are_written_just_before_the_wall_clocks_whole_intervals():
+    """Spark's processing-time triggers fire on the wall clock's whole multiples of their
+    interval: the file is written HIGH_WATERMARKS_LEAD_MS before each whole multiple of its
+    own interval, whatever the monotonic clock's phase (a period counted from replicad's
+    start left it 0 to 200 ms old at a trigger, by chance)."""
+    settings = ReplicatorSettings(
+        bootstrap_servers=("127.0.0.1:9",),
+        data_dir=Path("unused"),
+        selection=TopicSelection(include=(TOPIC,)),
+        high_watermark_interval_ms=200,
+    )
+    for wall in range(1_000_000_000, 1_000_000_400, 7):
+        due = _next_high_watermarks(5_000, wall, settings) - 5_000
+        assert 0 < due <= 200
+        assert (wall + due + HIGH_WATERMARKS_LEAD_MS) % 200 == 0
+    # Right after the write due at 1,000,000,150 (4 ms late): the next at 1,000,000,350.
+    assert _next_high_watermarks(5_000, 1_000_000_154, settings) == 5_196
+    without = ReplicatorSettings(
+        bootstrap_servers=("127.0.0.1:9",),
+        data_dir=Path("unused"),
+        selection=TopicSelection(include=(TOPIC,)),
+    )
+    assert _next_high_watermarks(5_000, 1_000_000_154, without) == float("inf")
