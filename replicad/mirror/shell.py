@@ -1336,7 +1336,7 @@ def pack_requests(
         size = 0
         for tp in list(queues):
             send = queues[tp][0]
-            length = len(send.entry.data or b"")
+            length = send_bytes(send)
             if request and size + length > request_bytes:
                 continue
             request.append((tp, send))
@@ -1346,6 +1346,17 @@ def pack_requests(
                 del queues[tp]
         out.append(request)
     return out
+
+
+def send_bytes(send: Send) -> int:
+    """The stored bytes of the batches `send` produces: of its first and, for a coalesced
+    run, of the run's others too (the run coalesced into one batch holds their records:
+    no more than their batches' bytes). Counted by its first batch alone, a request could
+    hold a 1 MiB run for every partition, past `request_bytes`."""
+    return sum(
+        len(entry.data) if entry.data is not None else LOG_OVERHEAD + entry.header.batch_length
+        for entry in send.entries
+    )
 
 
 def read_entries(
