@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING
 
 from tools.bench.spark import KAFKA_DEFAULTS, kafka_tuned
 from tools.bench.spark_kafka import connector_jars, connector_name
+from tools.bench.spark_stream_cost import stop_between_batches
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -288,17 +289,6 @@ class Measured:
     sent: int
     progress: list[Progress]
     cpu: Cpu | None
-
-
-def stop_between_batches(query, timeout_s: float = 10.0) -> None:
-    """Stop the query once no micro-batch runs (or after `timeout_s`). Stopped inside
-    foreachBatch, Spark 4.3's stream thread dies of a StackOverflowError: it matches the
-    interrupted callback's long Py4J message against a backtracking regular expression
-    (StreamExecution.isInterruptionException), and prints a thousand-line trace."""
-    deadline = time.monotonic() + timeout_s
-    while query.status["isTriggerActive"] and time.monotonic() < deadline:
-        time.sleep(0.01)
-    query.stop()
 
 
 def run_alone(

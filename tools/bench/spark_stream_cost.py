@@ -70,6 +70,17 @@ RECORDS_PER_BATCH = 200
 WARM_RECORDS = 500
 
 
+def stop_between_batches(query, timeout_s: float = 10.0) -> None:
+    """Stop the query once no micro-batch runs (or after `timeout_s`). Stopped inside
+    foreachBatch, Spark 4.3's stream thread dies of a StackOverflowError: it matches the
+    interrupted callback's long Py4J message against a backtracking regular expression
+    (StreamExecution.isInterruptionException), and prints a thousand-line trace."""
+    deadline = time.monotonic() + timeout_s
+    while query.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    query.stop()
+
+
 def write_replica(data_dir: Path, partitions: int, mb: float) -> int:
     """A static replica of about `mb` MB; its record count."""
     from replicad.log.config import LogConfig
@@ -426,7 +437,6 @@ def throughput(
 
 
 def steady(spark: SparkSession, data_dir: Path, work: Path, args: argparse.Namespace) -> None:
-    from tools.bench.spark_latency import stop_between_batches
 
     meter = Meter(spark)
     df = (
