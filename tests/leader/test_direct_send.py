@@ -117,7 +117,10 @@ async def test_bytes_and_regions_go_out_in_order_and_a_short_region_is_padded(
     assert struct.unpack_from(">q", body, at)[0] == -1  # the overflow entry's offset
     assert struct.unpack_from(">q", body, at + 30)[0] == -1
     assert body[-4:] == b"tail"
-    assert counters["sendfile_bytes_total"] == 200 + 3 * MIB - 100 + 10
+    # The small region cached is copied into the write; the large one and the shrunk one
+    # (a short read would wait: sent, then padded) go by sendfile.
+    assert counters["copied_region_bytes_total"] == 200
+    assert counters["sendfile_bytes_total"] == 3 * MIB - 100 + 10
     assert (counters["short_regions_total"], counters["direct_sends_total"]) == (2, 1)
 
 
@@ -171,13 +174,14 @@ async def test_a_client_gone_mid_response_ends_the_send_and_leaves_no_descriptor
         assert open_descriptors() - before == set()
 
 
+@pytest.mark.parametrize("size", [100_000, 3000], ids=["large", "small"])
 @pytest.mark.parametrize("in_cache", [True, False], ids=["cached", "not-cached"])
 async def test_a_region_not_in_the_page_cache_is_read_in_on_a_worker_thread_first(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_cache: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_cache: bool, size: int
 ) -> None:
     """sendfile's read of the file waits on the disk on the loop's thread: a region whose
     pages are not all cached is read in on a worker thread first; one all cached is sent
-    at once."""
+    at once (a small one copied into the write, a large one by sendfile)."""
     path, data = segment(tmp_path, "seg.log", 256 * 1024)
     if in_cache:
         cached(path)
@@ -200,16 +204,22 @@ async def test_a_region_not_in_the_page_cache_is_read_in_on_a_worker_thread_firs
     counters: Counter[str] = Counter()
     async with connection() as (writer, reader):
         sending = asyncio.create_task(
-            direct_send.send(writer.transport, (FileRegion(path, 7, 100_000),), counters)
+            direct_send.send(writer.transport, (FileRegion(path, 7, size),), counters)
         )
-        body = await asyncio.wait_for(reader.readexactly(100_000), DEADLINE_S)
+        body = await asyncio.wait_for(reader.readexactly(size), DEADLINE_S)
         await sending
-    assert body == data[7:100_007]
+    assert body == data[7 : 7 + size]
     if in_cache:
         assert read_on == []
-    else:
+    elif size > direct_send.COPY_REGION_BYTES:
         assert len(read_on) == 1 and read_on[0] != threading.get_ident()
+    else:
+        # The copy's read without waiting failed, which starts the kernel's read-ahead: by
+        # the cachestat that follows the pages may be in, and the region goes at once.
+        assert len(read_on) <= 1 and threading.get_ident() not in read_on
     assert counters["sendfile_reads_off_loop_total"] == len(read_on)
+    copied = in_cache and size <= direct_send.COPY_REGION_BYTES
+    assert counters["copied_region_bytes_total"] == (size if copied else 0)
 
 
 async def test_only_a_plaintext_response_with_regions_is_sent_here(tmp_path: Path) -> None:
