@@ -1813,6 +1813,17 @@ def test_requests_lost_while_a_leader_restarts_are_no_turns_after_a_full_disk():
     assert [tp for tp, local in logs.items() if local.log_end_offset != leader.ends[tp]] == []
 
 
+def _in_shares_of_two(partitions: int) -> PartitionTable:
+    """A table of `partitions` whose leader answered the first (full) request without a
+    session: from now on it is asked in shares of two (R11)."""
+    table = _table(sessionless_max_partitions=2)
+    for p in range(partitions):
+        _add(table, TopicPartition("t", p))
+    first = table.next_fetch(0, max_version=13)
+    table.on_response(first, _response(first, session_id=0), 0)
+    return table
+
+
 def test_a_share_failed_by_the_leader_or_lost_with_its_connection_is_asked_again_first():
     """Session 18's soak on Tansu with S3 storage at 10,000 partitions: a pass over the
     partitions took 46-90 s, longer than the stall time, and the network faults (a request
@@ -1821,11 +1832,7 @@ def test_a_share_failed_by_the_leader_or_lost_with_its_connection_is_asked_again
     waited for the next pass. A share without a usable answer keeps its place (R16): asked
     again in the next request, counted as a turn only as R14 says; once (a retry that fails
     too waits for the next pass, or a share never answered would hold the others back)."""
-    table = _table(sessionless_max_partitions=2)
-    for p in range(6):
-        _add(table, TopicPartition("t", p))
-    first = table.next_fetch(0, max_version=13)
-    table.on_response(first, _response(first, session_id=0), 0)  # no session: shares
+    table = _in_shares_of_two(6)
     answered = table.next_fetch(0, max_version=13)
     table.on_response(answered, _response(answered, session_id=0), 0)
     failed = table.next_fetch(0, max_version=13)
@@ -1878,11 +1885,7 @@ def test_each_turn_since_a_partition_last_moved_is_recorded_by_its_kind():
 def test_a_share_the_leader_refuses_or_a_new_connection_abandons_is_asked_again_first():
     """R16 for the other two ways a share ends without records: an answer refused whole (a
     top-level error) and a request abandoned for a new connection."""
-    table = _table(sessionless_max_partitions=2)
-    for p in range(6):
-        _add(table, TopicPartition("t", p))
-    first = table.next_fetch(0, max_version=13)
-    table.on_response(first, _response(first, session_id=0), 0)  # no session: shares
+    table = _in_shares_of_two(6)
     share = table.next_fetch(0, max_version=13)
     assert _asked(share) == [0, 1]
     refused = _response(share, error=UNKNOWN_SERVER_ERROR, session_id=0)
